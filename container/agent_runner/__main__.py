@@ -1,0 +1,109 @@
+"""Entry point of the sandbox image: ``python3 -m agent_runner``.
+
+stdin: one ``ContainerInput`` JSON document (read to EOF).
+stdout: one protocol event per line, flushed at once; nothing else.
+stderr: logs.
+Exit codes: 0 success (last event ``ResultEvent``); 2 unusable input;
+1 any other failure (last event ``ErrorEvent``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from pydantic import ValidationError
+
+from .errors import InputError, ProviderError, RunnerError
+from .loop import Emit, run_agent
+from .protocol import PROTOCOL_VERSION, ContainerInput, ErrorEvent, Event, dump_event
+from .providers import make_provider
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+# The only place the environment is read; everything below gets the path passed in.
+DEFAULT_WORKSPACE = "/workspace"
+WORKSPACE_ENV = "AGENT_WORKSPACE"
+LOG_LEVEL_ENV = "AGENT_LOG_LEVEL"
+
+log = logging.getLogger("agent_runner")
+
+
+def make_emitter(out: TextIO) -> Emit:
+    """Write each event as one line and flush, so the host sees it immediately."""
+
+    def emit(event: Event) -> None:
+        out.write(dump_event(event) + "\n")
+        out.flush()
+
+    return emit
+
+
+def _describe(exc: ValidationError, limit: int = 5) -> str:
+    problems = []
+    for err in exc.errors()[:limit]:
+        where = ".".join(str(p) for p in err["loc"]) or "document"
+        problems.append(f"{where}: {err['msg']}")
+    more = len(exc.errors()) - limit
+    if more > 0:
+        problems.append(f"... and {more} more")
+    return "invalid ContainerInput: " + "; ".join(problems)
+
+
+def parse_input(raw: bytes) -> ContainerInput:
+    """Validate stdin; raises :class:`InputError` with a readable message."""
+    try:
+        inp = ContainerInput.model_validate_json(raw)
+    except ValidationError as exc:
+        raise InputError(_describe(exc)) from None
+    if inp.protocol_version != PROTOCOL_VERSION:
+        raise InputError(
+            f"protocol_version {inp.protocol_version} is not supported "
+            f"(this runner speaks {PROTOCOL_VERSION})"
+        )
+    return inp
+
+
+def run(raw: bytes, emit: Emit, workspace: Path) -> int:
+    """Everything but process I/O, so it can be called in-process too."""
+    try:
+        inp = parse_input(raw)
+        log.info("run %s: %d messages, provider %s", inp.run_id, len(inp.messages), inp.model.provider)
+        provider = make_provider(inp.model, assistant_name=inp.assistant_name)
+        run_agent(inp, provider, emit, workspace=workspace)
+        return EXIT_OK
+    except InputError as exc:
+        log.error("%s", exc)
+        emit(ErrorEvent(message=str(exc), retryable=False))
+        return EXIT_BAD_INPUT
+    except ProviderError as exc:
+        log.error("provider failed (retryable=%s): %s", exc.retryable, exc)
+        emit(ErrorEvent(message=str(exc), retryable=exc.retryable))
+        return EXIT_FAILED
+    except RunnerError as exc:
+        log.error("%s", exc)
+        emit(ErrorEvent(message=str(exc), retryable=False))
+        return EXIT_FAILED
+    except Exception as exc:  # a bug: keep the traceback in the logs
+        log.exception("runner crashed")
+        emit(ErrorEvent(message=f"internal error: {type(exc).__name__}: {exc}", retryable=False))
+        return EXIT_FAILED
+
+
+def main() -> int:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=os.environ.get(LOG_LEVEL_ENV, "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    workspace = Path(os.environ.get(WORKSPACE_ENV, DEFAULT_WORKSPACE))
+    raw = sys.stdin.buffer.read()
+    return run(raw, make_emitter(sys.stdout), workspace)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

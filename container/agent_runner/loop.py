@@ -1,0 +1,117 @@
+"""The tool-using agent loop: ask the model, run the tools it calls, repeat.
+
+Every step is reported as a protocol event through ``emit`` as soon as it
+happens, so the host can stream progress into the chat.  The loop stops
+when the model answers without calling a tool, or after
+``limits.max_turns`` model calls (``stop_reason="max_turns"``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from .conversation import build_messages, build_system_prompt
+from .protocol import (
+    AssistantEvent,
+    ContainerInput,
+    Event,
+    ResultEvent,
+    ThinkingEvent,
+    ToolResultEvent,
+    ToolUseEvent,
+    Usage,
+)
+from .providers.base import (
+    ContentBlock,
+    Provider,
+    ProviderMessage,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from .tools import ToolContext, run_tool, tool_specs
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[Event], None]
+MAX_TURNS_STOP_REASON = "max_turns"
+
+
+def _emit_content(block: ContentBlock, emit: Emit) -> None:
+    if isinstance(block, TextBlock) and block.text.strip():
+        emit(AssistantEvent(text=block.text))
+    elif isinstance(block, ThinkingBlock) and block.thinking.strip():
+        emit(ThinkingEvent(text=block.thinking))
+    elif isinstance(block, ToolUseBlock):
+        emit(ToolUseEvent(id=block.id, name=block.name, input=block.input))
+
+
+def _run_tool_call(call: ToolUseBlock, ctx: ToolContext, emit: Emit) -> ToolResultBlock:
+    log.info("tool %s (%s)", call.name, call.id)
+    outcome = run_tool(call.name, call.input, ctx)
+    emit(
+        ToolResultEvent(
+            tool_use_id=call.id,
+            name=call.name,
+            output=outcome.output,
+            exit_code=outcome.exit_code,
+            is_error=outcome.is_error,
+        )
+    )
+    return ToolResultBlock(
+        tool_use_id=call.id,
+        content=outcome.output,
+        is_error=outcome.is_error,
+        exit_code=outcome.exit_code,
+    )
+
+
+def run_agent(
+    inp: ContainerInput, provider: Provider, emit: Emit, *, workspace: Path
+) -> ResultEvent:
+    """Run the conversation to its end; emit every event, the ``ResultEvent`` last.
+
+    Provider failures propagate as :class:`agent_runner.errors.ProviderError`;
+    tool failures do not (they become error tool results for the model).
+    """
+    system = build_system_prompt(inp, workspace)
+    messages = build_messages(inp.messages)
+    tools = tool_specs()
+    ctx = ToolContext(workspace=workspace, limits=inp.limits)
+
+    input_tokens = output_tokens = 0
+    stop_reason: str | None = None
+    turns = 0
+    while turns < inp.limits.max_turns:
+        response = provider.complete(system, messages, tools)
+        turns += 1
+        input_tokens += response.usage.input_tokens
+        output_tokens += response.usage.output_tokens
+        stop_reason = response.stop_reason
+        for block in response.content:
+            _emit_content(block, emit)
+        messages.append(ProviderMessage("assistant", list(response.content)))
+
+        calls = response.tool_uses()
+        if not calls:
+            break
+        # Run the calls even on the last allowed turn: the model asked for
+        # their side effects; it just will not see the results.
+        results: list[ToolResultBlock] = [_run_tool_call(c, ctx, emit) for c in calls]
+        messages.append(ProviderMessage("user", list(results)))
+        if turns >= inp.limits.max_turns:
+            log.warning("stopping after max_turns=%d with tool results pending", turns)
+            stop_reason = MAX_TURNS_STOP_REASON
+
+    result = ResultEvent(
+        usage=Usage(input_tokens=input_tokens, output_tokens=output_tokens),
+        session_id=inp.session_id or str(uuid.uuid4()),
+        stop_reason=stop_reason,
+        num_turns=turns,
+    )
+    emit(result)
+    return result

@@ -1,0 +1,105 @@
+"""The provider interface: what the agent loop needs from any model.
+
+The internal message format mirrors Anthropic's content blocks (text,
+thinking, tool_use, tool_result) because that is the richest format we
+speak; other providers translate to and from it.  Plain frozen dataclasses
+keep the loop independent of any SDK's types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, Union
+
+
+@dataclass(frozen=True)
+class TextBlock:
+    text: str
+    type: Literal["text"] = "text"
+
+
+@dataclass(frozen=True)
+class ThinkingBlock:
+    thinking: str
+    # Anthropic requires the signature when a thinking block is sent back.
+    signature: str | None = None
+    type: Literal["thinking"] = "thinking"
+
+
+@dataclass(frozen=True)
+class ToolUseBlock:
+    id: str
+    name: str
+    input: dict[str, Any]
+    type: Literal["tool_use"] = "tool_use"
+
+
+@dataclass(frozen=True)
+class ToolResultBlock:
+    tool_use_id: str
+    content: str
+    is_error: bool = False
+    # Kept apart from ``content`` so each provider decides how to show it.
+    exit_code: int | None = None
+    type: Literal["tool_result"] = "tool_result"
+
+
+ContentBlock = Union[TextBlock, ThinkingBlock, ToolUseBlock, ToolResultBlock]
+Role = Literal["user", "assistant"]
+
+
+@dataclass
+class ProviderMessage:
+    role: Role
+    content: list[ContentBlock]
+
+    def text(self) -> str:
+        """The message's text blocks joined (tool blocks are left out)."""
+        return "\n\n".join(b.text for b in self.content if isinstance(b, TextBlock))
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool as the model sees it: name, description, JSON schema of its input."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ProviderResponse:
+    content: list[ContentBlock]
+    stop_reason: str | None
+    usage: TokenUsage = field(default_factory=TokenUsage)
+
+    def tool_uses(self) -> list[ToolUseBlock]:
+        return [b for b in self.content if isinstance(b, ToolUseBlock)]
+
+
+class Provider(Protocol):
+    """One model call: the whole conversation in, one assistant turn out.
+
+    Implementations raise :class:`agent_runner.errors.ProviderError` on failure.
+    """
+
+    def complete(
+        self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec]
+    ) -> ProviderResponse: ...
+
+
+def render_tool_result(block: ToolResultBlock) -> str:
+    """Tool result text for a text-only wire format: exit code first, then output.
+
+    Same header as history tool_result messages (see ``conversation``), so
+    the model sees one format for current and past tool results.
+    """
+    if block.exit_code is None:
+        return block.content
+    return f"[exit_code={block.exit_code}]\n{block.content}"

@@ -1,0 +1,277 @@
+"""The ``orchestrator`` command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from functools import partial
+from typing import Annotated, Optional
+
+import typer
+
+from .db import Database, get_database
+from .errors import OrchestratorError
+from .groups import add_group, ensure_main_group, get_group, list_groups
+from .ingest import IncomingMessage, ingest
+from .messages import StoredMessage
+from .queue import signal_group
+from .render import render_text
+from .runs import FINAL_STATES, get_run, list_runs
+from .settings import Settings, get_settings
+from .store import get_messages_after, get_recent_messages
+
+app = typer.Typer(help="Task-queue agent orchestrator.", no_args_is_help=True, add_completion=False)
+groups_app = typer.Typer(help="Registered groups.", no_args_is_help=True)
+runs_app = typer.Typer(help="Agent runs.", invoke_without_command=True)
+image_app = typer.Typer(help="The agent image.", no_args_is_help=True)
+app.add_typer(groups_app, name="groups")
+app.add_typer(runs_app, name="runs")
+app.add_typer(image_app, name="image")
+
+
+def _setup() -> tuple[Settings, Database]:
+    settings = get_settings()
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings.ensure_dirs()
+    return settings, get_database(settings)
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    return typer.Exit(code=1)
+
+
+# -- processes ----------------------------------------------------------------
+
+
+@app.command()
+def up(
+    port: Annotated[int, typer.Option(help="HTTP port (0: no HTTP server).")] = -1,
+    host: Annotated[Optional[str], typer.Option(help="HTTP bind address.")] = None,
+    concurrency: Annotated[int, typer.Option(help="Worker slots (parallel runs).")] = 2,
+) -> None:
+    """Run everything on this machine: worker + HTTP API (Ctrl-C stops all)."""
+    from .image import ensure_agent_image
+    from .sandbox import docker_client
+    from .supervisor import Child, Supervisor, api_argv, worker_argv
+
+    settings, db = _setup()
+    try:
+        ensure_main_group(db)
+        client = docker_client(settings)
+        typer.echo(f"checking the agent image {settings.agent_image} (built if missing) ...")
+        ensure_agent_image(client, settings)
+        from .sandbox import DockerSandbox
+
+        removed = DockerSandbox(settings, client).remove_orphans()
+        if removed:
+            typer.echo(f"removed {removed} leftover run container(s)")
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    port = settings.api_port if port < 0 else port
+    host = host or settings.api_host
+    env = dict(os.environ, ORCHESTRATOR_DATA_DIR=str(settings.data_dir))
+    children = [Child("worker", worker_argv(concurrency, settings.log_level))]
+    if port:
+        children.append(Child("api", api_argv(host, port)))
+        typer.echo(f"HTTP API on http://{host}:{port}  (health: /health)")
+    typer.echo(f"data in {settings.data_dir}; try: orchestrator send main@local '$ echo hello' --wait 60")
+    raise typer.Exit(Supervisor(children, env).run())
+
+
+@app.command()
+def worker(
+    concurrency: Annotated[int, typer.Option(help="Parallel runs in this worker.")] = 2,
+) -> None:
+    """Run one Celery worker (what each fleet host runs)."""
+    from .supervisor import worker_argv
+
+    settings, _ = _setup()
+    argv = worker_argv(concurrency, settings.log_level)
+    os.execv(argv[0], argv)
+
+
+@app.command()
+def api(
+    port: Annotated[int, typer.Option()] = -1,
+    host: Annotated[Optional[str], typer.Option()] = None,
+) -> None:
+    """Run the HTTP API server alone."""
+    from .supervisor import api_argv
+
+    settings, _ = _setup()
+    argv = api_argv(host or settings.api_host, settings.api_port if port < 0 else port)
+    os.execv(argv[0], argv)
+
+
+@app.command()
+def flower(port: Annotated[int, typer.Option()] = 5555) -> None:
+    """Run Flower (Celery monitoring) against this installation's broker."""
+    settings, _ = _setup()
+    argv = [sys.executable, "-m", "celery", "-A", "workers.app", "flower", f"--port={port}", "--address=127.0.0.1"]
+    os.execv(argv[0], argv)
+
+
+# -- groups -------------------------------------------------------------------
+
+
+@groups_app.command("add")
+def groups_add(
+    jid: str,
+    name: Annotated[str, typer.Option(help="Display name.")],
+    folder: Annotated[str, typer.Option(help="Workspace folder (a slug).")],
+    main: Annotated[bool, typer.Option("--main", help="The main group (never needs the trigger).")] = False,
+    trigger: Annotated[bool, typer.Option("--trigger/--no-trigger", help="Require @Name to wake the agent.")] = True,
+) -> None:
+    """Register a chat as a group."""
+    _, db = _setup()
+    try:
+        g = add_group(db, chat_jid=jid, name=name, folder=folder, is_main=main, requires_trigger=trigger)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"registered {g.chat_jid} ({g.name}, folder {g.folder}, trigger {'on' if g.requires_trigger else 'off'})")
+
+
+@groups_app.command("list")
+def groups_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List registered groups."""
+    _, db = _setup()
+    groups = list_groups(db)
+    if as_json:
+        typer.echo(json.dumps([g.model_dump() for g in groups], indent=2))
+        return
+    for g in groups:
+        flags = ("main " if g.is_main else "") + ("trigger" if g.requires_trigger else "no-trigger")
+        typer.echo(f"{g.chat_jid:30} {g.name:16} folder={g.folder:16} {flags} cursor={g.cursor_seq}")
+
+
+# -- messages -----------------------------------------------------------------
+
+
+def _print_message(msg: StoredMessage, assistant: str, as_json: bool) -> None:
+    if as_json:
+        typer.echo(msg.model_dump_json())
+    else:
+        typer.echo(f"[{msg.message_type}] {render_text(msg, assistant)}")
+
+
+@app.command()
+def send(
+    jid: str,
+    text: str,
+    sender: Annotated[str, typer.Option(help="Sender name.")] = "cli-user",
+    wait: Annotated[float, typer.Option(help="Seconds to wait for the run and print replies (0: don't).")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print replies as JSON lines.")] = False,
+) -> None:
+    """Store TEXT as a user message in chat JID (and wake the agent if it should)."""
+    settings, db = _setup()
+    try:
+        result = ingest(
+            db, settings,
+            IncomingMessage(chat_jid=jid, sender=sender, sender_name=sender, content=text),
+            signal=partial(signal_group, settings),
+        )
+    except (OrchestratorError, ValueError) as exc:
+        raise _fail(exc) from exc
+    msg = result.message
+    typer.echo(f"stored #{msg.seq} in {jid}" + ("" if result.triggered else " (does not wake the agent)"), err=True)
+    if wait <= 0 or not result.triggered:
+        return
+    raise typer.Exit(_wait_for_replies(db, settings, msg, wait, as_json))
+
+
+def _wait_for_replies(db: Database, settings: Settings, sent: StoredMessage, wait: float, as_json: bool) -> int:
+    """Print what the run stores after ``sent``; 0 if the run succeeded."""
+    group = get_group(db, sent.chat_jid)
+    assistant = group.assistant_name or settings.assistant_name
+    deadline = time.monotonic() + wait
+    after = sent.seq
+    while time.monotonic() < deadline:
+        for m in get_messages_after(sent.chat_jid, after, db=db):
+            after = m.seq
+            if not (m.is_from_me or m.message_type == "host"):
+                continue  # other people's messages are not replies
+            _print_message(m, assistant, as_json)
+        done = [
+            r for r in list_runs(db, chat_jid=sent.chat_jid, limit=20)
+            if r.cursor_from < sent.seq <= r.cursor_to and r.state in FINAL_STATES
+        ]
+        if done:
+            for m in get_messages_after(sent.chat_jid, after, db=db):
+                if m.is_from_me or m.message_type == "host":
+                    _print_message(m, assistant, as_json)
+            run = done[0]
+            typer.echo(f"run {run.id[:8]} {run.state} in {run.duration_s or 0:.2f}s", err=True)
+            return 0 if run.state == "succeeded" else 3
+        time.sleep(0.1)
+    typer.secho(f"no finished run after {wait:.0f}s (is a worker running?)", fg=typer.colors.YELLOW, err=True)
+    return 4
+
+
+@app.command()
+def history(
+    jid: str,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON array of stored messages.")] = False,
+    limit: Annotated[int, typer.Option(help="Newest N messages.")] = 200,
+) -> None:
+    """Print a chat's stored messages, oldest first."""
+    settings, db = _setup()
+    msgs = get_recent_messages(jid, limit, db=db)
+    if as_json:
+        typer.echo(json.dumps([m.model_dump() for m in msgs], indent=2, ensure_ascii=False))
+        return
+    for m in msgs:
+        typer.echo(f"#{m.seq:<5} {m.timestamp[:19]} [{m.message_type}] {render_text(m, settings.assistant_name)}")
+
+
+# -- runs -----------------------------------------------------------------------
+
+
+@runs_app.callback()
+def runs_list(
+    ctx: typer.Context,
+    group: Annotated[Optional[str], typer.Option(help="Only this chat jid.")] = None,
+    state: Annotated[Optional[str], typer.Option(help="Only runs in this state.")] = None,
+    limit: Annotated[int, typer.Option()] = 50,
+) -> None:
+    """List agent runs, newest first."""
+    if ctx.invoked_subcommand is not None:
+        return
+    _, db = _setup()
+    for r in list_runs(db, chat_jid=group, state=state, limit=limit):
+        took = f"{r.duration_s:.2f}s" if r.duration_s is not None else "-"
+        typer.echo(f"{r.id[:8]}  {r.state:10} {r.chat_jid:24} msgs {r.cursor_from + 1}..{r.cursor_to}  {took}  {r.error or ''}")
+
+
+@runs_app.command("show")
+def runs_show(run_id: str) -> None:
+    """Show one run (an id or a unique prefix)."""
+    _, db = _setup()
+    try:
+        typer.echo(get_run(db, run_id).model_dump_json(indent=2))
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+
+
+# -- image ------------------------------------------------------------------------
+
+
+@image_app.command("build")
+def image_build(force: Annotated[bool, typer.Option(help="Rebuild even if current.")] = False) -> None:
+    """Build the agent image (and the local base image if missing), offline."""
+    from .image import ensure_agent_image
+    from .sandbox import docker_client
+
+    settings, _ = _setup()
+    try:
+        image_id = ensure_agent_image(docker_client(settings), settings, force=force)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"{settings.agent_image} {image_id}")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,60 @@
+"""The exception tree.  Every error the orchestrator raises on purpose is an
+``OrchestratorError``, so callers (CLI, API, Celery tasks) catch one root::
+
+    OrchestratorError
+    ├── ConfigError            settings that cannot work (bad URL, missing tool)
+    ├── StoreError             the database refused or lost something
+    │   └── UnknownGroup       a chat id that is not a registered group
+    ├── InvalidMessage         bad input to ingest (also a ValueError)
+    ├── SandboxError           Docker could not build, start or talk to a container
+    │   └── ImageBuildError
+    └── RunError               an agent run ended badly
+        ├── RunTimeout
+        └── AgentFailed        the container reported an error or exited non-zero
+"""
+
+from __future__ import annotations
+
+
+class OrchestratorError(Exception):
+    """Root of every error raised on purpose by the orchestrator."""
+
+
+class ConfigError(OrchestratorError):
+    pass
+
+
+class StoreError(OrchestratorError):
+    pass
+
+
+class UnknownGroup(StoreError, LookupError):
+    def __init__(self, chat_jid: str) -> None:
+        super().__init__(f"no registered group for chat {chat_jid!r}")
+        self.chat_jid = chat_jid
+
+
+class InvalidMessage(OrchestratorError, ValueError):
+    pass
+
+
+class SandboxError(OrchestratorError):
+    pass
+
+
+class ImageBuildError(SandboxError):
+    pass
+
+
+class RunError(OrchestratorError):
+    pass
+
+
+class RunTimeout(RunError):
+    pass
+
+
+class AgentFailed(RunError):
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable

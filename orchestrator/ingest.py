@@ -1,0 +1,85 @@
+"""Ingest: the one path every incoming message takes.
+
+Store the message and mark the group's pending work in ONE transaction, then,
+only after the commit, signal a worker.  A crash between commit and signal
+loses nothing: the pending mark is in the database and the sweeper
+re-signals it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import update
+
+from .db import Database
+from .groups import group_from_row
+from .messages import MessageType, StoredMessage
+from .router import wakes_agent
+from .settings import Settings
+from .store import insert_message, new_message_id, now_iso
+from .tables import GroupRow
+
+Signal = Callable[[str], object]
+
+
+class IncomingMessage(BaseModel):
+    """A message as a channel hands it in (validated at the boundary)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    chat_jid: str = Field(min_length=1)
+    sender: str = Field(min_length=1)
+    sender_name: str = ""
+    content: str
+    id: str | None = None
+    timestamp: str | None = None
+    is_from_me: bool = False
+    message_type: MessageType = "user"
+    metadata: dict[str, Any] | None = None
+
+
+class IngestResult(BaseModel):
+    message: StoredMessage
+    created: bool
+    triggered: bool
+    signalled: bool
+
+
+def ingest(
+    db: Database, settings: Settings, incoming: IncomingMessage, *, signal: Signal | None
+) -> IngestResult:
+    """Store ``incoming``; if it wakes the agent, mark pending work and signal."""
+    with db.write() as session:
+        msg, created = insert_message(
+            session,
+            db,
+            id=incoming.id or new_message_id(),
+            chat_jid=incoming.chat_jid,
+            sender=incoming.sender,
+            sender_name=incoming.sender_name,
+            content=incoming.content,
+            timestamp=incoming.timestamp or now_iso(),
+            is_from_me=incoming.is_from_me,
+            message_type=incoming.message_type,
+            metadata=incoming.metadata,
+        )
+        triggered = False
+        if created:
+            # Read the group inside the same transaction as the insert.
+            row = session.get(GroupRow, incoming.chat_jid)
+            group = group_from_row(row) if row is not None else None
+            triggered = wakes_agent(msg, group, settings.trigger_names)
+            if triggered:
+                session.execute(
+                    update(GroupRow)
+                    .where(GroupRow.chat_jid == incoming.chat_jid, GroupRow.pending_seq < msg.seq)
+                    .values(pending_seq=msg.seq)
+                )
+    signalled = False
+    if triggered and signal is not None:
+        signal(incoming.chat_jid)
+        signalled = True
+    return IngestResult(message=msg, created=created, triggered=triggered, signalled=signalled)

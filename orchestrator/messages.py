@@ -1,0 +1,67 @@
+"""Message types, the sender vocabulary and the typed stored message.
+
+Five message types decide what happens to a message everywhere:
+
+===============  ======  =============  ==========================
+type             stored  sent to model  channel display
+===============  ======  =============  ==========================
+``user``         yes     yes            plain text
+``assistant``    yes     yes            under the assistant's name
+``system``       yes     yes            set apart
+``tool_result``  yes     yes            🔧 and ✅/❌ with exit code
+``host``         yes     **never**      🏠
+===============  ======  =============  ==========================
+
+Senders refine that: some internal records (``thinking``, ``tool_use``, the
+agent's own ``tool_result`` records, ``result_meta``) are stored for
+debugging but never shown to the model, and ``system_notice`` is never
+stored at all (notices are recomputed for every run).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MessageType = Literal["user", "assistant", "system", "tool_result", "host"]
+MESSAGE_TYPES: frozenset[str] = frozenset(get_args(MessageType))
+
+# Senders the harness itself uses; anything else is a channel user id.
+SENDER_SYSTEM = "system"
+SENDER_HOST = "host"
+SENDER_BOT = "bot"
+SENDER_COMMAND_OUTPUT = "command_output"
+SENDER_THINKING = "thinking"
+SENDER_TOOL_USE = "tool_use"
+SENDER_TOOL_RESULT = "tool_result"
+SENDER_RESULT_META = "result_meta"
+SENDER_SYSTEM_NOTICE = "system_notice"
+
+# Stored for the record, never part of the model's view.
+STORED_ONLY_SENDERS: frozenset[str] = frozenset(
+    {SENDER_THINKING, SENDER_TOOL_USE, SENDER_TOOL_RESULT, SENDER_RESULT_META}
+)
+# Never written to the database.
+NEVER_STORED_SENDERS: frozenset[str] = frozenset({SENDER_SYSTEM_NOTICE})
+
+
+class StoredMessage(BaseModel):
+    """A row of the ``messages`` table, as every layer above the store sees it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seq: int
+    id: str
+    chat_jid: str
+    sender: str
+    sender_name: str
+    content: str
+    timestamp: str
+    is_from_me: bool
+    message_type: MessageType = "user"
+    metadata: dict[str, Any] | None = Field(default=None)
+
+    @property
+    def visible_to_model(self) -> bool:
+        return self.message_type != "host" and self.sender not in STORED_ONLY_SENDERS

@@ -1,0 +1,226 @@
+"""The run pipeline: drain a group's pending work, one run at a time.
+
+``Pipeline.drain_group`` is what the Celery task calls.  It takes the group's
+lease (so a duplicate or late signal just returns), and while messages that
+wake the agent are pending it runs the agent once over everything after the
+cursor: build the model's view, start the container, store and deliver each
+event as it streams, then advance the cursor.  After releasing the lease it
+looks once more, so a message whose signal bounced off our lease is not left
+waiting for the sweeper.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+
+from agent_runner.protocol import (
+    ContainerInput,
+    ErrorEvent,
+    Limits,
+    ModelSettings,
+    ResultEvent,
+    Usage,
+    parse_event,
+)
+from pydantic import ValidationError
+from sqlalchemy import update
+
+from . import leases
+from .channels import ChannelRegistry
+from .db import Database
+from .errors import ConfigError
+from .groups import Group, get_group
+from .notices import compute_notices
+from .outputs import OutputMessage, event_to_message, host_message
+from .runs import Run, RunState, create_run, finish_run, set_container
+from .sandbox import ContainerSpec, DockerSandbox
+from .settings import Settings
+from .store import get_messages_after, get_recent_messages, insert_message, now_iso
+from .tables import GroupRow
+from .views import format_messages_for_sdk
+
+log = logging.getLogger(__name__)
+
+
+def model_settings(settings: Settings) -> ModelSettings:
+    spec = settings.model.strip()
+    if spec == "offline":
+        return ModelSettings(provider="offline", model="offline", max_tokens=settings.max_tokens)
+    provider, _, model = spec.partition(":")
+    if provider == "anthropic" and model:
+        return ModelSettings(provider="anthropic", model=model, max_tokens=settings.max_tokens)
+    raise ConfigError(f"ORCHESTRATOR_MODEL={spec!r}: use 'offline' or 'anthropic:<model id>'")
+
+
+@dataclass
+class RunOutcome:
+    run: Run
+    stored: list[int] = field(default_factory=list)  # seqs of stored outputs
+
+
+class Pipeline:
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        channels: ChannelRegistry,
+        sandbox: DockerSandbox | None = None,
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.channels = channels
+        self._sandbox = sandbox
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+    @property
+    def sandbox(self) -> DockerSandbox:
+        if self._sandbox is None:
+            self._sandbox = DockerSandbox(self.settings)
+        return self._sandbox
+
+    # -- the loop -----------------------------------------------------------
+
+    def drain_group(self, chat_jid: str, *, task_id: str | None = None) -> list[RunOutcome]:
+        outcomes: list[RunOutcome] = []
+        ttl = self.settings.lease_ttl_s
+        while True:
+            if not leases.acquire(self.db, chat_jid, self.owner, ttl):
+                log.info("group %s is busy elsewhere; its lease holder will see the new work", chat_jid)
+                return outcomes
+            try:
+                with leases.Heartbeat(self.db, chat_jid, self.owner, ttl):
+                    while True:
+                        group = get_group(self.db, chat_jid)
+                        if group.pending_seq <= group.cursor_seq:
+                            break
+                        outcome = self.run_once(group, task_id=task_id)
+                        if outcome is not None:
+                            outcomes.append(outcome)
+            finally:
+                leases.release(self.db, chat_jid, self.owner)
+            group = get_group(self.db, chat_jid)
+            if group.pending_seq <= group.cursor_seq:
+                return outcomes
+
+    # -- one run --------------------------------------------------------------
+
+    def run_once(self, group: Group, *, task_id: str | None = None) -> RunOutcome | None:
+        new = get_messages_after(group.chat_jid, group.cursor_seq, db=self.db)
+        if not new:  # the pending mark points at nothing left to read
+            self._advance(group, group.pending_seq, None)
+            return None
+        cursor_to = new[-1].seq
+        prior = get_recent_messages(
+            group.chat_jid, self.settings.context_messages, before_seq=group.cursor_seq + 1, db=self.db
+        )
+        run = create_run(
+            self.db, chat_jid=group.chat_jid, cursor_from=group.cursor_seq, cursor_to=cursor_to,
+            celery_task_id=task_id,
+        )
+        assistant = group.assistant_name or self.settings.assistant_name
+        outcome = RunOutcome(run=run)
+        try:
+            payload = ContainerInput(
+                run_id=run.id,
+                chat_jid=group.chat_jid,
+                group_folder=group.folder,
+                assistant_name=assistant,
+                messages=format_messages_for_sdk([*prior, *new]),
+                system_notices=compute_notices(self.db, group),
+                session_id=group.session_id,
+                model=model_settings(self.settings),
+                limits=Limits(max_turns=self.settings.max_turns, bash_timeout_s=self.settings.bash_timeout_s),
+            )
+            state, error, usage, session_id = self._execute(group, run, payload, assistant, outcome)
+        except Exception as exc:  # noqa: BLE001 - every failure ends the run cleanly
+            log.exception("run %s for %s failed", run.id, group.chat_jid)
+            state, error, usage, session_id = "failed", f"{type(exc).__name__}: {exc}", Usage(), None
+        if state != "succeeded":
+            self._emit(group, host_message(run_id=run.id, text=f"⚠️ Agent error: {error}"), outcome)
+        self._advance(group, cursor_to, session_id)
+        outcome.run = finish_run(
+            self.db, run.id, state=state, error=error,
+            input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+        )
+        return outcome
+
+    def _execute(
+        self, group: Group, run: Run, payload: ContainerInput, assistant: str, outcome: RunOutcome
+    ) -> tuple[RunState, str | None, Usage, str | None]:
+        spec = ContainerSpec(
+            image=self.settings.agent_image,
+            name=f"orch-{group.folder}-{run.id[:8]}",
+            workspace=self.settings.groups_dir / group.folder,
+            run_id=run.id,
+            group_folder=group.folder,
+            memory=self.settings.container_memory,
+            cpus=self.settings.container_cpus,
+            pids=self.settings.container_pids,
+            timeout_s=self.settings.run_timeout_s,
+        )
+        result: ResultEvent | None = None
+        error: ErrorEvent | None = None
+        garbage = 0
+        index = 0
+        with self.sandbox.start(spec, payload.model_dump_json().encode()) as container:
+            set_container(self.db, run.id, container.id)
+            for line in container.lines():
+                if not line.strip():
+                    continue
+                try:
+                    event = parse_event(line)
+                except ValidationError:
+                    garbage += 1
+                    log.warning("run %s: ignoring a line that is not an event: %.200r", run.id, line)
+                    continue
+                if isinstance(event, ResultEvent):
+                    result = event
+                elif isinstance(event, ErrorEvent):
+                    error = event
+                else:
+                    index += 1
+                    out = event_to_message(event, run_id=run.id, index=index, assistant_name=assistant)
+                    if out is not None:
+                        self._emit(group, out, outcome)
+            exit_ = container.finish()
+        if exit_.timed_out:
+            return "timed_out", f"the run exceeded its {spec.timeout_s:.0f}s limit", Usage(), None
+        if error is not None:
+            return "failed", error.message, result.usage if result else Usage(), None
+        if exit_.status_code != 0 or result is None:
+            tail = exit_.stderr_tail.strip().splitlines()[-1:] or [""]
+            why = f"the agent container exited with status {exit_.status_code}"
+            if garbage:
+                why += f" after {garbage} unreadable output line(s)"
+            if tail[0]:
+                why += f": {tail[0][:300]}"
+            return "failed", why, result.usage if result else Usage(), None
+        return "succeeded", None, result.usage, result.session_id
+
+    # -- storage --------------------------------------------------------------
+
+    def _emit(self, group: Group, out: OutputMessage, outcome: RunOutcome) -> None:
+        with self.db.write() as session:
+            msg, created = insert_message(
+                session, self.db, id=out.id, chat_jid=group.chat_jid, sender=out.sender,
+                sender_name=out.sender_name, content=out.content, timestamp=now_iso(),
+                is_from_me=True, message_type=out.message_type, metadata=out.metadata,
+            )
+        if created:
+            outcome.stored.append(msg.seq)
+            self.channels.deliver(msg)
+
+    def _advance(self, group: Group, cursor_to: int, session_id: str | None) -> None:
+        values: dict[str, object] = {"cursor_seq": cursor_to}
+        if session_id:
+            values["session_id"] = session_id
+        with self.db.write() as session:
+            session.execute(
+                update(GroupRow)
+                .where(GroupRow.chat_jid == group.chat_jid, GroupRow.cursor_seq < cursor_to)
+                .values(**values)
+            )

@@ -1,0 +1,74 @@
+"""The Celery application's configuration and the "look at group G" signal.
+
+Celery messages are signals, not data: the database holds the pending work,
+so a signal that is lost, late or delivered twice is harmless (a lease makes
+the second copy return at once).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from .settings import Settings
+
+AGENT_QUEUE = "agent"
+DELIVERY_QUEUE = "delivery"
+DRAIN_TASK = "workers.tasks.drain_group"
+
+
+def make_celery(settings: Settings) -> Celery:
+    settings.ensure_dirs()
+    broker = settings.effective_broker_url
+    transport_options: dict[str, object] = {
+        # Longer than the longest run, so Redis never redelivers a live task.
+        "visibility_timeout": int(settings.run_timeout_s * 2 + 600),
+    }
+    if broker.startswith("filesystem"):
+        transport_options.update(
+            data_folder_in=str(settings.broker_dir / "out"),
+            data_folder_out=str(settings.broker_dir / "out"),
+            processed_folder=str(settings.broker_dir / "processed"),
+            store_processed=False,
+            polling_interval=settings.broker_polling_interval,
+        )
+    elif broker.startswith(("sqla+", "sqlalchemy")):
+        transport_options["polling_interval"] = settings.broker_polling_interval
+    app = Celery("orchestrator", broker=broker, include=["workers.tasks"])
+    app.conf.update(
+        broker_transport_options=transport_options,
+        broker_connection_retry_on_startup=True,
+        task_ignore_result=True,
+        result_backend=None,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=AGENT_QUEUE,
+        task_queues=[Queue(AGENT_QUEUE), Queue(DELIVERY_QUEUE)],
+        task_routes={DRAIN_TASK: {"queue": AGENT_QUEUE}},
+        task_serializer="json",
+        accept_content=["json"],
+        # Flower sees every task only with these on.
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_soft_time_limit=settings.run_timeout_s + 30,
+        task_time_limit=settings.run_timeout_s + 90,
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+_app: Celery | None = None
+
+
+def get_celery(settings: Settings) -> Celery:
+    global _app
+    if _app is None:
+        _app = make_celery(settings)
+    return _app
+
+
+def signal_group(settings: Settings, chat_jid: str) -> str:
+    """Ask some worker to drain ``chat_jid``; call only after the DB commit."""
+    result = get_celery(settings).send_task(DRAIN_TASK, args=[chat_jid], queue=AGENT_QUEUE)
+    return result.id

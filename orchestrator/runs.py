@@ -1,0 +1,113 @@
+"""Agent run records: one row per run, with state, timings and usage."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import select
+
+from .db import Database
+from .errors import StoreError
+from .tables import RunRow
+
+RunState = Literal["queued", "running", "succeeded", "failed", "timed_out", "cancelled"]
+FINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+
+
+class Run(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    chat_jid: str
+    state: RunState
+    attempts: int
+    cursor_from: int
+    cursor_to: int
+    celery_task_id: str | None
+    container_id: str | None
+    input_tokens: int
+    output_tokens: int
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_s: float | None
+
+
+def _to_run(row: RunRow) -> Run:
+    return Run.model_validate(row, from_attributes=True)
+
+
+def create_run(
+    db: Database, *, chat_jid: str, cursor_from: int, cursor_to: int, celery_task_id: str | None
+) -> Run:
+    now = datetime.now(UTC)
+    row = RunRow(
+        id=str(uuid.uuid4()), chat_jid=chat_jid, state="running", attempts=1,
+        cursor_from=cursor_from, cursor_to=cursor_to, celery_task_id=celery_task_id,
+        input_tokens=0, output_tokens=0, created_at=now, started_at=now,
+    )
+    with db.write() as session:
+        session.add(row)
+    return _to_run(row)
+
+
+def set_container(db: Database, run_id: str, container_id: str) -> None:
+    with db.write() as session:
+        row = session.get(RunRow, run_id)
+        if row is not None:
+            row.container_id = container_id
+
+
+def finish_run(
+    db: Database,
+    run_id: str,
+    *,
+    state: RunState,
+    error: str | None = None,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+) -> Run:
+    now = datetime.now(UTC)
+    with db.write() as session:
+        row = session.get(RunRow, run_id)
+        if row is None:
+            raise StoreError(f"no run {run_id!r}")
+        row.state = state
+        row.error = error
+        row.input_tokens = input_tokens
+        row.output_tokens = output_tokens
+        row.finished_at = now
+        started = row.started_at
+        if started is not None:
+            if started.tzinfo is None:  # SQLite hands back naive UTC
+                started = started.replace(tzinfo=UTC)
+            row.duration_s = (now - started).total_seconds()
+        return _to_run(row)
+
+
+def get_run(db: Database, run_id: str) -> Run:
+    with db.read() as session:
+        row = session.get(RunRow, run_id)
+        if row is None:
+            # Let people paste a unique prefix of the id.
+            rows = list(session.scalars(select(RunRow).where(RunRow.id.like(f"{run_id}%")).limit(2)))
+            if len(rows) != 1:
+                raise StoreError(f"no run {run_id!r}")
+            row = rows[0]
+        return _to_run(row)
+
+
+def list_runs(
+    db: Database, *, chat_jid: str | None = None, state: str | None = None, limit: int = 50
+) -> list[Run]:
+    stmt = select(RunRow).order_by(RunRow.created_at.desc()).limit(limit)
+    if chat_jid:
+        stmt = stmt.where(RunRow.chat_jid == chat_jid)
+    if state:
+        stmt = stmt.where(RunRow.state == state)
+    with db.read() as session:
+        return [_to_run(r) for r in session.scalars(stmt)]

@@ -1,0 +1,236 @@
+"""Run the agent in a hardened, throw-away Docker container.
+
+Protocol plumbing (see ``agent_runner.protocol``): create the container with
+stdin open, attach one socket for stdin/stdout/stderr *before* starting it (so
+no output is missed), start, write the ``ContainerInput`` JSON, half-close the
+socket (the container sees EOF on stdin) and read the multiplexed frames:
+stdout lines are events, stderr is the runner's log.
+
+Hardening is on from the first run: non-root user, no network, every
+capability dropped, no-new-privileges, read-only root with a tmpfs for /tmp,
+memory / CPU / pids limits, and labels that name run and group so orphans can
+be found.  A watchdog kills the container at the run's time limit; the
+container is always removed afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import docker
+from docker.errors import DockerException, NotFound
+from docker.utils.socket import STDERR, STDOUT, frames_iter
+
+from .errors import SandboxError
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+LABEL_MANAGED = "orchestrator.managed"
+LABEL_RUN = "orchestrator.run"
+LABEL_GROUP = "orchestrator.group"
+WORKSPACE_MOUNT = "/workspace"
+CONTAINER_UID = 1000  # the image's "agent" user, used when the host runs as root
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Everything needed to start one run container."""
+
+    image: str
+    name: str
+    workspace: Path
+    run_id: str
+    group_folder: str
+    memory: str = "512m"
+    cpus: float = 1.0
+    pids: int = 256
+    timeout_s: float = 300.0
+    extra_labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ContainerExit:
+    status_code: int | None
+    timed_out: bool
+    stderr_tail: str
+
+
+def docker_client(settings: Settings) -> docker.DockerClient:
+    try:
+        if settings.docker_url:
+            return docker.DockerClient(base_url=settings.docker_url)
+        return docker.from_env()
+    except DockerException as exc:
+        raise SandboxError(f"cannot reach the Docker engine: {exc}") from exc
+
+
+def _container_user(workspace: Path) -> str:
+    # Root on the host: run as the image's unprivileged user and hand it the
+    # workspace.  Any other host user: run as that same uid, so files the
+    # agent writes stay the user's own.
+    uid, gid = os.getuid(), os.getgid()
+    if uid != 0:
+        return f"{uid}:{gid}"
+    for path in [workspace, *workspace.rglob("*")]:
+        try:
+            os.lchown(path, CONTAINER_UID, CONTAINER_UID)
+        except OSError:
+            pass
+    return f"{CONTAINER_UID}:{CONTAINER_UID}"
+
+
+class RunningContainer:
+    """A started run container; iterate :meth:`lines`, then read :attr:`exit`."""
+
+    def __init__(self, client: docker.DockerClient, spec: ContainerSpec, payload: bytes) -> None:
+        self._client = client
+        self.spec = spec
+        self.exit: ContainerExit | None = None
+        self._timed_out = threading.Event()
+        self._stderr: list[bytes] = []
+        spec.workspace.mkdir(parents=True, exist_ok=True)
+        try:
+            self._container = client.containers.create(
+                spec.image,
+                name=spec.name,
+                user=_container_user(spec.workspace),
+                stdin_open=True,
+                network_mode="none",
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                read_only=True,
+                tmpfs={"/tmp": "rw,nosuid,nodev,size=64m"},
+                mem_limit=spec.memory,
+                memswap_limit=spec.memory,
+                nano_cpus=int(spec.cpus * 1e9),
+                pids_limit=spec.pids,
+                volumes={str(spec.workspace): {"bind": WORKSPACE_MOUNT, "mode": "rw"}},
+                environment={"HOME": "/tmp"},
+                labels={
+                    LABEL_MANAGED: "1",
+                    LABEL_RUN: spec.run_id,
+                    LABEL_GROUP: spec.group_folder,
+                    **spec.extra_labels,
+                },
+            )
+            self._sock = client.api.attach_socket(
+                self._container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
+            self._container.start()
+        except DockerException as exc:
+            self._remove()
+            raise SandboxError(f"cannot start the agent container: {exc}") from exc
+        self._watchdog = threading.Timer(spec.timeout_s, self._on_timeout)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+        raw = getattr(self._sock, "_sock", self._sock)
+        try:
+            raw.sendall(payload)
+            raw.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            # The container may have died before reading its input; the exit
+            # status will tell the caller what happened.
+            log.warning("could not write the run input to %s: %s", spec.name, exc)
+
+    @property
+    def id(self) -> str:
+        return str(self._container.id)
+
+    def _on_timeout(self) -> None:
+        self._timed_out.set()
+        log.warning("run container %s hit its %.0fs limit; killing it", self.spec.name, self.spec.timeout_s)
+        self.kill()
+
+    def kill(self) -> None:
+        try:
+            self._container.kill()
+        except DockerException:
+            pass
+
+    def lines(self) -> Iterator[str]:
+        """The container's stdout, one line at a time, until it closes."""
+        buf = b""
+        try:
+            for stream, data in frames_iter(self._sock, tty=False):
+                if stream == STDOUT:
+                    buf += data
+                    while b"\n" in buf:
+                        line, buf = buf.split(b"\n", 1)
+                        yield line.decode("utf-8", "replace")
+                elif stream == STDERR:
+                    self._stderr.append(data)
+        except (OSError, DockerException) as exc:
+            log.warning("lost the output stream of %s: %s", self.spec.name, exc)
+        if buf.strip():
+            yield buf.decode("utf-8", "replace")
+
+    def finish(self) -> ContainerExit:
+        self._watchdog.cancel()
+        status: int | None = None
+        try:
+            status = int(self._container.wait(timeout=30).get("StatusCode", -1))
+        except Exception as exc:  # noqa: BLE001 - any failure here means "unknown"
+            log.warning("could not read the exit status of %s: %s", self.spec.name, exc)
+        stderr = b"".join(self._stderr).decode("utf-8", "replace")
+        for line in stderr.splitlines()[-50:]:
+            log.info("[%s] %s", self.spec.name, line)
+        self.exit = ContainerExit(status, self._timed_out.is_set(), stderr[-4000:])
+        self._remove()
+        return self.exit
+
+    def _remove(self) -> None:
+        container = getattr(self, "_container", None)
+        if container is None:
+            return
+        try:
+            container.remove(force=True)
+        except NotFound:
+            pass
+        except DockerException as exc:
+            log.warning("could not remove container %s: %s", self.spec.name, exc)
+
+    def __enter__(self) -> RunningContainer:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.exit is None:
+            self.kill()
+            self.finish()
+        try:
+            self._sock.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class DockerSandbox:
+    """Starts run containers on the local Docker engine."""
+
+    def __init__(self, settings: Settings, client: docker.DockerClient | None = None) -> None:
+        self.settings = settings
+        self.client = client or docker_client(settings)
+
+    def start(self, spec: ContainerSpec, payload: bytes) -> RunningContainer:
+        return RunningContainer(self.client, spec, payload)
+
+    def remove_orphans(self, live_runs: set[str] | None = None) -> int:
+        """Remove managed containers whose run is not in ``live_runs``."""
+        removed = 0
+        for c in self.client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
+            if live_runs is not None and c.labels.get(LABEL_RUN) in live_runs:
+                continue
+            try:
+                c.remove(force=True)
+                removed += 1
+            except NotFound:
+                pass
+        return removed

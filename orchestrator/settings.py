@@ -1,0 +1,116 @@
+"""The one settings object: the only place that reads the environment.
+
+Every value comes from an ``ORCHESTRATOR_*`` environment variable or an
+optional ``.env`` file in the working directory.  Everything the program
+writes lives under ``data_dir`` unless configured otherwise, so one folder is
+the whole state of an embedded install.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ORCHESTRATOR_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    data_dir: Path = Path("./data")
+    # Empty means: the embedded default under data_dir (SQLite / filesystem://).
+    database_url: str = ""
+    broker_url: str = ""
+    # Polling interval of kombu's virtual transports (filesystem, SQL); every
+    # polled hop costs half of it on average, so keep it short.
+    broker_polling_interval: float = Field(default=0.05, gt=0)
+
+    # "offline" (no network, deterministic) or "anthropic:<model id>".
+    model: str = "offline"
+    anthropic_base_url: str = "https://api.anthropic.com"
+    anthropic_api_key: str = ""
+    max_tokens: int = Field(default=1024, ge=1)
+    max_turns: int = Field(default=8, ge=1)
+
+    assistant_name: str = "Andy"
+    # Extra names that also trigger the agent (comma separated).
+    trigger_aliases: str = ""
+    # How many earlier messages a run shows the model besides the new ones.
+    context_messages: int = Field(default=50, ge=0)
+    # Lease on a group while a run holds it; renewed by a heartbeat.
+    lease_ttl_s: float = Field(default=60.0, gt=1)
+
+    # Agent image and how it is built when missing.
+    agent_image: str = "orchestrator-agent:latest"
+    base_image: str = "orchestrator-base:bookworm"
+    docker_url: str = ""  # empty: docker's own environment defaults
+
+    # Sandbox limits of the run container.
+    container_memory: str = "512m"
+    container_cpus: float = Field(default=1.0, gt=0)
+    container_pids: int = Field(default=256, ge=16)
+    run_timeout_s: float = Field(default=300.0, gt=0)
+    bash_timeout_s: float = Field(default=60.0, gt=0)
+
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8000, ge=0, le=65535)
+
+    log_level: str = "INFO"
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        # Workers, the API and containers' bind mounts all need the same
+        # absolute path, whatever directory each process starts in.
+        return v.expanduser().resolve()
+
+    # -- derived values ------------------------------------------------------
+
+    @property
+    def effective_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'orchestrator.db'}"
+
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or "filesystem://"
+
+    @property
+    def trigger_names(self) -> list[str]:
+        names = [self.assistant_name, *self.trigger_aliases.split(",")]
+        return [n.strip() for n in names if n.strip()]
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.data_dir / "broker"
+
+    @property
+    def groups_dir(self) -> Path:
+        return self.data_dir / "groups"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.data_dir / "runs"
+
+    @property
+    def build_dir(self) -> Path:
+        return self.data_dir / "build"
+
+    def ensure_dirs(self) -> None:
+        for d in (self.data_dir, self.groups_dir, self.runs_dir, self.build_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        for sub in ("out", "processed"):
+            (self.broker_dir / sub).mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, built once."""
+    return Settings()
+
+
+def reset_settings() -> None:
+    """Forget the cached settings (tests change the environment between cases)."""
+    get_settings.cache_clear()

@@ -1,0 +1,81 @@
+"""SQLAlchemy table mappings: messages, registered groups, agent runs.
+
+The schema itself is owned by the Alembic migrations in
+``orchestrator/migrations``; these classes must stay in step with them (a test
+compares the two).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class MessageRow(Base):
+    __tablename__ = "messages"
+
+    id: Mapped[str] = mapped_column(Text, primary_key=True)
+    chat_jid: Mapped[str] = mapped_column(Text, primary_key=True)
+    # Monotonic across the whole table and assigned in commit order: the
+    # cursor.  Timestamps are not cursors (equal timestamps lose messages).
+    seq: Mapped[int] = mapped_column(Integer, nullable=False, unique=True)
+    sender: Mapped[str] = mapped_column(Text, nullable=False)
+    sender_name: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    content: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    timestamp: Mapped[str] = mapped_column(Text, nullable=False)
+    is_from_me: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    message_type: Mapped[str] = mapped_column(Text, nullable=False, server_default="user")
+    # "metadata" is reserved on declarative classes, hence the attribute name.
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
+
+    __table_args__ = (
+        Index("idx_messages_by_chat", "chat_jid", "timestamp"),
+        Index("idx_messages_chat_seq", "chat_jid", "seq"),
+    )
+
+
+class GroupRow(Base):
+    __tablename__ = "groups"
+
+    chat_jid: Mapped[str] = mapped_column(Text, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, nullable=False)
+    folder: Mapped[str] = mapped_column(Text, nullable=False, unique=True)
+    is_main: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    requires_trigger: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
+    assistant_name: Mapped[str | None] = mapped_column(Text, nullable=True)
+    container_config: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # Seq of the last message a run has consumed.
+    cursor_seq: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    # Highest seq of a message that should wake the agent (0: none pending).
+    pending_seq: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(Text, nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    session_id: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+
+class RunRow(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    chat_jid: Mapped[str] = mapped_column(Text, nullable=False, index=True)
+    state: Mapped[str] = mapped_column(String(16), nullable=False, index=True)
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    cursor_from: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    cursor_to: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    celery_task_id: Mapped[str | None] = mapped_column(Text, nullable=True)
+    container_id: Mapped[str | None] = mapped_column(Text, nullable=True)
+    input_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -1,0 +1,36 @@
+"""Views computed from the one message store.
+
+``format_messages_for_sdk`` is the model's view: the list of typed messages a
+run hands to the container.  Host messages and stored-only records never
+appear in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agent_runner.protocol import SdkMessage
+
+from .messages import StoredMessage
+
+
+def format_messages_for_sdk(messages: Iterable[StoredMessage]) -> list[SdkMessage]:
+    """The model's view of ``messages``: ordered by seq, host messages filtered out."""
+    out: list[SdkMessage] = []
+    for m in sorted(messages, key=lambda m: m.seq):
+        if not m.visible_to_model:
+            continue
+        metadata = None
+        if m.message_type == "tool_result":
+            # The model needs the exit code to know whether a command worked.
+            metadata = {"exit_code": (m.metadata or {}).get("exit_code")}
+        out.append(
+            SdkMessage(
+                role=m.message_type,  # type: ignore[arg-type]  # host was filtered above
+                content=m.content,
+                sender_name=m.sender_name or None,
+                timestamp=m.timestamp,
+                metadata=metadata,
+            )
+        )
+    return out

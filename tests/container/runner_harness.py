@@ -1,0 +1,94 @@
+"""Helpers for the agent runner's tests: build inputs, run the real runner process.
+
+A plain module (not conftest.py) so tests can import its helpers by name;
+``conftest.py`` re-exports the fixtures.
+
+The runner is run exactly as the image runs it (``python -m agent_runner``,
+stdin JSON in, JSON lines out), but on the host: PYTHONPATH points at
+``container/`` and AGENT_WORKSPACE at a temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CONTAINER_DIR = Path(__file__).resolve().parents[2] / "container"
+
+
+def make_input(*messages: str | dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """A ContainerInput document; plain strings become user messages."""
+    doc: dict[str, Any] = {
+        "run_id": "run-test",
+        "chat_jid": "chat@test",
+        "group_folder": "test-group",
+        "assistant_name": "Andy",
+        "messages": [
+            {"role": "user", "content": m} if isinstance(m, str) else m for m in messages
+        ],
+    }
+    doc.update(fields)
+    return doc
+
+
+@dataclass
+class RunnerResult:
+    returncode: int
+    events: list[dict[str, Any]]
+    stderr: str
+
+    @property
+    def types(self) -> list[str]:
+        return [e["type"] for e in self.events]
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == kind]
+
+
+RunRunner = Callable[..., RunnerResult]
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "workspace"
+    ws.mkdir()
+    return ws
+
+
+@pytest.fixture
+def run_runner(workspace: Path) -> RunRunner:
+    """Run ``python -m agent_runner`` with the given stdin (a dict is JSON-encoded)."""
+
+    def run(stdin: dict[str, Any] | str | bytes, timeout: float = 15.0) -> RunnerResult:
+        if isinstance(stdin, dict):
+            stdin = json.dumps(stdin)
+        if isinstance(stdin, str):
+            stdin = stdin.encode()
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(CONTAINER_DIR),
+            "AGENT_WORKSPACE": str(workspace),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        proc = subprocess.run(
+            [sys.executable, "-m", "agent_runner"],
+            input=stdin,
+            capture_output=True,
+            env=env,
+            cwd=workspace,
+            timeout=timeout,
+        )
+        lines = proc.stdout.decode().splitlines()
+        # Every stdout line must be one JSON event: that is the protocol.
+        events = [json.loads(line) for line in lines]
+        return RunnerResult(proc.returncode, events, proc.stderr.decode())
+
+    return run

@@ -1,0 +1,131 @@
+"""The message store: schema, idempotency, seq cursor, filtering."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import inspect
+
+from orchestrator import format_messages_for_sdk, get_messages_since, store_message_direct
+from orchestrator.db import Database
+from orchestrator.errors import InvalidMessage
+from orchestrator.store import get_messages_after, get_recent_messages
+
+
+def _store(db: Database, mid: str, chat: str = "chat@g.us", **kw: object):
+    args = dict(
+        id=mid, chat_jid=chat, sender="u1", sender_name="Ann", content=f"text {mid}",
+        timestamp="2026-01-01T00:00:00+00:00", is_from_me=False,
+    )
+    args.update(kw)
+    return store_message_direct(db=db, **args)  # type: ignore[arg-type]
+
+
+def test_schema_matches_reference(db: Database) -> None:
+    insp = inspect(db.engine)
+    cols = {c["name"]: c for c in insp.get_columns("messages")}
+    for name in ("id", "chat_jid", "sender", "sender_name", "content", "timestamp", "is_from_me",
+                 "message_type", "metadata", "seq"):
+        assert name in cols, name
+    assert cols["message_type"]["nullable"] is False
+    assert "user" in str(cols["message_type"]["default"])
+    assert insp.get_pk_constraint("messages")["constrained_columns"] == ["id", "chat_jid"]
+    idx = {i["name"]: i["column_names"] for i in insp.get_indexes("messages")}
+    assert idx["idx_messages_by_chat"] == ["chat_jid", "timestamp"]
+    assert {"groups", "runs", "alembic_version"} <= set(insp.get_table_names())
+
+
+def test_migrate_twice_is_a_no_op(db: Database) -> None:
+    _store(db, "a")
+    db.migrate()
+    assert [m.id for m in get_messages_after("chat@g.us", 0, db=db)] == ["a"]
+
+
+def test_store_is_idempotent_on_id_and_chat(db: Database) -> None:
+    first = _store(db, "same", content="first")
+    again = _store(db, "same", content="second")
+    other_chat = _store(db, "same", chat="other@g.us", content="other")
+    assert again == first and again.content == "first"
+    assert other_chat.seq > first.seq
+    assert len(get_messages_after("chat@g.us", 0, db=db)) == 1
+
+
+def test_seq_is_the_cursor_even_with_equal_timestamps(db: Database) -> None:
+    seqs = [_store(db, f"m{i}").seq for i in range(5)]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 5
+    after = get_messages_after("chat@g.us", seqs[1], db=db)
+    assert [m.id for m in after] == ["m2", "m3", "m4"]
+    # A timestamp cursor would lose all of these: they share one timestamp.
+    assert get_messages_since("chat@g.us", "2026-01-01T00:00:00+00:00", db=db) == []
+
+
+def test_get_messages_since_orders_by_seq_and_filters_time(db: Database) -> None:
+    _store(db, "old", timestamp="2025-12-31T00:00:00+00:00")
+    _store(db, "new", timestamp="2026-01-02T00:00:00+00:00")
+    got = get_messages_since("chat@g.us", "2026-01-01T00:00:00+00:00", db=db)
+    assert [m.id for m in got] == ["new"]
+
+
+def test_recent_messages_window(db: Database) -> None:
+    for i in range(10):
+        _store(db, f"m{i}")
+    recent = get_recent_messages("chat@g.us", 3, db=db)
+    assert [m.id for m in recent] == ["m7", "m8", "m9"]
+    before = get_recent_messages("chat@g.us", 2, before_seq=recent[0].seq, db=db)
+    assert [m.id for m in before] == ["m5", "m6"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"message_type": "robot"},
+        {"metadata": ["not", "an", "object"]},
+        {"timestamp": "yesterday"},
+        {"sender": "system_notice"},
+        {"id": ""},
+    ],
+)
+def test_bad_input_is_refused_and_nothing_stored(db: Database, bad: dict[str, object]) -> None:
+    with pytest.raises(InvalidMessage):
+        _store(db, "x", **bad)
+    assert get_messages_after("chat@g.us", 0, db=db) == []
+
+
+def test_host_messages_never_reach_the_model(db: Database) -> None:
+    _store(db, "u1", content="hello")
+    _store(db, "h1", sender="host", sender_name="host", content="⚠️ Agent error occurred",
+           is_from_me=True, message_type="host")
+    _store(db, "t1", sender="command_output", sender_name="command", content="ok",
+           is_from_me=True, message_type="tool_result", metadata={"exit_code": 0})
+    _store(db, "s1", sender="system", sender_name="system", content="Be brief.",
+           is_from_me=True, message_type="system")
+    _store(db, "tu", sender="tool_use", sender_name="bash", content="bash: ls",
+           is_from_me=True, message_type="assistant")
+    _store(db, "a1", sender="bot", sender_name="Andy", content="hi", is_from_me=True,
+           message_type="assistant")
+    view = format_messages_for_sdk(get_messages_since("chat@g.us", None, db=db))
+    assert [(m.role, m.content) for m in view] == [
+        ("user", "hello"), ("tool_result", "ok"), ("system", "Be brief."), ("assistant", "hi"),
+    ]
+    assert view[1].metadata == {"exit_code": 0}
+
+
+def test_concurrent_writers_get_unique_increasing_seqs(db: Database) -> None:
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        try:
+            for i in range(20):
+                _store(db, f"w{n}-{i}")
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    seqs = [m.seq for m in get_messages_after("chat@g.us", 0, db=db)]
+    assert len(seqs) == 80 and seqs == sorted(set(seqs))

@@ -1,0 +1,1 @@
+"""Celery side of the orchestrator: the app (``workers.app``) and its thin tasks."""
