@@ -35,6 +35,7 @@ app.add_typer(image_app, name="image")
 def _setup() -> tuple[Settings, Database]:
     settings = get_settings()
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     settings.ensure_dirs()
     return settings, get_database(settings)
 

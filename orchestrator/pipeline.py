@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agent_runner.protocol import (
     ContainerInput,
@@ -33,17 +34,20 @@ from . import leases
 from .channels import ChannelRegistry
 from .db import Database
 from .errors import ConfigError
+from .gateway import ModelGateway
 from .groups import Group, get_group
 from .notices import compute_notices
 from .outputs import OutputMessage, event_to_message, host_message
 from .runs import Run, RunState, create_run, finish_run, set_container
-from .sandbox import ContainerSpec, DockerSandbox
+from .sandbox import RUN_DIR_MOUNT, ContainerSpec, DockerSandbox
 from .settings import Settings
 from .store import get_messages_after, get_recent_messages, insert_message, now_iso
 from .tables import GroupRow
 from .views import format_messages_for_sdk
 
 log = logging.getLogger(__name__)
+
+GATEWAY_SOCKET = "model.sock"
 
 
 def model_settings(settings: Settings) -> ModelSettings:
@@ -162,6 +166,32 @@ class Pipeline:
             pids=self.settings.container_pids,
             timeout_s=self.settings.run_timeout_s,
         )
+        gateway: ModelGateway | None = None
+        if payload.model.provider != "offline":
+            # The container has no network: its only way to the model is the
+            # gateway socket in the run's private folder.
+            run_dir = self.settings.runs_dir / run.id
+            run_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(run_dir, 0o755)
+            gateway = ModelGateway(
+                run_dir / GATEWAY_SOCKET, upstream=self.settings.anthropic_base_url,
+                api_key=self.settings.anthropic_api_key,
+            ).__enter__()
+            spec = replace(spec, extra_mounts={str(run_dir): RUN_DIR_MOUNT})
+            payload = payload.model_copy(
+                update={"model": payload.model.model_copy(update={"socket_path": f"{RUN_DIR_MOUNT}/{GATEWAY_SOCKET}"})}
+            )
+        try:
+            return self._stream(group, run, payload, assistant, outcome, spec, gateway)
+        finally:
+            if gateway is not None:
+                gateway.close()
+                shutil.rmtree(gateway.socket_path.parent, ignore_errors=True)
+
+    def _stream(
+        self, group: Group, run: Run, payload: ContainerInput, assistant: str, outcome: RunOutcome,
+        spec: ContainerSpec, gateway: ModelGateway | None,
+    ) -> tuple[RunState, str | None, Usage, str | None]:
         result: ResultEvent | None = None
         error: ErrorEvent | None = None
         garbage = 0
@@ -187,6 +217,11 @@ class Pipeline:
                     if out is not None:
                         self._emit(group, out, outcome)
             exit_ = container.finish()
+        if gateway is not None and result is not None:
+            # Count what the gateway saw, not what the sandbox claims.
+            result = result.model_copy(
+                update={"usage": Usage(input_tokens=gateway.input_tokens, output_tokens=gateway.output_tokens)}
+            )
         if exit_.timed_out:
             return "timed_out", f"the run exceeded its {spec.timeout_s:.0f}s limit", Usage(), None
         if error is not None:

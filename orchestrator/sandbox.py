@@ -37,6 +37,7 @@ LABEL_MANAGED = "orchestrator.managed"
 LABEL_RUN = "orchestrator.run"
 LABEL_GROUP = "orchestrator.group"
 WORKSPACE_MOUNT = "/workspace"
+RUN_DIR_MOUNT = "/run/orchestrator"  # the run's private folder (model gateway socket)
 CONTAINER_UID = 1000  # the image's "agent" user, used when the host runs as root
 
 
@@ -54,6 +55,8 @@ class ContainerSpec:
     pids: int = 256
     timeout_s: float = 300.0
     extra_labels: dict[str, str] = field(default_factory=dict)
+    # host path -> container path, mounted read-write (the run's private folder).
+    extra_mounts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,7 +115,10 @@ class RunningContainer:
                 memswap_limit=spec.memory,
                 nano_cpus=int(spec.cpus * 1e9),
                 pids_limit=spec.pids,
-                volumes={str(spec.workspace): {"bind": WORKSPACE_MOUNT, "mode": "rw"}},
+                volumes={
+                    str(spec.workspace): {"bind": WORKSPACE_MOUNT, "mode": "rw"},
+                    **{h: {"bind": c, "mode": "rw"} for h, c in spec.extra_mounts.items()},
+                },
                 environment={"HOME": "/tmp"},
                 labels={
                     LABEL_MANAGED: "1",

@@ -75,7 +75,8 @@ class Settings(BaseSettings):
 
     @property
     def effective_broker_url(self) -> str:
-        return self.broker_url or "filesystem://"
+        # An explicit host keeps kombu from warning that none was supplied.
+        return self.broker_url or "filesystem://localhost/"
 
     @property
     def trigger_names(self) -> list[str]:

@@ -72,7 +72,9 @@ def run(raw: bytes, emit: Emit, workspace: Path) -> int:
     """Everything but process I/O, so it can be called in-process too."""
     try:
         inp = parse_input(raw)
-        log.info("run %s: %d messages, provider %s", inp.run_id, len(inp.messages), inp.model.provider)
+        log.info(
+            "run %s: %d messages, provider %s", inp.run_id, len(inp.messages), inp.model.provider
+        )
         provider = make_provider(inp.model, assistant_name=inp.assistant_name)
         run_agent(inp, provider, emit, workspace=workspace)
         return EXIT_OK

@@ -31,9 +31,7 @@ def make_input(*messages: str | dict[str, Any], **fields: Any) -> dict[str, Any]
         "chat_jid": "chat@test",
         "group_folder": "test-group",
         "assistant_name": "Andy",
-        "messages": [
-            {"role": "user", "content": m} if isinstance(m, str) else m for m in messages
-        ],
+        "messages": [{"role": "user", "content": m} if isinstance(m, str) else m for m in messages],
     }
     doc.update(fields)
     return doc

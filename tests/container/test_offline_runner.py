@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 from agent_runner.__main__ import run
 from agent_runner.conversation import build_messages, build_system_prompt
 from agent_runner.loop import run_agent
-from agent_runner.protocol import ContainerInput, Event, SdkMessage, parse_event
+from agent_runner.protocol import ContainerInput, Event, SdkMessage, ToolResultEvent, parse_event
 from agent_runner.providers.base import (
     ProviderMessage,
     ProviderResponse,
@@ -98,7 +97,14 @@ def test_commands_run_in_the_workspace(run_runner: RunRunner, workspace: Path) -
 def test_several_command_lines_become_several_tool_calls(run_runner: RunRunner) -> None:
     res = run_runner(make_input("please:\n$ echo one\n$ echo two"))
 
-    assert res.types == ["tool_use", "tool_use", "tool_result", "tool_result", "assistant", "result"]
+    assert res.types == [
+        "tool_use",
+        "tool_use",
+        "tool_result",
+        "tool_result",
+        "assistant",
+        "result",
+    ]
     outputs = [r["output"] for r in res.of_type("tool_result")]
     assert outputs == ["one\n", "two\n"]
     text = res.of_type("assistant")[0]["text"]
@@ -187,7 +193,9 @@ def test_history_roles_are_mapped_and_merged() -> None:
 
 
 def test_history_starting_with_assistant_gets_a_user_turn_first() -> None:
-    messages = build_messages([SdkMessage(role="assistant", content="hi"), SdkMessage(role="user", content="yo")])
+    messages = build_messages(
+        [SdkMessage(role="assistant", content="hi"), SdkMessage(role="user", content="yo")]
+    )
     assert [m.role for m in messages] == ["user", "assistant", "user"]
 
 
@@ -218,11 +226,14 @@ def test_unknown_tool_becomes_an_error_result(tmp_path: Path) -> None:
         ProviderResponse([TextBlock("sorry")], "end_turn", TokenUsage(5, 1)),
     )
     events: list[Event] = []
-    result = run_agent(ContainerInput(**make_input("go")), provider, events.append, workspace=tmp_path)
+    result = run_agent(
+        ContainerInput(**make_input("go")), provider, events.append, workspace=tmp_path
+    )
 
     assert [e.type for e in events] == ["tool_use", "tool_result", "assistant", "result"]
     tool_result = events[1]
-    assert tool_result.is_error and tool_result.exit_code == 127  # type: ignore[union-attr]
+    assert isinstance(tool_result, ToolResultEvent)
+    assert tool_result.is_error and tool_result.exit_code == 127
     fed_back = provider.seen[1][-1].content[0]
     assert isinstance(fed_back, ToolResultBlock) and fed_back.is_error
     assert result.usage.input_tokens == 8 and result.usage.output_tokens == 3
@@ -242,6 +253,20 @@ def test_loop_stops_at_max_turns(tmp_path: Path) -> None:
 # --- the bash tool ----------------------------------------------------------------
 
 
+def test_escaped_background_process_does_not_hang_the_call(tmp_path: Path) -> None:
+    # setsid leaves our process group, so it survives; we must still return.
+    started = time.monotonic()
+    output, code = run_bash(
+        "setsid sleep 4 & echo started",
+        cwd=tmp_path,
+        timeout_s=10,
+        output_cap_bytes=1000,
+        drain_grace_s=0.2,
+    )
+    assert code == 0 and output.startswith("started")
+    assert time.monotonic() - started < 2
+
+
 def test_output_is_capped_with_a_note(tmp_path: Path) -> None:
     output, code = run_bash(
         "head -c 100000 /dev/zero | tr '\\0' x", cwd=tmp_path, timeout_s=10, output_cap_bytes=256
@@ -252,17 +277,25 @@ def test_output_is_capped_with_a_note(tmp_path: Path) -> None:
 
 
 def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    started = time.monotonic()
     output, code = run_bash(
         "sleep 30 & echo $!; wait", cwd=tmp_path, timeout_s=0.5, output_cap_bytes=1000
     )
     assert code == 124
+    # The background child holds the output pipe: only killing it ends the call.
+    assert time.monotonic() - started < 3
     child = int(output.splitlines()[0])
     deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
+    while time.monotonic() < deadline and _alive(child):
         time.sleep(0.05)
-    else:
+    if _alive(child):
         raise AssertionError(f"background child {child} survived the timeout")
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (an orphan waits for init to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -9,7 +9,7 @@ keep the loop independent of any SDK's types.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Union
+from typing import Any, Literal, Protocol
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ToolResultBlock:
     type: Literal["tool_result"] = "tool_result"
 
 
-ContentBlock = Union[TextBlock, ThinkingBlock, ToolUseBlock, ToolResultBlock]
+ContentBlock = TextBlock | ThinkingBlock | ToolUseBlock | ToolResultBlock
 Role = Literal["user", "assistant"]
 
 

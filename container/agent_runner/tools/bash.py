@@ -56,6 +56,10 @@ class _CappedReader:
                     self._kept += chunk[:room]
         except (OSError, ValueError):
             pass  # pipe closed under us: keep what we have
+        finally:
+            # Closed here, not by the caller: closing while this thread is
+            # blocked in read1 would block the caller until EOF.
+            self._stream.close()
 
     def text(self) -> str:
         return self._kept.decode("utf-8", errors="replace")
@@ -74,7 +78,12 @@ def resolve_cwd(workspace: Path) -> Path:
 
 
 def run_bash(
-    command: str, *, cwd: Path, timeout_s: float, output_cap_bytes: int
+    command: str,
+    *,
+    cwd: Path,
+    timeout_s: float,
+    output_cap_bytes: int,
+    drain_grace_s: float = DRAIN_GRACE_S,
 ) -> tuple[str, int]:
     """Run ``bash -c command``; return (merged output, exit code).
 
@@ -102,14 +111,14 @@ def run_bash(
         returncode = proc.wait()
     # Stray background jobs would keep the pipe open (and outlive the call).
     _kill_group(proc.pid)
-    thread.join(DRAIN_GRACE_S)
-    proc.stdout.close()
+    # A process that left the group (setsid) may still hold the pipe: give
+    # up waiting for EOF after a grace period and return what was read.
+    thread.join(drain_grace_s)
 
     output = reader.text()
     if reader.total > output_cap_bytes:
         output += (
-            f"\n[output truncated: showing the first {output_cap_bytes} "
-            f"of {reader.total} bytes]"
+            f"\n[output truncated: showing the first {output_cap_bytes} of {reader.total} bytes]"
         )
     if timed_out:
         output += f"\n[timed out after {timeout_s:g}s; the command's process group was killed]"

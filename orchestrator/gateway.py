@@ -1,0 +1,145 @@
+"""The model gateway: the sandbox's only way out, and it holds the secret.
+
+For each run that uses a real model, the worker serves an HTTP endpoint on a
+unix socket inside the run's private folder, which is mounted into the
+container.  The container talks to the model API through it; the gateway
+adds the API key, forwards only the model API's route, and counts tokens.
+The container never sees the key: not in its environment, files or
+arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socketserver
+import threading
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+# Hop-by-hop and secret-bearing headers are never passed through from the sandbox.
+_DROP_HEADERS = {"host", "content-length", "connection", "x-api-key", "authorization", "transfer-encoding"}
+
+
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+class ModelGateway:
+    """Forward ``allowed_paths`` from a unix socket to ``upstream`` with the key added."""
+
+    def __init__(
+        self,
+        socket_path: Path,
+        *,
+        upstream: str,
+        api_key: str,
+        allowed_paths: frozenset[str] = frozenset({"/v1/messages"}),
+        timeout_s: float = 600.0,
+    ) -> None:
+        self.socket_path = socket_path
+        self.upstream = upstream.rstrip("/")
+        self.allowed_paths = allowed_paths
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.requests = 0
+        self.refused = 0
+        self._lock = threading.Lock()
+        self._client = httpx.Client(timeout=timeout_s)
+        self._api_key = api_key
+        gateway = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def address_string(self) -> str:  # unix sockets have no peer address
+                return "sandbox"
+
+            def log_message(self, fmt: str, *args: object) -> None:
+                log.debug("gateway: " + fmt, *args)
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                gateway._handle(self)
+
+            def do_GET(self) -> None:  # noqa: N802
+                gateway._refuse(self)
+
+            do_PUT = do_DELETE = do_PATCH = do_GET  # noqa: N815
+
+        socket_path.parent.mkdir(parents=True, exist_ok=True)
+        if socket_path.exists():
+            socket_path.unlink()
+        self._server = _UnixHTTPServer(str(socket_path), Handler)
+        # The sandbox runs as another uid; it may connect, nobody else is in
+        # the run's private folder.
+        os.chmod(socket_path, 0o666)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="model-gateway", daemon=True)
+
+    def __enter__(self) -> ModelGateway:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._client.close()
+        try:
+            self.socket_path.unlink()
+        except FileNotFoundError:
+            pass
+
+    # -- request handling -----------------------------------------------------------
+
+    def _refuse(self, h: BaseHTTPRequestHandler) -> None:
+        with self._lock:
+            self.refused += 1
+        body = json.dumps({"type": "error", "error": {"type": "forbidden", "message": "route not allowed by the gateway"}}).encode()
+        h.send_response(403)
+        h.send_header("content-type", "application/json")
+        h.send_header("content-length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        path = h.path.split("?", 1)[0]
+        if path not in self.allowed_paths:
+            self._refuse(h)
+            return
+        length = int(h.headers.get("content-length") or 0)
+        body = h.rfile.read(length) if length else b""
+        headers = {k: v for k, v in h.headers.items() if k.lower() not in _DROP_HEADERS}
+        headers["x-api-key"] = self._api_key
+        try:
+            resp = self._client.post(self.upstream + h.path, content=body, headers=headers)
+            status, content, ctype = resp.status_code, resp.content, resp.headers.get("content-type", "application/json")
+            retry_after = resp.headers.get("retry-after")
+        except httpx.HTTPError as exc:
+            status, ctype, retry_after = 502, "application/json", None
+            content = json.dumps({"type": "error", "error": {"type": "api_error", "message": f"gateway: upstream unreachable: {exc}"}}).encode()
+        with self._lock:
+            self.requests += 1
+            if status == 200:
+                self._count(content)
+        h.send_response(status)
+        h.send_header("content-type", ctype)
+        h.send_header("content-length", str(len(content)))
+        if retry_after:
+            h.send_header("retry-after", retry_after)
+        h.end_headers()
+        h.wfile.write(content)
+
+    def _count(self, content: bytes) -> None:
+        try:
+            usage = json.loads(content).get("usage") or {}
+        except (ValueError, AttributeError):
+            return
+        self.input_tokens += int(usage.get("input_tokens") or 0)
+        self.output_tokens += int(usage.get("output_tokens") or 0)

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Run the whole test suite: make the virtualenv, start Docker and Redis if they
+# are installed but stopped, then pytest.  Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$py" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+bash scripts/services.sh
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,118 @@
+"""Integration fixtures: the agent image, and real Celery worker processes
+against a real broker (filesystem:// or Redis)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from orchestrator.db import Database
+from orchestrator.settings import Settings
+from tests.conftest import REDIS_URL, docker_available, redis_available, require_service
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def agent_image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The agent image, built (offline) if it is missing or stale."""
+    require_service(docker_available(), "a running Docker engine")
+    from orchestrator.image import ensure_agent_image
+    from orchestrator.sandbox import docker_client
+
+    settings = Settings(data_dir=tmp_path_factory.mktemp("imagebuild"), _env_file=None)  # type: ignore[call-arg]
+    ensure_agent_image(docker_client(settings), settings)
+    return settings.agent_image
+
+
+BROKERS = ["filesystem", "redis"]
+
+
+@dataclass
+class Stack:
+    """A data dir, a broker and the environment every process of one test shares."""
+
+    settings: Settings
+    env: dict[str, str]
+    db: Database
+    procs: list[subprocess.Popen[bytes]]
+    logs: list[Path]
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN / "orchestrator"), *args], env=self.env, capture_output=True, text=True,
+            timeout=timeout, cwd=self.settings.data_dir.parent,
+        )
+
+    def start_worker(self, concurrency: int = 1) -> subprocess.Popen[bytes]:
+        log = self.settings.data_dir.parent / f"worker-{len(self.procs)}.log"
+        argv = [
+            sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "agent,delivery",
+            "--concurrency", str(concurrency), "-l", "INFO", "--without-gossip", "--without-mingle",
+            "-n", f"test{len(self.procs)}@%h",
+        ]
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(argv, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
+                                    cwd=self.settings.data_dir.parent)
+        self.procs.append(proc)
+        self.logs.append(log)
+        return proc
+
+    def worker_logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-6000:] for p in self.logs if p.exists())
+
+
+@pytest.fixture(params=BROKERS)
+def stack(request: pytest.FixtureRequest, tmp_path: Path, agent_image: str) -> Iterator[Stack]:
+    broker = request.param
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
+    data_dir = tmp_path / "data"
+    env["ORCHESTRATOR_DATA_DIR"] = str(data_dir)
+    env["ORCHESTRATOR_AGENT_IMAGE"] = agent_image
+    if broker == "redis":
+        require_service(redis_available(), f"a Redis server at {REDIS_URL}")
+        url = REDIS_URL.rsplit("/", 1)[0] + "/15"
+        import redis
+
+        redis.Redis.from_url(url).flushdb()
+        env["ORCHESTRATOR_BROKER_URL"] = url
+    settings = Settings(
+        data_dir=data_dir, agent_image=agent_image,
+        broker_url=env.get("ORCHESTRATOR_BROKER_URL", ""), _env_file=None,  # type: ignore[call-arg]
+    )
+    settings.ensure_dirs()
+    db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
+    db.migrate()
+    st = Stack(settings, env, db, [], [])
+    yield st
+    for proc in st.procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in st.procs:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(st.worker_logs())
+    db.dispose()
+    shutil.rmtree(data_dir / "groups", ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
+
+
+Factory = Callable[..., Stack]

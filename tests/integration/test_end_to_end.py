@@ -1,0 +1,71 @@
+"""A message in, an agent run in a real Docker container, typed replies out.
+
+Real parts only: the `orchestrator` CLI, a `celery worker` process, the
+broker (filesystem:// and Redis), SQLite, the Docker engine and the agent
+image with the offline model.
+"""
+
+from __future__ import annotations
+
+import json
+
+import docker
+
+from orchestrator.groups import add_group, ensure_main_group
+from orchestrator.runs import list_runs
+from orchestrator.sandbox import LABEL_RUN
+
+from .conftest import Stack
+
+
+def _replies(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+def test_command_message_runs_in_the_sandbox_and_replies(stack: Stack) -> None:
+    ensure_main_group(stack.db)
+    stack.start_worker()
+    res = stack.cli("send", "main@local", "$ echo hello-from-sandbox", "--wait", "90", "--json")
+    assert res.returncode == 0, res.stderr + stack.worker_logs()
+    replies = _replies(res.stdout)
+    tool_results = [r for r in replies if r["message_type"] == "tool_result"]
+    assert len(tool_results) == 1
+    assert "hello-from-sandbox" in tool_results[0]["content"]
+    assert tool_results[0]["metadata"]["exit_code"] == 0
+    answers = [r for r in replies if r["message_type"] == "assistant" and r["sender"] == "bot"]
+    assert len(answers) == 1 and "hello-from-sandbox" in answers[0]["content"]
+
+    hist = stack.cli("history", "main@local", "--json")
+    assert hist.returncode == 0, hist.stderr
+    history = json.loads(hist.stdout)
+    assert [(m["message_type"], m["sender"]) for m in history] == [
+        ("user", "cli-user"),
+        ("assistant", "tool_use"),
+        ("tool_result", "command_output"),
+        ("assistant", "bot"),
+    ]
+    assert [m["seq"] for m in history] == sorted(m["seq"] for m in history)
+
+    runs = list_runs(stack.db, chat_jid="main@local")
+    assert [r.state for r in runs] == ["succeeded"]
+    assert runs[0].container_id and runs[0].output_tokens > 0
+    # The run container is gone, whatever its exit.
+    left = docker.from_env().containers.list(all=True, filters={"label": f"{LABEL_RUN}={runs[0].id}"})
+    assert left == []
+
+
+def test_failing_command_and_plain_message(stack: Stack) -> None:
+    add_group(stack.db, chat_jid="team@g.us", name="team", folder="team", requires_trigger=True)
+    stack.start_worker()
+    # Without the trigger: stored as context, no run.
+    quiet = stack.cli("send", "team@g.us", "remember the milk", "--wait", "5")
+    assert quiet.returncode == 0 and "does not wake the agent" in quiet.stderr
+    res = stack.cli("send", "team@g.us", "@Andy please\n$ ls /nonexistent-dir", "--wait", "90", "--json")
+    assert res.returncode == 0, res.stderr + stack.worker_logs()
+    tool = [r for r in _replies(res.stdout) if r["message_type"] == "tool_result"]
+    assert tool and tool[0]["metadata"]["exit_code"] != 0
+    plain = stack.cli("send", "team@g.us", "@andy what did I ask you to remember?", "--wait", "90", "--json")
+    assert plain.returncode == 0, plain.stderr + stack.worker_logs()
+    answers = [r for r in _replies(plain.stdout) if r["sender"] == "bot"]
+    assert len(answers) == 1 and "what did I ask you to remember?" in answers[0]["content"]
+    assert [r.state for r in list_runs(stack.db, chat_jid="team@g.us")] == ["succeeded", "succeeded"]
