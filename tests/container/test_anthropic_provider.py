@@ -9,11 +9,7 @@ the server received.
 from __future__ import annotations
 
 import json
-import socketserver
 import tempfile
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -37,124 +33,17 @@ from agent_runner.providers.base import ProviderMessage, TextBlock
 from agent_runner.tools import tool_specs
 from runner_harness import RunRunner, make_input
 
-Reply = tuple[int, dict[str, Any], dict[str, str]]
+from tests.fakes.anthropic_api import (
+    FakeAnthropic,
+    UnixHTTPServer,
+    _serve,
+    api_error,
+    message,
+    sent_key,
+    serve_tcp,
+)
 
-
-def message(content: list[dict[str, Any]], stop_reason: str, n: int = 1) -> Reply:
-    body = {
-        "id": f"msg_fake_{n}",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-fake",
-        "content": content,
-        "stop_reason": stop_reason,
-        "stop_sequence": None,
-        "usage": {"input_tokens": 10 * n, "output_tokens": n},
-    }
-    return 200, body, {}
-
-
-def api_error(status: int, kind: str, text: str) -> Reply:
-    # retry-after-ms keeps the SDK's retry backoff short in tests.
-    return (
-        status,
-        {"type": "error", "error": {"type": kind, "message": text}},
-        {"retry-after-ms": "10"},
-    )
-
-
-class FakeAnthropic:
-    """Scripted POST /v1/messages; remembers every request it got."""
-
-    def __init__(self, *replies: Reply) -> None:
-        self.replies = list(replies)
-        self.requests: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-
-    def handler(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                fake.requests.append(json.loads(self.rfile.read(length)))
-                fake.headers.append({k.lower(): v for k, v in self.headers.items()})
-                if self.path.split("?")[0] != "/v1/messages":
-                    status, body, extra = (
-                        404,
-                        {
-                            "type": "error",
-                            "error": {"type": "not_found_error", "message": self.path},
-                        },
-                        {},
-                    )
-                elif fake.replies:
-                    status, body, extra = fake.replies.pop(0)
-                else:
-                    status, body, extra = (
-                        500,
-                        {
-                            "type": "error",
-                            "error": {"type": "api_error", "message": "script exhausted"},
-                        },
-                        {},
-                    )
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for key, value in extra.items():
-                    self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def address_string(self) -> str:  # client_address is '' on unix sockets
-                return str(self.client_address[0]) if self.client_address else "unix"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        return Handler
-
-
-class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-
-
-def _serve(server: socketserver.BaseServer) -> Iterator[None]:
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-@pytest.fixture
-def serve_tcp() -> Iterator[Any]:
-    """serve_tcp(fake) -> base_url of a loopback server playing ``fake``."""
-    servers: list[Iterator[None]] = []
-
-    def start(fake: FakeAnthropic) -> str:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), fake.handler())
-        server.daemon_threads = True
-        running = _serve(server)
-        next(running)
-        servers.append(running)
-        return f"http://127.0.0.1:{server.server_address[1]}"
-
-    yield start
-    for running in servers:
-        next(running, None)
-
-
-def sent_key(headers: dict[str, str]) -> str | None:
-    """The API key a request carried: SDK versions use x-api-key or a bearer token."""
-    if "x-api-key" in headers:
-        return headers["x-api-key"]
-    auth = headers.get("authorization", "")
-    return auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
+__all__ = ["serve_tcp"]  # a fixture, used by name
 
 
 def settings(base_url: str | None = None, socket_path: str | None = None) -> ModelSettings:

@@ -1,0 +1,118 @@
+"""The run pipeline in-process against the real Docker engine and agent image
+(no broker: the Celery task is only a thin wrapper around this)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import docker
+import pytest
+
+from orchestrator import leases
+from orchestrator.channels import ChannelRegistry
+from orchestrator.db import Database
+from orchestrator.groups import ensure_main_group, get_group
+from orchestrator.ingest import IncomingMessage, ingest
+from orchestrator.messages import StoredMessage
+from orchestrator.pipeline import Pipeline
+from orchestrator.runs import list_runs
+from orchestrator.sandbox import LABEL_MANAGED
+from orchestrator.settings import Settings
+from orchestrator.store import get_messages_after
+from orchestrator.views import format_messages_for_sdk
+
+
+class Recorder:
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[StoredMessage, str]] = []
+
+    def connect(self) -> None: ...
+
+    def disconnect(self) -> None: ...
+
+    def owns(self, chat_jid: str) -> bool:
+        return True
+
+    def send(self, message: StoredMessage, rendered: str) -> None:
+        self.sent.append((message, rendered))
+
+
+@pytest.fixture
+def pipe(tmp_path: Path, agent_image: str) -> tuple[Pipeline, Database, Recorder]:
+    settings = Settings(  # type: ignore[call-arg]
+        data_dir=tmp_path / "data", agent_image=agent_image, run_timeout_s=4, _env_file=None
+    )
+    settings.ensure_dirs()
+    db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
+    db.migrate()
+    ensure_main_group(db)
+    rec = Recorder()
+    return Pipeline(settings, db, ChannelRegistry("Andy", [rec])), db, rec
+
+
+def _say(pipeline: Pipeline, db: Database, text: str) -> StoredMessage:
+    return ingest(db, pipeline.settings, IncomingMessage(chat_jid="main@local", sender="u", content=text),
+                  signal=None).message
+
+
+def _managed_containers() -> list[object]:
+    return docker.from_env().containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=1"})
+
+
+def test_run_stores_and_delivers_in_order(pipe: tuple[Pipeline, Database, Recorder]) -> None:
+    pipeline, db, rec = pipe
+    sent = _say(pipeline, db, "$ printf 'a\\nb\\n'")
+    outcomes = pipeline.drain_group("main@local")
+    assert [o.run.state for o in outcomes] == ["succeeded"]
+    stored = get_messages_after("main@local", sent.seq, db=db)
+    assert [m.seq for m, _ in rec.sent] == [m.seq for m in stored]
+    rendered = [r for _, r in rec.sent]
+    assert rendered[1].startswith("🔧 ✅ exit 0") and "a\nb" in rendered[1]
+    assert rendered[2].startswith("Andy: ")
+    assert get_group(db, "main@local").cursor_seq == sent.seq
+    # A second drain finds nothing to do.
+    assert pipeline.drain_group("main@local") == []
+
+
+def test_busy_group_is_left_to_its_lease_holder(pipe: tuple[Pipeline, Database, Recorder]) -> None:
+    pipeline, db, rec = pipe
+    _say(pipeline, db, "hello")
+    assert leases.acquire(db, "main@local", "another-worker", 30)
+    assert pipeline.drain_group("main@local") == []
+    assert rec.sent == [] and list_runs(db) == []
+    leases.release(db, "main@local", "another-worker")
+    assert [o.run.state for o in pipeline.drain_group("main@local")] == ["succeeded"]
+
+
+def test_messages_during_a_run_are_picked_up_once(pipe: tuple[Pipeline, Database, Recorder]) -> None:
+    pipeline, db, _ = pipe
+    _say(pipeline, db, "first")
+    _say(pipeline, db, "second")
+    outcomes = pipeline.drain_group("main@local")
+    # Both were pending before the run started: one run sees both.
+    assert len(outcomes) == 1
+    run = outcomes[0].run
+    assert run.cursor_to - run.cursor_from >= 2
+    _say(pipeline, db, "third")
+    again = pipeline.drain_group("main@local")
+    assert len(again) == 1 and again[0].run.cursor_from == run.cursor_to
+
+
+def test_hung_command_is_killed_at_the_time_limit(pipe: tuple[Pipeline, Database, Recorder]) -> None:
+    pipeline, db, rec = pipe
+    _say(pipeline, db, "$ sleep 60")
+    outcomes = pipeline.drain_group("main@local")
+    assert [o.run.state for o in outcomes] == ["timed_out"]
+    assert outcomes[0].run.duration_s is not None and outcomes[0].run.duration_s < 30
+    hosts = [m for m, _ in rec.sent if m.message_type == "host"]
+    assert len(hosts) == 1 and hosts[0].content.startswith("⚠️ Agent error")
+    assert _managed_containers() == []
+    # The host message is for people only.
+    view = format_messages_for_sdk(get_messages_after("main@local", 0, db=db))
+    assert all("Agent error" not in m.content for m in view)
+    # The next run is told the previous one failed (an ephemeral notice).
+    from orchestrator.notices import compute_notices
+
+    assert any("timed_out" in n for n in compute_notices(db, get_group(db, "main@local")))
