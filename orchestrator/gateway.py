@@ -26,8 +26,26 @@ log = logging.getLogger(__name__)
 _DROP_HEADERS = {"host", "content-length", "connection", "x-api-key", "authorization", "transfer-encoding"}
 
 
+# sockaddr_un.sun_path holds 108 bytes on Linux; a NUL-terminated path must fit.
+_MAX_UNIX_PATH = 107
+
+
 class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
+
+    def server_bind(self) -> None:
+        # The run folder lives under the data dir, whose path can be longer
+        # than a unix socket address allows.  On Linux, bind through the
+        # folder's /proc/self/fd entry instead: same socket file, short name.
+        path = os.fsencode(self.server_address)
+        if len(path) <= _MAX_UNIX_PATH or not os.path.isdir("/proc/self/fd"):
+            super().server_bind()
+            return
+        fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self.socket.bind(f"/proc/self/fd/{fd}/".encode() + os.path.basename(path))
+        finally:
+            os.close(fd)
 
 
 class ModelGateway:

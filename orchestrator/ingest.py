@@ -16,7 +16,7 @@ from sqlalchemy import update
 
 from .db import Database
 from .groups import group_from_row
-from .messages import MessageType, StoredMessage
+from .messages import MessageType, NewMessage, StoredMessage
 from .router import wakes_agent
 from .settings import Settings
 from .store import insert_message, new_message_id, now_iso
@@ -53,19 +53,12 @@ def ingest(
 ) -> IngestResult:
     """Store ``incoming``; if it wakes the agent, mark pending work and signal."""
     with db.write() as session:
-        msg, created = insert_message(
-            session,
-            db,
+        new = NewMessage(
             id=incoming.id or new_message_id(),
-            chat_jid=incoming.chat_jid,
-            sender=incoming.sender,
-            sender_name=incoming.sender_name,
-            content=incoming.content,
             timestamp=incoming.timestamp or now_iso(),
-            is_from_me=incoming.is_from_me,
-            message_type=incoming.message_type,
-            metadata=incoming.metadata,
+            **incoming.model_dump(exclude={"id", "timestamp"}),
         )
+        msg, created = insert_message(session, db, new)
         triggered = False
         if created:
             # Read the group inside the same transaction as the insert.

@@ -46,6 +46,26 @@ STORED_ONLY_SENDERS: frozenset[str] = frozenset(
 NEVER_STORED_SENDERS: frozenset[str] = frozenset({SENDER_SYSTEM_NOTICE})
 
 
+class NewMessage(BaseModel):
+    """A message about to be stored (the store assigns ``seq``).
+
+    Types are checked loosely here on purpose: the store's own validation
+    gives the clearer error messages people see.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    chat_jid: str
+    sender: str
+    sender_name: str = ""
+    content: str = ""
+    timestamp: str
+    is_from_me: bool = False
+    message_type: str = "user"
+    metadata: Any = None
+
+
 class StoredMessage(BaseModel):
     """A row of the ``messages`` table, as every layer above the store sees it."""
 

@@ -36,6 +36,7 @@ from .db import Database
 from .errors import ConfigError
 from .gateway import ModelGateway
 from .groups import Group, get_group
+from .messages import NewMessage
 from .notices import compute_notices
 from .outputs import OutputMessage, event_to_message, host_message
 from .runs import Run, RunState, create_run, finish_run, set_container
@@ -240,11 +241,8 @@ class Pipeline:
 
     def _emit(self, group: Group, out: OutputMessage, outcome: RunOutcome) -> None:
         with self.db.write() as session:
-            msg, created = insert_message(
-                session, self.db, id=out.id, chat_jid=group.chat_jid, sender=out.sender,
-                sender_name=out.sender_name, content=out.content, timestamp=now_iso(),
-                is_from_me=True, message_type=out.message_type, metadata=out.metadata,
-            )
+            new = NewMessage(chat_jid=group.chat_jid, timestamp=now_iso(), is_from_me=True, **out.model_dump())
+            msg, created = insert_message(session, self.db, new)
         if created:
             outcome.stored.append(msg.seq)
             self.channels.deliver(msg)

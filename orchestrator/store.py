@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from .db import Database, get_database
 from .errors import InvalidMessage
-from .messages import MESSAGE_TYPES, NEVER_STORED_SENDERS, StoredMessage
+from .messages import MESSAGE_TYPES, NEVER_STORED_SENDERS, NewMessage, StoredMessage
 from .settings import get_settings
 from .tables import MessageRow
 
@@ -45,30 +45,28 @@ def to_stored(row: MessageRow) -> StoredMessage:
     )
 
 
-def _validate(
-    *, id: str, chat_jid: str, sender: str, message_type: str, metadata: Any, timestamp: str
-) -> None:
-    if not id:
+def _validate(new: NewMessage) -> None:
+    if not new.id:
         raise InvalidMessage("message id must not be empty")
-    if not chat_jid:
+    if not new.chat_jid:
         raise InvalidMessage("chat_jid must not be empty")
-    if not sender:
+    if not new.sender:
         raise InvalidMessage("sender must not be empty")
-    if sender in NEVER_STORED_SENDERS:
-        raise InvalidMessage(f"sender {sender!r} is ephemeral and is never stored")
-    if message_type not in MESSAGE_TYPES:
+    if new.sender in NEVER_STORED_SENDERS:
+        raise InvalidMessage(f"sender {new.sender!r} is ephemeral and is never stored")
+    if new.message_type not in MESSAGE_TYPES:
         raise InvalidMessage(
-            f"message_type {message_type!r} is not one of {sorted(MESSAGE_TYPES)}"
+            f"message_type {new.message_type!r} is not one of {sorted(MESSAGE_TYPES)}"
         )
-    if metadata is not None and not isinstance(metadata, dict):
-        raise InvalidMessage(f"metadata must be a JSON object or null, got {type(metadata).__name__}")
+    if new.metadata is not None and not isinstance(new.metadata, dict):
+        raise InvalidMessage(f"metadata must be a JSON object or null, got {type(new.metadata).__name__}")
     try:
-        datetime.fromisoformat(timestamp)
+        datetime.fromisoformat(new.timestamp)
     except (TypeError, ValueError):
-        raise InvalidMessage(f"timestamp {timestamp!r} is not an ISO-8601 date-time") from None
+        raise InvalidMessage(f"timestamp {new.timestamp!r} is not an ISO-8601 date-time") from None
 
 
-def _next_seq(session: Session, db: Database) -> None:
+def _lock_seq(session: Session, db: Database) -> None:
     # SQLite: the write transaction began IMMEDIATE, so we already hold the
     # only write lock.  PostgreSQL: a transaction-scoped advisory lock makes
     # "max + 1" and the commit one critical section, so seq order is commit
@@ -77,75 +75,42 @@ def _next_seq(session: Session, db: Database) -> None:
         session.execute(text("SELECT pg_advisory_xact_lock(726932)"))
 
 
-def insert_message(
-    session: Session,
-    db: Database,
-    *,
-    id: str,
-    chat_jid: str,
-    sender: str,
-    sender_name: str,
-    content: str,
-    timestamp: str,
-    is_from_me: bool,
-    message_type: str = "user",
-    metadata: dict[str, Any] | None = None,
-) -> tuple[StoredMessage, bool]:
+def insert_message(session: Session, db: Database, new: NewMessage) -> tuple[StoredMessage, bool]:
     """Insert inside the caller's transaction; returns (message, created)."""
-    _validate(
-        id=id, chat_jid=chat_jid, sender=sender, message_type=message_type,
-        metadata=metadata, timestamp=timestamp,
-    )
-    existing = session.get(MessageRow, (id, chat_jid))
+    _validate(new)
+    existing = session.get(MessageRow, (new.id, new.chat_jid))
     if existing is not None:
         return to_stored(existing), False
-    _next_seq(session, db)
+    _lock_seq(session, db)
     seq = (session.scalar(select(func.max(MessageRow.seq))) or 0) + 1
-    session.execute(
-        insert(MessageRow).values(
-            id=id, chat_jid=chat_jid, seq=seq, sender=sender, sender_name=sender_name or "",
-            content=content or "", timestamp=timestamp, is_from_me=bool(is_from_me),
-            message_type=message_type, meta=metadata,
-        )
-    )
-    try:
-        msg = StoredMessage(
-            seq=seq, id=id, chat_jid=chat_jid, sender=sender, sender_name=sender_name or "",
-            content=content or "", timestamp=timestamp, is_from_me=bool(is_from_me),
-            message_type=message_type,  # type: ignore[arg-type]
-            metadata=metadata,
-        )
-    except ValidationError as exc:  # pragma: no cover - _validate covers these
-        raise InvalidMessage(str(exc)) from exc
-    return msg, True
+    fields = new.model_dump()
+    meta = fields.pop("metadata")
+    session.execute(insert(MessageRow).values(seq=seq, meta=meta, **fields))
+    return StoredMessage(seq=seq, **new.model_dump()), True
 
 
-def store_message_direct(
-    *,
-    id: str,
-    chat_jid: str,
-    sender: str,
-    sender_name: str,
-    content: str,
-    timestamp: str,
-    is_from_me: bool,
-    message_type: str = "user",
-    metadata: dict[str, Any] | None = None,
-    db: Database | None = None,
-) -> StoredMessage:
+def store_message_direct(*, db: Database | None = None, **fields: Any) -> StoredMessage:
     """Store one message in its own transaction (no routing, no signal).
 
-    Returns the stored message; if ``(id, chat_jid)`` already exists the
-    existing row is returned unchanged.
+    Keyword arguments: ``id, chat_jid, sender, sender_name, content,
+    timestamp, is_from_me, message_type='user', metadata=None``.  Returns the
+    stored message; if ``(id, chat_jid)`` already exists the existing row is
+    returned unchanged.  Bad input raises :class:`InvalidMessage`.
     """
+    try:
+        new = NewMessage(**fields)
+    except ValidationError as exc:
+        raise InvalidMessage(_first_error(exc)) from exc
     db = db or get_database(get_settings())
     with db.write() as session:
-        msg, _ = insert_message(
-            session, db, id=id, chat_jid=chat_jid, sender=sender, sender_name=sender_name,
-            content=content, timestamp=timestamp, is_from_me=is_from_me,
-            message_type=message_type, metadata=metadata,
-        )
+        msg, _ = insert_message(session, db, new)
     return msg
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ())) or "message"
+    return f"{where}: {err.get('msg', 'invalid')}"
 
 
 def get_messages_since(

@@ -72,13 +72,15 @@ class FakeAnthropic:
     """Scripted POST /v1/messages; remembers every request it got.
 
     ``requests`` are the JSON bodies and ``headers`` the (lower-cased) headers
-    of every request, in arrival order; ``calls`` has the full records.
+    of every request, in arrival order; ``calls`` has the full records and
+    ``sent`` the replies given, in the same order.
     """
 
     def __init__(self, *replies: Script, on_request: Callable[[Recorded], None] | None = None) -> None:
         self.replies: list[Script] = list(replies)
         self.on_request = on_request
         self.calls: list[Recorded] = []
+        self.sent: list[Reply] = []
         self._lock = threading.Lock()
 
     @property
@@ -123,6 +125,15 @@ class FakeAnthropic:
             return 500, {"type": "error", "error": {"type": "api_error", "message": "script exhausted"}}, {}
         return script(rec) if callable(script) else script
 
+    def usage(self) -> tuple[int, int]:
+        """Input and output tokens of all successful replies sent so far."""
+        with self._lock:
+            bodies = [body for status, body, _ in self.sent if status == 200]
+        return (
+            sum(b["usage"]["input_tokens"] for b in bodies),
+            sum(b["usage"]["output_tokens"] for b in bodies),
+        )
+
     def handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
@@ -132,6 +143,8 @@ class FakeAnthropic:
                 if fake.on_request is not None:
                     fake.on_request(rec)
                 status, body, extra = fake._next_reply(rec)
+                with fake._lock:
+                    fake.sent.append((status, body, extra))
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

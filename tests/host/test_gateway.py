@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,6 +96,27 @@ def test_other_routes_are_refused(
     assert resp.json()["type"] == "error"
     assert fake.calls == []
     assert gateway.refused == 1 and gateway.requests == 0
+
+
+def test_socket_in_a_folder_with_a_long_path(tmp_path: Path, fake: FakeAnthropic) -> None:
+    # The run folder lives under the data dir: its path may exceed what a
+    # unix socket address can hold (~107 bytes).
+    folder = tmp_path / ("d" * 60) / ("r" * 40)
+    path = folder / "model.sock"
+    assert len(str(path)) > 108
+    fake.replies.append(message([{"type": "text", "text": "hello"}], "end_turn"))
+    with fake.serve() as upstream, ModelGateway(path, upstream=upstream, api_key=KEY) as gw:
+        assert path.is_socket()
+        # Connect the way the container does: through a short path to the folder.
+        short = Path(tempfile.mkdtemp(prefix="gw"))
+        try:
+            (short / "run").symlink_to(folder)
+            with gateway_client(short / "run" / "model.sock") as c:
+                assert c.post("/v1/messages", json=REQUEST).status_code == 200
+        finally:
+            shutil.rmtree(short)
+    assert gw.requests == 1 and fake.calls[0].headers["x-api-key"] == KEY
+    assert not path.exists()
 
 
 def test_unreachable_upstream_is_502(sock: Path) -> None:
