@@ -54,10 +54,10 @@ def up(
     host: Annotated[Optional[str], typer.Option(help="HTTP bind address.")] = None,
     concurrency: Annotated[int, typer.Option(help="Worker slots (parallel runs).")] = 2,
 ) -> None:
-    """Run everything on this machine: worker + HTTP API (Ctrl-C stops all)."""
+    """Run everything on this machine: worker, beat and HTTP API (Ctrl-C stops all)."""
     from .image import ensure_agent_image
     from .sandbox import docker_client
-    from .supervisor import Child, Supervisor, api_argv, worker_argv
+    from .supervisor import Child, Supervisor, api_argv, beat_argv, worker_argv
 
     settings, db = _setup()
     try:
@@ -75,7 +75,10 @@ def up(
     port = settings.api_port if port < 0 else port
     host = host or settings.api_host
     env = dict(os.environ, ORCHESTRATOR_DATA_DIR=str(settings.data_dir))
-    children = [Child("worker", worker_argv(concurrency, settings.log_level))]
+    children = [
+        Child("worker", worker_argv(concurrency, settings.log_level)),
+        Child("beat", beat_argv(str(settings.data_dir / "celerybeat-schedule"), settings.log_level)),
+    ]
     if port:
         children.append(Child("api", api_argv(host, port)))
         typer.echo(f"HTTP API on http://{host}:{port}  (health: /health)")
@@ -106,6 +109,35 @@ def api(
     settings, _ = _setup()
     argv = api_argv(host or settings.api_host, settings.api_port if port < 0 else port)
     os.execv(argv[0], argv)
+
+
+@app.command()
+def beat() -> None:
+    """Run Celery beat alone: the sweeper (and, later, scheduled tasks)."""
+    from .supervisor import beat_argv
+
+    settings, _ = _setup()
+    argv = beat_argv(str(settings.data_dir / "celerybeat-schedule"), settings.log_level)
+    os.execv(argv[0], argv)
+
+
+@app.command()
+def sweep() -> None:
+    """Run the sweeper once now (re-signal pending groups, close dead runs, remove orphans)."""
+    from .sandbox import DockerSandbox
+    from .sweeper import sweep as run_sweep
+
+    settings, db = _setup()
+    try:
+        sandbox = DockerSandbox(settings)
+    except OrchestratorError as exc:
+        typer.secho(f"warning: {exc}; containers not checked", fg=typer.colors.YELLOW, err=True)
+        sandbox = None
+    report = run_sweep(db, signal=partial(signal_group, settings), sandbox=sandbox)
+    typer.echo(
+        f"interrupted runs: {len(report.interrupted_runs)}, re-signalled groups: "
+        f"{len(report.signalled_groups)}, removed containers: {report.removed_containers}"
+    )
 
 
 @app.command()
@@ -255,6 +287,21 @@ def runs_show(run_id: str) -> None:
         typer.echo(get_run(db, run_id).model_dump_json(indent=2))
     except OrchestratorError as exc:
         raise _fail(exc) from exc
+
+
+@runs_app.command("cancel")
+def runs_cancel(run_id: str) -> None:
+    """Cancel a run: its worker stops the container and records it as cancelled."""
+    from .runs import cancel_run
+
+    _, db = _setup()
+    try:
+        run = cancel_run(db, run_id)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    if run.state != "cancelled":
+        raise _fail(OrchestratorError(f"run {run.id[:8]} already ended as {run.state}"))
+    typer.echo(f"run {run.id[:8]} cancelled; its worker stops the container within a second")
 
 
 # -- image ------------------------------------------------------------------------

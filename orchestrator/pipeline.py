@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import shutil
 import socket
+import threading
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from agent_runner.protocol import (
@@ -36,10 +40,10 @@ from .db import Database
 from .errors import ConfigError
 from .gateway import ModelGateway
 from .groups import Group, get_group
-from .messages import NewMessage
+from .messages import SENDER_BOT, NewMessage
 from .notices import compute_notices
 from .outputs import OutputMessage, event_to_message, host_message
-from .runs import Run, RunState, create_run, finish_run, set_container
+from .runs import Run, RunState, create_run, finish_run, run_state, set_attempts, set_container
 from .sandbox import RUN_DIR_MOUNT, ContainerSpec, DockerSandbox
 from .settings import Settings
 from .store import get_messages_after, get_recent_messages, insert_message, now_iso
@@ -62,9 +66,67 @@ def model_settings(settings: Settings) -> ModelSettings:
 
 
 @dataclass
+class Attempt:
+    """How one attempt at a run ended."""
+
+    state: RunState
+    error: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    retryable: bool = False
+    session_id: str | None = None
+
+
+def backoff_delay(attempt: int, base_s: float, max_s: float) -> float:
+    """Exponential backoff with full jitter (so retries of many groups spread out)."""
+    return random.uniform(0, min(max_s, base_s * 2 ** (attempt - 1)))
+
+
+class StopWatch:
+    """Stops a run's container when the run is cancelled or the lease is lost.
+
+    Polls the run's state once a second: a cancel may come from any process
+    on any host, and the database is what they share.
+    """
+
+    def __init__(
+        self, db: Database, run_id: str, stop: Callable[[], None], lease_lost: threading.Event | None,
+        interval_s: float = 1.0,
+    ) -> None:
+        self._db, self._run_id, self._stop_fn = db, run_id, stop
+        self._lease_lost = lease_lost
+        self._interval = interval_s
+        self._done = threading.Event()
+        self.reason: str | None = None
+        self._thread = threading.Thread(target=self._watch, name=f"stopwatch-{run_id[:8]}", daemon=True)
+
+    def __enter__(self) -> StopWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._done.wait(self._interval):
+            if self._lease_lost is not None and self._lease_lost.is_set():
+                self.reason = "lease_lost"
+            else:
+                try:
+                    if run_state(self._db, self._run_id) == "cancelled":
+                        self.reason = "cancelled"
+                except Exception:  # noqa: BLE001 - a DB hiccup is not a cancel
+                    continue
+            if self.reason:
+                self._stop_fn()
+                return
+
+
+@dataclass
 class RunOutcome:
     run: Run
     stored: list[int] = field(default_factory=list)  # seqs of stored outputs
+    replied: bool = False  # an assistant reply reached the chat
 
 
 class Pipeline:
@@ -97,12 +159,12 @@ class Pipeline:
                 log.info("group %s is busy elsewhere; its lease holder will see the new work", chat_jid)
                 return outcomes
             try:
-                with leases.Heartbeat(self.db, chat_jid, self.owner, ttl):
-                    while True:
+                with leases.Heartbeat(self.db, chat_jid, self.owner, ttl) as heartbeat:
+                    while not heartbeat.lost.is_set():
                         group = get_group(self.db, chat_jid)
                         if group.pending_seq <= group.cursor_seq:
                             break
-                        outcome = self.run_once(group, task_id=task_id)
+                        outcome = self.run_once(group, task_id=task_id, lease_lost=heartbeat.lost)
                         if outcome is not None:
                             outcomes.append(outcome)
             finally:
@@ -113,7 +175,9 @@ class Pipeline:
 
     # -- one run --------------------------------------------------------------
 
-    def run_once(self, group: Group, *, task_id: str | None = None) -> RunOutcome | None:
+    def run_once(
+        self, group: Group, *, task_id: str | None = None, lease_lost: threading.Event | None = None
+    ) -> RunOutcome | None:
         new = get_messages_after(group.chat_jid, group.cursor_seq, db=self.db)
         if not new:  # the pending mark points at nothing left to read
             self._advance(group, group.pending_seq, None)
@@ -124,41 +188,66 @@ class Pipeline:
         )
         run = create_run(
             self.db, chat_jid=group.chat_jid, cursor_from=group.cursor_seq, cursor_to=cursor_to,
-            celery_task_id=task_id,
+            celery_task_id=task_id, owner=self.owner,
         )
         assistant = group.assistant_name or self.settings.assistant_name
         outcome = RunOutcome(run=run)
-        try:
-            payload = ContainerInput(
-                run_id=run.id,
-                chat_jid=group.chat_jid,
-                group_folder=group.folder,
-                assistant_name=assistant,
-                messages=format_messages_for_sdk([*prior, *new]),
-                system_notices=compute_notices(self.db, group),
-                session_id=group.session_id,
-                model=model_settings(self.settings),
-                limits=Limits(max_turns=self.settings.max_turns, bash_timeout_s=self.settings.bash_timeout_s),
-            )
-            state, error, usage, session_id = self._execute(group, run, payload, assistant, outcome)
-        except Exception as exc:  # noqa: BLE001 - every failure ends the run cleanly
-            log.exception("run %s for %s failed", run.id, group.chat_jid)
-            state, error, usage, session_id = "failed", f"{type(exc).__name__}: {exc}", Usage(), None
-        if state != "succeeded":
-            self._emit(group, host_message(run_id=run.id, text=f"⚠️ Agent error: {error}"), outcome)
-        self._advance(group, cursor_to, session_id)
+        attempt = 1
+        while True:
+            try:
+                payload = ContainerInput(
+                    run_id=run.id,
+                    chat_jid=group.chat_jid,
+                    group_folder=group.folder,
+                    assistant_name=assistant,
+                    messages=format_messages_for_sdk([*prior, *new]),
+                    system_notices=compute_notices(self.db, group),
+                    session_id=group.session_id,
+                    model=model_settings(self.settings),
+                    limits=Limits(max_turns=self.settings.max_turns, bash_timeout_s=self.settings.bash_timeout_s),
+                )
+                result = self._execute(group, run, payload, assistant, outcome, lease_lost)
+            except ConfigError as exc:
+                result = Attempt("failed", str(exc))
+            except Exception as exc:  # noqa: BLE001 - every failure ends the run cleanly
+                log.exception("run %s for %s failed", run.id, group.chat_jid)
+                result = Attempt("failed", f"{type(exc).__name__}: {exc}", retryable=True)
+            # Retry only while no reply reached the chat: a run that already
+            # answered is never replayed from the start (no duplicate replies).
+            # Tool records of a failed attempt stay: those commands did run.
+            if not (result.retryable and not outcome.replied and attempt < self.settings.max_attempts):
+                break
+            delay = backoff_delay(attempt, self.settings.retry_base_s, self.settings.retry_max_s)
+            log.warning("run %s attempt %d failed (%s); retrying in %.1fs", run.id, attempt, result.error, delay)
+            attempt += 1
+            set_attempts(self.db, run.id, attempt, result.error)
+            if lease_lost is not None and lease_lost.wait(delay):
+                break
+            if lease_lost is None:
+                time.sleep(delay)
+        if result.state == "cancelled":
+            self._emit(group, host_message(run_id=run.id, text="🛑 Run cancelled."), outcome)
+        elif result.state != "succeeded":
+            self._emit(group, host_message(run_id=run.id, text=f"⚠️ Agent error: {result.error}"), outcome)
+        self._advance(group, cursor_to, result.session_id)
         outcome.run = finish_run(
-            self.db, run.id, state=state, error=error,
-            input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+            self.db, run.id, state=result.state, error=result.error,
+            input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
         )
         return outcome
 
     def _execute(
-        self, group: Group, run: Run, payload: ContainerInput, assistant: str, outcome: RunOutcome
-    ) -> tuple[RunState, str | None, Usage, str | None]:
+        self,
+        group: Group,
+        run: Run,
+        payload: ContainerInput,
+        assistant: str,
+        outcome: RunOutcome,
+        lease_lost: threading.Event | None,
+    ) -> Attempt:
         spec = ContainerSpec(
             image=self.settings.agent_image,
-            name=f"orch-{group.folder}-{run.id[:8]}",
+            name=f"orch-{group.folder}-{run.id[:8]}-{uuid.uuid4().hex[:4]}",
             workspace=self.settings.groups_dir / group.folder,
             run_id=run.id,
             group_folder=group.folder,
@@ -183,7 +272,7 @@ class Pipeline:
                 update={"model": payload.model.model_copy(update={"socket_path": f"{RUN_DIR_MOUNT}/{GATEWAY_SOCKET}"})}
             )
         try:
-            return self._stream(group, run, payload, assistant, outcome, spec, gateway)
+            return self._stream(group, run, payload, assistant, outcome, spec, gateway, lease_lost)
         finally:
             if gateway is not None:
                 gateway.close()
@@ -191,51 +280,58 @@ class Pipeline:
 
     def _stream(
         self, group: Group, run: Run, payload: ContainerInput, assistant: str, outcome: RunOutcome,
-        spec: ContainerSpec, gateway: ModelGateway | None,
-    ) -> tuple[RunState, str | None, Usage, str | None]:
+        spec: ContainerSpec, gateway: ModelGateway | None, lease_lost: threading.Event | None,
+    ) -> Attempt:
         result: ResultEvent | None = None
         error: ErrorEvent | None = None
         garbage = 0
-        index = 0
+        index = len(outcome.stored)
         with self.sandbox.start(spec, payload.model_dump_json().encode()) as container:
             set_container(self.db, run.id, container.id)
-            for line in container.lines():
-                if not line.strip():
-                    continue
-                try:
-                    event = parse_event(line)
-                except ValidationError:
-                    garbage += 1
-                    log.warning("run %s: ignoring a line that is not an event: %.200r", run.id, line)
-                    continue
-                if isinstance(event, ResultEvent):
-                    result = event
-                elif isinstance(event, ErrorEvent):
-                    error = event
-                else:
-                    index += 1
-                    out = event_to_message(event, run_id=run.id, index=index, assistant_name=assistant)
-                    if out is not None:
-                        self._emit(group, out, outcome)
-            exit_ = container.finish()
-        if gateway is not None and result is not None:
+            with StopWatch(self.db, run.id, container.kill, lease_lost) as stop:
+                for line in container.lines():
+                    if not line.strip():
+                        continue
+                    try:
+                        event = parse_event(line)
+                    except ValidationError:
+                        garbage += 1
+                        log.warning("run %s: ignoring a line that is not an event: %.200r", run.id, line)
+                        continue
+                    if isinstance(event, ResultEvent):
+                        result = event
+                    elif isinstance(event, ErrorEvent):
+                        error = event
+                    else:
+                        index += 1
+                        out = event_to_message(event, run_id=run.id, index=index, assistant_name=assistant)
+                        if out is not None:
+                            self._emit(group, out, outcome)
+                exit_ = container.finish()
+        usage = result.usage if result else Usage()
+        if gateway is not None:
             # Count what the gateway saw, not what the sandbox claims.
-            result = result.model_copy(
-                update={"usage": Usage(input_tokens=gateway.input_tokens, output_tokens=gateway.output_tokens)}
-            )
+            usage = Usage(input_tokens=gateway.input_tokens, output_tokens=gateway.output_tokens)
+        if stop.reason == "cancelled":
+            return Attempt("cancelled", "cancelled by request", usage)
+        if stop.reason == "lease_lost":
+            return Attempt("failed", "this worker lost the group's lease; the run was stopped", usage)
         if exit_.timed_out:
-            return "timed_out", f"the run exceeded its {spec.timeout_s:.0f}s limit", Usage(), None
+            return Attempt("timed_out", f"the run exceeded its {spec.timeout_s:.0f}s limit", usage)
         if error is not None:
-            return "failed", error.message, result.usage if result else Usage(), None
+            return Attempt("failed", error.message, usage, retryable=error.retryable)
         if exit_.status_code != 0 or result is None:
             tail = exit_.stderr_tail.strip().splitlines()[-1:] or [""]
             why = f"the agent container exited with status {exit_.status_code}"
+            if exit_.status_code == 137:
+                why += " (killed: out of memory or stopped)"
             if garbage:
                 why += f" after {garbage} unreadable output line(s)"
             if tail[0]:
                 why += f": {tail[0][:300]}"
-            return "failed", why, result.usage if result else Usage(), None
-        return "succeeded", None, result.usage, result.session_id
+            # A crash is worth another try; the attempt loop decides if it may.
+            return Attempt("failed", why, usage, retryable=True)
+        return Attempt("succeeded", None, usage, session_id=result.session_id)
 
     # -- storage --------------------------------------------------------------
 
@@ -245,6 +341,8 @@ class Pipeline:
             msg, created = insert_message(session, self.db, new)
         if created:
             outcome.stored.append(msg.seq)
+            if msg.sender == SENDER_BOT:
+                outcome.replied = True
             self.channels.deliver(msg)
 
     def _advance(self, group: Group, cursor_to: int, session_id: str | None) -> None:

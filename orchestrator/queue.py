@@ -15,6 +15,7 @@ from .settings import Settings
 AGENT_QUEUE = "agent"
 DELIVERY_QUEUE = "delivery"
 DRAIN_TASK = "workers.tasks.drain_group"
+SWEEP_TASK = "workers.tasks.sweep"
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -45,7 +46,10 @@ def make_celery(settings: Settings) -> Celery:
         worker_prefetch_multiplier=1,
         task_default_queue=AGENT_QUEUE,
         task_queues=[Queue(AGENT_QUEUE), Queue(DELIVERY_QUEUE)],
-        task_routes={DRAIN_TASK: {"queue": AGENT_QUEUE}},
+        task_routes={DRAIN_TASK: {"queue": AGENT_QUEUE}, SWEEP_TASK: {"queue": DELIVERY_QUEUE}},
+        beat_schedule={
+            "sweep": {"task": SWEEP_TASK, "schedule": settings.sweep_interval_s, "options": {"expires": settings.sweep_interval_s}},
+        },
         task_serializer="json",
         accept_content=["json"],
         # Flower sees every task only with these on.

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from .db import Database
 from .errors import StoreError
@@ -27,6 +27,7 @@ class Run(BaseModel):
     cursor_from: int
     cursor_to: int
     celery_task_id: str | None
+    owner: str | None = None
     container_id: str | None
     input_tokens: int
     output_tokens: int
@@ -42,13 +43,19 @@ def _to_run(row: RunRow) -> Run:
 
 
 def create_run(
-    db: Database, *, chat_jid: str, cursor_from: int, cursor_to: int, celery_task_id: str | None
+    db: Database,
+    *,
+    chat_jid: str,
+    cursor_from: int,
+    cursor_to: int,
+    celery_task_id: str | None,
+    owner: str | None = None,
 ) -> Run:
     now = datetime.now(UTC)
     row = RunRow(
         id=str(uuid.uuid4()), chat_jid=chat_jid, state="running", attempts=1,
         cursor_from=cursor_from, cursor_to=cursor_to, celery_task_id=celery_task_id,
-        input_tokens=0, output_tokens=0, created_at=now, started_at=now,
+        owner=owner, input_tokens=0, output_tokens=0, created_at=now, started_at=now,
     )
     with db.write() as session:
         session.add(row)
@@ -60,6 +67,37 @@ def set_container(db: Database, run_id: str, container_id: str) -> None:
         row = session.get(RunRow, run_id)
         if row is not None:
             row.container_id = container_id
+
+
+def set_attempts(db: Database, run_id: str, attempts: int, error: str | None) -> None:
+    """Record a failed attempt that is about to be retried."""
+    with db.write() as session:
+        row = session.get(RunRow, run_id)
+        if row is not None:
+            row.attempts = attempts
+            row.error = error
+            row.container_id = None
+
+
+def cancel_run(db: Database, run_id: str) -> Run:
+    """Mark a run cancelled; its worker sees this and stops the container.
+
+    Raises StoreError for an unknown run; a run that already ended keeps its
+    state (the returned run says which).
+    """
+    run = get_run(db, run_id)
+    with db.write() as session:
+        session.execute(
+            update(RunRow)
+            .where(RunRow.id == run.id, RunRow.state.in_(("queued", "running")))
+            .values(state="cancelled", error="cancelled by request")
+        )
+    return get_run(db, run.id)
+
+
+def run_state(db: Database, run_id: str) -> str | None:
+    with db.read() as session:
+        return session.scalar(select(RunRow.state).where(RunRow.id == run_id))
 
 
 def finish_run(
@@ -76,8 +114,13 @@ def finish_run(
         row = session.get(RunRow, run_id)
         if row is None:
             raise StoreError(f"no run {run_id!r}")
-        row.state = state
-        row.error = error
+        if row.finished_at is not None:
+            # Someone ended it first (the sweeper, after this worker lost
+            # its lease): that verdict stands.
+            return _to_run(row)
+        if row.state != "cancelled":  # a cancel request outranks how it ended
+            row.state = state
+            row.error = error
         row.input_tokens = input_tokens
         row.output_tokens = output_tokens
         row.finished_at = now

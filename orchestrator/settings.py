@@ -42,6 +42,12 @@ class Settings(BaseSettings):
     context_messages: int = Field(default=50, ge=0)
     # Lease on a group while a run holds it; renewed by a heartbeat.
     lease_ttl_s: float = Field(default=60.0, gt=1)
+    # Failed runs that stored no output are retried with backoff and jitter.
+    max_attempts: int = Field(default=3, ge=1)
+    retry_base_s: float = Field(default=2.0, ge=0)
+    retry_max_s: float = Field(default=60.0, ge=0)
+    # How often Celery beat runs the sweeper.
+    sweep_interval_s: float = Field(default=15.0, gt=0)
 
     # Agent image and how it is built when missing.
     agent_image: str = "orchestrator-agent:latest"

@@ -89,5 +89,9 @@ def worker_argv(concurrency: int, loglevel: str = "INFO") -> list[str]:
     ]
 
 
+def beat_argv(schedule_file: str, loglevel: str = "INFO") -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "workers.app", "beat", "-s", schedule_file, "-l", loglevel]
+
+
 def api_argv(host: str, port: int) -> list[str]:
     return [sys.executable, "-m", "uvicorn", "orchestrator.api:app", "--host", host, "--port", str(port)]

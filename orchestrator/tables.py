@@ -71,6 +71,8 @@ class RunRow(Base):
     cursor_from: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     cursor_to: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     celery_task_id: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The pipeline (host:pid:nonce) running it; matches the group's lease owner while live.
+    owner: Mapped[str | None] = mapped_column(Text, nullable=True)
     container_id: Mapped[str | None] = mapped_column(Text, nullable=True)
     input_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     output_tokens: Mapped[int] = mapped_column(Integer, nullable=False, default=0)

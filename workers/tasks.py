@@ -2,18 +2,20 @@
 
 ``drain_group`` carries only a chat id.  Getting it twice, late, or for a
 group that another worker is already serving is harmless: the pipeline's
-lease makes the extra copy return at once.
+lease makes the extra copy return at once.  ``sweep`` is run by beat and
+once at worker start-up.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from orchestrator.channels import ChannelRegistry, LogChannel
 from orchestrator.db import get_database
 from orchestrator.pipeline import Pipeline
-from orchestrator.queue import DRAIN_TASK
+from orchestrator.queue import DRAIN_TASK, SWEEP_TASK, signal_group
 from orchestrator.settings import get_settings
+from orchestrator.sweeper import sweep as run_sweep
 
 from .app import app
 
@@ -33,3 +35,23 @@ def drain_group(self, chat_jid: str) -> dict[str, object]:  # type: ignore[no-un
         "chat_jid": chat_jid,
         "runs": [{"id": o.run.id, "state": o.run.state, "outputs": len(o.stored)} for o in outcomes],
     }
+
+
+def sweep_now() -> dict[str, object]:
+    pipeline = _pipeline()
+    report = run_sweep(
+        pipeline.db,
+        signal=partial(signal_group, pipeline.settings),
+        sandbox=pipeline.sandbox,
+        deliver=pipeline.channels.deliver,
+    )
+    return {
+        "interrupted_runs": report.interrupted_runs,
+        "signalled_groups": report.signalled_groups,
+        "removed_containers": report.removed_containers,
+    }
+
+
+@app.task(name=SWEEP_TASK, acks_late=False, ignore_result=True)
+def sweep() -> dict[str, object]:
+    return sweep_now()

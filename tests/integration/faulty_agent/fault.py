@@ -1,0 +1,58 @@
+"""A deliberately faulty agent for failure tests.
+
+It reads the ContainerInput like the real runner and looks at the newest
+user message for a keyword; anything else is handed to the real runner.
+
+  crash           exit 3 at once, no output
+  partial-crash   one assistant reply, then exit 3 (no result event)
+  garbage         lines that are not events, exit 0
+  hang            sleep far past any time limit
+  flaky N         crash on the first N attempts (counted in /workspace), then behave
+  memhog          allocate memory until the container's limit stops it
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+raw = sys.stdin.buffer.read()
+data = json.loads(raw)
+users = [m["content"] for m in data["messages"] if m["role"] == "user"]
+text = users[-1] if users else ""
+words = text.replace("@", " ").split()
+
+
+def emit(obj: dict) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+if "crash" in words:
+    print("fault: crashing on purpose", file=sys.stderr)
+    sys.exit(3)
+if "partial-crash" in words:
+    emit({"type": "assistant", "text": "half an answer"})
+    sys.exit(3)
+if "garbage" in words:
+    print("this is not an event", flush=True)
+    print("{still not", flush=True)
+    sys.exit(0)
+if "hang" in words:
+    time.sleep(3600)
+if "memhog" in words:
+    hog = []
+    while True:
+        hog.append(bytearray(16 * 1024 * 1024))
+if "flaky" in words:
+    n = int(words[words.index("flaky") + 1])
+    counter = "/workspace/.flaky-attempts"
+    seen = int(open(counter).read()) if os.path.exists(counter) else 0
+    with open(counter, "w") as fh:
+        fh.write(str(seen + 1))
+    if seen < n:
+        print(f"fault: flaky attempt {seen + 1} crashes", file=sys.stderr)
+        sys.exit(3)
+
+proc = subprocess.run([sys.executable, "-m", "agent_runner"], input=raw)
+sys.exit(proc.returncode)

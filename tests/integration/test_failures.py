@@ -1,0 +1,199 @@
+"""Failures end in the right state, with the container gone and the right
+host message: crashes (retried while no reply was stored), partial output
+(never replayed), garbage, hangs, cancels, and runs whose worker died.
+
+Real Docker and a real agent image with a misbehaving front end
+(``faulty_agent/fault.py``); the pipeline runs in-process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from orchestrator.channels import ChannelRegistry
+from orchestrator.db import Database
+from orchestrator.groups import ensure_main_group, get_group
+from orchestrator.ingest import IncomingMessage, ingest
+from orchestrator.messages import StoredMessage
+from orchestrator import leases
+from orchestrator.pipeline import Pipeline
+from orchestrator.runs import cancel_run, create_run, get_run, list_runs
+from orchestrator.sandbox import LABEL_MANAGED
+from orchestrator.settings import Settings
+from orchestrator.store import get_messages_after, store_message_direct, now_iso
+from orchestrator.sweeper import sweep
+from orchestrator.views import format_messages_for_sdk
+
+FAULTY_DIR = Path(__file__).parent / "faulty_agent"
+
+
+@pytest.fixture(scope="session")
+def faulty_image(agent_image: str) -> str:
+    tag = "orchestrator-agent-faulty:test"
+    docker.from_env().images.build(
+        path=str(FAULTY_DIR), tag=tag, rm=True, network_mode="none", buildargs={"AGENT_IMAGE": agent_image}
+    )
+    return tag
+
+
+class Recorder:
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.sent: list[StoredMessage] = []
+
+    def connect(self) -> None: ...
+
+    def disconnect(self) -> None: ...
+
+    def owns(self, chat_jid: str) -> bool:
+        return True
+
+    def send(self, message: StoredMessage, rendered: str) -> None:
+        self.sent.append(message)
+
+
+@pytest.fixture
+def faulty(settings: Settings, db: Database, faulty_image: str) -> tuple[Pipeline, Recorder]:
+    s = settings.model_copy(
+        update={"agent_image": faulty_image, "run_timeout_s": 4.0, "retry_base_s": 0.05, "max_attempts": 3}
+    )
+    s.ensure_dirs()
+    ensure_main_group(db)
+    rec = Recorder()
+    return Pipeline(s, db, ChannelRegistry("Andy", [rec])), rec
+
+
+def _say(p: Pipeline, text: str) -> StoredMessage:
+    return ingest(p.db, p.settings, IncomingMessage(chat_jid="main@local", sender="u", content=text), signal=None).message
+
+
+def _no_containers_left() -> bool:
+    return docker.from_env().containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=1"}) == []
+
+
+def _hosts(rec: Recorder) -> list[str]:
+    return [m.content for m in rec.sent if m.message_type == "host"]
+
+
+def test_crash_before_output_is_retried_then_fails(faulty: tuple[Pipeline, Recorder]) -> None:
+    p, rec = faulty
+    _say(p, "crash")
+    [outcome] = p.drain_group("main@local")
+    assert outcome.run.state == "failed" and outcome.run.attempts == 3
+    assert "status 3" in (outcome.run.error or "")
+    assert [m.message_type for m in rec.sent] == ["host"]
+    assert _hosts(rec)[0].startswith("⚠️ Agent error")
+    assert _no_containers_left()
+
+
+def test_flaky_container_succeeds_on_a_later_attempt(faulty: tuple[Pipeline, Recorder]) -> None:
+    p, rec = faulty
+    _say(p, "flaky 1\n$ echo recovered")
+    [outcome] = p.drain_group("main@local")
+    assert outcome.run.state == "succeeded" and outcome.run.attempts == 2
+    replies = [m for m in rec.sent if m.sender == "bot"]
+    assert len(replies) == 1 and "recovered" in replies[0].content
+    assert _hosts(rec) == []
+
+
+def test_output_then_crash_is_never_replayed(faulty: tuple[Pipeline, Recorder]) -> None:
+    p, rec = faulty
+    sent = _say(p, "partial-crash")
+    [outcome] = p.drain_group("main@local")
+    assert outcome.run.state == "failed" and outcome.run.attempts == 1
+    assert [m.content for m in rec.sent if m.sender == "bot"] == ["half an answer"]
+    assert len(_hosts(rec)) == 1
+    assert get_group(p.db, "main@local").cursor_seq == sent.seq
+    assert p.drain_group("main@local") == []  # nothing pending: no replay
+
+
+def test_garbage_output_fails_cleanly(faulty: tuple[Pipeline, Recorder]) -> None:
+    p, rec = faulty
+    _say(p, "garbage")
+    [outcome] = p.drain_group("main@local")
+    assert outcome.run.state == "failed"
+    assert "2 unreadable output line(s)" in (outcome.run.error or "")
+    assert len(_hosts(rec)) == 1 and _no_containers_left()
+
+
+def test_hang_past_the_hard_limit_times_out(faulty: tuple[Pipeline, Recorder]) -> None:
+    p, rec = faulty
+    _say(p, "hang")
+    t0 = time.monotonic()
+    [outcome] = p.drain_group("main@local")
+    assert outcome.run.state == "timed_out" and outcome.run.attempts == 1
+    assert time.monotonic() - t0 < 20
+    assert "limit" in _hosts(rec)[0] and _no_containers_left()
+
+
+def test_memory_hog_ends_the_run_with_a_host_message(faulty: tuple[Pipeline, Recorder]) -> None:
+    p, rec = faulty
+    p.settings = p.settings.model_copy(update={"container_memory": "64m", "max_attempts": 1})
+    _say(p, "memhog")
+    [outcome] = p.drain_group("main@local")
+    assert outcome.run.state == "failed" and "137" in (outcome.run.error or "")
+    assert len(_hosts(rec)) == 1 and _no_containers_left()
+
+
+def test_cancel_stops_the_container(faulty: tuple[Pipeline, Recorder]) -> None:
+    p, rec = faulty
+    p.settings = p.settings.model_copy(update={"run_timeout_s": 60.0})
+    _say(p, "$ sleep 50")
+
+    def cancel_when_running() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            running = [r for r in list_runs(p.db) if r.state == "running" and r.container_id]
+            if running:
+                cancel_run(p.db, running[0].id)
+                return
+            time.sleep(0.05)
+
+    canceller = threading.Thread(target=cancel_when_running)
+    canceller.start()
+    t0 = time.monotonic()
+    [outcome] = p.drain_group("main@local")
+    canceller.join()
+    assert outcome.run.state == "cancelled"
+    assert time.monotonic() - t0 < 15
+    assert _hosts(rec) == ["🛑 Run cancelled."] and _no_containers_left()
+
+
+def test_sweeper_closes_a_dead_workers_run(settings: Settings, db: Database) -> None:
+    ensure_main_group(db)
+    signals: list[str] = []
+    # A run that died before replying: closed, and its message stays pending.
+    msg = ingest(db, settings, IncomingMessage(chat_jid="main@local", sender="u", content="hi"), signal=None).message
+    assert leases.acquire(db, "main@local", "dead-worker", 0.1)
+    quiet = create_run(db, chat_jid="main@local", cursor_from=0, cursor_to=msg.seq, celery_task_id=None, owner="dead-worker")
+    time.sleep(0.2)
+    report = sweep(db, signal=signals.append)
+    assert report.interrupted_runs == [quiet.id] and signals == ["main@local"]
+    assert get_run(db, quiet.id).state == "failed"
+    assert get_group(db, "main@local").cursor_seq == 0  # still pending: will be answered
+
+    # A run that died after replying: closed, cursor moved on, host message.
+    assert leases.acquire(db, "main@local", "dead-worker-2", 0.1)
+    loud = create_run(db, chat_jid="main@local", cursor_from=0, cursor_to=msg.seq, celery_task_id=None, owner="dead-worker-2")
+    store_message_direct(db=db, id=f"{loud.id}-0001", chat_jid="main@local", sender="bot", sender_name="Andy",
+                         content="partial", timestamp=now_iso(), is_from_me=True, message_type="assistant")
+    time.sleep(0.2)
+    signals.clear()
+    report = sweep(db, signal=signals.append)
+    assert report.interrupted_runs == [loud.id] and signals == []
+    assert get_group(db, "main@local").cursor_seq == msg.seq
+    hosts = [m for m in get_messages_after("main@local", 0, db=db) if m.message_type == "host"]
+    assert len(hosts) == 1 and "interrupted" in hosts[0].content
+    assert all(m.role != "host" for m in format_messages_for_sdk(get_messages_after("main@local", 0, db=db)))
+
+    # A live run (lease held and fresh) is left alone.
+    assert leases.acquire(db, "main@local", "live-worker", 30)
+    live = create_run(db, chat_jid="main@local", cursor_from=msg.seq, cursor_to=msg.seq, celery_task_id=None, owner="live-worker")
+    assert sweep(db, signal=signals.append).interrupted_runs == []
+    assert get_run(db, live.id).state == "running"
