@@ -67,7 +67,9 @@ def up(
         ensure_agent_image(client, settings)
         from .sandbox import DockerSandbox
 
-        removed = DockerSandbox(settings, client).remove_orphans()
+        from .sweeper import live_run_ids
+
+        removed = DockerSandbox(settings, client).remove_orphans(live_run_ids(db))
         if removed:
             typer.echo(f"removed {removed} leftover run container(s)")
     except OrchestratorError as exc:
@@ -145,7 +147,8 @@ def flower(port: Annotated[int, typer.Option()] = 5555) -> None:
     """Run Flower (Celery monitoring) against this installation's broker."""
     settings, _ = _setup()
     argv = [sys.executable, "-m", "celery", "-A", "workers.app", "flower", f"--port={port}", "--address=127.0.0.1"]
-    os.execv(argv[0], argv)
+    # Flower listens on loopback only here, so its JSON API may go without a login.
+    os.execve(argv[0], argv, dict(os.environ, FLOWER_UNAUTHENTICATED_API="true"))
 
 
 # -- groups -------------------------------------------------------------------

@@ -4,19 +4,25 @@ SQLite (the embedded default) is tuned for several processes writing at once:
 WAL so readers never block the writer, a long busy timeout, and write
 transactions that start with ``BEGIN IMMEDIATE`` so two writers queue on the
 lock instead of failing when a read transaction tries to upgrade.
+
+PostgreSQL (the fleet setup) runs on psycopg 3 at READ COMMITTED; migrations
+and seq assignment are serialized with advisory locks.  Engines are fork-safe:
+a pooled connection is never used or closed by a process other than the one
+that opened it (Celery's prefork children inherit the parent's pool).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, exc, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -39,15 +45,20 @@ class Database:
             db_path = parsed.database
             if db_path and db_path != ":memory:":
                 Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-            self.engine = create_engine(url, connect_args={"timeout": 60})
+            self.engine = create_engine(parsed, connect_args={"timeout": 60})
             _tune_sqlite(self.engine)
-        elif parsed.get_backend_name() == "postgresql":
-            if parsed.drivername == "postgresql":
-                # psycopg 3 is the driver we ship; plain URLs mean it.
-                url = str(parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False))
-            self.engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+        elif parsed.get_backend_name() in ("postgresql", "postgres"):
+            if parsed.drivername in ("postgresql", "postgres"):
+                # psycopg 3 is the driver we ship; plain URLs (and the common
+                # "postgres://" spelling, which SQLAlchemy no longer accepts) mean it.
+                # The URL object goes to create_engine as is: no re-rendering,
+                # so passwords with special characters survive.
+                parsed = parsed.set(drivername="postgresql+psycopg")
+            self.engine = create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=5)
         else:
             raise ConfigError(f"unsupported database URL {parsed.render_as_string()!r}: use sqlite or postgresql")
+        self._pid = os.getpid()
+        _fork_safe(self.engine)
         self._lock_dir = lock_dir
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._read_sessions = sessionmaker(
@@ -92,7 +103,26 @@ class Database:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     def dispose(self) -> None:
-        self.engine.dispose()
+        # In a forked child the pooled connections are the parent's: closing
+        # them would end the parent's sessions too (PostgreSQL gets a
+        # Terminate on the shared socket), so just forget them.
+        self.engine.dispose(close=os.getpid() == self._pid)
+
+
+def _fork_safe(engine: Engine) -> None:
+    """Never hand a connection opened by another process (before a fork) to this one."""
+
+    @event.listens_for(engine, "connect")
+    def _remember_pid(_dbapi_conn, record) -> None:  # type: ignore[no-untyped-def]
+        record.info["pid"] = os.getpid()
+
+    @event.listens_for(engine, "checkout")
+    def _check_pid(_dbapi_conn, record, proxy) -> None:  # type: ignore[no-untyped-def]
+        if record.info.get("pid") != os.getpid():
+            # Detach without closing (the socket belongs to the parent); the
+            # pool then opens a fresh connection for this process.
+            record.dbapi_connection = proxy.dbapi_connection = None
+            raise exc.DisconnectionError("connection was opened by another process (fork)")
 
 
 def _tune_sqlite(engine: Engine) -> None:

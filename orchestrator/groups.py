@@ -101,7 +101,9 @@ def find_group(db: Database, chat_jid: str) -> Group | None:
 
 def list_groups(db: Database) -> list[Group]:
     with db.read() as session:
-        return [group_from_row(r) for r in session.scalars(select(GroupRow).order_by(GroupRow.chat_jid))]
+        # Byte order on both backends (PostgreSQL would use the database's collation).
+        key = GroupRow.chat_jid if db.is_sqlite else GroupRow.chat_jid.collate("C")
+        return [group_from_row(r) for r in session.scalars(select(GroupRow).order_by(key))]
 
 
 def ensure_main_group(db: Database) -> Group:

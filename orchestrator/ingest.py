@@ -8,6 +8,7 @@ re-signals it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,8 @@ from .router import wakes_agent
 from .settings import Settings
 from .store import insert_message, new_message_id, now_iso
 from .tables import GroupRow
+
+log = logging.getLogger(__name__)
 
 Signal = Callable[[str], object]
 
@@ -73,6 +76,11 @@ def ingest(
                 )
     signalled = False
     if triggered and signal is not None:
-        signal(incoming.chat_jid)
-        signalled = True
+        try:
+            signal(incoming.chat_jid)
+            signalled = True
+        except Exception as exc:  # noqa: BLE001 - the broker is down, the work is not lost
+            # The message and its pending mark are committed; the sweeper
+            # re-signals the group once the broker is back.
+            log.warning("could not signal a worker for %s (%s); the sweeper will", incoming.chat_jid, exc)
     return IngestResult(message=msg, created=created, triggered=triggered, signalled=signalled)

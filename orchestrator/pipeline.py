@@ -142,6 +142,8 @@ class Pipeline:
         self.channels = channels
         self._sandbox = sandbox
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # Exceptions that mean "out of time" (Celery's soft time limit); set by the worker.
+        self.deadline_exceptions: tuple[type[BaseException], ...] = ()
 
     @property
     def sandbox(self) -> DockerSandbox:
@@ -209,6 +211,10 @@ class Pipeline:
                 result = self._execute(group, run, payload, assistant, outcome, lease_lost)
             except ConfigError as exc:
                 result = Attempt("failed", str(exc))
+            except self.deadline_exceptions:
+                # The task queue's own time limit: the container is already
+                # stopped (the sandbox context exits on the way out); no retry.
+                result = Attempt("timed_out", "the worker's time limit for this task was reached")
             except Exception as exc:  # noqa: BLE001 - every failure ends the run cleanly
                 log.exception("run %s for %s failed", run.id, group.chat_jid)
                 result = Attempt("failed", f"{type(exc).__name__}: {exc}", retryable=True)
@@ -255,6 +261,7 @@ class Pipeline:
             cpus=self.settings.container_cpus,
             pids=self.settings.container_pids,
             timeout_s=self.settings.run_timeout_s,
+            install_id=self.settings.install_id,
         )
         gateway: ModelGateway | None = None
         if payload.model.provider != "offline":

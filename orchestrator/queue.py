@@ -7,9 +7,12 @@ the second copy return at once).
 
 from __future__ import annotations
 
+import time
+
 from celery import Celery
 from kombu import Queue
 
+from .errors import OrchestratorError
 from .settings import Settings
 
 AGENT_QUEUE = "agent"
@@ -72,7 +75,34 @@ def get_celery(settings: Settings) -> Celery:
     return _app
 
 
+class BrokerUnavailable(OrchestratorError):
+    """The broker refused a signal recently; the sweeper will re-send it."""
+
+
+# After a failed publish, stop trying for a few seconds: with the broker down,
+# every ingest would otherwise wait out its own retries, and the signal is
+# only an optimisation (the pending mark in the database is the truth).
+_BREAKER_S = 5.0
+_broken_until = 0.0
+
+
 def signal_group(settings: Settings, chat_jid: str) -> str:
     """Ask some worker to drain ``chat_jid``; call only after the DB commit."""
-    result = get_celery(settings).send_task(DRAIN_TASK, args=[chat_jid], queue=AGENT_QUEUE)
+    global _broken_until
+    if time.monotonic() < _broken_until:
+        raise BrokerUnavailable("the broker failed moments ago; leaving the signal to the sweeper")
+    try:
+        return _publish(settings, chat_jid)
+    except Exception:
+        _broken_until = time.monotonic() + _BREAKER_S
+        raise
+
+
+def _publish(settings: Settings, chat_jid: str) -> str:
+    # Fail fast when the broker is down: the pending mark is already in the
+    # database and the sweeper re-signals, so blocking the sender buys nothing.
+    result = get_celery(settings).send_task(
+        DRAIN_TASK, args=[chat_jid], queue=AGENT_QUEUE,
+        retry=True, retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5},
+    )
     return result.id

@@ -124,11 +124,8 @@ def finish_run(
         row.input_tokens = input_tokens
         row.output_tokens = output_tokens
         row.finished_at = now
-        started = row.started_at
-        if started is not None:
-            if started.tzinfo is None:  # SQLite hands back naive UTC
-                started = started.replace(tzinfo=UTC)
-            row.duration_s = (now - started).total_seconds()
+        if row.started_at is not None:
+            row.duration_s = (now - row.started_at).total_seconds()
         return _to_run(row)
 
 

@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 LABEL_MANAGED = "orchestrator.managed"
 LABEL_RUN = "orchestrator.run"
 LABEL_GROUP = "orchestrator.group"
+# Which installation (database) a container belongs to: installs sharing one
+# Docker engine must never sweep each other's containers.
+LABEL_INSTALL = "orchestrator.install"
 WORKSPACE_MOUNT = "/workspace"
 RUN_DIR_MOUNT = "/run/orchestrator"  # the run's private folder (model gateway socket)
 CONTAINER_UID = 1000  # the image's "agent" user, used when the host runs as root
@@ -54,6 +57,7 @@ class ContainerSpec:
     cpus: float = 1.0
     pids: int = 256
     timeout_s: float = 300.0
+    install_id: str = ""
     extra_labels: dict[str, str] = field(default_factory=dict)
     # host path -> container path, mounted read-write (the run's private folder).
     extra_mounts: dict[str, str] = field(default_factory=dict)
@@ -124,6 +128,7 @@ class RunningContainer:
                     LABEL_MANAGED: "1",
                     LABEL_RUN: spec.run_id,
                     LABEL_GROUP: spec.group_folder,
+                    LABEL_INSTALL: spec.install_id,
                     **spec.extra_labels,
                 },
             )
@@ -228,11 +233,12 @@ class DockerSandbox:
     def start(self, spec: ContainerSpec, payload: bytes) -> RunningContainer:
         return RunningContainer(self.client, spec, payload)
 
-    def remove_orphans(self, live_runs: set[str] | None = None) -> int:
-        """Remove managed containers whose run is not in ``live_runs``."""
+    def remove_orphans(self, live_runs: set[str]) -> int:
+        """Remove this installation's run containers whose run is not in ``live_runs``."""
         removed = 0
-        for c in self.client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
-            if live_runs is not None and c.labels.get(LABEL_RUN) in live_runs:
+        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}"]
+        for c in self.client.containers.list(all=True, filters={"label": labels}):
+            if c.labels.get(LABEL_RUN) in live_runs:
                 continue
             try:
                 c.remove(force=True)

@@ -8,6 +8,7 @@ the whole state of an embedded install.
 
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -83,6 +84,11 @@ class Settings(BaseSettings):
     def effective_broker_url(self) -> str:
         # An explicit host keeps kombu from warning that none was supplied.
         return self.broker_url or "filesystem://localhost/"
+
+    @property
+    def install_id(self) -> str:
+        """A short stable id of this installation (its database), for container labels."""
+        return hashlib.sha256(self.effective_database_url.encode()).hexdigest()[:12]
 
     @property
     def trigger_names(self) -> list[str]:

@@ -52,6 +52,9 @@ def _validate(new: NewMessage) -> None:
         raise InvalidMessage("chat_jid must not be empty")
     if not new.sender:
         raise InvalidMessage("sender must not be empty")
+    for name in ("id", "chat_jid", "sender"):
+        if "\x00" in getattr(new, name):
+            raise InvalidMessage(f"{name} must not contain NUL characters")
     if new.sender in NEVER_STORED_SENDERS:
         raise InvalidMessage(f"sender {new.sender!r} is ephemeral and is never stored")
     if new.message_type not in MESSAGE_TYPES:
@@ -66,6 +69,15 @@ def _validate(new: NewMessage) -> None:
         raise InvalidMessage(f"timestamp {new.timestamp!r} is not an ISO-8601 date-time") from None
 
 
+def _without_nul(new: NewMessage) -> NewMessage:
+    # PostgreSQL text cannot hold NUL (U+0000) and a command's output may
+    # contain it; store U+FFFD instead, on every backend alike.
+    # (JSON metadata is stored escaped and keeps it.)
+    bad = {k: v.replace("\x00", "\ufffd") for k in ("sender_name", "content")
+           if "\x00" in (v := getattr(new, k))}
+    return new.model_copy(update=bad) if bad else new
+
+
 def _lock_seq(session: Session, db: Database) -> None:
     # SQLite: the write transaction began IMMEDIATE, so we already hold the
     # only write lock.  PostgreSQL: a transaction-scoped advisory lock makes
@@ -78,10 +90,17 @@ def _lock_seq(session: Session, db: Database) -> None:
 def insert_message(session: Session, db: Database, new: NewMessage) -> tuple[StoredMessage, bool]:
     """Insert inside the caller's transaction; returns (message, created)."""
     _validate(new)
-    existing = session.get(MessageRow, (new.id, new.chat_jid))
+    new = _without_nul(new)
+    # Lock first, then look: on PostgreSQL two transactions storing the same
+    # (id, chat_jid) at once would otherwise both find nothing and the second
+    # INSERT would fail on the primary key instead of returning the first copy.
+    # (On SQLite the IMMEDIATE transaction already serializes the look.)
+    _lock_seq(session, db)
+    existing = session.scalar(
+        select(MessageRow).where(MessageRow.id == new.id, MessageRow.chat_jid == new.chat_jid)
+    )
     if existing is not None:
         return to_stored(existing), False
-    _lock_seq(session, db)
     seq = (session.scalar(select(func.max(MessageRow.seq))) or 0) + 1
     fields = new.model_dump()
     meta = fields.pop("metadata")
@@ -124,7 +143,11 @@ def get_messages_since(
     db = db or get_database(get_settings())
     stmt = select(MessageRow).where(MessageRow.chat_jid == chat_jid)
     if since_timestamp:
-        stmt = stmt.where(MessageRow.timestamp > since_timestamp)
+        # ISO-8601 text compares correctly only byte by byte: SQLite's default;
+        # on PostgreSQL the database's collation (ICU en-US puts
+        # "00.000001+00:00" before "00+00:00") must not decide.
+        column = MessageRow.timestamp if db.is_sqlite else MessageRow.timestamp.collate("C")
+        stmt = stmt.where(column > since_timestamp)
     with db.read() as session:
         return [to_stored(r) for r in session.scalars(stmt.order_by(MessageRow.seq))]
 

@@ -81,15 +81,19 @@ def sweep(
             report.signalled_groups.append(chat_jid)
 
     if sandbox is not None:
-        with db.read() as session:
-            live = set(session.scalars(select(RunRow.id).where(RunRow.finished_at.is_(None))))
-        report.removed_containers = sandbox.remove_orphans(live)
+        report.removed_containers = sandbox.remove_orphans(live_run_ids(db))
     if report.interrupted_runs or report.signalled_groups or report.removed_containers:
         log.info(
             "sweep: %d interrupted run(s), %d group(s) re-signalled, %d container(s) removed",
             len(report.interrupted_runs), len(report.signalled_groups), report.removed_containers,
         )
     return report
+
+
+def live_run_ids(db: Database) -> set[str]:
+    """Runs that have not finished: their containers must be left alone."""
+    with db.read() as session:
+        return set(session.scalars(select(RunRow.id).where(RunRow.finished_at.is_(None))))
 
 
 def _close_interrupted(db: Database, run_id: str, chat_jid: str, cursor_to: int) -> StoredMessage | None:

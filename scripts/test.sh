@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run the whole test suite: make the virtualenv, start Docker and Redis if they
-# are installed but stopped, then pytest.  Extra arguments go to pytest.
+# Run the whole test suite: make the virtualenv, start Docker, Redis and
+# PostgreSQL if they are installed but stopped, then pytest.  Extra arguments
+# go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="${PYTHON:-python3}"

@@ -1,14 +1,23 @@
 """Shared fixtures.
 
-Services (Docker engine, Redis) are real.  When one is missing, a test that
-needs it fails under ``CI=true`` and is skipped (saying why) on a developer
-machine without it.
+Services (Docker engine, Redis, PostgreSQL) are real.  When one is missing, a
+test that needs it fails under ``CI=true`` and is skipped (saying why) on a
+developer machine without it.
+
+Every test that uses ``db`` runs twice: ``[sqlite]`` (the embedded default, a
+file under the test's data dir) and ``[postgresql]`` (a fresh database on
+``ORCHESTRATOR_TEST_PG_URL``'s server, dropped afterwards).  The ``settings``
+fixture of such a test names the same database.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import socket
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +28,11 @@ from orchestrator.settings import Settings, reset_settings
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 REDIS_URL = os.environ.get("ORCHESTRATOR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# A role that may CREATE DATABASE; each test gets its own database on this server.
+PG_URL = os.environ.get(
+    "ORCHESTRATOR_TEST_PG_URL", "postgresql://orchestrator:orchestrator@127.0.0.1:5432/orchestrator"
+)
+DB_BACKENDS = ["sqlite", "postgresql"]
 
 
 def require_service(ok: bool, what: str) -> None:
@@ -51,13 +65,94 @@ def redis_available(url: str = REDIS_URL) -> bool:
         return False
 
 
-@pytest.fixture
-def settings(tmp_path: Path) -> Iterator[Settings]:
-    yield Settings(data_dir=tmp_path / "data", _env_file=None)  # type: ignore[call-arg]
+def _pg_conninfo(url: str) -> str:
+    # psycopg wants a libpq URL; accept SQLAlchemy's "postgresql+psycopg://" too.
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@functools.lru_cache(maxsize=None)
+def pg_available(url: str = PG_URL) -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect(_pg_conninfo(url), connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@contextlib.contextmanager
+def fresh_pg_database(url: str = PG_URL) -> Iterator[str]:
+    """A new, empty database on ``url``'s server (its URL), dropped afterwards."""
+    import psycopg
+    from psycopg import sql
+    from sqlalchemy.engine import make_url
+
+    require_service(pg_available(url), f"a PostgreSQL server at {make_url(url).render_as_string()}")
+    name = f"orch_test_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+    maintenance = _pg_conninfo(url)
+    with psycopg.connect(maintenance, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield make_url(url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        _drop_pg_database(maintenance, name)
+
+
+def _drop_pg_database(maintenance: str, name: str) -> None:
+    import psycopg
+    from psycopg import errors, sql
+
+    force = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    plain = sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name))
+    with psycopg.connect(maintenance, autocommit=True) as conn:
+        try:
+            conn.execute(force)
+            return
+        except errors.InsufficientPrivilege:
+            # FORCE needs pg_signal_backend to end an autovacuum worker in the
+            # database; a plain DROP stops autovacuum itself (give it a moment).
+            pass
+        for attempt in range(20):
+            try:
+                conn.execute(plain)
+                return
+            except errors.ObjectInUse:
+                if attempt == 19:
+                    raise
+                time.sleep(0.5)
+
+
+@pytest.fixture(params=DB_BACKENDS)
+def db_backend(request: pytest.FixtureRequest) -> str:
+    """Which database a test runs on: ``sqlite`` or ``postgresql``."""
+    return request.param
 
 
 @pytest.fixture
-def db(settings: Settings) -> Iterator[Database]:
+def database_url(db_backend: str) -> Iterator[str]:
+    """The test's database URL ("" = the embedded SQLite default under the data dir)."""
+    if db_backend == "sqlite":
+        yield ""
+        return
+    with fresh_pg_database() as url:
+        yield url
+
+
+@pytest.fixture
+def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Settings]:
+    # Only tests that use a database are parametrized over the backends; theirs
+    # is the database this settings object names.
+    url = request.getfixturevalue("database_url") if "db_backend" in request.fixturenames else ""
+    yield Settings(data_dir=tmp_path / "data", database_url=url, _env_file=None)  # type: ignore[call-arg]
+
+
+@pytest.fixture
+def db(db_backend: str, settings: Settings) -> Iterator[Database]:
+    """A migrated database of the test's backend (see ``settings``)."""
     settings.ensure_dirs()
     database = Database(settings.effective_database_url, lock_dir=settings.data_dir)
     database.migrate()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from functools import lru_cache, partial
 
+from celery.exceptions import SoftTimeLimitExceeded
+
 from orchestrator.channels import ChannelRegistry, LogChannel
 from orchestrator.db import get_database
 from orchestrator.pipeline import Pipeline
@@ -25,7 +27,9 @@ def _pipeline() -> Pipeline:
     settings = get_settings()
     channels = ChannelRegistry(settings.assistant_name)
     channels.add(LogChannel())
-    return Pipeline(settings, get_database(settings), channels)
+    pipeline = Pipeline(settings, get_database(settings), channels)
+    pipeline.deadline_exceptions = (SoftTimeLimitExceeded,)
+    return pipeline
 
 
 @app.task(name=DRAIN_TASK, bind=True, acks_late=True)

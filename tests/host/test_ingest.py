@@ -91,3 +91,15 @@ def test_group_folder_must_be_a_slug(db: Database) -> None:
     add_group(db, chat_jid="ok@g", name="ok", folder="ok-1")
     with pytest.raises(StoreError):
         add_group(db, chat_jid="ok2@g", name="ok", folder="ok-1")
+
+
+def test_broker_down_loses_nothing(db: Database, settings: Settings) -> None:
+    ensure_main_group(db)
+
+    def broken(_: str) -> None:
+        raise ConnectionError("broker unreachable")
+
+    r = ingest(db, settings, IncomingMessage(chat_jid="main@local", sender="u", content="hi"), signal=broken)
+    assert r.created and r.triggered and not r.signalled
+    group = get_group(db, "main@local")
+    assert group.pending_seq == r.message.seq > group.cursor_seq  # the sweeper will re-signal it

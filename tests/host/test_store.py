@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from orchestrator import format_messages_for_sdk, get_messages_since, store_message_direct
 from orchestrator.db import Database
@@ -67,6 +67,19 @@ def test_get_messages_since_orders_by_seq_and_filters_time(db: Database) -> None
     assert [m.id for m in got] == ["new"]
 
 
+def test_get_messages_since_compares_timestamps_bytewise(db: Database) -> None:
+    if not db.is_sqlite:
+        # A fleet database may well use a linguistic collation; make this
+        # column use one (ICU en-US orders "00.000001+00:00" before "00+00:00").
+        with db.write() as session:
+            if session.scalar(text("SELECT count(*) FROM pg_collation WHERE collname = 'en-US-x-icu'")):
+                session.execute(text('ALTER TABLE messages ALTER COLUMN "timestamp" TYPE text COLLATE "en-US-x-icu"'))
+    _store(db, "on-the-second", timestamp="2026-01-01T00:00:00+00:00")
+    _store(db, "just-after", timestamp="2026-01-01T00:00:00.000001+00:00")
+    got = get_messages_since("chat@g.us", "2026-01-01T00:00:00+00:00", db=db)
+    assert [m.id for m in got] == ["just-after"]
+
+
 def test_recent_messages_window(db: Database) -> None:
     for i in range(10):
         _store(db, f"m{i}")
@@ -111,6 +124,43 @@ def test_host_messages_never_reach_the_model(db: Database) -> None:
     assert view[1].metadata == {"exit_code": 0}
 
 
+def test_nul_characters_are_stored_on_every_backend(db: Database) -> None:
+    # PostgreSQL text cannot hold U+0000 (a command's output can): stored as U+FFFD.
+    m = _store(db, "nul", content="a\x00b", sender_name="An\x00n", metadata={"out": "x\x00y"})
+    (got,) = get_messages_after("chat@g.us", 0, db=db)
+    assert got == m
+    assert (got.content, got.sender_name) == ("a\ufffdb", "An\ufffdn")
+    assert got.metadata == {"out": "x\x00y"}
+    with pytest.raises(InvalidMessage):
+        _store(db, "bad\x00id")
+
+
+def test_concurrent_duplicates_are_stored_once(db: Database) -> None:
+    # The same (id, chat_jid) from several writers at once (a redelivered
+    # signal, two sweepers): one row, every writer gets it back, no error.
+    errors: list[BaseException] = []
+    results: list[int] = []
+    start = threading.Barrier(6)
+
+    def writer(n: int) -> None:
+        try:
+            for i in range(15):
+                start.wait(timeout=30)
+                results.append(_store(db, f"dup-{i}", content=f"from {n}").seq)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    stored = get_messages_after("chat@g.us", 0, db=db)
+    assert [m.id for m in stored] == [f"dup-{i}" for i in range(15)]
+    assert sorted(set(results)) == [m.seq for m in stored] and len(results) == 6 * 15
+
+
 def test_concurrent_writers_get_unique_increasing_seqs(db: Database) -> None:
     errors: list[BaseException] = []
 
@@ -129,3 +179,59 @@ def test_concurrent_writers_get_unique_increasing_seqs(db: Database) -> None:
     assert not errors
     seqs = [m.seq for m in get_messages_after("chat@g.us", 0, db=db)]
     assert len(seqs) == 80 and seqs == sorted(set(seqs))
+
+
+def test_seq_cursor_is_commit_ordered_under_concurrent_writers(db: Database) -> None:
+    """A reader that follows the seq cursor while four writers insert never
+    finds a message behind its cursor (one committed with a smaller seq after
+    it saw a bigger one), so it sees every message exactly once."""
+    chat, writers, per_writer = "cursor@g.us", 4, 50
+    errors: list[BaseException] = []
+    done = threading.Event()
+    seen: list[int] = []
+    seen_ids: set[str] = set()
+    behind: list[tuple[int, int]] = []  # (seq that showed up late, cursor at the time)
+
+    def writer(n: int) -> None:
+        try:
+            for i in range(per_writer):
+                _store(db, f"w{n}-{i}", chat=chat)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def reader() -> None:
+        last = 0
+        try:
+            while True:
+                finished = done.is_set()  # read once more after the writers end
+                new = get_messages_after(chat, last, db=db)
+                for m in new:
+                    assert m.seq > last, (m.seq, last)
+                    assert m.id not in seen_ids, m.id
+                    seen.append(m.seq)
+                    seen_ids.add(m.id)
+                    last = m.seq
+                # Everything at or below the cursor must already have been seen.
+                for m in get_messages_after(chat, 0, db=db):
+                    if m.seq <= last and m.id not in seen_ids:
+                        behind.append((m.seq, last))
+                if finished or behind:
+                    return
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    watcher = threading.Thread(target=reader)
+    watcher.start()
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    watcher.join(timeout=60)
+    assert not watcher.is_alive()
+    assert not errors, errors
+    assert behind == [], f"messages appeared behind the cursor: {behind[:5]}"
+    assert len(seen) == writers * per_writer == len(set(seen))
+    assert seen == sorted(seen)
+    assert len(seen_ids) == writers * per_writer

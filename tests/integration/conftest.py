@@ -1,8 +1,14 @@
-"""Integration fixtures: the agent image, and real Celery worker processes
-against a real broker (filesystem:// or Redis)."""
+"""Integration fixtures: the agent image, and real Celery worker processes on
+one of two backends:
+
+* ``embedded``: SQLite under the test's data dir + the filesystem:// broker;
+* ``fleet``: a fresh PostgreSQL database (dropped afterwards) + Redis db 15
+  (flushed first).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -16,7 +22,13 @@ import pytest
 
 from orchestrator.db import Database
 from orchestrator.settings import Settings
-from tests.conftest import REDIS_URL, docker_available, redis_available, require_service
+from tests.conftest import (
+    REDIS_URL,
+    docker_available,
+    fresh_pg_database,
+    redis_available,
+    require_service,
+)
 
 BIN = Path(sys.executable).parent
 
@@ -33,12 +45,12 @@ def agent_image(tmp_path_factory: pytest.TempPathFactory) -> str:
     return settings.agent_image
 
 
-BROKERS = ["filesystem", "redis"]
+BACKENDS = ["embedded", "fleet"]
 
 
 @dataclass
 class Stack:
-    """A data dir, a broker and the environment every process of one test shares."""
+    """A data dir, a database, a broker and the environment every process of one test shares."""
 
     settings: Settings
     env: dict[str, str]
@@ -70,24 +82,32 @@ class Stack:
         return "\n".join(p.read_text(errors="replace")[-6000:] for p in self.logs if p.exists())
 
 
-@pytest.fixture(params=BROKERS)
+@pytest.fixture(params=BACKENDS)
 def stack(request: pytest.FixtureRequest, tmp_path: Path, agent_image: str) -> Iterator[Stack]:
-    broker = request.param
+    backend = request.param
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
     data_dir = tmp_path / "data"
     env["ORCHESTRATOR_DATA_DIR"] = str(data_dir)
     env["ORCHESTRATOR_AGENT_IMAGE"] = agent_image
-    if broker == "redis":
-        require_service(redis_available(), f"a Redis server at {REDIS_URL}")
-        url = REDIS_URL.rsplit("/", 1)[0] + "/15"
-        import redis
+    with contextlib.ExitStack() as cleanup:
+        if backend == "fleet":
+            require_service(redis_available(), f"a Redis server at {REDIS_URL}")
+            env["ORCHESTRATOR_DATABASE_URL"] = cleanup.enter_context(fresh_pg_database())
+            url = REDIS_URL.rsplit("/", 1)[0] + "/15"
+            import redis
 
-        redis.Redis.from_url(url).flushdb()
-        env["ORCHESTRATOR_BROKER_URL"] = url
-    settings = Settings(
-        data_dir=data_dir, agent_image=agent_image,
-        broker_url=env.get("ORCHESTRATOR_BROKER_URL", ""), _env_file=None,  # type: ignore[call-arg]
-    )
+            redis.Redis.from_url(url).flushdb()
+            env["ORCHESTRATOR_BROKER_URL"] = url
+        settings = Settings(
+            data_dir=data_dir, agent_image=agent_image,
+            database_url=env.get("ORCHESTRATOR_DATABASE_URL", ""),
+            broker_url=env.get("ORCHESTRATOR_BROKER_URL", ""), _env_file=None,  # type: ignore[call-arg]
+        )
+        yield from _run_stack(request, settings, env)
+
+
+def _run_stack(request: pytest.FixtureRequest, settings: Settings, env: dict[str, str]) -> Iterator[Stack]:
+    data_dir = settings.data_dir
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
     db.migrate()

@@ -1,6 +1,6 @@
 """The Anthropic provider end to end, with the real parts and a fake upstream.
 
-CLI -> celery worker (filesystem broker) -> pipeline -> model gateway on a
+CLI -> celery worker (embedded backend: SQLite + filesystem broker) -> pipeline -> model gateway on a
 unix socket -> the agent container (no network) -> real SDK through the
 socket -> gateway adds the key -> fake Messages API on loopback in this
 process.  The key must reach the fake and never the container.
@@ -79,7 +79,7 @@ def _final_answer(rec: Recorded) -> tuple[int, dict[str, Any], dict[str, str]]:
     return message([{"type": "text", "text": f"done: {first_line.strip()}"}], "end_turn", n=2)
 
 
-@pytest.mark.parametrize("stack", ["filesystem"], indirect=True)
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
 def test_anthropic_tool_conversation_through_the_gateway(stack: Stack) -> None:
     probe = ContainerProbe()
     fake = FakeAnthropic(
@@ -136,7 +136,7 @@ def test_anthropic_tool_conversation_through_the_gateway(stack: Stack) -> None:
     assert SECRET not in res.stdout + res.stderr
 
 
-@pytest.mark.parametrize("stack", ["filesystem"], indirect=True)
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
 def test_upstream_bad_request_fails_the_run_with_a_host_message(stack: Stack) -> None:
     fake = FakeAnthropic(api_error(400, "invalid_request_error", "model: claude-fake-1 is not allowed"))
     with fake.serve() as base_url:

@@ -1,8 +1,9 @@
 """A message in, an agent run in a real Docker container, typed replies out.
 
 Real parts only: the `orchestrator` CLI, a `celery worker` process, the
-broker (filesystem:// and Redis), SQLite, the Docker engine and the agent
-image with the offline model.
+database and broker of each backend (embedded: SQLite + filesystem://; fleet:
+PostgreSQL + Redis), the Docker engine and the agent image with the offline
+model.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The run pipeline in-process against the real Docker engine and agent image
-(no broker: the Celery task is only a thin wrapper around this)."""
+(no broker: the Celery task is only a thin wrapper around this), on SQLite and
+on PostgreSQL."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
@@ -40,16 +42,21 @@ class Recorder:
 
 
 @pytest.fixture
-def pipe(tmp_path: Path, agent_image: str) -> tuple[Pipeline, Database, Recorder]:
+def pipe(
+    tmp_path: Path, agent_image: str, database_url: str
+) -> Iterator[tuple[Pipeline, Database, Recorder]]:
+    # database_url is parametrized (tests/conftest.py): SQLite or a fresh PostgreSQL database.
     settings = Settings(  # type: ignore[call-arg]
-        data_dir=tmp_path / "data", agent_image=agent_image, run_timeout_s=4, _env_file=None
+        data_dir=tmp_path / "data", agent_image=agent_image, run_timeout_s=4,
+        database_url=database_url, _env_file=None,
     )
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
     db.migrate()
     ensure_main_group(db)
     rec = Recorder()
-    return Pipeline(settings, db, ChannelRegistry("Andy", [rec])), db, rec
+    yield Pipeline(settings, db, ChannelRegistry("Andy", [rec])), db, rec
+    db.dispose()
 
 
 def _say(pipeline: Pipeline, db: Database, text: str) -> StoredMessage:
@@ -74,6 +81,16 @@ def test_run_stores_and_delivers_in_order(pipe: tuple[Pipeline, Database, Record
     assert get_group(db, "main@local").cursor_seq == sent.seq
     # A second drain finds nothing to do.
     assert pipeline.drain_group("main@local") == []
+
+
+def test_output_with_nul_bytes_is_stored(pipe: tuple[Pipeline, Database, Recorder]) -> None:
+    # PostgreSQL text cannot hold NUL; a command may print it anyway.
+    pipeline, db, _ = pipe
+    sent = _say(pipeline, db, "$ printf 'a\\000b\\n'")
+    outcomes = pipeline.drain_group("main@local")
+    assert [o.run.state for o in outcomes] == ["succeeded"], outcomes[0].run.error
+    tool = [m for m in get_messages_after("main@local", sent.seq, db=db) if m.message_type == "tool_result"]
+    assert len(tool) == 1 and "a\ufffdb" in tool[0].content
 
 
 def test_busy_group_is_left_to_its_lease_holder(pipe: tuple[Pipeline, Database, Recorder]) -> None:

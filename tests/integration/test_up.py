@@ -1,0 +1,73 @@
+"""`orchestrator up`: one command runs worker, beat and API; a child that dies
+is restarted; Ctrl-C stops everything it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from .conftest import BIN, Stack
+
+
+def _children(pid: int) -> dict[int, str]:
+    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    kids = {}
+    for line in out.splitlines():
+        p, _, args = line.strip().partition(" ")
+        kids[int(p)] = args
+    return kids
+
+
+def _wait(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
+def test_up_restarts_a_dead_child_and_stops_on_ctrl_c(stack: Stack) -> None:
+    port = _free_port()
+    log = stack.settings.data_dir.parent / "up.log"
+    with open(log, "wb") as fh:
+        up = subprocess.Popen([str(BIN / "orchestrator"), "up", "--port", str(port), "--concurrency", "1"],
+                              env=stack.env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def health() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                    return bool(json.load(r)["status"] == "ok")
+            except OSError:
+                return False
+
+        _wait(health, 60, "the API to answer /health")
+        kids = _children(up.pid)
+        workers = [p for p, a in kids.items() if " worker " in a]
+        assert len(workers) == 1 and any(" beat " in a for a in kids.values()), kids
+        os.kill(workers[0], signal.SIGKILL)
+        _wait(lambda: any(" worker " in a and p != workers[0] for p, a in _children(up.pid).items()), 30,
+              "a new worker child")
+        res = stack.cli("send", "main@local", "$ echo after-restart", "--wait", "60")
+        assert res.returncode == 0 and "after-restart" in res.stdout, res.stderr + log.read_text()
+    finally:
+        kids = _children(up.pid)
+        os.killpg(up.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+        up.wait(timeout=40)
+    assert up.returncode == 0
+    _wait(lambda: all(not os.path.exists(f"/proc/{p}") for p in kids), 10, "every child to exit")
