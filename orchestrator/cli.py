@@ -27,6 +27,8 @@ app = typer.Typer(help="Task-queue agent orchestrator.", no_args_is_help=True, a
 groups_app = typer.Typer(help="Registered groups.", no_args_is_help=True)
 runs_app = typer.Typer(help="Agent runs.", invoke_without_command=True)
 image_app = typer.Typer(help="The agent image.", no_args_is_help=True)
+tasks_app = typer.Typer(help="Scheduled tasks (cron, interval, once).", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
 app.add_typer(groups_app, name="groups")
 app.add_typer(runs_app, name="runs")
 app.add_typer(image_app, name="image")
@@ -66,7 +68,6 @@ def up(
         typer.echo(f"checking the agent image {settings.agent_image} (built if missing) ...")
         ensure_agent_image(client, settings)
         from .sandbox import DockerSandbox
-
         from .sweeper import live_run_ids
 
         removed = DockerSandbox(settings, client).remove_orphans(live_run_ids(db))
@@ -305,6 +306,80 @@ def runs_cancel(run_id: str) -> None:
     if run.state != "cancelled":
         raise _fail(OrchestratorError(f"run {run.id[:8]} already ended as {run.state}"))
     typer.echo(f"run {run.id[:8]} cancelled; its worker stops the container within a second")
+
+
+# -- scheduled tasks --------------------------------------------------------------
+
+
+@tasks_app.command("add")
+def tasks_add(
+    jid: str,
+    prompt: Annotated[str, typer.Option(help="What the agent is asked each time.")],
+    cron: Annotated[Optional[str], typer.Option(help="A cron line, e.g. '0 9 * * 1-5'.")] = None,
+    every: Annotated[Optional[str], typer.Option(help="An interval: 90, 45s, 30m, 2h, 1d.")] = None,
+    at: Annotated[Optional[str], typer.Option(help="Once, at an ISO-8601 time (UTC if no zone).")] = None,
+    context: Annotated[str, typer.Option(help="group (history and session) or isolated (fresh).")] = "group",
+) -> None:
+    """Schedule a prompt for group JID."""
+    from .schedules import add_task
+
+    chosen = [(k, v) for k, v in (("cron", cron), ("interval", every), ("once", at)) if v]
+    if len(chosen) != 1:
+        raise _fail(OrchestratorError("give exactly one of --cron, --every, --at"))
+    _, db = _setup()
+    kind, spec = chosen[0]
+    try:
+        task = add_task(db, chat_jid=jid, prompt=prompt, kind=kind, spec=spec, context_mode=context)  # type: ignore[arg-type]
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"task {task.id[:8]} ({task.kind} {task.spec}, {task.context_mode}) next at {task.next_run_at:%Y-%m-%d %H:%M:%S} UTC")
+
+
+@tasks_app.command("list")
+def tasks_list(
+    group: Annotated[Optional[str], typer.Option(help="Only this chat jid.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List scheduled tasks."""
+    from .schedules import list_tasks
+
+    _, db = _setup()
+    tasks = list_tasks(db, chat_jid=group)
+    if as_json:
+        typer.echo(json.dumps([t.model_dump(mode="json") for t in tasks], indent=2))
+        return
+    for t in tasks:
+        nxt = f"{t.next_run_at:%Y-%m-%d %H:%M:%S}" if t.next_run_at else "-"
+        typer.echo(f"{t.id[:8]}  {t.state:9} {t.chat_jid:20} {t.kind:8} {t.spec:16} {t.context_mode:8} next {nxt}  runs {t.runs}  {t.prompt[:40]}")
+
+
+def _task_action(task_id: str, action: str) -> None:
+    from .schedules import change_state
+
+    _, db = _setup()
+    try:
+        task = change_state(db, task_id, action)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"task {task.id[:8]} is {task.state}")
+
+
+@tasks_app.command("pause")
+def tasks_pause(task_id: str) -> None:
+    """Pause a task (it keeps its schedule)."""
+    _task_action(task_id, "pause")
+
+
+@tasks_app.command("resume")
+def tasks_resume(task_id: str) -> None:
+    """Resume a paused task (what fell due meanwhile is skipped)."""
+    _task_action(task_id, "resume")
+
+
+@tasks_app.command("cancel")
+def tasks_cancel(task_id: str) -> None:
+    """Cancel a task for good."""
+    _task_action(task_id, "cancel")
 
 
 # -- image ------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import update
+from sqlalchemy.orm import Session
 
 from .db import Database
 from .groups import group_from_row
@@ -51,10 +52,26 @@ class IngestResult(BaseModel):
     signalled: bool
 
 
+def mark_pending(session: Session, chat_jid: str, seq: int) -> None:
+    """Record, inside the caller's transaction, that ``seq`` should wake the agent."""
+    session.execute(
+        update(GroupRow).where(GroupRow.chat_jid == chat_jid, GroupRow.pending_seq < seq).values(pending_seq=seq)
+    )
+
+
 def ingest(
-    db: Database, settings: Settings, incoming: IncomingMessage, *, signal: Signal | None
+    db: Database,
+    settings: Settings,
+    incoming: IncomingMessage,
+    *,
+    signal: Signal | None,
+    wake: bool | None = None,
 ) -> IngestResult:
-    """Store ``incoming``; if it wakes the agent, mark pending work and signal."""
+    """Store ``incoming``; if it wakes the agent, mark pending work and signal.
+
+    ``wake`` overrides the routing rules (a scheduled task wakes its group
+    whatever the trigger setting); it still needs a registered group.
+    """
     with db.write() as session:
         new = NewMessage(
             id=incoming.id or new_message_id(),
@@ -67,13 +84,12 @@ def ingest(
             # Read the group inside the same transaction as the insert.
             row = session.get(GroupRow, incoming.chat_jid)
             group = group_from_row(row) if row is not None else None
-            triggered = wakes_agent(msg, group, settings.trigger_names)
+            if wake is None:
+                triggered = wakes_agent(msg, group, settings.trigger_names)
+            else:
+                triggered = wake and group is not None
             if triggered:
-                session.execute(
-                    update(GroupRow)
-                    .where(GroupRow.chat_jid == incoming.chat_jid, GroupRow.pending_seq < msg.seq)
-                    .values(pending_seq=msg.seq)
-                )
+                mark_pending(session, incoming.chat_jid, msg.seq)
     signalled = False
     if triggered and signal is not None:
         try:

@@ -45,10 +45,11 @@ from .notices import compute_notices
 from .outputs import OutputMessage, event_to_message, host_message
 from .runs import Run, RunState, create_run, finish_run, run_state, set_attempts, set_container
 from .sandbox import RUN_DIR_MOUNT, ContainerSpec, DockerSandbox
+from .schedules import is_isolated
 from .settings import Settings
 from .store import get_messages_after, get_recent_messages, insert_message, now_iso
 from .tables import GroupRow
-from .views import format_messages_for_sdk
+from .views import REPLY_TO_KEY, format_messages_for_sdk
 
 log = logging.getLogger(__name__)
 
@@ -184,8 +185,20 @@ class Pipeline:
         if not new:  # the pending mark points at nothing left to read
             self._advance(group, group.pending_seq, None)
             return None
+        # An isolated scheduled task runs alone, with no history and no
+        # session; messages before it form their own run first.
+        cut = next((i for i, m in enumerate(new) if is_isolated(m.metadata)), None)
+        if cut and all(m.is_from_me for m in new[:cut]):
+            # Only our own earlier output precedes it: nothing there to answer.
+            self._advance(group, new[cut - 1].seq, None)
+            return None
+        isolated = cut == 0
+        if isolated:
+            new = new[:1]
+        elif cut is not None:
+            new = new[:cut]
         cursor_to = new[-1].seq
-        prior = get_recent_messages(
+        prior = [] if isolated else get_recent_messages(
             group.chat_jid, self.settings.context_messages, before_seq=group.cursor_seq + 1, db=self.db
         )
         run = create_run(
@@ -204,7 +217,7 @@ class Pipeline:
                     assistant_name=assistant,
                     messages=format_messages_for_sdk([*prior, *new]),
                     system_notices=compute_notices(self.db, group),
-                    session_id=group.session_id,
+                    session_id=None if isolated else group.session_id,
                     model=model_settings(self.settings),
                     limits=Limits(max_turns=self.settings.max_turns, bash_timeout_s=self.settings.bash_timeout_s),
                 )
@@ -235,7 +248,7 @@ class Pipeline:
             self._emit(group, host_message(run_id=run.id, text="🛑 Run cancelled."), outcome)
         elif result.state != "succeeded":
             self._emit(group, host_message(run_id=run.id, text=f"⚠️ Agent error: {result.error}"), outcome)
-        self._advance(group, cursor_to, result.session_id)
+        self._advance(group, cursor_to, None if isolated else result.session_id)
         outcome.run = finish_run(
             self.db, run.id, state=result.state, error=result.error,
             input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
@@ -343,8 +356,13 @@ class Pipeline:
     # -- storage --------------------------------------------------------------
 
     def _emit(self, group: Group, out: OutputMessage, outcome: RunOutcome) -> None:
+        # Outputs remember the last input their run saw: messages that arrive
+        # during a run get later seqs than the run's replies, but the model
+        # must see those replies first (see views.model_order).
+        fields = out.model_dump()
+        fields["metadata"] = {**(fields["metadata"] or {}), REPLY_TO_KEY: outcome.run.cursor_to}
         with self.db.write() as session:
-            new = NewMessage(chat_jid=group.chat_jid, timestamp=now_iso(), is_from_me=True, **out.model_dump())
+            new = NewMessage(chat_jid=group.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
             msg, created = insert_message(session, self.db, new)
         if created:
             outcome.stored.append(msg.seq)

@@ -19,6 +19,7 @@ AGENT_QUEUE = "agent"
 DELIVERY_QUEUE = "delivery"
 DRAIN_TASK = "workers.tasks.drain_group"
 SWEEP_TASK = "workers.tasks.sweep"
+SCHEDULE_TASK = "workers.tasks.fire_schedules"
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -49,9 +50,17 @@ def make_celery(settings: Settings) -> Celery:
         worker_prefetch_multiplier=1,
         task_default_queue=AGENT_QUEUE,
         task_queues=[Queue(AGENT_QUEUE), Queue(DELIVERY_QUEUE)],
-        task_routes={DRAIN_TASK: {"queue": AGENT_QUEUE}, SWEEP_TASK: {"queue": DELIVERY_QUEUE}},
+        task_routes={
+            DRAIN_TASK: {"queue": AGENT_QUEUE},
+            SWEEP_TASK: {"queue": DELIVERY_QUEUE},
+            SCHEDULE_TASK: {"queue": DELIVERY_QUEUE},
+        },
         beat_schedule={
             "sweep": {"task": SWEEP_TASK, "schedule": settings.sweep_interval_s, "options": {"expires": settings.sweep_interval_s}},
+            "scheduled-tasks": {
+                "task": SCHEDULE_TASK, "schedule": settings.schedule_tick_s,
+                "options": {"expires": settings.schedule_tick_s},
+            },
         },
         task_serializer="json",
         accept_content=["json"],

@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     retry_max_s: float = Field(default=60.0, ge=0)
     # How often Celery beat runs the sweeper.
     sweep_interval_s: float = Field(default=15.0, gt=0)
+    # How often Celery beat looks for scheduled tasks that are due.
+    schedule_tick_s: float = Field(default=10.0, gt=0)
 
     # Agent image and how it is built when missing.
     agent_image: str = "orchestrator-agent:latest"

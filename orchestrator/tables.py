@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, Boolean, DateTime, Dialect, Float, Index, Integer, String, Text
-from sqlalchemy.types import TypeDecorator
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -103,3 +103,19 @@ class RunRow(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ScheduledTaskRow(Base):
+    __tablename__ = "scheduled_tasks"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    chat_jid: Mapped[str] = mapped_column(Text, nullable=False, index=True)
+    prompt: Mapped[str] = mapped_column(Text, nullable=False)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)  # cron | interval | once
+    spec: Mapped[str] = mapped_column(Text, nullable=False)  # the cron line, seconds, or ISO time
+    context_mode: Mapped[str] = mapped_column(String(16), nullable=False)  # group | isolated
+    state: Mapped[str] = mapped_column(String(16), nullable=False, index=True)
+    next_run_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True, index=True)
+    last_run_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    runs: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)

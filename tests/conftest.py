@@ -72,7 +72,7 @@ def _pg_conninfo(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pg_available(url: str = PG_URL) -> bool:
     try:
         import psycopg

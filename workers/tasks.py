@@ -3,7 +3,8 @@
 ``drain_group`` carries only a chat id.  Getting it twice, late, or for a
 group that another worker is already serving is harmless: the pipeline's
 lease makes the extra copy return at once.  ``sweep`` is run by beat and
-once at worker start-up.
+once at worker start-up; ``fire_schedules`` by beat, to start scheduled tasks
+that are due.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from celery.exceptions import SoftTimeLimitExceeded
 from orchestrator.channels import ChannelRegistry, LogChannel
 from orchestrator.db import get_database
 from orchestrator.pipeline import Pipeline
-from orchestrator.queue import DRAIN_TASK, SWEEP_TASK, signal_group
+from orchestrator.queue import DRAIN_TASK, SCHEDULE_TASK, SWEEP_TASK, signal_group
+from orchestrator.schedules import fire_due
 from orchestrator.settings import get_settings
 from orchestrator.sweeper import sweep as run_sweep
 
@@ -59,3 +61,9 @@ def sweep_now() -> dict[str, object]:
 @app.task(name=SWEEP_TASK, acks_late=False, ignore_result=True)
 def sweep() -> dict[str, object]:
     return sweep_now()
+
+
+@app.task(name=SCHEDULE_TASK, acks_late=False, ignore_result=True)
+def fire_schedules() -> list[str]:
+    pipeline = _pipeline()
+    return fire_due(pipeline.db, signal=partial(signal_group, pipeline.settings))

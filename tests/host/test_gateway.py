@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from agent_runner.loop import run_agent
 from agent_runner.protocol import ContainerInput, Event, ModelSettings, ResultEvent, ToolResultEvent
 from agent_runner.providers.anthropic import AnthropicProvider
+
 from orchestrator.gateway import ModelGateway
 from tests.fakes.anthropic_api import FakeAnthropic, api_error, message
 

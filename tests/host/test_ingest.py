@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.db import Database
+from orchestrator.errors import InvalidMessage, StoreError
 from orchestrator.groups import add_group, ensure_main_group, get_group
 from orchestrator.ingest import IncomingMessage, ingest
 from orchestrator.router import has_trigger
 from orchestrator.settings import Settings
 from orchestrator.store import get_messages_after
-from orchestrator.errors import InvalidMessage, StoreError
 
 
 @pytest.mark.parametrize(

@@ -235,3 +235,15 @@ def test_seq_cursor_is_commit_ordered_under_concurrent_writers(db: Database) -> 
     assert len(seen) == writers * per_writer == len(set(seen))
     assert seen == sorted(seen)
     assert len(seen_ids) == writers * per_writer
+
+
+def test_model_view_puts_a_runs_replies_before_messages_that_arrived_during_it(db: Database) -> None:
+    q1 = _store(db, "q1", content="first question")
+    # While the run answers q1, q2 arrives: its seq falls between the replies.
+    _store(db, "r1", sender="tool_use", sender_name="bash", content="bash: ls", is_from_me=True,
+           message_type="assistant", metadata={"reply_to_seq": q1.seq})
+    _store(db, "q2", content="second question")
+    _store(db, "r2", sender="bot", sender_name="Andy", content="first answer", is_from_me=True,
+           message_type="assistant", metadata={"reply_to_seq": q1.seq})
+    view = format_messages_for_sdk(get_messages_after("chat@g.us", 0, db=db))
+    assert [m.content for m in view] == ["first question", "first answer", "second question"]

@@ -15,19 +15,20 @@ from pathlib import Path
 import docker
 import pytest
 
+from orchestrator import leases
 from orchestrator.channels import ChannelRegistry
 from orchestrator.db import Database
 from orchestrator.groups import ensure_main_group, get_group
 from orchestrator.ingest import IncomingMessage, ingest
 from orchestrator.messages import StoredMessage
-from orchestrator import leases
 from orchestrator.pipeline import Pipeline
 from orchestrator.runs import cancel_run, create_run, get_run, list_runs
 from orchestrator.sandbox import LABEL_MANAGED
 from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after, store_message_direct, now_iso
+from orchestrator.store import get_messages_after, now_iso, store_message_direct
 from orchestrator.sweeper import sweep
 from orchestrator.views import format_messages_for_sdk
+from tests.fakes.channel import RecordingChannel
 
 FAULTY_DIR = Path(__file__).parent / "faulty_agent"
 
@@ -41,31 +42,14 @@ def faulty_image(agent_image: str) -> str:
     return tag
 
 
-class Recorder:
-    name = "recorder"
-
-    def __init__(self) -> None:
-        self.sent: list[StoredMessage] = []
-
-    def connect(self) -> None: ...
-
-    def disconnect(self) -> None: ...
-
-    def owns(self, chat_jid: str) -> bool:
-        return True
-
-    def send(self, message: StoredMessage, rendered: str) -> None:
-        self.sent.append(message)
-
-
 @pytest.fixture
-def faulty(settings: Settings, db: Database, faulty_image: str) -> tuple[Pipeline, Recorder]:
+def faulty(settings: Settings, db: Database, faulty_image: str) -> tuple[Pipeline, RecordingChannel]:
     s = settings.model_copy(
         update={"agent_image": faulty_image, "run_timeout_s": 4.0, "retry_base_s": 0.05, "max_attempts": 3}
     )
     s.ensure_dirs()
     ensure_main_group(db)
-    rec = Recorder()
+    rec = RecordingChannel()
     return Pipeline(s, db, ChannelRegistry("Andy", [rec])), rec
 
 
@@ -77,11 +61,11 @@ def _no_containers_left() -> bool:
     return docker.from_env().containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=1"}) == []
 
 
-def _hosts(rec: Recorder) -> list[str]:
+def _hosts(rec: RecordingChannel) -> list[str]:
     return [m.content for m in rec.sent if m.message_type == "host"]
 
 
-def test_crash_before_output_is_retried_then_fails(faulty: tuple[Pipeline, Recorder]) -> None:
+def test_crash_before_output_is_retried_then_fails(faulty: tuple[Pipeline, RecordingChannel]) -> None:
     p, rec = faulty
     _say(p, "crash")
     [outcome] = p.drain_group("main@local")
@@ -92,7 +76,7 @@ def test_crash_before_output_is_retried_then_fails(faulty: tuple[Pipeline, Recor
     assert _no_containers_left()
 
 
-def test_flaky_container_succeeds_on_a_later_attempt(faulty: tuple[Pipeline, Recorder]) -> None:
+def test_flaky_container_succeeds_on_a_later_attempt(faulty: tuple[Pipeline, RecordingChannel]) -> None:
     p, rec = faulty
     _say(p, "flaky 1\n$ echo recovered")
     [outcome] = p.drain_group("main@local")
@@ -102,7 +86,7 @@ def test_flaky_container_succeeds_on_a_later_attempt(faulty: tuple[Pipeline, Rec
     assert _hosts(rec) == []
 
 
-def test_output_then_crash_is_never_replayed(faulty: tuple[Pipeline, Recorder]) -> None:
+def test_output_then_crash_is_never_replayed(faulty: tuple[Pipeline, RecordingChannel]) -> None:
     p, rec = faulty
     sent = _say(p, "partial-crash")
     [outcome] = p.drain_group("main@local")
@@ -113,7 +97,7 @@ def test_output_then_crash_is_never_replayed(faulty: tuple[Pipeline, Recorder]) 
     assert p.drain_group("main@local") == []  # nothing pending: no replay
 
 
-def test_garbage_output_fails_cleanly(faulty: tuple[Pipeline, Recorder]) -> None:
+def test_garbage_output_fails_cleanly(faulty: tuple[Pipeline, RecordingChannel]) -> None:
     p, rec = faulty
     _say(p, "garbage")
     [outcome] = p.drain_group("main@local")
@@ -122,7 +106,7 @@ def test_garbage_output_fails_cleanly(faulty: tuple[Pipeline, Recorder]) -> None
     assert len(_hosts(rec)) == 1 and _no_containers_left()
 
 
-def test_hang_past_the_hard_limit_times_out(faulty: tuple[Pipeline, Recorder]) -> None:
+def test_hang_past_the_hard_limit_times_out(faulty: tuple[Pipeline, RecordingChannel]) -> None:
     p, rec = faulty
     _say(p, "hang")
     t0 = time.monotonic()
@@ -132,7 +116,7 @@ def test_hang_past_the_hard_limit_times_out(faulty: tuple[Pipeline, Recorder]) -
     assert "limit" in _hosts(rec)[0] and _no_containers_left()
 
 
-def test_memory_hog_ends_the_run_with_a_host_message(faulty: tuple[Pipeline, Recorder]) -> None:
+def test_memory_hog_ends_the_run_with_a_host_message(faulty: tuple[Pipeline, RecordingChannel]) -> None:
     p, rec = faulty
     p.settings = p.settings.model_copy(update={"container_memory": "64m", "max_attempts": 1})
     _say(p, "memhog")
@@ -141,7 +125,7 @@ def test_memory_hog_ends_the_run_with_a_host_message(faulty: tuple[Pipeline, Rec
     assert len(_hosts(rec)) == 1 and _no_containers_left()
 
 
-def test_cancel_stops_the_container(faulty: tuple[Pipeline, Recorder]) -> None:
+def test_cancel_stops_the_container(faulty: tuple[Pipeline, RecordingChannel]) -> None:
     p, rec = faulty
     p.settings = p.settings.model_copy(update={"run_timeout_s": 60.0})
     _say(p, "$ sleep 50")

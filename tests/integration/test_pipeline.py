@@ -9,6 +9,7 @@ from pathlib import Path
 
 import docker
 import pytest
+from agent_runner.protocol import ContainerInput
 
 from orchestrator import leases
 from orchestrator.channels import ChannelRegistry
@@ -22,29 +23,13 @@ from orchestrator.sandbox import LABEL_MANAGED
 from orchestrator.settings import Settings
 from orchestrator.store import get_messages_after
 from orchestrator.views import format_messages_for_sdk
-
-
-class Recorder:
-    name = "recorder"
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[StoredMessage, str]] = []
-
-    def connect(self) -> None: ...
-
-    def disconnect(self) -> None: ...
-
-    def owns(self, chat_jid: str) -> bool:
-        return True
-
-    def send(self, message: StoredMessage, rendered: str) -> None:
-        self.sent.append((message, rendered))
+from tests.fakes.channel import RecordingChannel
 
 
 @pytest.fixture
 def pipe(
     tmp_path: Path, agent_image: str, database_url: str
-) -> Iterator[tuple[Pipeline, Database, Recorder]]:
+) -> Iterator[tuple[Pipeline, Database, RecordingChannel]]:
     # database_url is parametrized (tests/conftest.py): SQLite or a fresh PostgreSQL database.
     settings = Settings(  # type: ignore[call-arg]
         data_dir=tmp_path / "data", agent_image=agent_image, run_timeout_s=4,
@@ -54,7 +39,7 @@ def pipe(
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
     db.migrate()
     ensure_main_group(db)
-    rec = Recorder()
+    rec = RecordingChannel()
     yield Pipeline(settings, db, ChannelRegistry("Andy", [rec])), db, rec
     db.dispose()
 
@@ -68,14 +53,14 @@ def _managed_containers() -> list[object]:
     return docker.from_env().containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=1"})
 
 
-def test_run_stores_and_delivers_in_order(pipe: tuple[Pipeline, Database, Recorder]) -> None:
+def test_run_stores_and_delivers_in_order(pipe: tuple[Pipeline, Database, RecordingChannel]) -> None:
     pipeline, db, rec = pipe
     sent = _say(pipeline, db, "$ printf 'a\\nb\\n'")
     outcomes = pipeline.drain_group("main@local")
     assert [o.run.state for o in outcomes] == ["succeeded"]
     stored = get_messages_after("main@local", sent.seq, db=db)
-    assert [m.seq for m, _ in rec.sent] == [m.seq for m in stored]
-    rendered = [r for _, r in rec.sent]
+    assert [m.seq for m in rec.sent] == [m.seq for m in stored]
+    rendered = rec.rendered
     assert rendered[1].startswith("🔧 ✅ exit 0") and "a\nb" in rendered[1]
     assert rendered[2].startswith("Andy: ")
     assert get_group(db, "main@local").cursor_seq == sent.seq
@@ -83,7 +68,7 @@ def test_run_stores_and_delivers_in_order(pipe: tuple[Pipeline, Database, Record
     assert pipeline.drain_group("main@local") == []
 
 
-def test_output_with_nul_bytes_is_stored(pipe: tuple[Pipeline, Database, Recorder]) -> None:
+def test_output_with_nul_bytes_is_stored(pipe: tuple[Pipeline, Database, RecordingChannel]) -> None:
     # PostgreSQL text cannot hold NUL; a command may print it anyway.
     pipeline, db, _ = pipe
     sent = _say(pipeline, db, "$ printf 'a\\000b\\n'")
@@ -93,7 +78,7 @@ def test_output_with_nul_bytes_is_stored(pipe: tuple[Pipeline, Database, Recorde
     assert len(tool) == 1 and "a\ufffdb" in tool[0].content
 
 
-def test_busy_group_is_left_to_its_lease_holder(pipe: tuple[Pipeline, Database, Recorder]) -> None:
+def test_busy_group_is_left_to_its_lease_holder(pipe: tuple[Pipeline, Database, RecordingChannel]) -> None:
     pipeline, db, rec = pipe
     _say(pipeline, db, "hello")
     assert leases.acquire(db, "main@local", "another-worker", 30)
@@ -103,7 +88,7 @@ def test_busy_group_is_left_to_its_lease_holder(pipe: tuple[Pipeline, Database, 
     assert [o.run.state for o in pipeline.drain_group("main@local")] == ["succeeded"]
 
 
-def test_messages_during_a_run_are_picked_up_once(pipe: tuple[Pipeline, Database, Recorder]) -> None:
+def test_messages_during_a_run_are_picked_up_once(pipe: tuple[Pipeline, Database, RecordingChannel]) -> None:
     pipeline, db, _ = pipe
     _say(pipeline, db, "first")
     _say(pipeline, db, "second")
@@ -117,13 +102,13 @@ def test_messages_during_a_run_are_picked_up_once(pipe: tuple[Pipeline, Database
     assert len(again) == 1 and again[0].run.cursor_from == run.cursor_to
 
 
-def test_hung_command_is_killed_at_the_time_limit(pipe: tuple[Pipeline, Database, Recorder]) -> None:
+def test_hung_command_is_killed_at_the_time_limit(pipe: tuple[Pipeline, Database, RecordingChannel]) -> None:
     pipeline, db, rec = pipe
     _say(pipeline, db, "$ sleep 60")
     outcomes = pipeline.drain_group("main@local")
     assert [o.run.state for o in outcomes] == ["timed_out"]
     assert outcomes[0].run.duration_s is not None and outcomes[0].run.duration_s < 30
-    hosts = [m for m, _ in rec.sent if m.message_type == "host"]
+    hosts = [m for m in rec.sent if m.message_type == "host"]
     assert len(hosts) == 1 and hosts[0].content.startswith("⚠️ Agent error")
     assert _managed_containers() == []
     # The host message is for people only.
@@ -133,3 +118,38 @@ def test_hung_command_is_killed_at_the_time_limit(pipe: tuple[Pipeline, Database
     from orchestrator.notices import compute_notices
 
     assert any("timed_out" in n for n in compute_notices(db, get_group(db, "main@local")))
+
+
+def test_scheduled_tasks_run_as_ordinary_runs_in_their_context_mode(
+    pipe: tuple[Pipeline, Database, RecordingChannel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from orchestrator.schedules import add_task, fire_due
+
+    pipeline, db, rec = pipe
+    seen: list[ContainerInput] = []
+    real = pipeline._execute
+
+    def capture(group, run, payload, *args):  # type: ignore[no-untyped-def]
+        seen.append(payload)
+        return real(group, run, payload, *args)
+
+    monkeypatch.setattr(pipeline, "_execute", capture)
+    _say(pipeline, db, "remember: the answer is blue")
+    pipeline.drain_group("main@local")
+    now = datetime.now(UTC)
+    add_task(db, chat_jid="main@local", prompt="$ echo isolated-task", kind="interval", spec="1m",
+             context_mode="isolated", now=now - timedelta(minutes=2))
+    add_task(db, chat_jid="main@local", prompt="$ echo group-task", kind="interval", spec="1m",
+             context_mode="group", now=now - timedelta(minutes=2))
+    assert len(fire_due(db, signal=None, now=now)) == 2
+    outcomes = pipeline.drain_group("main@local")
+    assert [o.run.state for o in outcomes] == ["succeeded", "succeeded"]  # one run each, same records
+    iso = next(p for p in seen if p.messages[-1].content == "$ echo isolated-task")
+    grp = next(p for p in seen if any(m.content == "$ echo group-task" for m in p.messages))
+    assert [m.content for m in iso.messages] == ["$ echo isolated-task"] and iso.session_id is None
+    assert any("the answer is blue" in m.content for m in grp.messages)
+    assert grp.session_id is not None  # the group's session carries on
+    replies = [m.content for m in rec.sent if m.sender == "bot"]
+    assert any("isolated-task" in r for r in replies) and any("group-task" in r for r in replies)
