@@ -31,13 +31,10 @@ class Channel(Protocol):
     def send(self, message: StoredMessage, rendered: str) -> None: ...
 
 
-class LogChannel:
-    """Writes every message of every chat to the log (the worker's console)."""
+class BaseChannel:
+    """Defaults for a channel that needs no connection and serves every chat."""
 
-    name = "log"
-
-    def __init__(self, logger: logging.Logger | None = None) -> None:
-        self._log = logger or logging.getLogger("orchestrator.channel.log")
+    name = "base"
 
     def connect(self) -> None:
         pass
@@ -47,6 +44,18 @@ class LogChannel:
 
     def owns(self, chat_jid: str) -> bool:
         return True
+
+    def send(self, message: StoredMessage, rendered: str) -> None:
+        raise NotImplementedError
+
+
+class LogChannel(BaseChannel):
+    """Writes every message of every chat to the log (the worker's console)."""
+
+    name = "log"
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self._log = logger or logging.getLogger("orchestrator.channel.log")
 
     def send(self, message: StoredMessage, rendered: str) -> None:
         self._log.info("[%s #%d] %s", message.chat_jid, message.seq, rendered)

@@ -18,7 +18,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -165,3 +165,13 @@ def _isolated_process_state() -> Iterator[None]:
     yield
     reset_settings()
     forget_databases()
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, what: str, detail: Callable[[], str] | None = None) -> None:
+    """Poll ``cond`` until it holds; fail with ``what`` (and ``detail()``) after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{detail() if detail else ''}")

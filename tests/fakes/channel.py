@@ -3,24 +3,16 @@ used where a test needs to see deliveries)."""
 
 from __future__ import annotations
 
+from orchestrator.channels import BaseChannel
 from orchestrator.messages import StoredMessage
 
 
-class RecordingChannel:
+class RecordingChannel(BaseChannel):
     name = "recorder"
 
     def __init__(self) -> None:
         self.sent: list[StoredMessage] = []
         self.rendered: list[str] = []
-
-    def connect(self) -> None:
-        pass
-
-    def disconnect(self) -> None:
-        pass
-
-    def owns(self, chat_jid: str) -> bool:
-        return True
 
     def send(self, message: StoredMessage, rendered: str) -> None:
         self.sent.append(message)

@@ -9,6 +9,7 @@ process.  The key must reach the fake and never the container.
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 from typing import Any
 
@@ -90,13 +91,7 @@ def test_anthropic_tool_conversation_through_the_gateway(stack: Stack) -> None:
         _final_answer,
         on_request=probe,
     )
-    with fake.serve() as base_url:
-        _configure(stack, base_url)
-        stack.start_worker()
-        ensure_main_group(stack.db)
-        res = stack.cli("send", CHAT, "please list files", "--wait", "90", "--json")
-
-    logs = stack.worker_logs()
+    res, logs = _ask_through(fake, stack)
     assert res.returncode == 0, res.stdout + res.stderr + logs
     replies = _replies(res.stdout)
 
@@ -137,15 +132,19 @@ def test_anthropic_tool_conversation_through_the_gateway(stack: Stack) -> None:
 
 
 @pytest.mark.parametrize("stack", ["embedded"], indirect=True)
-def test_upstream_bad_request_fails_the_run_with_a_host_message(stack: Stack) -> None:
-    fake = FakeAnthropic(api_error(400, "invalid_request_error", "model: claude-fake-1 is not allowed"))
+def _ask_through(fake: FakeAnthropic, stack: Stack) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Send one message with the worker's model pointed at ``fake``; returns the CLI result and worker logs."""
     with fake.serve() as base_url:
         _configure(stack, base_url)
         stack.start_worker()
         ensure_main_group(stack.db)
         res = stack.cli("send", CHAT, "please list files", "--wait", "90", "--json")
+    return res, stack.worker_logs()
 
-    logs = stack.worker_logs()
+
+def test_upstream_bad_request_fails_the_run_with_a_host_message(stack: Stack) -> None:
+    fake = FakeAnthropic(api_error(400, "invalid_request_error", "model: claude-fake-1 is not allowed"))
+    res, logs = _ask_through(fake, stack)
     assert res.returncode == 3, res.stdout + res.stderr + logs
     assert len(fake.calls) == 1  # a 400 is not retried
     assert fake.calls[0].headers.get("x-api-key") == SECRET

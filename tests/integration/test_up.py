@@ -7,10 +7,11 @@ import json
 import os
 import signal
 import subprocess
-import time
 import urllib.request
 
 import pytest
+
+from tests.conftest import wait_until
 
 from .conftest import BIN, Stack
 
@@ -22,15 +23,6 @@ def _children(pid: int) -> dict[int, str]:
         p, _, args = line.strip().partition(" ")
         kids[int(p)] = args
     return kids
-
-
-def _wait(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _free_port() -> int:
@@ -56,12 +48,12 @@ def test_up_restarts_a_dead_child_and_stops_on_ctrl_c(stack: Stack) -> None:
             except OSError:
                 return False
 
-        _wait(health, 60, "the API to answer /health")
+        wait_until(health, 60, "the API to answer /health")
         kids = _children(up.pid)
         workers = [p for p, a in kids.items() if " worker " in a]
         assert len(workers) == 1 and any(" beat " in a for a in kids.values()), kids
         os.kill(workers[0], signal.SIGKILL)
-        _wait(lambda: any(" worker " in a and p != workers[0] for p, a in _children(up.pid).items()), 30,
+        wait_until(lambda: any(" worker " in a and p != workers[0] for p, a in _children(up.pid).items()), 30,
               "a new worker child")
         res = stack.cli("send", "main@local", "$ echo after-restart", "--wait", "60")
         assert res.returncode == 0 and "after-restart" in res.stdout, res.stderr + log.read_text()
@@ -70,4 +62,4 @@ def test_up_restarts_a_dead_child_and_stops_on_ctrl_c(stack: Stack) -> None:
         os.killpg(up.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
         up.wait(timeout=40)
     assert up.returncode == 0
-    _wait(lambda: all(not os.path.exists(f"/proc/{p}") for p in kids), 10, "every child to exit")
+    wait_until(lambda: all(not os.path.exists(f"/proc/{p}") for p in kids), 10, "every child to exit")

@@ -27,7 +27,7 @@ from orchestrator.queue import signal_group
 from orchestrator.runs import list_runs
 from orchestrator.sandbox import LABEL_GROUP, LABEL_MANAGED
 from orchestrator.store import get_messages_after
-from tests.conftest import require_service
+from tests.conftest import require_service, wait_until
 
 from .conftest import Stack
 
@@ -62,12 +62,7 @@ def _beat(stack: Stack) -> subprocess.Popen[bytes]:
 
 
 def _wait(cond: Callable[[], bool], timeout: float, what: str, stack: Stack) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}\n{stack.worker_logs()}")
+    wait_until(cond, timeout, what, stack.worker_logs)
 
 
 def _managed(**labels: str) -> list[object]:
