@@ -17,7 +17,7 @@ NoticeProvider = Callable[[Database, Group], list[str]]
 
 
 def previous_run_failed(db: Database, group: Group) -> list[str]:
-    recent = [r for r in list_runs(db, chat_jid=group.chat_jid, limit=5) if r.state != "running"]
+    recent = [r for r in list_runs(db, chat_jid=group.chat_jid, limit=5) if r.finished_at is not None]
     if recent and recent[0].state in ("failed", "timed_out"):
         last = recent[0]
         why = (last.error or "unknown error").splitlines()[0][:200]

@@ -34,6 +34,9 @@ def make_celery(settings: Settings) -> Celery:
             data_folder_in=str(settings.broker_dir / "out"),
             data_folder_out=str(settings.broker_dir / "out"),
             processed_folder=str(settings.broker_dir / "processed"),
+            # Fanout bindings (events, remote control); kombu's default is
+            # "control" in the working directory, which must not be written.
+            control_folder=str(settings.broker_dir / "control"),
             store_processed=False,
             polling_interval=settings.broker_polling_interval,
         )

@@ -53,7 +53,7 @@ def create_run(
 ) -> Run:
     now = datetime.now(UTC)
     row = RunRow(
-        id=str(uuid.uuid4()), chat_jid=chat_jid, state="running", attempts=1,
+        id=str(uuid.uuid4()), chat_jid=chat_jid, state="queued", attempts=1,
         cursor_from=cursor_from, cursor_to=cursor_to, celery_task_id=celery_task_id,
         owner=owner, input_tokens=0, output_tokens=0, created_at=now, started_at=now,
     )
@@ -63,20 +63,25 @@ def create_run(
 
 
 def set_container(db: Database, run_id: str, container_id: str) -> None:
+    """The run's container is up: the run is ``running`` (unless already cancelled)."""
     with db.write() as session:
         row = session.get(RunRow, run_id)
         if row is not None:
             row.container_id = container_id
+            if row.state == "queued":
+                row.state = "running"
 
 
 def set_attempts(db: Database, run_id: str, attempts: int, error: str | None) -> None:
-    """Record a failed attempt that is about to be retried."""
+    """Record a failed attempt that is about to be retried: back to ``queued``."""
     with db.write() as session:
         row = session.get(RunRow, run_id)
         if row is not None:
             row.attempts = attempts
             row.error = error
             row.container_id = None
+            if row.state == "running":
+                row.state = "queued"
 
 
 def cancel_run(db: Database, run_id: str) -> Run:

@@ -116,7 +116,7 @@ class Settings(BaseSettings):
     def ensure_dirs(self) -> None:
         for d in (self.data_dir, self.groups_dir, self.runs_dir, self.build_dir):
             d.mkdir(parents=True, exist_ok=True)
-        for sub in ("out", "processed"):
+        for sub in ("out", "processed", "control"):
             (self.broker_dir / sub).mkdir(parents=True, exist_ok=True)
 
 

@@ -3,7 +3,7 @@
 Run by Celery beat every ``sweep_interval_s`` and once when a worker starts.
 Everything it does is safe to repeat and safe to run on several hosts:
 
-1. A ``running`` run whose group lease has expired (or moved to another
+1. An unfinished (queued or running) run whose group lease has expired (or moved to another
    owner) lost its worker.  If it already stored a reply, it is closed as
    failed and the cursor moves past its input (never replayed: no duplicate
    replies; the group gets a host message).  Otherwise it is closed and its
@@ -58,7 +58,7 @@ def sweep(
             select(RunRow.id, RunRow.chat_jid, RunRow.cursor_to)
             .join(GroupRow, GroupRow.chat_jid == RunRow.chat_jid)
             .where(
-                RunRow.state.in_(("running", "cancelled")),
+                RunRow.state.in_(("queued", "running", "cancelled")),
                 RunRow.finished_at.is_(None),
                 or_(_lease_dead(now), and_(RunRow.owner.is_not(None), GroupRow.lease_owner != RunRow.owner)),
             )

@@ -180,4 +180,4 @@ def test_sweeper_closes_a_dead_workers_run(settings: Settings, db: Database) -> 
     assert leases.acquire(db, "main@local", "live-worker", 30)
     live = create_run(db, chat_jid="main@local", cursor_from=msg.seq, cursor_to=msg.seq, celery_task_id=None, owner="live-worker")
     assert sweep(db, signal=signals.append).interrupted_runs == []
-    assert get_run(db, live.id).state == "running"
+    assert get_run(db, live.id).state == "queued"

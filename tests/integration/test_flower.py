@@ -1,0 +1,59 @@
+"""Flower watches the same broker: it lists the worker and every task."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import urllib.request
+
+import pytest
+
+from orchestrator.groups import ensure_main_group
+from tests.conftest import wait_until
+
+from .conftest import BIN, Stack
+from .test_up import _free_port
+
+
+def _get(url: str) -> object:
+    with urllib.request.urlopen(url, timeout=2) as r:
+        return json.load(r)
+
+
+@pytest.mark.parametrize("stack", ["embedded", "fleet"], indirect=True)
+def test_flower_sees_the_worker_and_its_tasks(stack: Stack) -> None:
+    ensure_main_group(stack.db)
+    worker = stack.start_worker()
+    # Flower asks the workers about themselves when it starts: let the worker be up first.
+    wait_until(lambda: " ready." in stack.worker_logs(), 60, "the worker to be ready", stack.worker_logs)
+    port = _free_port()
+    log = stack.settings.data_dir.parent / "flower.log"
+    with open(log, "wb") as fh:
+        flower = subprocess.Popen([str(BIN / "orchestrator"), "flower", "--port", str(port)], env=stack.env,
+                                  stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def workers() -> dict:  # type: ignore[type-arg]
+            try:
+                return _get(f"{base}/api/workers?refresh=1")  # type: ignore[return-value]
+            except OSError:
+                return {}
+
+        wait_until(lambda: bool(workers()), 60, "Flower to list the worker", log.read_text)
+        res = stack.cli("send", "main@local", "$ echo seen-by-flower", "--wait", "60")
+        assert res.returncode == 0, res.stderr
+
+        def drain_tasks() -> list[dict]:  # type: ignore[type-arg]
+            tasks = _get(f"{base}/api/tasks")
+            return [t for t in tasks.values() if t["name"] == "workers.tasks.drain_group"]  # type: ignore[union-attr]
+
+        wait_until(lambda: any(t["state"] == "SUCCESS" for t in drain_tasks()), 30,
+                   "Flower to show the finished drain task", log.read_text)
+        task = next(t for t in drain_tasks() if t["state"] == "SUCCESS")
+        assert "main@local" in task["args"]
+        assert any(name.startswith("test") for name in workers())
+    finally:
+        flower.send_signal(signal.SIGTERM)
+        flower.wait(timeout=20)
+        assert worker.poll() is None  # the worker kept running throughout
