@@ -11,13 +11,13 @@ waiting for the sweeper.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import shutil
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -207,43 +207,26 @@ class Pipeline:
         )
         assistant = group.assistant_name or self.settings.assistant_name
         outcome = RunOutcome(run=run)
-        attempt = 1
-        while True:
-            try:
-                payload = ContainerInput(
-                    run_id=run.id,
-                    chat_jid=group.chat_jid,
-                    group_folder=group.folder,
-                    assistant_name=assistant,
-                    messages=format_messages_for_sdk([*prior, *new]),
-                    system_notices=compute_notices(self.db, group),
-                    session_id=None if isolated else group.session_id,
-                    model=model_settings(self.settings),
-                    limits=Limits(max_turns=self.settings.max_turns, bash_timeout_s=self.settings.bash_timeout_s),
-                )
-                result = self._execute(group, run, payload, assistant, outcome, lease_lost)
-            except ConfigError as exc:
-                result = Attempt("failed", str(exc))
-            except self.deadline_exceptions:
-                # The task queue's own time limit: the container is already
-                # stopped (the sandbox context exits on the way out); no retry.
-                result = Attempt("timed_out", "the worker's time limit for this task was reached")
-            except Exception as exc:  # noqa: BLE001 - every failure ends the run cleanly
-                log.exception("run %s for %s failed", run.id, group.chat_jid)
-                result = Attempt("failed", f"{type(exc).__name__}: {exc}", retryable=True)
-            # Retry only while no reply reached the chat: a run that already
-            # answered is never replayed from the start (no duplicate replies).
-            # Tool records of a failed attempt stay: those commands did run.
-            if not (result.retryable and not outcome.replied and attempt < self.settings.max_attempts):
-                break
-            delay = backoff_delay(attempt, self.settings.retry_base_s, self.settings.retry_max_s)
-            log.warning("run %s attempt %d failed (%s); retrying in %.1fs", run.id, attempt, result.error, delay)
-            attempt += 1
-            set_attempts(self.db, run.id, attempt, result.error)
-            if lease_lost is not None and lease_lost.wait(delay):
-                break
-            if lease_lost is None:
-                time.sleep(delay)
+        try:
+            # The input is the same for every attempt: build it once.
+            payload = ContainerInput(
+                run_id=run.id,
+                chat_jid=group.chat_jid,
+                group_folder=group.folder,
+                assistant_name=assistant,
+                messages=format_messages_for_sdk([*prior, *new]),
+                system_notices=compute_notices(self.db, group),
+                session_id=None if isolated else group.session_id,
+                model=model_settings(self.settings),
+                limits=Limits(max_turns=self.settings.max_turns, bash_timeout_s=self.settings.bash_timeout_s),
+            )
+        except ConfigError as exc:
+            result = Attempt("failed", str(exc))
+        except Exception as exc:  # noqa: BLE001 - the run still ends cleanly, with a host message
+            log.exception("could not assemble the input of run %s", run.id)
+            result = Attempt("failed", f"{type(exc).__name__}: {exc}")
+        else:
+            result = self._attempts(group, run, payload, assistant, outcome, lease_lost)
         if result.state == "cancelled":
             self._emit(group, host_message(run_id=run.id, text="🛑 Run cancelled."), outcome)
         elif result.state != "succeeded":
@@ -254,6 +237,40 @@ class Pipeline:
             input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
         )
         return outcome
+
+    def _attempts(
+        self,
+        group: Group,
+        run: Run,
+        payload: ContainerInput,
+        assistant: str,
+        outcome: RunOutcome,
+        lease_lost: threading.Event | None,
+    ) -> Attempt:
+        """Run the container, retrying with backoff while no reply reached the chat."""
+        stop = lease_lost or threading.Event()
+        attempt = 1
+        while True:
+            try:
+                result = self._execute(group, run, payload, assistant, outcome, lease_lost)
+            except self.deadline_exceptions:
+                # The task queue's own time limit: the container is already
+                # stopped (the sandbox context exits on the way out); no retry.
+                return Attempt("timed_out", "the worker's time limit for this task was reached")
+            except Exception as exc:  # noqa: BLE001 - every failure ends the run cleanly
+                log.exception("run %s for %s failed", run.id, group.chat_jid)
+                result = Attempt("failed", f"{type(exc).__name__}: {exc}", retryable=True)
+            # A run that already answered is never replayed from the start (no
+            # duplicate replies). Tool records of a failed attempt stay: those
+            # commands did run.
+            if not (result.retryable and not outcome.replied and attempt < self.settings.max_attempts):
+                return result
+            delay = backoff_delay(attempt, self.settings.retry_base_s, self.settings.retry_max_s)
+            log.warning("run %s attempt %d failed (%s); retrying in %.1fs", run.id, attempt, result.error, delay)
+            attempt += 1
+            set_attempts(self.db, run.id, attempt, result.error)
+            if stop.wait(delay):  # the lease was lost while backing off
+                return result
 
     def _execute(
         self,
@@ -276,27 +293,25 @@ class Pipeline:
             timeout_s=self.settings.run_timeout_s,
             install_id=self.settings.install_id,
         )
-        gateway: ModelGateway | None = None
-        if payload.model.provider != "offline":
-            # The container has no network: its only way to the model is the
-            # gateway socket in the run's private folder.
-            run_dir = self.settings.runs_dir / run.id
-            run_dir.mkdir(parents=True, exist_ok=True)
-            os.chmod(run_dir, 0o755)
-            gateway = ModelGateway(
-                run_dir / GATEWAY_SOCKET, upstream=self.settings.anthropic_base_url,
-                api_key=self.settings.anthropic_api_key,
-            ).__enter__()
-            spec = replace(spec, extra_mounts={str(run_dir): RUN_DIR_MOUNT})
-            payload = payload.model_copy(
-                update={"model": payload.model.model_copy(update={"socket_path": f"{RUN_DIR_MOUNT}/{GATEWAY_SOCKET}"})}
-            )
-        try:
+        with contextlib.ExitStack() as cleanup:
+            gateway: ModelGateway | None = None
+            if payload.model.provider != "offline":
+                # The container has no network: its only way to the model is
+                # the gateway socket in the run's private folder.
+                run_dir = self.settings.runs_dir / run.id
+                run_dir.mkdir(parents=True, exist_ok=True)
+                os.chmod(run_dir, 0o755)
+                cleanup.callback(shutil.rmtree, run_dir, ignore_errors=True)
+                gateway = cleanup.enter_context(ModelGateway(
+                    run_dir / GATEWAY_SOCKET, upstream=self.settings.anthropic_base_url,
+                    api_key=self.settings.anthropic_api_key,
+                ))
+                spec = replace(spec, extra_mounts={str(run_dir): RUN_DIR_MOUNT})
+                socket_path = f"{RUN_DIR_MOUNT}/{GATEWAY_SOCKET}"
+                payload = payload.model_copy(
+                    update={"model": payload.model.model_copy(update={"socket_path": socket_path})}
+                )
             return self._stream(group, run, payload, assistant, outcome, spec, gateway, lease_lost)
-        finally:
-            if gateway is not None:
-                gateway.close()
-                shutil.rmtree(gateway.socket_path.parent, ignore_errors=True)
 
     def _stream(
         self, group: Group, run: Run, payload: ContainerInput, assistant: str, outcome: RunOutcome,

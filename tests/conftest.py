@@ -175,3 +175,23 @@ def wait_until(cond: Callable[[], bool], timeout: float, what: str, detail: Call
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{detail() if detail else ''}")
+
+
+def run_in_threads(target: Callable[[int], object], n: int) -> list[BaseException]:
+    """Run ``target(i)`` for i in range(n) in parallel threads; returns what they raised."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def guarded(i: int) -> None:
+        try:
+            target(i)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test, not lost in a thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -12,6 +11,7 @@ from orchestrator.errors import InvalidMessage, StoreError, UnknownGroup
 from orchestrator.groups import add_group, get_group
 from orchestrator.schedules import add_task, change_state, fire_due, get_task, is_isolated, next_due
 from orchestrator.store import get_messages_after
+from tests.conftest import run_in_threads
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 
@@ -79,15 +79,7 @@ def test_concurrent_tickers_fire_one_due_time_once(db: Database, team: str) -> N
     add_task(db, chat_jid=team, prompt="p", kind="cron", spec="*/5 * * * *", now=T0)
     due = T0 + timedelta(minutes=5)
     results: list[list[str]] = []
-
-    def tick() -> None:
-        results.append(fire_due(db, signal=None, now=due))
-
-    threads = [threading.Thread(target=tick) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    assert run_in_threads(lambda _: results.append(fire_due(db, signal=None, now=due)), 4) == []
     assert sum(len(r) for r in results) == 1
     assert len(get_messages_after(team, 0, db=db)) == 1
 

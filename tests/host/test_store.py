@@ -11,6 +11,7 @@ from orchestrator import format_messages_for_sdk, get_messages_since, store_mess
 from orchestrator.db import Database
 from orchestrator.errors import InvalidMessage
 from orchestrator.store import get_messages_after, get_recent_messages
+from tests.conftest import run_in_threads
 
 
 def _store(db: Database, mid: str, chat: str = "chat@g.us", **kw: object):
@@ -138,23 +139,15 @@ def test_nul_characters_are_stored_on_every_backend(db: Database) -> None:
 def test_concurrent_duplicates_are_stored_once(db: Database) -> None:
     # The same (id, chat_jid) from several writers at once (a redelivered
     # signal, two sweepers): one row, every writer gets it back, no error.
-    errors: list[BaseException] = []
     results: list[int] = []
     start = threading.Barrier(6)
 
     def writer(n: int) -> None:
-        try:
-            for i in range(15):
-                start.wait(timeout=30)
-                results.append(_store(db, f"dup-{i}", content=f"from {n}").seq)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+        for i in range(15):
+            start.wait(timeout=30)
+            results.append(_store(db, f"dup-{i}", content=f"from {n}").seq)
 
-    threads = [threading.Thread(target=writer, args=(n,)) for n in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(writer, 6)
     assert not errors, errors[:3]
     stored = get_messages_after("chat@g.us", 0, db=db)
     assert [m.id for m in stored] == [f"dup-{i}" for i in range(15)]
@@ -162,21 +155,11 @@ def test_concurrent_duplicates_are_stored_once(db: Database) -> None:
 
 
 def test_concurrent_writers_get_unique_increasing_seqs(db: Database) -> None:
-    errors: list[BaseException] = []
-
     def writer(n: int) -> None:
-        try:
-            for i in range(20):
-                _store(db, f"w{n}-{i}")
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+        for i in range(20):
+            _store(db, f"w{n}-{i}")
 
-    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert run_in_threads(writer, 4) == []
     seqs = [m.seq for m in get_messages_after("chat@g.us", 0, db=db)]
     assert len(seqs) == 80 and seqs == sorted(set(seqs))
 
@@ -193,11 +176,8 @@ def test_seq_cursor_is_commit_ordered_under_concurrent_writers(db: Database) -> 
     behind: list[tuple[int, int]] = []  # (seq that showed up late, cursor at the time)
 
     def writer(n: int) -> None:
-        try:
-            for i in range(per_writer):
-                _store(db, f"w{n}-{i}", chat=chat)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+        for i in range(per_writer):
+            _store(db, f"w{n}-{i}", chat=chat)
 
     def reader() -> None:
         last = 0
@@ -222,11 +202,7 @@ def test_seq_cursor_is_commit_ordered_under_concurrent_writers(db: Database) -> 
 
     watcher = threading.Thread(target=reader)
     watcher.start()
-    threads = [threading.Thread(target=writer, args=(n,)) for n in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors.extend(run_in_threads(writer, writers))
     done.set()
     watcher.join(timeout=60)
     assert not watcher.is_alive()
