@@ -24,6 +24,23 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# Re-exported (``X as X``) so callers find envelopes next to the message models.
+from .envelopes import CODE_EDIT as CODE_EDIT
+from .envelopes import TEXT as TEXT
+from .envelopes import TODO as TODO
+from .envelopes import TOOL_CALL as TOOL_CALL
+from .envelopes import CodeEditPayload as CodeEditPayload
+from .envelopes import FileEdit as FileEdit
+from .envelopes import InvalidMessageMetadata as InvalidMessageMetadata
+from .envelopes import ParsedMessageMetadata as ParsedMessageMetadata
+from .envelopes import TodoItem as TodoItem
+from .envelopes import TodoPayload as TodoPayload
+from .envelopes import ToolCallPayload as ToolCallPayload
+from .envelopes import build_structured_envelope as build_structured_envelope
+from .envelopes import normalize_message_metadata as normalize_message_metadata
+from .envelopes import parse_message_metadata as parse_message_metadata
+from .envelopes import preview_for as preview_for
+
 MessageType = Literal["user", "assistant", "system", "tool_result", "host"]
 MESSAGE_TYPES: frozenset[str] = frozenset(get_args(MessageType))
 
