@@ -4,8 +4,11 @@
     OrchestratorError
     ├── ConfigError            settings that cannot work (bad URL, missing tool)
     ├── StoreError             the database refused or lost something
-    │   └── UnknownGroup       a chat id that is not a registered group
+    │   ├── UnknownGroup       a chat id that is not a registered group
+    │   └── MessageNotFound    no such (message id, chat) in the store
+    ├── GroupBusy              a run holds the group (edit/regenerate must wait)
     ├── InvalidMessage         bad input to ingest (also a ValueError)
+    │   └── InvalidMessageMetadata   (orchestrator.envelopes; names the field)
     ├── SandboxError           Docker could not build, start or talk to a container
     │   └── ImageBuildError
     └── RunError               an agent run ended badly
@@ -32,6 +35,15 @@ class UnknownGroup(StoreError, LookupError):
     def __init__(self, chat_jid: str) -> None:
         super().__init__(f"no registered group for chat {chat_jid!r}")
         self.chat_jid = chat_jid
+
+
+class MessageNotFound(StoreError, LookupError):
+    def __init__(self, chat_jid: str, message_id: str) -> None:
+        super().__init__(f"no message {message_id!r} in chat {chat_jid!r}")
+
+
+class GroupBusy(OrchestratorError):
+    pass
 
 
 class InvalidMessage(OrchestratorError, ValueError):

@@ -20,6 +20,7 @@ stored at all (notices are recomputed for every run).
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -98,6 +99,9 @@ class StoredMessage(BaseModel):
     is_from_me: bool
     message_type: MessageType = "user"
     metadata: dict[str, Any] | None = Field(default=None)
+    # Regenerate and truncate supersede messages: kept for audit, in no view.
+    superseded_at: datetime | None = None
+    edited_at: datetime | None = None
 
     @property
     def visible_to_model(self) -> bool:

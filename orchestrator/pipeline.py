@@ -25,7 +25,6 @@ from dataclasses import dataclass, field, replace
 from agent_runner.protocol import (
     ContainerInput,
     ErrorEvent,
-    Limits,
     ModelSettings,
     ResultEvent,
     Usage,
@@ -35,6 +34,7 @@ from pydantic import ValidationError
 from sqlalchemy import update
 
 from . import leases
+from .assembly import Batch, build_input, input_bytes, plan_batch, prior_messages, record_input
 from .channels import ChannelRegistry
 from .db import Database
 from .errors import ConfigError
@@ -45,11 +45,10 @@ from .notices import compute_notices
 from .outputs import OutputMessage, event_to_message, host_message
 from .runs import Run, RunState, create_run, finish_run, run_state, set_attempts, set_container
 from .sandbox import RUN_DIR_MOUNT, ContainerSpec, DockerSandbox
-from .schedules import is_isolated
 from .settings import Settings
-from .store import get_messages_after, get_recent_messages, insert_message, now_iso
+from .store import get_messages_after, insert_message, now_iso
 from .tables import GroupRow
-from .views import REPLY_TO_KEY, format_messages_for_sdk
+from .views import REPLY_TO_KEY, RUN_ID_KEY
 
 log = logging.getLogger(__name__)
 
@@ -181,26 +180,16 @@ class Pipeline:
     def run_once(
         self, group: Group, *, task_id: str | None = None, lease_lost: threading.Event | None = None
     ) -> RunOutcome | None:
-        new = get_messages_after(group.chat_jid, group.cursor_seq, db=self.db)
-        if not new:  # the pending mark points at nothing left to read
-            self._advance(group, group.pending_seq, None)
+        planned = plan_batch(get_messages_after(group.chat_jid, group.cursor_seq, db=self.db))
+        if not isinstance(planned, Batch):
+            # Nothing to answer: the pending mark points at nothing left to
+            # read, or only our own output precedes an isolated task.
+            self._advance(group, group.pending_seq if planned is None else planned, None)
             return None
-        # An isolated scheduled task runs alone, with no history and no
-        # session; messages before it form their own run first.
-        cut = next((i for i, m in enumerate(new) if is_isolated(m.metadata)), None)
-        if cut and all(m.is_from_me for m in new[:cut]):
-            # Only our own earlier output precedes it: nothing there to answer.
-            self._advance(group, new[cut - 1].seq, None)
-            return None
-        isolated = cut == 0
-        if isolated:
-            new = new[:1]
-        elif cut is not None:
-            new = new[:cut]
-        cursor_to = new[-1].seq
-        prior = [] if isolated else get_recent_messages(
-            group.chat_jid, self.settings.context_messages, before_seq=group.cursor_seq + 1, db=self.db
-        )
+        batch = planned
+        cursor_to = batch.cursor_to
+        isolated = batch.isolated
+        prior = prior_messages(self.db, self.settings, group, batch, group.cursor_seq)
         run = create_run(
             self.db, chat_jid=group.chat_jid, cursor_from=group.cursor_seq, cursor_to=cursor_to,
             celery_task_id=task_id, owner=self.owner,
@@ -208,18 +197,13 @@ class Pipeline:
         assistant = group.assistant_name or self.settings.assistant_name
         outcome = RunOutcome(run=run)
         try:
-            # The input is the same for every attempt: build it once.
-            payload = ContainerInput(
-                run_id=run.id,
-                chat_jid=group.chat_jid,
-                group_folder=group.folder,
-                assistant_name=assistant,
-                messages=format_messages_for_sdk([*prior, *new]),
-                system_notices=compute_notices(self.db, group),
-                session_id=None if isolated else group.session_id,
+            # The input is the same for every attempt: build and record it once.
+            payload = build_input(
+                settings=self.settings, group=group, run_id=run.id, prior=prior, batch=batch,
+                assistant_name=assistant, notices=compute_notices(self.db, group),
                 model=model_settings(self.settings),
-                limits=Limits(max_turns=self.settings.max_turns, bash_timeout_s=self.settings.bash_timeout_s),
             )
+            record_input(self.db, run.id, input_bytes(payload))
         except ConfigError as exc:
             result = Attempt("failed", str(exc))
         except Exception as exc:  # noqa: BLE001 - the run still ends cleanly, with a host message
@@ -321,7 +305,7 @@ class Pipeline:
         error: ErrorEvent | None = None
         garbage = 0
         index = len(outcome.stored)
-        with self.sandbox.start(spec, payload.model_dump_json().encode()) as container:
+        with self.sandbox.start(spec, input_bytes(payload)) as container:
             set_container(self.db, run.id, container.id)
             with StopWatch(self.db, run.id, container.kill, lease_lost) as stop:
                 for line in container.lines():
@@ -375,7 +359,9 @@ class Pipeline:
         # during a run get later seqs than the run's replies, but the model
         # must see those replies first (see views.model_order).
         fields = out.model_dump()
-        fields["metadata"] = {**(fields["metadata"] or {}), REPLY_TO_KEY: outcome.run.cursor_to}
+        fields["metadata"] = {
+            **(fields["metadata"] or {}), REPLY_TO_KEY: outcome.run.cursor_to, RUN_ID_KEY: outcome.run.id,
+        }
         with self.db.write() as session:
             new = NewMessage(chat_jid=group.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
             msg, created = insert_message(session, self.db, new)

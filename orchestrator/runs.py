@@ -36,6 +36,7 @@ class Run(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     duration_s: float | None
+    input_sha256: str | None = None
 
 
 def _to_run(row: RunRow) -> Run:

@@ -41,6 +41,14 @@ class Settings(BaseSettings):
     trigger_aliases: str = ""
     # How many earlier messages a run shows the model besides the new ones.
     context_messages: int = Field(default=50, ge=0)
+    # Context blocks of user messages (files, URLs) are expanded when a run is
+    # assembled; these bound what one block may add to the model's input.
+    context_file_max_bytes: int = Field(default=200_000, ge=1)
+    context_url_max_bytes: int = Field(default=200_000, ge=1)
+    context_url_timeout_s: float = Field(default=5.0, gt=0)
+    # URL blocks are fetched by the host: by default never from loopback or
+    # private addresses, so a chat message cannot probe the host's network.
+    context_url_allow_private: bool = False
     # Lease on a group while a run holds it; renewed by a heartbeat.
     lease_ttl_s: float = Field(default=60.0, gt=1)
     # Failed runs that stored no output are retried with backoff and jitter.

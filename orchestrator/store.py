@@ -15,7 +15,9 @@ from pydantic import ValidationError
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.orm import Session
 
+from .context import parse_context
 from .db import Database, get_database
+from .envelopes import TEXT, normalize_message_metadata, preview_for
 from .errors import InvalidMessage
 from .messages import MESSAGE_TYPES, NEVER_STORED_SENDERS, NewMessage, StoredMessage
 from .settings import get_settings
@@ -42,6 +44,8 @@ def to_stored(row: MessageRow) -> StoredMessage:
         is_from_me=row.is_from_me,
         message_type=row.message_type,  # type: ignore[arg-type]
         metadata=row.meta,
+        superseded_at=row.superseded_at,
+        edited_at=row.edited_at,
     )
 
 
@@ -61,12 +65,21 @@ def _validate(new: NewMessage) -> None:
         raise InvalidMessage(
             f"message_type {new.message_type!r} is not one of {sorted(MESSAGE_TYPES)}"
         )
-    if new.metadata is not None and not isinstance(new.metadata, dict):
-        raise InvalidMessage(f"metadata must be a JSON object or null, got {type(new.metadata).__name__}")
     try:
         datetime.fromisoformat(new.timestamp)
     except (TypeError, ValueError):
         raise InvalidMessage(f"timestamp {new.timestamp!r} is not an ISO-8601 date-time") from None
+
+
+def _normalized(new: NewMessage) -> NewMessage:
+    """Validate the metadata (envelope, context items); give an empty
+    structured message a readable preview, so every channel has text to show."""
+    meta = normalize_message_metadata(new.metadata)
+    parse_context(meta)
+    update: dict[str, Any] = {"metadata": meta}
+    if not new.content.strip() and meta and meta.get("message_type") not in (None, TEXT):
+        update["content"] = preview_for(meta)
+    return new.model_copy(update=update)
 
 
 def _without_nul(new: NewMessage) -> NewMessage:
@@ -90,7 +103,7 @@ def _lock_seq(session: Session, db: Database) -> None:
 def insert_message(session: Session, db: Database, new: NewMessage) -> tuple[StoredMessage, bool]:
     """Insert inside the caller's transaction; returns (message, created)."""
     _validate(new)
-    new = _without_nul(new)
+    new = _without_nul(_normalized(new))
     # Lock first, then look: on PostgreSQL two transactions storing the same
     # (id, chat_jid) at once would otherwise both find nothing and the second
     # INSERT would fail on the primary key instead of returning the first copy.
@@ -132,8 +145,14 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {err.get('msg', 'invalid')}"
 
 
+def _live(stmt: Any, include_superseded: bool) -> Any:
+    # Superseded messages (regenerate, truncate) stay for audit only.
+    return stmt if include_superseded else stmt.where(MessageRow.superseded_at.is_(None))
+
+
 def get_messages_since(
-    chat_jid: str, since_timestamp: str | None = None, *, db: Database | None = None
+    chat_jid: str, since_timestamp: str | None = None, *, include_superseded: bool = False,
+    db: Database | None = None,
 ) -> list[StoredMessage]:
     """A chat's messages with a timestamp after ``since_timestamp``, in seq order.
 
@@ -141,7 +160,7 @@ def get_messages_since(
     :func:`get_messages_after` (seq cursor), which cannot lose equal-time rows.
     """
     db = db or get_database(get_settings())
-    stmt = select(MessageRow).where(MessageRow.chat_jid == chat_jid)
+    stmt = _live(select(MessageRow).where(MessageRow.chat_jid == chat_jid), include_superseded)
     if since_timestamp:
         # ISO-8601 text compares correctly only byte by byte: SQLite's default;
         # on PostgreSQL the database's collation (ICU en-US puts
@@ -153,15 +172,15 @@ def get_messages_since(
 
 
 def get_messages_after(
-    chat_jid: str, after_seq: int = 0, *, limit: int | None = None, db: Database | None = None
+    chat_jid: str, after_seq: int = 0, *, limit: int | None = None, include_superseded: bool = False,
+    db: Database | None = None,
 ) -> list[StoredMessage]:
     """A chat's messages with ``seq > after_seq``, oldest first."""
     db = db or get_database(get_settings())
-    stmt = (
-        select(MessageRow)
-        .where(MessageRow.chat_jid == chat_jid, MessageRow.seq > after_seq)
-        .order_by(MessageRow.seq)
-    )
+    stmt = _live(
+        select(MessageRow).where(MessageRow.chat_jid == chat_jid, MessageRow.seq > after_seq),
+        include_superseded,
+    ).order_by(MessageRow.seq)
     if limit is not None:
         stmt = stmt.limit(limit)
     with db.read() as session:
@@ -169,11 +188,12 @@ def get_messages_after(
 
 
 def get_recent_messages(
-    chat_jid: str, limit: int, *, before_seq: int | None = None, db: Database | None = None
+    chat_jid: str, limit: int, *, before_seq: int | None = None, include_superseded: bool = False,
+    db: Database | None = None,
 ) -> list[StoredMessage]:
     """The newest ``limit`` messages of a chat (below ``before_seq`` if given), oldest first."""
     db = db or get_database(get_settings())
-    stmt = select(MessageRow).where(MessageRow.chat_jid == chat_jid)
+    stmt = _live(select(MessageRow).where(MessageRow.chat_jid == chat_jid), include_superseded)
     if before_seq is not None:
         stmt = stmt.where(MessageRow.seq < before_seq)
     stmt = stmt.order_by(MessageRow.seq.desc()).limit(limit)

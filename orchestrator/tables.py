@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Dialect, Float, Index, Integer, String, Text
+from sqlalchemy import JSON, Boolean, DateTime, Dialect, Float, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -56,6 +56,9 @@ class MessageRow(Base):
     message_type: Mapped[str] = mapped_column(Text, nullable=False, server_default="user")
     # "metadata" is reserved on declarative classes, hence the attribute name.
     meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
+    # Set by regenerate / truncate: kept for audit, absent from every view.
+    superseded_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    edited_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
     __table_args__ = (
         Index("idx_messages_by_chat", "chat_jid", "timestamp"),
@@ -103,6 +106,9 @@ class RunRow(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The exact ContainerInput JSON the run sent (zlib-compressed) and its hash.
+    input_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    input_json: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
 
 class ScheduledTaskRow(Base):

@@ -1,19 +1,24 @@
 """Views computed from the one message store.
 
-``format_messages_for_sdk`` is the model's view: the list of typed messages a
-run hands to the container.  Host messages and stored-only records never
-appear in it.
+* ``format_messages_for_sdk`` is the model's view: the list of typed messages
+  a run hands to the container.  Host messages, stored-only records and
+  superseded messages never appear in it; user messages may be expanded with
+  their context blocks (``expand``) while the stored text stays as typed.
+* ``display_view`` is what channels and people see: everything that is not
+  superseded, host messages included.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from agent_runner.protocol import SdkMessage
 
 from .messages import StoredMessage
 
 REPLY_TO_KEY = "reply_to_seq"
+# Which run produced an output (regenerate finds the run to redo by it).
+RUN_ID_KEY = "run_id"
 
 
 def model_order(m: StoredMessage) -> tuple[int, int, int]:
@@ -29,11 +34,17 @@ def model_order(m: StoredMessage) -> tuple[int, int, int]:
     return (m.seq, 0, m.seq)
 
 
-def format_messages_for_sdk(messages: Iterable[StoredMessage]) -> list[SdkMessage]:
-    """The model's view of ``messages``: in conversation order, host messages filtered out."""
+def format_messages_for_sdk(
+    messages: Iterable[StoredMessage], *, expand: Callable[[StoredMessage], str] | None = None
+) -> list[SdkMessage]:
+    """The model's view of ``messages``: in conversation order, host messages filtered out.
+
+    ``expand`` gives a user message's text as the model should read it (with
+    its context blocks); without it the stored content is used.
+    """
     out: list[SdkMessage] = []
     for m in sorted(messages, key=model_order):
-        if not m.visible_to_model:
+        if not m.visible_to_model or m.superseded_at is not None:
             continue
         metadata = None
         if m.message_type == "tool_result":
@@ -42,10 +53,15 @@ def format_messages_for_sdk(messages: Iterable[StoredMessage]) -> list[SdkMessag
         out.append(
             SdkMessage(
                 role=m.message_type,  # type: ignore[arg-type]  # host was filtered above
-                content=m.content,
+                content=expand(m) if expand and m.message_type == "user" else m.content,
                 sender_name=m.sender_name or None,
                 timestamp=m.timestamp,
                 metadata=metadata,
             )
         )
     return out
+
+
+def display_view(messages: Iterable[StoredMessage]) -> list[StoredMessage]:
+    """What channels show: every message that is not superseded, in seq order."""
+    return sorted((m for m in messages if m.superseded_at is None), key=lambda m: m.seq)

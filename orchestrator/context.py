@@ -1,0 +1,266 @@
+"""Context blocks: files, URLs and selected text attached to a user message.
+
+A user message may carry ``metadata["context"]``, a list of items::
+
+    {"type": "file", "path": "notes/plan.md"}
+    {"type": "url", "url": "https://example.com/spec"}
+    {"type": "selection", "text": "...", "path": "src/a.py", "start_line": 3, "end_line": 9}
+
+The stored ``content`` stays exactly what the person typed.  The blocks are
+expanded only when a run is assembled (``expand_message``), so every run sees
+the files and pages as they are now; an edited message gets fresh context for
+free.  Each block is one XML element the model can tell apart from the text;
+an item that cannot be read becomes an ``*_error`` element rather than
+failing the run, so the model can say what it could not see.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from collections.abc import Callable
+from datetime import UTC, datetime
+from html import escape
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+from urllib.parse import urljoin, urlsplit
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+from .envelopes import InvalidMessageMetadata
+from .settings import Settings
+
+CONTEXT_KEY = "context"
+MAX_ITEMS = 20
+MAX_REDIRECTS = 3
+
+
+class _Item(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FileItem(_Item):
+    type: Literal["file"]
+    path: str = Field(min_length=1)
+
+
+class UrlItem(_Item):
+    type: Literal["url"]
+    url: str
+
+    @field_validator("url")
+    @classmethod
+    def _http_only(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an absolute http:// or https:// URL")
+        return v
+
+
+class SelectionItem(_Item):
+    type: Literal["selection"]
+    text: str = Field(min_length=1)
+    title: str | None = None
+    path: str | None = None
+    start_line: int | None = Field(default=None, ge=1)
+    end_line: int | None = Field(default=None, ge=1)
+
+
+ContextItem = Annotated[Union[FileItem, UrlItem, SelectionItem], Field(discriminator="type")]
+_ITEMS: TypeAdapter[list[ContextItem]] = TypeAdapter(list[ContextItem])
+
+
+def parse_context(metadata: dict[str, Any] | None) -> list[ContextItem]:
+    """The context items of a message's metadata; bad items raise naming the field."""
+    raw = (metadata or {}).get(CONTEXT_KEY)
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise InvalidMessageMetadata("metadata.context", "must be a list of context items")
+    if len(raw) > MAX_ITEMS:
+        raise InvalidMessageMetadata("metadata.context", f"at most {MAX_ITEMS} context items")
+    try:
+        return _ITEMS.validate_python(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = [p for p in err["loc"] if p not in ("file", "url", "selection")]
+        where = "metadata.context" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "union_tag_invalid":
+            where, msg = where + ".type", "must be one of file, url, selection"
+        elif err["type"] == "union_tag_not_found":
+            where, msg = where + ".type", "is required (file, url or selection)"
+        raise InvalidMessageMetadata(where, msg) from None
+
+
+# -- expansion ----------------------------------------------------------------
+
+
+def _tag(name: str, **fields: object) -> str:
+    # Names and paths are escaped so they cannot close the element; the body
+    # is left as it is, because the model reads code and markup verbatim.
+    lines = [f"<{name}>"]
+    for key, value in fields.items():
+        if value is None:
+            continue
+        if key == "content":
+            lines.append(f"<content>\n{value}\n</content>")
+        else:
+            lines.append(f"<{key}>{escape(str(value), quote=False)}</{key}>")
+    lines.append(f"</{name}>")
+    return "\n".join(lines)
+
+
+class ContextUnavailable(Exception):
+    """One item could not be read; becomes an error block, never a failed run."""
+
+
+def _inside(workspace: Path, relative: str) -> Path:
+    if os.path.isabs(relative):
+        raise ContextUnavailable("absolute paths are not allowed; use a path inside the group folder")
+    root = workspace.resolve()
+    path = (root / relative).resolve()  # symlinks resolved before the check
+    if not path.is_relative_to(root):
+        raise ContextUnavailable("the path leaves the group folder")
+    return path
+
+
+def _read_text(path: Path, limit: int) -> str:
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(limit + 1)
+    except FileNotFoundError:
+        raise ContextUnavailable("no such file") from None
+    except IsADirectoryError:
+        raise ContextUnavailable("is a directory") from None
+    except OSError as exc:
+        raise ContextUnavailable(exc.strerror or str(exc)) from None
+    if b"\x00" in data[:8192]:
+        raise ContextUnavailable("binary file")
+    text = data[:limit].decode("utf-8", errors="replace")
+    if len(data) > limit:
+        text += f"\n[... truncated at {limit} bytes]"
+    return text
+
+
+def expand_file(item: FileItem, workspace: Path, settings: Settings) -> str:
+    try:
+        path = _inside(workspace, item.path)
+        text = _read_text(path, settings.context_file_max_bytes)
+        mtime = datetime.fromtimestamp(path.stat().st_mtime, UTC).isoformat()
+    except ContextUnavailable as exc:
+        return _tag("file_context_error", path=item.path, error=f"[Error: {exc}]")
+    return _tag("file_context", path=item.path, mtime=mtime, content=text)
+
+
+class _TextOnly(HTMLParser):
+    """Visible text of an HTML page (scripts and styles dropped)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self._skip = 0
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        if tag in ("script", "style", "noscript"):
+            self._skip += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("script", "style", "noscript") and self._skip:
+            self._skip -= 1
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip and data.strip():
+            self.parts.append(data.strip())
+
+
+def _check_address(url: str, settings: Settings) -> None:
+    if settings.context_url_allow_private:
+        return
+    host = urlsplit(url).hostname or ""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError as exc:
+        raise ContextUnavailable(f"cannot resolve {host}: {exc}") from None
+    for info in infos:
+        addr = ipaddress.ip_address(info[4][0])
+        if not addr.is_global:
+            raise ContextUnavailable(f"{host} resolves to a non-public address; refused")
+
+
+def fetch_url(url: str, settings: Settings) -> str:
+    """GET ``url`` as text, following a few redirects (each one checked)."""
+    limit = settings.context_url_max_bytes
+    with httpx.Client(timeout=settings.context_url_timeout_s, follow_redirects=False) as client:
+        for _ in range(MAX_REDIRECTS + 1):
+            if urlsplit(url).scheme not in ("http", "https"):
+                raise ContextUnavailable("redirected away from http(s)")
+            _check_address(url, settings)
+            try:
+                with client.stream("GET", url, headers={"Accept": "text/*, application/json"}) as resp:
+                    if resp.is_redirect and "location" in resp.headers:
+                        url = urljoin(url, resp.headers["location"])
+                        continue
+                    if resp.status_code >= 400:
+                        raise ContextUnavailable(f"HTTP {resp.status_code}")
+                    kind = resp.headers.get("content-type", "text/plain").split(";")[0].strip().lower()
+                    if not (kind.startswith("text/") or kind.endswith(("json", "xml"))):
+                        raise ContextUnavailable(f"not a text document ({kind})")
+                    data = b""
+                    for chunk in resp.iter_bytes():
+                        data += chunk
+                        if len(data) > limit:
+                            break
+                    text = data[:limit].decode(resp.encoding or "utf-8", errors="replace")
+            except httpx.HTTPError as exc:
+                raise ContextUnavailable(f"{type(exc).__name__}: {exc}") from None
+            if kind == "text/html":
+                parser = _TextOnly()
+                parser.feed(text)
+                text = "\n".join(parser.parts)
+            if len(data) > limit:
+                text += f"\n[... truncated at {limit} bytes]"
+            return text
+    raise ContextUnavailable("too many redirects")
+
+
+def expand_url(item: UrlItem, settings: Settings, fetch: Callable[[str, Settings], str] = fetch_url) -> str:
+    try:
+        text = fetch(item.url, settings)
+    except ContextUnavailable as exc:
+        return _tag("url_context_error", url=item.url, error=f"[Error: {exc}]")
+    return _tag("url_content", url=item.url, content=text)
+
+
+def expand_selection(item: SelectionItem) -> str:
+    return _tag(
+        "selected_text", title=item.title, path=item.path,
+        start_line=item.start_line, end_line=item.end_line, content=item.text,
+    )
+
+
+def expand_items(items: list[ContextItem], workspace: Path, settings: Settings) -> list[str]:
+    blocks = []
+    for item in items:
+        if isinstance(item, FileItem):
+            blocks.append(expand_file(item, workspace, settings))
+        elif isinstance(item, UrlItem):
+            blocks.append(expand_url(item, settings))
+        else:
+            blocks.append(expand_selection(item))
+    return blocks
+
+
+def expand_content(content: str, metadata: dict[str, Any] | None, workspace: Path, settings: Settings) -> str:
+    """What the model reads for one message: the typed text, then its context blocks."""
+    try:
+        items = parse_context(metadata)
+    except InvalidMessageMetadata as exc:
+        # Stored before validation existed (or imported): say so, do not fail the run.
+        return f"{content}\n\n{_tag('context_error', error=f'[Error: {exc}]')}"
+    if not items:
+        return content
+    return "\n\n".join([content, *expand_items(items, workspace, settings)])
