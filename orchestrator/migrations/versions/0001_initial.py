@@ -8,6 +8,8 @@ Create Date: 2026-11-26
 import sqlalchemy as sa
 from alembic import op
 
+from orchestrator.migrations import legacy
+
 revision = "0001"
 down_revision = None
 branch_labels = None
@@ -15,6 +17,12 @@ depends_on = None
 
 
 def upgrade() -> None:
+    # No alembic_version yet but a messages table: a legacy (pre-Alembic)
+    # database.  Its tables are set aside, ours created, its messages copied.
+    bind = op.get_bind()
+    upgrading_legacy = sa.inspect(bind).has_table("messages")
+    if upgrading_legacy:
+        legacy.set_aside(bind)
     op.create_table(
         "messages",
         sa.Column("id", sa.Text(), nullable=False),
@@ -71,6 +79,8 @@ def upgrade() -> None:
     )
     op.create_index("ix_runs_chat_jid", "runs", ["chat_jid"])
     op.create_index("ix_runs_state", "runs", ["state"])
+    if upgrading_legacy:
+        legacy.copy_messages(bind)
 
 
 def downgrade() -> None:
