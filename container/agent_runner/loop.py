@@ -12,7 +12,9 @@ import logging
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from . import envelopes
 from .conversation import build_messages, build_system_prompt
 from .protocol import (
     AssistantEvent,
@@ -33,7 +35,7 @@ from .providers.base import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from .tools import ToolContext, run_tool, tool_specs
+from .tools import ToolContext, ToolOutcome, run_tool, tool_specs
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,13 @@ def _emit_content(block: ContentBlock, emit: Emit) -> None:
         emit(ToolUseEvent(id=block.id, name=block.name, input=block.input))
 
 
+def envelope_for(call: ToolUseBlock, outcome: ToolOutcome) -> dict[str, Any]:
+    """The tool's own envelope when it succeeded, else a generic TOOL_CALL one."""
+    if outcome.envelope is not None and not outcome.is_error:
+        return outcome.envelope
+    return envelopes.tool_call(call.name, call.input, outcome.output, is_error=outcome.is_error)
+
+
 def _run_tool_call(call: ToolUseBlock, ctx: ToolContext, emit: Emit) -> ToolResultBlock:
     log.info("tool %s (%s)", call.name, call.id)
     outcome = run_tool(call.name, call.input, ctx)
@@ -60,6 +69,7 @@ def _run_tool_call(call: ToolUseBlock, ctx: ToolContext, emit: Emit) -> ToolResu
             output=outcome.output,
             exit_code=outcome.exit_code,
             is_error=outcome.is_error,
+            envelope=envelope_for(call, outcome),
         )
     )
     return ToolResultBlock(

@@ -110,6 +110,12 @@ class ToolResultEvent(_Model):
     output: str
     exit_code: int
     is_error: bool = False
+    # A structured view of the call for the host to keep in the stored
+    # message's metadata: ``{"message_type": "CODE_EDIT" | "TODO" |
+    # "TOOL_CALL", "version": 1, "payload": {...}}`` (built by
+    # ``agent_runner.envelopes``, validated by the host).  None from runners
+    # that predate envelopes.
+    envelope: dict[str, Any] | None = None
 
 
 class ResultEvent(_Model):

@@ -133,9 +133,12 @@ def test_request_carries_tools_system_prompt_and_placeholder_key(
     assert request["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "run echo please"}]}
     ]
-    spec = tool_specs()[0]
     assert request["tools"] == [
-        {"name": "bash", "description": spec.description, "input_schema": spec.input_schema}
+        {"name": spec.name, "description": spec.description, "input_schema": spec.input_schema}
+        for spec in tool_specs()
+    ]
+    assert [t["name"] for t in request["tools"]] == [
+        "bash", "read_file", "write_file", "edit_file", "glob", "grep", "todo_write"
     ]
     assert sent_key(fake.headers[0]) == "via-gateway"
 

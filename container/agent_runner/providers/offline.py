@@ -4,16 +4,42 @@ It makes the image usable out of the box (a demo, the host's end-to-end
 tests) and, because it implements the same :class:`Provider` interface, it
 drives the real agent loop, tool execution included:
 
-* newest user message has lines starting with ``$ `` -> one ``bash`` call per
-  such line;
+* the newest user message has tool requests (below) -> one assistant turn
+  calling those tools, in message order;
 * the newest user message carries tool results -> a text reporting each
-  command's output and exit code;
+  call's output and exit code (``Ran `echo hi` (exit 0):`` for bash,
+  ``Ran `write_file src/a.py` (exit 0):`` for other tools);
 * otherwise -> a short text quoting the newest user message.
+
+Tool requests are lines of the newest user message, starting in column 0::
+
+    $ echo hi            bash {"command": "echo hi"}
+    /read PATH           read_file {"path": PATH}
+    /write PATH          write_file {"path": PATH, "content": the lines up to
+    line 1               /end, each ending in a newline}
+    /end
+    /edit PATH           edit_file {"path": PATH, "old_string": the lines up to
+    old line(s)          /with, "new_string": the lines up to /end; both joined
+    /with                with newlines, without a final one}
+    new line(s)
+    /end
+    /todo                todo_write {"todos": [{"id": "1", "content": "a",
+    [ ] a                "status": "pending"}, {"id": "2", ... "in_progress"},
+    [~] b                {"id": "3", ... "completed"}]}; other lines in the
+    [x] c                block are ignored
+    /end
+
+Lines inside a block are content, never requests.  A block without its
+closing ``/end`` runs to the end of the message; an ``/edit`` block without
+a ``/with`` line is ignored.  Requests for tools the loop does not offer
+are dropped.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from typing import Any
 
 from .base import (
     ProviderMessage,
@@ -27,6 +53,9 @@ from .base import (
 
 COMMAND_PREFIX = "$ "
 MAX_QUOTE_CHARS = 200
+END, WITH = "/end", "/with"
+TODO_STATUS_BY_MARK = {"[ ]": "pending", "[~]": "in_progress", "[x]": "completed"}
+TODO_LINE = re.compile(r"^(\[[ ~xX]\])\s+(.*\S)\s*$")
 
 
 def _approx_tokens(text: str) -> int:
@@ -42,12 +71,61 @@ def _quote(text: str) -> str:
 
 
 def commands_in(text: str) -> list[str]:
-    """The shell commands requested by ``$ `` lines, in order."""
-    return [
-        line[len(COMMAND_PREFIX) :].strip()
-        for line in text.splitlines()
-        if line.startswith(COMMAND_PREFIX) and line[len(COMMAND_PREFIX) :].strip()
-    ]
+    """The shell commands requested by ``$ `` lines, in order (not those inside blocks)."""
+    return [args["command"] for name, args in tool_requests_in(text) if name == "bash"]
+
+
+def _directive(line: str, name: str) -> str | None:
+    """The argument of ``/name ARG`` (stripped, non-empty), else None."""
+    if not line.startswith(name + " "):
+        return None
+    return line[len(name) + 1 :].strip() or None
+
+
+def _block(lines: list[str], start: int, stops: tuple[str, ...]) -> tuple[list[str], int, str | None]:
+    """Lines from ``start`` up to the first stop line: (body, index of the stop, stop)."""
+    for i in range(start, len(lines)):
+        if lines[i].rstrip() in stops:
+            return lines[start:i], i, lines[i].rstrip()
+    return lines[start:], len(lines), None
+
+
+def _todos(body: list[str]) -> list[dict[str, str]]:
+    todos: list[dict[str, str]] = []
+    for line in body:
+        match = TODO_LINE.match(line.strip())
+        if match:
+            status = TODO_STATUS_BY_MARK[match.group(1).lower()]
+            todos.append({"id": str(len(todos) + 1), "content": match.group(2), "status": status})
+    return todos
+
+
+def tool_requests_in(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """The (tool name, input) pairs requested by a message, in order (see module docstring)."""
+    lines = text.splitlines()
+    requests: list[tuple[str, dict[str, Any]]] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith(COMMAND_PREFIX) and line[len(COMMAND_PREFIX) :].strip():
+            requests.append(("bash", {"command": line[len(COMMAND_PREFIX) :].strip()}))
+        elif (path := _directive(line, "/read")) is not None:
+            requests.append(("read_file", {"path": path}))
+        elif (path := _directive(line, "/write")) is not None:
+            body, i, _ = _block(lines, i + 1, (END,))
+            requests.append(("write_file", {"path": path, "content": "".join(f"{b}\n" for b in body)}))
+        elif (path := _directive(line, "/edit")) is not None:
+            old, i, stop = _block(lines, i + 1, (WITH, END))
+            if stop == WITH:
+                new, i, _ = _block(lines, i + 1, (END,))
+                requests.append(
+                    ("edit_file", {"path": path, "old_string": "\n".join(old), "new_string": "\n".join(new)})
+                )
+        elif line.rstrip() == "/todo":
+            body, i, _ = _block(lines, i + 1, (END,))
+            requests.append(("todo_write", {"todos": _todos(body)}))
+        i += 1
+    return requests
 
 
 class OfflineProvider:
@@ -69,12 +147,13 @@ class OfflineProvider:
         if results:
             return self._text(_report(results, messages), usage_in)
 
-        commands = commands_in(newest.text())
-        if commands and any(t.name == "bash" for t in tools):
+        offered = {t.name for t in tools}
+        requests = [(name, args) for name, args in tool_requests_in(newest.text()) if name in offered]
+        if requests:
             turn = sum(1 for m in messages if m.role == "assistant")
             calls = [
-                ToolUseBlock(id=f"toolu_offline_{turn}_{i}", name="bash", input={"command": c})
-                for i, c in enumerate(commands)
+                ToolUseBlock(id=f"toolu_offline_{turn}_{i}", name=name, input=args)
+                for i, (name, args) in enumerate(requests)
             ]
             out = sum(_approx_tokens(json.dumps(c.input)) for c in calls)
             return ProviderResponse(
@@ -107,19 +186,30 @@ def _message_text(message: ProviderMessage) -> str:
     return "\n".join(parts)
 
 
+def _label(call: ToolUseBlock) -> str:
+    """How a report names a call: the command for bash, else the tool and its main argument."""
+    if call.name == "bash":
+        return str(call.input.get("command", call.name))
+    for key in ("path", "pattern"):
+        value = call.input.get(key)
+        if isinstance(value, str) and value:
+            return f"{call.name} {value}"
+    return call.name
+
+
 def _report(results: list[ToolResultBlock], messages: list[ProviderMessage]) -> str:
-    """Describe each tool result, naming the command that produced it."""
-    commands: dict[str, str] = {}
+    """Describe each tool result, naming the call that produced it."""
+    labels: dict[str, str] = {}
     for message in messages:
         for block in message.content:
             if isinstance(block, ToolUseBlock):
-                commands[block.id] = str(block.input.get("command", block.name))
+                labels[block.id] = _label(block)
     sections = []
     for result in results:
-        command = commands.get(result.tool_use_id, "?")
+        label = labels.get(result.tool_use_id, "?")
         status = f"exit {result.exit_code}" if result.exit_code is not None else "no exit code"
         if result.is_error:
             status += ", error"
         body = result.content.rstrip("\n") or "(no output)"
-        sections.append(f"Ran `{command}` ({status}):\n```\n{body}\n```")
+        sections.append(f"Ran `{label}` ({status}):\n```\n{body}\n```")
     return "\n\n".join(sections)

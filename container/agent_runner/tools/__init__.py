@@ -1,55 +1,71 @@
 """The tool registry: name -> (spec shown to the model, function that runs it).
 
-:func:`run_tool` never raises for a bad call: an unknown tool name or a
-malformed input becomes an ``is_error`` result that the model can read and
-correct, rather than a crash of the whole run.
+Tools (one module each):
+
+* ``bash`` - run a shell command in the workspace (``bash.py``);
+* ``read_file`` - a text file's lines, numbered like ``cat -n`` (``read_file.py``);
+* ``write_file`` - create or overwrite a file, parents included (``write_file.py``);
+* ``edit_file`` - replace a unique (or every) occurrence of a string (``edit_file.py``);
+* ``glob`` - workspace files matching a pattern such as ``**/*.py`` (``glob_tool.py``);
+* ``grep`` - lines matching a Python regex, as ``file:line:text`` (``grep_tool.py``);
+* ``todo_write`` - the model's task list for the run (``todo_write.py``).
+
+File tools only touch paths inside the workspace (``paths.py``).  Shared
+types live in ``base.py`` and are re-exported here.
+
+:func:`run_tool` never raises for a bad call: an unknown tool name, a
+malformed input or a refused path becomes an ``is_error`` result that the
+model can read and correct, rather than a crash of the whole run.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-from ..protocol import Limits
 from ..providers.base import ToolSpec
+from .base import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_FAILED_TO_START,
+    EXIT_UNKNOWN_TOOL,
+    RunState,
+    Tool,
+    ToolContext,
+    ToolFn,
+    ToolOutcome,
+)
 from .bash import BASH_SPEC, resolve_cwd, run_bash
+from .edit_file import SPEC as EDIT_FILE_SPEC
+from .edit_file import edit_file
+from .glob_tool import SPEC as GLOB_SPEC
+from .glob_tool import glob_files
+from .grep_tool import SPEC as GREP_SPEC
+from .grep_tool import grep_files
+from .read_file import SPEC as READ_FILE_SPEC
+from .read_file import read_file
+from .todo_write import SPEC as TODO_WRITE_SPEC
+from .todo_write import todo_write
+from .write_file import SPEC as WRITE_FILE_SPEC
+from .write_file import write_file
+
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_FAILED",
+    "EXIT_FAILED_TO_START",
+    "EXIT_UNKNOWN_TOOL",
+    "REGISTRY",
+    "RunState",
+    "Tool",
+    "ToolContext",
+    "ToolFn",
+    "ToolOutcome",
+    "run_tool",
+    "tool_specs",
+]
 
 log = logging.getLogger(__name__)
-
-# Exit codes for calls that never ran, borrowed from shell conventions.
-EXIT_UNKNOWN_TOOL = 127
-EXIT_BAD_INPUT = 2
-EXIT_FAILED_TO_START = 126
-
-
-@dataclass(frozen=True)
-class ToolContext:
-    """What every tool may depend on, passed down from ``__main__``."""
-
-    workspace: Path
-    limits: Limits
-
-
-@dataclass(frozen=True)
-class ToolOutcome:
-    output: str
-    exit_code: int
-    # True when the call never ran (unknown tool, bad input, spawn failure).
-    # A command that ran and exited non-zero, or timed out (124, with a note
-    # in the output), is a normal result the model reads like a shell user.
-    is_error: bool = False
-
-
-ToolFn = Callable[[Mapping[str, Any], ToolContext], ToolOutcome]
-
-
-@dataclass(frozen=True)
-class Tool:
-    spec: ToolSpec
-    run: ToolFn
 
 
 def _bash(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
@@ -65,7 +81,18 @@ def _bash(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
     return ToolOutcome(output, exit_code)
 
 
-REGISTRY: dict[str, Tool] = {BASH_SPEC.name: Tool(BASH_SPEC, _bash)}
+REGISTRY: dict[str, Tool] = {
+    tool.spec.name: tool
+    for tool in (
+        Tool(BASH_SPEC, _bash),
+        Tool(READ_FILE_SPEC, read_file),
+        Tool(WRITE_FILE_SPEC, write_file),
+        Tool(EDIT_FILE_SPEC, edit_file),
+        Tool(GLOB_SPEC, glob_files),
+        Tool(GREP_SPEC, grep_files),
+        Tool(TODO_WRITE_SPEC, todo_write),
+    )
+}
 
 
 def tool_specs() -> list[ToolSpec]:
@@ -85,3 +112,6 @@ def run_tool(name: str, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcom
     except OSError as exc:  # e.g. bash missing or the workspace unreadable
         log.warning("tool %s failed to start: %s", name, exc)
         return ToolOutcome(f"{name}: failed to start: {exc}", EXIT_FAILED_TO_START, True)
+    except Exception as exc:  # a bug in a tool: the model gets an error, the run goes on
+        log.exception("tool %s crashed", name)
+        return ToolOutcome(f"{name}: internal error: {type(exc).__name__}: {exc}", EXIT_FAILED, True)
