@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
 import json
-import logging
 import os
 import sys
 import time
@@ -12,7 +12,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from .db import Database, get_database
+from . import cli_history
+from .cli_support import fail as _fail
+from .cli_support import setup as _setup
+from .db import Database
 from .errors import OrchestratorError
 from .groups import add_group, ensure_main_group, get_group, list_groups
 from .ingest import IncomingMessage, ingest
@@ -20,7 +23,7 @@ from .messages import StoredMessage
 from .queue import signal_group
 from .render import render_text
 from .runs import FINAL_STATES, get_run, list_runs
-from .settings import Settings, get_settings
+from .settings import Settings
 from .store import get_messages_after, get_recent_messages
 
 app = typer.Typer(help="Task-queue agent orchestrator.", no_args_is_help=True, add_completion=False)
@@ -34,17 +37,6 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(image_app, name="image")
 
 
-def _setup() -> tuple[Settings, Database]:
-    settings = get_settings()
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    settings.ensure_dirs()
-    return settings, get_database(settings)
-
-
-def _fail(exc: Exception) -> typer.Exit:
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-    return typer.Exit(code=1)
 
 
 # -- processes ----------------------------------------------------------------
@@ -202,13 +194,15 @@ def send(
     sender: Annotated[str, typer.Option(help="Sender name.")] = "cli-user",
     wait: Annotated[float, typer.Option(help="Seconds to wait for the run and print replies (0: don't).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print replies as JSON lines.")] = False,
+    metadata: Annotated[Optional[str], typer.Option(help='Metadata JSON object, e.g. \'{"context": [...]}\'.')] = None,
 ) -> None:
     """Store TEXT as a user message in chat JID (and wake the agent if it should)."""
     settings, db = _setup()
     try:
+        meta = None if metadata is None else json.loads(metadata)
         result = ingest(
             db, settings,
-            IncomingMessage(chat_jid=jid, sender=sender, sender_name=sender, content=text),
+            IncomingMessage(chat_jid=jid, sender=sender, sender_name=sender, content=text, metadata=meta),
             signal=partial(signal_group, settings),
         )
     except (OrchestratorError, ValueError) as exc:
@@ -253,15 +247,17 @@ def history(
     jid: str,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON array of stored messages.")] = False,
     limit: Annotated[int, typer.Option(help="Newest N messages.")] = 200,
+    include_superseded: Annotated[bool, typer.Option("--all", help="Include superseded messages (audit).")] = False,
 ) -> None:
     """Print a chat's stored messages, oldest first."""
     settings, db = _setup()
-    msgs = get_recent_messages(jid, limit, db=db)
+    msgs = get_recent_messages(jid, limit, include_superseded=include_superseded, db=db)
     if as_json:
-        typer.echo(json.dumps([m.model_dump() for m in msgs], indent=2, ensure_ascii=False))
+        typer.echo(json.dumps([m.model_dump(mode="json") for m in msgs], indent=2, ensure_ascii=False))
         return
     for m in msgs:
-        typer.echo(f"#{m.seq:<5} {m.timestamp[:19]} [{m.message_type}] {render_text(m, settings.assistant_name)}")
+        mark = " (superseded)" if m.superseded_at else " (edited)" if m.edited_at else ""
+        typer.echo(f"#{m.seq:<5} {m.timestamp[:19]} [{m.message_type}]{mark} {render_text(m, settings.assistant_name)}")
 
 
 # -- runs -----------------------------------------------------------------------
@@ -284,13 +280,45 @@ def runs_list(
 
 
 @runs_app.command("show")
-def runs_show(run_id: str) -> None:
+def runs_show(
+    run_id: str,
+    show_input: Annotated[bool, typer.Option("--input", help="Print the exact ContainerInput JSON the run sent.")] = False,
+    verify: Annotated[bool, typer.Option(help="Rebuild the input from the stored history and compare.")] = False,
+) -> None:
     """Show one run (an id or a unique prefix)."""
-    _, db = _setup()
+    from .assembly import rebuild_input, stored_input
+
+    settings, db = _setup()
     try:
-        typer.echo(get_run(db, run_id).model_dump_json(indent=2))
+        run = get_run(db, run_id)
+        if not (show_input or verify):
+            typer.echo(run.model_dump_json(indent=2))
+            return
+        recorded = stored_input(db, run.id)
+        if recorded is None:
+            raise _fail(ValueError(f"run {run.id} has no recorded input (it failed before assembling one)"))
+        if show_input:
+            sys.stdout.buffer.write(recorded + b"\n")
+            sys.stdout.flush()
+        if verify:
+            rebuilt = rebuild_input(db, settings, run.id)
+            if rebuilt == recorded:
+                typer.echo(f"verified: the stored history rebuilds the same {len(recorded)} bytes "
+                           f"(sha256 {run.input_sha256})", err=True)
+                return
+            diff = difflib.unified_diff(
+                _pretty(recorded), _pretty(rebuilt), "sent", "rebuilt from history now", lineterm=""
+            )
+            typer.echo("\n".join(diff), err=True)
+            typer.secho("the history changed since this run (edited, superseded or context files changed)",
+                        fg=typer.colors.YELLOW, err=True)
+            raise typer.Exit(code=2)
     except OrchestratorError as exc:
         raise _fail(exc) from exc
+
+
+def _pretty(data: bytes) -> list[str]:
+    return json.dumps(json.loads(data), indent=2, ensure_ascii=False).splitlines()
 
 
 @runs_app.command("cancel")
@@ -397,6 +425,9 @@ def image_build(force: Annotated[bool, typer.Option(help="Rebuild even if curren
     except OrchestratorError as exc:
         raise _fail(exc) from exc
     typer.echo(f"{settings.agent_image} {image_id}")
+
+
+cli_history.register(app)
 
 
 def main() -> None:

@@ -86,7 +86,10 @@ def parse_context(metadata: dict[str, Any] | None) -> list[ContextItem]:
         return _ITEMS.validate_python(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = [p for p in err["loc"] if p not in ("file", "url", "selection")]
+        # pydantic puts the union tag after the index: (1, "url", "url").
+        loc = list(err["loc"])
+        if len(loc) > 1 and isinstance(loc[0], int) and loc[1] in ("file", "url", "selection"):
+            del loc[1]
         where = "metadata.context" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc)
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "union_tag_invalid":

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from .context import parse_context
 from .db import Database, get_database
 from .envelopes import TEXT, normalize_message_metadata, preview_for
-from .errors import InvalidMessage
+from .errors import InvalidMessage, MessageNotFound
 from .messages import MESSAGE_TYPES, NEVER_STORED_SENDERS, NewMessage, StoredMessage
 from .settings import get_settings
 from .tables import MessageRow
@@ -201,3 +201,18 @@ def get_recent_messages(
         rows = [to_stored(r) for r in session.scalars(stmt)]
     rows.reverse()
     return rows
+
+
+def resolve_message(chat_jid: str, ref: str, *, db: Database | None = None) -> StoredMessage:
+    """A message by id, or by ``#seq`` as ``orchestrator history`` prints it."""
+    db = db or get_database(get_settings())
+    stmt = select(MessageRow).where(MessageRow.chat_jid == chat_jid)
+    if ref.startswith("#") and ref[1:].isdigit():
+        stmt = stmt.where(MessageRow.seq == int(ref[1:]))
+    else:
+        stmt = stmt.where(MessageRow.id == ref)
+    with db.read() as session:
+        row = session.scalar(stmt)
+        if row is None:
+            raise MessageNotFound(chat_jid, ref)
+        return to_stored(row)

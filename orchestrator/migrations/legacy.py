@@ -87,6 +87,10 @@ def convert(row: Any, seq: int) -> dict[str, Any]:
         if message_type:  # a type we do not know: backfilled like a missing one, kept on record
             metadata = {**(metadata or {}), "legacy_message_type": message_type}
         message_type = _TYPE_BY_SENDER.get(sender, "user")
+    elif message_type == "user" and sender in _TYPE_BY_SENDER:
+        # 'user' was the legacy column's DEFAULT: rows older than the column
+        # (bot replies included) got it, so a harness sender says more.
+        message_type = _TYPE_BY_SENDER[sender]
     return {
         "id": _text(row.get("id")) or f"legacy-{seq}",
         "chat_jid": _text(row.get("chat_jid")),

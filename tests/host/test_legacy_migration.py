@@ -364,3 +364,14 @@ def test_a_legacy_table_on_postgresql_upgrades_too() -> None:
                                         timestamp="2024-03-02T08:00:00+00:00").seq == len(rows) + 1
         finally:
             db.dispose()
+
+
+@pytest.mark.parametrize(
+    ("sender", "stored", "expected"),
+    [("bot", "user", "assistant"), ("host", "user", "host"), ("alice", "user", "user"), ("bot", "assistant", "assistant"),
+     ("command_output", None, "tool_result"), ("alice", "system", "system")],
+)
+def test_the_legacy_user_default_yields_to_a_harness_sender(sender: str, stored: str | None, expected: str) -> None:
+    # Rows older than the legacy message_type column all got its DEFAULT 'user'.
+    row = {"id": "m", "chat_jid": "c", "sender": sender, "content": "x", "timestamp": "t", "message_type": stored}
+    assert legacy.convert(row, 1)["message_type"] == expected

@@ -1,0 +1,194 @@
+"""Context blocks: validated when stored, expanded fresh when a run is assembled."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from orchestrator.context import (
+    FileItem,
+    SelectionItem,
+    UrlItem,
+    expand_content,
+    expand_file,
+    expand_selection,
+    expand_url,
+    parse_context,
+)
+from orchestrator.db import Database
+from orchestrator.messages import InvalidMessageMetadata
+from orchestrator.settings import Settings
+from orchestrator.store import get_messages_after, store_message_direct
+
+PAGES: dict[str, tuple[int, str, bytes]] = {
+    "/notes.txt": (200, "text/plain; charset=utf-8", "plain notes ✓".encode()),
+    "/page.html": (200, "text/html", b"<html><head><style>p{}</style><script>evil()</script></head>"
+                   b"<body><h1>Title</h1><p>Body text</p></body></html>"),
+    "/missing": (404, "text/plain", b"nope"),
+    "/image.png": (200, "image/png", b"\x89PNG..."),
+    "/big.txt": (200, "text/plain", b"x" * 5000),
+}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", "/notes.txt")
+            self.end_headers()
+            return
+        if self.path == "/to-ftp":
+            self.send_response(302)
+            self.send_header("Location", "ftp://example.invalid/x")
+            self.end_headers()
+            return
+        status, kind, body = PAGES.get(self.path, (404, "text/plain", b""))
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def web() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture
+def loopback_ok(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path / "d", context_url_allow_private=True, context_url_max_bytes=1000,
+                    _env_file=None)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(
+    ("items", "field", "problem"),
+    [
+        ("notes.md", "metadata.context", "must be a list"),
+        ([{"type": "pdf", "path": "x"}], "metadata.context[0].type", "must be one of file, url, selection"),
+        ([{"path": "x"}], "metadata.context[0].type", "is required"),
+        ([{"type": "file"}], "metadata.context[0].path", "Field required"),
+        ([{"type": "file", "path": ""}], "metadata.context[0].path", "at least 1 character"),
+        ([{"type": "file", "path": "a", "mode": "rw"}], "metadata.context[0].mode", "Extra inputs"),
+        ([{"type": "file", "path": "a"}, {"type": "url", "url": "file:///etc/passwd"}],
+         "metadata.context[1].url", "http:// or https://"),
+        ([{"type": "selection", "text": "t", "start_line": 0}], "metadata.context[0].start_line", "greater than"),
+        ([{"type": "file", "path": str(i)} for i in range(21)], "metadata.context", "at most 20"),
+    ],
+)
+def test_bad_context_items_name_the_field(items: object, field: str, problem: str) -> None:
+    with pytest.raises(InvalidMessageMetadata) as err:
+        parse_context({"context": items})
+    assert err.value.field == field
+    assert problem in str(err.value)
+
+
+def test_a_message_with_bad_context_is_not_stored(db: Database) -> None:
+    with pytest.raises(InvalidMessageMetadata, match=r"metadata\.context\[0\]\.url"):
+        store_message_direct(
+            db=db, id="m1", chat_jid="c@l", sender="u", content="see", timestamp="2026-11-26T10:00:00+00:00",
+            metadata={"context": [{"type": "url", "url": "not a url"}]},
+        )
+    assert get_messages_after("c@l", 0, db=db) == []
+
+
+def test_file_block_reads_the_group_workspace_now(tmp_path: Path, loopback_ok: Settings) -> None:
+    (tmp_path / "notes").mkdir()
+    note = tmp_path / "notes" / "plan.md"
+    note.write_text("step 1\nstep 2\n")
+    block = expand_file(FileItem(type="file", path="notes/plan.md"), tmp_path, loopback_ok)
+    assert block.startswith("<file_context>\n<path>notes/plan.md</path>\n<mtime>")
+    assert block.endswith("<content>\nstep 1\nstep 2\n\n</content>\n</file_context>")
+    note.write_text("changed")
+    assert "<content>\nchanged\n</content>" in expand_file(FileItem(type="file", path="notes/plan.md"), tmp_path, loopback_ok)
+
+
+def test_unreadable_files_become_error_blocks(tmp_path: Path, loopback_ok: Settings) -> None:
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.txt"
+    outside.write_text("TOPSECRET")
+    os.symlink(outside, tmp_path / "link.txt")
+    (tmp_path / "bin.dat").write_bytes(b"\x00\x01\x02")
+    (tmp_path / "dir").mkdir()
+    cases = {
+        "missing.md": "no such file",
+        "../x.md": "the path leaves the group folder",
+        str(outside): "absolute paths are not allowed",
+        "link.txt": "the path leaves the group folder",
+        "bin.dat": "binary file",
+        "dir": "is a directory",
+    }
+    for path, why in cases.items():
+        block = expand_file(FileItem(type="file", path=path), tmp_path, loopback_ok)
+        assert block.startswith("<file_context_error>"), path
+        assert f"<error>[Error: {why}" in block, (path, block)
+        assert "TOPSECRET" not in block
+
+
+def test_large_files_are_cut(tmp_path: Path) -> None:
+    small = Settings(data_dir=tmp_path / "d", context_file_max_bytes=10, _env_file=None)  # type: ignore[call-arg]
+    (tmp_path / "big.txt").write_text("0123456789ABCDEF")
+    block = expand_file(FileItem(type="file", path="big.txt"), tmp_path, small)
+    assert "<content>\n0123456789\n[... truncated at 10 bytes]\n</content>" in block
+
+
+def test_url_blocks_fetch_text_and_html(web: str, loopback_ok: Settings) -> None:
+    block = expand_url(UrlItem(type="url", url=f"{web}/notes.txt"), loopback_ok)
+    assert block == f"<url_content>\n<url>{web}/notes.txt</url>\n<content>\nplain notes ✓\n</content>\n</url_content>"
+    html = expand_url(UrlItem(type="url", url=f"{web}/page.html"), loopback_ok)
+    assert "<content>\nTitle\nBody text\n</content>" in html and "evil" not in html
+    redirected = expand_url(UrlItem(type="url", url=f"{web}/redirect"), loopback_ok)
+    assert "plain notes ✓" in redirected
+    big = expand_url(UrlItem(type="url", url=f"{web}/big.txt"), loopback_ok)
+    assert "x" * 1000 + "\n[... truncated at 1000 bytes]" in big and "x" * 1001 not in big
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [("/missing", "HTTP 404"), ("/image.png", "not a text document (image/png)"), ("/to-ftp", "redirected away from http")],
+)
+def test_url_failures_become_error_blocks(web: str, loopback_ok: Settings, path: str, why: str) -> None:
+    block = expand_url(UrlItem(type="url", url=f"{web}{path}"), loopback_ok)
+    assert block.startswith("<url_context_error>") and f"[Error: {why}" in block
+
+
+def test_private_addresses_are_refused_by_default(web: str, tmp_path: Path) -> None:
+    default = Settings(data_dir=tmp_path / "d", _env_file=None)  # type: ignore[call-arg]
+    block = expand_url(UrlItem(type="url", url=f"{web}/notes.txt"), default)
+    assert "non-public address; refused" in block and "plain notes" not in block
+
+
+def test_selection_block() -> None:
+    item = SelectionItem(type="selection", text="def f():\n    return 1", title="a.py", path="src/a.py",
+                         start_line=3, end_line=4)
+    assert expand_selection(item) == (
+        "<selected_text>\n<title>a.py</title>\n<path>src/a.py</path>\n<start_line>3</start_line>\n"
+        "<end_line>4</end_line>\n<content>\ndef f():\n    return 1\n</content>\n</selected_text>"
+    )
+
+
+def test_expanded_content_is_the_typed_text_then_the_blocks(tmp_path: Path, web: str, loopback_ok: Settings) -> None:
+    (tmp_path / "a.txt").write_text("A")
+    meta = {"context": [
+        {"type": "file", "path": "a.txt"},
+        {"type": "url", "url": f"{web}/notes.txt"},
+        {"type": "selection", "text": "picked"},
+    ]}
+    text = expand_content("summarise these", meta, tmp_path, loopback_ok)
+    parts = text.split("\n\n")
+    assert parts[0] == "summarise these"
+    assert [p.split("\n")[0] for p in parts[1:]] == ["<file_context>", "<url_content>", "<selected_text>"]
+    assert expand_content("plain", None, tmp_path, loopback_ok) == "plain"
+    # legacy rows stored before validation: the run goes on and says what was wrong
+    broken = expand_content("x", {"context": "oops"}, tmp_path, loopback_ok)
+    assert broken.startswith("x\n\n<context_error>") and "metadata.context" in broken
