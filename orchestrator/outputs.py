@@ -4,7 +4,7 @@
 event              message_type    sender            metadata
 =================  ==============  ================  ==============================
 assistant          assistant       bot               -
-tool_result        tool_result     command_output    exit_code, tool_use_id, tool
+tool_result        tool_result     command_output    envelope + exit_code, tool_use_id, tool
 tool_use           assistant       tool_use          tool_use_id, tool, input
 thinking           assistant       thinking          -
 =================  ==============  ================  ==============================
@@ -23,6 +23,7 @@ from typing import Any
 from agent_runner.protocol import AssistantEvent, Event, ThinkingEvent, ToolResultEvent, ToolUseEvent
 from pydantic import BaseModel
 
+from .envelopes import InvalidMessageMetadata, build_structured_envelope
 from .messages import (
     SENDER_BOT,
     SENDER_COMMAND_OUTPUT,
@@ -54,8 +55,7 @@ def event_to_message(event: Event, *, run_id: str, index: int, assistant_name: s
     if isinstance(event, ToolResultEvent):
         return OutputMessage(
             id=mid, sender=SENDER_COMMAND_OUTPUT, sender_name=event.name, content=event.output,
-            message_type="tool_result",
-            metadata={"exit_code": event.exit_code, "tool_use_id": event.tool_use_id, "tool": event.name},
+            message_type="tool_result", metadata=_tool_result_metadata(event),
         )
     if isinstance(event, ToolUseEvent):
         shown = event.input.get("command") if event.name == "bash" else None
@@ -71,6 +71,24 @@ def event_to_message(event: Event, *, run_id: str, index: int, assistant_name: s
             message_type="assistant",
         )
     return None
+
+
+def _tool_result_metadata(event: ToolResultEvent) -> dict[str, Any]:
+    """The runner's envelope (CODE_EDIT, TODO, TOOL_CALL) with the result's facts as extras.
+
+    The container is not trusted: an envelope that does not validate is
+    dropped (the reason kept) rather than failing the run or the store.
+    """
+    extras = {"exit_code": event.exit_code, "tool_use_id": event.tool_use_id, "tool": event.name}
+    env = event.envelope
+    if not env:
+        return extras
+    try:
+        return build_structured_envelope(
+            env.get("message_type"), env.get("payload", {}), extras=extras, version=env.get("version", 1)
+        )
+    except InvalidMessageMetadata as exc:
+        return {**extras, "invalid_envelope": str(exc)}
 
 
 def host_message(*, run_id: str, text: str) -> OutputMessage:
