@@ -200,7 +200,7 @@ class Pipeline:
             # The input is the same for every attempt: build and record it once.
             payload = build_input(
                 settings=self.settings, group=group, run_id=run.id, prior=prior, batch=batch,
-                assistant_name=assistant, notices=compute_notices(self.db, group),
+                assistant_name=assistant, notices=compute_notices(self.db, self.settings, group),
                 model=model_settings(self.settings),
             )
             record_input(self.db, run.id, input_bytes(payload))

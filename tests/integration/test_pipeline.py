@@ -117,7 +117,7 @@ def test_hung_command_is_killed_at_the_time_limit(pipe: tuple[Pipeline, Database
     # The next run is told the previous one failed (an ephemeral notice).
     from orchestrator.notices import compute_notices
 
-    assert any("timed_out" in n for n in compute_notices(db, get_group(db, "main@local")))
+    assert any("timed_out" in n for n in compute_notices(db, pipeline.settings, get_group(db, "main@local")))
 
 
 def test_scheduled_tasks_run_as_ordinary_runs_in_their_context_mode(

@@ -1,0 +1,163 @@
+"""System notices are computed fresh and never stored; a run's recorded input
+is rebuilt byte for byte from the stored history."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from orchestrator.assembly import (
+    Batch,
+    build_input,
+    input_bytes,
+    plan_batch,
+    prior_messages,
+    rebuild_input,
+    record_input,
+    stored_input,
+)
+from orchestrator.db import Database
+from orchestrator.groups import Group, add_group, get_group
+from orchestrator.history import edit_message
+from orchestrator.notices import (
+    LARGE_FILE_BYTES,
+    NoticeContext,
+    compute_notices,
+    large_files,
+    scheduled_tasks_due,
+    uncommitted_changes,
+)
+from orchestrator.pipeline import model_settings
+from orchestrator.runs import create_run, finish_run
+from orchestrator.schedules import add_task
+from orchestrator.settings import Settings
+from orchestrator.store import get_messages_after, store_message_direct
+
+JID = "dev@local"
+
+
+@pytest.fixture
+def group(db: Database, settings: Settings) -> Group:
+    add_group(db, chat_jid=JID, name="Dev", folder="dev", requires_trigger=False)
+    (settings.groups_dir / "dev").mkdir(parents=True, exist_ok=True)
+    return get_group(db, JID)
+
+
+def test_uncommitted_changes_notice(db: Database, settings: Settings, group: Group) -> None:
+    ws = settings.groups_dir / "dev"
+    ctx = NoticeContext(db, settings, group)
+    assert uncommitted_changes(ctx) == []  # not a repository
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    assert uncommitted_changes(ctx) == []  # clean
+    for name in ("a.py", "b.py"):
+        (ws / name).write_text("x")
+    assert uncommitted_changes(ctx) == ["Note: the workspace has 2 uncommitted change(s): a.py, b.py."]
+
+
+def test_large_files_notice(db: Database, settings: Settings, group: Group) -> None:
+    ws = settings.groups_dir / "dev"
+    ctx = NoticeContext(db, settings, group)
+    (ws / "small.txt").write_text("x")
+    assert large_files(ctx) == []
+    (ws / "data").mkdir()
+    with open(ws / "data" / "dump.sql", "wb") as fh:
+        fh.truncate(LARGE_FILE_BYTES + 1)  # sparse: no real disk use
+    assert large_files(ctx) == [
+        "Note: very large files in the workspace (read them in parts, not whole): data/dump.sql (50 MiB)."
+    ]
+
+
+def test_due_tasks_notice(db: Database, settings: Settings, group: Group) -> None:
+    ctx = NoticeContext(db, settings, group)
+    soon = datetime.now(UTC) + timedelta(minutes=20)
+    add_task(db, chat_jid=JID, prompt="daily standup summary", kind="once", spec=soon.isoformat())
+    add_task(db, chat_jid=JID, prompt="far away", kind="once", spec=(soon + timedelta(days=2)).isoformat())
+    assert scheduled_tasks_due(ctx) == [
+        f'Note: scheduled tasks due within the hour: "daily standup summary" at {soon:%H:%M} UTC.'
+    ]
+
+
+def test_notices_are_never_stored_and_a_broken_provider_is_skipped(db: Database, settings: Settings, group: Group) -> None:
+    run = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=0, celery_task_id=None)
+    finish_run(db, run.id, state="failed", error="model said no\nsecond line")
+
+    def broken(ctx: NoticeContext) -> list[str]:
+        raise RuntimeError("provider bug")
+
+    from orchestrator.notices import previous_run_failed
+
+    notices = compute_notices(db, settings, group, [broken, previous_run_failed])
+    assert notices == ["Note: the previous agent run in this chat ended as failed: model said no"]
+    assert get_messages_after(JID, 0, include_superseded=True, db=db) == []
+
+
+def _say(db: Database, mid: str, text: str, **meta: object) -> None:
+    store_message_direct(db=db, id=mid, chat_jid=JID, sender="ann", sender_name="Ann", content=text,
+                         timestamp=datetime.now(UTC).isoformat(), metadata=meta or None)
+
+
+def _assemble(db: Database, settings: Settings) -> tuple[str, bytes]:
+    """What the pipeline does before starting a container, for the group's pending messages."""
+    group = get_group(db, JID)
+    batch = plan_batch(get_messages_after(JID, group.cursor_seq, db=db))
+    assert isinstance(batch, Batch)
+    run = create_run(db, chat_jid=JID, cursor_from=group.cursor_seq, cursor_to=batch.cursor_to, celery_task_id=None)
+    payload = build_input(
+        settings=settings, group=group, run_id=run.id,
+        prior=prior_messages(db, settings, group, batch, group.cursor_seq), batch=batch,
+        assistant_name="Andy", notices=compute_notices(db, settings, group), model=model_settings(settings),
+    )
+    data = input_bytes(payload)
+    record_input(db, run.id, data)
+    return run.id, data
+
+
+def test_recorded_input_rebuilds_to_the_same_bytes(db: Database, settings: Settings, group: Group) -> None:
+    ws = settings.groups_dir / "dev"
+    (ws / "spec.md").write_text("# Spec\nmust be fast\n")
+    _say(db, "m1", "hello")
+    store_message_direct(db=db, id="h1", chat_jid=JID, sender="host", sender_name="host", content="⚠️ hidden",
+                         timestamp=datetime.now(UTC).isoformat(), is_from_me=True, message_type="host")
+    _say(db, "m2", "read the spec", context=[{"type": "file", "path": "spec.md"},
+                                             {"type": "selection", "text": "must be fast"}])
+    run_id, sent = _assemble(db, settings)
+    assert stored_input(db, run_id) == sent
+    doc = json.loads(sent)
+    assert [m["content"].split("\n")[0] for m in doc["messages"]] == ["hello", "read the spec"]
+    assert "hidden" not in sent.decode()
+    assert "<file_context>\n<path>spec.md</path>" in doc["messages"][1]["content"]
+    assert doc["messages"][1]["content"].count("<selected_text>") == 1
+
+    assert rebuild_input(db, settings, run_id) == sent
+
+    # The rebuild reads the history as it is now: a change shows.
+    (ws / "spec.md").write_text("# Spec\nmust be correct\n")
+    assert rebuild_input(db, settings, run_id) != sent
+    (ws / "spec.md").write_text("# Spec\nmust be fast\n")
+    os.utime(ws / "spec.md", (0, 0))
+    assert rebuild_input(db, settings, run_id) != sent  # mtime is part of the block
+    edit_message(db, settings, JID, "m1", "hello, edited")
+    assert b"hello, edited" in rebuild_input(db, settings, run_id)
+
+
+def test_runs_show_input_and_verify(db: Database, settings: Settings, group: Group) -> None:
+    _say(db, "m1", "hello")
+    run_id, sent = _assemble(db, settings)
+    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+           "ORCHESTRATOR_DATABASE_URL": settings.database_url}
+    cli = [str(Path(sys.executable).parent / "orchestrator"), "runs", "show", run_id[:8]]
+    shown = subprocess.run([*cli, "--input"], env=env, capture_output=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == sent + b"\n"
+    ok = subprocess.run([*cli, "--verify"], env=env, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and "verified" in ok.stderr
+    edit_message(db, settings, JID, "m1", "changed")
+    changed = subprocess.run([*cli, "--verify"], env=env, capture_output=True, text=True, timeout=60)
+    assert changed.returncode == 2
+    assert '-      "content": "hello",' in changed.stderr and '+      "content": "changed",' in changed.stderr
