@@ -1,0 +1,59 @@
+"""Invalid metadata is refused, naming the field, by every public entry point,
+and nothing is stored."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.db import Database
+from orchestrator.groups import ensure_main_group
+from orchestrator.ingest import IncomingMessage, ingest
+from orchestrator.messages import InvalidMessageMetadata
+from orchestrator.settings import Settings
+from orchestrator.store import get_messages_after, store_message_direct
+
+JID = "main@local"
+BAD = {"message_type": "CODE_EDIT", "payload": {"edits": [{"file_path": "a.py", "diff": "+x"}]}}
+FIELD = "metadata.payload.edits[0].diff"
+
+
+def _nothing_stored(db: Database) -> None:
+    assert get_messages_after(JID, 0, include_superseded=True, db=db) == []
+
+
+def test_store_message_direct(db: Database) -> None:
+    with pytest.raises(InvalidMessageMetadata) as err:
+        store_message_direct(db=db, id="m", chat_jid=JID, sender="u", content="x",
+                             timestamp="2026-11-26T10:00:00+00:00", metadata=BAD)
+    assert err.value.field == FIELD and "unknown field" in str(err.value)
+    _nothing_stored(db)
+
+
+def test_ingest(db: Database, settings: Settings) -> None:
+    ensure_main_group(db)
+    signals: list[str] = []
+    with pytest.raises(InvalidMessageMetadata) as err:
+        ingest(db, settings, IncomingMessage(chat_jid=JID, sender="u", content="x", metadata=BAD),
+               signal=signals.append)
+    assert err.value.field == FIELD
+    assert signals == []
+    _nothing_stored(db)
+
+
+def test_cli_send(db: Database, settings: Settings) -> None:
+    ensure_main_group(db)
+    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+           "ORCHESTRATOR_DATABASE_URL": settings.database_url}
+    cli = str(Path(sys.executable).parent / "orchestrator")
+    for metadata, expected in [(json.dumps(BAD), FIELD), ("{not json", "Expecting property name")]:
+        done = subprocess.run([cli, "send", JID, "hi", "--metadata", metadata], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1, done.stderr
+        assert expected in done.stderr
+    _nothing_stored(db)
