@@ -62,6 +62,31 @@ STORED_ONLY_SENDERS: frozenset[str] = frozenset(
 )
 # Never written to the database.
 NEVER_STORED_SENDERS: frozenset[str] = frozenset({SENDER_SYSTEM_NOTICE})
+SENDER_DEPLOY = "deploy"
+
+# The types each harness sender may store.  A harness sender with another
+# type is a bug or a forgery (a "bot" message typed ``user`` would put words
+# in a person's mouth), so the store refuses it.  Any other sender is a
+# channel user id (or an integration such as the scheduler).
+HARNESS_SENDER_TYPES: dict[str, frozenset[str]] = {
+    SENDER_SYSTEM: frozenset({"system"}),
+    SENDER_HOST: frozenset({"host"}),
+    SENDER_BOT: frozenset({"assistant"}),
+    SENDER_DEPLOY: frozenset({"system", "user"}),
+    SENDER_COMMAND_OUTPUT: frozenset({"tool_result"}),
+    SENDER_THINKING: frozenset({"assistant"}),
+    SENDER_TOOL_USE: frozenset({"assistant"}),
+    SENDER_TOOL_RESULT: frozenset({"tool_result"}),
+    SENDER_RESULT_META: frozenset({"assistant", "system"}),
+}
+
+
+def sender_type_problem(sender: str, message_type: str) -> str | None:
+    """Why ``sender`` may not store a ``message_type`` message (None: it may)."""
+    allowed = HARNESS_SENDER_TYPES.get(sender)
+    if allowed is not None and message_type not in allowed:
+        return f"sender {sender!r} stores {' or '.join(sorted(allowed))} messages, not {message_type!r}"
+    return None
 
 
 class NewMessage(BaseModel):

@@ -19,7 +19,7 @@ from .context import parse_context
 from .db import Database, get_database
 from .envelopes import TEXT, normalize_message_metadata, preview_for
 from .errors import InvalidMessage, MessageNotFound
-from .messages import MESSAGE_TYPES, NEVER_STORED_SENDERS, NewMessage, StoredMessage
+from .messages import MESSAGE_TYPES, NEVER_STORED_SENDERS, NewMessage, StoredMessage, sender_type_problem
 from .settings import get_settings
 from .tables import MessageRow
 
@@ -65,6 +65,8 @@ def _validate(new: NewMessage) -> None:
         raise InvalidMessage(
             f"message_type {new.message_type!r} is not one of {sorted(MESSAGE_TYPES)}"
         )
+    if problem := sender_type_problem(new.sender, new.message_type):
+        raise InvalidMessage(problem)
     try:
         datetime.fromisoformat(new.timestamp)
     except (TypeError, ValueError):
