@@ -84,6 +84,7 @@ def build_input(
     assistant_name: str,
     notices: list[str],
     model: ModelSettings,
+    send_targets: list[str] | None = None,
 ) -> ContainerInput:
     return ContainerInput(
         run_id=run_id,
@@ -92,6 +93,7 @@ def build_input(
         assistant_name=assistant_name,
         messages=model_messages(settings, group, [*prior, *batch.messages]),
         system_notices=notices,
+        send_targets=send_targets or [],
         session_id=None if batch.isolated else group.session_id,
         model=model,
         limits=Limits(max_turns=settings.max_turns, bash_timeout_s=settings.bash_timeout_s),

@@ -116,3 +116,26 @@ def ensure_main_group(db: Database) -> Group:
     except StoreError:
         # Another process created it between our look and our insert.
         return get_group(db, MAIN_JID)
+
+
+def send_targets(db: Database, group: Group) -> list[str]:
+    """The other chats a run of ``group`` may post to: every registered chat for main, none otherwise."""
+    if not group.is_main:
+        return []
+    return [g.chat_jid for g in list_groups(db) if g.chat_jid != group.chat_jid]
+
+
+def send_refusal(db: Database, group: Group, target: str) -> str | None:
+    """Why ``group``'s agent may not post to ``target`` (None: it may).
+
+    A group may always post to its own chat; only the main group may post
+    elsewhere, and only to registered chats.  Decided here, on the host:
+    the container's own check is a courtesy, not a control.
+    """
+    if target == group.chat_jid:
+        return None
+    if not group.is_main:
+        return f"a non-main group may only post to its own chat ({group.chat_jid}), not {target!r}"
+    if find_group(db, target) is None:
+        return f"{target!r} is not a registered chat"
+    return None

@@ -23,10 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from agent_runner.protocol import (
+    AssistantEvent,
     ContainerInput,
     ErrorEvent,
     ModelSettings,
     ResultEvent,
+    SendMessageEvent,
     Usage,
     parse_event,
 )
@@ -39,7 +41,7 @@ from .channels import ChannelRegistry
 from .db import Database
 from .errors import ConfigError
 from .gateway import ModelGateway
-from .groups import Group, get_group
+from .groups import Group, get_group, send_refusal, send_targets
 from .messages import SENDER_BOT, NewMessage
 from .notices import compute_notices
 from .outputs import OutputMessage, event_to_message, host_message
@@ -62,7 +64,9 @@ def model_settings(settings: Settings) -> ModelSettings:
     provider, _, model = spec.partition(":")
     if provider == "anthropic" and model:
         return ModelSettings(provider="anthropic", model=model, max_tokens=settings.max_tokens)
-    raise ConfigError(f"ORCHESTRATOR_MODEL={spec!r}: use 'offline' or 'anthropic:<model id>'")
+    if provider == "openai" and model:
+        return ModelSettings(provider="openai", model=model, max_tokens=settings.max_tokens)
+    raise ConfigError(f"ORCHESTRATOR_MODEL={spec!r}: use 'offline', 'anthropic:<model id>' or 'openai:<model id>'")
 
 
 @dataclass
@@ -201,7 +205,7 @@ class Pipeline:
             payload = build_input(
                 settings=self.settings, group=group, run_id=run.id, prior=prior, batch=batch,
                 assistant_name=assistant, notices=compute_notices(self.db, self.settings, group),
-                model=model_settings(self.settings),
+                model=model_settings(self.settings), send_targets=send_targets(self.db, group),
             )
             record_input(self.db, run.id, input_bytes(payload))
         except ConfigError as exc:
@@ -286,9 +290,8 @@ class Pipeline:
                 run_dir.mkdir(parents=True, exist_ok=True)
                 os.chmod(run_dir, 0o755)
                 cleanup.callback(shutil.rmtree, run_dir, ignore_errors=True)
-                gateway = cleanup.enter_context(ModelGateway(
-                    run_dir / GATEWAY_SOCKET, upstream=self.settings.anthropic_base_url,
-                    api_key=self.settings.anthropic_api_key,
+                gateway = cleanup.enter_context(ModelGateway.for_provider(
+                    run_dir / GATEWAY_SOCKET, self.settings, payload.model.provider,
                 ))
                 spec = replace(spec, extra_mounts={str(run_dir): RUN_DIR_MOUNT})
                 socket_path = f"{RUN_DIR_MOUNT}/{GATEWAY_SOCKET}"
@@ -321,6 +324,9 @@ class Pipeline:
                         result = event
                     elif isinstance(event, ErrorEvent):
                         error = event
+                    elif isinstance(event, SendMessageEvent):
+                        index += 1
+                        self._send_message(group, event, run.id, index, assistant, outcome)
                     else:
                         index += 1
                         out = event_to_message(event, run_id=run.id, index=index, assistant_name=assistant)
@@ -369,6 +375,32 @@ class Pipeline:
             outcome.stored.append(msg.seq)
             if msg.sender == SENDER_BOT:
                 outcome.replied = True
+            self.channels.deliver(msg)
+
+    def _send_message(
+        self, group: Group, event: SendMessageEvent, run_id: str, index: int, assistant: str, outcome: RunOutcome
+    ) -> None:
+        """Post the agent's message where it asked, if this group may post there."""
+        refusal = send_refusal(self.db, group, event.chat_jid)
+        if refusal is not None:
+            log.warning("run %s: send_message refused: %s", run_id, refusal)
+            self._emit(group, host_message(run_id=f"{run_id}-{index:04d}", text=f"🚫 send_message refused: {refusal}"),
+                       outcome)
+            return
+        out = event_to_message(AssistantEvent(text=event.text), run_id=run_id, index=index, assistant_name=assistant)
+        if out is None:
+            return
+        if event.chat_jid == group.chat_jid:
+            self._emit(group, out, outcome)
+            return
+        # Another chat (main group only): stored there as our message; it
+        # does not wake that chat's agent and is not this run's reply.
+        meta = {**(out.metadata or {}), "via": "send_message", "from_chat": group.chat_jid, RUN_ID_KEY: run_id}
+        with self.db.write() as session:
+            fields = {**out.model_dump(), "metadata": meta}
+            new = NewMessage(chat_jid=event.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
+            msg, created = insert_message(session, self.db, new)
+        if created:
             self.channels.deliver(msg)
 
     def _advance(self, group: Group, cursor_to: int, session_id: str | None) -> None:

@@ -91,7 +91,10 @@ def run_agent(
     system = build_system_prompt(inp, workspace)
     messages = build_messages(inp.messages)
     tools = tool_specs()
-    ctx = ToolContext(workspace=workspace, limits=inp.limits)
+    ctx = ToolContext(
+        workspace=workspace, limits=inp.limits, chat_jid=inp.chat_jid,
+        send_targets=frozenset(inp.send_targets), emit=emit,
+    )
 
     input_tokens = output_tokens = 0
     stop_reason: str | None = None

@@ -48,7 +48,9 @@ class ModelSettings(_Model):
     ``base_url`` for a keyless local server.
     """
 
-    provider: Literal["offline", "anthropic"] = "offline"
+    # "openai": any OpenAI-compatible Chat Completions server (Ollama, vLLM,
+    # llama.cpp's server, OpenAI).
+    provider: Literal["offline", "anthropic", "openai"] = "offline"
     model: str = "offline"
     max_tokens: int = Field(default=1024, ge=1)
     base_url: str | None = None
@@ -69,6 +71,9 @@ class ContainerInput(_Model):
     assistant_name: str
     messages: list[SdkMessage]
     system_notices: list[str] = Field(default_factory=list)
+    # Other chats this run's send_message may post to (the host decides and
+    # checks again; this only lets the tool refuse early and say why).
+    send_targets: list[str] = Field(default_factory=list)
     session_id: str | None = None
     model: ModelSettings = Field(default_factory=ModelSettings)
     limits: Limits = Field(default_factory=Limits)
@@ -118,6 +123,15 @@ class ToolResultEvent(_Model):
     envelope: dict[str, Any] | None = None
 
 
+class SendMessageEvent(_Model):
+    """The agent posts ``text`` into ``chat_jid`` during the run (its own chat,
+    or, for the main group, any registered chat).  The host authorizes it."""
+
+    type: Literal["send_message"] = "send_message"
+    chat_jid: str
+    text: str
+
+
 class ResultEvent(_Model):
     """Always the last event of a successful run."""
 
@@ -137,7 +151,7 @@ class ErrorEvent(_Model):
 
 
 Event = Annotated[
-    Union[AssistantEvent, ThinkingEvent, ToolUseEvent, ToolResultEvent, ResultEvent, ErrorEvent],
+    Union[AssistantEvent, ThinkingEvent, ToolUseEvent, ToolResultEvent, SendMessageEvent, ResultEvent, ErrorEvent],
     Field(discriminator="type"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

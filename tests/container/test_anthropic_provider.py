@@ -138,7 +138,7 @@ def test_request_carries_tools_system_prompt_and_placeholder_key(
         for spec in tool_specs()
     ]
     assert [t["name"] for t in request["tools"]] == [
-        "bash", "read_file", "write_file", "edit_file", "glob", "grep", "todo_write"
+        "bash", "read_file", "write_file", "edit_file", "glob", "grep", "todo_write", "send_message"
     ]
     assert sent_key(fake.headers[0]) == "via-gateway"
 

@@ -35,7 +35,7 @@ def ok(outcome: ToolOutcome) -> str:
 
 
 def test_registry_lists_every_tool_with_an_object_schema() -> None:
-    assert list(REGISTRY) == ["bash", "read_file", "write_file", "edit_file", "glob", "grep", "todo_write"]
+    assert list(REGISTRY) == ["bash", "read_file", "write_file", "edit_file", "glob", "grep", "todo_write", "send_message"]
     for name, tool in REGISTRY.items():
         assert tool.spec.name == name and tool.spec.description
         assert tool.spec.input_schema["type"] == "object"
@@ -688,5 +688,5 @@ def test_unknown_tool_gets_a_tool_call_envelope(tmp_path: Path) -> None:
     assert env["payload"]["tool_name"] == "teleport" and env["payload"]["input"] == {"to": "mars"}
     assert env["payload"]["output"] == ""
     assert env["payload"]["error"] == (
-        "unknown tool 'teleport'; available: bash, edit_file, glob, grep, read_file, todo_write, write_file"
+        "unknown tool 'teleport'; available: bash, edit_file, glob, grep, read_file, send_message, todo_write, write_file"
     )

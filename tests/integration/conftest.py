@@ -45,6 +45,21 @@ def agent_image(tmp_path_factory: pytest.TempPathFactory) -> str:
     return settings.agent_image
 
 
+FAULTY_DIR = Path(__file__).parent / "faulty_agent"
+
+
+@pytest.fixture(scope="session")
+def faulty_image(agent_image: str) -> str:
+    """The agent image behind a front end that misbehaves on request (``faulty_agent/fault.py``)."""
+    import docker
+
+    tag = "orchestrator-agent-faulty:test"
+    docker.from_env().images.build(
+        path=str(FAULTY_DIR), tag=tag, rm=True, network_mode="none", buildargs={"AGENT_IMAGE": agent_image}
+    )
+    return tag
+
+
 BACKENDS = ["embedded", "fleet"]
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import docker
 import pytest
@@ -29,17 +28,6 @@ from orchestrator.store import get_messages_after, now_iso, store_message_direct
 from orchestrator.sweeper import sweep
 from orchestrator.views import format_messages_for_sdk
 from tests.fakes.channel import RecordingChannel
-
-FAULTY_DIR = Path(__file__).parent / "faulty_agent"
-
-
-@pytest.fixture(scope="session")
-def faulty_image(agent_image: str) -> str:
-    tag = "orchestrator-agent-faulty:test"
-    docker.from_env().images.build(
-        path=str(FAULTY_DIR), tag=tag, rm=True, network_mode="none", buildargs={"AGENT_IMAGE": agent_image}
-    )
-    return tag
 
 
 @pytest.fixture

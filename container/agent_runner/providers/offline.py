@@ -15,6 +15,8 @@ Tool requests are lines of the newest user message, starting in column 0::
 
     $ echo hi            bash {"command": "echo hi"}
     /read PATH           read_file {"path": PATH}
+    /send TEXT           send_message {"text": TEXT} (this chat)
+    /send-to JID TEXT    send_message {"chat_jid": JID, "text": TEXT}
     /write PATH          write_file {"path": PATH, "content": the lines up to
     line 1               /end, each ending in a newline}
     /end
@@ -109,6 +111,11 @@ def tool_requests_in(text: str) -> list[tuple[str, dict[str, Any]]]:
         line = lines[i]
         if line.startswith(COMMAND_PREFIX) and line[len(COMMAND_PREFIX) :].strip():
             requests.append(("bash", {"command": line[len(COMMAND_PREFIX) :].strip()}))
+        elif (rest := _directive(line, "/send")) is not None:
+            requests.append(("send_message", {"text": rest}))
+        elif (rest := _directive(line, "/send-to")) is not None and " " in rest:
+            target, text = rest.split(" ", 1)
+            requests.append(("send_message", {"chat_jid": target, "text": text}))
         elif (path := _directive(line, "/read")) is not None:
             requests.append(("read_file", {"path": path}))
         elif (path := _directive(line, "/write")) is not None:

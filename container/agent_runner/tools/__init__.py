@@ -9,6 +9,8 @@ Tools (one module each):
 * ``glob`` - workspace files matching a pattern such as ``**/*.py`` (``glob_tool.py``);
 * ``grep`` - lines matching a Python regex, as ``file:line:text`` (``grep_tool.py``);
 * ``todo_write`` - the model's task list for the run (``todo_write.py``).
+* ``send_message`` - post into the chat (or, for the main group, another
+  registered chat) during the run; the host authorizes (``send_message.py``).
 
 File tools only touch paths inside the workspace (``paths.py``).  Shared
 types live in ``base.py`` and are re-exported here.
@@ -45,6 +47,8 @@ from .grep_tool import SPEC as GREP_SPEC
 from .grep_tool import grep_files
 from .read_file import SPEC as READ_FILE_SPEC
 from .read_file import read_file
+from .send_message import SPEC as SEND_MESSAGE_SPEC
+from .send_message import send_message
 from .todo_write import SPEC as TODO_WRITE_SPEC
 from .todo_write import todo_write
 from .write_file import SPEC as WRITE_FILE_SPEC
@@ -91,6 +95,7 @@ REGISTRY: dict[str, Tool] = {
         Tool(GLOB_SPEC, glob_files),
         Tool(GREP_SPEC, grep_files),
         Tool(TODO_WRITE_SPEC, todo_write),
+        Tool(SEND_MESSAGE_SPEC, send_message),
     )
 }
 

@@ -9,6 +9,7 @@ user message for a keyword; anything else is handed to the real runner.
   hang            sleep far past any time limit
   flaky N         crash on the first N attempts (counted in /workspace), then behave
   memhog          allocate memory until the container's limit stops it
+  forge-send JID  claim a send_message to JID (bypassing the runner's own check), then finish
 """
 
 import json
@@ -44,6 +45,12 @@ if "memhog" in words:
     hog = []
     while True:
         hog.append(bytearray(16 * 1024 * 1024))
+if "forge-send" in words:
+    target = words[words.index("forge-send") + 1]
+    emit({"type": "send_message", "chat_jid": target, "text": "forged announcement"})
+    emit({"type": "assistant", "text": "I tried"})
+    emit({"type": "result"})
+    sys.exit(0)
 if "flaky" in words:
     n = int(words[words.index("flaky") + 1])
     counter = "/workspace/.flaky-attempts"
