@@ -1,6 +1,7 @@
 """Entry point of the sandbox image: ``python3 -m agent_runner``.
 
-stdin: one ``ContainerInput`` JSON document (read to EOF).
+stdin: one ``ContainerInput`` JSON document (read to EOF); or, with
+``--serve SOCKET``, runs arrive on a unix socket (see ``serve.py``).
 stdout: one protocol event per line, flushed at once; nothing else.
 stderr: logs.
 Exit codes: 0 success (last event ``ResultEvent``); 2 unusable input;
@@ -9,6 +10,7 @@ Exit codes: 0 success (last event ``ResultEvent``); 2 unusable input;
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -96,13 +98,21 @@ def run(raw: bytes, emit: Emit, workspace: Path) -> int:
         return EXIT_FAILED
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         stream=sys.stderr,
         level=os.environ.get(LOG_LEVEL_ENV, "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    parser = argparse.ArgumentParser(prog="agent_runner")
+    parser.add_argument("--serve", metavar="SOCKET", help="warm mode: serve runs on this unix socket")
+    parser.add_argument("--idle-timeout", type=float, default=300.0, help="warm mode: exit after this idle time")
+    args = parser.parse_args(argv)
     workspace = Path(os.environ.get(WORKSPACE_ENV, DEFAULT_WORKSPACE))
+    if args.serve:
+        from .serve import serve
+
+        return serve(Path(args.serve), workspace, args.idle_timeout)
     raw = sys.stdin.buffer.read()
     return run(raw, make_emitter(sys.stdout), workspace)
 

@@ -1,0 +1,85 @@
+"""Warm mode: serve runs on a unix socket until idle.
+
+``python3 -m agent_runner --serve SOCKET --idle-timeout S`` keeps the
+interpreter, imports and provider clients warm between runs of one group.
+The socket lives in a folder the host also mounts, so any worker process on
+the host can hand a run to this container: connect, write one
+``ContainerInput`` JSON line, read event lines until the runner closes the
+connection (after the ``result`` or ``error`` event).  One run at a time, as
+the host's group lease already guarantees.  With no run for ``S`` seconds
+the process exits (and the container, started with auto-remove, is gone).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+
+from .protocol import Event, dump_event
+
+log = logging.getLogger("agent_runner")
+
+# A run's input is one line; bound it so a confused client cannot eat memory.
+MAX_INPUT_BYTES = 64 * 1024 * 1024
+
+
+def _read_line(conn: socket.socket) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        if b"\n" in chunk:
+            chunks.append(chunk[: chunk.index(b"\n")])
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_INPUT_BYTES:
+            raise ValueError("run input too large")
+    return b"".join(chunks)
+
+
+def serve(socket_path: Path, workspace: Path, idle_timeout_s: float) -> int:
+    from .__main__ import run  # the same run function as the one-shot mode
+
+    if socket_path.exists() or socket_path.is_symlink():
+        socket_path.unlink()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(socket_path))
+    os.chmod(socket_path, 0o600)
+    server.listen(1)
+    server.settimeout(idle_timeout_s)
+    log.info("serving runs on %s (idle timeout %.0fs)", socket_path, idle_timeout_s)
+    served = 0
+    try:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                log.info("idle for %.0fs after %d run(s); exiting", idle_timeout_s, served)
+                return 0
+            with conn:
+                conn.settimeout(None)
+                try:
+                    raw = _read_line(conn)
+                except (OSError, ValueError) as exc:
+                    log.warning("could not read a run input: %s", exc)
+                    continue
+
+                def emit(event: Event, conn: socket.socket = conn) -> None:
+                    conn.sendall((dump_event(event) + "\n").encode())
+
+                try:
+                    run(raw, emit, workspace)
+                except OSError as exc:  # the host went away mid-run: wait for the next one
+                    log.warning("lost the connection during a run: %s", exc)
+                served += 1
+    finally:
+        server.close()
+        try:
+            socket_path.unlink()
+        except OSError:
+            pass
