@@ -6,6 +6,12 @@ container.  The container talks to the model API through it; the gateway
 adds the API key, forwards only the model API's route, and counts tokens.
 The container never sees the key: not in its environment, files or
 arguments.
+
+Two upstreams (:meth:`ModelGateway.for_provider`): Anthropic (``POST /v1/messages``, key
+in ``x-api-key``) and an OpenAI-compatible server (``POST
+/v1/chat/completions``, key as ``Authorization: Bearer``, none when no key
+is configured, as for a local Ollama).  Token counts are read from either
+usage shape.
 """
 
 from __future__ import annotations
@@ -17,8 +23,12 @@ import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import httpx
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +38,10 @@ _DROP_HEADERS = {"host", "content-length", "connection", "x-api-key", "authoriza
 
 # sockaddr_un.sun_path holds 108 bytes on Linux; a NUL-terminated path must fit.
 _MAX_UNIX_PATH = 107
+
+ANTHROPIC_PATHS = frozenset({"/v1/messages"})
+OPENAI_PATHS = frozenset({"/v1/chat/completions"})
+Auth = Literal["x-api-key", "bearer"]
 
 
 class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -49,7 +63,11 @@ class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
 
 
 class ModelGateway:
-    """Forward ``allowed_paths`` from a unix socket to ``upstream`` with the key added."""
+    """Forward ``allowed_paths`` from a unix socket to ``upstream`` with the key added.
+
+    ``auth`` says how: ``x-api-key`` (Anthropic; always sent) or ``bearer``
+    (``Authorization: Bearer <key>``, left out when the key is empty).
+    """
 
     def __init__(
         self,
@@ -57,7 +75,8 @@ class ModelGateway:
         *,
         upstream: str,
         api_key: str,
-        allowed_paths: frozenset[str] = frozenset({"/v1/messages"}),
+        allowed_paths: frozenset[str] = ANTHROPIC_PATHS,
+        auth: Auth = "x-api-key",
         timeout_s: float = 600.0,
     ) -> None:
         self.socket_path = socket_path
@@ -70,6 +89,7 @@ class ModelGateway:
         self._lock = threading.Lock()
         self._client = httpx.Client(timeout=timeout_s)
         self._api_key = api_key
+        self._auth = auth
         gateway = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -98,6 +118,18 @@ class ModelGateway:
         os.chmod(socket_path, 0o666)
         self._thread = threading.Thread(target=self._server.serve_forever, name="model-gateway", daemon=True)
 
+    @classmethod
+    def for_provider(cls, socket_path: Path, settings: Settings, provider: str) -> ModelGateway:
+        """The gateway for ``provider`` ("anthropic" or "openai") as ``settings`` configure it."""
+        if provider == "openai":
+            return cls(
+                socket_path, upstream=settings.openai_base_url, api_key=settings.openai_api_key,
+                allowed_paths=OPENAI_PATHS, auth="bearer",
+            )
+        if provider == "anthropic":
+            return cls(socket_path, upstream=settings.anthropic_base_url, api_key=settings.anthropic_api_key)
+        raise ValueError(f"no model gateway for provider {provider!r}")
+
     def __enter__(self) -> ModelGateway:
         self._thread.start()
         return self
@@ -123,6 +155,10 @@ class ModelGateway:
         h.send_response(403)
         h.send_header("content-type", "application/json")
         h.send_header("content-length", str(len(body)))
+        # The refused request's body is left unread: close the connection, or
+        # a keep-alive client's next request would be parsed from it.
+        h.send_header("connection", "close")
+        h.close_connection = True
         h.end_headers()
         h.wfile.write(body)
 
@@ -134,7 +170,11 @@ class ModelGateway:
         length = int(h.headers.get("content-length") or 0)
         body = h.rfile.read(length) if length else b""
         headers = {k: v for k, v in h.headers.items() if k.lower() not in _DROP_HEADERS}
-        headers["x-api-key"] = self._api_key
+        if self._auth == "bearer":
+            if self._api_key:
+                headers["authorization"] = f"Bearer {self._api_key}"
+        else:
+            headers["x-api-key"] = self._api_key
         try:
             resp = self._client.post(self.upstream + h.path, content=body, headers=headers)
             status, content, ctype = resp.status_code, resp.content, resp.headers.get("content-type", "application/json")
@@ -157,7 +197,11 @@ class ModelGateway:
     def _count(self, content: bytes) -> None:
         try:
             usage = json.loads(content).get("usage") or {}
-        except (ValueError, AttributeError):
+            # Anthropic: input_tokens/output_tokens; OpenAI: prompt_tokens/completion_tokens.
+            tokens_in = int(usage.get("input_tokens") or usage.get("prompt_tokens") or 0)
+            tokens_out = int(usage.get("output_tokens") or usage.get("completion_tokens") or 0)
+        except (ValueError, TypeError, AttributeError):
             return
-        self.input_tokens += int(usage.get("input_tokens") or 0)
-        self.output_tokens += int(usage.get("output_tokens") or 0)
+        self.input_tokens += tokens_in
+        self.output_tokens += tokens_out
+

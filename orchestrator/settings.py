@@ -29,10 +29,17 @@ class Settings(BaseSettings):
     # polled hop costs half of it on average, so keep it short.
     broker_polling_interval: float = Field(default=0.05, gt=0)
 
-    # "offline" (no network, deterministic) or "anthropic:<model id>".
+    # "offline" (no network, deterministic), "anthropic:<model id>" or
+    # "openai:<model id>" (any OpenAI-compatible Chat Completions server).
     model: str = "offline"
     anthropic_base_url: str = "https://api.anthropic.com"
     anthropic_api_key: str = ""
+    # The OpenAI-compatible server's root (a trailing /v1 is accepted): a
+    # local Ollama by default; vLLM, llama.cpp's server or
+    # https://api.openai.com work the same.  The key is optional (sent as a
+    # bearer token by the gateway; local servers need none).
+    openai_base_url: str = "http://127.0.0.1:11434"
+    openai_api_key: str = ""
     max_tokens: int = Field(default=1024, ge=1)
     max_turns: int = Field(default=8, ge=1)
 
@@ -76,6 +83,13 @@ class Settings(BaseSettings):
     api_port: int = Field(default=8000, ge=0, le=65535)
 
     log_level: str = "INFO"
+
+    @field_validator("openai_base_url")
+    @classmethod
+    def _server_root(cls, v: str) -> str:
+        # The gateway appends the request's path (/v1/chat/completions).
+        root = v.strip().rstrip("/")
+        return root.removesuffix("/v1")
 
     @field_validator("data_dir")
     @classmethod

@@ -20,5 +20,9 @@ def make_provider(settings: ModelSettings, *, assistant_name: str) -> Provider:
         from .anthropic import AnthropicProvider
 
         return AnthropicProvider(settings)
+    if settings.provider == "openai":
+        from .openai_compat import OpenAICompatProvider
+
+        return OpenAICompatProvider(settings)
     # Unreachable while ModelSettings.provider is a Literal; kept for clarity.
     raise ValueError(f"unknown provider {settings.provider!r}")

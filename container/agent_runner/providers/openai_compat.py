@@ -1,0 +1,433 @@
+"""OpenAI-compatible Chat Completions: Ollama, vLLM, llama.cpp's server, OpenAI.
+
+One non-streaming ``POST {base}/v1/chat/completions`` per model call, with
+our tools offered as function tools.  Plain HTTP (``httpx2``, which the
+Anthropic SDK brings into the image, or ``httpx``), no SDK.
+
+Where the requests go, as for the Anthropic provider, and never with a key
+from the container:
+
+* ``socket_path`` set: the host's model gateway on a unix socket, which adds
+  ``Authorization: Bearer <key>`` when the host has a key and forwards the
+  one route to the configured server;
+* else ``base_url``: a keyless server (a local Ollama, a fake in tests).  The
+  server's root, e.g. ``http://127.0.0.1:11434``; a trailing ``/v1`` is
+  accepted too (the OpenAI SDK's convention).
+
+Translation (our blocks mirror Anthropic's):
+
+* the system prompt -> the first message, ``role: "system"``;
+* assistant text -> ``content``; assistant tool calls -> ``tool_calls`` with
+  the input as a JSON string; thinking is not sent back (Chat Completions
+  has no field for it);
+* tool results -> one ``role: "tool"`` message each, with ``tool_call_id``,
+  right after the assistant turn that called them (the API requires that);
+  other user text follows as a ``user`` message;
+* back: ``message.content`` -> text, ``reasoning_content`` / ``reasoning``
+  (vLLM, llama.cpp, Ollama) -> thinking, ``tool_calls`` -> tool uses,
+  ``usage.prompt_tokens`` / ``completion_tokens`` -> usage, ``finish_reason``
+  -> stop reason (``tool_calls`` -> ``tool_use``, ``stop`` -> ``end_turn``,
+  ``length`` -> ``max_tokens``; ``tool_use`` whenever tools are called).
+
+A tool call whose ``arguments`` are not a JSON object (small local models do
+this) does not end the run: the call's input becomes ``{"_raw": <the
+arguments>}``, the tool then refuses it as an error result, and that result
+is sent back prefixed with a note that the arguments were not valid JSON, so
+the model can call again correctly.
+
+Retries: 408, 429, 5xx and connection errors are retried ``max_retries``
+times with exponential backoff and jitter, or after ``Retry-After`` (capped)
+when the server sends it; then a retryable :class:`ProviderError`, and the
+host's own retries take over.  Other 4xx are not retried.  A 200 whose body
+is not JSON or has no ``choices`` is a non-retryable error quoting the body.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import importlib
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import InputError, ProviderError
+from ..protocol import ModelSettings
+from .base import (
+    ContentBlock,
+    ProviderMessage,
+    ProviderResponse,
+    TextBlock,
+    ThinkingBlock,
+    TokenUsage,
+    ToolResultBlock,
+    ToolSpec,
+    ToolUseBlock,
+    render_tool_result,
+)
+
+log = logging.getLogger(__name__)
+
+GATEWAY_BASE_URL = "http://gateway"
+CHAT_PATH = "/v1/chat/completions"
+MAX_RETRIES = 3
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 8.0
+RETRY_AFTER_CAP_S = 30.0
+REQUEST_TIMEOUT_S = 600.0
+CONNECT_TIMEOUT_S = 10.0
+SNIPPET_CHARS = 300
+# Input of a tool call whose arguments were not a JSON object.
+RAW_ARGUMENTS_KEY = "_raw"
+INVALID_ARGUMENTS_NOTE = "[the arguments of this call were not a valid JSON object: {raw}]"
+STOP_REASONS = {"tool_calls": "tool_use", "function_call": "tool_use", "stop": "end_turn", "length": "max_tokens"}
+
+
+def _http_module() -> Any:
+    """``httpx2`` (what the image has, via the Anthropic SDK) or ``httpx``."""
+    for name in ("httpx2", "httpx"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError("neither httpx2 nor httpx is installed")
+
+
+def server_root(base_url: str) -> str:
+    """``base_url`` without a trailing slash or ``/v1`` (we add ``/v1/chat/completions``)."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def is_retryable_status(status: int) -> bool:
+    return status in (408, 429) or status >= 500
+
+
+def _snippet(raw: bytes | str) -> str:
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    text = " ".join(text.split())
+    if not text:
+        return "(empty body)"
+    return text if len(text) <= SNIPPET_CHARS else text[: SNIPPET_CHARS - 1] + "…"
+
+
+def retry_after_s(headers: Any, now: float | None = None) -> float | None:
+    """Seconds the server asks us to wait (``retry-after-ms``, ``Retry-After``), or None."""
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return max(0.0, float(ms) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:  # an HTTP date
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def _error_detail(raw: bytes) -> str:
+    """The server's error message: OpenAI's ``{"error": {"message"}}``, Ollama's, vLLM's, or the body."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return _snippet(raw)
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        if isinstance(error, str):
+            return error
+        if isinstance(body.get("message"), str):
+            return body["message"]
+    return _snippet(raw)
+
+
+# ---------------------------------------------------------------------------
+# Our blocks -> Chat Completions messages
+# ---------------------------------------------------------------------------
+
+
+def _raw_arguments(call: ToolUseBlock) -> str | None:
+    raw = call.input.get(RAW_ARGUMENTS_KEY)
+    return raw if set(call.input) == {RAW_ARGUMENTS_KEY} and isinstance(raw, str) else None
+
+
+def _tool_message(block: ToolResultBlock, invalid: dict[str, str]) -> dict[str, Any]:
+    text = render_tool_result(block)
+    if block.is_error and block.exit_code is None:
+        text = f"[error]\n{text}"
+    if block.tool_use_id in invalid:
+        text = INVALID_ARGUMENTS_NOTE.format(raw=invalid[block.tool_use_id]) + "\n" + text
+    return {"role": "tool", "tool_call_id": block.tool_use_id, "content": text}
+
+
+def _assistant_message(message: ProviderMessage) -> dict[str, Any] | None:
+    text = message.text()
+    calls = [b for b in message.content if isinstance(b, ToolUseBlock)]
+    if not calls and not text:
+        return None  # e.g. a turn with thinking only: nothing this API can take back
+    wire: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        wire["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.input, ensure_ascii=False)},
+            }
+            for c in calls
+        ]
+    return wire
+
+
+def messages_to_wire(system: str, messages: list[ProviderMessage]) -> list[dict[str, Any]]:
+    """The ``messages`` array of a request (see the module docstring)."""
+    invalid = {
+        b.id: raw
+        for m in messages
+        for b in m.content
+        if isinstance(b, ToolUseBlock) and (raw := _raw_arguments(b)) is not None
+    }
+    wire: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    for message in messages:
+        if message.role == "assistant":
+            turn = _assistant_message(message)
+            if turn is not None:
+                wire.append(turn)
+            continue
+        # Tool results first: they must directly follow the calls they answer.
+        wire.extend(_tool_message(b, invalid) for b in message.content if isinstance(b, ToolResultBlock))
+        text = message.text()
+        if text:
+            wire.append({"role": "user", "content": text})
+    return wire
+
+
+def tools_to_wire(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.input_schema},
+        }
+        for t in tools
+    ]
+
+
+# ---------------------------------------------------------------------------
+# A Chat Completions response -> our blocks
+# ---------------------------------------------------------------------------
+
+
+def _content_text(content: Any) -> str:
+    """``message.content``: a string, null, or (some servers) a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def _tool_input(name: str, arguments: Any) -> dict[str, Any]:
+    if isinstance(arguments, dict):  # a few servers send an object, not a string
+        return arguments
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        return {}
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else None
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        return parsed
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    log.warning("tool call %s: arguments are not a JSON object: %s", name, _snippet(raw))
+    return {RAW_ARGUMENTS_KEY: raw}
+
+
+def _tool_use(call: Any, index: int) -> ToolUseBlock:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ProviderError(f"tool call without a function name: {_snippet(json.dumps(call))}", retryable=False)
+    call_id = call.get("id")
+    if not isinstance(call_id, str) or not call_id:
+        call_id = f"call_{index}_{uuid.uuid4().hex[:12]}"  # some servers omit it; we need one to answer
+    name = function["name"]
+    return ToolUseBlock(id=call_id, name=name, input=_tool_input(name, function.get("arguments")))
+
+
+def _usage(body: dict[str, Any]) -> TokenUsage:
+    usage = body.get("usage")
+    if not isinstance(usage, dict):
+        return TokenUsage()
+    return TokenUsage(
+        input_tokens=int(usage.get("prompt_tokens") or 0),
+        output_tokens=int(usage.get("completion_tokens") or 0),
+    )
+
+
+def response_from_wire(raw: bytes) -> ProviderResponse:
+    """Parse a 200 response body; a body we cannot use is a non-retryable ProviderError."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise ProviderError(
+            f"the chat completions server returned a body that is not JSON: {_snippet(raw)}", retryable=False
+        ) from None
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ProviderError(
+            f"the chat completions response has no choices: {_snippet(raw)}", retryable=False
+        )
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise ProviderError(f"the chat completions choice has no message: {_snippet(raw)}", retryable=False)
+
+    content: list[ContentBlock] = []
+    for key in ("reasoning_content", "reasoning"):
+        thinking = message.get(key)
+        if isinstance(thinking, str) and thinking.strip():
+            content.append(ThinkingBlock(thinking=thinking))
+            break
+    text = _content_text(message.get("content"))
+    if text:
+        content.append(TextBlock(text=text))
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise ProviderError(f"tool_calls is not a list: {_snippet(raw)}", retryable=False)
+    uses = [_tool_use(call, i) for i, call in enumerate(calls)]
+    content.extend(uses)
+
+    finish = choice.get("finish_reason")
+    stop_reason = "tool_use" if uses else STOP_REASONS.get(finish, finish) if isinstance(finish, str) else None
+    return ProviderResponse(content=content, stop_reason=stop_reason, usage=_usage(body))
+
+
+# ---------------------------------------------------------------------------
+# The provider
+# ---------------------------------------------------------------------------
+
+
+class OpenAICompatProvider:
+    """:class:`Provider` over ``POST /v1/chat/completions`` (see the module docstring).
+
+    ``api_key`` is for host-side use and tests only; inside the container it
+    stays ``None`` and no ``Authorization`` header is sent.  ``sleep`` and
+    ``rng`` are injectable so tests can check the backoff without waiting.
+    """
+
+    def __init__(
+        self,
+        settings: ModelSettings,
+        *,
+        api_key: str | None = None,
+        max_retries: int = MAX_RETRIES,
+        backoff_base_s: float = BACKOFF_BASE_S,
+        backoff_max_s: float = BACKOFF_MAX_S,
+        retry_after_cap_s: float = RETRY_AFTER_CAP_S,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.max_retries = max_retries
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.retry_after_cap_s = retry_after_cap_s
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._http = _http_module()
+        transport = None
+        if settings.socket_path:
+            base = GATEWAY_BASE_URL
+            transport = self._http.HTTPTransport(uds=settings.socket_path)
+        elif settings.base_url:
+            base = server_root(settings.base_url)
+        else:
+            raise InputError(
+                "the openai provider needs model.socket_path (key-injecting gateway) or model.base_url"
+            )
+        headers = {"content-type": "application/json", "accept": "application/json"}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        self._client = self._http.Client(
+            base_url=base,
+            transport=transport,
+            headers=headers,
+            timeout=self._http.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S),
+            # No proxy from the environment: the gateway socket or a local server.
+            trust_env=False,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def request_body(self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec]) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.settings.model,
+            "messages": messages_to_wire(system, messages),
+            "max_tokens": self.settings.max_tokens,
+            "stream": False,
+        }
+        if tools:
+            body["tools"] = tools_to_wire(tools)
+        return body
+
+    def complete(
+        self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec]
+    ) -> ProviderResponse:
+        payload = json.dumps(self.request_body(system, messages, tools), ensure_ascii=False).encode()
+        attempt = 0
+        while True:
+            outcome, retry_after = self._attempt(payload)
+            if isinstance(outcome, ProviderResponse):
+                return outcome
+            if not outcome.retryable or attempt >= self.max_retries:
+                if outcome.retryable and attempt:
+                    raise ProviderError(
+                        f"{outcome} (gave up after {attempt + 1} attempts)",
+                        retryable=True,
+                        status_code=outcome.status_code,
+                    ) from outcome
+                raise outcome
+            delay = self._delay(attempt, retry_after)
+            log.warning("%s; retry %d/%d in %.2fs", outcome, attempt + 1, self.max_retries, delay)
+            self._sleep(delay)
+            attempt += 1
+
+    def _attempt(self, payload: bytes) -> tuple[ProviderResponse | ProviderError, float | None]:
+        """One request: the response, or the error and the server's Retry-After.
+
+        A 2xx body we cannot use raises at once (retrying would get the same).
+        """
+        try:
+            resp = self._client.post(CHAT_PATH, content=payload)
+        except self._http.TransportError as exc:  # connection refused/reset, timeouts
+            return ProviderError(f"cannot reach the chat completions server: {exc!r}", retryable=True), None
+        status = resp.status_code
+        if 200 <= status < 300:
+            return response_from_wire(resp.content), None
+        error = ProviderError(
+            f"chat completions error {status}: {_error_detail(resp.content)}",
+            retryable=is_retryable_status(status),
+            status_code=status,
+        )
+        return error, retry_after_s(resp.headers)
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self.retry_after_cap_s)
+        # Exponential backoff with jitter: between half and all of base * 2^n.
+        ceiling = min(self.backoff_max_s, self.backoff_base_s * 2**attempt)
+        return self._rng.uniform(ceiling / 2, ceiling)

@@ -1,0 +1,198 @@
+"""A fake OpenAI-compatible Chat Completions server speaking the real wire format.
+
+``FakeOpenAI`` plays a script of replies to ``POST /v1/chat/completions``
+and records every request it gets (method, path, headers, parsed JSON body),
+like :class:`tests.fakes.anthropic_api.FakeAnthropic`.  It is thread-safe
+and serves on loopback TCP (``fake.serve()`` yields the base URL) or on a
+unix socket (``fake.serve_unix(path)``), e.g. as the model gateway's
+upstream.
+
+A scripted reply is a ``(status, body, extra headers)`` tuple, where body is
+a JSON value (sent encoded) or ``bytes`` (sent as they are: malformed
+bodies), or a callable that gets the :class:`Recorded` request and returns
+one.  Helpers: :func:`chat` (a completion), :func:`tool_call`,
+:func:`api_error` (OpenAI's error shape), :func:`raw`.  Any other route gets
+a 404; an exhausted script a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Union
+
+from tests.fakes.anthropic_api import Recorded, UnixHTTPServer, serving
+
+__all__ = ["CHAT_PATH", "FakeOpenAI", "Recorded", "api_error", "chat", "raw", "tool_call"]
+
+Body = Union[dict[str, Any], list[Any], bytes]
+Reply = tuple[int, Body, dict[str, str]]
+Script = Union[Reply, Callable[[Recorded], Reply]]
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+def tool_call(call_id: str, name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
+    """One entry of ``message.tool_calls``; a dict is JSON-encoded, a str sent as is."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def chat(
+    content: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    finish_reason: str | None = None,
+    n: int = 1,
+    **message_extra: Any,
+) -> Reply:
+    """A 200 completion; usage is ``10*n`` prompt and ``n`` completion tokens.
+
+    ``finish_reason`` defaults to ``tool_calls`` when there are tool calls,
+    else ``stop``.
+    """
+    message: dict[str, Any] = {"role": "assistant", "content": content, **message_extra}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    body = {
+        "id": f"chatcmpl-fake-{n}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": "fake-model",
+        "system_fingerprint": "fp_fake",
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish_reason or ("tool_calls" if tool_calls else "stop"),
+            }
+        ],
+        "usage": {"prompt_tokens": 10 * n, "completion_tokens": n, "total_tokens": 11 * n},
+    }
+    return 200, body, {}
+
+
+def api_error(status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> Reply:
+    """OpenAI's error response ``{"error": {"message", "type", "param", "code"}}``."""
+    return status, {"error": {"message": message, "type": kind, "param": None, "code": None}}, dict(headers or {})
+
+
+def raw(status: int, body: bytes | str, content_type: str = "application/json") -> Reply:
+    """A reply whose body is sent byte for byte (malformed JSON, HTML, ...)."""
+    data = body.encode() if isinstance(body, str) else body
+    return status, data, {"content-type": content_type}
+
+
+class FakeOpenAI:
+    """Scripted POST /v1/chat/completions; remembers every request it got.
+
+    ``requests`` are the JSON bodies and ``headers`` the (lower-cased)
+    headers of every request, in arrival order; ``calls`` has the full
+    records, ``times`` their arrival (``time.monotonic()``) and ``sent`` the
+    replies given, in the same order.
+    """
+
+    def __init__(self, *replies: Script, on_request: Callable[[Recorded], None] | None = None) -> None:
+        self.replies: list[Script] = list(replies)
+        self.on_request = on_request
+        self.calls: list[Recorded] = []
+        self.times: list[float] = []
+        self.sent: list[Reply] = []
+        self._lock = threading.Lock()
+
+    @property
+    def requests(self) -> list[Any]:
+        with self._lock:
+            return [c.body for c in self.calls]
+
+    @property
+    def headers(self) -> list[dict[str, str]]:
+        with self._lock:
+            return [c.headers for c in self.calls]
+
+    def usage(self) -> tuple[int, int]:
+        """Prompt and completion tokens of all successful JSON replies sent so far."""
+        with self._lock:
+            bodies = [b for status, b, _ in self.sent if status == 200 and isinstance(b, dict) and "usage" in b]
+        return (
+            sum(b["usage"]["prompt_tokens"] for b in bodies),
+            sum(b["usage"]["completion_tokens"] for b in bodies),
+        )
+
+    def _record(self, h: BaseHTTPRequestHandler) -> Recorded:
+        length = int(h.headers.get("Content-Length") or 0)
+        data = h.rfile.read(length) if length else b""
+        try:
+            body = json.loads(data) if data else None
+        except ValueError:
+            body = None
+        rec = Recorded(
+            method=h.command,
+            path=h.path,
+            headers={k.lower(): v for k, v in h.headers.items()},
+            body=body,
+            raw=data,
+        )
+        with self._lock:
+            self.calls.append(rec)
+            self.times.append(time.monotonic())
+        return rec
+
+    def _next_reply(self, rec: Recorded) -> Reply:
+        if rec.method != "POST" or rec.path.split("?")[0] != CHAT_PATH:
+            return api_error(404, f"no route {rec.method} {rec.path}", "not_found")
+        with self._lock:
+            script = self.replies.pop(0) if self.replies else None
+        if script is None:
+            return api_error(500, "script exhausted", "server_error")
+        return script(rec) if callable(script) else script
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _serve_one(self) -> None:
+                rec = fake._record(self)
+                if fake.on_request is not None:
+                    fake.on_request(rec)
+                status, body, extra = fake._next_reply(rec)
+                with fake._lock:
+                    fake.sent.append((status, body, extra))
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                headers = {"content-type": "application/json", **{k.lower(): v for k, v in extra.items()}}
+                self.send_response(status)
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_POST = do_GET = do_PUT = do_DELETE = do_PATCH = _serve_one  # noqa: N815
+
+            def address_string(self) -> str:  # client_address is '' on unix sockets
+                return str(self.client_address[0]) if self.client_address else "unix"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        return Handler
+
+    @contextmanager
+    def serve(self) -> Iterator[str]:
+        """Serve on 127.0.0.1 (a free port); yields the base URL (the server's root)."""
+        server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
+        server.daemon_threads = True
+        with serving(server):
+            yield f"http://127.0.0.1:{server.server_address[1]}"
+
+    @contextmanager
+    def serve_unix(self, path: str) -> Iterator[str]:
+        """Serve on the unix socket ``path`` (keep it short: ~100 bytes at most)."""
+        with serving(UnixHTTPServer(path, self.handler())):
+            yield path
