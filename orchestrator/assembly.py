@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from agent_runner.protocol import ContainerInput, Limits, ModelSettings, SdkMessage
 from sqlalchemy import select, update
 
+from .container_config import effective_limits
 from .context import expand_content
 from .db import Database
 from .errors import StoreError
@@ -96,7 +97,8 @@ def build_input(
         send_targets=send_targets or [],
         session_id=None if batch.isolated else group.session_id,
         model=model,
-        limits=Limits(max_turns=settings.max_turns, bash_timeout_s=settings.bash_timeout_s),
+        limits=Limits(max_turns=settings.max_turns,
+                      bash_timeout_s=effective_limits(settings, group.container_config).bash_timeout_s),
     )
 
 

@@ -164,6 +164,32 @@ def groups_add(
     typer.echo(f"registered {g.chat_jid} ({g.name}, folder {g.folder}, trigger {'on' if g.requires_trigger else 'off'})")
 
 
+@groups_app.command("set")
+def groups_set(
+    jid: str,
+    container_config: Annotated[Optional[str], typer.Option(
+        "--container-config",
+        help='JSON: memory, cpus, pids, run_timeout_s, bash_timeout_s, extra_mounts '
+             '([{"host_path": ..., "name": ..., "read_write": false}]); checked against the mount allowlist.',
+    )] = None,
+    clear: Annotated[bool, typer.Option("--clear-container-config", help="Back to the settings' defaults.")] = False,
+) -> None:
+    """Change a group's sandbox: limits and allowlisted extra mounts."""
+    from .container_config import effective_limits, set_container_config
+
+    if (container_config is None) == (not clear):
+        raise _fail(OrchestratorError("give exactly one of --container-config JSON, --clear-container-config"))
+    settings, db = _setup()
+    try:
+        g = set_container_config(db, settings, jid, None if clear else container_config)
+        limits = effective_limits(settings, g.container_config)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"{g.chat_jid}: container_config {json.dumps(g.container_config or {})}")
+    typer.echo(f"  effective: memory {limits.memory}, cpus {limits.cpus:g}, pids {limits.pids}, "
+               f"run timeout {limits.run_timeout_s:g}s, bash timeout {limits.bash_timeout_s:g}s")
+
+
 @groups_app.command("list")
 def groups_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List registered groups."""

@@ -3,6 +3,7 @@
 
     OrchestratorError
     ├── ConfigError            settings that cannot work (bad URL, missing tool)
+    │   └── ContainerConfigError   a group's container_config is invalid (names the field)
     ├── StoreError             the database refused or lost something
     │   ├── UnknownGroup       a chat id that is not a registered group
     │   └── MessageNotFound    no such (message id, chat) in the store
@@ -10,7 +11,8 @@
     ├── InvalidMessage         bad input to ingest (also a ValueError)
     │   └── InvalidMessageMetadata   (orchestrator.envelopes; names the field)
     ├── SandboxError           Docker could not build, start or talk to a container
-    │   └── ImageBuildError
+    │   ├── ImageBuildError
+    │   └── MountRefused       a workspace or extra mount the rules refuse (names the reason)
     └── RunError               an agent run ended badly
         ├── RunTimeout
         └── AgentFailed        the container reported an error or exited non-zero
@@ -24,6 +26,10 @@ class OrchestratorError(Exception):
 
 
 class ConfigError(OrchestratorError):
+    pass
+
+
+class ContainerConfigError(ConfigError, ValueError):
     pass
 
 
@@ -56,6 +62,10 @@ class SandboxError(OrchestratorError):
 
 class ImageBuildError(SandboxError):
     pass
+
+
+class MountRefused(SandboxError):
+    """A mount the allowlist or the built-in rules do not allow; refused before any container starts."""
 
 
 class RunError(OrchestratorError):

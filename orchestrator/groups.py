@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
@@ -35,6 +36,8 @@ class Group(BaseModel):
     cursor_seq: int
     pending_seq: int
     session_id: str | None
+    # Per-group sandbox limits and extra mounts (orchestrator/container_config.py).
+    container_config: dict[str, Any] | None = None
 
 
 def group_from_row(row: GroupRow) -> Group:
@@ -42,7 +45,7 @@ def group_from_row(row: GroupRow) -> Group:
         chat_jid=row.chat_jid, name=row.name, folder=row.folder, is_main=row.is_main,
         requires_trigger=row.requires_trigger and not row.is_main,
         assistant_name=row.assistant_name, cursor_seq=row.cursor_seq,
-        pending_seq=row.pending_seq, session_id=row.session_id,
+        pending_seq=row.pending_seq, session_id=row.session_id, container_config=row.container_config,
     )
 
 

@@ -38,8 +38,9 @@ from sqlalchemy import update
 from . import leases
 from .assembly import Batch, build_input, input_bytes, plan_batch, prior_messages, record_input
 from .channels import ChannelRegistry
+from .container_config import container_plan
 from .db import Database
-from .errors import ConfigError
+from .errors import ConfigError, MountRefused
 from .gateway import ModelGateway
 from .groups import Group, get_group, send_refusal, send_targets
 from .messages import SENDER_BOT, NewMessage
@@ -245,6 +246,9 @@ class Pipeline:
                 # The task queue's own time limit: the container is already
                 # stopped (the sandbox context exits on the way out); no retry.
                 return Attempt("timed_out", "the worker's time limit for this task was reached")
+            except (ConfigError, MountRefused) as exc:
+                # A bad container_config or a mount the allowlist refuses now: no retry helps.
+                result = Attempt("failed", str(exc))
             except Exception as exc:  # noqa: BLE001 - every failure ends the run cleanly
                 log.exception("run %s for %s failed", run.id, group.chat_jid)
                 result = Attempt("failed", f"{type(exc).__name__}: {exc}", retryable=True)
@@ -269,17 +273,21 @@ class Pipeline:
         outcome: RunOutcome,
         lease_lost: threading.Event | None,
     ) -> Attempt:
+        # The group's limits and mounts, checked against the allowlist as it is now.
+        plan = container_plan(self.settings, group)
         spec = ContainerSpec(
             image=self.settings.agent_image,
             name=f"orch-{group.folder}-{run.id[:8]}-{uuid.uuid4().hex[:4]}",
-            workspace=self.settings.groups_dir / group.folder,
+            workspace=plan.workspace,
             run_id=run.id,
             group_folder=group.folder,
-            memory=self.settings.container_memory,
-            cpus=self.settings.container_cpus,
-            pids=self.settings.container_pids,
-            timeout_s=self.settings.run_timeout_s,
+            memory=plan.limits.memory,
+            cpus=plan.limits.cpus,
+            pids=plan.limits.pids,
+            timeout_s=plan.limits.run_timeout_s,
             install_id=self.settings.install_id,
+            extra_mounts=plan.read_write_mounts,
+            readonly_mounts=plan.read_only_mounts,
         )
         with contextlib.ExitStack() as cleanup:
             gateway: ModelGateway | None = None
@@ -293,7 +301,7 @@ class Pipeline:
                 gateway = cleanup.enter_context(ModelGateway.for_provider(
                     run_dir / GATEWAY_SOCKET, self.settings, payload.model.provider,
                 ))
-                spec = replace(spec, extra_mounts={str(run_dir): RUN_DIR_MOUNT})
+                spec = replace(spec, extra_mounts={**spec.extra_mounts, str(run_dir): RUN_DIR_MOUNT})
                 socket_path = f"{RUN_DIR_MOUNT}/{GATEWAY_SOCKET}"
                 payload = payload.model_copy(
                     update={"model": payload.model.model_copy(update={"socket_path": socket_path})}

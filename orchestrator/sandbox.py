@@ -59,8 +59,10 @@ class ContainerSpec:
     timeout_s: float = 300.0
     install_id: str = ""
     extra_labels: dict[str, str] = field(default_factory=dict)
-    # host path -> container path, mounted read-write (the run's private folder).
+    # host path -> container path, mounted read-write (the run's private folder, read-write extra folders).
     extra_mounts: dict[str, str] = field(default_factory=dict)
+    # host path -> container path, mounted read-only (allowlisted extra folders, orchestrator/mounts.py).
+    readonly_mounts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -122,6 +124,7 @@ class RunningContainer:
                 volumes={
                     str(spec.workspace): {"bind": WORKSPACE_MOUNT, "mode": "rw"},
                     **{h: {"bind": c, "mode": "rw"} for h, c in spec.extra_mounts.items()},
+                    **{h: {"bind": c, "mode": "ro"} for h, c in spec.readonly_mounts.items()},
                 },
                 environment={"HOME": "/tmp"},
                 labels={

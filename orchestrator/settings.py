@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     container_pids: int = Field(default=256, ge=16)
     run_timeout_s: float = Field(default=300.0, gt=0)
     bash_timeout_s: float = Field(default=60.0, gt=0)
+    # Host folders a group may mount (orchestrator/mounts.py).  Kept outside
+    # the project and the data dir, so no agent can ever edit it.
+    mount_allowlist: Path = Path("~/.config/orchestrator/mount-allowlist.json")
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=0, le=65535)
@@ -97,6 +100,12 @@ class Settings(BaseSettings):
         # Workers, the API and containers' bind mounts all need the same
         # absolute path, whatever directory each process starts in.
         return v.expanduser().resolve()
+
+    @field_validator("mount_allowlist")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        # Symlinks are resolved when the file is read, not here.
+        return v.expanduser().absolute()
 
     # -- derived values ------------------------------------------------------
 
