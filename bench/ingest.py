@@ -86,7 +86,7 @@ def main() -> None:
             )
         for name, settings, plain_url in runs:
             settings.ensure_dirs()
-            queue._app = None  # the process caches one Celery app; each run has its own broker
+            queue.forget_celery()  # the process caches one Celery app; each run has its own broker
             floor = plain_inserts(plain_url, args.messages)
             real = real_ingest(settings, args.messages)
             print(f"{name:28} ingest {real:8.0f} msg/s   plain insert {floor:8.0f} msg/s   ratio {real / floor:5.2f}")

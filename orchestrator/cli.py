@@ -203,6 +203,19 @@ def groups_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
         typer.echo(f"{g.chat_jid:30} {g.name:16} folder={g.folder:16} {flags} cursor={g.cursor_seq}")
 
 
+@groups_app.command("reset")
+def groups_reset(jid: str) -> None:
+    """Start a group afresh: forget its model session and stop its warm container."""
+    from .warm import reset_session
+
+    settings, db = _setup()
+    try:
+        stopped = reset_session(db, settings, jid)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"reset {jid}: session forgotten, {stopped} warm container(s) stopped", err=True)
+
+
 # -- messages -----------------------------------------------------------------
 
 

@@ -52,6 +52,7 @@ from .settings import Settings
 from .store import get_messages_after, insert_message, now_iso
 from .tables import GroupRow
 from .views import REPLY_TO_KEY, RUN_ID_KEY
+from .warm import WarmPool, session_dir
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,7 @@ class Pipeline:
         self.db = db
         self.channels = channels
         self._sandbox = sandbox
+        self._warm_pool: WarmPool | None = None
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         # Exceptions that mean "out of time" (Celery's soft time limit); set by the worker.
         self.deadline_exceptions: tuple[type[BaseException], ...] = ()
@@ -155,6 +157,17 @@ class Pipeline:
         if self._sandbox is None:
             self._sandbox = DockerSandbox(self.settings)
         return self._sandbox
+
+    @property
+    def warm(self) -> bool:
+        """Runs go to a warm per-group container (``orchestrator/warm.py``)."""
+        return self.settings.warm_idle_s > 0
+
+    @property
+    def warm_pool(self) -> WarmPool:
+        if self._warm_pool is None:
+            self._warm_pool = WarmPool(self.settings, self.sandbox.client)
+        return self._warm_pool
 
     # -- the loop -----------------------------------------------------------
 
@@ -293,15 +306,21 @@ class Pipeline:
             gateway: ModelGateway | None = None
             if payload.model.provider != "offline":
                 # The container has no network: its only way to the model is
-                # the gateway socket in the run's private folder.
-                run_dir = self.settings.runs_dir / run.id
-                run_dir.mkdir(parents=True, exist_ok=True)
+                # the gateway socket in the run's private folder (for a warm
+                # container: the group's session folder, mounted for good).
+                if self.warm:
+                    run_dir = session_dir(self.settings, group.folder)
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                else:
+                    run_dir = self.settings.runs_dir / run.id
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    cleanup.callback(shutil.rmtree, run_dir, ignore_errors=True)
                 os.chmod(run_dir, 0o755)
-                cleanup.callback(shutil.rmtree, run_dir, ignore_errors=True)
                 gateway = cleanup.enter_context(ModelGateway.for_provider(
                     run_dir / GATEWAY_SOCKET, self.settings, payload.model.provider,
                 ))
-                spec = replace(spec, extra_mounts={**spec.extra_mounts, str(run_dir): RUN_DIR_MOUNT})
+                if not self.warm:
+                    spec = replace(spec, extra_mounts={**spec.extra_mounts, str(run_dir): RUN_DIR_MOUNT})
                 socket_path = f"{RUN_DIR_MOUNT}/{GATEWAY_SOCKET}"
                 payload = payload.model_copy(
                     update={"model": payload.model.model_copy(update={"socket_path": socket_path})}
@@ -316,7 +335,8 @@ class Pipeline:
         error: ErrorEvent | None = None
         garbage = 0
         index = len(outcome.stored)
-        with self.sandbox.start(spec, input_bytes(payload)) as container:
+        start = self.warm_pool.start if self.warm else self.sandbox.start
+        with start(spec, input_bytes(payload)) as container:
             set_container(self.db, run.id, container.id)
             with StopWatch(self.db, run.id, container.kill, lease_lost) as stop:
                 for line in container.lines():

@@ -87,6 +87,12 @@ def get_celery(settings: Settings) -> Celery:
     return _app
 
 
+def forget_celery() -> None:
+    """Drop the cached app (a process that talks to several installs in turn: benchmarks)."""
+    global _app
+    _app = None
+
+
 class BrokerUnavailable(OrchestratorError):
     """The broker refused a signal recently; the sweeper will re-send it."""
 

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import docker
 from docker.errors import DockerException, NotFound
@@ -39,6 +40,8 @@ LABEL_GROUP = "orchestrator.group"
 # Which installation (database) a container belongs to: installs sharing one
 # Docker engine must never sweep each other's containers.
 LABEL_INSTALL = "orchestrator.install"
+# A group's warm container (orchestrator/warm.py): not tied to one run.
+LABEL_WARM = "orchestrator.warm"
 WORKSPACE_MOUNT = "/workspace"
 RUN_DIR_MOUNT = "/run/orchestrator"  # the run's private folder (model gateway socket)
 CONTAINER_UID = 1000  # the image's "agent" user, used when the host runs as root
@@ -81,19 +84,53 @@ def docker_client(settings: Settings) -> docker.DockerClient:
         raise SandboxError(f"cannot reach the Docker engine: {exc}") from exc
 
 
-def _container_user(workspace: Path) -> str:
-    # Root on the host: run as the image's unprivileged user and hand it the
-    # workspace.  Any other host user: run as that same uid, so files the
-    # agent writes stay the user's own.
+def prepare_folder(folder: Path) -> str:
+    """Make ``folder`` usable by the container's user; returns the user to run as.
+
+    Root on the host: run as the image's unprivileged user and hand it the
+    folder.  Any other host user: run as that same uid, so files the agent
+    writes stay the user's own.
+    """
     uid, gid = os.getuid(), os.getgid()
     if uid != 0:
         return f"{uid}:{gid}"
-    for path in [workspace, *workspace.rglob("*")]:
+    for path in [folder, *folder.rglob("*")]:
         try:
             os.lchown(path, CONTAINER_UID, CONTAINER_UID)
         except OSError:
             pass
     return f"{CONTAINER_UID}:{CONTAINER_UID}"
+
+
+def hardened_create_args(spec: ContainerSpec, user: str) -> dict[str, Any]:
+    """``containers.create`` keyword arguments shared by cold and warm containers."""
+    return {
+        "image": spec.image,
+        "name": spec.name,
+        "user": user,
+        "network_mode": "none",
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "read_only": True,
+        "tmpfs": {"/tmp": "rw,nosuid,nodev,size=64m"},
+        "mem_limit": spec.memory,
+        "memswap_limit": spec.memory,
+        "nano_cpus": int(spec.cpus * 1e9),
+        "pids_limit": spec.pids,
+        "volumes": {
+            str(spec.workspace): {"bind": WORKSPACE_MOUNT, "mode": "rw"},
+            **{h: {"bind": c, "mode": "rw"} for h, c in spec.extra_mounts.items()},
+            **{h: {"bind": c, "mode": "ro"} for h, c in spec.readonly_mounts.items()},
+        },
+        "environment": {"HOME": "/tmp"},
+        "labels": {
+            LABEL_MANAGED: "1",
+            LABEL_RUN: spec.run_id,
+            LABEL_GROUP: spec.group_folder,
+            LABEL_INSTALL: spec.install_id,
+            **spec.extra_labels,
+        },
+    }
 
 
 class RunningContainer:
@@ -108,32 +145,7 @@ class RunningContainer:
         spec.workspace.mkdir(parents=True, exist_ok=True)
         try:
             self._container = client.containers.create(
-                spec.image,
-                name=spec.name,
-                user=_container_user(spec.workspace),
-                stdin_open=True,
-                network_mode="none",
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
-                read_only=True,
-                tmpfs={"/tmp": "rw,nosuid,nodev,size=64m"},
-                mem_limit=spec.memory,
-                memswap_limit=spec.memory,
-                nano_cpus=int(spec.cpus * 1e9),
-                pids_limit=spec.pids,
-                volumes={
-                    str(spec.workspace): {"bind": WORKSPACE_MOUNT, "mode": "rw"},
-                    **{h: {"bind": c, "mode": "rw"} for h, c in spec.extra_mounts.items()},
-                    **{h: {"bind": c, "mode": "ro"} for h, c in spec.readonly_mounts.items()},
-                },
-                environment={"HOME": "/tmp"},
-                labels={
-                    LABEL_MANAGED: "1",
-                    LABEL_RUN: spec.run_id,
-                    LABEL_GROUP: spec.group_folder,
-                    LABEL_INSTALL: spec.install_id,
-                    **spec.extra_labels,
-                },
+                stdin_open=True, **hardened_create_args(spec, prepare_folder(spec.workspace))
             )
             self._sock = client.api.attach_socket(
                 self._container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
@@ -243,6 +255,8 @@ class DockerSandbox:
         for c in self.client.containers.list(all=True, filters={"label": labels}):
             if c.labels.get(LABEL_RUN) in live_runs:
                 continue
+            if c.labels.get(LABEL_WARM) == "1" and c.status == "running":
+                continue  # idles out by itself; a run may be using it right now
             try:
                 c.remove(force=True)
                 removed += 1

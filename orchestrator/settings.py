@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     container_cpus: float = Field(default=1.0, gt=0)
     container_pids: int = Field(default=256, ge=16)
     run_timeout_s: float = Field(default=300.0, gt=0)
+    # > 0: a group's container stays up this long after a run and takes the
+    # next one without a cold start (orchestrator/warm.py); 0: one per run.
+    warm_idle_s: float = Field(default=0.0, ge=0)
     bash_timeout_s: float = Field(default=60.0, gt=0)
     # Host folders a group may mount (orchestrator/mounts.py).  Kept outside
     # the project and the data dir, so no agent can ever edit it.

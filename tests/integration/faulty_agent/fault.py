@@ -46,7 +46,8 @@ if "memhog" in words:
     while True:
         hog.append(bytearray(16 * 1024 * 1024))
 if "forge-send" in words:
-    target = words[words.index("forge-send") + 1]
+    raw_words = text.split()  # chat ids keep their "@"
+    target = raw_words[raw_words.index("forge-send") + 1]
     emit({"type": "send_message", "chat_jid": target, "text": "forged announcement"})
     emit({"type": "assistant", "text": "I tried"})
     emit({"type": "result"})

@@ -1,0 +1,135 @@
+"""Orchestration overhead: from a triggering message being stored to the
+first reply being stored, with the offline model (no model time), through
+the real path (ingest, Celery signal, a `celery worker` process, the
+sandbox), cold containers and warm sessions.
+
+Baselines measured in the same command:
+
+* ``docker run --rm`` of the same image doing nothing: the floor for a cold
+  container start;
+* a 2-second polling loop (the single-process design): a message waits
+  uniform(0, 2 s) for the next poll, then the same work as our cold run.
+
+    .venv/bin/python bench/overhead.py [--runs N]
+
+Latency is read from the database: the reply's stored timestamp minus the
+message's (one clock, no polling error in the measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+
+import docker
+
+from orchestrator.db import Database
+from orchestrator.groups import ensure_main_group
+from orchestrator.image import ensure_agent_image
+from orchestrator.ingest import IncomingMessage, ingest
+from orchestrator.queue import forget_celery, signal_group
+from orchestrator.sandbox import docker_client
+from orchestrator.settings import Settings
+from orchestrator.store import get_messages_after
+
+JID = "main@local"
+POLL_S = 2.0
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def docker_run_floor(image: str, n: int) -> list[float]:
+    client = docker.from_env()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        client.containers.run(image, entrypoint=["true"], network_mode="none", remove=True)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _ts(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+def measure(data_dir: Path, image: str, n: int, warm_idle_s: float) -> list[float]:
+    """Latencies (s) of ``n`` runs, one after another, through a real worker."""
+    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(data_dir), "ORCHESTRATOR_AGENT_IMAGE": image,
+           "ORCHESTRATOR_WARM_IDLE_S": str(warm_idle_s), "ORCHESTRATOR_LOG_LEVEL": "WARNING"}
+    settings = Settings(data_dir=data_dir, agent_image=image, warm_idle_s=warm_idle_s, _env_file=None)  # type: ignore[call-arg]
+    settings.ensure_dirs()
+    forget_celery()  # each phase has its own broker folder
+    db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
+    db.migrate()
+    ensure_main_group(db)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "agent,delivery",
+         "--concurrency", "1", "-l", "WARNING", "--without-gossip", "--without-mingle"],
+        env=env, stdout=subprocess.DEVNULL, stderr=open(data_dir / "worker.log", "wb"),
+    )
+    latencies = []
+    try:
+        time.sleep(3)  # the worker's start-up (not part of any run)
+        for i in range(n + 1):
+            sent = ingest(db, settings, IncomingMessage(chat_jid=JID, sender="bench", content=f"ping {i}"),
+                          signal=partial(signal_group, settings)).message
+            deadline = time.monotonic() + 120
+            while True:
+                replies = [m for m in get_messages_after(JID, sent.seq, db=db) if m.sender == "bot"]
+                if replies:
+                    break
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"no reply to run {i} within 120 s; see {data_dir / 'worker.log'}:\n"
+                                     + (data_dir / "worker.log").read_text()[-3000:])
+                time.sleep(0.01)
+            if i > 0:  # the first run also pays for the worker's first connections
+                latencies.append(_ts(replies[0].timestamp) - _ts(sent.timestamp))
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        if warm_idle_s:
+            from orchestrator.warm import WarmPool
+
+            WarmPool(settings, docker_client(settings)).stop_all()
+        db.dispose()
+    return latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args()
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    ensure_agent_image(docker_client(settings), settings)
+    image = settings.agent_image
+    with tempfile.TemporaryDirectory() as tmp:
+        floor = docker_run_floor(image, args.runs)
+        cold = measure(Path(tmp) / "cold", image, args.runs, warm_idle_s=0)
+        warm = measure(Path(tmp) / "warm", image, args.runs, warm_idle_s=120)
+    rng = random.Random(7)
+    polling = [rng.uniform(0, POLL_S) + rng.choice(cold) for _ in range(2000)]
+    rows = [("docker run --rm (floor)", floor), ("cold container", cold), ("warm session", warm),
+            ("2 s polling loop (model)", polling)]
+    print(f"{'':28} {'p50':>8} {'p95':>8}   (n={args.runs}, offline model)")
+    for name, values in rows:
+        print(f"{name:28} {pct(values, 50) * 1000:7.0f}ms {pct(values, 95) * 1000:7.0f}ms")
+    print(f"cold - floor (p50): {(pct(cold, 50) - pct(floor, 50)) * 1000:.0f} ms")
+    print(f"polling / warm (p50): {pct(polling, 50) / pct(warm, 50):.1f}x;"
+          f" polling / cold (p50): {pct(polling, 50) / pct(cold, 50):.1f}x")
+    print(f"mean cold {statistics.mean(cold) * 1000:.0f} ms, mean warm {statistics.mean(warm) * 1000:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Warm sessions with real Docker: one container serves a group's runs until
+it idles out; crashed, stale or timed-out containers are replaced; the
+sweeper leaves a live one alone; reset stops it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from orchestrator.channels import ChannelRegistry
+from orchestrator.db import Database
+from orchestrator.groups import ensure_main_group, get_group
+from orchestrator.ingest import IncomingMessage, ingest
+from orchestrator.pipeline import Pipeline
+from orchestrator.sandbox import LABEL_MANAGED, LABEL_WARM
+from orchestrator.settings import Settings
+from orchestrator.store import get_messages_after
+from orchestrator.warm import reset_session
+from tests.conftest import wait_until
+from tests.fakes.channel import RecordingChannel
+
+JID = "main@local"
+
+
+@pytest.fixture
+def warm(tmp_path: Path, agent_image: str) -> Iterator[Pipeline]:
+    settings = Settings(  # type: ignore[call-arg]
+        data_dir=tmp_path / "data", agent_image=agent_image, run_timeout_s=20, warm_idle_s=60, _env_file=None,
+    )
+    settings.ensure_dirs()
+    db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
+    db.migrate()
+    ensure_main_group(db)
+    pipeline = Pipeline(settings, db, ChannelRegistry("Andy", [RecordingChannel()]))
+    yield pipeline
+    pipeline.warm_pool.stop_all()
+    db.dispose()
+
+
+def _warm_containers() -> list:
+    return docker.from_env().containers.list(all=True, filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_WARM}=1"]})
+
+
+def _run(p: Pipeline, text: str, state: str = "succeeded") -> str:
+    ingest(p.db, p.settings, IncomingMessage(chat_jid=JID, sender="u", content=text), signal=None)
+    outcomes = p.drain_group(JID)
+    assert [o.run.state for o in outcomes] == [state], [o.run.error for o in outcomes]
+    return outcomes[0].run.container_id or ""
+
+
+def _last_output(p: Pipeline) -> str:
+    return [m.content for m in get_messages_after(JID, 0, db=p.db) if m.message_type == "tool_result"][-1]
+
+
+def test_one_container_serves_a_groups_runs(warm: Pipeline) -> None:
+    first = _run(warm, "$ echo $$ > /tmp/pid && echo one > kept.txt")
+    second = _run(warm, "$ cat /tmp/pid kept.txt; echo two")
+    assert first and first == second  # the same container took the second run
+    assert _last_output(warm).splitlines()[-2:] == ["one", "two"]  # /tmp and the workspace persist
+    assert len(_warm_containers()) == 1
+    # the sweeper's orphan removal leaves a live warm container alone
+    assert warm.sandbox.remove_orphans(set()) == 0
+    assert _run(warm, "$ echo three") == first
+
+
+def test_a_dead_warm_container_is_replaced(warm: Pipeline) -> None:
+    first = _run(warm, "$ echo one")
+    docker.from_env().containers.get(first).kill()
+    second = _run(warm, "$ echo after-crash")
+    assert second != first and _last_output(warm).strip() == "after-crash"
+
+
+def test_a_timed_out_run_kills_its_container_and_the_next_starts_fresh(warm: Pipeline) -> None:
+    warm.settings = warm.settings.model_copy(update={"run_timeout_s": 3.0})
+    # Hangs the first time only: the offline model merges the unanswered
+    # message into the next one and runs it again.
+    first = _run(warm, "$ test -f .slept || { touch .slept; sleep 60; }", state="timed_out")
+    wait_until(lambda: all(c.id != first for c in _warm_containers()), 15, "the killed container to go")
+    second = _run(warm, "still there?")
+    assert second and second != first
+
+
+def test_a_changed_configuration_replaces_the_container(warm: Pipeline) -> None:
+    first = _run(warm, "$ echo one")
+    warm.settings = warm.settings.model_copy(update={"container_memory": "256m"})
+    assert _run(warm, "$ echo two") != first
+    assert len(_warm_containers()) == 1
+
+
+def test_idle_containers_exit_and_reset_stops_one(warm: Pipeline) -> None:
+    warm.settings = warm.settings.model_copy(update={"warm_idle_s": 2.0})
+    _run(warm, "$ echo idle-soon")
+    wait_until(lambda: _warm_containers() == [], 20, "the idle container to exit")
+    warm.settings = warm.settings.model_copy(update={"warm_idle_s": 60.0})
+    _run(warm, "$ echo again")
+    assert get_group(warm.db, JID).session_id
+    stopped = reset_session(warm.db, warm.settings, JID)
+    assert stopped == 1 and _warm_containers() == []
+    assert get_group(warm.db, JID).session_id is None
