@@ -78,6 +78,7 @@ class ModelGateway:
         allowed_paths: frozenset[str] = ANTHROPIC_PATHS,
         auth: Auth = "x-api-key",
         timeout_s: float = 600.0,
+        token_budget: int = 0,
     ) -> None:
         self.socket_path = socket_path
         self.upstream = upstream.rstrip("/")
@@ -90,6 +91,10 @@ class ModelGateway:
         self._client = httpx.Client(timeout=timeout_s)
         self._api_key = api_key
         self._auth = auth
+        # Input + output tokens one run may spend (0: no limit).  Checked
+        # before each request: the one that crosses it completes, the next
+        # is refused, so a run cannot overspend by more than one answer.
+        self.token_budget = token_budget
         gateway = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -124,10 +129,11 @@ class ModelGateway:
         if provider == "openai":
             return cls(
                 socket_path, upstream=settings.openai_base_url, api_key=settings.openai_api_key,
-                allowed_paths=OPENAI_PATHS, auth="bearer",
+                allowed_paths=OPENAI_PATHS, auth="bearer", token_budget=settings.run_token_budget,
             )
         if provider == "anthropic":
-            return cls(socket_path, upstream=settings.anthropic_base_url, api_key=settings.anthropic_api_key)
+            return cls(socket_path, upstream=settings.anthropic_base_url, api_key=settings.anthropic_api_key,
+                       token_budget=settings.run_token_budget)
         raise ValueError(f"no model gateway for provider {provider!r}")
 
     def __enter__(self) -> ModelGateway:
@@ -148,10 +154,11 @@ class ModelGateway:
 
     # -- request handling -----------------------------------------------------------
 
-    def _refuse(self, h: BaseHTTPRequestHandler) -> None:
+    def _refuse(self, h: BaseHTTPRequestHandler, kind: str = "forbidden",
+                message: str = "route not allowed by the gateway") -> None:
         with self._lock:
             self.refused += 1
-        body = json.dumps({"type": "error", "error": {"type": "forbidden", "message": "route not allowed by the gateway"}}).encode()
+        body = json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
         h.send_response(403)
         h.send_header("content-type", "application/json")
         h.send_header("content-length", str(len(body)))
@@ -166,6 +173,13 @@ class ModelGateway:
         path = h.path.split("?", 1)[0]
         if path not in self.allowed_paths:
             self._refuse(h)
+            return
+        with self._lock:
+            spent = self.input_tokens + self.output_tokens
+        if self.token_budget and spent >= self.token_budget:
+            # 403, not 429: a provider must not retry this.
+            self._refuse(h, "budget_exceeded",
+                         f"this run used {spent} tokens; its budget is {self.token_budget} (ORCHESTRATOR_RUN_TOKEN_BUDGET)")
             return
         length = int(h.headers.get("content-length") or 0)
         body = h.rfile.read(length) if length else b""

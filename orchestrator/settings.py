@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     openai_api_key: str = ""
     max_tokens: int = Field(default=1024, ge=1)
     max_turns: int = Field(default=8, ge=1)
+    # Tokens (input + output) one run may spend through the model gateway; 0: no limit.
+    run_token_budget: int = Field(default=0, ge=0)
 
     assistant_name: str = "Andy"
     # Extra names that also trigger the agent (comma separated).

@@ -180,3 +180,33 @@ def test_real_provider_completes_a_tool_conversation_through_the_gateway(
     assert result_block["type"] == "tool_result" and "via-gw" in result_block["content"]
     assert (gateway.input_tokens, gateway.output_tokens) == (30, 3)
     assert gateway.requests == 2
+
+
+def test_the_token_budget_refuses_the_request_after_it_is_spent(sock: Path, fake: FakeAnthropic) -> None:
+    # Each reply costs 10*n + n tokens (n = 5: 55); the budget of 100 allows two.
+    fake.replies.extend(message([{"type": "text", "text": "r"}], "end_turn", n=5) for _ in range(3))
+    with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=KEY, token_budget=100) as gw, \
+            gateway_client(sock) as client:
+        assert client.post("/v1/messages", json=REQUEST).status_code == 200
+        assert client.post("/v1/messages", json=REQUEST).status_code == 200
+        refused = client.post("/v1/messages", json=REQUEST)
+        assert refused.status_code == 403
+        assert refused.json()["error"]["type"] == "budget_exceeded"
+        assert "used 110 tokens; its budget is 100" in refused.json()["error"]["message"]
+        assert len(fake.calls) == 2  # the refused request never reached the upstream
+        assert (gw.input_tokens, gw.output_tokens, gw.refused) == (100, 10, 1)
+
+
+def test_a_budget_error_fails_the_run_without_retries(sock: Path, fake: FakeAnthropic, tmp_path: Path) -> None:
+    from agent_runner.errors import ProviderError
+
+    fake.replies.extend([message([{"type": "tool_use", "id": "t1", "name": "bash", "input": {"command": "true"}}],
+                                 "tool_use", n=5)])
+    with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=KEY, token_budget=50):
+        provider = AnthropicProvider(ModelSettings(provider="anthropic", model="claude-fake", socket_path=str(sock)))
+        inp = ContainerInput(run_id="r", chat_jid="c", group_folder="g", assistant_name="A",
+                             messages=[{"role": "user", "content": "go"}])  # type: ignore[list-item]
+        with pytest.raises(ProviderError) as err:
+            run_agent(inp, provider, lambda e: None, workspace=tmp_path)
+    assert not err.value.retryable and "budget" in str(err.value)
+    assert len(fake.calls) == 1
