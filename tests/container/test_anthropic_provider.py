@@ -155,6 +155,25 @@ def test_server_error_is_retried(serve_tcp: Any, workspace: Path) -> None:
     assert events[0] == AssistantEvent(text="recovered")
 
 
+def test_rate_limit_is_retried(serve_tcp: Any, workspace: Path) -> None:
+    fake = FakeAnthropic(
+        api_error(429, "rate_limit_error", "slow down"),
+        message([{"type": "text", "text": "after the wait"}], "end_turn"),
+    )
+    events = run_with(AnthropicProvider(settings(base_url=serve_tcp(fake))), workspace)
+    assert len(fake.requests) == 2 and events[0] == AssistantEvent(text="after the wait")
+
+
+@pytest.mark.parametrize("body", [b"<html>502 bad gateway</html>", b'{"type": "message", "content": "oops"'])
+def test_a_malformed_response_is_a_clear_provider_error(serve_tcp: Any, body: bytes) -> None:
+    fake = FakeAnthropic(*[(200, body, {})] * 3)
+    provider = AnthropicProvider(settings(base_url=serve_tcp(fake)))
+    with pytest.raises(ProviderError) as caught:
+        provider.complete("sys", [ProviderMessage("user", [TextBlock("hi")])], [])
+    assert "malformed response from the Anthropic API" in str(caught.value)
+    assert not caught.value.retryable
+
+
 def test_persistent_overload_is_a_retryable_provider_error(serve_tcp: Any) -> None:
     fake = FakeAnthropic(*[api_error(529, "overloaded_error", "busy")] * 3)
     provider = AnthropicProvider(settings(base_url=serve_tcp(fake)))

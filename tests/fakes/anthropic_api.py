@@ -128,7 +128,7 @@ class FakeAnthropic:
     def usage(self) -> tuple[int, int]:
         """Input and output tokens of all successful replies sent so far."""
         with self._lock:
-            bodies = [body for status, body, _ in self.sent if status == 200]
+            bodies = [body for status, body, _ in self.sent if status == 200 and isinstance(body, dict)]
         return (
             sum(b["usage"]["input_tokens"] for b in bodies),
             sum(b["usage"]["output_tokens"] for b in bodies),
@@ -145,7 +145,8 @@ class FakeAnthropic:
                 status, body, extra = fake._next_reply(rec)
                 with fake._lock:
                     fake.sent.append((status, body, extra))
-                data = json.dumps(body).encode()
+                # bytes: sent as they are (a malformed response on purpose)
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

@@ -173,9 +173,16 @@ class AnthropicProvider:
             message = self._client.messages.create(**request)
         except anthropic.AnthropicError as exc:
             raise _provider_error(exc) from exc
-        content = [b for b in map(_block_from_sdk, message.content) if b is not None]
-        return ProviderResponse(
-            content=content,
-            stop_reason=message.stop_reason,
-            usage=_usage_from_sdk(message.usage),
-        )
+        except ValueError as exc:  # a 200 whose body is not JSON (a proxy's page, a cut-off body)
+            raise ProviderError(f"malformed response from the Anthropic API: {exc}", retryable=False) from exc
+        if not isinstance(getattr(message, "content", None), list):
+            raise ProviderError(
+                f"malformed response from the Anthropic API: no content list in {str(message)[:300]!r}",
+                retryable=False,
+            )
+        try:
+            content = [b for b in map(_block_from_sdk, message.content) if b is not None]
+            usage = _usage_from_sdk(message.usage)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ProviderError(f"malformed response from the Anthropic API: {exc}", retryable=False) from exc
+        return ProviderResponse(content=content, stop_reason=message.stop_reason, usage=usage)
