@@ -253,6 +253,19 @@ def send(
     raise typer.Exit(_wait_for_replies(db, settings, msg, wait, as_json))
 
 
+@app.command()
+def chat(
+    jid: str,
+    sender: Annotated[str, typer.Option(help="Your name in the chat.")] = "cli-user",
+    linger: Annotated[float, typer.Option(help="Piped input: keep following this many seconds after EOF.")] = 60.0,
+) -> None:
+    """Chat with the agent in chat JID from this terminal (live replies; /help for commands)."""
+    from .chat import run_chat
+
+    settings, db = _setup()
+    raise typer.Exit(run_chat(db, settings, jid, sender, linger_s=linger))
+
+
 def _wait_for_replies(db: Database, settings: Settings, sent: StoredMessage, wait: float, as_json: bool) -> int:
     """Print what the run stores after ``sent``; 0 if the run succeeded."""
     group = get_group(db, sent.chat_jid)
