@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import cli_history
+from . import cli_channels, cli_history
 from .cli_support import fail as _fail
 from .cli_support import setup as _setup
 from .db import Database
@@ -20,7 +20,7 @@ from .errors import OrchestratorError
 from .groups import add_group, ensure_main_group, get_group, list_groups
 from .ingest import IncomingMessage, ingest
 from .messages import StoredMessage
-from .queue import signal_group
+from .queue import signal_delivery, signal_group
 from .render import render_text
 from .runs import FINAL_STATES, get_run, list_runs
 from .settings import Settings
@@ -128,10 +128,13 @@ def sweep() -> None:
     except OrchestratorError as exc:
         typer.secho(f"warning: {exc}; containers not checked", fg=typer.colors.YELLOW, err=True)
         sandbox = None
-    report = run_sweep(db, signal=partial(signal_group, settings), sandbox=sandbox)
+    report = run_sweep(db, signal=partial(signal_group, settings), sandbox=sandbox,
+                       signal_delivery=partial(signal_delivery, settings))
     typer.echo(
         f"interrupted runs: {len(report.interrupted_runs)}, re-signalled groups: "
-        f"{len(report.signalled_groups)}, removed containers: {report.removed_containers}"
+        f"{len(report.signalled_groups)}, removed containers: {report.removed_containers}, "
+        f"chats with due deliveries: {len(report.delivery_signals)}, "
+        f"abandoned delivery claims: {report.abandoned_deliveries}"
     )
 
 
@@ -242,7 +245,7 @@ def send(
         result = ingest(
             db, settings,
             IncomingMessage(chat_jid=jid, sender=sender, sender_name=sender, content=text, metadata=meta),
-            signal=partial(signal_group, settings),
+            signal=partial(signal_group, settings), signal_delivery=partial(signal_delivery, settings),
         )
     except (OrchestratorError, ValueError) as exc:
         raise _fail(exc) from exc
@@ -480,6 +483,7 @@ def image_build(force: Annotated[bool, typer.Option(help="Rebuild even if curren
 
 
 cli_history.register(app)
+cli_channels.register(app, groups_app)
 
 
 def main() -> None:

@@ -3,7 +3,8 @@
 
     OrchestratorError
     ├── ConfigError            settings that cannot work (bad URL, missing tool)
-    │   └── ContainerConfigError   a group's container_config is invalid (names the field)
+    │   ├── ContainerConfigError   a group's container_config is invalid (names the field)
+    │   └── ChannelError       an unknown channel, a bad name, address or plugin
     ├── StoreError             the database refused or lost something
     │   ├── UnknownGroup       a chat id that is not a registered group
     │   └── MessageNotFound    no such (message id, chat) in the store
@@ -30,6 +31,10 @@ class ConfigError(OrchestratorError):
 
 
 class ContainerConfigError(ConfigError, ValueError):
+    pass
+
+
+class ChannelError(ConfigError, ValueError):
     pass
 
 

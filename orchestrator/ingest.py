@@ -17,6 +17,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from .db import Database
+from .deliveries import record_deliveries, with_origin
 from .groups import group_from_row
 from .messages import MessageType, NewMessage, StoredMessage
 from .router import wakes_agent
@@ -43,6 +44,8 @@ class IncomingMessage(BaseModel):
     is_from_me: bool = False
     message_type: MessageType = "user"
     metadata: dict[str, Any] | None = None
+    # The channel it arrived on: mirrored to the group's other channels, not back.
+    channel: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
 
 
 class IngestResult(BaseModel):
@@ -66,21 +69,27 @@ def ingest(
     *,
     signal: Signal | None,
     wake: bool | None = None,
+    signal_delivery: Signal | None = None,
 ) -> IngestResult:
     """Store ``incoming``; if it wakes the agent, mark pending work and signal.
 
     ``wake`` overrides the routing rules (a scheduled task wakes its group
     whatever the trigger setting); it still needs a registered group.
+    ``signal_delivery`` is told the chat when the message is queued for its
+    group's channels (``orchestrator/deliveries.py``).
     """
     with db.write() as session:
         new = NewMessage(
             id=incoming.id or new_message_id(),
             timestamp=incoming.timestamp or now_iso(),
-            **incoming.model_dump(exclude={"id", "timestamp"}),
+            **incoming.model_dump(exclude={"id", "timestamp", "channel", "metadata"}),
+            metadata=with_origin(incoming.metadata, incoming.channel),
         )
         msg, created = insert_message(session, db, new)
         triggered = False
+        queued = 0
         if created:
+            queued = record_deliveries(session, msg)
             # Read the group inside the same transaction as the insert.
             row = session.get(GroupRow, incoming.chat_jid)
             group = group_from_row(row) if row is not None else None
@@ -99,4 +108,9 @@ def ingest(
             # The message and its pending mark are committed; the sweeper
             # re-signals the group once the broker is back.
             log.warning("could not signal a worker for %s (%s); the sweeper will", incoming.chat_jid, exc)
+    if queued and signal_delivery is not None:
+        try:
+            signal_delivery(incoming.chat_jid)
+        except Exception as exc:  # noqa: BLE001 - the sweeper re-signals due deliveries
+            log.warning("could not signal a deliverer for %s (%s); the sweeper will", incoming.chat_jid, exc)
     return IngestResult(message=msg, created=created, triggered=triggered, signalled=signalled)

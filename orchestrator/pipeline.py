@@ -40,6 +40,7 @@ from .assembly import Batch, build_input, input_bytes, plan_batch, prior_message
 from .channels import ChannelRegistry
 from .container_config import container_plan
 from .db import Database
+from .deliveries import Deliverer, record_deliveries
 from .errors import ConfigError, MountRefused
 from .gateway import ModelGateway
 from .groups import Group, get_group, send_refusal, send_targets
@@ -142,10 +143,16 @@ class Pipeline:
         db: Database,
         channels: ChannelRegistry,
         sandbox: DockerSandbox | None = None,
+        *,
+        signal_delivery: Callable[[str], object] | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
         self.channels = channels
+        # Outputs are queued for the group's channels with the message; a
+        # worker signals the delivery queue, anything else (tests) sends them
+        # right here on ``channels`` (orchestrator/deliveries.py).
+        self.signal_delivery = signal_delivery
         self._sandbox = sandbox
         self._warm_pool: WarmPool | None = None
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -399,11 +406,13 @@ class Pipeline:
         with self.db.write() as session:
             new = NewMessage(chat_jid=group.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
             msg, created = insert_message(session, self.db, new)
+            queued = record_deliveries(session, msg) if created else 0
         if created:
             outcome.stored.append(msg.seq)
             if msg.sender == SENDER_BOT:
                 outcome.replied = True
-            self.channels.deliver(msg)
+        if queued:
+            self._deliver(group.chat_jid)
 
     def _send_message(
         self, group: Group, event: SendMessageEvent, run_id: str, index: int, assistant: str, outcome: RunOutcome
@@ -428,8 +437,19 @@ class Pipeline:
             fields = {**out.model_dump(), "metadata": meta}
             new = NewMessage(chat_jid=event.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
             msg, created = insert_message(session, self.db, new)
-        if created:
-            self.channels.deliver(msg)
+            queued = record_deliveries(session, msg) if created else 0
+        if queued:
+            self._deliver(event.chat_jid)
+
+    def _deliver(self, chat_jid: str) -> None:
+        """Off the run's path: signal a deliverer, or (no queue) send here; never raises."""
+        try:
+            if self.signal_delivery is not None:
+                self.signal_delivery(chat_jid)
+            else:
+                Deliverer(self.db, self.settings, self.channels).deliver_due(chat_jid)
+        except Exception as exc:  # noqa: BLE001 - stored and queued; the sweeper re-signals
+            log.warning("delivery for %s not started now (%s); the sweeper will", chat_jid, exc)
 
     def _advance(self, group: Group, cursor_to: int, session_id: str | None) -> None:
         values: dict[str, object] = {"cursor_seq": cursor_to}

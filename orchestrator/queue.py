@@ -20,6 +20,7 @@ DELIVERY_QUEUE = "delivery"
 DRAIN_TASK = "workers.tasks.drain_group"
 SWEEP_TASK = "workers.tasks.sweep"
 SCHEDULE_TASK = "workers.tasks.fire_schedules"
+DELIVER_TASK = "workers.tasks.deliver"
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -57,6 +58,7 @@ def make_celery(settings: Settings) -> Celery:
             DRAIN_TASK: {"queue": AGENT_QUEUE},
             SWEEP_TASK: {"queue": DELIVERY_QUEUE},
             SCHEDULE_TASK: {"queue": DELIVERY_QUEUE},
+            DELIVER_TASK: {"queue": DELIVERY_QUEUE},
         },
         beat_schedule={
             "sweep": {"task": SWEEP_TASK, "schedule": settings.sweep_interval_s, "options": {"expires": settings.sweep_interval_s}},
@@ -123,4 +125,25 @@ def _publish(settings: Settings, chat_jid: str) -> str:
         DRAIN_TASK, args=[chat_jid], queue=AGENT_QUEUE,
         retry=True, retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5},
     )
+    return result.id
+
+
+def signal_delivery(settings: Settings, chat_jid: str | None, countdown: float | None = None) -> str:
+    """Ask some worker to send ``chat_jid``'s due deliveries (None: every chat's),
+    now or after ``countdown`` seconds; call only after the DB commit.
+
+    Like the drain signal it only says "look": the rows are the truth, and the
+    sweeper re-signals whatever is due if this one is lost.
+    """
+    global _broken_until
+    if time.monotonic() < _broken_until:
+        raise BrokerUnavailable("the broker failed moments ago; leaving the signal to the sweeper")
+    try:
+        result = get_celery(settings).send_task(
+            DELIVER_TASK, args=[chat_jid], queue=DELIVERY_QUEUE, countdown=countdown,
+            retry=True, retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5},
+        )
+    except Exception:
+        _broken_until = time.monotonic() + _BREAKER_S
+        raise
     return result.id

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select, update
 
 from .db import Database
+from .deliveries import record_deliveries
 from .errors import InvalidMessage, StoreError
 from .groups import get_group
 from .ingest import mark_pending
@@ -207,6 +208,7 @@ def fire_due(
             stored, created = insert_message(session, db, msg)
             if created:
                 mark_pending(session, task.chat_jid, stored.seq)
+                record_deliveries(session, stored)  # shown on the group's channels (the sweeper signals)
         if created:
             fired.append(stored.id)
             if signal is not None:

@@ -64,6 +64,17 @@ class Settings(BaseSettings):
     max_attempts: int = Field(default=3, ge=1)
     retry_base_s: float = Field(default=2.0, ge=0)
     retry_max_s: float = Field(default=60.0, ge=0)
+    # Deliveries of stored messages to channels (orchestrator/deliveries.py):
+    # a failed send is retried after base·2ⁿ⁻¹ seconds (capped, with jitter)
+    # up to max_attempts; a send that outlives claim_s is presumed cut off
+    # and is never retried (never sent twice).
+    delivery_max_attempts: int = Field(default=6, ge=1)
+    delivery_retry_base_s: float = Field(default=1.0, ge=0)
+    delivery_retry_max_s: float = Field(default=300.0, ge=0)
+    delivery_claim_s: float = Field(default=120.0, gt=0)
+    # Extra channels: comma-separated "module:factory", each called with the
+    # settings and returning a channel or a list of them (orchestrator/channels.py).
+    channel_plugins: str = ""
     # How often Celery beat runs the sweeper.
     sweep_interval_s: float = Field(default=15.0, gt=0)
     # How often Celery beat looks for scheduled tasks that are due.

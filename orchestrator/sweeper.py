@@ -11,6 +11,8 @@ Everything it does is safe to repeat and safe to run on several hosts:
 2. Groups with pending work and no live lease are signalled again.
 3. Run containers on this host's Docker engine whose run is not live are
    removed.
+4. Deliveries: a claim past its deadline (the deliverer died mid-send) is
+   marked failed, never resent; chats with due deliveries are signalled.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from datetime import UTC, datetime
 from sqlalchemy import and_, func, or_, select, update
 
 from .db import Database
+from .deliveries import abandon_stale_claims, due_chats, record_deliveries
 from .messages import SENDER_BOT, NewMessage, StoredMessage
 from .outputs import host_message
 from .runs import finish_run
@@ -38,6 +41,8 @@ class SweepReport:
     interrupted_runs: list[str] = field(default_factory=list)
     signalled_groups: list[str] = field(default_factory=list)
     removed_containers: int = 0
+    abandoned_deliveries: int = 0
+    delivery_signals: list[str] = field(default_factory=list)
 
 
 def _lease_dead(now: datetime):  # type: ignore[no-untyped-def]
@@ -49,7 +54,7 @@ def sweep(
     *,
     signal: Callable[[str], object] | None,
     sandbox: DockerSandbox | None = None,
-    deliver: Callable[[StoredMessage], object] | None = None,
+    signal_delivery: Callable[[str], object] | None = None,
 ) -> SweepReport:
     report = SweepReport()
     now = datetime.now(UTC)
@@ -64,9 +69,7 @@ def sweep(
             )
         ).all()
     for run_id, chat_jid, cursor_to in stale:
-        note = _close_interrupted(db, run_id, chat_jid, cursor_to)
-        if note is not None and deliver is not None:
-            deliver(note)
+        _close_interrupted(db, run_id, chat_jid, cursor_to)
         report.interrupted_runs.append(run_id)
 
     with db.read() as session:
@@ -82,10 +85,22 @@ def sweep(
 
     if sandbox is not None:
         report.removed_containers = sandbox.remove_orphans(live_run_ids(db))
-    if report.interrupted_runs or report.signalled_groups or report.removed_containers:
+
+    report.abandoned_deliveries = abandon_stale_claims(db)
+    if signal_delivery is not None:
+        for chat_jid in due_chats(db):
+            try:
+                signal_delivery(chat_jid)
+            except Exception as exc:  # noqa: BLE001 - next sweep
+                log.warning("could not signal a deliverer for %s (%s)", chat_jid, exc)
+                break
+            report.delivery_signals.append(chat_jid)
+    if report.interrupted_runs or report.signalled_groups or report.removed_containers or report.abandoned_deliveries:
         log.info(
-            "sweep: %d interrupted run(s), %d group(s) re-signalled, %d container(s) removed",
+            "sweep: %d interrupted run(s), %d group(s) re-signalled, %d container(s) removed, "
+            "%d delivery claim(s) abandoned",
             len(report.interrupted_runs), len(report.signalled_groups), report.removed_containers,
+            report.abandoned_deliveries,
         )
     return report
 
@@ -113,6 +128,8 @@ def _close_interrupted(db: Database, run_id: str, chat_jid: str, cursor_to: int)
             stored, created = insert_message(
                 session, db, NewMessage(chat_jid=chat_jid, timestamp=now_iso(), is_from_me=True, **note.model_dump())
             )
+            if created:
+                record_deliveries(session, stored)  # sent when the sweep signals due deliveries
             session.execute(
                 update(GroupRow).where(GroupRow.chat_jid == chat_jid, GroupRow.cursor_seq < cursor_to)
                 .values(cursor_seq=cursor_to)

@@ -1,4 +1,5 @@
-"""SQLAlchemy table mappings: messages, registered groups, agent runs.
+"""SQLAlchemy table mappings: messages, registered groups, agent runs, scheduled
+tasks, the channels of each group and deliveries to them.
 
 The schema itself is owned by the Alembic migrations in
 ``orchestrator/migrations``; these classes must stay in step with them (a test
@@ -10,7 +11,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Dialect, Float, Index, Integer, LargeBinary, String, Text
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -125,3 +138,43 @@ class ScheduledTaskRow(Base):
     last_run_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     runs: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+
+
+class GroupChannelRow(Base):
+    """A channel that shows a group's messages (``orchestrator groups attach``)."""
+
+    __tablename__ = "group_channels"
+
+    chat_jid: Mapped[str] = mapped_column(Text, primary_key=True)
+    channel: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # Where on that channel (a room, a user id, ...); NULL: the group's chat id.
+    address: Mapped[str | None] = mapped_column(Text, nullable=True)
+    config: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+
+
+class DeliveryRow(Base):
+    """One message on one channel: pending -> sending -> sent | failed | cancelled."""
+
+    __tablename__ = "deliveries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    message_seq: Mapped[int] = mapped_column(Integer, nullable=False)
+    chat_jid: Mapped[str] = mapped_column(Text, nullable=False)
+    channel: Mapped[str] = mapped_column(String(64), nullable=False)
+    address: Mapped[str] = mapped_column(Text, nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False)
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    # Who is sending it now, and until when the claim holds.
+    claimed_by: Mapped[str | None] = mapped_column(Text, nullable=True)
+    claimed_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    __table_args__ = (
+        UniqueConstraint("message_seq", "channel", name="uq_deliveries_message_channel"),
+        Index("idx_deliveries_due", "state", "next_attempt_at"),
+        Index("idx_deliveries_line", "chat_jid", "channel", "message_seq"),
+    )

@@ -1,6 +1,7 @@
 """Thin Celery tasks: decode the signal, call orchestrator code, report.
 
-``drain_group`` carries only a chat id.  Getting it twice, late, or for a
+``drain_group`` carries only a chat id, and so does ``deliver`` (send a
+chat's due deliveries; ``orchestrator/deliveries.py``).  Getting it twice, late, or for a
 group that another worker is already serving is harmless: the pipeline's
 lease makes the extra copy return at once.  ``sweep`` is run by beat and
 once at worker start-up; ``fire_schedules`` by beat, to start scheduled tasks
@@ -13,10 +14,11 @@ from functools import lru_cache, partial
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from orchestrator.channels import ChannelRegistry, LogChannel
+from orchestrator.channels import build_registry
 from orchestrator.db import get_database
+from orchestrator.deliveries import Deliverer
 from orchestrator.pipeline import Pipeline
-from orchestrator.queue import DRAIN_TASK, SCHEDULE_TASK, SWEEP_TASK, signal_group
+from orchestrator.queue import DELIVER_TASK, DRAIN_TASK, SCHEDULE_TASK, SWEEP_TASK, signal_delivery, signal_group
 from orchestrator.schedules import fire_due
 from orchestrator.settings import get_settings
 from orchestrator.sweeper import sweep as run_sweep
@@ -27,9 +29,8 @@ from .app import app
 @lru_cache(maxsize=1)
 def _pipeline() -> Pipeline:
     settings = get_settings()
-    channels = ChannelRegistry(settings.assistant_name)
-    channels.add(LogChannel())
-    pipeline = Pipeline(settings, get_database(settings), channels)
+    pipeline = Pipeline(settings, get_database(settings), build_registry(settings),
+                        signal_delivery=partial(signal_delivery, settings))
     pipeline.deadline_exceptions = (SoftTimeLimitExceeded,)
     return pipeline
 
@@ -49,12 +50,14 @@ def sweep_now() -> dict[str, object]:
         pipeline.db,
         signal=partial(signal_group, pipeline.settings),
         sandbox=pipeline.sandbox,
-        deliver=pipeline.channels.deliver,
+        signal_delivery=partial(signal_delivery, pipeline.settings),
     )
     return {
         "interrupted_runs": report.interrupted_runs,
         "signalled_groups": report.signalled_groups,
         "removed_containers": report.removed_containers,
+        "abandoned_deliveries": report.abandoned_deliveries,
+        "delivery_signals": report.delivery_signals,
     }
 
 
@@ -67,3 +70,13 @@ def sweep() -> dict[str, object]:
 def fire_schedules() -> list[str]:
     pipeline = _pipeline()
     return fire_due(pipeline.db, signal=partial(signal_group, pipeline.settings))
+
+
+@app.task(name=DELIVER_TASK, acks_late=True, ignore_result=True)
+def deliver(chat_jid: str | None = None) -> dict[str, object]:
+    pipeline = _pipeline()
+    report = Deliverer(pipeline.db, pipeline.settings, pipeline.channels, only_known=False).deliver_and_reschedule(
+        chat_jid, partial(signal_delivery, pipeline.settings)
+    )
+    return {"chat_jid": chat_jid, "sent": report.sent, "failed_attempts": report.failed_attempts,
+            "retry_in": report.retry_in}

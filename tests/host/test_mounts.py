@@ -41,7 +41,7 @@ from orchestrator.mounts import (
 from orchestrator.pipeline import Pipeline
 from orchestrator.sandbox import ContainerExit, ContainerSpec
 from orchestrator.settings import Settings
-from tests.fakes.channel import RecordingChannel
+from tests.fakes.channel import RecordingChannel, attach_recorder
 
 # -- fixtures -------------------------------------------------------------------------
 
@@ -519,8 +519,8 @@ class RecordingSandbox:
 
 def _pipeline(db: Database, env: Env) -> tuple[Pipeline, RecordingSandbox, RecordingChannel]:
     sandbox = RecordingSandbox()
-    rec = RecordingChannel()
-    return Pipeline(env.settings, db, ChannelRegistry("Andy", [rec]), sandbox=sandbox), sandbox, rec  # type: ignore[arg-type]
+    rec = attach_recorder(db, "alpha@chat")
+    return Pipeline(env.settings, db, ChannelRegistry([rec]), sandbox=sandbox), sandbox, rec  # type: ignore[arg-type]
 
 
 def _say(db: Database, env: Env, text: str = "hello") -> None:

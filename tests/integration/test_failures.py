@@ -27,7 +27,7 @@ from orchestrator.settings import Settings
 from orchestrator.store import get_messages_after, now_iso, store_message_direct
 from orchestrator.sweeper import sweep
 from orchestrator.views import format_messages_for_sdk
-from tests.fakes.channel import RecordingChannel
+from tests.fakes.channel import RecordingChannel, attach_recorder
 
 
 @pytest.fixture
@@ -37,8 +37,8 @@ def faulty(settings: Settings, db: Database, faulty_image: str) -> tuple[Pipelin
     )
     s.ensure_dirs()
     ensure_main_group(db)
-    rec = RecordingChannel()
-    return Pipeline(s, db, ChannelRegistry("Andy", [rec])), rec
+    rec = attach_recorder(db, "main@local")
+    return Pipeline(s, db, ChannelRegistry([rec])), rec
 
 
 def _say(p: Pipeline, text: str) -> StoredMessage:
@@ -59,7 +59,7 @@ def test_crash_before_output_is_retried_then_fails(faulty: tuple[Pipeline, Recor
     [outcome] = p.drain_group("main@local")
     assert outcome.run.state == "failed" and outcome.run.attempts == 3
     assert "status 3" in (outcome.run.error or "")
-    assert [m.message_type for m in rec.sent] == ["host"]
+    assert [m.message_type for m in rec.sent] == ["user", "host"]  # the person's message is shown too
     assert _hosts(rec)[0].startswith("⚠️ Agent error")
     assert _no_containers_left()
 

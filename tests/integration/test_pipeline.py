@@ -23,7 +23,7 @@ from orchestrator.sandbox import LABEL_MANAGED
 from orchestrator.settings import Settings
 from orchestrator.store import get_messages_after
 from orchestrator.views import format_messages_for_sdk
-from tests.fakes.channel import RecordingChannel
+from tests.fakes.channel import RecordingChannel, attach_recorder
 
 
 @pytest.fixture
@@ -39,8 +39,8 @@ def pipe(
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
     db.migrate()
     ensure_main_group(db)
-    rec = RecordingChannel()
-    yield Pipeline(settings, db, ChannelRegistry("Andy", [rec])), db, rec
+    rec = attach_recorder(db, "main@local")
+    yield Pipeline(settings, db, ChannelRegistry([rec])), db, rec
     db.dispose()
 
 
@@ -59,9 +59,11 @@ def test_run_stores_and_delivers_in_order(pipe: tuple[Pipeline, Database, Record
     outcomes = pipeline.drain_group("main@local")
     assert [o.run.state for o in outcomes] == ["succeeded"]
     stored = get_messages_after("main@local", sent.seq, db=db)
-    assert [m.seq for m in rec.sent] == [m.seq for m in stored]
+    # The person's message, then every output but the stored-only tool_use record, in order.
+    assert [m.seq for m in rec.sent] == [sent.seq] + [m.seq for m in stored if m.sender != "tool_use"]
     rendered = rec.rendered
-    assert rendered[1].startswith("🔧 ✅ exit 0") and "a\nb" in rendered[1]
+    assert rendered[0] == "u: $ printf 'a\\nb\\n'"
+    assert rendered[1].startswith("🔧 ✅ exit 0 · bash") and "a\nb" in rendered[1]
     assert rendered[2].startswith("Andy: ")
     assert get_group(db, "main@local").cursor_seq == sent.seq
     # A second drain finds nothing to do.

@@ -87,7 +87,7 @@ def box(tmp_path_factory: pytest.TempPathFactory, agent_image: str) -> Iterator[
     ensure_main_group(db)
     add_group(db, chat_jid=ALPHA, name="alpha", folder="alpha", requires_trigger=False)
     add_group(db, chat_jid=BRAVO, name="bravo", folder="bravo", requires_trigger=False)
-    b = Box(settings, db, Pipeline(settings, db, ChannelRegistry("Andy", [RecordingChannel()])), base)
+    b = Box(settings, db, Pipeline(settings, db, ChannelRegistry([RecordingChannel()])), base)
     yield b
     leftover = b.containers()
     for c in leftover:

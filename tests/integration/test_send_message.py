@@ -16,7 +16,7 @@ from orchestrator.ingest import IncomingMessage, ingest
 from orchestrator.pipeline import Pipeline
 from orchestrator.settings import Settings
 from orchestrator.store import get_messages_after
-from tests.fakes.channel import RecordingChannel
+from tests.fakes.channel import RecordingChannel, attach_recorder
 
 TEAM = "team@g.us"
 
@@ -26,8 +26,8 @@ def _pipeline(settings: Settings, db: Database, image: str) -> tuple[Pipeline, R
     s.ensure_dirs()
     ensure_main_group(db)
     add_group(db, chat_jid=TEAM, name="team", folder="team", requires_trigger=False)
-    rec = RecordingChannel()
-    return Pipeline(s, db, ChannelRegistry("Andy", [rec])), rec
+    rec = attach_recorder(db, "main@local", TEAM)
+    return Pipeline(s, db, ChannelRegistry([rec])), rec
 
 
 def _run(p: Pipeline, jid: str, text: str) -> None:

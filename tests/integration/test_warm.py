@@ -34,7 +34,7 @@ def warm(tmp_path: Path, agent_image: str) -> Iterator[Pipeline]:
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
     db.migrate()
     ensure_main_group(db)
-    pipeline = Pipeline(settings, db, ChannelRegistry("Andy", [RecordingChannel()]))
+    pipeline = Pipeline(settings, db, ChannelRegistry([RecordingChannel()]))
     yield pipeline
     pipeline.warm_pool.stop_all()
     db.dispose()

@@ -1,0 +1,334 @@
+"""Channels and deliveries on a real database: mirroring, retries, exactly
+once under concurrent deliverers, what is never delivered, attach/detach."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, update
+
+from orchestrator.channels import (
+    ChannelRegistry,
+    LogChannel,
+    attach_channel,
+    build_registry,
+    detach_channel,
+    list_attachments,
+)
+from orchestrator.db import Database
+from orchestrator.deliveries import Deliverer, list_deliveries
+from orchestrator.envelopes import build_structured_envelope
+from orchestrator.errors import ChannelError, UnknownGroup
+from orchestrator.groups import add_group
+from orchestrator.history import truncate_after
+from orchestrator.ingest import IncomingMessage, ingest
+from orchestrator.messages import StoredMessage
+from orchestrator.settings import Settings
+from orchestrator.sweeper import sweep
+from orchestrator.tables import DeliveryRow
+from tests.conftest import run_in_threads, wait_until
+from tests.fakes.channel import RecordingChannel, read_file_channel
+
+JID = "team@chat"
+
+
+@pytest.fixture
+def team(db: Database) -> Database:
+    add_group(db, chat_jid=JID, name="Team", folder="team", requires_trigger=True, assistant_name="Robo")
+    return db
+
+
+def _say(db: Database, settings: Settings, content: str = "", *, channel: str | None = None,
+         sender: str = "alice", **kw: object) -> StoredMessage:
+    fields = {"sender_name": sender.title(), "content": content, **kw}
+    return ingest(db, settings, IncomingMessage(chat_jid=JID, sender=sender, channel=channel, **fields),  # type: ignore[arg-type]
+                  signal=None).message
+
+
+def _conversation(db: Database, settings: Settings, *, origin: str | None) -> list[StoredMessage]:
+    """A person's message (from ``origin``), then what a run would store."""
+    tool = build_structured_envelope("TOOL_CALL", {"tool_name": "bash", "input": {"command": "echo hi"},
+                                                   "output": "hi\n"}, extras={"exit_code": 0, "tool": "bash"})
+    return [
+        _say(db, settings, "@Robo say hi", channel=origin),
+        _say(db, settings, "bash: echo hi", sender="tool_use", message_type="assistant", is_from_me=True),
+        _say(db, settings, "hi\n", sender="command_output", sender_name="bash", message_type="tool_result",
+             is_from_me=True, metadata=tool),
+        _say(db, settings, "thinking about it", sender="thinking", message_type="assistant", is_from_me=True),
+        _say(db, settings, "hi", sender="bot", sender_name="Robo", message_type="assistant", is_from_me=True),
+        _say(db, settings, "⚠️ something to know", sender="host", sender_name="host", message_type="host",
+             is_from_me=True),
+    ]
+
+
+def _fast(settings: Settings, **kw: object) -> Settings:
+    return settings.model_copy(update={"delivery_retry_base_s": 0.05, "delivery_retry_max_s": 0.2, **kw})
+
+
+# -- mirroring ----------------------------------------------------------------------------
+
+
+def test_a_message_on_one_channel_shows_the_same_history_on_the_others(team: Database, settings: Settings) -> None:
+    channels = {n: RecordingChannel(n) for n in ("phone", "desk", "wall")}
+    for name in channels:
+        attach_channel(team, JID, name, address=f"{name}:room-7" if name == "wall" else None)
+    msgs = _conversation(team, settings, origin="phone")
+    report = Deliverer(team, settings, ChannelRegistry(channels.values())).deliver_due(JID)
+
+    expected = [
+        "Alice: @Robo say hi",
+        '🔧 ✅ exit 0 · bash\ninput: {"command": "echo hi"}\nhi',
+        "Robo: hi",
+        "🏠 ⚠️ something to know",
+    ]
+    assert channels["desk"].rendered == channels["wall"].rendered == expected
+    # Not echoed back to where it came from; the replies do go there.
+    assert channels["phone"].rendered == expected[1:]
+    assert report.sent == 3 + 4 + 4 and report.failed_attempts == 0
+    assert channels["wall"].addresses == ["wall:room-7"] * 4 and channels["desk"].addresses == [JID] * 4
+    # The rendered message names its source.
+    first = channels["desk"].sent[0]
+    assert (first.seq, first.id, first.message_type, first.origin_channel) == (
+        msgs[0].seq, msgs[0].id, "user", "phone")
+    assert msgs[0].metadata == {"origin_channel": "phone"}
+    rows = list_deliveries(team, message_seq=msgs[0].seq)
+    assert sorted(d.channel for d in rows) == ["desk", "wall"]
+    assert {(d.state, d.attempts) for d in list_deliveries(team)} == {("sent", 1)}
+    # Nothing is left to send, and nothing is sent twice.
+    again = Deliverer(team, settings, ChannelRegistry(channels.values())).deliver_due()
+    assert again.sent == 0 and len(channels["desk"].sent) == 4
+
+
+def test_only_channels_attached_at_the_time_get_a_message(team: Database, settings: Settings) -> None:
+    early, late = RecordingChannel("early"), RecordingChannel("late")
+    attach_channel(team, JID, "early")
+    _say(team, settings, "one")
+    attach_channel(team, JID, "late")
+    _say(team, settings, "two")
+    Deliverer(team, settings, ChannelRegistry([early, late])).deliver_due()
+    assert early.rendered == ["Alice: one", "Alice: two"] and late.rendered == ["Alice: two"]
+
+
+# -- retries ------------------------------------------------------------------------------
+
+
+def test_a_channel_that_fails_twice_gets_the_message_exactly_once(team: Database, settings: Settings) -> None:
+    settings = _fast(settings)
+    flaky = RecordingChannel("flaky", fail_times=2)
+    attach_channel(team, JID, "flaky")
+    first = _say(team, settings, "first")
+    second = _say(team, settings, "second")
+    deliverer = Deliverer(team, settings, ChannelRegistry([flaky]))
+
+    report = deliverer.deliver_due()
+    assert report.sent == 0 and report.failed_attempts == 1 and report.retry_in is not None
+    assert report.retry_in <= 0.05
+    [row] = list_deliveries(team, message_seq=first.seq)
+    assert (row.state, row.attempts) == ("pending", 1) and "flaky is down (call 1)" in (row.last_error or "")
+    # The second message waits behind the first: the channel shows them in order.
+    assert list_deliveries(team, message_seq=second.seq)[0].attempts == 0
+
+    def drained() -> bool:
+        deliverer.deliver_due()
+        return len(flaky.sent) == 2
+
+    wait_until(drained, 10, "the flaky channel to take both messages")
+    assert flaky.calls == 4 and flaky.rendered == ["Alice: first", "Alice: second"]
+    [row] = list_deliveries(team, message_seq=first.seq)
+    assert (row.state, row.attempts) == ("sent", 3) and row.sent_at is not None
+    assert "call 2" in (row.last_error or "")  # the last failure stays on record
+    assert [(d.state, d.attempts) for d in list_deliveries(team, message_seq=second.seq)] == [("sent", 1)]
+    for _ in range(3):
+        deliverer.deliver_due()
+    assert flaky.calls == 4  # never again
+
+
+def test_a_channel_that_keeps_failing_gives_up_and_the_next_message_goes_on(
+    team: Database, settings: Settings
+) -> None:
+    settings = _fast(settings, delivery_max_attempts=2, delivery_retry_base_s=0.0)
+    down = RecordingChannel("down", fail_times=2)
+    attach_channel(team, JID, "down")
+    first = _say(team, settings, "lost")
+    _say(team, settings, "kept")
+    Deliverer(team, settings, ChannelRegistry([down])).deliver_due()
+    [row] = list_deliveries(team, message_seq=first.seq)
+    assert (row.state, row.attempts) == ("failed", 2)
+    assert down.rendered == ["Alice: kept"]
+
+
+def test_retry_delays_grow_exponentially_with_jitter() -> None:
+    from orchestrator.deliveries import retry_delay
+
+    for attempt, cap in [(1, 1.0), (2, 2.0), (3, 4.0), (10, 30.0)]:
+        delays = [retry_delay(attempt, 1.0, 30.0) for _ in range(200)]
+        assert all(cap / 2 <= d <= cap for d in delays)
+        assert len(set(delays)) > 100  # jitter
+
+
+# -- exactly once ----------------------------------------------------------------------------
+
+
+def test_concurrent_deliverers_never_send_a_message_twice(team: Database, settings: Settings) -> None:
+    class Slow(RecordingChannel):
+        def send(self, chat_jid: str, rendered) -> None:  # type: ignore[no-untyped-def]
+            time.sleep(0.002)  # so that claims really overlap
+            super().send(chat_jid, rendered)
+
+    channels = [Slow("one"), Slow("two")]
+    for ch in channels:
+        attach_channel(team, JID, ch.name)
+    sent = [_say(team, settings, f"message {i}").seq for i in range(25)]
+    registry = ChannelRegistry(channels)
+    errors = run_in_threads(lambda i: Deliverer(team, settings, registry).deliver_due(), 8)
+    assert errors == []
+    for ch in channels:
+        assert [m.seq for m in ch.sent] == sent  # each once, in order
+    assert {(d.state, d.attempts) for d in list_deliveries(team)} == {("sent", 1)}
+
+
+def test_an_abandoned_send_is_never_retried_and_due_chats_are_signalled(team: Database, settings: Settings) -> None:
+    rec = RecordingChannel("rec")
+    attach_channel(team, JID, "rec")
+    cut = _say(team, settings, "cut off mid-send")
+    _say(team, settings, "next")
+    with team.write() as session:  # a deliverer claimed it, then died
+        session.execute(update(DeliveryRow).where(DeliveryRow.message_seq == cut.seq).values(
+            state="sending", attempts=1, claimed_by="dead:1:x",
+            claimed_until=datetime.now(UTC) - timedelta(seconds=1)))
+    signals: list[str] = []
+    report = sweep(team, signal=None, signal_delivery=signals.append)
+    assert report.abandoned_deliveries == 1
+    [row] = list_deliveries(team, message_seq=cut.seq)
+    assert row.state == "failed" and "never sent twice" in (row.last_error or "")
+    assert signals == [JID] == report.delivery_signals
+    Deliverer(team, settings, ChannelRegistry([rec])).deliver_due()
+    assert rec.rendered == ["Alice: next"]
+
+
+# -- what is never delivered -------------------------------------------------------------------
+
+
+def test_stored_only_and_superseded_messages_are_not_delivered(team: Database, settings: Settings) -> None:
+    rec = RecordingChannel("rec")
+    attach_channel(team, JID, "rec")
+    _say(team, settings, "@Robo go")
+    for sender in ("tool_use", "thinking", "result_meta"):
+        m = _say(team, settings, f"{sender} record", sender=sender, message_type="assistant", is_from_me=True)
+        assert list_deliveries(team, message_seq=m.seq) == []
+    # No sender name: shown under the group's assistant name.
+    keep = _say(team, settings, "answer", sender="bot", sender_name="", message_type="assistant", is_from_me=True)
+    dropped = _say(team, settings, "a reply that gets truncated", sender="bot", message_type="assistant",
+                   is_from_me=True)
+    truncate_after(team, settings, JID, keep.id)
+    report = Deliverer(team, settings, ChannelRegistry([rec])).deliver_due()
+    assert rec.rendered == ["Alice: @Robo go", "Robo: answer"]
+    assert report.cancelled == 1
+    [row] = list_deliveries(team, message_seq=dropped.seq)
+    assert row.state == "cancelled" and row.attempts == 1
+
+
+def test_detach_cancels_what_was_not_sent(team: Database, settings: Settings) -> None:
+    rec = RecordingChannel("rec")
+    attach_channel(team, JID, "rec")
+    m = _say(team, settings, "never shown")
+    assert detach_channel(team, JID, "rec") is True
+    assert detach_channel(team, JID, "rec") is False
+    assert [d.state for d in list_deliveries(team, message_seq=m.seq)] == ["cancelled"]
+    _say(team, settings, "after")
+    Deliverer(team, settings, ChannelRegistry([rec])).deliver_due()
+    assert rec.sent == [] and list_attachments(team, JID) == []
+
+
+def test_channels_of_another_process_are_left_alone_unless_told(team: Database, settings: Settings) -> None:
+    attach_channel(team, JID, "elsewhere")
+    m = _say(team, settings, "hi")
+    assert Deliverer(team, settings, ChannelRegistry([])).deliver_due().failed_attempts == 0
+    assert list_deliveries(team, message_seq=m.seq)[0].attempts == 0
+    # A worker owns every channel name: one it does not have is a failure (retried, then failed).
+    report = Deliverer(team, _fast(settings, delivery_max_attempts=1), ChannelRegistry([]),
+                       only_known=False).deliver_due()
+    assert report.failed_attempts == 1
+    [row] = list_deliveries(team, message_seq=m.seq)
+    assert row.state == "failed" and "no channel named 'elsewhere'" in (row.last_error or "")
+
+
+# -- registry and attachments ------------------------------------------------------------------
+
+
+def test_registry_is_keyed_by_name_and_checks_addresses(team: Database, settings: Settings) -> None:
+    class Rooms(RecordingChannel):
+        def owns(self, chat_jid: str) -> bool:
+            return chat_jid.startswith("room:")
+
+    with pytest.raises(ChannelError, match="two channels"):
+        ChannelRegistry([RecordingChannel("x"), RecordingChannel("x")])
+    with pytest.raises(ChannelError, match="lowercase"):
+        ChannelRegistry([RecordingChannel("Bad Name")])
+    registry = ChannelRegistry([LogChannel(), Rooms("rooms")])
+    assert registry.names == ["log", "rooms"] and "rooms" in registry and registry.get("nope") is None
+    with pytest.raises(ChannelError, match="cannot reach"):
+        attach_channel(team, JID, "rooms", registry=registry)
+    with pytest.raises(ChannelError, match="no channel named"):
+        attach_channel(team, JID, "nope", registry=registry)
+    with pytest.raises(UnknownGroup):
+        attach_channel(team, "nobody@chat", "log", registry=registry)
+    a = attach_channel(team, JID, "rooms", address="room:1", config={"thread": True}, registry=registry)
+    assert (a.address, a.config) == ("room:1", {"thread": True})
+    a = attach_channel(team, JID, "rooms", address="room:2", registry=registry)  # again: moved
+    assert [x.address for x in list_attachments(team, JID)] == ["room:2"]
+
+    with pytest.raises(ChannelError, match="cannot be loaded"):
+        build_registry(settings.model_copy(update={"channel_plugins": "tests.fakes.channel:nothing"}))
+    plugged = build_registry(settings.model_copy(update={"channel_plugins": "tests.fakes.channel:plugin"}))
+    assert plugged.names == ["flaky", "log", "mirror-a", "mirror-b"]
+
+
+def test_the_log_channel_writes_the_rendered_text(team: Database, settings: Settings,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    attach_channel(team, JID, "log")
+    m = _say(team, settings, "hello log")
+    with caplog.at_level("INFO", logger="orchestrator.channel.log"):
+        Deliverer(team, settings, build_registry(settings)).deliver_due()
+    assert f"[{JID} #{m.seq}] Alice: hello log" in caplog.text
+
+
+def test_attach_detach_and_deliveries_from_the_cli(team: Database, settings: Settings) -> None:
+    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+           "ORCHESTRATOR_DATABASE_URL": settings.database_url,
+           "ORCHESTRATOR_CHANNEL_PLUGINS": "tests.fakes.channel:plugin",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    cli = str(Path(sys.executable).parent / "orchestrator")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([cli, *args], env=env, capture_output=True, text=True, timeout=60)
+
+    ok = run("groups", "attach", JID, "mirror-a", "--address", "desk-1")
+    assert ok.returncode == 0 and "attached to mirror-a at desk-1" in ok.stdout, ok.stderr
+    bad = run("groups", "attach", JID, "telegram")
+    assert bad.returncode == 1 and "no channel named 'telegram'" in bad.stderr
+    attach_channel(team, JID, "log")
+    listed = json.loads(run("groups", "channels", JID, "--json").stdout)
+    assert [(a["channel"], a["address"]) for a in listed] == [("log", JID), ("mirror-a", "desk-1")]
+
+    sent = run("send", JID, "from the cli")  # no worker: the deliveries wait
+    assert sent.returncode == 0, sent.stderr
+    pending = json.loads(run("deliveries", "--group", JID, "--json").stdout)
+    assert sorted((d["channel"], d["state"]) for d in pending) == [("log", "pending"), ("mirror-a", "pending")]
+    flushed = run("deliveries", "flush", "--group", JID)
+    assert flushed.returncode == 0 and "sent 2" in flushed.stdout, flushed.stderr
+    assert [(r["address"], r["text"]) for r in read_file_channel(settings, "mirror-a")] == [
+        ("desk-1", "cli-user: from the cli")]
+
+    gone = run("groups", "detach", JID, "mirror-a")
+    assert gone.returncode == 0 and "detached from mirror-a" in gone.stdout, gone.stderr
+    assert [a.channel for a in list_attachments(team, JID)] == ["log"]
+    with team.read() as session:
+        assert session.scalar(select(DeliveryRow.state).where(DeliveryRow.channel == "mirror-a")) == "sent"
