@@ -54,6 +54,10 @@ def up(
     from .supervisor import Child, Supervisor, api_argv, beat_argv, worker_argv
 
     settings, db = _setup()
+    port = settings.api_port if port < 0 else port
+    host = host or settings.api_host
+    if port:
+        _check_api_exposure(host, settings)
     try:
         ensure_main_group(db)
         client = docker_client(settings)
@@ -67,9 +71,7 @@ def up(
             typer.echo(f"removed {removed} leftover run container(s)")
     except OrchestratorError as exc:
         raise _fail(exc) from exc
-    port = settings.api_port if port < 0 else port
-    host = host or settings.api_host
-    env = dict(os.environ, ORCHESTRATOR_DATA_DIR=str(settings.data_dir))
+    env = dict(os.environ, ORCHESTRATOR_DATA_DIR=str(settings.data_dir), ORCHESTRATOR_API_HOST=host)
     children = [
         Child("worker", worker_argv(concurrency, settings.log_level)),
         Child("beat", beat_argv(str(settings.data_dir / "celerybeat-schedule"), settings.log_level)),
@@ -102,8 +104,20 @@ def api(
     from .supervisor import api_argv
 
     settings, _ = _setup()
-    argv = api_argv(host or settings.api_host, settings.api_port if port < 0 else port)
-    os.execv(argv[0], argv)
+    host = host or settings.api_host
+    _check_api_exposure(host, settings)
+    argv = api_argv(host, settings.api_port if port < 0 else port)
+    # The app checks the address again (ORCHESTRATOR_API_HOST), whoever starts it.
+    os.execve(argv[0], argv, dict(os.environ, ORCHESTRATOR_API_HOST=host))
+
+
+def _check_api_exposure(host: str, settings: Settings) -> None:
+    from .api import check_exposure
+
+    try:
+        check_exposure(host, settings.api_token)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
 
 
 @app.command()

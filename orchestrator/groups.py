@@ -109,6 +109,30 @@ def list_groups(db: Database) -> list[Group]:
         return [group_from_row(r) for r in session.scalars(select(GroupRow).order_by(key))]
 
 
+GROUP_SETTINGS = frozenset({"name", "requires_trigger", "assistant_name"})
+
+
+def update_group(db: Database, chat_jid: str, changes: dict[str, Any]) -> Group:
+    """Change a group's name, trigger rule or assistant name (None clears the name override).
+
+    Only the keys in ``GROUP_SETTINGS``; the folder, main flag and cursors never
+    change here.  Raises UnknownGroup or InvalidMessage (nothing changed).
+    """
+    unknown = sorted(set(changes) - GROUP_SETTINGS)
+    if unknown:
+        raise InvalidMessage(f"cannot change {', '.join(unknown)} of a group")
+    if "name" in changes and not (isinstance(changes["name"], str) and changes["name"].strip()):
+        raise InvalidMessage("a group's name must not be empty")
+    with db.write() as session:
+        row = session.get(GroupRow, chat_jid)
+        if row is None:
+            raise UnknownGroup(chat_jid)
+        for key, value in changes.items():
+            setattr(row, key, value)
+        session.flush()
+        return group_from_row(row)
+
+
 def ensure_main_group(db: Database) -> Group:
     """Create the default ``main`` group on first start."""
     existing = find_group(db, MAIN_JID)

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select, update
+from sqlalchemy.orm import defer
 
 from .db import Database
 from .errors import StoreError
@@ -150,7 +151,8 @@ def get_run(db: Database, run_id: str) -> Run:
 def list_runs(
     db: Database, *, chat_jid: str | None = None, state: str | None = None, limit: int = 50
 ) -> list[Run]:
-    stmt = select(RunRow).order_by(RunRow.created_at.desc()).limit(limit)
+    # Not the recorded input (a blob per run): listings never show it.
+    stmt = select(RunRow).options(defer(RunRow.input_json)).order_by(RunRow.created_at.desc()).limit(limit)
     if chat_jid:
         stmt = stmt.where(RunRow.chat_jid == chat_jid)
     if state:

@@ -100,6 +100,15 @@ class Settings(BaseSettings):
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=0, le=65535)
+    # Bearer token of every /api route (``Authorization: Bearer <token>``).
+    # Required when the API listens beyond loopback (it refuses to start
+    # without one); optional on loopback, and enforced there too when set.
+    api_token: str = ""
+    # POST /api/messages (and the stream) answer 404 for a chat that is not a
+    # registered group, instead of storing a message no agent will ever see.
+    api_require_registered_chat: bool = True
+    # How often a chat's event stream (SSE) looks for new messages and runs.
+    api_stream_poll_s: float = Field(default=0.2, gt=0, le=5)
 
     log_level: str = "INFO"
 

@@ -94,4 +94,7 @@ def beat_argv(schedule_file: str, loglevel: str = "INFO") -> list[str]:
 
 
 def api_argv(host: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "uvicorn", "orchestrator.api:app", "--host", host, "--port", str(port)]
+    # Open event streams (SSE) never end by themselves: give them a few
+    # seconds on shutdown, then close them (browsers reconnect).
+    return [sys.executable, "-m", "uvicorn", "orchestrator.api:app", "--host", host, "--port", str(port),
+            "--timeout-graceful-shutdown", "3"]

@@ -25,6 +25,7 @@ import pytest
 
 from orchestrator.db import Database, forget_databases
 from orchestrator.settings import Settings, reset_settings
+from tests.web_browser import browser, page  # noqa: F401 - headless Chromium fixtures, one per session
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 REDIS_URL = os.environ.get("ORCHESTRATOR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -124,3 +124,165 @@ def test_run_input_and_export(client: TestClient, db: Database) -> None:
     md = client.get(f"/api/chats/{JID}/export", params={"format": "md"})
     assert md.status_code == 200 and md.text.startswith("# Web")
     assert client.get(f"/api/chats/{JID}/export", params={"format": "pdf"}).status_code == 400
+
+
+# -- bearer token ----------------------------------------------------------------
+
+TOKEN = "s3cret-token-for-tests"
+
+
+@pytest.fixture
+def secured(db: Database, settings: Settings) -> Iterator[TestClient]:
+    add_group(db, chat_jid=JID, name="Web", folder="web", requires_trigger=True)
+    with TestClient(create_app(settings.model_copy(update={"api_token": TOKEN}))) as c:
+        yield c
+
+
+def test_token_is_required_on_every_api_route(secured: TestClient) -> None:
+    paths = {p: ops for p, ops in secured.get("/openapi.json").json()["paths"].items() if p.startswith("/api/")}
+    assert len(paths) >= 13
+    for template, ops in paths.items():
+        path = template.replace("{chat_jid}", JID).replace("{message_id}", "m").replace("{run_id}", "r")
+        for method in ops:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
+                            {"Authorization": f"Bearer {TOKEN}x"}):
+                r = secured.request(method, path, headers=headers)
+                assert r.status_code == 401, (method, path, headers, r.text)
+                assert r.headers["www-authenticate"] == "Bearer"
+    ok = {"Authorization": f"Bearer {TOKEN}"}
+    assert secured.get("/api/groups", headers=ok).status_code == 200
+    assert secured.get("/api/info", headers=ok).json()["token_required"] is True
+    r = secured.post("/api/messages", headers=ok, json={"chat_jid": JID, "sender": "u", "content": "hi"})
+    assert r.status_code == 201
+    # No data there: health, the page and its files stay open.
+    assert secured.get("/health").status_code == 200
+    assert secured.get("/").status_code == 200
+    assert secured.get("/static/app.js").status_code == 200
+
+
+def test_openapi_declares_the_bearer_scheme(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    assert any(s.get("scheme") == "bearer" for s in schema["components"]["securitySchemes"].values())
+    assert {"/api/groups", "/api/groups/{chat_jid}", "/api/chats/{chat_jid}/stream"} <= set(schema["paths"])
+    assert set(schema["paths"]["/api/groups/{chat_jid}"]) == {"get", "patch"}
+
+
+def test_no_token_refused_beyond_loopback(settings: Settings) -> None:
+    from orchestrator.api import check_exposure, is_loopback
+    from orchestrator.errors import ConfigError
+
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "", "192.168.1.5", "example.com", "myhost"))
+    check_exposure("127.0.0.1", "")
+    check_exposure("0.0.0.0", "t")
+    with pytest.raises(ConfigError, match="ORCHESTRATOR_API_TOKEN"):
+        check_exposure("0.0.0.0", "")
+    with pytest.raises(ConfigError, match="without a token"):
+        create_app(settings.model_copy(update={"api_host": "0.0.0.0"}))
+    create_app(settings.model_copy(update={"api_host": "0.0.0.0", "api_token": TOKEN}))
+
+
+def test_cli_refuses_to_serve_beyond_loopback_without_a_token(settings: Settings) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
+    env["ORCHESTRATOR_DATA_DIR"] = str(settings.data_dir)
+    cli = str(Path(sys.executable).parent / "orchestrator")
+    for argv in (["api", "--host", "0.0.0.0", "--port", "1"], ["up", "--host", "::", "--port", "1"]):
+        done = subprocess.run([cli, *argv], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "refusing to serve the HTTP API on" in done.stderr and "ORCHESTRATOR_API_TOKEN" in done.stderr
+
+
+# -- registration required ----------------------------------------------------------
+
+
+def test_unknown_chat_is_a_404_unless_allowed(client: TestClient, db: Database, settings: Settings) -> None:
+    r = client.post("/api/messages", json={"chat_jid": "nobody@local", "sender": "u", "content": "hi"})
+    assert r.status_code == 404 and "POST /api/groups" in r.json()["detail"]
+    assert client.get("/api/chats/nobody@local/stream").status_code == 404
+    assert get_messages_after("nobody@local", 0, db=db) == []
+    # Bad input is still a 400 / 413 first, whatever the chat.
+    bad = client.post("/api/messages", json={"chat_jid": "nobody@local", "content": "x"})
+    assert bad.status_code == 400 and bad.json()["field"] == "sender"
+    big = client.post("/api/messages", json={"chat_jid": "nobody@local", "sender": "u", "content": "x" * (MAX_CONTENT_CHARS + 1)})
+    assert big.status_code == 413
+
+    with TestClient(create_app(settings.model_copy(update={"api_require_registered_chat": False}))) as open_api:
+        r = open_api.post("/api/messages", json={"chat_jid": "nobody@local", "sender": "u", "content": "hi"})
+        assert r.status_code == 201 and not r.json()["triggered"]
+        assert open_api.get("/api/info").json()["require_registered_chat"] is False
+
+
+# -- groups -----------------------------------------------------------------------
+
+
+def test_register_list_and_change_groups(client: TestClient, db: Database) -> None:
+    body = {"chat_jid": "team@g.us", "name": "Team", "folder": "team"}
+    r = client.post("/api/groups", json=body)
+    assert r.status_code == 201, r.text
+    g = r.json()
+    assert (g["chat_jid"], g["name"], g["folder"], g["requires_trigger"], g["is_main"]) == (
+        "team@g.us", "Team", "team", True, False)
+    assert [x["chat_jid"] for x in client.get("/api/groups").json()] == ["team@g.us", JID]
+    assert client.post("/api/groups", json=body).status_code == 409  # same chat
+    assert client.post("/api/groups", json={**body, "chat_jid": "other@g.us"}).status_code == 409  # same folder
+
+    for bad, field in [
+        ({**body, "folder": "../etc"}, "folder"),
+        ({**body, "folder": ""}, "folder"),
+        ({"chat_jid": "x@g.us", "folder": "x"}, "name"),
+        ({**body, "chat_jid": "has space"}, "chat_jid"),
+        ({**body, "chat_jid": "y@g.us", "folder": "y", "assistant_name": "@Bob"}, "assistant_name"),
+        ({**body, "chat_jid": "z@g.us", "folder": "z", "is_main": True}, "is_main"),
+    ]:
+        r = client.post("/api/groups", json=bad)
+        assert r.status_code == 400 and r.json()["field"] == field, (bad, r.text)
+
+    r = client.patch("/api/groups/team@g.us", json={"name": "The team", "requires_trigger": False, "assistant_name": "Bob"})
+    assert r.status_code == 200, r.text
+    assert (r.json()["name"], r.json()["requires_trigger"], r.json()["assistant_name"]) == ("The team", False, "Bob")
+    r = client.patch("/api/groups/team@g.us", json={"assistant_name": None})
+    assert r.status_code == 200 and r.json()["assistant_name"] is None and r.json()["name"] == "The team"
+    assert client.patch("/api/groups/team@g.us", json={}).json()["name"] == "The team"
+    assert client.patch("/api/groups/nobody@g.us", json={"name": "x"}).status_code == 404
+    for bad, field in [({"name": None}, "name"), ({"name": ""}, "name"), ({"requires_trigger": None}, "requires_trigger"),
+                       ({"folder": "other"}, "folder"), ({"assistant_name": "two words"}, "assistant_name")]:
+        r = client.patch("/api/groups/team@g.us", json=bad)
+        assert r.status_code == 400 and r.json()["field"] == field, (bad, r.text)
+
+    # The sandbox, checked by orchestrator/container_config.py like the CLI's.
+    r = client.patch("/api/groups/team@g.us", json={"container_config": {"memory": "256m", "pids": 64}})
+    assert r.status_code == 200 and r.json()["container_config"] == {"memory": "256m", "pids": 64}
+    for bad in ({"network": "bridge"}, {"privileged": True}, {"run_timeout_s": 10**6},
+                {"extra_mounts": [{"host_path": "/etc", "name": "etc"}]}):
+        r = client.patch("/api/groups/team@g.us", json={"container_config": bad, "name": "not applied"})
+        assert r.status_code == 400 and r.json()["field"].startswith("container_config"), (bad, r.text)
+    assert client.get("/api/groups/team@g.us").json()["name"] == "The team"
+    r = client.patch("/api/groups/team@g.us", json={"container_config": None})
+    assert r.status_code == 200 and r.json()["container_config"] is None
+
+
+def test_a_registered_group_wakes_the_agent(client: TestClient) -> None:
+    client.post("/api/groups", json={"chat_jid": "solo@local", "name": "Solo", "folder": "solo", "requires_trigger": False})
+    r = client.post("/api/messages", json={"chat_jid": "solo@local", "sender": "u", "content": "no trigger needed"})
+    assert r.status_code == 201 and r.json()["triggered"]
+    info = client.get("/api/info").json()
+    assert info == {"assistant_name": "Andy", "trigger_names": ["Andy"], "require_registered_chat": True,
+                    "token_required": False}
+
+
+def test_the_page_is_served_with_a_strict_policy(client: TestClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert '<script src="static/app.js"' in page.text and "http" not in page.text.replace("http-equiv", "")
+    for name, kind in (("app.js", "javascript"), ("style.css", "text/css")):
+        r = client.get(f"/static/{name}")
+        assert r.status_code == 200 and kind in r.headers["content-type"]
+        assert r.headers["x-content-type-options"] == "nosniff"
+    assert ".innerHTML" not in client.get("/static/app.js").text  # every text goes in as text
+    assert client.get("/static/nope.js").status_code == 404

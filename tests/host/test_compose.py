@@ -27,3 +27,5 @@ def test_compose_file_is_valid_and_complete() -> None:
     env = worker["environment"]
     assert env["ORCHESTRATOR_DATABASE_URL"].startswith("postgresql://")
     assert env["ORCHESTRATOR_BROKER_URL"].startswith("redis://")
+    # The api service binds 0.0.0.0 in its container: it starts only with a token.
+    assert "ORCHESTRATOR_API_TOKEN" in services["api"]["environment"]

@@ -1,0 +1,703 @@
+// The orchestrator's chat page: plain JavaScript, no build step, nothing
+// loaded from elsewhere.  Every piece of text from the server goes into the
+// page through textContent (never innerHTML), so a message can never become
+// markup or script.
+"use strict";
+
+(() => {
+  const TOKEN_KEY = "orchestrator.token";
+  const NAME_KEY = "orchestrator.sender_name";
+  const CONTEXT_LINES = 3;
+  const MAX_DIFF_CELLS = 2_000_000;
+
+  const state = {
+    token: sessionStorage.getItem(TOKEN_KEY) || "",
+    info: null,
+    groups: [],
+    current: null,      // the selected group
+    stream: null,       // { close() }
+    shown: new Map(),   // seq -> article element
+    run: null,
+  };
+
+  const $ = (id) => document.getElementById(id);
+
+  // -- DOM helpers (text only) ------------------------------------------------
+
+  function el(tag, props, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(props || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (key === "className") node.className = value;
+      else if (key === "text") node.textContent = String(value);
+      else if (key === "dataset") Object.assign(node.dataset, value);
+      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+      else node.setAttribute(key, value === true ? "" : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function formatJson(value) {
+    if (typeof value === "string") {
+      try {
+        return JSON.stringify(JSON.parse(value), null, 2);
+      } catch {
+        return value;
+      }
+    }
+    return JSON.stringify(value, null, 2);
+  }
+
+  function shortTime(iso) {
+    const d = new Date(iso);
+    return isNaN(d) ? "" : d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  }
+
+  // -- the API ----------------------------------------------------------------
+
+  class ApiError extends Error {
+    constructor(status, detail, field) {
+      super(field ? `${detail} (${field})` : detail);
+      this.status = status;
+      this.field = field;
+    }
+  }
+
+  function authHeaders(extra) {
+    const headers = { Accept: "application/json", ...(extra || {}) };
+    if (state.token) headers.Authorization = `Bearer ${state.token}`;
+    return headers;
+  }
+
+  async function api(method, path, body) {
+    const init = { method, headers: authHeaders(body === undefined ? {} : { "Content-Type": "application/json" }) };
+    if (body !== undefined) init.body = JSON.stringify(body);
+    const response = await fetch(`api/${path}`, init);
+    let data = null;
+    try {
+      data = await response.json();
+    } catch {
+      data = null;
+    }
+    if (response.status === 401) {
+      showLogin(state.token ? "That token was not accepted." : "");
+    }
+    if (!response.ok) {
+      const detail = data && typeof data.detail === "string" ? data.detail : `HTTP ${response.status}`;
+      throw new ApiError(response.status, detail, data && data.field);
+    }
+    return data;
+  }
+
+  const enc = encodeURIComponent;
+
+  // -- login ----------------------------------------------------------------
+
+  function showLogin(message) {
+    if (state.stream) state.stream.close();
+    state.stream = null;
+    state.token = "";
+    sessionStorage.removeItem(TOKEN_KEY);
+    $("app").hidden = true;
+    $("login").hidden = false;
+    $("login-error").hidden = !message;
+    $("login-error").textContent = message || "";
+    $("login-token").focus();
+  }
+
+  $("login-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    state.token = $("login-token").value.trim();
+    $("login-token").value = "";
+    if (state.token) sessionStorage.setItem(TOKEN_KEY, state.token);
+    start();
+  });
+
+  $("logout").addEventListener("click", () => showLogin(""));
+
+  // -- errors -------------------------------------------------------------------
+
+  let errorTimer = null;
+  function showError(error) {
+    const bar = $("error");
+    bar.textContent = error instanceof Error ? error.message : String(error);
+    bar.hidden = false;
+    clearTimeout(errorTimer);
+    errorTimer = setTimeout(() => { bar.hidden = true; }, 10000);
+  }
+
+  // -- groups -------------------------------------------------------------------
+
+  function assistantName() {
+    return (state.current && state.current.assistant_name) || (state.info && state.info.assistant_name) || "Assistant";
+  }
+
+  function renderGroups() {
+    const list = $("groups");
+    list.replaceChildren();
+    for (const g of state.groups) {
+      const badges = [];
+      if (g.is_main) badges.push(el("span", { className: "badge", text: "main" }));
+      else if (g.requires_trigger) badges.push(el("span", { className: "badge", text: `@${g.assistant_name || state.info.assistant_name}` }));
+      const button = el(
+        "button",
+        { type: "button", className: "group", dataset: { jid: g.chat_jid }, onclick: () => selectGroup(g.chat_jid) },
+        el("span", { className: "group-name", text: g.name }),
+        badges,
+        el("span", { className: "group-jid", text: g.chat_jid }),
+      );
+      if (state.current && state.current.chat_jid === g.chat_jid) button.classList.add("active");
+      list.append(el("li", {}, button));
+    }
+    if (!state.groups.length) {
+      list.append(el("li", { className: "muted", text: "No groups yet: POST /api/groups or `orchestrator groups add`." }));
+    }
+  }
+
+  function wantedJid() {
+    const match = /^#chat=(.+)$/.exec(location.hash);
+    return match ? decodeURIComponent(match[1]) : null;
+  }
+
+  function selectGroup(jid) {
+    const group = state.groups.find((g) => g.chat_jid === jid);
+    if (!group) return;
+    if (state.current && state.current.chat_jid === jid && state.stream) return;
+    state.current = group;
+    if (wantedJid() !== jid) history.replaceState(null, "", `#chat=${enc(jid)}`);
+    renderGroups();
+    $("chat-title").textContent = group.name;
+    $("chat-jid").textContent = group.chat_jid;
+    const text = $("composer-text");
+    text.disabled = false;
+    $("send").disabled = false;
+    const trigger = group.requires_trigger && !group.is_main;
+    text.placeholder = trigger ? `Message (start with @${assistantName()} to wake the agent)` : `Message ${assistantName()}`;
+    $("composer-note").textContent = "";
+    setRun(null);
+    clearMessages();
+    openStream(group.chat_jid);
+    text.focus();
+  }
+
+  // -- the live stream ------------------------------------------------------
+
+  function openStream(jid) {
+    if (state.stream) state.stream.close();
+    const url = `api/chats/${enc(jid)}/stream?after=0`;
+    const handlers = {
+      message: (data) => showMessage(JSON.parse(data)),
+      run: (data) => setRun(JSON.parse(data)),
+      reset: () => clearMessages(),
+      open: () => setConn("live", "● live"),
+      error: () => setConn("down", "reconnecting…"),
+    };
+    // EventSource cannot send an Authorization header (and a token in the URL
+    // would end up in access logs), so with a token the same stream is read
+    // with fetch.
+    state.stream = state.token ? fetchEventStream(url, handlers) : eventSource(url, handlers);
+  }
+
+  function eventSource(url, handlers) {
+    const source = new EventSource(url);
+    for (const name of ["message", "run", "reset"]) {
+      source.addEventListener(name, (event) => handlers[name](event.data));
+    }
+    source.onopen = handlers.open;
+    source.onerror = () => {
+      handlers.error();
+      if (source.readyState === EventSource.CLOSED) showError("The live stream closed; reload the page.");
+    };
+    return { close: () => source.close() };
+  }
+
+  function fetchEventStream(url, handlers) {
+    const controller = new AbortController();
+    let stopped = false;
+    let lastId = null;
+    let retryMs = 2000;
+
+    function dispatch(block) {
+      let event = "message";
+      const data = [];
+      for (const line of block.split("\n")) {
+        if (!line || line.startsWith(":")) continue;
+        const colon = line.indexOf(":");
+        const field = colon < 0 ? line : line.slice(0, colon);
+        const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+        if (field === "event") event = value;
+        else if (field === "data") data.push(value);
+        else if (field === "id") lastId = value;
+        else if (field === "retry" && /^\d+$/.test(value)) retryMs = Number(value);
+      }
+      if (data.length && handlers[event]) handlers[event](data.join("\n"));
+    }
+
+    async function run() {
+      while (!stopped) {
+        try {
+          const headers = authHeaders({ Accept: "text/event-stream" });
+          if (lastId !== null) headers["Last-Event-ID"] = lastId;
+          const response = await fetch(url, { headers, signal: controller.signal, cache: "no-store" });
+          if (response.status === 401) {
+            showLogin("That token was not accepted.");
+            return;
+          }
+          if (!response.ok) throw new Error(`HTTP ${response.status}`);
+          handlers.open();
+          const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+          let buffer = "";
+          for (;;) {
+            const { value, done } = await reader.read();
+            if (done) break;
+            buffer += value.replace(/\r\n?/g, "\n");
+            let end;
+            while ((end = buffer.indexOf("\n\n")) >= 0) {
+              dispatch(buffer.slice(0, end));
+              buffer = buffer.slice(end + 2);
+            }
+          }
+        } catch (error) {
+          if (stopped) return;
+        }
+        handlers.error();
+        await new Promise((resolve) => setTimeout(resolve, retryMs));
+      }
+    }
+
+    run();
+    return { close: () => { stopped = true; controller.abort(); } };
+  }
+
+  function setConn(kind, text) {
+    const conn = $("conn");
+    conn.textContent = text;
+    conn.dataset.state = kind;
+  }
+
+  // -- run status -----------------------------------------------------------
+
+  const RUN_LABELS = {
+    queued: "queued",
+    running: "running",
+    succeeded: "done",
+    failed: "failed",
+    timed_out: "failed (timed out)",
+    cancelled: "failed (cancelled)",
+  };
+
+  function setRun(run) {
+    state.run = run;
+    const pill = $("run-status");
+    if (!run) {
+      pill.hidden = true;
+      pill.textContent = "";
+      delete pill.dataset.state;
+    } else {
+      const label = RUN_LABELS[run.state] || run.state;
+      const attempt = run.attempts > 1 && (run.state === "queued" || run.state === "running") ? ` · attempt ${run.attempts}` : "";
+      pill.hidden = false;
+      pill.dataset.state = run.state;
+      pill.textContent = `${run.state === "running" || run.state === "queued" ? "⏳ " : ""}${label}${attempt}`;
+      pill.title = run.error || `run ${run.id}`;
+    }
+    const busy = run && (run.state === "queued" || run.state === "running");
+    let typing = document.querySelector("#messages .typing");
+    if (busy && !typing) {
+      typing = el("div", { className: "typing" }, el("span", { className: "dots", text: "•••" }), ` ${assistantName()} is working`);
+      $("messages").append(typing);
+      scrollDown(true);
+    } else if (!busy && typing) {
+      typing.remove();
+    }
+  }
+
+  // -- messages -------------------------------------------------------------
+
+  function clearMessages() {
+    state.shown.clear();
+    $("messages").replaceChildren();
+    if (state.run) setRun(state.run);
+  }
+
+  function nearBottom() {
+    const box = $("messages");
+    return box.scrollHeight - box.scrollTop - box.clientHeight < 120;
+  }
+
+  function scrollDown(force) {
+    const box = $("messages");
+    if (force || nearBottom()) box.scrollTop = box.scrollHeight;
+  }
+
+  function showMessage(message) {
+    const stick = nearBottom();
+    const node = renderMessage(message);
+    const box = $("messages");
+    const old = state.shown.get(message.seq);
+    if (old) {
+      old.replaceWith(node);
+    } else {
+      // Stream order is seq order; keep it even if something arrives late.
+      const later = [...state.shown.keys()].filter((s) => s > message.seq).sort((a, b) => a - b)[0];
+      const typing = box.querySelector(".typing");
+      if (later !== undefined) box.insertBefore(node, state.shown.get(later));
+      else if (typing) box.insertBefore(node, typing);
+      else box.append(node);
+    }
+    state.shown.set(message.seq, node);
+    if (stick) scrollDown(true);
+  }
+
+  function removeMessages(seqs) {
+    for (const seq of seqs) {
+      const node = state.shown.get(seq);
+      if (node) node.remove();
+      state.shown.delete(seq);
+    }
+  }
+
+  function envelopeOf(metadata) {
+    if (!metadata || typeof metadata !== "object" || typeof metadata.message_type !== "string") return null;
+    return metadata;
+  }
+
+  function kindOf(m) {
+    if (m.message_type === "host") return "host";
+    if (m.message_type === "system") return "system";
+    if (m.message_type === "tool_result") return "tool";
+    if (m.message_type === "assistant") {
+      if (m.sender === "tool_use") return "tool-use";
+      if (m.sender === "thinking") return "thinking";
+      if (m.sender === "bot") return "assistant";
+      return "meta";
+    }
+    return "user";
+  }
+
+  function renderMessage(m) {
+    const kind = kindOf(m);
+    const meta = m.metadata || {};
+    const article = el("article", {
+      className: `msg msg-${kind}`,
+      dataset: { seq: m.seq, id: m.id, type: m.message_type, sender: m.sender },
+    });
+    const who = {
+      host: "🏠 host",
+      system: "⚙️ system",
+      tool: `🔧 ${meta.tool || m.sender_name || "tool"}`,
+      "tool-use": `🛠️ ${m.sender_name || "tool"}`,
+      thinking: `💭 ${m.sender_name || assistantName()}`,
+      assistant: m.sender_name || assistantName(),
+      meta: m.sender_name || m.sender,
+      user: m.sender_name || m.sender,
+    }[kind];
+    const head = el("header", { className: "msg-head" }, el("span", { className: "who", text: who }));
+    if (kind === "tool") head.append(exitBadge(meta.exit_code));
+    if (m.edited_at) head.append(el("span", { className: "edited muted", text: "(edited)", title: `edited ${m.edited_at}` }));
+    head.append(el("time", { className: "muted", datetime: m.timestamp, text: shortTime(m.timestamp), title: `#${m.seq} ${m.timestamp}` }));
+    article.append(head, renderBody(m, kind));
+
+    const actions = el("div", { className: "actions" });
+    if (kind === "user" && !m.is_from_me) {
+      actions.append(el("button", { type: "button", className: "link edit", text: "Edit", onclick: () => startEdit(m, article) }));
+    }
+    if (kind === "assistant") {
+      actions.append(el("button", { type: "button", className: "link regenerate", text: "Regenerate", onclick: () => regenerate(m) }));
+    }
+    if (actions.childElementCount) article.append(actions);
+    return article;
+  }
+
+  function exitBadge(code) {
+    const ok = code === 0;
+    return el("span", {
+      className: `exit ${ok ? "ok" : "fail"}`,
+      dataset: { exitCode: code === undefined || code === null ? "" : code },
+      text: `${ok ? "✅" : "❌"} exit ${code === undefined || code === null ? "?" : code}`,
+    });
+  }
+
+  function textBlock(text, className) {
+    return el("div", { className: className || "text", text });
+  }
+
+  // Text with ``` fenced blocks shown as code (still text nodes only).
+  function richText(text) {
+    const block = el("div", { className: "text" });
+    const parts = (text || "").split(/^```[^\n]*$/m);
+    parts.forEach((part, i) => {
+      if (i % 2 === 1 && i < parts.length - 1) {
+        block.append(el("pre", { className: "fenced", text: part.replace(/^\n/, "").replace(/\n$/, "") }));
+        return;
+      }
+      let plain = part;
+      if (i > 0) plain = plain.replace(/^\n+/, "");
+      if (i < parts.length - 1) plain = plain.replace(/\n+$/, "");
+      if (plain) block.append(plain);
+    });
+    return block;
+  }
+
+  function renderBody(m, kind) {
+    const env = envelopeOf(m.metadata);
+    const body = el("div", { className: "msg-body" });
+    const type = env && env.message_type;
+    if (type === "CODE_EDIT" && env.payload && Array.isArray(env.payload.edits)) {
+      if (kind !== "tool" && m.content) body.append(textBlock(m.content, "caption"));
+      for (const edit of env.payload.edits) body.append(renderCodeEdit(edit));
+      return body;
+    }
+    if (type === "TODO" && env.payload && Array.isArray(env.payload.todos)) {
+      body.append(renderTodos(env.payload.todos));
+      return body;
+    }
+    if (type === "TOOL_CALL" && env.payload && typeof env.payload.tool_name === "string") {
+      body.append(renderToolCall(env.payload, m));
+      return body;
+    }
+    if (kind === "tool") {
+      const lines = (m.content || "").split("\n").length;
+      const pre = el("pre", { className: "output", text: m.content || "(no output)" });
+      body.append(lines > 12 ? el("details", {}, el("summary", { text: `output (${lines} lines)` }), pre) : pre);
+      return body;
+    }
+    if (kind === "thinking") {
+      body.append(el("details", {}, el("summary", { text: "thinking" }), textBlock(m.content)));
+      return body;
+    }
+    body.append(kind === "assistant" ? richText(m.content) : textBlock(m.content));
+    if (type && type !== "TEXT" && !["CODE_EDIT", "TODO", "TOOL_CALL"].includes(type)) {
+      body.append(el("details", {}, el("summary", { text: `${type} message` }), el("pre", { className: "json", text: formatJson(env.payload) })));
+    }
+    return body;
+  }
+
+  // -- CODE_EDIT: a line diff with the file path ------------------------------------
+
+  function splitLines(text) {
+    if (text === null || text === undefined || text === "") return [];
+    const lines = text.split("\n");
+    if (lines[lines.length - 1] === "") lines.pop();
+    return lines;
+  }
+
+  function diffLines(a, b) {
+    // Common prefix and suffix first; an LCS table for the middle when small enough.
+    let start = 0;
+    while (start < a.length && start < b.length && a[start] === b[start]) start++;
+    let endA = a.length;
+    let endB = b.length;
+    while (endA > start && endB > start && a[endA - 1] === b[endB - 1]) { endA--; endB--; }
+    const ops = a.slice(0, start).map((t) => ["ctx", t]);
+    const midA = a.slice(start, endA);
+    const midB = b.slice(start, endB);
+    const n = midA.length;
+    const m = midB.length;
+    if (n && m && n * m <= MAX_DIFF_CELLS) {
+      const lcs = Array.from({ length: n + 1 }, () => new Uint32Array(m + 1));
+      for (let i = n - 1; i >= 0; i--) {
+        for (let j = m - 1; j >= 0; j--) {
+          lcs[i][j] = midA[i] === midB[j] ? lcs[i + 1][j + 1] + 1 : Math.max(lcs[i + 1][j], lcs[i][j + 1]);
+        }
+      }
+      let i = 0;
+      let j = 0;
+      while (i < n && j < m) {
+        if (midA[i] === midB[j]) { ops.push(["ctx", midA[i]]); i++; j++; }
+        else if (lcs[i + 1][j] >= lcs[i][j + 1]) ops.push(["del", midA[i++]]);
+        else ops.push(["add", midB[j++]]);
+      }
+      while (i < n) ops.push(["del", midA[i++]]);
+      while (j < m) ops.push(["add", midB[j++]]);
+    } else {
+      for (const t of midA) ops.push(["del", t]);
+      for (const t of midB) ops.push(["add", t]);
+    }
+    for (const t of a.slice(endA)) ops.push(["ctx", t]);
+    return ops;
+  }
+
+  function renderCodeEdit(edit) {
+    const created = edit.old_content === null && edit.new_content !== null;
+    const deleted = edit.new_content === null && edit.old_content !== null;
+    const ops = diffLines(splitLines(edit.old_content), splitLines(edit.new_content));
+    const added = ops.filter((o) => o[0] === "add").length;
+    const removed = ops.filter((o) => o[0] === "del").length;
+    const head = el(
+      "div", { className: "file-head" },
+      el("span", { className: "verb", text: created ? "Created" : deleted ? "Deleted" : "Edited" }),
+      el("code", { className: "path", text: edit.file_path }),
+      edit.language ? el("span", { className: "lang muted", text: edit.language }) : null,
+      el("span", { className: "stat" }, el("span", { className: "plus", text: `+${added}` }), " ", el("span", { className: "minus", text: `−${removed}` })),
+    );
+    const diff = el("div", { className: "diff" });
+    const changed = ops.map((o) => o[0] !== "ctx");
+    const keep = ops.map((_, i) => {
+      for (let k = Math.max(0, i - CONTEXT_LINES); k <= Math.min(ops.length - 1, i + CONTEXT_LINES); k++) if (changed[k]) return true;
+      return false;
+    });
+    // A gap of one line is shown, not replaced by a marker of the same height.
+    for (let i = 0; i < keep.length; i++) {
+      if (!keep[i] && (i === 0 || keep[i - 1]) && (i === keep.length - 1 || keep[i + 1])) keep[i] = true;
+    }
+    let skipped = 0;
+    const flushSkip = () => {
+      if (skipped) diff.append(el("div", { className: "line skip", text: `⋯ ${skipped} unchanged line${skipped === 1 ? "" : "s"}` }));
+      skipped = 0;
+    };
+    ops.forEach(([op, text], i) => {
+      if (!keep[i]) { skipped++; return; }
+      flushSkip();
+      const sign = op === "add" ? "+" : op === "del" ? "-" : " ";
+      diff.append(el("div", { className: `line ${op}` }, el("span", { className: "sign", text: sign }), el("span", { className: "code", text })));
+    });
+    flushSkip();
+    if (!ops.length) diff.append(el("div", { className: "line skip", text: "(empty file)" }));
+    return el("div", { className: "code-edit" }, head, diff);
+  }
+
+  // -- TODO: a checklist ----------------------------------------------------------
+
+  const TODO_MARKS = { pending: "○", in_progress: "◐", completed: "●" };
+
+  function renderTodos(todos) {
+    const done = todos.filter((t) => t.status === "completed").length;
+    const list = el("ul", { className: "todo" });
+    for (const t of todos) {
+      list.append(el(
+        "li", { className: `todo-item ${t.status}`, dataset: { status: t.status } },
+        el("span", { className: "mark", text: TODO_MARKS[t.status] || "○", "aria-label": t.status }),
+        el("span", { className: "todo-text", text: t.content }),
+      ));
+    }
+    return el("div", { className: "todos" }, el("div", { className: "todo-head muted", text: `Todos ${done}/${todos.length} done` }), list);
+  }
+
+  // -- TOOL_CALL: collapsible input / output ----------------------------------------
+
+  function renderToolCall(payload, m) {
+    const failed = Boolean(payload.error);
+    const summary = el(
+      "summary", {},
+      el("span", { className: "tool-name", text: payload.tool_name }),
+      failed ? el("span", { className: "tool-error-mark", text: ` ❌ ${payload.error.split("\n")[0].slice(0, 80)}` }) : null,
+    );
+    const details = el("details", { className: `tool-call${failed ? " error" : ""}` }, summary);
+    details.append(el("div", { className: "label", text: "input" }), el("pre", { className: "json tool-input", text: formatJson(payload.input || {}) }));
+    const output = payload.output === null || payload.output === undefined ? m.content : payload.output;
+    if (output !== null && output !== undefined && output !== "") {
+      details.append(el("div", { className: "label", text: "output" }), el("pre", { className: "json tool-output", text: formatJson(output) }));
+    }
+    if (failed) details.append(el("div", { className: "label", text: "error" }), el("pre", { className: "tool-error", text: payload.error }));
+    return details;
+  }
+
+  // -- edit and regenerate ------------------------------------------------------------
+
+  function startEdit(m, article) {
+    const body = article.querySelector(".msg-body");
+    const box = el("textarea", { className: "edit-text", rows: 3 });
+    box.value = m.content;
+    const done = () => { form.replaceWith(body); };
+    const send = async (rerun) => {
+      try {
+        const change = await api("POST", `chats/${enc(m.chat_jid)}/messages/${enc(m.id)}/edit`, { content: box.value, rerun });
+        removeMessages(change.superseded);
+        showMessage(change.message);
+      } catch (error) {
+        showError(error);
+        done();
+      }
+    };
+    const form = el(
+      "div", { className: "edit-form" }, box,
+      el("div", { className: "edit-buttons" },
+        el("button", { type: "button", className: "save", text: "Save", onclick: () => send(false) }),
+        el("button", { type: "button", className: "save-rerun", text: "Save and ask again", onclick: () => send(true) }),
+        el("button", { type: "button", className: "link", text: "Cancel", onclick: done }),
+      ),
+    );
+    body.replaceWith(form);
+    box.focus();
+  }
+
+  async function regenerate(m) {
+    try {
+      const change = await api("POST", `chats/${enc(m.chat_jid)}/messages/${enc(m.id)}/regenerate`);
+      removeMessages(change.superseded);
+    } catch (error) {
+      showError(error);
+    }
+  }
+
+  // -- composer ---------------------------------------------------------------------
+
+  const nameBox = $("sender-name");
+  nameBox.value = localStorage.getItem(NAME_KEY) || "web";
+  nameBox.addEventListener("change", () => localStorage.setItem(NAME_KEY, nameBox.value.trim() || "web"));
+
+  $("composer").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const text = $("composer-text");
+    const content = text.value;
+    if (!content.trim() || !state.current) return;
+    const name = nameBox.value.trim() || "web";
+    $("send").disabled = true;
+    try {
+      const posted = await api("POST", "messages", {
+        chat_jid: state.current.chat_jid, sender: `web:${name}`, sender_name: name, content,
+      });
+      text.value = "";
+      showMessage(posted.message);
+      $("composer-note").textContent = posted.triggered
+        ? ""
+        : `Stored; it does not wake the agent (start a message with @${assistantName()}).`;
+    } catch (error) {
+      showError(error);
+    } finally {
+      $("send").disabled = false;
+      text.focus();
+    }
+  });
+
+  $("composer-text").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      $("composer").requestSubmit();
+    }
+  });
+
+  window.addEventListener("hashchange", () => {
+    const jid = wantedJid();
+    if (jid) selectGroup(jid);
+  });
+
+  // -- start ------------------------------------------------------------------------
+
+  async function start() {
+    try {
+      state.info = await api("GET", "info");
+      state.groups = await api("GET", "groups");
+    } catch (error) {
+      if (error.status !== 401) {
+        $("app").hidden = false;
+        showError(error);
+      }
+      return;
+    }
+    $("login").hidden = true;
+    $("app").hidden = false;
+    $("logout").hidden = !state.token;
+    renderGroups();
+    const jid = wantedJid();
+    const first = state.groups.find((g) => g.chat_jid === jid) || state.groups[0];
+    if (first) selectGroup(first.chat_jid);
+  }
+
+  start();
+})();

@@ -1,0 +1,253 @@
+"""The chat event stream (SSE) against a real uvicorn server on loopback and a real database."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from orchestrator import stream as stream_module
+from orchestrator.api import create_app
+from orchestrator.db import Database
+from orchestrator.groups import add_group
+from orchestrator.runs import create_run, finish_run, set_attempts, set_container
+from orchestrator.settings import Settings
+from orchestrator.store import now_iso, store_message_direct
+from orchestrator.stream import ChatStream
+from orchestrator.views import REPLY_TO_KEY
+from tests.live_server import serve
+
+JID = "live@local"
+TOKEN = "stream-token-123"
+
+
+@dataclass
+class Event:
+    event: str
+    data: str
+    id: str | None
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.data)
+
+
+class EventReader:
+    """Reads a text/event-stream response in a thread; events queue up for the test."""
+
+    def __init__(self, url: str, headers: dict[str, str] | None = None) -> None:
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.comments: list[str] = []
+        self._client = httpx.Client(timeout=httpx.Timeout(10, read=None))
+        self._cm = self._client.stream("GET", url, headers=headers or {})
+        self.response = self._cm.__enter__()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        if self.response.status_code == 200:
+            self._thread.start()
+
+    def _read(self) -> None:
+        event, data, last_id = "message", [], None
+        try:
+            for line in self.response.iter_lines():
+                if line == "":
+                    if data:
+                        self.events.put(Event(event, "\n".join(data), last_id))
+                    event, data, last_id = "message", [], None
+                elif line.startswith(":"):
+                    self.comments.append(line)
+                else:
+                    field, _, value = line.partition(":")
+                    value = value.removeprefix(" ")
+                    if field == "event":
+                        event = value
+                    elif field == "data":
+                        data.append(value)
+                    elif field == "id":
+                        last_id = value
+        except (httpx.HTTPError, RuntimeError):
+            pass  # closed by the test
+
+    def next(self, timeout: float = 10) -> Event:
+        try:
+            return self.events.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no event within {timeout}s") from None
+
+    def until(self, pred: Callable[[Event], bool], timeout: float = 10) -> tuple[Event, list[Event]]:
+        """The first event matching ``pred`` and the ones skipped before it."""
+        skipped: list[Event] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            ev = self.next(max(0.01, deadline - time.monotonic()))
+            if pred(ev):
+                return ev, skipped
+            skipped.append(ev)
+
+    def quiet(self, seconds: float) -> list[Event]:
+        """Whatever arrives within ``seconds`` (expected: nothing)."""
+        time.sleep(seconds)
+        out = []
+        while not self.events.empty():
+            out.append(self.events.get_nowait())
+        return out
+
+    def close(self) -> None:
+        self.response.close()
+        self._client.close()
+
+
+def _msg(db: Database, mid: str, content: str, **extra: Any) -> Any:
+    fields = {"sender": "u1", "sender_name": "Ann", "is_from_me": False, "message_type": "user", **extra}
+    return store_message_direct(db=db, id=mid, chat_jid=JID, content=content, timestamp=now_iso(), **fields)
+
+
+@pytest.fixture
+def base_url(db: Database, settings: Settings) -> Iterator[str]:
+    add_group(db, chat_jid=JID, name="Live", folder="live", requires_trigger=False)
+    with serve(create_app(settings)) as url:
+        yield url
+
+
+@pytest.fixture
+def open_stream(base_url: str) -> Iterator[Callable[..., EventReader]]:
+    readers: list[EventReader] = []
+
+    def opener(query: str = "", headers: dict[str, str] | None = None) -> EventReader:
+        reader = EventReader(f"{base_url}/api/chats/{JID}/stream{query}", headers)
+        readers.append(reader)
+        return reader
+
+    yield opener
+    for r in readers:
+        r.close()
+
+
+def test_new_messages_and_run_states_arrive_live(db: Database, base_url: str, open_stream: Callable[..., EventReader]) -> None:
+    first = _msg(db, "m1", "before the stream opened")
+    events = open_stream("?after=0")
+    assert events.response.status_code == 200
+    assert events.response.headers["content-type"].startswith("text/event-stream")
+    ev = events.next()
+    assert (ev.event, ev.id, ev.json["id"], ev.json["seq"]) == ("message", str(first.seq), "m1", first.seq)
+
+    run = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=first.seq, celery_task_id=None)
+    ev = events.next()
+    assert ev.event == "run" and ev.id is None and (ev.json["id"], ev.json["state"]) == (run.id, "queued")
+    set_container(db, run.id, "c0ffee")
+    assert events.next().json["state"] == "running"
+
+    sent = time.monotonic()
+    posted = httpx.post(f"{base_url}/api/messages", json={"chat_jid": JID, "sender": "u2", "content": "over HTTP"})
+    assert posted.status_code == 201
+    ev = events.next()
+    latency = time.monotonic() - sent
+    assert ev.event == "message" and ev.json == posted.json()["message"]
+    assert latency < 2.0, latency
+
+    reply = _msg(db, "a1", "the answer", sender="bot", sender_name="Andy", is_from_me=True, message_type="assistant")
+    host = _msg(db, "h1", "a note for people", sender="host", sender_name="host", is_from_me=True, message_type="host")
+    got = [events.next(), events.next()]
+    assert [(e.event, e.json["id"], e.json["message_type"]) for e in got] == [
+        ("message", "a1", "assistant"), ("message", "h1", "host")]
+    assert [int(e.id or 0) for e in got] == [reply.seq, host.seq]
+
+    set_attempts(db, run.id, 2, "model error, retrying")
+    ev = events.next()
+    assert (ev.json["state"], ev.json["attempts"]) == ("queued", 2)
+    finish_run(db, run.id, state="succeeded", output_tokens=7)
+    ev = events.next()
+    assert (ev.event, ev.json["state"], ev.json["output_tokens"]) == ("run", "succeeded", 7)
+
+    # A run that starts and fails between two looks is still reported.
+    fast = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=first.seq, celery_task_id=None)
+    finish_run(db, fast.id, state="failed", error="boom")
+    ev, skipped = events.until(lambda e: e.event == "run" and e.json["state"] == "failed")
+    assert ev.json["id"] == fast.id and ev.json["error"] == "boom"
+    assert all(e.json["id"] == fast.id for e in skipped)
+    # Other chats' messages never show up; nothing is sent twice.
+    store_message_direct(db=db, id="x", chat_jid="other@local", sender="u", content="elsewhere", timestamp=now_iso())
+    assert events.quiet(0.8) == []
+
+
+def test_cursor_and_last_event_id(db: Database, open_stream: Callable[..., EventReader]) -> None:
+    seqs = [_msg(db, f"m{i}", f"message {i}").seq for i in range(5)]
+    run = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=seqs[-1], celery_task_id=None)
+    finish_run(db, run.id, state="succeeded")
+
+    events = open_stream(f"?after={seqs[2]}")
+    first = events.next()
+    assert first.event == "run" and first.json["state"] == "succeeded"  # the newest run, when the stream opens
+    assert [events.next().json["seq"] for _ in range(2)] == seqs[3:]
+    # EventSource reconnects with Last-Event-ID: it wins over the URL's cursor.
+    again = open_stream("?after=0", headers={"Last-Event-ID": str(seqs[3])})
+    got = [e for e in (again.next(), again.next()) if e.event == "message"]
+    assert [e.json["seq"] for e in got] == seqs[4:]
+    assert open_stream("?after=-1").response.status_code == 400
+    assert open_stream("", headers={"Last-Event-ID": "abc"}).response.status_code == 400
+
+
+def test_history_changes_reset_the_view(db: Database, base_url: str, open_stream: Callable[..., EventReader]) -> None:
+    q = _msg(db, "q1", "@Andy first")
+    run = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=q.seq, celery_task_id=None)
+    a = _msg(db, "a1", "answer", sender="bot", sender_name="Andy", is_from_me=True, message_type="assistant",
+             metadata={REPLY_TO_KEY: q.seq, "run_id": run.id})
+    finish_run(db, run.id, state="succeeded")
+    events = open_stream()
+    events.until(lambda e: e.event == "message" and e.json["id"] == "a1")
+
+    r = httpx.post(f"{base_url}/api/chats/{JID}/messages/q1/edit", json={"content": "@Andy first, edited"})
+    assert r.status_code == 200
+    ev, _ = events.until(lambda e: e.event == "reset", timeout=5)
+    assert ev.json == {"reason": "history changed"}
+    resent = [events.next(), events.next()]
+    assert [(e.json["id"], e.json["content"]) for e in resent] == [("q1", "@Andy first, edited"), ("a1", "answer")]
+    assert resent[0].json["edited_at"]
+
+    r = httpx.post(f"{base_url}/api/chats/{JID}/messages/{a.id}/regenerate")
+    assert r.status_code == 200 and r.json()["superseded"] == [a.seq]
+    events.until(lambda e: e.event == "reset", timeout=5)
+    ev = events.next()
+    assert ev.json["id"] == "q1"
+    assert [e for e in events.quiet(0.6) if e.event == "message"] == []  # the superseded reply is gone
+
+
+def test_stream_needs_the_token_when_one_is_set(db: Database, settings: Settings) -> None:
+    add_group(db, chat_jid=JID, name="Live", folder="live")
+    _msg(db, "m1", "hello")
+    with serve(create_app(settings.model_copy(update={"api_token": TOKEN}))) as url:
+        target = f"{url}/api/chats/{JID}/stream"
+        assert httpx.get(target).status_code == 401
+        assert httpx.get(target, headers={"Authorization": "Bearer nope"}).status_code == 401
+        reader = EventReader(target, {"Authorization": f"Bearer {TOKEN}"})
+        try:
+            assert reader.response.status_code == 200 and reader.next().json["id"] == "m1"
+        finally:
+            reader.close()
+
+
+def test_idle_stream_sends_keepalives(db: Database, open_stream: Callable[..., EventReader],
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stream_module, "KEEPALIVE_S", 0.3)
+    events = open_stream()
+    time.sleep(1.2)
+    assert events.comments and events.comments[0] == ": keepalive"
+
+
+def test_a_tick_holds_no_connection_or_transaction(db: Database, settings: Settings) -> None:
+    add_group(db, chat_jid=JID, name="Live", folder="live")
+    seqs = [_msg(db, f"m{i}", "x").seq for i in range(401)]  # three pages
+    create_run(db, chat_jid=JID, cursor_from=0, cursor_to=1, celery_task_id=None)
+    chat = ChatStream(db, JID, 0)
+    frames = chat.poll()
+    assert db.engine.pool.checkedout() == 0  # every read transaction ended with the tick
+    assert [f.split("\n", 1)[0] for f in frames].count("event: message") == 401
+    assert sum(f.startswith("event: run") for f in frames) == 1
+    assert chat.cursor == seqs[-1]
+    assert chat.poll() == [] and db.engine.pool.checkedout() == 0
