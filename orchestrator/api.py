@@ -54,6 +54,7 @@ from .settings import Settings, get_settings
 from .store import get_messages_after
 from .stream import ChatStream
 from .transfer import export_json, export_markdown
+from .webhooks import add_inbound_route
 
 MAX_CONTENT_CHARS = 100_000
 WEB_DIR = Path(__file__).parent / "web"
@@ -365,6 +366,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(data, media_type="application/json")
 
     api.include_router(router)
+    add_inbound_route(api, db, settings, signal=signal, signal_delivery=partial(signal_delivery, settings),
+                      max_chars=MAX_CONTENT_CHARS)
     _add_web_page(api)
     return api
 

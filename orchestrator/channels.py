@@ -9,7 +9,8 @@ CHANNEL [--address X]``); the address defaults to the group's chat id.
 Delivery itself (recorded per message and channel, retried, never twice)
 is ``orchestrator/deliveries.py``.
 
-Built in: ``log`` (the worker's log).  More channels come from
+Built in: ``log`` (the worker's log) and ``webhook`` (POST to the
+attachment's URL, ``orchestrator/webhooks.py``).  More channels come from
 ``ORCHESTRATOR_CHANNEL_PLUGINS``: ``module:factory`` entries, each called
 with the settings and returning a channel or a list of channels.
 """
@@ -124,7 +125,9 @@ class ChannelRegistry:
 
 def build_registry(settings: Settings) -> ChannelRegistry:
     """The built-in channels plus the configured plugins (what a worker, and the CLI, know)."""
-    registry = ChannelRegistry([LogChannel()])
+    from .webhooks import WebhookChannel  # imports this module
+
+    registry = ChannelRegistry([LogChannel(), WebhookChannel(settings)])
     for spec in filter(None, (s.strip() for s in settings.channel_plugins.split(","))):
         module, _, attr = spec.partition(":")
         try:

@@ -75,6 +75,10 @@ class Settings(BaseSettings):
     # Extra channels: comma-separated "module:factory", each called with the
     # settings and returning a channel or a list of them (orchestrator/channels.py).
     channel_plugins: str = ""
+    # Shared secret of the webhooks (HMAC-SHA256): inbound ones must be
+    # signed with it (empty: inbound webhooks are off); outbound ones are.
+    webhook_secret: str = ""
+    webhook_timeout_s: float = Field(default=10.0, gt=0)
     # How often Celery beat runs the sweeper.
     sweep_interval_s: float = Field(default=15.0, gt=0)
     # How often Celery beat looks for scheduled tasks that are due.

@@ -288,7 +288,7 @@ def test_registry_is_keyed_by_name_and_checks_addresses(team: Database, settings
     with pytest.raises(ChannelError, match="cannot be loaded"):
         build_registry(settings.model_copy(update={"channel_plugins": "tests.fakes.channel:nothing"}))
     plugged = build_registry(settings.model_copy(update={"channel_plugins": "tests.fakes.channel:plugin"}))
-    assert plugged.names == ["flaky", "log", "mirror-a", "mirror-b"]
+    assert plugged.names == ["flaky", "log", "mirror-a", "mirror-b", "webhook"]
 
 
 def test_the_log_channel_writes_the_rendered_text(team: Database, settings: Settings,

@@ -1,0 +1,159 @@
+"""Webhooks: signed messages in (401 and nothing stored when the signature is
+wrong), signed messages out through the deliveries table (retried, once)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from fastapi.testclient import TestClient
+
+from orchestrator.api import create_app
+from orchestrator.channels import ChannelRegistry, attach_channel
+from orchestrator.db import Database
+from orchestrator.deliveries import Deliverer, list_deliveries
+from orchestrator.groups import add_group
+from orchestrator.ingest import IncomingMessage, ingest
+from orchestrator.settings import Settings
+from orchestrator.store import get_messages_after
+from orchestrator.webhooks import INBOUND_PATH, SIGNATURE_HEADER, WebhookChannel, sign, verify
+from tests.conftest import wait_until
+
+JID = "hooks@local"
+SECRET = "s3cret-shared"
+
+
+@pytest.fixture
+def hooked(db: Database, settings: Settings) -> tuple[Database, Settings]:
+    add_group(db, chat_jid=JID, name="Hooks", folder="hooks", requires_trigger=True)
+    return db, settings.model_copy(update={"webhook_secret": SECRET, "delivery_retry_base_s": 0.05,
+                                           "delivery_retry_max_s": 0.1})
+
+
+def _post(client: TestClient, body: bytes, signature: str | None) -> object:
+    headers = {"content-type": "application/json"}
+    if signature is not None:
+        headers[SIGNATURE_HEADER] = signature
+    return client.post(INBOUND_PATH, content=body, headers=headers)
+
+
+def test_sign_and_verify() -> None:
+    body = b'{"a": 1}'
+    assert sign("k", body) == "sha256=" + hmac.new(b"k", body, hashlib.sha256).hexdigest()
+    assert verify("k", body, sign("k", body))
+    assert not verify("k", body + b" ", sign("k", body))
+    assert not verify("other", body, sign("k", body))
+    assert not verify("", body, sign("", body))  # no secret: nothing verifies
+    assert not verify("k", body, None)
+
+
+def test_inbound_needs_a_valid_signature(hooked: tuple[Database, Settings]) -> None:
+    db, settings = hooked
+    body = json.dumps({"chat_jid": JID, "sender": "ci-bot", "content": "build 42 is green"}).encode()
+    with TestClient(create_app(settings)) as client:
+        assert _post(client, body, None).status_code == 401
+        assert _post(client, body, sign("wrong", body)).status_code == 401
+        assert _post(client, body + b" ", sign(SECRET, body)).status_code == 401  # body changed after signing
+        assert get_messages_after(JID, 0, db=db) == []
+
+        ok = _post(client, body, sign(SECRET, body))
+        assert ok.status_code == 201, ok.text
+        [stored] = get_messages_after(JID, 0, db=db)
+        assert stored.content == "build 42 is green" and stored.sender == "ci-bot"
+        assert stored.metadata == {"origin_channel": "webhook"}
+
+        bad = json.dumps({"chat_jid": JID, "sender": "x", "content": "y",
+                          "metadata": {"message_type": "TODO", "payload": {"todos": []}}}).encode()
+        r = _post(client, bad, sign(SECRET, bad))
+        assert r.status_code == 400 and r.json()["field"] == "metadata.payload.todos"
+        garbage = b"{not json"
+        assert _post(client, garbage, sign(SECRET, garbage)).status_code == 400
+        missing = json.dumps({"chat_jid": JID, "content": "no sender"}).encode()
+        r = _post(client, missing, sign(SECRET, missing))
+        assert r.status_code == 400 and r.json()["field"] == "sender"
+        assert len(get_messages_after(JID, 0, db=db)) == 1
+
+
+def test_inbound_is_off_without_a_secret(db: Database, settings: Settings) -> None:
+    body = b"{}"
+    with TestClient(create_app(settings)) as client:
+        assert _post(client, body, sign("", body)).status_code == 404
+
+
+class _Receiver:
+    """A loopback endpoint that fails its first ``fail`` requests."""
+
+    def __init__(self, fail: int) -> None:
+        self.fail = fail
+        self.calls = 0
+        self.received: list[tuple[bytes, str | None]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                receiver.calls += 1
+                status = 500 if receiver.calls <= receiver.fail else 204
+                if status == 204:
+                    receiver.received.append((body, self.headers.get(SIGNATURE_HEADER)))
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def __enter__(self) -> _Receiver:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def receiver() -> Iterator[_Receiver]:
+    with _Receiver(fail=2) as r:
+        yield r
+
+
+def test_outbound_webhook_is_signed_retried_and_sent_once(hooked: tuple[Database, Settings],
+                                                          receiver: _Receiver) -> None:
+    db, settings = hooked
+    attach_channel(db, JID, "webhook", address=receiver.url)
+    msg = ingest(db, settings, IncomingMessage(chat_jid=JID, sender="ann", sender_name="Ann", content="hello hook"),
+                 signal=None).message
+    channel = WebhookChannel(settings)
+    deliverer = Deliverer(db, settings, ChannelRegistry([channel]))
+
+    def sent() -> bool:
+        deliverer.deliver_due()
+        return len(receiver.received) == 1
+
+    wait_until(sent, 10, "the webhook to accept the message")
+    for _ in range(3):
+        deliverer.deliver_due()
+    assert receiver.calls == 3 and len(receiver.received) == 1  # two failures, one success, never again
+    body, signature = receiver.received[0]
+    assert verify(SECRET, body, signature)
+    doc = json.loads(body)
+    assert doc["event"] == "message" and doc["message"]["seq"] == msg.seq
+    assert doc["message"]["text"] == "Ann: hello hook"
+    [row] = list_deliveries(db, message_seq=msg.seq)
+    assert (row.channel, row.state, row.attempts) == ("webhook", "sent", 3)
+    assert "answered 500" in (row.last_error or "")
+    channel.disconnect()
+
+
+def test_a_webhook_address_must_be_a_url(settings: Settings) -> None:
+    channel = WebhookChannel(settings)
+    assert channel.owns("https://example.com/x") and not channel.owns("team@g.us")
+    channel.disconnect()
