@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import cli_channels, cli_history
+from . import cli_channels, cli_history, cli_telegram
 from .cli_support import fail as _fail
 from .cli_support import setup as _setup
 from .db import Database
@@ -498,6 +498,7 @@ def image_build(force: Annotated[bool, typer.Option(help="Rebuild even if curren
 
 cli_history.register(app)
 cli_channels.register(app, groups_app)
+cli_telegram.register(app)
 
 
 def main() -> None:

@@ -79,6 +79,11 @@ class Settings(BaseSettings):
     # signed with it (empty: inbound webhooks are off); outbound ones are.
     webhook_secret: str = ""
     webhook_timeout_s: float = Field(default=10.0, gt=0)
+    # Telegram (orchestrator/telegram.py, the optional "telegram" extra):
+    # the bot's token from @BotFather, and the Bot API's root (tests point
+    # it at a fake).
+    telegram_bot_token: str = ""
+    telegram_api_base: str = "https://api.telegram.org"
     # How often Celery beat runs the sweeper.
     sweep_interval_s: float = Field(default=15.0, gt=0)
     # How often Celery beat looks for scheduled tasks that are due.
