@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -40,7 +41,13 @@ def test_flower_sees_the_worker_and_its_tasks(stack: Stack) -> None:
             except OSError:
                 return {}
 
-        wait_until(lambda: bool(workers()), 60, "Flower to list the worker", log.read_text)
+        # Each refresh broadcasts four inspect commands; with the filesystem
+        # broker, hammering that at 10 Hz makes kombu read half-written
+        # control files, so ask once a second.
+        deadline = time.monotonic() + 60
+        while not workers():
+            assert time.monotonic() < deadline, f"Flower never listed the worker\n{log.read_text()}"
+            time.sleep(1.0)
         res = stack.cli("send", "main@local", "$ echo seen-by-flower", "--wait", "60")
         assert res.returncode == 0, res.stderr
 
