@@ -49,8 +49,8 @@ from .errors import ChannelError
 from .messages import StoredMessage
 from .render import ORIGIN_CHANNEL_KEY, displayed, render
 from .settings import Settings
-from .store import to_stored
-from .tables import DeliveryRow, GroupChannelRow, GroupRow, MessageRow
+from .store import driver_execute, to_stored
+from .tables import DeliveryRow, GroupRow, MessageRow
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,9 @@ def _delivery(row: DeliveryRow) -> Delivery:
 # -- recording (inside the message's transaction) ------------------------------------
 
 
+_ATTACHED = "SELECT channel, address FROM group_channels WHERE chat_jid = :jid"
+
+
 def record_deliveries(session: Session | Connection, msg: StoredMessage) -> int:
     """Queue ``msg`` for every channel of its group but the one it came from,
     inside the caller's transaction (an ORM session or a Core connection);
@@ -94,9 +97,9 @@ def record_deliveries(session: Session | Connection, msg: StoredMessage) -> int:
         return 0
     origin = (msg.metadata or {}).get(ORIGIN_CHANNEL_KEY)
     now = _now()
-    attached = session.execute(
-        select(GroupChannelRow.channel, GroupChannelRow.address).where(GroupChannelRow.chat_jid == msg.chat_jid)
-    ).all()
+    # On every ingest: one fixed statement on the driver (docs/performance.md).
+    conn = session.connection() if isinstance(session, Session) else session
+    attached = driver_execute(conn, _ATTACHED, {"jid": msg.chat_jid}).fetchall()
     rows: list[dict[str, Any]] = [
         {
             "message_seq": msg.seq, "chat_jid": msg.chat_jid, "channel": channel,

@@ -1,9 +1,9 @@
 """Ingest: the one path every incoming message takes.
 
 Store the message and mark the group's pending work in ONE transaction, then,
-only after the commit, signal a worker.  A crash between commit and signal
-loses nothing: the pending mark is in the database and the sweeper
-re-signals it.
+only after the commit, signal a worker (only when the group was idle: see
+:func:`ingest`).  A crash between commit and signal loses nothing: the
+pending mark is in the database and the sweeper re-signals it.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from sqlalchemy.orm import Session
 
 from .db import Database
 from .deliveries import record_deliveries, with_origin
-from .groups import group_from_row
 from .messages import MessageType, NewMessage, StoredMessage
-from .router import wakes_agent
+from .router import wakes
 from .settings import Settings
-from .store import insert_message, new_message_id, now_iso
+from .store import driver_execute, insert_message, new_message_id, now_iso
 from .tables import GroupRow
 
 log = logging.getLogger(__name__)
@@ -52,6 +51,9 @@ class IngestResult(BaseModel):
     message: StoredMessage
     created: bool
     triggered: bool
+    # A signal was sent for this message.  False for a triggering message
+    # when the group already had pending work: the signal already on its way
+    # (or the draining worker) covers this message too.
     signalled: bool
 
 
@@ -60,6 +62,14 @@ def mark_pending(session: Session, chat_jid: str, seq: int) -> None:
     session.execute(
         update(GroupRow).where(GroupRow.chat_jid == chat_jid, GroupRow.pending_seq < seq).values(pending_seq=seq)
     )
+
+
+_ROUTING = "SELECT is_main, requires_trigger, assistant_name, pending_seq, cursor_seq FROM groups WHERE chat_jid = :jid"
+# PostgreSQL: lock the group row until the commit, so that "was the group
+# idle?" is decided in the same order as the worker's cursor updates (which
+# lock the row too).  SQLite: the IMMEDIATE transaction already excludes them.
+_ROUTING_LOCKED = _ROUTING + " FOR UPDATE"
+_MARK_PENDING = "UPDATE groups SET pending_seq = :seq WHERE chat_jid = :jid AND pending_seq < :seq"
 
 
 def ingest(
@@ -77,30 +87,48 @@ def ingest(
     whatever the trigger setting); it still needs a registered group.
     ``signal_delivery`` is told the chat when the message is queued for its
     group's channels (``orchestrator/deliveries.py``).
+
+    Only a group that goes from idle to pending is signalled.  If the group
+    already had pending work (``pending_seq > cursor_seq`` when our mark
+    lands), a signal for it is on its way or a worker is draining it, and
+    either one reads ``pending_seq`` again before it lets go: the drain loop
+    runs while ``pending_seq > cursor_seq``, re-reads it after each run and
+    once more after releasing the lease, and the worker's cursor update
+    queues behind our row lock (PostgreSQL) or write lock (SQLite), so it
+    cannot slip between our decision and our commit.  A signal that was lost
+    (broker down, worker killed) is re-sent by the sweeper, as before.
     """
-    with db.write() as session:
-        new = NewMessage(
-            id=incoming.id or new_message_id(),
-            timestamp=incoming.timestamp or now_iso(),
-            **incoming.model_dump(exclude={"id", "timestamp", "channel", "metadata"}),
-            metadata=with_origin(incoming.metadata, incoming.channel),
-        )
-        msg, created = insert_message(session, db, new)
-        triggered = False
-        queued = 0
+    new = NewMessage(
+        id=incoming.id or new_message_id(),
+        timestamp=incoming.timestamp or now_iso(),
+        **incoming.model_dump(exclude={"id", "timestamp", "channel", "metadata"}),
+        metadata=with_origin(incoming.metadata, incoming.channel),
+    )
+    triggered = needs_signal = False
+    queued = 0
+    # A Core connection, not an ORM session: this is the hot path
+    # (docs/performance.md).  On SQLite it begins IMMEDIATE like db.write().
+    with db.engine.begin() as conn:
+        msg, created = insert_message(conn, db, new)
         if created:
-            queued = record_deliveries(session, msg)
+            queued = record_deliveries(conn, msg)
             # Read the group inside the same transaction as the insert.
-            row = session.get(GroupRow, incoming.chat_jid)
-            group = group_from_row(row) if row is not None else None
-            if wake is None:
-                triggered = wakes_agent(msg, group, settings.trigger_names)
+            routing = _ROUTING if db.is_sqlite else _ROUTING_LOCKED
+            group = driver_execute(conn, routing, {"jid": incoming.chat_jid}).fetchone()
+            if group is None:
+                triggered = False
+            elif wake is None:
+                is_main, requires_trigger, assistant_name = group[0], group[1], group[2]
+                triggered = wakes(msg, is_main=bool(is_main), requires_trigger=bool(requires_trigger),
+                                  assistant_name=assistant_name, names=settings.trigger_names)
             else:
-                triggered = wake and group is not None
+                triggered = wake
             if triggered:
-                mark_pending(session, incoming.chat_jid, msg.seq)
+                driver_execute(conn, _MARK_PENDING, {"jid": incoming.chat_jid, "seq": msg.seq})
+                pending_seq, cursor_seq = group[3], group[4]
+                needs_signal = pending_seq <= cursor_seq
     signalled = False
-    if triggered and signal is not None:
+    if needs_signal and signal is not None:
         try:
             signal(incoming.chat_jid)
             signalled = True

@@ -30,9 +30,21 @@ def wakes_agent(message: StoredMessage, group: Group | None, names: Sequence[str
     requires the trigger (never the main group) needs ``@Name`` first.
     Everything else is stored and becomes context for the next run.
     """
-    if group is None or message.message_type != "user" or message.is_from_me:
+    if group is None:
         return False
-    if group.requires_trigger and not group.is_main:
-        own = [group.assistant_name] if group.assistant_name else []
+    return wakes(message, is_main=group.is_main, requires_trigger=group.requires_trigger,
+                 assistant_name=group.assistant_name, names=names)
+
+
+def wakes(
+    message: StoredMessage, *, is_main: bool, requires_trigger: bool, assistant_name: str | None,
+    names: Sequence[str],
+) -> bool:
+    """:func:`wakes_agent` for a registered group given by the columns the rule reads
+    (the ingest path reads just those)."""
+    if message.message_type != "user" or message.is_from_me:
+        return False
+    if requires_trigger and not is_main:
+        own = [assistant_name] if assistant_name else []
         return has_trigger(message.content, [*own, *names])
     return True

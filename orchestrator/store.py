@@ -7,12 +7,16 @@ cursor that is monotonic in commit order (see ``_next_seq``).
 
 from __future__ import annotations
 
+import functools
+import json
+import re
 import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import Connection, any_, bindparam, select
+from sqlalchemy.dialects.postgresql import array as pg_array
 from sqlalchemy.orm import Session
 
 from .context import parse_context
@@ -93,34 +97,77 @@ def _without_nul(new: NewMessage) -> NewMessage:
     return new.model_copy(update=bad) if bad else new
 
 
-def _lock_seq(session: Session, db: Database) -> None:
+def _lock_seq(conn: Connection, db: Database) -> None:
     # SQLite: the write transaction began IMMEDIATE, so we already hold the
     # only write lock.  PostgreSQL: a transaction-scoped advisory lock makes
     # "max + 1" and the commit one critical section, so seq order is commit
     # order and a reader that saw seq N can never later find a smaller one.
+    # It must be its own statement: at READ COMMITTED each statement reads a
+    # fresh snapshot, so the INSERT that follows sees the previous holder's
+    # commit (a lock taken inside the INSERT would not).
     if not db.is_sqlite:
-        session.execute(text("SELECT pg_advisory_xact_lock(726932)"))
+        driver_execute(conn, _SEQ_LOCK)
 
 
-def insert_message(session: Session, db: Database, new: NewMessage) -> tuple[StoredMessage, bool]:
-    """Insert inside the caller's transaction; returns (message, created)."""
+_SEQ_LOCK = "SELECT pg_advisory_xact_lock(726932)"
+_NAMED = re.compile(r"(?<!:):([a-z_]+)")
+
+
+def driver_execute(conn: Connection, sql: str, params: dict[str, Any] | None = None) -> Any:
+    """Run ``sql`` (written with ``:name`` parameters) on the DBAPI connection
+    under ``conn``, inside its transaction; returns the DBAPI cursor.
+
+    For the ingest path's few fixed statements only: no statement object,
+    cache key, compile or result wrapper per call, about a quarter of the
+    cost of ``Connection.execute`` (docs/performance.md).  Errors are the
+    driver's own exceptions; the caller's ``with`` block still rolls back.
+    """
+    native = sql if conn.dialect.name == "sqlite" else _pyformat(sql)
+    return conn.connection.driver_connection.execute(native, params or {})  # type: ignore[union-attr]
+
+
+@functools.cache
+def _pyformat(sql: str) -> str:
+    return _NAMED.sub(r"%(\1)s", sql)
+
+
+# One round trip: the next seq (max + 1, under the caller's write lock; the
+# unique index on seq makes max() one index probe), the row unless (id,
+# chat_jid) is already stored, and its seq (no row back: a duplicate).
+_INSERT = """INSERT INTO messages
+    (seq, id, chat_jid, sender, sender_name, content, "timestamp", is_from_me, message_type, "metadata")
+    VALUES (COALESCE((SELECT MAX(seq) FROM messages), 0) + 1, :id, :chat_jid, :sender, :sender_name,
+            :content, :timestamp, :is_from_me, :message_type, :metadata)
+    ON CONFLICT (id, chat_jid) DO NOTHING RETURNING seq"""
+_MESSAGES = MessageRow.__table__
+_STORED_FIELDS = ("seq", "id", "chat_jid", "sender", "sender_name", "content", "timestamp", "is_from_me",
+                  "message_type", "metadata", "superseded_at", "edited_at")
+_EXISTING = select(_MESSAGES).where(_MESSAGES.c.id == bindparam("id"), _MESSAGES.c.chat_jid == bindparam("chat_jid"))
+
+
+def insert_message(session: Session | Connection, db: Database, new: NewMessage) -> tuple[StoredMessage, bool]:
+    """Insert inside the caller's transaction (an ORM session or a Core
+    connection); returns (message, created)."""
     _validate(new)
     new = _without_nul(_normalized(new))
-    # Lock first, then look: on PostgreSQL two transactions storing the same
-    # (id, chat_jid) at once would otherwise both find nothing and the second
-    # INSERT would fail on the primary key instead of returning the first copy.
-    # (On SQLite the IMMEDIATE transaction already serializes the look.)
-    _lock_seq(session, db)
-    existing = session.scalar(
-        select(MessageRow).where(MessageRow.id == new.id, MessageRow.chat_jid == new.chat_jid)
-    )
-    if existing is not None:
-        return to_stored(existing), False
-    seq = (session.scalar(select(func.max(MessageRow.seq))) or 0) + 1
+    if isinstance(session, Session):
+        session.flush()  # the caller's pending ORM changes first (a new group, say)
+        conn = session.connection()
+    else:
+        conn = session
+    # Lock first, then insert: on PostgreSQL two transactions storing the
+    # same (id, chat_jid) at once queue on the lock, and the second one's
+    # ON CONFLICT sees the first one's row.  (On SQLite the IMMEDIATE
+    # transaction already serializes them.)
+    _lock_seq(conn, db)
     fields = new.model_dump()
-    meta = fields.pop("metadata")
-    session.execute(insert(MessageRow).values(seq=seq, meta=meta, **fields))
-    return StoredMessage(seq=seq, **new.model_dump()), True
+    # JSON as the column type would write it (json.dumps; None as JSON null).
+    params = {**fields, "metadata": json.dumps(fields["metadata"])}
+    row = driver_execute(conn, _INSERT, params).fetchone()
+    if row is None:  # (id, chat_jid) is already stored: the first copy stands
+        existing = conn.execute(_EXISTING, {"id": new.id, "chat_jid": new.chat_jid}).mappings().one()
+        return StoredMessage(**{k: existing[k] for k in _STORED_FIELDS}), False
+    return StoredMessage(seq=row[0], **fields), True
 
 
 def store_message_direct(*, db: Database | None = None, **fields: Any) -> StoredMessage:
@@ -149,7 +196,14 @@ def _first_error(exc: ValidationError) -> str:
 
 def _live(stmt: Any, include_superseded: bool) -> Any:
     # Superseded messages (regenerate, truncate) stay for audit only.
-    return stmt if include_superseded else stmt.where(MessageRow.superseded_at.is_(None))
+    return stmt if include_superseded else stmt.where(_MESSAGES.c.superseded_at.is_(None))
+
+
+def _read(db: Database, stmt: Any) -> list[StoredMessage]:
+    # Plain rows, not ORM entities: half the cost of assembling a run's
+    # input is otherwise ORM loading (docs/performance.md, history scale).
+    with db.read() as session:
+        return [StoredMessage(**{k: r[k] for k in _STORED_FIELDS}) for r in session.execute(stmt).mappings()]
 
 
 def get_messages_since(
@@ -162,15 +216,37 @@ def get_messages_since(
     :func:`get_messages_after` (seq cursor), which cannot lose equal-time rows.
     """
     db = db or get_database(get_settings())
-    stmt = _live(select(MessageRow).where(MessageRow.chat_jid == chat_jid), include_superseded)
+    c = _MESSAGES.c
+    stmt = _live(select(_MESSAGES).where(c.chat_jid == chat_jid), include_superseded)
     if since_timestamp:
         # ISO-8601 text compares correctly only byte by byte: SQLite's default;
         # on PostgreSQL the database's collation (ICU en-US puts
         # "00.000001+00:00" before "00+00:00") must not decide.
-        column = MessageRow.timestamp if db.is_sqlite else MessageRow.timestamp.collate("C")
+        column = c.timestamp if db.is_sqlite else c.timestamp.collate("C")
         stmt = stmt.where(column > since_timestamp)
-    with db.read() as session:
-        return [to_stored(r) for r in session.scalars(stmt.order_by(MessageRow.seq))]
+    return _read(db, stmt.order_by(c.seq))
+
+
+def _of_chat(db: Database, chat_jid: str) -> Any:
+    """The WHERE clause that picks one chat, for the seq-ordered reads below.
+
+    PostgreSQL's planner assumes a chat's messages are spread evenly over the
+    table; for a chat with a large share of it, it then walks the table's own
+    seq index (``messages_seq_key``) and filters on the chat, which for a chat
+    that was busy long ago and is quiet now reads everything stored since its
+    cursor (450k rows, 200+ ms in a 1M-message table; bench/history.py).
+    Written as ``= ANY(ARRAY[jid])`` and ordered by (chat_jid, seq), only
+    ``idx_messages_chat_seq`` gives the order, and with a LIMIT the planner
+    takes that index scan, whose cost follows the rows it returns.
+    SQLite always uses ``idx_messages_chat_seq`` for the plain equality.
+    """
+    c = _MESSAGES.c
+    return c.chat_jid == chat_jid if db.is_sqlite else c.chat_jid == any_(pg_array([chat_jid]))
+
+
+# Pages of an unlimited seq-ordered read on PostgreSQL (see _of_chat: a LIMIT
+# keeps the planner on idx_messages_chat_seq).
+_PAGE = 500
 
 
 def get_messages_after(
@@ -179,14 +255,23 @@ def get_messages_after(
 ) -> list[StoredMessage]:
     """A chat's messages with ``seq > after_seq``, oldest first."""
     db = db or get_database(get_settings())
-    stmt = _live(
-        select(MessageRow).where(MessageRow.chat_jid == chat_jid, MessageRow.seq > after_seq),
-        include_superseded,
-    ).order_by(MessageRow.seq)
-    if limit is not None:
-        stmt = stmt.limit(limit)
-    with db.read() as session:
-        return [to_stored(r) for r in session.scalars(stmt)]
+    c = _MESSAGES.c
+
+    def after(seq: int) -> Any:
+        stmt = select(_MESSAGES).where(_of_chat(db, chat_jid), c.seq > seq)
+        return _live(stmt, include_superseded).order_by(c.chat_jid, c.seq)
+
+    if db.is_sqlite:
+        return _read(db, after(after_seq) if limit is None else after(after_seq).limit(limit))
+    out: list[StoredMessage] = []
+    while limit is None or len(out) < limit:
+        want = _PAGE if limit is None else min(_PAGE, limit - len(out))
+        page = _read(db, after(after_seq).limit(want))
+        out += page
+        if len(page) < want:
+            break
+        after_seq = page[-1].seq
+    return out
 
 
 def get_recent_messages(
@@ -195,12 +280,11 @@ def get_recent_messages(
 ) -> list[StoredMessage]:
     """The newest ``limit`` messages of a chat (below ``before_seq`` if given), oldest first."""
     db = db or get_database(get_settings())
-    stmt = _live(select(MessageRow).where(MessageRow.chat_jid == chat_jid), include_superseded)
+    c = _MESSAGES.c
+    stmt = _live(select(_MESSAGES).where(_of_chat(db, chat_jid)), include_superseded)
     if before_seq is not None:
-        stmt = stmt.where(MessageRow.seq < before_seq)
-    stmt = stmt.order_by(MessageRow.seq.desc()).limit(limit)
-    with db.read() as session:
-        rows = [to_stored(r) for r in session.scalars(stmt)]
+        stmt = stmt.where(c.seq < before_seq)
+    rows = _read(db, stmt.order_by(c.chat_jid.desc(), c.seq.desc()).limit(limit))
     rows.reverse()
     return rows
 

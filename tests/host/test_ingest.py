@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import queue
+import random
+import threading
+import time
+
 import pytest
 
+from orchestrator.channels import ChannelRegistry
 from orchestrator.db import Database
 from orchestrator.errors import InvalidMessage, StoreError
 from orchestrator.groups import add_group, ensure_main_group, get_group
 from orchestrator.ingest import IncomingMessage, ingest
+from orchestrator.pipeline import Pipeline
 from orchestrator.router import has_trigger
 from orchestrator.settings import Settings
 from orchestrator.store import get_messages_after
@@ -103,3 +110,77 @@ def test_broker_down_loses_nothing(db: Database, settings: Settings) -> None:
     assert r.created and r.triggered and not r.signalled
     group = get_group(db, "main@local")
     assert group.pending_seq == r.message.seq > group.cursor_seq  # the sweeper will re-signal it
+
+
+def test_only_an_idle_group_is_signalled(db: Database, settings: Settings) -> None:
+    ensure_main_group(db)
+    sig = Signals(db)
+
+    def send(text: str) -> bool:
+        return ingest(db, settings, IncomingMessage(chat_jid="main@local", sender="u", content=text),
+                      signal=sig).signalled
+
+    # The first message wakes the group; the next ones find work already
+    # pending, whose signal (or the worker draining it) covers them too.
+    assert [send("a"), send("b"), send("c")] == [True, False, False]
+    group = get_group(db, "main@local")
+    assert group.pending_seq == max(m.seq for m in get_messages_after("main@local", 0, db=db))
+    # Once a run has taken everything, the group is idle again.
+    with db.write() as session:
+        from orchestrator.tables import GroupRow
+
+        session.get(GroupRow, "main@local").cursor_seq = group.pending_seq  # type: ignore[union-attr]
+    assert send("d") is True
+    assert [c[0] for c in sig.calls] == ["main@local", "main@local"]
+
+
+class _ConsumingPipeline(Pipeline):
+    """The real drain loop (lease, re-check after each run and after release)
+    around a "run" that just takes every message after the cursor."""
+
+    def run_once(self, group, *, task_id=None, lease_lost=None):  # type: ignore[no-untyped-def]
+        new = get_messages_after(group.chat_jid, group.cursor_seq, db=self.db)
+        time.sleep(random.uniform(0, 0.004))  # messages keep arriving meanwhile
+        self._advance(group, new[-1].seq if new else group.pending_seq, None)
+        return None
+
+
+def test_no_message_waits_for_the_sweeper_when_signals_are_skipped(db: Database, settings: Settings) -> None:
+    """Messages arrive while workers drain the group, finish runs and let go
+    of the lease: every one is consumed through the signals ingest sent
+    (one per idle -> pending transition), none is left for the sweeper."""
+    ensure_main_group(db)
+    signals: queue.Queue[str] = queue.Queue()
+    sent = stored = 0
+    done = threading.Event()
+
+    def worker(_: int) -> None:
+        pipeline = _ConsumingPipeline(settings, db, ChannelRegistry())
+        while not (done.is_set() and signals.empty()):
+            try:
+                jid = signals.get(timeout=0.02)
+            except queue.Empty:
+                continue
+            pipeline.drain_group(jid)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for burst in range(50):  # bursts, and pauses about as long as a run
+            for i in range(random.randint(1, 4)):
+                stored += 1
+                if ingest(db, settings, IncomingMessage(chat_jid="main@local", sender="u", content=f"m{burst}.{i}"),
+                          signal=signals.put).signalled:
+                    sent += 1
+                time.sleep(random.uniform(0, 0.001))
+            time.sleep(random.uniform(0, 0.008))
+    finally:
+        done.set()
+        for t in threads:
+            t.join(timeout=60)
+    group = get_group(db, "main@local")
+    last = max(m.seq for m in get_messages_after("main@local", 0, db=db))
+    assert group.pending_seq == last
+    assert group.cursor_seq == last, f"messages after #{group.cursor_seq} were left for the sweeper"
+    assert 1 <= sent < stored
