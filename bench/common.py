@@ -1,0 +1,210 @@
+"""What the process benchmarks share: an installation in a temporary data
+dir, real ``celery worker`` processes, and CPU / memory accounting of the
+processes involved (workers with their pool children, the Docker daemon).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import psutil
+from docker.errors import DockerException, NotFound
+
+from orchestrator.db import Database
+from orchestrator.queue import forget_celery
+from orchestrator.sandbox import LABEL_INSTALL, LABEL_MANAGED
+from orchestrator.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def install(data_dir: Path, image: str, warm_idle_s: float = 0, **extra: object) -> tuple[Settings, Database]:
+    """A fresh installation (embedded SQLite + filesystem:// unless ``extra`` says otherwise)."""
+    settings = Settings(data_dir=data_dir, agent_image=image, warm_idle_s=warm_idle_s, _env_file=None, **extra)  # type: ignore[call-arg]
+    settings.ensure_dirs()
+    forget_celery()  # each installation has its own broker
+    db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
+    db.migrate()
+    return settings, db
+
+
+def worker_env(settings: Settings) -> dict[str, str]:
+    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+           "ORCHESTRATOR_AGENT_IMAGE": settings.agent_image,
+           "ORCHESTRATOR_WARM_IDLE_S": str(settings.warm_idle_s), "ORCHESTRATOR_LOG_LEVEL": "WARNING"}
+    if settings.database_url:
+        env["ORCHESTRATOR_DATABASE_URL"] = settings.database_url
+    if settings.broker_url:
+        env["ORCHESTRATOR_BROKER_URL"] = settings.broker_url
+    return env
+
+
+@dataclass
+class Workers:
+    """``n`` ``celery worker`` processes, each with one pool child (one run at a time)."""
+
+    settings: Settings
+    n: int
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def __enter__(self) -> Workers:
+        env = worker_env(self.settings)
+        for i in range(self.n):
+            log = open(self.settings.data_dir / f"worker{i}.log", "wb")  # noqa: SIM115 - closed with the process
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "agent,delivery",
+                 "--concurrency", "1", "-l", "WARNING", "--without-gossip", "--without-mingle",
+                 "--without-heartbeat", "-n", f"bench{i}@%h"],
+                env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
+            ))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def trees(self) -> list[psutil.Process]:
+        """Every worker process and its pool children."""
+        out: list[psutil.Process] = []
+        for p in self.procs:
+            with contextlib.suppress(psutil.Error):
+                parent = psutil.Process(p.pid)
+                out += [parent, *parent.children(recursive=True)]
+        return out
+
+    def logs(self) -> str:
+        return "\n".join((self.settings.data_dir / f"worker{i}.log").read_text()[-2000:] for i in range(self.n))
+
+
+def cpu_seconds(procs: list[psutil.Process]) -> float:
+    """User + system CPU of ``procs``, with the children they have reaped."""
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def daemon_processes() -> dict[str, list[psutil.Process]]:
+    found: dict[str, list[psutil.Process]] = {"dockerd": [], "containerd": []}
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] in found:
+            found[p.info["name"]].append(p)
+    return found
+
+
+def containers_cpu_seconds() -> float | None:
+    """CPU used so far by every Docker container's processes (their parent
+    cgroup keeps the time of containers already removed); None if unreadable."""
+    v1 = Path("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage")
+    v2 = Path("/sys/fs/cgroup/docker/cpu.stat")
+    with contextlib.suppress(OSError, ValueError):
+        if v1.exists():
+            return int(v1.read_text()) / 1e9
+        if v2.exists():
+            stat = dict(line.split() for line in v2.read_text().splitlines())
+            return int(stat["usage_usec"]) / 1e6
+    return None
+
+
+class CpuAccount:
+    """CPU used between :meth:`start` and :meth:`stop`, by whom.
+
+    The containers' own processes are read from their cgroup when the host
+    exposes it; the rest of the short-lived processes (container shims, runc,
+    the kernel's work, anything else on the machine) land in ``other``: the
+    machine's busy time minus everything named.
+    """
+
+    def __init__(self, named: dict[str, list[psutil.Process]]) -> None:
+        self.named = named
+        self.used: dict[str, float] = {}
+
+    @staticmethod
+    def _busy() -> tuple[float, float]:
+        t = psutil.cpu_times()
+        return t.user + t.nice + t.system + t.irq + t.softirq + t.steal, t.idle + t.iowait
+
+    def start(self) -> CpuAccount:
+        self._t0 = time.monotonic()
+        self._busy0 = self._busy()
+        self._self0 = sum(os.times()[:4])
+        self._named0 = {k: cpu_seconds(v) for k, v in self.named.items()}
+        self._containers0 = containers_cpu_seconds()
+        return self
+
+    def stop(self) -> CpuAccount:
+        self.wall = time.monotonic() - self._t0
+        busy1 = self._busy()
+        self.busy = busy1[0] - self._busy0[0]
+        self.used = {k: cpu_seconds(v) - self._named0[k] for k, v in self.named.items()}
+        self.used["bench driver"] = sum(os.times()[:4]) - self._self0
+        containers = containers_cpu_seconds()
+        if containers is not None and self._containers0 is not None:
+            self.used["containers (their cgroup)"] = containers - self._containers0
+        self.used["other (shims, runc, kernel, other users)"] = max(0.0, self.busy - sum(self.used.values()))
+        return self
+
+    def lines(self, per: int, unit: str) -> list[str]:
+        cores = psutil.cpu_count() or 1
+        out = [f"    machine busy {self.busy:6.1f} CPU-s over {self.wall:5.1f} s"
+               f" = {self.busy / self.wall / cores:4.0%} of {cores} cores"]
+        for name, secs in self.used.items():
+            out.append(f"    {name:46} {secs:6.1f} CPU-s  {secs / max(per, 1) * 1000:6.0f} ms/{unit}")
+        return out
+
+
+def remove_install_containers(settings: Settings) -> int:
+    """Remove every container of this installation (a benchmark's leftovers)."""
+    client = docker.from_env()
+    labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={settings.install_id}"]
+    removed = 0
+    for c in client.containers.list(all=True, filters={"label": labels}):
+        with contextlib.suppress(NotFound, DockerException):
+            c.remove(force=True)
+            removed += 1
+    return removed
+
+
+@contextlib.contextmanager
+def fresh_pg_database(url: str) -> Iterator[str]:
+    """A new database on ``url``'s server (its URL), dropped afterwards."""
+    import psycopg
+    from psycopg import sql
+    from sqlalchemy.engine import make_url
+
+    name = f"orch_bench_{uuid.uuid4().hex[:10]}"
+    maintenance = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(maintenance, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield make_url(url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(maintenance, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@contextlib.contextmanager
+def timed() -> Iterator[list[float]]:
+    box: list[float] = []
+    t0 = time.perf_counter()
+    try:
+        yield box
+    finally:
+        box.append(time.perf_counter() - t0)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Every benchmark, one after another, each against its baseline measured in
+# the same command (docs/performance.md).  Timing needs a quiet machine: on a
+# shared one, hold the Docker lock for the whole run:
+#
+#     flock /tmp/docker-tests.lock bench/run_all.sh
+#
+# BENCH_PG / BENCH_REDIS name the PostgreSQL server (a role that may create
+# databases) and the Redis database for the fleet figures; set them empty to
+# skip those.  BENCH_QUICK=1 runs every benchmark small (a smoke test).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+PG=${BENCH_PG-postgresql://orchestrator:orchestrator@127.0.0.1:5432/orchestrator}
+REDIS=${BENCH_REDIS-redis://127.0.0.1:6379/14}
+fleet=()
+[ -n "$PG" ] && fleet+=(--pg "$PG")
+[ -n "$PG" ] && [ -n "$REDIS" ] && fleet+=(--redis "$REDIS")
+
+if [ "${BENCH_QUICK:-0}" = 1 ]; then
+  ingest=(--messages 300 --rounds 3); history=(--total 20000 --groups 50 --sizes 500,2000,5000 --reps 3)
+  throughput=(--groups 4 --messages 2 --raw 3); memory=(--runs 2); overhead=(--runs 3)
+else
+  ingest=(); history=(); throughput=(); memory=(); overhead=()
+fi
+
+echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes')"
+echo "== $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $(free -g | awk '/Mem:/ {print $2}') GiB," \
+     "Docker $(docker version -f '{{.Server.Version}}' 2>/dev/null || echo '?'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo; echo "== ingest";      "$PY" -m bench.ingest "${ingest[@]}" "${fleet[@]}"
+echo; echo "== history";     "$PY" -m bench.history "${history[@]}" ${PG:+--pg "$PG"}
+echo; echo "== throughput";  "$PY" -m bench.throughput "${throughput[@]}"
+echo; echo "== memory";      "$PY" -m bench.memory "${memory[@]}"
+echo; echo "== overhead";    "$PY" bench/overhead.py "${overhead[@]}"
