@@ -14,7 +14,7 @@ import hashlib
 import zlib
 from dataclasses import dataclass
 
-from agent_runner.protocol import ContainerInput, Limits, ModelSettings, SdkMessage
+from agent_runner.protocol import ContainerInput, Limits, ModelSettings, SdkMessage, decode_input
 from sqlalchemy import select, update
 
 from .container_config import effective_limits
@@ -104,7 +104,7 @@ def build_input(
 
 def input_bytes(payload: ContainerInput) -> bytes:
     """The exact bytes written to the container's stdin."""
-    return payload.model_dump_json().encode()
+    return payload.to_json()
 
 
 def record_input(db: Database, run_id: str, data: bytes) -> str:
@@ -134,7 +134,7 @@ def rebuild_input(db: Database, settings: Settings, run_id: str) -> bytes:
     recorded = stored_input(db, run_id)
     if recorded is None:
         raise StoreError(f"run {run_id} has no recorded input")
-    original = ContainerInput.model_validate_json(recorded)
+    original = decode_input(recorded)
     with db.read() as session:
         run = session.get(RunRow, run_id)
         assert run is not None  # stored_input found it
@@ -147,4 +147,4 @@ def rebuild_input(db: Database, settings: Settings, run_id: str) -> bytes:
     else:
         prior = prior_messages(db, settings, group, planned, cursor_from)
         messages = model_messages(settings, group, [*prior, *planned.messages])
-    return input_bytes(original.model_copy(update={"messages": messages}))
+    return input_bytes(original.replace(messages=messages))

@@ -27,12 +27,12 @@ from agent_runner.protocol import (
     ContainerInput,
     ErrorEvent,
     ModelSettings,
+    ProtocolError,
     ResultEvent,
     SendMessageEvent,
     Usage,
     parse_event,
 )
-from pydantic import ValidationError
 from sqlalchemy import update
 
 from . import leases
@@ -329,9 +329,7 @@ class Pipeline:
                 if not self.warm:
                     spec = replace(spec, extra_mounts={**spec.extra_mounts, str(run_dir): RUN_DIR_MOUNT})
                 socket_path = f"{RUN_DIR_MOUNT}/{GATEWAY_SOCKET}"
-                payload = payload.model_copy(
-                    update={"model": payload.model.model_copy(update={"socket_path": socket_path})}
-                )
+                payload = payload.replace(model=payload.model.replace(socket_path=socket_path))
             return self._stream(group, run, payload, assistant, outcome, spec, gateway, lease_lost)
 
     def _stream(
@@ -351,7 +349,7 @@ class Pipeline:
                         continue
                     try:
                         event = parse_event(line)
-                    except ValidationError:
+                    except ProtocolError:
                         garbage += 1
                         log.warning("run %s: ignoring a line that is not an event: %.200r", run.id, line)
                         continue

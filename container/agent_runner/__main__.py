@@ -17,11 +17,9 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from pydantic import ValidationError
-
 from .errors import InputError, ProviderError, RunnerError
 from .loop import Emit, run_agent
-from .protocol import PROTOCOL_VERSION, ContainerInput, ErrorEvent, Event, dump_event
+from .protocol import PROTOCOL_VERSION, ContainerInput, ErrorEvent, Event, ProtocolError, decode_input, dump_event
 from .providers import make_provider
 
 EXIT_OK = 0
@@ -45,23 +43,13 @@ def make_emitter(out: TextIO) -> Emit:
     return emit
 
 
-def _describe(exc: ValidationError, limit: int = 5) -> str:
-    problems = []
-    for err in exc.errors()[:limit]:
-        where = ".".join(str(p) for p in err["loc"]) or "document"
-        problems.append(f"{where}: {err['msg']}")
-    more = len(exc.errors()) - limit
-    if more > 0:
-        problems.append(f"... and {more} more")
-    return "invalid ContainerInput: " + "; ".join(problems)
-
-
 def parse_input(raw: bytes) -> ContainerInput:
     """Validate stdin; raises :class:`InputError` with a readable message."""
     try:
-        inp = ContainerInput.model_validate_json(raw)
-    except ValidationError as exc:
-        raise InputError(_describe(exc)) from None
+        inp = decode_input(raw)
+    except ProtocolError as exc:
+        # msgspec names the first problem and where: "Expected `int` >= 1 - at `$.limits.max_turns`".
+        raise InputError(f"invalid ContainerInput: {exc}") from None
     if inp.protocol_version != PROTOCOL_VERSION:
         raise InputError(
             f"protocol_version {inp.protocol_version} is not supported "

@@ -9,11 +9,10 @@ from typing import Any
 import pytest
 from agent_runner import envelopes
 from agent_runner.loop import envelope_for
-from agent_runner.protocol import Limits, ToolResultEvent, parse_event
+from agent_runner.protocol import Limits, ProtocolError, ToolResultEvent, parse_event
 from agent_runner.providers.base import ToolSpec, ToolUseBlock
 from agent_runner.providers.offline import OfflineProvider, tool_requests_in
 from agent_runner.tools import REGISTRY, ToolContext, ToolOutcome, run_tool
-from pydantic import ValidationError
 from runner_harness import RunRunner, make_input
 
 
@@ -529,7 +528,7 @@ def test_tool_result_event_envelope_is_optional() -> None:
     old = parse_event('{"type":"tool_result","tool_use_id":"t","name":"bash","output":"","exit_code":0}')
     assert isinstance(old, ToolResultEvent) and old.envelope is None
 
-    with pytest.raises(ValidationError):  # unknown fields are still refused
+    with pytest.raises(ProtocolError):  # unknown fields are still refused
         parse_event('{"type":"tool_result","tool_use_id":"t","name":"bash","output":"","exit_code":0,"extra":1}')
 
 

@@ -131,7 +131,7 @@ def test_schema_violation_names_the_field(run_runner: RunRunner) -> None:
 
 def test_empty_history_is_bad_input() -> None:
     events: list[Event] = []
-    code = run(ContainerInput(**make_input()).model_dump_json().encode(), events.append, Path("."))
+    code = run(ContainerInput.from_dict(make_input()).to_json(), events.append, Path("."))
 
     assert code == 2
     assert [e.type for e in events] == ["error"]
@@ -155,8 +155,8 @@ class RecordingOffline(OfflineProvider):
 
 
 def test_system_notices_are_appended_to_the_system_prompt(tmp_path: Path) -> None:
-    inp = ContainerInput(
-        **make_input(
+    inp = ContainerInput.from_dict(
+        make_input(
             "hello",
             assistant_name="Bob",
             system_notices=["Notice one: the date is 2025-01-01.", "Notice two: be brief."],
@@ -227,7 +227,7 @@ def test_unknown_tool_becomes_an_error_result(tmp_path: Path) -> None:
     )
     events: list[Event] = []
     result = run_agent(
-        ContainerInput(**make_input("go")), provider, events.append, workspace=tmp_path
+        ContainerInput.from_dict(make_input("go")), provider, events.append, workspace=tmp_path
     )
 
     assert [e.type for e in events] == ["tool_use", "tool_result", "assistant", "result"]
@@ -242,7 +242,7 @@ def test_unknown_tool_becomes_an_error_result(tmp_path: Path) -> None:
 def test_loop_stops_at_max_turns(tmp_path: Path) -> None:
     provider = ScriptedProvider(_calls("bash", {"command": "true"}))  # calls a tool forever
     events: list[Event] = []
-    inp = ContainerInput(**make_input("loop", limits={"max_turns": 3}))
+    inp = ContainerInput.from_dict(make_input("loop", limits={"max_turns": 3}))
     result = run_agent(inp, provider, events.append, workspace=tmp_path)
 
     assert result.num_turns == 3 and result.stop_reason == "max_turns"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent_runner.protocol import Limits, SendMessageEvent, parse_event
+from agent_runner.protocol import Limits, SendMessageEvent, dump_event, parse_event
 from agent_runner.providers.offline import tool_requests_in
 from agent_runner.tools import ToolContext, run_tool
 
@@ -42,7 +42,7 @@ def test_bad_input_and_no_run(tmp_path: Path) -> None:
 
 
 def test_event_round_trips_and_offline_directives() -> None:
-    line = SendMessageEvent(chat_jid="a@b", text="t").model_dump_json()
+    line = dump_event(SendMessageEvent(chat_jid="a@b", text="t"))
     assert parse_event(line) == SendMessageEvent(chat_jid="a@b", text="t")
     assert tool_requests_in("/send hello there\n/send-to ops@g.us deployed\n/send-to nospace") == [
         ("send_message", {"text": "hello there"}),

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from agent_runner.loop import run_agent
-from agent_runner.protocol import ContainerInput, Event, ModelSettings, ResultEvent, ToolResultEvent
+from agent_runner.protocol import ContainerInput, Event, ModelSettings, ResultEvent, SdkMessage, ToolResultEvent
 from agent_runner.providers.anthropic import AnthropicProvider
 
 from orchestrator.gateway import ModelGateway
@@ -166,7 +166,7 @@ def test_real_provider_completes_a_tool_conversation_through_the_gateway(
     )
     inp = ContainerInput(
         run_id="run-gw", chat_jid="chat@test", group_folder="test", assistant_name="Andy",
-        messages=[{"role": "user", "content": "run echo please"}],
+        messages=[SdkMessage(role="user", content="run echo please")],
     )
     events: list[Event] = []
     run_agent(inp, provider, events.append, workspace=workspace)
@@ -205,7 +205,7 @@ def test_a_budget_error_fails_the_run_without_retries(sock: Path, fake: FakeAnth
     with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=KEY, token_budget=50):
         provider = AnthropicProvider(ModelSettings(provider="anthropic", model="claude-fake", socket_path=str(sock)))
         inp = ContainerInput(run_id="r", chat_jid="c", group_folder="g", assistant_name="A",
-                             messages=[{"role": "user", "content": "go"}])  # type: ignore[list-item]
+                             messages=[SdkMessage(role="user", content="go")])
         with pytest.raises(ProviderError) as err:
             run_agent(inp, provider, lambda e: None, workspace=tmp_path)
     assert not err.value.retryable and "budget" in str(err.value)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_runner.protocol import ContainerInput, ResultEvent
+from agent_runner.protocol import ContainerInput, ResultEvent, decode_input, dump_event
 
 from orchestrator.channels import ChannelRegistry
 from orchestrator.container_config import (
@@ -496,7 +496,7 @@ class _FakeContainer:
         pass
 
     def lines(self) -> Iterator[str]:
-        yield ResultEvent().model_dump_json()
+        yield dump_event(ResultEvent())
 
     def finish(self) -> ContainerExit:
         self.exit = ContainerExit(0, False, "")
@@ -513,7 +513,7 @@ class RecordingSandbox:
         self.started: list[tuple[ContainerSpec, ContainerInput]] = []
 
     def start(self, spec: ContainerSpec, payload: bytes) -> _FakeContainer:
-        self.started.append((spec, ContainerInput.model_validate_json(payload)))
+        self.started.append((spec, decode_input(payload)))
         return _FakeContainer()
 
 
