@@ -14,6 +14,12 @@ Baselines measured in the same command:
 
 Latency is read from the database: the reply's stored timestamp minus the
 message's (one clock, no polling error in the measurement).
+
+Then where a cold run's time goes, phase by phase, for the floor's container
+(create, start, wait for exit, remove) and for a sandbox run of the real
+input (hardened create + attach + start + input written, the runner's first
+event, exit, remove), each the median of ``--runs``.  The floor's figure
+includes the removal; a run's reply is stored before its container exits.
 """
 
 from __future__ import annotations
@@ -31,13 +37,14 @@ from functools import partial
 from pathlib import Path
 
 import docker
+from agent_runner.protocol import ContainerInput, SdkMessage
 
 from orchestrator.db import Database
 from orchestrator.groups import ensure_main_group
 from orchestrator.image import ensure_agent_image
 from orchestrator.ingest import IncomingMessage, ingest
 from orchestrator.queue import forget_celery, signal_group
-from orchestrator.sandbox import docker_client
+from orchestrator.sandbox import ContainerSpec, DockerSandbox, docker_client
 from orchestrator.settings import Settings
 from orchestrator.store import get_messages_after
 
@@ -57,6 +64,60 @@ def docker_run_floor(image: str, n: int) -> list[float]:
         t0 = time.perf_counter()
         client.containers.run(image, entrypoint=["true"], network_mode="none", remove=True)
         out.append(time.perf_counter() - t0)
+    return out
+
+
+def floor_phases(image: str, n: int) -> dict[str, list[float]]:
+    """The floor's container, step by step: create, start, exit, remove."""
+    api = docker.from_env().api
+    out: dict[str, list[float]] = {"create": [], "start": [], "exit": [], "remove": []}
+    for _ in range(n):
+        t0 = time.perf_counter()
+        cid = api.create_container(image, entrypoint=["true"], host_config=api.create_host_config(network_mode="none"))
+        t1 = time.perf_counter()
+        api.start(cid)
+        t2 = time.perf_counter()
+        api.wait(cid)
+        t3 = time.perf_counter()
+        api.remove_container(cid, force=True)
+        t4 = time.perf_counter()
+        for k, v in zip(out, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            out[k].append(v)
+    return out
+
+
+def sandbox_phases(data_dir: Path, image: str, n: int) -> dict[str, list[float]]:
+    """A hardened run container of the real runner with a real input, step by step."""
+    settings = Settings(data_dir=data_dir, agent_image=image, _env_file=None)  # type: ignore[call-arg]
+    settings.ensure_dirs()
+    sandbox = DockerSandbox(settings)
+    payload = ContainerInput(run_id="bench", chat_jid=JID, group_folder="main", assistant_name="Andy",
+                             messages=[SdkMessage(role="user", content="ping")]).to_json()
+    out: dict[str, list[float]] = {"create + attach + start + input": [], "first event": [], "exit": [],
+                                   "remove": []}
+    for i in range(n):
+        spec = ContainerSpec(image=image, name=f"orch-bench-phases-{os.getpid()}-{i}",
+                             workspace=settings.groups_dir / "main", run_id=f"bench-{i}", group_folder="main",
+                             install_id=settings.install_id)
+        t0 = time.perf_counter()
+        container = sandbox.start(spec, payload)
+        t1 = time.perf_counter()
+        with container:
+            lines = container.lines()
+            first = next(lines)
+            t2 = time.perf_counter()
+            if not first.startswith('{"type":'):
+                raise SystemExit(f"the runner's first line is not an event: {first!r}")
+            for _ in lines:
+                pass
+            status = container._container.wait(timeout=30).get("StatusCode")
+            t3 = time.perf_counter()
+            container.finish()
+            t4 = time.perf_counter()
+        if status != 0:
+            raise SystemExit(f"the runner exited with {status}: {container.exit}")
+        for k, v in zip(out, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            out[k].append(v)
     return out
 
 
@@ -118,6 +179,8 @@ def main() -> None:
         floor = docker_run_floor(image, args.runs)
         cold = measure(Path(tmp) / "cold", image, args.runs, warm_idle_s=0)
         warm = measure(Path(tmp) / "warm", image, args.runs, warm_idle_s=120)
+        phases = [("docker run --rm (floor)", floor_phases(image, args.runs)),
+                  ("cold sandbox run", sandbox_phases(Path(tmp) / "phases", image, args.runs))]
     rng = random.Random(7)
     polling = [rng.uniform(0, POLL_S) + rng.choice(cold) for _ in range(2000)]
     rows = [("docker run --rm (floor)", floor), ("cold container", cold), ("warm session", warm),
@@ -129,6 +192,11 @@ def main() -> None:
     print(f"polling / warm (p50): {pct(polling, 50) / pct(warm, 50):.1f}x;"
           f" polling / cold (p50): {pct(polling, 50) / pct(cold, 50):.1f}x")
     print(f"mean cold {statistics.mean(cold) * 1000:.0f} ms, mean warm {statistics.mean(warm) * 1000:.0f} ms")
+    print("where a cold container's time goes (median ms of each step):")
+    for name, steps in phases:
+        total = sum(statistics.median(v) for v in steps.values())
+        print(f"  {name:26} " + "  ".join(f"{k} {statistics.median(v) * 1000:.0f}" for k, v in steps.items())
+              + f"  = {total * 1000:.0f}")
 
 
 if __name__ == "__main__":
