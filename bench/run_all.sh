@@ -31,4 +31,4 @@ echo; echo "== ingest";      "$PY" -m bench.ingest "${ingest[@]}" "${fleet[@]}"
 echo; echo "== history";     "$PY" -m bench.history "${history[@]}" ${PG:+--pg "$PG"}
 echo; echo "== throughput";  "$PY" -m bench.throughput "${throughput[@]}"
 echo; echo "== memory";      "$PY" -m bench.memory "${memory[@]}"
-echo; echo "== overhead";    "$PY" bench/overhead.py "${overhead[@]}"
+echo; echo "== overhead";    "$PY" -m bench.overhead "${overhead[@]}"

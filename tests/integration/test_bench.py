@@ -1,0 +1,100 @@
+"""The benchmark scripts run end to end on small sizes and report figures.
+
+These check that ``bench/`` keeps working as the code moves (real databases,
+broker, workers and containers, as in a full run); they assert what the
+scripts measured happened (runs answered, rows found, plans read), never
+how fast: speed is reported by the scripts, not asserted (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PG_URL, REDIS_URL, docker_available, pg_available, redis_available, require_service
+
+ROOT = Path(__file__).resolve().parents[2]
+# A Redis database of its own: the bench's broker queues must not meet the tests' workers.
+BENCH_REDIS = re.sub(r"/\d+$", "", REDIS_URL) + "/13"
+
+
+def bench(module: str, *args: str, timeout: float = 600) -> str:
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{module} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def numbers(pattern: str, text: str) -> list[float]:
+    """Every number ``pattern``'s groups capture in ``text``, in order."""
+    found = [float(g.replace(",", "")) for m in re.finditer(pattern, text) for g in m.groups()]
+    assert found, f"no {pattern!r} in:\n{text}"
+    return found
+
+
+@pytest.fixture
+def services() -> None:
+    require_service(pg_available(), "PostgreSQL")
+    require_service(redis_available(), "Redis")
+
+
+@pytest.fixture
+def docker_engine() -> None:
+    require_service(docker_available(), "a Docker engine")
+
+
+def test_ingest_bench_measures_both_backends_against_the_floor(services: None) -> None:
+    out = bench("bench.ingest", "--messages", "60", "--rounds", "2", "--pg", PG_URL, "--redis", BENCH_REDIS)
+    lines = out.splitlines()
+    for backend in ("sqlite + filesystem://", "postgresql + redis"):
+        line = next((x for x in lines if x.startswith(backend)), None)
+        assert line is not None, out
+        floor, busy, idle = numbers(r"([\d.]+) msg/s", line)
+        assert floor > 0 and busy > 0 and idle > 0
+        assert len(numbers(r"ratio ([\d.]+)", line)) == 2
+
+
+def test_history_bench_assembles_every_size_and_reads_the_plans(services: None) -> None:
+    out = bench("bench.history", "--total", "3000", "--groups", "20", "--sizes", "200,500,1000", "--reps", "2",
+                "--pg", PG_URL)
+    for backend in ("sqlite", "postgresql"):
+        section = out.split(f"{backend}: ", 1)[1]
+        assert len(re.findall(r"-message group, table of +3,000 messages", section)) >= 3, section
+        # Every assembly produced an input (its size in bytes) and a time.
+        assert all(size > 1000 for size in numbers(r"input ([\d,]+) bytes", section))
+        assert all(ms > 0 for ms in numbers(r"([\d.]+) ms \(max", section))
+    sqlite_plans = out.split("sqlite: ", 1)[1].split("postgresql: ", 1)[0]
+    assert sqlite_plans.count("USING INDEX idx_messages_chat_seq") == 4, sqlite_plans
+
+
+def test_throughput_bench_answers_every_message(docker_engine: None) -> None:
+    out = bench("bench.throughput", "--groups", "2", "--messages", "2", "--raw", "2")
+    assert numbers(r"(\d+) thread\(s\): +([\d.]+) containers/s", out)
+    for mode in ("cold", "warm"):
+        for workers in (1, 2):
+            line = next(x for x in out.splitlines() if x.startswith(f"{mode} {workers} worker(s):"))
+            runs, _, rate = numbers(r"(\d+) runs in +([\d.]+) s = +([\d.]+) runs/s", line)[:3]
+            assert runs == 4 and rate > 0, line
+            assert "0 failed runs" in line, line
+        assert f"{mode}: 2 workers / 1 worker = " in out
+
+
+def test_memory_bench_reads_the_worker_and_the_warm_container(docker_engine: None) -> None:
+    out = bench("bench.memory", "--runs", "2")
+    for mode in ("cold", "warm"):
+        peak = numbers(rf"{mode}: worker peak during 2 runs: +([\d.]+) MiB RSS", out)[0]
+        assert 20 < peak < 4096, out
+    assert numbers(r"idle warm container \S+: docker stats +([\d.]+) MiB", out)[0] > 0
+
+
+def test_overhead_bench_measures_cold_warm_and_the_baselines(docker_engine: None) -> None:
+    out = bench("bench.overhead", "--runs", "2")
+    for name in ("docker run --rm (floor)", "cold container", "warm session", "2 s polling loop (model)"):
+        line = next(x for x in out.splitlines() if x.startswith(name))
+        p50, p95 = numbers(r"(\d+)ms", line)
+        assert 0 < p50 <= p95, line
+    assert "cold sandbox run" in out and "first event" in out
