@@ -94,12 +94,37 @@ def prepare_folder(folder: Path) -> str:
     uid, gid = os.getuid(), os.getgid()
     if uid != 0:
         return f"{uid}:{gid}"
-    for path in [folder, *folder.rglob("*")]:
-        try:
-            os.lchown(path, CONTAINER_UID, CONTAINER_UID)
-        except OSError:
-            pass
+    _hand_over(folder)
     return f"{CONTAINER_UID}:{CONTAINER_UID}"
+
+
+def _hand_over(folder: Path) -> None:
+    """lchown everything under ``folder`` (symlinks not followed) to the
+    container's user, touching only what it does not own yet: this runs
+    before every cold run, and most files are the agent's own by then
+    (a chown to the same owner still writes the inode)."""
+    want = (CONTAINER_UID, CONTAINER_UID)
+    try:
+        st = os.lstat(folder)
+        if (st.st_uid, st.st_gid) != want:
+            os.lchown(folder, *want)
+    except OSError:
+        return
+    stack = [str(folder)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if (st.st_uid, st.st_gid) != want:
+                    os.lchown(entry.path, *want)
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+            except OSError:
+                pass
 
 
 def hardened_create_args(spec: ContainerSpec, user: str) -> dict[str, Any]:
