@@ -13,7 +13,10 @@ Baselines measured in the same command:
     .venv/bin/python bench/overhead.py [--runs N]
 
 Latency is read from the database: the reply's stored timestamp minus the
-message's (one clock, no polling error in the measurement).
+message's (one clock, no polling error in the measurement).  Each message is
+sent once the previous run has ended (its container stopped and removed), as
+in a conversation; it is also split into message -> run created (signal,
+broker, worker, lease, batch) and run created -> reply.
 
 Then where a cold run's time goes, phase by phase, for the floor's container
 (create, start, wait for exit, remove) and for a sandbox run of the real
@@ -38,6 +41,7 @@ from pathlib import Path
 
 import docker
 from agent_runner.protocol import ContainerInput, SdkMessage
+from sqlalchemy import select
 
 from orchestrator.db import Database
 from orchestrator.groups import ensure_main_group
@@ -47,6 +51,7 @@ from orchestrator.queue import forget_celery, signal_group
 from orchestrator.sandbox import ContainerSpec, DockerSandbox, docker_client
 from orchestrator.settings import Settings
 from orchestrator.store import get_messages_after
+from orchestrator.tables import RunRow
 
 JID = "main@local"
 POLL_S = 2.0
@@ -125,8 +130,32 @@ def _ts(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-def measure(data_dir: Path, image: str, n: int, warm_idle_s: float) -> list[float]:
-    """Latencies (s) of ``n`` runs, one after another, through a real worker."""
+def answering_run(db: Database, seq: int) -> RunRow:
+    """The run that answered message ``seq``."""
+    with db.read() as session:
+        run = session.scalars(
+            select(RunRow).where(RunRow.chat_jid == JID, RunRow.cursor_to >= seq).order_by(RunRow.created_at).limit(1)
+        ).one()
+        session.expunge(run)
+    return run
+
+
+def wait_finished(db: Database, seq: int) -> None:
+    """Until the run that answered ``seq`` has ended (its container stopped and
+    removed): the next message then finds an idle worker, as a message of a
+    conversation (seconds apart) would."""
+    deadline = time.monotonic() + 60
+    while answering_run(db, seq).finished_at is None:
+        if time.monotonic() > deadline:
+            raise SystemExit("a run did not finish within 60 s")
+        time.sleep(0.01)
+    time.sleep(0.2)  # the task's ack and the worker's return to the queue
+
+
+def measure(data_dir: Path, image: str, n: int, warm_idle_s: float,
+            split: list[tuple[float, float]] | None = None) -> list[float]:
+    """Latencies (s) of ``n`` runs, one after another, through a real worker;
+    ``split`` gets (message -> run created, run created -> reply) of each."""
     env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(data_dir), "ORCHESTRATOR_AGENT_IMAGE": image,
            "ORCHESTRATOR_WARM_IDLE_S": str(warm_idle_s), "ORCHESTRATOR_LOG_LEVEL": "WARNING"}
     settings = Settings(data_dir=data_dir, agent_image=image, warm_idle_s=warm_idle_s, _env_file=None)  # type: ignore[call-arg]
@@ -157,6 +186,10 @@ def measure(data_dir: Path, image: str, n: int, warm_idle_s: float) -> list[floa
                 time.sleep(0.01)
             if i > 0:  # the first run also pays for the worker's first connections
                 latencies.append(_ts(replies[0].timestamp) - _ts(sent.timestamp))
+                if split is not None:
+                    created = answering_run(db, sent.seq).created_at.timestamp()
+                    split.append((created - _ts(sent.timestamp), _ts(replies[0].timestamp) - created))
+            wait_finished(db, sent.seq)
     finally:
         worker.terminate()
         worker.wait(timeout=30)
@@ -177,8 +210,10 @@ def main() -> None:
     image = settings.agent_image
     with tempfile.TemporaryDirectory() as tmp:
         floor = docker_run_floor(image, args.runs)
-        cold = measure(Path(tmp) / "cold", image, args.runs, warm_idle_s=0)
-        warm = measure(Path(tmp) / "warm", image, args.runs, warm_idle_s=120)
+        cold_split: list[tuple[float, float]] = []
+        warm_split: list[tuple[float, float]] = []
+        cold = measure(Path(tmp) / "cold", image, args.runs, warm_idle_s=0, split=cold_split)
+        warm = measure(Path(tmp) / "warm", image, args.runs, warm_idle_s=120, split=warm_split)
         phases = [("docker run --rm (floor)", floor_phases(image, args.runs)),
                   ("cold sandbox run", sandbox_phases(Path(tmp) / "phases", image, args.runs))]
     rng = random.Random(7)
@@ -192,6 +227,10 @@ def main() -> None:
     print(f"polling / warm (p50): {pct(polling, 50) / pct(warm, 50):.1f}x;"
           f" polling / cold (p50): {pct(polling, 50) / pct(cold, 50):.1f}x")
     print(f"mean cold {statistics.mean(cold) * 1000:.0f} ms, mean warm {statistics.mean(warm) * 1000:.0f} ms")
+    print("message -> run created (signal, broker, worker, lease, batch) and run created -> reply (median ms):")
+    for name, split in (("cold", cold_split), ("warm", warm_split)):
+        print(f"  {name:5} {statistics.median(a for a, _ in split) * 1000:6.0f} + "
+              f"{statistics.median(b for _, b in split) * 1000:6.0f}")
     print("where a cold container's time goes (median ms of each step):")
     for name, steps in phases:
         total = sum(statistics.median(v) for v in steps.values())
