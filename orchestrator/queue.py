@@ -45,6 +45,8 @@ def make_celery(settings: Settings) -> Celery:
         transport_options["polling_interval"] = settings.broker_polling_interval
     app = Celery("orchestrator", broker=broker, include=["workers.tasks"])
     app.conf.update(
+        # filesystem:// through our race-free subclass of kombu's transport (orchestrator/fs_transport.py).
+        broker_transport="orchestrator.fs_transport:Transport" if broker.startswith("filesystem") else None,
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
         task_ignore_result=True,
