@@ -20,6 +20,10 @@ each binding a reply queue) makes both happen:
   without truncation, locked, then read, rewritten and truncated, and an
   empty table (created, not yet written) reads as no bindings.
 
+Others have met both upstream: treeverse/dvc-task#73 (the pidbox exchange
+file turned invalid JSON under several workers) and celery/kombu#1551 (a
+consumer decoding an empty message file).
+
 The wire format and the folder layout are kombu's own, so processes using
 either implementation can share one broker folder.  ``orchestrator.queue``
 selects this transport for ``filesystem://`` URLs (Celery's
