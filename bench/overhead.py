@@ -31,8 +31,6 @@ import argparse
 import os
 import random
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from datetime import datetime
@@ -43,11 +41,12 @@ import docker
 from agent_runner.protocol import ContainerInput, SdkMessage
 from sqlalchemy import select
 
+from bench.common import Workers, install
 from orchestrator.db import Database
 from orchestrator.groups import ensure_main_group
 from orchestrator.image import ensure_agent_image
 from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.queue import forget_celery, signal_group
+from orchestrator.queue import signal_group
 from orchestrator.sandbox import ContainerSpec, DockerSandbox, docker_client
 from orchestrator.settings import Settings
 from orchestrator.store import get_messages_after
@@ -156,43 +155,30 @@ def measure(data_dir: Path, image: str, n: int, warm_idle_s: float,
             split: list[tuple[float, float]] | None = None) -> list[float]:
     """Latencies (s) of ``n`` runs, one after another, through a real worker;
     ``split`` gets (message -> run created, run created -> reply) of each."""
-    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(data_dir), "ORCHESTRATOR_AGENT_IMAGE": image,
-           "ORCHESTRATOR_WARM_IDLE_S": str(warm_idle_s), "ORCHESTRATOR_LOG_LEVEL": "WARNING"}
-    settings = Settings(data_dir=data_dir, agent_image=image, warm_idle_s=warm_idle_s, _env_file=None)  # type: ignore[call-arg]
-    settings.ensure_dirs()
-    forget_celery()  # each phase has its own broker folder
-    db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
-    db.migrate()
+    settings, db = install(data_dir, image, warm_idle_s=warm_idle_s)
     ensure_main_group(db)
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "agent,delivery",
-         "--concurrency", "1", "-l", "WARNING", "--without-gossip", "--without-mingle"],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(data_dir / "worker.log", "wb"),
-    )
     latencies = []
     try:
-        time.sleep(3)  # the worker's start-up (not part of any run)
-        for i in range(n + 1):
-            sent = ingest(db, settings, IncomingMessage(chat_jid=JID, sender="bench", content=f"ping {i}"),
-                          signal=partial(signal_group, settings)).message
-            deadline = time.monotonic() + 120
-            while True:
-                replies = [m for m in get_messages_after(JID, sent.seq, db=db) if m.sender == "bot"]
-                if replies:
-                    break
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"no reply to run {i} within 120 s; see {data_dir / 'worker.log'}:\n"
-                                     + (data_dir / "worker.log").read_text()[-3000:])
-                time.sleep(0.01)
-            if i > 0:  # the first run also pays for the worker's first connections
-                latencies.append(_ts(replies[0].timestamp) - _ts(sent.timestamp))
-                if split is not None:
-                    created = answering_run(db, sent.seq).created_at.timestamp()
-                    split.append((created - _ts(sent.timestamp), _ts(replies[0].timestamp) - created))
-            wait_finished(db, sent.seq)
+        with Workers(settings, 1) as workers:
+            time.sleep(3)  # the worker's start-up (not part of any run)
+            for i in range(n + 1):
+                sent = ingest(db, settings, IncomingMessage(chat_jid=JID, sender="bench", content=f"ping {i}"),
+                              signal=partial(signal_group, settings)).message
+                deadline = time.monotonic() + 120
+                while True:
+                    replies = [m for m in get_messages_after(JID, sent.seq, db=db) if m.sender == "bot"]
+                    if replies:
+                        break
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"no reply to run {i} within 120 s; the worker's log:\n{workers.logs()}")
+                    time.sleep(0.01)
+                if i > 0:  # the first run also pays for the worker's first connections
+                    latencies.append(_ts(replies[0].timestamp) - _ts(sent.timestamp))
+                    if split is not None:
+                        created = answering_run(db, sent.seq).created_at.timestamp()
+                        split.append((created - _ts(sent.timestamp), _ts(replies[0].timestamp) - created))
+                wait_finished(db, sent.seq)
     finally:
-        worker.terminate()
-        worker.wait(timeout=30)
         if warm_idle_s:
             from orchestrator.warm import WarmPool
 
