@@ -186,13 +186,14 @@ def groups_set(
     jid: str,
     container_config: Annotated[Optional[str], typer.Option(
         "--container-config",
-        help='JSON: memory, cpus, pids, run_timeout_s, bash_timeout_s, extra_mounts '
+        help='JSON: memory, cpus, pids, run_timeout_s, bash_timeout_s, workspace_quota, extra_mounts '
              '([{"host_path": ..., "name": ..., "read_write": false}]); checked against the mount allowlist.',
     )] = None,
     clear: Annotated[bool, typer.Option("--clear-container-config", help="Back to the settings' defaults.")] = False,
 ) -> None:
     """Change a group's sandbox: limits and allowlisted extra mounts."""
-    from .container_config import effective_limits, set_container_config
+    from .container_config import effective_limits, set_container_config, workspace_quota
+    from .quota import human
 
     if (container_config is None) == (not clear):
         raise _fail(OrchestratorError("give exactly one of --container-config JSON, --clear-container-config"))
@@ -200,11 +201,13 @@ def groups_set(
     try:
         g = set_container_config(db, settings, jid, None if clear else container_config)
         limits = effective_limits(settings, g.container_config)
+        quota = workspace_quota(settings, g.container_config)
     except OrchestratorError as exc:
         raise _fail(exc) from exc
     typer.echo(f"{g.chat_jid}: container_config {json.dumps(g.container_config or {})}")
     typer.echo(f"  effective: memory {limits.memory}, cpus {limits.cpus:g}, pids {limits.pids}, "
-               f"run timeout {limits.run_timeout_s:g}s, bash timeout {limits.bash_timeout_s:g}s")
+               f"run timeout {limits.run_timeout_s:g}s, bash timeout {limits.bash_timeout_s:g}s, "
+               f"workspace quota {human(quota) if quota else 'none'}")
 
 
 @groups_app.command("list")
@@ -231,6 +234,30 @@ def groups_reset(jid: str) -> None:
     except OrchestratorError as exc:
         raise _fail(exc) from exc
     typer.echo(f"reset {jid}: session forgotten, {stopped} warm container(s) stopped", err=True)
+
+
+@groups_app.command("quota")
+def groups_quota(jid: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """A group's workspace disk usage against its quota, and how the quota is kept."""
+    from dataclasses import asdict
+
+    from .container_config import workspace_quota
+    from .quota import human, report
+
+    settings, db = _setup()
+    try:
+        g = get_group(db, jid)
+        r = report(settings, g.folder, workspace_quota(settings, g.container_config))
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        typer.echo(json.dumps({"chat_jid": g.chat_jid, **asdict(r)}, indent=2))
+        return
+    limit = human(r.quota) if r.quota else "no quota"
+    typer.echo(f"{g.chat_jid}: workspace {human(r.used)} used of {limit} (mode {r.mode}: {r.note})")
+    if r.volume:
+        state = "mounted" if r.mounted else "not mounted"
+        typer.echo(f"  volume {r.volume}: {human(r.size)}, {state}, {human(r.allocated)} on the data dir's disk")
 
 
 # -- messages -----------------------------------------------------------------

@@ -11,6 +11,9 @@ What a group may change, and what it may not:
 * ``run_timeout_s``: only lowered (the worker's Celery time limits derive
   from ``ORCHESTRATOR_RUN_TIMEOUT_S``, so a longer run would be cut anyway);
 * ``bash_timeout_s``: one shell command's limit, raised or lowered;
+* ``workspace_quota`` (``"2g"``; ``"0"``: none): the disk the workspace may
+  take, raised or lowered (``orchestrator/quota.py``); a volume already made
+  is never shrunk, so a quota below its size is refused here;
 * ``extra_mounts``: host folders under ``/workspace/extra/<name>``, only as
   the mount allowlist allows (``orchestrator/mounts.py``);
 * ``network`` may only be ``"none"`` and ``read_only_root`` only ``true``:
@@ -35,6 +38,7 @@ from .db import Database
 from .errors import ContainerConfigError, UnknownGroup
 from .groups import Group, get_group
 from .mounts import MountRequest, ResolvedMount, group_workspace, prepare_mountpoints, resolve_mounts
+from .quota import Volume, human, parse_quota, prepare_workspace
 from .settings import Settings
 from .tables import GroupRow
 
@@ -63,6 +67,7 @@ class ContainerConfig(BaseModel):
     pids: int | None = Field(default=None, ge=16, le=MAX_PIDS)
     run_timeout_s: float | None = Field(default=None, gt=0)
     bash_timeout_s: float | None = Field(default=None, gt=0)
+    workspace_quota: str | None = None
     network: Literal["none"] = "none"
     read_only_root: Literal[True] = True
     extra_mounts: list[MountRequest] = Field(default_factory=list, max_length=MAX_EXTRA_MOUNTS)
@@ -74,6 +79,14 @@ class ContainerConfig(BaseModel):
             return v
         if memory_bytes(v) < MIN_MEMORY_BYTES:
             raise ValueError(f"{v!r} is below the 32m minimum")
+        return v.strip().lower()
+
+    @field_validator("workspace_quota")
+    @classmethod
+    def _quota(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parse_quota(v)
         return v.strip().lower()
 
     @field_validator("network", mode="before")
@@ -150,6 +163,12 @@ def effective_limits(
     )
 
 
+def workspace_quota(settings: Settings, group_config: ContainerConfig | Mapping[str, Any] | None) -> int:
+    """The group's workspace quota in bytes (0: none): its own, else the settings'."""
+    cfg = group_config if isinstance(group_config, ContainerConfig) else parse_container_config(group_config)
+    return parse_quota(cfg.workspace_quota) if cfg.workspace_quota is not None else settings.workspace_quota_bytes
+
+
 @dataclass(frozen=True)
 class ContainerPlan:
     """What one run container of a group gets, checked just now."""
@@ -170,10 +189,16 @@ class ContainerPlan:
 def container_plan(settings: Settings, group: Group) -> ContainerPlan:
     """Limits and mounts for a run of ``group``, re-checked against the allowlist as it is now.
 
-    Raises :class:`ContainerConfigError` or :class:`~orchestrator.errors.MountRefused`.
+    The workspace is put under its quota first (``quota.prepare_workspace``:
+    its volume mounted, or its usage checked), so the extra mount points
+    below are made inside it.
+
+    Raises :class:`ContainerConfigError` or :class:`~orchestrator.errors.MountRefused`
+    (:class:`~orchestrator.errors.WorkspaceQuotaError` for the quota).
     """
     cfg = parse_container_config(group.container_config)
     workspace = group_workspace(settings, group.folder)
+    prepare_workspace(settings, group.folder, workspace, workspace_quota(settings, cfg), chat_jid=group.chat_jid)
     mounts = resolve_mounts(
         settings, cfg.extra_mounts, folder=group.folder, is_main=group.is_main, chat_jid=group.chat_jid
     )
@@ -197,6 +222,14 @@ def set_container_config(
             f"container_config.run_timeout_s: {cfg.run_timeout_s:g} is above ORCHESTRATOR_RUN_TIMEOUT_S "
             f"({settings.run_timeout_s:g}); a group may only shorten it"
         )
+    if cfg.workspace_quota is not None:
+        volume = Volume.of(settings, group.folder)
+        quota = parse_quota(cfg.workspace_quota)
+        if quota and quota < volume.size():
+            raise ContainerConfigError(
+                f"container_config.workspace_quota: {cfg.workspace_quota} is below the size of the group's "
+                f"workspace volume ({human(volume.size())}, {volume.image}); volumes only grow"
+            )
     resolve_mounts(settings, cfg.extra_mounts, folder=group.folder, is_main=group.is_main, chat_jid=group.chat_jid)
     stored = cfg.model_dump(mode="json", exclude_defaults=True) or None
     with db.write() as session:

@@ -31,6 +31,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from .envelopes import InvalidMessageMetadata
+from .errors import HostileEntry
+from .hostile_fs import read_regular
 from .settings import Settings
 
 CONTEXT_KEY = "context"
@@ -121,24 +123,21 @@ class ContextUnavailable(Exception):
     """One item could not be read; becomes an error block, never a failed run."""
 
 
-def _inside(workspace: Path, relative: str) -> Path:
+def _read_text(workspace: Path, relative: str, limit: int) -> tuple[str, float]:
+    """The file's text (cut at ``limit`` bytes) and mtime.
+
+    The workspace is the agent's, and a process it left running may swap a
+    file for a symlink or a FIFO while we read: the file is reached through
+    :mod:`orchestrator.hostile_fs` (no symlink followed anywhere on the way,
+    a regular file only, opened non-blocking, read bounded), never by a
+    checked-then-opened path.
+    """
     if os.path.isabs(relative):
         raise ContextUnavailable("absolute paths are not allowed; use a path inside the group folder")
-    root = workspace.resolve()
-    path = (root / relative).resolve()  # symlinks resolved before the check
-    if not path.is_relative_to(root):
-        raise ContextUnavailable("the path leaves the group folder")
-    return path
-
-
-def _read_text(path: Path, limit: int) -> str:
     try:
-        with path.open("rb") as fh:
-            data = fh.read(limit + 1)
-    except FileNotFoundError:
-        raise ContextUnavailable("no such file") from None
-    except IsADirectoryError:
-        raise ContextUnavailable("is a directory") from None
+        data, st = read_regular(workspace, relative, limit)
+    except HostileEntry as exc:
+        raise ContextUnavailable(exc.reason) from None
     except OSError as exc:
         raise ContextUnavailable(exc.strerror or str(exc)) from None
     if b"\x00" in data[:8192]:
@@ -146,16 +145,15 @@ def _read_text(path: Path, limit: int) -> str:
     text = data[:limit].decode("utf-8", errors="replace")
     if len(data) > limit:
         text += f"\n[... truncated at {limit} bytes]"
-    return text
+    return text, st.st_mtime
 
 
 def expand_file(item: FileItem, workspace: Path, settings: Settings) -> str:
     try:
-        path = _inside(workspace, item.path)
-        text = _read_text(path, settings.context_file_max_bytes)
-        mtime = datetime.fromtimestamp(path.stat().st_mtime, UTC).isoformat()
+        text, mtime_s = _read_text(workspace, item.path, settings.context_file_max_bytes)
     except ContextUnavailable as exc:
         return _tag("file_context_error", path=item.path, error=f"[Error: {exc}]")
+    mtime = datetime.fromtimestamp(mtime_s, UTC).isoformat()
     return _tag("file_context", path=item.path, mtime=mtime, content=text)
 
 

@@ -13,10 +13,14 @@
     │   └── InvalidMessageMetadata   (orchestrator.envelopes; names the field)
     ├── SandboxError           Docker could not build, start or talk to a container
     │   ├── ImageBuildError
-    │   └── MountRefused       a workspace or extra mount the rules refuse (names the reason)
+    │   ├── MountRefused       a workspace or extra mount the rules refuse (names the reason)
+    │   │   └── WorkspaceQuotaError   the workspace is over its quota, or its volume cannot be set up
+    │   └── HostileEntry       an entry of an agent-writable folder the host will not use
+    │                          (a symlink, FIFO, '..'; orchestrator.hostile_fs)
     └── RunError               an agent run ended badly
         ├── RunTimeout
-        └── AgentFailed        the container reported an error or exited non-zero
+        ├── AgentFailed        the container reported an error or exited non-zero
+        └── OutputLimitExceeded   (orchestrator.bounded_io; a run's output broke a host bound)
 """
 
 from __future__ import annotations
@@ -71,6 +75,20 @@ class ImageBuildError(SandboxError):
 
 class MountRefused(SandboxError):
     """A mount the allowlist or the built-in rules do not allow; refused before any container starts."""
+
+
+class WorkspaceQuotaError(MountRefused):
+    """The workspace is over its quota (checked mode) or its volume cannot be made or mounted
+    (orchestrator.quota); like every refused mount, the run fails at once, without retries."""
+
+
+class HostileEntry(SandboxError):
+    """An entry below an agent-writable folder that the host refuses to touch."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
 
 
 class RunError(OrchestratorError):

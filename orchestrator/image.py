@@ -28,7 +28,7 @@ from .settings import Settings
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BASE = "orchestrator-base:bookworm"
+DEFAULT_BASE = "orchestrator-base:bookworm-git"
 HASH_LABEL = "orchestrator.build-hash"
 
 

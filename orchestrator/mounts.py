@@ -52,8 +52,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import InvalidMessage, MountRefused
+from .errors import HostileEntry, InvalidMessage, MountRefused
 from .groups import validate_folder
+from .hostile_fs import make_dirs
 from .settings import Settings
 
 WORKSPACE_MOUNT = "/workspace"  # same as sandbox.WORKSPACE_MOUNT (not imported: no Docker needed here)
@@ -331,11 +332,18 @@ def resolve_mounts(
 
 
 def prepare_mountpoints(workspace: Path, mounts: list[ResolvedMount]) -> None:
-    """Create ``extra/<name>`` in the workspace as plain folders owned by us (not by Docker, as root)."""
+    """Create ``extra/<name>`` in the workspace as plain folders owned by us (not by Docker, as root).
+
+    The workspace is the agent's: each folder is made and checked through
+    directory descriptors (``hostile_fs.make_dirs``), so a symlink planted at
+    ``extra`` or ``extra/<name>`` is refused, never followed.
+    """
     if not mounts:
         return
-    extra = workspace / EXTRA_DIR
-    for path in (extra, *(extra / m.container.rsplit("/", 1)[1] for m in mounts)):
-        if path.is_symlink() or (path.exists() and not path.is_dir()):
-            raise MountRefused(f"mount point {path} is not a plain folder (the agent replaced it?)")
-        path.mkdir(parents=True, exist_ok=True)
+    workspace.mkdir(parents=True, exist_ok=True)
+    for m in mounts:
+        relative = f"{EXTRA_DIR}/{m.container.rsplit('/', 1)[1]}"
+        try:
+            make_dirs(workspace, relative)
+        except HostileEntry as exc:
+            raise MountRefused(f"mount point {workspace / relative} is not a plain folder ({exc.reason})") from None

@@ -6,17 +6,21 @@ runner appends them to the system prompt) and are never stored: they say how
 things are *now*, so a stored copy would soon be false.  Persistent context
 is a stored ``system`` message instead.  A provider that fails is logged and
 skipped; a notice is never worth failing a run for.
+
+Nothing here looks into a group's folders: what is in the workspace is the
+agent's to shape, so notices about it (uncommitted changes, very large
+files) are computed by the runner inside the sandbox
+(``agent_runner/workspace_notices.py``).  The host once ran ``git status``
+in the workspace, and the repository's own ``.git/config`` chose what git
+executed on the host.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from .db import Database
 from .groups import Group
@@ -26,10 +30,7 @@ from .settings import Settings
 
 log = logging.getLogger(__name__)
 
-LARGE_FILE_BYTES = 50 * 1024 * 1024
-MAX_FILES_SCANNED = 20_000
 DUE_SOON = timedelta(hours=1)
-GIT_TIMEOUT_S = 3.0
 MAX_LISTED = 5
 
 
@@ -38,10 +39,6 @@ class NoticeContext:
     db: Database
     settings: Settings
     group: Group
-
-    @property
-    def workspace(self) -> Path:
-        return self.settings.groups_dir / self.group.folder
 
 
 NoticeProvider = Callable[[NoticeContext], list[str]]
@@ -54,49 +51,6 @@ def previous_run_failed(ctx: NoticeContext) -> list[str]:
         why = (last.error or "unknown error").splitlines()[0][:200]
         return [f"Note: the previous agent run in this chat ended as {last.state}: {why}"]
     return []
-
-
-def uncommitted_changes(ctx: NoticeContext) -> list[str]:
-    """The workspace is a git repository with changes not yet committed."""
-    if not (ctx.workspace / ".git").exists():
-        return []
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(ctx.workspace), "status", "--porcelain"],
-            capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.info("git status in %s failed: %s", ctx.workspace, exc)
-        return []
-    changed = [line[3:] for line in done.stdout.splitlines() if len(line) > 3]
-    if done.returncode != 0 or not changed:
-        return []
-    shown = ", ".join(changed[:MAX_LISTED]) + (f" and {len(changed) - MAX_LISTED} more" if len(changed) > MAX_LISTED else "")
-    return [f"Note: the workspace has {len(changed)} uncommitted change(s): {shown}."]
-
-
-def large_files(ctx: NoticeContext) -> list[str]:
-    """Files big enough that reading them whole would waste the context."""
-    found: list[tuple[int, str]] = []
-    scanned = 0
-    for root, dirs, files in os.walk(ctx.workspace):
-        dirs[:] = [d for d in dirs if d != ".git"]
-        for name in files:
-            scanned += 1
-            path = Path(root, name)
-            try:
-                size = path.lstat().st_size
-            except OSError:
-                continue
-            if size >= LARGE_FILE_BYTES:
-                found.append((size, str(path.relative_to(ctx.workspace))))
-        if scanned >= MAX_FILES_SCANNED:
-            break
-    if not found:
-        return []
-    found.sort(reverse=True)
-    listed = ", ".join(f"{p} ({s // (1024 * 1024)} MiB)" for s, p in found[:MAX_LISTED])
-    return [f"Note: very large files in the workspace (read them in parts, not whole): {listed}."]
 
 
 def scheduled_tasks_due(ctx: NoticeContext) -> list[str]:
@@ -112,7 +66,7 @@ def scheduled_tasks_due(ctx: NoticeContext) -> list[str]:
     return [f"Note: scheduled tasks due within the hour: {'; '.join(parts)}."]
 
 
-DEFAULT_PROVIDERS: list[NoticeProvider] = [previous_run_failed, uncommitted_changes, large_files, scheduled_tasks_due]
+DEFAULT_PROVIDERS: list[NoticeProvider] = [previous_run_failed, scheduled_tasks_due]
 
 
 def compute_notices(

@@ -37,6 +37,7 @@ from sqlalchemy import update
 
 from . import leases
 from .assembly import Batch, build_input, input_bytes, plan_batch, prior_messages, record_input
+from .bounded_io import OutputBudget, OutputLimitExceeded
 from .channels import ChannelRegistry
 from .container_config import container_plan
 from .db import Database
@@ -46,14 +47,14 @@ from .gateway import ModelGateway
 from .groups import Group, get_group, send_refusal, send_targets
 from .messages import SENDER_BOT, NewMessage
 from .notices import compute_notices
-from .outputs import OutputMessage, event_to_message, host_message
+from .outputs import OutputMessage, event_to_message, host_message, stored_size
 from .runs import Run, RunState, create_run, finish_run, run_state, set_attempts, set_container
-from .sandbox import RUN_DIR_MOUNT, ContainerSpec, DockerSandbox
+from .sandbox import GATEWAY_MOUNT, ContainerSpec, DockerSandbox
 from .settings import Settings
 from .store import get_messages_after, insert_message, now_iso
 from .tables import GroupRow
 from .views import REPLY_TO_KEY, RUN_ID_KEY
-from .warm import WarmPool, session_dir
+from .warm import WarmPool, gateway_dir, host_only_dir
 
 log = logging.getLogger(__name__)
 
@@ -130,10 +131,23 @@ class StopWatch:
 
 
 @dataclass
+class RunSpend:
+    """What a run has spent through the model gateway, across its attempts."""
+
+    usage: Usage = field(default_factory=Usage)
+
+    def record(self, gateway: ModelGateway | None) -> None:
+        if gateway is not None:
+            self.usage = gateway.usage
+
+
+@dataclass
 class RunOutcome:
     run: Run
     stored: list[int] = field(default_factory=list)  # seqs of stored outputs
     replied: bool = False  # an assistant reply reached the chat
+    # The run's output caps, shared by its attempts (orchestrator/bounded_io.py).
+    budget: OutputBudget | None = None
 
 
 class Pipeline:
@@ -259,19 +273,22 @@ class Pipeline:
         """Run the container, retrying with backoff while no reply reached the chat."""
         stop = lease_lost or threading.Event()
         attempt = 1
+        # Tokens spent through the gateway by this run's earlier attempts: the
+        # budget is the run's, and a retry must not start from zero.
+        spend = RunSpend()
         while True:
             try:
-                result = self._execute(group, run, payload, assistant, outcome, lease_lost)
+                result = self._execute(group, run, payload, assistant, outcome, lease_lost, spend)
             except self.deadline_exceptions:
                 # The task queue's own time limit: the container is already
                 # stopped (the sandbox context exits on the way out); no retry.
-                return Attempt("timed_out", "the worker's time limit for this task was reached")
+                return Attempt("timed_out", "the worker's time limit for this task was reached", spend.usage)
             except (ConfigError, MountRefused) as exc:
                 # A bad container_config or a mount the allowlist refuses now: no retry helps.
-                result = Attempt("failed", str(exc))
+                result = Attempt("failed", str(exc), spend.usage)
             except Exception as exc:  # noqa: BLE001 - every failure ends the run cleanly
                 log.exception("run %s for %s failed", run.id, group.chat_jid)
-                result = Attempt("failed", f"{type(exc).__name__}: {exc}", retryable=True)
+                result = Attempt("failed", f"{type(exc).__name__}: {exc}", spend.usage, retryable=True)
             # A run that already answered is never replayed from the start (no
             # duplicate replies). Tool records of a failed attempt stay: those
             # commands did run.
@@ -292,6 +309,7 @@ class Pipeline:
         assistant: str,
         outcome: RunOutcome,
         lease_lost: threading.Event | None,
+        spend: RunSpend,
     ) -> Attempt:
         # The group's limits and mounts, checked against the allowlist as it is now.
         plan = container_plan(self.settings, group)
@@ -311,24 +329,26 @@ class Pipeline:
         )
         with contextlib.ExitStack() as cleanup:
             gateway: ModelGateway | None = None
+            # Runs last, after the gateway closed (it waits for a request in
+            # flight): the final count, kept when the attempt raised.
+            cleanup.push(lambda *_: spend.record(gateway))
             if payload.model.provider != "offline":
                 # The container has no network: its only way to the model is
-                # the gateway socket in the run's private folder (for a warm
-                # container: the group's session folder, mounted for good).
+                # the gateway socket, bound in a host-only folder that is
+                # mounted read-only (the run's own folder; for a warm
+                # container, the group's gateway folder, mounted for good),
+                # so the container can connect but never plant a symlink
+                # where the host binds, chmods or cleans up.
                 if self.warm:
-                    run_dir = session_dir(self.settings, group.folder)
-                    run_dir.mkdir(parents=True, exist_ok=True)
+                    gw_dir = host_only_dir(gateway_dir(self.settings, group.folder))
                 else:
-                    run_dir = self.settings.runs_dir / run.id
-                    run_dir.mkdir(parents=True, exist_ok=True)
-                    cleanup.callback(shutil.rmtree, run_dir, ignore_errors=True)
-                os.chmod(run_dir, 0o755)
+                    gw_dir = host_only_dir(self.settings.runs_dir / run.id)
+                    cleanup.callback(shutil.rmtree, gw_dir, ignore_errors=True)
+                    spec = replace(spec, readonly_mounts={**spec.readonly_mounts, str(gw_dir): GATEWAY_MOUNT})
                 gateway = cleanup.enter_context(ModelGateway.for_provider(
-                    run_dir / GATEWAY_SOCKET, self.settings, payload.model.provider,
+                    gw_dir / GATEWAY_SOCKET, self.settings, payload.model.provider, spent=spend.usage,
                 ))
-                if not self.warm:
-                    spec = replace(spec, extra_mounts={**spec.extra_mounts, str(run_dir): RUN_DIR_MOUNT})
-                socket_path = f"{RUN_DIR_MOUNT}/{GATEWAY_SOCKET}"
+                socket_path = f"{GATEWAY_MOUNT}/{GATEWAY_SOCKET}"
                 payload = payload.replace(model=payload.model.replace(socket_path=socket_path))
             return self._stream(group, run, payload, assistant, outcome, spec, gateway, lease_lost)
 
@@ -338,34 +358,54 @@ class Pipeline:
     ) -> Attempt:
         result: ResultEvent | None = None
         error: ErrorEvent | None = None
+        limit: OutputLimitExceeded | None = None
         garbage = 0
         index = len(outcome.stored)
+        settings = self.settings
+        # Everything the container writes is hostile: its lines, their number
+        # and what they would store are bounded (orchestrator/bounded_io.py).
+        if outcome.budget is None:
+            outcome.budget = OutputBudget(settings.max_run_events, settings.max_run_stored_bytes)
+        budget = outcome.budget
         start = self.warm_pool.start if self.warm else self.sandbox.start
         with start(spec, input_bytes(payload)) as container:
             set_container(self.db, run.id, container.id)
             with StopWatch(self.db, run.id, container.kill, lease_lost) as stop:
-                for line in container.lines():
-                    if not line.strip():
-                        continue
-                    try:
-                        event = parse_event(line)
-                    except ProtocolError:
-                        garbage += 1
-                        log.warning("run %s: ignoring a line that is not an event: %.200r", run.id, line)
-                        continue
-                    if isinstance(event, ResultEvent):
-                        result = event
-                    elif isinstance(event, ErrorEvent):
-                        error = event
-                    elif isinstance(event, SendMessageEvent):
-                        index += 1
-                        self._send_message(group, event, run.id, index, assistant, outcome)
-                    else:
-                        index += 1
-                        out = event_to_message(event, run_id=run.id, index=index, assistant_name=assistant)
-                        if out is not None:
-                            self._emit(group, out, outcome)
+                try:
+                    for line in container.lines(settings.max_event_line_bytes):
+                        budget.line()
+                        if not line.strip():
+                            continue
+                        try:
+                            event = parse_event(line)
+                        except ProtocolError:
+                            garbage += 1
+                            if garbage <= 5:  # a flood of garbage must not flood the worker's log
+                                log.warning("run %s: ignoring a line that is not an event: %.200r", run.id, line)
+                            continue
+                        if isinstance(event, ResultEvent):
+                            result = event
+                        elif isinstance(event, ErrorEvent):
+                            error = event
+                        elif isinstance(event, SendMessageEvent):
+                            budget.store(len(event.text.encode("utf-8")))
+                            index += 1
+                            self._send_message(group, event, run.id, index, assistant, outcome)
+                        else:
+                            index += 1
+                            out = event_to_message(event, run_id=run.id, index=index, assistant_name=assistant,
+                                                   max_tool_result_bytes=settings.max_tool_result_bytes)
+                            if out is not None:
+                                budget.store(stored_size(out))
+                                self._emit(group, out, outcome)
+                except OutputLimitExceeded as exc:
+                    # Stop reading and stop the agent: whatever it writes next is not read.
+                    limit = exc
+                    log.warning("run %s: %s", run.id, exc)
+                    container.kill()
                 exit_ = container.finish()
+        if garbage > 5:
+            log.warning("run %s: %d lines that are not events in all", run.id, garbage)
         usage = result.usage if result else Usage()
         if gateway is not None:
             # Count what the gateway saw, not what the sandbox claims.
@@ -374,10 +414,14 @@ class Pipeline:
             return Attempt("cancelled", "cancelled by request", usage)
         if stop.reason == "lease_lost":
             return Attempt("failed", "this worker lost the group's lease; the run was stopped", usage)
+        if limit is not None:
+            # The agent would break it again: no retry.
+            return Attempt("failed", str(limit), usage, retryable=False)
         if exit_.timed_out:
             return Attempt("timed_out", f"the run exceeded its {spec.timeout_s:.0f}s limit", usage)
         if error is not None:
-            return Attempt("failed", error.message, usage, retryable=error.retryable)
+            # The container's words become a host message: keep them short.
+            return Attempt("failed", error.message[:2000], usage, retryable=error.retryable)
         if exit_.status_code != 0 or result is None:
             tail = exit_.stderr_tail.strip().splitlines()[-1:] or [""]
             why = f"the agent container exited with status {exit_.status_code}"

@@ -29,7 +29,9 @@ import docker
 from docker.errors import DockerException, NotFound
 from docker.utils.socket import STDERR, STDOUT, frames_iter
 
+from .bounded_io import DEFAULT_MAX_LINE_BYTES, TailBuffer, read_lines
 from .errors import SandboxError
+from .hostile_fs import chown_tree
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,11 @@ LABEL_INSTALL = "orchestrator.install"
 # A group's warm container (orchestrator/warm.py): not tied to one run.
 LABEL_WARM = "orchestrator.warm"
 WORKSPACE_MOUNT = "/workspace"
-RUN_DIR_MOUNT = "/run/orchestrator"  # the run's private folder (model gateway socket)
+RUN_DIR_MOUNT = "/run/orchestrator"  # a warm container's session folder (the runner's socket), read-write
+# The model gateway's folder, always mounted read-only: the host binds its
+# socket there and the container may connect to it (a unix socket connects on
+# a read-only mount) but can never plant anything in it.
+GATEWAY_MOUNT = "/run/gateway"
 CONTAINER_UID = 1000  # the image's "agent" user, used when the host runs as root
 
 
@@ -99,32 +105,11 @@ def prepare_folder(folder: Path) -> str:
 
 
 def _hand_over(folder: Path) -> None:
-    """lchown everything under ``folder`` (symlinks not followed) to the
-    container's user, touching only what it does not own yet: this runs
-    before every cold run, and most files are the agent's own by then
-    (a chown to the same owner still writes the inode)."""
-    want = (CONTAINER_UID, CONTAINER_UID)
-    try:
-        st = os.lstat(folder)
-        if (st.st_uid, st.st_gid) != want:
-            os.lchown(folder, *want)
-    except OSError:
-        return
-    stack = [str(folder)]
-    while stack:
-        try:
-            entries = list(os.scandir(stack.pop()))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-                if (st.st_uid, st.st_gid) != want:
-                    os.lchown(entry.path, *want)
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-            except OSError:
-                pass
+    """lchown everything under ``folder`` to the container's user, by
+    descriptor and never through a symlink (``hostile_fs.chown_tree``): the
+    folder is the agent's, and as root a chown that followed a planted link
+    would hand it any host file."""
+    chown_tree(folder, CONTAINER_UID, CONTAINER_UID)
 
 
 def hardened_create_args(spec: ContainerSpec, user: str) -> dict[str, Any]:
@@ -151,6 +136,10 @@ def hardened_create_args(spec: ContainerSpec, user: str) -> dict[str, Any]:
         # plugins exist in the image: skipping their discovery (an
         # importlib.metadata scan) saves ~50 ms of such a run's start.
         "environment": {"HOME": "/tmp", "PYDANTIC_DISABLE_PLUGINS": "1"},
+        # Docker keeps what a container writes in its log file; the agent can
+        # write to the runner's stdout/stderr at will, so cap the file (one
+        # file, rotated at 1 MB) or it can fill the host's disk.
+        "log_config": {"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
         "labels": {
             LABEL_MANAGED: "1",
             LABEL_RUN: spec.run_id,
@@ -169,7 +158,8 @@ class RunningContainer:
         self.spec = spec
         self.exit: ContainerExit | None = None
         self._timed_out = threading.Event()
-        self._stderr: list[bytes] = []
+        # Only the end of the runner's log: the agent can write gigabytes there.
+        self._stderr = TailBuffer()
         spec.workspace.mkdir(parents=True, exist_ok=True)
         try:
             self._container = client.containers.create(
@@ -204,27 +194,39 @@ class RunningContainer:
         self.kill()
 
     def kill(self) -> None:
+        # Stop reading first: a caller that stopped at an output limit no
+        # longer drains the attach stream, and Docker does not finish a kill
+        # while the container's output is blocked on it (the kill call hung
+        # for its whole 60 s timeout).  Shutting the socket also ends lines().
+        raw = getattr(self._sock, "_sock", self._sock)
+        try:
+            raw.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self._container.kill()
         except DockerException:
             pass
 
-    def lines(self) -> Iterator[str]:
-        """The container's stdout, one line at a time, until it closes."""
-        buf = b""
+    def lines(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
+        """The container's stdout, one line at a time, until it closes.
+
+        Raises :class:`~orchestrator.bounded_io.OutputLimitExceeded` on a line
+        longer than ``max_line_bytes`` (the caller kills the container).
+        """
+        for line in read_lines(self._stdout_chunks(), max_line_bytes):
+            yield line.decode("utf-8", "replace")
+
+    def _stdout_chunks(self) -> Iterator[bytes]:
+        """stdout frames as they come; stderr frames go to the bounded tail."""
         try:
             for stream, data in frames_iter(self._sock, tty=False):
                 if stream == STDOUT:
-                    buf += data
-                    while b"\n" in buf:
-                        line, buf = buf.split(b"\n", 1)
-                        yield line.decode("utf-8", "replace")
+                    yield data
                 elif stream == STDERR:
-                    self._stderr.append(data)
+                    self._stderr.write(data)
         except (OSError, DockerException) as exc:
             log.warning("lost the output stream of %s: %s", self.spec.name, exc)
-        if buf.strip():
-            yield buf.decode("utf-8", "replace")
 
     def finish(self) -> ContainerExit:
         self._watchdog.cancel()
@@ -233,9 +235,11 @@ class RunningContainer:
             status = int(self._container.wait(timeout=30).get("StatusCode", -1))
         except Exception as exc:  # noqa: BLE001 - any failure here means "unknown"
             log.warning("could not read the exit status of %s: %s", self.spec.name, exc)
-        stderr = b"".join(self._stderr).decode("utf-8", "replace")
+        stderr = self._stderr.text()
+        if self._stderr.dropped:
+            log.info("[%s] (log: %d earlier bytes not kept)", self.spec.name, self._stderr.dropped)
         for line in stderr.splitlines()[-50:]:
-            log.info("[%s] %s", self.spec.name, line)
+            log.info("[%s] %s", self.spec.name, line[:2000])
         self.exit = ContainerExit(status, self._timed_out.is_set(), stderr[-4000:])
         self._remove()
         return self.exit

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -44,6 +45,15 @@ class Settings(BaseSettings):
     max_turns: int = Field(default=8, ge=1)
     # Tokens (input + output) one run may spend through the model gateway; 0: no limit.
     run_token_budget: int = Field(default=0, ge=0)
+    # The model gateway's limits on what a sandbox can make the host spend
+    # (orchestrator/gateway.py).  The largest request body it reads; a larger
+    # Content-Length is refused (413) before any byte of the body is read.
+    gateway_max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # Connections served at once (one host thread each); more are closed at once.
+    gateway_max_connections: int = Field(default=16, ge=1)
+    # How long a connection may send nothing (request line, headers, body, the
+    # wait for a keep-alive's next request) before the gateway closes it.
+    gateway_read_timeout_s: float = Field(default=30.0, gt=0)
 
     assistant_name: str = "Andy"
     # Extra names that also trigger the agent (comma separated).
@@ -91,7 +101,7 @@ class Settings(BaseSettings):
 
     # Agent image and how it is built when missing.
     agent_image: str = "orchestrator-agent:latest"
-    base_image: str = "orchestrator-base:bookworm"
+    base_image: str = "orchestrator-base:bookworm-git"
     docker_url: str = ""  # empty: docker's own environment defaults
 
     # Sandbox limits of the run container.
@@ -103,9 +113,27 @@ class Settings(BaseSettings):
     # next one without a cold start (orchestrator/warm.py); 0: one per run.
     warm_idle_s: float = Field(default=0.0, ge=0)
     bash_timeout_s: float = Field(default=60.0, gt=0)
+    # Bounds on what one run's output may cost the host (orchestrator/bounded_io.py):
+    # the agent can write anything to the runner's stdout and stderr.  A run
+    # that breaks one is stopped and fails, not retried, with a host message.
+    # The longest output line (one event) the host reads; a longer one is never buffered.
+    max_event_line_bytes: int = Field(default=1024 * 1024, ge=4096)
+    # Output lines one run may write (events, and lines that are not events).
+    max_run_events: int = Field(default=2000, ge=10)
+    # Bytes of messages (content + metadata) one run may store, summed.
+    max_run_stored_bytes: int = Field(default=16 * 1024 * 1024, ge=65536)
+    # One tool result's stored output (and its envelope): longer output is cut
+    # with a visible marker, the original size kept in the metadata.
+    max_tool_result_bytes: int = Field(default=256 * 1024, ge=1024)
     # Host folders a group may mount (orchestrator/mounts.py).  Kept outside
     # the project and the data dir, so no agent can ever edit it.
     mount_allowlist: Path = Path("~/.config/orchestrator/mount-allowlist.json")
+    # Disk one group's workspace may take (orchestrator/quota.py): a size like
+    # "2g"; "0": no quota.  A group's container_config may set its own.
+    workspace_quota: str = "0"
+    # auto: loop-mounted ext4 volumes when the host runs as root with loop
+    # devices, else a usage check before each run; "volume" or "checked" force one.
+    workspace_quota_mode: Literal["auto", "volume", "checked"] = "auto"
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=0, le=65535)
@@ -141,6 +169,14 @@ class Settings(BaseSettings):
         # Symlinks are resolved when the file is read, not here.
         return v.expanduser().absolute()
 
+    @field_validator("workspace_quota")
+    @classmethod
+    def _quota(cls, v: str) -> str:
+        from .quota import parse_quota  # quota.py imports this module
+
+        parse_quota(v)
+        return v.strip().lower()
+
     # -- derived values ------------------------------------------------------
 
     @property
@@ -165,6 +201,12 @@ class Settings(BaseSettings):
     @property
     def broker_dir(self) -> Path:
         return self.data_dir / "broker"
+
+    @property
+    def workspace_quota_bytes(self) -> int:
+        from .quota import parse_quota
+
+        return parse_quota(self.workspace_quota)
 
     @property
     def groups_dir(self) -> Path:

@@ -60,28 +60,41 @@ T = TypeVar("T")
 
 def _units(text: str) -> int:
     """Telegram's length of ``text``: UTF-16 code units."""
-    return len(text) + sum(1 for c in text if ord(c) > 0xFFFF)
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def _fit(text: str, start: int, limit: int) -> int:
+    """The end of the longest piece ``text[start:end]`` of at most ``limit`` units.
+
+    Starts from ``limit`` characters and drops half the excess (in
+    characters) each round: fewer could not be enough (a character is at
+    most 2 units), so the answer is never passed, and the excess at least
+    halves: O(limit · log limit) per piece, linear in the text overall.
+    """
+    end = min(len(text), start + limit)
+    while (excess := _units(text[start:end]) - limit) > 0:
+        end -= (excess + 1) // 2
+    return max(end, start + 1)  # a lone 2-unit character with limit 1: send it anyway
 
 
 def split_text(text: str, limit: int = TEXT_LIMIT) -> list[str]:
     """``text`` in parts of at most ``limit`` UTF-16 units, cut after a line
-    break in the second half of a part when there is one."""
+    break in the second half of a part when there is one.
+
+    Linear in the text: each piece is measured and searched once, by index
+    (no copies of the rest of the text; a 10 MB reply must not hold a
+    delivery slot for minutes).
+    """
     parts: list[str] = []
-    rest = text
-    while _units(rest) > limit:
-        cut, used = 0, 0
-        for i, c in enumerate(rest):
-            used += 2 if ord(c) > 0xFFFF else 1
-            if used > limit:
-                break
-            cut = i + 1
-        newline = rest.rfind("\n", 0, cut)
-        if newline >= cut // 2:
-            cut = newline + 1
-        parts.append(rest[:cut])
-        rest = rest[cut:]
-    if rest:
-        parts.append(rest)
+    start = 0
+    while start < len(text):
+        end = _fit(text, start, limit)
+        if end < len(text):
+            newline = text.rfind("\n", start, end)
+            if newline != -1 and newline - start >= (end - start) // 2:
+                end = newline + 1
+        parts.append(text[start:end])
+        start = end
     return parts
 
 

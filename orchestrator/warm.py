@@ -27,7 +27,9 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -39,10 +41,12 @@ import docker
 from docker.errors import DockerException, NotFound
 from sqlalchemy import update
 
+from .bounded_io import DEFAULT_MAX_LINE_BYTES, TailBuffer, read_lines
 from .db import Database
 from .errors import SandboxError
 from .groups import get_group
 from .sandbox import (
+    GATEWAY_MOUNT,
     LABEL_GROUP,
     LABEL_INSTALL,
     LABEL_MANAGED,
@@ -64,10 +68,33 @@ LABEL_WARM_CONFIG = "orchestrator.warm-config"
 AGENT_SOCKET = "agent.sock"
 STARTUP_TIMEOUT_S = 20.0
 CONNECT_ATTEMPTS = 2
+# Bumped when the mounts of a warm container change: older ones are replaced.
+WARM_LAYOUT = 2
+# The runner's log lines a run's end reads back (Docker splits longer lines at 16 KiB).
+LOG_TAIL_LINES = 200
 
 
 def session_dir(settings: Settings, folder: str) -> Path:
+    """The group's session folder, mounted read-write: the runner binds its socket here."""
     return settings.data_dir / "sessions" / folder
+
+
+def gateway_dir(settings: Settings, folder: str) -> Path:
+    """Where a warm group's model gateway socket is bound: host-only, mounted read-only."""
+    return settings.data_dir / "gateway" / folder
+
+
+def claimed_dir(settings: Settings, folder: str) -> Path:
+    """Host-only: the warm runner's socket once the host has claimed it (see ``WarmPool._claim``)."""
+    return settings.data_dir / "warm" / folder
+
+
+def host_only_dir(path: Path) -> Path:
+    """Create ``path`` as the host's own folder (mode 0755, never handed to the
+    container's user, never mounted writable)."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o755)
+    return path
 
 
 def _config_hash(client: docker.DockerClient, spec: ContainerSpec, idle_s: float) -> str:
@@ -79,23 +106,37 @@ def _config_hash(client: docker.DockerClient, spec: ContainerSpec, idle_s: float
     doc = {
         "image": image_id, "memory": spec.memory, "cpus": spec.cpus, "pids": spec.pids, "idle": idle_s,
         "workspace": str(spec.workspace), "rw": spec.extra_mounts, "ro": spec.readonly_mounts,
+        # Containers of an older layout (gateway socket in the writable session folder) are replaced.
+        "layout": WARM_LAYOUT,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _connect(path: Path) -> socket.socket:
-    """Connect to a unix socket whose path may be longer than sun_path allows."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    encoded = os.fsencode(path)
-    if len(encoded) <= 107:
-        sock.connect(str(path))
-        return sock
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        sock.connect(f"/proc/self/fd/{fd}/{path.name}")
-    finally:
-        os.close(fd)
-    return sock
+def _connect(path: Path, *, retry_s: float = 0.0) -> socket.socket:
+    """Connect to a unix socket whose path may be longer than sun_path allows
+    (the folder is the host's own, so its /proc/self/fd entry is safe to use).
+    ``retry_s``: keep trying on ECONNREFUSED that long (a runner between bind and listen)."""
+    deadline = time.monotonic() + retry_s
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if len(os.fsencode(path)) <= 107:
+                sock.connect(str(path))
+            else:
+                fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    sock.connect(f"/proc/self/fd/{fd}/{path.name}")
+                finally:
+                    os.close(fd)
+            return sock
+        except ConnectionRefusedError:
+            sock.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+        except OSError:
+            sock.close()
+            raise
 
 
 class WarmPool:
@@ -112,52 +153,67 @@ class WarmPool:
     def find(self, folder: str) -> list[docker.models.containers.Container]:
         return self.client.containers.list(all=True, filters={"label": self._labels(folder)})
 
+    def discard(self, container: docker.models.containers.Container) -> None:
+        """Remove a warm container and forget its claimed socket."""
+        with contextlib.suppress(NotFound, DockerException):
+            container.remove(force=True)
+        folder = container.labels.get(LABEL_GROUP, "")
+        if folder:
+            for path in _claimed_paths(self.settings, folder, container.id):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+
     def stop(self, folder: str) -> int:
         """Stop and remove a group's warm container(s); returns how many."""
-        stopped = 0
-        for c in self.find(folder):
-            with contextlib.suppress(NotFound, DockerException):
-                c.remove(force=True)
-                stopped += 1
-        return stopped
+        found = self.find(folder)
+        for c in found:
+            self.discard(c)
+        return len(found)
 
     def stop_all(self) -> int:
         labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}", f"{LABEL_WARM}=1"]
-        stopped = 0
-        for c in self.client.containers.list(all=True, filters={"label": labels}):
-            with contextlib.suppress(NotFound, DockerException):
-                c.remove(force=True)
-                stopped += 1
-        return stopped
+        found = self.client.containers.list(all=True, filters={"label": labels})
+        for c in found:
+            self.discard(c)
+        return len(found)
 
     def start(self, spec: ContainerSpec, payload: bytes) -> WarmRun:
         idle = self.settings.warm_idle_s
-        folder_path = session_dir(self.settings, spec.group_folder)
         config = _config_hash(self.client, spec, idle)
         last_error: Exception | None = None
         for _ in range(CONNECT_ATTEMPTS):
-            container, cold = self._ensure(spec, folder_path, config, idle)
+            container, cold = self._ensure(spec, config, idle)
+            sock_path, dirty = _claimed_paths(self.settings, spec.group_folder, container.id)
+            if dirty.exists() or not sock_path.exists():
+                # A run on it never finished cleanly (a worker died mid-run: what
+                # that run started may still be running), or it has no socket we
+                # claimed (an older layout): never hand it another run.
+                log.info("warm container %s was not cleaned up after its last run; replacing it", container.name)
+                self.discard(container)
+                last_error = SandboxError("not cleaned up after its last run")
+                continue
             try:
-                sock = _connect(folder_path / AGENT_SOCKET)
+                sock = _connect(sock_path, retry_s=STARTUP_TIMEOUT_S if cold else 0.0)
             except OSError as exc:
                 # Died between runs (or mid-idle-exit): replace it, transparently.
                 log.info("warm container of %s did not answer (%s); replacing it", spec.group_folder, exc)
                 last_error = exc
-                with contextlib.suppress(NotFound, DockerException):
-                    container.remove(force=True)
+                self.discard(container)
                 continue
-            return WarmRun(container, sock, spec, payload, cold=cold)
+            # Marks the container as running a run until WarmRun has cleaned up after it.
+            dirty.touch()
+            return WarmRun(container, sock, spec, payload, cold=cold, dirty_marker=dirty, pool=self)
         raise SandboxError(f"cannot reach a warm agent container for {spec.group_folder}: {last_error}")
 
     def _ensure(
-        self, spec: ContainerSpec, folder: Path, config: str, idle: float
+        self, spec: ContainerSpec, config: str, idle: float
     ) -> tuple[docker.models.containers.Container, bool]:
         for c in self.find(spec.group_folder):
             if c.status == "running" and c.labels.get(LABEL_WARM_CONFIG) == config:
                 return c, False
             log.info("replacing warm container %s (%s)", c.name, c.status)
-            with contextlib.suppress(NotFound, DockerException):
-                c.remove(force=True)
+            self.discard(c)
+        folder = session_dir(self.settings, spec.group_folder)
         # Created here, not by Docker (which would make it root's and unwritable).
         spec.workspace.mkdir(parents=True, exist_ok=True)
         user = prepare_folder(spec.workspace)
@@ -167,6 +223,8 @@ class WarmPool:
             (folder / AGENT_SOCKET).unlink()
         args = hardened_create_args(spec, user)
         args["volumes"][str(folder)] = {"bind": RUN_DIR_MOUNT, "mode": "rw"}
+        gateway = host_only_dir(gateway_dir(self.settings, spec.group_folder))
+        args["volumes"][str(gateway)] = {"bind": GATEWAY_MOUNT, "mode": "ro"}
         args["labels"] = {**args["labels"], LABEL_WARM: "1", LABEL_WARM_CONFIG: config}
         args["labels"].pop(LABEL_RUN, None)
         args["name"] = f"orch-warm-{spec.group_folder}-{os.urandom(3).hex()}"
@@ -179,14 +237,46 @@ class WarmPool:
         except DockerException as exc:
             raise SandboxError(f"cannot start a warm agent container: {exc}") from exc
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not (folder / AGENT_SOCKET).exists():
+        while not os.path.lexists(folder / AGENT_SOCKET):
             if time.monotonic() > deadline:
-                with contextlib.suppress(NotFound, DockerException):
-                    container.remove(force=True)
+                self.discard(container)
                 raise SandboxError(f"the warm agent container for {spec.group_folder} never opened its socket")
             time.sleep(0.01)
+        self._claim(container, folder, spec.group_folder)
         container.reload()
         return container, True
+
+    def _claim(self, container: docker.models.containers.Container, folder: Path, group: str) -> None:
+        """Move the runner's socket out of the folder the container can write.
+
+        The session folder is the container's: connecting there by name, a run
+        would follow whatever symlink an agent left at ``agent.sock`` (and hand
+        its input to another socket).  Right after start, before any run (so
+        before any agent process exists), the host renames the entry into its
+        own folder; rename moves the entry itself, never a link's target, and
+        a listening socket keeps working under its new name.  Runs connect
+        there only, and only to a socket.
+        """
+        claimed = host_only_dir(claimed_dir(self.settings, group))
+        for old in claimed.iterdir():  # earlier containers of this group are gone
+            with contextlib.suppress(FileNotFoundError):
+                old.unlink()
+        sock_path, _ = _claimed_paths(self.settings, group, container.id)
+        try:
+            os.rename(folder / AGENT_SOCKET, sock_path)
+            is_socket = stat.S_ISSOCK(os.lstat(sock_path).st_mode)
+        except OSError as exc:
+            self.discard(container)
+            raise SandboxError(f"cannot claim the warm runner's socket of {group}: {exc}") from exc
+        if not is_socket:
+            self.discard(container)
+            raise SandboxError(f"the warm container of {group} left something other than a socket at {AGENT_SOCKET}")
+
+
+def _claimed_paths(settings: Settings, folder: str, container_id: str) -> tuple[Path, Path]:
+    """The claimed socket of a warm container, and its "a run is in progress" marker."""
+    base = claimed_dir(settings, folder) / container_id[:12]
+    return base.with_suffix(".sock"), base.with_suffix(".dirty")
 
 
 class WarmRun:
@@ -194,10 +284,12 @@ class WarmRun:
 
     def __init__(
         self, container: docker.models.containers.Container, sock: socket.socket, spec: ContainerSpec,
-        payload: bytes, *, cold: bool,
+        payload: bytes, *, cold: bool, dirty_marker: Path, pool: WarmPool,
     ) -> None:
         self._container = container
         self._sock = sock
+        self._dirty = dirty_marker
+        self._pool = pool
         self.spec = spec
         self.cold = cold
         self.exit: ContainerExit | None = None
@@ -229,26 +321,46 @@ class WarmRun:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
 
-    def lines(self) -> Iterator[str]:
-        buf = b""
+    def lines(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
+        """The run's event lines until the runner closes the connection.
+
+        Raises :class:`~orchestrator.bounded_io.OutputLimitExceeded` on a line
+        longer than ``max_line_bytes`` (the caller kills the container).
+        """
+        for line in read_lines(self._chunks(), max_line_bytes):
+            yield line.decode("utf-8", "replace")
+
+    def _chunks(self) -> Iterator[bytes]:
         try:
             while chunk := self._sock.recv(65536):
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    yield line.decode("utf-8", "replace")
+                yield chunk
         except OSError as exc:
             log.warning("lost the warm run's stream from %s: %s", self._container.name, exc)
-        if buf.strip():
-            yield buf.decode("utf-8", "replace")
+
+    def _log_tail(self) -> str:
+        """The end of the runner's log since the run started, read in bounded memory
+        (the agent can write to the runner's stderr at will)."""
+        tail = TailBuffer()
+        # OSError: requests' errors too (the container may vanish mid-read: auto-remove).
+        with contextlib.suppress(DockerException, OSError):
+            # follow=False: streaming would otherwise follow a live container's log forever.
+            stream = self._container.logs(
+                stdout=False, stderr=True, since=self._started, tail=LOG_TAIL_LINES, stream=True, follow=False,
+            )
+            try:
+                for chunk in stream:
+                    tail.write(chunk)
+            finally:
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
+        return tail.text()
 
     def finish(self) -> ContainerExit:
         """The run's "exit": 0 while the runner lives on (the pipeline judges the
         events), else the container's own exit status."""
         self._watchdog.cancel()
-        stderr = ""
-        with contextlib.suppress(DockerException):
-            stderr = self._container.logs(stdout=False, stderr=True, since=self._started).decode("utf-8", "replace")
+        stderr = self._log_tail()
         try:
             self._container.reload()
             alive = self._container.status == "running"
@@ -263,7 +375,7 @@ class WarmRun:
             with contextlib.suppress(DockerException):
                 self._container.remove(force=True)
         for line in stderr.splitlines()[-50:]:
-            log.info("[%s] %s", self._container.name, line)
+            log.info("[%s] %s", self._container.name, line[:2000])
         self.exit = ContainerExit(status, self._timed_out.is_set(), stderr[-4000:])
         return self.exit
 
@@ -278,6 +390,86 @@ class WarmRun:
             self.finish()
         with contextlib.suppress(OSError):
             self._sock.close()
+        self._clean_up()
+
+    def _clean_up(self) -> None:
+        """Kill everything the run left behind (background and ``setsid``
+        processes) before the container may take another run; a container that
+        cannot be cleaned is removed.  Runs after the replies were stored.
+
+        Done by the host, not by the runner, which shares its uid with the
+        agent and so cannot be trusted to do it.  Every process in the
+        container's pid namespace but the runner is killed (through a pidfd,
+        so a recycled pid is never hit); where this worker cannot see the
+        container's processes (it runs in a pid namespace of its own), a
+        ``docker exec`` of ``kill -9 -1`` does it (all but PID 1, the runner).
+        The runner reaps the zombies.
+        """
+        if self._killed:
+            self._pool.discard(self._container)
+            return
+        try:
+            runner_pid = int(self._container.attrs["State"]["Pid"])
+            cleaned = kill_all_but(runner_pid, self._container.id)
+            if cleaned is None:
+                result = self._container.exec_run(["/bin/bash", "-c", "kill -9 -1 2>/dev/null; exit 0"], stdin=False)
+                if result.exit_code != 0:
+                    raise SandboxError(f"exit status {result.exit_code}")
+            elif not cleaned:
+                raise SandboxError("processes kept appearing (a fork bomb?)")
+        except (DockerException, SandboxError, KeyError, ValueError) as exc:
+            # Gone (idle exit, crash) or beyond cleaning: never reuse it.
+            log.info("could not clean up warm container %s after a run (%s); removing it", self._container.name, exc)
+            self._pool.discard(self._container)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self._dirty.unlink()
+
+
+def _state(pid: str) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        return fh.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+def kill_all_but(runner_pid: int, container_id: str, rounds: int = 20) -> bool | None:
+    """SIGKILL every process in the pid namespace of ``runner_pid`` (the
+    runner of container ``container_id``) except the runner.
+
+    True when none is left (zombies aside), False when processes kept
+    appearing for ``rounds`` rounds, None when this process cannot see the
+    container's processes (or the pid is not that container's any more).
+    """
+    try:
+        namespace = os.readlink(f"/proc/{runner_pid}/ns/pid")
+        with open(f"/proc/{runner_pid}/cgroup") as fh:
+            in_container = container_id in fh.read()
+        # Never our own namespace: a stale pid must not make this kill the host's processes.
+        if not in_container or namespace == os.readlink("/proc/self/ns/pid"):
+            return None
+    except OSError:
+        return None
+    for _ in range(rounds):
+        found = False
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == runner_pid:
+                continue
+            try:
+                fd = os.pidfd_open(int(entry))
+            except OSError:
+                continue
+            try:
+                # Checked after the pidfd is open: it names this very process.
+                if os.readlink(f"/proc/{entry}/ns/pid") == namespace and _state(entry) != "Z":
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    found = True
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        if not found:
+            return True
+        time.sleep(0.002)
+    return False
 
 
 def reset_session(db: Database, settings: Settings, chat_jid: str, client: docker.DockerClient | None = None) -> int:

@@ -26,6 +26,14 @@ def _fresh_connections(**_: object) -> None:
 
 
 @worker_ready.connect
+def _log_quota_mode(**_: object) -> None:
+    # Which way workspaces are kept under their quota here (orchestrator/quota.py).
+    from orchestrator.quota import describe_mode
+
+    log.info("%s", describe_mode(get_settings()))
+
+
+@worker_ready.connect
 def _sweep_at_start(**_: object) -> None:
     # A worker that restarts after a crash finds what its predecessor left:
     # runs to close, groups to re-signal, containers to remove.

@@ -28,10 +28,12 @@ BASE_PROMPT = (
 HISTORY_START = "[earlier conversation omitted]"
 
 
-def build_system_prompt(inp: ContainerInput, workspace: Path) -> str:
-    """The base prompt, then each system notice (ephemeral context for this run only)."""
+def build_system_prompt(inp: ContainerInput, workspace: Path, extra_notices: list[str] | None = None) -> str:
+    """The base prompt, then each system notice (ephemeral context for this run only):
+    the host's, then the runner's own about the workspace (``workspace_notices``)."""
     parts = [BASE_PROMPT.format(name=inp.assistant_name, workspace=workspace)]
-    parts.extend(notice.strip() for notice in inp.system_notices if notice.strip())
+    notices = [*inp.system_notices, *(extra_notices or [])]
+    parts.extend(notice.strip() for notice in notices if notice.strip())
     return "\n\n".join(parts)
 
 

@@ -36,6 +36,7 @@ from .providers.base import (
     ToolUseBlock,
 )
 from .tools import ToolContext, ToolOutcome, run_tool, tool_specs
+from .workspace_notices import workspace_notices
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def run_agent(
     Provider failures propagate as :class:`agent_runner.errors.ProviderError`;
     tool failures do not (they become error tool results for the model).
     """
-    system = build_system_prompt(inp, workspace)
+    system = build_system_prompt(inp, workspace, workspace_notices(workspace))
     messages = build_messages(inp.messages)
     tools = tool_specs()
     ctx = ToolContext(

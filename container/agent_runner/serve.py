@@ -42,6 +42,20 @@ def _read_line(conn: socket.socket) -> bytes:
     return b"".join(chunks)
 
 
+def _reap_children() -> None:
+    """Collect exited children.  The runner is PID 1: every process a run left
+    behind is re-parented to it, and the host kills them after each run
+    (orchestrator/warm.py); unreaped, they would stay zombies and eat the
+    container's pids limit."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def serve(socket_path: Path, workspace: Path, idle_timeout_s: float) -> int:
     from .__main__ import run  # the same run function as the one-shot mode
 
@@ -61,6 +75,7 @@ def serve(socket_path: Path, workspace: Path, idle_timeout_s: float) -> int:
             except TimeoutError:
                 log.info("idle for %.0fs after %d run(s); exiting", idle_timeout_s, served)
                 return 0
+            _reap_children()  # the previous run's, killed by the host since
             with conn:
                 conn.settimeout(None)
                 try:
@@ -77,6 +92,7 @@ def serve(socket_path: Path, workspace: Path, idle_timeout_s: float) -> int:
                 except OSError as exc:  # the host went away mid-run: wait for the next one
                     log.warning("lost the connection during a run: %s", exc)
                 served += 1
+            _reap_children()
     finally:
         server.close()
         try:

@@ -8,8 +8,11 @@ base URL of a server on 127.0.0.1, port 0) or on a unix socket
 worker process and a container talk to it.
 
 A scripted reply is a ``(status, body, extra headers)`` tuple (see
-:func:`message` and :func:`api_error`) or a callable that gets the
-:class:`Recorded` request and returns one.  ``on_request`` is called with
+:func:`message`, :func:`message_stream` and :func:`api_error`) or a callable
+that gets the :class:`Recorded` request and returns one.  A body is a JSON
+value, ``bytes`` (sent as they are) or an iterator of ``bytes`` (each chunk
+sent and flushed as it comes, the end of the body is the end of the
+connection: how a streamed answer arrives).  ``on_request`` is called with
 each recorded request, in the server's thread, before the reply is sent.
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 import json
 import socketserver
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,14 +29,27 @@ from typing import Any, Union
 
 import pytest
 
-Reply = tuple[int, dict[str, Any], dict[str, str]]
+Reply = tuple[int, Any, dict[str, str]]
 Script = Union[Reply, Callable[["Recorded"], Reply]]
 
 MESSAGES_PATH = "/v1/messages"
 
 
-def message(content: list[dict[str, Any]], stop_reason: str, n: int = 1) -> Reply:
-    """A 200 Messages API response; usage is ``10*n`` input and ``n`` output tokens."""
+def _usage(n: int, cache_creation: int, cache_read: int) -> dict[str, int]:
+    usage = {"input_tokens": 10 * n, "output_tokens": n}
+    if cache_creation or cache_read:
+        usage.update(cache_creation_input_tokens=cache_creation, cache_read_input_tokens=cache_read)
+    return usage
+
+
+def message(
+    content: list[dict[str, Any]], stop_reason: str, n: int = 1, *, cache_creation: int = 0, cache_read: int = 0
+) -> Reply:
+    """A 200 Messages API response; usage is ``10*n`` input and ``n`` output tokens.
+
+    ``cache_creation``/``cache_read``: prompt-cache tokens, which the API
+    reports apart from ``input_tokens``.
+    """
     body = {
         "id": f"msg_fake_{n}",
         "type": "message",
@@ -42,9 +58,54 @@ def message(content: list[dict[str, Any]], stop_reason: str, n: int = 1) -> Repl
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": None,
-        "usage": {"input_tokens": 10 * n, "output_tokens": n},
+        "usage": _usage(n, cache_creation, cache_read),
     }
     return 200, body, {}
+
+
+def sse(events: Iterable[dict[str, Any]]) -> bytes:
+    """Server-sent events as the API frames them: ``event: <type>`` and one ``data:`` JSON line each."""
+    return b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+
+
+def message_stream(
+    text: str, n: int = 1, *, cache_creation: int = 0, cache_read: int = 0,
+    hold: threading.Event | None = None,
+) -> Reply:
+    """A 200 streamed (``"stream": true``) text answer, as the Messages API sends it.
+
+    ``message_start`` carries the input and cache counts (and a first output
+    count of 1), ``message_delta`` the final output count ``n``.  With
+    ``hold``, the stream stops after ``message_start`` until ``hold`` is set
+    (at most 10 s): a client can show that it got the start before the rest
+    was sent.
+    """
+    start: dict[str, Any] = {
+        "type": "message_start",
+        "message": {
+            "id": f"msg_fake_{n}", "type": "message", "role": "assistant", "model": "claude-fake",
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {**_usage(n, cache_creation, cache_read), "output_tokens": 1},
+        },
+    }
+    rest: list[dict[str, Any]] = [
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "ping"},
+        *({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": word}}
+          for word in text.split(" ")),
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+         "usage": {"output_tokens": n}},
+        {"type": "message_stop"},
+    ]
+
+    def chunks() -> Iterator[bytes]:
+        yield sse([start])
+        if hold is not None:
+            hold.wait(10)
+        yield from (sse([event]) for event in rest)
+
+    return 200, chunks(), {"content-type": "text/event-stream"}
 
 
 def api_error(status: int, kind: str, text: str, headers: dict[str, str] | None = None) -> Reply:
@@ -145,13 +206,21 @@ class FakeAnthropic:
                 status, body, extra = fake._next_reply(rec)
                 with fake._lock:
                     fake.sent.append((status, body, extra))
-                # bytes: sent as they are (a malformed response on purpose)
-                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                extra = {k.lower(): v for k, v in extra.items()}
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Content-Type", extra.pop("content-type", "application/json"))
                 for key, value in extra.items():
                     self.send_header(key, value)
+                if isinstance(body, Iterator):  # streamed: each chunk as it comes, until the connection ends
+                    self.end_headers()
+                    for chunk in body:
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                    self.close_connection = True
+                    return
+                # bytes: sent as they are (a malformed response on purpose)
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 

@@ -10,9 +10,9 @@ upstream.
 A scripted reply is a ``(status, body, extra headers)`` tuple, where body is
 a JSON value (sent encoded) or ``bytes`` (sent as they are: malformed
 bodies), or a callable that gets the :class:`Recorded` request and returns
-one.  Helpers: :func:`chat` (a completion), :func:`tool_call`,
-:func:`api_error` (OpenAI's error shape), :func:`raw`.  Any other route gets
-a 404; an exhausted script a 500.
+one.  Helpers: :func:`chat` (a completion), :func:`chat_stream` (a streamed
+one), :func:`tool_call`, :func:`api_error` (OpenAI's error shape),
+:func:`raw`.  Any other route gets a 404; an exhausted script a 500.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, Union
 
 from tests.fakes.anthropic_api import Recorded, UnixHTTPServer, serving
 
-__all__ = ["CHAT_PATH", "FakeOpenAI", "Recorded", "api_error", "chat", "raw", "tool_call"]
+__all__ = ["CHAT_PATH", "FakeOpenAI", "Recorded", "api_error", "chat", "chat_stream", "raw", "tool_call"]
 
 Body = Union[dict[str, Any], list[Any], bytes]
 Reply = tuple[int, Body, dict[str, str]]
@@ -74,6 +74,36 @@ def chat(
         "usage": {"prompt_tokens": 10 * n, "completion_tokens": n, "total_tokens": 11 * n},
     }
     return 200, body, {}
+
+
+def chat_stream(content: str, n: int = 1, *, cached: int = 0) -> Callable[[Recorded], Reply]:
+    """A 200 streamed completion (``"stream": true``), as the API sends it: ``data:`` chunks, then ``[DONE]``.
+
+    Like the real API, the usage chunk (``10*n`` prompt tokens, ``cached`` of
+    them from the prompt cache, and ``n`` completion tokens) comes last and
+    only when the request asked for it with ``stream_options.include_usage``;
+    every chunk then carries ``"usage": null`` before it.
+    """
+
+    def reply(rec: Recorded) -> Reply:
+        options = (rec.body or {}).get("stream_options") or {}
+        with_usage = options.get("include_usage") is True
+        base = {"id": f"chatcmpl-fake-{n}", "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": "fake-model", "system_fingerprint": "fp_fake"}
+        null_usage = {"usage": None} if with_usage else {}
+        deltas = [{"role": "assistant", "content": ""}, *({"content": word} for word in content.split(" "))]
+        chunks = [{**base, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": None}],
+                   **null_usage} for d in deltas]
+        chunks.append({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}],
+                       **null_usage})
+        if with_usage:
+            chunks.append({**base, "choices": [], "usage": {
+                "prompt_tokens": 10 * n, "completion_tokens": n, "total_tokens": 11 * n,
+                "prompt_tokens_details": {"cached_tokens": cached}}})
+        data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+        return raw(200, data, "text/event-stream")
+
+    return reply
 
 
 def api_error(status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> Reply:

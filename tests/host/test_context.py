@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -120,19 +121,32 @@ def test_unreadable_files_become_error_blocks(tmp_path: Path, loopback_ok: Setti
     os.symlink(outside, tmp_path / "link.txt")
     (tmp_path / "bin.dat").write_bytes(b"\x00\x01\x02")
     (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "ok.txt").write_text("fine")
+    os.symlink(tmp_path / "dir", tmp_path / "dirlink")  # a symlink inside, to inside: still refused
+    os.symlink(tmp_path.parent, tmp_path / "up")
+    os.mkfifo(tmp_path / "fifo")  # opening it blocking would hang the worker forever
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "s.sock"))
     cases = {
         "missing.md": "no such file",
-        "../x.md": "the path leaves the group folder",
+        "../x.md": "'..' is not allowed",
+        "dir/../../x.md": "'..' is not allowed",
         str(outside): "absolute paths are not allowed",
-        "link.txt": "the path leaves the group folder",
+        "link.txt": "a symlink (never followed)",
+        "dirlink/ok.txt": "a path component is not a folder (or is a symlink)",
+        f"up/{tmp_path.name}-outside.txt": "a path component is not a folder (or is a symlink)",
         "bin.dat": "binary file",
         "dir": "is a directory",
+        "fifo": "is not a regular file (FIFO, socket or device)",
+        "s.sock": "a socket or device, not a regular file",
     }
     for path, why in cases.items():
         block = expand_file(FileItem(type="file", path=path), tmp_path, loopback_ok)
         assert block.startswith("<file_context_error>"), path
         assert f"<error>[Error: {why}" in block, (path, block)
         assert "TOPSECRET" not in block
+    sock.close()
+    assert "<content>\nfine\n</content>" in expand_file(FileItem(type="file", path="./dir//ok.txt"), tmp_path, loopback_ok)
 
 
 def test_large_files_are_cut(tmp_path: Path) -> None:

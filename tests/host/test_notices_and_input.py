@@ -25,14 +25,7 @@ from orchestrator.assembly import (
 from orchestrator.db import Database
 from orchestrator.groups import Group, add_group, get_group
 from orchestrator.history import edit_message
-from orchestrator.notices import (
-    LARGE_FILE_BYTES,
-    NoticeContext,
-    compute_notices,
-    large_files,
-    scheduled_tasks_due,
-    uncommitted_changes,
-)
+from orchestrator.notices import NoticeContext, compute_notices, scheduled_tasks_due
 from orchestrator.pipeline import model_settings
 from orchestrator.runs import create_run, finish_run
 from orchestrator.schedules import add_task
@@ -49,28 +42,33 @@ def group(db: Database, settings: Settings) -> Group:
     return get_group(db, JID)
 
 
-def test_uncommitted_changes_notice(db: Database, settings: Settings, group: Group) -> None:
+def test_the_host_runs_nothing_in_a_hostile_repository(db: Database, settings: Settings, group: Group,
+                                                       tmp_path: Path) -> None:
+    """A workspace repository whose config makes git execute a command (fsmonitor
+    on every status, a clean filter) and that has changes: computing the notices
+    runs nothing on the host and says nothing about the workspace."""
     ws = settings.groups_dir / "dev"
-    ctx = NoticeContext(db, settings, group)
-    assert uncommitted_changes(ctx) == []  # not a repository
+    marker = tmp_path / "escaped"
     subprocess.run(["git", "init", "-q", str(ws)], check=True)
-    assert uncommitted_changes(ctx) == []  # clean
-    for name in ("a.py", "b.py"):
-        (ws / name).write_text("x")
-    assert uncommitted_changes(ctx) == ["Note: the workspace has 2 uncommitted change(s): a.py, b.py."]
+    with open(ws / ".git" / "config", "a") as fh:
+        fh.write(f"[core]\n\tfsmonitor = touch {marker}\n[filter \"x\"]\n\tclean = touch {marker}\n")
+    (ws / ".gitattributes").write_text("* filter=x\n")
+    (ws / "f").write_text("x")
+    with open(ws / "dump.sql", "wb") as fh:
+        fh.truncate(60 * 1024 * 1024)  # sparse: no real disk use
+    # The planted config does execute when git runs (as it did on the host):
+    # checked on a copy, so the workspace itself is never touched by git here.
+    probe = tmp_path / "probe"
+    subprocess.run(["cp", "-a", str(ws), str(probe)], check=True)
+    probe_marker = tmp_path / "probe-escaped"
+    cfg = (probe / ".git" / "config").read_text().replace(str(marker), str(probe_marker))
+    (probe / ".git" / "config").write_text(cfg)
+    subprocess.run(["git", "-C", str(probe), "status", "--porcelain"], capture_output=True, check=False)
+    assert probe_marker.exists(), "the planted config should run under a plain git status"
 
-
-def test_large_files_notice(db: Database, settings: Settings, group: Group) -> None:
-    ws = settings.groups_dir / "dev"
-    ctx = NoticeContext(db, settings, group)
-    (ws / "small.txt").write_text("x")
-    assert large_files(ctx) == []
-    (ws / "data").mkdir()
-    with open(ws / "data" / "dump.sql", "wb") as fh:
-        fh.truncate(LARGE_FILE_BYTES + 1)  # sparse: no real disk use
-    assert large_files(ctx) == [
-        "Note: very large files in the workspace (read them in parts, not whole): data/dump.sql (50 MiB)."
-    ]
+    notices = compute_notices(db, settings, group)
+    assert not marker.exists()
+    assert not any("uncommitted" in n or "large files" in n for n in notices), notices
 
 
 def test_due_tasks_notice(db: Database, settings: Settings, group: Group) -> None:

@@ -331,7 +331,7 @@ for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
             hits.append(f"/proc/{{pid}}/{{part}}")
 if any(needle in v for v in os.environ.values()):
     hits.append("os.environ")
-print("scanned", scanned, "hits", hits, "socket", os.path.exists("/run/orchestrator/model.sock"))
+print("scanned", scanned, "hits", hits, "socket", os.path.exists("/run/gateway/model.sock"))
 print("env names", sorted(os.environ))
 EOF"""
 

@@ -9,6 +9,8 @@ drives the real agent loop, tool execution included:
 * the newest user message carries tool results -> a text reporting each
   call's output and exit code (``Ran `echo hi` (exit 0):`` for bash,
   ``Ran `write_file src/a.py` (exit 0):`` for other tools);
+* the newest user message is exactly ``/system`` -> the system prompt this
+  run was given (the base prompt and every system notice), verbatim;
 * otherwise -> a short text quoting the newest user message.
 
 Tool requests are lines of the newest user message, starting in column 0::
@@ -54,6 +56,7 @@ from .base import (
 )
 
 COMMAND_PREFIX = "$ "
+SHOW_SYSTEM = "/system"
 MAX_QUOTE_CHARS = 200
 END, WITH = "/end", "/with"
 TODO_STATUS_BY_MARK = {"[ ]": "pending", "[~]": "in_progress", "[x]": "completed"}
@@ -153,6 +156,9 @@ class OfflineProvider:
         results = [b for b in newest.content if isinstance(b, ToolResultBlock)]
         if results:
             return self._text(_report(results, messages), usage_in)
+
+        if newest.text().strip() == SHOW_SYSTEM:
+            return self._text(system, usage_in)
 
         offered = {t.name for t in tools}
         requests = [(name, args) for name, args in tool_requests_in(newest.text()) if name in offered]

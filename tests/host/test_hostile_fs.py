@@ -1,0 +1,115 @@
+"""Folders an agent can write, touched by the host: never through a symlink,
+never a FIFO, bounded reads, even while something swaps entries under us."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import HostileEntry
+from orchestrator.hostile_fs import chown_tree, make_dirs, read_regular
+
+
+def test_read_regular_reads_a_plain_file_bounded(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "f.txt").write_bytes(b"0123456789")
+    data, st = read_regular(tmp_path, "a/f.txt", 4)
+    assert data == b"01234" and st.st_size == 10  # limit + 1: the caller sees it was cut
+    assert read_regular(tmp_path, "a/f.txt", 100)[0] == b"0123456789"
+
+
+@pytest.mark.parametrize("relative", ["", "/etc/passwd", "..", "a/../../x", ".", "a/" * 70 + "f"])
+def test_paths_that_leave_or_name_nothing_are_refused(tmp_path: Path, relative: str) -> None:
+    with pytest.raises(HostileEntry):
+        read_regular(tmp_path, relative, 10)
+
+
+def test_symlinks_fifos_and_devices_are_refused(tmp_path: Path) -> None:
+    secret = tmp_path.parent / f"{tmp_path.name}-secret"
+    secret.write_text("TOPSECRET")
+    (tmp_path / "link").symlink_to(secret)
+    (tmp_path / "dirlink").symlink_to(tmp_path.parent)
+    (tmp_path / "null").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo")
+    for relative, why in [
+        ("link", "a symlink (never followed)"),
+        (f"dirlink/{secret.name}", "a path component is not a folder (or is a symlink)"),
+        ("null", "a symlink (never followed)"),
+        ("fifo", "is not a regular file (FIFO, socket or device)"),
+    ]:
+        with pytest.raises(HostileEntry) as exc:
+            read_regular(tmp_path, relative, 100)
+        assert exc.value.reason == why, relative
+
+
+def test_a_file_swapped_for_a_symlink_during_reads_never_leaks(tmp_path: Path) -> None:
+    """The race a background process in a warm container can run against the
+    context reader: the file and a symlink to a secret swap places as fast as
+    they can; no read ever returns the secret."""
+    secret = tmp_path.parent / f"{tmp_path.name}-secret"
+    secret.write_text("TOPSECRET")
+    (tmp_path / "plain").write_text("harmless")
+    new, f = tmp_path / "new", tmp_path / "f"
+    stop = threading.Event()
+
+    def swap() -> None:  # each os.replace is atomic: "f" is always one or the other
+        while not stop.is_set():
+            os.symlink(secret, new)
+            os.replace(new, f)
+            os.link(tmp_path / "plain", new)
+            os.replace(new, f)
+
+    os.link(tmp_path / "plain", f)
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    seen: dict[str, int] = {}
+    try:
+        for _ in range(5000):
+            try:
+                data, _ = read_regular(tmp_path, "f", 100)
+            except HostileEntry as exc:
+                seen[exc.reason] = seen.get(exc.reason, 0) + 1
+                continue
+            assert b"TOPSECRET" not in data
+            seen["read"] = seen.get("read", 0) + 1
+    finally:
+        stop.set()
+        swapper.join()
+    # Both sides of the race happened: plain reads and refused symlinks.
+    assert seen.get("read") and seen.get("a symlink (never followed)"), seen
+
+
+def test_make_dirs_refuses_a_symlinked_component(tmp_path: Path) -> None:
+    make_dirs(tmp_path, "extra/data")
+    assert (tmp_path / "extra" / "data").is_dir()
+    make_dirs(tmp_path, "extra/data")  # idempotent
+    outside = tmp_path.parent / f"{tmp_path.name}-out"
+    outside.mkdir()
+    (tmp_path / "extra" / "evil").symlink_to(outside)
+    with pytest.raises(HostileEntry):
+        make_dirs(tmp_path, "extra/evil/x")
+    assert not (outside / "x").exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(HostileEntry):
+        make_dirs(tmp_path, "file/x")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another user needs root (covered by CI, which runs as root)")
+def test_chown_tree_never_follows_a_link(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "host.txt").write_text("host")
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "sub" / "f").write_text("x")
+    (ws / "dirlink").symlink_to(outside)
+    (ws / "filelink").symlink_to(outside / "host.txt")
+    assert chown_tree(ws, 1000, 1000) == 5  # ws, sub, sub/f and the two links themselves
+    for p in (ws, ws / "sub", ws / "sub" / "f", ws / "dirlink", ws / "filelink"):
+        assert os.lstat(p).st_uid == 1000, p
+    for p in (outside, outside / "host.txt"):
+        assert os.lstat(p).st_uid == 0, p
+    assert chown_tree(ws, 1000, 1000) == 0
