@@ -14,7 +14,8 @@ every step: a symlink anywhere is refused, never followed; ``..`` is
 refused.  A file is opened non-blocking (a FIFO cannot hang the worker) and
 accepted only if ``fstat`` of the open descriptor says it is a regular file;
 reads are bounded.  Ownership changes go through the same descriptors with
-``follow_symlinks=False``.
+``follow_symlinks=False``; a socket there is connected to through a
+descriptor of the entry itself (``connect_unix``).
 
 Every function raises :class:`~orchestrator.errors.HostileEntry` (naming
 the path and why) for what it refuses.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -135,6 +137,40 @@ def read_regular(folder: Path, relative: str, limit: int) -> tuple[bytes, os.sta
             chunks.append(chunk)
             want -= len(chunk)
         return b"".join(chunks), st
+    finally:
+        os.close(fd)
+
+
+def connect_unix(folder: Path, relative: str) -> socket.socket:
+    """Connect to the unix socket at ``relative`` below ``folder``.
+
+    ``connect()`` takes a path and would follow a symlink planted there (to
+    any socket of the host).  So the entry is opened with ``O_PATH |
+    O_NOFOLLOW`` (a descriptor of the entry itself, whatever it is), checked
+    with ``fstat`` to be a socket, and connected to through its
+    ``/proc/self/fd`` entry, which names that very inode.  Raises
+    :class:`HostileEntry` for anything but a socket, ``OSError`` when nothing
+    listens on it.
+    """
+    parts = _components(relative)
+    with opened_root(folder) as root:
+        parent = _open_dirs(root, parts[:-1], relative)
+        try:
+            fd = os.open(parts[-1], os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except OSError as exc:
+            raise HostileEntry(relative, _why(exc)) from None
+        finally:
+            os.close(parent)
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise HostileEntry(relative, "not a socket (a symlink or a file in its place)")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(f"/proc/self/fd/{fd}")
+        except OSError:
+            sock.close()
+            raise
+        return sock
     finally:
         os.close(fd)
 

@@ -45,7 +45,6 @@ LABEL_INSTALL = "orchestrator.install"
 # A group's warm container (orchestrator/warm.py): not tied to one run.
 LABEL_WARM = "orchestrator.warm"
 WORKSPACE_MOUNT = "/workspace"
-RUN_DIR_MOUNT = "/run/orchestrator"  # a warm container's session folder (the runner's socket), read-write
 # The model gateway's folder, always mounted read-only: the host binds its
 # socket there and the container may connect to it (a unix socket connects on
 # a read-only mount) but can never plant anything in it.

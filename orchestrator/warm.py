@@ -2,11 +2,14 @@
 
 A cold run pays for a container start and an interpreter start each time.
 With ``ORCHESTRATOR_WARM_IDLE_S`` > 0 a group's container is started in the
-runner's serve mode (``agent_runner/serve.py``) with the same hardening, the
-group's workspace, and the group's *session folder* mounted at
-``/run/orchestrator``.  A run connects to the runner's socket in that folder
-(any worker process on this host can: the container is found by its labels,
-not held by a process), writes the input line and reads event lines.
+runner's serve mode (``agent_runner/serve.py``) with the same hardening and
+the group's workspace; the runner binds its socket in the workspace
+(``.orchestrator/agent.sock``).  A run connects to it (any worker process on
+this host can: the container is found by its labels, not held by a
+process), writes the input line and reads event lines.  The workspace is
+the agent's, so the socket is reached as hostile_fs reaches anything there:
+no symlink followed, a socket or nothing.  After each run everything the run
+left running is killed (``WarmRun._clean_up``).
 
 * idle: the runner exits after the idle timeout and Docker removes it
   (auto-remove); nothing on the host has to remember it;
@@ -17,7 +20,8 @@ not held by a process), writes the input line and reads event lines.
 * ``orchestrator groups reset JID`` stops it and forgets the group's model
   session.
 
-The run's model gateway socket, if any, is bound in the same session folder.
+The run's model gateway socket, if any, is bound in the group's gateway
+folder, host-only and mounted read-only at ``/run/gateway``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ import logging
 import os
 import signal
 import socket
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -43,8 +46,9 @@ from sqlalchemy import update
 
 from .bounded_io import DEFAULT_MAX_LINE_BYTES, TailBuffer, read_lines
 from .db import Database
-from .errors import SandboxError
+from .errors import HostileEntry, SandboxError
 from .groups import get_group
+from .hostile_fs import connect_unix
 from .sandbox import (
     GATEWAY_MOUNT,
     LABEL_GROUP,
@@ -52,7 +56,7 @@ from .sandbox import (
     LABEL_MANAGED,
     LABEL_RUN,
     LABEL_WARM,
-    RUN_DIR_MOUNT,
+    WORKSPACE_MOUNT,
     ContainerExit,
     ContainerSpec,
     docker_client,
@@ -65,18 +69,14 @@ from .tables import GroupRow
 log = logging.getLogger(__name__)
 
 LABEL_WARM_CONFIG = "orchestrator.warm-config"
-AGENT_SOCKET = "agent.sock"
+# The warm runner's socket, relative to the workspace (where the runner binds it).
+RUNNER_SOCKET = ".orchestrator/agent.sock"
 STARTUP_TIMEOUT_S = 20.0
 CONNECT_ATTEMPTS = 2
 # Bumped when the mounts of a warm container change: older ones are replaced.
-WARM_LAYOUT = 2
+WARM_LAYOUT = 3
 # The runner's log lines a run's end reads back (Docker splits longer lines at 16 KiB).
 LOG_TAIL_LINES = 200
-
-
-def session_dir(settings: Settings, folder: str) -> Path:
-    """The group's session folder, mounted read-write: the runner binds its socket here."""
-    return settings.data_dir / "sessions" / folder
 
 
 def gateway_dir(settings: Settings, folder: str) -> Path:
@@ -84,8 +84,9 @@ def gateway_dir(settings: Settings, folder: str) -> Path:
     return settings.data_dir / "gateway" / folder
 
 
-def claimed_dir(settings: Settings, folder: str) -> Path:
-    """Host-only: the warm runner's socket once the host has claimed it (see ``WarmPool._claim``)."""
+def state_dir(settings: Settings, folder: str) -> Path:
+    """Host-only: what the host remembers about a group's warm containers (the
+    "a run is in progress" markers)."""
     return settings.data_dir / "warm" / folder
 
 
@@ -106,37 +107,10 @@ def _config_hash(client: docker.DockerClient, spec: ContainerSpec, idle_s: float
     doc = {
         "image": image_id, "memory": spec.memory, "cpus": spec.cpus, "pids": spec.pids, "idle": idle_s,
         "workspace": str(spec.workspace), "rw": spec.extra_mounts, "ro": spec.readonly_mounts,
-        # Containers of an older layout (gateway socket in the writable session folder) are replaced.
+        # Containers of an older layout (sockets in a writable session folder) are replaced.
         "layout": WARM_LAYOUT,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _connect(path: Path, *, retry_s: float = 0.0) -> socket.socket:
-    """Connect to a unix socket whose path may be longer than sun_path allows
-    (the folder is the host's own, so its /proc/self/fd entry is safe to use).
-    ``retry_s``: keep trying on ECONNREFUSED that long (a runner between bind and listen)."""
-    deadline = time.monotonic() + retry_s
-    while True:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            if len(os.fsencode(path)) <= 107:
-                sock.connect(str(path))
-            else:
-                fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-                try:
-                    sock.connect(f"/proc/self/fd/{fd}/{path.name}")
-                finally:
-                    os.close(fd)
-            return sock
-        except ConnectionRefusedError:
-            sock.close()
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.005)
-        except OSError:
-            sock.close()
-            raise
 
 
 class WarmPool:
@@ -154,14 +128,13 @@ class WarmPool:
         return self.client.containers.list(all=True, filters={"label": self._labels(folder)})
 
     def discard(self, container: docker.models.containers.Container) -> None:
-        """Remove a warm container and forget its claimed socket."""
+        """Remove a warm container and forget its run marker."""
         with contextlib.suppress(NotFound, DockerException):
             container.remove(force=True)
         folder = container.labels.get(LABEL_GROUP, "")
         if folder:
-            for path in _claimed_paths(self.settings, folder, container.id):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                _dirty_marker(self.settings, folder, container.id).unlink()
 
     def stop(self, folder: str) -> int:
         """Stop and remove a group's warm container(s); returns how many."""
@@ -183,24 +156,24 @@ class WarmPool:
         last_error: Exception | None = None
         for _ in range(CONNECT_ATTEMPTS):
             container, cold = self._ensure(spec, config, idle)
-            sock_path, dirty = _claimed_paths(self.settings, spec.group_folder, container.id)
-            if dirty.exists() or not sock_path.exists():
-                # A run on it never finished cleanly (a worker died mid-run: what
-                # that run started may still be running), or it has no socket we
-                # claimed (an older layout): never hand it another run.
+            dirty = _dirty_marker(self.settings, spec.group_folder, container.id)
+            if dirty.exists():
+                # A run on it never finished cleanly (a worker died mid-run):
+                # what that run started may still be running. Never reuse it.
                 log.info("warm container %s was not cleaned up after its last run; replacing it", container.name)
                 self.discard(container)
                 last_error = SandboxError("not cleaned up after its last run")
                 continue
             try:
-                sock = _connect(sock_path, retry_s=STARTUP_TIMEOUT_S if cold else 0.0)
-            except OSError as exc:
-                # Died between runs (or mid-idle-exit): replace it, transparently.
+                sock = _connect_runner(spec.workspace, retry_s=STARTUP_TIMEOUT_S if cold else 0.0)
+            except (OSError, HostileEntry) as exc:
+                # Died between runs (or mid-idle-exit), or its socket is gone: replace it, transparently.
                 log.info("warm container of %s did not answer (%s); replacing it", spec.group_folder, exc)
                 last_error = exc
                 self.discard(container)
                 continue
             # Marks the container as running a run until WarmRun has cleaned up after it.
+            host_only_dir(state_dir(self.settings, spec.group_folder))
             dirty.touch()
             return WarmRun(container, sock, spec, payload, cold=cold, dirty_marker=dirty, pool=self)
         raise SandboxError(f"cannot reach a warm agent container for {spec.group_folder}: {last_error}")
@@ -213,16 +186,10 @@ class WarmPool:
                 return c, False
             log.info("replacing warm container %s (%s)", c.name, c.status)
             self.discard(c)
-        folder = session_dir(self.settings, spec.group_folder)
         # Created here, not by Docker (which would make it root's and unwritable).
         spec.workspace.mkdir(parents=True, exist_ok=True)
         user = prepare_folder(spec.workspace)
-        folder.mkdir(parents=True, exist_ok=True)
-        prepare_folder(folder)
-        with contextlib.suppress(FileNotFoundError):
-            (folder / AGENT_SOCKET).unlink()
         args = hardened_create_args(spec, user)
-        args["volumes"][str(folder)] = {"bind": RUN_DIR_MOUNT, "mode": "rw"}
         gateway = host_only_dir(gateway_dir(self.settings, spec.group_folder))
         args["volumes"][str(gateway)] = {"bind": GATEWAY_MOUNT, "mode": "ro"}
         args["labels"] = {**args["labels"], LABEL_WARM: "1", LABEL_WARM_CONFIG: config}
@@ -230,53 +197,40 @@ class WarmPool:
         args["name"] = f"orch-warm-{spec.group_folder}-{os.urandom(3).hex()}"
         try:
             container = self.client.containers.create(
-                command=["--serve", f"{RUN_DIR_MOUNT}/{AGENT_SOCKET}", "--idle-timeout", f"{idle:g}"],
+                command=["--serve", f"{WORKSPACE_MOUNT}/{RUNNER_SOCKET}", "--idle-timeout", f"{idle:g}"],
                 auto_remove=True, **args,
             )
             container.start()
+            container.reload()
         except DockerException as exc:
             raise SandboxError(f"cannot start a warm agent container: {exc}") from exc
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not os.path.lexists(folder / AGENT_SOCKET):
-            if time.monotonic() > deadline:
-                self.discard(container)
-                raise SandboxError(f"the warm agent container for {spec.group_folder} never opened its socket")
-            time.sleep(0.01)
-        self._claim(container, folder, spec.group_folder)
-        container.reload()
         return container, True
 
-    def _claim(self, container: docker.models.containers.Container, folder: Path, group: str) -> None:
-        """Move the runner's socket out of the folder the container can write.
 
-        The session folder is the container's: connecting there by name, a run
-        would follow whatever symlink an agent left at ``agent.sock`` (and hand
-        its input to another socket).  Right after start, before any run (so
-        before any agent process exists), the host renames the entry into its
-        own folder; rename moves the entry itself, never a link's target, and
-        a listening socket keeps working under its new name.  Runs connect
-        there only, and only to a socket.
-        """
-        claimed = host_only_dir(claimed_dir(self.settings, group))
-        for old in claimed.iterdir():  # earlier containers of this group are gone
-            with contextlib.suppress(FileNotFoundError):
-                old.unlink()
-        sock_path, _ = _claimed_paths(self.settings, group, container.id)
+def _connect_runner(workspace: Path, *, retry_s: float) -> socket.socket:
+    """Connect to the warm runner's socket in the workspace.
+
+    The socket lives in the agent's own workspace (so the agent cannot use it
+    to fill any other disk than its quota'd one), which makes the entry
+    hostile: it is reached with no symlink followed and only if it is a
+    socket (``hostile_fs.connect_unix``).  ``retry_s``: a fresh runner may not
+    listen yet (ECONNREFUSED, or no entry at all): keep trying that long.
+    """
+    deadline = time.monotonic() + retry_s
+    while True:
         try:
-            os.rename(folder / AGENT_SOCKET, sock_path)
-            is_socket = stat.S_ISSOCK(os.lstat(sock_path).st_mode)
-        except OSError as exc:
-            self.discard(container)
-            raise SandboxError(f"cannot claim the warm runner's socket of {group}: {exc}") from exc
-        if not is_socket:
-            self.discard(container)
-            raise SandboxError(f"the warm container of {group} left something other than a socket at {AGENT_SOCKET}")
+            return connect_unix(workspace, RUNNER_SOCKET)
+        except (ConnectionRefusedError, HostileEntry) as exc:
+            if isinstance(exc, HostileEntry) and exc.reason != "no such file":
+                raise
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
 
 
-def _claimed_paths(settings: Settings, folder: str, container_id: str) -> tuple[Path, Path]:
-    """The claimed socket of a warm container, and its "a run is in progress" marker."""
-    base = claimed_dir(settings, folder) / container_id[:12]
-    return base.with_suffix(".sock"), base.with_suffix(".dirty")
+def _dirty_marker(settings: Settings, folder: str, container_id: str) -> Path:
+    """Exists while a run is in progress on the warm container ``container_id``."""
+    return state_dir(settings, folder) / f"{container_id[:12]}.dirty"
 
 
 class WarmRun:

@@ -2,8 +2,9 @@
 
 ``python3 -m agent_runner --serve SOCKET --idle-timeout S`` keeps the
 interpreter, imports and provider clients warm between runs of one group.
-The socket lives in a folder the host also mounts, so any worker process on
-the host can hand a run to this container: connect, write one
+The socket lives in the workspace (the host passes
+``/workspace/.orchestrator/agent.sock``), which the host also sees, so any
+worker process on the host can hand a run to this container: connect, write one
 ``ContainerInput`` JSON line, read event lines until the runner closes the
 connection (after the ``result`` or ``error`` event).  One run at a time, as
 the host's group lease already guarantees.  With no run for ``S`` seconds
@@ -59,6 +60,7 @@ def _reap_children() -> None:
 def serve(socket_path: Path, workspace: Path, idle_timeout_s: float) -> int:
     from .__main__ import run  # the same run function as the one-shot mode
 
+    socket_path.parent.mkdir(parents=True, exist_ok=True)
     if socket_path.exists() or socket_path.is_symlink():
         socket_path.unlink()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

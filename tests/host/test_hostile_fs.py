@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import HostileEntry
-from orchestrator.hostile_fs import chown_tree, make_dirs, read_regular
+from orchestrator.hostile_fs import chown_tree, connect_unix, make_dirs, read_regular
 
 
 def test_read_regular_reads_a_plain_file_bounded(tmp_path: Path) -> None:
@@ -113,3 +113,33 @@ def test_chown_tree_never_follows_a_link(tmp_path: Path) -> None:
     for p in (outside, outside / "host.txt"):
         assert os.lstat(p).st_uid == 0, p
     assert chown_tree(ws, 1000, 1000) == 0
+
+
+def test_connect_unix_reaches_a_socket_and_never_a_link(tmp_path: Path) -> None:
+    import socket
+
+    (tmp_path / "d").mkdir()
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tmp_path / "d" / "real.sock"))
+    server.listen(1)
+    trap = socket.socket(socket.AF_UNIX)
+    trap.bind(str(tmp_path / "trap.sock"))
+    trap.listen(1)
+    trap.settimeout(0.2)
+    client = connect_unix(tmp_path, "d/real.sock")
+    conn, _ = server.accept()
+    client.sendall(b"hi")
+    assert conn.recv(2) == b"hi"
+    for c in (client, conn):
+        c.close()
+    (tmp_path / "d" / "link.sock").symlink_to(tmp_path / "trap.sock")
+    (tmp_path / "d" / "file.sock").write_text("x")
+    for name in ("link.sock", "file.sock"):
+        with pytest.raises(HostileEntry, match="not a socket"):
+            connect_unix(tmp_path, f"d/{name}")
+    with pytest.raises(HostileEntry, match="no such file"):
+        connect_unix(tmp_path, "d/missing.sock")
+    with pytest.raises(TimeoutError):
+        trap.accept()  # nothing ever reached the socket behind the link
+    server.close()
+    trap.close()

@@ -495,7 +495,7 @@ class _FakeContainer:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def lines(self) -> Iterator[str]:
+    def lines(self, max_line_bytes: int = 0) -> Iterator[str]:
         yield dump_event(ResultEvent())
 
     def finish(self) -> ContainerExit:

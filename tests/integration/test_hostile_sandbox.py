@@ -36,7 +36,7 @@ from orchestrator.pipeline import Pipeline, RunOutcome
 from orchestrator.sandbox import LABEL_INSTALL, LABEL_MANAGED
 from orchestrator.settings import Settings
 from orchestrator.store import get_messages_after
-from orchestrator.warm import claimed_dir, kill_all_but
+from orchestrator.warm import kill_all_but, state_dir
 from tests.fakes.channel import RecordingChannel
 
 JID = "alpha@chat"
@@ -171,7 +171,7 @@ def test_a_container_whose_last_run_was_cut_off_is_replaced(warm: Arena) -> None
     # A worker died mid-run: its "in progress" marker stays, and a process the
     # run started may still be running in the container.
     container.exec_run(["/bin/bash", "-c", "setsid sleep 1004 >/dev/null 2>&1 </dev/null &"])
-    (claimed_dir(warm.settings, "alpha") / f"{container.id[:12]}.dirty").touch()
+    (state_dir(warm.settings, "alpha") / f"{container.id[:12]}.dirty").touch()
     listing = _processes(warm)
     [replacement] = warm.containers()
     assert replacement.id != container.id
@@ -190,9 +190,10 @@ def test_the_process_killer_refuses_a_pid_outside_the_container() -> None:
 
 
 def test_a_symlink_at_the_runner_socket_does_not_redirect_the_host(warm: Arena) -> None:
-    """The runner's socket lived in the session folder the container writes:
-    a symlink there would send the next run's input (the conversation) to any
-    socket on the host."""
+    """The runner's socket lives in the workspace, which the agent writes: a
+    symlink there would send the next run's input (the conversation) to any
+    socket on the host.  The host sees a symlink, not a socket, and replaces
+    the container instead."""
     trap = warm.base / "trap.sock"
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(trap))
@@ -214,8 +215,8 @@ def test_a_symlink_at_the_runner_socket_does_not_redirect_the_host(warm: Arena) 
     listener.start()
     try:
         _, outputs = warm.ask(
-            f"$ rm -f /run/orchestrator/agent.sock; ln -sf {trap} /run/orchestrator/agent.sock; "
-            "ls -la /run/orchestrator/"
+            f"$ rm -f .orchestrator/agent.sock; ln -sf {trap} .orchestrator/agent.sock; "
+            "ls -la .orchestrator/"
         )
         assert "agent.sock ->" in _tool_outputs(outputs)[0]
         _, outputs = warm.ask("second run with a secret word: swordfish")
@@ -253,13 +254,15 @@ def test_the_gateway_folder_is_read_only_for_the_agent(cold: Arena) -> None:
 
 def test_a_symlink_where_the_gateway_socket_used_to_be_is_ignored(warm: Arena) -> None:
     """In warm mode the gateway socket used to be bound (and chmod 0666) in
-    the session folder: a planted symlink there made the host chmod any file."""
+    a folder the container wrote: a planted symlink there made the host chmod
+    any file.  Now nothing the agent can write is where a host socket is."""
     from tests.fakes.anthropic_api import FakeAnthropic, message
 
     target = warm.base / "host-file"
     target.write_text("host")
     os.chmod(target, 0o600)
-    warm.ask(f"$ ln -sf {target} /run/orchestrator/model.sock && echo planted")
+    _, outputs = warm.ask(f"$ ln -sf {target} .orchestrator/model.sock; ln -sf {target} /run/gateway/model.sock")
+    assert "Read-only file system" in _tool_outputs(outputs)[0]
     fake = FakeAnthropic(message([{"type": "text", "text": "hello through the gateway"}], "end_turn", n=1))
     with fake.serve() as base_url:
         warm.pipeline.settings = warm.settings.model_copy(update={
