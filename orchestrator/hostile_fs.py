@@ -1,6 +1,6 @@
 """Touching folders an agent can write: everything there is hostile.
 
-A group's workspace (and, in warm mode, its session folder) is the agent's
+A group's workspace is the agent's
 to shape while its container runs, and a background process may go on
 shaping it while the host looks: any entry can become a symlink, a FIFO, a
 socket or a huge file between two system calls.  A path checked and then
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import socket
 import stat
 from collections.abc import Iterator
@@ -173,6 +174,32 @@ def connect_unix(folder: Path, relative: str) -> socket.socket:
         return sock
     finally:
         os.close(fd)
+
+
+def remove_entry(folder: Path, relative: str) -> None:
+    """Remove whatever is at ``relative`` below ``folder`` (a folder with all it
+    holds), reached with no symlink followed; ``unlink`` and ``rmtree`` by
+    descriptor never follow one either.  Nothing there is fine."""
+    parts = _components(relative)
+    with opened_root(folder) as root:
+        try:
+            parent = _open_dirs(root, parts[:-1], relative)
+        except HostileEntry as exc:
+            if exc.reason == "no such file":
+                return
+            raise
+        try:
+            st = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(parts[-1], dir_fd=parent)
+            else:
+                os.unlink(parts[-1], dir_fd=parent)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise HostileEntry(relative, _why(exc)) from None
+        finally:
+            os.close(parent)
 
 
 def make_dirs(folder: Path, relative: str) -> None:

@@ -162,7 +162,8 @@ def describe_mode(settings: Settings) -> str:
     """One line for the worker's log at start."""
     mode, why = quota_mode(settings)
     if mode == "off":
-        return f"workspace quota: off ({why})"
+        return (f"workspace quota: off ({why}): an agent can fill the disk that holds the database and "
+                "the broker; set ORCHESTRATOR_WORKSPACE_QUOTA (e.g. 2g)")
     size = human(settings.workspace_quota_bytes)
     if mode == "volume":
         return f"workspace quota: {size} per group, {why}"

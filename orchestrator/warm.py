@@ -48,7 +48,7 @@ from .bounded_io import DEFAULT_MAX_LINE_BYTES, TailBuffer, read_lines
 from .db import Database
 from .errors import HostileEntry, SandboxError
 from .groups import get_group
-from .hostile_fs import connect_unix
+from .hostile_fs import connect_unix, remove_entry
 from .sandbox import (
     GATEWAY_MOUNT,
     LABEL_GROUP,
@@ -189,6 +189,10 @@ class WarmPool:
         # Created here, not by Docker (which would make it root's and unwritable).
         spec.workspace.mkdir(parents=True, exist_ok=True)
         user = prepare_folder(spec.workspace)
+        # Whatever an agent left where the new runner will bind (a symlink, a
+        # folder): gone before the container starts, so the first connection
+        # can only reach the new runner's socket.
+        remove_entry(spec.workspace, RUNNER_SOCKET)
         args = hardened_create_args(spec, user)
         gateway = host_only_dir(gateway_dir(self.settings, spec.group_folder))
         args["volumes"][str(gateway)] = {"bind": GATEWAY_MOUNT, "mode": "ro"}

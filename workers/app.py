@@ -30,7 +30,8 @@ def _log_quota_mode(**_: object) -> None:
     # Which way workspaces are kept under their quota here (orchestrator/quota.py).
     from orchestrator.quota import describe_mode
 
-    log.info("%s", describe_mode(get_settings()))
+    line = describe_mode(get_settings())
+    (log.warning if "quota: off" in line else log.info)("%s", line)
 
 
 @worker_ready.connect

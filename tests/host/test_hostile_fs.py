@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import HostileEntry
-from orchestrator.hostile_fs import chown_tree, connect_unix, make_dirs, read_regular
+from orchestrator.hostile_fs import chown_tree, connect_unix, make_dirs, read_regular, remove_entry
 
 
 def test_read_regular_reads_a_plain_file_bounded(tmp_path: Path) -> None:
@@ -143,3 +143,24 @@ def test_connect_unix_reaches_a_socket_and_never_a_link(tmp_path: Path) -> None:
         trap.accept()  # nothing ever reached the socket behind the link
     server.close()
     trap.close()
+
+
+def test_remove_entry_never_follows(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("host")
+    ws = tmp_path / "ws"
+    (ws / "d" / "sub").mkdir(parents=True)
+    (ws / "d" / "sub" / "f").write_text("x")
+    (ws / "d" / "sub" / "out").symlink_to(outside)
+    (ws / "link").symlink_to(outside)
+    remove_entry(ws, "link")  # the link goes, not its target
+    assert not (ws / "link").is_symlink() and (outside / "keep.txt").exists()
+    remove_entry(ws, "d/sub")  # a folder with all it holds; the link inside is not followed
+    assert not (ws / "d" / "sub").exists() and (outside / "keep.txt").exists()
+    remove_entry(ws, "d/missing")
+    remove_entry(ws, "nothing/here")
+    (ws / "via").symlink_to(outside)
+    with pytest.raises(HostileEntry):
+        remove_entry(ws, "via/keep.txt")
+    assert (outside / "keep.txt").exists()

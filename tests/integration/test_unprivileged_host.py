@@ -28,7 +28,7 @@ UID = 1000
 # The attacks, and the unit tests of the code they go through.
 SUITES = [
     "tests/integration/test_hostile_sandbox.py",
-    "tests/integration/test_output_bounds.py",
+    "tests/integration/test_output_bounds.py::test_a_stderr_flood_keeps_the_host_small",
     "tests/host/test_hostile_fs.py",
     "tests/host/test_context.py",
     "tests/host/test_notices_and_input.py::test_the_host_runs_nothing_in_a_hostile_repository",
@@ -90,4 +90,4 @@ def test_the_attacks_fail_against_a_non_root_host(work: Path, agent_image: str) 
     summary = proc.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "failed" not in summary and "error" not in summary, tail
     passed = int(summary.split(" passed")[0].split()[-1])
-    assert passed >= 30, tail
+    assert passed >= 40, tail
