@@ -743,6 +743,13 @@ def _stop_warm(settings: Settings, folder: str) -> None:
         log.warning("could not stop the warm container of %s: %s", folder, exc)
 
 
+def _set_meta(fd: int, st: os.stat_result, mode: int) -> None:
+    """Owner, mode and times of a copied file or folder, by descriptor."""
+    os.fchown(fd, st.st_uid, st.st_gid)
+    os.fchmod(fd, mode)
+    os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 def _copy_dir(src: int, dst: int, depth: int) -> int:
     """Copy the entries of directory ``src`` into ``dst`` (both descriptors), replacing what
     is there; nothing followed, ownership, modes (no set-id bits) and times kept.  Returns
@@ -770,9 +777,7 @@ def _copy_dir(src: int, dst: int, depth: int) -> int:
                     if (os.fstat(s).st_ino, os.fstat(s).st_dev) != (st.st_ino, st.st_dev):
                         raise OSError(f"{name!r} changed while it was copied")
                     skipped += _copy_dir(s, d, depth + 1)
-                    os.fchown(d, st.st_uid, st.st_gid)
-                    os.fchmod(d, mode)
-                    os.utime(d, ns=(st.st_atime_ns, st.st_mtime_ns))
+                    _set_meta(d, st, mode)
                 finally:
                     os.close(d)
             finally:
@@ -789,9 +794,7 @@ def _copy_dir(src: int, dst: int, depth: int) -> int:
                             dir_fd=dst)
                 try:
                     _copy_bytes(s, d, sst.st_size)
-                    os.fchown(d, st.st_uid, st.st_gid)
-                    os.fchmod(d, mode)
-                    os.utime(d, ns=(st.st_atime_ns, st.st_mtime_ns))
+                    _set_meta(d, st, mode)
                 finally:
                     os.close(d)
             finally:
