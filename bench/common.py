@@ -28,7 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def install(data_dir: Path, image: str, warm_idle_s: float = 0, **extra: object) -> tuple[Settings, Database]:
-    """A fresh installation (embedded SQLite + filesystem:// unless ``extra`` says otherwise)."""
+    """A fresh installation (embedded SQLite + filesystem:// unless ``extra`` says otherwise).
+
+    No workspace quota unless ``extra`` asks for one: as root the default
+    loop-mounts a volume per group, which would outlive the benchmark's
+    temporary data dir (its first-run cost is in docs/performance.md).
+    """
+    extra.setdefault("workspace_quota", "0")
     settings = Settings(data_dir=data_dir, agent_image=image, warm_idle_s=warm_idle_s, _env_file=None, **extra)  # type: ignore[call-arg]
     settings.ensure_dirs()
     forget_celery()  # each installation has its own broker
@@ -40,7 +46,8 @@ def install(data_dir: Path, image: str, warm_idle_s: float = 0, **extra: object)
 def worker_env(settings: Settings) -> dict[str, str]:
     env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
            "ORCHESTRATOR_AGENT_IMAGE": settings.agent_image,
-           "ORCHESTRATOR_WARM_IDLE_S": str(settings.warm_idle_s), "ORCHESTRATOR_LOG_LEVEL": "WARNING"}
+           "ORCHESTRATOR_WARM_IDLE_S": str(settings.warm_idle_s), "ORCHESTRATOR_LOG_LEVEL": "WARNING",
+           "ORCHESTRATOR_WORKSPACE_QUOTA": settings.workspace_quota}
     if settings.database_url:
         env["ORCHESTRATOR_DATABASE_URL"] = settings.database_url
     if settings.broker_url:

@@ -260,6 +260,21 @@ def groups_quota(jid: str, as_json: Annotated[bool, typer.Option("--json")] = Fa
         typer.echo(f"  volume {r.volume}: {human(r.size)}, {state}, {human(r.allocated)} on the data dir's disk")
 
 
+@groups_app.command("unmount-volumes")
+def groups_unmount_volumes() -> None:
+    """Unmount every group's workspace volume of this data dir (the images and
+    files stay; the next run mounts its group's again).  Stop the workers
+    first; needed before the data dir can be deleted or moved."""
+    from .quota import unmount_all
+
+    settings, _db = _setup()
+    try:
+        done = unmount_all(settings)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"unmounted {len(done)} workspace volume(s){': ' + ', '.join(done) if done else ''}", err=True)
+
+
 # -- messages -----------------------------------------------------------------
 
 

@@ -73,6 +73,7 @@ MAX_LINKS_TRACKED = 100_000  # hard-linked files the walk remembers, to count ea
 TOOLS = ("mkfs.ext4", "e2fsck", "resize2fs", "losetup", "mount", "umount")
 MOUNT_OPTIONS = "loop,nosuid,nodev,discard"
 COMMAND_TIMEOUT_S = 120.0
+AUTO_QUOTA_BYTES = 2 * 1024**3
 
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SIZE = re.compile(r"^([0-9]+)([kmgt]?)b?$")
@@ -95,6 +96,16 @@ def parse_quota(value: str | int) -> int:
     if size > MAX_QUOTA_BYTES:
         raise ValueError(f"{value!r} is above the 16t maximum")
     return size
+
+
+def default_quota(settings: Settings) -> int:
+    """``ORCHESTRATOR_WORKSPACE_QUOTA=auto``: :data:`AUTO_QUOTA_BYTES` where a
+    volume enforces it (nothing can outgrow it, even mid-run), none where only
+    the checked mode could (its walk would cost every run of every group)."""
+    if settings.workspace_quota_mode == "checked":
+        return 0
+    mode, _ = quota_mode(settings, AUTO_QUOTA_BYTES)
+    return AUTO_QUOTA_BYTES if mode == "volume" else 0
 
 
 def human(n: int) -> str:
@@ -120,6 +131,8 @@ def quota_mode(settings: Settings, quota: int | None = None) -> tuple[QuotaMode,
     if quota is None:
         quota = settings.workspace_quota_bytes
     if quota == 0:
+        if settings.workspace_quota == "auto":
+            return "off", "ORCHESTRATOR_WORKSPACE_QUOTA=auto, and this host cannot loop-mount volumes"
         return "off", "no workspace quota (ORCHESTRATOR_WORKSPACE_QUOTA=0)"
     wanted = settings.workspace_quota_mode
     if wanted == "checked":

@@ -129,8 +129,11 @@ class Settings(BaseSettings):
     # the project and the data dir, so no agent can ever edit it.
     mount_allowlist: Path = Path("~/.config/orchestrator/mount-allowlist.json")
     # Disk one group's workspace may take (orchestrator/quota.py): a size like
-    # "2g"; "0": no quota.  A group's container_config may set its own.
-    workspace_quota: str = "0"
+    # "2g"; "0": no quota; "auto": 2g where the host can enforce it hard
+    # (loop-mounted volumes: root with loop devices), none where only a check
+    # before each run could (that walk costs every run; set a size to have
+    # it).  A group's container_config may set its own.
+    workspace_quota: str = "auto"
     # auto: loop-mounted ext4 volumes when the host runs as root with loop
     # devices, else a usage check before each run; "volume" or "checked" force one.
     workspace_quota_mode: Literal["auto", "volume", "checked"] = "auto"
@@ -174,8 +177,10 @@ class Settings(BaseSettings):
     def _quota(cls, v: str) -> str:
         from .quota import parse_quota  # quota.py imports this module
 
-        parse_quota(v)
-        return v.strip().lower()
+        v = v.strip().lower()
+        if v != "auto":
+            parse_quota(v)
+        return v
 
     # -- derived values ------------------------------------------------------
 
@@ -204,9 +209,9 @@ class Settings(BaseSettings):
 
     @property
     def workspace_quota_bytes(self) -> int:
-        from .quota import parse_quota
+        from .quota import default_quota, parse_quota
 
-        return parse_quota(self.workspace_quota)
+        return default_quota(self) if self.workspace_quota == "auto" else parse_quota(self.workspace_quota)
 
     @property
     def groups_dir(self) -> Path:

@@ -75,6 +75,25 @@ def test_quota_sizes() -> None:
         Settings(workspace_quota_mode="maybe", _env_file=None)  # type: ignore[call-arg]
 
 
+def test_the_auto_default_is_a_volume_or_nothing(tmp_path: Path) -> None:
+    """``auto`` (the default): 2 GiB where a volume enforces it, none where only
+    the per-run check could; an explicit size is kept either way."""
+    auto = Settings(data_dir=tmp_path, workspace_quota="auto", _env_file=None)  # type: ignore[call-arg]
+    can_mount = quota.volume_problem() is None
+    assert auto.workspace_quota_bytes == (2 * 1024**3 if can_mount else 0)
+    mode, why = quota.quota_mode(auto)
+    assert mode == ("volume" if can_mount else "off"), why
+    if not can_mount:
+        assert "cannot loop-mount" in quota.describe_mode(auto)
+    checked = Settings(data_dir=tmp_path, workspace_quota="auto", workspace_quota_mode="checked",  # type: ignore[call-arg]
+                       _env_file=None)
+    assert checked.workspace_quota_bytes == 0
+    assert "quota: off" in quota.describe_mode(checked) and "ORCHESTRATOR_WORKSPACE_QUOTA" in quota.describe_mode(checked)
+    explicit = Settings(data_dir=tmp_path, workspace_quota="3g", workspace_quota_mode="checked",  # type: ignore[call-arg]
+                        _env_file=None)
+    assert explicit.workspace_quota_bytes == 3 * 1024**3
+
+
 def test_a_group_may_set_its_own_quota(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, workspace_quota="1g", _env_file=None)  # type: ignore[call-arg]
     assert workspace_quota(settings, None) == 1024**3
@@ -399,4 +418,10 @@ def test_cli_shows_usage_and_quota(volume_settings: Settings) -> None:
     env["ORCHESTRATOR_WORKSPACE_QUOTA_MODE"] = "checked"
     solo = run("quota", "solo@chat")
     assert solo.returncode == 0 and "1.0 MiB used of 64.0 MiB (mode checked" in solo.stdout, solo.stdout
+    # Before the data dir can go: every volume unmounted, the files kept in its image.
+    released = run("unmount-volumes")
+    assert released.returncode == 0 and "unmounted 1 workspace volume(s): team" in released.stderr, released.stderr
+    assert quota.Volume.of(settings, "team").mounted() is None and not (ws / "data").exists()
+    quota.prepare_workspace(settings, "team", ws, 128 * MiB)  # the next run mounts it again
+    assert (ws / "data").stat().st_size == 3 * MiB
     assert not (quota.volumes_dir(settings) / "solo.img").exists()

@@ -23,6 +23,7 @@ import pytest
 from orchestrator.db import Database
 from orchestrator.settings import Settings
 from tests.conftest import (
+    NO_QUOTA,
     REDIS_URL,
     docker_available,
     fresh_pg_database,
@@ -100,7 +101,7 @@ class Stack:
 @pytest.fixture(params=BACKENDS)
 def stack(request: pytest.FixtureRequest, tmp_path: Path, agent_image: str) -> Iterator[Stack]:
     backend = request.param
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")} | NO_QUOTA
     data_dir = tmp_path / "data"
     env["ORCHESTRATOR_DATA_DIR"] = str(data_dir)
     env["ORCHESTRATOR_AGENT_IMAGE"] = agent_image

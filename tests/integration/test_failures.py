@@ -85,6 +85,28 @@ def test_output_then_crash_is_never_replayed(faulty: tuple[Pipeline, RecordingCh
     assert p.drain_group("main@local") == []  # nothing pending: no replay
 
 
+def test_the_token_budget_is_the_runs_across_its_retries(faulty: tuple[Pipeline, RecordingChannel]) -> None:
+    """An attempt spends through the gateway, then crashes; the retry starts
+    from what the run has spent, not from zero (each attempt has its own
+    gateway), so the budget refuses the retry's first request."""
+    from tests.fakes.anthropic_api import FakeAnthropic, message
+
+    p, _ = faulty
+    fake = FakeAnthropic(message([{"type": "text", "text": "spent"}], "end_turn", n=90))  # 900 in + 90 out
+    with fake.serve() as base_url:
+        p.settings = p.settings.model_copy(update={
+            "model": "anthropic:claude-fake-1", "anthropic_base_url": base_url, "anthropic_api_key": "k",
+            "run_token_budget": 1000, "max_tokens": 16, "max_attempts": 2,
+        })
+        _say(p, "spend-crash")
+        [outcome] = p.drain_group("main@local")
+    run = outcome.run
+    assert run.state == "failed" and run.attempts == 2, run
+    assert "budget" in (run.error or ""), run.error
+    assert len(fake.calls) == 1  # the retry's request never went upstream
+    assert (run.input_tokens, run.output_tokens) == (900, 90)
+
+
 def test_garbage_output_fails_cleanly(faulty: tuple[Pipeline, RecordingChannel]) -> None:
     p, rec = faulty
     _say(p, "garbage")

@@ -10,6 +10,7 @@ user message for a keyword; anything else is handed to the real runner.
   flaky N         crash on the first N attempts (counted in /workspace), then behave
   memhog          allocate memory until the container's limit stops it
   forge-send JID  claim a send_message to JID (bypassing the runner's own check), then finish
+  spend-crash     first attempt: one request through the model gateway, then exit 3; later: the runner
 """
 
 import json
@@ -60,6 +61,23 @@ if "flaky" in words:
         fh.write(str(seen + 1))
     if seen < n:
         print(f"fault: flaky attempt {seen + 1} crashes", file=sys.stderr)
+        sys.exit(3)
+
+if "spend-crash" in words:
+    marker = "/workspace/.spent"
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        import socket
+
+        body = json.dumps({"model": data["model"]["model"], "max_tokens": 16,
+                           "messages": [{"role": "user", "content": "spend"}]}).encode()
+        conn = socket.socket(socket.AF_UNIX)
+        conn.connect(data["model"]["socket_path"])
+        conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+                     b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        while conn.recv(65536):
+            pass
+        print("fault: spent tokens, now crashing", file=sys.stderr)
         sys.exit(3)
 
 proc = subprocess.run([sys.executable, "-m", "agent_runner"], input=raw)
