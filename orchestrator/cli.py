@@ -8,29 +8,25 @@ import os
 import sys
 import time
 from functools import partial
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from . import cli_channels, cli_history, cli_telegram
+
+if TYPE_CHECKING:
+    from .db import Database
+    from .messages import StoredMessage
+    from .settings import Settings
 from .cli_support import fail as _fail
 from .cli_support import setup as _setup
-from .db import Database
 from .errors import OrchestratorError
-from .groups import add_group, ensure_main_group, get_group, list_groups
-from .ingest import IncomingMessage, ingest
-from .messages import StoredMessage
-from .queue import signal_delivery, signal_group
-from .render import render_text
-from .runs import FINAL_STATES, get_run, list_runs
-from .settings import Settings
-from .store import get_messages_after, get_recent_messages
 
-app = typer.Typer(help="Task-queue agent orchestrator.", no_args_is_help=True, add_completion=False)
-groups_app = typer.Typer(help="Registered groups.", no_args_is_help=True)
-runs_app = typer.Typer(help="Agent runs.", invoke_without_command=True)
-image_app = typer.Typer(help="The agent image.", no_args_is_help=True)
-tasks_app = typer.Typer(help="Scheduled tasks (cron, interval, once).", no_args_is_help=True)
+app = typer.Typer(rich_markup_mode=None, help="Task-queue agent orchestrator.", no_args_is_help=True, add_completion=False)
+groups_app = typer.Typer(rich_markup_mode=None, help="Registered groups.", no_args_is_help=True)
+runs_app = typer.Typer(rich_markup_mode=None, help="Agent runs.", invoke_without_command=True)
+image_app = typer.Typer(rich_markup_mode=None, help="The agent image.", no_args_is_help=True)
+tasks_app = typer.Typer(rich_markup_mode=None, help="Scheduled tasks (cron, interval, once).", no_args_is_help=True)
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(groups_app, name="groups")
 app.add_typer(runs_app, name="runs")
@@ -49,6 +45,7 @@ def up(
     concurrency: Annotated[int, typer.Option(help="Worker slots (parallel runs).")] = 2,
 ) -> None:
     """Run everything on this machine: worker, beat and HTTP API (Ctrl-C stops all)."""
+    from .groups import ensure_main_group
     from .image import ensure_agent_image
     from .sandbox import docker_client
     from .supervisor import Child, Supervisor, api_argv, beat_argv, worker_argv
@@ -133,6 +130,7 @@ def beat() -> None:
 @app.command()
 def sweep() -> None:
     """Run the sweeper once now (re-signal pending groups, close dead runs, remove orphans)."""
+    from .queue import signal_delivery, signal_group
     from .sandbox import DockerSandbox
     from .sweeper import sweep as run_sweep
 
@@ -173,6 +171,8 @@ def groups_add(
     trigger: Annotated[bool, typer.Option("--trigger/--no-trigger", help="Require @Name to wake the agent.")] = True,
 ) -> None:
     """Register a chat as a group."""
+    from .groups import add_group
+
     _, db = _setup()
     try:
         g = add_group(db, chat_jid=jid, name=name, folder=folder, is_main=main, requires_trigger=trigger)
@@ -213,6 +213,8 @@ def groups_set(
 @groups_app.command("list")
 def groups_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List registered groups."""
+    from .groups import list_groups
+
     _, db = _setup()
     groups = list_groups(db)
     if as_json:
@@ -242,6 +244,7 @@ def groups_quota(jid: str, as_json: Annotated[bool, typer.Option("--json")] = Fa
     from dataclasses import asdict
 
     from .container_config import workspace_quota
+    from .groups import get_group
     from .quota import human, report
 
     settings, db = _setup()
@@ -279,6 +282,8 @@ def groups_unmount_volumes() -> None:
 
 
 def _print_message(msg: StoredMessage, assistant: str, as_json: bool) -> None:
+    from .render import render_text
+
     if as_json:
         typer.echo(msg.model_dump_json())
     else:
@@ -295,21 +300,36 @@ def send(
     metadata: Annotated[Optional[str], typer.Option(help='Metadata JSON object, e.g. \'{"context": [...]}\'.')] = None,
 ) -> None:
     """Store TEXT as a user message in chat JID (and wake the agent if it should)."""
+    from .ingest import IncomingMessage, ingest
+
     settings, db = _setup()
+
+    def stored(msg: StoredMessage, wakes: bool) -> None:
+        # Said once the message is committed, before any signal: on its own
+        # line, ahead of every reply.
+        typer.echo(f"stored #{msg.seq} in {jid}" + ("" if wakes else " (does not wake the agent)"), err=True)
+
     try:
         meta = None if metadata is None else json.loads(metadata)
         result = ingest(
             db, settings,
             IncomingMessage(chat_jid=jid, sender=sender, sender_name=sender, content=text, metadata=meta),
-            signal=partial(signal_group, settings), signal_delivery=partial(signal_delivery, settings),
+            signal=partial(_signal, "group", settings), signal_delivery=partial(_signal, "delivery", settings),
+            on_stored=stored,
         )
     except (OrchestratorError, ValueError) as exc:
         raise _fail(exc) from exc
     msg = result.message
-    typer.echo(f"stored #{msg.seq} in {jid}" + ("" if result.triggered else " (does not wake the agent)"), err=True)
     if wait <= 0 or not result.triggered:
         return
     raise typer.Exit(_wait_for_replies(db, settings, msg, wait, as_json))
+
+
+def _signal(kind: str, settings: Settings, chat_jid: str) -> None:
+    # Celery (kombu) is imported only when a signal is sent, after the commit.
+    from .queue import signal_delivery, signal_group
+
+    (signal_group if kind == "group" else signal_delivery)(settings, chat_jid)
 
 
 @app.command()
@@ -327,6 +347,10 @@ def chat(
 
 def _wait_for_replies(db: Database, settings: Settings, sent: StoredMessage, wait: float, as_json: bool) -> int:
     """Print what the run stores after ``sent``; 0 if the run succeeded."""
+    from .groups import get_group
+    from .runs import FINAL_STATES, list_runs
+    from .store import get_messages_after
+
     group = get_group(db, sent.chat_jid)
     assistant = group.assistant_name or settings.assistant_name
     deadline = time.monotonic() + wait
@@ -361,6 +385,9 @@ def history(
     include_superseded: Annotated[bool, typer.Option("--all", help="Include superseded messages (audit).")] = False,
 ) -> None:
     """Print a chat's stored messages, oldest first."""
+    from .render import render_text
+    from .store import get_recent_messages
+
     settings, db = _setup()
     msgs = get_recent_messages(jid, limit, include_superseded=include_superseded, db=db)
     if as_json:
@@ -382,6 +409,8 @@ def runs_list(
     limit: Annotated[int, typer.Option()] = 50,
 ) -> None:
     """List agent runs, newest first."""
+    from .runs import list_runs
+
     if ctx.invoked_subcommand is not None:
         return
     _, db = _setup()
@@ -398,6 +427,7 @@ def runs_show(
 ) -> None:
     """Show one run (an id or a unique prefix)."""
     from .assembly import rebuild_input, stored_input
+    from .runs import get_run
 
     settings, db = _setup()
     try:

@@ -8,13 +8,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from .channels import attach_channel, build_registry, detach_channel, list_attachments
 from .cli_support import fail as _fail
 from .cli_support import setup as _setup
-from .deliveries import STATES, Deliverer, list_deliveries
 from .errors import OrchestratorError
 
-deliveries_app = typer.Typer(help="Deliveries of stored messages to channels.", invoke_without_command=True)
+# deliveries.STATES, written out: importing the deliveries module (SQLAlchemy)
+# to print a help text would cost every command's start-up
+# (tests/host/test_entry_points.py checks the two agree).
+DELIVERY_STATES = ("pending", "sending", "sent", "failed", "cancelled")
+
+deliveries_app = typer.Typer(rich_markup_mode=None, help="Deliveries of stored messages to channels.", invoke_without_command=True)
 
 
 def register(app: typer.Typer, groups_app: typer.Typer) -> None:
@@ -31,6 +34,8 @@ def groups_attach(
     config: Annotated[Optional[str], typer.Option(help="The channel's settings for this group, a JSON object.")] = None,
 ) -> None:
     """Show group JID's messages on CHANNEL from now on (again: change its address)."""
+    from .channels import attach_channel, build_registry
+
     settings, db = _setup()
     try:
         conf = None if config is None else json.loads(config)
@@ -46,6 +51,8 @@ def groups_attach(
 
 def groups_detach(jid: str, channel: str) -> None:
     """Stop showing group JID's messages on CHANNEL (its unsent deliveries are cancelled)."""
+    from .channels import detach_channel
+
     _, db = _setup()
     if not detach_channel(db, jid, channel):
         raise _fail(OrchestratorError(f"{jid} is not attached to {channel!r}"))
@@ -57,6 +64,8 @@ def groups_channels(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """List the channels each group is attached to."""
+    from .channels import list_attachments
+
     _, db = _setup()
     attachments = list_attachments(db, jid)
     if as_json:
@@ -70,11 +79,13 @@ def groups_channels(
 def deliveries_list(
     ctx: typer.Context,
     group: Annotated[Optional[str], typer.Option(help="Only this chat jid.")] = None,
-    state: Annotated[Optional[str], typer.Option(help=f"Only this state: {', '.join(STATES)}.")] = None,
+    state: Annotated[Optional[str], typer.Option(help=f"Only this state: {', '.join(DELIVERY_STATES)}.")] = None,
     limit: Annotated[int, typer.Option()] = 50,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """List deliveries, newest message first."""
+    from .deliveries import list_deliveries
+
     if ctx.invoked_subcommand is not None:
         return
     _, db = _setup()
@@ -91,6 +102,9 @@ def deliveries_list(
 @deliveries_app.command("flush")
 def deliveries_flush(group: Annotated[Optional[str], typer.Option(help="Only this chat jid.")] = None) -> None:
     """Send due deliveries now, from this process (on the channels it knows)."""
+    from .channels import build_registry
+    from .deliveries import Deliverer
+
     settings, db = _setup()
     try:
         registry = build_registry(settings)

@@ -8,16 +8,15 @@ import json
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from .cli_support import fail, setup
 from .errors import OrchestratorError
-from .history import HistoryChange, edit_message, regenerate, truncate_after
-from .queue import signal_group
-from .store import resolve_message
-from .transfer import export_json, export_markdown, import_chat, parse_export
+
+if TYPE_CHECKING:
+    from .history import HistoryChange
 
 
 def _report(change: HistoryChange, what: str) -> None:
@@ -38,6 +37,10 @@ def edit(
     rerun: Annotated[bool, typer.Option(help="Supersede what followed and have the agent answer again.")] = False,
 ) -> None:
     """Edit a person's message; the old text is kept in its metadata."""
+    from .history import edit_message
+    from .queue import signal_group
+    from .store import resolve_message
+
     settings, db = setup()
     try:
         items = None if context is None else json.loads(context)
@@ -54,6 +57,10 @@ def regenerate_cmd(
     jid: str, message: Annotated[str, typer.Argument(help="The assistant reply: id or #seq.")]
 ) -> None:
     """Supersede an assistant reply (and what followed) and run the agent again."""
+    from .history import regenerate
+    from .queue import signal_group
+    from .store import resolve_message
+
     settings, db = setup()
     try:
         ref = resolve_message(jid, message, db=db)
@@ -65,6 +72,9 @@ def regenerate_cmd(
 
 def truncate(jid: str, message: Annotated[str, typer.Argument(help="Keep up to this message: id or #seq.")]) -> None:
     """Supersede every message after MESSAGE (kept for audit, shown nowhere)."""
+    from .history import truncate_after
+    from .store import resolve_message
+
     settings, db = setup()
     try:
         ref = resolve_message(jid, message, db=db)
@@ -80,6 +90,8 @@ def export(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File to write (default: stdout).")] = None,
 ) -> None:
     """Write a chat's history as markdown or as JSON that `import` reads back."""
+    from .transfer import export_json, export_markdown
+
     settings, db = setup()
     if fmt not in ("md", "json"):
         raise fail(ValueError(f"--format must be md or json, not {fmt!r}"))
@@ -93,6 +105,8 @@ def export(
 
 def import_cmd(path: Annotated[Path, typer.Argument(help="A JSON file written by `export --format json`.")]) -> None:
     """Import a chat exported as JSON (idempotent; never wakes the agent)."""
+    from .transfer import import_chat, parse_export
+
     _, db = setup()
     try:
         result = import_chat(db, parse_export(path.read_text(encoding="utf-8")))

@@ -1,16 +1,25 @@
-"""What every CLI command shares: settings, the database, error exits."""
+"""What every CLI command shares: settings, the database, error exits.
+
+Imports of the store (SQLAlchemy, Alembic) happen in ``setup``, when a
+command needs them: ``orchestrator --help`` must not pay for them.
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import typer
 
-from .db import Database, get_database
-from .settings import Settings, get_settings
+if TYPE_CHECKING:
+    from .db import Database
+    from .settings import Settings
 
 
 def setup() -> tuple[Settings, Database]:
+    from .db import get_database
+    from .settings import get_settings
+
     settings = get_settings()
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)

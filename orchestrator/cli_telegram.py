@@ -12,7 +12,7 @@ from .cli_support import fail as _fail
 from .cli_support import setup as _setup
 from .errors import OrchestratorError
 
-telegram_app = typer.Typer(help="Telegram: messages in by long polling (the channel sends them out).")
+telegram_app = typer.Typer(rich_markup_mode=None, help="Telegram: messages in by long polling (the channel sends them out).")
 
 
 def register(app: typer.Typer) -> None:

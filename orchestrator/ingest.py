@@ -80,13 +80,16 @@ def ingest(
     signal: Signal | None,
     wake: bool | None = None,
     signal_delivery: Signal | None = None,
+    on_stored: Callable[[StoredMessage, bool], object] | None = None,
 ) -> IngestResult:
     """Store ``incoming``; if it wakes the agent, mark pending work and signal.
 
     ``wake`` overrides the routing rules (a scheduled task wakes its group
     whatever the trigger setting); it still needs a registered group.
     ``signal_delivery`` is told the chat when the message is queued for its
-    group's channels (``orchestrator/deliveries.py``).
+    group's channels (``orchestrator/deliveries.py``).  ``on_stored`` is told
+    the stored message and whether it wakes the agent once it is committed,
+    before any signal (the CLI says "stored #N" before a reply can arrive).
 
     Only a group that goes from idle to pending is signalled.  If the group
     already had pending work (``pending_seq > cursor_seq`` when our mark
@@ -127,6 +130,8 @@ def ingest(
                 driver_execute(conn, _MARK_PENDING, {"jid": incoming.chat_jid, "seq": msg.seq})
                 pending_seq, cursor_seq = group[3], group[4]
                 needs_signal = pending_seq <= cursor_seq
+    if on_stored is not None:
+        on_stored(msg, triggered)
     signalled = False
     if needs_signal and signal is not None:
         try:

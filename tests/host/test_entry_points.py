@@ -57,3 +57,31 @@ def test_cli_send(db: Database, settings: Settings) -> None:
         assert done.returncode == 1, done.stderr
         assert expected in done.stderr
     _nothing_stored(db)
+
+
+def test_the_cli_lists_every_delivery_state() -> None:
+    # cli_channels writes the states out so that --help need not import the store.
+    from orchestrator.cli_channels import DELIVERY_STATES
+    from orchestrator.deliveries import STATES
+
+    assert DELIVERY_STATES == STATES
+
+
+def test_help_imports_neither_the_store_nor_celery() -> None:
+    """``orchestrator --help`` starts at once: no SQLAlchemy, Alembic, Celery,
+    pydantic or httpx is imported to print it (bench/cli.py times it)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; sys.argv = ['orchestrator', '--help']\n"
+        "from orchestrator.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in ('sqlalchemy', 'alembic', 'celery', 'kombu', 'pydantic', 'httpx', 'docker')"
+        " if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "Usage: orchestrator" in done.stdout
+    assert "HEAVY []" in done.stdout, done.stdout

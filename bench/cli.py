@@ -1,0 +1,82 @@
+"""CLI start-up: how long the ``orchestrator`` command takes before it does
+anything, against ``python -c pass`` (the interpreter's own floor) measured
+in the same run.
+
+    .venv/bin/python -m bench.cli [--runs N]
+
+Rows, interleaved over N rounds so a busy machine slows them alike; each
+figure is the median wall time and the median CPU time (user + system, from
+``os.wait4``) of one whole process:
+
+* ``python -c pass``: the floor;
+* ``orchestrator --help``: target <= 0.25 s wall (issue 13);
+* ``orchestrator send`` to an installation with no worker running (the
+  message stored, the group's signal published on the embedded broker):
+  target <= 0.5 s of CPU before the message is stored (issue 13; this row
+  is the whole command, an upper bound of that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU seconds of one run of ``argv`` (which must succeed)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{argv} failed ({proc.returncode}): {err.decode(errors='replace')[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
+        env.update(ORCHESTRATOR_DATA_DIR=str(Path(tmp) / "data"), ORCHESTRATOR_WORKSPACE_QUOTA="0",
+                   ORCHESTRATOR_LOG_LEVEL="WARNING")
+        cli = str(BIN / "orchestrator")
+        setup = subprocess.run([cli, "groups", "add", "bench@local", "--name", "bench", "--folder", "bench",
+                                "--no-trigger"], env=env, capture_output=True, text=True)
+        if setup.returncode != 0:
+            raise SystemExit(setup.stderr)
+        rows: dict[str, list[str]] = {
+            "python -c pass": [sys.executable, "-c", "pass"],
+            "orchestrator --help": [cli, "--help"],
+            "orchestrator send (no worker)": [cli, "send", "bench@local", "hello"],
+        }
+        walls: dict[str, list[float]] = {name: [] for name in rows}
+        cpus: dict[str, list[float]] = {name: [] for name in rows}
+        for cmd in rows.values():  # one warm-up each (page cache, .pyc)
+            timed(cmd, env)
+        for _ in range(args.runs):
+            for name, cmd in rows.items():
+                wall, cpu = timed(cmd, env)
+                walls[name].append(wall)
+                cpus[name].append(cpu)
+    floor = statistics.median(walls["python -c pass"])
+    print(f"{'command':34} {'wall p50':>9} {'cpu p50':>9} {'wall / floor':>13}   (n={args.runs})")
+    for name in rows:
+        wall, cpu = statistics.median(walls[name]), statistics.median(cpus[name])
+        print(f"{name:34} {wall * 1000:7.0f}ms {cpu * 1000:7.0f}ms {wall / floor:12.1f}x")
+
+
+if __name__ == "__main__":
+    main()
