@@ -19,9 +19,9 @@ fleet=()
 
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
   ingest=(--messages 300 --rounds 3); history=(--total 20000 --groups 50 --sizes 500,2000,5000 --reps 3)
-  throughput=(--groups 4 --messages 2 --raw 3); memory=(--runs 2); overhead=(--runs 3)
+  throughput=(--groups 4 --messages 2 --raw 3); memory=(--runs 2); overhead=(--runs 3); cli=(--runs 2)
 else
-  ingest=(); history=(); throughput=(); memory=(); overhead=()
+  ingest=(); history=(); throughput=(); memory=(); overhead=(); cli=()
 fi
 
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes')"
@@ -32,3 +32,4 @@ echo; echo "== history";     "$PY" -m bench.history "${history[@]}" ${PG:+--pg "
 echo; echo "== throughput";  "$PY" -m bench.throughput "${throughput[@]}"
 echo; echo "== memory";      "$PY" -m bench.memory "${memory[@]}"
 echo; echo "== overhead";    "$PY" -m bench.overhead "${overhead[@]}"
+echo; echo "== cli";         "$PY" -m bench.cli "${cli[@]}"
