@@ -38,8 +38,9 @@ from .db import Database
 from .errors import ContainerConfigError, UnknownGroup
 from .groups import Group, get_group
 from .mounts import MountRequest, ResolvedMount, group_workspace, prepare_mountpoints, resolve_mounts
-from .quota import Volume, human, parse_quota, prepare_workspace
+from .quota import Volume, human, prepare_workspace, workspace_quota_bytes
 from .settings import Settings
+from .sizes import parse_quota
 from .tables import GroupRow
 
 MIN_MEMORY_BYTES = 32 * 1024**2
@@ -166,7 +167,7 @@ def effective_limits(
 def workspace_quota(settings: Settings, group_config: ContainerConfig | Mapping[str, Any] | None) -> int:
     """The group's workspace quota in bytes (0: none): its own, else the settings'."""
     cfg = group_config if isinstance(group_config, ContainerConfig) else parse_container_config(group_config)
-    return parse_quota(cfg.workspace_quota) if cfg.workspace_quota is not None else settings.workspace_quota_bytes
+    return parse_quota(cfg.workspace_quota) if cfg.workspace_quota is not None else workspace_quota_bytes(settings)
 
 
 @dataclass(frozen=True)

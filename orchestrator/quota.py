@@ -57,13 +57,12 @@ from typing import Literal
 
 from .errors import WorkspaceQuotaError
 from .settings import Settings
+from .sizes import parse_quota
 
 log = logging.getLogger(__name__)
 
 QuotaMode = Literal["off", "volume", "checked"]
 
-MIN_QUOTA_BYTES = 16 * 1024**2
-MAX_QUOTA_BYTES = 16 * 1024**4  # 16 TiB: past any workspace, within what ext4 with 4 KiB blocks holds
 # The checked mode's walk (and the move into a new volume) stops here: an
 # agent that makes more entries or deeper folders cannot make the host walk
 # for long; its run is refused instead.
@@ -76,26 +75,13 @@ COMMAND_TIMEOUT_S = 120.0
 AUTO_QUOTA_BYTES = 2 * 1024**3
 
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_SIZE = re.compile(r"^([0-9]+)([kmgt]?)b?$")
-_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
-def parse_quota(value: str | int) -> int:
-    """``"2g"``, ``"512m"``, ``"0"`` (no quota) -> bytes; at least 16m when not 0."""
-    if isinstance(value, int):
-        size = value
-    else:
-        m = _SIZE.match(value.strip().lower())
-        if not m:
-            raise ValueError(f"{value!r} is not a size like '512m' or '2g' (or '0' for no quota)")
-        size = int(m.group(1)) * _UNITS[m.group(2)]
-    if size == 0:
-        return 0
-    if size < MIN_QUOTA_BYTES:
-        raise ValueError(f"{value!r} is below the 16m minimum (use '0' for no quota)")
-    if size > MAX_QUOTA_BYTES:
-        raise ValueError(f"{value!r} is above the 16t maximum")
-    return size
+def workspace_quota_bytes(settings: Settings) -> int:
+    """The installation's workspace quota in bytes (0: none), ``auto`` resolved for this host."""
+    if settings.workspace_quota == "auto":
+        return default_quota(settings)
+    return parse_quota(settings.workspace_quota)
 
 
 def default_quota(settings: Settings) -> int:
@@ -129,7 +115,7 @@ RETRY_VOLUMES_S = 300.0
 def quota_mode(settings: Settings, quota: int | None = None) -> tuple[QuotaMode, str]:
     """How a quota is enforced in this process, and why (cached per process)."""
     if quota is None:
-        quota = settings.workspace_quota_bytes
+        quota = workspace_quota_bytes(settings)
     if quota == 0:
         if settings.workspace_quota == "auto":
             return "off", "ORCHESTRATOR_WORKSPACE_QUOTA=auto, and this host cannot loop-mount volumes"
@@ -177,7 +163,7 @@ def describe_mode(settings: Settings) -> str:
     if mode == "off":
         return (f"workspace quota: off ({why}): an agent can fill the disk that holds the database and "
                 "the broker; set ORCHESTRATOR_WORKSPACE_QUOTA (e.g. 2g)")
-    size = human(settings.workspace_quota_bytes)
+    size = human(workspace_quota_bytes(settings))
     if mode == "volume":
         return f"workspace quota: {size} per group, {why}"
     return (f"workspace quota: {size} per group, {why}; a run can still fill the disk while it runs "

@@ -16,6 +16,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .sizes import parse_quota
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
@@ -175,8 +177,6 @@ class Settings(BaseSettings):
     @field_validator("workspace_quota")
     @classmethod
     def _quota(cls, v: str) -> str:
-        from .quota import parse_quota  # quota.py imports this module
-
         v = v.strip().lower()
         if v != "auto":
             parse_quota(v)
@@ -206,12 +206,6 @@ class Settings(BaseSettings):
     @property
     def broker_dir(self) -> Path:
         return self.data_dir / "broker"
-
-    @property
-    def workspace_quota_bytes(self) -> int:
-        from .quota import default_quota, parse_quota
-
-        return default_quota(self) if self.workspace_quota == "auto" else parse_quota(self.workspace_quota)
 
     @property
     def groups_dir(self) -> Path:

@@ -68,7 +68,7 @@ def test_quota_sizes() -> None:
     for bad in ("", "2x", "-1g", "1.5g", "8m", "17t"):
         with pytest.raises(ValueError):
             quota.parse_quota(bad)
-    assert Settings(workspace_quota="2G", _env_file=None).workspace_quota_bytes == 2 * 1024**3  # type: ignore[call-arg]
+    assert quota.workspace_quota_bytes(Settings(workspace_quota="2G", _env_file=None)) == 2 * 1024**3  # type: ignore[call-arg]
     with pytest.raises(ValueError):
         Settings(workspace_quota="lots", _env_file=None)  # type: ignore[call-arg]
     with pytest.raises(ValueError):
@@ -80,18 +80,18 @@ def test_the_auto_default_is_a_volume_or_nothing(tmp_path: Path) -> None:
     the per-run check could; an explicit size is kept either way."""
     auto = Settings(data_dir=tmp_path, workspace_quota="auto", _env_file=None)  # type: ignore[call-arg]
     can_mount = quota.volume_problem() is None
-    assert auto.workspace_quota_bytes == (2 * 1024**3 if can_mount else 0)
+    assert quota.workspace_quota_bytes(auto) == (2 * 1024**3 if can_mount else 0)
     mode, why = quota.quota_mode(auto)
     assert mode == ("volume" if can_mount else "off"), why
     if not can_mount:
         assert "cannot loop-mount" in quota.describe_mode(auto)
     checked = Settings(data_dir=tmp_path, workspace_quota="auto", workspace_quota_mode="checked",  # type: ignore[call-arg]
                        _env_file=None)
-    assert checked.workspace_quota_bytes == 0
+    assert quota.workspace_quota_bytes(checked) == 0
     assert "quota: off" in quota.describe_mode(checked) and "ORCHESTRATOR_WORKSPACE_QUOTA" in quota.describe_mode(checked)
     explicit = Settings(data_dir=tmp_path, workspace_quota="3g", workspace_quota_mode="checked",  # type: ignore[call-arg]
                         _env_file=None)
-    assert explicit.workspace_quota_bytes == 3 * 1024**3
+    assert quota.workspace_quota_bytes(explicit) == 3 * 1024**3
 
 
 def test_a_group_may_set_its_own_quota(tmp_path: Path) -> None:
@@ -135,11 +135,11 @@ def test_checked_mode_refuses_a_workspace_over_its_quota(tmp_path: Path) -> None
     ws = _workspace(settings)
     assert quota.quota_mode(settings)[0] == "checked"
     (ws / "small").write_bytes(os.urandom(1 * MiB))
-    quota.prepare_workspace(settings, "team", ws, settings.workspace_quota_bytes)  # under: fine
+    quota.prepare_workspace(settings, "team", ws, quota.workspace_quota_bytes(settings))  # under: fine
     (ws / "deep" / "er").mkdir(parents=True)
     (ws / "deep" / "er" / "big").write_bytes(os.urandom(20 * MiB))
     with pytest.raises(WorkspaceQuotaError) as info:
-        quota.prepare_workspace(settings, "team", ws, settings.workspace_quota_bytes, chat_jid="team@chat")
+        quota.prepare_workspace(settings, "team", ws, quota.workspace_quota_bytes(settings), chat_jid="team@chat")
     message = str(info.value)
     assert "workspace quota exceeded" in message and "21.0 MiB" in message and "16.0 MiB quota" in message
     assert "team@chat" in message and str(ws) in message
@@ -209,7 +209,7 @@ def test_a_volume_is_made_mounted_and_keeps_what_the_workspace_held(volume_setti
     before = (ws / "src" / "pkg" / "mod.py").read_bytes()
 
     started = time.monotonic()
-    quota.prepare_workspace(settings, "team", ws, settings.workspace_quota_bytes)
+    quota.prepare_workspace(settings, "team", ws, quota.workspace_quota_bytes(settings))
     took = time.monotonic() - started
     print(f"first mount (mkfs, fill, mount) took {took * 1000:.0f} ms")
 
@@ -240,17 +240,17 @@ def test_a_volume_is_made_mounted_and_keeps_what_the_workspace_held(volume_setti
     (ws / "big").unlink()
     # A second prepare finds it mounted and does nothing.
     started = time.monotonic()
-    quota.prepare_workspace(settings, "team", ws, settings.workspace_quota_bytes)
+    quota.prepare_workspace(settings, "team", ws, quota.workspace_quota_bytes(settings))
     assert time.monotonic() - started < 0.5
     assert len(_mounts_at(ws)) == 1
-    report = quota.report(settings, "team", settings.workspace_quota_bytes)
+    report = quota.report(settings, "team", quota.workspace_quota_bytes(settings))
     assert report.mode == "volume" and report.mounted and report.volume == str(image)
     assert 0 < report.used < 8 * MiB
     # Unmounted, the folder under it is empty: nothing was left behind, hidden.
     assert quota.unmount_all(settings) == ["team"]
     assert _mounts_at(ws) == [] and list(ws.iterdir()) == [] and loops_under(settings.data_dir) == []
     # Mounted again (as after a reboot): the same files.
-    quota.prepare_workspace(settings, "team", ws, settings.workspace_quota_bytes)
+    quota.prepare_workspace(settings, "team", ws, quota.workspace_quota_bytes(settings))
     assert (ws / "notes.txt").read_text() == "kept\n"
 
 
@@ -263,12 +263,12 @@ def test_preparing_at_once_from_threads_and_processes_mounts_once(volume_setting
         "import sys; from pathlib import Path; from orchestrator import quota; "
         "from orchestrator.settings import Settings; "
         "s = Settings(data_dir=Path(sys.argv[1]), workspace_quota='64m', _env_file=None); "
-        "quota.prepare_workspace(s, 'team', s.groups_dir / 'team', s.workspace_quota_bytes)"
+        "quota.prepare_workspace(s, 'team', s.groups_dir / 'team', quota.workspace_quota_bytes(s))"
     )
     procs = [subprocess.Popen([sys.executable, "-c", code, str(settings.data_dir)], cwd=ROOT,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     errors = run_in_threads(
-        lambda _: quota.prepare_workspace(settings, "team", ws, settings.workspace_quota_bytes), 6
+        lambda _: quota.prepare_workspace(settings, "team", ws, quota.workspace_quota_bytes(settings)), 6
     )
     for p in procs:
         _, err = p.communicate(timeout=60)
