@@ -19,10 +19,10 @@ import docker
 import psutil
 from docker.errors import DockerException, NotFound
 
-from orchestrator.db import Database
-from orchestrator.queue import forget_celery
-from orchestrator.sandbox import LABEL_INSTALL, LABEL_MANAGED
-from orchestrator.settings import Settings
+from orchestrator.core.settings import Settings
+from orchestrator.run.queue import forget_celery
+from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED
+from orchestrator.store.db import Database
 
 ROOT = Path(__file__).resolve().parents[1]
 

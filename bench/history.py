@@ -33,13 +33,13 @@ from pathlib import Path
 from sqlalchemy import event, update
 
 from bench.common import fresh_pg_database
-from orchestrator.assembly import build_input, input_bytes, plan_batch, prior_messages
-from orchestrator.db import Database
-from orchestrator.groups import add_group, get_group
-from orchestrator.pipeline import model_settings
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after, get_recent_messages
-from orchestrator.tables import GroupRow
+from orchestrator.core.settings import Settings
+from orchestrator.run.assembly import build_input, input_bytes, plan_batch, prior_messages
+from orchestrator.run.pipeline import model_settings
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group, get_group
+from orchestrator.store.message_log import get_messages_after, get_recent_messages
+from orchestrator.store.tables import GroupRow
 
 TARGET_MS = 20.0
 COLUMNS = ("id", "chat_jid", "seq", "sender", "sender_name", "content", "timestamp", "is_from_me",

@@ -36,12 +36,12 @@ from pathlib import Path
 from sqlalchemy import Column, Integer, MetaData, Table, Text, create_engine
 
 from bench.common import fresh_pg_database
-from orchestrator import queue
-from orchestrator.db import Database
-from orchestrator.groups import add_group, ensure_main_group
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.queue import signal_group
-from orchestrator.settings import Settings
+from orchestrator.core.settings import Settings
+from orchestrator.run import queue
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.queue import signal_group
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group, ensure_main_group
 
 TARGET = 0.5
 

@@ -28,13 +28,13 @@ import docker
 import psutil
 
 from bench.common import Workers, install, remove_install_containers
-from orchestrator.db import Database
-from orchestrator.groups import ensure_main_group, get_group
-from orchestrator.image import ensure_agent_image
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.queue import signal_group
-from orchestrator.sandbox import LABEL_INSTALL, LABEL_WARM, docker_client
-from orchestrator.settings import Settings
+from orchestrator.core.settings import Settings
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.queue import signal_group
+from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_WARM, docker_client
+from orchestrator.sandbox.image import ensure_agent_image
+from orchestrator.store.db import Database
+from orchestrator.store.groups import ensure_main_group, get_group
 
 MiB = 1024 * 1024
 JID = "main@local"

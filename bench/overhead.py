@@ -42,15 +42,15 @@ from agent_runner.protocol import ContainerInput, SdkMessage
 from sqlalchemy import select
 
 from bench.common import Workers, install
-from orchestrator.db import Database
-from orchestrator.groups import ensure_main_group
-from orchestrator.image import ensure_agent_image
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.queue import signal_group
-from orchestrator.sandbox import ContainerSpec, DockerSandbox, docker_client
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after
-from orchestrator.tables import RunRow
+from orchestrator.core.settings import Settings
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.queue import signal_group
+from orchestrator.sandbox.containers import ContainerSpec, DockerSandbox, docker_client
+from orchestrator.sandbox.image import ensure_agent_image
+from orchestrator.store.db import Database
+from orchestrator.store.groups import ensure_main_group
+from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.tables import RunRow
 
 JID = "main@local"
 POLL_S = 2.0
@@ -180,7 +180,7 @@ def measure(data_dir: Path, image: str, n: int, warm_idle_s: float,
                 wait_finished(db, sent.seq)
     finally:
         if warm_idle_s:
-            from orchestrator.warm import WarmPool
+            from orchestrator.sandbox.warm import WarmPool
 
             WarmPool(settings, docker_client(settings)).stop_all()
         db.dispose()

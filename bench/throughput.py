@@ -30,14 +30,14 @@ import docker
 from sqlalchemy import func, select
 
 from bench.common import CpuAccount, Workers, daemon_processes, install, remove_install_containers
-from orchestrator.db import Database
-from orchestrator.groups import add_group
-from orchestrator.image import ensure_agent_image
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.queue import signal_group
-from orchestrator.sandbox import docker_client
-from orchestrator.settings import Settings
-from orchestrator.tables import GroupRow, RunRow
+from orchestrator.core.settings import Settings
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.queue import signal_group
+from orchestrator.sandbox.containers import docker_client
+from orchestrator.sandbox.image import ensure_agent_image
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group
+from orchestrator.store.tables import GroupRow, RunRow
 
 TARGET = 1.7
 WARM_IDLE_S = 900.0  # longer than any group waits for its next run here

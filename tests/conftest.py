@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.db import Database, forget_databases
-from orchestrator.settings import Settings, reset_settings
+from orchestrator.core.settings import Settings, reset_settings
+from orchestrator.store.db import Database, forget_databases
 from tests.web_browser import browser, page  # noqa: F401 - headless Chromium fixtures, one per session
 
 IN_CI = os.environ.get("CI", "").lower() == "true"

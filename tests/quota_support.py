@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import quota
-from orchestrator.settings import Settings
+from orchestrator.core.settings import Settings
+from orchestrator.sandbox import quota
 from tests.conftest import require_service
 
 

@@ -10,9 +10,9 @@ import logging
 
 from celery.signals import worker_process_init, worker_ready
 
-from orchestrator.db import forget_databases
-from orchestrator.queue import get_celery
-from orchestrator.settings import get_settings
+from orchestrator.core.settings import get_settings
+from orchestrator.run.queue import get_celery
+from orchestrator.store.db import forget_databases
 
 app = get_celery(get_settings())
 log = logging.getLogger("workers")
@@ -27,24 +27,8 @@ def _fresh_connections(**_: object) -> None:
 
 @worker_ready.connect
 def _log_quota_mode(**_: object) -> None:
-    # Which way workspaces are kept under their quota here (orchestrator/quota.py).
-    from orchestrator.quota import describe_mode
+    # Which way workspaces are kept under their quota here (orchestrator/sandbox/quota.py).
+    from orchestrator.sandbox.quota import describe_mode
 
     line = describe_mode(get_settings())
     (log.warning if "quota: off" in line else log.info)("%s", line)
-
-
-@worker_ready.connect
-def _sweep_at_start(**_: object) -> None:
-    # A worker that restarts after a crash finds what its predecessor left:
-    # runs to close, groups to re-signal, containers to remove.
-    from .tasks import _pipeline, sweep_now
-
-    try:
-        log.info("start-up sweep: %s", sweep_now())
-    except Exception:  # noqa: BLE001 - a failed sweep must not stop the worker
-        log.exception("start-up sweep failed")
-    finally:
-        # Children forked later must not inherit this process's connections.
-        _pipeline.cache_clear()
-        forget_databases()

@@ -1,7 +1,7 @@
 """Thin Celery tasks: decode the signal, call orchestrator code, report.
 
 ``drain_group`` carries only a chat id, and so does ``deliver`` (send a
-chat's due deliveries; ``orchestrator/deliveries.py``).  Getting it twice, late, or for a
+chat's due deliveries; ``orchestrator/run/outbound.py``).  Getting it twice, late, or for a
 group that another worker is already serving is harmless: the pipeline's
 lease makes the extra copy return at once.  ``sweep`` is run by beat and
 once at worker start-up; ``fire_schedules`` by beat, to start scheduled tasks
@@ -10,20 +10,24 @@ that are due.
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache, partial
 
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import worker_ready
 
-from orchestrator.channels import build_registry
-from orchestrator.db import get_database
-from orchestrator.deliveries import Deliverer
-from orchestrator.pipeline import Pipeline
-from orchestrator.queue import DELIVER_TASK, DRAIN_TASK, SCHEDULE_TASK, SWEEP_TASK, signal_delivery, signal_group
-from orchestrator.schedules import fire_due
-from orchestrator.settings import get_settings
-from orchestrator.sweeper import sweep as run_sweep
+from orchestrator.channels.registry import build_registry
+from orchestrator.core.settings import get_settings
+from orchestrator.run.outbound import Deliverer
+from orchestrator.run.pipeline import Pipeline
+from orchestrator.run.queue import DELIVER_TASK, DRAIN_TASK, SCHEDULE_TASK, SWEEP_TASK, signal_delivery, signal_group
+from orchestrator.run.schedules import fire_due
+from orchestrator.run.sweeper import sweep as run_sweep
+from orchestrator.store.db import forget_databases, get_database
 
 from .app import app
+
+log = logging.getLogger("workers")
 
 
 @lru_cache(maxsize=1)
@@ -80,3 +84,20 @@ def deliver(chat_jid: str | None = None) -> dict[str, object]:
     )
     return {"chat_jid": chat_jid, "sent": report.sent, "failed_attempts": report.failed_attempts,
             "retry_in": report.retry_in}
+
+
+# Connected here, not in app.py: the app module must not import its tasks
+# (Celery loads this module through the app's ``include`` before the worker
+# is ready).
+@worker_ready.connect
+def _sweep_at_start(**_: object) -> None:
+    # A worker that restarts after a crash finds what its predecessor left:
+    # runs to close, groups to re-signal, containers to remove.
+    try:
+        log.info("start-up sweep: %s", sweep_now())
+    except Exception:  # noqa: BLE001 - a failed sweep must not stop the worker
+        log.exception("start-up sweep failed")
+    finally:
+        # Children forked later must not inherit this process's connections.
+        _pipeline.cache_clear()
+        forget_databases()

@@ -15,75 +15,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TextIO
 
-from .errors import InputError, ProviderError, RunnerError
-from .loop import Emit, run_agent
-from .protocol import PROTOCOL_VERSION, ContainerInput, ErrorEvent, Event, ProtocolError, decode_input, dump_event
-from .providers import make_provider
+from .one_run import make_emitter, run
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
 # The only place the environment is read; everything below gets the path passed in.
 DEFAULT_WORKSPACE = "/workspace"
 WORKSPACE_ENV = "AGENT_WORKSPACE"
 LOG_LEVEL_ENV = "AGENT_LOG_LEVEL"
-
-log = logging.getLogger("agent_runner")
-
-
-def make_emitter(out: TextIO) -> Emit:
-    """Write each event as one line and flush, so the host sees it immediately."""
-
-    def emit(event: Event) -> None:
-        out.write(dump_event(event) + "\n")
-        out.flush()
-
-    return emit
-
-
-def parse_input(raw: bytes) -> ContainerInput:
-    """Validate stdin; raises :class:`InputError` with a readable message."""
-    try:
-        inp = decode_input(raw)
-    except ProtocolError as exc:
-        # msgspec names the first problem and where: "Expected `int` >= 1 - at `$.limits.max_turns`".
-        raise InputError(f"invalid ContainerInput: {exc}") from None
-    if inp.protocol_version != PROTOCOL_VERSION:
-        raise InputError(
-            f"protocol_version {inp.protocol_version} is not supported "
-            f"(this runner speaks {PROTOCOL_VERSION})"
-        )
-    return inp
-
-
-def run(raw: bytes, emit: Emit, workspace: Path) -> int:
-    """Everything but process I/O, so it can be called in-process too."""
-    try:
-        inp = parse_input(raw)
-        log.info(
-            "run %s: %d messages, provider %s", inp.run_id, len(inp.messages), inp.model.provider
-        )
-        provider = make_provider(inp.model, assistant_name=inp.assistant_name)
-        run_agent(inp, provider, emit, workspace=workspace)
-        return EXIT_OK
-    except InputError as exc:
-        log.error("%s", exc)
-        emit(ErrorEvent(message=str(exc), retryable=False))
-        return EXIT_BAD_INPUT
-    except ProviderError as exc:
-        log.error("provider failed (retryable=%s): %s", exc.retryable, exc)
-        emit(ErrorEvent(message=str(exc), retryable=exc.retryable))
-        return EXIT_FAILED
-    except RunnerError as exc:
-        log.error("%s", exc)
-        emit(ErrorEvent(message=str(exc), retryable=False))
-        return EXIT_FAILED
-    except Exception as exc:  # a bug: keep the traceback in the logs
-        log.exception("runner crashed")
-        emit(ErrorEvent(message=f"internal error: {type(exc).__name__}: {exc}", retryable=False))
-        return EXIT_FAILED
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ import os
 import socket
 from pathlib import Path
 
+from .one_run import run  # the same run function as the one-shot mode
 from .protocol import Event, dump_event
 
 log = logging.getLogger("agent_runner")
@@ -58,7 +59,6 @@ def _reap_children() -> None:
 
 
 def serve(socket_path: Path, workspace: Path, idle_timeout_s: float) -> int:
-    from .__main__ import run  # the same run function as the one-shot mode
 
     socket_path.parent.mkdir(parents=True, exist_ok=True)
     if socket_path.exists() or socket_path.is_symlink():

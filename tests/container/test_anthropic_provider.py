@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_runner.__main__ import run
 from agent_runner.errors import InputError, ProviderError
 from agent_runner.loop import run_agent
+from agent_runner.one_run import run
 from agent_runner.protocol import (
     AssistantEvent,
     ContainerInput,

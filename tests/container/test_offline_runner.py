@@ -6,9 +6,9 @@ import json
 import time
 from pathlib import Path
 
-from agent_runner.__main__ import run
 from agent_runner.conversation import build_messages, build_system_prompt
 from agent_runner.loop import run_agent
+from agent_runner.one_run import run
 from agent_runner.protocol import ContainerInput, Event, SdkMessage, ToolResultEvent, parse_event
 from agent_runner.providers.base import (
     ProviderMessage,

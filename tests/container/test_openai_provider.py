@@ -37,10 +37,10 @@ from agent_runner.providers.openai_compat import OpenAICompatProvider
 from agent_runner.tools import tool_specs
 from runner_harness import RunRunner, make_input
 
-from orchestrator.errors import ConfigError
-from orchestrator.gateway import ModelGateway
-from orchestrator.pipeline import model_settings
-from orchestrator.settings import Settings
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.settings import Settings
+from orchestrator.run.pipeline import model_settings
+from orchestrator.sandbox.gateway import ModelGateway
 from tests.fakes.openai_api import FakeOpenAI, Recorded, api_error, chat, raw, tool_call
 
 KEY = "k"

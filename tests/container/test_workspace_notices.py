@@ -1,5 +1,5 @@
 """Notices about the workspace, computed by the runner inside the sandbox
-(never by the host: see orchestrator/notices.py)."""
+(never by the host: see orchestrator/run/notices.py)."""
 
 from __future__ import annotations
 

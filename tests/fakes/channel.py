@@ -17,10 +17,11 @@ import json
 import threading
 from pathlib import Path
 
-from orchestrator.channels import BaseChannel, attach_channel
-from orchestrator.db import Database
-from orchestrator.render import RenderedMessage
-from orchestrator.settings import Settings
+from orchestrator.channels.base import BaseChannel
+from orchestrator.core.settings import Settings
+from orchestrator.model.render import RenderedMessage
+from orchestrator.store.attachments import attach_channel
+from orchestrator.store.db import Database
 
 
 class ChannelDown(RuntimeError):

@@ -8,15 +8,15 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator import leases
-from orchestrator.api import MAX_CONTENT_CHARS, create_app
-from orchestrator.assembly import record_input
-from orchestrator.db import Database
-from orchestrator.groups import add_group
-from orchestrator.runs import create_run
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after, store_message_direct
-from orchestrator.views import REPLY_TO_KEY
+from orchestrator.core.settings import Settings
+from orchestrator.http.api import MAX_CONTENT_CHARS, create_app
+from orchestrator.model.views import REPLY_TO_KEY
+from orchestrator.run.assembly import record_input
+from orchestrator.store import leases
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group
+from orchestrator.store.message_log import get_messages_after, store_message_direct
+from orchestrator.store.runs import create_run
 
 JID = "web@local"
 
@@ -168,8 +168,8 @@ def test_openapi_declares_the_bearer_scheme(client: TestClient) -> None:
 
 
 def test_no_token_refused_beyond_loopback(settings: Settings) -> None:
-    from orchestrator.api import check_exposure, is_loopback
-    from orchestrator.errors import ConfigError
+    from orchestrator.core.errors import ConfigError
+    from orchestrator.http.api import check_exposure, is_loopback
 
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "", "192.168.1.5", "example.com", "myhost"))
@@ -256,7 +256,7 @@ def test_register_list_and_change_groups(client: TestClient, db: Database) -> No
         r = client.patch("/api/groups/team@g.us", json=bad)
         assert r.status_code == 400 and r.json()["field"] == field, (bad, r.text)
 
-    # The sandbox, checked by orchestrator/container_config.py like the CLI's.
+    # The sandbox, checked by orchestrator/sandbox/config.py like the CLI's.
     r = client.patch("/api/groups/team@g.us", json={"container_config": {"memory": "256m", "pids": 64}})
     assert r.status_code == 200 and r.json()["container_config"] == {"memory": "256m", "pids": 64}
     for bad in ({"network": "bridge"}, {"privileged": True}, {"run_timeout_s": 10**6},

@@ -13,15 +13,15 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator import stream as stream_module
-from orchestrator.api import create_app
-from orchestrator.db import Database
-from orchestrator.groups import add_group
-from orchestrator.runs import create_run, finish_run, set_attempts, set_container
-from orchestrator.settings import Settings
-from orchestrator.store import now_iso, store_message_direct
-from orchestrator.stream import ChatStream
-from orchestrator.views import REPLY_TO_KEY
+from orchestrator.core.settings import Settings
+from orchestrator.http import stream as stream_module
+from orchestrator.http.api import create_app
+from orchestrator.http.stream import ChatStream
+from orchestrator.model.views import REPLY_TO_KEY
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group
+from orchestrator.store.message_log import now_iso, store_message_direct
+from orchestrator.store.runs import create_run, finish_run, set_attempts, set_container
 from tests.live_server import serve
 
 JID = "live@local"

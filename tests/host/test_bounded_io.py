@@ -1,4 +1,4 @@
-"""Bounded, linear reading of a run's output (orchestrator/bounded_io.py), and
+"""Bounded, linear reading of a run's output (orchestrator/sandbox/bounded_io.py), and
 the linear rendering and splitting of what it stores (outputs, render, telegram).
 
 No wall-clock assertions: linear work is checked by counting the work done
@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 from agent_runner.protocol import ToolResultEvent
 
-from orchestrator import render, telegram
-from orchestrator.bounded_io import LineReader, OutputBudget, OutputLimitExceeded, TailBuffer, read_lines
-from orchestrator.envelopes import build_structured_envelope
-from orchestrator.messages import StoredMessage
-from orchestrator.outputs import cap_output, event_to_message, stored_size
-from orchestrator.settings import Settings
-from orchestrator.telegram import split_text
+from orchestrator.channels import telegram
+from orchestrator.channels.telegram import split_text
+from orchestrator.core.settings import Settings
+from orchestrator.model import render
+from orchestrator.model.envelopes import build_structured_envelope
+from orchestrator.model.messages import StoredMessage
+from orchestrator.run.outputs import cap_output, event_to_message, stored_size
+from orchestrator.sandbox.bounded_io import LineReader, OutputBudget, OutputLimitExceeded, TailBuffer, read_lines
 
 # -- LineReader ------------------------------------------------------------------------
 

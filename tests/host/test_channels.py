@@ -14,25 +14,21 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
-from orchestrator.channels import (
-    ChannelRegistry,
-    LogChannel,
-    attach_channel,
-    build_registry,
-    detach_channel,
-    list_attachments,
-)
-from orchestrator.db import Database
-from orchestrator.deliveries import Deliverer, list_deliveries
-from orchestrator.envelopes import build_structured_envelope
-from orchestrator.errors import ChannelError, UnknownGroup
-from orchestrator.groups import add_group
-from orchestrator.history import truncate_after
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.messages import StoredMessage
-from orchestrator.settings import Settings
-from orchestrator.sweeper import sweep
-from orchestrator.tables import DeliveryRow
+from orchestrator.channels.base import LogChannel
+from orchestrator.channels.registry import build_registry
+from orchestrator.core.errors import ChannelError, UnknownGroup
+from orchestrator.core.settings import Settings
+from orchestrator.model.envelopes import build_structured_envelope
+from orchestrator.model.messages import StoredMessage
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry, Deliverer
+from orchestrator.run.sweeper import sweep
+from orchestrator.store.attachments import attach_channel, detach_channel, list_attachments
+from orchestrator.store.db import Database
+from orchestrator.store.deliveries import list_deliveries
+from orchestrator.store.groups import add_group
+from orchestrator.store.history import truncate_after
+from orchestrator.store.tables import DeliveryRow
 from tests.conftest import run_in_threads, wait_until
 from tests.fakes.channel import RecordingChannel, read_file_channel
 
@@ -165,7 +161,7 @@ def test_a_channel_that_keeps_failing_gives_up_and_the_next_message_goes_on(
 
 
 def test_retry_delays_grow_exponentially_with_jitter() -> None:
-    from orchestrator.deliveries import retry_delay
+    from orchestrator.run.outbound import retry_delay
 
     for attempt, cap in [(1, 1.0), (2, 2.0), (3, 4.0), (10, 30.0)]:
         delays = [retry_delay(attempt, 1.0, 30.0) for _ in range(200)]

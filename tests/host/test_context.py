@@ -11,20 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.context import (
-    FileItem,
-    SelectionItem,
-    UrlItem,
-    expand_content,
-    expand_file,
-    expand_selection,
-    expand_url,
-    parse_context,
-)
-from orchestrator.db import Database
-from orchestrator.messages import InvalidMessageMetadata
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after, store_message_direct
+from orchestrator.core.settings import Settings
+from orchestrator.model.context import FileItem, SelectionItem, UrlItem, parse_context
+from orchestrator.model.messages import InvalidMessageMetadata
+from orchestrator.run.expand import expand_content, expand_file, expand_selection, expand_url
+from orchestrator.store.db import Database
+from orchestrator.store.message_log import get_messages_after, store_message_direct
 
 PAGES: dict[str, tuple[int, str, bytes]] = {
     "/notes.txt": (200, "text/plain; charset=utf-8", "plain notes ✓".encode()),

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.db import Database
-from orchestrator.groups import ensure_main_group
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.messages import InvalidMessageMetadata
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after, store_message_direct
+from orchestrator.core.settings import Settings
+from orchestrator.model.messages import InvalidMessageMetadata
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.store.db import Database
+from orchestrator.store.groups import ensure_main_group
+from orchestrator.store.message_log import get_messages_after, store_message_direct
 
 JID = "main@local"
 BAD = {"message_type": "CODE_EDIT", "payload": {"edits": [{"file_path": "a.py", "diff": "+x"}]}}
@@ -61,8 +61,8 @@ def test_cli_send(db: Database, settings: Settings) -> None:
 
 def test_the_cli_lists_every_delivery_state() -> None:
     # cli_channels writes the states out so that --help need not import the store.
-    from orchestrator.cli_channels import DELIVERY_STATES
-    from orchestrator.deliveries import STATES
+    from orchestrator.cli.channels import DELIVERY_STATES
+    from orchestrator.store.deliveries import STATES
 
     assert DELIVERY_STATES == STATES
 
@@ -75,7 +75,7 @@ def test_help_imports_neither_the_store_nor_celery() -> None:
 
     probe = (
         "import sys; sys.argv = ['orchestrator', '--help']\n"
-        "from orchestrator.cli import main\n"
+        "from orchestrator.cli.main import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "heavy = sorted(m for m in ('sqlalchemy', 'alembic', 'celery', 'kombu', 'pydantic', 'httpx', 'docker')"
         " if m in sys.modules)\n"

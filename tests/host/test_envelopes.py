@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator import messages
-from orchestrator.envelopes import (
+from orchestrator.core.errors import InvalidMessage, OrchestratorError
+from orchestrator.model import messages
+from orchestrator.model.envelopes import (
     CodeEditPayload,
     FileEdit,
     InvalidMessageMetadata,
@@ -20,7 +21,6 @@ from orchestrator.envelopes import (
     parse_message_metadata,
     preview_for,
 )
-from orchestrator.errors import InvalidMessage, OrchestratorError
 
 
 def edit(path: str = "src/main.py", old: str | None = "a", new: str | None = "b") -> dict[str, Any]:

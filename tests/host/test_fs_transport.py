@@ -1,4 +1,4 @@
-"""The embedded broker's transport under concurrent processes (orchestrator/fs_transport.py).
+"""The embedded broker's transport under concurrent processes (orchestrator/run/fs_transport.py).
 
 Both tests race real processes on one broker folder, the way a worker,
 Flower and the API share it; kombu's own filesystem transport fails them
@@ -14,7 +14,7 @@ from queue import Empty
 
 from kombu import Connection
 
-TRANSPORT = "orchestrator.fs_transport:Transport"
+TRANSPORT = "orchestrator.run.fs_transport:Transport"
 PROCESSES = 6
 CTX = mp.get_context("spawn")
 

@@ -7,17 +7,17 @@ from dataclasses import dataclass
 import pytest
 from sqlalchemy import update
 
-from orchestrator import leases
-from orchestrator.db import Database
-from orchestrator.errors import GroupBusy, InvalidMessage, MessageNotFound
-from orchestrator.groups import add_group, get_group
-from orchestrator.history import EDIT_HISTORY_KEY, edit_message, regenerate, truncate_after
-from orchestrator.messages import InvalidMessageMetadata, StoredMessage
-from orchestrator.runs import create_run
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after, store_message_direct
-from orchestrator.tables import GroupRow
-from orchestrator.views import REPLY_TO_KEY, RUN_ID_KEY, display_view, format_messages_for_sdk
+from orchestrator.core.errors import GroupBusy, InvalidMessage, MessageNotFound
+from orchestrator.core.settings import Settings
+from orchestrator.model.messages import InvalidMessageMetadata, StoredMessage
+from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY, display_view, format_messages_for_sdk
+from orchestrator.store import leases
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group, get_group
+from orchestrator.store.history import EDIT_HISTORY_KEY, edit_message, regenerate, truncate_after
+from orchestrator.store.message_log import get_messages_after, store_message_direct
+from orchestrator.store.runs import create_run
+from orchestrator.store.tables import GroupRow
 
 JID = "team@local"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import HostileEntry
-from orchestrator.hostile_fs import chown_tree, connect_unix, make_dirs, read_regular, remove_entry
+from orchestrator.core.errors import HostileEntry
+from orchestrator.sandbox.hostile_fs import chown_tree, connect_unix, make_dirs, read_regular, remove_entry
 
 
 def test_read_regular_reads_a_plain_file_bounded(tmp_path: Path) -> None:

@@ -9,15 +9,15 @@ import time
 
 import pytest
 
-from orchestrator.channels import ChannelRegistry
-from orchestrator.db import Database
-from orchestrator.errors import InvalidMessage, StoreError
-from orchestrator.groups import add_group, ensure_main_group, get_group
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.pipeline import Pipeline
-from orchestrator.router import has_trigger
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after
+from orchestrator.core.errors import InvalidMessage, StoreError
+from orchestrator.core.settings import Settings
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry
+from orchestrator.run.pipeline import Pipeline
+from orchestrator.run.router import has_trigger
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group, ensure_main_group, get_group
+from orchestrator.store.message_log import get_messages_after
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def test_only_an_idle_group_is_signalled(db: Database, settings: Settings) -> No
     assert group.pending_seq == max(m.seq for m in get_messages_after("main@local", 0, db=db))
     # Once a run has taken everything, the group is idle again.
     with db.write() as session:
-        from orchestrator.tables import GroupRow
+        from orchestrator.store.tables import GroupRow
 
         session.get(GroupRow, "main@local").cursor_seq = group.pending_seq  # type: ignore[union-attr]
     assert send("d") is True

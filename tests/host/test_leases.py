@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from orchestrator import leases
-from orchestrator.db import Database
-from orchestrator.groups import ensure_main_group
+from orchestrator.store import leases
+from orchestrator.store.db import Database
+from orchestrator.store.groups import ensure_main_group
 
 
 def test_one_holder_at_a_time(db: Database) -> None:

@@ -22,13 +22,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 
-from orchestrator.db import Database, get_database
-from orchestrator.messages import StoredMessage
-from orchestrator.migrations import legacy
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after, store_message_direct, to_stored
-from orchestrator.tables import Base, MessageRow
-from orchestrator.views import format_messages_for_sdk
+from orchestrator.core.settings import Settings
+from orchestrator.model.messages import StoredMessage
+from orchestrator.model.views import format_messages_for_sdk
+from orchestrator.store.db import Database, get_database
+from orchestrator.store.message_log import get_messages_after, store_message_direct, to_stored
+from orchestrator.store.migrations import legacy
+from orchestrator.store.tables import Base, MessageRow
 from tests.conftest import fresh_pg_database
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -241,21 +241,21 @@ def test_a_new_message_gets_the_next_seq(upgraded: Database) -> None:
 
 def test_a_second_migrate_is_a_no_op(upgraded: Database, caplog: pytest.LogCaptureFixture) -> None:
     before = _snapshot(upgraded)
-    with caplog.at_level(logging.INFO, logger="orchestrator.migrations.legacy"):
+    with caplog.at_level(logging.INFO, logger="orchestrator.store.migrations.legacy"):
         upgraded.migrate()
         other = Database(upgraded.url)  # a second process starting on the upgraded file
         other.migrate()
         other.dispose()
     assert _snapshot(upgraded) == before
-    assert not [r for r in caplog.records if r.name == "orchestrator.migrations.legacy"]
+    assert not [r for r in caplog.records if r.name == "orchestrator.store.migrations.legacy"]
 
 
 def test_the_upgrade_logs_how_many_rows_it_copied(
     original: dict[str, Any], settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="orchestrator.migrations.legacy"):
+    with caplog.at_level(logging.INFO, logger="orchestrator.store.migrations.legacy"):
         get_database(settings)
-    messages = [r.getMessage() for r in caplog.records if r.name == "orchestrator.migrations.legacy"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "orchestrator.store.migrations.legacy"]
     assert any(f"copied {len(original['messages'])} messages" in m for m in messages), messages
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from orchestrator.db import Database
-from orchestrator.tables import Base
+from orchestrator.store.db import Database
+from orchestrator.store.tables import Base
 
 
 def test_migrated_schema_matches_the_mappings(db: Database) -> None:

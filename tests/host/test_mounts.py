@@ -15,19 +15,20 @@ from typing import Any
 import pytest
 from agent_runner.protocol import ContainerInput, ResultEvent, decode_input, dump_event
 
-from orchestrator.channels import ChannelRegistry
-from orchestrator.container_config import (
+from orchestrator.core.errors import ContainerConfigError, MountRefused, SandboxError
+from orchestrator.core.settings import Settings
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry
+from orchestrator.run.pipeline import Pipeline
+from orchestrator.sandbox.config import (
     ContainerConfig,
     container_plan,
     effective_limits,
     parse_container_config,
     set_container_config,
 )
-from orchestrator.db import Database
-from orchestrator.errors import ContainerConfigError, MountRefused, SandboxError
-from orchestrator.groups import add_group, ensure_main_group, get_group
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.mounts import (
+from orchestrator.sandbox.containers import ContainerExit, ContainerSpec
+from orchestrator.sandbox.mounts import (
     BLOCKED_PATTERNS,
     PROJECT_ROOT,
     MountRequest,
@@ -38,9 +39,8 @@ from orchestrator.mounts import (
     prepare_mountpoints,
     resolve_mounts,
 )
-from orchestrator.pipeline import Pipeline
-from orchestrator.sandbox import ContainerExit, ContainerSpec
-from orchestrator.settings import Settings
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group, ensure_main_group, get_group
 from tests.fakes.channel import RecordingChannel, attach_recorder
 
 # -- fixtures -------------------------------------------------------------------------
@@ -590,7 +590,7 @@ def test_run_time_recheck_fails_the_run_with_a_host_message(mounted: tuple[Datab
 def test_a_stored_config_that_no_longer_parses_fails_the_run(mounted: tuple[Database, Env]) -> None:
     from sqlalchemy import update
 
-    from orchestrator.tables import GroupRow
+    from orchestrator.store.tables import GroupRow
 
     db, env = mounted
     with db.write() as session:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.assembly import (
+from orchestrator.core.settings import Settings
+from orchestrator.run.assembly import (
     Batch,
     build_input,
     input_bytes,
@@ -22,15 +23,14 @@ from orchestrator.assembly import (
     record_input,
     stored_input,
 )
-from orchestrator.db import Database
-from orchestrator.groups import Group, add_group, get_group
-from orchestrator.history import edit_message
-from orchestrator.notices import NoticeContext, compute_notices, scheduled_tasks_due
-from orchestrator.pipeline import model_settings
-from orchestrator.runs import create_run, finish_run
-from orchestrator.schedules import add_task
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after, store_message_direct
+from orchestrator.run.notices import NoticeContext, compute_notices, scheduled_tasks_due
+from orchestrator.run.pipeline import model_settings
+from orchestrator.run.schedules import add_task
+from orchestrator.store.db import Database
+from orchestrator.store.groups import Group, add_group, get_group
+from orchestrator.store.history import edit_message
+from orchestrator.store.message_log import get_messages_after, store_message_direct
+from orchestrator.store.runs import create_run, finish_run
 
 JID = "dev@local"
 
@@ -88,7 +88,7 @@ def test_notices_are_never_stored_and_a_broken_provider_is_skipped(db: Database,
     def broken(ctx: NoticeContext) -> list[str]:
         raise RuntimeError("provider bug")
 
-    from orchestrator.notices import previous_run_failed
+    from orchestrator.run.notices import previous_run_failed
 
     notices = compute_notices(db, settings, group, [broken, previous_run_failed])
     assert notices == ["Note: the previous agent run in this chat ended as failed: model said no"]

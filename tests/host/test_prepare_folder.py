@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orchestrator.sandbox import CONTAINER_UID, prepare_folder
+from orchestrator.sandbox.containers import CONTAINER_UID, prepare_folder
 
 
 def _tree(root: Path) -> list[Path]:

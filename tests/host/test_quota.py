@@ -1,4 +1,4 @@
-"""The workspace quota (``orchestrator/quota.py``) on real parts: loop-mounted
+"""The workspace quota (``orchestrator/sandbox/quota.py``) on real parts: loop-mounted
 ext4 volumes made, filled with what the workspace held, mounted once however
 many threads and processes ask at the same time, grown, never shrunk; and the
 checked mode's bounded walk, which refuses a workspace over its quota.
@@ -23,17 +23,17 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import quota
-from orchestrator.container_config import (
+from orchestrator.core.errors import ContainerConfigError, MountRefused, WorkspaceQuotaError
+from orchestrator.core.settings import Settings
+from orchestrator.sandbox import quota
+from orchestrator.sandbox.config import (
     ContainerConfig,
     parse_container_config,
     set_container_config,
     workspace_quota,
 )
-from orchestrator.db import Database
-from orchestrator.errors import ContainerConfigError, MountRefused, WorkspaceQuotaError
-from orchestrator.groups import add_group
-from orchestrator.settings import Settings
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group
 from tests.conftest import run_in_threads
 from tests.quota_support import (  # noqa: F401 - fixtures
     _no_volume_left_mounted,
@@ -260,8 +260,8 @@ def test_preparing_at_once_from_threads_and_processes_mounts_once(volume_setting
     ws = _workspace(settings)
     (ws / "seed.txt").write_text("seed\n")
     code = (
-        "import sys; from pathlib import Path; from orchestrator import quota; "
-        "from orchestrator.settings import Settings; "
+        "import sys; from pathlib import Path; from orchestrator.sandbox import quota; "
+        "from orchestrator.core.settings import Settings; "
         "s = Settings(data_dir=Path(sys.argv[1]), workspace_quota='64m', _env_file=None); "
         "quota.prepare_workspace(s, 'team', s.groups_dir / 'team', quota.workspace_quota_bytes(s))"
     )

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.envelopes import build_structured_envelope
-from orchestrator.messages import StoredMessage
-from orchestrator.render import STRIKE, displayed, render, render_text
+from orchestrator.model.envelopes import build_structured_envelope
+from orchestrator.model.messages import StoredMessage
+from orchestrator.model.render import STRIKE, displayed, render, render_text
 
 
 def _msg(message_type: str = "user", content: str = "", *, sender: str = "alice", sender_name: str = "Alice",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.db import Database
-from orchestrator.errors import StoreError
-from orchestrator.runs import cancel_run, create_run, finish_run, get_run, list_runs, set_attempts, set_container
+from orchestrator.core.errors import StoreError
+from orchestrator.store.db import Database
+from orchestrator.store.runs import cancel_run, create_run, finish_run, get_run, list_runs, set_attempts, set_container
 
 
 def test_states_from_queued_to_done(db: Database) -> None:

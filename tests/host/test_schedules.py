@@ -6,11 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from orchestrator.db import Database
-from orchestrator.errors import InvalidMessage, StoreError, UnknownGroup
-from orchestrator.groups import add_group, get_group
-from orchestrator.schedules import add_task, change_state, fire_due, get_task, is_isolated, next_due
-from orchestrator.store import get_messages_after
+from orchestrator.core.errors import InvalidMessage, StoreError, UnknownGroup
+from orchestrator.run.schedules import add_task, change_state, fire_due, get_task, is_isolated, next_due
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group, get_group
+from orchestrator.store.message_log import get_messages_after
 from tests.conftest import run_in_threads
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.db import Database
-from orchestrator.errors import InvalidMessage
-from orchestrator.store import get_messages_after, store_message_direct
-from orchestrator.views import format_messages_for_sdk
+from orchestrator.core.errors import InvalidMessage
+from orchestrator.model.views import format_messages_for_sdk
+from orchestrator.store.db import Database
+from orchestrator.store.message_log import get_messages_after, store_message_direct
 
 JID = "c@local"
 

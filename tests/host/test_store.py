@@ -8,9 +8,9 @@ import pytest
 from sqlalchemy import inspect, text
 
 from orchestrator import format_messages_for_sdk, get_messages_since, store_message_direct
-from orchestrator.db import Database
-from orchestrator.errors import InvalidMessage
-from orchestrator.store import get_messages_after, get_recent_messages
+from orchestrator.core.errors import InvalidMessage
+from orchestrator.store.db import Database
+from orchestrator.store.message_log import get_messages_after, get_recent_messages
 from tests.conftest import run_in_threads
 
 

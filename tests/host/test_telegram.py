@@ -13,15 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.channels import ChannelRegistry, attach_channel, build_registry
-from orchestrator.db import Database
-from orchestrator.deliveries import Deliverer, list_deliveries
-from orchestrator.errors import ChannelError
-from orchestrator.groups import add_group
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after
-from orchestrator.telegram import TelegramChannel, TelegramPoller, split_text
+from orchestrator.channels.registry import build_registry
+from orchestrator.channels.telegram import TelegramChannel, TelegramPoller, split_text
+from orchestrator.core.errors import ChannelError
+from orchestrator.core.settings import Settings
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry, Deliverer
+from orchestrator.store.attachments import attach_channel
+from orchestrator.store.db import Database
+from orchestrator.store.deliveries import list_deliveries
+from orchestrator.store.groups import add_group
+from orchestrator.store.message_log import get_messages_after
 from tests.conftest import wait_until
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.telegram_api import FakeTelegramAPI, utf16_len
@@ -248,7 +250,7 @@ def test_the_poll_command_stores_a_batch(tg: tuple[Database, Settings], fake: Fa
 
 def test_the_plugin_entry_adds_the_channel(tg: tuple[Database, Settings]) -> None:
     _, settings = tg
-    registry = build_registry(settings.model_copy(update={"channel_plugins": "orchestrator.telegram:channel"}))
+    registry = build_registry(settings.model_copy(update={"channel_plugins": "orchestrator.channels.telegram:channel"}))
     try:
         ch = registry.get("telegram")
         assert isinstance(ch, TelegramChannel)
@@ -257,5 +259,5 @@ def test_the_plugin_entry_adds_the_channel(tg: tuple[Database, Settings]) -> Non
     finally:
         registry.close()
     with pytest.raises(ChannelError, match="TELEGRAM_BOT_TOKEN"):
-        build_registry(settings.model_copy(update={"channel_plugins": "orchestrator.telegram:channel",
+        build_registry(settings.model_copy(update={"channel_plugins": "orchestrator.channels.telegram:channel",
                                                    "telegram_bot_token": ""}))

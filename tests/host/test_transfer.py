@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.db import Database
-from orchestrator.envelopes import build_structured_envelope
-from orchestrator.errors import InvalidMessage
-from orchestrator.groups import add_group, get_group
-from orchestrator.history import edit_message, truncate_after
-from orchestrator.messages import InvalidMessageMetadata
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after, store_message_direct
-from orchestrator.transfer import export_chat, export_json, export_markdown, import_chat, parse_export
+from orchestrator.core.errors import InvalidMessage
+from orchestrator.core.settings import Settings
+from orchestrator.model.envelopes import build_structured_envelope
+from orchestrator.model.messages import InvalidMessageMetadata
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group, get_group
+from orchestrator.store.history import edit_message, truncate_after
+from orchestrator.store.message_log import get_messages_after, store_message_direct
+from orchestrator.store.transfer import export_chat, export_json, export_markdown, import_chat, parse_export
 
 JID = "proj@local"
 

@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from orchestrator import leases
-from orchestrator.api import create_app
-from orchestrator.db import Database
-from orchestrator.envelopes import build_structured_envelope
-from orchestrator.groups import add_group, get_group
-from orchestrator.runs import create_run, finish_run, set_container
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after, now_iso, store_message_direct
-from orchestrator.views import REPLY_TO_KEY
+from orchestrator.core.settings import Settings
+from orchestrator.http.api import create_app
+from orchestrator.model.envelopes import build_structured_envelope
+from orchestrator.model.views import REPLY_TO_KEY
+from orchestrator.store import leases
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group, get_group
+from orchestrator.store.message_log import get_messages_after, now_iso, store_message_direct
+from orchestrator.store.runs import create_run, finish_run, set_container
 from tests.live_server import serve
 from tests.web_browser import screenshot
 

@@ -13,15 +13,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator.api import create_app
-from orchestrator.channels import ChannelRegistry, attach_channel
-from orchestrator.db import Database
-from orchestrator.deliveries import Deliverer, list_deliveries
-from orchestrator.groups import add_group
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after
-from orchestrator.webhooks import INBOUND_PATH, SIGNATURE_HEADER, WebhookChannel, sign, verify
+from orchestrator.channels.webhook import INBOUND_PATH, SIGNATURE_HEADER, WebhookChannel, sign, verify
+from orchestrator.core.settings import Settings
+from orchestrator.http.api import create_app
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry, Deliverer
+from orchestrator.store.attachments import attach_channel
+from orchestrator.store.db import Database
+from orchestrator.store.deliveries import list_deliveries
+from orchestrator.store.groups import add_group
+from orchestrator.store.message_log import get_messages_after
 from tests.conftest import wait_until
 
 JID = "hooks@local"

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.db import Database
-from orchestrator.settings import Settings
+from orchestrator.core.settings import Settings
+from orchestrator.store.db import Database
 from tests.conftest import (
     NO_QUOTA,
     REDIS_URL,
@@ -38,8 +38,8 @@ BIN = Path(sys.executable).parent
 def agent_image(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The agent image, built (offline) if it is missing or stale."""
     require_service(docker_available(), "a running Docker engine")
-    from orchestrator.image import ensure_agent_image
-    from orchestrator.sandbox import docker_client
+    from orchestrator.sandbox.containers import docker_client
+    from orchestrator.sandbox.image import ensure_agent_image
 
     settings = Settings(data_dir=tmp_path_factory.mktemp("imagebuild"), _env_file=None)  # type: ignore[call-arg]
     ensure_agent_image(docker_client(settings), settings)

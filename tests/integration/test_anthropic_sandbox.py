@@ -16,11 +16,11 @@ from typing import Any
 import docker
 import pytest
 
-from orchestrator.groups import ensure_main_group
-from orchestrator.runs import list_runs
-from orchestrator.sandbox import LABEL_MANAGED
-from orchestrator.store import get_messages_after
-from orchestrator.views import format_messages_for_sdk
+from orchestrator.model.views import format_messages_for_sdk
+from orchestrator.sandbox.containers import LABEL_MANAGED
+from orchestrator.store.groups import ensure_main_group
+from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.runs import list_runs
 from tests.fakes.anthropic_api import FakeAnthropic, Recorded, api_error, message
 
 from .conftest import Stack

@@ -13,12 +13,12 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from orchestrator.channels import attach_channel
-from orchestrator.deliveries import list_deliveries
-from orchestrator.groups import ensure_main_group
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.queue import forget_celery, signal_delivery, signal_group
-from orchestrator.store import get_messages_after
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.queue import forget_celery, signal_delivery, signal_group
+from orchestrator.store.attachments import attach_channel
+from orchestrator.store.deliveries import list_deliveries
+from orchestrator.store.groups import ensure_main_group
+from orchestrator.store.message_log import get_messages_after
 from tests.conftest import wait_until
 from tests.fakes.channel import read_file_channel
 

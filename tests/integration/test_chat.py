@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
-from orchestrator.groups import ensure_main_group
-from orchestrator.store import store_message_direct
+from orchestrator.store.groups import ensure_main_group
+from orchestrator.store.message_log import store_message_direct
 
 from .conftest import BIN, Stack
 

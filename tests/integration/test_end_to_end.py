@@ -12,9 +12,9 @@ import json
 
 import docker
 
-from orchestrator.groups import add_group, ensure_main_group
-from orchestrator.runs import list_runs
-from orchestrator.sandbox import LABEL_RUN
+from orchestrator.sandbox.containers import LABEL_RUN
+from orchestrator.store.groups import add_group, ensure_main_group
+from orchestrator.store.runs import list_runs
 
 from .conftest import Stack
 

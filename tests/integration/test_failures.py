@@ -14,19 +14,19 @@ import time
 import docker
 import pytest
 
-from orchestrator import leases
-from orchestrator.channels import ChannelRegistry
-from orchestrator.db import Database
-from orchestrator.groups import ensure_main_group, get_group
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.messages import StoredMessage
-from orchestrator.pipeline import Pipeline
-from orchestrator.runs import cancel_run, create_run, get_run, list_runs
-from orchestrator.sandbox import LABEL_MANAGED
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after, now_iso, store_message_direct
-from orchestrator.sweeper import sweep
-from orchestrator.views import format_messages_for_sdk
+from orchestrator.core.settings import Settings
+from orchestrator.model.messages import StoredMessage
+from orchestrator.model.views import format_messages_for_sdk
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry
+from orchestrator.run.pipeline import Pipeline
+from orchestrator.run.sweeper import sweep
+from orchestrator.sandbox.containers import LABEL_MANAGED
+from orchestrator.store import leases
+from orchestrator.store.db import Database
+from orchestrator.store.groups import ensure_main_group, get_group
+from orchestrator.store.message_log import get_messages_after, now_iso, store_message_direct
+from orchestrator.store.runs import cancel_run, create_run, get_run, list_runs
 from tests.fakes.channel import RecordingChannel, attach_recorder
 
 

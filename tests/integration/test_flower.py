@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from orchestrator.groups import ensure_main_group
+from orchestrator.store.groups import ensure_main_group
 from tests.conftest import wait_until
 
 from .conftest import BIN, Stack

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.gateway import MAX_CONNECTIONS
-from orchestrator.groups import ensure_main_group
-from orchestrator.runs import list_runs
+from orchestrator.sandbox.gateway import MAX_CONNECTIONS
+from orchestrator.store.groups import ensure_main_group
+from orchestrator.store.runs import list_runs
 from tests.fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
 
 from .conftest import Stack

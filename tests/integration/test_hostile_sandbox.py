@@ -7,7 +7,7 @@ read on the host, and that the next run still works.
 
 Covered elsewhere: output floods (``test_output_bounds.py``), the gateway's
 bounds (``tests/host/test_gateway.py``, ``test_gateway_flood.py``), the workspace
-quota (``test_workspace_quota.py``) and every entry point of ``orchestrator/hostile_fs.py``
+quota (``test_workspace_quota.py``) and every entry point of ``orchestrator/sandbox/hostile_fs.py``
 (``tests/host/test_hostile_fs.py``, ``tests/host/test_context.py``).
 """
 
@@ -26,17 +26,17 @@ from pathlib import Path
 import docker
 import pytest
 
-from orchestrator.assembly import stored_input
-from orchestrator.channels import ChannelRegistry
-from orchestrator.db import Database
-from orchestrator.groups import add_group
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.messages import StoredMessage
-from orchestrator.pipeline import Pipeline, RunOutcome
-from orchestrator.sandbox import LABEL_INSTALL, LABEL_MANAGED
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after
-from orchestrator.warm import kill_all_but, state_dir
+from orchestrator.core.settings import Settings
+from orchestrator.model.messages import StoredMessage
+from orchestrator.run.assembly import stored_input
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry
+from orchestrator.run.pipeline import Pipeline, RunOutcome
+from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED
+from orchestrator.sandbox.warm import kill_all_but, state_dir
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group
+from orchestrator.store.message_log import get_messages_after
 from tests.fakes.channel import RecordingChannel
 
 JID = "alpha@chat"
@@ -147,7 +147,7 @@ def test_background_processes_do_not_survive_into_the_next_warm_run(
 ) -> None:
     if killer == "docker-exec":
         # What a worker that cannot see the container's processes (its own pid namespace) does.
-        monkeypatch.setattr("orchestrator.warm.kill_all_but", lambda pid, cid: None)
+        monkeypatch.setattr("orchestrator.sandbox.warm.kill_all_but", lambda pid, cid: None)
     _, outputs = warm.ask(
         "$ setsid sleep 1001 >/dev/null 2>&1 </dev/null & "
         "nohup sh -c 'while :; do sleep 1; done; echo 1002' >/dev/null 2>&1 </dev/null & "

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from orchestrator.groups import ensure_main_group
-from orchestrator.runs import list_runs
-from orchestrator.store import get_messages_after, store_message_direct
+from orchestrator.store.groups import ensure_main_group
+from orchestrator.store.message_log import get_messages_after, store_message_direct
+from orchestrator.store.runs import list_runs
 
 from .conftest import Stack
 

@@ -1,5 +1,5 @@
 """The agent attacks the host through its output, with the real agent image
-through the real pipeline, cold and warm (orchestrator/bounded_io.py).
+through the real pipeline, cold and warm (orchestrator/sandbox/bounded_io.py).
 
 The agent runs as the runner's user, so its bash tool can write to the
 runner's own stdout and stderr (``/proc/1/fd/1``, ``/proc/1/fd/2``): a
@@ -22,15 +22,15 @@ from pathlib import Path
 import docker
 import pytest
 
-from orchestrator.channels import ChannelRegistry
-from orchestrator.db import Database
-from orchestrator.groups import ensure_main_group
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.messages import StoredMessage
-from orchestrator.pipeline import Pipeline, RunOutcome
-from orchestrator.sandbox import LABEL_INSTALL, LABEL_MANAGED, LABEL_WARM
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after
+from orchestrator.core.settings import Settings
+from orchestrator.model.messages import StoredMessage
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry
+from orchestrator.run.pipeline import Pipeline, RunOutcome
+from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED, LABEL_WARM
+from orchestrator.store.db import Database
+from orchestrator.store.groups import ensure_main_group
+from orchestrator.store.message_log import get_messages_after
 from tests.fakes.channel import RecordingChannel, attach_recorder
 
 JID = "main@local"

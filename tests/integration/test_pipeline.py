@@ -11,18 +11,18 @@ import docker
 import pytest
 from agent_runner.protocol import ContainerInput
 
-from orchestrator import leases
-from orchestrator.channels import ChannelRegistry
-from orchestrator.db import Database
-from orchestrator.groups import ensure_main_group, get_group
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.messages import StoredMessage
-from orchestrator.pipeline import Pipeline
-from orchestrator.runs import list_runs
-from orchestrator.sandbox import LABEL_MANAGED
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after
-from orchestrator.views import format_messages_for_sdk
+from orchestrator.core.settings import Settings
+from orchestrator.model.messages import StoredMessage
+from orchestrator.model.views import format_messages_for_sdk
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry
+from orchestrator.run.pipeline import Pipeline
+from orchestrator.sandbox.containers import LABEL_MANAGED
+from orchestrator.store import leases
+from orchestrator.store.db import Database
+from orchestrator.store.groups import ensure_main_group, get_group
+from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.runs import list_runs
 from tests.fakes.channel import RecordingChannel, attach_recorder
 
 
@@ -117,7 +117,7 @@ def test_hung_command_is_killed_at_the_time_limit(pipe: tuple[Pipeline, Database
     view = format_messages_for_sdk(get_messages_after("main@local", 0, db=db))
     assert all("Agent error" not in m.content for m in view)
     # The next run is told the previous one failed (an ephemeral notice).
-    from orchestrator.notices import compute_notices
+    from orchestrator.run.notices import compute_notices
 
     assert any("timed_out" in n for n in compute_notices(db, pipeline.settings, get_group(db, "main@local")))
 
@@ -127,7 +127,7 @@ def test_scheduled_tasks_run_as_ordinary_runs_in_their_context_mode(
 ) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from orchestrator.schedules import add_task, fire_due
+    from orchestrator.run.schedules import add_task, fire_due
 
     pipeline, db, rec = pipe
     seen: list[ContainerInput] = []

@@ -33,16 +33,16 @@ from typing import Any
 import docker
 import pytest
 
-from orchestrator.channels import ChannelRegistry
-from orchestrator.container_config import set_container_config
-from orchestrator.db import Database
-from orchestrator.groups import add_group, ensure_main_group
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.messages import StoredMessage
-from orchestrator.pipeline import Pipeline, RunOutcome
-from orchestrator.sandbox import LABEL_INSTALL, LABEL_MANAGED
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after
+from orchestrator.core.settings import Settings
+from orchestrator.model.messages import StoredMessage
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry
+from orchestrator.run.pipeline import Pipeline, RunOutcome
+from orchestrator.sandbox.config import set_container_config
+from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group, ensure_main_group
+from orchestrator.store.message_log import get_messages_after
 from tests.fakes.channel import RecordingChannel
 
 ALPHA, BRAVO = "alpha@chat", "bravo@chat"
@@ -475,7 +475,7 @@ def test_an_allowlisted_extra_mount_is_read_only_unless_allowed(box: Box) -> Non
     assert options == {"/workspace/extra/docs": "ro", "/workspace/extra/results": "rw"}, mountinfo
 
     # Asking for read-write on the read-only-for-alpha root is refused before anything runs.
-    from orchestrator.errors import MountRefused
+    from orchestrator.core.errors import MountRefused
 
     with pytest.raises(MountRefused, match="must name group 'alpha'"):
         set_container_config(box.db, box.settings, ALPHA, {"extra_mounts": [

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.channels import ChannelRegistry
-from orchestrator.db import Database
-from orchestrator.groups import add_group, ensure_main_group
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.pipeline import Pipeline
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after
+from orchestrator.core.settings import Settings
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry
+from orchestrator.run.pipeline import Pipeline
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group, ensure_main_group
+from orchestrator.store.message_log import get_messages_after
 from tests.fakes.channel import RecordingChannel, attach_recorder
 
 TEAM = "team@g.us"

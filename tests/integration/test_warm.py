@@ -10,15 +10,15 @@ from pathlib import Path
 import docker
 import pytest
 
-from orchestrator.channels import ChannelRegistry
-from orchestrator.db import Database
-from orchestrator.groups import ensure_main_group, get_group
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.pipeline import Pipeline
-from orchestrator.sandbox import LABEL_MANAGED, LABEL_WARM
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after
-from orchestrator.warm import reset_session
+from orchestrator.core.settings import Settings
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry
+from orchestrator.run.pipeline import Pipeline
+from orchestrator.sandbox.containers import LABEL_MANAGED, LABEL_WARM
+from orchestrator.sandbox.warm import reset_session
+from orchestrator.store.db import Database
+from orchestrator.store.groups import ensure_main_group, get_group
+from orchestrator.store.message_log import get_messages_after
 from tests.conftest import wait_until
 from tests.fakes.channel import RecordingChannel
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.groups import ensure_main_group
-from orchestrator.runs import list_runs
+from orchestrator.store.groups import ensure_main_group
+from orchestrator.store.runs import list_runs
 from tests.conftest import wait_until
 from tests.web_browser import screenshot
 

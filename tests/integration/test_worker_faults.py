@@ -21,12 +21,12 @@ from pathlib import Path
 import docker
 import pytest
 
-from orchestrator.groups import add_group, ensure_main_group, get_group, list_groups
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.queue import signal_group
-from orchestrator.runs import list_runs
-from orchestrator.sandbox import LABEL_GROUP, LABEL_MANAGED
-from orchestrator.store import get_messages_after
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.queue import signal_group
+from orchestrator.sandbox.containers import LABEL_GROUP, LABEL_MANAGED
+from orchestrator.store.groups import add_group, ensure_main_group, get_group, list_groups
+from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.runs import list_runs
 from tests.conftest import require_service, wait_until
 
 from .conftest import Stack
@@ -188,7 +188,7 @@ def test_redis_outage_during_ingest_loses_nothing(stack: Stack, tmp_path: Path) 
     url = f"redis://127.0.0.1:{port}/0"
     stack.env.update(FAST, ORCHESTRATOR_BROKER_URL=url)
     stack.settings = stack.settings.model_copy(update={"broker_url": url})
-    import orchestrator.queue as queue
+    import orchestrator.run.queue as queue
 
     queue._app = None  # this test's broker, not the fixture's
     redis_proc = start_redis()

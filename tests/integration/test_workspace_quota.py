@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import quota
-from orchestrator.channels import ChannelRegistry
-from orchestrator.db import Database
-from orchestrator.groups import ensure_main_group
-from orchestrator.ingest import IncomingMessage, ingest
-from orchestrator.messages import StoredMessage
-from orchestrator.pipeline import Pipeline, RunOutcome
-from orchestrator.settings import Settings
-from orchestrator.store import get_messages_after
+from orchestrator.core.settings import Settings
+from orchestrator.model.messages import StoredMessage
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry
+from orchestrator.run.pipeline import Pipeline, RunOutcome
+from orchestrator.sandbox import quota
+from orchestrator.store.db import Database
+from orchestrator.store.groups import ensure_main_group
+from orchestrator.store.message_log import get_messages_after
 from tests.fakes.channel import RecordingChannel, attach_recorder
 from tests.quota_support import _no_volume_left_mounted, loops_under, mounts_under, require_volumes  # noqa: F401
 

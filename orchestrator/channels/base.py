@@ -1,0 +1,48 @@
+"""What every channel adapter starts from.
+
+A channel has a ``name`` (the registry's key and what a group's attachment
+names), may ``connect()``/``disconnect()``, says which addresses it
+``owns()``, and ``send()``\\s one :class:`~orchestrator.model.render.RenderedMessage`
+to one address, raising on failure (the port is
+:class:`orchestrator.run.outbound.Channel`).  Which channels show a group's
+messages is data (``orchestrator/store/attachments.py``); delivery itself
+(recorded per message and channel, retried, never twice) is the ledger in
+``orchestrator/store/deliveries.py`` worked by
+``orchestrator/run/outbound.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from orchestrator.model.render import RenderedMessage
+
+
+class BaseChannel:
+    """Defaults for a channel that needs no connection and can reach any address."""
+
+    name = "base"
+
+    def connect(self) -> None:
+        pass
+
+    def disconnect(self) -> None:
+        pass
+
+    def owns(self, chat_jid: str) -> bool:
+        return True
+
+    def send(self, chat_jid: str, rendered: RenderedMessage) -> None:
+        raise NotImplementedError
+
+
+class LogChannel(BaseChannel):
+    """Writes each message to the log (the worker's console)."""
+
+    name = "log"
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self._log = logger or logging.getLogger("orchestrator.channel.log")
+
+    def send(self, chat_jid: str, rendered: RenderedMessage) -> None:
+        self._log.info("[%s #%d] %s", chat_jid, rendered.seq, rendered.text)

@@ -1,0 +1,369 @@
+"""Telegram: a chat platform as an optional channel (``pip install '.[telegram]'``).
+
+* **Outbound**: the ``telegram`` channel sends each delivered message with
+  the Bot API's ``sendMessage`` to the attachment's address, a Telegram chat
+  id (``orchestrator groups attach JID telegram --address -1001234567890``;
+  ``@channelname`` works for public channels).  Text longer than 4096
+  characters (UTF-16 units, as Telegram counts) goes as several messages,
+  cut at a line break where one is near.  A failed call (an error answer,
+  429, a network error) raises :class:`~orchestrator.core.errors.ChannelError`,
+  so the deliveries table retries it; the parts of a long message already
+  sent are not sent again by a retry in the same process.
+* **Inbound**: :class:`TelegramPoller` long-polls ``getUpdates`` (``orchestrator
+  telegram poll``) and ingests each text message with ``channel="telegram"``
+  (mirrored to the group's other channels, not back).  The chat is the group
+  whose ``telegram`` attachment address is the Telegram chat id; a chat no
+  group is attached to is stored under ``tg:<chat id>`` and never wakes an
+  agent, like any unregistered chat.  The next offset is kept in
+  ``<data dir>/telegram/offset-<bot>`` after each batch is stored, and message
+  ids are ``tg-<chat id>-<message id>``, so a restart (or a redelivered
+  update) stores nothing twice.
+
+Enable it with ``ORCHESTRATOR_CHANNEL_PLUGINS=orchestrator.channels.telegram:channel``
+and ``ORCHESTRATOR_TELEGRAM_BOT_TOKEN``.  python-telegram-bot is asynchronous;
+the channel runs it on a private event loop in a daemon thread (one per
+process, made again after a fork), so the synchronous deliverer can call it
+from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from sqlalchemy import select
+
+from orchestrator.channels.base import BaseChannel
+from orchestrator.core.errors import ChannelError
+from orchestrator.core.settings import Settings
+from orchestrator.model.render import RenderedMessage
+from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest
+from orchestrator.store.db import Database
+from orchestrator.store.tables import GroupChannelRow
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "telegram"
+TEXT_LIMIT = 4096
+UNATTACHED_PREFIX = "tg:"
+_ADDRESS = re.compile(r"^(-?\d{1,20}|@[A-Za-z][A-Za-z0-9_]{3,31})$")
+_CALL_TIMEOUT_S = 30.0
+
+T = TypeVar("T")
+
+
+def _units(text: str) -> int:
+    """Telegram's length of ``text``: UTF-16 code units."""
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def _fit(text: str, start: int, limit: int) -> int:
+    """The end of the longest piece ``text[start:end]`` of at most ``limit`` units.
+
+    Starts from ``limit`` characters and drops half the excess (in
+    characters) each round: fewer could not be enough (a character is at
+    most 2 units), so the answer is never passed, and the excess at least
+    halves: O(limit · log limit) per piece, linear in the text overall.
+    """
+    end = min(len(text), start + limit)
+    while (excess := _units(text[start:end]) - limit) > 0:
+        end -= (excess + 1) // 2
+    return max(end, start + 1)  # a lone 2-unit character with limit 1: send it anyway
+
+
+def split_text(text: str, limit: int = TEXT_LIMIT) -> list[str]:
+    """``text`` in parts of at most ``limit`` UTF-16 units, cut after a line
+    break in the second half of a part when there is one.
+
+    Linear in the text: each piece is measured and searched once, by index
+    (no copies of the rest of the text; a 10 MB reply must not hold a
+    delivery slot for minutes).
+    """
+    parts: list[str] = []
+    start = 0
+    while start < len(text):
+        end = _fit(text, start, limit)
+        if end < len(text):
+            newline = text.rfind("\n", start, end)
+            if newline != -1 and newline - start >= (end - start) // 2:
+                end = newline + 1
+        parts.append(text[start:end])
+        start = end
+    return parts
+
+
+def _require_ptb() -> Any:
+    try:
+        import telegram
+    except ImportError as exc:  # the optional extra is not installed
+        raise ChannelError("the telegram channel needs python-telegram-bot: pip install 'agent-orchestrator"
+                           "[telegram]'") from exc
+    return telegram
+
+
+class TelegramClient:
+    """One ``telegram.Bot`` on a private event loop in a daemon thread.
+
+    :meth:`call` runs a coroutine factory (given the initialized bot) there and
+    waits for it.  After a fork (prefork workers) the loop is made again.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        if not settings.telegram_bot_token:
+            raise ChannelError("set ORCHESTRATOR_TELEGRAM_BOT_TOKEN to use the telegram channel")
+        _require_ptb()
+        self._token = settings.telegram_bot_token
+        self._base = settings.telegram_api_base.rstrip("/")
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._bot: Any = None
+
+    @property
+    def bot_key(self) -> str:
+        """A short stable name of the bot (for the offset file), not the token."""
+        return hashlib.sha256(self._token.encode()).hexdigest()[:12]
+
+    def _make_bot(self) -> Any:
+        from telegram import Bot
+        from telegram.request import HTTPXRequest
+
+        return Bot(
+            self._token,
+            base_url=f"{self._base}/bot",
+            base_file_url=f"{self._base}/file/bot",
+            request=HTTPXRequest(connection_pool_size=8, connect_timeout=10, read_timeout=20, write_timeout=20),
+            get_updates_request=HTTPXRequest(connection_pool_size=1, connect_timeout=10, read_timeout=10),
+        )
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, daemon=True, name="telegram-loop")
+                thread.start()
+                self._loop, self._thread, self._pid, self._bot = loop, thread, os.getpid(), None
+            return self._loop
+
+    def call(self, make: Callable[[Any], Coroutine[Any, Any, T]], timeout: float = _CALL_TIMEOUT_S) -> T:
+        loop = self._ensure_loop()
+
+        async def run() -> T:
+            if self._bot is None:
+                bot = self._make_bot()
+                await bot.initialize()  # getMe: a wrong token fails here
+                self._bot = bot
+            return await make(self._bot)
+
+        future = asyncio.run_coroutine_threadsafe(run(), loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError as exc:
+            future.cancel()
+            raise ChannelError(f"telegram: no answer within {timeout:.0f}s") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            loop, thread, bot = self._loop, self._thread, self._bot
+            self._loop = self._thread = self._bot = None
+        if loop is None or self._pid != os.getpid():
+            return
+        if bot is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(bot.shutdown(), loop).result(10)
+            except Exception:  # noqa: BLE001 - stopping the loop matters more
+                log.exception("the telegram bot did not shut down cleanly")
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join(10)
+        if not loop.is_running():
+            loop.close()
+
+
+def _channel_error(address: str, exc: Exception) -> ChannelError:
+    from telegram.error import RetryAfter
+
+    if isinstance(exc, RetryAfter):
+        return ChannelError(f"telegram {address}: rate limited ({exc})")  # str(): no deprecated attribute
+    return ChannelError(f"telegram {address}: {type(exc).__name__}: {exc}")
+
+
+class TelegramChannel(BaseChannel):
+    """Sends each delivered message to a Telegram chat (the attachment's address: its chat id)."""
+
+    name = CHANNEL
+
+    def __init__(self, settings: Settings, client: TelegramClient | None = None) -> None:
+        self.client = client or TelegramClient(settings)
+        # Parts of a long message already sent, by (address, chat, seq): a retry resumes.
+        self._progress: dict[tuple[str, str, int], int] = {}
+        self._progress_lock = threading.Lock()
+
+    def owns(self, chat_jid: str) -> bool:
+        return bool(_ADDRESS.match(chat_jid.strip()))
+
+    def send(self, chat_jid: str, rendered: RenderedMessage) -> None:
+        address = chat_jid.strip()
+        if not self.owns(address):
+            raise ChannelError(f"the telegram channel needs a chat id as its address, not {address!r}")
+        target: int | str = int(address) if address.lstrip("-").isdigit() else address
+        parts = split_text(rendered.text)
+        key = (address, rendered.chat_jid, rendered.seq)
+        with self._progress_lock:
+            done = self._progress.get(key, 0)
+        from telegram.error import TelegramError
+
+        for i in range(done, len(parts)):
+            text = parts[i]
+            try:
+                self.client.call(lambda bot, text=text: bot.send_message(chat_id=target, text=text))
+            except ChannelError:
+                raise
+            except (TelegramError, Exception) as exc:  # noqa: BLE001 - any failure is a failed send, retried
+                raise _channel_error(address, exc) from exc
+            with self._progress_lock:
+                self._progress[key] = i + 1
+        with self._progress_lock:
+            self._progress.pop(key, None)
+
+    def disconnect(self) -> None:
+        self.client.close()
+
+
+def channel(settings: Settings) -> TelegramChannel:
+    """The ``ORCHESTRATOR_CHANNEL_PLUGINS`` factory: ``orchestrator.channels.telegram:channel``."""
+    return TelegramChannel(settings)
+
+
+# -- inbound ------------------------------------------------------------------------------
+
+
+def attached_groups(db: Database) -> dict[str, str]:
+    """Telegram chat id -> the group attached to it (the first by chat id when several are)."""
+    with db.read() as session:
+        rows = session.execute(
+            select(GroupChannelRow.chat_jid, GroupChannelRow.address)
+            .where(GroupChannelRow.channel == CHANNEL)
+            .order_by(GroupChannelRow.chat_jid)
+        ).all()
+    found: dict[str, str] = {}
+    for chat_jid, address in rows:
+        found.setdefault((address or chat_jid).strip(), chat_jid)
+    return found
+
+
+class TelegramPoller:
+    """Long-polls ``getUpdates`` and ingests each text message (see the module's docs)."""
+
+    def __init__(
+        self, db: Database, settings: Settings, *, signal: Callable[[str], object] | None = None,
+        signal_delivery: Callable[[str], object] | None = None, client: TelegramClient | None = None,
+    ) -> None:
+        self.db, self.settings = db, settings
+        self.signal, self.signal_delivery = signal, signal_delivery
+        self._own_client = client is None
+        self.client = client or TelegramClient(settings)
+        self.offset_path = settings.data_dir / CHANNEL / f"offset-{self.client.bot_key}"
+        self.offset = self._read_offset()
+
+    def _read_offset(self) -> int | None:
+        try:
+            return int(self.offset_path.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _write_offset(self, offset: int) -> None:
+        self.offset_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.offset_path.with_suffix(".tmp")
+        tmp.write_text(f"{offset}\n")
+        os.replace(tmp, self.offset_path)
+        self.offset = offset
+
+    def poll_once(self, timeout: int = 0) -> list[IngestResult]:
+        """One ``getUpdates`` (waiting up to ``timeout`` seconds); what it stored."""
+        from telegram.error import TelegramError
+
+        offset = self.offset
+        try:
+            updates = self.client.call(
+                lambda bot: bot.get_updates(offset=offset, timeout=timeout, allowed_updates=["message"]),
+                timeout=timeout + _CALL_TIMEOUT_S,
+            )
+        except ChannelError:
+            raise
+        except (TelegramError, Exception) as exc:  # noqa: BLE001 - the poller logs it and polls again
+            raise _channel_error("getUpdates", exc) from exc
+        if not updates:
+            return []
+        groups = attached_groups(self.db)
+        results = []
+        for update in updates:
+            incoming = self._incoming(update, groups)
+            if incoming is not None:
+                results.append(ingest(self.db, self.settings, incoming, signal=self.signal,
+                                      signal_delivery=self.signal_delivery))
+        # Only after the batch is stored: a crash before this re-reads it, and the ids dedupe it.
+        self._write_offset(max(u.update_id for u in updates) + 1)
+        return results
+
+    @staticmethod
+    def _incoming(update: Any, groups: dict[str, str]) -> IncomingMessage | None:
+        msg = update.message
+        if msg is None or not msg.text:
+            return None  # only text messages (edits, joins, photos, ... are skipped)
+        chat_id = str(msg.chat.id)
+        user = msg.from_user
+        if user is not None:
+            sender, name = f"tg:{user.id}", user.full_name or user.username or str(user.id)
+        elif msg.sender_chat is not None:
+            sender, name = f"tg:{msg.sender_chat.id}", msg.sender_chat.title or str(msg.sender_chat.id)
+        else:
+            sender, name = f"tg:{chat_id}", msg.chat.title or chat_id
+        return IncomingMessage(
+            chat_jid=groups.get(chat_id, f"{UNATTACHED_PREFIX}{chat_id}"),
+            sender=sender,
+            sender_name=name,
+            content=msg.text,
+            id=f"tg-{chat_id}-{msg.message_id}",
+            timestamp=msg.date.isoformat() if msg.date else None,
+            channel=CHANNEL,
+        )
+
+    def run(self, stop: threading.Event | None = None, *, timeout: int = 30, error_pause_s: float = 5.0) -> None:
+        """Poll until ``stop`` is set; an error is logged and polling goes on after a pause."""
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            try:
+                stored = self.poll_once(timeout)
+                if stored:
+                    log.info("telegram: stored %d message(s)", sum(r.created for r in stored))
+            except ChannelError as exc:
+                log.warning("%s; polling again in %.0fs", exc, error_pause_s)
+                stop.wait(error_pause_s)
+
+    def close(self) -> None:
+        if self._own_client:
+            self.client.close()
+
+
+def poll_forever(db: Database, settings: Settings, *, once: bool = False, timeout: int = 30,
+                 signal: Callable[[str], object] | None = None,
+                 signal_delivery: Callable[[str], object] | None = None) -> int:
+    """What ``orchestrator telegram poll`` runs; returns how many messages it stored."""
+    poller = TelegramPoller(db, settings, signal=signal, signal_delivery=signal_delivery)
+    try:
+        if once:
+            return sum(r.created for r in poller.poll_once(timeout))
+        poller.run(timeout=timeout)
+        return 0
+    finally:
+        poller.close()
+
+

@@ -1,0 +1,115 @@
+"""Webhooks: messages in over signed HTTP, messages out to HTTP endpoints.
+
+* **Inbound**: ``POST /webhooks/inbound`` takes the same JSON body as
+  ``POST /api/messages``, signed with HMAC-SHA256 over the raw body with
+  ``ORCHESTRATOR_WEBHOOK_SECRET``, in ``X-Orchestrator-Signature:
+  sha256=<hex>``.  A missing or wrong signature is a 401 and nothing is
+  stored.  The signature replaces the bearer token for this one route (the
+  sender is another system that holds the shared secret).
+* **Outbound**: the built-in ``webhook`` channel POSTs each delivered
+  message as JSON to the attached address (``orchestrator groups attach JID
+  webhook --address https://...``), signed the same way, so the receiver
+  can check it came from us.  A non-2xx answer or a connection error is a
+  failed send: the deliveries table retries it with backoff and never sends
+  it twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from orchestrator.channels.base import BaseChannel
+from orchestrator.core.errors import ChannelError, OrchestratorError
+from orchestrator.core.settings import Settings
+from orchestrator.model.render import RenderedMessage
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.store.db import Database
+
+SIGNATURE_HEADER = "X-Orchestrator-Signature"
+INBOUND_PATH = "/webhooks/inbound"
+CHANNEL = "webhook"
+
+
+def sign(secret: str, body: bytes) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def verify(secret: str, body: bytes, header: str | None) -> bool:
+    """Constant-time check of ``header`` against the body's signature."""
+    return bool(secret) and header is not None and hmac.compare_digest(sign(secret, body), header.strip())
+
+
+class WebhookChannel(BaseChannel):
+    """POSTs each delivered message to an http(s) URL (the attachment's address)."""
+
+    name = CHANNEL
+
+    def __init__(self, settings: Settings, client: httpx.Client | None = None) -> None:
+        self._secret = settings.webhook_secret
+        self._client = client or httpx.Client(timeout=settings.webhook_timeout_s)
+
+    def owns(self, chat_jid: str) -> bool:
+        parts = urlsplit(chat_jid)
+        return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+    def send(self, chat_jid: str, rendered: RenderedMessage) -> None:
+        if not self.owns(chat_jid):
+            raise ChannelError(f"the webhook channel needs an http(s) URL as its address, not {chat_jid!r}")
+        body = json.dumps({"event": "message", "message": rendered.model_dump(mode="json")},
+                          ensure_ascii=False).encode()
+        headers = {"content-type": "application/json"}
+        if self._secret:
+            headers[SIGNATURE_HEADER] = sign(self._secret, body)
+        try:
+            resp = self._client.post(chat_jid, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise ChannelError(f"webhook {chat_jid} unreachable: {exc}") from exc
+        if resp.status_code >= 300:
+            raise ChannelError(f"webhook {chat_jid} answered {resp.status_code}: {resp.text[:200]}")
+
+    def disconnect(self) -> None:
+        self._client.close()
+
+
+def add_inbound_route(
+    api: FastAPI, db: Database, settings: Settings, *, signal: Callable[[str], object],
+    signal_delivery: Callable[[str], object] | None, max_chars: int,
+) -> None:
+    @api.post(INBOUND_PATH, status_code=201, tags=["webhooks"])
+    async def inbound(request: Request) -> JSONResponse:
+        """A message from another system, signed with the shared webhook secret."""
+        if not settings.webhook_secret:
+            return JSONResponse({"detail": "inbound webhooks are off (set ORCHESTRATOR_WEBHOOK_SECRET)"}, 404)
+        body = await request.body()
+        if not verify(settings.webhook_secret, body, request.headers.get(SIGNATURE_HEADER)):
+            return JSONResponse({"detail": f"missing or wrong {SIGNATURE_HEADER}"}, 401)
+        try:
+            doc = json.loads(body)
+            if isinstance(doc, dict):
+                doc.setdefault("channel", CHANNEL)
+            incoming = IncomingMessage.model_validate(doc)
+        except ValueError as exc:  # JSONDecodeError and ValidationError both
+            err = exc.errors()[0] if isinstance(exc, ValidationError) else None
+            field = ".".join(str(p) for p in err["loc"]) if err else "body"
+            return JSONResponse({"detail": f"{field}: {err['msg'] if err else exc}", "field": field}, 400)
+        if len(incoming.content) > max_chars:
+            return JSONResponse({"detail": f"content is longer than {max_chars} characters"}, 413)
+        try:
+            result = ingest(db, settings, incoming, signal=signal, signal_delivery=signal_delivery)
+        except OrchestratorError as exc:
+            field = getattr(exc, "field", None)
+            return JSONResponse({"detail": str(exc), **({"field": field} if field else {})}, 400)
+        return JSONResponse(
+            {"message": result.message.model_dump(mode="json"), "created": result.created,
+             "triggered": result.triggered},
+            201,
+        )

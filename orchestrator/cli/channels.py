@@ -1,0 +1,119 @@
+"""CLI commands for channels and deliveries: ``groups attach`` / ``detach`` /
+``channels``, ``deliveries`` (list) and ``deliveries flush``."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+
+from orchestrator.cli.support import fail as _fail
+from orchestrator.cli.support import setup as _setup
+from orchestrator.core.errors import OrchestratorError
+
+# deliveries.STATES, written out: importing the deliveries module (SQLAlchemy)
+# to print a help text would cost every command's start-up
+# (tests/host/test_entry_points.py checks the two agree).
+DELIVERY_STATES = ("pending", "sending", "sent", "failed", "cancelled")
+
+deliveries_app = typer.Typer(rich_markup_mode=None, help="Deliveries of stored messages to channels.", invoke_without_command=True)
+
+
+def register(app: typer.Typer, groups_app: typer.Typer) -> None:
+    groups_app.command("attach")(groups_attach)
+    groups_app.command("detach")(groups_detach)
+    groups_app.command("channels")(groups_channels)
+    app.add_typer(deliveries_app, name="deliveries")
+
+
+def groups_attach(
+    jid: str,
+    channel: str,
+    address: Annotated[Optional[str], typer.Option(help="Where on the channel (default: the chat id).")] = None,
+    config: Annotated[Optional[str], typer.Option(help="The channel's settings for this group, a JSON object.")] = None,
+) -> None:
+    """Show group JID's messages on CHANNEL from now on (again: change its address)."""
+    from orchestrator.channels.registry import build_registry
+    from orchestrator.store.attachments import attach_channel
+
+    settings, db = _setup()
+    try:
+        conf = None if config is None else json.loads(config)
+        registry = build_registry(settings)
+        try:
+            a = attach_channel(db, jid, channel, address=address, config=conf, registry=registry)
+        finally:
+            registry.close()
+    except (OrchestratorError, ValueError) as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"{a.chat_jid}: attached to {a.channel} at {a.address}")
+
+
+def groups_detach(jid: str, channel: str) -> None:
+    """Stop showing group JID's messages on CHANNEL (its unsent deliveries are cancelled)."""
+    from orchestrator.store.attachments import detach_channel
+
+    _, db = _setup()
+    if not detach_channel(db, jid, channel):
+        raise _fail(OrchestratorError(f"{jid} is not attached to {channel!r}"))
+    typer.echo(f"{jid}: detached from {channel}")
+
+
+def groups_channels(
+    jid: Annotated[Optional[str], typer.Argument(help="Only this group.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List the channels each group is attached to."""
+    from orchestrator.store.attachments import list_attachments
+
+    _, db = _setup()
+    attachments = list_attachments(db, jid)
+    if as_json:
+        typer.echo(json.dumps([a.model_dump() for a in attachments], indent=2))
+        return
+    for a in attachments:
+        typer.echo(f"{a.chat_jid:30} {a.channel:16} {a.address}")
+
+
+@deliveries_app.callback()
+def deliveries_list(
+    ctx: typer.Context,
+    group: Annotated[Optional[str], typer.Option(help="Only this chat jid.")] = None,
+    state: Annotated[Optional[str], typer.Option(help=f"Only this state: {', '.join(DELIVERY_STATES)}.")] = None,
+    limit: Annotated[int, typer.Option()] = 50,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List deliveries, newest message first."""
+    from orchestrator.store.deliveries import list_deliveries
+
+    if ctx.invoked_subcommand is not None:
+        return
+    _, db = _setup()
+    rows = list_deliveries(db, chat_jid=group, state=state, limit=limit)
+    if as_json:
+        typer.echo(json.dumps([d.model_dump(mode="json") for d in rows], indent=2))
+        return
+    for d in rows:
+        when = f"sent {d.sent_at:%H:%M:%S}" if d.sent_at else f"next {d.next_attempt_at:%H:%M:%S}"
+        typer.echo(f"#{d.message_seq:<6} {d.chat_jid:24} {d.channel:12} {d.state:9} attempts {d.attempts}  "
+                   f"{when}  {d.last_error or ''}")
+
+
+@deliveries_app.command("flush")
+def deliveries_flush(group: Annotated[Optional[str], typer.Option(help="Only this chat jid.")] = None) -> None:
+    """Send due deliveries now, from this process (on the channels it knows)."""
+    from orchestrator.channels.registry import build_registry
+    from orchestrator.run.outbound import Deliverer
+
+    settings, db = _setup()
+    try:
+        registry = build_registry(settings)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    try:
+        report = Deliverer(db, settings, registry).deliver_due(group)
+    finally:
+        registry.close()
+    retry = "" if report.retry_in is None else f", next retry in {report.retry_in:.1f}s"
+    typer.echo(f"sent {report.sent}, failed attempts {report.failed_attempts}, cancelled {report.cancelled}{retry}")

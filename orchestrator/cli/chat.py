@@ -1,0 +1,189 @@
+"""``orchestrator chat JID``: an interactive terminal chat.
+
+What you type is ingested like any channel's message; everything the group's
+display view gains (replies, tool results, host messages, other people's
+messages from other channels) is printed as it is stored, rendered by type,
+with the run's state (queued, running, done, failed) as it changes.  The
+terminal reads the database, so it sees exactly what every other channel
+sees.
+
+On a terminal the prompt stays at the bottom while messages print above it
+(prompt_toolkit); with piped stdin it reads lines until EOF, for scripts.
+Lines starting with ``/`` are commands: ``/quit``, ``/history``, ``/edit
+#SEQ TEXT``, ``/regenerate #SEQ``, ``/help``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+
+from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.settings import Settings
+from orchestrator.model.messages import STORED_ONLY_SENDERS, StoredMessage
+from orchestrator.model.render import render_text
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.queue import signal_group
+from orchestrator.store.db import Database
+from orchestrator.store.groups import find_group
+from orchestrator.store.history import edit_message, regenerate
+from orchestrator.store.message_log import get_messages_after, get_recent_messages, resolve_message
+from orchestrator.store.runs import FINAL_STATES, list_runs
+
+POLL_S = 0.2
+BACKLOG = 20
+RUN_MARKS = {"queued": "⏳ queued", "running": "⚙️ running", "succeeded": "✔ done", "failed": "✖ failed",
+             "timed_out": "✖ timed out", "cancelled": "🛑 cancelled"}
+HELP = "commands: /history  /edit #SEQ TEXT  /regenerate #SEQ  /quit"
+
+Print = Callable[[str], None]
+
+
+def format_line(m: StoredMessage, assistant: str) -> str:
+    return f"#{m.seq} {render_text(m, assistant)}"
+
+
+class Follower:
+    """Prints what the chat gains, and run state changes, from a background thread."""
+
+    def __init__(self, db: Database, settings: Settings, jid: str, out: Print, after: int) -> None:
+        self.db, self.settings, self.jid, self.out = db, settings, jid, out
+        self.after = after
+        self.assistant = settings.assistant_name
+        group = find_group(db, jid)
+        if group is not None and group.assistant_name:
+            self.assistant = group.assistant_name
+        self._run_states: dict[str, str] = {r.id: r.state for r in list_runs(db, chat_jid=jid, limit=20)}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="chat-follower", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def poll(self) -> None:
+        for m in get_messages_after(self.jid, self.after, db=self.db):
+            self.after = m.seq
+            if m.sender not in STORED_ONLY_SENDERS:
+                self.out(format_line(m, self.assistant))
+        for run in reversed(list_runs(self.db, chat_jid=self.jid, limit=5)):
+            if self._run_states.get(run.id) != run.state:
+                self._run_states[run.id] = run.state
+                self.out(f"   [{RUN_MARKS.get(run.state, run.state)} · run {run.id[:8]}]")
+
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self.poll()
+            except Exception as exc:  # noqa: BLE001 - keep following; say what happened
+                self.out(f"   [could not read the chat: {exc}]")
+
+
+def handle_line(line: str, *, db: Database, settings: Settings, jid: str, sender: str, out: Print) -> bool:
+    """Act on one typed line; False means quit."""
+    text = line.rstrip("\n")
+    if not text.strip():
+        return True
+    signal = partial(signal_group, settings)
+    try:
+        if text.startswith("/"):
+            cmd, _, rest = text.partition(" ")
+            if cmd in ("/quit", "/exit"):
+                return False
+            if cmd == "/help":
+                out(HELP)
+            elif cmd == "/history":
+                for m in get_recent_messages(jid, BACKLOG, db=db):
+                    out(format_line(m, settings.assistant_name))
+            elif cmd == "/edit":
+                ref, _, new_text = rest.partition(" ")
+                msg = resolve_message(jid, ref, db=db)
+                edit_message(db, settings, jid, msg.id, new_text, rerun=True, signal=signal)
+                out(f"   [edited #{msg.seq}; the agent answers again]")
+            elif cmd == "/regenerate":
+                msg = resolve_message(jid, rest.strip(), db=db)
+                regenerate(db, settings, jid, msg.id, signal=signal)
+                out(f"   [regenerating #{msg.seq}]")
+            else:
+                out(f"   [unknown command {cmd}; {HELP}]")
+            return True
+        result = ingest(db, settings, IncomingMessage(chat_jid=jid, sender=sender, sender_name=sender, content=text),
+                        signal=signal)
+        if not result.triggered:
+            out("   [stored; it does not wake the agent (no trigger, or not a registered group)]")
+    except (OrchestratorError, ValueError) as exc:
+        out(f"   [error: {exc}]")
+    return True
+
+
+def _idle(db: Database, jid: str) -> bool:
+    """No work pending for the chat and no run in flight."""
+    group = find_group(db, jid)
+    if group is not None and group.pending_seq > group.cursor_seq:
+        return False
+    return all(r.state in FINAL_STATES for r in list_runs(db, chat_jid=jid, limit=5))
+
+
+def run_chat(db: Database, settings: Settings, jid: str, sender: str, linger_s: float = 0.0) -> int:
+    """Chat until /quit or EOF; with piped input, keep following up to
+    ``linger_s`` seconds after EOF until the agent has nothing left to do."""
+    if find_group(db, jid) is None:
+        print(f"note: {jid} is not a registered group; messages are stored but never answered", file=sys.stderr)
+    backlog = get_recent_messages(jid, BACKLOG, db=db)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    if interactive:
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.patch_stdout import patch_stdout
+
+        def out(s: str) -> None:
+            print(s, flush=True)
+
+        for m in backlog:
+            out(format_line(m, settings.assistant_name))
+        follower = Follower(db, settings, jid, out, backlog[-1].seq if backlog else 0)
+        session: PromptSession[str] = PromptSession(f"{sender}> ")
+        with patch_stdout(raw=True):
+            follower.start()
+            try:
+                while True:
+                    try:
+                        line = session.prompt()
+                    except KeyboardInterrupt:
+                        continue
+                    except EOFError:
+                        break
+                    if not handle_line(line, db=db, settings=settings, jid=jid, sender=sender, out=out):
+                        break
+            finally:
+                follower.stop()
+        return 0
+
+    lock = threading.Lock()
+
+    def out_locked(s: str) -> None:
+        with lock:
+            sys.stdout.write(s + "\n")
+            sys.stdout.flush()
+
+    for m in backlog:
+        out_locked(format_line(m, settings.assistant_name))
+    follower = Follower(db, settings, jid, out_locked, backlog[-1].seq if backlog else 0)
+    follower.start()
+    try:
+        for line in sys.stdin:
+            if not handle_line(line, db=db, settings=settings, jid=jid, sender=sender, out=out_locked):
+                break
+        deadline = time.monotonic() + linger_s
+        time.sleep(min(linger_s, 2 * POLL_S))  # let a just-sent message reach a worker
+        while time.monotonic() < deadline and not _idle(db, jid):
+            time.sleep(POLL_S)
+    finally:
+        follower.stop()
+    follower.poll()  # anything stored in the last moments
+    return 0

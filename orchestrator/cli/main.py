@@ -1,0 +1,579 @@
+"""The ``orchestrator`` command line."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sys
+import time
+from functools import partial
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from orchestrator.cli import channels as cli_channels
+from orchestrator.cli import history as cli_history
+from orchestrator.cli import telegram as cli_telegram
+
+if TYPE_CHECKING:
+    from orchestrator.core.settings import Settings
+    from orchestrator.model.messages import StoredMessage
+    from orchestrator.store.db import Database
+from orchestrator.cli.support import fail as _fail
+from orchestrator.cli.support import setup as _setup
+from orchestrator.core.errors import OrchestratorError
+
+app = typer.Typer(rich_markup_mode=None, help="Task-queue agent orchestrator.", no_args_is_help=True, add_completion=False)
+groups_app = typer.Typer(rich_markup_mode=None, help="Registered groups.", no_args_is_help=True)
+runs_app = typer.Typer(rich_markup_mode=None, help="Agent runs.", invoke_without_command=True)
+image_app = typer.Typer(rich_markup_mode=None, help="The agent image.", no_args_is_help=True)
+tasks_app = typer.Typer(rich_markup_mode=None, help="Scheduled tasks (cron, interval, once).", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
+app.add_typer(groups_app, name="groups")
+app.add_typer(runs_app, name="runs")
+app.add_typer(image_app, name="image")
+
+
+
+
+# -- processes ----------------------------------------------------------------
+
+
+@app.command()
+def up(
+    port: Annotated[int, typer.Option(help="HTTP port (0: no HTTP server).")] = -1,
+    host: Annotated[Optional[str], typer.Option(help="HTTP bind address.")] = None,
+    concurrency: Annotated[int, typer.Option(help="Worker slots (parallel runs).")] = 2,
+) -> None:
+    """Run everything on this machine: worker, beat and HTTP API (Ctrl-C stops all)."""
+    from orchestrator.cli.supervisor import Child, Supervisor, api_argv, beat_argv, worker_argv
+    from orchestrator.sandbox.containers import docker_client
+    from orchestrator.sandbox.image import ensure_agent_image
+    from orchestrator.store.groups import ensure_main_group
+
+    settings, db = _setup()
+    port = settings.api_port if port < 0 else port
+    host = host or settings.api_host
+    if port:
+        _check_api_exposure(host, settings)
+    try:
+        ensure_main_group(db)
+        client = docker_client(settings)
+        typer.echo(f"checking the agent image {settings.agent_image} (built if missing) ...")
+        ensure_agent_image(client, settings)
+        from orchestrator.run.sweeper import live_run_ids
+        from orchestrator.sandbox.containers import DockerSandbox
+
+        removed = DockerSandbox(settings, client).remove_orphans(live_run_ids(db))
+        if removed:
+            typer.echo(f"removed {removed} leftover run container(s)")
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    env = dict(os.environ, ORCHESTRATOR_DATA_DIR=str(settings.data_dir), ORCHESTRATOR_API_HOST=host)
+    children = [
+        Child("worker", worker_argv(concurrency, settings.log_level)),
+        Child("beat", beat_argv(str(settings.data_dir / "celerybeat-schedule"), settings.log_level)),
+    ]
+    if port:
+        children.append(Child("api", api_argv(host, port)))
+        typer.echo(f"HTTP API on http://{host}:{port}  (health: /health)")
+    typer.echo(f"data in {settings.data_dir}; try: orchestrator send main@local '$ echo hello' --wait 60")
+    raise typer.Exit(Supervisor(children, env).run())
+
+
+@app.command()
+def worker(
+    concurrency: Annotated[int, typer.Option(help="Parallel runs in this worker.")] = 2,
+) -> None:
+    """Run one Celery worker (what each fleet host runs)."""
+    from orchestrator.cli.supervisor import worker_argv
+
+    settings, _ = _setup()
+    argv = worker_argv(concurrency, settings.log_level)
+    os.execv(argv[0], argv)
+
+
+@app.command()
+def api(
+    port: Annotated[int, typer.Option()] = -1,
+    host: Annotated[Optional[str], typer.Option()] = None,
+) -> None:
+    """Run the HTTP API server alone."""
+    from orchestrator.cli.supervisor import api_argv
+
+    settings, _ = _setup()
+    host = host or settings.api_host
+    _check_api_exposure(host, settings)
+    argv = api_argv(host, settings.api_port if port < 0 else port)
+    # The app checks the address again (ORCHESTRATOR_API_HOST), whoever starts it.
+    os.execve(argv[0], argv, dict(os.environ, ORCHESTRATOR_API_HOST=host))
+
+
+def _check_api_exposure(host: str, settings: Settings) -> None:
+    from orchestrator.http.api import check_exposure
+
+    try:
+        check_exposure(host, settings.api_token)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+
+
+@app.command()
+def beat() -> None:
+    """Run Celery beat alone: the sweeper (and, later, scheduled tasks)."""
+    from orchestrator.cli.supervisor import beat_argv
+
+    settings, _ = _setup()
+    argv = beat_argv(str(settings.data_dir / "celerybeat-schedule"), settings.log_level)
+    os.execv(argv[0], argv)
+
+
+@app.command()
+def sweep() -> None:
+    """Run the sweeper once now (re-signal pending groups, close dead runs, remove orphans)."""
+    from orchestrator.run.queue import signal_delivery, signal_group
+    from orchestrator.run.sweeper import sweep as run_sweep
+    from orchestrator.sandbox.containers import DockerSandbox
+
+    settings, db = _setup()
+    try:
+        sandbox = DockerSandbox(settings)
+    except OrchestratorError as exc:
+        typer.secho(f"warning: {exc}; containers not checked", fg=typer.colors.YELLOW, err=True)
+        sandbox = None
+    report = run_sweep(db, signal=partial(signal_group, settings), sandbox=sandbox,
+                       signal_delivery=partial(signal_delivery, settings))
+    typer.echo(
+        f"interrupted runs: {len(report.interrupted_runs)}, re-signalled groups: "
+        f"{len(report.signalled_groups)}, removed containers: {report.removed_containers}, "
+        f"chats with due deliveries: {len(report.delivery_signals)}, "
+        f"abandoned delivery claims: {report.abandoned_deliveries}"
+    )
+
+
+@app.command()
+def flower(port: Annotated[int, typer.Option()] = 5555) -> None:
+    """Run Flower (Celery monitoring) against this installation's broker."""
+    settings, _ = _setup()
+    argv = [sys.executable, "-m", "celery", "-A", "workers.app", "flower", f"--port={port}", "--address=127.0.0.1"]
+    # Flower listens on loopback only here, so its JSON API may go without a login.
+    os.execve(argv[0], argv, dict(os.environ, FLOWER_UNAUTHENTICATED_API="true"))
+
+
+# -- groups -------------------------------------------------------------------
+
+
+@groups_app.command("add")
+def groups_add(
+    jid: str,
+    name: Annotated[str, typer.Option(help="Display name.")],
+    folder: Annotated[str, typer.Option(help="Workspace folder (a slug).")],
+    main: Annotated[bool, typer.Option("--main", help="The main group (never needs the trigger).")] = False,
+    trigger: Annotated[bool, typer.Option("--trigger/--no-trigger", help="Require @Name to wake the agent.")] = True,
+) -> None:
+    """Register a chat as a group."""
+    from orchestrator.store.groups import add_group
+
+    _, db = _setup()
+    try:
+        g = add_group(db, chat_jid=jid, name=name, folder=folder, is_main=main, requires_trigger=trigger)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"registered {g.chat_jid} ({g.name}, folder {g.folder}, trigger {'on' if g.requires_trigger else 'off'})")
+
+
+@groups_app.command("set")
+def groups_set(
+    jid: str,
+    container_config: Annotated[Optional[str], typer.Option(
+        "--container-config",
+        help='JSON: memory, cpus, pids, run_timeout_s, bash_timeout_s, workspace_quota, extra_mounts '
+             '([{"host_path": ..., "name": ..., "read_write": false}]); checked against the mount allowlist.',
+    )] = None,
+    clear: Annotated[bool, typer.Option("--clear-container-config", help="Back to the settings' defaults.")] = False,
+) -> None:
+    """Change a group's sandbox: limits and allowlisted extra mounts."""
+    from orchestrator.sandbox.config import effective_limits, set_container_config, workspace_quota
+    from orchestrator.sandbox.quota import human
+
+    if (container_config is None) == (not clear):
+        raise _fail(OrchestratorError("give exactly one of --container-config JSON, --clear-container-config"))
+    settings, db = _setup()
+    try:
+        g = set_container_config(db, settings, jid, None if clear else container_config)
+        limits = effective_limits(settings, g.container_config)
+        quota = workspace_quota(settings, g.container_config)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"{g.chat_jid}: container_config {json.dumps(g.container_config or {})}")
+    typer.echo(f"  effective: memory {limits.memory}, cpus {limits.cpus:g}, pids {limits.pids}, "
+               f"run timeout {limits.run_timeout_s:g}s, bash timeout {limits.bash_timeout_s:g}s, "
+               f"workspace quota {human(quota) if quota else 'none'}")
+
+
+@groups_app.command("list")
+def groups_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List registered groups."""
+    from orchestrator.store.groups import list_groups
+
+    _, db = _setup()
+    groups = list_groups(db)
+    if as_json:
+        typer.echo(json.dumps([g.model_dump() for g in groups], indent=2))
+        return
+    for g in groups:
+        flags = ("main " if g.is_main else "") + ("trigger" if g.requires_trigger else "no-trigger")
+        typer.echo(f"{g.chat_jid:30} {g.name:16} folder={g.folder:16} {flags} cursor={g.cursor_seq}")
+
+
+@groups_app.command("reset")
+def groups_reset(jid: str) -> None:
+    """Start a group afresh: forget its model session and stop its warm container."""
+    from orchestrator.sandbox.warm import reset_session
+
+    settings, db = _setup()
+    try:
+        stopped = reset_session(db, settings, jid)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"reset {jid}: session forgotten, {stopped} warm container(s) stopped", err=True)
+
+
+@groups_app.command("quota")
+def groups_quota(jid: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """A group's workspace disk usage against its quota, and how the quota is kept."""
+    from dataclasses import asdict
+
+    from orchestrator.sandbox.config import workspace_quota
+    from orchestrator.sandbox.quota import human, report
+    from orchestrator.store.groups import get_group
+
+    settings, db = _setup()
+    try:
+        g = get_group(db, jid)
+        r = report(settings, g.folder, workspace_quota(settings, g.container_config))
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        typer.echo(json.dumps({"chat_jid": g.chat_jid, **asdict(r)}, indent=2))
+        return
+    limit = human(r.quota) if r.quota else "no quota"
+    typer.echo(f"{g.chat_jid}: workspace {human(r.used)} used of {limit} (mode {r.mode}: {r.note})")
+    if r.volume:
+        state = "mounted" if r.mounted else "not mounted"
+        typer.echo(f"  volume {r.volume}: {human(r.size)}, {state}, {human(r.allocated)} on the data dir's disk")
+
+
+@groups_app.command("unmount-volumes")
+def groups_unmount_volumes() -> None:
+    """Unmount every group's workspace volume of this data dir (the images and
+    files stay; the next run mounts its group's again).  Stop the workers
+    first; needed before the data dir can be deleted or moved."""
+    from orchestrator.sandbox.quota import unmount_all
+
+    settings, _db = _setup()
+    try:
+        done = unmount_all(settings)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"unmounted {len(done)} workspace volume(s){': ' + ', '.join(done) if done else ''}", err=True)
+
+
+# -- messages -----------------------------------------------------------------
+
+
+def _print_message(msg: StoredMessage, assistant: str, as_json: bool) -> None:
+    from orchestrator.model.render import render_text
+
+    if as_json:
+        typer.echo(msg.model_dump_json())
+    else:
+        typer.echo(f"[{msg.message_type}] {render_text(msg, assistant)}")
+
+
+@app.command()
+def send(
+    jid: str,
+    text: str,
+    sender: Annotated[str, typer.Option(help="Sender name.")] = "cli-user",
+    wait: Annotated[float, typer.Option(help="Seconds to wait for the run and print replies (0: don't).")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print replies as JSON lines.")] = False,
+    metadata: Annotated[Optional[str], typer.Option(help='Metadata JSON object, e.g. \'{"context": [...]}\'.')] = None,
+) -> None:
+    """Store TEXT as a user message in chat JID (and wake the agent if it should)."""
+    from orchestrator.run.ingest import IncomingMessage, ingest
+
+    settings, db = _setup()
+
+    def stored(msg: StoredMessage, wakes: bool) -> None:
+        # Said once the message is committed, before any signal: on its own
+        # line, ahead of every reply.
+        typer.echo(f"stored #{msg.seq} in {jid}" + ("" if wakes else " (does not wake the agent)"), err=True)
+
+    try:
+        meta = None if metadata is None else json.loads(metadata)
+        result = ingest(
+            db, settings,
+            IncomingMessage(chat_jid=jid, sender=sender, sender_name=sender, content=text, metadata=meta),
+            signal=partial(_signal, "group", settings), signal_delivery=partial(_signal, "delivery", settings),
+            on_stored=stored,
+        )
+    except (OrchestratorError, ValueError) as exc:
+        raise _fail(exc) from exc
+    msg = result.message
+    if wait <= 0 or not result.triggered:
+        return
+    raise typer.Exit(_wait_for_replies(db, settings, msg, wait, as_json))
+
+
+def _signal(kind: str, settings: Settings, chat_jid: str) -> None:
+    # Celery (kombu) is imported only when a signal is sent, after the commit.
+    from orchestrator.run.queue import signal_delivery, signal_group
+
+    (signal_group if kind == "group" else signal_delivery)(settings, chat_jid)
+
+
+@app.command()
+def chat(
+    jid: str,
+    sender: Annotated[str, typer.Option(help="Your name in the chat.")] = "cli-user",
+    linger: Annotated[float, typer.Option(help="Piped input: keep following this many seconds after EOF.")] = 60.0,
+) -> None:
+    """Chat with the agent in chat JID from this terminal (live replies; /help for commands)."""
+    from orchestrator.cli.chat import run_chat
+
+    settings, db = _setup()
+    raise typer.Exit(run_chat(db, settings, jid, sender, linger_s=linger))
+
+
+def _wait_for_replies(db: Database, settings: Settings, sent: StoredMessage, wait: float, as_json: bool) -> int:
+    """Print what the run stores after ``sent``; 0 if the run succeeded."""
+    from orchestrator.store.groups import get_group
+    from orchestrator.store.message_log import get_messages_after
+    from orchestrator.store.runs import FINAL_STATES, list_runs
+
+    group = get_group(db, sent.chat_jid)
+    assistant = group.assistant_name or settings.assistant_name
+    deadline = time.monotonic() + wait
+    after = sent.seq
+    while time.monotonic() < deadline:
+        for m in get_messages_after(sent.chat_jid, after, db=db):
+            after = m.seq
+            if not (m.is_from_me or m.message_type == "host"):
+                continue  # other people's messages are not replies
+            _print_message(m, assistant, as_json)
+        done = [
+            r for r in list_runs(db, chat_jid=sent.chat_jid, limit=20)
+            if r.cursor_from < sent.seq <= r.cursor_to and r.state in FINAL_STATES
+        ]
+        if done:
+            for m in get_messages_after(sent.chat_jid, after, db=db):
+                if m.is_from_me or m.message_type == "host":
+                    _print_message(m, assistant, as_json)
+            run = done[0]
+            typer.echo(f"run {run.id[:8]} {run.state} in {run.duration_s or 0:.2f}s", err=True)
+            return 0 if run.state == "succeeded" else 3
+        time.sleep(0.1)
+    typer.secho(f"no finished run after {wait:.0f}s (is a worker running?)", fg=typer.colors.YELLOW, err=True)
+    return 4
+
+
+@app.command()
+def history(
+    jid: str,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON array of stored messages.")] = False,
+    limit: Annotated[int, typer.Option(help="Newest N messages.")] = 200,
+    include_superseded: Annotated[bool, typer.Option("--all", help="Include superseded messages (audit).")] = False,
+) -> None:
+    """Print a chat's stored messages, oldest first."""
+    from orchestrator.model.render import render_text
+    from orchestrator.store.message_log import get_recent_messages
+
+    settings, db = _setup()
+    msgs = get_recent_messages(jid, limit, include_superseded=include_superseded, db=db)
+    if as_json:
+        typer.echo(json.dumps([m.model_dump(mode="json") for m in msgs], indent=2, ensure_ascii=False))
+        return
+    for m in msgs:
+        mark = " (superseded)" if m.superseded_at else " (edited)" if m.edited_at else ""
+        typer.echo(f"#{m.seq:<5} {m.timestamp[:19]} [{m.message_type}]{mark} {render_text(m, settings.assistant_name)}")
+
+
+# -- runs -----------------------------------------------------------------------
+
+
+@runs_app.callback()
+def runs_list(
+    ctx: typer.Context,
+    group: Annotated[Optional[str], typer.Option(help="Only this chat jid.")] = None,
+    state: Annotated[Optional[str], typer.Option(help="Only runs in this state.")] = None,
+    limit: Annotated[int, typer.Option()] = 50,
+) -> None:
+    """List agent runs, newest first."""
+    from orchestrator.store.runs import list_runs
+
+    if ctx.invoked_subcommand is not None:
+        return
+    _, db = _setup()
+    for r in list_runs(db, chat_jid=group, state=state, limit=limit):
+        took = f"{r.duration_s:.2f}s" if r.duration_s is not None else "-"
+        typer.echo(f"{r.id[:8]}  {r.state:10} {r.chat_jid:24} msgs {r.cursor_from + 1}..{r.cursor_to}  {took}  {r.error or ''}")
+
+
+@runs_app.command("show")
+def runs_show(
+    run_id: str,
+    show_input: Annotated[bool, typer.Option("--input", help="Print the exact ContainerInput JSON the run sent.")] = False,
+    verify: Annotated[bool, typer.Option(help="Rebuild the input from the stored history and compare.")] = False,
+) -> None:
+    """Show one run (an id or a unique prefix)."""
+    from orchestrator.run.assembly import rebuild_input, stored_input
+    from orchestrator.store.runs import get_run
+
+    settings, db = _setup()
+    try:
+        run = get_run(db, run_id)
+        if not (show_input or verify):
+            typer.echo(run.model_dump_json(indent=2))
+            return
+        recorded = stored_input(db, run.id)
+        if recorded is None:
+            raise _fail(ValueError(f"run {run.id} has no recorded input (it failed before assembling one)"))
+        if show_input:
+            sys.stdout.buffer.write(recorded + b"\n")
+            sys.stdout.flush()
+        if verify:
+            rebuilt = rebuild_input(db, settings, run.id)
+            if rebuilt == recorded:
+                typer.echo(f"verified: the stored history rebuilds the same {len(recorded)} bytes "
+                           f"(sha256 {run.input_sha256})", err=True)
+                return
+            diff = difflib.unified_diff(
+                _pretty(recorded), _pretty(rebuilt), "sent", "rebuilt from history now", lineterm=""
+            )
+            typer.echo("\n".join(diff), err=True)
+            typer.secho("the history changed since this run (edited, superseded or context files changed)",
+                        fg=typer.colors.YELLOW, err=True)
+            raise typer.Exit(code=2)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+
+
+def _pretty(data: bytes) -> list[str]:
+    return json.dumps(json.loads(data), indent=2, ensure_ascii=False).splitlines()
+
+
+@runs_app.command("cancel")
+def runs_cancel(run_id: str) -> None:
+    """Cancel a run: its worker stops the container and records it as cancelled."""
+    from orchestrator.store.runs import cancel_run
+
+    _, db = _setup()
+    try:
+        run = cancel_run(db, run_id)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    if run.state != "cancelled":
+        raise _fail(OrchestratorError(f"run {run.id[:8]} already ended as {run.state}"))
+    typer.echo(f"run {run.id[:8]} cancelled; its worker stops the container within a second")
+
+
+# -- scheduled tasks --------------------------------------------------------------
+
+
+@tasks_app.command("add")
+def tasks_add(
+    jid: str,
+    prompt: Annotated[str, typer.Option(help="What the agent is asked each time.")],
+    cron: Annotated[Optional[str], typer.Option(help="A cron line, e.g. '0 9 * * 1-5'.")] = None,
+    every: Annotated[Optional[str], typer.Option(help="An interval: 90, 45s, 30m, 2h, 1d.")] = None,
+    at: Annotated[Optional[str], typer.Option(help="Once, at an ISO-8601 time (UTC if no zone).")] = None,
+    context: Annotated[str, typer.Option(help="group (history and session) or isolated (fresh).")] = "group",
+) -> None:
+    """Schedule a prompt for group JID."""
+    from orchestrator.run.schedules import add_task
+
+    chosen = [(k, v) for k, v in (("cron", cron), ("interval", every), ("once", at)) if v]
+    if len(chosen) != 1:
+        raise _fail(OrchestratorError("give exactly one of --cron, --every, --at"))
+    _, db = _setup()
+    kind, spec = chosen[0]
+    try:
+        task = add_task(db, chat_jid=jid, prompt=prompt, kind=kind, spec=spec, context_mode=context)  # type: ignore[arg-type]
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"task {task.id[:8]} ({task.kind} {task.spec}, {task.context_mode}) next at {task.next_run_at:%Y-%m-%d %H:%M:%S} UTC")
+
+
+@tasks_app.command("list")
+def tasks_list(
+    group: Annotated[Optional[str], typer.Option(help="Only this chat jid.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List scheduled tasks."""
+    from orchestrator.run.schedules import list_tasks
+
+    _, db = _setup()
+    tasks = list_tasks(db, chat_jid=group)
+    if as_json:
+        typer.echo(json.dumps([t.model_dump(mode="json") for t in tasks], indent=2))
+        return
+    for t in tasks:
+        nxt = f"{t.next_run_at:%Y-%m-%d %H:%M:%S}" if t.next_run_at else "-"
+        typer.echo(f"{t.id[:8]}  {t.state:9} {t.chat_jid:20} {t.kind:8} {t.spec:16} {t.context_mode:8} next {nxt}  runs {t.runs}  {t.prompt[:40]}")
+
+
+def _task_action(task_id: str, action: str) -> None:
+    from orchestrator.run.schedules import change_state
+
+    _, db = _setup()
+    try:
+        task = change_state(db, task_id, action)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"task {task.id[:8]} is {task.state}")
+
+
+@tasks_app.command("pause")
+def tasks_pause(task_id: str) -> None:
+    """Pause a task (it keeps its schedule)."""
+    _task_action(task_id, "pause")
+
+
+@tasks_app.command("resume")
+def tasks_resume(task_id: str) -> None:
+    """Resume a paused task (what fell due meanwhile is skipped)."""
+    _task_action(task_id, "resume")
+
+
+@tasks_app.command("cancel")
+def tasks_cancel(task_id: str) -> None:
+    """Cancel a task for good."""
+    _task_action(task_id, "cancel")
+
+
+# -- image ------------------------------------------------------------------------
+
+
+@image_app.command("build")
+def image_build(force: Annotated[bool, typer.Option(help="Rebuild even if current.")] = False) -> None:
+    """Build the agent image (and the local base image if missing), offline."""
+    from orchestrator.sandbox.containers import docker_client
+    from orchestrator.sandbox.image import ensure_agent_image
+
+    settings, _ = _setup()
+    try:
+        image_id = ensure_agent_image(docker_client(settings), settings, force=force)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    typer.echo(f"{settings.agent_image} {image_id}")
+
+
+cli_history.register(app)
+cli_channels.register(app, groups_app)
+cli_telegram.register(app)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,100 @@
+"""``orchestrator up``: run the worker and the API server together on one
+machine, in the foreground, restarting a child that dies and stopping all of
+them on Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    backoff: float = field(default=1.0)
+
+    def start(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(self.argv, env=env)
+        self.started_at = time.monotonic()
+        log.info("started %s (pid %d)", self.name, self.proc.pid)
+
+
+class Supervisor:
+    def __init__(self, children: list[Child], env: dict[str, str] | None = None) -> None:
+        self.children = children
+        self.env = env or dict(os.environ)
+        self._stopping = False
+
+    def _stop(self, *_: object) -> None:
+        self._stopping = True
+
+    def run(self) -> int:
+        signal.signal(signal.SIGINT, self._stop)
+        signal.signal(signal.SIGTERM, self._stop)
+        for child in self.children:
+            child.start(self.env)
+        try:
+            while not self._stopping:
+                time.sleep(0.5)
+                for child in self.children:
+                    assert child.proc is not None
+                    code = child.proc.poll()
+                    if code is None or self._stopping:
+                        continue
+                    # A child that ran a while got a fresh backoff; one that
+                    # dies at once waits longer each time (up to 30 s).
+                    if time.monotonic() - child.started_at > 60:
+                        child.backoff = 1.0
+                    log.warning("%s exited with %s; restarting in %.0fs", child.name, code, child.backoff)
+                    time.sleep(child.backoff)
+                    child.backoff = min(child.backoff * 2, 30.0)
+                    child.restarts += 1
+                    child.start(self.env)
+        finally:
+            self.shutdown()
+        return 0
+
+    def shutdown(self, grace_s: float = 20.0) -> None:
+        for child in self.children:
+            if child.proc and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in self.children:
+            if child.proc is None:
+                continue
+            try:
+                child.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in time; killing it", child.name)
+                child.proc.kill()
+                child.proc.wait()
+
+
+def worker_argv(concurrency: int, loglevel: str = "INFO") -> list[str]:
+    return [
+        sys.executable, "-m", "celery", "-A", "workers.app", "worker",
+        "-Q", "agent,delivery", "--concurrency", str(concurrency), "-l", loglevel,
+        "-E", "--without-gossip", "--without-mingle",
+    ]
+
+
+def beat_argv(schedule_file: str, loglevel: str = "INFO") -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "workers.app", "beat", "-s", schedule_file, "-l", loglevel]
+
+
+def api_argv(host: str, port: int) -> list[str]:
+    # Open event streams (SSE) never end by themselves: give them a few
+    # seconds on shutdown, then close them (browsers reconnect).
+    return [sys.executable, "-m", "uvicorn", "orchestrator.http.api:app", "--host", host, "--port", str(port),
+            "--timeout-graceful-shutdown", "3"]

@@ -1,0 +1,34 @@
+"""Workspace quota sizes as people write them (``"2g"``, ``"512m"``, ``"0"``).
+
+A leaf: the settings validate ``ORCHESTRATOR_WORKSPACE_QUOTA`` with it, and
+``orchestrator/sandbox/quota.py`` (which needs the settings, Docker and the warm
+pool) enforces what it parses.
+"""
+
+from __future__ import annotations
+
+import re
+
+MIN_QUOTA_BYTES = 16 * 1024**2
+MAX_QUOTA_BYTES = 16 * 1024**4  # 16 TiB: past any workspace, within what ext4 with 4 KiB blocks holds
+
+_SIZE = re.compile(r"^([0-9]+)([kmgt]?)b?$")
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_quota(value: str | int) -> int:
+    """``"2g"``, ``"512m"``, ``"0"`` (no quota) -> bytes; at least 16m when not 0."""
+    if isinstance(value, int):
+        size = value
+    else:
+        m = _SIZE.match(value.strip().lower())
+        if not m:
+            raise ValueError(f"{value!r} is not a size like '512m' or '2g' (or '0' for no quota)")
+        size = int(m.group(1)) * _UNITS[m.group(2)]
+    if size == 0:
+        return 0
+    if size < MIN_QUOTA_BYTES:
+        raise ValueError(f"{value!r} is below the 16m minimum (use '0' for no quota)")
+    if size > MAX_QUOTA_BYTES:
+        raise ValueError(f"{value!r} is above the 16t maximum")
+    return size

@@ -1,0 +1,399 @@
+"""The HTTP API (FastAPI; OpenAPI docs at /docs) and the web chat page at ``/``.
+
+Health; post a message (the same ingest path as every channel); read a
+chat's display view after a seq cursor, or follow it live (server-sent
+events, ``orchestrator/http/stream.py``); edit, regenerate and truncate; export;
+register, list and change groups; runs, with the exact input each run sent.
+Bad input is a 400 whose body names the offending field; nothing is stored.
+
+Every ``/api`` route takes ``Authorization: Bearer <ORCHESTRATOR_API_TOKEN>``
+when a token is set (compared in constant time; 401 otherwise).  Serving
+beyond loopback without a token is refused at start-up
+(:func:`check_exposure`).  ``/health``, the page and its static files need no
+token (they hold no data).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import text
+from starlette.concurrency import run_in_threadpool
+
+from orchestrator.channels.webhook import add_inbound_route
+from orchestrator.core.errors import (
+    ConfigError,
+    ContainerConfigError,
+    GroupBusy,
+    InvalidMessage,
+    MessageNotFound,
+    MountRefused,
+    OrchestratorError,
+    StoreError,
+    UnknownGroup,
+)
+from orchestrator.core.settings import Settings, get_settings
+from orchestrator.http.stream import ChatStream
+from orchestrator.model.envelopes import InvalidMessageMetadata
+from orchestrator.model.messages import StoredMessage
+from orchestrator.run.assembly import stored_input
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.queue import signal_delivery, signal_group
+from orchestrator.store.db import get_database
+from orchestrator.store.groups import Group, add_group, find_group, get_group, list_groups, update_group
+from orchestrator.store.history import HistoryChange, edit_message, regenerate, truncate_after
+from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.runs import Run, get_run, list_runs
+from orchestrator.store.transfer import export_json, export_markdown
+
+MAX_CONTENT_CHARS = 100_000
+WEB_DIR = Path(__file__).parent / "web"
+# The page runs only its own files: no inline script, nothing from elsewhere.
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+# A chat id: no whitespace or control characters.
+JID_PATTERN = r"^[^\s\x00-\x1f]+$"
+# An assistant name is the trigger word after "@": no spaces, no "@".
+ASSISTANT_NAME_PATTERN = r"^[^\s@]{1,64}$"
+
+
+class Health(BaseModel):
+    status: str
+    database: str
+    broker: str
+
+
+class PostedMessage(BaseModel):
+    message: StoredMessage
+    created: bool
+    triggered: bool
+
+
+class Info(BaseModel):
+    """What the web page needs to know about this server."""
+
+    assistant_name: str
+    trigger_names: list[str]
+    require_registered_chat: bool
+    token_required: bool
+
+
+class NewGroup(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    chat_jid: str = Field(min_length=1, max_length=256, pattern=JID_PATTERN)
+    name: str = Field(min_length=1, max_length=200)
+    folder: str = Field(description="The workspace folder: 1-64 letters, digits, '-' or '_'.")
+    requires_trigger: bool = Field(default=True, description="Only messages starting with @Name wake the agent.")
+    assistant_name: str | None = Field(
+        default=None, pattern=ASSISTANT_NAME_PATTERN, description="This group's assistant (default: the setting)."
+    )
+
+
+class GroupChanges(BaseModel):
+    """Only the fields given change; ``assistant_name: null`` goes back to the
+    setting, ``container_config: null`` back to the settings' limits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    requires_trigger: bool | None = None
+    assistant_name: str | None = Field(default=None, pattern=ASSISTANT_NAME_PATTERN)
+    container_config: dict[str, Any] | None = Field(
+        default=None,
+        description="memory, cpus, pids, run_timeout_s (only shorter), bash_timeout_s, extra_mounts "
+        "(checked against the mount allowlist); see orchestrator/sandbox/config.py.",
+    )
+
+
+class EditRequest(BaseModel):
+    content: str = Field(max_length=MAX_CONTENT_CHARS)
+    context: list[dict[str, Any]] | None = None
+    rerun: bool = False
+
+
+def _bad_request(field: str, message: str) -> JSONResponse:
+    return JSONResponse(status_code=400, content={"detail": message, "field": field})
+
+
+_STATUS: list[tuple[type[OrchestratorError], int]] = [
+    (UnknownGroup, 404), (MessageNotFound, 404), (GroupBusy, 409), (InvalidMessage, 400),
+]
+
+
+def _error_response(exc: OrchestratorError) -> JSONResponse:
+    """One mapping from the exception tree to status codes."""
+    if isinstance(exc, InvalidMessageMetadata):
+        return _bad_request(exc.field, str(exc))
+    status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
+    return JSONResponse(status_code=status, content={"detail": str(exc)})
+
+
+def is_loopback(host: str) -> bool:
+    """True if binding ``host`` serves this machine only (a name other than localhost counts as remote)."""
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, token: str) -> None:
+    """Refuse to serve the API beyond loopback without a token (ConfigError)."""
+    if not token and not is_loopback(host):
+        raise ConfigError(
+            f"refusing to serve the HTTP API on {host!r} without a token: anyone who can reach it could "
+            "drive the agent. Set ORCHESTRATOR_API_TOKEN (clients then send 'Authorization: Bearer <token>'), "
+            "or listen on 127.0.0.1"
+        )
+
+
+def _token_check(settings: Settings) -> Any:
+    bearer = HTTPBearer(
+        auto_error=False,
+        description="ORCHESTRATOR_API_TOKEN; required when the server listens beyond loopback.",
+    )
+    expected = settings.api_token.encode()
+
+    # A default, not Annotated: ``bearer`` is local and string annotations only see module globals.
+    def require_token(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if not expected:
+            return
+        given = credentials.credentials.encode() if credentials is not None else b""
+        if not hmac.compare_digest(given, expected):
+            raise HTTPException(
+                401, "missing or wrong bearer token" if given else "this API needs 'Authorization: Bearer <token>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    return require_token
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    check_exposure(settings.api_host, settings.api_token)
+    settings.ensure_dirs()
+    db = get_database(settings)
+    api = FastAPI(title="Agent orchestrator", version="0.1.0")
+    router = APIRouter(prefix="/api", dependencies=[Depends(_token_check(settings))])
+    signal = partial(signal_group, settings)
+
+    def registered_or_404(chat_jid: str) -> None:
+        if settings.api_require_registered_chat and find_group(db, chat_jid) is None:
+            raise HTTPException(
+                404, f"no registered group for chat {chat_jid!r} (register it with POST /api/groups; "
+                "ORCHESTRATOR_API_REQUIRE_REGISTERED_CHAT=false accepts any chat)",
+            )
+
+    @api.exception_handler(RequestValidationError)
+    def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # 400 (not FastAPI's 422) with the first offending field, like every other bad input.
+        err = exc.errors()[0]
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        return _bad_request(".".join(loc) or "body", f"{'.'.join(loc) or 'body'}: {err.get('msg', 'invalid')}")
+
+    @api.exception_handler(OrchestratorError)
+    def _orchestrator_error(request: Request, exc: OrchestratorError) -> JSONResponse:
+        return _error_response(exc)
+
+    @api.get("/health", response_model=Health)
+    def health() -> Health:
+        try:
+            with db.read() as session:
+                session.execute(text("SELECT 1"))
+            database = "ok"
+        except Exception as exc:  # noqa: BLE001
+            database = f"error: {exc}"
+        broker = settings.effective_broker_url.split("://", 1)[0]
+        return Health(status="ok" if database == "ok" else "degraded", database=database, broker=broker)
+
+    @router.get("/info", response_model=Info)
+    def info() -> Info:
+        return Info(
+            assistant_name=settings.assistant_name, trigger_names=settings.trigger_names,
+            require_registered_chat=settings.api_require_registered_chat, token_required=bool(settings.api_token),
+        )
+
+    @router.post(
+        "/messages", status_code=201, response_model=PostedMessage,
+        responses={404: {"description": "the chat is not a registered group (when registration is required)"},
+                   413: {"description": "content too long"}},
+    )
+    def post_message(body: IncomingMessage) -> PostedMessage:
+        if len(body.content) > MAX_CONTENT_CHARS:
+            raise HTTPException(413, f"content is longer than {MAX_CONTENT_CHARS} characters")
+        registered_or_404(body.chat_jid)
+        result = ingest(db, settings, body, signal=signal, signal_delivery=partial(signal_delivery, settings))
+        return PostedMessage(message=result.message, created=result.created, triggered=result.triggered)
+
+    @router.get("/chats/{chat_jid}/messages", response_model=list[StoredMessage])
+    def chat_messages(
+        chat_jid: str,
+        after: Annotated[int, Query(ge=0, description="Return messages with seq > after.")] = 0,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+        include_superseded: Annotated[bool, Query(description="Audit: include superseded messages.")] = False,
+    ) -> list[StoredMessage]:
+        return get_messages_after(chat_jid, after, limit=limit, include_superseded=include_superseded, db=db)
+
+    @router.get(
+        "/chats/{chat_jid}/stream",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {}},
+                         "description": "events `message` (id: seq), `run` and `reset`; see orchestrator/http/stream.py"},
+                   404: {"description": "the chat is not a registered group (when registration is required)"}},
+    )
+    async def stream(
+        chat_jid: str,
+        request: Request,
+        after: Annotated[int, Query(ge=0, description="Send messages with seq > after.")] = 0,
+        last_event_id: Annotated[int | None, Header(ge=0, description="Set by EventSource on reconnect.")] = None,
+    ) -> StreamingResponse:
+        """Server-sent events: the chat's new messages (display view) and run-state changes, live."""
+        await run_in_threadpool(registered_or_404, chat_jid)
+        cursor = max(after, last_event_id or 0)
+        events = ChatStream(db, chat_jid, cursor).events(request.is_disconnected, settings.api_stream_poll_s)
+        return StreamingResponse(
+            events, media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @router.post("/chats/{chat_jid}/messages/{message_id}/edit", response_model=HistoryChange)
+    def edit(chat_jid: str, message_id: str, body: EditRequest) -> HistoryChange:
+        return edit_message(
+            db, settings, chat_jid, message_id, body.content, context=body.context, rerun=body.rerun, signal=signal
+        )
+
+    @router.post("/chats/{chat_jid}/messages/{message_id}/regenerate", response_model=HistoryChange)
+    def regenerate_reply(chat_jid: str, message_id: str) -> HistoryChange:
+        return regenerate(db, settings, chat_jid, message_id, signal=signal)
+
+    @router.post("/chats/{chat_jid}/messages/{message_id}/truncate", response_model=HistoryChange)
+    def truncate(chat_jid: str, message_id: str) -> HistoryChange:
+        return truncate_after(db, settings, chat_jid, message_id)
+
+    @router.get("/chats/{chat_jid}/export")
+    def export(chat_jid: str, format: Annotated[str, Query(pattern="^(md|json)$")] = "json") -> Response:
+        if format == "json":
+            return Response(export_json(db, chat_jid), media_type="application/json")
+        return PlainTextResponse(export_markdown(db, chat_jid, settings.assistant_name), media_type="text/markdown")
+
+    @router.get("/groups", response_model=list[Group])
+    def groups() -> list[Group]:
+        return list_groups(db)
+
+    @router.post("/groups", status_code=201, response_model=Group,
+                 responses={409: {"description": "the chat or the folder is already registered"}})
+    def register_group(body: NewGroup) -> Group | JSONResponse:
+        """Register a chat as a group (the main group is made by `orchestrator up`, not here)."""
+        try:
+            return add_group(
+                db, chat_jid=body.chat_jid, name=body.name, folder=body.folder,
+                requires_trigger=body.requires_trigger, assistant_name=body.assistant_name,
+            )
+        except InvalidMessage as exc:
+            return _bad_request("folder", str(exc))
+        except StoreError as exc:
+            raise HTTPException(409, str(exc)) from exc
+
+    @router.get("/groups/{chat_jid}", response_model=Group)
+    def group(chat_jid: str) -> Group:
+        try:
+            return get_group(db, chat_jid)
+        except UnknownGroup as exc:
+            raise HTTPException(404, str(exc)) from exc
+
+    @router.patch("/groups/{chat_jid}", response_model=Group)
+    def change_group(chat_jid: str, body: GroupChanges) -> Group | JSONResponse:
+        """Change a group's name, trigger rule, assistant name or sandbox; only the fields given."""
+        from orchestrator.sandbox.config import set_container_config
+
+        given = body.model_fields_set
+        for key in ("name", "requires_trigger"):
+            if key in given and getattr(body, key) is None:
+                return _bad_request(key, f"{key}: must not be null")
+        get_group(db, chat_jid)  # 404 before anything changes
+        if "container_config" in given:
+            try:
+                set_container_config(db, settings, chat_jid, body.container_config)
+            except ContainerConfigError as exc:
+                return _bad_request("container_config", str(exc))
+            except MountRefused as exc:
+                return _bad_request("container_config.extra_mounts", str(exc))
+        changes = {k: getattr(body, k) for k in given if k != "container_config"}
+        return update_group(db, chat_jid, changes) if changes else get_group(db, chat_jid)
+
+    @router.get("/runs", response_model=list[Run])
+    def runs(
+        chat_jid: str | None = None, state: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    ) -> list[Run]:
+        return list_runs(db, chat_jid=chat_jid, state=state, limit=limit)
+
+    @router.get("/runs/{run_id}", response_model=Run)
+    def run(run_id: str) -> Run:
+        try:
+            return get_run(db, run_id)
+        except StoreError as exc:
+            raise HTTPException(404, str(exc)) from exc
+
+    @router.get("/runs/{run_id}/input")
+    def run_input(run_id: str) -> Response:
+        """The exact ContainerInput JSON the run sent to its container."""
+        try:
+            data = stored_input(db, get_run(db, run_id).id)
+        except StoreError as exc:
+            raise HTTPException(404, str(exc)) from exc
+        if data is None:
+            raise HTTPException(404, f"run {run_id} has no recorded input")
+        return Response(data, media_type="application/json")
+
+    api.include_router(router)
+    add_inbound_route(api, db, settings, signal=signal, signal_delivery=partial(signal_delivery, settings),
+                      max_chars=MAX_CONTENT_CHARS)
+    _add_web_page(api)
+    return api
+
+
+def _add_web_page(api: FastAPI) -> None:
+    """The chat page at ``/``: plain files from ``orchestrator/web`` (no build step, nothing fetched elsewhere)."""
+
+    @api.get("/", include_in_schema=False)
+    def page() -> FileResponse:
+        return FileResponse(WEB_DIR / "index.html", headers={**PAGE_HEADERS, "Cache-Control": "no-cache"})
+
+    api.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+
+    @api.middleware("http")
+    async def _page_headers(request: Request, call_next: Any) -> Response:
+        response: Response = await call_next(request)
+        if request.url.path.startswith("/static/"):
+            response.headers.update(PAGE_HEADERS)
+        return response
+
+
+def __getattr__(name: str) -> FastAPI:
+    # ``uvicorn orchestrator.http.api:app`` builds the app on first access, so
+    # importing this module has no side effects.
+    if name == "app":
+        global app
+        app = create_app()
+        return app
+    raise AttributeError(name)

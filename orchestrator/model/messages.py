@@ -1,0 +1,133 @@
+"""Message types, the sender vocabulary and the typed stored message.
+
+Five message types decide what happens to a message everywhere:
+
+===============  ======  =============  ==========================
+type             stored  sent to model  channel display
+===============  ======  =============  ==========================
+``user``         yes     yes            plain text
+``assistant``    yes     yes            under the assistant's name
+``system``       yes     yes            set apart
+``tool_result``  yes     yes            🔧 and ✅/❌ with exit code
+``host``         yes     **never**      🏠
+===============  ======  =============  ==========================
+
+Senders refine that: some internal records (``thinking``, ``tool_use``, the
+agent's own ``tool_result`` records, ``result_meta``) are stored for
+debugging but never shown to the model, and ``system_notice`` is never
+stored at all (notices are recomputed for every run).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Re-exported (``X as X``) so callers find envelopes next to the message models.
+from orchestrator.model.envelopes import CODE_EDIT as CODE_EDIT
+from orchestrator.model.envelopes import TEXT as TEXT
+from orchestrator.model.envelopes import TODO as TODO
+from orchestrator.model.envelopes import TOOL_CALL as TOOL_CALL
+from orchestrator.model.envelopes import CodeEditPayload as CodeEditPayload
+from orchestrator.model.envelopes import FileEdit as FileEdit
+from orchestrator.model.envelopes import InvalidMessageMetadata as InvalidMessageMetadata
+from orchestrator.model.envelopes import ParsedMessageMetadata as ParsedMessageMetadata
+from orchestrator.model.envelopes import TodoItem as TodoItem
+from orchestrator.model.envelopes import TodoPayload as TodoPayload
+from orchestrator.model.envelopes import ToolCallPayload as ToolCallPayload
+from orchestrator.model.envelopes import build_structured_envelope as build_structured_envelope
+from orchestrator.model.envelopes import normalize_message_metadata as normalize_message_metadata
+from orchestrator.model.envelopes import parse_message_metadata as parse_message_metadata
+from orchestrator.model.envelopes import preview_for as preview_for
+
+MessageType = Literal["user", "assistant", "system", "tool_result", "host"]
+MESSAGE_TYPES: frozenset[str] = frozenset(get_args(MessageType))
+
+# Senders the harness itself uses; anything else is a channel user id.
+SENDER_SYSTEM = "system"
+SENDER_HOST = "host"
+SENDER_BOT = "bot"
+SENDER_COMMAND_OUTPUT = "command_output"
+SENDER_THINKING = "thinking"
+SENDER_TOOL_USE = "tool_use"
+SENDER_TOOL_RESULT = "tool_result"
+SENDER_RESULT_META = "result_meta"
+SENDER_SYSTEM_NOTICE = "system_notice"
+
+# Stored for the record, never part of the model's view.
+STORED_ONLY_SENDERS: frozenset[str] = frozenset(
+    {SENDER_THINKING, SENDER_TOOL_USE, SENDER_TOOL_RESULT, SENDER_RESULT_META}
+)
+# Never written to the database.
+NEVER_STORED_SENDERS: frozenset[str] = frozenset({SENDER_SYSTEM_NOTICE})
+SENDER_DEPLOY = "deploy"
+
+# The types each harness sender may store.  A harness sender with another
+# type is a bug or a forgery (a "bot" message typed ``user`` would put words
+# in a person's mouth), so the store refuses it.  Any other sender is a
+# channel user id (or an integration such as the scheduler).
+HARNESS_SENDER_TYPES: dict[str, frozenset[str]] = {
+    SENDER_SYSTEM: frozenset({"system"}),
+    SENDER_HOST: frozenset({"host"}),
+    SENDER_BOT: frozenset({"assistant"}),
+    SENDER_DEPLOY: frozenset({"system", "user"}),
+    SENDER_COMMAND_OUTPUT: frozenset({"tool_result"}),
+    SENDER_THINKING: frozenset({"assistant"}),
+    SENDER_TOOL_USE: frozenset({"assistant"}),
+    SENDER_TOOL_RESULT: frozenset({"tool_result"}),
+    SENDER_RESULT_META: frozenset({"assistant", "system"}),
+}
+
+
+def sender_type_problem(sender: str, message_type: str) -> str | None:
+    """Why ``sender`` may not store a ``message_type`` message (None: it may)."""
+    allowed = HARNESS_SENDER_TYPES.get(sender)
+    if allowed is not None and message_type not in allowed:
+        return f"sender {sender!r} stores {' or '.join(sorted(allowed))} messages, not {message_type!r}"
+    return None
+
+
+class NewMessage(BaseModel):
+    """A message about to be stored (the store assigns ``seq``).
+
+    Types are checked loosely here on purpose: the store's own validation
+    gives the clearer error messages people see.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    chat_jid: str
+    sender: str
+    sender_name: str = ""
+    content: str = ""
+    timestamp: str
+    is_from_me: bool = False
+    message_type: str = "user"
+    metadata: Any = None
+
+
+class StoredMessage(BaseModel):
+    """A row of the ``messages`` table, as every layer above the store sees it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seq: int
+    id: str
+    chat_jid: str
+    sender: str
+    sender_name: str
+    content: str
+    timestamp: str
+    is_from_me: bool
+    message_type: MessageType = "user"
+    metadata: dict[str, Any] | None = Field(default=None)
+    # Regenerate and truncate supersede messages: kept for audit, in no view.
+    superseded_at: datetime | None = None
+    edited_at: datetime | None = None
+
+    @property
+    def visible_to_model(self) -> bool:
+        return self.message_type != "host" and self.sender not in STORED_ONLY_SENDERS

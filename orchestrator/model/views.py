@@ -1,0 +1,67 @@
+"""Views computed from the one message store.
+
+* ``format_messages_for_sdk`` is the model's view: the list of typed messages
+  a run hands to the container.  Host messages, stored-only records and
+  superseded messages never appear in it; user messages may be expanded with
+  their context blocks (``expand``) while the stored text stays as typed.
+* ``display_view`` is what channels and people see: everything that is not
+  superseded, host messages included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from agent_runner.protocol import SdkMessage
+
+from orchestrator.model.messages import StoredMessage
+
+REPLY_TO_KEY = "reply_to_seq"
+# Which run produced an output (regenerate finds the run to redo by it).
+RUN_ID_KEY = "run_id"
+
+
+def model_order(m: StoredMessage) -> tuple[int, int, int]:
+    """Sort key of the model's view: by seq, except that a run's outputs sit
+    right after the last input that run saw.
+
+    A message that arrives while a run is answering gets a seq between the
+    run's replies; the model must still see question, answer, next question.
+    """
+    reply_to = (m.metadata or {}).get(REPLY_TO_KEY)
+    if isinstance(reply_to, int) and reply_to < m.seq:
+        return (reply_to, 1, m.seq)
+    return (m.seq, 0, m.seq)
+
+
+def format_messages_for_sdk(
+    messages: Iterable[StoredMessage], *, expand: Callable[[StoredMessage], str] | None = None
+) -> list[SdkMessage]:
+    """The model's view of ``messages``: in conversation order, host messages filtered out.
+
+    ``expand`` gives a user message's text as the model should read it (with
+    its context blocks); without it the stored content is used.
+    """
+    out: list[SdkMessage] = []
+    for m in sorted(messages, key=model_order):
+        if not m.visible_to_model or m.superseded_at is not None:
+            continue
+        metadata = None
+        if m.message_type == "tool_result":
+            # The model needs the exit code to know whether a command worked.
+            metadata = {"exit_code": (m.metadata or {}).get("exit_code")}
+        out.append(
+            SdkMessage(
+                role=m.message_type,  # type: ignore[arg-type]  # host was filtered above
+                content=expand(m) if expand and m.message_type == "user" else m.content,
+                sender_name=m.sender_name or None,
+                timestamp=m.timestamp,
+                metadata=metadata,
+            )
+        )
+    return out
+
+
+def display_view(messages: Iterable[StoredMessage]) -> list[StoredMessage]:
+    """What channels show: every message that is not superseded, in seq order."""
+    return sorted((m for m in messages if m.superseded_at is None), key=lambda m: m.seq)

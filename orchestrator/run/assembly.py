@@ -1,0 +1,150 @@
+"""Assembling a run's input, recording it, and rebuilding it from history.
+
+The pipeline calls :func:`plan_batch` and :func:`build_input`; the same two
+functions rebuild the input of a finished run from the stored history
+(:func:`rebuild_input`), which is how we show that the history is a faithful
+record of what the model saw: for an unchanged history the rebuilt JSON is
+byte for byte the JSON the run sent (``orchestrator runs show RUN --input
+--verify``).  Each run stores that JSON, zlib-compressed, with its SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from dataclasses import dataclass
+
+from agent_runner.protocol import ContainerInput, Limits, ModelSettings, SdkMessage, decode_input
+from sqlalchemy import select, update
+
+from orchestrator.core.errors import StoreError
+from orchestrator.core.settings import Settings
+from orchestrator.model.messages import StoredMessage
+from orchestrator.model.views import format_messages_for_sdk
+from orchestrator.run.expand import expand_content
+from orchestrator.run.schedules import is_isolated
+from orchestrator.sandbox.config import effective_limits
+from orchestrator.store.db import Database
+from orchestrator.store.groups import Group, get_group
+from orchestrator.store.message_log import get_messages_after, get_recent_messages
+from orchestrator.store.tables import RunRow
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The new messages one run answers."""
+
+    messages: list[StoredMessage]
+    isolated: bool  # an isolated scheduled task: no history, no session
+
+    @property
+    def cursor_to(self) -> int:
+        return self.messages[-1].seq
+
+
+def plan_batch(new: list[StoredMessage]) -> Batch | int | None:
+    """Which of the ``new`` messages the next run takes.
+
+    Returns a :class:`Batch`, or a seq the cursor may skip to without a run
+    (only our own output precedes an isolated task), or None for nothing.
+    An isolated scheduled task runs alone; messages before it form their
+    own run first.
+    """
+    if not new:
+        return None
+    cut = next((i for i, m in enumerate(new) if is_isolated(m.metadata)), None)
+    if cut and all(m.is_from_me for m in new[:cut]):
+        return new[cut - 1].seq
+    if cut == 0:
+        return Batch(new[:1], isolated=True)
+    return Batch(new if cut is None else new[:cut], isolated=False)
+
+
+def prior_messages(db: Database, settings: Settings, group: Group, batch: Batch, cursor_from: int) -> list[StoredMessage]:
+    """The history shown before the batch (none for an isolated task)."""
+    if batch.isolated:
+        return []
+    return get_recent_messages(group.chat_jid, settings.context_messages, before_seq=cursor_from + 1, db=db)
+
+
+def model_messages(settings: Settings, group: Group, messages: list[StoredMessage]) -> list[SdkMessage]:
+    """The model's view, with user messages' context blocks expanded now."""
+    workspace = settings.groups_dir / group.folder
+    return format_messages_for_sdk(
+        messages, expand=lambda m: expand_content(m.content, m.metadata, workspace, settings)
+    )
+
+
+def build_input(
+    *,
+    settings: Settings,
+    group: Group,
+    run_id: str,
+    prior: list[StoredMessage],
+    batch: Batch,
+    assistant_name: str,
+    notices: list[str],
+    model: ModelSettings,
+    send_targets: list[str] | None = None,
+) -> ContainerInput:
+    return ContainerInput(
+        run_id=run_id,
+        chat_jid=group.chat_jid,
+        group_folder=group.folder,
+        assistant_name=assistant_name,
+        messages=model_messages(settings, group, [*prior, *batch.messages]),
+        system_notices=notices,
+        send_targets=send_targets or [],
+        session_id=None if batch.isolated else group.session_id,
+        model=model,
+        limits=Limits(max_turns=settings.max_turns,
+                      bash_timeout_s=effective_limits(settings, group.container_config).bash_timeout_s),
+    )
+
+
+def input_bytes(payload: ContainerInput) -> bytes:
+    """The exact bytes written to the container's stdin."""
+    return payload.to_json()
+
+
+def record_input(db: Database, run_id: str, data: bytes) -> str:
+    digest = hashlib.sha256(data).hexdigest()
+    with db.write() as session:
+        session.execute(
+            update(RunRow).where(RunRow.id == run_id).values(input_sha256=digest, input_json=zlib.compress(data))
+        )
+    return digest
+
+
+def stored_input(db: Database, run_id: str) -> bytes | None:
+    with db.read() as session:
+        row = session.execute(select(RunRow.input_json).where(RunRow.id == run_id)).first()
+    if row is None:
+        raise StoreError(f"no run {run_id!r}")
+    return None if row[0] is None else zlib.decompress(row[0])
+
+
+def rebuild_input(db: Database, settings: Settings, run_id: str) -> bytes:
+    """Rebuild a recorded run's input from the stored history as it is now.
+
+    The messages come from the history (with context blocks expanded again);
+    what is not history (notices, which are ephemeral by design, the model
+    and limits, the session) comes from the recorded input.
+    """
+    recorded = stored_input(db, run_id)
+    if recorded is None:
+        raise StoreError(f"run {run_id} has no recorded input")
+    original = decode_input(recorded)
+    with db.read() as session:
+        run = session.get(RunRow, run_id)
+        assert run is not None  # stored_input found it
+        cursor_from, cursor_to = run.cursor_from, run.cursor_to
+    group = get_group(db, original.chat_jid)
+    new = [m for m in get_messages_after(group.chat_jid, cursor_from, db=db) if m.seq <= cursor_to]
+    planned = plan_batch(new)
+    if not isinstance(planned, Batch):
+        messages: list[SdkMessage] = []
+    else:
+        prior = prior_messages(db, settings, group, planned, cursor_from)
+        messages = model_messages(settings, group, [*prior, *planned.messages])
+    return input_bytes(original.replace(messages=messages))

@@ -1,0 +1,137 @@
+"""kombu's filesystem transport (the embedded broker), without its two races.
+
+kombu's ``filesystem://`` transport is what the embedded installation uses as
+its Celery broker.  Two of its file operations are not safe between
+processes, and Flower (which broadcasts four inspect commands per refresh,
+each binding a reply queue) makes both happen:
+
+* A message file is written in place under the final ``*.msg`` name.  A
+  consumer can move and read it before the writer has finished (the
+  writer's ``flock`` does not stop a reader that never locks), and then
+  fails on half a JSON document.  Here the file is written under a name no
+  consumer picks up and renamed into place when complete.
+* An exchange's binding table (``control/<exchange>.exchange``) is created
+  with ``open("wb")``, which truncates the file *before* taking the lock.
+  A second process creating it at the same time truncates a table another
+  process is rewriting, then writes its shorter table over the start of the
+  longer one: the file holds one JSON document followed by the rest of
+  another ("Extra data"), and every broadcast on that exchange fails from
+  then on (seen as Flower never listing a worker).  Here the file is opened
+  without truncation, locked, then read, rewritten and truncated, and an
+  empty table (created, not yet written) reads as no bindings.
+
+Others have met both upstream: treeverse/dvc-task#73 (the pidbox exchange
+file turned invalid JSON under several workers) and celery/kombu#1551 (a
+consumer decoding an empty message file).
+
+The wire format and the folder layout are kombu's own, so processes using
+either implementation can share one broker folder.  ``orchestrator.run.queue``
+selects this transport for ``filesystem://`` URLs (Celery's
+``broker_transport``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import uuid
+from pathlib import Path
+from time import monotonic
+from typing import Any
+
+from kombu.exceptions import ChannelError
+from kombu.transport import filesystem
+from kombu.utils.encoding import bytes_to_str, str_to_bytes
+from kombu.utils.json import dumps, loads
+
+# Suffix of a message file still being written: `_get` only takes names whose
+# part after the first dot is exactly "<queue>.msg".
+_PARTIAL = ".partial"
+
+
+def _read_table(fd: int) -> list[filesystem.exchange_queue_t]:
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    return [filesystem.exchange_queue_t(*q) for q in loads(bytes_to_str(raw))] if raw.strip() else []
+
+
+def _write_table(fd: int, queues: list[filesystem.exchange_queue_t]) -> None:
+    data = str_to_bytes(dumps(queues))
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, data)
+    os.ftruncate(fd, len(data))
+
+
+class Channel(filesystem.Channel):
+    def _open_table(self, exchange: str, create: bool) -> int | None:
+        file: Path = self._exchange_file(exchange)
+        if create:
+            self.control_folder.mkdir(exist_ok=True)
+        try:
+            return os.open(file, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ChannelError(f"Cannot open {file}") from exc
+
+    def get_table(self, exchange: str) -> list[filesystem.exchange_queue_t]:
+        fd = self._open_table(exchange, create=False)
+        if fd is None:
+            return []
+        try:
+            _flock(fd, shared=True)
+            return _read_table(fd)
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+        fd = self._open_table(exchange, create=True)
+        assert fd is not None
+        try:
+            _flock(fd, shared=False)
+            queues = _read_table(fd)
+            entry = filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+            if entry not in queues:
+                _write_table(fd, [entry, *queues])
+        finally:
+            os.close(fd)
+
+    def _delete(self, queue: str, exchange: str, routing_key: str, pattern: str, *args: Any, **kwargs: Any) -> None:
+        # The virtual channel's own bookkeeping, without kombu's file update.
+        super(filesystem.Channel, self)._delete(queue, exchange, routing_key, pattern, *args, **kwargs)
+        fd = self._open_table(exchange, create=False)
+        if fd is None:
+            return
+        try:
+            _flock(fd, shared=False)
+            queues = _read_table(fd)
+            entry = filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+            if entry in queues:
+                queues.remove(entry)
+                _write_table(fd, queues)
+        finally:
+            os.close(fd)
+
+    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
+        """Put ``payload`` on ``queue``: written whole, then renamed into view."""
+        name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+        final = os.path.join(self.data_folder_out, name)
+        partial = final + _PARTIAL
+        try:
+            with open(partial, "wb") as f:
+                f.write(str_to_bytes(dumps(payload)))
+            os.replace(partial, final)
+        except OSError as exc:
+            raise ChannelError(f"Cannot add file {final!r} to directory") from exc
+
+
+def _flock(fd: int, *, shared: bool) -> None:
+    # Held until the descriptor is closed.
+    fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+
+
+class Transport(filesystem.Transport):
+    Channel = Channel

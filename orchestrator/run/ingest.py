@@ -1,0 +1,149 @@
+"""Ingest: the one path every incoming message takes.
+
+Store the message and mark the group's pending work in ONE transaction, then,
+only after the commit, signal a worker (only when the group was idle: see
+:func:`ingest`).  A crash between commit and signal loses nothing: the
+pending mark is in the database and the sweeper re-signals it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from orchestrator.core.settings import Settings
+from orchestrator.model.messages import MessageType, NewMessage, StoredMessage
+from orchestrator.run.router import wakes
+from orchestrator.store.db import Database
+from orchestrator.store.deliveries import record_deliveries, with_origin
+from orchestrator.store.message_log import driver_execute, insert_message, new_message_id, now_iso
+from orchestrator.store.tables import GroupRow
+
+log = logging.getLogger(__name__)
+
+Signal = Callable[[str], object]
+
+
+class IncomingMessage(BaseModel):
+    """A message as a channel hands it in (validated at the boundary)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    chat_jid: str = Field(min_length=1)
+    sender: str = Field(min_length=1)
+    sender_name: str = ""
+    content: str
+    id: str | None = None
+    timestamp: str | None = None
+    is_from_me: bool = False
+    message_type: MessageType = "user"
+    metadata: dict[str, Any] | None = None
+    # The channel it arrived on: mirrored to the group's other channels, not back.
+    channel: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+
+class IngestResult(BaseModel):
+    message: StoredMessage
+    created: bool
+    triggered: bool
+    # A signal was sent for this message.  False for a triggering message
+    # when the group already had pending work: the signal already on its way
+    # (or the draining worker) covers this message too.
+    signalled: bool
+
+
+def mark_pending(session: Session, chat_jid: str, seq: int) -> None:
+    """Record, inside the caller's transaction, that ``seq`` should wake the agent."""
+    session.execute(
+        update(GroupRow).where(GroupRow.chat_jid == chat_jid, GroupRow.pending_seq < seq).values(pending_seq=seq)
+    )
+
+
+_ROUTING = "SELECT is_main, requires_trigger, assistant_name, pending_seq, cursor_seq FROM groups WHERE chat_jid = :jid"
+# PostgreSQL: lock the group row until the commit, so that "was the group
+# idle?" is decided in the same order as the worker's cursor updates (which
+# lock the row too).  SQLite: the IMMEDIATE transaction already excludes them.
+_ROUTING_LOCKED = _ROUTING + " FOR UPDATE"
+_MARK_PENDING = "UPDATE groups SET pending_seq = :seq WHERE chat_jid = :jid AND pending_seq < :seq"
+
+
+def ingest(
+    db: Database,
+    settings: Settings,
+    incoming: IncomingMessage,
+    *,
+    signal: Signal | None,
+    wake: bool | None = None,
+    signal_delivery: Signal | None = None,
+    on_stored: Callable[[StoredMessage, bool], object] | None = None,
+) -> IngestResult:
+    """Store ``incoming``; if it wakes the agent, mark pending work and signal.
+
+    ``wake`` overrides the routing rules (a scheduled task wakes its group
+    whatever the trigger setting); it still needs a registered group.
+    ``signal_delivery`` is told the chat when the message is queued for its
+    group's channels (``orchestrator/store/deliveries.py``).  ``on_stored`` is told
+    the stored message and whether it wakes the agent once it is committed,
+    before any signal (the CLI says "stored #N" before a reply can arrive).
+
+    Only a group that goes from idle to pending is signalled.  If the group
+    already had pending work (``pending_seq > cursor_seq`` when our mark
+    lands), a signal for it is on its way or a worker is draining it, and
+    either one reads ``pending_seq`` again before it lets go: the drain loop
+    runs while ``pending_seq > cursor_seq``, re-reads it after each run and
+    once more after releasing the lease, and the worker's cursor update
+    queues behind our row lock (PostgreSQL) or write lock (SQLite), so it
+    cannot slip between our decision and our commit.  A signal that was lost
+    (broker down, worker killed) is re-sent by the sweeper, as before.
+    """
+    new = NewMessage(
+        id=incoming.id or new_message_id(),
+        timestamp=incoming.timestamp or now_iso(),
+        **incoming.model_dump(exclude={"id", "timestamp", "channel", "metadata"}),
+        metadata=with_origin(incoming.metadata, incoming.channel),
+    )
+    triggered = needs_signal = False
+    queued = 0
+    # A Core connection, not an ORM session: this is the hot path
+    # (docs/performance.md).  On SQLite it begins IMMEDIATE like db.write().
+    with db.engine.begin() as conn:
+        msg, created = insert_message(conn, db, new)
+        if created:
+            queued = record_deliveries(conn, msg)
+            # Read the group inside the same transaction as the insert.
+            routing = _ROUTING if db.is_sqlite else _ROUTING_LOCKED
+            group = driver_execute(conn, routing, {"jid": incoming.chat_jid}).fetchone()
+            if group is None:
+                triggered = False
+            elif wake is None:
+                is_main, requires_trigger, assistant_name = group[0], group[1], group[2]
+                triggered = wakes(msg, is_main=bool(is_main), requires_trigger=bool(requires_trigger),
+                                  assistant_name=assistant_name, names=settings.trigger_names)
+            else:
+                triggered = wake
+            if triggered:
+                driver_execute(conn, _MARK_PENDING, {"jid": incoming.chat_jid, "seq": msg.seq})
+                pending_seq, cursor_seq = group[3], group[4]
+                needs_signal = pending_seq <= cursor_seq
+    if on_stored is not None:
+        on_stored(msg, triggered)
+    signalled = False
+    if needs_signal and signal is not None:
+        try:
+            signal(incoming.chat_jid)
+            signalled = True
+        except Exception as exc:  # noqa: BLE001 - the broker is down, the work is not lost
+            # The message and its pending mark are committed; the sweeper
+            # re-signals the group once the broker is back.
+            log.warning("could not signal a worker for %s (%s); the sweeper will", incoming.chat_jid, exc)
+    if queued and signal_delivery is not None:
+        try:
+            signal_delivery(incoming.chat_jid)
+        except Exception as exc:  # noqa: BLE001 - the sweeper re-signals due deliveries
+            log.warning("could not signal a deliverer for %s (%s); the sweeper will", incoming.chat_jid, exc)
+    return IngestResult(message=msg, created=created, triggered=triggered, signalled=signalled)

@@ -1,0 +1,82 @@
+"""System notices: ephemeral context computed fresh for every run.
+
+Each provider looks at the current state and returns zero or more short
+notices.  They go to the container in ``ContainerInput.system_notices`` (the
+runner appends them to the system prompt) and are never stored: they say how
+things are *now*, so a stored copy would soon be false.  Persistent context
+is a stored ``system`` message instead.  A provider that fails is logged and
+skipped; a notice is never worth failing a run for.
+
+Nothing here looks into a group's folders: what is in the workspace is the
+agent's to shape, so notices about it (uncommitted changes, very large
+files) are computed by the runner inside the sandbox
+(``agent_runner/workspace_notices.py``).  The host once ran ``git status``
+in the workspace, and the repository's own ``.git/config`` chose what git
+executed on the host.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from orchestrator.core.settings import Settings
+from orchestrator.run.schedules import list_tasks
+from orchestrator.store.db import Database
+from orchestrator.store.groups import Group
+from orchestrator.store.runs import list_runs
+
+log = logging.getLogger(__name__)
+
+DUE_SOON = timedelta(hours=1)
+MAX_LISTED = 5
+
+
+@dataclass(frozen=True)
+class NoticeContext:
+    db: Database
+    settings: Settings
+    group: Group
+
+
+NoticeProvider = Callable[[NoticeContext], list[str]]
+
+
+def previous_run_failed(ctx: NoticeContext) -> list[str]:
+    recent = [r for r in list_runs(ctx.db, chat_jid=ctx.group.chat_jid, limit=5) if r.finished_at is not None]
+    if recent and recent[0].state in ("failed", "timed_out"):
+        last = recent[0]
+        why = (last.error or "unknown error").splitlines()[0][:200]
+        return [f"Note: the previous agent run in this chat ended as {last.state}: {why}"]
+    return []
+
+
+def scheduled_tasks_due(ctx: NoticeContext) -> list[str]:
+    now = datetime.now(UTC)
+    due = sorted(
+        (t for t in list_tasks(ctx.db, chat_jid=ctx.group.chat_jid)
+         if t.state == "active" and t.next_run_at is not None and t.next_run_at <= now + DUE_SOON),
+        key=lambda t: t.next_run_at or now,
+    )
+    if not due:
+        return []
+    parts = [f'"{t.prompt[:60]}" at {t.next_run_at:%H:%M} UTC' for t in due[:MAX_LISTED]]  # type: ignore[str-format]
+    return [f"Note: scheduled tasks due within the hour: {'; '.join(parts)}."]
+
+
+DEFAULT_PROVIDERS: list[NoticeProvider] = [previous_run_failed, scheduled_tasks_due]
+
+
+def compute_notices(
+    db: Database, settings: Settings, group: Group, providers: list[NoticeProvider] | None = None
+) -> list[str]:
+    ctx = NoticeContext(db, settings, group)
+    notices: list[str] = []
+    for provider in providers if providers is not None else DEFAULT_PROVIDERS:
+        try:
+            notices.extend(provider(ctx))
+        except Exception:  # noqa: BLE001 - see the module docstring
+            log.exception("notice provider %s failed; skipped", getattr(provider, "__name__", provider))
+    return notices

@@ -1,0 +1,259 @@
+"""The outbound port: channels by name, and the deliverer that works the ledger.
+
+The run path knows channels only through :class:`Channel`; the adapters
+(``orchestrator/channels/``) implement it and ``orchestrator.channels.registry``
+builds the registry a process sends on.
+
+Deliveries: every displayed message, to every channel of its group, once.
+
+``record_deliveries`` runs inside the transaction that stores a message (the
+pipeline, ingest, the sweeper's notes): one ``deliveries`` row per channel
+attached to the group, ``pending`` and due now, except the channel the
+message came in on (a person's message is mirrored to the *other* channels).
+Messages channels do not show (superseded, stored-only records such as
+``tool_use`` and ``thinking``) get none.
+
+After the commit the writer signals a deliverer: the ``deliver`` Celery task
+on the ``delivery`` queue (workers), or a :class:`Deliverer` in the same
+process (tests, ``orchestrator deliveries flush``).  A deliverer claims one
+row at a time with a conditional UPDATE (``pending`` and due -> ``sending``,
+attempts + 1, its name and a claim deadline), so two deliverers never send
+the same row, then renders the message and sends it:
+
+* success: ``sent`` with ``sent_at``;
+* failure: back to ``pending`` after ``uniform(d/2, d)`` seconds,
+  ``d = min(retry_max, retry_base·2ⁿ⁻¹)``, or ``failed`` after
+  ``delivery_max_attempts``; ``last_error`` keeps the reason;
+* the message was superseded meanwhile, or the channel detached: ``cancelled``.
+
+Per (chat, channel) the oldest unfinished row goes first (a later one is not
+claimable while an earlier one is pending or sending), so each channel shows
+a chat in seq order.  A claim that outlives ``delivery_claim_s`` means its
+deliverer died mid-send: the sweeper marks it ``failed`` rather than risk a
+second copy (at most once).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Protocol, runtime_checkable
+
+from sqlalchemy import func, select, update
+
+from orchestrator.core.errors import ChannelError
+from orchestrator.core.settings import Settings
+from orchestrator.model.render import RenderedMessage, displayed, render
+from orchestrator.store.db import Database
+from orchestrator.store.deliveries import (
+    CANCELLED,
+    FAILED,
+    PENDING,
+    SENDING,
+    SENT,
+    claimable,
+    utc_now,
+    validate_channel_name,
+)
+from orchestrator.store.message_log import to_stored
+from orchestrator.store.tables import DeliveryRow, GroupRow, MessageRow
+
+log = logging.getLogger(__name__)
+
+_ERROR_CAP = 2000  # characters of a failure kept in last_error
+
+
+@runtime_checkable
+class Channel(Protocol):
+    name: str
+
+    def connect(self) -> None: ...
+
+    def disconnect(self) -> None: ...
+
+    def owns(self, chat_jid: str) -> bool: ...
+
+    def send(self, chat_jid: str, rendered: RenderedMessage) -> None: ...
+
+
+class ChannelRegistry:
+    """The channels this process can send on, by name."""
+
+    def __init__(self, channels: Iterable[Channel] = ()) -> None:
+        self._channels: dict[str, Channel] = {}
+        for ch in channels:
+            self.add(ch)
+
+    def add(self, channel: Channel) -> None:
+        validate_channel_name(channel.name)
+        if channel.name in self._channels:
+            raise ChannelError(f"two channels are named {channel.name!r}")
+        channel.connect()
+        self._channels[channel.name] = channel
+
+    def get(self, name: str) -> Channel | None:
+        return self._channels.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._channels
+
+    def __iter__(self) -> Iterator[Channel]:
+        return iter(list(self._channels.values()))
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._channels)
+
+    def close(self) -> None:
+        for ch in self._channels.values():
+            try:
+                ch.disconnect()
+            except Exception:  # noqa: BLE001 - closing the others matters more
+                log.exception("channel %s did not disconnect cleanly", ch.name)
+
+
+def retry_delay(attempt: int, base_s: float, max_s: float) -> float:
+    """Exponential backoff with jitter: uniform(d/2, d), d = min(max, base·2ⁿ⁻¹)."""
+    d = min(max_s, base_s * 2 ** (attempt - 1))
+    return random.uniform(d / 2, d)
+
+
+# -- sending ------------------------------------------------------------------------
+
+
+@dataclass
+class DeliveryReport:
+    sent: int = 0
+    failed_attempts: int = 0  # sends that raised (retried later, or failed for good)
+    cancelled: int = 0
+    retry_in: float | None = None  # seconds until the next pending delivery in scope is due
+
+
+class Deliverer:
+    """Sends due deliveries on the channels of ``registry``.
+
+    ``only_known``: leave rows for channels this process does not have to
+    another process (tests, the CLI); a worker passes False, so a channel no
+    worker has fails (with retries) instead of waiting forever.
+    """
+
+    def __init__(
+        self, db: Database, settings: Settings, registry: ChannelRegistry, *,
+        owner: str | None = None, only_known: bool = True,
+    ) -> None:
+        self.db, self.settings, self.registry = db, settings, registry
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.only_known = only_known
+
+    def _scope(self, q: Any, chat_jid: str | None) -> Any:
+        if chat_jid is not None:
+            q = q.where(DeliveryRow.chat_jid == chat_jid)
+        if self.only_known:
+            q = q.where(DeliveryRow.channel.in_(self.registry.names))
+        return q
+
+    def deliver_due(self, chat_jid: str | None = None) -> DeliveryReport:
+        """Send everything due (of one chat, or all); returns what happened."""
+        report = DeliveryReport()
+        while True:
+            now = utc_now()
+            with self.db.read() as session:
+                ids = list(session.scalars(self._scope(
+                    select(DeliveryRow.id).where(claimable(DeliveryRow, now))
+                    .order_by(DeliveryRow.message_seq).limit(100), chat_jid,
+                )))
+            progressed = False
+            for delivery_id in ids:
+                if self._claim(delivery_id):
+                    progressed = True
+                    self._send(delivery_id, report)
+            if not progressed:
+                break
+        with self.db.read() as session:
+            nxt = session.scalar(self._scope(
+                select(func.min(DeliveryRow.next_attempt_at))
+                .where(DeliveryRow.state == PENDING, DeliveryRow.next_attempt_at > utc_now()), chat_jid,
+            ))
+        if nxt is not None:
+            report.retry_in = max(0.0, (nxt - utc_now()).total_seconds())
+        return report
+
+    def _claim(self, delivery_id: int) -> bool:
+        now = utc_now()
+        with self.db.write() as session:
+            done = session.execute(
+                update(DeliveryRow)
+                .where(DeliveryRow.id == delivery_id, claimable(DeliveryRow, now))
+                .values(state=SENDING, attempts=DeliveryRow.attempts + 1, claimed_by=self.owner,
+                        claimed_until=now + timedelta(seconds=self.settings.delivery_claim_s))
+            )
+            return done.rowcount == 1
+
+    def _send(self, delivery_id: int, report: DeliveryReport) -> None:
+        with self.db.read() as session:
+            row = session.get(DeliveryRow, delivery_id)
+            assert row is not None
+            msg_row = session.scalar(select(MessageRow).where(MessageRow.seq == row.message_seq))
+            group = session.get(GroupRow, row.chat_jid)
+            msg = to_stored(msg_row) if msg_row is not None else None
+        if msg is None or not displayed(msg):
+            report.cancelled += 1
+            self._finish(delivery_id, state=CANCELLED, last_error="superseded before it was sent")
+            return
+        assistant = (group.assistant_name if group else None) or self.settings.assistant_name
+        try:
+            channel = self.registry.get(row.channel)
+            if channel is None:
+                raise ChannelError(f"no channel named {row.channel!r} here (known: {', '.join(self.registry.names)})")
+            if not channel.owns(row.address):
+                raise ChannelError(f"channel {row.channel!r} cannot reach {row.address!r}")
+            channel.send(row.address, render(msg, assistant))
+        except Exception as exc:  # noqa: BLE001 - any channel failure is recorded and retried
+            report.failed_attempts += 1
+            error = f"{type(exc).__name__}: {exc}"[:_ERROR_CAP]
+            if row.attempts >= self.settings.delivery_max_attempts:
+                log.warning("delivery of #%d to %s failed for good after %d attempts: %s",
+                            row.message_seq, row.channel, row.attempts, error)
+                self._finish(delivery_id, state=FAILED, last_error=error)
+            else:
+                delay = retry_delay(row.attempts, self.settings.delivery_retry_base_s,
+                                    self.settings.delivery_retry_max_s)
+                log.info("delivery of #%d to %s failed (attempt %d: %s); retrying in %.1fs",
+                         row.message_seq, row.channel, row.attempts, error, delay)
+                self._finish(delivery_id, state=PENDING, last_error=error,
+                             next_attempt_at=utc_now() + timedelta(seconds=delay))
+            return
+        report.sent += 1
+        self._finish(delivery_id, state=SENT, sent_at=utc_now())
+
+    def _finish(self, delivery_id: int, **values: Any) -> None:
+        # Only the claim's holder ends it (the sweeper may have given up on
+        # a slow send meanwhile; what really happened wins).
+        with self.db.write() as session:
+            session.execute(
+                update(DeliveryRow)
+                .where(DeliveryRow.id == delivery_id, DeliveryRow.claimed_by == self.owner)
+                .values(claimed_by=None, claimed_until=None, **values)
+            )
+
+    def deliver_and_reschedule(
+        self, chat_jid: str | None, resignal: Callable[[str | None, float], object]
+    ) -> DeliveryReport:
+        """What the worker's task does: send what is due, then ask to be called
+        again when the next retry of this chat falls due."""
+        report = self.deliver_due(chat_jid)
+        # Only a task whose send failed schedules the retry it set (a task
+        # that found the line held up by that retry leaves it alone), so
+        # signals do not multiply while a channel is down.
+        if report.failed_attempts and report.retry_in is not None:
+            try:
+                resignal(chat_jid, report.retry_in + 0.1)  # not a moment early
+            except Exception as exc:  # noqa: BLE001 - the sweeper re-signals due deliveries
+                log.warning("could not schedule the next delivery attempt for %s (%s)", chat_jid, exc)
+        return report

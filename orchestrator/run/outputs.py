@@ -1,0 +1,135 @@
+"""Turn the container's events into stored messages.
+
+=================  ==============  ================  ==============================
+event              message_type    sender            metadata
+=================  ==============  ================  ==============================
+assistant          assistant       bot               -
+tool_result        tool_result     command_output    envelope + exit_code, tool_use_id, tool
+tool_use           assistant       tool_use          tool_use_id, tool, input
+thinking           assistant       thinking          -
+=================  ==============  ================  ==============================
+
+``tool_use`` and ``thinking`` are stored for the record but never shown to
+the model again (see ``orchestrator.model.messages``).  Message ids are derived
+from the run id and the event's position, so storing an event twice (a
+retried step) keeps one copy.
+
+A tool result's output is whatever the container says it is: the host
+stores at most ``max_tool_result_bytes`` of it (cut with a visible marker,
+the original size kept in the metadata as ``output_bytes``), and drops an
+envelope larger than that (``envelope_dropped`` says why).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+from agent_runner.protocol import AssistantEvent, Event, ThinkingEvent, ToolResultEvent, ToolUseEvent
+from pydantic import BaseModel
+
+from orchestrator.model.envelopes import InvalidMessageMetadata, build_structured_envelope
+from orchestrator.model.messages import (
+    SENDER_BOT,
+    SENDER_COMMAND_OUTPUT,
+    SENDER_HOST,
+    SENDER_THINKING,
+    SENDER_TOOL_USE,
+    MessageType,
+)
+
+
+class OutputMessage(BaseModel):
+    id: str
+    sender: str
+    sender_name: str
+    content: str
+    message_type: MessageType
+    metadata: dict[str, Any] | None = None
+
+
+def event_to_message(
+    event: Event, *, run_id: str, index: int, assistant_name: str, max_tool_result_bytes: int | None = None
+) -> OutputMessage | None:
+    """The message to store for ``event``; ``max_tool_result_bytes`` (None: no cap)
+    bounds a tool result's stored output and envelope."""
+    mid = f"{run_id}-{index:04d}"
+    if isinstance(event, AssistantEvent):
+        if not event.text.strip():
+            return None
+        return OutputMessage(
+            id=mid, sender=SENDER_BOT, sender_name=assistant_name, content=event.text,
+            message_type="assistant",
+        )
+    if isinstance(event, ToolResultEvent):
+        output, original = cap_output(event.output, max_tool_result_bytes)
+        metadata = _tool_result_metadata(event, max_tool_result_bytes)
+        if original is not None:
+            metadata = {**metadata, "output_bytes": original, "output_truncated": True}
+        return OutputMessage(
+            id=mid, sender=SENDER_COMMAND_OUTPUT, sender_name=event.name, content=output,
+            message_type="tool_result", metadata=metadata,
+        )
+    if isinstance(event, ToolUseEvent):
+        shown = event.input.get("command") if event.name == "bash" else None
+        text = f"{event.name}: {shown}" if isinstance(shown, str) else f"{event.name} {json.dumps(event.input)}"
+        return OutputMessage(
+            id=mid, sender=SENDER_TOOL_USE, sender_name=event.name, content=text,
+            message_type="assistant",
+            metadata={"tool_use_id": event.id, "tool": event.name, "input": event.input},
+        )
+    if isinstance(event, ThinkingEvent):
+        return OutputMessage(
+            id=mid, sender=SENDER_THINKING, sender_name=assistant_name, content=event.text,
+            message_type="assistant",
+        )
+    return None
+
+
+def cap_output(text: str, cap: int | None) -> tuple[str, int | None]:
+    """``text`` cut to ``cap`` bytes of UTF-8 with a visible marker, and its
+    original size in bytes when it was cut (else None)."""
+    if cap is None or len(text) <= cap // 4:  # cannot be over: at most 4 bytes a character
+        return text, None
+    encoded = text.encode("utf-8")
+    if len(encoded) <= cap:
+        return text, None
+    kept = encoded[:cap].decode("utf-8", "ignore")
+    return f"{kept}\n[output truncated by the host: showing the first {cap} of {len(encoded)} bytes]", len(encoded)
+
+
+def stored_size(out: OutputMessage) -> int:
+    """Bytes ``out`` takes in the store: its text and its metadata as JSON."""
+    meta = len(msgspec.json.encode(out.metadata)) if out.metadata else 0
+    return len(out.content.encode("utf-8")) + meta
+
+
+def _tool_result_metadata(event: ToolResultEvent, cap: int | None = None) -> dict[str, Any]:
+    """The runner's envelope (CODE_EDIT, TODO, TOOL_CALL) with the result's facts as extras.
+
+    The container is not trusted: an envelope that does not validate, or is
+    larger than ``cap`` bytes as JSON, is dropped (the reason kept) rather
+    than failing the run or the store.
+    """
+    extras = {"exit_code": event.exit_code, "tool_use_id": event.tool_use_id, "tool": event.name}
+    env = event.envelope
+    if not env:
+        return extras
+    if cap is not None:
+        size = len(msgspec.json.encode(env))
+        if size > cap:
+            return {**extras, "envelope_dropped": f"{size} bytes, over the host's {cap}-byte limit"}
+    try:
+        return build_structured_envelope(
+            env.get("message_type"), env.get("payload", {}), extras=extras, version=env.get("version", 1)
+        )
+    except InvalidMessageMetadata as exc:
+        return {**extras, "invalid_envelope": str(exc)}
+
+
+def host_message(*, run_id: str, text: str) -> OutputMessage:
+    """An operational notice for people; never sent to the model."""
+    return OutputMessage(
+        id=f"{run_id}-host", sender=SENDER_HOST, sender_name="host", content=text, message_type="host"
+    )

@@ -1,0 +1,505 @@
+"""The run pipeline: drain a group's pending work, one run at a time.
+
+``Pipeline.drain_group`` is what the Celery task calls.  It takes the group's
+lease (so a duplicate or late signal just returns), and while messages that
+wake the agent are pending it runs the agent once over everything after the
+cursor: build the model's view, start the container, store and deliver each
+event as it streams, then advance the cursor.  After releasing the lease it
+looks once more, so a message whose signal bounced off our lease is not left
+waiting for the sweeper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import shutil
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from agent_runner.protocol import (
+    AssistantEvent,
+    ContainerInput,
+    ErrorEvent,
+    ModelSettings,
+    ProtocolError,
+    ResultEvent,
+    SendMessageEvent,
+    Usage,
+    parse_event,
+)
+from sqlalchemy import update
+
+from orchestrator.core.errors import ConfigError, MountRefused
+from orchestrator.core.settings import Settings
+from orchestrator.model.messages import SENDER_BOT, NewMessage
+from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
+from orchestrator.run.assembly import Batch, build_input, input_bytes, plan_batch, prior_messages, record_input
+from orchestrator.run.notices import compute_notices
+from orchestrator.run.outbound import ChannelRegistry, Deliverer
+from orchestrator.run.outputs import OutputMessage, event_to_message, host_message, stored_size
+from orchestrator.sandbox.bounded_io import OutputBudget, OutputLimitExceeded
+from orchestrator.sandbox.config import container_plan
+from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerSpec, DockerSandbox
+from orchestrator.sandbox.gateway import ModelGateway
+from orchestrator.sandbox.warm import WarmPool, gateway_dir, host_only_dir
+from orchestrator.store import leases
+from orchestrator.store.db import Database
+from orchestrator.store.deliveries import record_deliveries
+from orchestrator.store.groups import Group, get_group, send_refusal, send_targets
+from orchestrator.store.message_log import get_messages_after, insert_message, now_iso
+from orchestrator.store.runs import Run, RunState, create_run, finish_run, run_state, set_attempts, set_container
+from orchestrator.store.tables import GroupRow
+
+log = logging.getLogger(__name__)
+
+GATEWAY_SOCKET = "model.sock"
+
+
+def model_settings(settings: Settings) -> ModelSettings:
+    spec = settings.model.strip()
+    if spec == "offline":
+        return ModelSettings(provider="offline", model="offline", max_tokens=settings.max_tokens)
+    provider, _, model = spec.partition(":")
+    if provider == "anthropic" and model:
+        return ModelSettings(provider="anthropic", model=model, max_tokens=settings.max_tokens)
+    if provider == "openai" and model:
+        return ModelSettings(provider="openai", model=model, max_tokens=settings.max_tokens)
+    raise ConfigError(f"ORCHESTRATOR_MODEL={spec!r}: use 'offline', 'anthropic:<model id>' or 'openai:<model id>'")
+
+
+@dataclass
+class Attempt:
+    """How one attempt at a run ended."""
+
+    state: RunState
+    error: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    retryable: bool = False
+    session_id: str | None = None
+
+
+def backoff_delay(attempt: int, base_s: float, max_s: float) -> float:
+    """Exponential backoff with full jitter (so retries of many groups spread out)."""
+    return random.uniform(0, min(max_s, base_s * 2 ** (attempt - 1)))
+
+
+class StopWatch:
+    """Stops a run's container when the run is cancelled or the lease is lost.
+
+    Polls the run's state once a second: a cancel may come from any process
+    on any host, and the database is what they share.
+    """
+
+    def __init__(
+        self, db: Database, run_id: str, stop: Callable[[], None], lease_lost: threading.Event | None,
+        interval_s: float = 1.0,
+    ) -> None:
+        self._db, self._run_id, self._stop_fn = db, run_id, stop
+        self._lease_lost = lease_lost
+        self._interval = interval_s
+        self._done = threading.Event()
+        self.reason: str | None = None
+        self._thread = threading.Thread(target=self._watch, name=f"stopwatch-{run_id[:8]}", daemon=True)
+
+    def __enter__(self) -> StopWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._done.wait(self._interval):
+            if self._lease_lost is not None and self._lease_lost.is_set():
+                self.reason = "lease_lost"
+            else:
+                try:
+                    if run_state(self._db, self._run_id) == "cancelled":
+                        self.reason = "cancelled"
+                except Exception:  # noqa: BLE001 - a DB hiccup is not a cancel
+                    continue
+            if self.reason:
+                self._stop_fn()
+                return
+
+
+@dataclass
+class RunSpend:
+    """What a run has spent through the model gateway, across its attempts."""
+
+    usage: Usage = field(default_factory=Usage)
+
+    def record(self, gateway: ModelGateway | None) -> None:
+        if gateway is not None:
+            self.usage = gateway.usage
+
+
+@dataclass
+class RunOutcome:
+    run: Run
+    stored: list[int] = field(default_factory=list)  # seqs of stored outputs
+    replied: bool = False  # an assistant reply reached the chat
+    # The run's output caps, shared by its attempts (orchestrator/sandbox/bounded_io.py).
+    budget: OutputBudget | None = None
+
+
+class Pipeline:
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        channels: ChannelRegistry,
+        sandbox: DockerSandbox | None = None,
+        *,
+        signal_delivery: Callable[[str], object] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.channels = channels
+        # Outputs are queued for the group's channels with the message; a
+        # worker signals the delivery queue, anything else (tests) sends them
+        # right here on ``channels`` (orchestrator/run/outbound.py).
+        self.signal_delivery = signal_delivery
+        self._sandbox = sandbox
+        self._warm_pool: WarmPool | None = None
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # Exceptions that mean "out of time" (Celery's soft time limit); set by the worker.
+        self.deadline_exceptions: tuple[type[BaseException], ...] = ()
+
+    @property
+    def sandbox(self) -> DockerSandbox:
+        if self._sandbox is None:
+            self._sandbox = DockerSandbox(self.settings)
+        return self._sandbox
+
+    @property
+    def warm(self) -> bool:
+        """Runs go to a warm per-group container (``orchestrator/sandbox/warm.py``)."""
+        return self.settings.warm_idle_s > 0
+
+    @property
+    def warm_pool(self) -> WarmPool:
+        if self._warm_pool is None:
+            self._warm_pool = WarmPool(self.settings, self.sandbox.client)
+        return self._warm_pool
+
+    # -- the loop -----------------------------------------------------------
+
+    def drain_group(self, chat_jid: str, *, task_id: str | None = None) -> list[RunOutcome]:
+        outcomes: list[RunOutcome] = []
+        ttl = self.settings.lease_ttl_s
+        while True:
+            if not leases.acquire(self.db, chat_jid, self.owner, ttl):
+                log.info("group %s is busy elsewhere; its lease holder will see the new work", chat_jid)
+                return outcomes
+            try:
+                with leases.Heartbeat(self.db, chat_jid, self.owner, ttl) as heartbeat:
+                    while not heartbeat.lost.is_set():
+                        group = get_group(self.db, chat_jid)
+                        if group.pending_seq <= group.cursor_seq:
+                            break
+                        outcome = self.run_once(group, task_id=task_id, lease_lost=heartbeat.lost)
+                        if outcome is not None:
+                            outcomes.append(outcome)
+            finally:
+                leases.release(self.db, chat_jid, self.owner)
+            group = get_group(self.db, chat_jid)
+            if group.pending_seq <= group.cursor_seq:
+                return outcomes
+
+    # -- one run --------------------------------------------------------------
+
+    def run_once(
+        self, group: Group, *, task_id: str | None = None, lease_lost: threading.Event | None = None
+    ) -> RunOutcome | None:
+        planned = plan_batch(get_messages_after(group.chat_jid, group.cursor_seq, db=self.db))
+        if not isinstance(planned, Batch):
+            # Nothing to answer: the pending mark points at nothing left to
+            # read, or only our own output precedes an isolated task.
+            self._advance(group, group.pending_seq if planned is None else planned, None)
+            return None
+        batch = planned
+        cursor_to = batch.cursor_to
+        isolated = batch.isolated
+        prior = prior_messages(self.db, self.settings, group, batch, group.cursor_seq)
+        run = create_run(
+            self.db, chat_jid=group.chat_jid, cursor_from=group.cursor_seq, cursor_to=cursor_to,
+            celery_task_id=task_id, owner=self.owner,
+        )
+        assistant = group.assistant_name or self.settings.assistant_name
+        outcome = RunOutcome(run=run)
+        try:
+            # The input is the same for every attempt: build and record it once.
+            payload = build_input(
+                settings=self.settings, group=group, run_id=run.id, prior=prior, batch=batch,
+                assistant_name=assistant, notices=compute_notices(self.db, self.settings, group),
+                model=model_settings(self.settings), send_targets=send_targets(self.db, group),
+            )
+            record_input(self.db, run.id, input_bytes(payload))
+        except ConfigError as exc:
+            result = Attempt("failed", str(exc))
+        except Exception as exc:  # noqa: BLE001 - the run still ends cleanly, with a host message
+            log.exception("could not assemble the input of run %s", run.id)
+            result = Attempt("failed", f"{type(exc).__name__}: {exc}")
+        else:
+            result = self._attempts(group, run, payload, assistant, outcome, lease_lost)
+        if result.state == "cancelled":
+            self._emit(group, host_message(run_id=run.id, text="🛑 Run cancelled."), outcome)
+        elif result.state != "succeeded":
+            self._emit(group, host_message(run_id=run.id, text=f"⚠️ Agent error: {result.error}"), outcome)
+        self._advance(group, cursor_to, None if isolated else result.session_id)
+        outcome.run = finish_run(
+            self.db, run.id, state=result.state, error=result.error,
+            input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
+        )
+        return outcome
+
+    def _attempts(
+        self,
+        group: Group,
+        run: Run,
+        payload: ContainerInput,
+        assistant: str,
+        outcome: RunOutcome,
+        lease_lost: threading.Event | None,
+    ) -> Attempt:
+        """Run the container, retrying with backoff while no reply reached the chat."""
+        stop = lease_lost or threading.Event()
+        attempt = 1
+        # Tokens spent through the gateway by this run's earlier attempts: the
+        # budget is the run's, and a retry must not start from zero.
+        spend = RunSpend()
+        while True:
+            try:
+                result = self._execute(group, run, payload, assistant, outcome, lease_lost, spend)
+            except self.deadline_exceptions:
+                # The task queue's own time limit: the container is already
+                # stopped (the sandbox context exits on the way out); no retry.
+                return Attempt("timed_out", "the worker's time limit for this task was reached", spend.usage)
+            except (ConfigError, MountRefused) as exc:
+                # A bad container_config or a mount the allowlist refuses now: no retry helps.
+                result = Attempt("failed", str(exc), spend.usage)
+            except Exception as exc:  # noqa: BLE001 - every failure ends the run cleanly
+                log.exception("run %s for %s failed", run.id, group.chat_jid)
+                result = Attempt("failed", f"{type(exc).__name__}: {exc}", spend.usage, retryable=True)
+            # A run that already answered is never replayed from the start (no
+            # duplicate replies). Tool records of a failed attempt stay: those
+            # commands did run.
+            if not (result.retryable and not outcome.replied and attempt < self.settings.max_attempts):
+                return result
+            delay = backoff_delay(attempt, self.settings.retry_base_s, self.settings.retry_max_s)
+            log.warning("run %s attempt %d failed (%s); retrying in %.1fs", run.id, attempt, result.error, delay)
+            attempt += 1
+            set_attempts(self.db, run.id, attempt, result.error)
+            if stop.wait(delay):  # the lease was lost while backing off
+                return result
+
+    def _execute(
+        self,
+        group: Group,
+        run: Run,
+        payload: ContainerInput,
+        assistant: str,
+        outcome: RunOutcome,
+        lease_lost: threading.Event | None,
+        spend: RunSpend,
+    ) -> Attempt:
+        # The group's limits and mounts, checked against the allowlist as it is now.
+        plan = container_plan(self.settings, group)
+        spec = ContainerSpec(
+            image=self.settings.agent_image,
+            name=f"orch-{group.folder}-{run.id[:8]}-{uuid.uuid4().hex[:4]}",
+            workspace=plan.workspace,
+            run_id=run.id,
+            group_folder=group.folder,
+            memory=plan.limits.memory,
+            cpus=plan.limits.cpus,
+            pids=plan.limits.pids,
+            timeout_s=plan.limits.run_timeout_s,
+            install_id=self.settings.install_id,
+            extra_mounts=plan.read_write_mounts,
+            readonly_mounts=plan.read_only_mounts,
+        )
+        with contextlib.ExitStack() as cleanup:
+            gateway: ModelGateway | None = None
+            # Runs last, after the gateway closed (it waits for a request in
+            # flight): the final count, kept when the attempt raised.
+            cleanup.push(lambda *_: spend.record(gateway))
+            if payload.model.provider != "offline":
+                # The container has no network: its only way to the model is
+                # the gateway socket, bound in a host-only folder that is
+                # mounted read-only (the run's own folder; for a warm
+                # container, the group's gateway folder, mounted for good),
+                # so the container can connect but never plant a symlink
+                # where the host binds, chmods or cleans up.
+                if self.warm:
+                    gw_dir = host_only_dir(gateway_dir(self.settings, group.folder))
+                else:
+                    gw_dir = host_only_dir(self.settings.runs_dir / run.id)
+                    cleanup.callback(shutil.rmtree, gw_dir, ignore_errors=True)
+                    spec = replace(spec, readonly_mounts={**spec.readonly_mounts, str(gw_dir): GATEWAY_MOUNT})
+                gateway = cleanup.enter_context(ModelGateway.for_provider(
+                    gw_dir / GATEWAY_SOCKET, self.settings, payload.model.provider, spent=spend.usage,
+                ))
+                socket_path = f"{GATEWAY_MOUNT}/{GATEWAY_SOCKET}"
+                payload = payload.replace(model=payload.model.replace(socket_path=socket_path))
+            return self._stream(group, run, payload, assistant, outcome, spec, gateway, lease_lost)
+
+    def _stream(
+        self, group: Group, run: Run, payload: ContainerInput, assistant: str, outcome: RunOutcome,
+        spec: ContainerSpec, gateway: ModelGateway | None, lease_lost: threading.Event | None,
+    ) -> Attempt:
+        result: ResultEvent | None = None
+        error: ErrorEvent | None = None
+        limit: OutputLimitExceeded | None = None
+        garbage = 0
+        index = len(outcome.stored)
+        settings = self.settings
+        # Everything the container writes is hostile: its lines, their number
+        # and what they would store are bounded (orchestrator/sandbox/bounded_io.py).
+        if outcome.budget is None:
+            outcome.budget = OutputBudget(settings.max_run_events, settings.max_run_stored_bytes)
+        budget = outcome.budget
+        start = self.warm_pool.start if self.warm else self.sandbox.start
+        with start(spec, input_bytes(payload)) as container:
+            set_container(self.db, run.id, container.id)
+            with StopWatch(self.db, run.id, container.kill, lease_lost) as stop:
+                try:
+                    for line in container.lines(settings.max_event_line_bytes):
+                        budget.line()
+                        if not line.strip():
+                            continue
+                        try:
+                            event = parse_event(line)
+                        except ProtocolError:
+                            garbage += 1
+                            if garbage <= 5:  # a flood of garbage must not flood the worker's log
+                                log.warning("run %s: ignoring a line that is not an event: %.200r", run.id, line)
+                            continue
+                        if isinstance(event, ResultEvent):
+                            result = event
+                        elif isinstance(event, ErrorEvent):
+                            error = event
+                        elif isinstance(event, SendMessageEvent):
+                            budget.store(len(event.text.encode("utf-8")))
+                            index += 1
+                            self._send_message(group, event, run.id, index, assistant, outcome)
+                        else:
+                            index += 1
+                            out = event_to_message(event, run_id=run.id, index=index, assistant_name=assistant,
+                                                   max_tool_result_bytes=settings.max_tool_result_bytes)
+                            if out is not None:
+                                budget.store(stored_size(out))
+                                self._emit(group, out, outcome)
+                except OutputLimitExceeded as exc:
+                    # Stop reading and stop the agent: whatever it writes next is not read.
+                    limit = exc
+                    log.warning("run %s: %s", run.id, exc)
+                    container.kill()
+                exit_ = container.finish()
+        if garbage > 5:
+            log.warning("run %s: %d lines that are not events in all", run.id, garbage)
+        usage = result.usage if result else Usage()
+        if gateway is not None:
+            # Count what the gateway saw, not what the sandbox claims.
+            usage = Usage(input_tokens=gateway.input_tokens, output_tokens=gateway.output_tokens)
+        if stop.reason == "cancelled":
+            return Attempt("cancelled", "cancelled by request", usage)
+        if stop.reason == "lease_lost":
+            return Attempt("failed", "this worker lost the group's lease; the run was stopped", usage)
+        if limit is not None:
+            # The agent would break it again: no retry.
+            return Attempt("failed", str(limit), usage, retryable=False)
+        if exit_.timed_out:
+            return Attempt("timed_out", f"the run exceeded its {spec.timeout_s:.0f}s limit", usage)
+        if error is not None:
+            # The container's words become a host message: keep them short.
+            return Attempt("failed", error.message[:2000], usage, retryable=error.retryable)
+        if exit_.status_code != 0 or result is None:
+            tail = exit_.stderr_tail.strip().splitlines()[-1:] or [""]
+            why = f"the agent container exited with status {exit_.status_code}"
+            if exit_.status_code == 137:
+                why += " (killed: out of memory or stopped)"
+            if garbage:
+                why += f" after {garbage} unreadable output line(s)"
+            if tail[0]:
+                why += f": {tail[0][:300]}"
+            # A crash is worth another try; the attempt loop decides if it may.
+            return Attempt("failed", why, usage, retryable=True)
+        return Attempt("succeeded", None, usage, session_id=result.session_id)
+
+    # -- storage --------------------------------------------------------------
+
+    def _emit(self, group: Group, out: OutputMessage, outcome: RunOutcome) -> None:
+        # Outputs remember the last input their run saw: messages that arrive
+        # during a run get later seqs than the run's replies, but the model
+        # must see those replies first (see views.model_order).
+        fields = out.model_dump()
+        fields["metadata"] = {
+            **(fields["metadata"] or {}), REPLY_TO_KEY: outcome.run.cursor_to, RUN_ID_KEY: outcome.run.id,
+        }
+        with self.db.write() as session:
+            new = NewMessage(chat_jid=group.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
+            msg, created = insert_message(session, self.db, new)
+            queued = record_deliveries(session, msg) if created else 0
+        if created:
+            outcome.stored.append(msg.seq)
+            if msg.sender == SENDER_BOT:
+                outcome.replied = True
+        if queued:
+            self._deliver(group.chat_jid)
+
+    def _send_message(
+        self, group: Group, event: SendMessageEvent, run_id: str, index: int, assistant: str, outcome: RunOutcome
+    ) -> None:
+        """Post the agent's message where it asked, if this group may post there."""
+        refusal = send_refusal(self.db, group, event.chat_jid)
+        if refusal is not None:
+            log.warning("run %s: send_message refused: %s", run_id, refusal)
+            self._emit(group, host_message(run_id=f"{run_id}-{index:04d}", text=f"🚫 send_message refused: {refusal}"),
+                       outcome)
+            return
+        out = event_to_message(AssistantEvent(text=event.text), run_id=run_id, index=index, assistant_name=assistant)
+        if out is None:
+            return
+        if event.chat_jid == group.chat_jid:
+            self._emit(group, out, outcome)
+            return
+        # Another chat (main group only): stored there as our message; it
+        # does not wake that chat's agent and is not this run's reply.
+        meta = {**(out.metadata or {}), "via": "send_message", "from_chat": group.chat_jid, RUN_ID_KEY: run_id}
+        with self.db.write() as session:
+            fields = {**out.model_dump(), "metadata": meta}
+            new = NewMessage(chat_jid=event.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
+            msg, created = insert_message(session, self.db, new)
+            queued = record_deliveries(session, msg) if created else 0
+        if queued:
+            self._deliver(event.chat_jid)
+
+    def _deliver(self, chat_jid: str) -> None:
+        """Off the run's path: signal a deliverer, or (no queue) send here; never raises."""
+        try:
+            if self.signal_delivery is not None:
+                self.signal_delivery(chat_jid)
+            else:
+                Deliverer(self.db, self.settings, self.channels).deliver_due(chat_jid)
+        except Exception as exc:  # noqa: BLE001 - stored and queued; the sweeper re-signals
+            log.warning("delivery for %s not started now (%s); the sweeper will", chat_jid, exc)
+
+    def _advance(self, group: Group, cursor_to: int, session_id: str | None) -> None:
+        values: dict[str, object] = {"cursor_seq": cursor_to}
+        if session_id:
+            values["session_id"] = session_id
+        with self.db.write() as session:
+            session.execute(
+                update(GroupRow)
+                .where(GroupRow.chat_jid == group.chat_jid, GroupRow.cursor_seq < cursor_to)
+                .values(**values)
+            )

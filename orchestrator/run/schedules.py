@@ -1,0 +1,224 @@
+"""Scheduled tasks: a prompt that wakes a group's agent on a cron line, an
+interval, or once.
+
+A task run is an ordinary run: firing stores the prompt as a message in the
+group (sender ``scheduler``) and marks the group pending, exactly like an
+incoming message, so it takes the same lease and leaves the same records.
+The message id is ``sched-<task>-<due epoch>`` and the task's ``next_run_at``
+moves on with a conditional UPDATE, so one due time fires once however many
+beat processes tick.  A scheduler that was down fires a missed cron or
+interval task once (for its latest missed time), not once per missed slot.
+
+Context modes: ``group`` runs with the group's history and session;
+``isolated`` runs with the task's prompt alone and no session.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from croniter import croniter
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import select, update
+
+from orchestrator.core.errors import InvalidMessage, StoreError
+from orchestrator.model.messages import NewMessage
+from orchestrator.run.ingest import mark_pending
+from orchestrator.store.db import Database
+from orchestrator.store.deliveries import record_deliveries
+from orchestrator.store.groups import get_group
+from orchestrator.store.message_log import insert_message, now_iso
+from orchestrator.store.tables import ScheduledTaskRow
+
+ScheduleKind = Literal["cron", "interval", "once"]
+ContextMode = Literal["group", "isolated"]
+TaskState = Literal["active", "paused", "cancelled", "done"]
+
+SCHEDULER_SENDER = "scheduler"
+_INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class ScheduledTask(BaseModel):
+    model_config = ConfigDict(frozen=True, from_attributes=True)
+
+    id: str
+    chat_jid: str
+    prompt: str
+    kind: ScheduleKind
+    spec: str
+    context_mode: ContextMode
+    state: TaskState
+    next_run_at: datetime | None
+    last_run_at: datetime | None
+    runs: int
+    created_at: datetime
+
+
+def parse_interval(text: str) -> float:
+    """``90``, ``45s``, ``30m``, ``2h``, ``1d`` -> seconds (at least 1)."""
+    m = _INTERVAL.match(text)
+    if not m:
+        raise InvalidMessage(f"interval {text!r}: use a number with an optional unit s, m, h or d (e.g. 30m)")
+    seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    if seconds < 1:
+        raise InvalidMessage(f"interval {text!r} is shorter than one second")
+    return seconds
+
+
+def _parse_once(text: str) -> datetime:
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidMessage(f"time {text!r} is not an ISO-8601 date-time") from None
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+
+def next_due(kind: str, spec: str, after: datetime) -> datetime | None:
+    """The first due time strictly after ``after`` (None: never again)."""
+    if kind == "cron":
+        return croniter(spec, after).get_next(datetime).astimezone(UTC)
+    if kind == "interval":
+        return after + timedelta(seconds=parse_interval(spec))
+    at = _parse_once(spec)
+    return at if at > after else None
+
+
+def add_task(
+    db: Database,
+    *,
+    chat_jid: str,
+    prompt: str,
+    kind: ScheduleKind,
+    spec: str,
+    context_mode: ContextMode = "group",
+    now: datetime | None = None,
+) -> ScheduledTask:
+    """Validate and store a task; bad input raises InvalidMessage, unknown groups UnknownGroup."""
+    get_group(db, chat_jid)
+    if not prompt.strip():
+        raise InvalidMessage("a scheduled task needs a prompt")
+    if context_mode not in ("group", "isolated"):
+        raise InvalidMessage(f"context mode {context_mode!r}: use 'group' or 'isolated'")
+    now = now or datetime.now(UTC)
+    if kind == "cron":
+        if not croniter.is_valid(spec):
+            raise InvalidMessage(f"cron line {spec!r} is not valid (five fields: minute hour day month weekday)")
+        first = next_due(kind, spec, now)
+    elif kind == "interval":
+        first = now + timedelta(seconds=parse_interval(spec))
+    elif kind == "once":
+        first = _parse_once(spec)
+        if first <= now:
+            raise InvalidMessage(f"time {spec!r} is in the past")
+    else:
+        raise InvalidMessage(f"schedule kind {kind!r}: use cron, interval or once")
+    row = ScheduledTaskRow(
+        id=str(uuid.uuid4()), chat_jid=chat_jid, prompt=prompt, kind=kind, spec=spec,
+        context_mode=context_mode, state="active", next_run_at=first, runs=0, created_at=now,
+    )
+    with db.write() as session:
+        session.add(row)
+    return ScheduledTask.model_validate(row)
+
+
+def list_tasks(db: Database, *, chat_jid: str | None = None) -> list[ScheduledTask]:
+    stmt = select(ScheduledTaskRow).order_by(ScheduledTaskRow.created_at)
+    if chat_jid:
+        stmt = stmt.where(ScheduledTaskRow.chat_jid == chat_jid)
+    with db.read() as session:
+        return [ScheduledTask.model_validate(r) for r in session.scalars(stmt)]
+
+
+def get_task(db: Database, task_id: str) -> ScheduledTask:
+    with db.read() as session:
+        rows = list(session.scalars(select(ScheduledTaskRow).where(ScheduledTaskRow.id.like(f"{task_id}%")).limit(2)))
+    if len(rows) != 1:
+        raise StoreError(f"no scheduled task {task_id!r}" if not rows else f"task id {task_id!r} is ambiguous")
+    return ScheduledTask.model_validate(rows[0])
+
+
+_TRANSITIONS: dict[str, tuple[set[str], str]] = {
+    "pause": ({"active"}, "paused"),
+    "resume": ({"paused"}, "active"),
+    "cancel": ({"active", "paused"}, "cancelled"),
+}
+
+
+def change_state(db: Database, task_id: str, action: str, *, now: datetime | None = None) -> ScheduledTask:
+    """pause / resume / cancel a task; an impossible change raises StoreError."""
+    task = get_task(db, task_id)
+    allowed, target = _TRANSITIONS[action]
+    if task.state not in allowed:
+        raise StoreError(f"task {task.id[:8]} is {task.state}; cannot {action} it")
+    values: dict[str, object] = {"state": target}
+    if action == "resume":
+        # Resuming does not fire everything that fell due while paused.
+        now = now or datetime.now(UTC)
+        nxt = task.next_run_at
+        if task.kind != "once" and (nxt is None or nxt <= now):
+            values["next_run_at"] = next_due(task.kind, task.spec, now)
+    with db.write() as session:
+        session.execute(update(ScheduledTaskRow).where(ScheduledTaskRow.id == task.id).values(**values))
+    return get_task(db, task.id)
+
+
+def fire_due(
+    db: Database, *, signal: Callable[[str], object] | None, now: datetime | None = None
+) -> list[str]:
+    """Fire every active task that is due; returns the ids of the messages stored."""
+    now = now or datetime.now(UTC)
+    with db.read() as session:
+        due = [
+            ScheduledTask.model_validate(r)
+            for r in session.scalars(
+                select(ScheduledTaskRow).where(
+                    ScheduledTaskRow.state == "active", ScheduledTaskRow.next_run_at <= now
+                )
+            )
+        ]
+    fired: list[str] = []
+    for task in due:
+        assert task.next_run_at is not None
+        following = next_due(task.kind, task.spec, max(now, task.next_run_at))
+        msg = NewMessage(
+            id=f"sched-{task.id}-{int(task.next_run_at.timestamp())}", chat_jid=task.chat_jid,
+            sender=SCHEDULER_SENDER, sender_name="scheduled task", content=task.prompt, timestamp=now_iso(),
+            metadata={"scheduled_task": task.id, "due": task.next_run_at.isoformat(),
+                      "context_mode": task.context_mode},
+        )
+        # Claim the due time, store its message and mark the group pending in
+        # one transaction: a crash leaves either all of it or none.
+        with db.write() as session:
+            claimed = session.execute(
+                update(ScheduledTaskRow)
+                .where(ScheduledTaskRow.id == task.id, ScheduledTaskRow.next_run_at == task.next_run_at,
+                       ScheduledTaskRow.state == "active")
+                .values(
+                    next_run_at=following, last_run_at=now, runs=ScheduledTaskRow.runs + 1,
+                    state="active" if following is not None else "done",
+                )
+            ).rowcount
+            if claimed != 1:
+                continue  # another ticker fired this due time
+            stored, created = insert_message(session, db, msg)
+            if created:
+                mark_pending(session, task.chat_jid, stored.seq)
+                record_deliveries(session, stored)  # shown on the group's channels (the sweeper signals)
+        if created:
+            fired.append(stored.id)
+            if signal is not None:
+                try:
+                    signal(task.chat_jid)
+                except Exception:  # noqa: BLE001 - the sweeper re-signals pending groups
+                    pass
+    return fired
+
+
+def is_isolated(metadata: dict[str, object] | None) -> bool:
+    """True for the message of a scheduled task that runs without the group's context."""
+    return bool(metadata) and metadata.get("scheduled_task") is not None and metadata.get("context_mode") == "isolated"  # type: ignore[union-attr]

@@ -1,0 +1,140 @@
+"""The sweeper: puts right what a dead worker or a lost signal left behind.
+
+Run by Celery beat every ``sweep_interval_s`` and once when a worker starts.
+Everything it does is safe to repeat and safe to run on several hosts:
+
+1. An unfinished (queued or running) run whose group lease has expired (or moved to another
+   owner) lost its worker.  If it already stored a reply, it is closed as
+   failed and the cursor moves past its input (never replayed: no duplicate
+   replies; the group gets a host message).  Otherwise it is closed and its
+   messages stay pending, so the next run answers them.
+2. Groups with pending work and no live lease are signalled again.
+3. Run containers on this host's Docker engine whose run is not live are
+   removed.
+4. Deliveries: a claim past its deadline (the deliverer died mid-send) is
+   marked failed, never resent; chats with due deliveries are signalled.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from sqlalchemy import and_, func, or_, select, update
+
+from orchestrator.model.messages import SENDER_BOT, NewMessage, StoredMessage
+from orchestrator.run.outputs import host_message
+from orchestrator.sandbox.containers import DockerSandbox
+from orchestrator.store.db import Database
+from orchestrator.store.deliveries import abandon_stale_claims, due_chats, record_deliveries
+from orchestrator.store.message_log import insert_message, now_iso
+from orchestrator.store.runs import finish_run
+from orchestrator.store.tables import GroupRow, MessageRow, RunRow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepReport:
+    interrupted_runs: list[str] = field(default_factory=list)
+    signalled_groups: list[str] = field(default_factory=list)
+    removed_containers: int = 0
+    abandoned_deliveries: int = 0
+    delivery_signals: list[str] = field(default_factory=list)
+
+
+def _lease_dead(now: datetime):  # type: ignore[no-untyped-def]
+    return or_(GroupRow.lease_owner.is_(None), GroupRow.lease_expires_at < now)
+
+
+def sweep(
+    db: Database,
+    *,
+    signal: Callable[[str], object] | None,
+    sandbox: DockerSandbox | None = None,
+    signal_delivery: Callable[[str], object] | None = None,
+) -> SweepReport:
+    report = SweepReport()
+    now = datetime.now(UTC)
+    with db.read() as session:
+        stale = session.execute(
+            select(RunRow.id, RunRow.chat_jid, RunRow.cursor_to)
+            .join(GroupRow, GroupRow.chat_jid == RunRow.chat_jid)
+            .where(
+                RunRow.state.in_(("queued", "running", "cancelled")),
+                RunRow.finished_at.is_(None),
+                or_(_lease_dead(now), and_(RunRow.owner.is_not(None), GroupRow.lease_owner != RunRow.owner)),
+            )
+        ).all()
+    for run_id, chat_jid, cursor_to in stale:
+        _close_interrupted(db, run_id, chat_jid, cursor_to)
+        report.interrupted_runs.append(run_id)
+
+    with db.read() as session:
+        pending = list(
+            session.scalars(
+                select(GroupRow.chat_jid).where(GroupRow.pending_seq > GroupRow.cursor_seq, _lease_dead(now))
+            )
+        )
+    if signal is not None:
+        for chat_jid in pending:
+            signal(chat_jid)
+            report.signalled_groups.append(chat_jid)
+
+    if sandbox is not None:
+        report.removed_containers = sandbox.remove_orphans(live_run_ids(db))
+
+    report.abandoned_deliveries = abandon_stale_claims(db)
+    if signal_delivery is not None:
+        for chat_jid in due_chats(db):
+            try:
+                signal_delivery(chat_jid)
+            except Exception as exc:  # noqa: BLE001 - next sweep
+                log.warning("could not signal a deliverer for %s (%s)", chat_jid, exc)
+                break
+            report.delivery_signals.append(chat_jid)
+    if report.interrupted_runs or report.signalled_groups or report.removed_containers or report.abandoned_deliveries:
+        log.info(
+            "sweep: %d interrupted run(s), %d group(s) re-signalled, %d container(s) removed, "
+            "%d delivery claim(s) abandoned",
+            len(report.interrupted_runs), len(report.signalled_groups), report.removed_containers,
+            report.abandoned_deliveries,
+        )
+    return report
+
+
+def live_run_ids(db: Database) -> set[str]:
+    """Runs that have not finished: their containers must be left alone."""
+    with db.read() as session:
+        return set(session.scalars(select(RunRow.id).where(RunRow.finished_at.is_(None))))
+
+
+def _close_interrupted(db: Database, run_id: str, chat_jid: str, cursor_to: int) -> StoredMessage | None:
+    with db.read() as session:
+        outputs = session.scalar(
+            select(func.count()).select_from(MessageRow).where(
+                MessageRow.chat_jid == chat_jid,
+                MessageRow.id.like(f"{run_id}-%"),
+                MessageRow.sender == SENDER_BOT,
+            )
+        ) or 0
+    if outputs:
+        # A reply is already in the chat: close the run rather than replay
+        # it (no duplicate replies), and tell people it was cut short.
+        note = host_message(run_id=run_id, text="⚠️ Agent error: the run was interrupted (its worker stopped) after it had started answering.")
+        with db.write() as session:
+            stored, created = insert_message(
+                session, db, NewMessage(chat_jid=chat_jid, timestamp=now_iso(), is_from_me=True, **note.model_dump())
+            )
+            if created:
+                record_deliveries(session, stored)  # sent when the sweep signals due deliveries
+            session.execute(
+                update(GroupRow).where(GroupRow.chat_jid == chat_jid, GroupRow.cursor_seq < cursor_to)
+                .values(cursor_seq=cursor_to)
+            )
+        finish_run(db, run_id, state="failed", error="interrupted after output: its worker stopped")
+        return stored if created else None
+    finish_run(db, run_id, state="failed", error="interrupted before any output: its worker stopped; retried")
+    return None

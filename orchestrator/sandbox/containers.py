@@ -1,0 +1,296 @@
+"""Run the agent in a hardened, throw-away Docker container.
+
+Protocol plumbing (see ``agent_runner.protocol``): create the container with
+stdin open, attach one socket for stdin/stdout/stderr *before* starting it (so
+no output is missed), start, write the ``ContainerInput`` JSON, half-close the
+socket (the container sees EOF on stdin) and read the multiplexed frames:
+stdout lines are events, stderr is the runner's log.
+
+Hardening is on from the first run: non-root user, no network, every
+capability dropped, no-new-privileges, read-only root with a tmpfs for /tmp,
+memory / CPU / pids limits, and labels that name run and group so orphans can
+be found.  A watchdog kills the container at the run's time limit; the
+container is always removed afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import docker
+from docker.errors import DockerException, NotFound
+from docker.utils.socket import STDERR, STDOUT, frames_iter
+
+from orchestrator.core.errors import SandboxError
+from orchestrator.core.settings import Settings
+from orchestrator.sandbox.bounded_io import DEFAULT_MAX_LINE_BYTES, TailBuffer, read_lines
+from orchestrator.sandbox.hostile_fs import chown_tree
+
+log = logging.getLogger(__name__)
+
+LABEL_MANAGED = "orchestrator.managed"
+LABEL_RUN = "orchestrator.run"
+LABEL_GROUP = "orchestrator.group"
+# Which installation (database) a container belongs to: installs sharing one
+# Docker engine must never sweep each other's containers.
+LABEL_INSTALL = "orchestrator.install"
+# A group's warm container (orchestrator/sandbox/warm.py): not tied to one run.
+LABEL_WARM = "orchestrator.warm"
+WORKSPACE_MOUNT = "/workspace"
+# The model gateway's folder, always mounted read-only: the host binds its
+# socket there and the container may connect to it (a unix socket connects on
+# a read-only mount) but can never plant anything in it.
+GATEWAY_MOUNT = "/run/gateway"
+CONTAINER_UID = 1000  # the image's "agent" user, used when the host runs as root
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Everything needed to start one run container."""
+
+    image: str
+    name: str
+    workspace: Path
+    run_id: str
+    group_folder: str
+    memory: str = "512m"
+    cpus: float = 1.0
+    pids: int = 256
+    timeout_s: float = 300.0
+    install_id: str = ""
+    extra_labels: dict[str, str] = field(default_factory=dict)
+    # host path -> container path, mounted read-write (the run's private folder, read-write extra folders).
+    extra_mounts: dict[str, str] = field(default_factory=dict)
+    # host path -> container path, mounted read-only (allowlisted extra folders, orchestrator/sandbox/mounts.py).
+    readonly_mounts: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ContainerExit:
+    status_code: int | None
+    timed_out: bool
+    stderr_tail: str
+
+
+def docker_client(settings: Settings) -> docker.DockerClient:
+    try:
+        if settings.docker_url:
+            return docker.DockerClient(base_url=settings.docker_url)
+        return docker.from_env()
+    except DockerException as exc:
+        raise SandboxError(f"cannot reach the Docker engine: {exc}") from exc
+
+
+def prepare_folder(folder: Path) -> str:
+    """Make ``folder`` usable by the container's user; returns the user to run as.
+
+    Root on the host: run as the image's unprivileged user and hand it the
+    folder.  Any other host user: run as that same uid, so files the agent
+    writes stay the user's own.
+    """
+    uid, gid = os.getuid(), os.getgid()
+    if uid != 0:
+        return f"{uid}:{gid}"
+    _hand_over(folder)
+    return f"{CONTAINER_UID}:{CONTAINER_UID}"
+
+
+def _hand_over(folder: Path) -> None:
+    """lchown everything under ``folder`` to the container's user, by
+    descriptor and never through a symlink (``hostile_fs.chown_tree``): the
+    folder is the agent's, and as root a chown that followed a planted link
+    would hand it any host file."""
+    chown_tree(folder, CONTAINER_UID, CONTAINER_UID)
+
+
+def hardened_create_args(spec: ContainerSpec, user: str) -> dict[str, Any]:
+    """``containers.create`` keyword arguments shared by cold and warm containers."""
+    return {
+        "image": spec.image,
+        "name": spec.name,
+        "user": user,
+        "network_mode": "none",
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "read_only": True,
+        "tmpfs": {"/tmp": "rw,nosuid,nodev,size=64m"},
+        "mem_limit": spec.memory,
+        "memswap_limit": spec.memory,
+        "nano_cpus": int(spec.cpus * 1e9),
+        "pids_limit": spec.pids,
+        "volumes": {
+            str(spec.workspace): {"bind": WORKSPACE_MOUNT, "mode": "rw"},
+            **{h: {"bind": c, "mode": "rw"} for h, c in spec.extra_mounts.items()},
+            **{h: {"bind": c, "mode": "ro"} for h, c in spec.readonly_mounts.items()},
+        },
+        # The runner loads pydantic only with the Anthropic SDK, and no pydantic
+        # plugins exist in the image: skipping their discovery (an
+        # importlib.metadata scan) saves ~50 ms of such a run's start.
+        "environment": {"HOME": "/tmp", "PYDANTIC_DISABLE_PLUGINS": "1"},
+        # Docker keeps what a container writes in its log file; the agent can
+        # write to the runner's stdout/stderr at will, so cap the file (one
+        # file, rotated at 1 MB) or it can fill the host's disk.
+        "log_config": {"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
+        "labels": {
+            LABEL_MANAGED: "1",
+            LABEL_RUN: spec.run_id,
+            LABEL_GROUP: spec.group_folder,
+            LABEL_INSTALL: spec.install_id,
+            **spec.extra_labels,
+        },
+    }
+
+
+class RunningContainer:
+    """A started run container; iterate :meth:`lines`, then read :attr:`exit`."""
+
+    def __init__(self, client: docker.DockerClient, spec: ContainerSpec, payload: bytes) -> None:
+        self._client = client
+        self.spec = spec
+        self.exit: ContainerExit | None = None
+        self._timed_out = threading.Event()
+        # Only the end of the runner's log: the agent can write gigabytes there.
+        self._stderr = TailBuffer()
+        spec.workspace.mkdir(parents=True, exist_ok=True)
+        try:
+            self._container = client.containers.create(
+                stdin_open=True, **hardened_create_args(spec, prepare_folder(spec.workspace))
+            )
+            self._sock = client.api.attach_socket(
+                self._container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
+            self._container.start()
+        except DockerException as exc:
+            self._remove()
+            raise SandboxError(f"cannot start the agent container: {exc}") from exc
+        self._watchdog = threading.Timer(spec.timeout_s, self._on_timeout)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+        raw = getattr(self._sock, "_sock", self._sock)
+        try:
+            raw.sendall(payload)
+            raw.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            # The container may have died before reading its input; the exit
+            # status will tell the caller what happened.
+            log.warning("could not write the run input to %s: %s", spec.name, exc)
+
+    @property
+    def id(self) -> str:
+        return str(self._container.id)
+
+    def _on_timeout(self) -> None:
+        self._timed_out.set()
+        log.warning("run container %s hit its %.0fs limit; killing it", self.spec.name, self.spec.timeout_s)
+        self.kill()
+
+    def kill(self) -> None:
+        # Stop reading first: a caller that stopped at an output limit no
+        # longer drains the attach stream, and Docker does not finish a kill
+        # while the container's output is blocked on it (the kill call hung
+        # for its whole 60 s timeout).  Shutting the socket also ends lines().
+        raw = getattr(self._sock, "_sock", self._sock)
+        try:
+            raw.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self._container.kill()
+        except DockerException:
+            pass
+
+    def lines(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
+        """The container's stdout, one line at a time, until it closes.
+
+        Raises :class:`~orchestrator.sandbox.bounded_io.OutputLimitExceeded` on a line
+        longer than ``max_line_bytes`` (the caller kills the container).
+        """
+        for line in read_lines(self._stdout_chunks(), max_line_bytes):
+            yield line.decode("utf-8", "replace")
+
+    def _stdout_chunks(self) -> Iterator[bytes]:
+        """stdout frames as they come; stderr frames go to the bounded tail."""
+        try:
+            for stream, data in frames_iter(self._sock, tty=False):
+                if stream == STDOUT:
+                    yield data
+                elif stream == STDERR:
+                    self._stderr.write(data)
+        except (OSError, DockerException) as exc:
+            log.warning("lost the output stream of %s: %s", self.spec.name, exc)
+
+    def finish(self) -> ContainerExit:
+        self._watchdog.cancel()
+        status: int | None = None
+        try:
+            status = int(self._container.wait(timeout=30).get("StatusCode", -1))
+        except Exception as exc:  # noqa: BLE001 - any failure here means "unknown"
+            log.warning("could not read the exit status of %s: %s", self.spec.name, exc)
+        stderr = self._stderr.text()
+        if self._stderr.dropped:
+            log.info("[%s] (log: %d earlier bytes not kept)", self.spec.name, self._stderr.dropped)
+        for line in stderr.splitlines()[-50:]:
+            log.info("[%s] %s", self.spec.name, line[:2000])
+        self.exit = ContainerExit(status, self._timed_out.is_set(), stderr[-4000:])
+        self._remove()
+        return self.exit
+
+    def _remove(self) -> None:
+        container = getattr(self, "_container", None)
+        if container is None:
+            return
+        try:
+            container.remove(force=True)
+        except NotFound:
+            pass
+        except DockerException as exc:
+            log.warning("could not remove container %s: %s", self.spec.name, exc)
+
+    def __enter__(self) -> RunningContainer:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.exit is None:
+            self.kill()
+            self.finish()
+        try:
+            self._sock.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class DockerSandbox:
+    """Starts run containers on the local Docker engine."""
+
+    def __init__(self, settings: Settings, client: docker.DockerClient | None = None) -> None:
+        self.settings = settings
+        self.client = client or docker_client(settings)
+
+    def start(self, spec: ContainerSpec, payload: bytes) -> RunningContainer:
+        return RunningContainer(self.client, spec, payload)
+
+    def remove_orphans(self, live_runs: set[str]) -> int:
+        """Remove this installation's run containers whose run is not in ``live_runs``."""
+        removed = 0
+        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}"]
+        for c in self.client.containers.list(all=True, filters={"label": labels}):
+            if c.labels.get(LABEL_RUN) in live_runs:
+                continue
+            if c.labels.get(LABEL_WARM) == "1" and c.status == "running":
+                continue  # idles out by itself; a run may be using it right now
+            try:
+                c.remove(force=True)
+                removed += 1
+            except NotFound:
+                pass
+        return removed

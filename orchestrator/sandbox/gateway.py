@@ -1,0 +1,658 @@
+"""The model gateway: the sandbox's only way out, and it holds the secret.
+
+For each run that uses a real model, the worker serves an HTTP endpoint on a
+unix socket inside the run's private folder, which is mounted into the
+container.  The container talks to the model API through it; the gateway
+adds the API key, forwards only the model API's route, and counts tokens.
+The container never sees the key: not in its environment, files or
+arguments.
+
+Two upstreams (:meth:`ModelGateway.for_provider`): Anthropic (``POST /v1/messages``, key
+in ``x-api-key``) and an OpenAI-compatible server (``POST
+/v1/chat/completions``, key as ``Authorization: Bearer``, none when no key
+is configured, as for a local Ollama).  Token counts are read from either
+usage shape, streamed (SSE) or not, cache tokens included.
+
+Everything the sandbox sends is hostile, so every resource it can make the
+host spend is bounded: connections (one thread each, at most
+``max_connections``; more are closed at once), time (``read_timeout_s`` on
+every read, idle keep-alive included), request size (a valid
+``Content-Length`` up to ``max_request_bytes``, no chunked bodies), and
+money: one request upstream at a time, so the budget check before a request
+sees what every earlier one cost, and a request's output cap
+(``max_tokens``) must fit what is left of the run's budget.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import socketserver
+import stat
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import httpx
+import msgspec
+from agent_runner.protocol import Usage
+
+from orchestrator.core.errors import SandboxError
+
+if TYPE_CHECKING:
+    from orchestrator.core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Hop-by-hop, framing and secret-bearing headers are never passed through from the sandbox.
+_DROP_HEADERS = {
+    "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
+    "expect", "proxy-authorization", "x-api-key", "authorization",
+    # httpx asks for (and decodes) the encodings it supports itself.
+    "accept-encoding",
+}
+
+# sockaddr_un.sun_path holds 108 bytes on Linux; a NUL-terminated path must fit.
+_MAX_UNIX_PATH = 107
+
+MAX_REQUEST_BYTES = 32 * 1024 * 1024
+MAX_CONNECTIONS = 16
+READ_TIMEOUT_S = 30.0
+# An event-stream line longer than this is passed on but not read for usage
+# (usage lines are small; this bounds what one stream may buffer).
+_MAX_SSE_LINE = 1 << 20
+
+ANTHROPIC_PATHS = frozenset({"/v1/messages"})
+OPENAI_PATHS = frozenset({"/v1/chat/completions"})
+Auth = Literal["x-api-key", "bearer"]
+
+_INPUT_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")  # Anthropic
+_OUTPUT_KEYS = ("output_tokens", "completion_tokens")
+
+
+class GatewayError(SandboxError):
+    """The gateway's socket could not be set up safely."""
+
+
+class _Head(msgspec.Struct):
+    """The top-level fields of a request the gateway acts on; msgspec skips the rest without building it.
+
+    UNSET (absent) and None (null) differ: only an absent field may be added.
+    """
+
+    stream: bool | None = None
+    max_tokens: int | None | msgspec.UnsetType = msgspec.UNSET
+    max_completion_tokens: int | None | msgspec.UnsetType = msgspec.UNSET  # OpenAI's newer name
+    n: int | None = None  # OpenAI: choices, each up to the output cap
+    stream_options: msgspec.Raw = msgspec.Raw()  # empty: absent
+
+
+class _StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+
+
+class _Refusal(Exception):
+    """An answer the gateway gives itself, without going upstream."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.message = status, kind, message
+
+
+def _estimate(n_bytes: int) -> int:
+    # Roughly 4 bytes a token: only used when an answer carried no usage, and
+    # on the high side for JSON and SSE framing, which is what a budget wants.
+    return (n_bytes + 3) // 4
+
+
+class _Meter:
+    """The usage of one answer: the latest count of each field seen (streamed counts are cumulative)."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, int] = {}
+        self.final = False  # an output count that is the answer's last word was seen
+        self.response_bytes = 0
+
+    def see(self, usage: object, *, final: bool) -> None:
+        if not isinstance(usage, dict):
+            return
+        for key in (*_INPUT_KEYS, *_OUTPUT_KEYS, "prompt_tokens"):
+            value = usage.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                self.fields[key] = value
+        if final and any(k in self.fields for k in _OUTPUT_KEYS):
+            self.final = True
+
+    def tokens(self, request_bytes: int) -> tuple[int, int]:
+        f = self.fields
+        if "prompt_tokens" in f:  # OpenAI: cached prompt tokens are part of prompt_tokens
+            tokens_in = f["prompt_tokens"]
+        elif any(k in f for k in _INPUT_KEYS):  # Anthropic: cache reads and writes are not
+            tokens_in = sum(f.get(k, 0) for k in _INPUT_KEYS)
+        else:
+            tokens_in = _estimate(request_bytes)
+        tokens_out = f.get("completion_tokens", f.get("output_tokens", 0))
+        if not self.final:
+            # No final count (a server that does not report it, a stream cut
+            # short): charge what arrived rather than nothing.
+            tokens_out = max(tokens_out, _estimate(self.response_bytes))
+        return tokens_in, tokens_out
+
+
+class _SseUsage:
+    """Reads usage from an event stream as it passes through, a line at a time, in bounded memory."""
+
+    def __init__(self, meter: _Meter) -> None:
+        self.meter = meter
+        self._line = bytearray()
+        self._skipping = False
+
+    def feed(self, chunk: bytes) -> None:
+        self.meter.response_bytes += len(chunk)
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if not self._skipping:
+                self._line += chunk[start:end]
+                self._read(bytes(self._line))
+            self._line.clear()
+            self._skipping = False
+            start = end + 1
+        if not self._skipping:
+            self._line += chunk[start:]
+            if len(self._line) > _MAX_SSE_LINE:
+                self._line.clear()
+                self._skipping = True
+
+    def _read(self, line: bytes) -> None:
+        # A quoted "usage" cannot occur inside a JSON string (its quotes would
+        # be escaped): only events that carry usage are parsed.
+        if not line.startswith(b"data:") or b'"usage"' not in line:
+            return
+        try:
+            event = json.loads(line[5:])
+        except ValueError:
+            return
+        if not isinstance(event, dict):
+            return
+        if event.get("type") == "message_start" and isinstance(event.get("message"), dict):
+            # Anthropic: input and cache counts, and a first output count.
+            self.meter.see(event["message"].get("usage"), final=False)
+        # Anthropic's message_delta (the final output count) or OpenAI's last
+        # chunk (stream_options.include_usage).
+        self.meter.see(event.get("usage"), final=True)
+
+
+def _chmod_socket(dir_fd: int, name: bytes, mode: int) -> None:
+    """chmod the socket ``name`` in ``dir_fd``; never through a symlink, never anything but a socket."""
+    if not hasattr(os, "O_PATH"):  # not Linux: lchmod semantics where the platform has them
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISSOCK(st.st_mode):
+            raise GatewayError(f"{name!r} is not the gateway's socket")
+        os.chmod(name, mode, dir_fd=dir_fd, follow_symlinks=False)
+        return
+    # O_PATH|O_NOFOLLOW opens a symlink itself instead of its target; the
+    # fstat then refuses it, and the chmod goes to the inode we checked.
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise GatewayError(f"{name!r} was replaced before its mode was set; refusing to chmod it")
+        os.chmod(f"/proc/self/fd/{fd}", mode)
+    finally:
+        os.close(fd)
+
+
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    # close() ends the connections itself and waits a bounded time.
+    block_on_close = False
+    # A burst of connects is accepted (and, over the cap, closed) at once
+    # instead of making the sandbox's connects wait on the backlog.
+    request_queue_size = 128
+
+    def __init__(self, path: Path, handler: type[BaseHTTPRequestHandler], max_connections: int) -> None:
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._open: dict[socket.socket, threading.Thread] = {}
+        self._open_lock = threading.Lock()
+        self.dropped = 0
+        self._dir_fd = -1
+        self._path = os.fsencode(path)
+        super().__init__(str(path), handler)
+
+    def server_bind(self) -> None:
+        # Every step goes through a descriptor of the folder, and none follows
+        # a symlink: defence in depth, should the sandbox ever be able to
+        # write the folder (it is a host-only folder, mounted read-only).
+        path = self._path
+        folder, name = os.path.dirname(path) or b".", os.path.basename(path)
+        self._dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.unlink(name, dir_fd=self._dir_fd)  # a leftover entry, a symlink itself, never its target
+        except FileNotFoundError:
+            pass
+        # The folder's path can be longer than a unix socket address allows:
+        # bind through its /proc/self/fd entry instead (same folder, short name).
+        bind_to = path
+        if os.path.isdir("/proc/self/fd"):
+            bind_to = f"/proc/self/fd/{self._dir_fd}/".encode() + name
+        if len(bind_to) > _MAX_UNIX_PATH:
+            raise GatewayError(f"the gateway socket's path is too long: {self.server_address}")
+        try:
+            self.socket.bind(bind_to)
+        except OSError as exc:
+            raise GatewayError(f"cannot bind the gateway socket {self.server_address}: {exc}") from exc
+        # The sandbox runs as another uid; it may connect, nobody else is in
+        # the run's private folder.
+        _chmod_socket(self._dir_fd, name, 0o666)
+
+    def server_close(self) -> None:
+        super().server_close()
+        if self._dir_fd >= 0:
+            try:
+                os.unlink(os.path.basename(self._path), dir_fd=self._dir_fd)
+            except OSError:
+                pass  # gone already, or replaced by something that is not ours to remove
+            os.close(self._dir_fd)
+            self._dir_fd = -1
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Over the cap: closed now, in the accepting thread, without a thread
+        # of its own (the container's pids limit does not bound host threads).
+        if not self._slots.acquire(blocking=False):
+            self.dropped += 1
+            if self.dropped == 1:
+                log.warning("model gateway: more than its connection limit open at once; closing the extra ones")
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            self.shutdown_request(request)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open[request] = threading.current_thread()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._open_lock:
+                self._open.pop(request, None)
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A sandbox that hangs up or misbehaves is not the host's error.
+        log.debug("model gateway: a connection ended with an error", exc_info=True)
+
+    def end_connections(self, wait_s: float) -> None:
+        """Shut every open connection down (their reads end at once) and wait up to ``wait_s`` for their threads."""
+        with self._open_lock:
+            open_now = list(self._open.items())
+        for conn, _ in open_now:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait_s
+        for _, thread in open_now:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class ModelGateway:
+    """Forward ``allowed_paths`` from a unix socket to ``upstream`` with the key added.
+
+    ``auth`` says how: ``x-api-key`` (Anthropic; always sent) or ``bearer``
+    (``Authorization: Bearer <key>``, left out when the key is empty).
+
+    ``input_tokens``/``output_tokens`` are the run's totals: they start at
+    ``spent`` (what earlier attempts of the run used), so ``token_budget``
+    holds per run, not per attempt.
+    """
+
+    def __init__(
+        self,
+        socket_path: Path,
+        *,
+        upstream: str,
+        api_key: str,
+        allowed_paths: frozenset[str] = ANTHROPIC_PATHS,
+        auth: Auth = "x-api-key",
+        timeout_s: float = 600.0,
+        token_budget: int = 0,
+        spent: Usage | None = None,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
+        max_connections: int = MAX_CONNECTIONS,
+        read_timeout_s: float = READ_TIMEOUT_S,
+    ) -> None:
+        self.socket_path = socket_path
+        self.upstream = upstream.rstrip("/")
+        self.allowed_paths = allowed_paths
+        self.input_tokens = spent.input_tokens if spent else 0
+        self.output_tokens = spent.output_tokens if spent else 0
+        self.requests = 0
+        self.refused = 0
+        self.max_request_bytes = max_request_bytes
+        self.read_timeout_s = read_timeout_s
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()  # the counters
+        # One request at a time, from reading its body to its answer's last
+        # byte: the budget check sees every earlier request's cost, and at
+        # most one body is in memory.
+        self._one_at_a_time = threading.Lock()
+        self._client = httpx.Client(timeout=timeout_s)
+        self._api_key = api_key
+        self._auth = auth
+        # Input + output tokens one run may spend (0: no limit).  Checked
+        # before each request, which must also fit its output cap in what is
+        # left: a run can overspend only by the input of its last request.
+        self.token_budget = token_budget
+        gateway = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            # Set on the connection before the first read: the request line,
+            # headers, body and the wait for a keep-alive's next request.
+            timeout = read_timeout_s
+
+            def address_string(self) -> str:  # unix sockets have no peer address
+                return "sandbox"
+
+            def log_message(self, fmt: str, *args: object) -> None:
+                log.debug("gateway: " + fmt, *args)
+
+            def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+                # http.server's own refusals (bad request line, too many or too
+                # long headers, unknown method) as JSON errors too.
+                gateway._answer_error(self, code, "invalid_request_error", message or explain or "bad request")
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                gateway._handle(self)
+
+            def do_GET(self) -> None:  # noqa: N802
+                gateway._refuse(self)
+
+            do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_GET  # noqa: N815
+
+        socket_path.parent.mkdir(parents=True, exist_ok=True)
+        self._server = _UnixHTTPServer(socket_path, Handler, max_connections)
+        # A short poll: close() waits for the serving loop to notice.
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), name="model-gateway",
+                                        daemon=True)
+
+    @classmethod
+    def for_provider(
+        cls, socket_path: Path, settings: Settings, provider: str, *, spent: Usage | None = None
+    ) -> ModelGateway:
+        """The gateway for ``provider`` ("anthropic" or "openai") as ``settings`` configure it.
+
+        ``spent``: what earlier attempts of the same run used (counted against the budget).
+        """
+        limits: dict[str, Any] = {
+            "token_budget": settings.run_token_budget, "spent": spent,
+            "max_request_bytes": settings.gateway_max_request_bytes,
+            "max_connections": settings.gateway_max_connections,
+            "read_timeout_s": settings.gateway_read_timeout_s,
+        }
+        if provider == "openai":
+            return cls(socket_path, upstream=settings.openai_base_url, api_key=settings.openai_api_key,
+                       allowed_paths=OPENAI_PATHS, auth="bearer", **limits)
+        if provider == "anthropic":
+            return cls(socket_path, upstream=settings.anthropic_base_url, api_key=settings.anthropic_api_key,
+                       **limits)
+        raise ValueError(f"no model gateway for provider {provider!r}")
+
+    @property
+    def usage(self) -> Usage:
+        """The run's tokens so far (``spent`` included)."""
+        with self._lock:
+            return Usage(input_tokens=self.input_tokens, output_tokens=self.output_tokens)
+
+    @property
+    def dropped(self) -> int:
+        """Connections closed at once because ``max_connections`` were open."""
+        return self._server.dropped
+
+    def __enter__(self) -> ModelGateway:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._server.shutdown()
+        self._server.server_close()  # also unlinks the socket
+        # A request still being answered is cut; one waiting on the upstream
+        # gets a moment to be counted.
+        self._server.end_connections(wait_s=2.0)
+        self._client.close()
+
+    # -- request handling -----------------------------------------------------------
+
+    def _answer_error(self, h: BaseHTTPRequestHandler, status: int, kind: str, message: str) -> None:
+        with self._lock:
+            self.refused += 1
+        body = json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
+        # The request's body is left unread: close the connection, or a
+        # keep-alive client's next request would be parsed from it.
+        h.close_connection = True
+        try:
+            h.send_response(status)
+            h.send_header("content-type", "application/json")
+            h.send_header("content-length", str(len(body)))
+            h.send_header("connection", "close")
+            h.end_headers()
+            h.wfile.write(body)
+        except OSError:
+            pass  # the sandbox hung up
+
+    def _refuse(self, h: BaseHTTPRequestHandler) -> None:
+        self._answer_error(h, 403, "forbidden", "route not allowed by the gateway")
+
+    def _content_length(self, h: BaseHTTPRequestHandler) -> int:
+        if h.headers.get("transfer-encoding") is not None:
+            raise _Refusal(411, "invalid_request_error", "the gateway takes no chunked bodies: send Content-Length")
+        values = h.headers.get_all("content-length") or []
+        if not values:
+            raise _Refusal(411, "invalid_request_error", "Content-Length is required")
+        value = values[0].strip()
+        if len(values) > 1 or not (value.isascii() and value.isdigit()):
+            raise _Refusal(400, "invalid_request_error", "Content-Length must be one non-negative number")
+        if len(value) > 19 or int(value) > self.max_request_bytes:
+            raise _Refusal(413, "request_too_large",
+                           f"the request is over the gateway's limit of {self.max_request_bytes} bytes")
+        return int(value)
+
+    def _read_body(self, h: BaseHTTPRequestHandler, length: int) -> bytes:
+        # Each read waits at most read_timeout_s; the whole body gets that long too.
+        deadline = time.monotonic() + self.read_timeout_s
+        chunks: list[bytes] = []
+        left = length
+        try:
+            while left:
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+                chunk = h.rfile.read1(min(left, 1 << 20))
+                if not chunk:
+                    raise _Refusal(400, "invalid_request_error", "the body ended before its Content-Length")
+                chunks.append(chunk)
+                left -= len(chunk)
+        except TimeoutError:
+            raise _Refusal(408, "request_timeout", "the body did not arrive in time") from None
+        return b"".join(chunks)
+
+    def _prepare(self, path: str, body: bytes) -> bytes:
+        """The body to send upstream: checked against the budget, with the fields the gateway needs added."""
+        try:
+            head = msgspec.json.decode(body, type=_Head)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+            raise _Refusal(400, "invalid_request_error", f"the gateway needs a JSON object: {exc}") from None
+        # Added fields go first, and only when absent: the body is never
+        # decoded whole (a hostile one could be built to blow up in memory).
+        added: list[bytes] = []
+        with self._lock:
+            spent = self.input_tokens + self.output_tokens
+        if self.token_budget:
+            left = self.token_budget - spent
+            fields = (head.max_tokens, head.max_completion_tokens)
+            caps = [v for v in fields if isinstance(v, int)]
+            if None in fields:  # present but null: no cap, and we must not add a second one
+                raise _Refusal(400, "invalid_request_error", "under a token budget, the output cap must be a number")
+            choices = max(1, head.n or 1)
+            if not caps:
+                added.append(b'"max_tokens":%d' % max(1, left // choices))
+            elif (asked := max(caps) * choices) > left:
+                raise _Refusal(403, "budget_exceeded",
+                               f"this run has {left} of its {self.token_budget} tokens left; the request asks for "
+                               f"up to {asked} output tokens (ORCHESTRATOR_RUN_TOKEN_BUDGET)")
+        if path in OPENAI_PATHS and head.stream:
+            # OpenAI streams report usage only when asked to.
+            if not head.stream_options:
+                added.append(b'"stream_options":{"include_usage":true}')
+            else:
+                try:
+                    options = msgspec.json.decode(head.stream_options, type=_StreamOptions)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    raise _Refusal(400, "invalid_request_error", f"stream_options: {exc}") from None
+                if not options.include_usage:
+                    raise _Refusal(400, "invalid_request_error",
+                                   "the gateway counts tokens: a stream needs stream_options.include_usage")
+        if not added:
+            return body
+        rest = body.lstrip(b" \t\r\n")[1:]  # after the object's "{"
+        comma = b"" if rest.lstrip(b" \t\r\n").startswith(b"}") else b","
+        return b"{" + b",".join(added) + comma + rest
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        path = h.path.split("?", 1)[0]
+        if path not in self.allowed_paths:
+            self._refuse(h)
+            return
+        try:
+            length = self._content_length(h)
+            if not self._one_at_a_time.acquire(timeout=self._timeout_s):
+                raise _Refusal(503, "overloaded_error", "the gateway serves one request at a time; try again")
+        except _Refusal as r:
+            self._answer_error(h, r.status, r.kind, r.message)
+            return
+        try:
+            with self._lock:
+                spent = self.input_tokens + self.output_tokens
+            try:
+                if self.token_budget and spent >= self.token_budget:
+                    # 403, not 429: a provider must not retry this.
+                    raise _Refusal(403, "budget_exceeded",
+                                   f"this run used {spent} tokens; its budget is {self.token_budget} "
+                                   "(ORCHESTRATOR_RUN_TOKEN_BUDGET)")
+                body = self._prepare(path, self._read_body(h, length))
+            except _Refusal as r:
+                self._answer_error(h, r.status, r.kind, r.message)
+                return
+            self._forward(h, body)
+        finally:
+            self._one_at_a_time.release()
+
+    def _forward(self, h: BaseHTTPRequestHandler, body: bytes) -> None:
+        headers = {k: v for k, v in h.headers.items() if k.lower() not in _DROP_HEADERS}
+        if self._auth == "bearer":
+            if self._api_key:
+                headers["authorization"] = f"Bearer {self._api_key}"
+        else:
+            headers["x-api-key"] = self._api_key
+        meter = _Meter()
+        charged = False
+
+        def charge() -> None:
+            # Once per answer, before its last byte goes out: a client that
+            # has read the answer sees it counted.
+            nonlocal charged
+            if not charged:
+                charged = True
+                tokens_in, tokens_out = meter.tokens(len(body))
+                with self._lock:
+                    self.input_tokens += tokens_in
+                    self.output_tokens += tokens_out
+
+        with self._lock:
+            self.requests += 1
+        status = 502
+        try:
+            with self._client.stream("POST", self.upstream + h.path, content=body, headers=headers) as resp:
+                status = resp.status_code
+                ctype = resp.headers.get("content-type", "application/json")
+                if status == 200 and ctype.startswith("text/event-stream"):
+                    self._relay_stream(h, resp, ctype, meter, charge)
+                else:
+                    content = resp.read()
+                    if status == 200:
+                        meter.response_bytes = len(content)
+                        self._read_usage(content, meter)
+                        charge()
+                    self._send(h, status, ctype, content, resp.headers.get("retry-after"))
+        except httpx.HTTPError as exc:
+            if status == 200:  # cut mid-answer: the headers are sent, the client sees the end
+                h.close_connection = True
+            else:
+                message = f"gateway: upstream unreachable: {exc}"
+                content = json.dumps({"type": "error", "error": {"type": "api_error", "message": message}}).encode()
+                self._send(h, 502, "application/json", content, None)
+        finally:
+            if status == 200:
+                charge()
+
+    @staticmethod
+    def _read_usage(content: bytes, meter: _Meter) -> None:
+        try:
+            answer = json.loads(content)
+        except ValueError:
+            return
+        if isinstance(answer, dict):
+            meter.see(answer.get("usage"), final=True)
+
+    @staticmethod
+    def _send(h: BaseHTTPRequestHandler, status: int, ctype: str, content: bytes, retry_after: str | None) -> None:
+        try:
+            h.send_response(status)
+            h.send_header("content-type", ctype)
+            h.send_header("content-length", str(len(content)))
+            if retry_after:
+                h.send_header("retry-after", retry_after)
+            h.end_headers()
+            h.wfile.write(content)
+        except OSError:
+            h.close_connection = True
+
+    @staticmethod
+    def _relay_stream(
+        h: BaseHTTPRequestHandler, resp: httpx.Response, ctype: str, meter: _Meter, charge: Callable[[], None]
+    ) -> None:
+        """Pass an event stream on as it arrives (chunked), reading its usage on the way."""
+        sse = _SseUsage(meter)
+        chunked = h.request_version == "HTTP/1.1"
+        try:
+            h.send_response(200)
+            h.send_header("content-type", ctype)
+            h.send_header("cache-control", "no-cache")
+            if chunked:
+                h.send_header("transfer-encoding", "chunked")
+            else:  # HTTP/1.0: the end of the stream is the end of the connection
+                h.close_connection = True
+            h.end_headers()
+            for chunk in resp.iter_bytes():
+                if not chunk:
+                    continue
+                sse.feed(chunk)
+                h.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+            charge()
+            if chunked:
+                h.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            # The sandbox hung up: stop reading (the upstream stops generating)
+            # and charge what arrived.
+            h.close_connection = True

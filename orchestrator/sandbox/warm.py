@@ -1,0 +1,441 @@
+"""Warm sessions: a group's container stays up between runs.
+
+A cold run pays for a container start and an interpreter start each time.
+With ``ORCHESTRATOR_WARM_IDLE_S`` > 0 a group's container is started in the
+runner's serve mode (``agent_runner/serve.py``) with the same hardening and
+the group's workspace; the runner binds its socket in the workspace
+(``.orchestrator/agent.sock``).  A run connects to it (any worker process on
+this host can: the container is found by its labels, not held by a
+process), writes the input line and reads event lines.  The workspace is
+the agent's, so the socket is reached as hostile_fs reaches anything there:
+no symlink followed, a socket or nothing.  After each run everything the run
+left running is killed (``WarmRun._clean_up``).
+
+* idle: the runner exits after the idle timeout and Docker removes it
+  (auto-remove); nothing on the host has to remember it;
+* crashed or stale (its image or limits changed): replaced before the run,
+  transparently;
+* a run that times out or is cancelled kills the container: the next run
+  starts a fresh one;
+* ``orchestrator groups reset JID`` stops it and forgets the group's model
+  session.
+
+The run's model gateway socket, if any, is bound in the group's gateway
+folder, host-only and mounted read-only at ``/run/gateway``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+
+import docker
+from docker.errors import DockerException, NotFound
+from sqlalchemy import update
+
+from orchestrator.core.errors import HostileEntry, SandboxError
+from orchestrator.core.settings import Settings
+from orchestrator.sandbox.bounded_io import DEFAULT_MAX_LINE_BYTES, TailBuffer, read_lines
+from orchestrator.sandbox.containers import (
+    GATEWAY_MOUNT,
+    LABEL_GROUP,
+    LABEL_INSTALL,
+    LABEL_MANAGED,
+    LABEL_RUN,
+    LABEL_WARM,
+    WORKSPACE_MOUNT,
+    ContainerExit,
+    ContainerSpec,
+    docker_client,
+    hardened_create_args,
+    prepare_folder,
+)
+from orchestrator.sandbox.hostile_fs import connect_unix, remove_entry
+from orchestrator.store.db import Database
+from orchestrator.store.groups import get_group
+from orchestrator.store.tables import GroupRow
+
+log = logging.getLogger(__name__)
+
+LABEL_WARM_CONFIG = "orchestrator.warm-config"
+# The warm runner's socket, relative to the workspace (where the runner binds it).
+RUNNER_SOCKET = ".orchestrator/agent.sock"
+STARTUP_TIMEOUT_S = 20.0
+CONNECT_ATTEMPTS = 2
+# Bumped when the mounts of a warm container change: older ones are replaced.
+WARM_LAYOUT = 3
+# The runner's log lines a run's end reads back (Docker splits longer lines at 16 KiB).
+LOG_TAIL_LINES = 200
+
+
+def gateway_dir(settings: Settings, folder: str) -> Path:
+    """Where a warm group's model gateway socket is bound: host-only, mounted read-only."""
+    return settings.data_dir / "gateway" / folder
+
+
+def state_dir(settings: Settings, folder: str) -> Path:
+    """Host-only: what the host remembers about a group's warm containers (the
+    "a run is in progress" markers)."""
+    return settings.data_dir / "warm" / folder
+
+
+def host_only_dir(path: Path) -> Path:
+    """Create ``path`` as the host's own folder (mode 0755, never handed to the
+    container's user, never mounted writable)."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o755)
+    return path
+
+
+def _config_hash(client: docker.DockerClient, spec: ContainerSpec, idle_s: float) -> str:
+    # The image id, not its tag: a rebuilt runner must not be served by an old container.
+    try:
+        image_id = client.images.get(spec.image).id
+    except DockerException:
+        image_id = spec.image
+    doc = {
+        "image": image_id, "memory": spec.memory, "cpus": spec.cpus, "pids": spec.pids, "idle": idle_s,
+        "workspace": str(spec.workspace), "rw": spec.extra_mounts, "ro": spec.readonly_mounts,
+        # Containers of an older layout (sockets in a writable session folder) are replaced.
+        "layout": WARM_LAYOUT,
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class WarmPool:
+    """Finds, starts and replaces the warm containers of this installation."""
+
+    def __init__(self, settings: Settings, client: docker.DockerClient) -> None:
+        self.settings = settings
+        self.client = client
+
+    def _labels(self, folder: str) -> list[str]:
+        return [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}",
+                f"{LABEL_WARM}=1", f"{LABEL_GROUP}={folder}"]
+
+    def find(self, folder: str) -> list[docker.models.containers.Container]:
+        return self.client.containers.list(all=True, filters={"label": self._labels(folder)})
+
+    def discard(self, container: docker.models.containers.Container) -> None:
+        """Remove a warm container and forget its run marker."""
+        with contextlib.suppress(NotFound, DockerException):
+            container.remove(force=True)
+        folder = container.labels.get(LABEL_GROUP, "")
+        if folder:
+            with contextlib.suppress(FileNotFoundError):
+                _dirty_marker(self.settings, folder, container.id).unlink()
+
+    def stop(self, folder: str) -> int:
+        """Stop and remove a group's warm container(s); returns how many."""
+        found = self.find(folder)
+        for c in found:
+            self.discard(c)
+        return len(found)
+
+    def stop_all(self) -> int:
+        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}", f"{LABEL_WARM}=1"]
+        found = self.client.containers.list(all=True, filters={"label": labels})
+        for c in found:
+            self.discard(c)
+        return len(found)
+
+    def start(self, spec: ContainerSpec, payload: bytes) -> WarmRun:
+        idle = self.settings.warm_idle_s
+        config = _config_hash(self.client, spec, idle)
+        last_error: Exception | None = None
+        for _ in range(CONNECT_ATTEMPTS):
+            container, cold = self._ensure(spec, config, idle)
+            dirty = _dirty_marker(self.settings, spec.group_folder, container.id)
+            if dirty.exists():
+                # A run on it never finished cleanly (a worker died mid-run):
+                # what that run started may still be running. Never reuse it.
+                log.info("warm container %s was not cleaned up after its last run; replacing it", container.name)
+                self.discard(container)
+                last_error = SandboxError("not cleaned up after its last run")
+                continue
+            try:
+                sock = _connect_runner(spec.workspace, retry_s=STARTUP_TIMEOUT_S if cold else 0.0)
+            except (OSError, HostileEntry) as exc:
+                # Died between runs (or mid-idle-exit), or its socket is gone: replace it, transparently.
+                log.info("warm container of %s did not answer (%s); replacing it", spec.group_folder, exc)
+                last_error = exc
+                self.discard(container)
+                continue
+            # Marks the container as running a run until WarmRun has cleaned up after it.
+            host_only_dir(state_dir(self.settings, spec.group_folder))
+            dirty.touch()
+            return WarmRun(container, sock, spec, payload, cold=cold, dirty_marker=dirty, pool=self)
+        raise SandboxError(f"cannot reach a warm agent container for {spec.group_folder}: {last_error}")
+
+    def _ensure(
+        self, spec: ContainerSpec, config: str, idle: float
+    ) -> tuple[docker.models.containers.Container, bool]:
+        for c in self.find(spec.group_folder):
+            if c.status == "running" and c.labels.get(LABEL_WARM_CONFIG) == config:
+                return c, False
+            log.info("replacing warm container %s (%s)", c.name, c.status)
+            self.discard(c)
+        # Created here, not by Docker (which would make it root's and unwritable).
+        spec.workspace.mkdir(parents=True, exist_ok=True)
+        user = prepare_folder(spec.workspace)
+        # Whatever an agent left where the new runner will bind (a symlink, a
+        # folder): gone before the container starts, so the first connection
+        # can only reach the new runner's socket.
+        remove_entry(spec.workspace, RUNNER_SOCKET)
+        args = hardened_create_args(spec, user)
+        gateway = host_only_dir(gateway_dir(self.settings, spec.group_folder))
+        args["volumes"][str(gateway)] = {"bind": GATEWAY_MOUNT, "mode": "ro"}
+        args["labels"] = {**args["labels"], LABEL_WARM: "1", LABEL_WARM_CONFIG: config}
+        args["labels"].pop(LABEL_RUN, None)
+        args["name"] = f"orch-warm-{spec.group_folder}-{os.urandom(3).hex()}"
+        try:
+            container = self.client.containers.create(
+                command=["--serve", f"{WORKSPACE_MOUNT}/{RUNNER_SOCKET}", "--idle-timeout", f"{idle:g}"],
+                auto_remove=True, **args,
+            )
+            container.start()
+            container.reload()
+        except DockerException as exc:
+            raise SandboxError(f"cannot start a warm agent container: {exc}") from exc
+        return container, True
+
+
+def _connect_runner(workspace: Path, *, retry_s: float) -> socket.socket:
+    """Connect to the warm runner's socket in the workspace.
+
+    The socket lives in the agent's own workspace (so the agent cannot use it
+    to fill any other disk than its quota'd one), which makes the entry
+    hostile: it is reached with no symlink followed and only if it is a
+    socket (``hostile_fs.connect_unix``).  ``retry_s``: a fresh runner may not
+    listen yet (ECONNREFUSED, or no entry at all): keep trying that long.
+    """
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            return connect_unix(workspace, RUNNER_SOCKET)
+        except (ConnectionRefusedError, HostileEntry) as exc:
+            if isinstance(exc, HostileEntry) and exc.reason != "no such file":
+                raise
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+def _dirty_marker(settings: Settings, folder: str, container_id: str) -> Path:
+    """Exists while a run is in progress on the warm container ``container_id``."""
+    return state_dir(settings, folder) / f"{container_id[:12]}.dirty"
+
+
+class WarmRun:
+    """One run on a warm container; the same surface as ``sandbox.RunningContainer``."""
+
+    def __init__(
+        self, container: docker.models.containers.Container, sock: socket.socket, spec: ContainerSpec,
+        payload: bytes, *, cold: bool, dirty_marker: Path, pool: WarmPool,
+    ) -> None:
+        self._container = container
+        self._sock = sock
+        self._dirty = dirty_marker
+        self._pool = pool
+        self.spec = spec
+        self.cold = cold
+        self.exit: ContainerExit | None = None
+        self._started = datetime.now(UTC)
+        self._timed_out = threading.Event()
+        self._killed = False
+        self._watchdog = threading.Timer(spec.timeout_s, self._on_timeout)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+        try:
+            sock.sendall(payload + b"\n")
+        except OSError as exc:
+            log.warning("could not hand the run to %s: %s", container.name, exc)
+
+    @property
+    def id(self) -> str:
+        return str(self._container.id)
+
+    def _on_timeout(self) -> None:
+        self._timed_out.set()
+        log.warning("warm run in %s hit its %.0fs limit; killing the container", self._container.name,
+                    self.spec.timeout_s)
+        self.kill()
+
+    def kill(self) -> None:
+        self._killed = True
+        with contextlib.suppress(DockerException):
+            self._container.kill()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def lines(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
+        """The run's event lines until the runner closes the connection.
+
+        Raises :class:`~orchestrator.sandbox.bounded_io.OutputLimitExceeded` on a line
+        longer than ``max_line_bytes`` (the caller kills the container).
+        """
+        for line in read_lines(self._chunks(), max_line_bytes):
+            yield line.decode("utf-8", "replace")
+
+    def _chunks(self) -> Iterator[bytes]:
+        try:
+            while chunk := self._sock.recv(65536):
+                yield chunk
+        except OSError as exc:
+            log.warning("lost the warm run's stream from %s: %s", self._container.name, exc)
+
+    def _log_tail(self) -> str:
+        """The end of the runner's log since the run started, read in bounded memory
+        (the agent can write to the runner's stderr at will)."""
+        tail = TailBuffer()
+        # OSError: requests' errors too (the container may vanish mid-read: auto-remove).
+        with contextlib.suppress(DockerException, OSError):
+            # follow=False: streaming would otherwise follow a live container's log forever.
+            stream = self._container.logs(
+                stdout=False, stderr=True, since=self._started, tail=LOG_TAIL_LINES, stream=True, follow=False,
+            )
+            try:
+                for chunk in stream:
+                    tail.write(chunk)
+            finally:
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
+        return tail.text()
+
+    def finish(self) -> ContainerExit:
+        """The run's "exit": 0 while the runner lives on (the pipeline judges the
+        events), else the container's own exit status."""
+        self._watchdog.cancel()
+        stderr = self._log_tail()
+        try:
+            self._container.reload()
+            alive = self._container.status == "running"
+        except DockerException:
+            alive = False
+        status: int | None = 0
+        if self._killed or not alive:
+            try:
+                status = int(self._container.wait(timeout=10).get("StatusCode", -1))
+            except Exception:  # noqa: BLE001 - already gone (auto-remove)
+                status = 137 if self._killed else -1
+            with contextlib.suppress(DockerException):
+                self._container.remove(force=True)
+        for line in stderr.splitlines()[-50:]:
+            log.info("[%s] %s", self._container.name, line[:2000])
+        self.exit = ContainerExit(status, self._timed_out.is_set(), stderr[-4000:])
+        return self.exit
+
+    def __enter__(self) -> WarmRun:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.exit is None:
+            self.kill()
+            self.finish()
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        self._clean_up()
+
+    def _clean_up(self) -> None:
+        """Kill everything the run left behind (background and ``setsid``
+        processes) before the container may take another run; a container that
+        cannot be cleaned is removed.  Runs after the replies were stored.
+
+        Done by the host, not by the runner, which shares its uid with the
+        agent and so cannot be trusted to do it.  Every process in the
+        container's pid namespace but the runner is killed (through a pidfd,
+        so a recycled pid is never hit); where this worker cannot see the
+        container's processes (it runs in a pid namespace of its own), a
+        ``docker exec`` of ``kill -9 -1`` does it (all but PID 1, the runner).
+        The runner reaps the zombies.
+        """
+        if self._killed:
+            self._pool.discard(self._container)
+            return
+        try:
+            runner_pid = int(self._container.attrs["State"]["Pid"])
+            cleaned = kill_all_but(runner_pid, self._container.id)
+            if cleaned is None:
+                result = self._container.exec_run(["/bin/bash", "-c", "kill -9 -1 2>/dev/null; exit 0"], stdin=False)
+                if result.exit_code != 0:
+                    raise SandboxError(f"exit status {result.exit_code}")
+            elif not cleaned:
+                raise SandboxError("processes kept appearing (a fork bomb?)")
+        except (DockerException, SandboxError, KeyError, ValueError) as exc:
+            # Gone (idle exit, crash) or beyond cleaning: never reuse it.
+            log.info("could not clean up warm container %s after a run (%s); removing it", self._container.name, exc)
+            self._pool.discard(self._container)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self._dirty.unlink()
+
+
+def _state(pid: str) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        return fh.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+def kill_all_but(runner_pid: int, container_id: str, rounds: int = 20) -> bool | None:
+    """SIGKILL every process in the pid namespace of ``runner_pid`` (the
+    runner of container ``container_id``) except the runner.
+
+    True when none is left (zombies aside), False when processes kept
+    appearing for ``rounds`` rounds, None when this process cannot see the
+    container's processes (or the pid is not that container's any more).
+    """
+    try:
+        namespace = os.readlink(f"/proc/{runner_pid}/ns/pid")
+        with open(f"/proc/{runner_pid}/cgroup") as fh:
+            in_container = container_id in fh.read()
+        # Never our own namespace: a stale pid must not make this kill the host's processes.
+        if not in_container or namespace == os.readlink("/proc/self/ns/pid"):
+            return None
+    except OSError:
+        return None
+    for _ in range(rounds):
+        found = False
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == runner_pid:
+                continue
+            try:
+                fd = os.pidfd_open(int(entry))
+            except OSError:
+                continue
+            try:
+                # Checked after the pidfd is open: it names this very process.
+                if os.readlink(f"/proc/{entry}/ns/pid") == namespace and _state(entry) != "Z":
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    found = True
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        if not found:
+            return True
+        time.sleep(0.002)
+    return False
+
+
+def reset_session(db: Database, settings: Settings, chat_jid: str, client: docker.DockerClient | None = None) -> int:
+    """Start the group afresh: forget its model session, stop its warm container.
+
+    Returns how many containers were stopped.
+    """
+    group = get_group(db, chat_jid)
+    with db.write() as session:
+        session.execute(update(GroupRow).where(GroupRow.chat_jid == chat_jid).values(session_id=None))
+    return WarmPool(settings, client or docker_client(settings)).stop(group.folder)

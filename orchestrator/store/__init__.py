@@ -1,0 +1,6 @@
+"""The database, which holds the truth (the broker only says "look").
+
+Engines and sessions, tables and Alembic migrations, the message log,
+groups, runs, leases, history edits, export/import, which channels a group is
+attached to and the deliveries ledger.  Imports ``core`` and ``model``.
+"""

@@ -1,0 +1,165 @@
+"""Database access: one engine per URL, sessions, and automatic migrations.
+
+SQLite (the embedded default) is tuned for several processes writing at once:
+WAL so readers never block the writer, a long busy timeout, and write
+transactions that start with ``BEGIN IMMEDIATE`` so two writers queue on the
+lock instead of failing when a read transaction tries to upgrade.
+
+PostgreSQL (the fleet setup) runs on psycopg 3 at READ COMMITTED; migrations
+and seq assignment are serialized with advisory locks.  Engines are fork-safe:
+a pooled connection is never used or closed by a process other than the one
+that opened it (Celery's prefork children inherit the parent's pool).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, exc, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestrator.core.errors import ConfigError
+from orchestrator.core.settings import Settings
+
+_MIGRATIONS = Path(__file__).parent / "migrations"
+_lock = threading.Lock()
+_databases: dict[str, Database] = {}
+
+
+class Database:
+    """An engine plus the two kinds of session the code needs."""
+
+    def __init__(self, url: str, *, lock_dir: Path | None = None) -> None:
+        self.url = url
+        parsed = make_url(url)
+        self.is_sqlite = parsed.get_backend_name() == "sqlite"
+        if self.is_sqlite:
+            db_path = parsed.database
+            if db_path and db_path != ":memory:":
+                Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+            self.engine = create_engine(parsed, connect_args={"timeout": 60})
+            _tune_sqlite(self.engine)
+        elif parsed.get_backend_name() in ("postgresql", "postgres"):
+            if parsed.drivername in ("postgresql", "postgres"):
+                # psycopg 3 is the driver we ship; plain URLs (and the common
+                # "postgres://" spelling, which SQLAlchemy no longer accepts) mean it.
+                # The URL object goes to create_engine as is: no re-rendering,
+                # so passwords with special characters survive.
+                parsed = parsed.set(drivername="postgresql+psycopg")
+            self.engine = create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=5)
+        else:
+            raise ConfigError(f"unsupported database URL {parsed.render_as_string()!r}: use sqlite or postgresql")
+        self._pid = os.getpid()
+        _fork_safe(self.engine)
+        self._lock_dir = lock_dir
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._read_sessions = sessionmaker(
+            self.engine.execution_options(sqlite_deferred=True), expire_on_commit=False
+        )
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[Session]:
+        """A transaction that commits on success and rolls back on error."""
+        with self._sessions() as session, session.begin():
+            yield session
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read-only transaction (never takes SQLite's write lock)."""
+        with self._read_sessions() as session, session.begin():
+            yield session
+
+    def migrate(self) -> None:
+        """Bring the schema to the newest revision; safe to call from many processes."""
+        with self._migration_lock(), self.engine.begin() as conn:
+            if not self.is_sqlite:
+                conn.execute(text("SELECT pg_advisory_xact_lock(726931)"))
+            cfg = Config()
+            cfg.set_main_option("script_location", str(_MIGRATIONS))
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+
+    @contextlib.contextmanager
+    def _migration_lock(self) -> Iterator[None]:
+        # SQLite has no advisory locks; a file lock beside the data serializes
+        # first-time schema creation between processes starting together.
+        if not (self.is_sqlite and self._lock_dir):
+            yield
+            return
+        self._lock_dir.mkdir(parents=True, exist_ok=True)
+        with open(self._lock_dir / ".migrate.lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def dispose(self) -> None:
+        # In a forked child the pooled connections are the parent's: closing
+        # them would end the parent's sessions too (PostgreSQL gets a
+        # Terminate on the shared socket), so just forget them.
+        self.engine.dispose(close=os.getpid() == self._pid)
+
+
+def _fork_safe(engine: Engine) -> None:
+    """Never hand a connection opened by another process (before a fork) to this one."""
+
+    @event.listens_for(engine, "connect")
+    def _remember_pid(_dbapi_conn, record) -> None:  # type: ignore[no-untyped-def]
+        record.info["pid"] = os.getpid()
+
+    @event.listens_for(engine, "checkout")
+    def _check_pid(_dbapi_conn, record, proxy) -> None:  # type: ignore[no-untyped-def]
+        if record.info.get("pid") != os.getpid():
+            # Detach without closing (the socket belongs to the parent); the
+            # pool then opens a fresh connection for this process.
+            record.dbapi_connection = proxy.dbapi_connection = None
+            raise exc.DisconnectionError("connection was opened by another process (fork)")
+
+
+def _tune_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite's own
+        # transaction handling would otherwise begin lazily and DEFERRED).
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=60000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+        deferred = conn.get_execution_options().get("sqlite_deferred", False)
+        conn.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
+
+
+def get_database(settings: Settings, *, migrate: bool = True) -> Database:
+    """The process-wide Database for ``settings`` (created and migrated once)."""
+    url = settings.effective_database_url
+    with _lock:
+        db = _databases.get(url)
+        if db is None:
+            db = Database(url, lock_dir=settings.data_dir)
+            if migrate:
+                db.migrate()
+            _databases[url] = db
+        return db
+
+
+def forget_databases() -> None:
+    """Dispose every cached engine (tests and forked workers)."""
+    with _lock:
+        for db in _databases.values():
+            db.dispose()
+        _databases.clear()

@@ -1,0 +1,185 @@
+"""Deliveries: every displayed message, to every channel of its group, once.
+
+``record_deliveries`` runs inside the transaction that stores a message (the
+pipeline, ingest, the sweeper's notes): one ``deliveries`` row per channel
+attached to the group, ``pending`` and due now, except the channel the
+message came in on (a person's message is mirrored to the *other* channels).
+Messages channels do not show (superseded, stored-only records such as
+``tool_use`` and ``thinking``) get none.
+
+After the commit the writer signals a deliverer: the ``deliver`` Celery task
+on the ``delivery`` queue (workers), or a :class:`Deliverer` in the same
+process (tests, ``orchestrator deliveries flush``).  A deliverer claims one
+row at a time with a conditional UPDATE (``pending`` and due -> ``sending``,
+attempts + 1, its name and a claim deadline), so two deliverers never send
+the same row, then renders the message and sends it:
+
+* success: ``sent`` with ``sent_at``;
+* failure: back to ``pending`` after ``uniform(d/2, d)`` seconds,
+  ``d = min(retry_max, retry_base·2ⁿ⁻¹)``, or ``failed`` after
+  ``delivery_max_attempts``; ``last_error`` keeps the reason;
+* the message was superseded meanwhile, or the channel detached: ``cancelled``.
+
+Per (chat, channel) the oldest unfinished row goes first (a later one is not
+claimable while an earlier one is pending or sending), so each channel shows
+a chat in seq order.  A claim that outlives ``delivery_claim_s`` means its
+deliverer died mid-send: the sweeper marks it ``failed`` rather than risk a
+second copy (at most once).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import Connection, and_, exists, insert, select, update
+from sqlalchemy.orm import Session, aliased
+
+from orchestrator.core.errors import ChannelError
+from orchestrator.model.messages import StoredMessage
+from orchestrator.model.render import ORIGIN_CHANNEL_KEY, displayed
+from orchestrator.store.db import Database
+from orchestrator.store.message_log import driver_execute
+from orchestrator.store.tables import DeliveryRow
+
+log = logging.getLogger(__name__)
+
+PENDING, SENDING, SENT, FAILED, CANCELLED = "pending", "sending", "sent", "failed", "cancelled"
+STATES = (PENDING, SENDING, SENT, FAILED, CANCELLED)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Delivery(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    message_seq: int
+    chat_jid: str
+    channel: str
+    address: str
+    state: str
+    attempts: int
+    next_attempt_at: datetime
+    last_error: str | None
+    created_at: datetime
+    sent_at: datetime | None
+
+
+def _delivery(row: DeliveryRow) -> Delivery:
+    return Delivery.model_validate(row, from_attributes=True)
+
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+
+def validate_channel_name(name: str) -> str:
+    if not _NAME.match(name or ""):
+        raise ChannelError(f"channel name {name!r} must be 1-64 lowercase letters, digits, '-' or '_'")
+    return name
+
+
+def claimable(d: type[DeliveryRow] | Any, now: datetime) -> Any:
+    """A pending, due row with no earlier unfinished row of its (chat, channel)."""
+    earlier = aliased(DeliveryRow)
+    blocked = exists().where(
+        earlier.chat_jid == d.chat_jid, earlier.channel == d.channel,
+        earlier.message_seq < d.message_seq, earlier.state.in_((PENDING, SENDING)),
+    )
+    return and_(d.state == PENDING, d.next_attempt_at <= now, ~blocked)
+
+
+# -- recording (inside the message's transaction) ------------------------------------
+
+
+_ATTACHED = "SELECT channel, address FROM group_channels WHERE chat_jid = :jid"
+
+
+def record_deliveries(session: Session | Connection, msg: StoredMessage) -> int:
+    """Queue ``msg`` for every channel of its group but the one it came from,
+    inside the caller's transaction (an ORM session or a Core connection);
+    returns how many."""
+    if not displayed(msg):
+        return 0
+    origin = (msg.metadata or {}).get(ORIGIN_CHANNEL_KEY)
+    now = utc_now()
+    # On every ingest: one fixed statement on the driver (docs/performance.md).
+    conn = session.connection() if isinstance(session, Session) else session
+    attached = driver_execute(conn, _ATTACHED, {"jid": msg.chat_jid}).fetchall()
+    rows: list[dict[str, Any]] = [
+        {
+            "message_seq": msg.seq, "chat_jid": msg.chat_jid, "channel": channel,
+            "address": address or msg.chat_jid, "state": PENDING, "attempts": 0,
+            "next_attempt_at": now, "created_at": now,
+        }
+        for channel, address in attached
+        if channel != origin
+    ]
+    if rows:
+        session.execute(insert(DeliveryRow), rows)
+    return len(rows)
+
+
+def cancel_pending(
+    session: Session, *, chat_jid: str | None = None, channel: str | None = None,
+    seqs: list[int] | None = None, reason: str,
+) -> int:
+    """Cancel unsent (pending) deliveries in the caller's transaction."""
+    q = update(DeliveryRow).where(DeliveryRow.state == PENDING)
+    if chat_jid is not None:
+        q = q.where(DeliveryRow.chat_jid == chat_jid)
+    if channel is not None:
+        q = q.where(DeliveryRow.channel == channel)
+    if seqs is not None:
+        q = q.where(DeliveryRow.message_seq.in_(seqs))
+    return session.execute(q.values(state=CANCELLED, last_error=reason)).rowcount or 0
+
+
+# -- reading ------------------------------------------------------------------------
+
+
+def list_deliveries(
+    db: Database, *, chat_jid: str | None = None, state: str | None = None, channel: str | None = None,
+    message_seq: int | None = None, limit: int = 200,
+) -> list[Delivery]:
+    """Newest first."""
+    q = select(DeliveryRow).order_by(DeliveryRow.message_seq.desc(), DeliveryRow.channel).limit(limit)
+    for col, value in ((DeliveryRow.chat_jid, chat_jid), (DeliveryRow.state, state),
+                       (DeliveryRow.channel, channel), (DeliveryRow.message_seq, message_seq)):
+        if value is not None:
+            q = q.where(col == value)
+    with db.read() as session:
+        return [_delivery(r) for r in session.scalars(q)]
+
+
+def due_chats(db: Database) -> list[str]:
+    """Chats with a pending delivery that is due now."""
+    with db.read() as session:
+        return list(session.scalars(
+            select(DeliveryRow.chat_jid)
+            .where(DeliveryRow.state == PENDING, DeliveryRow.next_attempt_at <= utc_now())
+            .distinct()
+        ))
+
+
+def abandon_stale_claims(db: Database) -> int:
+    """Claims past their deadline: the deliverer died mid-send.  Marked failed, never resent."""
+    with db.write() as session:
+        return session.execute(
+            update(DeliveryRow)
+            .where(DeliveryRow.state == SENDING, DeliveryRow.claimed_until < utc_now())
+            .values(state=FAILED, last_error="its deliverer stopped while sending; not retried, "
+                                             "so that it is never sent twice")
+        ).rowcount or 0
+
+
+def with_origin(metadata: dict[str, Any] | None, channel: str | None) -> dict[str, Any] | None:
+    """``metadata`` naming the channel a message arrived on (unchanged without one)."""
+    if channel is None:
+        return metadata
+    return {**(metadata or {}), ORIGIN_CHANNEL_KEY: validate_channel_name(channel)}

@@ -1,0 +1,168 @@
+"""Registered groups: the chats the agent serves, each with its own folder.
+
+A group's folder name is a slug (letters, digits, ``-`` and ``_``): it names
+the group's workspace under the data dir, so traversal and absolute paths are
+refused here, before anything touches the filesystem.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from orchestrator.core.errors import InvalidMessage, StoreError, UnknownGroup
+from orchestrator.store.db import Database
+from orchestrator.store.tables import GroupRow
+
+_SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+MAIN_JID = "main@local"
+
+
+class Group(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    chat_jid: str
+    name: str
+    folder: str
+    is_main: bool
+    requires_trigger: bool
+    assistant_name: str | None
+    cursor_seq: int
+    pending_seq: int
+    session_id: str | None
+    # Per-group sandbox limits and extra mounts (orchestrator/sandbox/config.py).
+    container_config: dict[str, Any] | None = None
+
+
+def group_from_row(row: GroupRow) -> Group:
+    return Group(
+        chat_jid=row.chat_jid, name=row.name, folder=row.folder, is_main=row.is_main,
+        requires_trigger=row.requires_trigger and not row.is_main,
+        assistant_name=row.assistant_name, cursor_seq=row.cursor_seq,
+        pending_seq=row.pending_seq, session_id=row.session_id, container_config=row.container_config,
+    )
+
+
+def validate_folder(folder: str) -> str:
+    if not _SLUG.match(folder or ""):
+        raise InvalidMessage(
+            f"group folder {folder!r} must be 1-64 letters, digits, '-' or '_' "
+            "(no slashes, dots or absolute paths)"
+        )
+    return folder
+
+
+def add_group(
+    db: Database,
+    *,
+    chat_jid: str,
+    name: str,
+    folder: str,
+    is_main: bool = False,
+    requires_trigger: bool = True,
+    assistant_name: str | None = None,
+) -> Group:
+    """Register a chat as a group; raises StoreError if the jid or folder is taken."""
+    if not chat_jid:
+        raise InvalidMessage("chat_jid must not be empty")
+    validate_folder(folder)
+    row = GroupRow(
+        chat_jid=chat_jid, name=name or chat_jid, folder=folder, is_main=is_main,
+        # The main group answers every message; a trigger would only get in the way.
+        requires_trigger=False if is_main else requires_trigger,
+        assistant_name=assistant_name, cursor_seq=0, pending_seq=0,
+        created_at=datetime.now(UTC),
+    )
+    try:
+        with db.write() as session:
+            session.add(row)
+    except IntegrityError as exc:
+        raise StoreError(f"group {chat_jid!r} or folder {folder!r} is already registered") from exc
+    return group_from_row(row)
+
+
+def get_group(db: Database, chat_jid: str) -> Group:
+    with db.read() as session:
+        row = session.get(GroupRow, chat_jid)
+        if row is None:
+            raise UnknownGroup(chat_jid)
+        return group_from_row(row)
+
+
+def find_group(db: Database, chat_jid: str) -> Group | None:
+    try:
+        return get_group(db, chat_jid)
+    except UnknownGroup:
+        return None
+
+
+def list_groups(db: Database) -> list[Group]:
+    with db.read() as session:
+        # Byte order on both backends (PostgreSQL would use the database's collation).
+        key = GroupRow.chat_jid if db.is_sqlite else GroupRow.chat_jid.collate("C")
+        return [group_from_row(r) for r in session.scalars(select(GroupRow).order_by(key))]
+
+
+GROUP_SETTINGS = frozenset({"name", "requires_trigger", "assistant_name"})
+
+
+def update_group(db: Database, chat_jid: str, changes: dict[str, Any]) -> Group:
+    """Change a group's name, trigger rule or assistant name (None clears the name override).
+
+    Only the keys in ``GROUP_SETTINGS``; the folder, main flag and cursors never
+    change here.  Raises UnknownGroup or InvalidMessage (nothing changed).
+    """
+    unknown = sorted(set(changes) - GROUP_SETTINGS)
+    if unknown:
+        raise InvalidMessage(f"cannot change {', '.join(unknown)} of a group")
+    if "name" in changes and not (isinstance(changes["name"], str) and changes["name"].strip()):
+        raise InvalidMessage("a group's name must not be empty")
+    with db.write() as session:
+        row = session.get(GroupRow, chat_jid)
+        if row is None:
+            raise UnknownGroup(chat_jid)
+        for key, value in changes.items():
+            setattr(row, key, value)
+        session.flush()
+        return group_from_row(row)
+
+
+def ensure_main_group(db: Database) -> Group:
+    """Create the default ``main`` group on first start."""
+    existing = find_group(db, MAIN_JID)
+    if existing is not None:
+        return existing
+    try:
+        return add_group(db, chat_jid=MAIN_JID, name="main", folder="main", is_main=True)
+    except StoreError:
+        # Another process created it between our look and our insert.
+        return get_group(db, MAIN_JID)
+
+
+def send_targets(db: Database, group: Group) -> list[str]:
+    """The other chats a run of ``group`` may post to: every registered chat for main, none otherwise."""
+    if not group.is_main:
+        return []
+    return [g.chat_jid for g in list_groups(db) if g.chat_jid != group.chat_jid]
+
+
+def send_refusal(db: Database, group: Group, target: str) -> str | None:
+    """Why ``group``'s agent may not post to ``target`` (None: it may).
+
+    A group may always post to its own chat; only the main group may post
+    elsewhere, and only to registered chats.  Decided here, on the host:
+    the container's own check is a courtesy, not a control.
+    """
+    if target == group.chat_jid:
+        return None
+    if not group.is_main:
+        return f"a non-main group may only post to its own chat ({group.chat_jid}), not {target!r}"
+    if find_group(db, target) is None:
+        return f"{target!r} is not a registered chat"
+    return None

@@ -1,0 +1,212 @@
+"""Changing history: edit a user message, regenerate a reply, truncate.
+
+Nothing is ever deleted.  Regenerate and truncate *supersede* messages
+(``superseded_at`` is set): they stay in the table for audit and appear in
+neither the display view nor the model's view.  An edit keeps every earlier
+text in the message's metadata (``edit_history``).
+
+Operations that move the group's cursor take the group's lease first, like a
+run does, so they never interleave with a run writing to the same chat; if a
+run holds it they raise :class:`GroupBusy` (cancel the run or wait).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from orchestrator.core.errors import GroupBusy, InvalidMessage, MessageNotFound
+from orchestrator.core.settings import Settings
+from orchestrator.model.context import CONTEXT_KEY, parse_context
+from orchestrator.model.messages import STORED_ONLY_SENDERS, StoredMessage
+from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
+from orchestrator.store import leases
+from orchestrator.store.db import Database
+from orchestrator.store.message_log import to_stored
+from orchestrator.store.tables import GroupRow, MessageRow, RunRow
+
+EDIT_HISTORY_KEY = "edit_history"
+
+Signal = Callable[[str], object]
+
+
+class HistoryChange(BaseModel):
+    """What an edit / regenerate / truncate did."""
+
+    message: StoredMessage
+    superseded: list[int]  # seqs
+    rerun: bool  # a new run was asked for
+
+
+@contextlib.contextmanager
+def _holding_lease(db: Database, settings: Settings, chat_jid: str) -> Iterator[None]:
+    owner = f"history:{uuid.uuid4().hex[:12]}"
+    if not leases.acquire(db, chat_jid, owner, settings.lease_ttl_s):
+        raise GroupBusy(f"a run is in progress in {chat_jid}; wait for it or cancel it (orchestrator runs cancel)")
+    try:
+        yield
+    finally:
+        leases.release(db, chat_jid, owner)
+
+
+def _live_row(session: Session, chat_jid: str, message_id: str) -> MessageRow:
+    row = session.get(MessageRow, {"id": message_id, "chat_jid": chat_jid})
+    if row is None:
+        raise MessageNotFound(chat_jid, message_id)
+    if row.superseded_at is not None:
+        raise InvalidMessage(f"message {message_id!r} was superseded and can no longer change")
+    return row
+
+
+def _supersede(session: Session, chat_jid: str, from_seq: int, now: datetime) -> list[int]:
+    seqs = list(
+        session.scalars(
+            select(MessageRow.seq).where(
+                MessageRow.chat_jid == chat_jid, MessageRow.seq >= from_seq, MessageRow.superseded_at.is_(None)
+            )
+        )
+    )
+    if seqs:
+        session.execute(
+            update(MessageRow)
+            .where(MessageRow.chat_jid == chat_jid, MessageRow.seq >= from_seq, MessageRow.superseded_at.is_(None))
+            .values(superseded_at=now)
+        )
+    return sorted(seqs)
+
+
+def _rewind(session: Session, chat_jid: str, cursor_seq: int, pending_seq: int) -> None:
+    session.execute(
+        update(GroupRow).where(GroupRow.chat_jid == chat_jid).values(cursor_seq=cursor_seq, pending_seq=pending_seq)
+    )
+
+
+def edit_message(
+    db: Database,
+    settings: Settings,
+    chat_jid: str,
+    message_id: str,
+    content: str,
+    *,
+    context: list[dict[str, Any]] | None = None,
+    rerun: bool = False,
+    signal: Signal | None = None,
+) -> HistoryChange:
+    """Replace a user message's text (and optionally its context items).
+
+    The next run sees the new text, with its context blocks expanded afresh.
+    With ``rerun`` everything after the message is superseded and the agent
+    answers the edited message again.
+    """
+    if "\x00" in content:
+        raise InvalidMessage("content must not contain NUL characters")
+    now = datetime.now(UTC)
+    guard = _holding_lease(db, settings, chat_jid) if rerun else contextlib.nullcontext()
+    with guard, db.write() as session:
+        row = _live_row(session, chat_jid, message_id)
+        if row.message_type != "user" or row.is_from_me:
+            raise InvalidMessage(f"only a person's message can be edited; {message_id!r} is {row.message_type}")
+        meta = dict(row.meta or {})
+        if context is not None:
+            meta[CONTEXT_KEY] = context
+            parse_context(meta)  # refuse bad items before anything changes
+        previous = {"content": row.content, "edited_at": now.isoformat()}
+        meta[EDIT_HISTORY_KEY] = [*meta.get(EDIT_HISTORY_KEY, []), previous]
+        row.content, row.meta, row.edited_at = content, meta, now
+        superseded: list[int] = []
+        if rerun:
+            superseded = _supersede(session, chat_jid, row.seq + 1, now)
+            group = session.get(GroupRow, chat_jid)
+            # Not past earlier unanswered messages: they stay new for the run.
+            cursor = row.seq - 1 if group is None else min(group.cursor_seq, row.seq - 1)
+            _rewind(session, chat_jid, cursor_seq=cursor, pending_seq=row.seq)
+        session.flush()
+        message = to_stored(row)
+    if rerun and signal is not None:
+        signal(chat_jid)
+    return HistoryChange(message=message, superseded=superseded, rerun=rerun)
+
+
+def regenerate(
+    db: Database, settings: Settings, chat_jid: str, message_id: str, *, signal: Signal | None = None
+) -> HistoryChange:
+    """Supersede an assistant reply (with its run's other outputs and all
+    that follows) and run the agent again on the messages it answered."""
+    now = datetime.now(UTC)
+    with _holding_lease(db, settings, chat_jid), db.write() as session:
+        row = _live_row(session, chat_jid, message_id)
+        if row.message_type != "assistant" or row.sender in STORED_ONLY_SENDERS:
+            raise InvalidMessage(f"only an assistant reply can be regenerated; {message_id!r} is {row.message_type}")
+        meta = row.meta or {}
+        answered = meta.get(REPLY_TO_KEY)
+        if not isinstance(answered, int):
+            answered = _last_input_before(session, chat_jid, row.seq)
+        # The run's first output: its tool calls before this reply go too,
+        # or the new run would repeat them beside the old ones.
+        first = session.scalar(
+            select(MessageRow.seq)
+            .where(
+                MessageRow.chat_jid == chat_jid, MessageRow.is_from_me.is_(True),
+                MessageRow.seq > answered, MessageRow.seq <= row.seq, MessageRow.superseded_at.is_(None),
+            )
+            .order_by(MessageRow.seq)
+            .limit(1)
+        )
+        start = _run_start(session, chat_jid, meta.get(RUN_ID_KEY), answered)
+        superseded = _supersede(session, chat_jid, first or row.seq, now)
+        _rewind(session, chat_jid, cursor_seq=start, pending_seq=answered)
+        session.flush()
+        message = to_stored(row)
+    if signal is not None:
+        signal(chat_jid)
+    return HistoryChange(message=message, superseded=superseded, rerun=True)
+
+
+def _last_input_before(session: Session, chat_jid: str, seq: int) -> int:
+    found = session.scalar(
+        select(MessageRow.seq)
+        .where(
+            MessageRow.chat_jid == chat_jid, MessageRow.seq < seq,
+            MessageRow.is_from_me.is_(False), MessageRow.superseded_at.is_(None),
+        )
+        .order_by(MessageRow.seq.desc())
+        .limit(1)
+    )
+    if found is None:
+        raise InvalidMessage("there is no earlier message for the agent to answer again")
+    return found
+
+
+def _run_start(session: Session, chat_jid: str, run_id: Any, answered: int) -> int:
+    """The cursor the answered run started from (so it sees the same batch)."""
+    stmt = select(RunRow.cursor_from).where(RunRow.chat_jid == chat_jid)
+    if isinstance(run_id, str):
+        stmt = stmt.where(RunRow.id == run_id)
+    else:
+        stmt = stmt.where(RunRow.cursor_to == answered)
+    start = session.scalar(stmt.order_by(RunRow.created_at.desc()).limit(1))
+    # Imported history has no runs: answer just the last input again.
+    return answered - 1 if start is None else start
+
+
+def truncate_after(db: Database, settings: Settings, chat_jid: str, message_id: str) -> HistoryChange:
+    """Supersede every message after ``message_id``; nothing new runs."""
+    now = datetime.now(UTC)
+    with _holding_lease(db, settings, chat_jid), db.write() as session:
+        row = _live_row(session, chat_jid, message_id)
+        superseded = _supersede(session, chat_jid, row.seq + 1, now)
+        group = session.get(GroupRow, chat_jid)
+        if group is not None:
+            _rewind(
+                session, chat_jid,
+                cursor_seq=min(group.cursor_seq, row.seq), pending_seq=min(group.pending_seq, row.seq),
+            )
+        message = to_stored(row)
+    return HistoryChange(message=message, superseded=superseded, rerun=False)

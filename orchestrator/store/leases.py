@@ -1,0 +1,85 @@
+"""One run per group at a time, across every worker and host.
+
+A lease is (owner, expiry) on the group row, taken with a conditional UPDATE
+that works the same on SQLite and PostgreSQL: it succeeds only if the lease is
+free or expired.  The holder renews it from a heartbeat thread; a holder that
+dies simply stops renewing and the lease expires.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import or_, update
+
+from orchestrator.store.db import Database
+from orchestrator.store.tables import GroupRow
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def acquire(db: Database, chat_jid: str, owner: str, ttl_s: float) -> bool:
+    now = _now()
+    with db.write() as session:
+        result = session.execute(
+            update(GroupRow)
+            .where(
+                GroupRow.chat_jid == chat_jid,
+                or_(
+                    GroupRow.lease_owner.is_(None),
+                    GroupRow.lease_owner == owner,
+                    GroupRow.lease_expires_at < now,
+                ),
+            )
+            .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=ttl_s))
+        )
+        return result.rowcount == 1
+
+
+def renew(db: Database, chat_jid: str, owner: str, ttl_s: float) -> bool:
+    with db.write() as session:
+        result = session.execute(
+            update(GroupRow)
+            .where(GroupRow.chat_jid == chat_jid, GroupRow.lease_owner == owner)
+            .values(lease_expires_at=_now() + timedelta(seconds=ttl_s))
+        )
+        return result.rowcount == 1
+
+
+def release(db: Database, chat_jid: str, owner: str) -> None:
+    with db.write() as session:
+        session.execute(
+            update(GroupRow)
+            .where(GroupRow.chat_jid == chat_jid, GroupRow.lease_owner == owner)
+            .values(lease_owner=None, lease_expires_at=None)
+        )
+
+
+class Heartbeat:
+    """Renews a lease every ``ttl/3`` seconds until stopped."""
+
+    def __init__(self, db: Database, chat_jid: str, owner: str, ttl_s: float) -> None:
+        self._db, self._jid, self._owner, self._ttl = db, chat_jid, owner, ttl_s
+        self._stop = threading.Event()
+        self.lost = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{chat_jid}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._ttl / 3):
+            try:
+                if not renew(self._db, self._jid, self._owner, self._ttl):
+                    self.lost.set()
+                    return
+            except Exception:  # a transient DB error: try again next beat
+                continue

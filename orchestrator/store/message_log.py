@@ -1,0 +1,310 @@
+"""The message store: the single source of truth for every chat.
+
+``store_message_direct`` is idempotent on ``(id, chat_jid)``: storing the same
+message twice keeps the first copy.  Each new row gets the next ``seq``, a
+cursor that is monotonic in commit order (see ``_next_seq``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import Connection, any_, bindparam, select
+from sqlalchemy.dialects.postgresql import array as pg_array
+from sqlalchemy.orm import Session
+
+from orchestrator.core.errors import InvalidMessage, MessageNotFound
+from orchestrator.core.settings import get_settings
+from orchestrator.model.context import parse_context
+from orchestrator.model.envelopes import TEXT, normalize_message_metadata, preview_for
+from orchestrator.model.messages import (
+    MESSAGE_TYPES,
+    NEVER_STORED_SENDERS,
+    NewMessage,
+    StoredMessage,
+    sender_type_problem,
+)
+from orchestrator.store.db import Database, get_database
+from orchestrator.store.tables import MessageRow
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def new_message_id(prefix: str = "msg") -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def to_stored(row: MessageRow) -> StoredMessage:
+    return StoredMessage(
+        seq=row.seq,
+        id=row.id,
+        chat_jid=row.chat_jid,
+        sender=row.sender,
+        sender_name=row.sender_name,
+        content=row.content,
+        timestamp=row.timestamp,
+        is_from_me=row.is_from_me,
+        message_type=row.message_type,  # type: ignore[arg-type]
+        metadata=row.meta,
+        superseded_at=row.superseded_at,
+        edited_at=row.edited_at,
+    )
+
+
+def _validate(new: NewMessage) -> None:
+    if not new.id:
+        raise InvalidMessage("message id must not be empty")
+    if not new.chat_jid:
+        raise InvalidMessage("chat_jid must not be empty")
+    if not new.sender:
+        raise InvalidMessage("sender must not be empty")
+    for name in ("id", "chat_jid", "sender"):
+        if "\x00" in getattr(new, name):
+            raise InvalidMessage(f"{name} must not contain NUL characters")
+    if new.sender in NEVER_STORED_SENDERS:
+        raise InvalidMessage(f"sender {new.sender!r} is ephemeral and is never stored")
+    if new.message_type not in MESSAGE_TYPES:
+        raise InvalidMessage(
+            f"message_type {new.message_type!r} is not one of {sorted(MESSAGE_TYPES)}"
+        )
+    if problem := sender_type_problem(new.sender, new.message_type):
+        raise InvalidMessage(problem)
+    try:
+        datetime.fromisoformat(new.timestamp)
+    except (TypeError, ValueError):
+        raise InvalidMessage(f"timestamp {new.timestamp!r} is not an ISO-8601 date-time") from None
+
+
+def _normalized(new: NewMessage) -> NewMessage:
+    """Validate the metadata (envelope, context items); give an empty
+    structured message a readable preview, so every channel has text to show."""
+    meta = normalize_message_metadata(new.metadata)
+    parse_context(meta)
+    update: dict[str, Any] = {"metadata": meta}
+    if not new.content.strip() and meta and meta.get("message_type") not in (None, TEXT):
+        update["content"] = preview_for(meta)
+    return new.model_copy(update=update)
+
+
+def _without_nul(new: NewMessage) -> NewMessage:
+    # PostgreSQL text cannot hold NUL (U+0000) and a command's output may
+    # contain it; store U+FFFD instead, on every backend alike.
+    # (JSON metadata is stored escaped and keeps it.)
+    bad = {k: v.replace("\x00", "\ufffd") for k in ("sender_name", "content")
+           if "\x00" in (v := getattr(new, k))}
+    return new.model_copy(update=bad) if bad else new
+
+
+def _lock_seq(conn: Connection, db: Database) -> None:
+    # SQLite: the write transaction began IMMEDIATE, so we already hold the
+    # only write lock.  PostgreSQL: a transaction-scoped advisory lock makes
+    # "max + 1" and the commit one critical section, so seq order is commit
+    # order and a reader that saw seq N can never later find a smaller one.
+    # It must be its own statement: at READ COMMITTED each statement reads a
+    # fresh snapshot, so the INSERT that follows sees the previous holder's
+    # commit (a lock taken inside the INSERT would not).
+    if not db.is_sqlite:
+        driver_execute(conn, _SEQ_LOCK)
+
+
+_SEQ_LOCK = "SELECT pg_advisory_xact_lock(726932)"
+_NAMED = re.compile(r"(?<!:):([a-z_]+)")
+
+
+def driver_execute(conn: Connection, sql: str, params: dict[str, Any] | None = None) -> Any:
+    """Run ``sql`` (written with ``:name`` parameters) on the DBAPI connection
+    under ``conn``, inside its transaction; returns the DBAPI cursor.
+
+    For the ingest path's few fixed statements only: no statement object,
+    cache key, compile or result wrapper per call, about a quarter of the
+    cost of ``Connection.execute`` (docs/performance.md).  Errors are the
+    driver's own exceptions; the caller's ``with`` block still rolls back.
+    """
+    native = sql if conn.dialect.name == "sqlite" else _pyformat(sql)
+    return conn.connection.driver_connection.execute(native, params or {})  # type: ignore[union-attr]
+
+
+@functools.cache
+def _pyformat(sql: str) -> str:
+    return _NAMED.sub(r"%(\1)s", sql)
+
+
+# One round trip: the next seq (max + 1, under the caller's write lock; the
+# unique index on seq makes max() one index probe), the row unless (id,
+# chat_jid) is already stored, and its seq (no row back: a duplicate).
+_INSERT = """INSERT INTO messages
+    (seq, id, chat_jid, sender, sender_name, content, "timestamp", is_from_me, message_type, "metadata")
+    VALUES (COALESCE((SELECT MAX(seq) FROM messages), 0) + 1, :id, :chat_jid, :sender, :sender_name,
+            :content, :timestamp, :is_from_me, :message_type, :metadata)
+    ON CONFLICT (id, chat_jid) DO NOTHING RETURNING seq"""
+_MESSAGES = MessageRow.__table__
+_STORED_FIELDS = ("seq", "id", "chat_jid", "sender", "sender_name", "content", "timestamp", "is_from_me",
+                  "message_type", "metadata", "superseded_at", "edited_at")
+_EXISTING = select(_MESSAGES).where(_MESSAGES.c.id == bindparam("id"), _MESSAGES.c.chat_jid == bindparam("chat_jid"))
+
+
+def insert_message(session: Session | Connection, db: Database, new: NewMessage) -> tuple[StoredMessage, bool]:
+    """Insert inside the caller's transaction (an ORM session or a Core
+    connection); returns (message, created)."""
+    _validate(new)
+    new = _without_nul(_normalized(new))
+    if isinstance(session, Session):
+        session.flush()  # the caller's pending ORM changes first (a new group, say)
+        conn = session.connection()
+    else:
+        conn = session
+    # Lock first, then insert: on PostgreSQL two transactions storing the
+    # same (id, chat_jid) at once queue on the lock, and the second one's
+    # ON CONFLICT sees the first one's row.  (On SQLite the IMMEDIATE
+    # transaction already serializes them.)
+    _lock_seq(conn, db)
+    fields = new.model_dump()
+    # JSON as the column type would write it (json.dumps; None as JSON null).
+    params = {**fields, "metadata": json.dumps(fields["metadata"])}
+    row = driver_execute(conn, _INSERT, params).fetchone()
+    if row is None:  # (id, chat_jid) is already stored: the first copy stands
+        existing = conn.execute(_EXISTING, {"id": new.id, "chat_jid": new.chat_jid}).mappings().one()
+        return StoredMessage(**{k: existing[k] for k in _STORED_FIELDS}), False
+    return StoredMessage(seq=row[0], **fields), True
+
+
+def store_message_direct(*, db: Database | None = None, **fields: Any) -> StoredMessage:
+    """Store one message in its own transaction (no routing, no signal).
+
+    Keyword arguments: ``id, chat_jid, sender, sender_name, content,
+    timestamp, is_from_me, message_type='user', metadata=None``.  Returns the
+    stored message; if ``(id, chat_jid)`` already exists the existing row is
+    returned unchanged.  Bad input raises :class:`InvalidMessage`.
+    """
+    try:
+        new = NewMessage(**fields)
+    except ValidationError as exc:
+        raise InvalidMessage(_first_error(exc)) from exc
+    db = db or get_database(get_settings())
+    with db.write() as session:
+        msg, _ = insert_message(session, db, new)
+    return msg
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ())) or "message"
+    return f"{where}: {err.get('msg', 'invalid')}"
+
+
+def _live(stmt: Any, include_superseded: bool) -> Any:
+    # Superseded messages (regenerate, truncate) stay for audit only.
+    return stmt if include_superseded else stmt.where(_MESSAGES.c.superseded_at.is_(None))
+
+
+def _read(db: Database, stmt: Any) -> list[StoredMessage]:
+    # Plain rows, not ORM entities: half the cost of assembling a run's
+    # input is otherwise ORM loading (docs/performance.md, history scale).
+    with db.read() as session:
+        return [StoredMessage(**{k: r[k] for k in _STORED_FIELDS}) for r in session.execute(stmt).mappings()]
+
+
+def get_messages_since(
+    chat_jid: str, since_timestamp: str | None = None, *, include_superseded: bool = False,
+    db: Database | None = None,
+) -> list[StoredMessage]:
+    """A chat's messages with a timestamp after ``since_timestamp``, in seq order.
+
+    Kept for compatibility with timestamp cursors; the pipeline itself uses
+    :func:`get_messages_after` (seq cursor), which cannot lose equal-time rows.
+    """
+    db = db or get_database(get_settings())
+    c = _MESSAGES.c
+    stmt = _live(select(_MESSAGES).where(c.chat_jid == chat_jid), include_superseded)
+    if since_timestamp:
+        # ISO-8601 text compares correctly only byte by byte: SQLite's default;
+        # on PostgreSQL the database's collation (ICU en-US puts
+        # "00.000001+00:00" before "00+00:00") must not decide.
+        column = c.timestamp if db.is_sqlite else c.timestamp.collate("C")
+        stmt = stmt.where(column > since_timestamp)
+    return _read(db, stmt.order_by(c.seq))
+
+
+def _of_chat(db: Database, chat_jid: str) -> Any:
+    """The WHERE clause that picks one chat, for the seq-ordered reads below.
+
+    PostgreSQL's planner assumes a chat's messages are spread evenly over the
+    table; for a chat with a large share of it, it then walks the table's own
+    seq index (``messages_seq_key``) and filters on the chat, which for a chat
+    that was busy long ago and is quiet now reads everything stored since its
+    cursor (450k rows, 200+ ms in a 1M-message table; bench/history.py).
+    Written as ``= ANY(ARRAY[jid])`` and ordered by (chat_jid, seq), only
+    ``idx_messages_chat_seq`` gives the order, and with a LIMIT the planner
+    takes that index scan, whose cost follows the rows it returns.
+    SQLite always uses ``idx_messages_chat_seq`` for the plain equality.
+    """
+    c = _MESSAGES.c
+    return c.chat_jid == chat_jid if db.is_sqlite else c.chat_jid == any_(pg_array([chat_jid]))
+
+
+# Pages of an unlimited seq-ordered read on PostgreSQL (see _of_chat: a LIMIT
+# keeps the planner on idx_messages_chat_seq).
+_PAGE = 500
+
+
+def get_messages_after(
+    chat_jid: str, after_seq: int = 0, *, limit: int | None = None, include_superseded: bool = False,
+    db: Database | None = None,
+) -> list[StoredMessage]:
+    """A chat's messages with ``seq > after_seq``, oldest first."""
+    db = db or get_database(get_settings())
+    c = _MESSAGES.c
+
+    def after(seq: int) -> Any:
+        stmt = select(_MESSAGES).where(_of_chat(db, chat_jid), c.seq > seq)
+        return _live(stmt, include_superseded).order_by(c.chat_jid, c.seq)
+
+    if db.is_sqlite:
+        return _read(db, after(after_seq) if limit is None else after(after_seq).limit(limit))
+    out: list[StoredMessage] = []
+    while limit is None or len(out) < limit:
+        want = _PAGE if limit is None else min(_PAGE, limit - len(out))
+        page = _read(db, after(after_seq).limit(want))
+        out += page
+        if len(page) < want:
+            break
+        after_seq = page[-1].seq
+    return out
+
+
+def get_recent_messages(
+    chat_jid: str, limit: int, *, before_seq: int | None = None, include_superseded: bool = False,
+    db: Database | None = None,
+) -> list[StoredMessage]:
+    """The newest ``limit`` messages of a chat (below ``before_seq`` if given), oldest first."""
+    db = db or get_database(get_settings())
+    c = _MESSAGES.c
+    stmt = _live(select(_MESSAGES).where(_of_chat(db, chat_jid)), include_superseded)
+    if before_seq is not None:
+        stmt = stmt.where(c.seq < before_seq)
+    rows = _read(db, stmt.order_by(c.chat_jid.desc(), c.seq.desc()).limit(limit))
+    rows.reverse()
+    return rows
+
+
+def resolve_message(chat_jid: str, ref: str, *, db: Database | None = None) -> StoredMessage:
+    """A message by id, or by ``#seq`` as ``orchestrator history`` prints it."""
+    db = db or get_database(get_settings())
+    stmt = select(MessageRow).where(MessageRow.chat_jid == chat_jid)
+    if ref.startswith("#") and ref[1:].isdigit():
+        stmt = stmt.where(MessageRow.seq == int(ref[1:]))
+    else:
+        stmt = stmt.where(MessageRow.id == ref)
+    with db.read() as session:
+        row = session.scalar(stmt)
+        if row is None:
+            raise MessageNotFound(chat_jid, ref)
+        return to_stored(row)

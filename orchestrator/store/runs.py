@@ -1,0 +1,161 @@
+"""Agent run records: one row per run, with state, timings and usage."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import select, update
+from sqlalchemy.orm import defer
+
+from orchestrator.core.errors import StoreError
+from orchestrator.store.db import Database
+from orchestrator.store.tables import RunRow
+
+RunState = Literal["queued", "running", "succeeded", "failed", "timed_out", "cancelled"]
+FINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+
+
+class Run(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    chat_jid: str
+    state: RunState
+    attempts: int
+    cursor_from: int
+    cursor_to: int
+    celery_task_id: str | None
+    owner: str | None = None
+    container_id: str | None
+    input_tokens: int
+    output_tokens: int
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_s: float | None
+    input_sha256: str | None = None
+
+
+def _to_run(row: RunRow) -> Run:
+    return Run.model_validate(row, from_attributes=True)
+
+
+def create_run(
+    db: Database,
+    *,
+    chat_jid: str,
+    cursor_from: int,
+    cursor_to: int,
+    celery_task_id: str | None,
+    owner: str | None = None,
+) -> Run:
+    now = datetime.now(UTC)
+    row = RunRow(
+        id=str(uuid.uuid4()), chat_jid=chat_jid, state="queued", attempts=1,
+        cursor_from=cursor_from, cursor_to=cursor_to, celery_task_id=celery_task_id,
+        owner=owner, input_tokens=0, output_tokens=0, created_at=now, started_at=now,
+    )
+    with db.write() as session:
+        session.add(row)
+    return _to_run(row)
+
+
+def set_container(db: Database, run_id: str, container_id: str) -> None:
+    """The run's container is up: the run is ``running`` (unless already cancelled)."""
+    with db.write() as session:
+        row = session.get(RunRow, run_id)
+        if row is not None:
+            row.container_id = container_id
+            if row.state == "queued":
+                row.state = "running"
+
+
+def set_attempts(db: Database, run_id: str, attempts: int, error: str | None) -> None:
+    """Record a failed attempt that is about to be retried: back to ``queued``."""
+    with db.write() as session:
+        row = session.get(RunRow, run_id)
+        if row is not None:
+            row.attempts = attempts
+            row.error = error
+            row.container_id = None
+            if row.state == "running":
+                row.state = "queued"
+
+
+def cancel_run(db: Database, run_id: str) -> Run:
+    """Mark a run cancelled; its worker sees this and stops the container.
+
+    Raises StoreError for an unknown run; a run that already ended keeps its
+    state (the returned run says which).
+    """
+    run = get_run(db, run_id)
+    with db.write() as session:
+        session.execute(
+            update(RunRow)
+            .where(RunRow.id == run.id, RunRow.state.in_(("queued", "running")))
+            .values(state="cancelled", error="cancelled by request")
+        )
+    return get_run(db, run.id)
+
+
+def run_state(db: Database, run_id: str) -> str | None:
+    with db.read() as session:
+        return session.scalar(select(RunRow.state).where(RunRow.id == run_id))
+
+
+def finish_run(
+    db: Database,
+    run_id: str,
+    *,
+    state: RunState,
+    error: str | None = None,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+) -> Run:
+    now = datetime.now(UTC)
+    with db.write() as session:
+        row = session.get(RunRow, run_id)
+        if row is None:
+            raise StoreError(f"no run {run_id!r}")
+        if row.finished_at is not None:
+            # Someone ended it first (the sweeper, after this worker lost
+            # its lease): that verdict stands.
+            return _to_run(row)
+        if row.state != "cancelled":  # a cancel request outranks how it ended
+            row.state = state
+            row.error = error
+        row.input_tokens = input_tokens
+        row.output_tokens = output_tokens
+        row.finished_at = now
+        if row.started_at is not None:
+            row.duration_s = (now - row.started_at).total_seconds()
+        return _to_run(row)
+
+
+def get_run(db: Database, run_id: str) -> Run:
+    with db.read() as session:
+        row = session.get(RunRow, run_id)
+        if row is None:
+            # Let people paste a unique prefix of the id.
+            rows = list(session.scalars(select(RunRow).where(RunRow.id.like(f"{run_id}%")).limit(2)))
+            if len(rows) != 1:
+                raise StoreError(f"no run {run_id!r}")
+            row = rows[0]
+        return _to_run(row)
+
+
+def list_runs(
+    db: Database, *, chat_jid: str | None = None, state: str | None = None, limit: int = 50
+) -> list[Run]:
+    # Not the recorded input (a blob per run): listings never show it.
+    stmt = select(RunRow).options(defer(RunRow.input_json)).order_by(RunRow.created_at.desc()).limit(limit)
+    if chat_jid:
+        stmt = stmt.where(RunRow.chat_jid == chat_jid)
+    if state:
+        stmt = stmt.where(RunRow.state == state)
+    with db.read() as session:
+        return [_to_run(r) for r in session.scalars(stmt)]

@@ -1,0 +1,204 @@
+"""Export a group's history (markdown for people, JSON for machines) and import it back.
+
+The JSON document carries every stored field of every message, superseded
+ones included, so ``import`` of an ``export`` loses nothing: exporting the
+imported chat again gives the same messages (only ``seq``, the database's own
+cursor, is assigned afresh).  Import is idempotent: messages already present
+(same id and chat) are skipped, and imported history never wakes the agent.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from sqlalchemy import update
+
+from orchestrator.core.errors import InvalidMessage
+from orchestrator.model.envelopes import CODE_EDIT, TODO, TOOL_CALL, InvalidMessageMetadata, parse_message_metadata
+from orchestrator.model.messages import NewMessage, StoredMessage
+from orchestrator.model.render import render_text
+from orchestrator.store.db import Database
+from orchestrator.store.groups import find_group, validate_folder
+from orchestrator.store.message_log import get_messages_after, insert_message
+from orchestrator.store.tables import GroupRow, MessageRow
+
+FORMAT = "orchestrator-chat"
+FORMAT_VERSION = 1
+
+
+class ExportedGroup(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    chat_jid: str
+    name: str
+    folder: str
+    is_main: bool = False
+    requires_trigger: bool = True
+    assistant_name: str | None = None
+
+
+class ExportedMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seq: int | None = None  # informational: import assigns new ones, in this order
+    id: str
+    chat_jid: str
+    sender: str
+    sender_name: str
+    content: str
+    timestamp: str
+    is_from_me: bool
+    message_type: str
+    metadata: dict[str, Any] | None = None
+    superseded_at: datetime | None = None
+    edited_at: datetime | None = None
+
+
+class ChatExport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["orchestrator-chat"] = FORMAT
+    version: int = FORMAT_VERSION
+    exported_at: datetime
+    chat_jid: str
+    group: ExportedGroup | None
+    messages: list[ExportedMessage]
+
+
+def export_chat(db: Database, chat_jid: str) -> ChatExport:
+    group = find_group(db, chat_jid)
+    messages = get_messages_after(chat_jid, 0, include_superseded=True, db=db)
+    return ChatExport(
+        exported_at=datetime.now(UTC),
+        chat_jid=chat_jid,
+        group=None if group is None else ExportedGroup.model_validate(group, from_attributes=True),
+        messages=[ExportedMessage.model_validate(m.model_dump()) for m in messages],
+    )
+
+
+def export_json(db: Database, chat_jid: str) -> str:
+    return export_chat(db, chat_jid).model_dump_json(indent=2)
+
+
+class ImportResult(BaseModel):
+    chat_jid: str
+    imported: int
+    skipped: int
+    group_created: bool
+
+
+def parse_export(text: str) -> ChatExport:
+    try:
+        return ChatExport.model_validate_json(text)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "document"
+        raise InvalidMessage(f"not an orchestrator chat export: {where}: {err['msg']}") from None
+
+
+def import_chat(db: Database, doc: ChatExport) -> ImportResult:
+    """Store an export's messages (validated like any other) in one transaction."""
+    for m in doc.messages:
+        if m.chat_jid != doc.chat_jid:
+            raise InvalidMessage(f"message {m.id!r} belongs to {m.chat_jid!r}, not {doc.chat_jid!r}")
+    imported = skipped = 0
+    created = False
+    last_seq = 0
+    with db.write() as session:
+        if doc.group is not None and session.get(GroupRow, doc.chat_jid) is None:
+            validate_folder(doc.group.folder)
+            session.add(GroupRow(
+                **doc.group.model_dump(), cursor_seq=0, pending_seq=0, created_at=datetime.now(UTC),
+            ))
+            session.flush()
+            created = True
+        for m in doc.messages:
+            fields = m.model_dump(exclude={"seq", "superseded_at", "edited_at"})
+            try:
+                stored, new = insert_message(session, db, NewMessage(**fields))
+            except InvalidMessageMetadata as exc:
+                raise InvalidMessageMetadata(f"messages[{m.id}].{exc.field}", exc.problem) from None
+            last_seq = stored.seq
+            if not new:
+                skipped += 1
+                continue
+            imported += 1
+            if m.superseded_at or m.edited_at:
+                session.execute(
+                    update(MessageRow)
+                    .where(MessageRow.id == m.id, MessageRow.chat_jid == m.chat_jid)
+                    .values(superseded_at=m.superseded_at, edited_at=m.edited_at)
+                )
+        if last_seq:
+            # Imported history is context, not work: the agent must not answer it.
+            session.execute(
+                update(GroupRow)
+                .where(GroupRow.chat_jid == doc.chat_jid, GroupRow.cursor_seq < last_seq)
+                .values(cursor_seq=last_seq)
+            )
+    return ImportResult(chat_jid=doc.chat_jid, imported=imported, skipped=skipped, group_created=created)
+
+
+# -- markdown -------------------------------------------------------------------
+
+
+def _fence(text: str, lang: str = "") -> str:
+    fence = "```"
+    while fence in text:
+        fence += "`"
+    return f"{fence}{lang}\n{text.rstrip()}\n{fence}"
+
+
+def _structured_markdown(msg: StoredMessage) -> str | None:
+    parsed = parse_message_metadata(msg.metadata)
+    if parsed.message_type == CODE_EDIT:
+        parts = []
+        for edit in parsed.payload.edits:
+            old = (edit.old_content or "").splitlines()
+            new = (edit.new_content or "").splitlines()
+            diff = difflib.unified_diff(old, new, f"a/{edit.file_path}", f"b/{edit.file_path}", lineterm="")
+            parts.append(f"**{edit.file_path}**\n\n{_fence(chr(10).join(diff), 'diff')}")
+        return "\n\n".join(parts)
+    if parsed.message_type == TODO:
+        marks = {"pending": "- [ ]", "in_progress": "- [ ] ◐", "completed": "- [x]"}
+        return "\n".join(
+            f"{marks[t.status]} {'~~' + t.content + '~~' if t.status == 'completed' else t.content}"
+            for t in parsed.payload.todos
+        )
+    if parsed.message_type == TOOL_CALL:
+        p = parsed.payload
+        body = f"`{p.tool_name}`\n\n{_fence(json.dumps(p.input, indent=2, ensure_ascii=False), 'json')}"
+        if p.output is not None:
+            out = p.output if isinstance(p.output, str) else json.dumps(p.output, indent=2, ensure_ascii=False)
+            body += f"\n\n{_fence(out)}"
+        if p.error:
+            body += f"\n\n**error:** {p.error}"
+        return body
+    return None
+
+
+def export_markdown(db: Database, chat_jid: str, assistant_name: str) -> str:
+    """The display view as a document people read (superseded messages left out)."""
+    group = find_group(db, chat_jid)
+    title = group.name if group else chat_jid
+    lines = [f"# {title}", "", f"`{chat_jid}` · exported {datetime.now(UTC).isoformat(timespec='seconds')}", ""]
+    for m in get_messages_after(chat_jid, 0, db=db):
+        who = m.sender_name or m.sender
+        lines.append(f"### {who} · {m.timestamp[:19].replace('T', ' ')} · {m.message_type}")
+        lines.append("")
+        structured = _structured_markdown(m)
+        if structured is not None:
+            lines.append(structured)
+        elif m.message_type == "tool_result":
+            head, _, _ = render_text(m, assistant_name).partition("\n")
+            lines.append(f"{head}\n\n{_fence(m.content)}")
+        else:
+            lines.append(render_text(m, assistant_name) if m.message_type == "host" else m.content)
+        if m.edited_at:
+            lines.append(f"\n_(edited {m.edited_at.isoformat(timespec='seconds')})_")
+        lines.append("")
+    return "\n".join(lines)
