@@ -20,7 +20,7 @@ import psutil
 from docker.errors import DockerException, NotFound
 
 from orchestrator.core.settings import Settings
-from orchestrator.run.queue import forget_celery
+from orchestrator.run.queue import Signals, make_celery
 from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED
 from orchestrator.store.db import Database
 
@@ -37,7 +37,6 @@ def install(data_dir: Path, image: str, warm_idle_s: float = 0, **extra: object)
     extra.setdefault("workspace_quota", "0")
     settings = Settings(data_dir=data_dir, agent_image=image, warm_idle_s=warm_idle_s, _env_file=None, **extra)  # type: ignore[call-arg]
     settings.ensure_dirs()
-    forget_celery()  # each installation has its own broker
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
     db.migrate()
     return settings, db
@@ -215,3 +214,14 @@ def timed() -> Iterator[list[float]]:
         yield box
     finally:
         box.append(time.perf_counter() - t0)
+
+
+_SIGNALS: dict[str, Signals] = {}
+
+
+def signals_for(settings: Settings) -> Signals:
+    """One Signals (one Celery app) per broker: a benchmark talks to several installations in turn."""
+    url = settings.effective_broker_url
+    if url not in _SIGNALS:
+        _SIGNALS[url] = Signals(make_celery(settings))
+    return _SIGNALS[url]

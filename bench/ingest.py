@@ -30,16 +30,14 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 from sqlalchemy import Column, Integer, MetaData, Table, Text, create_engine
 
 from bench.common import fresh_pg_database
 from orchestrator.core.settings import Settings
-from orchestrator.run import queue
+from orchestrator.root import Orchestrator
 from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.run.queue import signal_group
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, ensure_main_group
 
@@ -87,7 +85,6 @@ def rate(fn: Callable[[], object], n: int) -> float:
 
 def run_backend(name: str, settings: Settings, n: int, rounds: int, profile: bool) -> None:
     settings.ensure_dirs()
-    queue.forget_celery()  # the process caches one Celery app; each backend has its own broker
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
     db.migrate()
     ensure_main_group(db)
@@ -95,7 +92,8 @@ def run_backend(name: str, settings: Settings, n: int, rounds: int, profile: boo
     idle = [f"idle{i}@bench" for i in range(per_block * rounds + 1)]
     for i, jid in enumerate(idle):
         add_group(db, chat_jid=jid, name=jid, folder=f"idle{i}", requires_trigger=False)
-    signal = partial(signal_group, settings)
+    signals = Orchestrator(settings).signals  # each backend has its own broker
+    signal = signals.group
     counter = iter(range(10**9))
     idle_iter = iter(idle)
 
@@ -125,7 +123,7 @@ def run_backend(name: str, settings: Settings, n: int, rounds: int, profile: boo
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(r"orchestrator|commit|execute\b", 25)
         print(out.getvalue())
-    queue.get_celery(settings).control.purge()  # nobody will drain the signals we queued
+    signals.app.control.purge()  # nobody will drain the signals we queued
     db.dispose()
 
 

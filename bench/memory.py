@@ -21,16 +21,14 @@ import contextlib
 import tempfile
 import threading
 import time
-from functools import partial
 from pathlib import Path
 
 import docker
 import psutil
 
-from bench.common import Workers, install, remove_install_containers
+from bench.common import Workers, install, remove_install_containers, signals_for
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.run.queue import signal_group
 from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_WARM, docker_client
 from orchestrator.sandbox.image import ensure_agent_image
 from orchestrator.store.db import Database
@@ -74,7 +72,7 @@ def drive(db: Database, settings: Settings, runs: int, workers: Workers) -> None
     for i in range(runs):
         text = f"$ echo run {i} && ls /workspace" if i % 2 else f"hello {i}"
         seq = ingest(db, settings, IncomingMessage(chat_jid=JID, sender="bench", content=text),
-                     signal=partial(signal_group, settings)).message.seq
+                     signal=signals_for(settings).group).message.seq
         deadline = time.monotonic() + 120
         while get_group(db, JID).cursor_seq < seq:
             if time.monotonic() > deadline:

@@ -34,17 +34,15 @@ import statistics
 import tempfile
 import time
 from datetime import datetime
-from functools import partial
 from pathlib import Path
 
 import docker
 from agent_runner.protocol import ContainerInput, SdkMessage
 from sqlalchemy import select
 
-from bench.common import Workers, install
+from bench.common import Workers, install, signals_for
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.run.queue import signal_group
 from orchestrator.sandbox.containers import ContainerSpec, DockerSandbox, docker_client
 from orchestrator.sandbox.image import ensure_agent_image
 from orchestrator.store.db import Database
@@ -163,7 +161,7 @@ def measure(data_dir: Path, image: str, n: int, warm_idle_s: float,
             time.sleep(3)  # the worker's start-up (not part of any run)
             for i in range(n + 1):
                 sent = ingest(db, settings, IncomingMessage(chat_jid=JID, sender="bench", content=f"ping {i}"),
-                              signal=partial(signal_group, settings)).message
+                              signal=signals_for(settings).group).message
                 deadline = time.monotonic() + 120
                 while True:
                     replies = [m for m in get_messages_after(JID, sent.seq, db=db) if m.sender == "bot"]

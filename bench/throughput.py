@@ -23,16 +23,14 @@ import argparse
 import tempfile
 import threading
 import time
-from functools import partial
 from pathlib import Path
 
 import docker
 from sqlalchemy import func, select
 
-from bench.common import CpuAccount, Workers, daemon_processes, install, remove_install_containers
+from bench.common import CpuAccount, Workers, daemon_processes, install, remove_install_containers, signals_for
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.run.queue import signal_group
 from orchestrator.sandbox.containers import docker_client
 from orchestrator.sandbox.image import ensure_agent_image
 from orchestrator.store.db import Database
@@ -67,7 +65,7 @@ def raw_start_rate(image: str, n: int, threads: int) -> tuple[float, CpuAccount]
 
 def _send(db: Database, settings: Settings, jid: str, text: str) -> int:
     return ingest(db, settings, IncomingMessage(chat_jid=jid, sender="bench", content=text),
-                  signal=partial(signal_group, settings)).message.seq
+                  signal=signals_for(settings).group).message.seq
 
 
 def _cursors(db: Database) -> dict[str, int]:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.settings import Settings, reset_settings
-from orchestrator.store.db import Database, forget_databases
+from orchestrator.core.settings import Settings
+from orchestrator.store.db import Database
 from tests.web_browser import browser, page  # noqa: F401 - headless Chromium fixtures, one per session
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -165,13 +165,6 @@ def db(db_backend: str, settings: Settings) -> Iterator[Database]:
     database.migrate()
     yield database
     database.dispose()
-
-
-@pytest.fixture(autouse=True)
-def _isolated_process_state() -> Iterator[None]:
-    yield
-    reset_settings()
-    forget_databases()
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str, detail: Callable[[], str] | None = None) -> None:

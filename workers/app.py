@@ -2,6 +2,10 @@
 
     celery -A workers.app worker -Q agent,delivery
     # or: orchestrator worker
+
+``orchestrator`` is this process's composition root
+(``orchestrator/root.py``): the tasks take the database, the pipeline and
+the signals from it.
 """
 
 from __future__ import annotations
@@ -10,19 +14,18 @@ import logging
 
 from celery.signals import worker_process_init, worker_ready
 
-from orchestrator.core.settings import get_settings
-from orchestrator.run.queue import get_celery
-from orchestrator.store.db import forget_databases
+from orchestrator.root import Orchestrator
 
-app = get_celery(get_settings())
+orchestrator = Orchestrator.from_environment()
+app = orchestrator.celery
 log = logging.getLogger("workers")
 
 
 @worker_process_init.connect
 def _fresh_connections(**_: object) -> None:
     # A forked pool child must not share the parent's database connections.
-    forget_databases()
-    logging.getLogger("orchestrator").setLevel(get_settings().log_level)
+    orchestrator.after_fork()
+    logging.getLogger("orchestrator").setLevel(orchestrator.settings.log_level)
 
 
 @worker_ready.connect
@@ -30,5 +33,5 @@ def _log_quota_mode(**_: object) -> None:
     # Which way workspaces are kept under their quota here (orchestrator/sandbox/quota.py).
     from orchestrator.sandbox.quota import describe_mode
 
-    line = describe_mode(get_settings())
+    line = describe_mode(orchestrator.settings)
     (log.warning if "quota: off" in line else log.info)("%s", line)

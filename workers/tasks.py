@@ -11,30 +11,24 @@ that are due.
 from __future__ import annotations
 
 import logging
-from functools import lru_cache, partial
 
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_ready
 
-from orchestrator.channels.registry import build_registry
-from orchestrator.core.settings import get_settings
-from orchestrator.run.outbound import Deliverer
+from orchestrator.root import Orchestrator
 from orchestrator.run.pipeline import Pipeline
-from orchestrator.run.queue import DELIVER_TASK, DRAIN_TASK, SCHEDULE_TASK, SWEEP_TASK, signal_delivery, signal_group
+from orchestrator.run.queue import DELIVER_TASK, DRAIN_TASK, SCHEDULE_TASK, SWEEP_TASK
 from orchestrator.run.schedules import fire_due
-from orchestrator.run.sweeper import sweep as run_sweep
-from orchestrator.store.db import forget_databases, get_database
+from orchestrator.run.sweeper import SweepReport
 
-from .app import app
+from .app import app, orchestrator
 
 log = logging.getLogger("workers")
 
 
-@lru_cache(maxsize=1)
 def _pipeline() -> Pipeline:
-    settings = get_settings()
-    pipeline = Pipeline(settings, get_database(settings), build_registry(settings),
-                        signal_delivery=partial(signal_delivery, settings))
+    pipeline = orchestrator.pipeline
+    # Celery's soft time limit means "out of time": the run ends timed_out, no retry.
     pipeline.deadline_exceptions = (SoftTimeLimitExceeded,)
     return pipeline
 
@@ -48,14 +42,7 @@ def drain_group(self, chat_jid: str) -> dict[str, object]:  # type: ignore[no-un
     }
 
 
-def sweep_now() -> dict[str, object]:
-    pipeline = _pipeline()
-    report = run_sweep(
-        pipeline.db,
-        signal=partial(signal_group, pipeline.settings),
-        sandbox=pipeline.sandbox,
-        signal_delivery=partial(signal_delivery, pipeline.settings),
-    )
+def _sweep_report(report: SweepReport) -> dict[str, object]:
     return {
         "interrupted_runs": report.interrupted_runs,
         "signalled_groups": report.signalled_groups,
@@ -67,21 +54,17 @@ def sweep_now() -> dict[str, object]:
 
 @app.task(name=SWEEP_TASK, acks_late=False, ignore_result=True)
 def sweep() -> dict[str, object]:
-    return sweep_now()
+    return _sweep_report(orchestrator.sweep())
 
 
 @app.task(name=SCHEDULE_TASK, acks_late=False, ignore_result=True)
 def fire_schedules() -> list[str]:
-    pipeline = _pipeline()
-    return fire_due(pipeline.db, signal=partial(signal_group, pipeline.settings))
+    return fire_due(orchestrator.db, signal=orchestrator.signals.group)
 
 
 @app.task(name=DELIVER_TASK, acks_late=True, ignore_result=True)
 def deliver(chat_jid: str | None = None) -> dict[str, object]:
-    pipeline = _pipeline()
-    report = Deliverer(pipeline.db, pipeline.settings, pipeline.channels, only_known=False).deliver_and_reschedule(
-        chat_jid, partial(signal_delivery, pipeline.settings)
-    )
+    report = orchestrator.deliverer(only_known=False).deliver_and_reschedule(chat_jid, orchestrator.signals.delivery)
     return {"chat_jid": chat_jid, "sent": report.sent, "failed_attempts": report.failed_attempts,
             "retry_in": report.retry_in}
 
@@ -93,11 +76,12 @@ def deliver(chat_jid: str | None = None) -> dict[str, object]:
 def _sweep_at_start(**_: object) -> None:
     # A worker that restarts after a crash finds what its predecessor left:
     # runs to close, groups to re-signal, containers to remove.
+    # Its own root, closed after: the pool children forked later must not
+    # inherit this process's database or Docker connections.
+    once = Orchestrator(orchestrator.settings)
     try:
-        log.info("start-up sweep: %s", sweep_now())
+        log.info("start-up sweep: %s", _sweep_report(once.sweep()))
     except Exception:  # noqa: BLE001 - a failed sweep must not stop the worker
         log.exception("start-up sweep failed")
     finally:
-        # Children forked later must not inherit this process's connections.
-        _pipeline.cache_clear()
-        forget_databases()
+        once.close()

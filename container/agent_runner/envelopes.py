@@ -1,8 +1,11 @@
 """Structured envelopes for tool results: ``{"message_type", "version", "payload"}``.
 
 The host stores each tool result as a chat message and keeps the envelope
-in that message's ``metadata``; it validates what it receives, so this module
-only builds plain dicts (no pydantic models shared with the host).
+in that message's ``metadata``.  The envelope Structs are the protocol's
+(``agent_runner.protocol``), the same ones the host validates with; this
+module only builds them.  They go on the wire as plain objects
+(:func:`agent_runner.protocol.envelope_to_dict`) and the host checks them
+again: a Struct built in code is not validated.
 
 * ``CODE_EDIT`` - a successful ``write_file`` or ``edit_file``: the file's
   full text before (None when the call created it) and after;
@@ -18,12 +21,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, cast
 
-ENVELOPE_VERSION = 1
-CODE_EDIT = "CODE_EDIT"
-TODO = "TODO"
-TOOL_CALL = "TOOL_CALL"
+from .protocol import CODE_EDIT as CODE_EDIT
+from .protocol import ENVELOPE_VERSION as ENVELOPE_VERSION
+from .protocol import TODO as TODO
+from .protocol import TOOL_CALL as TOOL_CALL
+from .protocol import (
+    CodeEditEnvelope,
+    CodeEditPayload,
+    FileEdit,
+    TodoEnvelope,
+    TodoItem,
+    TodoPayload,
+    TodoStatus,
+    ToolCallEnvelope,
+    ToolCallPayload,
+)
+
 CONTENT_CAP_BYTES = 64 * 1024
 
 _LANGUAGE_BY_SUFFIX = {
@@ -80,29 +95,28 @@ def cap_text(text: str, total_bytes: int | None = None, cap: int = CONTENT_CAP_B
     return f"{kept}\n[truncated: showing the first {cap} of {total} bytes]"
 
 
-def _envelope(message_type: str, payload: dict[str, Any]) -> dict[str, Any]:
-    return {"message_type": message_type, "version": ENVELOPE_VERSION, "payload": payload}
-
-
 def code_edit(
     file_path: str, old_content: str | None, new_content: str, *, old_total_bytes: int | None = None
-) -> dict[str, Any]:
+) -> CodeEditEnvelope:
     """One file's edit; ``old_content`` None means the file was created.
 
     ``old_total_bytes``: the old file's size when ``old_content`` is only its beginning.
     """
-    edit = {
-        "file_path": file_path,
-        "old_content": None if old_content is None else cap_text(old_content, old_total_bytes),
-        "new_content": cap_text(new_content),
-        "language": guess_language(file_path),
-    }
-    return _envelope(CODE_EDIT, {"edits": [edit]})
+    edit = FileEdit(
+        file_path=file_path,
+        old_content=None if old_content is None else cap_text(old_content, old_total_bytes),
+        new_content=cap_text(new_content),
+        language=guess_language(file_path),
+    )
+    return CodeEditEnvelope(payload=CodeEditPayload(edits=[edit]))
 
 
-def todo(todos: list[Mapping[str, str]]) -> dict[str, Any]:
-    items = [{"id": t["id"], "content": cap_text(t["content"]), "status": t["status"]} for t in todos]
-    return _envelope(TODO, {"todos": items})
+def todo(todos: list[Mapping[str, str]]) -> TodoEnvelope:
+    """The whole list; ``todos`` is already checked (``todo_write``), statuses included."""
+    items = [
+        TodoItem(id=t["id"], content=cap_text(t["content"]), status=cast(TodoStatus, t["status"])) for t in todos
+    ]
+    return TodoEnvelope(payload=TodoPayload(todos=items))
 
 
 def _cap_value(value: Any) -> Any:
@@ -115,12 +129,12 @@ def _cap_value(value: Any) -> Any:
     return value
 
 
-def tool_call(tool_name: str, tool_input: Mapping[str, Any], output: str, *, is_error: bool) -> dict[str, Any]:
+def tool_call(tool_name: str, tool_input: Mapping[str, Any], output: str, *, is_error: bool) -> ToolCallEnvelope:
     """A generic call: a failed call's text is its ``error`` and its ``output`` is empty."""
-    payload = {
-        "tool_name": tool_name or "?",
-        "input": _cap_value(tool_input) if isinstance(tool_input, Mapping) else {},
-        "output": "" if is_error else cap_text(output),
-        "error": cap_text(output) if is_error else None,
-    }
-    return _envelope(TOOL_CALL, payload)
+    payload = ToolCallPayload(
+        tool_name=tool_name or "?",
+        input=_cap_value(tool_input) if isinstance(tool_input, Mapping) else {},
+        output="" if is_error else cap_text(output),
+        error=cap_text(output) if is_error else None,
+    )
+    return ToolCallEnvelope(payload=payload)

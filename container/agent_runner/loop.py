@@ -12,7 +12,6 @@ import logging
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from . import envelopes
 from .conversation import build_messages, build_system_prompt
@@ -20,11 +19,13 @@ from .protocol import (
     AssistantEvent,
     ContainerInput,
     Event,
+    KnownEnvelope,
     ResultEvent,
     ThinkingEvent,
     ToolResultEvent,
     ToolUseEvent,
     Usage,
+    envelope_to_dict,
 )
 from .providers.base import (
     ContentBlock,
@@ -53,7 +54,7 @@ def _emit_content(block: ContentBlock, emit: Emit) -> None:
         emit(ToolUseEvent(id=block.id, name=block.name, input=block.input))
 
 
-def envelope_for(call: ToolUseBlock, outcome: ToolOutcome) -> dict[str, Any]:
+def envelope_for(call: ToolUseBlock, outcome: ToolOutcome) -> KnownEnvelope:
     """The tool's own envelope when it succeeded, else a generic TOOL_CALL one."""
     if outcome.envelope is not None and not outcome.is_error:
         return outcome.envelope
@@ -70,7 +71,7 @@ def _run_tool_call(call: ToolUseBlock, ctx: ToolContext, emit: Emit) -> ToolResu
             output=outcome.output,
             exit_code=outcome.exit_code,
             is_error=outcome.is_error,
-            envelope=envelope_for(call, outcome),
+            envelope=envelope_to_dict(envelope_for(call, outcome)),
         )
     )
     return ToolResultBlock(

@@ -15,6 +15,7 @@ docs/performance.md).  Structs validate when decoded (:func:`decode_input`,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 import msgspec
@@ -32,17 +33,8 @@ _S = TypeVar("_S", bound="_Model")
 class _Model(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Unknown fields are a protocol error, not something to silently drop.
 
-    @classmethod
-    def from_dict(cls: type[_S], data: dict[str, Any]) -> _S:
-        """Validate plain data (nested dicts and lists) into this model; raises :data:`ProtocolError`."""
-        return msgspec.convert(data, cls)
-
     def to_json(self) -> bytes:
         return _ENCODER.encode(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = msgspec.to_builtins(self)
-        return out
 
     def replace(self: _S, **changes: Any) -> _S:
         return msgspec.structs.replace(self, **changes)
@@ -116,6 +108,132 @@ def decode_input(raw: str | bytes) -> ContainerInput:
 
 
 # ---------------------------------------------------------------------------
+# Envelopes: the structured view of a tool result, kept in a message's metadata
+# ---------------------------------------------------------------------------
+#
+# The one definition of the envelope schema: the runner builds these Structs
+# (``agent_runner.envelopes``), the host validates stored and received
+# metadata with them (``orchestrator.model.envelopes``).  On the wire and in
+# the database an envelope is ``{"message_type": T, "version": N, "payload":
+# {...}}``, the type as the Struct's tag, keys in that order.  The host may
+# add top-level extras next to those three keys; it takes them off before
+# validating, so the Structs refuse unknown keys like every protocol model.
+#
+# Known types are validated here; an envelope of any other type decodes to an
+# :class:`OtherEnvelope` with its payload untouched: a newer writer must not
+# be rejected by an older reader.
+
+ENVELOPE_VERSION = 1
+ENVELOPE_KEYS = ("message_type", "version", "payload")
+# Plain text: the words are the message's content, the payload is empty.
+# Only the host writes TEXT envelopes (and checks them itself).
+TEXT = "TEXT"
+CODE_EDIT = "CODE_EDIT"
+TODO = "TODO"
+TOOL_CALL = "TOOL_CALL"
+
+
+class _Payload(_Model, frozen=True):
+    # Unknown keys refused (``_Model``): a typo'd key would otherwise be dropped
+    # silently and the data lost.
+    pass
+
+
+class FileEdit(_Payload):
+    file_path: Annotated[str, Meta(min_length=1)]
+    old_content: str | None = None  # None: the file did not exist before
+    new_content: str | None = None  # None: the file was deleted
+    language: str | None = None
+
+
+class CodeEditPayload(_Payload):
+    edits: Annotated[list[FileEdit], Meta(min_length=1)]
+
+
+TodoStatus = Literal["pending", "in_progress", "completed"]
+
+
+class TodoItem(_Payload):
+    id: str
+    content: str
+    status: TodoStatus
+
+
+class TodoPayload(_Payload):
+    todos: Annotated[list[TodoItem], Meta(min_length=1)]
+
+
+class ToolCallPayload(_Payload):
+    tool_name: Annotated[str, Meta(min_length=1)]
+    input: dict[str, Any] = field(default_factory=dict)
+    output: Any = None
+    error: str | None = None
+
+
+class _Envelope(_Model, tag_field="message_type", frozen=True):
+    # The type is the struct's tag, written first as "message_type".
+
+    @property
+    def message_type(self) -> str:
+        return str(self.__struct_config__.tag)
+
+
+class CodeEditEnvelope(_Envelope, tag=CODE_EDIT, kw_only=True):
+    """A file tool's successful write or edit: each file's text before and after."""
+
+    version: Annotated[int, Meta(ge=1)] = ENVELOPE_VERSION
+    payload: CodeEditPayload
+
+
+class TodoEnvelope(_Envelope, tag=TODO, kw_only=True):
+    """The agent's whole todo list after a ``todo_write``."""
+
+    version: Annotated[int, Meta(ge=1)] = ENVELOPE_VERSION
+    payload: TodoPayload
+
+
+class ToolCallEnvelope(_Envelope, tag=TOOL_CALL, kw_only=True):
+    """Any other call (failed file tool calls included): name, input, output or error."""
+
+    version: Annotated[int, Meta(ge=1)] = ENVELOPE_VERSION
+    payload: ToolCallPayload
+
+
+class OtherEnvelope(_Model, frozen=True):
+    """An envelope of a type this side does not know (or TEXT): its payload unchecked."""
+
+    message_type: Annotated[str, Meta(min_length=1)]
+    version: Annotated[int, Meta(ge=1)] = ENVELOPE_VERSION
+    payload: Any = field(default_factory=dict)
+
+
+KnownEnvelope = Union[CodeEditEnvelope, TodoEnvelope, ToolCallEnvelope]
+Envelope = Union[CodeEditEnvelope, TodoEnvelope, ToolCallEnvelope, OtherEnvelope]
+ENVELOPE_TYPES: dict[str, type[CodeEditEnvelope] | type[TodoEnvelope] | type[ToolCallEnvelope]] = {
+    CODE_EDIT: CodeEditEnvelope,
+    TODO: TodoEnvelope,
+    TOOL_CALL: ToolCallEnvelope,
+}
+
+
+def envelope_from_dict(data: Mapping[str, Any]) -> Envelope:
+    """Validate one envelope (its three keys, no extras) into its Struct; raises :data:`ProtocolError`.
+
+    A type not in :data:`ENVELOPE_TYPES` comes back as an :class:`OtherEnvelope`.
+    The error's message names the offending path (``... - at `$.payload.edits[0]```).
+    """
+    message_type = data.get("message_type")
+    known = ENVELOPE_TYPES.get(message_type) if isinstance(message_type, str) else None
+    return msgspec.convert(data, known or OtherEnvelope)
+
+
+def envelope_to_dict(envelope: Envelope) -> dict[str, Any]:
+    """The wire (and stored) form: ``{"message_type", "version", "payload"}``, in that order."""
+    out: dict[str, Any] = msgspec.to_builtins(envelope)
+    return out
+
+
+# ---------------------------------------------------------------------------
 # Output events (one JSON object per stdout line)
 # ---------------------------------------------------------------------------
 
@@ -156,10 +274,12 @@ class ToolResultEvent(_Event, tag="tool_result"):
     exit_code: int
     is_error: bool = False
     # A structured view of the call for the host to keep in the stored
-    # message's metadata: ``{"message_type": "CODE_EDIT" | "TODO" |
-    # "TOOL_CALL", "version": 1, "payload": {...}}`` (built by
-    # ``agent_runner.envelopes``, validated by the host).  None from runners
-    # that predate envelopes.
+    # message's metadata: an envelope above (built by ``agent_runner.envelopes``)
+    # in its wire form (:func:`envelope_to_dict`).  A plain object on
+    # purpose: the host validates it with :func:`envelope_from_dict` on its
+    # own, so an envelope that is malformed, or of a newer type, costs the
+    # envelope, never the tool result (a typed field would refuse the whole
+    # line).  None from runners that predate envelopes.
     envelope: dict[str, Any] | None = None
 
 

@@ -34,17 +34,15 @@ def groups_attach(
     config: Annotated[Optional[str], typer.Option(help="The channel's settings for this group, a JSON object.")] = None,
 ) -> None:
     """Show group JID's messages on CHANNEL from now on (again: change its address)."""
-    from orchestrator.channels.registry import build_registry
     from orchestrator.store.attachments import attach_channel
 
-    settings, db = _setup()
+    root = _setup()
     try:
         conf = None if config is None else json.loads(config)
-        registry = build_registry(settings)
         try:
-            a = attach_channel(db, jid, channel, address=address, config=conf, registry=registry)
+            a = attach_channel(root.db, jid, channel, address=address, config=conf, registry=root.channels)
         finally:
-            registry.close()
+            root.close()
     except (OrchestratorError, ValueError) as exc:
         raise _fail(exc) from exc
     typer.echo(f"{a.chat_jid}: attached to {a.channel} at {a.address}")
@@ -54,7 +52,7 @@ def groups_detach(jid: str, channel: str) -> None:
     """Stop showing group JID's messages on CHANNEL (its unsent deliveries are cancelled)."""
     from orchestrator.store.attachments import detach_channel
 
-    _, db = _setup()
+    db = _setup().db
     if not detach_channel(db, jid, channel):
         raise _fail(OrchestratorError(f"{jid} is not attached to {channel!r}"))
     typer.echo(f"{jid}: detached from {channel}")
@@ -67,7 +65,7 @@ def groups_channels(
     """List the channels each group is attached to."""
     from orchestrator.store.attachments import list_attachments
 
-    _, db = _setup()
+    db = _setup().db
     attachments = list_attachments(db, jid)
     if as_json:
         typer.echo(json.dumps([a.model_dump() for a in attachments], indent=2))
@@ -89,7 +87,7 @@ def deliveries_list(
 
     if ctx.invoked_subcommand is not None:
         return
-    _, db = _setup()
+    db = _setup().db
     rows = list_deliveries(db, chat_jid=group, state=state, limit=limit)
     if as_json:
         typer.echo(json.dumps([d.model_dump(mode="json") for d in rows], indent=2))
@@ -103,17 +101,14 @@ def deliveries_list(
 @deliveries_app.command("flush")
 def deliveries_flush(group: Annotated[Optional[str], typer.Option(help="Only this chat jid.")] = None) -> None:
     """Send due deliveries now, from this process (on the channels it knows)."""
-    from orchestrator.channels.registry import build_registry
-    from orchestrator.run.outbound import Deliverer
-
-    settings, db = _setup()
+    root = _setup()
     try:
-        registry = build_registry(settings)
+        deliverer = root.deliverer()
     except OrchestratorError as exc:
         raise _fail(exc) from exc
     try:
-        report = Deliverer(db, settings, registry).deliver_due(group)
+        report = deliverer.deliver_due(group)
     finally:
-        registry.close()
+        root.close()
     retry = "" if report.retry_in is None else f", next retry in {report.retry_in:.1f}s"
     typer.echo(f"sent {report.sent}, failed attempts {report.failed_attempts}, cancelled {report.cancelled}{retry}")

@@ -15,23 +15,24 @@ Lines starting with ``/`` are commands: ``/quit``, ``/history``, ``/edit
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
 
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import STORED_ONLY_SENDERS, StoredMessage
 from orchestrator.model.render import render_text
-from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.run.queue import signal_group
+from orchestrator.run.ingest import IncomingMessage, Signal, ingest
 from orchestrator.store.db import Database
 from orchestrator.store.groups import find_group
 from orchestrator.store.history import edit_message, regenerate
 from orchestrator.store.message_log import get_messages_after, get_recent_messages, resolve_message
 from orchestrator.store.runs import FINAL_STATES, list_runs
+
+log = logging.getLogger(__name__)
 
 POLL_S = 0.2
 BACKLOG = 20
@@ -82,15 +83,17 @@ class Follower:
             try:
                 self.poll()
             except Exception as exc:  # noqa: BLE001 - keep following; say what happened
+                log.warning("chat %s: could not read new messages: %s", self.jid, exc)
                 self.out(f"   [could not read the chat: {exc}]")
 
 
-def handle_line(line: str, *, db: Database, settings: Settings, jid: str, sender: str, out: Print) -> bool:
+def handle_line(
+    line: str, *, db: Database, settings: Settings, jid: str, sender: str, out: Print, signal: Signal,
+) -> bool:
     """Act on one typed line; False means quit."""
     text = line.rstrip("\n")
     if not text.strip():
         return True
-    signal = partial(signal_group, settings)
     try:
         if text.startswith("/"):
             cmd, _, rest = text.partition(" ")
@@ -130,7 +133,9 @@ def _idle(db: Database, jid: str) -> bool:
     return all(r.state in FINAL_STATES for r in list_runs(db, chat_jid=jid, limit=5))
 
 
-def run_chat(db: Database, settings: Settings, jid: str, sender: str, linger_s: float = 0.0) -> int:
+def run_chat(
+    db: Database, settings: Settings, jid: str, sender: str, *, signal: Signal, linger_s: float = 0.0,
+) -> int:
     """Chat until /quit or EOF; with piped input, keep following up to
     ``linger_s`` seconds after EOF until the agent has nothing left to do."""
     if find_group(db, jid) is None:
@@ -158,7 +163,7 @@ def run_chat(db: Database, settings: Settings, jid: str, sender: str, linger_s: 
                         continue
                     except EOFError:
                         break
-                    if not handle_line(line, db=db, settings=settings, jid=jid, sender=sender, out=out):
+                    if not handle_line(line, db=db, settings=settings, jid=jid, sender=sender, out=out, signal=signal):
                         break
             finally:
                 follower.stop()
@@ -177,7 +182,8 @@ def run_chat(db: Database, settings: Settings, jid: str, sender: str, linger_s: 
     follower.start()
     try:
         for line in sys.stdin:
-            if not handle_line(line, db=db, settings=settings, jid=jid, sender=sender, out=out_locked):
+            if not handle_line(line, db=db, settings=settings, jid=jid, sender=sender, out=out_locked,
+                               signal=signal):
                 break
         deadline = time.monotonic() + linger_s
         time.sleep(min(linger_s, 2 * POLL_S))  # let a just-sent message reach a worker

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -37,16 +36,16 @@ def edit(
     rerun: Annotated[bool, typer.Option(help="Supersede what followed and have the agent answer again.")] = False,
 ) -> None:
     """Edit a person's message; the old text is kept in its metadata."""
-    from orchestrator.run.queue import signal_group
     from orchestrator.store.history import edit_message
     from orchestrator.store.message_log import resolve_message
 
-    settings, db = setup()
+    root = setup()
+    settings, db = root.settings, root.db
     try:
         items = None if context is None else json.loads(context)
         ref = resolve_message(jid, message, db=db)
         change = edit_message(
-            db, settings, jid, ref.id, text, context=items, rerun=rerun, signal=partial(signal_group, settings)
+            db, settings, jid, ref.id, text, context=items, rerun=rerun, signal=root.signals.group
         )
     except (OrchestratorError, ValueError) as exc:  # json's errors are ValueErrors
         raise fail(exc) from exc
@@ -57,14 +56,14 @@ def regenerate_cmd(
     jid: str, message: Annotated[str, typer.Argument(help="The assistant reply: id or #seq.")]
 ) -> None:
     """Supersede an assistant reply (and what followed) and run the agent again."""
-    from orchestrator.run.queue import signal_group
     from orchestrator.store.history import regenerate
     from orchestrator.store.message_log import resolve_message
 
-    settings, db = setup()
+    root = setup()
+    settings, db = root.settings, root.db
     try:
         ref = resolve_message(jid, message, db=db)
-        change = regenerate(db, settings, jid, ref.id, signal=partial(signal_group, settings))
+        change = regenerate(db, settings, jid, ref.id, signal=root.signals.group)
     except OrchestratorError as exc:
         raise fail(exc) from exc
     _report(change, "regenerating the reply")
@@ -75,7 +74,8 @@ def truncate(jid: str, message: Annotated[str, typer.Argument(help="Keep up to t
     from orchestrator.store.history import truncate_after
     from orchestrator.store.message_log import resolve_message
 
-    settings, db = setup()
+    root = setup()
+    settings, db = root.settings, root.db
     try:
         ref = resolve_message(jid, message, db=db)
         change = truncate_after(db, settings, jid, ref.id)
@@ -92,7 +92,8 @@ def export(
     """Write a chat's history as markdown or as JSON that `import` reads back."""
     from orchestrator.store.transfer import export_json, export_markdown
 
-    settings, db = setup()
+    root = setup()
+    settings, db = root.settings, root.db
     if fmt not in ("md", "json"):
         raise fail(ValueError(f"--format must be md or json, not {fmt!r}"))
     text = export_json(db, jid) if fmt == "json" else export_markdown(db, jid, settings.assistant_name)
@@ -107,7 +108,7 @@ def import_cmd(path: Annotated[Path, typer.Argument(help="A JSON file written by
     """Import a chat exported as JSON (idempotent; never wakes the agent)."""
     from orchestrator.store.transfer import import_chat, parse_export
 
-    _, db = setup()
+    db = setup().db
     try:
         result = import_chat(db, parse_export(path.read_text(encoding="utf-8")))
     except (OrchestratorError, OSError) as exc:

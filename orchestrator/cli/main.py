@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import time
-from functools import partial
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -52,7 +51,8 @@ def up(
     from orchestrator.sandbox.image import ensure_agent_image
     from orchestrator.store.groups import ensure_main_group
 
-    settings, db = _setup()
+    root = _setup()
+    settings, db = root.settings, root.db
     port = settings.api_port if port < 0 else port
     host = host or settings.api_host
     if port:
@@ -89,7 +89,7 @@ def worker(
     """Run one Celery worker (what each fleet host runs)."""
     from orchestrator.cli.supervisor import worker_argv
 
-    settings, _ = _setup()
+    settings = _setup().settings
     argv = worker_argv(concurrency, settings.log_level)
     os.execv(argv[0], argv)
 
@@ -102,7 +102,7 @@ def api(
     """Run the HTTP API server alone."""
     from orchestrator.cli.supervisor import api_argv
 
-    settings, _ = _setup()
+    settings = _setup().settings
     host = host or settings.api_host
     _check_api_exposure(host, settings)
     argv = api_argv(host, settings.api_port if port < 0 else port)
@@ -124,7 +124,7 @@ def beat() -> None:
     """Run Celery beat alone: the sweeper (and, later, scheduled tasks)."""
     from orchestrator.cli.supervisor import beat_argv
 
-    settings, _ = _setup()
+    settings = _setup().settings
     argv = beat_argv(str(settings.data_dir / "celerybeat-schedule"), settings.log_level)
     os.execv(argv[0], argv)
 
@@ -132,18 +132,15 @@ def beat() -> None:
 @app.command()
 def sweep() -> None:
     """Run the sweeper once now (re-signal pending groups, close dead runs, remove orphans)."""
-    from orchestrator.run.queue import signal_delivery, signal_group
     from orchestrator.run.sweeper import sweep as run_sweep
-    from orchestrator.sandbox.containers import DockerSandbox
 
-    settings, db = _setup()
+    root = _setup()
     try:
-        sandbox = DockerSandbox(settings)
+        sandbox = root.docker
     except OrchestratorError as exc:
         typer.secho(f"warning: {exc}; containers not checked", fg=typer.colors.YELLOW, err=True)
         sandbox = None
-    report = run_sweep(db, signal=partial(signal_group, settings), sandbox=sandbox,
-                       signal_delivery=partial(signal_delivery, settings))
+    report = run_sweep(root.db, signal=root.signals.group, sandbox=sandbox, signal_delivery=root.signals.delivery)
     typer.echo(
         f"interrupted runs: {len(report.interrupted_runs)}, re-signalled groups: "
         f"{len(report.signalled_groups)}, removed containers: {report.removed_containers}, "
@@ -155,7 +152,7 @@ def sweep() -> None:
 @app.command()
 def flower(port: Annotated[int, typer.Option()] = 5555) -> None:
     """Run Flower (Celery monitoring) against this installation's broker."""
-    settings, _ = _setup()
+    _setup()  # logging, the data dir
     argv = [sys.executable, "-m", "celery", "-A", "workers.app", "flower", f"--port={port}", "--address=127.0.0.1"]
     # Flower listens on loopback only here, so its JSON API may go without a login.
     os.execve(argv[0], argv, dict(os.environ, FLOWER_UNAUTHENTICATED_API="true"))
@@ -175,7 +172,7 @@ def groups_add(
     """Register a chat as a group."""
     from orchestrator.store.groups import add_group
 
-    _, db = _setup()
+    db = _setup().db
     try:
         g = add_group(db, chat_jid=jid, name=name, folder=folder, is_main=main, requires_trigger=trigger)
     except OrchestratorError as exc:
@@ -199,7 +196,8 @@ def groups_set(
 
     if (container_config is None) == (not clear):
         raise _fail(OrchestratorError("give exactly one of --container-config JSON, --clear-container-config"))
-    settings, db = _setup()
+    root = _setup()
+    settings, db = root.settings, root.db
     try:
         g = set_container_config(db, settings, jid, None if clear else container_config)
         limits = effective_limits(settings, g.container_config)
@@ -217,7 +215,7 @@ def groups_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
     """List registered groups."""
     from orchestrator.store.groups import list_groups
 
-    _, db = _setup()
+    db = _setup().db
     groups = list_groups(db)
     if as_json:
         typer.echo(json.dumps([g.model_dump() for g in groups], indent=2))
@@ -232,7 +230,8 @@ def groups_reset(jid: str) -> None:
     """Start a group afresh: forget its model session and stop its warm container."""
     from orchestrator.sandbox.warm import reset_session
 
-    settings, db = _setup()
+    root = _setup()
+    settings, db = root.settings, root.db
     try:
         stopped = reset_session(db, settings, jid)
     except OrchestratorError as exc:
@@ -249,7 +248,8 @@ def groups_quota(jid: str, as_json: Annotated[bool, typer.Option("--json")] = Fa
     from orchestrator.sandbox.quota import human, report
     from orchestrator.store.groups import get_group
 
-    settings, db = _setup()
+    root = _setup()
+    settings, db = root.settings, root.db
     try:
         g = get_group(db, jid)
         r = report(settings, g.folder, workspace_quota(settings, g.container_config))
@@ -272,7 +272,7 @@ def groups_unmount_volumes() -> None:
     first; needed before the data dir can be deleted or moved."""
     from orchestrator.sandbox.quota import unmount_all
 
-    settings, _db = _setup()
+    settings = _setup().settings
     try:
         done = unmount_all(settings)
     except OrchestratorError as exc:
@@ -304,7 +304,8 @@ def send(
     """Store TEXT as a user message in chat JID (and wake the agent if it should)."""
     from orchestrator.run.ingest import IncomingMessage, ingest
 
-    settings, db = _setup()
+    root = _setup()
+    settings, db = root.settings, root.db
 
     def stored(msg: StoredMessage, wakes: bool) -> None:
         # Said once the message is committed, before any signal: on its own
@@ -316,7 +317,7 @@ def send(
         result = ingest(
             db, settings,
             IncomingMessage(chat_jid=jid, sender=sender, sender_name=sender, content=text, metadata=meta),
-            signal=partial(_signal, "group", settings), signal_delivery=partial(_signal, "delivery", settings),
+            signal=root.signals.group, signal_delivery=root.signals.delivery,
             on_stored=stored,
         )
     except (OrchestratorError, ValueError) as exc:
@@ -325,13 +326,6 @@ def send(
     if wait <= 0 or not result.triggered:
         return
     raise typer.Exit(_wait_for_replies(db, settings, msg, wait, as_json))
-
-
-def _signal(kind: str, settings: Settings, chat_jid: str) -> None:
-    # Celery (kombu) is imported only when a signal is sent, after the commit.
-    from orchestrator.run.queue import signal_delivery, signal_group
-
-    (signal_group if kind == "group" else signal_delivery)(settings, chat_jid)
 
 
 @app.command()
@@ -343,8 +337,9 @@ def chat(
     """Chat with the agent in chat JID from this terminal (live replies; /help for commands)."""
     from orchestrator.cli.chat import run_chat
 
-    settings, db = _setup()
-    raise typer.Exit(run_chat(db, settings, jid, sender, linger_s=linger))
+    root = _setup()
+    settings, db = root.settings, root.db
+    raise typer.Exit(run_chat(db, settings, jid, sender, signal=root.signals.group, linger_s=linger))
 
 
 def _wait_for_replies(db: Database, settings: Settings, sent: StoredMessage, wait: float, as_json: bool) -> int:
@@ -390,7 +385,8 @@ def history(
     from orchestrator.model.render import render_text
     from orchestrator.store.message_log import get_recent_messages
 
-    settings, db = _setup()
+    root = _setup()
+    settings, db = root.settings, root.db
     msgs = get_recent_messages(jid, limit, include_superseded=include_superseded, db=db)
     if as_json:
         typer.echo(json.dumps([m.model_dump(mode="json") for m in msgs], indent=2, ensure_ascii=False))
@@ -415,7 +411,7 @@ def runs_list(
 
     if ctx.invoked_subcommand is not None:
         return
-    _, db = _setup()
+    db = _setup().db
     for r in list_runs(db, chat_jid=group, state=state, limit=limit):
         took = f"{r.duration_s:.2f}s" if r.duration_s is not None else "-"
         typer.echo(f"{r.id[:8]}  {r.state:10} {r.chat_jid:24} msgs {r.cursor_from + 1}..{r.cursor_to}  {took}  {r.error or ''}")
@@ -431,7 +427,8 @@ def runs_show(
     from orchestrator.run.assembly import rebuild_input, stored_input
     from orchestrator.store.runs import get_run
 
-    settings, db = _setup()
+    root = _setup()
+    settings, db = root.settings, root.db
     try:
         run = get_run(db, run_id)
         if not (show_input or verify):
@@ -469,7 +466,7 @@ def runs_cancel(run_id: str) -> None:
     """Cancel a run: its worker stops the container and records it as cancelled."""
     from orchestrator.store.runs import cancel_run
 
-    _, db = _setup()
+    db = _setup().db
     try:
         run = cancel_run(db, run_id)
     except OrchestratorError as exc:
@@ -497,7 +494,7 @@ def tasks_add(
     chosen = [(k, v) for k, v in (("cron", cron), ("interval", every), ("once", at)) if v]
     if len(chosen) != 1:
         raise _fail(OrchestratorError("give exactly one of --cron, --every, --at"))
-    _, db = _setup()
+    db = _setup().db
     kind, spec = chosen[0]
     try:
         task = add_task(db, chat_jid=jid, prompt=prompt, kind=kind, spec=spec, context_mode=context)  # type: ignore[arg-type]
@@ -514,7 +511,7 @@ def tasks_list(
     """List scheduled tasks."""
     from orchestrator.run.schedules import list_tasks
 
-    _, db = _setup()
+    db = _setup().db
     tasks = list_tasks(db, chat_jid=group)
     if as_json:
         typer.echo(json.dumps([t.model_dump(mode="json") for t in tasks], indent=2))
@@ -527,7 +524,7 @@ def tasks_list(
 def _task_action(task_id: str, action: str) -> None:
     from orchestrator.run.schedules import change_state
 
-    _, db = _setup()
+    db = _setup().db
     try:
         task = change_state(db, task_id, action)
     except OrchestratorError as exc:
@@ -562,7 +559,7 @@ def image_build(force: Annotated[bool, typer.Option(help="Rebuild even if curren
     from orchestrator.sandbox.containers import docker_client
     from orchestrator.sandbox.image import ensure_agent_image
 
-    settings, _ = _setup()
+    settings = _setup().settings
     try:
         image_id = ensure_agent_image(docker_client(settings), settings, force=force)
     except OrchestratorError as exc:

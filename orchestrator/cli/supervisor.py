@@ -20,7 +20,6 @@ class Child:
     name: str
     argv: list[str]
     proc: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
     started_at: float = 0.0
     backoff: float = field(default=1.0)
 
@@ -59,7 +58,6 @@ class Supervisor:
                     log.warning("%s exited with %s; restarting in %.0fs", child.name, code, child.backoff)
                     time.sleep(child.backoff)
                     child.backoff = min(child.backoff * 2, 30.0)
-                    child.restarts += 1
                     child.start(self.env)
         finally:
             self.shutdown()
@@ -96,5 +94,5 @@ def beat_argv(schedule_file: str, loglevel: str = "INFO") -> list[str]:
 def api_argv(host: str, port: int) -> list[str]:
     # Open event streams (SSE) never end by themselves: give them a few
     # seconds on shutdown, then close them (browsers reconnect).
-    return [sys.executable, "-m", "uvicorn", "orchestrator.http.api:app", "--host", host, "--port", str(port),
+    return [sys.executable, "-m", "uvicorn", "--factory", "orchestrator.http.api:create_app", "--host", host, "--port", str(port),
             "--timeout-graceful-shutdown", "3"]

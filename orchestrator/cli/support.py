@@ -1,7 +1,8 @@
-"""What every CLI command shares: settings, the database, error exits.
+"""What every CLI command shares: the composition root, error exits.
 
-Imports of the store (SQLAlchemy, Alembic) happen in ``setup``, when a
-command needs them: ``orchestrator --help`` must not pay for them.
+``setup`` builds the :class:`~orchestrator.root.Orchestrator`; its parts (the
+database with SQLAlchemy and Alembic, Celery, Docker) are made when a command
+first touches them, so ``orchestrator --help`` pays for none of them.
 """
 
 from __future__ import annotations
@@ -12,19 +13,18 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from orchestrator.core.settings import Settings
-    from orchestrator.store.db import Database
+    from orchestrator.root import Orchestrator
 
 
-def setup() -> tuple[Settings, Database]:
-    from orchestrator.core.settings import get_settings
-    from orchestrator.store.db import get_database
+def setup() -> Orchestrator:
+    from orchestrator.root import Orchestrator
 
-    settings = get_settings()
+    root = Orchestrator.from_environment()
+    settings = root.settings
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     settings.ensure_dirs()
-    return settings, get_database(settings)
+    return root
 
 
 def fail(exc: Exception) -> typer.Exit:

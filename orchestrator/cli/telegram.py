@@ -3,7 +3,6 @@ optional ``telegram`` extra only when it runs)."""
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Annotated
 
 import typer
@@ -26,12 +25,12 @@ def poll(
 ) -> None:
     """Store the bot's incoming Telegram messages (each in the group attached to its chat) until stopped."""
     from orchestrator.channels.telegram import poll_forever
-    from orchestrator.run.queue import signal_delivery, signal_group
 
-    settings, db = _setup()
+    root = _setup()
+    settings, db = root.settings, root.db
     try:
-        stored = poll_forever(db, settings, once=once, timeout=timeout, signal=partial(signal_group, settings),
-                              signal_delivery=partial(signal_delivery, settings))
+        stored = poll_forever(db, settings, once=once, timeout=timeout, signal=root.signals.group,
+                              signal_delivery=root.signals.delivery)
     except OrchestratorError as exc:
         raise _fail(exc) from exc
     except KeyboardInterrupt:

@@ -1,26 +1,48 @@
 """The exception tree.  Every error the orchestrator raises on purpose is an
-``OrchestratorError``, so callers (CLI, API, Celery tasks) catch one root::
+``OrchestratorError``, so callers (CLI, API, Celery tasks) catch one root.
+Each class with what it means and (in brackets) the modules that raise it;
+the classes defined outside this module say where they live::
 
     OrchestratorError
-    ├── ConfigError            settings that cannot work (bad URL, missing tool)
-    │   ├── ContainerConfigError   a group's container_config is invalid (names the field)
-    │   └── ChannelError       an unknown channel, a bad name, address or plugin
-    ├── StoreError             the database refused or lost something
+    ├── ConfigError            settings that cannot work: an unsupported database URL, an unknown
+    │   │                      ORCHESTRATOR_MODEL, the API beyond loopback without a token
+    │   │                      [store.db, run.pipeline, http.api]
+    │   ├── ContainerConfigError   a group's container_config is invalid; names the field [sandbox.config]
+    │   └── ChannelError       an unknown channel, a bad name, address or plugin, a send that failed
+    │                          [channels.registry, channels.webhook, channels.telegram, run.outbound,
+    │                          store.attachments, store.deliveries]
+    ├── StoreError             the database refused or lacks something (a duplicate group, no such
+    │   │                      run or task) [store.groups, store.runs, run.assembly, run.schedules]
     │   ├── UnknownGroup       a chat id that is not a registered group
-    │   └── MessageNotFound    no such (message id, chat) in the store
-    ├── GroupBusy              a run holds the group (edit/regenerate must wait)
-    ├── InvalidMessage         bad input to ingest (also a ValueError)
-    │   └── InvalidMessageMetadata   (orchestrator.model.envelopes; names the field)
-    ├── SandboxError           Docker could not build, start or talk to a container
-    │   ├── ImageBuildError
-    │   ├── MountRefused       a workspace or extra mount the rules refuse (names the reason)
+    │   │                      [store.groups, store.attachments, sandbox.config]
+    │   └── MessageNotFound    no such (message id, chat) in the store [store.message_log, store.history]
+    ├── GroupBusy              a run holds the group; edit/regenerate must wait [store.history]
+    ├── InvalidMessage         bad input: a message, an edit, a group, a schedule, an import
+    │   │                      (also a ValueError) [store.message_log, store.groups, store.history,
+    │   │                      store.transfer, run.schedules]
+    │   └── InvalidMessageMetadata   metadata that is no valid envelope or context item; names the
+    │                          field (defined in model.envelopes) [model.envelopes, model.context,
+    │                          store.transfer]
+    ├── SandboxError           Docker could not start or talk to a container [sandbox.containers, sandbox.warm]
+    │   ├── ImageBuildError    the base or agent image could not be built or pulled [sandbox.image]
+    │   ├── MountRefused       a workspace or extra mount the rules refuse; names the reason [sandbox.mounts]
     │   │   └── WorkspaceQuotaError   the workspace is over its quota, or its volume cannot be set up
-    │   └── HostileEntry       an entry of an agent-writable folder the host will not use
-    │                          (a symlink, FIFO, '..'; orchestrator.sandbox.hostile_fs)
-    └── RunError               an agent run ended badly
-        ├── RunTimeout
-        ├── AgentFailed        the container reported an error or exited non-zero
-        └── OutputLimitExceeded   (orchestrator.sandbox.bounded_io; a run's output broke a host bound)
+    │   │                      [sandbox.quota]
+    │   ├── HostileEntry       an entry of an agent-writable folder the host will not use
+    │   │                      (a symlink, FIFO, '..') [sandbox.hostile_fs]
+    │   └── GatewayError       the model gateway's socket cannot be set up safely
+    │                          (defined in sandbox.gateway) [sandbox.gateway]
+    ├── BrokerUnavailable      the broker failed moments ago, so a signal is left to the sweeper
+    │                          (defined in run.queue) [run.queue]
+    └── OutputLimitExceeded    a run's output broke a host bound; the pipeline stops the run
+                               (defined in sandbox.bounded_io) [sandbox.bounded_io]
+
+The exceptions that are not ``OrchestratorError`` are one module's own, which
+turns them into something else: ``ContextUnavailable`` (run.expand: an error
+note in place of the context item), ``_Refusal`` (sandbox.gateway: an HTTP
+error answer), ``_WalkStopped`` (sandbox.quota: a partial usage count) and
+``VolumeUnavailable`` (sandbox.quota: a ``WorkspaceQuotaError`` or the
+checked-mode fallback).
 """
 
 from __future__ import annotations
@@ -89,17 +111,3 @@ class HostileEntry(SandboxError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
-
-
-class RunError(OrchestratorError):
-    pass
-
-
-class RunTimeout(RunError):
-    pass
-
-
-class AgentFailed(RunError):
-    def __init__(self, message: str, *, retryable: bool = False) -> None:
-        super().__init__(message)
-        self.retryable = retryable

@@ -9,7 +9,6 @@ the whole state of an embedded install.
 from __future__ import annotations
 
 import hashlib
-from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -224,14 +223,3 @@ class Settings(BaseSettings):
             d.mkdir(parents=True, exist_ok=True)
         for sub in ("out", "processed", "control"):
             (self.broker_dir / sub).mkdir(parents=True, exist_ok=True)
-
-
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    """The process-wide settings, built once."""
-    return Settings()
-
-
-def reset_settings() -> None:
-    """Forget the cached settings (tests change the environment between cases)."""
-    get_settings.cache_clear()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from functools import partial
+import logging
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,19 +42,20 @@ from orchestrator.core.errors import (
     StoreError,
     UnknownGroup,
 )
-from orchestrator.core.settings import Settings, get_settings
+from orchestrator.core.settings import Settings
 from orchestrator.http.stream import ChatStream
 from orchestrator.model.envelopes import InvalidMessageMetadata
 from orchestrator.model.messages import StoredMessage
+from orchestrator.root import Orchestrator
 from orchestrator.run.assembly import stored_input
 from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.run.queue import signal_delivery, signal_group
-from orchestrator.store.db import get_database
 from orchestrator.store.groups import Group, add_group, find_group, get_group, list_groups, update_group
 from orchestrator.store.history import HistoryChange, edit_message, regenerate, truncate_after
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import Run, get_run, list_runs
 from orchestrator.store.transfer import export_json, export_markdown
+
+log = logging.getLogger(__name__)
 
 MAX_CONTENT_CHARS = 100_000
 WEB_DIR = Path(__file__).parent / "web"
@@ -187,14 +188,17 @@ def _token_check(settings: Settings) -> Any:
     return require_token
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or get_settings()
+def create_app(root: Orchestrator | None = None) -> FastAPI:
+    """The API of the installation ``root`` (default: built from the environment;
+    ``uvicorn --factory orchestrator.http.api:create_app`` calls it so)."""
+    root = root or Orchestrator.from_environment()
+    settings = root.settings
     check_exposure(settings.api_host, settings.api_token)
     settings.ensure_dirs()
-    db = get_database(settings)
+    db = root.db
     api = FastAPI(title="Agent orchestrator", version="0.1.0")
     router = APIRouter(prefix="/api", dependencies=[Depends(_token_check(settings))])
-    signal = partial(signal_group, settings)
+    signal, signal_delivery = root.signals.group, root.signals.delivery
 
     def registered_or_404(chat_jid: str) -> None:
         if settings.api_require_registered_chat and find_group(db, chat_jid) is None:
@@ -220,7 +224,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             with db.read() as session:
                 session.execute(text("SELECT 1"))
             database = "ok"
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a health check reports the failure, it does not raise it
+            log.warning("health: the database does not answer: %s", exc)
             database = f"error: {exc}"
         broker = settings.effective_broker_url.split("://", 1)[0]
         return Health(status="ok" if database == "ok" else "degraded", database=database, broker=broker)
@@ -241,7 +246,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if len(body.content) > MAX_CONTENT_CHARS:
             raise HTTPException(413, f"content is longer than {MAX_CONTENT_CHARS} characters")
         registered_or_404(body.chat_jid)
-        result = ingest(db, settings, body, signal=signal, signal_delivery=partial(signal_delivery, settings))
+        result = ingest(db, settings, body, signal=signal, signal_delivery=signal_delivery)
         return PostedMessage(message=result.message, created=result.created, triggered=result.triggered)
 
     @router.get("/chats/{chat_jid}/messages", response_model=list[StoredMessage])
@@ -366,7 +371,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(data, media_type="application/json")
 
     api.include_router(router)
-    add_inbound_route(api, db, settings, signal=signal, signal_delivery=partial(signal_delivery, settings),
+    add_inbound_route(api, db, settings, signal=signal, signal_delivery=signal_delivery,
                       max_chars=MAX_CONTENT_CHARS)
     _add_web_page(api)
     return api
@@ -387,13 +392,3 @@ def _add_web_page(api: FastAPI) -> None:
         if request.url.path.startswith("/static/"):
             response.headers.update(PAGE_HEADERS)
         return response
-
-
-def __getattr__(name: str) -> FastAPI:
-    # ``uvicorn orchestrator.http.api:app`` builds the app on first access, so
-    # importing this module has no side effects.
-    if name == "app":
-        global app
-        app = create_app()
-        return app
-    raise AttributeError(name)

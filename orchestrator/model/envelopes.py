@@ -9,23 +9,40 @@ types pass through unvalidated (only ``version`` is checked): a newer writer mus
 not be rejected by an older reader.  Extras stay at the top level, not in the
 payload, because payload schemas forbid unknown keys; message-level data (trace
 ids, provenance, legacy keys) can ride along without loosening those schemas.
+
+The schema is not written here: the envelope types are the protocol's msgspec
+Structs (``agent_runner.protocol``: ``CodeEditEnvelope``, ``TodoEnvelope``,
+``ToolCallEnvelope``, ``OtherEnvelope`` for any other type), the very ones the
+agent runner builds, so what a runner writes is what the host accepts.  This
+module adds the host's rules around them (legacy metadata, TEXT, extras, the
+version check) and turns msgspec's errors into :class:`InvalidMessageMetadata`
+naming the field, in the words API clients see.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import msgspec
+from agent_runner.protocol import CODE_EDIT as CODE_EDIT
+from agent_runner.protocol import ENVELOPE_KEYS as ENVELOPE_KEYS
+from agent_runner.protocol import ENVELOPE_TYPES as ENVELOPE_TYPES
+from agent_runner.protocol import TEXT as TEXT
+from agent_runner.protocol import TODO as TODO
+from agent_runner.protocol import TOOL_CALL as TOOL_CALL
+from agent_runner.protocol import CodeEditPayload as CodeEditPayload
+from agent_runner.protocol import Envelope as Envelope
+from agent_runner.protocol import FileEdit as FileEdit
+from agent_runner.protocol import OtherEnvelope as OtherEnvelope
+from agent_runner.protocol import ProtocolError, envelope_from_dict
+from agent_runner.protocol import TodoItem as TodoItem
+from agent_runner.protocol import TodoPayload as TodoPayload
+from agent_runner.protocol import TodoStatus as TodoStatus
+from agent_runner.protocol import ToolCallPayload as ToolCallPayload
 
 from orchestrator.core.errors import InvalidMessage
-
-TEXT = "TEXT"
-CODE_EDIT = "CODE_EDIT"
-TODO = "TODO"
-TOOL_CALL = "TOOL_CALL"
-ENVELOPE_KEYS = ("message_type", "version", "payload")
 
 
 class InvalidMessageMetadata(InvalidMessage, ValueError):
@@ -37,88 +54,62 @@ class InvalidMessageMetadata(InvalidMessage, ValueError):
         self.problem = problem
 
 
-class _Payload(BaseModel):
-    # A typo'd key would otherwise be dropped silently and the data lost.
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class FileEdit(_Payload):
-    file_path: str = Field(min_length=1)
-    old_content: str | None = None  # None: the file did not exist before
-    new_content: str | None = None  # None: the file was deleted
-    language: str | None = None
-
-
-class CodeEditPayload(_Payload):
-    edits: list[FileEdit] = Field(min_length=1)
-
-
-TodoStatus = Literal["pending", "in_progress", "completed"]
-
-
-class TodoItem(_Payload):
-    id: str
-    content: str
-    status: TodoStatus
-
-
-class TodoPayload(_Payload):
-    todos: list[TodoItem] = Field(min_length=1)
-
-
-class ToolCallPayload(_Payload):
-    tool_name: str = Field(min_length=1)
-    input: dict[str, Any] = Field(default_factory=dict)
-    output: Any = None
-    error: str | None = None
-
-
-PAYLOAD_MODELS: dict[str, type[_Payload]] = {
-    CODE_EDIT: CodeEditPayload,
-    TODO: TodoPayload,
-    TOOL_CALL: ToolCallPayload,
-}
-
-_PROBLEMS = {
-    "missing": "is required",
-    "extra_forbidden": "unknown field",
-    "too_short": "must not be empty",
-    "string_too_short": "must not be empty",
-    "string_type": "must be a string",
-    "list_type": "must be a list",
-    "dict_type": "must be a JSON object",
-    "model_type": "must be a JSON object",
+# msgspec's validation errors are one line: "<what> - at `$.payload.edits[0]`"
+# ("$" is the envelope); they are turned into the host's field paths and words.
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `(?P<loc>.*)`)?$", re.S)
+_FIELD = re.compile(r"^Object (?P<kind>missing required|contains unknown) field `(?P<name>.*)`$", re.S)
+_EXPECTED = re.compile(r"^Expected `(?P<type>[^`]*)`(?P<rest>.*)$", re.S)
+_LOC_PART = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+_KEY_IN = "key` in `"
+_MUST_BE = {
+    "str": "must be a string",
+    "array": "must be a list",
+    "object": "must be a JSON object",
+    "int": "must be an integer",
+    "bool": "must be true or false",
 }
 
 
-def _from_validation_error(exc: ValidationError) -> InvalidMessageMetadata:
-    # Only the first error: one precise field is more useful to a client than a wall of them.
-    err = exc.errors()[0]
-    path = "metadata.payload" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
-    if err["type"] == "literal_error":
-        # pydantic renders the choices as "'a', 'b' or 'c'"; list them plainly.
-        problem = "must be one of " + ", ".join(re.findall(r"'([^']*)'", err["ctx"]["expected"]))
-    else:
-        problem = _PROBLEMS.get(err["type"], err["msg"])
-    return InvalidMessageMetadata(path, problem)
+def _literal_choices(envelope_type: type, loc: str) -> tuple[Any, ...] | None:
+    """The allowed values, in their declared order, when the field at ``loc`` (``$.payload...``) is a Literal."""
+    hint: Any = envelope_type
+    for name, index in _LOC_PART.findall(loc):
+        if get_origin(hint) is Annotated:
+            hint = get_args(hint)[0]
+        if name and isinstance(hint, type) and issubclass(hint, msgspec.Struct):
+            hint = next((f.type for f in msgspec.structs.fields(hint) if f.encode_name == name), None)
+        elif index and get_origin(hint) is list:
+            hint = get_args(hint)[0]
+        else:
+            return None
+    return get_args(hint) if get_origin(hint) is Literal else None
 
 
-def _validate_payload(message_type: str, payload: Any) -> Any:
-    if message_type == TEXT:
-        # TEXT carries its words in ``content``; anything here would be ignored unseen.
-        if payload != {}:
-            raise InvalidMessageMetadata("metadata.payload", "must be empty for TEXT messages")
-        return {}
-    model = PAYLOAD_MODELS.get(message_type)
-    if model is None:
-        return payload
-    try:
-        return model.model_validate(payload)
-    except ValidationError as exc:
-        raise _from_validation_error(exc) from None
+def _from_protocol_error(exc: ProtocolError, envelope_type: type) -> InvalidMessageMetadata:
+    match = _AT.match(str(exc))
+    assert match is not None  # the pattern matches any text
+    what, loc = match["what"], match["loc"] or "$"
+    if loc.startswith(_KEY_IN):
+        return InvalidMessageMetadata("metadata" + loc[len(_KEY_IN):][1:], "keys must be strings")
+    path = "metadata" + loc[1:]
+    choices = _literal_choices(envelope_type, loc)
+    if choices is not None:
+        return InvalidMessageMetadata(path, "must be one of " + ", ".join(map(str, choices)))
+    if field := _FIELD.match(what):
+        problem = "is required" if field["kind"] == "missing required" else "unknown field"
+        return InvalidMessageMetadata(f"{path}.{field['name']}", problem)
+    if expected := _EXPECTED.match(what):
+        if expected["rest"].startswith(" of length >= "):
+            return InvalidMessageMetadata(path, "must not be empty")
+        # "str | null" is a string that may be missing: name the type, not null.
+        wanted = expected["type"].split(" | ")[0]
+        if wanted in _MUST_BE:
+            return InvalidMessageMetadata(path, _MUST_BE[wanted])
+    return InvalidMessageMetadata(path, what)
 
 
-def _check_envelope(meta: dict[str, Any]) -> tuple[str, int, Any, dict[str, Any]]:
+def _check_envelope(meta: dict[str, Any]) -> tuple[Envelope, dict[str, Any]]:
+    """The envelope as its protocol Struct (an OtherEnvelope for TEXT and unknown types) and the extras."""
     message_type = meta["message_type"]
     if not isinstance(message_type, str) or not message_type.strip():
         raise InvalidMessageMetadata("metadata.message_type", "must be a non-empty string")
@@ -126,13 +117,23 @@ def _check_envelope(meta: dict[str, Any]) -> tuple[str, int, Any, dict[str, Any]
     # bool is an int subclass, but ``true`` is never a meaningful version.
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise InvalidMessageMetadata("metadata.version", "must be an integer >= 1")
-    payload = _validate_payload(message_type, meta.get("payload", {}))
+    payload = meta.get("payload", {})
     extras = {k: v for k, v in meta.items() if k not in ENVELOPE_KEYS}
-    return message_type, version, payload, extras
+    if message_type == TEXT:
+        # TEXT carries its words in ``content``; anything here would be ignored unseen.
+        if payload != {}:
+            raise InvalidMessageMetadata("metadata.payload", "must be empty for TEXT messages")
+        return OtherEnvelope(message_type=TEXT, version=version, payload={}), extras
+    try:
+        envelope = envelope_from_dict({"message_type": message_type, "version": version, "payload": payload})
+    except ProtocolError as exc:
+        # Only the first problem: one precise field is more useful to a client than a wall of them.
+        raise _from_protocol_error(exc, ENVELOPE_TYPES.get(message_type, OtherEnvelope)) from None
+    return envelope, extras
 
 
-def _unpack(meta: Any) -> tuple[str, int, Any, dict[str, Any]] | None:
-    """The checked envelope, or None when there is none (null or legacy metadata)."""
+def _unpack(meta: Any) -> tuple[Envelope, dict[str, Any]] | None:
+    """The checked envelope and extras, or None when there is none (null or legacy metadata)."""
     if meta is None:
         return None
     if not isinstance(meta, dict):
@@ -142,10 +143,10 @@ def _unpack(meta: Any) -> tuple[str, int, Any, dict[str, Any]] | None:
     return _check_envelope(meta)
 
 
-def _dump(message_type: str, version: int, payload: Any, extras: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(payload, BaseModel):
-        payload = payload.model_dump()
-    return {"message_type": message_type, "version": version, "payload": payload, **extras}
+def _dump(envelope: Envelope, extras: dict[str, Any]) -> dict[str, Any]:
+    # An unknown type's payload is stored as it came, not re-encoded.
+    payload = envelope.payload if isinstance(envelope, OtherEnvelope) else msgspec.to_builtins(envelope.payload)
+    return {"message_type": envelope.message_type, "version": envelope.version, "payload": payload, **extras}
 
 
 def normalize_message_metadata(meta: Any) -> dict[str, Any] | None:
@@ -158,7 +159,7 @@ def normalize_message_metadata(meta: Any) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class ParsedMessageMetadata:
-    """``payload`` is a typed model for known types, raw for unknown ones, None for TEXT.
+    """``payload`` is the protocol's Struct for known types, raw for unknown ones, None for TEXT.
 
     ``is_legacy`` means there was no envelope at all (null or a dict without
     ``message_type``); the legacy dict's keys are then the ``extras``.
@@ -175,9 +176,9 @@ def parse_message_metadata(meta: Any) -> ParsedMessageMetadata:
     unpacked = _unpack(meta)
     if unpacked is None:
         return ParsedMessageMetadata(TEXT, 1, None, dict(meta or {}), is_legacy=True)
-    message_type, version, payload, extras = unpacked
-    payload = None if message_type == TEXT else payload
-    return ParsedMessageMetadata(message_type, version, payload, extras, is_legacy=False)
+    envelope, extras = unpacked
+    payload = None if envelope.message_type == TEXT else envelope.payload
+    return ParsedMessageMetadata(envelope.message_type, envelope.version, payload, extras, is_legacy=False)
 
 
 def build_structured_envelope(

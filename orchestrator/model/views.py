@@ -1,11 +1,12 @@
-"""Views computed from the one message store.
+"""The model's view of the one message store.
 
-* ``format_messages_for_sdk`` is the model's view: the list of typed messages
-  a run hands to the container.  Host messages, stored-only records and
-  superseded messages never appear in it; user messages may be expanded with
-  their context blocks (``expand``) while the stored text stays as typed.
-* ``display_view`` is what channels and people see: everything that is not
-  superseded, host messages included.
+``format_messages_for_sdk`` is the list of typed messages a run hands to the
+container.  Host messages, stored-only records and superseded messages never
+appear in it; user messages may be expanded with their context blocks
+(``expand``) while the stored text stays as typed.  What people see, the
+display view, is what the store reads by default (superseded messages left
+out; ``orchestrator.store.message_log``), and on text channels what
+``orchestrator.model.render.displayed`` lets through.
 """
 
 from __future__ import annotations
@@ -60,8 +61,3 @@ def format_messages_for_sdk(
             )
         )
     return out
-
-
-def display_view(messages: Iterable[StoredMessage]) -> list[StoredMessage]:
-    """What channels show: every message that is not superseded, in seq order."""
-    return sorted((m for m in messages if m.superseded_at is None), key=lambda m: m.seq)

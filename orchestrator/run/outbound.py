@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import socket
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -47,6 +46,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy import func, select, update
 
+from orchestrator.core.backoff import backoff_delay
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
 from orchestrator.model.render import RenderedMessage, displayed, render
@@ -116,12 +116,6 @@ class ChannelRegistry:
                 ch.disconnect()
             except Exception:  # noqa: BLE001 - closing the others matters more
                 log.exception("channel %s did not disconnect cleanly", ch.name)
-
-
-def retry_delay(attempt: int, base_s: float, max_s: float) -> float:
-    """Exponential backoff with jitter: uniform(d/2, d), d = min(max, base·2ⁿ⁻¹)."""
-    d = min(max_s, base_s * 2 ** (attempt - 1))
-    return random.uniform(d / 2, d)
 
 
 # -- sending ------------------------------------------------------------------------
@@ -222,7 +216,7 @@ class Deliverer:
                             row.message_seq, row.channel, row.attempts, error)
                 self._finish(delivery_id, state=FAILED, last_error=error)
             else:
-                delay = retry_delay(row.attempts, self.settings.delivery_retry_base_s,
+                delay = backoff_delay(row.attempts, self.settings.delivery_retry_base_s,
                                     self.settings.delivery_retry_max_s)
                 log.info("delivery of #%d to %s failed (attempt %d: %s); retrying in %.1fs",
                          row.message_seq, row.channel, row.attempts, error, delay)

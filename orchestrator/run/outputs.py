@@ -108,6 +108,9 @@ def stored_size(out: OutputMessage) -> int:
 def _tool_result_metadata(event: ToolResultEvent, cap: int | None = None) -> dict[str, Any]:
     """The runner's envelope (CODE_EDIT, TODO, TOOL_CALL) with the result's facts as extras.
 
+    The envelope arrives as a plain JSON object (the protocol keeps it loose on
+    the wire) and is validated here against the same protocol Structs the
+    runner built it with; a type this host does not know is kept as it came.
     The container is not trusted: an envelope that does not validate, or is
     larger than ``cap`` bytes as JSON, is dropped (the reason kept) rather
     than failing the run or the store.

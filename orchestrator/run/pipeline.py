@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import shutil
 import socket
 import threading
@@ -35,6 +34,8 @@ from agent_runner.protocol import (
 )
 from sqlalchemy import update
 
+from orchestrator.core.backoff import backoff_delay
+from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.errors import ConfigError, MountRefused
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import SENDER_BOT, NewMessage
@@ -47,6 +48,7 @@ from orchestrator.sandbox.bounded_io import OutputBudget, OutputLimitExceeded
 from orchestrator.sandbox.config import container_plan
 from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerSpec, DockerSandbox
 from orchestrator.sandbox.gateway import ModelGateway
+from orchestrator.sandbox.port import Sandbox
 from orchestrator.sandbox.warm import WarmPool, gateway_dir, host_only_dir
 from orchestrator.store import leases
 from orchestrator.store.db import Database
@@ -84,11 +86,6 @@ class Attempt:
     session_id: str | None = None
 
 
-def backoff_delay(attempt: int, base_s: float, max_s: float) -> float:
-    """Exponential backoff with full jitter (so retries of many groups spread out)."""
-    return random.uniform(0, min(max_s, base_s * 2 ** (attempt - 1)))
-
-
 class StopWatch:
     """Stops a run's container when the run is cancelled or the lease is lost.
 
@@ -98,9 +95,10 @@ class StopWatch:
 
     def __init__(
         self, db: Database, run_id: str, stop: Callable[[], None], lease_lost: threading.Event | None,
-        interval_s: float = 1.0,
+        interval_s: float = 1.0, *, clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._db, self._run_id, self._stop_fn = db, run_id, stop
+        self._clock = clock
         self._lease_lost = lease_lost
         self._interval = interval_s
         self._done = threading.Event()
@@ -116,7 +114,7 @@ class StopWatch:
         self._thread.join()
 
     def _watch(self) -> None:
-        while not self._done.wait(self._interval):
+        while not self._clock.wait(self._done, self._interval):
             if self._lease_lost is not None and self._lease_lost.is_set():
                 self.reason = "lease_lost"
             else:
@@ -124,6 +122,8 @@ class StopWatch:
                     if run_state(self._db, self._run_id) == "cancelled":
                         self.reason = "cancelled"
                 except Exception:  # noqa: BLE001 - a DB hiccup is not a cancel
+                    log.warning("run %s: could not read its state; looking again in %.0fs",
+                                self._run_id, self._interval, exc_info=True)
                     continue
             if self.reason:
                 self._stop_fn()
@@ -156,9 +156,10 @@ class Pipeline:
         settings: Settings,
         db: Database,
         channels: ChannelRegistry,
-        sandbox: DockerSandbox | None = None,
+        sandbox: Sandbox | None = None,
         *,
         signal_delivery: Callable[[str], object] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -168,15 +169,18 @@ class Pipeline:
         # right here on ``channels`` (orchestrator/run/outbound.py).
         self.signal_delivery = signal_delivery
         self._sandbox = sandbox
-        self._warm_pool: WarmPool | None = None
+        self.clock = clock
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         # Exceptions that mean "out of time" (Celery's soft time limit); set by the worker.
         self.deadline_exceptions: tuple[type[BaseException], ...] = ()
 
     @property
-    def sandbox(self) -> DockerSandbox:
+    def sandbox(self) -> Sandbox:
+        """Where runs go: the one given (the composition root's, or a test's
+        fake), else warm or cold containers as the settings say."""
         if self._sandbox is None:
-            self._sandbox = DockerSandbox(self.settings)
+            cold = DockerSandbox(self.settings)
+            self._sandbox = WarmPool(self.settings, cold.client) if self.warm else cold
         return self._sandbox
 
     @property
@@ -184,23 +188,17 @@ class Pipeline:
         """Runs go to a warm per-group container (``orchestrator/sandbox/warm.py``)."""
         return self.settings.warm_idle_s > 0
 
-    @property
-    def warm_pool(self) -> WarmPool:
-        if self._warm_pool is None:
-            self._warm_pool = WarmPool(self.settings, self.sandbox.client)
-        return self._warm_pool
-
     # -- the loop -----------------------------------------------------------
 
     def drain_group(self, chat_jid: str, *, task_id: str | None = None) -> list[RunOutcome]:
         outcomes: list[RunOutcome] = []
         ttl = self.settings.lease_ttl_s
         while True:
-            if not leases.acquire(self.db, chat_jid, self.owner, ttl):
+            if not leases.acquire(self.db, chat_jid, self.owner, ttl, clock=self.clock):
                 log.info("group %s is busy elsewhere; its lease holder will see the new work", chat_jid)
                 return outcomes
             try:
-                with leases.Heartbeat(self.db, chat_jid, self.owner, ttl) as heartbeat:
+                with leases.Heartbeat(self.db, chat_jid, self.owner, ttl, clock=self.clock) as heartbeat:
                     while not heartbeat.lost.is_set():
                         group = get_group(self.db, chat_jid)
                         if group.pending_seq <= group.cursor_seq:
@@ -298,7 +296,7 @@ class Pipeline:
             log.warning("run %s attempt %d failed (%s); retrying in %.1fs", run.id, attempt, result.error, delay)
             attempt += 1
             set_attempts(self.db, run.id, attempt, result.error)
-            if stop.wait(delay):  # the lease was lost while backing off
+            if self.clock.wait(stop, delay):  # the lease was lost while backing off
                 return result
 
     def _execute(
@@ -367,10 +365,9 @@ class Pipeline:
         if outcome.budget is None:
             outcome.budget = OutputBudget(settings.max_run_events, settings.max_run_stored_bytes)
         budget = outcome.budget
-        start = self.warm_pool.start if self.warm else self.sandbox.start
-        with start(spec, input_bytes(payload)) as container:
+        with self.sandbox.start(spec, input_bytes(payload)) as container:
             set_container(self.db, run.id, container.id)
-            with StopWatch(self.db, run.id, container.kill, lease_lost) as stop:
+            with StopWatch(self.db, run.id, container.kill, lease_lost, clock=self.clock) as stop:
                 try:
                     for line in container.lines(settings.max_event_line_bytes):
                         budget.line()

@@ -1,4 +1,4 @@
-"""The Celery application's configuration and the "look at group G" signal.
+"""The Celery application's configuration and the signals sent through it.
 
 Celery messages are signals, not data: the database holds the pending work,
 so a signal that is lost, late or delivered twice is harmless (a lease makes
@@ -8,9 +8,11 @@ the second copy return at once).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from celery import Celery
-from kombu import Queue
+if TYPE_CHECKING:
+    from celery import Celery
 
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.settings import Settings
@@ -24,6 +26,11 @@ DELIVER_TASK = "workers.tasks.deliver"
 
 
 def make_celery(settings: Settings) -> Celery:
+    # Celery and kombu are imported here, not at the top: a process that
+    # only stores a message (the CLI's send) must not pay for them first.
+    from celery import Celery
+    from kombu import Queue
+
     settings.ensure_dirs()
     broker = settings.effective_broker_url
     transport_options: dict[str, object] = {
@@ -81,22 +88,6 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-_app: Celery | None = None
-
-
-def get_celery(settings: Settings) -> Celery:
-    global _app
-    if _app is None:
-        _app = make_celery(settings)
-    return _app
-
-
-def forget_celery() -> None:
-    """Drop the cached app (a process that talks to several installs in turn: benchmarks)."""
-    global _app
-    _app = None
-
-
 class BrokerUnavailable(OrchestratorError):
     """The broker refused a signal recently; the sweeper will re-send it."""
 
@@ -105,47 +96,53 @@ class BrokerUnavailable(OrchestratorError):
 # every ingest would otherwise wait out its own retries, and the signal is
 # only an optimisation (the pending mark in the database is the truth).
 _BREAKER_S = 5.0
-_broken_until = 0.0
+# Fail fast when the broker is down: the pending mark is already in the
+# database and the sweeper re-signals, so blocking the sender buys nothing.
+_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 
-def signal_group(settings: Settings, chat_jid: str) -> str:
-    """Ask some worker to drain ``chat_jid``; call only after the DB commit."""
-    global _broken_until
-    if time.monotonic() < _broken_until:
-        raise BrokerUnavailable("the broker failed moments ago; leaving the signal to the sweeper")
-    try:
-        return _publish(settings, chat_jid)
-    except Exception:
-        _broken_until = time.monotonic() + _BREAKER_S
-        raise
+class Signals:
+    """The two signals a process sends: "drain group G" and "deliver chat C's due messages".
 
-
-def _publish(settings: Settings, chat_jid: str) -> str:
-    # Fail fast when the broker is down: the pending mark is already in the
-    # database and the sweeper re-signals, so blocking the sender buys nothing.
-    result = get_celery(settings).send_task(
-        DRAIN_TASK, args=[chat_jid], queue=AGENT_QUEUE,
-        retry=True, retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5},
-    )
-    return result.id
-
-
-def signal_delivery(settings: Settings, chat_jid: str | None, countdown: float | None = None) -> str:
-    """Ask some worker to send ``chat_jid``'s due deliveries (None: every chat's),
-    now or after ``countdown`` seconds; call only after the DB commit.
-
-    Like the drain signal it only says "look": the rows are the truth, and the
-    sweeper re-signals whatever is due if this one is lost.
+    Call them only after the database commit.  ``app`` is the Celery app, or
+    a function that makes it on first use (the CLI pays for Celery only when
+    it signals).  After a failed publish every signal raises
+    :class:`BrokerUnavailable` for a few seconds instead of waiting out its
+    own retries.
     """
-    global _broken_until
-    if time.monotonic() < _broken_until:
-        raise BrokerUnavailable("the broker failed moments ago; leaving the signal to the sweeper")
-    try:
-        result = get_celery(settings).send_task(
-            DELIVER_TASK, args=[chat_jid], queue=DELIVERY_QUEUE, countdown=countdown,
-            retry=True, retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5},
-        )
-    except Exception:
-        _broken_until = time.monotonic() + _BREAKER_S
-        raise
-    return result.id
+
+    def __init__(self, app: Celery | Callable[[], Celery], *, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._app: Any = app
+        self._made = hasattr(app, "send_task")  # an app, not a function that makes one
+        self._monotonic = monotonic
+        self._broken_until = 0.0
+
+    @property
+    def app(self) -> Celery:
+        if not self._made:
+            self._app, self._made = self._app(), True
+        return self._app  # type: ignore[no-any-return]
+
+    def group(self, chat_jid: str) -> str:
+        """Ask some worker to drain ``chat_jid``."""
+        return self._send(DRAIN_TASK, [chat_jid], AGENT_QUEUE)
+
+    def delivery(self, chat_jid: str | None, countdown: float | None = None) -> str:
+        """Ask some worker to send ``chat_jid``'s due deliveries (None: every
+        chat's), now or after ``countdown`` seconds.
+
+        Like the drain signal it only says "look": the rows are the truth, and
+        the sweeper re-signals whatever is due if this one is lost.
+        """
+        return self._send(DELIVER_TASK, [chat_jid], DELIVERY_QUEUE, countdown)
+
+    def _send(self, task: str, args: list[str | None], queue: str, countdown: float | None = None) -> str:
+        if self._monotonic() < self._broken_until:
+            raise BrokerUnavailable("the broker failed moments ago; leaving the signal to the sweeper")
+        try:
+            result = self.app.send_task(task, args=args, queue=queue, countdown=countdown,
+                                        retry=True, retry_policy=_RETRY_POLICY)
+        except Exception:
+            self._broken_until = self._monotonic() + _BREAKER_S
+            raise
+        return str(result.id)

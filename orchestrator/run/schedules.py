@@ -15,6 +15,7 @@ Context modes: ``group`` runs with the group's history and session;
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from collections.abc import Callable
@@ -33,6 +34,8 @@ from orchestrator.store.deliveries import record_deliveries
 from orchestrator.store.groups import get_group
 from orchestrator.store.message_log import insert_message, now_iso
 from orchestrator.store.tables import ScheduledTaskRow
+
+log = logging.getLogger(__name__)
 
 ScheduleKind = Literal["cron", "interval", "once"]
 ContextMode = Literal["group", "isolated"]
@@ -214,8 +217,9 @@ def fire_due(
             if signal is not None:
                 try:
                     signal(task.chat_jid)
-                except Exception:  # noqa: BLE001 - the sweeper re-signals pending groups
-                    pass
+                except Exception as exc:  # noqa: BLE001 - the sweeper re-signals pending groups
+                    log.warning("could not signal a worker for task %s in %s (%s); the sweeper will",
+                                task.id[:8], task.chat_jid, exc)
     return fired
 
 

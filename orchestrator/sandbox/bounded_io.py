@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from orchestrator.core.errors import RunError
+from orchestrator.core.errors import OrchestratorError
 
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024
 DEFAULT_TAIL_BYTES = 64 * 1024
 
 
-class OutputLimitExceeded(RunError):
+class OutputLimitExceeded(OrchestratorError):
     """A run's output broke one of the host's bounds; ``setting`` names the knob."""
 
     def __init__(self, what: str, limit: int, setting: str) -> None:

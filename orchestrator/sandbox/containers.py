@@ -265,8 +265,8 @@ class RunningContainer:
             self.finish()
         try:
             self._sock.close()
-        except Exception:  # noqa: BLE001
-            pass
+        except Exception as exc:  # noqa: BLE001 - the run is over; a socket that will not close is only logged
+            log.warning("could not close the attach socket of %s: %s", self.spec.name, exc)
 
 
 class DockerSandbox:

@@ -112,15 +112,6 @@ def _wheelhouse(settings: Settings, cdir: Path, py: tuple[int, int]) -> Path:
     return dest
 
 
-def image_is_current(client: docker.DockerClient, settings: Settings) -> bool:
-    try:
-        image = client.images.get(settings.agent_image)
-        base = client.images.get(settings.base_image)
-    except ImageNotFound:
-        return False
-    return (image.labels or {}).get(HASH_LABEL) == _build_hash(container_dir(), str(base.id))
-
-
 def ensure_agent_image(client: docker.DockerClient, settings: Settings, *, force: bool = False) -> str:
     """Build ``settings.agent_image`` unless an image of the same inputs exists."""
     cdir = container_dir()

@@ -328,7 +328,10 @@ class WarmRun:
         if self._killed or not alive:
             try:
                 status = int(self._container.wait(timeout=10).get("StatusCode", -1))
-            except Exception:  # noqa: BLE001 - already gone (auto-remove)
+            except NotFound:  # already gone (auto-remove)
+                status = 137 if self._killed else -1
+            except Exception as exc:  # noqa: BLE001 - any other failure here means "unknown" too
+                log.warning("could not read the exit status of %s: %s", self._container.name, exc)
                 status = 137 if self._killed else -1
             with contextlib.suppress(DockerException):
                 self._container.remove(force=True)

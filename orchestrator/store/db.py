@@ -1,4 +1,4 @@
-"""Database access: one engine per URL, sessions, and automatic migrations.
+"""Database access: an engine, sessions, and automatic migrations.
 
 SQLite (the embedded default) is tuned for several processes writing at once:
 WAL so readers never block the writer, a long busy timeout, and write
@@ -9,6 +9,10 @@ PostgreSQL (the fleet setup) runs on psycopg 3 at READ COMMITTED; migrations
 and seq assignment are serialized with advisory locks.  Engines are fork-safe:
 a pooled connection is never used or closed by a process other than the one
 that opened it (Celery's prefork children inherit the parent's pool).
+
+Opening a database that is already at the newest schema reads one row
+(``alembic_version``) and never imports Alembic: every CLI command opens the
+database, and ``orchestrator send`` must start at once.
 """
 
 from __future__ import annotations
@@ -16,12 +20,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, exc, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -30,8 +31,9 @@ from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import Settings
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
-_lock = threading.Lock()
-_databases: dict[str, Database] = {}
+# The newest revision in migrations/versions; tests/host/test_migrations.py
+# holds it to Alembic's own head, so a new revision cannot forget it.
+SCHEMA_HEAD = "0005"
 
 
 class Database:
@@ -77,8 +79,21 @@ class Database:
         with self._read_sessions() as session, session.begin():
             yield session
 
+    def schema_revision(self) -> str | None:
+        """The schema's Alembic revision (None: no ``alembic_version`` table yet)."""
+        try:
+            with self.read() as session:
+                return session.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        except exc.DBAPIError:
+            return None
+
     def migrate(self) -> None:
         """Bring the schema to the newest revision; safe to call from many processes."""
+        if self.schema_revision() == SCHEMA_HEAD:
+            return
+        from alembic import command
+        from alembic.config import Config
+
         with self._migration_lock(), self.engine.begin() as conn:
             if not self.is_sqlite:
                 conn.execute(text("SELECT pg_advisory_xact_lock(726931)"))
@@ -144,22 +159,13 @@ def _tune_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
 
 
-def get_database(settings: Settings, *, migrate: bool = True) -> Database:
-    """The process-wide Database for ``settings`` (created and migrated once)."""
-    url = settings.effective_database_url
-    with _lock:
-        db = _databases.get(url)
-        if db is None:
-            db = Database(url, lock_dir=settings.data_dir)
-            if migrate:
-                db.migrate()
-            _databases[url] = db
-        return db
+def open_database(settings: Settings, *, migrate: bool = True) -> Database:
+    """A Database for ``settings``, migrated to the newest schema unless told not to.
 
-
-def forget_databases() -> None:
-    """Dispose every cached engine (tests and forked workers)."""
-    with _lock:
-        for db in _databases.values():
-            db.dispose()
-        _databases.clear()
+    One per process, made by the composition root (``orchestrator/root.py``);
+    nothing here keeps it.
+    """
+    db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
+    if migrate:
+        db.migrate()
+    return db

@@ -20,7 +20,6 @@ from sqlalchemy.dialects.postgresql import array as pg_array
 from sqlalchemy.orm import Session
 
 from orchestrator.core.errors import InvalidMessage, MessageNotFound
-from orchestrator.core.settings import get_settings
 from orchestrator.model.context import parse_context
 from orchestrator.model.envelopes import TEXT, normalize_message_metadata, preview_for
 from orchestrator.model.messages import (
@@ -30,7 +29,7 @@ from orchestrator.model.messages import (
     StoredMessage,
     sender_type_problem,
 )
-from orchestrator.store.db import Database, get_database
+from orchestrator.store.db import Database
 from orchestrator.store.tables import MessageRow
 
 
@@ -176,7 +175,7 @@ def insert_message(session: Session | Connection, db: Database, new: NewMessage)
     return StoredMessage(seq=row[0], **fields), True
 
 
-def store_message_direct(*, db: Database | None = None, **fields: Any) -> StoredMessage:
+def store_message_direct(*, db: Database, **fields: Any) -> StoredMessage:
     """Store one message in its own transaction (no routing, no signal).
 
     Keyword arguments: ``id, chat_jid, sender, sender_name, content,
@@ -188,7 +187,6 @@ def store_message_direct(*, db: Database | None = None, **fields: Any) -> Stored
         new = NewMessage(**fields)
     except ValidationError as exc:
         raise InvalidMessage(_first_error(exc)) from exc
-    db = db or get_database(get_settings())
     with db.write() as session:
         msg, _ = insert_message(session, db, new)
     return msg
@@ -214,14 +212,13 @@ def _read(db: Database, stmt: Any) -> list[StoredMessage]:
 
 def get_messages_since(
     chat_jid: str, since_timestamp: str | None = None, *, include_superseded: bool = False,
-    db: Database | None = None,
+    db: Database,
 ) -> list[StoredMessage]:
     """A chat's messages with a timestamp after ``since_timestamp``, in seq order.
 
     Kept for compatibility with timestamp cursors; the pipeline itself uses
     :func:`get_messages_after` (seq cursor), which cannot lose equal-time rows.
     """
-    db = db or get_database(get_settings())
     c = _MESSAGES.c
     stmt = _live(select(_MESSAGES).where(c.chat_jid == chat_jid), include_superseded)
     if since_timestamp:
@@ -257,10 +254,9 @@ _PAGE = 500
 
 def get_messages_after(
     chat_jid: str, after_seq: int = 0, *, limit: int | None = None, include_superseded: bool = False,
-    db: Database | None = None,
+    db: Database,
 ) -> list[StoredMessage]:
     """A chat's messages with ``seq > after_seq``, oldest first."""
-    db = db or get_database(get_settings())
     c = _MESSAGES.c
 
     def after(seq: int) -> Any:
@@ -282,10 +278,9 @@ def get_messages_after(
 
 def get_recent_messages(
     chat_jid: str, limit: int, *, before_seq: int | None = None, include_superseded: bool = False,
-    db: Database | None = None,
+    db: Database,
 ) -> list[StoredMessage]:
     """The newest ``limit`` messages of a chat (below ``before_seq`` if given), oldest first."""
-    db = db or get_database(get_settings())
     c = _MESSAGES.c
     stmt = _live(select(_MESSAGES).where(_of_chat(db, chat_jid)), include_superseded)
     if before_seq is not None:
@@ -295,9 +290,8 @@ def get_recent_messages(
     return rows
 
 
-def resolve_message(chat_jid: str, ref: str, *, db: Database | None = None) -> StoredMessage:
+def resolve_message(chat_jid: str, ref: str, *, db: Database) -> StoredMessage:
     """A message by id, or by ``#seq`` as ``orchestrator history`` prints it."""
-    db = db or get_database(get_settings())
     stmt = select(MessageRow).where(MessageRow.chat_jid == chat_jid)
     if ref.startswith("#") and ref[1:].isdigit():
         stmt = stmt.where(MessageRow.seq == int(ref[1:]))

@@ -19,13 +19,13 @@ from agent_runner.loop import run_agent
 from agent_runner.one_run import run
 from agent_runner.protocol import (
     AssistantEvent,
-    ContainerInput,
     ErrorEvent,
     Event,
     ModelSettings,
     ResultEvent,
     ToolResultEvent,
     ToolUseEvent,
+    decode_input,
 )
 from agent_runner.providers.anthropic import AnthropicProvider
 from agent_runner.providers.base import ProviderMessage, TextBlock
@@ -76,7 +76,7 @@ def tool_then_text() -> FakeAnthropic:
 
 def run_with(provider: AnthropicProvider, workspace: Path, **fields: Any) -> list[Event]:
     events: list[Event] = []
-    inp = ContainerInput.from_dict(make_input("run echo please", **fields))
+    inp = decode_input(json.dumps(make_input("run echo please", **fields)))
     run_agent(inp, provider, events.append, workspace=workspace)
     return events
 
@@ -199,7 +199,7 @@ def test_bad_request_becomes_an_error_event_and_exit_1(serve_tcp: Any, workspace
     # __main__.run is the process minus stdin/stdout (the SDK import is slow
     # enough that one subprocess test below is plenty).
     fake = FakeAnthropic(api_error(400, "invalid_request_error", "model: unknown"))
-    doc = make_input("hi", model=settings(base_url=serve_tcp(fake)).to_dict())
+    doc = make_input("hi", model=json.loads(settings(base_url=serve_tcp(fake)).to_json()))
     events: list[Event] = []
     code = run(json.dumps(doc).encode(), events.append, workspace)
 
@@ -213,7 +213,7 @@ def test_bad_request_becomes_an_error_event_and_exit_1(serve_tcp: Any, workspace
 def test_runner_process_talks_to_the_api(serve_tcp: Any, run_runner: RunRunner) -> None:
     fake = tool_then_text()
     res = run_runner(
-        make_input("run echo please", model=settings(base_url=serve_tcp(fake)).to_dict())
+        make_input("run echo please", model=json.loads(settings(base_url=serve_tcp(fake)).to_json()))
     )
 
     assert res.returncode == 0, res.stderr

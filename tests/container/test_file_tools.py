@@ -9,7 +9,17 @@ from typing import Any
 import pytest
 from agent_runner import envelopes
 from agent_runner.loop import envelope_for
-from agent_runner.protocol import Limits, ProtocolError, ToolResultEvent, parse_event
+from agent_runner.protocol import (
+    KnownEnvelope,
+    Limits,
+    OtherEnvelope,
+    ProtocolError,
+    ToolCallEnvelope,
+    ToolResultEvent,
+    envelope_from_dict,
+    envelope_to_dict,
+    parse_event,
+)
 from agent_runner.providers.base import ToolSpec, ToolUseBlock
 from agent_runner.providers.offline import OfflineProvider, tool_requests_in
 from agent_runner.tools import REGISTRY, ToolContext, ToolOutcome, run_tool
@@ -28,6 +38,12 @@ def small_ctx(workspace: Path, cap: int = 256) -> ToolContext:
 def ok(outcome: ToolOutcome) -> str:
     assert not outcome.is_error and outcome.exit_code == 0, outcome.output
     return outcome.output
+
+
+def wire(envelope: KnownEnvelope | None) -> dict[str, Any]:
+    """The envelope as the runner puts it on the wire."""
+    assert envelope is not None
+    return envelope_to_dict(envelope)
 
 
 # --- registry -------------------------------------------------------------------
@@ -190,7 +206,7 @@ def test_write_file_creates_parents_and_a_code_edit_envelope(workspace: Path, ct
 
     assert ok(out) == "Wrote 9 bytes to src/pkg/mod.py"
     assert (workspace / "src/pkg/mod.py").read_text(encoding="utf-8") == "x = 'é'\n"
-    assert out.envelope == {
+    assert wire(out.envelope) == {
         "message_type": "CODE_EDIT",
         "version": 1,
         "payload": {
@@ -207,8 +223,7 @@ def test_write_file_overwrite_keeps_the_old_content(workspace: Path, ctx: ToolCo
 
     assert ok(out) == "Wrote 0 bytes to notes.md"
     assert (workspace / "notes.md").read_text() == ""
-    assert out.envelope is not None
-    assert out.envelope["payload"]["edits"] == [
+    assert wire(out.envelope)["payload"]["edits"] == [
         {"file_path": "notes.md", "old_content": "old\n", "new_content": "", "language": "markdown"}
     ]
 
@@ -219,8 +234,7 @@ def test_write_file_envelope_caps_large_contents(workspace: Path, ctx: ToolConte
 
     assert ok(out) == "Wrote 66000 bytes to big.txt"
     assert (workspace / "big.txt").read_text() == "b" * 66_000  # the file itself is complete
-    assert out.envelope is not None
-    (edit,) = out.envelope["payload"]["edits"]
+    (edit,) = wire(out.envelope)["payload"]["edits"]
     assert edit["old_content"] == "a" * 65536 + "\n[truncated: showing the first 65536 of 70000 bytes]"
     assert edit["new_content"] == "b" * 65536 + "\n[truncated: showing the first 65536 of 66000 bytes]"
     assert edit["language"] is None
@@ -258,7 +272,7 @@ def test_edit_file_replaces_a_unique_string(workspace: Path, ctx: ToolContext) -
     assert ok(out) == "Edited app.ts: replaced 1 occurrence"
     assert (workspace / "app.ts").read_text() == "let a = 1;\nlet b = 3;\n"
     assert out.envelope == envelopes.code_edit("app.ts", "let a = 1;\nlet b = 2;\n", "let a = 1;\nlet b = 3;\n")
-    assert out.envelope["payload"]["edits"][0]["language"] == "typescript"
+    assert wire(out.envelope)["payload"]["edits"][0]["language"] == "typescript"
 
 
 def test_edit_file_refuses_an_ambiguous_string(workspace: Path, ctx: ToolContext) -> None:
@@ -425,7 +439,7 @@ def test_todo_write_keeps_the_list_for_the_run(ctx: ToolContext) -> None:
         "[x] read the code\n[~] write tests\n[ ] ship"
     )
     assert ctx.state.todos == todos
-    assert out.envelope == {"message_type": "TODO", "version": 1, "payload": {"todos": todos}}
+    assert wire(out.envelope) == {"message_type": "TODO", "version": 1, "payload": {"todos": todos}}
 
     # each call replaces the whole list
     ok(run_tool("todo_write", {"todos": [{"id": "9", "content": "other", "status": "pending"}]}, ctx))
@@ -439,7 +453,7 @@ def test_todo_write_empty_list_clears_and_falls_back_to_tool_call(ctx: ToolConte
 
     assert ok(out) == "Cleared the todo list"
     assert ctx.state.todos == []
-    assert envelope_for(call, out) == {
+    assert wire(envelope_for(call, out)) == {
         "message_type": "TOOL_CALL",
         "version": 1,
         "payload": {"tool_name": "todo_write", "input": {"todos": []}, "output": "Cleared the todo list", "error": None},
@@ -495,7 +509,7 @@ def test_failed_edit_falls_back_to_a_tool_call_envelope(workspace: Path, ctx: To
     call = ToolUseBlock("t1", "write_file", {"path": "../x", "content": "data"})
     out = run_tool(call.name, call.input, ctx)
 
-    assert envelope_for(call, out) == {
+    assert wire(envelope_for(call, out)) == {
         "message_type": "TOOL_CALL",
         "version": 1,
         "payload": {
@@ -511,17 +525,39 @@ def test_an_error_outcome_never_keeps_its_own_envelope() -> None:
     call = ToolUseBlock("t1", "edit_file", {"path": "a.py"})
     outcome = ToolOutcome("edit_file: broke halfway", 1, True, envelope=envelopes.code_edit("a.py", None, "x"))
 
-    assert envelope_for(call, outcome)["message_type"] == "TOOL_CALL"
-    assert envelope_for(call, outcome)["payload"]["error"] == "edit_file: broke halfway"
+    env = envelope_for(call, outcome)
+    assert isinstance(env, ToolCallEnvelope) and env.message_type == "TOOL_CALL"
+    assert env.payload.error == "edit_file: broke halfway"
 
 
 def test_tool_call_envelope_caps_long_text() -> None:
     env = envelopes.tool_call("bash", {"command": "c" * 70_000}, "o" * 70_000, is_error=False)
 
     note = "\n[truncated: showing the first 65536 of 70000 bytes]"
-    assert env["payload"]["input"] == {"command": "c" * 65536 + note}
-    assert env["payload"]["output"] == "o" * 65536 + note
-    assert env["payload"]["error"] is None
+    assert env.payload.input == {"command": "c" * 65536 + note}
+    assert env.payload.output == "o" * 65536 + note
+    assert env.payload.error is None
+
+
+def test_envelopes_are_the_protocol_structs_and_decode_by_type() -> None:
+    built = [
+        envelopes.code_edit("a.py", "x", "y"),
+        envelopes.todo([{"id": "1", "content": "x", "status": "pending"}]),
+        envelopes.tool_call("bash", {"command": "ls"}, "out", is_error=False),
+    ]
+    for envelope in built:
+        assert envelope_from_dict(json.loads(json.dumps(wire(envelope)))) == envelope
+    # the wire form: the type first, then version and payload
+    assert json.dumps(wire(built[2])) == (
+        '{"message_type": "TOOL_CALL", "version": 1, "payload": '
+        '{"tool_name": "bash", "input": {"command": "ls"}, "output": "out", "error": null}}'
+    )
+    # a type this side does not know: kept, its payload unchecked
+    assert envelope_from_dict({"message_type": "DIAGRAM", "payload": [1]}) == OtherEnvelope(
+        message_type="DIAGRAM", version=1, payload=[1]
+    )
+    with pytest.raises(ProtocolError, match=r"unknown field `diff` - at `\$\.payload\.edits\[0\]`"):
+        envelope_from_dict({"message_type": "CODE_EDIT", "payload": {"edits": [{"file_path": "a", "diff": ""}]}})
 
 
 def test_tool_result_event_envelope_is_optional() -> None:
@@ -683,9 +719,9 @@ def test_unknown_tool_gets_a_tool_call_envelope(tmp_path: Path) -> None:
     out = run_tool(call.name, call.input, ToolContext(tmp_path, Limits()))
 
     env = envelope_for(call, out)
-    assert env["message_type"] == "TOOL_CALL"
-    assert env["payload"]["tool_name"] == "teleport" and env["payload"]["input"] == {"to": "mars"}
-    assert env["payload"]["output"] == ""
-    assert env["payload"]["error"] == (
+    assert isinstance(env, ToolCallEnvelope) and env.message_type == "TOOL_CALL"
+    assert env.payload.tool_name == "teleport" and env.payload.input == {"to": "mars"}
+    assert env.payload.output == ""
+    assert env.payload.error == (
         "unknown tool 'teleport'; available: bash, edit_file, glob, grep, read_file, send_message, todo_write, write_file"
     )

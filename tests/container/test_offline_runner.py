@@ -9,7 +9,7 @@ from pathlib import Path
 from agent_runner.conversation import build_messages, build_system_prompt
 from agent_runner.loop import run_agent
 from agent_runner.one_run import run
-from agent_runner.protocol import ContainerInput, Event, SdkMessage, ToolResultEvent, parse_event
+from agent_runner.protocol import Event, SdkMessage, ToolResultEvent, decode_input, parse_event
 from agent_runner.providers.base import (
     ProviderMessage,
     ProviderResponse,
@@ -131,7 +131,7 @@ def test_schema_violation_names_the_field(run_runner: RunRunner) -> None:
 
 def test_empty_history_is_bad_input() -> None:
     events: list[Event] = []
-    code = run(ContainerInput.from_dict(make_input()).to_json(), events.append, Path("."))
+    code = run(json.dumps(make_input()).encode(), events.append, Path("."))
 
     assert code == 2
     assert [e.type for e in events] == ["error"]
@@ -155,13 +155,13 @@ class RecordingOffline(OfflineProvider):
 
 
 def test_system_notices_are_appended_to_the_system_prompt(tmp_path: Path) -> None:
-    inp = ContainerInput.from_dict(
+    inp = decode_input(json.dumps(
         make_input(
             "hello",
             assistant_name="Bob",
             system_notices=["Notice one: the date is 2025-01-01.", "Notice two: be brief."],
         )
-    )
+    ))
     provider = RecordingOffline()
     events: list[Event] = []
     run_agent(inp, provider, events.append, workspace=tmp_path)
@@ -227,7 +227,7 @@ def test_unknown_tool_becomes_an_error_result(tmp_path: Path) -> None:
     )
     events: list[Event] = []
     result = run_agent(
-        ContainerInput.from_dict(make_input("go")), provider, events.append, workspace=tmp_path
+        decode_input(json.dumps(make_input("go"))), provider, events.append, workspace=tmp_path
     )
 
     assert [e.type for e in events] == ["tool_use", "tool_result", "assistant", "result"]
@@ -242,7 +242,7 @@ def test_unknown_tool_becomes_an_error_result(tmp_path: Path) -> None:
 def test_loop_stops_at_max_turns(tmp_path: Path) -> None:
     provider = ScriptedProvider(_calls("bash", {"command": "true"}))  # calls a tool forever
     events: list[Event] = []
-    inp = ContainerInput.from_dict(make_input("loop", limits={"max_turns": 3}))
+    inp = decode_input(json.dumps(make_input("loop", limits={"max_turns": 3})))
     result = run_agent(inp, provider, events.append, workspace=tmp_path)
 
     assert result.num_turns == 3 and result.stop_reason == "max_turns"

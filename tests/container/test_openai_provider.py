@@ -23,13 +23,13 @@ from agent_runner.errors import InputError, ProviderError
 from agent_runner.loop import run_agent
 from agent_runner.protocol import (
     AssistantEvent,
-    ContainerInput,
     Event,
     ModelSettings,
     ResultEvent,
     ThinkingEvent,
     ToolResultEvent,
     ToolUseEvent,
+    decode_input,
 )
 from agent_runner.providers import make_provider
 from agent_runner.providers.base import ProviderMessage, TextBlock
@@ -85,7 +85,7 @@ def serve(sleeps: Sleeps) -> Iterator[Any]:
 
 def run_with(provider: Any, workspace: Path, prompt: str = "run echo please", **fields: Any) -> list[Event]:
     events: list[Event] = []
-    run_agent(ContainerInput.from_dict(make_input(prompt, **fields)), provider, events.append, workspace=workspace)
+    run_agent(decode_input(json.dumps(make_input(prompt, **fields))), provider, events.append, workspace=workspace)
     return events
 
 
@@ -382,7 +382,7 @@ def test_base_url_with_v1_suffix(serve: Any) -> None:
 def test_runner_process_talks_to_the_server(run_runner: RunRunner) -> None:
     fake = tool_then_text()
     with fake.serve() as base_url:
-        res = run_runner(make_input("run echo please", model=settings(base_url=base_url).to_dict()))
+        res = run_runner(make_input("run echo please", model=json.loads(settings(base_url=base_url).to_json())))
 
     assert res.returncode == 0, res.stderr
     assert res.types == ["assistant", "tool_use", "tool_result", "assistant", "result"]

@@ -18,6 +18,7 @@ from orchestrator.http import stream as stream_module
 from orchestrator.http.api import create_app
 from orchestrator.http.stream import ChatStream
 from orchestrator.model.views import REPLY_TO_KEY
+from orchestrator.root import Orchestrator
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import now_iso, store_message_direct
@@ -111,7 +112,7 @@ def _msg(db: Database, mid: str, content: str, **extra: Any) -> Any:
 @pytest.fixture
 def base_url(db: Database, settings: Settings) -> Iterator[str]:
     add_group(db, chat_jid=JID, name="Live", folder="live", requires_trigger=False)
-    with serve(create_app(settings)) as url:
+    with serve(create_app(Orchestrator(settings))) as url:
         yield url
 
 
@@ -221,7 +222,7 @@ def test_history_changes_reset_the_view(db: Database, base_url: str, open_stream
 def test_stream_needs_the_token_when_one_is_set(db: Database, settings: Settings) -> None:
     add_group(db, chat_jid=JID, name="Live", folder="live")
     _msg(db, "m1", "hello")
-    with serve(create_app(settings.model_copy(update={"api_token": TOKEN}))) as url:
+    with serve(create_app(Orchestrator(settings.model_copy(update={"api_token": TOKEN})))) as url:
         target = f"{url}/api/chats/{JID}/stream"
         assert httpx.get(target).status_code == 401
         assert httpx.get(target, headers={"Authorization": "Bearer nope"}).status_code == 401

@@ -1,10 +1,23 @@
-"""Structured message envelopes: normalization, validation errors, parsing, building, previews."""
+"""Structured message envelopes: normalization, validation errors, parsing, building, previews;
+the schema shared with the agent runner (its envelopes round-trip through the host unchanged)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import msgspec
 import pytest
+from agent_runner import envelopes as runner_envelopes
+from agent_runner import protocol
+from agent_runner.protocol import (
+    KnownEnvelope,
+    OtherEnvelope,
+    ToolResultEvent,
+    dump_event,
+    envelope_to_dict,
+    parse_event,
+)
 
 from orchestrator.core.errors import InvalidMessage, OrchestratorError
 from orchestrator.model import messages
@@ -21,6 +34,7 @@ from orchestrator.model.envelopes import (
     parse_message_metadata,
     preview_for,
 )
+from orchestrator.run.outputs import event_to_message
 
 
 def edit(path: str = "src/main.py", old: str | None = "a", new: str | None = "b") -> dict[str, Any]:
@@ -390,3 +404,108 @@ def test_preview_tool_call(payload: dict[str, Any], expected: str) -> None:
 )
 def test_preview_other_types(meta: Any, expected: str) -> None:
     assert preview_for(meta) == expected
+
+
+# --- one schema, shared with the agent runner ----------------------------------------
+# The envelope types are the protocol's Structs: what the runner's code builds
+# goes through the wire and the host's validation unchanged, byte for byte.
+
+
+def _runner_envelopes() -> list[KnownEnvelope]:
+    return [
+        runner_envelopes.code_edit("src/app.py", None, "x = 1\n"),
+        runner_envelopes.code_edit("notes.md", "old\n", "new\n"),
+        runner_envelopes.todo([{"id": "1", "content": "plan", "status": "completed"},
+                               {"id": "2", "content": "ship", "status": "in_progress"}]),
+        runner_envelopes.tool_call("bash", {"command": "ls", "env": {"A": ["1", 2]}}, "out\n", is_error=False),
+        runner_envelopes.tool_call("edit_file", {"path": "a.py"}, "edit_file: no such file", is_error=True),
+    ]
+
+
+def _tool_result(envelope: dict[str, Any] | None) -> ToolResultEvent:
+    """A tool result as the host reads it: serialized by the runner, parsed from the line."""
+    event = ToolResultEvent(tool_use_id="t1", name="some_tool", output="ok", exit_code=0, envelope=envelope)
+    parsed = parse_event(dump_event(event))
+    assert isinstance(parsed, ToolResultEvent)
+    return parsed
+
+
+def test_the_host_validates_with_the_protocol_structs() -> None:
+    assert (CodeEditPayload, FileEdit, TodoItem, TodoPayload, ToolCallPayload) == (
+        protocol.CodeEditPayload, protocol.FileEdit, protocol.TodoItem, protocol.TodoPayload, protocol.ToolCallPayload)
+    assert (messages.CODE_EDIT, messages.TODO, messages.TOOL_CALL, messages.TEXT) == (
+        protocol.CODE_EDIT, protocol.TODO, protocol.TOOL_CALL, protocol.TEXT)
+
+
+@pytest.mark.parametrize("built", _runner_envelopes(), ids=lambda e: e.message_type)
+def test_a_runner_envelope_round_trips_through_the_host_unchanged(built: KnownEnvelope) -> None:
+    wire = envelope_to_dict(built)
+    assert list(wire) == ["message_type", "version", "payload"]
+    # normalized on the host: the same object, the same JSON bytes as the runner's Struct
+    normalized = normalize_message_metadata(json.loads(json.dumps(wire)))
+    assert normalized == wire
+    assert msgspec.json.encode(normalized) == msgspec.json.encode(built)
+    # parsed on the host: the runner's own payload Struct
+    parsed = parse_message_metadata(wire)
+    assert (parsed.message_type, parsed.version, parsed.payload) == (built.message_type, built.version, built.payload)
+    assert type(parsed.payload) is type(built.payload)
+    # stored from a tool result event: the envelope as sent, the result's facts as extras
+    out = event_to_message(_tool_result(wire), run_id="r", index=1, assistant_name="A")
+    assert out is not None
+    assert out.metadata == {**wire, "exit_code": 0, "tool_use_id": "t1", "tool": "some_tool"}
+
+
+def test_a_stored_row_from_before_the_shared_structs_reads_back_byte_for_byte() -> None:
+    # A CODE_EDIT as the host stored it with its pydantic payload models.
+    row = ('{"message_type":"CODE_EDIT","version":1,"payload":{"edits":[{"file_path":"a.py","old_content":null,'
+           '"new_content":"x","language":"python"}]},"exit_code":0,"tool_use_id":"t1","tool":"write_file"}')
+    assert msgspec.json.encode(normalize_message_metadata(json.loads(row))).decode() == row
+
+
+def test_an_unknown_envelope_type_from_a_newer_runner_passes_through() -> None:
+    wire = {"message_type": "DIAGRAM", "version": 3, "payload": {"svg": "<svg/>", "nodes": [1, {"a": None}]}}
+    assert isinstance(protocol.envelope_from_dict(wire), OtherEnvelope)
+    assert normalize_message_metadata(wire) == wire
+    out = event_to_message(_tool_result(wire), run_id="r", index=1, assistant_name="A")
+    assert out is not None and out.metadata is not None
+    assert out.metadata == {**wire, "exit_code": 0, "tool_use_id": "t1", "tool": "some_tool"}
+    assert "invalid_envelope" not in out.metadata
+
+
+@pytest.mark.parametrize(
+    ("built", "field", "problem"),
+    [
+        # Structs are not validated when built in code: the host still checks what it receives.
+        (runner_envelopes.code_edit("", None, "x"), "metadata.payload.edits[0].file_path", "must not be empty"),
+        (runner_envelopes.todo([]), "metadata.payload.todos", "must not be empty"),
+        (runner_envelopes.todo([{"id": "1", "content": "x", "status": "done"}]),
+         "metadata.payload.todos[0].status", "must be one of pending, in_progress, completed"),
+    ],
+)
+def test_a_malformed_runner_envelope_is_refused_naming_the_field(built: KnownEnvelope, field: str, problem: str) -> None:
+    wire = envelope_to_dict(built)
+    assert_invalid(wire, field, problem)
+    # from a tool result: the envelope is dropped with the reason, the result is kept
+    out = event_to_message(_tool_result(wire), run_id="r", index=1, assistant_name="A")
+    assert out is not None and out.content == "ok"
+    assert out.metadata == {"exit_code": 0, "tool_use_id": "t1", "tool": "some_tool",
+                            "invalid_envelope": f"{field}: {problem}"}
+
+
+@pytest.mark.parametrize(
+    ("wire", "field", "problem"),
+    [
+        ({"message_type": "CODE_EDIT", "version": 1, "payload": {"edits": [{"path": "a.py"}]}},
+         "metadata.payload.edits[0].path", "unknown field"),
+        ({"message_type": "TOOL_CALL", "version": 1, "payload": {"input": {}}},
+         "metadata.payload.tool_name", "is required"),
+        ({"message_type": "TODO", "version": 1, "payload": "todos"}, "metadata.payload", "must be a JSON object"),
+        ({"message_type": "TOOL_CALL", "version": 0, "payload": {"tool_name": "x"}},
+         "metadata.version", "must be an integer >= 1"),
+    ],
+)
+def test_a_malformed_envelope_on_the_wire_costs_only_the_envelope(wire: dict[str, Any], field: str, problem: str) -> None:
+    out = event_to_message(_tool_result(wire), run_id="r", index=1, assistant_name="A")
+    assert out is not None and out.metadata is not None
+    assert out.metadata["invalid_envelope"] == f"{field}: {problem}"
+    assert "message_type" not in out.metadata

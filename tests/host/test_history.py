@@ -10,7 +10,7 @@ from sqlalchemy import update
 from orchestrator.core.errors import GroupBusy, InvalidMessage, MessageNotFound
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import InvalidMessageMetadata, StoredMessage
-from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY, display_view, format_messages_for_sdk
+from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY, format_messages_for_sdk
 from orchestrator.store import leases
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, get_group
@@ -67,7 +67,8 @@ def chat(db: Database) -> Chat:
 
 
 def _contents(db: Database) -> list[str]:
-    return [m.content for m in display_view(get_messages_after(JID, 0, db=db))]
+    # What GET /api/chats/{jid}/messages serves: the live messages, in seq order.
+    return [m.content for m in get_messages_after(JID, 0, db=db)]
 
 
 def test_edit_replaces_text_and_keeps_the_previous_one(db: Database, settings: Settings, chat: Chat) -> None:

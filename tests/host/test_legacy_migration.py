@@ -25,7 +25,7 @@ from sqlalchemy import inspect, select, text
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.model.views import format_messages_for_sdk
-from orchestrator.store.db import Database, get_database
+from orchestrator.store.db import Database, open_database
 from orchestrator.store.message_log import get_messages_after, store_message_direct, to_stored
 from orchestrator.store.migrations import legacy
 from orchestrator.store.tables import Base, MessageRow
@@ -134,7 +134,7 @@ def settings(legacy_file: Path, tmp_path: Path) -> Settings:
 @pytest.fixture
 def upgraded(original: dict[str, Any], settings: Settings) -> Database:
     # The orchestrator's own startup path: the first get_database migrates.
-    return get_database(settings)
+    return open_database(settings)
 
 
 def test_the_files_are_legacy_and_match_their_script(tmp_path: Path) -> None:
@@ -254,7 +254,7 @@ def test_the_upgrade_logs_how_many_rows_it_copied(
     original: dict[str, Any], settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger="orchestrator.store.migrations.legacy"):
-        get_database(settings)
+        open_database(settings)
     messages = [r.getMessage() for r in caplog.records if r.name == "orchestrator.store.migrations.legacy"]
     assert any(f"copied {len(original['messages'])} messages" in m for m in messages), messages
 

@@ -17,6 +17,7 @@ from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
 from orchestrator.model.envelopes import build_structured_envelope
 from orchestrator.model.views import REPLY_TO_KEY
+from orchestrator.root import Orchestrator
 from orchestrator.store import leases
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, get_group
@@ -80,7 +81,7 @@ def open_server(db: Database, settings: Settings) -> Iterator[Any]:
     started: list[Any] = []
 
     def start(**overrides: Any) -> str:
-        cm = serve(create_app(settings.model_copy(update=overrides)))
+        cm = serve(create_app(Orchestrator(settings.model_copy(update=overrides))))
         started.append(cm)
         return cm.__enter__()
 

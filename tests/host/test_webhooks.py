@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from orchestrator.channels.webhook import INBOUND_PATH, SIGNATURE_HEADER, WebhookChannel, sign, verify
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
+from orchestrator.root import Orchestrator
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry, Deliverer
 from orchestrator.store.attachments import attach_channel
@@ -56,7 +57,7 @@ def test_sign_and_verify() -> None:
 def test_inbound_needs_a_valid_signature(hooked: tuple[Database, Settings]) -> None:
     db, settings = hooked
     body = json.dumps({"chat_jid": JID, "sender": "ci-bot", "content": "build 42 is green"}).encode()
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(Orchestrator(settings))) as client:
         assert _post(client, body, None).status_code == 401
         assert _post(client, body, sign("wrong", body)).status_code == 401
         assert _post(client, body + b" ", sign(SECRET, body)).status_code == 401  # body changed after signing
@@ -82,7 +83,7 @@ def test_inbound_needs_a_valid_signature(hooked: tuple[Database, Settings]) -> N
 
 def test_inbound_is_off_without_a_secret(db: Database, settings: Settings) -> None:
     body = b"{}"
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(Orchestrator(settings))) as client:
         assert _post(client, body, sign("", body)).status_code == 404
 
 

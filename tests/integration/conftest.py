@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.settings import Settings
+from orchestrator.run.queue import Signals, make_celery
 from orchestrator.store.db import Database
 from tests.conftest import (
     NO_QUOTA,
@@ -73,6 +74,15 @@ class Stack:
     db: Database
     procs: list[subprocess.Popen[bytes]]
     logs: list[Path]
+
+    @property
+    def signals(self) -> Signals:
+        """Signals through this stack's broker (made again when a test points the stack at another)."""
+        url = self.settings.effective_broker_url
+        made = self.__dict__.get("_signals")
+        if made is None or made[0] != url:
+            made = self.__dict__["_signals"] = (url, Signals(make_celery(self.settings)))
+        return made[1]
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

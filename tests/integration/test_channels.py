@@ -10,11 +10,9 @@ given to files the test reads.
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.run.queue import forget_celery, signal_delivery, signal_group
 from orchestrator.store.attachments import attach_channel
 from orchestrator.store.deliveries import list_deliveries
 from orchestrator.store.groups import ensure_main_group
@@ -39,14 +37,9 @@ def test_a_message_from_one_channel_reaches_the_others_once_each(stack: Stack) -
         attach_channel(stack.db, JID, name)
     stack.start_worker(concurrency=2)
     settings = stack.settings
-    forget_celery()  # this test's broker, not a cached app of an earlier test
-    try:
-        sent = ingest(stack.db, settings, IncomingMessage(chat_jid=JID, sender="ann", sender_name="Ann",
-                                                          content="$ echo mirrored", channel="mirror-a"),
-                      signal=partial(signal_group, settings),
-                      signal_delivery=partial(signal_delivery, settings)).message
-    finally:
-        forget_celery()
+    sent = ingest(stack.db, settings, IncomingMessage(chat_jid=JID, sender="ann", sender_name="Ann",
+                                                      content="$ echo mirrored", channel="mirror-a"),
+                  signal=stack.signals.group, signal_delivery=stack.signals.delivery).message
 
     def shown() -> list[int]:
         return [m.seq for m in get_messages_after(JID, 0, db=stack.db) if m.sender != "tool_use"]

@@ -57,7 +57,7 @@ def pipe(request: pytest.FixtureRequest, tmp_path: Path, agent_image: str) -> It
     rec = attach_recorder(db, JID)
     pipeline = Pipeline(settings, db, ChannelRegistry([rec]))
     yield pipeline, rec
-    pipeline.warm_pool.stop_all()
+    pipeline.sandbox.stop_all()
     labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={settings.install_id}"]
     leftover = docker.from_env().containers.list(all=True, filters={"label": labels})
     for c in leftover:

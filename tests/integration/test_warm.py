@@ -14,7 +14,7 @@ from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
-from orchestrator.sandbox.containers import LABEL_MANAGED, LABEL_WARM
+from orchestrator.sandbox.containers import LABEL_MANAGED, LABEL_WARM, DockerSandbox
 from orchestrator.sandbox.warm import reset_session
 from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group, get_group
@@ -36,7 +36,7 @@ def warm(tmp_path: Path, agent_image: str) -> Iterator[Pipeline]:
     ensure_main_group(db)
     pipeline = Pipeline(settings, db, ChannelRegistry([RecordingChannel()]))
     yield pipeline
-    pipeline.warm_pool.stop_all()
+    pipeline.sandbox.stop_all()
     db.dispose()
 
 
@@ -62,7 +62,7 @@ def test_one_container_serves_a_groups_runs(warm: Pipeline) -> None:
     assert _last_output(warm).splitlines()[-2:] == ["one", "two"]  # /tmp and the workspace persist
     assert len(_warm_containers()) == 1
     # the sweeper's orphan removal leaves a live warm container alone
-    assert warm.sandbox.remove_orphans(set()) == 0
+    assert DockerSandbox(warm.settings).remove_orphans(set()) == 0
     assert _run(warm, "$ echo three") == first
 
 

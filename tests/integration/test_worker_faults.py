@@ -15,14 +15,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 import docker
 import pytest
 
 from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.run.queue import signal_group
 from orchestrator.sandbox.containers import LABEL_GROUP, LABEL_MANAGED
 from orchestrator.store.groups import add_group, ensure_main_group, get_group, list_groups
 from orchestrator.store.message_log import get_messages_after
@@ -76,7 +74,7 @@ def _bot_replies(stack: Stack, chat: str) -> list[str]:
 
 def _send(stack: Stack, chat: str, text: str) -> int:
     return ingest(stack.db, stack.settings, IncomingMessage(chat_jid=chat, sender="u", content=text),
-                  signal=partial(signal_group, stack.settings)).message.seq
+                  signal=stack.signals.group).message.seq
 
 
 def test_sigkill_mid_run_loses_and_duplicates_nothing(stack: Stack) -> None:
@@ -146,8 +144,8 @@ def test_racing_workers_never_run_two_containers_for_one_group(stack: Stack) -> 
             _send(stack, "main@local", f"$ sleep 1 && echo main-{i}")
             _send(stack, "other@local", f"$ sleep 1 && echo other-{i}")
             for _ in range(5):  # extra, duplicate signals for the same groups
-                signal_group(stack.settings, "main@local")
-                signal_group(stack.settings, "other@local")
+                stack.signals.group("main@local")
+                stack.signals.group("other@local")
         for chat in ("main@local", "other@local"):
             _wait(lambda: get_group(stack.db, chat).pending_seq <= get_group(stack.db, chat).cursor_seq
                   and not any(r.state == "running" for r in list_runs(stack.db, chat_jid=chat)),
@@ -188,9 +186,6 @@ def test_redis_outage_during_ingest_loses_nothing(stack: Stack, tmp_path: Path) 
     url = f"redis://127.0.0.1:{port}/0"
     stack.env.update(FAST, ORCHESTRATOR_BROKER_URL=url)
     stack.settings = stack.settings.model_copy(update={"broker_url": url})
-    import orchestrator.run.queue as queue
-
-    queue._app = None  # this test's broker, not the fixture's
     redis_proc = start_redis()
     groups = [f"g{i}@local" for i in range(20)]
     for i, g in enumerate(groups):
@@ -214,7 +209,6 @@ def test_redis_outage_during_ingest_loses_nothing(stack: Stack, tmp_path: Path) 
     finally:
         redis_proc.terminate()
         redis_proc.wait()
-        queue._app = None
     users = sum(1 for g in groups for m in get_messages_after(g, 0, db=stack.db) if m.message_type == "user")
     unanswered = [g for g in groups if not _bot_replies(stack, g)]
     print(f"FAULTS: redis outage ingested={stored} stored_user_messages={users} groups={len(groups)} "

@@ -72,7 +72,7 @@ def _group(tmp_path: Path, agent_image: str, **fields: object) -> Iterator[Group
     try:
         yield Group(pipeline, db, rec)
     finally:
-        pipeline.warm_pool.stop_all()
+        pipeline.sandbox.stop_all()
         db.dispose()
         quota.unmount_all(settings)
         from tests.quota_support import release_everything

@@ -75,11 +75,6 @@ def _quote(text: str) -> str:
     return flat
 
 
-def commands_in(text: str) -> list[str]:
-    """The shell commands requested by ``$ `` lines, in order (not those inside blocks)."""
-    return [args["command"] for name, args in tool_requests_in(text) if name == "bash"]
-
-
 def _directive(line: str, name: str) -> str | None:
     """The argument of ``/name ARG`` (stripped, non-empty), else None."""
     if not line.startswith(name + " "):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..protocol import Limits
+from ..protocol import KnownEnvelope, Limits
 from ..providers.base import ToolSpec
 
 # Exit codes for calls that never ran or failed, borrowed from shell conventions.
@@ -52,9 +52,9 @@ class ToolOutcome:
     # exited non-zero, or timed out (124, with a note in the output), is a
     # normal result the model reads like a shell user.
     is_error: bool = False
-    # A structured envelope for the host (see ``agent_runner.envelopes``);
+    # A structured envelope for the host (built by ``agent_runner.envelopes``);
     # None lets the loop fall back to a TOOL_CALL envelope.
-    envelope: dict[str, Any] | None = None
+    envelope: KnownEnvelope | None = None
 
 
 ToolFn = Callable[[Mapping[str, Any], ToolContext], ToolOutcome]

@@ -1,0 +1,34 @@
+"""Time, as one object the code is handed: wall time and waiting.
+
+Leases, the run's stop-watch and retry backoff ask a :class:`Clock` instead
+of calling ``datetime.now`` or ``Event.wait`` themselves, so their logic can be
+tested with a clock that jumps (``tests/fakes/clock.py``) rather than with
+sleeps.  :data:`SYSTEM_CLOCK` is the real one.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """The wall time, timezone-aware UTC."""
+        ...
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        """Wait until ``event`` is set or ``seconds`` pass; True if it was set."""
+        ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        return event.wait(seconds)
+
+
+SYSTEM_CLOCK: Clock = SystemClock()

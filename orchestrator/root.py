@@ -1,0 +1,140 @@
+"""The composition root: one object, built from one ``Settings``, owns the parts.
+
+The database, the Celery app and the signals sent through it, the sandbox
+(cold or warm containers), the channel registry and the pipeline are made
+here, each on first use, and nowhere else: the Celery tasks
+(``workers/``), the HTTP API (``orchestrator/http/api.py``) and the CLI are
+handed an :class:`Orchestrator` and take what they need from it.  No module
+keeps a settings object, an engine or an app of its own, so a process (a
+test, a benchmark) can hold two installations side by side.
+
+Tests swap a part by passing it in: a fake sandbox, a clock that jumps, a
+channel registry of recorders.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.core.clock import SYSTEM_CLOCK, Clock
+from orchestrator.core.settings import Settings
+
+if TYPE_CHECKING:  # the parts are imported when first made: the CLI starts at once
+    from celery import Celery
+
+    from orchestrator.run.outbound import ChannelRegistry, Deliverer
+    from orchestrator.run.pipeline import Pipeline
+    from orchestrator.run.queue import Signals
+    from orchestrator.run.sweeper import SweepReport
+    from orchestrator.sandbox.containers import DockerSandbox
+    from orchestrator.sandbox.port import Sandbox
+    from orchestrator.store.db import Database
+
+log = logging.getLogger(__name__)
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        sandbox: Sandbox | None = None,
+        channels: ChannelRegistry | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        migrate: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self._migrate = migrate
+        if sandbox is not None:
+            self.sandbox = sandbox  # fills the cached_property
+        if channels is not None:
+            self.channels = channels
+
+    @classmethod
+    def from_environment(cls, **parts: Any) -> Orchestrator:
+        """Settings from the environment (and ``.env``): what every entry point does."""
+        return cls(Settings(), **parts)
+
+    # -- the parts, each made on first use ------------------------------------------
+
+    @cached_property
+    def db(self) -> Database:
+        from orchestrator.store.db import open_database
+
+        return open_database(self.settings, migrate=self._migrate)
+
+    @cached_property
+    def celery(self) -> Celery:
+        from orchestrator.run.queue import make_celery
+
+        return make_celery(self.settings)
+
+    @cached_property
+    def signals(self) -> Signals:
+        from orchestrator.run.queue import Signals
+
+        # The app is made when the first signal goes out, not before.
+        return Signals(lambda: self.celery)
+
+    @cached_property
+    def channels(self) -> ChannelRegistry:
+        from orchestrator.channels.registry import build_registry
+
+        return build_registry(self.settings)
+
+    @cached_property
+    def docker(self) -> DockerSandbox:
+        """Cold containers; also what the sweeper uses to find orphans."""
+        from orchestrator.sandbox.containers import DockerSandbox
+
+        return DockerSandbox(self.settings)
+
+    @cached_property
+    def sandbox(self) -> Sandbox:
+        """Where runs go: a warm container per group when warm sessions are on, else cold ones."""
+        if self.settings.warm_idle_s > 0:
+            from orchestrator.sandbox.warm import WarmPool
+
+            return WarmPool(self.settings, self.docker.client)
+        return self.docker
+
+    @cached_property
+    def pipeline(self) -> Pipeline:
+        from orchestrator.run.pipeline import Pipeline
+
+        return Pipeline(self.settings, self.db, self.channels, self.sandbox,
+                        signal_delivery=self.signals.delivery, clock=self.clock)
+
+    # -- what the entry points do with them -------------------------------------------
+
+    def deliverer(self, *, only_known: bool = True) -> Deliverer:
+        from orchestrator.run.outbound import Deliverer
+
+        return Deliverer(self.db, self.settings, self.channels, only_known=only_known)
+
+    def sweep(self) -> SweepReport:
+        """Close what dead workers left: runs, signals, containers, delivery claims."""
+        from orchestrator.run.sweeper import sweep
+
+        return sweep(self.db, signal=self.signals.group, sandbox=self.docker, signal_delivery=self.signals.delivery)
+
+    def after_fork(self) -> None:
+        """In a forked pool child: drop the parent's pooled connections (never close them)."""
+        if "db" in self.__dict__:
+            self.db.dispose()
+
+    def close(self) -> None:
+        """Let go of what was made: channels disconnected, Docker and database connections closed."""
+        self.__dict__.pop("pipeline", None)
+        closers = {"channels": lambda c: c.close(), "docker": lambda d: d.client.close(), "db": lambda db: db.dispose()}
+        for name, close in closers.items():
+            part = self.__dict__.pop(name, None)
+            if part is None:
+                continue
+            try:
+                close(part)
+            except Exception:  # noqa: BLE001 - closing the others matters more
+                log.exception("could not close the %s cleanly", name)

@@ -1,0 +1,184 @@
+"""The pipeline's fault logic, with a fake sandbox and a clock that jumps (no Docker, no sleeps).
+
+Retries and their backoff, no replay after a reply, errors the agent says are
+final, cancel, a lost lease, the sandbox's time limit and the task queue's
+deadline: each decided by the pipeline itself, so each is driven here through
+``tests/fakes/sandbox.py`` on both databases.  The real-Docker versions of the
+same stories stay in ``tests/integration/test_failures.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from agent_runner.protocol import AssistantEvent, ErrorEvent, ResultEvent
+from sqlalchemy import update
+
+from orchestrator.core.settings import Settings
+from orchestrator.model.messages import StoredMessage
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry
+from orchestrator.run.pipeline import Pipeline
+from orchestrator.store.db import Database
+from orchestrator.store.groups import ensure_main_group, get_group
+from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.runs import cancel_run, get_run, list_runs
+from orchestrator.store.tables import GroupRow
+from tests.fakes.channel import attach_recorder
+from tests.fakes.clock import FakeClock
+from tests.fakes.sandbox import FakeSandbox, Script
+
+JID = "main@local"
+OK = Script([AssistantEvent(text="done"), ResultEvent()])
+CRASH = Script([], exit_code=1, stderr="Traceback: boom")
+
+
+class Deadline(Exception):
+    """Stands for Celery's SoftTimeLimitExceeded."""
+
+
+def _pipeline(settings: Settings, db: Database, sandbox: FakeSandbox, clock: FakeClock, **over: object) -> Pipeline:
+    s = settings.model_copy(update={"max_attempts": 3, "retry_base_s": 10.0, "retry_max_s": 60.0, **over})
+    ensure_main_group(db)
+    rec = attach_recorder(db, JID)
+    return Pipeline(s, db, ChannelRegistry([rec]), sandbox, clock=clock)
+
+
+def _say(p: Pipeline, text: str = "hello") -> StoredMessage:
+    return ingest(p.db, p.settings, IncomingMessage(chat_jid=JID, sender="u", content=text), signal=None).message
+
+
+def _from(p: Pipeline, sender: str) -> list[str]:
+    return [m.content for m in get_messages_after(JID, 0, db=p.db) if m.sender == sender]
+
+
+def test_a_crash_is_retried_with_the_backoff_and_the_reply_comes_once(settings: Settings, db: Database) -> None:
+    clock, sandbox = FakeClock(), FakeSandbox(CRASH, CRASH, OK)
+    p = _pipeline(settings, db, sandbox, clock)
+    _say(p)
+    [outcome] = p.drain_group(JID)
+    assert outcome.run.state == "succeeded", outcome.run.error
+    assert len(sandbox.started) == 3 and get_run(db, outcome.run.id).attempts == 3
+    # The same recorded input every attempt.
+    assert len({inp.run_id for _, inp in sandbox.started}) == 1
+    # Two backoffs, from the policy (uniform(d/2, d), d = 10·2ⁿ⁻¹), waited on the clock: no real sleep.
+    first, second = clock.waits_of("MainThread")
+    assert 5 <= first <= 10 and 10 <= second <= 20
+    assert _from(p, "bot") == ["done"] and _from(p, "host") == []
+
+
+def test_attempts_stop_at_max_attempts_with_one_error_message(settings: Settings, db: Database) -> None:
+    clock, sandbox = FakeClock(), FakeSandbox(CRASH)
+    p = _pipeline(settings, db, sandbox, clock)
+    _say(p)
+    [outcome] = p.drain_group(JID)
+    assert outcome.run.state == "failed" and "exited with status 1" in (outcome.run.error or "")
+    assert "boom" in (outcome.run.error or "")  # the stderr tail says why
+    assert len(sandbox.started) == 3 and len(clock.waits_of("MainThread")) == 2
+    [host] = _from(p, "host")
+    assert host.startswith("⚠️ Agent error")
+    assert get_group(db, JID).cursor_seq == outcome.run.cursor_to  # the batch is done with, not retried forever
+
+
+def test_a_run_that_already_replied_is_never_replayed(settings: Settings, db: Database) -> None:
+    clock, sandbox = FakeClock(), FakeSandbox(Script([AssistantEvent(text="half an answer")], exit_code=1), OK)
+    p = _pipeline(settings, db, sandbox, clock)
+    _say(p)
+    [outcome] = p.drain_group(JID)
+    assert outcome.run.state == "failed"
+    assert len(sandbox.started) == 1 and clock.waits_of("MainThread") == []
+    assert _from(p, "bot") == ["half an answer"]
+
+
+def test_an_error_the_agent_calls_final_is_not_retried(settings: Settings, db: Database) -> None:
+    clock = FakeClock()
+    sandbox = FakeSandbox(Script([ErrorEvent(message="bad API key", retryable=False)], exit_code=1))
+    p = _pipeline(settings, db, sandbox, clock)
+    _say(p)
+    [outcome] = p.drain_group(JID)
+    assert (outcome.run.state, outcome.run.error) == ("failed", "bad API key")
+    assert len(sandbox.started) == 1
+
+
+def test_a_retryable_error_is_retried(settings: Settings, db: Database) -> None:
+    clock = FakeClock()
+    sandbox = FakeSandbox(Script([ErrorEvent(message="overloaded", retryable=True)], exit_code=1), OK)
+    p = _pipeline(settings, db, sandbox, clock)
+    _say(p)
+    [outcome] = p.drain_group(JID)
+    assert outcome.run.state == "succeeded" and len(sandbox.started) == 2
+
+
+def _in_background(p: Pipeline) -> tuple[threading.Thread, list[object]]:
+    outcomes: list[object] = []
+    t = threading.Thread(target=lambda: outcomes.extend(p.drain_group(JID)), name="drain")
+    t.start()
+    return t, outcomes
+
+
+def test_cancel_stops_the_agent_and_says_so(settings: Settings, db: Database) -> None:
+    clock, sandbox = FakeClock(), FakeSandbox(Script([AssistantEvent(text="working")], hang=True))
+    p = _pipeline(settings, db, sandbox, clock)
+    _say(p)
+    thread, outcomes = _in_background(p)
+    assert sandbox.agent_started.wait(30) and sandbox.agents[0].started_reading.wait(30)
+    [run] = list_runs(db, chat_jid=JID)
+    cancel_run(db, run.id)
+    thread.join(30)
+    assert not thread.is_alive()
+    [outcome] = outcomes
+    assert outcome.run.state == "cancelled"  # type: ignore[attr-defined]
+    assert sandbox.agents[0].killed.is_set() and len(sandbox.started) == 1
+    assert _from(p, "host") == ["🛑 Run cancelled."]
+
+
+def test_a_lost_lease_stops_the_agent_and_the_run_fails(settings: Settings, db: Database) -> None:
+    clock, sandbox = FakeClock(), FakeSandbox(Script([], hang=True))
+    p = _pipeline(settings, db, sandbox, clock)
+    _say(p)
+    thread, outcomes = _in_background(p)
+    assert sandbox.agent_started.wait(30) and sandbox.agents[0].started_reading.wait(30)
+    # Another worker took the group (this one's lease expired meanwhile): the next renewal fails.
+    with db.write() as session:
+        session.execute(update(GroupRow).where(GroupRow.chat_jid == JID).values(lease_owner="another-worker"))
+    thread.join(30)
+    assert not thread.is_alive()
+    [outcome] = outcomes
+    assert outcome.run.state == "failed" and "lost the group's lease" in (outcome.run.error or "")  # type: ignore[attr-defined]
+    assert sandbox.agents[0].killed.is_set() and len(sandbox.started) == 1
+
+
+def test_the_sandbox_time_limit_ends_the_run_timed_out_without_retry(settings: Settings, db: Database) -> None:
+    clock, sandbox = FakeClock(), FakeSandbox(Script([], exit_code=137, timed_out=True))
+    p = _pipeline(settings, db, sandbox, clock)
+    _say(p)
+    [outcome] = p.drain_group(JID)
+    assert outcome.run.state == "timed_out" and "limit" in (outcome.run.error or "")
+    assert len(sandbox.started) == 1
+
+
+def test_the_task_deadline_ends_the_run_timed_out_without_retry(settings: Settings, db: Database) -> None:
+    clock = FakeClock()
+    sandbox = FakeSandbox(Script([AssistantEvent(text="started")], raise_after_events=Deadline()))
+    p = _pipeline(settings, db, sandbox, clock)
+    p.deadline_exceptions = (Deadline,)
+    _say(p)
+    [outcome] = p.drain_group(JID)
+    assert outcome.run.state == "timed_out" and len(sandbox.started) == 1
+    assert sandbox.agents[0].killed.is_set()  # leaving the sandbox's context stopped it
+
+
+@pytest.mark.parametrize("n", [2])
+def test_a_group_is_drained_once_by_two_pipelines_at_once(settings: Settings, db: Database, n: int) -> None:
+    clock = FakeClock()
+    sandboxes = [FakeSandbox(OK) for _ in range(n)]
+    pipelines = [_pipeline(settings, db, sb, clock) for sb in sandboxes]
+    _say(pipelines[0])
+    threads = [threading.Thread(target=p.drain_group, args=(JID,)) for p in pipelines]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sum(len(sb.started) for sb in sandboxes) == 1
+    assert _from(pipelines[0], "bot") == ["done"]
