@@ -77,7 +77,7 @@ def groups_channels(
 @deliveries_app.callback()
 def deliveries_list(
     ctx: typer.Context,
-    group: Annotated[Optional[str], typer.Option(help="Only this chat jid.")] = None,
+    group: Annotated[Optional[str], typer.Option("--chat-jid", "--group", help="Only this chat (--group: its older name).")] = None,
     state: Annotated[Optional[str], typer.Option(help=f"Only this state: {', '.join(DELIVERY_STATES)}.")] = None,
     limit: Annotated[int, typer.Option()] = 50,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -99,7 +99,7 @@ def deliveries_list(
 
 
 @deliveries_app.command("flush")
-def deliveries_flush(group: Annotated[Optional[str], typer.Option(help="Only this chat jid.")] = None) -> None:
+def deliveries_flush(group: Annotated[Optional[str], typer.Option("--chat-jid", "--group", help="Only this chat (--group: its older name).")] = None) -> None:
     """Send due deliveries now, from this process (on the channels it knows)."""
     root = _setup()
     try:

@@ -402,7 +402,7 @@ def history(
 @runs_app.callback()
 def runs_list(
     ctx: typer.Context,
-    group: Annotated[Optional[str], typer.Option(help="Only this chat jid.")] = None,
+    group: Annotated[Optional[str], typer.Option("--chat-jid", "--group", help="Only this chat (--group: its older name).")] = None,
     state: Annotated[Optional[str], typer.Option(help="Only runs in this state.")] = None,
     limit: Annotated[int, typer.Option()] = 50,
 ) -> None:
@@ -505,7 +505,7 @@ def tasks_add(
 
 @tasks_app.command("list")
 def tasks_list(
-    group: Annotated[Optional[str], typer.Option(help="Only this chat jid.")] = None,
+    group: Annotated[Optional[str], typer.Option("--chat-jid", "--group", help="Only this chat (--group: its older name).")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """List scheduled tasks."""

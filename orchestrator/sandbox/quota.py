@@ -891,6 +891,9 @@ def unmount_all(settings: Settings) -> list[str]:
         return done
     for image in sorted(vdir.glob("*.img")):
         folder = image.name[: -len(".img")]
-        if Volume.of(settings, folder).unmount():
-            done.append(folder)
+        try:
+            if Volume.of(settings, folder).unmount():
+                done.append(folder)
+        except VolumeUnavailable as exc:  # even the lazy umount failed: say which, as the CLI's one-line error
+            raise WorkspaceQuotaError(f"could not unmount the workspace volume of {folder!r}: {exc}") from exc
     return done

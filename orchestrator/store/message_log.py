@@ -16,7 +16,6 @@ from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import Connection, any_, bindparam, select
-from sqlalchemy.dialects.postgresql import array as pg_array
 from sqlalchemy.orm import Session
 
 from orchestrator.core.errors import InvalidMessage, MessageNotFound
@@ -244,7 +243,13 @@ def _of_chat(db: Database, chat_jid: str) -> Any:
     SQLite always uses ``idx_messages_chat_seq`` for the plain equality.
     """
     c = _MESSAGES.c
-    return c.chat_jid == chat_jid if db.is_sqlite else c.chat_jid == any_(pg_array([chat_jid]))
+    if db.is_sqlite:
+        return c.chat_jid == chat_jid
+    # Imported here: the PostgreSQL dialect package (all its drivers) costs
+    # every SQLite process, the CLI's included, 50 ms at start.
+    from sqlalchemy.dialects.postgresql import array as pg_array
+
+    return c.chat_jid == any_(pg_array([chat_jid]))
 
 
 # Pages of an unlimited seq-ordered read on PostgreSQL (see _of_chat: a LIMIT

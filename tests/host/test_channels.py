@@ -319,7 +319,7 @@ def test_attach_detach_and_deliveries_from_the_cli(team: Database, settings: Set
     assert sent.returncode == 0, sent.stderr
     pending = json.loads(run("deliveries", "--group", JID, "--json").stdout)
     assert sorted((d["channel"], d["state"]) for d in pending) == [("log", "pending"), ("mirror-a", "pending")]
-    flushed = run("deliveries", "flush", "--group", JID)
+    flushed = run("deliveries", "flush", "--chat-jid", JID)
     assert flushed.returncode == 0 and "sent 2" in flushed.stdout, flushed.stderr
     assert [(r["address"], r["text"]) for r in read_file_channel(settings, "mirror-a")] == [
         ("desk-1", "cli-user: from the cli")]

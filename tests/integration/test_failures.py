@@ -97,6 +97,9 @@ def test_the_token_budget_is_the_runs_across_its_retries(faulty: tuple[Pipeline,
         p.settings = p.settings.model_copy(update={
             "model": "anthropic:claude-fake-1", "anthropic_base_url": base_url, "anthropic_api_key": "k",
             "run_token_budget": 1000, "max_tokens": 16, "max_attempts": 2,
+            # The Anthropic SDK's import alone takes seconds of CPU on a loaded
+            # 2-core machine: the fixture's 4 s limit is for the hang tests.
+            "run_timeout_s": 60,
         })
         _say(p, "spend-crash")
         [outcome] = p.drain_group("main@local")
