@@ -216,12 +216,16 @@ def timed() -> Iterator[list[float]]:
         box.append(time.perf_counter() - t0)
 
 
-_SIGNALS: dict[str, Signals] = {}
+_SIGNALS: dict[tuple[str, str], Signals] = {}
 
 
 def signals_for(settings: Settings) -> Signals:
-    """One Signals (one Celery app) per broker: a benchmark talks to several installations in turn."""
-    url = settings.effective_broker_url
-    if url not in _SIGNALS:
-        _SIGNALS[url] = Signals(make_celery(settings))
-    return _SIGNALS[url]
+    """One Signals (one Celery app) per broker: a benchmark talks to several installations in turn.
+
+    Keyed by the broker URL and the data dir: every installation's
+    ``filesystem://`` broker has the same URL and its own folders.
+    """
+    key = (settings.effective_broker_url, str(settings.data_dir))
+    if key not in _SIGNALS:
+        _SIGNALS[key] = Signals(make_celery(settings))
+    return _SIGNALS[key]

@@ -19,9 +19,9 @@ fleet=()
 
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
   ingest=(--messages 300 --rounds 3); history=(--total 20000 --groups 50 --sizes 500,2000,5000 --reps 3)
-  throughput=(--groups 4 --messages 2 --raw 3); memory=(--runs 2); overhead=(--runs 3); cli=(--runs 2)
+  throughput=(--groups 4 --messages 2 --raw 3); memory=(--runs 2); overhead=(--runs 3); cli=(--runs 2); gateway=(--rounds 1 --cycles 5 --requests 20 --long 20)
 else
-  ingest=(); history=(); throughput=(); memory=(); overhead=(); cli=()
+  ingest=(); history=(); throughput=(); memory=(); overhead=(); cli=(); gateway=()
 fi
 
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes')"
@@ -33,3 +33,4 @@ echo; echo "== throughput";  "$PY" -m bench.throughput "${throughput[@]}"
 echo; echo "== memory";      "$PY" -m bench.memory "${memory[@]}"
 echo; echo "== overhead";    "$PY" -m bench.overhead "${overhead[@]}"
 echo; echo "== cli";         "$PY" -m bench.cli "${cli[@]}"
+echo; echo "== gateway";     "$PY" -m bench.gateway "${gateway[@]}"

@@ -15,6 +15,7 @@ channel registry of recorders.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -129,7 +130,8 @@ class Orchestrator:
     def close(self) -> None:
         """Let go of what was made: channels disconnected, Docker and database connections closed."""
         self.__dict__.pop("pipeline", None)
-        closers = {"channels": lambda c: c.close(), "docker": lambda d: d.client.close(), "db": lambda db: db.dispose()}
+        closers: dict[str, Callable[[Any], object]] = {
+            "channels": lambda c: c.close(), "docker": lambda d: d.client.close(), "db": lambda db: db.dispose()}
         for name, close in closers.items():
             part = self.__dict__.pop(name, None)
             if part is None:

@@ -6,12 +6,22 @@ group that another worker is already serving is harmless: the pipeline's
 lease makes the extra copy return at once.  ``sweep`` is run by beat and
 once at worker start-up; ``fire_schedules`` by beat, to start scheduled tasks
 that are due.
+
+:func:`register` makes the four tasks for one Celery app and one
+composition root: below, for the worker's (``workers.app``), when Celery
+loads this module; a test registers the same tasks on an app of its own root
+(a fake sandbox, recording channels) and runs them in an in-process worker
+(``tests/host/test_worker_tasks.py``).  Each task works on the root it was
+made for and is registered on that app alone (``shared=False``: not on every
+Celery app the process finalizes later).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any, NamedTuple
 
+from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_ready
 
@@ -26,20 +36,11 @@ from .app import app, orchestrator
 log = logging.getLogger("workers")
 
 
-def _pipeline() -> Pipeline:
-    pipeline = orchestrator.pipeline
-    # Celery's soft time limit means "out of time": the run ends timed_out, no retry.
-    pipeline.deadline_exceptions = (SoftTimeLimitExceeded,)
-    return pipeline
-
-
-@app.task(name=DRAIN_TASK, bind=True, acks_late=True)
-def drain_group(self, chat_jid: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    outcomes = _pipeline().drain_group(chat_jid, task_id=self.request.id)
-    return {
-        "chat_jid": chat_jid,
-        "runs": [{"id": o.run.id, "state": o.run.state, "outputs": len(o.stored)} for o in outcomes],
-    }
+class Tasks(NamedTuple):
+    drain_group: Any
+    sweep: Any
+    fire_schedules: Any
+    deliver: Any
 
 
 def _sweep_report(report: SweepReport) -> dict[str, object]:
@@ -52,21 +53,41 @@ def _sweep_report(report: SweepReport) -> dict[str, object]:
     }
 
 
-@app.task(name=SWEEP_TASK, acks_late=False, ignore_result=True)
-def sweep() -> dict[str, object]:
-    return _sweep_report(orchestrator.sweep())
+def register(app: Celery, root: Orchestrator) -> Tasks:
+    """The tasks on ``app``, working on ``root``."""
+
+    def pipeline() -> Pipeline:
+        p = root.pipeline
+        # Celery's soft time limit means "out of time": the run ends timed_out, no retry.
+        p.deadline_exceptions = (SoftTimeLimitExceeded,)
+        return p
+
+    @app.task(name=DRAIN_TASK, bind=True, acks_late=True, shared=False)
+    def drain_group(self, chat_jid: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
+        outcomes = pipeline().drain_group(chat_jid, task_id=self.request.id)
+        return {
+            "chat_jid": chat_jid,
+            "runs": [{"id": o.run.id, "state": o.run.state, "outputs": len(o.stored)} for o in outcomes],
+        }
+
+    @app.task(name=SWEEP_TASK, acks_late=False, ignore_result=True, shared=False)
+    def sweep() -> dict[str, object]:
+        return _sweep_report(root.sweep())
+
+    @app.task(name=SCHEDULE_TASK, acks_late=False, ignore_result=True, shared=False)
+    def fire_schedules() -> list[str]:
+        return fire_due(root.db, signal=root.signals.group)
+
+    @app.task(name=DELIVER_TASK, acks_late=True, ignore_result=True, shared=False)
+    def deliver(chat_jid: str | None = None) -> dict[str, object]:
+        report = root.deliverer(only_known=False).deliver_and_reschedule(chat_jid, root.signals.delivery)
+        return {"chat_jid": chat_jid, "sent": report.sent, "failed_attempts": report.failed_attempts,
+                "retry_in": report.retry_in}
+
+    return Tasks(drain_group, sweep, fire_schedules, deliver)
 
 
-@app.task(name=SCHEDULE_TASK, acks_late=False, ignore_result=True)
-def fire_schedules() -> list[str]:
-    return fire_due(orchestrator.db, signal=orchestrator.signals.group)
-
-
-@app.task(name=DELIVER_TASK, acks_late=True, ignore_result=True)
-def deliver(chat_jid: str | None = None) -> dict[str, object]:
-    report = orchestrator.deliverer(only_known=False).deliver_and_reschedule(chat_jid, orchestrator.signals.delivery)
-    return {"chat_jid": chat_jid, "sent": report.sent, "failed_attempts": report.failed_attempts,
-            "retry_in": report.retry_in}
+drain_group, sweep, fire_schedules, deliver = register(app, orchestrator)
 
 
 # Connected here, not in app.py: the app module must not import its tasks

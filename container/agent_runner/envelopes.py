@@ -19,7 +19,7 @@ the text itself when it was cut.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any, cast
 
@@ -111,7 +111,7 @@ def code_edit(
     return CodeEditEnvelope(payload=CodeEditPayload(edits=[edit]))
 
 
-def todo(todos: list[Mapping[str, str]]) -> TodoEnvelope:
+def todo(todos: Sequence[Mapping[str, str]]) -> TodoEnvelope:
     """The whole list; ``todos`` is already checked (``todo_write``), statuses included."""
     items = [
         TodoItem(id=t["id"], content=cap_text(t["content"]), status=cast(TodoStatus, t["status"])) for t in todos

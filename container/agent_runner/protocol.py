@@ -28,6 +28,7 @@ PROTOCOL_VERSION = 1
 ProtocolError = msgspec.DecodeError
 
 _S = TypeVar("_S", bound="_Model")
+_F = TypeVar("_F", bound="_FrozenModel")
 
 
 class _Model(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -37,6 +38,19 @@ class _Model(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return _ENCODER.encode(self)
 
     def replace(self: _S, **changes: Any) -> _S:
+        return msgspec.structs.replace(self, **changes)
+
+
+class _FrozenModel(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    # _Model, immutable.  A root of its own, not a subclass of _Model: msgspec
+    # would allow that, but type checkers hold Structs to the dataclass rule
+    # (a frozen class under a mutable one is an error).  Its subclasses say
+    # frozen=True again for the same reason (msgspec inherits it anyway).
+
+    def to_json(self) -> bytes:
+        return _ENCODER.encode(self)
+
+    def replace(self: _F, **changes: Any) -> _F:
         return msgspec.structs.replace(self, **changes)
 
 
@@ -133,44 +147,44 @@ TODO = "TODO"
 TOOL_CALL = "TOOL_CALL"
 
 
-class _Payload(_Model, frozen=True):
-    # Unknown keys refused (``_Model``): a typo'd key would otherwise be dropped
+class _Payload(_FrozenModel, frozen=True):
+    # Unknown keys refused (``_FrozenModel``): a typo'd key would otherwise be dropped
     # silently and the data lost.
     pass
 
 
-class FileEdit(_Payload):
+class FileEdit(_Payload, frozen=True):
     file_path: Annotated[str, Meta(min_length=1)]
     old_content: str | None = None  # None: the file did not exist before
     new_content: str | None = None  # None: the file was deleted
     language: str | None = None
 
 
-class CodeEditPayload(_Payload):
+class CodeEditPayload(_Payload, frozen=True):
     edits: Annotated[list[FileEdit], Meta(min_length=1)]
 
 
 TodoStatus = Literal["pending", "in_progress", "completed"]
 
 
-class TodoItem(_Payload):
+class TodoItem(_Payload, frozen=True):
     id: str
     content: str
     status: TodoStatus
 
 
-class TodoPayload(_Payload):
+class TodoPayload(_Payload, frozen=True):
     todos: Annotated[list[TodoItem], Meta(min_length=1)]
 
 
-class ToolCallPayload(_Payload):
+class ToolCallPayload(_Payload, frozen=True):
     tool_name: Annotated[str, Meta(min_length=1)]
     input: dict[str, Any] = field(default_factory=dict)
     output: Any = None
     error: str | None = None
 
 
-class _Envelope(_Model, tag_field="message_type", frozen=True):
+class _Envelope(_FrozenModel, tag_field="message_type", frozen=True):
     # The type is the struct's tag, written first as "message_type".
 
     @property
@@ -178,28 +192,28 @@ class _Envelope(_Model, tag_field="message_type", frozen=True):
         return str(self.__struct_config__.tag)
 
 
-class CodeEditEnvelope(_Envelope, tag=CODE_EDIT, kw_only=True):
+class CodeEditEnvelope(_Envelope, tag=CODE_EDIT, kw_only=True, frozen=True):
     """A file tool's successful write or edit: each file's text before and after."""
 
     version: Annotated[int, Meta(ge=1)] = ENVELOPE_VERSION
     payload: CodeEditPayload
 
 
-class TodoEnvelope(_Envelope, tag=TODO, kw_only=True):
+class TodoEnvelope(_Envelope, tag=TODO, kw_only=True, frozen=True):
     """The agent's whole todo list after a ``todo_write``."""
 
     version: Annotated[int, Meta(ge=1)] = ENVELOPE_VERSION
     payload: TodoPayload
 
 
-class ToolCallEnvelope(_Envelope, tag=TOOL_CALL, kw_only=True):
+class ToolCallEnvelope(_Envelope, tag=TOOL_CALL, kw_only=True, frozen=True):
     """Any other call (failed file tool calls included): name, input, output or error."""
 
     version: Annotated[int, Meta(ge=1)] = ENVELOPE_VERSION
     payload: ToolCallPayload
 
 
-class OtherEnvelope(_Model, frozen=True):
+class OtherEnvelope(_FrozenModel, frozen=True):
     """An envelope of a type this side does not know (or TEXT): its payload unchecked."""
 
     message_type: Annotated[str, Meta(min_length=1)]
@@ -224,7 +238,8 @@ def envelope_from_dict(data: Mapping[str, Any]) -> Envelope:
     """
     message_type = data.get("message_type")
     known = ENVELOPE_TYPES.get(message_type) if isinstance(message_type, str) else None
-    return msgspec.convert(data, known or OtherEnvelope)
+    target: type[Envelope] = known or OtherEnvelope
+    return msgspec.convert(data, target)
 
 
 def envelope_to_dict(envelope: Envelope) -> dict[str, Any]:
@@ -308,7 +323,7 @@ class ErrorEvent(_Event, tag="error"):
 
 
 Event = Union[AssistantEvent, ThinkingEvent, ToolUseEvent, ToolResultEvent, SendMessageEvent, ResultEvent, ErrorEvent]
-_EVENT_DECODER = msgspec.json.Decoder(Event)
+_EVENT_DECODER: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
 
 
 def parse_event(line: str | bytes) -> Event:

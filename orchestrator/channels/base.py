@@ -29,10 +29,10 @@ class BaseChannel:
     def disconnect(self) -> None:
         pass
 
-    def owns(self, chat_jid: str) -> bool:
+    def owns(self, address: str) -> bool:
         return True
 
-    def send(self, chat_jid: str, rendered: RenderedMessage) -> None:
+    def send(self, address: str, rendered: RenderedMessage) -> None:
         raise NotImplementedError
 
 
@@ -44,5 +44,5 @@ class LogChannel(BaseChannel):
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self._log = logger or logging.getLogger("orchestrator.channel.log")
 
-    def send(self, chat_jid: str, rendered: RenderedMessage) -> None:
-        self._log.info("[%s #%d] %s", chat_jid, rendered.seq, rendered.text)
+    def send(self, address: str, rendered: RenderedMessage) -> None:
+        self._log.info("[%s #%d] %s", address, rendered.seq, rendered.text)

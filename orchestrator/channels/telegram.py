@@ -206,11 +206,11 @@ class TelegramChannel(BaseChannel):
         self._progress: dict[tuple[str, str, int], int] = {}
         self._progress_lock = threading.Lock()
 
-    def owns(self, chat_jid: str) -> bool:
-        return bool(_ADDRESS.match(chat_jid.strip()))
+    def owns(self, address: str) -> bool:
+        return bool(_ADDRESS.match(address.strip()))
 
-    def send(self, chat_jid: str, rendered: RenderedMessage) -> None:
-        address = chat_jid.strip()
+    def send(self, address: str, rendered: RenderedMessage) -> None:
+        address = address.strip()
         if not self.owns(address):
             raise ChannelError(f"the telegram channel needs a chat id as its address, not {address!r}")
         target: int | str = int(address) if address.lstrip("-").isdigit() else address
@@ -222,8 +222,13 @@ class TelegramChannel(BaseChannel):
 
         for i in range(done, len(parts)):
             text = parts[i]
+
+            # A def, not a lambda: mypy cannot type a lambda with a default argument.
+            def send_part(bot: Any, text: str = text) -> Any:
+                return bot.send_message(chat_id=target, text=text)
+
             try:
-                self.client.call(lambda bot, text=text: bot.send_message(chat_id=target, text=text))
+                self.client.call(send_part)
             except ChannelError:
                 raise
             except (TelegramError, Exception) as exc:  # noqa: BLE001 - any failure is a failed send, retried

@@ -57,24 +57,24 @@ class WebhookChannel(BaseChannel):
         self._secret = settings.webhook_secret
         self._client = client or httpx.Client(timeout=settings.webhook_timeout_s)
 
-    def owns(self, chat_jid: str) -> bool:
-        parts = urlsplit(chat_jid)
+    def owns(self, address: str) -> bool:
+        parts = urlsplit(address)
         return parts.scheme in ("http", "https") and bool(parts.hostname)
 
-    def send(self, chat_jid: str, rendered: RenderedMessage) -> None:
-        if not self.owns(chat_jid):
-            raise ChannelError(f"the webhook channel needs an http(s) URL as its address, not {chat_jid!r}")
+    def send(self, address: str, rendered: RenderedMessage) -> None:
+        if not self.owns(address):
+            raise ChannelError(f"the webhook channel needs an http(s) URL as its address, not {address!r}")
         body = json.dumps({"event": "message", "message": rendered.model_dump(mode="json")},
                           ensure_ascii=False).encode()
         headers = {"content-type": "application/json"}
         if self._secret:
             headers[SIGNATURE_HEADER] = sign(self._secret, body)
         try:
-            resp = self._client.post(chat_jid, content=body, headers=headers)
+            resp = self._client.post(address, content=body, headers=headers)
         except httpx.HTTPError as exc:
-            raise ChannelError(f"webhook {chat_jid} unreachable: {exc}") from exc
+            raise ChannelError(f"webhook {address} unreachable: {exc}") from exc
         if resp.status_code >= 300:
-            raise ChannelError(f"webhook {chat_jid} answered {resp.status_code}: {resp.text[:200]}")
+            raise ChannelError(f"webhook {address} answered {resp.status_code}: {resp.text[:200]}")
 
     def disconnect(self) -> None:
         self._client.close()
@@ -106,8 +106,8 @@ def add_inbound_route(
         try:
             result = ingest(db, settings, incoming, signal=signal, signal_delivery=signal_delivery)
         except OrchestratorError as exc:
-            field = getattr(exc, "field", None)
-            return JSONResponse({"detail": str(exc), **({"field": field} if field else {})}, 400)
+            bad_field = getattr(exc, "field", None)
+            return JSONResponse({"detail": str(exc), **({"field": bad_field} if bad_field else {})}, 400)
         return JSONResponse(
             {"message": result.message.model_dump(mode="json"), "created": result.created,
              "triggered": result.triggered},

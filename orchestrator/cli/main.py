@@ -497,6 +497,7 @@ def tasks_add(
     db = _setup().db
     kind, spec = chosen[0]
     try:
+        # kind is one of the three names above; context_mode is checked by add_task.
         task = add_task(db, chat_jid=jid, prompt=prompt, kind=kind, spec=spec, context_mode=context)  # type: ignore[arg-type]
     except OrchestratorError as exc:
         raise _fail(exc) from exc

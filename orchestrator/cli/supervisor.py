@@ -92,7 +92,7 @@ def beat_argv(schedule_file: str, loglevel: str = "INFO") -> list[str]:
 
 
 def api_argv(host: str, port: int) -> list[str]:
-    # Open event streams (SSE) never end by themselves: give them a few
-    # seconds on shutdown, then close them (browsers reconnect).
+    # Open event streams end themselves on shutdown (orchestrator/http/stream.py);
+    # the graceful timeout is the backstop for any other slow response.
     return [sys.executable, "-m", "uvicorn", "--factory", "orchestrator.http.api:create_app", "--host", host, "--port", str(port),
             "--timeout-graceful-shutdown", "3"]

@@ -20,6 +20,7 @@ def backoff_delay(attempt: int, base_s: float, max_s: float) -> float:
     half = wait_exponential(multiplier=base_s / 2, max=max_s / 2) + wait_random_exponential(
         multiplier=base_s / 2, max=max_s / 2
     )
+    # The waits read the attempt number alone: no Retrying object behind the state.
     state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
     state.attempt_number = max(1, attempt)
     return float(half(state))

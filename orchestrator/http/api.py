@@ -23,11 +23,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
+from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from orchestrator.channels.webhook import add_inbound_route
@@ -43,7 +44,7 @@ from orchestrator.core.errors import (
     UnknownGroup,
 )
 from orchestrator.core.settings import Settings
-from orchestrator.http.stream import ChatStream
+from orchestrator.http.stream import event_stream
 from orchestrator.model.envelopes import InvalidMessageMetadata
 from orchestrator.model.messages import StoredMessage
 from orchestrator.root import Orchestrator
@@ -260,25 +261,19 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
 
     @router.get(
         "/chats/{chat_jid}/stream",
-        response_class=StreamingResponse,
+        response_class=EventSourceResponse,
         responses={200: {"content": {"text/event-stream": {}},
                          "description": "events `message` (id: seq), `run` and `reset`; see orchestrator/http/stream.py"},
                    404: {"description": "the chat is not a registered group (when registration is required)"}},
     )
     async def stream(
         chat_jid: str,
-        request: Request,
         after: Annotated[int, Query(ge=0, description="Send messages with seq > after.")] = 0,
         last_event_id: Annotated[int | None, Header(ge=0, description="Set by EventSource on reconnect.")] = None,
-    ) -> StreamingResponse:
+    ) -> EventSourceResponse:
         """Server-sent events: the chat's new messages (display view) and run-state changes, live."""
         await run_in_threadpool(registered_or_404, chat_jid)
-        cursor = max(after, last_event_id or 0)
-        events = ChatStream(db, chat_jid, cursor).events(request.is_disconnected, settings.api_stream_poll_s)
-        return StreamingResponse(
-            events, media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return event_stream(db, chat_jid, max(after, last_event_id or 0), settings.api_stream_poll_s)
 
     @router.post("/chats/{chat_jid}/messages/{message_id}/edit", response_model=HistoryChange)
     def edit(chat_jid: str, message_id: str, body: EditRequest) -> HistoryChange:

@@ -17,20 +17,35 @@ transactions (no transaction stays open while the stream waits): ``max(seq)``
 of the chat (an index lookup on ``(chat_jid, seq)``) and the chat's live runs;
 messages are read only when ``max(seq)`` moved.  In-place changes are looked
 for less often (``max(superseded_at)``, ``max(edited_at)`` of the chat).  A
-comment line every 15 s keeps proxies from closing an idle stream; a browser's
-``EventSource`` reconnects by itself with ``Last-Event-ID`` (the last seq).
+comment line (``: keepalive``) every 15 s keeps proxies from closing an idle
+stream; a browser's ``EventSource`` reconnects by itself with
+``Last-Event-ID`` (the last seq), after the ``retry:`` the stream opens with.
+
+The framing, the keep-alive pings, the client's disconnect and the server's
+shutdown are sse-starlette's (:func:`event_stream`).  Chosen over FastAPI's own
+SSE support (``fastapi.sse``, new in 0.135): that one frames and pings only
+for generator path operations (the 404 and the cursor checks would have to
+move into dependencies), pings on a fixed private 15 s timer, and knows
+nothing of shutdown, so an open stream holds uvicorn until its
+graceful-shutdown timeout (3 s, ``orchestrator/cli/supervisor.py``) cancels
+it mid-response.  sse-starlette (a dedicated, maintained SSE library for
+Starlette and FastAPI) notices uvicorn's exit within half a second and sets
+the stream's shutdown event; the loop below wakes on it and returns, so the
+response ends complete long before that timeout.  A client's disconnect
+cancels the loop at once (no polling of ``request.is_disconnected``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, or_, select
+import anyio
+from sqlalchemy import ColumnElement, func, or_, select
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from orchestrator.store.db import Database
@@ -45,12 +60,36 @@ PAGE = 200
 KEEPALIVE_S = 15.0
 HISTORY_CHECK_S = 1.0
 RETRY_MS = 2000
+ERROR_PAUSE_S = 1.0
+# After the server starts to exit: how long the stream may take to end by
+# itself before sse-starlette cancels it.  It ends at once (the wait below
+# wakes on the shutdown event); well under uvicorn's 3 s timeout.
+SHUTDOWN_GRACE_S = 1.0
+SEP = "\n"  # line ends on the wire (sse-starlette's default is CRLF)
 
 
-def sse(event: str, data: str, *, id: int | None = None) -> str:
-    """One server-sent event (``data`` must be a single line, as JSON is)."""
-    head = f"event: {event}\n" + (f"id: {id}\n" if id is not None else "")
-    return f"{head}data: {data}\n\n"
+def sse(event: str, data: str, *, id: int | None = None) -> ServerSentEvent:
+    """One server-sent event (``data`` is one line, as JSON is)."""
+    return ServerSentEvent(data, event=event, id=None if id is None else str(id), sep=SEP)
+
+
+def _keepalive() -> ServerSentEvent:
+    return ServerSentEvent(comment="keepalive", sep=SEP)
+
+
+def event_stream(db: Database, chat_jid: str, after: int, poll_s: float) -> EventSourceResponse:
+    """The response of ``GET /api/chats/{jid}/stream`` for a checked chat and cursor.
+
+    Called in the request's event loop (the shutdown event belongs to it)."""
+    shutdown = anyio.Event()
+    return EventSourceResponse(
+        ChatStream(db, chat_jid, after).events(poll_s, shutdown),
+        ping=KEEPALIVE_S,  # read per response: tests shorten it
+        ping_message_factory=_keepalive,
+        sep=SEP,
+        shutdown_event=shutdown,
+        shutdown_grace_period=SHUTDOWN_GRACE_S,
+    )
 
 
 class ChatStream:
@@ -69,8 +108,8 @@ class ChatStream:
 
     # -- one tick (synchronous: runs in a worker thread) -------------------
 
-    def poll(self) -> list[str]:
-        frames: list[str] = []
+    def poll(self) -> list[ServerSentEvent]:
+        frames: list[ServerSentEvent] = []
         if not self._started:
             self._started = True
             self._history = self._history_marks()
@@ -98,7 +137,7 @@ class ChatStream:
             ).one()
         return row[0], row[1]
 
-    def _new_messages(self) -> list[str]:
+    def _new_messages(self) -> list[ServerSentEvent]:
         with self.db.read() as session:
             latest = session.scalar(select(func.max(MessageRow.seq)).where(MessageRow.chat_jid == self.chat_jid))
         if latest is None or latest <= self.cursor:
@@ -117,8 +156,8 @@ class ChatStream:
         self.cursor = max(self.cursor, latest)
         return frames
 
-    def _changed_runs(self) -> list[str]:
-        cond = [RunRow.state.in_(LIVE_STATES)]
+    def _changed_runs(self) -> list[ServerSentEvent]:
+        cond: list[ColumnElement[bool]] = [RunRow.state.in_(LIVE_STATES)]
         if self._live:
             cond.append(RunRow.id.in_(self._live))
         if self._newest_run is not None:
@@ -140,7 +179,7 @@ class ChatStream:
                 frames.append(self._run_frame(run_id))
         return frames
 
-    def _run_frame(self, run_id: str) -> str:
+    def _run_frame(self, run_id: str) -> ServerSentEvent:
         run = get_run(self.db, run_id)
         self._runs[run.id] = (run.state, run.attempts)
         if self._newest_run is None or run.created_at > self._newest_run:
@@ -151,22 +190,18 @@ class ChatStream:
 
     # -- the response body ----------------------------------------------------
 
-    async def events(self, disconnected: Callable[[], Awaitable[bool]], poll_s: float) -> AsyncIterator[str]:
-        yield f"retry: {RETRY_MS}\n\n"
-        quiet_since = time.monotonic()
-        while not await disconnected():
+    async def events(self, poll_s: float, shutdown: anyio.Event) -> AsyncIterator[ServerSentEvent]:
+        """The stream's events until ``shutdown`` is set; a client's disconnect
+        cancels it (at a wait, or after the tick's thread is done)."""
+        yield ServerSentEvent(retry=RETRY_MS, sep=SEP)
+        while not shutdown.is_set():
+            pause = poll_s
             try:
                 frames = await run_in_threadpool(self.poll)
             except Exception as exc:  # noqa: BLE001 - the database may be briefly away; keep the stream
                 log.warning("stream of %s: %s", self.chat_jid, exc)
-                frames = []
-                await asyncio.sleep(1.0)
+                frames, pause = [], max(poll_s, ERROR_PAUSE_S)
             for frame in frames:
                 yield frame
-            now = time.monotonic()
-            if frames:
-                quiet_since = now
-            elif now - quiet_since >= KEEPALIVE_S:
-                quiet_since = now
-                yield ": keepalive\n\n"
-            await asyncio.sleep(poll_s)
+            with anyio.move_on_after(pause):
+                await shutdown.wait()

@@ -177,7 +177,7 @@ def _said(name: str, body: str, structured: bool) -> str:
 def render(msg: StoredMessage, assistant_name: str) -> RenderedMessage:
     kind, body = _structured(msg, in_tool_result=msg.message_type == "tool_result")
     structured = body is not None
-    text_body = body if structured else msg.content
+    text_body = body if body is not None else msg.content
     if msg.message_type == "host":
         text = f"🏠 {msg.content}"
     elif msg.message_type == "tool_result":

@@ -67,7 +67,8 @@ def _write_table(fd: int, queues: list[filesystem.exchange_queue_t]) -> None:
 
 class Channel(filesystem.Channel):
     def _open_table(self, exchange: str, create: bool) -> int | None:
-        file: Path = self._exchange_file(exchange)
+        # kombu's filesystem Channel has _exchange_file; its stubs (celery-types) leave it out.
+        file: Path = self._exchange_file(exchange)  # type: ignore[attr-defined]
         if create:
             self.control_folder.mkdir(exist_ok=True)
         try:
@@ -77,7 +78,8 @@ class Channel(filesystem.Channel):
         except OSError as exc:
             raise ChannelError(f"Cannot open {file}") from exc
 
-    def get_table(self, exchange: str) -> list[filesystem.exchange_queue_t]:
+    # The filesystem Channel's named tuples, not the virtual Channel's plain ones (its stub says so too).
+    def get_table(self, exchange: str) -> list[filesystem.exchange_queue_t]:  # type: ignore[override]
         fd = self._open_table(exchange, create=False)
         if fd is None:
             return []
@@ -87,7 +89,7 @@ class Channel(filesystem.Channel):
         finally:
             os.close(fd)  # closing the descriptor releases the lock
 
-    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
         fd = self._open_table(exchange, create=True)
         assert fd is not None
         try:
@@ -115,7 +117,8 @@ class Channel(filesystem.Channel):
         finally:
             os.close(fd)
 
-    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
+    # kombu's filesystem Channel calls the virtual Channel's `message` `payload`; both pass it by position.
+    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
         """Put ``payload`` on ``queue``: written whole, then renamed into view."""
         name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)

@@ -62,7 +62,7 @@ def scheduled_tasks_due(ctx: NoticeContext) -> list[str]:
     )
     if not due:
         return []
-    parts = [f'"{t.prompt[:60]}" at {t.next_run_at:%H:%M} UTC' for t in due[:MAX_LISTED]]  # type: ignore[str-format]
+    parts = [f'"{t.prompt[:60]}" at {t.next_run_at:%H:%M} UTC' for t in due[:MAX_LISTED]]
     return [f"Note: scheduled tasks due within the hour: {'; '.join(parts)}."]
 
 

@@ -4,33 +4,19 @@ The run path knows channels only through :class:`Channel`; the adapters
 (``orchestrator/channels/``) implement it and ``orchestrator.channels.registry``
 builds the registry a process sends on.
 
-Deliveries: every displayed message, to every channel of its group, once.
-
-``record_deliveries`` runs inside the transaction that stores a message (the
-pipeline, ingest, the sweeper's notes): one ``deliveries`` row per channel
-attached to the group, ``pending`` and due now, except the channel the
-message came in on (a person's message is mirrored to the *other* channels).
-Messages channels do not show (superseded, stored-only records such as
-``tool_use`` and ``thinking``) get none.
-
-After the commit the writer signals a deliverer: the ``deliver`` Celery task
-on the ``delivery`` queue (workers), or a :class:`Deliverer` in the same
-process (tests, ``orchestrator deliveries flush``).  A deliverer claims one
-row at a time with a conditional UPDATE (``pending`` and due -> ``sending``,
+The ledger itself (a row per message and channel, recorded with the message)
+is ``orchestrator/store/deliveries.py``.  A :class:`Deliverer` works it: the
+``deliver`` Celery task on the ``delivery`` queue (workers), or one in the
+same process (tests, ``orchestrator deliveries flush``).  It claims one row at
+a time with a conditional UPDATE (``pending`` and due -> ``sending``,
 attempts + 1, its name and a claim deadline), so two deliverers never send
 the same row, then renders the message and sends it:
 
 * success: ``sent`` with ``sent_at``;
-* failure: back to ``pending`` after ``uniform(d/2, d)`` seconds,
-  ``d = min(retry_max, retry_base·2ⁿ⁻¹)``, or ``failed`` after
+* failure: back to ``pending`` after the backoff policy's delay
+  (``orchestrator/core/backoff.py``), or ``failed`` after
   ``delivery_max_attempts``; ``last_error`` keeps the reason;
 * the message was superseded meanwhile, or the channel detached: ``cancelled``.
-
-Per (chat, channel) the oldest unfinished row goes first (a later one is not
-claimable while an earlier one is pending or sending), so each channel shows
-a chat in seq order.  A claim that outlives ``delivery_claim_s`` means its
-deliverer died mid-send: the sweeper marks it ``failed`` rather than risk a
-second copy (at most once).
 """
 
 from __future__ import annotations
@@ -50,7 +36,7 @@ from orchestrator.core.backoff import backoff_delay
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
 from orchestrator.model.render import RenderedMessage, displayed, render
-from orchestrator.store.db import Database
+from orchestrator.store.db import Database, changed_rows
 from orchestrator.store.deliveries import (
     CANCELLED,
     FAILED,
@@ -77,9 +63,13 @@ class Channel(Protocol):
 
     def disconnect(self) -> None: ...
 
-    def owns(self, chat_jid: str) -> bool: ...
+    def owns(self, address: str) -> bool:
+        """Whether this channel can reach ``address`` (a URL, a Telegram chat id; by default the chat's jid)."""
+        ...
 
-    def send(self, chat_jid: str, rendered: RenderedMessage) -> None: ...
+    def send(self, address: str, rendered: RenderedMessage) -> None:
+        """Show ``rendered`` at ``address``; raise on failure (the deliverer retries)."""
+        ...
 
 
 class ChannelRegistry:
@@ -187,7 +177,7 @@ class Deliverer:
                 .values(state=SENDING, attempts=DeliveryRow.attempts + 1, claimed_by=self.owner,
                         claimed_until=now + timedelta(seconds=self.settings.delivery_claim_s))
             )
-            return done.rowcount == 1
+            return changed_rows(done) == 1
 
     def _send(self, delivery_id: int, report: DeliveryReport) -> None:
         with self.db.read() as session:

@@ -124,8 +124,9 @@ def _tool_result_metadata(event: ToolResultEvent, cap: int | None = None) -> dic
         if size > cap:
             return {**extras, "envelope_dropped": f"{size} bytes, over the host's {cap}-byte limit"}
     try:
+        # A missing type is refused there like any other that is not a non-empty string.
         return build_structured_envelope(
-            env.get("message_type"), env.get("payload", {}), extras=extras, version=env.get("version", 1)
+            env.get("message_type", ""), env.get("payload", {}), extras=extras, version=env.get("version", 1)
         )
     except InvalidMessageMetadata as exc:
         return {**extras, "invalid_envelope": str(exc)}

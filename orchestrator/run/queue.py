@@ -121,7 +121,7 @@ class Signals:
     def app(self) -> Celery:
         if not self._made:
             self._app, self._made = self._app(), True
-        return self._app  # type: ignore[no-any-return]
+        return self._app  # type: ignore[no-any-return]  # _app holds the app or, until made, its factory
 
     def group(self, chat_jid: str) -> str:
         """Ask some worker to drain ``chat_jid``."""

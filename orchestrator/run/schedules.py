@@ -29,7 +29,7 @@ from sqlalchemy import select, update
 from orchestrator.core.errors import InvalidMessage, StoreError
 from orchestrator.model.messages import NewMessage
 from orchestrator.run.ingest import mark_pending
-from orchestrator.store.db import Database
+from orchestrator.store.db import Database, changed_rows
 from orchestrator.store.deliveries import record_deliveries
 from orchestrator.store.groups import get_group
 from orchestrator.store.message_log import insert_message, now_iso
@@ -197,7 +197,7 @@ def fire_due(
         # Claim the due time, store its message and mark the group pending in
         # one transaction: a crash leaves either all of it or none.
         with db.write() as session:
-            claimed = session.execute(
+            claimed = changed_rows(session.execute(
                 update(ScheduledTaskRow)
                 .where(ScheduledTaskRow.id == task.id, ScheduledTaskRow.next_run_at == task.next_run_at,
                        ScheduledTaskRow.state == "active")
@@ -205,7 +205,7 @@ def fire_due(
                     next_run_at=following, last_run_at=now, runs=ScheduledTaskRow.runs + 1,
                     state="active" if following is not None else "done",
                 )
-            ).rowcount
+            ))
             if claimed != 1:
                 continue  # another ticker fired this due time
             stored, created = insert_message(session, db, msg)
@@ -225,4 +225,6 @@ def fire_due(
 
 def is_isolated(metadata: dict[str, object] | None) -> bool:
     """True for the message of a scheduled task that runs without the group's context."""
-    return bool(metadata) and metadata.get("scheduled_task") is not None and metadata.get("context_mode") == "isolated"  # type: ignore[union-attr]
+    if not metadata:
+        return False
+    return metadata.get("scheduled_task") is not None and metadata.get("context_mode") == "isolated"

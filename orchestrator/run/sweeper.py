@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
 
 from orchestrator.model.messages import SENDER_BOT, NewMessage, StoredMessage
 from orchestrator.run.outputs import host_message
@@ -45,7 +45,7 @@ class SweepReport:
     delivery_signals: list[str] = field(default_factory=list)
 
 
-def _lease_dead(now: datetime):  # type: ignore[no-untyped-def]
+def _lease_dead(now: datetime) -> ColumnElement[bool]:
     return or_(GroupRow.lease_owner.is_(None), GroupRow.lease_expires_at < now)
 
 

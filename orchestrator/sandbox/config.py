@@ -45,7 +45,7 @@ from orchestrator.sandbox.mounts import (
     resolve_mounts,
 )
 from orchestrator.sandbox.quota import Volume, human, prepare_workspace, workspace_quota_bytes
-from orchestrator.store.db import Database
+from orchestrator.store.db import Database, changed_rows
 from orchestrator.store.groups import Group, get_group
 from orchestrator.store.tables import GroupRow
 
@@ -240,9 +240,9 @@ def set_container_config(
     resolve_mounts(settings, cfg.extra_mounts, folder=group.folder, is_main=group.is_main, chat_jid=group.chat_jid)
     stored = cfg.model_dump(mode="json", exclude_defaults=True) or None
     with db.write() as session:
-        updated = session.execute(
+        updated = changed_rows(session.execute(
             update(GroupRow).where(GroupRow.chat_jid == chat_jid).values(container_config=stored)
-        ).rowcount
+        ))
     if not updated:
         raise UnknownGroup(chat_jid)
     return get_group(db, chat_jid)

@@ -165,7 +165,7 @@ class RunningContainer:
                 stdin_open=True, **hardened_create_args(spec, prepare_folder(spec.workspace))
             )
             self._sock = client.api.attach_socket(
-                self._container.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+                self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
             )
             self._container.start()
         except DockerException as exc:
@@ -219,7 +219,8 @@ class RunningContainer:
     def _stdout_chunks(self) -> Iterator[bytes]:
         """stdout frames as they come; stderr frames go to the bounded tail."""
         try:
-            for stream, data in frames_iter(self._sock, tty=False):
+            # docker's stubs leave frames_iter unannotated: (stream, bytes) pairs without a tty.
+            for stream, data in frames_iter(self._sock, tty=False):  # type: ignore[no-untyped-call]
                 if stream == STDOUT:
                     yield data
                 elif stream == STDERR:

@@ -25,11 +25,14 @@ sees what every earlier one cost, and a request's output cap
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import selectors
 import socket
 import socketserver
+import ssl
 import stat
 import threading
 import time
@@ -77,6 +80,18 @@ _OUTPUT_KEYS = ("output_tokens", "completion_tokens")
 
 class GatewayError(SandboxError):
     """The gateway's socket could not be set up safely."""
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """The upstream client's TLS context, made once per process.
+
+    Loading the CA bundle is most of what a new ``httpx.Client`` costs (tens
+    of ms, over 100 on a busy machine): every run opens a gateway, and
+    would pay it again (docs/performance.md, "The model gateway").  httpx
+    makes the same one (``SSL_CERT_FILE``/``SSL_CERT_DIR`` honoured).
+    """
+    return httpx.create_ssl_context()
 
 
 class _Head(msgspec.Struct):
@@ -221,7 +236,35 @@ class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
         self.dropped = 0
         self._dir_fd = -1
         self._path = os.fsencode(path)
-        super().__init__(str(path), handler)
+        self._stopping = False
+        self._wake_r, self._wake_w = os.pipe()  # close-on-exec
+        try:
+            super().__init__(str(path), handler)
+        except BaseException:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            raise
+
+    def serve(self) -> None:
+        """Accept connections until :meth:`stop`, which wakes the wait at once.
+
+        ``serve_forever`` would poll for its shutdown instead, and every
+        run's close would wait for the next poll (50 ms on average with
+        its 0.1 s).
+        """
+        with selectors.DefaultSelector() as selector:
+            selector.register(self, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while not self._stopping:
+                for key, _ in selector.select():
+                    if key.fileobj is self and not self._stopping:
+                        # socketserver's own accept-and-dispatch step; typeshed leaves private methods out.
+                        self._handle_request_noblock()  # type: ignore[attr-defined]
+
+    def stop(self) -> None:
+        """End :meth:`serve` (from another thread); accept nothing more."""
+        self._stopping = True
+        os.write(self._wake_w, b"\0")
 
     def server_bind(self) -> None:
         # Every step goes through a descriptor of the folder, and none follows
@@ -251,6 +294,10 @@ class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
 
     def server_close(self) -> None:
         super().server_close()
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
         if self._dir_fd >= 0:
             try:
                 os.unlink(os.path.basename(self._path), dir_fd=self._dir_fd)
@@ -344,7 +391,7 @@ class ModelGateway:
         # byte: the budget check sees every earlier request's cost, and at
         # most one body is in memory.
         self._one_at_a_time = threading.Lock()
-        self._client = httpx.Client(timeout=timeout_s)
+        self._client = httpx.Client(timeout=timeout_s, verify=_tls_context())
         self._api_key = api_key
         self._auth = auth
         # Input + output tokens one run may spend (0: no limit).  Checked
@@ -380,9 +427,7 @@ class ModelGateway:
 
         socket_path.parent.mkdir(parents=True, exist_ok=True)
         self._server = _UnixHTTPServer(socket_path, Handler, max_connections)
-        # A short poll: close() waits for the serving loop to notice.
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), name="model-gateway",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._server.serve, name="model-gateway", daemon=True)
 
     @classmethod
     def for_provider(
@@ -426,7 +471,8 @@ class ModelGateway:
 
     def close(self) -> None:
         if self._thread.is_alive():
-            self._server.shutdown()
+            self._server.stop()
+            self._thread.join()
         self._server.server_close()  # also unlinks the socket
         # A request still being answered is cut; one waiting on the upstream
         # gets a moment to be counted.

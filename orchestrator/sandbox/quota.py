@@ -885,7 +885,7 @@ def report(settings: Settings, folder: str, quota: int) -> QuotaReport:
 
 def unmount_all(settings: Settings) -> list[str]:
     """Unmount every workspace volume of this data dir (the images stay); returns the folders."""
-    done = []
+    done: list[str] = []
     vdir = volumes_dir(settings)
     if not vdir.is_dir():
         return done

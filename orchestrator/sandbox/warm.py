@@ -42,6 +42,7 @@ from types import TracebackType
 
 import docker
 from docker.errors import DockerException, NotFound
+from docker.models.containers import Container
 from sqlalchemy import update
 
 from orchestrator.core.errors import HostileEntry, SandboxError
@@ -124,17 +125,17 @@ class WarmPool:
         return [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}",
                 f"{LABEL_WARM}=1", f"{LABEL_GROUP}={folder}"]
 
-    def find(self, folder: str) -> list[docker.models.containers.Container]:
+    def find(self, folder: str) -> list[Container]:
         return self.client.containers.list(all=True, filters={"label": self._labels(folder)})
 
-    def discard(self, container: docker.models.containers.Container) -> None:
+    def discard(self, container: Container) -> None:
         """Remove a warm container and forget its run marker."""
         with contextlib.suppress(NotFound, DockerException):
             container.remove(force=True)
         folder = container.labels.get(LABEL_GROUP, "")
         if folder:
             with contextlib.suppress(FileNotFoundError):
-                _dirty_marker(self.settings, folder, container.id).unlink()
+                _dirty_marker(self.settings, folder, str(container.id)).unlink()
 
     def stop(self, folder: str) -> int:
         """Stop and remove a group's warm container(s); returns how many."""
@@ -156,7 +157,7 @@ class WarmPool:
         last_error: Exception | None = None
         for _ in range(CONNECT_ATTEMPTS):
             container, cold = self._ensure(spec, config, idle)
-            dirty = _dirty_marker(self.settings, spec.group_folder, container.id)
+            dirty = _dirty_marker(self.settings, spec.group_folder, str(container.id))
             if dirty.exists():
                 # A run on it never finished cleanly (a worker died mid-run):
                 # what that run started may still be running. Never reuse it.
@@ -180,7 +181,7 @@ class WarmPool:
 
     def _ensure(
         self, spec: ContainerSpec, config: str, idle: float
-    ) -> tuple[docker.models.containers.Container, bool]:
+    ) -> tuple[Container, bool]:
         for c in self.find(spec.group_folder):
             if c.status == "running" and c.labels.get(LABEL_WARM_CONFIG) == config:
                 return c, False
@@ -241,7 +242,7 @@ class WarmRun:
     """One run on a warm container; the same surface as ``sandbox.RunningContainer``."""
 
     def __init__(
-        self, container: docker.models.containers.Container, sock: socket.socket, spec: ContainerSpec,
+        self, container: Container, sock: socket.socket, spec: ContainerSpec,
         payload: bytes, *, cold: bool, dirty_marker: Path, pool: WarmPool,
     ) -> None:
         self._container = container
@@ -371,7 +372,7 @@ class WarmRun:
             return
         try:
             runner_pid = int(self._container.attrs["State"]["Pid"])
-            cleaned = kill_all_but(runner_pid, self._container.id)
+            cleaned = kill_all_but(runner_pid, self.id)
             if cleaned is None:
                 result = self._container.exec_run(["/bin/bash", "-c", "kill -9 -1 2>/dev/null; exit 0"], stdin=False)
                 if result.exit_code != 0:

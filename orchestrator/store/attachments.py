@@ -14,13 +14,13 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import delete, select
 
 from orchestrator.core.errors import ChannelError, UnknownGroup
-from orchestrator.store.db import Database
+from orchestrator.store.db import Database, changed_rows
 from orchestrator.store.deliveries import cancel_pending, validate_channel_name
 from orchestrator.store.tables import GroupChannelRow, GroupRow
 
 
 class _Reaches(Protocol):
-    def owns(self, chat_jid: str) -> bool: ...
+    def owns(self, address: str) -> bool: ...
 
 
 class KnownChannels(Protocol):
@@ -81,9 +81,9 @@ def attach_channel(
 def detach_channel(db: Database, chat_jid: str, channel: str) -> bool:
     """Stop showing the group on ``channel``; its unsent deliveries there are cancelled."""
     with db.write() as session:
-        gone = session.execute(
+        gone = changed_rows(session.execute(
             delete(GroupChannelRow).where(GroupChannelRow.chat_jid == chat_jid, GroupChannelRow.channel == channel)
-        ).rowcount
+        ))
         cancel_pending(session, chat_jid=chat_jid, channel=channel, reason="the channel was detached")
     return bool(gone)
 

@@ -22,13 +22,20 @@ import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, create_engine, event, exc, text
+from sqlalchemy import Connection, CursorResult, Engine, Result, create_engine, event, exc, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import Settings
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from sqlalchemy.engine.interfaces import DBAPIConnection
+    from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest revision in migrations/versions; tests/host/test_migrations.py
@@ -124,25 +131,36 @@ class Database:
         self.engine.dispose(close=os.getpid() == self._pid)
 
 
+def changed_rows(result: Result[Any]) -> int:
+    """The rows an UPDATE or DELETE matched.
+
+    ``Session.execute`` is typed to return a ``Result``; for these statements
+    it is a ``CursorResult``, the one that knows the count.
+    """
+    assert isinstance(result, CursorResult)
+    return result.rowcount
+
+
 def _fork_safe(engine: Engine) -> None:
     """Never hand a connection opened by another process (before a fork) to this one."""
 
     @event.listens_for(engine, "connect")
-    def _remember_pid(_dbapi_conn, record) -> None:  # type: ignore[no-untyped-def]
+    def _remember_pid(_dbapi_conn: DBAPIConnection, record: ConnectionPoolEntry) -> None:
         record.info["pid"] = os.getpid()
 
     @event.listens_for(engine, "checkout")
-    def _check_pid(_dbapi_conn, record, proxy) -> None:  # type: ignore[no-untyped-def]
+    def _check_pid(_dbapi_conn: DBAPIConnection, record: ConnectionPoolEntry, proxy: PoolProxiedConnection) -> None:
         if record.info.get("pid") != os.getpid():
             # Detach without closing (the socket belongs to the parent); the
             # pool then opens a fresh connection for this process.
-            record.dbapi_connection = proxy.dbapi_connection = None
+            # Settable on the pool's record and fairy, read-only on the public types they are given as.
+            record.dbapi_connection = proxy.dbapi_connection = None  # type: ignore[misc]
             raise exc.DisconnectionError("connection was opened by another process (fork)")
 
 
 def _tune_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    def _on_connect(dbapi_conn: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
         # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite's own
         # transaction handling would otherwise begin lazily and DEFERRED).
         dbapi_conn.isolation_level = None
@@ -154,7 +172,7 @@ def _tune_sqlite(engine: Engine) -> None:
         cur.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+    def _on_begin(conn: Connection) -> None:
         deferred = conn.get_execution_options().get("sqlite_deferred", False)
         conn.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
 

@@ -7,18 +7,9 @@ message came in on (a person's message is mirrored to the *other* channels).
 Messages channels do not show (superseded, stored-only records such as
 ``tool_use`` and ``thinking``) get none.
 
-After the commit the writer signals a deliverer: the ``deliver`` Celery task
-on the ``delivery`` queue (workers), or a :class:`Deliverer` in the same
-process (tests, ``orchestrator deliveries flush``).  A deliverer claims one
-row at a time with a conditional UPDATE (``pending`` and due -> ``sending``,
-attempts + 1, its name and a claim deadline), so two deliverers never send
-the same row, then renders the message and sends it:
-
-* success: ``sent`` with ``sent_at``;
-* failure: back to ``pending`` after ``uniform(d/2, d)`` seconds,
-  ``d = min(retry_max, retry_base·2ⁿ⁻¹)``, or ``failed`` after
-  ``delivery_max_attempts``; ``last_error`` keeps the reason;
-* the message was superseded meanwhile, or the channel detached: ``cancelled``.
+After the commit the writer signals a deliverer, which claims, sends and
+finishes the rows (``orchestrator/run/outbound.py``); the states are
+``pending``, ``sending``, ``sent``, ``failed`` and ``cancelled``.
 
 Per (chat, channel) the oldest unfinished row goes first (a later one is not
 claimable while an earlier one is pending or sending), so each channel shows
@@ -41,7 +32,7 @@ from sqlalchemy.orm import Session, aliased
 from orchestrator.core.errors import ChannelError
 from orchestrator.model.messages import StoredMessage
 from orchestrator.model.render import ORIGIN_CHANNEL_KEY, displayed
-from orchestrator.store.db import Database
+from orchestrator.store.db import Database, changed_rows
 from orchestrator.store.message_log import driver_execute
 from orchestrator.store.tables import DeliveryRow
 
@@ -137,7 +128,7 @@ def cancel_pending(
         q = q.where(DeliveryRow.channel == channel)
     if seqs is not None:
         q = q.where(DeliveryRow.message_seq.in_(seqs))
-    return session.execute(q.values(state=CANCELLED, last_error=reason)).rowcount or 0
+    return changed_rows(session.execute(q.values(state=CANCELLED, last_error=reason))) or 0
 
 
 # -- reading ------------------------------------------------------------------------
@@ -170,12 +161,12 @@ def due_chats(db: Database) -> list[str]:
 def abandon_stale_claims(db: Database) -> int:
     """Claims past their deadline: the deliverer died mid-send.  Marked failed, never resent."""
     with db.write() as session:
-        return session.execute(
+        return changed_rows(session.execute(
             update(DeliveryRow)
             .where(DeliveryRow.state == SENDING, DeliveryRow.claimed_until < utc_now())
             .values(state=FAILED, last_error="its deliverer stopped while sending; not retried, "
                                              "so that it is never sent twice")
-        ).rowcount or 0
+        )) or 0
 
 
 def with_origin(metadata: dict[str, Any] | None, channel: str | None) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ from datetime import timedelta
 from sqlalchemy import or_, update
 
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
-from orchestrator.store.db import Database
+from orchestrator.store.db import Database, changed_rows
 from orchestrator.store.tables import GroupRow
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def acquire(db: Database, chat_jid: str, owner: str, ttl_s: float, *, clock: Clo
             )
             .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=ttl_s))
         )
-        return result.rowcount == 1
+        return changed_rows(result) == 1
 
 
 def renew(db: Database, chat_jid: str, owner: str, ttl_s: float, *, clock: Clock = SYSTEM_CLOCK) -> bool:
@@ -47,7 +47,7 @@ def renew(db: Database, chat_jid: str, owner: str, ttl_s: float, *, clock: Clock
             .where(GroupRow.chat_jid == chat_jid, GroupRow.lease_owner == owner)
             .values(lease_expires_at=clock.now() + timedelta(seconds=ttl_s))
         )
-        return result.rowcount == 1
+        return changed_rows(result) == 1
 
 
 def release(db: Database, chat_jid: str, owner: str) -> None:

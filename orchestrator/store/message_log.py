@@ -50,7 +50,7 @@ def to_stored(row: MessageRow) -> StoredMessage:
         content=row.content,
         timestamp=row.timestamp,
         is_from_me=row.is_from_me,
-        message_type=row.message_type,  # type: ignore[arg-type]
+        message_type=row.message_type,  # type: ignore[arg-type]  # a str column; the model checks the Literal
         metadata=row.meta,
         superseded_at=row.superseded_at,
         edited_at=row.edited_at,
@@ -127,6 +127,7 @@ def driver_execute(conn: Connection, sql: str, params: dict[str, Any] | None = N
     driver's own exceptions; the caller's ``with`` block still rolls back.
     """
     native = sql if conn.dialect.name == "sqlite" else _pyformat(sql)
+    # A checked-out connection always has its driver's connection (typed Optional).
     return conn.connection.driver_connection.execute(native, params or {})  # type: ignore[union-attr]
 
 

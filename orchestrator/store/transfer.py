@@ -12,13 +12,19 @@ from __future__ import annotations
 import difflib
 import json
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy import update
 
 from orchestrator.core.errors import InvalidMessage
-from orchestrator.model.envelopes import CODE_EDIT, TODO, TOOL_CALL, InvalidMessageMetadata, parse_message_metadata
+from orchestrator.model.envelopes import (
+    CodeEditPayload,
+    InvalidMessageMetadata,
+    TodoPayload,
+    ToolCallPayload,
+    parse_message_metadata,
+)
 from orchestrator.model.messages import NewMessage, StoredMessage
 from orchestrator.model.render import render_text
 from orchestrator.store.db import Database
@@ -26,7 +32,7 @@ from orchestrator.store.groups import find_group, validate_folder
 from orchestrator.store.message_log import get_messages_after, insert_message
 from orchestrator.store.tables import GroupRow, MessageRow
 
-FORMAT = "orchestrator-chat"
+FORMAT: Final = "orchestrator-chat"
 FORMAT_VERSION = 1
 
 
@@ -154,23 +160,24 @@ def _fence(text: str, lang: str = "") -> str:
 
 
 def _structured_markdown(msg: StoredMessage) -> str | None:
-    parsed = parse_message_metadata(msg.metadata)
-    if parsed.message_type == CODE_EDIT:
+    payload = parse_message_metadata(msg.metadata).payload
+    # Each known type's payload is its protocol Struct (raw for unknown types, None for TEXT).
+    if isinstance(payload, CodeEditPayload):
         parts = []
-        for edit in parsed.payload.edits:
+        for edit in payload.edits:
             old = (edit.old_content or "").splitlines()
             new = (edit.new_content or "").splitlines()
             diff = difflib.unified_diff(old, new, f"a/{edit.file_path}", f"b/{edit.file_path}", lineterm="")
             parts.append(f"**{edit.file_path}**\n\n{_fence(chr(10).join(diff), 'diff')}")
         return "\n\n".join(parts)
-    if parsed.message_type == TODO:
+    if isinstance(payload, TodoPayload):
         marks = {"pending": "- [ ]", "in_progress": "- [ ] ◐", "completed": "- [x]"}
         return "\n".join(
             f"{marks[t.status]} {'~~' + t.content + '~~' if t.status == 'completed' else t.content}"
-            for t in parsed.payload.todos
+            for t in payload.todos
         )
-    if parsed.message_type == TOOL_CALL:
-        p = parsed.payload
+    if isinstance(payload, ToolCallPayload):
+        p = payload
         body = f"`{p.tool_name}`\n\n{_fence(json.dumps(p.input, indent=2, ensure_ascii=False), 'json')}"
         if p.output is not None:
             out = p.output if isinstance(p.output, str) else json.dumps(p.output, indent=2, ensure_ascii=False)

@@ -41,13 +41,13 @@ class RecordingChannel(BaseChannel):
     def rendered(self) -> list[str]:
         return [m.text for m in self.sent]
 
-    def send(self, chat_jid: str, rendered: RenderedMessage) -> None:
+    def send(self, address: str, rendered: RenderedMessage) -> None:
         with self._lock:
             self.calls += 1
             if self.calls <= self.fail_times:
                 raise ChannelDown(f"{self.name} is down (call {self.calls})")
             self.sent.append(rendered)
-            self.addresses.append(chat_jid)
+            self.addresses.append(address)
 
 
 def attach_recorder(db: Database, *chat_jids: str, name: str = "recorder") -> RecordingChannel:
@@ -65,7 +65,7 @@ class FileChannel(BaseChannel):
         self.fail_times = fail_times
         folder.mkdir(parents=True, exist_ok=True)
 
-    def send(self, chat_jid: str, rendered: RenderedMessage) -> None:
+    def send(self, address: str, rendered: RenderedMessage) -> None:
         with open(self._counter, "a+") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)  # prefork children share the count
             fh.seek(0)
@@ -75,7 +75,7 @@ class FileChannel(BaseChannel):
             raise ChannelDown(f"{self.name} is down (call {calls})")
         with open(self.path, "a") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
-            fh.write(json.dumps({"address": chat_jid, **rendered.model_dump()}, ensure_ascii=False) + "\n")
+            fh.write(json.dumps({"address": address, **rendered.model_dump()}, ensure_ascii=False) + "\n")
 
 
 def read_file_channel(settings: Settings, name: str) -> list[dict]:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import queue
+import signal
+import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from orchestrator.cli.supervisor import api_argv
 from orchestrator.core.settings import Settings
 from orchestrator.http import stream as stream_module
 from orchestrator.http.api import create_app
@@ -46,6 +52,8 @@ class EventReader:
     def __init__(self, url: str, headers: dict[str, str] | None = None) -> None:
         self.events: queue.Queue[Event] = queue.Queue()
         self.comments: list[str] = []
+        self.ended = threading.Event()  # the body is over: the server ended it, or the test closed it
+        self.error: Exception | None = None  # why reading stopped, if not at the body's proper end
         self._client = httpx.Client(timeout=httpx.Timeout(10, read=None))
         self._cm = self._client.stream("GET", url, headers=headers or {})
         self.response = self._cm.__enter__()
@@ -72,8 +80,10 @@ class EventReader:
                         data.append(value)
                     elif field == "id":
                         last_id = value
-        except (httpx.HTTPError, RuntimeError):
-            pass  # closed by the test
+        except (httpx.HTTPError, RuntimeError) as exc:
+            self.error = exc  # closed by the test, or the body was cut short
+        finally:
+            self.ended.set()
 
     def next(self, timeout: float = 10) -> Event:
         try:
@@ -100,6 +110,13 @@ class EventReader:
         return out
 
     def close(self) -> None:
+        # Shut the socket down first: closed under the reading thread (blocked in recv) it would
+        # send no FIN, and the server would never see this client go.
+        stream = self.response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         self.response.close()
         self._client.close()
 
@@ -241,6 +258,28 @@ def test_idle_stream_sends_keepalives(db: Database, open_stream: Callable[..., E
     assert events.comments and events.comments[0] == ": keepalive"
 
 
+def test_a_stream_stops_polling_when_its_client_goes(db: Database, base_url: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks: list[float] = []
+    poll = ChatStream.poll
+    monkeypatch.setattr(ChatStream, "poll", lambda self: (ticks.append(time.monotonic()), poll(self))[1])
+    # A raw client, so that going away is a real FIN (a socket closed under a thread blocked in recv is not).
+    host, port = base_url.removeprefix("http://").split(":")
+    client = socket.create_connection((host, int(port)), timeout=10)
+    client.sendall(f"GET /api/chats/{JID}/stream HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    assert client.recv(4096).startswith(b"HTTP/1.1 200")
+    deadline = time.monotonic() + 10
+    while len(ticks) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(ticks) >= 3
+    client.shutdown(socket.SHUT_RDWR)
+    client.close()
+    time.sleep(0.5)  # a tick under way finishes
+    after_close = len(ticks)
+    time.sleep(1.0)  # five more ticks, were it still running
+    assert len(ticks) == after_close
+
+
 def test_a_tick_holds_no_connection_or_transaction(db: Database, settings: Settings) -> None:
     add_group(db, chat_jid=JID, name="Live", folder="live")
     seqs = [_msg(db, f"m{i}", "x").seq for i in range(401)]  # three pages
@@ -248,7 +287,55 @@ def test_a_tick_holds_no_connection_or_transaction(db: Database, settings: Setti
     chat = ChatStream(db, JID, 0)
     frames = chat.poll()
     assert db.engine.pool.checkedout() == 0  # every read transaction ended with the tick
-    assert [f.split("\n", 1)[0] for f in frames].count("event: message") == 401
-    assert sum(f.startswith("event: run") for f in frames) == 1
+    assert [f.event for f in frames].count("message") == 401
+    assert [f.event for f in frames].count("run") == 1
     assert chat.cursor == seqs[-1]
     assert chat.poll() == [] and db.engine.pool.checkedout() == 0
+
+
+def test_open_streams_end_cleanly_when_the_server_stops(db: Database, settings: Settings) -> None:
+    """The production command (``orchestrator up``'s API process) under SIGTERM with a stream open:
+    the stream ends on its own, the response complete, well within uvicorn's 3 s graceful shutdown."""
+    add_group(db, chat_jid=JID, name="Live", folder="live")
+    _msg(db, "m1", "hello")
+    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+           "ORCHESTRATOR_DATABASE_URL": settings.database_url}
+    server = subprocess.Popen(api_argv("127.0.0.1", 0), env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log_lines: list[str] = []
+    started: queue.Queue[str] = queue.Queue()
+
+    def read_log() -> None:
+        assert server.stderr is not None
+        for line in server.stderr:
+            log_lines.append(line)
+            if "Uvicorn running on " in line:
+                started.put(line.split("Uvicorn running on ", 1)[1].split()[0])
+
+    threading.Thread(target=read_log, daemon=True).start()
+    reader = None
+    try:
+        try:
+            url = started.get(timeout=60)
+        except queue.Empty:
+            raise AssertionError("the API did not start:\n" + "".join(log_lines)) from None
+        reader = EventReader(f"{url}/api/chats/{JID}/stream")
+        assert reader.response.status_code == 200 and reader.next().json["id"] == "m1"
+
+        sent = time.monotonic()
+        server.send_signal(signal.SIGTERM)
+        assert reader.ended.wait(5), "the stream did not end"
+        ended = time.monotonic() - sent
+        assert reader.error is None, reader.error  # a complete response, not one cut off
+        assert ended < 2.0, ended
+        # After its graceful shutdown uvicorn re-raises the signal it got (the exit a caller expects).
+        assert server.wait(timeout=10) in (0, -signal.SIGTERM)
+    finally:
+        if reader is not None:
+            reader.close()
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    log_text = "".join(log_lines)
+    assert "timeout graceful shutdown exceeded" not in log_text, log_text
+    assert "without completing response" not in log_text and "Traceback" not in log_text, log_text

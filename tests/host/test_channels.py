@@ -175,9 +175,9 @@ def test_retry_delays_grow_exponentially_with_jitter() -> None:
 
 def test_concurrent_deliverers_never_send_a_message_twice(team: Database, settings: Settings) -> None:
     class Slow(RecordingChannel):
-        def send(self, chat_jid: str, rendered) -> None:  # type: ignore[no-untyped-def]
+        def send(self, address: str, rendered) -> None:  # type: ignore[no-untyped-def]
             time.sleep(0.002)  # so that claims really overlap
-            super().send(chat_jid, rendered)
+            super().send(address, rendered)
 
     channels = [Slow("one"), Slow("two")]
     for ch in channels:
@@ -262,8 +262,8 @@ def test_channels_of_another_process_are_left_alone_unless_told(team: Database, 
 
 def test_registry_is_keyed_by_name_and_checks_addresses(team: Database, settings: Settings) -> None:
     class Rooms(RecordingChannel):
-        def owns(self, chat_jid: str) -> bool:
-            return chat_jid.startswith("room:")
+        def owns(self, address: str) -> bool:
+            return address.startswith("room:")
 
     with pytest.raises(ChannelError, match="two channels"):
         ChannelRegistry([RecordingChannel("x"), RecordingChannel("x")])

@@ -7,7 +7,9 @@ import os
 import resource
 import shutil
 import socket
+import ssl
 import stat
+import statistics
 import tempfile
 import threading
 import time
@@ -30,6 +32,7 @@ from agent_runner.protocol import (
 from agent_runner.providers.anthropic import AnthropicProvider, _unix_socket_client
 
 from orchestrator.core.settings import Settings
+from orchestrator.sandbox import gateway as gateway_module
 from orchestrator.sandbox.gateway import OPENAI_PATHS, GatewayError, ModelGateway, _chmod_socket
 from tests.fakes.anthropic_api import FakeAnthropic, api_error, message, message_stream
 from tests.fakes.openai_api import FakeOpenAI, chat, chat_stream, raw
@@ -135,6 +138,47 @@ def test_socket_in_a_folder_with_a_long_path(tmp_path: Path, fake: FakeAnthropic
             shutil.rmtree(short)
     assert gw.requests == 1 and fake.calls[0].headers["x-api-key"] == KEY
     assert not path.exists()
+
+
+# -- every run opens and closes a gateway: what that costs the worker ----------------
+
+def test_closing_does_not_wait_for_a_poll(sock: Path, fake: FakeAnthropic) -> None:
+    # The accept loop is woken by close(); serve_forever's 0.1 s poll made
+    # every run's close wait for it (~100 ms right after a request).
+    fake.replies.extend(message([{"type": "text", "text": "ok"}], "end_turn") for _ in range(5))
+    took: list[float] = []
+    with fake.serve() as upstream:
+        for _ in range(5):
+            gw = ModelGateway(sock, upstream=upstream, api_key=KEY)
+            with gw, gateway_client(sock) as client:
+                assert client.post("/v1/messages", json=REQUEST).status_code == 200
+                start = time.monotonic()
+            took.append(time.monotonic() - start)
+            assert not gw._thread.is_alive() and not sock.exists()
+            with pytest.raises(OSError), socket.socket(socket.AF_UNIX) as conn:
+                conn.connect(str(sock))
+    assert statistics.median(took) < 0.08, took
+
+
+def test_gateways_share_one_verifying_tls_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Loading the CA bundle is most of a new client's cost: once per process, not once per run.
+    made: list[ssl.SSLContext] = []
+    real = httpx.create_ssl_context
+
+    def counted() -> ssl.SSLContext:
+        made.append(real())
+        return made[-1]
+
+    monkeypatch.setattr(httpx, "create_ssl_context", counted)
+    gateway_module._tls_context.cache_clear()
+    try:
+        for n in range(3):
+            with ModelGateway(tmp_path / f"r{n}" / "model.sock", upstream="https://api.example", api_key=KEY):
+                pass
+    finally:
+        gateway_module._tls_context.cache_clear()
+    (ctx,) = made
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
 
 
 def test_unreachable_upstream_is_502(sock: Path) -> None:

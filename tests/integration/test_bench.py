@@ -109,3 +109,13 @@ def test_cli_bench_times_help_and_send_against_the_interpreter() -> None:
         assert wall > 0 and cpu >= 0, line
     floor_line = next(x for x in out.splitlines() if x.startswith("python -c pass"))
     assert numbers(r"([\d.]+)x", floor_line) == [1.0]
+
+
+def test_gateway_bench_times_open_close_memory_and_latency() -> None:
+    out = bench("bench.gateway", "--rounds", "1", "--cycles", "3", "--requests", "5", "--long", "0", timeout=300)
+    lines = out.splitlines()
+    rows = [x for x in lines if x.startswith("orchestrator.sandbox.gateway")]
+    assert len(rows) == 3, out  # cold start, memory, latency
+    ready, close, total, p95, cpu = numbers(r"([\d.]+)", rows[0].split("gateway", 1)[1].split("|")[0])
+    assert 0 < ready <= total <= p95 and close >= 0 and cpu > 0, rows[0]
+    assert "overhead p50" in out

@@ -28,6 +28,7 @@ from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline, RunOutcome
 from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED, LABEL_WARM
+from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
@@ -57,7 +58,8 @@ def pipe(request: pytest.FixtureRequest, tmp_path: Path, agent_image: str) -> It
     rec = attach_recorder(db, JID)
     pipeline = Pipeline(settings, db, ChannelRegistry([rec]))
     yield pipeline, rec
-    pipeline.sandbox.stop_all()
+    if isinstance(pipeline.sandbox, WarmPool):  # a cold pipeline has no warm containers
+        pipeline.sandbox.stop_all()
     labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={settings.install_id}"]
     leftover = docker.from_env().containers.list(all=True, filters={"label": labels})
     for c in leftover:

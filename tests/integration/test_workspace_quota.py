@@ -26,6 +26,7 @@ from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline, RunOutcome
 from orchestrator.sandbox import quota
+from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
@@ -72,7 +73,8 @@ def _group(tmp_path: Path, agent_image: str, **fields: object) -> Iterator[Group
     try:
         yield Group(pipeline, db, rec)
     finally:
-        pipeline.sandbox.stop_all()
+        if isinstance(pipeline.sandbox, WarmPool):  # a cold pipeline has no warm containers
+            pipeline.sandbox.stop_all()
         db.dispose()
         quota.unmount_all(settings)
         from tests.quota_support import release_everything

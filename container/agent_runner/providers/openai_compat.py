@@ -147,12 +147,12 @@ def _error_detail(raw: bytes) -> str:
         return _snippet(raw)
     if isinstance(body, dict):
         error = body.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
+        if isinstance(error, dict) and isinstance(message := error.get("message"), str):
+            return message
         if isinstance(error, str):
             return error
-        if isinstance(body.get("message"), str):
-            return body["message"]
+        if isinstance(message := body.get("message"), str):
+            return message
     return _snippet(raw)
 
 

@@ -49,6 +49,7 @@ class _CappedReader:
 
     def drain(self) -> None:
         try:
+            # A pipe from Popen: a BufferedReader, which has read1 (IO[bytes] does not).
             while chunk := self._stream.read1(READ_CHUNK):  # type: ignore[attr-defined]
                 self.total += len(chunk)
                 room = self._cap - len(self._kept)

@@ -57,7 +57,7 @@ def copy_messages(conn: sa.Connection) -> int:
                         "message_type", "metadata") if n in columns]
     old = sa.table(OLD_MESSAGES, *(sa.column(n) for n in read))
     if conn.dialect.name == "sqlite":
-        order = [old.c.timestamp, sa.literal_column("rowid")]
+        order: list[sa.ColumnElement[Any]] = [old.c.timestamp, sa.literal_column("rowid")]
     else:
         # Byte order, as SQLite compares text (not the database's collation).
         order = [old.c.timestamp.collate("C"), old.c.chat_jid, old.c.id]

@@ -1,0 +1,232 @@
+"""The Celery tasks of ``workers/tasks.py`` in a real, in-process worker, over a real broker.
+
+The worker is Celery's own embedded one (``celery.contrib.testing.worker.start_worker``:
+the real ``WorkController``, solo pool, in a thread), consuming the root's
+Celery app as ``orchestrator/run/queue.py`` configures it (queues, routes,
+acks, serializer) on a real broker: ``[sqlite]`` with the embedded
+``filesystem://`` broker under the test's data dir, ``[postgresql]`` with
+Redis on loopback (``tests/conftest.py``'s ``REDIS_URL``; its keys under a
+prefix of this test's own, removed afterwards).  The tasks are the worker's
+own, registered on that app for a root whose sandbox is the fake of
+``tests/fakes/sandbox.py`` and whose channels record what they are given
+(``workers.tasks.register``).  Signals go out as everywhere else, through
+the root's ``Signals``; what a task returned is read from Celery's
+``task_postrun`` signal (the app keeps no results).
+
+Why not pytest-celery: its worker fixtures (``celery_worker``, ``celery_setup``)
+run workers, brokers and backends in Docker containers built from images of
+their own, which these host tests neither need nor may build; its legacy
+``celery_app`` fixture (re-exported from ``celery.contrib.pytest``) makes a
+test app with a memory broker and its own configuration instead of the
+root's.  ``celery.contrib.testing`` runs the real worker on the real app.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import msgspec
+import pytest
+from agent_runner.protocol import AssistantEvent, ResultEvent
+from celery.contrib.testing.worker import start_worker
+from celery.signals import task_postrun
+
+from orchestrator.core.settings import Settings
+from orchestrator.root import Orchestrator
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry
+from orchestrator.run.queue import DELIVER_TASK, DRAIN_TASK, SWEEP_TASK
+from orchestrator.store.attachments import attach_channel
+from orchestrator.store.db import Database
+from orchestrator.store.deliveries import list_deliveries
+from orchestrator.store.groups import MAIN_JID, ensure_main_group
+from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.runs import create_run, get_run, list_runs
+from tests.conftest import REDIS_URL, redis_available, require_service
+from tests.fakes.channel import RecordingChannel
+from tests.fakes.sandbox import FakeSandbox, Script
+
+JID = MAIN_JID
+REPLY = Script([AssistantEvent(text="done"), ResultEvent()])
+
+
+@dataclass
+class Finished:
+    task_id: str
+    name: str
+    state: str
+    retval: Any
+
+
+class TaskLog:
+    """Every task the worker finished, in order (Celery's ``task_postrun``)."""
+
+    def __init__(self) -> None:
+        self.done: list[Finished] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, task_id: str, task: Any, retval: Any = None, state: str = "", **_: Any) -> None:
+        with self._cond:
+            self.done.append(Finished(task_id, task.name, state, retval))
+            self._cond.notify_all()
+
+    def wait(self, name: str, count: int = 1, timeout: float = 30) -> list[Finished]:
+        """The first ``count`` finished tasks named ``name`` (waiting for them)."""
+        def named() -> list[Finished]:
+            return [f for f in self.done if f.name == name]
+
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(named()) >= count, timeout):
+                raise AssertionError(f"{count} × {name} not finished within {timeout}s; done: {self.done}")
+            return named()[:count]
+
+
+@dataclass
+class Worker:
+    root: Orchestrator
+    tasks: Any  # workers.tasks.Tasks on the root's app
+    log: TaskLog
+
+
+@pytest.fixture(scope="module")
+def tasks_module(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    """``workers.tasks``.  Importing it builds the worker process's own root from the
+    environment (never used here): point its data dir at a scratch folder, not ./data."""
+    if "workers.tasks" not in sys.modules:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("ORCHESTRATOR_DATA_DIR", str(tmp_path_factory.mktemp("environment-root")))
+            importlib.import_module("workers.tasks")
+    return sys.modules["workers.tasks"]
+
+
+@pytest.fixture
+def broker_settings(settings: Settings, db_backend: str) -> Settings:
+    """The test's settings with its broker: filesystem:// beside SQLite, Redis beside PostgreSQL."""
+    if db_backend == "sqlite":
+        return settings
+    require_service(redis_available(), f"a Redis server at {REDIS_URL}")
+    return settings.model_copy(update={"broker_url": REDIS_URL})
+
+
+@pytest.fixture
+def start(tasks_module: ModuleType, broker_settings: Settings, db: Database) -> Iterator[Any]:
+    """``start(sandbox, *channels)``: a root with those parts and a worker running its tasks."""
+    redis_prefixes: list[str] = []
+    with contextlib.ExitStack() as stack:
+
+        def starter(sandbox: FakeSandbox, *channels: RecordingChannel) -> Worker:
+            root = Orchestrator(broker_settings, sandbox=sandbox, channels=ChannelRegistry(channels))
+            stack.callback(root.close)
+            app = root.celery
+            if broker_settings.broker_url:
+                # Queues of this test's own on a shared server.
+                prefix = f"orchestrator-test-{uuid.uuid4().hex[:12]}:"
+                redis_prefixes.append(prefix)
+                app.conf.broker_transport_options = {**app.conf.broker_transport_options, "global_keyprefix": prefix}
+            tasks = tasks_module.register(app, root)
+            log = TaskLog()
+            task_postrun.connect(log, weak=False)
+            stack.callback(task_postrun.disconnect, log)
+            stack.enter_context(start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=30,
+                                             loglevel="WARNING"))
+            return Worker(root, tasks, log)
+
+        yield starter
+    if redis_prefixes:
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL)
+        for prefix in redis_prefixes:
+            for key in client.scan_iter(match=f"{prefix}*"):
+                client.delete(key)
+        client.close()
+
+
+def _bot(db: Database) -> list[str]:
+    return [m.content for m in get_messages_after(JID, 0, db=db) if m.sender == "bot"]
+
+
+def test_drain_group_runs_the_pending_message_and_stores_the_reply(start: Any, db: Database) -> None:
+    ensure_main_group(db)
+    recorder = RecordingChannel("recorder")
+    attach_channel(db, JID, "recorder")
+    sandbox = FakeSandbox(REPLY)
+    w = start(sandbox, recorder)
+    # The channel's own message: not mirrored back to it; the drain signal goes through the broker.
+    ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="hello there", channel="recorder"),
+           signal=w.root.signals.group)
+
+    [drained] = w.log.wait(DRAIN_TASK)
+    assert drained.state == "SUCCESS", drained.retval
+    [run] = list_runs(db, chat_jid=JID)
+    assert drained.retval == {"chat_jid": JID, "runs": [{"id": run.id, "state": "succeeded", "outputs": 1}]}
+    assert run.celery_task_id == drained.task_id  # the task's request id reached the run
+    assert _bot(db) == ["done"]
+    [(_, sent_input)] = sandbox.started
+    assert sent_input.run_id == run.id and "hello there" in msgspec.json.encode(sent_input.messages).decode()
+    # The reply's delivery signal: the deliver task sends it to the group's channel.
+    w.log.wait(DELIVER_TASK)
+    assert recorder.rendered and recorder.rendered[-1].endswith("done")
+    assert [(d.channel, d.state) for d in list_deliveries(db, chat_jid=JID)] == [("recorder", "sent")]
+
+
+def test_deliver_sends_due_deliveries_and_reschedules_a_failed_one(start: Any, db: Database) -> None:
+    ensure_main_group(db)
+    steady, flaky = RecordingChannel("steady"), RecordingChannel("flaky", fail_times=1)
+    for name in ("steady", "flaky"):
+        attach_channel(db, JID, name)
+    w = start(FakeSandbox(REPLY), steady, flaky)
+    msg = ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="to every channel"),
+                 signal=None, signal_delivery=w.root.signals.delivery).message
+
+    first, second = w.log.wait(DELIVER_TASK, count=2)
+    assert first.state == "SUCCESS" and first.retval["chat_jid"] == JID
+    assert (first.retval["sent"], first.retval["failed_attempts"]) == (1, 1)
+    assert 0 < first.retval["retry_in"] <= 1.0  # flaky's first backoff (0.5-1 s): the task it scheduled ran then
+    assert (second.retval["sent"], second.retval["failed_attempts"], second.retval["retry_in"]) == (1, 0, None)
+    assert steady.rendered == flaky.rendered and len(steady.rendered) == 1 and "to every channel" in steady.rendered[0]
+    assert flaky.calls == 2
+    by_channel = {d.channel: d for d in list_deliveries(db, message_seq=msg.seq)}
+    assert {c: (d.state, d.attempts) for c, d in by_channel.items()} == {"steady": ("sent", 1), "flaky": ("sent", 2)}
+    assert "flaky is down" in (by_channel["flaky"].last_error or "")
+
+
+class Orphans:
+    """Stands in for the Docker engine the sweep looks at (``Orchestrator.docker``)."""
+
+    def __init__(self, removes: int) -> None:
+        self.removes = removes
+        self.live: list[set[str]] = []
+
+    def remove_orphans(self, live_runs: set[str]) -> int:
+        self.live.append(live_runs)
+        return self.removes
+
+
+def test_sweep_returns_its_report(start: Any, db: Database) -> None:
+    ensure_main_group(db)
+    w = start(FakeSandbox(REPLY))
+    orphans = Orphans(removes=2)
+    w.root.docker = orphans  # type: ignore[assignment]  # the part the sweep takes, swapped like the sandbox
+    # What a dead worker leaves: a pending message whose signal was lost, and its run never finished.
+    msg = ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="anyone?"), signal=None).message
+    stale = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=msg.seq, celery_task_id=None)
+
+    w.tasks.sweep.delay()
+    [swept] = w.log.wait(SWEEP_TASK)
+    assert swept.state == "SUCCESS"
+    assert swept.retval == {"interrupted_runs": [stale.id], "signalled_groups": [JID], "removed_containers": 2,
+                            "abandoned_deliveries": 0, "delivery_signals": []}
+    assert get_run(db, stale.id).state == "failed" and orphans.live == [set()]
+    # The group it signalled again is drained by the same worker: the message gets its answer.
+    [drained] = w.log.wait(DRAIN_TASK)
+    assert [r["state"] for r in drained.retval["runs"]] == ["succeeded"]
+    assert _bot(db) == ["done"]
