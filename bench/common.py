@@ -227,5 +227,5 @@ def signals_for(settings: Settings) -> Signals:
     """
     key = (settings.effective_broker_url, str(settings.data_dir))
     if key not in _SIGNALS:
-        _SIGNALS[key] = Signals(make_celery(settings))
+        _SIGNALS[key] = Signals(lambda: make_celery(settings))
     return _SIGNALS[key]

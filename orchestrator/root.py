@@ -45,9 +45,13 @@ class Orchestrator:
         channels: ChannelRegistry | None = None,
         clock: Clock = SYSTEM_CLOCK,
         migrate: bool = True,
+        deadline_exceptions: tuple[type[BaseException], ...] = (),
     ) -> None:
         self.settings = settings
         self.clock = clock
+        # What the task queue raises when a task is out of time (the worker's
+        # Celery soft limit): the pipeline ends such a run timed_out, no retry.
+        self.deadline_exceptions = deadline_exceptions
         self._migrate = migrate
         if sandbox is not None:
             self.sandbox = sandbox  # fills the cached_property
@@ -107,7 +111,8 @@ class Orchestrator:
         from orchestrator.run.pipeline import Pipeline
 
         return Pipeline(self.settings, self.db, self.channels, self.sandbox,
-                        signal_delivery=self.signals.delivery, clock=self.clock)
+                        signal_delivery=self.signals.delivery, clock=self.clock,
+                        deadline_exceptions=self.deadline_exceptions)
 
     # -- what the entry points do with them -------------------------------------------
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 
+from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init, worker_ready
 
 from orchestrator.root import Orchestrator
 
-orchestrator = Orchestrator.from_environment()
+orchestrator = Orchestrator.from_environment(deadline_exceptions=(SoftTimeLimitExceeded,))
 app = orchestrator.celery
 log = logging.getLogger("workers")
 

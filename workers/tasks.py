@@ -22,11 +22,9 @@ import logging
 from typing import Any, NamedTuple
 
 from celery import Celery
-from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_ready
 
 from orchestrator.root import Orchestrator
-from orchestrator.run.pipeline import Pipeline
 from orchestrator.run.queue import DELIVER_TASK, DRAIN_TASK, SCHEDULE_TASK, SWEEP_TASK
 from orchestrator.run.schedules import fire_due
 from orchestrator.run.sweeper import SweepReport
@@ -56,15 +54,9 @@ def _sweep_report(report: SweepReport) -> dict[str, object]:
 def register(app: Celery, root: Orchestrator) -> Tasks:
     """The tasks on ``app``, working on ``root``."""
 
-    def pipeline() -> Pipeline:
-        p = root.pipeline
-        # Celery's soft time limit means "out of time": the run ends timed_out, no retry.
-        p.deadline_exceptions = (SoftTimeLimitExceeded,)
-        return p
-
     @app.task(name=DRAIN_TASK, bind=True, acks_late=True, shared=False)
     def drain_group(self, chat_jid: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
-        outcomes = pipeline().drain_group(chat_jid, task_id=self.request.id)
+        outcomes = root.pipeline.drain_group(chat_jid, task_id=self.request.id)
         return {
             "chat_jid": chat_jid,
             "runs": [{"id": o.run.id, "state": o.run.state, "outputs": len(o.stored)} for o in outcomes],

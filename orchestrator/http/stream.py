@@ -1,6 +1,6 @@
 """A chat's live event stream: server-sent events for the HTTP API and the web page.
 
-``GET /api/chats/{jid}/stream?after=SEQ`` sends, as they are committed:
+``GET /api/chats/{chat_jid}/stream?after=SEQ`` sends, as they are committed:
 
 * ``event: message`` (``id:`` the seq) with the :class:`StoredMessage` JSON of
   each new message of the display view (superseded ones are left out, host

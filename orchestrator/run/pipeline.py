@@ -160,6 +160,7 @@ class Pipeline:
         *,
         signal_delivery: Callable[[str], object] | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        deadline_exceptions: tuple[type[BaseException], ...] = (),
     ) -> None:
         self.settings = settings
         self.db = db
@@ -172,7 +173,7 @@ class Pipeline:
         self.clock = clock
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         # Exceptions that mean "out of time" (Celery's soft time limit); set by the worker.
-        self.deadline_exceptions: tuple[type[BaseException], ...] = ()
+        self.deadline_exceptions = deadline_exceptions
 
     @property
     def sandbox(self) -> Sandbox:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -104,24 +105,21 @@ _RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "i
 class Signals:
     """The two signals a process sends: "drain group G" and "deliver chat C's due messages".
 
-    Call them only after the database commit.  ``app`` is the Celery app, or
-    a function that makes it on first use (the CLI pays for Celery only when
-    it signals).  After a failed publish every signal raises
+    Call them only after the database commit.  ``make_app`` makes the Celery
+    app on first use (the CLI pays for Celery only when it signals).  After a
+    failed publish every signal raises
     :class:`BrokerUnavailable` for a few seconds instead of waiting out its
     own retries.
     """
 
-    def __init__(self, app: Celery | Callable[[], Celery], *, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self._app: Any = app
-        self._made = hasattr(app, "send_task")  # an app, not a function that makes one
+    def __init__(self, make_app: Callable[[], Celery], *, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._make_app = make_app
         self._monotonic = monotonic
         self._broken_until = 0.0
 
-    @property
+    @cached_property
     def app(self) -> Celery:
-        if not self._made:
-            self._app, self._made = self._app(), True
-        return self._app  # type: ignore[no-any-return]  # _app holds the app or, until made, its factory
+        return self._make_app()
 
     def group(self, chat_jid: str) -> str:
         """Ask some worker to drain ``chat_jid``."""

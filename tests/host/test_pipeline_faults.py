@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 from agent_runner.protocol import AssistantEvent, ErrorEvent, ResultEvent
 from sqlalchemy import update
 
@@ -38,11 +37,12 @@ class Deadline(Exception):
     """Stands for Celery's SoftTimeLimitExceeded."""
 
 
-def _pipeline(settings: Settings, db: Database, sandbox: FakeSandbox, clock: FakeClock, **over: object) -> Pipeline:
-    s = settings.model_copy(update={"max_attempts": 3, "retry_base_s": 10.0, "retry_max_s": 60.0, **over})
+def _pipeline(settings: Settings, db: Database, sandbox: FakeSandbox, clock: FakeClock,
+              deadline_exceptions: tuple[type[BaseException], ...] = ()) -> Pipeline:
+    s = settings.model_copy(update={"max_attempts": 3, "retry_base_s": 10.0, "retry_max_s": 60.0})
     ensure_main_group(db)
     rec = attach_recorder(db, JID)
-    return Pipeline(s, db, ChannelRegistry([rec]), sandbox, clock=clock)
+    return Pipeline(s, db, ChannelRegistry([rec]), sandbox, clock=clock, deadline_exceptions=deadline_exceptions)
 
 
 def _say(p: Pipeline, text: str = "hello") -> StoredMessage:
@@ -161,18 +161,16 @@ def test_the_sandbox_time_limit_ends_the_run_timed_out_without_retry(settings: S
 def test_the_task_deadline_ends_the_run_timed_out_without_retry(settings: Settings, db: Database) -> None:
     clock = FakeClock()
     sandbox = FakeSandbox(Script([AssistantEvent(text="started")], raise_after_events=Deadline()))
-    p = _pipeline(settings, db, sandbox, clock)
-    p.deadline_exceptions = (Deadline,)
+    p = _pipeline(settings, db, sandbox, clock, deadline_exceptions=(Deadline,))
     _say(p)
     [outcome] = p.drain_group(JID)
     assert outcome.run.state == "timed_out" and len(sandbox.started) == 1
     assert sandbox.agents[0].killed.is_set()  # leaving the sandbox's context stopped it
 
 
-@pytest.mark.parametrize("n", [2])
-def test_a_group_is_drained_once_by_two_pipelines_at_once(settings: Settings, db: Database, n: int) -> None:
+def test_a_group_is_drained_once_by_two_pipelines_at_once(settings: Settings, db: Database) -> None:
     clock = FakeClock()
-    sandboxes = [FakeSandbox(OK) for _ in range(n)]
+    sandboxes = [FakeSandbox(OK) for _ in range(2)]
     pipelines = [_pipeline(settings, db, sb, clock) for sb in sandboxes]
     _say(pipelines[0])
     threads = [threading.Thread(target=p.drain_group, args=(JID,)) for p in pipelines]

@@ -81,7 +81,8 @@ class Stack:
         url = self.settings.effective_broker_url
         made = self.__dict__.get("_signals")
         if made is None or made[0] != url:
-            made = self.__dict__["_signals"] = (url, Signals(make_celery(self.settings)))
+            settings = self.settings
+            made = self.__dict__["_signals"] = (url, Signals(lambda: make_celery(settings)))
         return made[1]
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
