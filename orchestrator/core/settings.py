@@ -24,6 +24,9 @@ class Settings(BaseSettings):
     )
 
     data_dir: Path = Path("./data")
+    # This worker's name in the fleet (the hosts table, run owners, placement).
+    # Empty: the machine's hostname.
+    host_id: str = ""
     # Empty means: the embedded default under data_dir (SQLite / filesystem://).
     database_url: str = ""
     broker_url: str = ""
@@ -191,6 +194,13 @@ class Settings(BaseSettings):
     def effective_broker_url(self) -> str:
         # An explicit host keeps kombu from warning that none was supplied.
         return self.broker_url or "filesystem://localhost/"
+
+    @property
+    def effective_host_id(self) -> str:
+        """This worker's fleet name: ``host_id``, or the machine's hostname."""
+        import socket
+
+        return self.host_id or socket.gethostname()
 
     @property
     def install_id(self) -> str:
