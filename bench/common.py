@@ -35,7 +35,7 @@ def install(data_dir: Path, image: str, warm_idle_s: float = 0, **extra: object)
     temporary data dir (its first-run cost is in docs/performance.md).
     """
     extra.setdefault("workspace_quota", "0")
-    settings = Settings(data_dir=data_dir, agent_image=image, warm_idle_s=warm_idle_s, _env_file=None, **extra)  # type: ignore[call-arg]
+    settings = Settings.load(data_dir=data_dir, agent_image=image, warm_idle_s=warm_idle_s, env_file=None, **extra)
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
     db.migrate()

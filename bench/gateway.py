@@ -124,7 +124,7 @@ def host(spec: str, upstream: str, folder: Path) -> None:
     import workers.app  # noqa: F401 - what a worker's pool child holds before its first run
     from orchestrator.core.settings import Settings
 
-    settings = Settings(_env_file=None, data_dir=folder / "data", anthropic_base_url=upstream,  # type: ignore[call-arg]
+    settings = Settings.load(env_file=None, data_dir=folder / "data", anthropic_base_url=upstream,
                         anthropic_api_key=KEY)
     path = folder / "run" / "model.sock"
     out: dict[str, Any] = {"base": _memory()}

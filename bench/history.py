@@ -206,11 +206,11 @@ def main() -> None:
     args = ap.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
     with tempfile.TemporaryDirectory() as tmp:
-        sqlite = Settings(data_dir=Path(tmp) / "sqlite", _env_file=None)  # type: ignore[call-arg]
+        sqlite = Settings.load(data_dir=Path(tmp) / "sqlite", env_file=None)
         run("sqlite", sqlite, args.total, args.groups, sizes, args.new, args.reps)
         if args.pg:
             with fresh_pg_database(args.pg) as url:
-                pg = Settings(data_dir=Path(tmp) / "pg", database_url=url, _env_file=None)  # type: ignore[call-arg]
+                pg = Settings.load(data_dir=Path(tmp) / "pg", database_url=url, env_file=None)
                 run("postgresql", pg, args.total, args.groups, sizes, args.new, args.reps)
 
 

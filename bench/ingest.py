@@ -137,11 +137,11 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
-        sqlite = Settings(data_dir=base / "sqlite", _env_file=None)  # type: ignore[call-arg]
+        sqlite = Settings.load(data_dir=base / "sqlite", env_file=None)
         run_backend("sqlite + filesystem://", sqlite, args.messages, args.rounds, args.profile)
         if args.pg:
             with fresh_pg_database(args.pg) as url:
-                pg = Settings(data_dir=base / "pg", database_url=url, broker_url=args.redis, _env_file=None)  # type: ignore[call-arg]
+                pg = Settings.load(data_dir=base / "pg", database_url=url, broker_url=args.redis, env_file=None)
                 broker = args.redis.split(":")[0] if args.redis else "filesystem://"
                 run_backend(f"postgresql + {broker}", pg, args.messages, args.rounds, args.profile)
 

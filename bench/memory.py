@@ -144,7 +144,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=20)
     args = ap.parse_args()
-    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    settings = Settings.load(env_file=None)
     ensure_agent_image(docker_client(settings), settings)
     with tempfile.TemporaryDirectory() as tmp:
         measure(Path(tmp) / "cold", settings.agent_image, args.runs, 0)

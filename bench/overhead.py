@@ -90,7 +90,7 @@ def floor_phases(image: str, n: int) -> dict[str, list[float]]:
 
 def sandbox_phases(data_dir: Path, image: str, n: int) -> dict[str, list[float]]:
     """A hardened run container of the real runner with a real input, step by step."""
-    settings = Settings(data_dir=data_dir, agent_image=image, _env_file=None)  # type: ignore[call-arg]
+    settings = Settings.load(data_dir=data_dir, agent_image=image, env_file=None)
     settings.ensure_dirs()
     sandbox = DockerSandbox(settings)
     payload = ContainerInput(run_id="bench", chat_jid=JID, group_folder="main", assistant_name="Andy",
@@ -189,7 +189,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
-    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    settings = Settings.load(env_file=None)
     ensure_agent_image(docker_client(settings), settings)
     image = settings.agent_image
     with tempfile.TemporaryDirectory() as tmp:

@@ -143,7 +143,7 @@ def main() -> None:
     ap.add_argument("--pg", default="", help="PostgreSQL URL of a database the benchmark may fill (default SQLite)")
     ap.add_argument("--redis", default="", help="Redis URL for the broker (default filesystem://)")
     args = ap.parse_args()
-    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    settings = Settings.load(env_file=None)
     ensure_agent_image(docker_client(settings), settings)
     image = settings.agent_image
     db_extra = {k: v for k, v in (("database_url", args.pg), ("broker_url", args.redis)) if v}

@@ -28,10 +28,12 @@ if TYPE_CHECKING:  # the parts are imported when first made: the CLI starts at o
     from orchestrator.run.outbound import ChannelRegistry, Deliverer
     from orchestrator.run.pipeline import Pipeline
     from orchestrator.run.queue import Signals
+    from orchestrator.run.recovery import RecoveryWatch
     from orchestrator.run.sweeper import SweepReport
     from orchestrator.sandbox.containers import DockerSandbox
     from orchestrator.sandbox.port import Sandbox
     from orchestrator.store.db import Database
+    from orchestrator.store.hosts import HostHeartbeat
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ class Orchestrator:
     @classmethod
     def from_environment(cls, **parts: Any) -> Orchestrator:
         """Settings from the environment (and ``.env``): what every entry point does."""
-        return cls(Settings(), **parts)
+        return cls(Settings.load(), **parts)
 
     # -- the parts, each made on first use ------------------------------------------
 
@@ -126,6 +128,33 @@ class Orchestrator:
         from orchestrator.run.sweeper import sweep
 
         return sweep(self.db, signal=self.signals.group, sandbox=self.docker, signal_delivery=self.signals.delivery)
+
+    def host_heartbeat(self, *, concurrency: int) -> HostHeartbeat:
+        """This process as its host (``settings.effective_host_id``) in the hosts table, beaten by a
+        thread until stopped; started by the worker's main process.  Give it a root of its own: the
+        Docker client that counts warm containers must not be shared with forked pool children."""
+        from orchestrator import __version__
+        from orchestrator.store.hosts import HostHeartbeat
+
+        return HostHeartbeat(self.db, host_id=self.settings.effective_host_id, version=__version__,
+                             concurrency=concurrency, warm_count=self.count_warm_containers).start()
+
+    def recovery_watch(self) -> RecoveryWatch | None:
+        """Signals, every ``recovery_interval_s``, the groups whose lease holder is gone (a
+        SIGKILLed process of this host, a dead host), started; None when the interval is 0.
+        Run by the worker's main process, on the same root of its own as its heartbeat."""
+        if self.settings.recovery_interval_s <= 0:
+            return None
+        from orchestrator.run.recovery import RecoveryWatch
+
+        return RecoveryWatch(self.db, host_id=self.settings.effective_host_id, signal=self.signals.group,
+                             interval_s=self.settings.recovery_interval_s).start()
+
+    def count_warm_containers(self) -> int:
+        """This installation's running warm containers on this host's Docker engine."""
+        from orchestrator.sandbox.warm import WarmPool
+
+        return WarmPool(self.settings, self.docker.client).count_running()
 
     def after_fork(self) -> None:
         """In a forked pool child: drop the parent's pooled connections (never close them)."""

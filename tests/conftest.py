@@ -154,7 +154,7 @@ def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Setting
     # Only tests that use a database are parametrized over the backends; theirs
     # is the database this settings object names.
     url = request.getfixturevalue("database_url") if "db_backend" in request.fixturenames else ""
-    yield Settings(data_dir=tmp_path / "data", database_url=url, _env_file=None)  # type: ignore[call-arg]
+    yield Settings.load(data_dir=tmp_path / "data", database_url=url, env_file=None)
 
 
 @pytest.fixture

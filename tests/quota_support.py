@@ -70,7 +70,7 @@ def _no_volume_left_mounted(tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def volume_settings_fixture(tmp_path: Path) -> Iterator[Settings]:
     """A data dir with a 64m workspace quota; every volume below it released afterwards,
     and the test fails if one was still mounted by then (what ``unmount_all`` missed)."""
-    settings = Settings(data_dir=tmp_path / "data", workspace_quota="64m", _env_file=None)  # type: ignore[call-arg]
+    settings = Settings.load(data_dir=tmp_path / "data", workspace_quota="64m", env_file=None)
     settings.ensure_dirs()
     try:
         yield settings

@@ -13,13 +13,29 @@ from __future__ import annotations
 import logging
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_process_init, worker_ready
+from celery.signals import worker_init, worker_process_init, worker_ready
 
 from orchestrator.root import Orchestrator
 
 orchestrator = Orchestrator.from_environment(deadline_exceptions=(SoftTimeLimitExceeded,))
 app = orchestrator.celery
 log = logging.getLogger("workers")
+
+
+@worker_init.connect
+def _prove_data_dir(sender: object = None, **_: object) -> None:
+    # Before this worker takes any work: it must see the installation's data
+    # dir, or a group's runs here and elsewhere would see two workspaces
+    # (orchestrator/store/installation.py).  Refusing is better than splitting.
+    if getattr(sender, "app", None) is not app:
+        return  # another app's worker in this process (a test's embedded one)
+    from orchestrator.store.installation import DataDirNotShared, prove_data_dir
+
+    try:
+        prove_data_dir(orchestrator.db, orchestrator.settings)
+    except DataDirNotShared as exc:
+        log.critical("refusing to start: %s", exc)
+        raise SystemExit(f"refusing to start: {exc}") from exc
 
 
 @worker_process_init.connect

@@ -5,7 +5,9 @@ chat's due deliveries; ``orchestrator/run/outbound.py``).  Getting it twice, lat
 group that another worker is already serving is harmless: the pipeline's
 lease makes the extra copy return at once.  ``sweep`` is run by beat and
 once at worker start-up; ``fire_schedules`` by beat, to start scheduled tasks
-that are due.
+that are due.  The worker's main process also registers its host and beats
+it (``orchestrator/store/hosts.py``) from ready to shutdown, and signals the
+groups whose lease holder is gone (``orchestrator/run/recovery.py``).
 
 :func:`register` makes the four tasks for one Celery app and one
 composition root: below, for the worker's (``workers.app``), when Celery
@@ -22,12 +24,15 @@ import logging
 from typing import Any, NamedTuple
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from orchestrator.root import Orchestrator
 from orchestrator.run.queue import DELIVER_TASK, DRAIN_TASK, SCHEDULE_TASK, SWEEP_TASK
+from orchestrator.run.recovery import RecoveryWatch
 from orchestrator.run.schedules import fire_due
 from orchestrator.run.sweeper import SweepReport
+from orchestrator.store.hosts import HostHeartbeat
+from orchestrator.store.slots import to_wake
 
 from .app import app, orchestrator
 
@@ -51,15 +56,37 @@ def _sweep_report(report: SweepReport) -> dict[str, object]:
     }
 
 
+def _signal_again(root: Orchestrator, chat_jid: str, countdown: float | None) -> None:
+    try:
+        root.signals.group(chat_jid, countdown)
+    except Exception as exc:  # noqa: BLE001 - the sweeper signals pending and due groups
+        log.warning("could not signal %s again (%s); the sweeper will", chat_jid, exc)
+
+
 def register(app: Celery, root: Orchestrator) -> Tasks:
     """The tasks on ``app``, working on ``root``."""
 
     @app.task(name=DRAIN_TASK, bind=True, acks_late=True, shared=False)
     def drain_group(self, chat_jid: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
-        outcomes = root.pipeline.drain_group(chat_jid, task_id=self.request.id)
+        # One attempt at one run per task (Pipeline.step): Celery's time
+        # limits, sized for one run, never cut a later one, and a retry's
+        # backoff is a countdown on the broker, not a sleep in this slot.
+        step = root.pipeline.step(chat_jid, task_id=self.request.id)
+        if step.retry_in is not None:
+            _signal_again(root, chat_jid, step.retry_in)
+        elif step.more:
+            _signal_again(root, chat_jid, None)
+        if step.freed_slot:
+            # Under ORCHESTRATOR_MAX_CONCURRENT_RUNS the slot this run held goes
+            # to the group first in line now, not at its next re-check.
+            for waiting in to_wake(root.db, root.settings.max_concurrent_runs):
+                _signal_again(root, waiting, None)
+        run = step.outcome.run if step.outcome is not None else None
         return {
             "chat_jid": chat_jid,
-            "runs": [{"id": o.run.id, "state": o.run.state, "outputs": len(o.stored)} for o in outcomes],
+            "run": None if run is None else {"id": run.id, "state": run.state, "attempts": run.attempts,
+                                             "outputs": len(step.outcome.stored) if step.outcome else 0},
+            "more": step.more, "retry_in": step.retry_in, "busy": step.busy,
         }
 
     @app.task(name=SWEEP_TASK, acks_late=False, ignore_result=True, shared=False)
@@ -82,9 +109,81 @@ def register(app: Celery, root: Orchestrator) -> Tasks:
 drain_group, sweep, fire_schedules, deliver = register(app, orchestrator)
 
 
+# This worker as its host in the hosts table (orchestrator/store/hosts.py),
+# beaten from the main process only (worker_ready and worker_shutdown are
+# sent there, never in a pool child), on a root of its own that forked
+# children never touch.
+_host: tuple[Orchestrator, HostHeartbeat] | None = None
+
+
+def _concurrency(consumer: Any) -> int:
+    controller = getattr(consumer, "controller", None)
+    n = getattr(controller, "concurrency", None) or getattr(getattr(consumer, "pool", None), "num_processes", None)
+    return n if isinstance(n, int) else 0
+
+
 # Connected here, not in app.py: the app module must not import its tasks
 # (Celery loads this module through the app's ``include`` before the worker
-# is ready).
+# is ready).  Connected before the start-up sweep: the host is registered first.
+@worker_ready.connect
+def _register_host(sender: Any = None, **_: object) -> None:
+    global _host
+    if _host is not None or getattr(sender, "app", None) is not app:
+        return  # another app's worker in this process (a test's embedded one)
+    root = Orchestrator(orchestrator.settings)
+    try:
+        _host = (root, root.host_heartbeat(concurrency=_concurrency(sender)))
+        log.info("host %s registered (heartbeat every %.0fs)", root.settings.effective_host_id,
+                 _host[1].interval_s)
+    except Exception:  # noqa: BLE001 - a worker without a host row still works
+        log.exception("could not start the host heartbeat")
+        root.close()
+        return
+    _start_recovery_watch(root)
+
+
+# Groups whose lease holder is gone (a SIGKILLed worker of this host, a dead
+# host) signalled every few seconds (orchestrator/run/recovery.py), from the
+# main process, on the host's root.
+_watch: RecoveryWatch | None = None
+
+
+def _start_recovery_watch(root: Orchestrator) -> None:
+    global _watch
+    try:
+        _watch = root.recovery_watch()
+    except Exception:  # noqa: BLE001 - the sweeper still recovers, only later
+        log.exception("could not start the recovery watch")
+
+
+def _stop_recovery_watch() -> None:
+    global _watch
+    if _watch is not None:
+        _watch.stop()
+        _watch = None
+
+
+@worker_shutting_down.connect
+def _host_draining(**_: object) -> None:
+    # In Celery's signal handler: only flags are set here; the heartbeat thread writes.
+    if _host is not None:
+        _host[1].drain()
+
+
+@worker_shutdown.connect
+def _host_stopped(sender: Any = None, **_: object) -> None:
+    global _host
+    if _host is None or getattr(sender, "app", None) is not app:
+        return
+    root, heartbeat = _host
+    _host = None
+    try:
+        _stop_recovery_watch()
+        heartbeat.stop()
+    finally:
+        root.close()
+
+
 @worker_ready.connect
 def _sweep_at_start(**_: object) -> None:
     # A worker that restarts after a crash finds what its predecessor left:

@@ -9,10 +9,9 @@ text with a visible marker, and neighbours of the same role are merged.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from .errors import InputError
-from .protocol import ContainerInput, SdkMessage
+from .protocol import ContainerInput, JsonObject, SdkMessage
 from .providers.base import ProviderMessage, Role, TextBlock
 
 BASE_PROMPT = (
@@ -38,7 +37,7 @@ def build_system_prompt(inp: ContainerInput, workspace: Path, extra_notices: lis
 
 
 def _tool_result_text(message: SdkMessage) -> str:
-    meta: dict[str, Any] = message.metadata or {}
+    meta: JsonObject = message.metadata or {}
     header = "[tool_result"
     if meta.get("name"):
         header += f" name={meta['name']}"

@@ -16,12 +16,18 @@ docs/performance.md).  Structs validate when decoded (:func:`decode_input`,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeAlias, TypeVar, Union
 
 import msgspec
 from msgspec import Meta, field
 
 PROTOCOL_VERSION = 1
+
+# A JSON object whose keys are open: a message's metadata (legacy keys and
+# extras ride along), a tool call's input (each tool reads its own), an
+# envelope on the wire (checked by the host on its own, see ToolResultEvent).
+# Everything with a fixed set of keys has a Struct (or a TypedDict) of its own.
+JsonObject: TypeAlias = dict[str, Any]
 
 # Raised by the decoders below on malformed JSON or a document that does not
 # fit the model (msgspec.ValidationError is a DecodeError).
@@ -71,7 +77,7 @@ class SdkMessage(_Model):
     content: str
     sender_name: str | None = None
     timestamp: str | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: JsonObject | None = None
 
 
 class ModelSettings(_Model):
@@ -179,7 +185,7 @@ class TodoPayload(_Payload, frozen=True):
 
 class ToolCallPayload(_Payload, frozen=True):
     tool_name: Annotated[str, Meta(min_length=1)]
-    input: dict[str, Any] = field(default_factory=dict)
+    input: JsonObject = field(default_factory=dict)
     output: Any = None
     error: str | None = None
 
@@ -242,9 +248,12 @@ def envelope_from_dict(data: Mapping[str, Any]) -> Envelope:
     return msgspec.convert(data, target)
 
 
-def envelope_to_dict(envelope: Envelope) -> dict[str, Any]:
-    """The wire (and stored) form: ``{"message_type", "version", "payload"}``, in that order."""
-    out: dict[str, Any] = msgspec.to_builtins(envelope)
+def envelope_to_dict(envelope: Envelope) -> JsonObject:
+    """The wire (and stored) form: ``{"message_type", "version", "payload"}``, in that order.
+
+    A plain object, not a TypedDict: it fills :attr:`ToolResultEvent.envelope`,
+    open on purpose (see there)."""
+    out: JsonObject = msgspec.to_builtins(envelope)
     return out
 
 
@@ -279,7 +288,7 @@ class ThinkingEvent(_Event, tag="thinking"):
 class ToolUseEvent(_Event, tag="tool_use"):
     id: str
     name: str
-    input: dict[str, Any]
+    input: JsonObject
 
 
 class ToolResultEvent(_Event, tag="tool_result"):
@@ -295,7 +304,7 @@ class ToolResultEvent(_Event, tag="tool_result"):
     # own, so an envelope that is malformed, or of a newer type, costs the
     # envelope, never the tool result (a typed field would refuse the whole
     # line).  None from runners that predate envelopes.
-    envelope: dict[str, Any] | None = None
+    envelope: JsonObject | None = None
 
 
 class SendMessageEvent(_Event, tag="send_message"):

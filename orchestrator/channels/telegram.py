@@ -17,7 +17,9 @@
   agent, like any unregistered chat.  The next offset is kept in
   ``<data dir>/telegram/offset-<bot>`` after each batch is stored, and message
   ids are ``tg-<chat id>-<message id>``, so a restart (or a redelivered
-  update) stores nothing twice.
+  update) stores nothing twice.  A sender over
+  ``ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE`` gets a reply ("slow down: try
+  again in N s", once per wait) and the message is dropped, not stored.
 
 Enable it with ``ORCHESTRATOR_CHANNEL_PLUGINS=orchestrator.channels.telegram:channel``
 and ``ORCHESTRATOR_TELEGRAM_BOT_TOKEN``.  python-telegram-bot is asynchronous;
@@ -34,13 +36,14 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from sqlalchemy import select
 
 from orchestrator.channels.base import BaseChannel
-from orchestrator.core.errors import ChannelError
+from orchestrator.core.errors import ChannelError, RateLimited
 from orchestrator.core.settings import Settings
 from orchestrator.model.render import RenderedMessage
 from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest
@@ -277,6 +280,8 @@ class TelegramPoller:
         self.client = client or TelegramClient(settings)
         self.offset_path = settings.data_dir / CHANNEL / f"offset-{self.client.bot_key}"
         self.offset = self._read_offset()
+        # (chat, sender) -> monotonic time until which a rate-limited sender was told to wait.
+        self._told: dict[tuple[str, str], float] = {}
 
     def _read_offset(self) -> int | None:
         try:
@@ -311,12 +316,40 @@ class TelegramPoller:
         results = []
         for update in updates:
             incoming = self._incoming(update, groups)
-            if incoming is not None:
+            if incoming is None:
+                continue
+            try:
                 results.append(ingest(self.db, self.settings, incoming, signal=self.signal,
                                       signal_delivery=self.signal_delivery))
+            except RateLimited as exc:
+                self._slow_down(update.message, incoming, exc)
         # Only after the batch is stored: a crash before this re-reads it, and the ids dedupe it.
         self._write_offset(max(u.update_id for u in updates) + 1)
         return results
+
+    def _slow_down(self, msg: Any, incoming: IncomingMessage, exc: RateLimited) -> None:
+        """A sender over its rate: the message is dropped, not stored; the sender is told
+        (in reply to it), once per wait, so a flood does not become a flood of replies."""
+        key = (incoming.chat_jid, incoming.sender)
+        now = time.monotonic()
+        log.info("telegram: %s in %s is over the rate limit; message %s not stored (retry in %d s)",
+                 incoming.sender, incoming.chat_jid, incoming.id, exc.retry_after_s)
+        if self._told.get(key, 0.0) > now:
+            return
+        self._told = {k: until for k, until in self._told.items() if until > now}
+        self._told[key] = now + exc.retry_after_s
+        text = f"⏳ slow down: try again in {exc.retry_after_s} s (this message was not taken)"
+
+        def reply(bot: Any) -> Any:
+            from telegram import ReplyParameters
+
+            return bot.send_message(chat_id=msg.chat.id, text=text, reply_parameters=ReplyParameters(
+                message_id=msg.message_id, allow_sending_without_reply=True))
+
+        try:
+            self.client.call(reply)
+        except Exception as err:  # noqa: BLE001 - telling the sender is a courtesy; polling goes on
+            log.warning("telegram: could not tell %s to slow down: %s", incoming.sender, err)
 
     @staticmethod
     def _incoming(update: Any, groups: dict[str, str]) -> IncomingMessage | None:

@@ -4,7 +4,8 @@
   ``POST /api/messages``, signed with HMAC-SHA256 over the raw body with
   ``ORCHESTRATOR_WEBHOOK_SECRET``, in ``X-Orchestrator-Signature:
   sha256=<hex>``.  A missing or wrong signature is a 401 and nothing is
-  stored.  The signature replaces the bearer token for this one route (the
+  stored; so is a sender over ``ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE``
+  (429 with ``Retry-After``).  The signature replaces the bearer token for this one route (the
   sender is another system that holds the shared secret).
 * **Outbound**: the built-in ``webhook`` channel POSTs each delivered
   message as JSON to the attached address (``orchestrator groups attach JID
@@ -28,7 +29,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from orchestrator.channels.base import BaseChannel
-from orchestrator.core.errors import ChannelError, OrchestratorError
+from orchestrator.core.errors import ChannelError, OrchestratorError, RateLimited
 from orchestrator.core.settings import Settings
 from orchestrator.model.render import RenderedMessage
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -84,7 +85,11 @@ def add_inbound_route(
     api: FastAPI, db: Database, settings: Settings, *, signal: Callable[[str], object],
     signal_delivery: Callable[[str], object] | None, max_chars: int,
 ) -> None:
-    @api.post(INBOUND_PATH, status_code=201, tags=["webhooks"])
+    @api.post(INBOUND_PATH, status_code=201, tags=["webhooks"], responses={
+        401: {"description": f"missing or wrong {SIGNATURE_HEADER}"},
+        429: {"description": "the sender is over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE; nothing was stored",
+              "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}},
+    })
     async def inbound(request: Request) -> JSONResponse:
         """A message from another system, signed with the shared webhook secret."""
         if not settings.webhook_secret:
@@ -105,6 +110,9 @@ def add_inbound_route(
             return JSONResponse({"detail": f"content is longer than {max_chars} characters"}, 413)
         try:
             result = ingest(db, settings, incoming, signal=signal, signal_delivery=signal_delivery)
+        except RateLimited as exc:  # the sender is over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE
+            return JSONResponse({"detail": str(exc), "retry_after_s": exc.retry_after_s}, 429,
+                                headers={"Retry-After": str(exc.retry_after_s)})
         except OrchestratorError as exc:
             bad_field = getattr(exc, "field", None)
             return JSONResponse({"detail": str(exc), **({"field": bad_field} if bad_field else {})}, 400)

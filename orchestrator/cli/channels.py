@@ -28,19 +28,19 @@ def register(app: typer.Typer, groups_app: typer.Typer) -> None:
 
 
 def groups_attach(
-    jid: str,
+    chat_jid: str,
     channel: str,
     address: Annotated[Optional[str], typer.Option(help="Where on the channel (default: the chat id).")] = None,
     config: Annotated[Optional[str], typer.Option(help="The channel's settings for this group, a JSON object.")] = None,
 ) -> None:
-    """Show group JID's messages on CHANNEL from now on (again: change its address)."""
+    """Show group CHAT_JID's messages on CHANNEL from now on (again: change its address)."""
     from orchestrator.store.attachments import attach_channel
 
     root = _setup()
     try:
         conf = None if config is None else json.loads(config)
         try:
-            a = attach_channel(root.db, jid, channel, address=address, config=conf, registry=root.channels)
+            a = attach_channel(root.db, chat_jid, channel, address=address, config=conf, registry=root.channels)
         finally:
             root.close()
     except (OrchestratorError, ValueError) as exc:
@@ -49,7 +49,7 @@ def groups_attach(
 
 
 def groups_detach(jid: str, channel: str) -> None:
-    """Stop showing group JID's messages on CHANNEL (its unsent deliveries are cancelled)."""
+    """Stop showing group CHAT_JID's messages on CHANNEL (its unsent deliveries are cancelled)."""
     from orchestrator.store.attachments import detach_channel
 
     db = _setup().db

@@ -1,4 +1,4 @@
-"""``orchestrator chat JID``: an interactive terminal chat.
+"""``orchestrator chat CHAT_JID``: an interactive terminal chat.
 
 What you type is ingested like any channel's message; everything the group's
 display view gains (replies, tool results, host messages, other people's

@@ -29,7 +29,7 @@ def _report(change: HistoryChange, what: str) -> None:
 
 
 def edit(
-    jid: str,
+    chat_jid: str,
     message: Annotated[str, typer.Argument(help="Message id or #seq.")],
     text: str,
     context: Annotated[Optional[str], typer.Option(help="New context items, a JSON list.")] = None,
@@ -43,9 +43,9 @@ def edit(
     settings, db = root.settings, root.db
     try:
         items = None if context is None else json.loads(context)
-        ref = resolve_message(jid, message, db=db)
+        ref = resolve_message(chat_jid, message, db=db)
         change = edit_message(
-            db, settings, jid, ref.id, text, context=items, rerun=rerun, signal=root.signals.group
+            db, settings, chat_jid, ref.id, text, context=items, rerun=rerun, signal=root.signals.group
         )
     except (OrchestratorError, ValueError) as exc:  # json's errors are ValueErrors
         raise fail(exc) from exc
@@ -53,7 +53,7 @@ def edit(
 
 
 def regenerate_cmd(
-    jid: str, message: Annotated[str, typer.Argument(help="The assistant reply: id or #seq.")]
+    chat_jid: str, message: Annotated[str, typer.Argument(help="The assistant reply: id or #seq.")]
 ) -> None:
     """Supersede an assistant reply (and what followed) and run the agent again."""
     from orchestrator.store.history import regenerate
@@ -62,8 +62,8 @@ def regenerate_cmd(
     root = setup()
     settings, db = root.settings, root.db
     try:
-        ref = resolve_message(jid, message, db=db)
-        change = regenerate(db, settings, jid, ref.id, signal=root.signals.group)
+        ref = resolve_message(chat_jid, message, db=db)
+        change = regenerate(db, settings, chat_jid, ref.id, signal=root.signals.group)
     except OrchestratorError as exc:
         raise fail(exc) from exc
     _report(change, "regenerating the reply")
@@ -85,7 +85,7 @@ def truncate(jid: str, message: Annotated[str, typer.Argument(help="Keep up to t
 
 
 def export(
-    jid: str,
+    chat_jid: str,
     fmt: Annotated[str, typer.Option("--format", help="md (for people) or json (for import).")] = "md",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File to write (default: stdout).")] = None,
 ) -> None:
@@ -96,7 +96,7 @@ def export(
     settings, db = root.settings, root.db
     if fmt not in ("md", "json"):
         raise fail(ValueError(f"--format must be md or json, not {fmt!r}"))
-    text = export_json(db, jid) if fmt == "json" else export_markdown(db, jid, settings.assistant_name)
+    text = export_json(db, chat_jid) if fmt == "json" else export_markdown(db, chat_jid, settings.assistant_name)
     if output is None:
         sys.stdout.write(text + "\n")
     else:

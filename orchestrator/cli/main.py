@@ -6,19 +6,17 @@ import difflib
 import json
 import os
 import sys
-import time
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from orchestrator.cli import channels as cli_channels
+from orchestrator.cli import fleet as cli_fleet
 from orchestrator.cli import history as cli_history
 from orchestrator.cli import telegram as cli_telegram
 
 if TYPE_CHECKING:
     from orchestrator.core.settings import Settings
-    from orchestrator.model.messages import StoredMessage
-    from orchestrator.store.db import Database
 from orchestrator.cli.support import fail as _fail
 from orchestrator.cli.support import setup as _setup
 from orchestrator.core.errors import OrchestratorError
@@ -45,7 +43,7 @@ def up(
     host: Annotated[Optional[str], typer.Option(help="HTTP bind address.")] = None,
     concurrency: Annotated[int, typer.Option(help="Worker slots (parallel runs).")] = 2,
 ) -> None:
-    """Run everything on this machine: worker, beat and HTTP API (Ctrl-C stops all)."""
+    """Run everything on this machine: agent worker, delivery worker, beat and HTTP API (Ctrl-C stops all)."""
     from orchestrator.cli.supervisor import Child, Supervisor, api_argv, beat_argv, worker_argv
     from orchestrator.sandbox.containers import docker_client
     from orchestrator.sandbox.image import ensure_agent_image
@@ -72,25 +70,44 @@ def up(
         raise _fail(exc) from exc
     env = dict(os.environ, ORCHESTRATOR_DATA_DIR=str(settings.data_dir), ORCHESTRATOR_API_HOST=host)
     children = [
-        Child("worker", worker_argv(concurrency, settings.log_level)),
+        # Runs and deliveries in separate processes: a finished reply reaches its
+        # channels while every agent slot is busy.
+        Child("worker", worker_argv(concurrency, settings.log_level, queues=("agent",), name="agent@%h")),
+        Child("deliverer", worker_argv(2, settings.log_level, queues=("delivery",), name="delivery@%h")),
         Child("beat", beat_argv(str(settings.data_dir / "celerybeat-schedule"), settings.log_level)),
     ]
     if port:
         children.append(Child("api", api_argv(host, port)))
         typer.echo(f"HTTP API on http://{host}:{port}  (health: /health)")
     typer.echo(f"data in {settings.data_dir}; try: orchestrator send main@local '$ echo hello' --wait 60")
-    raise typer.Exit(Supervisor(children, env).run())
+    if not port:
+        raise typer.Exit(Supervisor(children, env).run())
+    from orchestrator.http.endpoint import announced
+
+    # `orchestrator send` finds the API here and stores through it (cli/send.py).
+    with announced(settings, host, port):
+        code = Supervisor(children, env).run()
+    raise typer.Exit(code)
 
 
 @app.command()
 def worker(
-    concurrency: Annotated[int, typer.Option(help="Parallel runs in this worker.")] = 2,
+    concurrency: Annotated[int, typer.Option(help="Parallel tasks in this worker (runs, for the agent queue).")] = 2,
+    queues: Annotated[str, typer.Option(
+        help="Comma-separated: agent (runs), delivery (sends to channels, the sweeper, schedules). "
+             "A worker for each keeps replies from waiting for a free agent slot.",
+    )] = "agent,delivery",
+    name: Annotated[Optional[str], typer.Option(help="Celery node name, e.g. delivery@%h (default celery@%h).")] = None,
 ) -> None:
     """Run one Celery worker (what each fleet host runs)."""
     from orchestrator.cli.supervisor import worker_argv
 
     settings = _setup().settings
-    argv = worker_argv(concurrency, settings.log_level)
+    try:
+        argv = worker_argv(concurrency, settings.log_level,
+                           queues=tuple(q.strip() for q in queues.split(",") if q.strip()), name=name)
+    except ValueError as exc:
+        raise _fail(exc) from exc
     os.execv(argv[0], argv)
 
 
@@ -105,7 +122,12 @@ def api(
     settings = _setup().settings
     host = host or settings.api_host
     _check_api_exposure(host, settings)
-    argv = api_argv(host, settings.api_port if port < 0 else port)
+    port = settings.api_port if port < 0 else port
+    argv = api_argv(host, port)
+    from orchestrator.http.endpoint import announce
+
+    # For `orchestrator send` (cli/send.py); uvicorn keeps this pid.
+    announce(settings, host, port)
     # The app checks the address again (ORCHESTRATOR_API_HOST), whoever starts it.
     os.execve(argv[0], argv, dict(os.environ, ORCHESTRATOR_API_HOST=host))
 
@@ -163,7 +185,7 @@ def flower(port: Annotated[int, typer.Option()] = 5555) -> None:
 
 @groups_app.command("add")
 def groups_add(
-    jid: str,
+    chat_jid: str,
     name: Annotated[str, typer.Option(help="Display name.")],
     folder: Annotated[str, typer.Option(help="Workspace folder (a slug).")],
     main: Annotated[bool, typer.Option("--main", help="The main group (never needs the trigger).")] = False,
@@ -174,7 +196,7 @@ def groups_add(
 
     db = _setup().db
     try:
-        g = add_group(db, chat_jid=jid, name=name, folder=folder, is_main=main, requires_trigger=trigger)
+        g = add_group(db, chat_jid=chat_jid, name=name, folder=folder, is_main=main, requires_trigger=trigger)
     except OrchestratorError as exc:
         raise _fail(exc) from exc
     typer.echo(f"registered {g.chat_jid} ({g.name}, folder {g.folder}, trigger {'on' if g.requires_trigger else 'off'})")
@@ -182,32 +204,108 @@ def groups_add(
 
 @groups_app.command("set")
 def groups_set(
-    jid: str,
+    chat_jid: str,
     container_config: Annotated[Optional[str], typer.Option(
         "--container-config",
         help='JSON: memory, cpus, pids, run_timeout_s, bash_timeout_s, workspace_quota, extra_mounts '
              '([{"host_path": ..., "name": ..., "read_write": false}]); checked against the mount allowlist.',
     )] = None,
     clear: Annotated[bool, typer.Option("--clear-container-config", help="Back to the settings' defaults.")] = False,
+    runs_per_hour: Annotated[Optional[str], typer.Option(
+        "--runs-per-hour", metavar="N|default",
+        help="Runs the group may start per hour (0: no limit; 'default': ORCHESTRATOR_GROUP_RUNS_PER_HOUR).",
+    )] = None,
+    tokens_per_day: Annotated[Optional[str], typer.Option(
+        "--tokens-per-day", metavar="N|default",
+        help="Model tokens the group may spend per UTC day (0: no limit; 'default': "
+             "ORCHESTRATOR_GROUP_TOKENS_PER_DAY).",
+    )] = None,
 ) -> None:
-    """Change a group's sandbox: limits and allowlisted extra mounts."""
+    """Change a group's sandbox (limits and allowlisted extra mounts) or its quotas."""
     from orchestrator.sandbox.config import effective_limits, set_container_config, workspace_quota
     from orchestrator.sandbox.quota import human
+    from orchestrator.store.groups import get_group, update_group
 
-    if (container_config is None) == (not clear):
-        raise _fail(OrchestratorError("give exactly one of --container-config JSON, --clear-container-config"))
+    if container_config is not None and clear:
+        raise _fail(OrchestratorError("give one of --container-config JSON, --clear-container-config, not both"))
+    try:
+        quotas = {k: _quota_option(k, v) for k, v in (("runs_per_hour", runs_per_hour),
+                                                         ("tokens_per_day", tokens_per_day)) if v is not None}
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    sandbox = container_config is not None or clear
+    if not (sandbox or quotas):
+        raise _fail(OrchestratorError("nothing to change: give --container-config JSON, --clear-container-config, "
+                                      "--runs-per-hour or --tokens-per-day"))
     root = _setup()
     settings, db = root.settings, root.db
     try:
-        g = set_container_config(db, settings, jid, None if clear else container_config)
+        g = get_group(db, chat_jid)  # an unknown group changes nothing
+        if sandbox:
+            g = set_container_config(db, settings, chat_jid, None if clear else container_config)
+        if quotas:  # checked above: cannot fail once the sandbox changed
+            g = update_group(db, chat_jid, quotas)
         limits = effective_limits(settings, g.container_config)
         quota = workspace_quota(settings, g.container_config)
     except OrchestratorError as exc:
         raise _fail(exc) from exc
-    typer.echo(f"{g.chat_jid}: container_config {json.dumps(g.container_config or {})}")
-    typer.echo(f"  effective: memory {limits.memory}, cpus {limits.cpus:g}, pids {limits.pids}, "
-               f"run timeout {limits.run_timeout_s:g}s, bash timeout {limits.bash_timeout_s:g}s, "
-               f"workspace quota {human(quota) if quota else 'none'}")
+    if sandbox:
+        typer.echo(f"{g.chat_jid}: container_config {json.dumps(g.container_config or {})}")
+        typer.echo(f"  effective: memory {limits.memory}, cpus {limits.cpus:g}, pids {limits.pids}, "
+                   f"run timeout {limits.run_timeout_s:g}s, bash timeout {limits.bash_timeout_s:g}s, "
+                   f"workspace quota {human(quota) if quota else 'none'}")
+    if quotas:
+        runs = _quota_text(g.runs_per_hour, settings.group_runs_per_hour)
+        tokens = _quota_text(g.tokens_per_day, settings.group_tokens_per_day)
+        typer.echo(f"{g.chat_jid}: runs per hour {runs}, tokens per day {tokens}")
+
+
+def _quota_option(name: str, value: str) -> int | None:
+    """``--runs-per-hour``'s and ``--tokens-per-day``'s value: a count >= 0, or None for 'default'."""
+    if value.strip().lower() == "default":
+        return None
+    # 2**31 - 1: store.groups.MAX_QUOTA (not imported: --help loads no store).
+    if not (value.strip().isascii() and value.strip().isdigit()) or int(value) > 2**31 - 1:
+        raise OrchestratorError(f"--{name.replace('_', '-')}: {value!r} is not a whole number from 0 to "
+                                f"{2**31 - 1} or 'default'")
+    return int(value)
+
+
+def _quota_text(own: int | None, setting: int) -> str:
+    limit = setting if own is None else own
+    return (f"{limit:,}" if limit else "no limit") + (" (the setting's)" if own is None else "")
+
+
+@groups_app.command("usage")
+def groups_usage(chat_jid: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """A group's runs in the last hour and model tokens today against its quotas (by the
+    database's clock), the sender rate limit, and when the next run may start."""
+    from orchestrator.store.groups import get_group
+    from orchestrator.store.usage import group_usage
+
+    root = _setup()
+    try:
+        u = group_usage(root.db, root.settings, get_group(root.db, chat_jid))
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        typer.echo(u.model_dump_json(indent=2))
+        return
+
+    def of(used: int, limit: int, own: int | None) -> str:
+        return f"{used:,} of {_quota_text(own, limit)}" if limit else f"{used:,}, {_quota_text(own, limit)}"
+
+    typer.echo(f"{u.chat_jid} at {u.now:%Y-%m-%d %H:%M:%S} UTC (the database's clock)")
+    typer.echo(f"  runs in the last hour: {of(u.runs_last_hour, u.runs_per_hour, u.runs_per_hour_override)}")
+    typer.echo(f"  tokens today (UTC):    {of(u.tokens_today, u.tokens_per_day, u.tokens_per_day_override)}")
+    rate = u.sender_messages_per_minute
+    typer.echo(f"  messages per sender:   {f'{rate} per minute' if rate else 'no limit'}")
+    if u.waiting is None:
+        typer.echo("  next run: now (no quota reached)")
+    else:
+        w = u.waiting
+        typer.echo(f"  next run: waits for {w.quota.replace('_', ' ')} ({w.used:,} of {w.limit:,}) until "
+                   f"{w.until:%Y-%m-%d %H:%M:%S} UTC, in {w.wait_s:.0f}s")
 
 
 @groups_app.command("list")
@@ -283,100 +381,37 @@ def groups_unmount_volumes() -> None:
 # -- messages -----------------------------------------------------------------
 
 
-def _print_message(msg: StoredMessage, assistant: str, as_json: bool) -> None:
-    from orchestrator.model.render import render_text
+@app.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    add_help_option=False,
+)
+def send(ctx: typer.Context) -> None:
+    """Store TEXT as a user message in chat CHAT_JID (and wake the agent if it should); --help for more."""
+    # A forwarder for --help's list and callers of this typer app: the
+    # command itself is on click alone (orchestrator/cli/send.py says why),
+    # and main() routes `orchestrator send` there before importing typer.
+    from orchestrator.cli.send import send_command
 
-    if as_json:
-        typer.echo(msg.model_dump_json())
-    else:
-        typer.echo(f"[{msg.message_type}] {render_text(msg, assistant)}")
-
-
-@app.command()
-def send(
-    jid: str,
-    text: str,
-    sender: Annotated[str, typer.Option(help="Sender name.")] = "cli-user",
-    wait: Annotated[float, typer.Option(help="Seconds to wait for the run and print replies (0: don't).")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print replies as JSON lines.")] = False,
-    metadata: Annotated[Optional[str], typer.Option(help='Metadata JSON object, e.g. \'{"context": [...]}\'.')] = None,
-) -> None:
-    """Store TEXT as a user message in chat JID (and wake the agent if it should)."""
-    from orchestrator.run.ingest import IncomingMessage, ingest
-
-    root = _setup()
-    settings, db = root.settings, root.db
-
-    def stored(msg: StoredMessage, wakes: bool) -> None:
-        # Said once the message is committed, before any signal: on its own
-        # line, ahead of every reply.
-        typer.echo(f"stored #{msg.seq} in {jid}" + ("" if wakes else " (does not wake the agent)"), err=True)
-
-    try:
-        meta = None if metadata is None else json.loads(metadata)
-        result = ingest(
-            db, settings,
-            IncomingMessage(chat_jid=jid, sender=sender, sender_name=sender, content=text, metadata=meta),
-            signal=root.signals.group, signal_delivery=root.signals.delivery,
-            on_stored=stored,
-        )
-    except (OrchestratorError, ValueError) as exc:
-        raise _fail(exc) from exc
-    msg = result.message
-    if wait <= 0 or not result.triggered:
-        return
-    raise typer.Exit(_wait_for_replies(db, settings, msg, wait, as_json))
+    send_command.main(list(ctx.args), prog_name="orchestrator send")
 
 
 @app.command()
 def chat(
-    jid: str,
+    chat_jid: str,
     sender: Annotated[str, typer.Option(help="Your name in the chat.")] = "cli-user",
     linger: Annotated[float, typer.Option(help="Piped input: keep following this many seconds after EOF.")] = 60.0,
 ) -> None:
-    """Chat with the agent in chat JID from this terminal (live replies; /help for commands)."""
+    """Chat with the agent in chat CHAT_JID from this terminal (live replies; /help for commands)."""
     from orchestrator.cli.chat import run_chat
 
     root = _setup()
     settings, db = root.settings, root.db
-    raise typer.Exit(run_chat(db, settings, jid, sender, signal=root.signals.group, linger_s=linger))
-
-
-def _wait_for_replies(db: Database, settings: Settings, sent: StoredMessage, wait: float, as_json: bool) -> int:
-    """Print what the run stores after ``sent``; 0 if the run succeeded."""
-    from orchestrator.store.groups import get_group
-    from orchestrator.store.message_log import get_messages_after
-    from orchestrator.store.runs import FINAL_STATES, list_runs
-
-    group = get_group(db, sent.chat_jid)
-    assistant = group.assistant_name or settings.assistant_name
-    deadline = time.monotonic() + wait
-    after = sent.seq
-    while time.monotonic() < deadline:
-        for m in get_messages_after(sent.chat_jid, after, db=db):
-            after = m.seq
-            if not (m.is_from_me or m.message_type == "host"):
-                continue  # other people's messages are not replies
-            _print_message(m, assistant, as_json)
-        done = [
-            r for r in list_runs(db, chat_jid=sent.chat_jid, limit=20)
-            if r.cursor_from < sent.seq <= r.cursor_to and r.state in FINAL_STATES
-        ]
-        if done:
-            for m in get_messages_after(sent.chat_jid, after, db=db):
-                if m.is_from_me or m.message_type == "host":
-                    _print_message(m, assistant, as_json)
-            run = done[0]
-            typer.echo(f"run {run.id[:8]} {run.state} in {run.duration_s or 0:.2f}s", err=True)
-            return 0 if run.state == "succeeded" else 3
-        time.sleep(0.1)
-    typer.secho(f"no finished run after {wait:.0f}s (is a worker running?)", fg=typer.colors.YELLOW, err=True)
-    return 4
+    raise typer.Exit(run_chat(db, settings, chat_jid, sender, signal=root.signals.group, linger_s=linger))
 
 
 @app.command()
 def history(
-    jid: str,
+    chat_jid: str,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON array of stored messages.")] = False,
     limit: Annotated[int, typer.Option(help="Newest N messages.")] = 200,
     include_superseded: Annotated[bool, typer.Option("--all", help="Include superseded messages (audit).")] = False,
@@ -387,7 +422,7 @@ def history(
 
     root = _setup()
     settings, db = root.settings, root.db
-    msgs = get_recent_messages(jid, limit, include_superseded=include_superseded, db=db)
+    msgs = get_recent_messages(chat_jid, limit, include_superseded=include_superseded, db=db)
     if as_json:
         typer.echo(json.dumps([m.model_dump(mode="json") for m in msgs], indent=2, ensure_ascii=False))
         return
@@ -415,6 +450,25 @@ def runs_list(
     for r in list_runs(db, chat_jid=group, state=state, limit=limit):
         took = f"{r.duration_s:.2f}s" if r.duration_s is not None else "-"
         typer.echo(f"{r.id[:8]}  {r.state:10} {r.chat_jid:24} msgs {r.cursor_from + 1}..{r.cursor_to}  {took}  {r.error or ''}")
+
+
+@runs_app.command("waiting")
+def runs_waiting(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """The fleet's run slots (ORCHESTRATOR_MAX_CONCURRENT_RUNS) and the groups waiting
+    for one, in the order they will start."""
+    from orchestrator.store.slots import fleet_slots
+
+    root = _setup()
+    slots = fleet_slots(root.db, root.settings.max_concurrent_runs)
+    if as_json:
+        typer.echo(slots.model_dump_json(indent=2))
+        return
+    cap = f"{slots.cap:,}" if slots.cap else "no cap"
+    typer.echo(f"run slots: {slots.running:,} taken of {cap}; {len(slots.waiting):,} group(s) waiting")
+    for w in slots.waiting:
+        kind = w.lane + (", main" if w.is_main else "")
+        typer.echo(f"  {w.position:>3}. {w.chat_jid:30} {kind:16} waiting {w.waited_s:.0f}s "
+                   f"(since {w.since:%H:%M:%S} UTC)")
 
 
 @runs_app.command("show")
@@ -481,14 +535,14 @@ def runs_cancel(run_id: str) -> None:
 
 @tasks_app.command("add")
 def tasks_add(
-    jid: str,
+    chat_jid: str,
     prompt: Annotated[str, typer.Option(help="What the agent is asked each time.")],
     cron: Annotated[Optional[str], typer.Option(help="A cron line, e.g. '0 9 * * 1-5'.")] = None,
     every: Annotated[Optional[str], typer.Option(help="An interval: 90, 45s, 30m, 2h, 1d.")] = None,
     at: Annotated[Optional[str], typer.Option(help="Once, at an ISO-8601 time (UTC if no zone).")] = None,
     context: Annotated[str, typer.Option(help="group (history and session) or isolated (fresh).")] = "group",
 ) -> None:
-    """Schedule a prompt for group JID."""
+    """Schedule a prompt for group CHAT_JID."""
     from orchestrator.run.schedules import add_task
 
     chosen = [(k, v) for k, v in (("cron", cron), ("interval", every), ("once", at)) if v]
@@ -498,7 +552,7 @@ def tasks_add(
     kind, spec = chosen[0]
     try:
         # kind is one of the three names above; context_mode is checked by add_task.
-        task = add_task(db, chat_jid=jid, prompt=prompt, kind=kind, spec=spec, context_mode=context)  # type: ignore[arg-type]
+        task = add_task(db, chat_jid=chat_jid, prompt=prompt, kind=kind, spec=spec, context_mode=context)  # type: ignore[arg-type]
     except OrchestratorError as exc:
         raise _fail(exc) from exc
     typer.echo(f"task {task.id[:8]} ({task.kind} {task.spec}, {task.context_mode}) next at {task.next_run_at:%Y-%m-%d %H:%M:%S} UTC")
@@ -570,6 +624,7 @@ def image_build(force: Annotated[bool, typer.Option(help="Rebuild even if curren
 
 cli_history.register(app)
 cli_channels.register(app, groups_app)
+cli_fleet.register(app)
 cli_telegram.register(app)
 
 

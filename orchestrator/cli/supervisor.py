@@ -79,12 +79,24 @@ class Supervisor:
                 child.proc.wait()
 
 
-def worker_argv(concurrency: int, loglevel: str = "INFO") -> list[str]:
-    return [
+# The queues a worker can consume (orchestrator/run/queue.py routes the tasks):
+# agent runs, and deliveries with the sweeper and the schedules.
+QUEUES = ("agent", "delivery")
+
+
+def worker_argv(
+    concurrency: int, loglevel: str = "INFO", *, queues: tuple[str, ...] = QUEUES, name: str | None = None
+) -> list[str]:
+    """A Celery worker consuming ``queues``; ``name`` its node name (two on one host need two)."""
+    unknown = sorted(set(queues) - set(QUEUES))
+    if unknown or not queues:
+        raise ValueError(f"queues must be some of {', '.join(QUEUES)}, not {', '.join(unknown) or 'none'}")
+    argv = [
         sys.executable, "-m", "celery", "-A", "workers.app", "worker",
-        "-Q", "agent,delivery", "--concurrency", str(concurrency), "-l", loglevel,
+        "-Q", ",".join(queues), "--concurrency", str(concurrency), "-l", loglevel,
         "-E", "--without-gossip", "--without-mingle",
     ]
+    return argv + ["-n", name] if name else argv
 
 
 def beat_argv(schedule_file: str, loglevel: str = "INFO") -> list[str]:

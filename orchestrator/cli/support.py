@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from orchestrator.core.errors import OrchestratorError
+
 if TYPE_CHECKING:
     from orchestrator.root import Orchestrator
 
@@ -19,7 +21,10 @@ if TYPE_CHECKING:
 def setup() -> Orchestrator:
     from orchestrator.root import Orchestrator
 
-    root = Orchestrator.from_environment()
+    try:
+        root = Orchestrator.from_environment()
+    except OrchestratorError as exc:  # e.g. an ORCHESTRATOR_* variable that does not convert
+        raise fail(exc) from exc
     settings = root.settings
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)

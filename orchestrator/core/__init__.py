@@ -1,6 +1,6 @@
-"""The ground floor: errors, settings and size parsing.
+"""The ground floor: errors, settings, size parsing and the name for open JSON objects.
 
 Every room may import these; they import nothing of the package (only the
-standard library and pydantic-settings), so reading the settings never pulls
+standard library, msgspec and python-dotenv), so reading the settings never pulls
 a database driver or Celery.
 """

@@ -1,9 +1,13 @@
 """Time, as one object the code is handed: wall time and waiting.
 
-Leases, the run's stop-watch and retry backoff ask a :class:`Clock` instead
-of calling ``datetime.now`` or ``Event.wait`` themselves, so their logic can be
-tested with a clock that jumps (``tests/fakes/clock.py``) rather than with
-sleeps.  :data:`SYSTEM_CLOCK` is the real one.
+Lease heartbeats, the run's stop-watch and retry backoff ask a :class:`Clock`
+instead of calling ``datetime.now`` or ``Event.wait`` themselves, so their
+logic can be tested with a clock that jumps (``tests/fakes/clock.py``) rather
+than with sleeps.  :data:`SYSTEM_CLOCK` is the real one.
+
+A clock paces waits and intervals; it decides no expiry that another host
+compares: lease expiries and delivery claim deadlines are on the database's
+clock (``orchestrator/store/db.py``: ``db_now``), whatever this host's says.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ the classes defined outside this module say where they live::
     ├── ConfigError            settings that cannot work: an unsupported database URL, an unknown
     │   │                      ORCHESTRATOR_MODEL, the API beyond loopback without a token
     │   │                      [store.db, run.pipeline, http.api]
+    │   ├── SettingsError      an ORCHESTRATOR_* variable that does not convert or is out of bounds;
+    │   │                      names the variable (also a ValueError) [core.settings]
+    │   ├── DataDirNotShared   a worker's data dir is not the installation's (its marker is missing or
+    │   │                      another's) (defined in store.installation) [store.installation]
     │   ├── ContainerConfigError   a group's container_config is invalid; names the field [sandbox.config]
     │   └── ChannelError       an unknown channel, a bad name, address or plugin, a send that failed
     │                          [channels.registry, channels.webhook, channels.telegram, run.outbound,
@@ -34,6 +38,11 @@ the classes defined outside this module say where they live::
     │                          (defined in sandbox.gateway) [sandbox.gateway]
     ├── BrokerUnavailable      the broker failed moments ago, so a signal is left to the sweeper
     │                          (defined in run.queue) [run.queue]
+    ├── RateLimited            a sender went over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE; nothing is
+    │                          stored; carries retry_after_s (HTTP 429 + Retry-After) [run.ingest]
+    ├── FleetFull              ORCHESTRATOR_MAX_CONCURRENT_RUNS runs are unfinished (or better-ranked
+    │                          groups wait for the free slots): the run did not start, its group waits
+    │                          (defined in store.slots) [store.slots]
     └── OutputLimitExceeded    a run's output broke a host bound; the pipeline stops the run
                                (defined in sandbox.bounded_io) [sandbox.bounded_io]
 
@@ -53,6 +62,10 @@ class OrchestratorError(Exception):
 
 
 class ConfigError(OrchestratorError):
+    pass
+
+
+class SettingsError(ConfigError, ValueError):
     pass
 
 
@@ -85,6 +98,19 @@ class GroupBusy(OrchestratorError):
 
 class InvalidMessage(OrchestratorError, ValueError):
     pass
+
+
+class RateLimited(OrchestratorError):
+    """A sender sent more messages in the last minute than the setting allows (orchestrator.run.ingest);
+    the message is not stored.  ``retry_after_s``: whole seconds until one more would be taken."""
+
+    def __init__(self, sender: str, limit: int, retry_after_s: int) -> None:
+        super().__init__(
+            f"slow down: {sender!r} sent {limit} messages in the last minute; try again in {retry_after_s} s"
+        )
+        self.sender = sender
+        self.limit = limit
+        self.retry_after_s = retry_after_s
 
 
 class SandboxError(OrchestratorError):

@@ -1,28 +1,40 @@
 """The one settings object: the only place that reads the environment.
 
 Every value comes from an ``ORCHESTRATOR_*`` environment variable or an
-optional ``.env`` file in the working directory.  Everything the program
-writes lives under ``data_dir`` unless configured otherwise, so one folder is
-the whole state of an embedded install.
+optional ``.env`` file in the working directory (:meth:`Settings.load`).
+Everything the program writes lives under ``data_dir`` unless configured
+otherwise, so one folder is the whole state of an embedded install.
+
+A msgspec Struct, not pydantic-settings: every CLI command starts by loading
+the settings, and importing pydantic-settings with pydantic and building this
+model cost about 0.45 s of CPU, where msgspec costs about 0.06 s
+(docs/performance.md, "CLI start-up").  msgspec converts the environment's
+strings to the declared types and checks the bounds below; python-dotenv
+reads the ``.env`` file.  Settings made in code (``Settings(...)``) are not
+converted, like any Struct; :meth:`Settings.load` is the checked way in.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+import msgspec
+from msgspec import Meta
 
+from orchestrator.core.errors import SettingsError
 from orchestrator.core.sizes import parse_quota
 
+ENV_PREFIX = "ORCHESTRATOR_"
+# Booleans the way people write them in an environment file (msgspec alone
+# takes true/false/1/0).
+_BOOL_WORDS = {"yes": True, "on": True, "y": True, "t": True, "no": False, "off": False, "n": False, "f": False}
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="ORCHESTRATOR_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
-    )
 
+class Settings(msgspec.Struct, kw_only=True):
     data_dir: Path = Path("./data")
     # This worker's name in the fleet (the hosts table, run owners, placement).
     # Empty: the machine's hostname.
@@ -32,7 +44,7 @@ class Settings(BaseSettings):
     broker_url: str = ""
     # Polling interval of kombu's virtual transports (filesystem, SQL); every
     # polled hop costs half of it on average, so keep it short.
-    broker_polling_interval: float = Field(default=0.05, gt=0)
+    broker_polling_interval: Annotated[float, Meta(gt=0)] = 0.05
 
     # "offline" (no network, deterministic), "anthropic:<model id>" or
     # "openai:<model id>" (any OpenAI-compatible Chat Completions server).
@@ -45,63 +57,88 @@ class Settings(BaseSettings):
     # bearer token by the gateway; local servers need none).
     openai_base_url: str = "http://127.0.0.1:11434"
     openai_api_key: str = ""
-    max_tokens: int = Field(default=1024, ge=1)
-    max_turns: int = Field(default=8, ge=1)
+    max_tokens: Annotated[int, Meta(ge=1)] = 1024
+    max_turns: Annotated[int, Meta(ge=1)] = 8
     # Tokens (input + output) one run may spend through the model gateway; 0: no limit.
-    run_token_budget: int = Field(default=0, ge=0)
+    run_token_budget: Annotated[int, Meta(ge=0)] = 0
+    # Quotas of every group (orchestrator/store/usage.py), on the database's clock;
+    # a group may set its own (`orchestrator groups set JID --runs-per-hour N
+    # --tokens-per-day N`).  Over one, new messages are stored and wait: the
+    # next run starts when the quota frees, after a 🏠 message saying when.
+    # Runs started in the last hour; 0: no limit.
+    group_runs_per_hour: Annotated[int, Meta(ge=0)] = 0
+    # Model tokens (input + output) of the runs started since 00:00 UTC; 0: no limit.
+    group_tokens_per_day: Annotated[int, Meta(ge=0)] = 0
+    # Messages one sender may send into one chat in a minute, checked at ingest
+    # (people only: not the harness's own senders, not is_from_me).  Over it
+    # the message is refused, not stored (HTTP 429 with Retry-After; Telegram
+    # replies "slow down").  0: no limit, the default: the tests, the
+    # benchmarks and a single-user install send far more than any sensible
+    # limit from one sender; an install open to strangers sets e.g. 20.
+    sender_messages_per_minute: Annotated[int, Meta(ge=0)] = 0
+    # Runs at once across the whole fleet (every worker of every host), counted
+    # and admitted by the database (orchestrator/store/slots.py); 0: no cap.
+    # A run over it never starts: its group waits (`orchestrator runs waiting`),
+    # a person's message before scheduled tasks, the main group before others,
+    # then the oldest wait, and a run that ends hands its slot on at once.
+    max_concurrent_runs: Annotated[int, Meta(ge=0)] = 0
     # The model gateway's limits on what a sandbox can make the host spend
     # (orchestrator/sandbox/gateway.py).  The largest request body it reads; a larger
     # Content-Length is refused (413) before any byte of the body is read.
-    gateway_max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    gateway_max_request_bytes: Annotated[int, Meta(ge=1024)] = 32 * 1024 * 1024
     # Connections served at once (one host thread each); more are closed at once.
-    gateway_max_connections: int = Field(default=16, ge=1)
+    gateway_max_connections: Annotated[int, Meta(ge=1)] = 16
     # How long a connection may send nothing (request line, headers, body, the
     # wait for a keep-alive's next request) before the gateway closes it.
-    gateway_read_timeout_s: float = Field(default=30.0, gt=0)
+    gateway_read_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
 
     assistant_name: str = "Andy"
     # Extra names that also trigger the agent (comma separated).
     trigger_aliases: str = ""
     # How many earlier messages a run shows the model besides the new ones.
-    context_messages: int = Field(default=50, ge=0)
+    context_messages: Annotated[int, Meta(ge=0)] = 50
     # Context blocks of user messages (files, URLs) are expanded when a run is
     # assembled; these bound what one block may add to the model's input.
-    context_file_max_bytes: int = Field(default=200_000, ge=1)
-    context_url_max_bytes: int = Field(default=200_000, ge=1)
-    context_url_timeout_s: float = Field(default=5.0, gt=0)
+    context_file_max_bytes: Annotated[int, Meta(ge=1)] = 200_000
+    context_url_max_bytes: Annotated[int, Meta(ge=1)] = 200_000
+    context_url_timeout_s: Annotated[float, Meta(gt=0)] = 5.0
     # URL blocks are fetched by the host: by default never from loopback or
     # private addresses, so a chat message cannot probe the host's network.
     context_url_allow_private: bool = False
     # Lease on a group while a run holds it; renewed by a heartbeat.
-    lease_ttl_s: float = Field(default=60.0, gt=1)
+    lease_ttl_s: Annotated[float, Meta(gt=1)] = 60.0
     # Failed runs that stored no output are retried with backoff and jitter.
-    max_attempts: int = Field(default=3, ge=1)
-    retry_base_s: float = Field(default=2.0, ge=0)
-    retry_max_s: float = Field(default=60.0, ge=0)
+    max_attempts: Annotated[int, Meta(ge=1)] = 3
+    retry_base_s: Annotated[float, Meta(ge=0)] = 2.0
+    retry_max_s: Annotated[float, Meta(ge=0)] = 60.0
     # Deliveries of stored messages to channels (orchestrator/store/deliveries.py):
     # a failed send is retried after base·2ⁿ⁻¹ seconds (capped, with jitter)
     # up to max_attempts; a send that outlives claim_s is presumed cut off
     # and is never retried (never sent twice).
-    delivery_max_attempts: int = Field(default=6, ge=1)
-    delivery_retry_base_s: float = Field(default=1.0, ge=0)
-    delivery_retry_max_s: float = Field(default=300.0, ge=0)
-    delivery_claim_s: float = Field(default=120.0, gt=0)
+    delivery_max_attempts: Annotated[int, Meta(ge=1)] = 6
+    delivery_retry_base_s: Annotated[float, Meta(ge=0)] = 1.0
+    delivery_retry_max_s: Annotated[float, Meta(ge=0)] = 300.0
+    delivery_claim_s: Annotated[float, Meta(gt=0)] = 120.0
     # Extra channels: comma-separated "module:factory", each called with the
     # settings and returning a channel or a list of them (orchestrator/channels/registry.py).
     channel_plugins: str = ""
     # Shared secret of the webhooks (HMAC-SHA256): inbound ones must be
     # signed with it (empty: inbound webhooks are off); outbound ones are.
     webhook_secret: str = ""
-    webhook_timeout_s: float = Field(default=10.0, gt=0)
+    webhook_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
     # Telegram (orchestrator/channels/telegram.py, the optional "telegram" extra):
     # the bot's token from @BotFather, and the Bot API's root (tests point
     # it at a fake).
     telegram_bot_token: str = ""
     telegram_api_base: str = "https://api.telegram.org"
     # How often Celery beat runs the sweeper.
-    sweep_interval_s: float = Field(default=15.0, gt=0)
+    sweep_interval_s: Annotated[float, Meta(gt=0)] = 15.0
+    # How often each worker looks for groups whose lease holder is gone (a
+    # SIGKILLed process of its host, a dead host) and signals them, so they
+    # are taken over without waiting for the lease to expire (orchestrator/run/recovery.py); 0: never.
+    recovery_interval_s: Annotated[float, Meta(ge=0)] = 2.0
     # How often Celery beat looks for scheduled tasks that are due.
-    schedule_tick_s: float = Field(default=10.0, gt=0)
+    schedule_tick_s: Annotated[float, Meta(gt=0)] = 10.0
 
     # Agent image and how it is built when missing.
     agent_image: str = "orchestrator-agent:latest"
@@ -110,25 +147,25 @@ class Settings(BaseSettings):
 
     # Sandbox limits of the run container.
     container_memory: str = "512m"
-    container_cpus: float = Field(default=1.0, gt=0)
-    container_pids: int = Field(default=256, ge=16)
-    run_timeout_s: float = Field(default=300.0, gt=0)
+    container_cpus: Annotated[float, Meta(gt=0)] = 1.0
+    container_pids: Annotated[int, Meta(ge=16)] = 256
+    run_timeout_s: Annotated[float, Meta(gt=0)] = 300.0
     # > 0: a group's container stays up this long after a run and takes the
     # next one without a cold start (orchestrator/sandbox/warm.py); 0: one per run.
-    warm_idle_s: float = Field(default=0.0, ge=0)
-    bash_timeout_s: float = Field(default=60.0, gt=0)
+    warm_idle_s: Annotated[float, Meta(ge=0)] = 0.0
+    bash_timeout_s: Annotated[float, Meta(gt=0)] = 60.0
     # Bounds on what one run's output may cost the host (orchestrator/sandbox/bounded_io.py):
     # the agent can write anything to the runner's stdout and stderr.  A run
     # that breaks one is stopped and fails, not retried, with a host message.
     # The longest output line (one event) the host reads; a longer one is never buffered.
-    max_event_line_bytes: int = Field(default=1024 * 1024, ge=4096)
+    max_event_line_bytes: Annotated[int, Meta(ge=4096)] = 1024 * 1024
     # Output lines one run may write (events, and lines that are not events).
-    max_run_events: int = Field(default=2000, ge=10)
+    max_run_events: Annotated[int, Meta(ge=10)] = 2000
     # Bytes of messages (content + metadata) one run may store, summed.
-    max_run_stored_bytes: int = Field(default=16 * 1024 * 1024, ge=65536)
+    max_run_stored_bytes: Annotated[int, Meta(ge=65536)] = 16 * 1024 * 1024
     # One tool result's stored output (and its envelope): longer output is cut
     # with a visible marker, the original size kept in the metadata.
-    max_tool_result_bytes: int = Field(default=256 * 1024, ge=1024)
+    max_tool_result_bytes: Annotated[int, Meta(ge=1024)] = 256 * 1024
     # Host folders a group may mount (orchestrator/sandbox/mounts.py).  Kept outside
     # the project and the data dir, so no agent can ever edit it.
     mount_allowlist: Path = Path("~/.config/orchestrator/mount-allowlist.json")
@@ -142,8 +179,12 @@ class Settings(BaseSettings):
     # devices, else a usage check before each run; "volume" or "checked" force one.
     workspace_quota_mode: Literal["auto", "volume", "checked"] = "auto"
 
+    # The API the CLI's ``send`` talks to (e.g. http://10.0.0.5:8000 for a
+    # fleet's API).  Empty: the one ``orchestrator up``/``api`` announced in
+    # the data dir (orchestrator/http/endpoint.py), else the CLI stores in process.
+    api_url: str = ""
     api_host: str = "127.0.0.1"
-    api_port: int = Field(default=8000, ge=0, le=65535)
+    api_port: Annotated[int, Meta(ge=0, le=65535)] = 8000
     # Bearer token of every /api route (``Authorization: Bearer <token>``).
     # Required when the API listens beyond loopback (it refuses to start
     # without one); optional on loopback, and enforced there too when set.
@@ -152,37 +193,58 @@ class Settings(BaseSettings):
     # registered group, instead of storing a message no agent will ever see.
     api_require_registered_chat: bool = True
     # How often a chat's event stream (SSE) looks for new messages and runs.
-    api_stream_poll_s: float = Field(default=0.2, gt=0, le=5)
+    api_stream_poll_s: Annotated[float, Meta(gt=0, le=5)] = 0.2
 
     log_level: str = "INFO"
 
-    @field_validator("openai_base_url")
-    @classmethod
-    def _server_root(cls, v: str) -> str:
+    def __post_init__(self) -> None:
+        # Runs for Settings made in code and for loaded ones alike.
         # The gateway appends the request's path (/v1/chat/completions).
-        root = v.strip().rstrip("/")
-        return root.removesuffix("/v1")
-
-    @field_validator("data_dir")
-    @classmethod
-    def _absolute(cls, v: Path) -> Path:
+        self.openai_base_url = self.openai_base_url.strip().rstrip("/").removesuffix("/v1")
         # Workers, the API and containers' bind mounts all need the same
         # absolute path, whatever directory each process starts in.
-        return v.expanduser().resolve()
-
-    @field_validator("mount_allowlist")
-    @classmethod
-    def _expand(cls, v: Path) -> Path:
+        self.data_dir = Path(self.data_dir).expanduser().resolve()
         # Symlinks are resolved when the file is read, not here.
-        return v.expanduser().absolute()
+        self.mount_allowlist = Path(self.mount_allowlist).expanduser().absolute()
+        self.workspace_quota = self.workspace_quota.strip().lower()
+        if self.workspace_quota != "auto":
+            try:
+                parse_quota(self.workspace_quota)
+            except ValueError as exc:
+                raise SettingsError(f"{ENV_PREFIX}WORKSPACE_QUOTA: {exc}") from exc
 
-    @field_validator("workspace_quota")
     @classmethod
-    def _quota(cls, v: str) -> str:
-        v = v.strip().lower()
-        if v != "auto":
-            parse_quota(v)
-        return v
+    def load(
+        cls, *, environ: Mapping[str, str] | None = None, env_file: str | Path | None = ".env", **values: Any
+    ) -> Settings:
+        """The settings from ``ORCHESTRATOR_*`` variables, converted and checked.
+
+        Later sources win: the ``.env`` file (None: none), then ``environ``
+        (default: the process environment), then ``values`` given in code.
+        Raises :class:`SettingsError` naming the variable and what is wrong.
+        """
+        raw: dict[str, object] = {}
+        sources: list[Mapping[str, str | None]] = []
+        if env_file is not None and Path(env_file).is_file():
+            from dotenv import dotenv_values
+
+            sources.append(dotenv_values(env_file, encoding="utf-8"))
+        sources.append(os.environ if environ is None else environ)
+        for source in sources:
+            for key, value in source.items():
+                if value is not None and key.upper().startswith(ENV_PREFIX):
+                    name = key[len(ENV_PREFIX):].lower()
+                    if name in _FIELDS:
+                        raw[name] = _BOOL_WORDS.get(value.strip().lower(), value) if name in _BOOL_FIELDS else value
+        raw.update(values)
+        try:
+            return msgspec.convert(raw, cls, strict=False, dec_hook=_decode_path)
+        except msgspec.ValidationError as exc:
+            raise SettingsError(_config_problem(str(exc), raw)) from exc
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` (as given, not converted), re-normalized."""
+        return msgspec.structs.replace(self, **changes)
 
     # -- derived values ------------------------------------------------------
 
@@ -233,3 +295,24 @@ class Settings(BaseSettings):
             d.mkdir(parents=True, exist_ok=True)
         for sub in ("out", "processed", "control"):
             (self.broker_dir / sub).mkdir(parents=True, exist_ok=True)
+
+
+_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Settings))
+_BOOL_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Settings) if f.type is bool)
+
+
+def _decode_path(type_: type, value: Any) -> Any:
+    # msgspec has no Path type of its own.
+    if type_ is Path and isinstance(value, (str, os.PathLike)):
+        return Path(value)
+    raise NotImplementedError(f"no conversion to {type_!r}")
+
+
+def _config_problem(message: str, raw: Mapping[str, object]) -> str:
+    # msgspec says "Expected `int` >= 1 - at `$.max_tokens`": name the variable and its value.
+    what, _, where = message.partition(" - at `$.")
+    field = where.rstrip("`")
+    if not field:
+        return message
+    what = what.replace("Expected", "expected", 1)
+    return f"{ENV_PREFIX}{field.upper()}={raw[field]!r}: {what}" if field in raw else f"{ENV_PREFIX}{field.upper()}: {what}"

@@ -3,8 +3,11 @@
 Health; post a message (the same ingest path as every channel); read a
 chat's display view after a seq cursor, or follow it live (server-sent
 events, ``orchestrator/http/stream.py``); edit, regenerate and truncate; export;
-register, list and change groups; runs, with the exact input each run sent.
-Bad input is a 400 whose body names the offending field; nothing is stored.
+register, list and change groups, and see a group's use of its quotas; runs,
+with the exact input each run sent, and the groups waiting for a run slot;
+the fleet's hosts.  Bad input is a 400
+whose body names the offending field; a sender over its rate a 429 with
+``Retry-After``; nothing is stored.
 
 Every ``/api`` route takes ``Authorization: Bearer <ORCHESTRATOR_API_TOKEN>``
 when a token is set (compared in constant time; 401 otherwise).  Serving
@@ -18,6 +21,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -40,21 +44,27 @@ from orchestrator.core.errors import (
     MessageNotFound,
     MountRefused,
     OrchestratorError,
+    RateLimited,
     StoreError,
     UnknownGroup,
 )
+from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
+from orchestrator.http.endpoint import INSTALL_HEADER
 from orchestrator.http.stream import event_stream
 from orchestrator.model.envelopes import InvalidMessageMetadata
 from orchestrator.model.messages import StoredMessage
 from orchestrator.root import Orchestrator
 from orchestrator.run.assembly import stored_input
 from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.store.groups import Group, add_group, find_group, get_group, list_groups, update_group
+from orchestrator.store.groups import MAX_QUOTA, Group, add_group, find_group, get_group, list_groups, update_group
 from orchestrator.store.history import HistoryChange, edit_message, regenerate, truncate_after
+from orchestrator.store.hosts import ALIVE_WINDOW_S, Host, list_hosts
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import Run, get_run, list_runs
+from orchestrator.store.slots import FleetSlots, fleet_slots
 from orchestrator.store.transfer import export_json, export_markdown
+from orchestrator.store.usage import GroupUsage, group_usage
 
 log = logging.getLogger(__name__)
 
@@ -117,16 +127,25 @@ class GroupChanges(BaseModel):
     name: str | None = Field(default=None, min_length=1, max_length=200)
     requires_trigger: bool | None = None
     assistant_name: str | None = Field(default=None, pattern=ASSISTANT_NAME_PATTERN)
-    container_config: dict[str, Any] | None = Field(
+    # Open here: checked by the sandbox's ContainerConfig, whose 400 names the field.
+    container_config: JsonObject | None = Field(
         default=None,
         description="memory, cpus, pids, run_timeout_s (only shorter), bash_timeout_s, extra_mounts "
         "(checked against the mount allowlist); see orchestrator/sandbox/config.py.",
+    )
+    runs_per_hour: int | None = Field(
+        default=None, ge=0, le=MAX_QUOTA, strict=True,
+        description="The group's runs per hour (0: no limit; null: ORCHESTRATOR_GROUP_RUNS_PER_HOUR).",
+    )
+    tokens_per_day: int | None = Field(
+        default=None, ge=0, le=MAX_QUOTA, strict=True,
+        description="The group's model tokens per UTC day (0: no limit; null: ORCHESTRATOR_GROUP_TOKENS_PER_DAY).",
     )
 
 
 class EditRequest(BaseModel):
     content: str = Field(max_length=MAX_CONTENT_CHARS)
-    context: list[dict[str, Any]] | None = None
+    context: list[JsonObject] | None = None  # checked as context items, a 400 naming the field
     rerun: bool = False
 
 
@@ -139,10 +158,26 @@ _STATUS: list[tuple[type[OrchestratorError], int]] = [
 ]
 
 
+def rate_limited_response(exc: RateLimited) -> JSONResponse:
+    """429 with ``Retry-After`` (whole seconds) for a sender over its rate; nothing was stored."""
+    return JSONResponse(status_code=429, content={"detail": str(exc), "retry_after_s": exc.retry_after_s},
+                        headers={"Retry-After": str(exc.retry_after_s)})
+
+
+# What POST /api/messages (and the inbound webhook) lists for a sender over its rate.
+RATE_LIMITED_DOC: dict[int | str, dict[str, Any]] = {429: {
+    "description": "the sender sent ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE messages into the chat in the last "
+                   "minute; nothing was stored. `Retry-After`: seconds until one more is taken",
+    "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}},
+}}
+
+
 def _error_response(exc: OrchestratorError) -> JSONResponse:
     """One mapping from the exception tree to status codes."""
     if isinstance(exc, InvalidMessageMetadata):
         return _bad_request(exc.field, str(exc))
+    if isinstance(exc, RateLimited):
+        return rate_limited_response(exc)
     status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
     return JSONResponse(status_code=status, content={"detail": str(exc)})
 
@@ -189,6 +224,21 @@ def _token_check(settings: Settings) -> Any:
     return require_token
 
 
+def _install_check(settings: Settings) -> Callable[[Request], None]:
+    install_id = settings.install_id
+
+    def require_install(request: Request) -> None:
+        # A client that found this API through a data dir's announce file says
+        # which installation it means (orchestrator/http/endpoint.py): a stale
+        # file naming a port another installation took since must not store
+        # its message here.
+        claimed = request.headers.get(INSTALL_HEADER)
+        if claimed is not None and claimed != install_id:
+            raise HTTPException(421, f"this API serves installation {install_id}, not {claimed}")
+
+    return require_install
+
+
 def create_app(root: Orchestrator | None = None) -> FastAPI:
     """The API of the installation ``root`` (default: built from the environment;
     ``uvicorn --factory orchestrator.http.api:create_app`` calls it so)."""
@@ -198,7 +248,8 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     settings.ensure_dirs()
     db = root.db
     api = FastAPI(title="Agent orchestrator", version="0.1.0")
-    router = APIRouter(prefix="/api", dependencies=[Depends(_token_check(settings))])
+    router = APIRouter(prefix="/api", dependencies=[Depends(_token_check(settings)), Depends(_install_check(settings))],
+                       responses={421: {"description": f"the request's {INSTALL_HEADER} names another installation"}})
     signal, signal_delivery = root.signals.group, root.signals.delivery
 
     def registered_or_404(chat_jid: str) -> None:
@@ -241,7 +292,7 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     @router.post(
         "/messages", status_code=201, response_model=PostedMessage,
         responses={404: {"description": "the chat is not a registered group (when registration is required)"},
-                   413: {"description": "content too long"}},
+                   413: {"description": "content too long"}, **RATE_LIMITED_DOC},
     )
     def post_message(body: IncomingMessage) -> PostedMessage:
         if len(body.content) > MAX_CONTENT_CHARS:
@@ -322,7 +373,7 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
 
     @router.patch("/groups/{chat_jid}", response_model=Group)
     def change_group(chat_jid: str, body: GroupChanges) -> Group | JSONResponse:
-        """Change a group's name, trigger rule, assistant name or sandbox; only the fields given."""
+        """Change a group's name, trigger rule, assistant name, sandbox or quotas; only the fields given."""
         from orchestrator.sandbox.config import set_container_config
 
         given = body.model_fields_set
@@ -340,12 +391,28 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         changes = {k: getattr(body, k) for k in given if k != "container_config"}
         return update_group(db, chat_jid, changes) if changes else get_group(db, chat_jid)
 
+    @router.get("/groups/{chat_jid}/usage", response_model=GroupUsage,
+                responses={404: {"description": "no such group"}})
+    def usage(chat_jid: str) -> GroupUsage:
+        """The group's runs in the last hour and tokens today against its quotas (by the database's
+        clock), the sender rate limit, and, when a quota is reached, when the next run may start."""
+        try:
+            return group_usage(db, settings, get_group(db, chat_jid))
+        except UnknownGroup as exc:
+            raise HTTPException(404, str(exc)) from exc
+
     @router.get("/runs", response_model=list[Run])
     def runs(
         chat_jid: str | None = None, state: str | None = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
     ) -> list[Run]:
         return list_runs(db, chat_jid=chat_jid, state=state, limit=limit)
+
+    @router.get("/runs/waiting", response_model=FleetSlots)
+    def runs_waiting() -> FleetSlots:
+        """The fleet's run slots (``ORCHESTRATOR_MAX_CONCURRENT_RUNS``; 0: no cap), how many are
+        taken, and the groups waiting for one in the order they will start."""
+        return fleet_slots(db, settings.max_concurrent_runs)
 
     @router.get("/runs/{run_id}", response_model=Run)
     def run(run_id: str) -> Run:
@@ -364,6 +431,12 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         if data is None:
             raise HTTPException(404, f"run {run_id} has no recorded input")
         return Response(data, media_type="application/json")
+
+    @router.get("/hosts", response_model=list[Host])
+    def hosts(window_s: Annotated[float, Query(ge=0)] = ALIVE_WINDOW_S) -> list[Host]:
+        """The fleet's worker hosts: alive while the last heartbeat is younger than ``window_s``
+        (by the database's clock), with their unfinished runs and the groups whose lease they hold."""
+        return list_hosts(db, window_s=window_s)
 
     api.include_router(router)
     add_inbound_route(api, db, settings, signal=signal, signal_delivery=signal_delivery,

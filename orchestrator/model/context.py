@@ -16,11 +16,12 @@ failing the run, so the model can say what it could not see.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Literal, Union
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.envelopes import InvalidMessageMetadata
 
 CONTEXT_KEY = "context"
@@ -62,7 +63,7 @@ ContextItem = Annotated[Union[FileItem, UrlItem, SelectionItem], Field(discrimin
 _ITEMS: TypeAdapter[list[ContextItem]] = TypeAdapter(list[ContextItem])
 
 
-def parse_context(metadata: dict[str, Any] | None) -> list[ContextItem]:
+def parse_context(metadata: JsonObject | None) -> list[ContextItem]:
     """The context items of a message's metadata; bad items raise naming the field."""
     raw = (metadata or {}).get(CONTEXT_KEY)
     if raw is None:

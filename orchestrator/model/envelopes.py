@@ -43,6 +43,7 @@ from agent_runner.protocol import TodoStatus as TodoStatus
 from agent_runner.protocol import ToolCallPayload as ToolCallPayload
 
 from orchestrator.core.errors import InvalidMessage
+from orchestrator.core.jsontypes import JsonObject
 
 
 class InvalidMessageMetadata(InvalidMessage, ValueError):
@@ -108,7 +109,7 @@ def _from_protocol_error(exc: ProtocolError, envelope_type: type) -> InvalidMess
     return InvalidMessageMetadata(path, what)
 
 
-def _check_envelope(meta: dict[str, Any]) -> tuple[Envelope, dict[str, Any]]:
+def _check_envelope(meta: JsonObject) -> tuple[Envelope, JsonObject]:
     """The envelope as its protocol Struct (an OtherEnvelope for TEXT and unknown types) and the extras."""
     message_type = meta["message_type"]
     if not isinstance(message_type, str) or not message_type.strip():
@@ -132,7 +133,7 @@ def _check_envelope(meta: dict[str, Any]) -> tuple[Envelope, dict[str, Any]]:
     return envelope, extras
 
 
-def _unpack(meta: Any) -> tuple[Envelope, dict[str, Any]] | None:
+def _unpack(meta: Any) -> tuple[Envelope, JsonObject] | None:
     """The checked envelope and extras, or None when there is none (null or legacy metadata)."""
     if meta is None:
         return None
@@ -143,13 +144,13 @@ def _unpack(meta: Any) -> tuple[Envelope, dict[str, Any]] | None:
     return _check_envelope(meta)
 
 
-def _dump(envelope: Envelope, extras: dict[str, Any]) -> dict[str, Any]:
+def _dump(envelope: Envelope, extras: JsonObject) -> JsonObject:
     # An unknown type's payload is stored as it came, not re-encoded.
     payload = envelope.payload if isinstance(envelope, OtherEnvelope) else msgspec.to_builtins(envelope.payload)
     return {"message_type": envelope.message_type, "version": envelope.version, "payload": payload, **extras}
 
 
-def normalize_message_metadata(meta: Any) -> dict[str, Any] | None:
+def normalize_message_metadata(meta: Any) -> JsonObject | None:
     """Validate ``meta`` and return it in canonical form; raises InvalidMessageMetadata."""
     unpacked = _unpack(meta)
     if unpacked is None:
@@ -168,7 +169,7 @@ class ParsedMessageMetadata:
     message_type: str
     version: int
     payload: CodeEditPayload | TodoPayload | ToolCallPayload | Any
-    extras: dict[str, Any]
+    extras: JsonObject
     is_legacy: bool
 
 
@@ -182,8 +183,8 @@ def parse_message_metadata(meta: Any) -> ParsedMessageMetadata:
 
 
 def build_structured_envelope(
-    message_type: str, payload: Any, *, extras: dict[str, Any] | None = None, version: int = 1
-) -> dict[str, Any]:
+    message_type: str, payload: Any, *, extras: JsonObject | None = None, version: int = 1
+) -> JsonObject:
     extras = extras or {}
     for key in ENVELOPE_KEYS:
         if key in extras:
@@ -221,7 +222,7 @@ def _preview_code_edit(payload: CodeEditPayload) -> str:
     return f"Edited {len(paths)} files: {named}" + (f", +{more} more" if more > 0 else "")
 
 
-def preview_for(metadata_envelope: dict[str, Any] | None) -> str:
+def preview_for(metadata_envelope: JsonObject | None) -> str:
     """One-line text to show when a structured message's ``content`` is empty."""
     parsed = parse_message_metadata(metadata_envelope)
     payload = parsed.payload

@@ -25,6 +25,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.core.jsontypes import JsonObject
+
 # Re-exported (``X as X``) so callers find envelopes next to the message models.
 from orchestrator.model.envelopes import CODE_EDIT as CODE_EDIT
 from orchestrator.model.envelopes import TEXT as TEXT
@@ -63,6 +65,9 @@ STORED_ONLY_SENDERS: frozenset[str] = frozenset(
 # Never written to the database.
 NEVER_STORED_SENDERS: frozenset[str] = frozenset({SENDER_SYSTEM_NOTICE})
 SENDER_DEPLOY = "deploy"
+# A scheduled task's prompt (orchestrator/run/schedules.py): stored as a ``user``
+# message, but no person's; a fleet at its run cap serves people first (store/slots.py).
+SENDER_SCHEDULER = "scheduler"
 
 # The types each harness sender may store.  A harness sender with another
 # type is a bug or a forgery (a "bot" message typed ``user`` would put words
@@ -123,7 +128,7 @@ class StoredMessage(BaseModel):
     timestamp: str
     is_from_me: bool
     message_type: MessageType = "user"
-    metadata: dict[str, Any] | None = Field(default=None)
+    metadata: JsonObject | None = Field(default=None)
     # Regenerate and truncate supersede messages: kept for audit, in no view.
     superseded_at: datetime | None = None
     edited_at: datetime | None = None

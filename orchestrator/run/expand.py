@@ -25,6 +25,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from orchestrator.core.errors import HostileEntry
+from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.model.context import ContextItem, FileItem, SelectionItem, UrlItem, parse_context
 from orchestrator.model.envelopes import InvalidMessageMetadata
@@ -187,7 +188,7 @@ def expand_items(items: list[ContextItem], workspace: Path, settings: Settings) 
     return blocks
 
 
-def expand_content(content: str, metadata: dict[str, Any] | None, workspace: Path, settings: Settings) -> str:
+def expand_content(content: str, metadata: JsonObject | None, workspace: Path, settings: Settings) -> str:
     """What the model reads for one message: the typed text, then its context blocks."""
     try:
         items = parse_context(metadata)

@@ -3,26 +3,30 @@
 Store the message and mark the group's pending work in ONE transaction, then,
 only after the commit, signal a worker (only when the group was idle: see
 :func:`ingest`).  A crash between commit and signal loses nothing: the
-pending mark is in the database and the sweeper re-signals it.
+pending mark is in the database and the sweeper re-signals it.  A sender
+over its rate (``ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE``) is refused
+before anything is stored (:class:`~orchestrator.core.errors.RateLimited`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from orchestrator.core.errors import RateLimited
+from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
-from orchestrator.model.messages import MessageType, NewMessage, StoredMessage
+from orchestrator.model.messages import HARNESS_SENDER_TYPES, MessageType, NewMessage, StoredMessage
 from orchestrator.run.router import wakes
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import record_deliveries, with_origin
 from orchestrator.store.message_log import driver_execute, insert_message, new_message_id, now_iso
 from orchestrator.store.tables import GroupRow
+from orchestrator.store.usage import record_sender_message, sender_retry_after
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +46,7 @@ class IncomingMessage(BaseModel):
     timestamp: str | None = None
     is_from_me: bool = False
     message_type: MessageType = "user"
-    metadata: dict[str, Any] | None = None
+    metadata: JsonObject | None = None
     # The channel it arrived on: mirrored to the group's other channels, not back.
     channel: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
 
@@ -64,12 +68,19 @@ def mark_pending(session: Session, chat_jid: str, seq: int) -> None:
     )
 
 
-_ROUTING = "SELECT is_main, requires_trigger, assistant_name, pending_seq, cursor_seq FROM groups WHERE chat_jid = :jid"
+_ROUTING = "SELECT is_main, requires_trigger, assistant_name, pending_seq, cursor_seq FROM groups WHERE chat_jid = :chat_jid"
 # PostgreSQL: lock the group row until the commit, so that "was the group
 # idle?" is decided in the same order as the worker's cursor updates (which
 # lock the row too).  SQLite: the IMMEDIATE transaction already excludes them.
 _ROUTING_LOCKED = _ROUTING + " FOR UPDATE"
-_MARK_PENDING = "UPDATE groups SET pending_seq = :seq WHERE chat_jid = :jid AND pending_seq < :seq"
+_MARK_PENDING = "UPDATE groups SET pending_seq = :seq WHERE chat_jid = :chat_jid AND pending_seq < :seq"
+
+
+def rate_limited_sender(new: NewMessage) -> bool:
+    """Whether ``ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE`` applies to ``new``: a person's
+    message, not the harness's own (bot, host, system, deploy, ...) nor one marked as ours."""
+    return not new.is_from_me and new.sender not in HARNESS_SENDER_TYPES and not (
+        "\x00" in new.sender or "\x00" in new.chat_jid)  # refused by the store as they are
 
 
 def ingest(
@@ -91,6 +102,12 @@ def ingest(
     the stored message and whether it wakes the agent once it is committed,
     before any signal (the CLI says "stored #N" before a reply can arrive).
 
+    With ``ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE`` set, a person who
+    already sent that many messages into the chat in the last minute (the
+    database's clock; ``orchestrator/store/usage.py``) is refused with
+    :class:`RateLimited` (``retry_after_s``) and nothing is stored; the same
+    message id again is still answered as the duplicate it is.
+
     Only a group that goes from idle to pending is signalled.  If the group
     already had pending work (``pending_seq > cursor_seq`` when our mark
     lands), a signal for it is on its way or a worker is draining it, and
@@ -109,15 +126,26 @@ def ingest(
     )
     triggered = needs_signal = False
     queued = 0
+    # 0 (the default): nothing of the rate limit runs, not one statement.
+    rate = settings.sender_messages_per_minute
+    if rate and not rate_limited_sender(new):
+        rate = 0
     # A Core connection, not an ORM session: this is the hot path
     # (docs/performance.md).  On SQLite it begins IMMEDIATE like db.write().
     with db.engine.begin() as conn:
+        if rate:
+            retry_after = sender_retry_after(conn, db, chat_jid=new.chat_jid, sender=new.sender,
+                                             message_id=new.id, limit=rate)
+            if retry_after is not None:
+                raise RateLimited(new.sender, rate, retry_after)  # rolls back: nothing stored
         msg, created = insert_message(conn, db, new)
+        if created and rate:
+            record_sender_message(conn, db, chat_jid=new.chat_jid, sender=new.sender)
         if created:
             queued = record_deliveries(conn, msg)
             # Read the group inside the same transaction as the insert.
             routing = _ROUTING if db.is_sqlite else _ROUTING_LOCKED
-            group = driver_execute(conn, routing, {"jid": incoming.chat_jid}).fetchone()
+            group = driver_execute(conn, routing, {"chat_jid": incoming.chat_jid}).fetchone()
             if group is None:
                 triggered = False
             elif wake is None:
@@ -127,7 +155,7 @@ def ingest(
             else:
                 triggered = wake
             if triggered:
-                driver_execute(conn, _MARK_PENDING, {"jid": incoming.chat_jid, "seq": msg.seq})
+                driver_execute(conn, _MARK_PENDING, {"chat_jid": incoming.chat_jid, "seq": msg.seq})
                 pending_seq, cursor_seq = group[3], group[4]
                 needs_signal = pending_seq <= cursor_seq
     if on_stored is not None:

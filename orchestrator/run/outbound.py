@@ -22,9 +22,6 @@ the same row, then renders the message and sends it:
 from __future__ import annotations
 
 import logging
-import os
-import socket
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -36,7 +33,7 @@ from orchestrator.core.backoff import backoff_delay
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
 from orchestrator.model.render import RenderedMessage, displayed, render
-from orchestrator.store.db import Database, changed_rows
+from orchestrator.store.db import Database, changed_rows, db_now
 from orchestrator.store.deliveries import (
     CANCELLED,
     FAILED,
@@ -47,6 +44,7 @@ from orchestrator.store.deliveries import (
     utc_now,
     validate_channel_name,
 )
+from orchestrator.store.hosts import process_owner
 from orchestrator.store.message_log import to_stored
 from orchestrator.store.tables import DeliveryRow, GroupRow, MessageRow
 
@@ -132,7 +130,7 @@ class Deliverer:
         owner: str | None = None, only_known: bool = True,
     ) -> None:
         self.db, self.settings, self.registry = db, settings, registry
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = owner or process_owner(settings.effective_host_id)
         self.only_known = only_known
 
     def _scope(self, q: Any, chat_jid: str | None) -> Any:
@@ -169,13 +167,15 @@ class Deliverer:
         return report
 
     def _claim(self, delivery_id: int) -> bool:
-        now = utc_now()
         with self.db.write() as session:
+            # The deadline is on the database's clock (the sweeper compares it with the same
+            # clock); when a row falls due stays on the hosts' clocks that wrote it.
+            deadline = db_now(session) + timedelta(seconds=self.settings.delivery_claim_s)
             done = session.execute(
                 update(DeliveryRow)
-                .where(DeliveryRow.id == delivery_id, claimable(DeliveryRow, now))
+                .where(DeliveryRow.id == delivery_id, claimable(DeliveryRow, utc_now()))
                 .values(state=SENDING, attempts=DeliveryRow.attempts + 1, claimed_by=self.owner,
-                        claimed_until=now + timedelta(seconds=self.settings.delivery_claim_s))
+                        claimed_until=deadline)
             )
             return changed_rows(done) == 1
 

@@ -23,12 +23,12 @@ envelope larger than that (``envelope_dropped`` says why).
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import msgspec
 from agent_runner.protocol import AssistantEvent, Event, ThinkingEvent, ToolResultEvent, ToolUseEvent
 from pydantic import BaseModel
 
+from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.envelopes import InvalidMessageMetadata, build_structured_envelope
 from orchestrator.model.messages import (
     SENDER_BOT,
@@ -46,7 +46,7 @@ class OutputMessage(BaseModel):
     sender_name: str
     content: str
     message_type: MessageType
-    metadata: dict[str, Any] | None = None
+    metadata: JsonObject | None = None
 
 
 def event_to_message(
@@ -105,7 +105,7 @@ def stored_size(out: OutputMessage) -> int:
     return len(out.content.encode("utf-8")) + meta
 
 
-def _tool_result_metadata(event: ToolResultEvent, cap: int | None = None) -> dict[str, Any]:
+def _tool_result_metadata(event: ToolResultEvent, cap: int | None = None) -> JsonObject:
     """The runner's envelope (CODE_EDIT, TODO, TOOL_CALL) with the result's facts as extras.
 
     The envelope arrives as a plain JSON object (the protocol keeps it loose on

@@ -1,26 +1,29 @@
-"""The run pipeline: drain a group's pending work, one run at a time.
+"""The run pipeline: a group's pending work, one attempt at a time.
 
-``Pipeline.drain_group`` is what the Celery task calls.  It takes the group's
-lease (so a duplicate or late signal just returns), and while messages that
-wake the agent are pending it runs the agent once over everything after the
-cursor: build the model's view, start the container, store and deliver each
-event as it streams, then advance the cursor.  After releasing the lease it
-looks once more, so a message whose signal bounced off our lease is not left
-waiting for the sweeper.
+``Pipeline.step`` is what the Celery task calls.  It takes the group's lease
+(so a duplicate or late signal just returns) and makes one attempt at one
+run: a new run over everything after the cursor (build the model's view,
+start the container, store and deliver each event as it streams, then
+advance the cursor), or the next attempt of a run that failed and was
+parked until its retry is due.  A failed attempt that may be retried parks
+its run (``queued``, ``retry_at``, no lease held) instead of sleeping in the
+worker's slot; the task signals the group again with a countdown for it,
+and at once when more work is pending.  ``drain_group`` loops over steps
+for callers without a task queue.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
-import socket
 import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 
+import msgspec
 from agent_runner.protocol import (
     AssistantEvent,
     ContainerInput,
@@ -30,9 +33,10 @@ from agent_runner.protocol import (
     ResultEvent,
     SendMessageEvent,
     Usage,
+    decode_input,
     parse_event,
 )
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from orchestrator.core.backoff import backoff_delay
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
@@ -40,10 +44,19 @@ from orchestrator.core.errors import ConfigError, MountRefused
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import SENDER_BOT, NewMessage
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
-from orchestrator.run.assembly import Batch, build_input, input_bytes, plan_batch, prior_messages, record_input
+from orchestrator.run.assembly import (
+    Batch,
+    build_input,
+    input_bytes,
+    plan_batch,
+    prior_messages,
+    record_input,
+    stored_input,
+)
 from orchestrator.run.notices import compute_notices
 from orchestrator.run.outbound import ChannelRegistry, Deliverer
 from orchestrator.run.outputs import OutputMessage, event_to_message, host_message, stored_size
+from orchestrator.run.sweeper import recover_group
 from orchestrator.sandbox.bounded_io import OutputBudget, OutputLimitExceeded
 from orchestrator.sandbox.config import container_plan
 from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerSpec, DockerSandbox
@@ -54,9 +67,21 @@ from orchestrator.store import leases
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import record_deliveries
 from orchestrator.store.groups import Group, get_group, send_refusal, send_targets
+from orchestrator.store.hosts import process_owner
 from orchestrator.store.message_log import get_messages_after, insert_message, now_iso
-from orchestrator.store.runs import Run, RunState, create_run, finish_run, run_state, set_attempts, set_container
-from orchestrator.store.tables import GroupRow
+from orchestrator.store.runs import (
+    Run,
+    RunState,
+    finish_run,
+    park_run,
+    parked_run,
+    resume_run,
+    run_state,
+    set_container,
+)
+from orchestrator.store.slots import FleetFull, SlotWait, leave_line, take_slot
+from orchestrator.store.tables import GroupRow, MessageRow
+from orchestrator.store.usage import QuotaWait, quota_wait, store_quota_notice
 
 log = logging.getLogger(__name__)
 
@@ -142,12 +167,36 @@ class RunSpend:
 
 
 @dataclass
+class Step:
+    """What one step did and what the caller should do next."""
+
+    outcome: RunOutcome | None = None  # the run this step attempted (parked or finished)
+    more: bool = False  # pending work is left: signal the group again
+    retry_in: float | None = None  # a parked run is due in this many seconds: signal it then
+    busy: bool = False  # another worker holds the group (it will see the new work)
+    quota: QuotaWait | None = None  # the group is over a quota until then (retry_in says how long)
+    # The fleet is at ORCHESTRATOR_MAX_CONCURRENT_RUNS: the group waits in line (retry_in: the re-check).
+    waiting: SlotWait | None = None
+
+    @property
+    def freed_slot(self) -> bool:
+        """This step ended a run (not parked): its slot is free, so the groups next in
+        line are signalled now (``store.slots.to_wake``), not at their next re-check."""
+        return self.outcome is not None and self.outcome.retry_in is None
+
+
+@dataclass
 class RunOutcome:
     run: Run
     stored: list[int] = field(default_factory=list)  # seqs of stored outputs
     replied: bool = False  # an assistant reply reached the chat
     # The run's output caps, shared by its attempts (orchestrator/sandbox/bounded_io.py).
     budget: OutputBudget | None = None
+    # Set when this attempt parked the run: its next attempt is due in this many seconds.
+    retry_in: float | None = None
+    # Outputs are numbered across the run's attempts (their ids, run_id-NNNN,
+    # must never repeat): the last number given.
+    indexed: int = 0
 
 
 class Pipeline:
@@ -171,7 +220,8 @@ class Pipeline:
         self.signal_delivery = signal_delivery
         self._sandbox = sandbox
         self.clock = clock
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # host_id:pid:nonce: the lease and run owner, attributed to its host by `orchestrator hosts`.
+        self.owner = process_owner(settings.effective_host_id)
         # Exceptions that mean "out of time" (Celery's soft time limit); set by the worker.
         self.deadline_exceptions = deadline_exceptions
 
@@ -191,33 +241,86 @@ class Pipeline:
 
     # -- the loop -----------------------------------------------------------
 
-    def drain_group(self, chat_jid: str, *, task_id: str | None = None) -> list[RunOutcome]:
-        outcomes: list[RunOutcome] = []
+    def step(self, chat_jid: str, *, task_id: str | None = None) -> Step:
+        """At most one attempt at one run of ``chat_jid``: what one Celery task does.
+
+        Under the group's lease: a parked run (a failed attempt waiting for
+        its retry) comes first, and only once it is due; otherwise the next
+        batch of pending messages gets a run.  The caller signals the group
+        again for what is left (``Step.more``) or when the parked run is due
+        (``Step.retry_in``): a task never holds a worker slot through a
+        backoff, nor through a second run that Celery's time limit, sized for
+        one run, could cut.
+        """
         ttl = self.settings.lease_ttl_s
+        if not leases.acquire(self.db, chat_jid, self.owner, ttl):
+            log.info("group %s is busy elsewhere; its lease holder will see the new work", chat_jid)
+            return Step(busy=True)
+        outcome: RunOutcome | None = None
+        try:
+            recover_group(self.db, chat_jid, self.owner, sandbox=self.sandbox)  # a dead holder's run: closed first
+            with leases.Heartbeat(self.db, chat_jid, self.owner, ttl, clock=self.clock) as heartbeat:
+                parked = parked_run(self.db, chat_jid)
+                if parked is not None:
+                    due_in = self._due_in(parked)
+                    if due_in > 0:
+                        return Step(retry_in=due_in)
+                    outcome = self.resume(parked, task_id=task_id, lease_lost=heartbeat.lost)
+                else:
+                    group = get_group(self.db, chat_jid)
+                    if group.pending_seq > group.cursor_seq:
+                        # A group over its runs-per-hour or tokens-per-day quota
+                        # starts nothing: its messages wait, and people are told
+                        # when the next run starts (once per wait).
+                        wait = quota_wait(self.db, self.settings, group)
+                        if wait is not None:
+                            # Waiting for its quota, not for a run slot: it must not hold others back.
+                            leave_line(self.db, self.settings.max_concurrent_runs, chat_jid)
+                            if store_quota_notice(self.db, chat_jid, wait) is not None:
+                                self._deliver(chat_jid)
+                            return Step(retry_in=max(1.0, wait.wait_s), quota=wait)
+                        try:
+                            outcome = self.run_once(group, task_id=task_id, lease_lost=heartbeat.lost)
+                        except FleetFull as full:
+                            # ORCHESTRATOR_MAX_CONCURRENT_RUNS runs are unfinished (or better-ranked
+                            # groups wait for the free slots): nothing started, the group waits in
+                            # line (store/slots.py); the run that frees a slot signals the next.
+                            return Step(retry_in=full.retry_in, waiting=full.wait)
+        finally:
+            leases.release(self.db, chat_jid, self.owner)
+        if outcome is not None and outcome.retry_in is not None:
+            return Step(outcome=outcome, retry_in=outcome.retry_in)
+        # Looked at after the release, so a message whose signal bounced off
+        # our lease is not left waiting for the sweeper.
+        group = get_group(self.db, chat_jid)
+        return Step(outcome=outcome, more=group.pending_seq > group.cursor_seq)
+
+    def drain_group(self, chat_jid: str, *, task_id: str | None = None) -> list[RunOutcome]:
+        """Step until nothing is pending, waiting out retries on the clock: for
+        callers without a task queue to come back later (tests, benchmarks).
+        The finished runs' outcomes, in order."""
+        outcomes: list[RunOutcome] = []
         while True:
-            if not leases.acquire(self.db, chat_jid, self.owner, ttl, clock=self.clock):
-                log.info("group %s is busy elsewhere; its lease holder will see the new work", chat_jid)
+            step = self.step(chat_jid, task_id=task_id)
+            if step.outcome is not None and step.outcome.retry_in is None:
+                outcomes.append(step.outcome)
+            if step.quota is not None:
+                return outcomes  # hours away, on the database's clock: a signal comes back for it
+            if step.retry_in is not None:
+                self.clock.wait(threading.Event(), step.retry_in)
+            elif step.busy or not step.more:
                 return outcomes
-            try:
-                with leases.Heartbeat(self.db, chat_jid, self.owner, ttl, clock=self.clock) as heartbeat:
-                    while not heartbeat.lost.is_set():
-                        group = get_group(self.db, chat_jid)
-                        if group.pending_seq <= group.cursor_seq:
-                            break
-                        outcome = self.run_once(group, task_id=task_id, lease_lost=heartbeat.lost)
-                        if outcome is not None:
-                            outcomes.append(outcome)
-            finally:
-                leases.release(self.db, chat_jid, self.owner)
-            group = get_group(self.db, chat_jid)
-            if group.pending_seq <= group.cursor_seq:
-                return outcomes
+
+    def _due_in(self, run: Run) -> float:
+        assert run.retry_at is not None
+        return max(0.0, (run.retry_at - self.clock.now()).total_seconds())
 
     # -- one run --------------------------------------------------------------
 
     def run_once(
         self, group: Group, *, task_id: str | None = None, lease_lost: threading.Event | None = None
     ) -> RunOutcome | None:
+        """A new run over the pending batch: its first attempt (parked if it should be retried)."""
         planned = plan_batch(get_messages_after(group.chat_jid, group.cursor_seq, db=self.db))
         if not isinstance(planned, Batch):
             # Nothing to answer: the pending mark points at nothing left to
@@ -225,12 +328,11 @@ class Pipeline:
             self._advance(group, group.pending_seq if planned is None else planned, None)
             return None
         batch = planned
-        cursor_to = batch.cursor_to
-        isolated = batch.isolated
         prior = prior_messages(self.db, self.settings, group, batch, group.cursor_seq)
-        run = create_run(
-            self.db, chat_jid=group.chat_jid, cursor_from=group.cursor_seq, cursor_to=cursor_to,
-            celery_task_id=task_id, owner=self.owner,
+        # The run row is the run's slot under ORCHESTRATOR_MAX_CONCURRENT_RUNS: none free, FleetFull.
+        run = take_slot(
+            self.db, self.settings.max_concurrent_runs, chat_jid=group.chat_jid, cursor_from=group.cursor_seq,
+            cursor_to=batch.cursor_to, celery_task_id=task_id, owner=self.owner,
         )
         assistant = group.assistant_name or self.settings.assistant_name
         outcome = RunOutcome(run=run)
@@ -248,19 +350,83 @@ class Pipeline:
             log.exception("could not assemble the input of run %s", run.id)
             result = Attempt("failed", f"{type(exc).__name__}: {exc}")
         else:
-            result = self._attempts(group, run, payload, assistant, outcome, lease_lost)
+            result = self._attempt(group, run, payload, assistant, outcome, lease_lost, RunSpend())
+        return self._conclude(group, outcome, result, batch.isolated)
+
+    def resume(
+        self, run: Run, *, task_id: str | None = None, lease_lost: threading.Event | None = None
+    ) -> RunOutcome:
+        """A parked run's next attempt (or its end, if it was cancelled while it waited)."""
+        group = get_group(self.db, run.chat_jid)
+        outcome = self._earlier_attempts(run)
+        # The same batch as the first attempt: the messages up to its cursor.
+        batch = plan_batch([m for m in get_messages_after(run.chat_jid, run.cursor_from, db=self.db)
+                            if m.seq <= run.cursor_to])
+        isolated = isinstance(batch, Batch) and batch.isolated
+        spent = RunSpend(Usage(input_tokens=run.input_tokens, output_tokens=run.output_tokens))
+        raw = stored_input(self.db, run.id)
+        if run.state == "cancelled":
+            result = Attempt("cancelled", "cancelled by request", spent.usage)
+        elif raw is None:
+            result = Attempt("failed", "the run's recorded input is missing", spent.usage)
+        else:
+            resume_run(self.db, run.id, owner=self.owner, celery_task_id=task_id)
+            assistant = group.assistant_name or self.settings.assistant_name
+            result = self._attempt(group, run, decode_input(raw), assistant, outcome, lease_lost, spent)
+        return self._conclude(group, outcome, result, isolated)
+
+    def _earlier_attempts(self, run: Run) -> RunOutcome:
+        """A parked run's outcome as its earlier attempts left it: the outputs
+        they stored (in any chat), numbered on from the last, and the output
+        caps charged with them, since the caps are the run's and a retry does
+        not start from zero (each stored output counts one line; lines that
+        stored nothing were not kept)."""
+        outcome = RunOutcome(run=run, budget=OutputBudget(self.settings.max_run_events,
+                                                          self.settings.max_run_stored_bytes))
+        assert outcome.budget is not None
+        with self.db.read() as session:
+            rows = session.execute(
+                select(MessageRow.seq, MessageRow.id, MessageRow.content, MessageRow.meta)
+                .where(MessageRow.id.like(f"{run.id}-%"))
+            ).all()
+        for seq, mid, content, metadata in rows:
+            outcome.stored.append(seq)
+            outcome.budget.lines += 1
+            outcome.budget.stored_bytes += len(content.encode("utf-8")) + (
+                len(msgspec.json.encode(metadata)) if metadata else 0)
+            number = mid[len(run.id) + 1:len(run.id) + 5]
+            if number.isdigit():
+                outcome.indexed = max(outcome.indexed, int(number))
+        return outcome
+
+    def _conclude(self, group: Group, outcome: RunOutcome, result: Attempt, isolated: bool) -> RunOutcome:
+        """Park the run for a retry, or end it: the host message, the cursor, the run row."""
+        run = outcome.run
+        # A run that already answered is never replayed from the start (no
+        # duplicate replies). Tool records of a failed attempt stay: those
+        # commands did run.
+        if result.retryable and not outcome.replied and run.attempts < self.settings.max_attempts:
+            delay = backoff_delay(run.attempts, self.settings.retry_base_s, self.settings.retry_max_s)
+            log.warning("run %s attempt %d failed (%s); retrying in %.1fs", run.id, run.attempts, result.error, delay)
+            outcome.run = park_run(
+                self.db, run.id, attempts=run.attempts + 1, error=result.error,
+                retry_at=self.clock.now() + timedelta(seconds=delay),
+                input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
+            )
+            outcome.retry_in = delay
+            return outcome
         if result.state == "cancelled":
             self._emit(group, host_message(run_id=run.id, text="🛑 Run cancelled."), outcome)
         elif result.state != "succeeded":
             self._emit(group, host_message(run_id=run.id, text=f"⚠️ Agent error: {result.error}"), outcome)
-        self._advance(group, cursor_to, None if isolated else result.session_id)
+        self._advance(group, run.cursor_to, None if isolated else result.session_id)
         outcome.run = finish_run(
             self.db, run.id, state=result.state, error=result.error,
             input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
         )
         return outcome
 
-    def _attempts(
+    def _attempt(
         self,
         group: Group,
         run: Run,
@@ -268,37 +434,22 @@ class Pipeline:
         assistant: str,
         outcome: RunOutcome,
         lease_lost: threading.Event | None,
+        spend: RunSpend,
     ) -> Attempt:
-        """Run the container, retrying with backoff while no reply reached the chat."""
-        stop = lease_lost or threading.Event()
-        attempt = 1
-        # Tokens spent through the gateway by this run's earlier attempts: the
-        # budget is the run's, and a retry must not start from zero.
-        spend = RunSpend()
-        while True:
-            try:
-                result = self._execute(group, run, payload, assistant, outcome, lease_lost, spend)
-            except self.deadline_exceptions:
-                # The task queue's own time limit: the container is already
-                # stopped (the sandbox context exits on the way out); no retry.
-                return Attempt("timed_out", "the worker's time limit for this task was reached", spend.usage)
-            except (ConfigError, MountRefused) as exc:
-                # A bad container_config or a mount the allowlist refuses now: no retry helps.
-                result = Attempt("failed", str(exc), spend.usage)
-            except Exception as exc:  # noqa: BLE001 - every failure ends the run cleanly
-                log.exception("run %s for %s failed", run.id, group.chat_jid)
-                result = Attempt("failed", f"{type(exc).__name__}: {exc}", spend.usage, retryable=True)
-            # A run that already answered is never replayed from the start (no
-            # duplicate replies). Tool records of a failed attempt stay: those
-            # commands did run.
-            if not (result.retryable and not outcome.replied and attempt < self.settings.max_attempts):
-                return result
-            delay = backoff_delay(attempt, self.settings.retry_base_s, self.settings.retry_max_s)
-            log.warning("run %s attempt %d failed (%s); retrying in %.1fs", run.id, attempt, result.error, delay)
-            attempt += 1
-            set_attempts(self.db, run.id, attempt, result.error)
-            if self.clock.wait(stop, delay):  # the lease was lost while backing off
-                return result
+        """One attempt at the run in its container; ``spend`` carries the earlier attempts' tokens
+        (the budget is the run's: a retry must not start from zero)."""
+        try:
+            return self._execute(group, run, payload, assistant, outcome, lease_lost, spend)
+        except self.deadline_exceptions:
+            # The task queue's own time limit: the container is already
+            # stopped (the sandbox context exits on the way out); no retry.
+            return Attempt("timed_out", "the worker's time limit for this task was reached", spend.usage)
+        except (ConfigError, MountRefused) as exc:
+            # A bad container_config or a mount the allowlist refuses now: no retry helps.
+            return Attempt("failed", str(exc), spend.usage)
+        except Exception as exc:  # noqa: BLE001 - every failure ends the attempt cleanly
+            log.exception("run %s for %s failed", run.id, group.chat_jid)
+            return Attempt("failed", f"{type(exc).__name__}: {exc}", spend.usage, retryable=True)
 
     def _execute(
         self,
@@ -359,7 +510,6 @@ class Pipeline:
         error: ErrorEvent | None = None
         limit: OutputLimitExceeded | None = None
         garbage = 0
-        index = len(outcome.stored)
         settings = self.settings
         # Everything the container writes is hostile: its lines, their number
         # and what they would store are bounded (orchestrator/sandbox/bounded_io.py).
@@ -387,11 +537,11 @@ class Pipeline:
                             error = event
                         elif isinstance(event, SendMessageEvent):
                             budget.store(len(event.text.encode("utf-8")))
-                            index += 1
-                            self._send_message(group, event, run.id, index, assistant, outcome)
+                            outcome.indexed += 1
+                            self._send_message(group, event, run.id, outcome.indexed, assistant, outcome)
                         else:
-                            index += 1
-                            out = event_to_message(event, run_id=run.id, index=index, assistant_name=assistant,
+                            outcome.indexed += 1
+                            out = event_to_message(event, run_id=run.id, index=outcome.indexed, assistant_name=assistant,
                                                    max_tool_result_bytes=settings.max_tool_result_bytes)
                             if out is not None:
                                 budget.store(stored_size(out))

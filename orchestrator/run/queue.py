@@ -121,9 +121,10 @@ class Signals:
     def app(self) -> Celery:
         return self._make_app()
 
-    def group(self, chat_jid: str) -> str:
-        """Ask some worker to drain ``chat_jid``."""
-        return self._send(DRAIN_TASK, [chat_jid], AGENT_QUEUE)
+    def group(self, chat_jid: str, countdown: float | None = None) -> str:
+        """Ask some worker to take ``chat_jid``'s next step, now or after
+        ``countdown`` seconds (a parked run's retry)."""
+        return self._send(DRAIN_TASK, [chat_jid], AGENT_QUEUE, countdown)
 
     def delivery(self, chat_jid: str | None, countdown: float | None = None) -> str:
         """Ask some worker to send ``chat_jid``'s due deliveries (None: every

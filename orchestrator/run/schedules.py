@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select, update
 
 from orchestrator.core.errors import InvalidMessage, StoreError
-from orchestrator.model.messages import NewMessage
+from orchestrator.model.messages import SENDER_SCHEDULER, NewMessage
 from orchestrator.run.ingest import mark_pending
 from orchestrator.store.db import Database, changed_rows
 from orchestrator.store.deliveries import record_deliveries
@@ -41,7 +41,7 @@ ScheduleKind = Literal["cron", "interval", "once"]
 ContextMode = Literal["group", "isolated"]
 TaskState = Literal["active", "paused", "cancelled", "done"]
 
-SCHEDULER_SENDER = "scheduler"
+SCHEDULER_SENDER = SENDER_SCHEDULER
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 

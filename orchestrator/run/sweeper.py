@@ -8,11 +8,25 @@ Everything it does is safe to repeat and safe to run on several hosts:
    failed and the cursor moves past its input (never replayed: no duplicate
    replies; the group gets a host message).  Otherwise it is closed and its
    messages stay pending, so the next run answers them.
-2. Groups with pending work and no live lease are signalled again.
+   A parked run (a failed attempt waiting for its retry, no lease held) is
+   left alone.
+2. Groups with pending work and no live lease are signalled again (a group
+   whose parked run is not due yet is not: its retry signal has a countdown).
 3. Run containers on this host's Docker engine whose run is not live are
    removed.
 4. Deliveries: a claim past its deadline (the deliverer died mid-send) is
    marked failed, never resent; chats with due deliveries are signalled.
+
+A lease is dead when it has no holder, has expired by the database's clock
+(``now`` is the database's, as the expiries are), or is held by a process of
+a host the hosts table gives up for dead (``stopped``, or silent for
+``hosts.ALIVE_WINDOW_S``): a dead host's runs are closed and its groups
+re-signalled at the next sweep, before their leases expire.
+
+Between sweeps, :func:`recover_group` does step 1 for one group, at once:
+the pipeline calls it when it has taken a group's lease, and every worker's
+``RecoveryWatch`` (``orchestrator/run/recovery.py``) signals the groups whose
+holder is gone, so a SIGKILLed worker's group is taken over within seconds.
 """
 
 from __future__ import annotations
@@ -20,15 +34,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
 
 from orchestrator.model.messages import SENDER_BOT, NewMessage, StoredMessage
 from orchestrator.run.outputs import host_message
 from orchestrator.sandbox.containers import DockerSandbox
+from orchestrator.sandbox.port import Sandbox
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import abandon_stale_claims, due_chats, record_deliveries
+from orchestrator.store.hosts import database_now
+from orchestrator.store.leases import holder_gone
 from orchestrator.store.message_log import insert_message, now_iso
 from orchestrator.store.runs import finish_run
 from orchestrator.store.tables import GroupRow, MessageRow, RunRow
@@ -46,7 +63,8 @@ class SweepReport:
 
 
 def _lease_dead(now: datetime) -> ColumnElement[bool]:
-    return or_(GroupRow.lease_owner.is_(None), GroupRow.lease_expires_at < now)
+    # No holder, expired by the database's clock, or held on a host that stopped or went silent.
+    return holder_gone(now)
 
 
 def sweep(
@@ -57,7 +75,7 @@ def sweep(
     signal_delivery: Callable[[str], object] | None = None,
 ) -> SweepReport:
     report = SweepReport()
-    now = datetime.now(UTC)
+    now = database_now(db)  # the database's clock, as the leases' expiries are written
     with db.read() as session:
         stale = session.execute(
             select(RunRow.id, RunRow.chat_jid, RunRow.cursor_to)
@@ -65,6 +83,9 @@ def sweep(
             .where(
                 RunRow.state.in_(("queued", "running", "cancelled")),
                 RunRow.finished_at.is_(None),
+                # A parked run waits for its retry holding no lease on purpose;
+                # its group's next step resumes (or ends) it.
+                RunRow.retry_at.is_(None),
                 or_(_lease_dead(now), and_(RunRow.owner.is_not(None), GroupRow.lease_owner != RunRow.owner)),
             )
         ).all()
@@ -75,7 +96,14 @@ def sweep(
     with db.read() as session:
         pending = list(
             session.scalars(
-                select(GroupRow.chat_jid).where(GroupRow.pending_seq > GroupRow.cursor_seq, _lease_dead(now))
+                select(GroupRow.chat_jid).where(
+                    GroupRow.pending_seq > GroupRow.cursor_seq, _lease_dead(now),
+                    # Not before a parked run is due: its own signal has a countdown.
+                    GroupRow.chat_jid.not_in(
+                        select(RunRow.chat_jid).where(
+                            RunRow.retry_at > now, RunRow.state == "queued", RunRow.finished_at.is_(None))
+                    ),
+                )
             )
         )
     if signal is not None:
@@ -138,3 +166,44 @@ def _close_interrupted(db: Database, run_id: str, chat_jid: str, cursor_to: int)
         return stored if created else None
     finish_run(db, run_id, state="failed", error="interrupted before any output: its worker stopped; retried")
     return None
+
+
+def recover_group(db: Database, chat_jid: str, owner: str, *, sandbox: Sandbox | None = None) -> list[str]:
+    """Close the runs a group's earlier lease holders left unfinished: what the
+    pipeline calls right after ``owner`` took the group's lease, before it runs.
+
+    While ``owner`` holds the lease, an unfinished run of the group that is
+    not its own (and not parked for a retry) has lost its worker: a holder
+    SIGKILLed on this host whose lease ``leases.acquire`` has just taken over,
+    a dead host's, or an expired one's that no sweep has reached yet.  Each is
+    closed the way the sweeper closes it (step 1 above: a reply already stored
+    moves the cursor past its input with a host message; none leaves its
+    messages pending for this holder's run), after its containers are removed
+    (cold ones, by the run's label; a warm container is replaced by the pool,
+    which sees that the run on it never finished), so the next run neither
+    answers twice nor loses a message nor shares the workspace with the dead
+    run's container.  Safe to repeat and to race with the sweeper.  Returns
+    the ids of the runs it closed.
+    """
+    with db.read() as session:
+        left = session.execute(
+            select(RunRow.id, RunRow.cursor_to, RunRow.owner)
+            .where(
+                RunRow.chat_jid == chat_jid,
+                RunRow.state.in_(("queued", "running", "cancelled")),
+                RunRow.finished_at.is_(None),
+                RunRow.retry_at.is_(None),
+                or_(RunRow.owner.is_(None), RunRow.owner != owner),
+            )
+            .order_by(RunRow.created_at)
+        ).all()
+    for run_id, cursor_to, gone in left:
+        if isinstance(sandbox, DockerSandbox):
+            try:
+                sandbox.remove_run(run_id)
+            except Exception as exc:  # noqa: BLE001 - the sweeper removes it later
+                log.warning("could not remove the container(s) of interrupted run %s (%s)", run_id, exc)
+        _close_interrupted(db, run_id, chat_jid, cursor_to)
+        log.warning("run %s of %s was left unfinished by %s, whose worker is gone; closed before the next run",
+                    run_id, chat_jid, gone)
+    return [run_id for run_id, _, _ in left]

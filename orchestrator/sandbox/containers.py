@@ -19,14 +19,17 @@ import logging
 import os
 import socket
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Self, TypedDict
 
 import docker
 from docker.errors import DockerException, NotFound
+from docker.models.containers import Container
+from docker.types import LogConfig
 from docker.utils.socket import STDERR, STDOUT, frames_iter
 
 from orchestrator.core.errors import SandboxError
@@ -111,7 +114,28 @@ def _hand_over(folder: Path) -> None:
     chown_tree(folder, CONTAINER_UID, CONTAINER_UID)
 
 
-def hardened_create_args(spec: ContainerSpec, user: str) -> dict[str, Any]:
+class CreateArgs(TypedDict):
+    """``containers.create`` keyword arguments shared by cold and warm containers."""
+
+    image: str
+    name: str
+    user: str
+    network_mode: str
+    cap_drop: list[str]
+    security_opt: list[str]
+    read_only: bool
+    tmpfs: dict[str, str]
+    mem_limit: str
+    memswap_limit: str
+    nano_cpus: int
+    pids_limit: int
+    volumes: dict[str, dict[str, str]]  # host path -> {"bind": container path, "mode": "rw" | "ro"}
+    environment: dict[str, str]
+    log_config: LogConfig
+    labels: dict[str, str]
+
+
+def hardened_create_args(spec: ContainerSpec, user: str) -> CreateArgs:
     """``containers.create`` keyword arguments shared by cold and warm containers."""
     return {
         "image": spec.image,
@@ -138,7 +162,7 @@ def hardened_create_args(spec: ContainerSpec, user: str) -> dict[str, Any]:
         # Docker keeps what a container writes in its log file; the agent can
         # write to the runner's stdout/stderr at will, so cap the file (one
         # file, rotated at 1 MB) or it can fill the host's disk.
-        "log_config": {"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
+        "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
         "labels": {
             LABEL_MANAGED: "1",
             LABEL_RUN: spec.run_id,
@@ -149,14 +173,83 @@ def hardened_create_args(spec: ContainerSpec, user: str) -> dict[str, Any]:
     }
 
 
-class RunningContainer:
+class StreamedRun(ABC):
+    """What a cold run (:class:`RunningContainer`) and a warm one
+    (``warm.WarmRun``) share: the event lines, read in bounded memory from the
+    subclass's :meth:`_chunks`, the watchdog at the run's time limit, and the
+    end, logged and kept the same way."""
+
+    exit: ContainerExit | None
+    _container: Container
+
+    @property
+    def id(self) -> str:
+        return str(self._container.id)
+
+    @abstractmethod
+    def kill(self) -> None: ...
+
+    @abstractmethod
+    def finish(self) -> ContainerExit: ...
+
+    @abstractmethod
+    def _chunks(self) -> Iterator[bytes]:
+        """The run's stdout as it comes, until it closes."""
+
+    @abstractmethod
+    def _close(self) -> None:
+        """After the run, killed and finished if the caller did not: let go of what it holds."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.exit is None:
+            self.kill()
+            self.finish()
+        self._close()
+
+    def _watch(self, what: str, timeout_s: float) -> None:
+        """Start the watchdog: at ``timeout_s`` the run is marked timed out and killed."""
+        self._timed_out = threading.Event()
+
+        def expire() -> None:
+            self._timed_out.set()
+            logging.getLogger(type(self).__module__).warning(
+                "%s hit its %.0fs limit; killing the container", what, timeout_s)
+            self.kill()
+
+        self._watchdog = threading.Timer(timeout_s, expire)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def lines(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
+        """The run's stdout, one line at a time, until it closes.
+
+        Raises :class:`~orchestrator.sandbox.bounded_io.OutputLimitExceeded` on a line
+        longer than ``max_line_bytes`` (the caller kills the container).
+        """
+        for line in read_lines(self._chunks(), max_line_bytes):
+            yield line.decode("utf-8", "replace")
+
+    def _ended(self, name: str, status: int | None, stderr: str) -> ContainerExit:
+        """Record the end: the last lines of the runner's log copied into the worker's, the tail kept."""
+        logger = logging.getLogger(type(self).__module__)
+        for line in stderr.splitlines()[-50:]:
+            logger.info("[%s] %s", name, line[:2000])
+        self.exit = ContainerExit(status, self._timed_out.is_set(), stderr[-4000:])
+        return self.exit
+
+
+class RunningContainer(StreamedRun):
     """A started run container; iterate :meth:`lines`, then read :attr:`exit`."""
 
     def __init__(self, client: docker.DockerClient, spec: ContainerSpec, payload: bytes) -> None:
         self._client = client
         self.spec = spec
-        self.exit: ContainerExit | None = None
-        self._timed_out = threading.Event()
+        self.exit = None
         # Only the end of the runner's log: the agent can write gigabytes there.
         self._stderr = TailBuffer()
         spec.workspace.mkdir(parents=True, exist_ok=True)
@@ -171,9 +264,7 @@ class RunningContainer:
         except DockerException as exc:
             self._remove()
             raise SandboxError(f"cannot start the agent container: {exc}") from exc
-        self._watchdog = threading.Timer(spec.timeout_s, self._on_timeout)
-        self._watchdog.daemon = True
-        self._watchdog.start()
+        self._watch(f"run container {spec.name}", spec.timeout_s)
         raw = getattr(self._sock, "_sock", self._sock)
         try:
             raw.sendall(payload)
@@ -182,15 +273,6 @@ class RunningContainer:
             # The container may have died before reading its input; the exit
             # status will tell the caller what happened.
             log.warning("could not write the run input to %s: %s", spec.name, exc)
-
-    @property
-    def id(self) -> str:
-        return str(self._container.id)
-
-    def _on_timeout(self) -> None:
-        self._timed_out.set()
-        log.warning("run container %s hit its %.0fs limit; killing it", self.spec.name, self.spec.timeout_s)
-        self.kill()
 
     def kill(self) -> None:
         # Stop reading first: a caller that stopped at an output limit no
@@ -207,16 +289,7 @@ class RunningContainer:
         except DockerException:
             pass
 
-    def lines(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
-        """The container's stdout, one line at a time, until it closes.
-
-        Raises :class:`~orchestrator.sandbox.bounded_io.OutputLimitExceeded` on a line
-        longer than ``max_line_bytes`` (the caller kills the container).
-        """
-        for line in read_lines(self._stdout_chunks(), max_line_bytes):
-            yield line.decode("utf-8", "replace")
-
-    def _stdout_chunks(self) -> Iterator[bytes]:
+    def _chunks(self) -> Iterator[bytes]:
         """stdout frames as they come; stderr frames go to the bounded tail."""
         try:
             # docker's stubs leave frames_iter unannotated: (stream, bytes) pairs without a tty.
@@ -238,11 +311,9 @@ class RunningContainer:
         stderr = self._stderr.text()
         if self._stderr.dropped:
             log.info("[%s] (log: %d earlier bytes not kept)", self.spec.name, self._stderr.dropped)
-        for line in stderr.splitlines()[-50:]:
-            log.info("[%s] %s", self.spec.name, line[:2000])
-        self.exit = ContainerExit(status, self._timed_out.is_set(), stderr[-4000:])
+        ended = self._ended(self.spec.name, status, stderr)
         self._remove()
-        return self.exit
+        return ended
 
     def _remove(self) -> None:
         container = getattr(self, "_container", None)
@@ -255,15 +326,7 @@ class RunningContainer:
         except DockerException as exc:
             log.warning("could not remove container %s: %s", self.spec.name, exc)
 
-    def __enter__(self) -> RunningContainer:
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self.exit is None:
-            self.kill()
-            self.finish()
+    def _close(self) -> None:
         try:
             self._sock.close()
         except Exception as exc:  # noqa: BLE001 - the run is over; a socket that will not close is only logged
@@ -279,6 +342,19 @@ class DockerSandbox:
 
     def start(self, spec: ContainerSpec, payload: bytes) -> RunningContainer:
         return RunningContainer(self.client, spec, payload)
+
+    def remove_run(self, run_id: str) -> int:
+        """Remove this installation's container(s) of run ``run_id`` (a dead worker's run,
+        before its group runs again); returns how many."""
+        removed = 0
+        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}", f"{LABEL_RUN}={run_id}"]
+        for c in self.client.containers.list(all=True, filters={"label": labels}):
+            try:
+                c.remove(force=True)
+                removed += 1
+            except NotFound:
+                pass
+        return removed
 
     def remove_orphans(self, live_runs: set[str]) -> int:
         """Remove this installation's run containers whose run is not in ``live_runs``."""

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import httpx
 import msgspec
@@ -350,6 +350,16 @@ class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
+class _Limits(TypedDict):
+    """The bounds :meth:`ModelGateway.for_provider` takes from the settings (keyword arguments)."""
+
+    token_budget: int
+    spent: Usage | None
+    max_request_bytes: int
+    max_connections: int
+    read_timeout_s: float
+
+
 class ModelGateway:
     """Forward ``allowed_paths`` from a unix socket to ``upstream`` with the key added.
 
@@ -437,7 +447,7 @@ class ModelGateway:
 
         ``spent``: what earlier attempts of the same run used (counted against the budget).
         """
-        limits: dict[str, Any] = {
+        limits: _Limits = {
             "token_budget": settings.run_token_budget, "spent": spent,
             "max_request_bytes": settings.gateway_max_request_bytes,
             "max_connections": settings.gateway_max_connections,

@@ -49,8 +49,9 @@ import stat
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.core.errors import HostileEntry, InvalidMessage, MountRefused
 from orchestrator.core.settings import Settings
@@ -76,22 +77,25 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
+def _absolute(v: str) -> str:
+    if not Path(v).expanduser().is_absolute():
+        raise ValueError("must be an absolute path (or start with ~)")
+    return v
+
+
+# A host folder as a config or the allowlist writes it: absolute, or from ``~``.
+HostPath = Annotated[str, Field(min_length=1), AfterValidator(_absolute)]
+
+
 class MountRequest(BaseModel):
     """One extra mount a group's ``container_config`` asks for."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    host_path: str = Field(min_length=1)
+    host_path: HostPath
     # The folder under /workspace/extra/ (default: the host folder's name).
     name: str | None = None
     read_write: bool = False
-
-    @field_validator("host_path")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not Path(v).expanduser().is_absolute():
-            raise ValueError("must be an absolute path (or start with ~)")
-        return v
 
     @field_validator("name")
     @classmethod
@@ -113,18 +117,11 @@ class MountRequest(BaseModel):
 class AllowedRoot(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    path: str = Field(min_length=1)
+    path: HostPath
     read_write: bool = False
     # Groups (folder or chat jid, "*" = all) that may use this root; None: every group.
     groups: list[str] | None = None
     description: str = ""
-
-    @field_validator("path")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not Path(v).expanduser().is_absolute():
-            raise ValueError("must be an absolute path (or start with ~)")
-        return v
 
 
 class Allowlist(BaseModel):

@@ -33,12 +33,10 @@ import logging
 import os
 import signal
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from types import TracebackType
 
 import docker
 from docker.errors import DockerException, NotFound
@@ -47,7 +45,7 @@ from sqlalchemy import update
 
 from orchestrator.core.errors import HostileEntry, SandboxError
 from orchestrator.core.settings import Settings
-from orchestrator.sandbox.bounded_io import DEFAULT_MAX_LINE_BYTES, TailBuffer, read_lines
+from orchestrator.sandbox.bounded_io import TailBuffer
 from orchestrator.sandbox.containers import (
     GATEWAY_MOUNT,
     LABEL_GROUP,
@@ -58,6 +56,7 @@ from orchestrator.sandbox.containers import (
     WORKSPACE_MOUNT,
     ContainerExit,
     ContainerSpec,
+    StreamedRun,
     docker_client,
     hardened_create_args,
     prepare_folder,
@@ -151,6 +150,11 @@ class WarmPool:
             self.discard(c)
         return len(found)
 
+    def count_running(self) -> int:
+        """This installation's running warm containers on this Docker engine (the host's heartbeat reports it)."""
+        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}", f"{LABEL_WARM}=1"]
+        return len(self.client.containers.list(filters={"label": labels, "status": "running"}))
+
     def start(self, spec: ContainerSpec, payload: bytes) -> WarmRun:
         idle = self.settings.warm_idle_s
         config = _config_hash(self.client, spec, idle)
@@ -238,7 +242,7 @@ def _dirty_marker(settings: Settings, folder: str, container_id: str) -> Path:
     return state_dir(settings, folder) / f"{container_id[:12]}.dirty"
 
 
-class WarmRun:
+class WarmRun(StreamedRun):
     """One run on a warm container; the same surface as ``sandbox.RunningContainer``."""
 
     def __init__(
@@ -251,27 +255,14 @@ class WarmRun:
         self._pool = pool
         self.spec = spec
         self.cold = cold
-        self.exit: ContainerExit | None = None
+        self.exit = None
         self._started = datetime.now(UTC)
-        self._timed_out = threading.Event()
         self._killed = False
-        self._watchdog = threading.Timer(spec.timeout_s, self._on_timeout)
-        self._watchdog.daemon = True
-        self._watchdog.start()
+        self._watch(f"warm run in {container.name}", spec.timeout_s)
         try:
             sock.sendall(payload + b"\n")
         except OSError as exc:
             log.warning("could not hand the run to %s: %s", container.name, exc)
-
-    @property
-    def id(self) -> str:
-        return str(self._container.id)
-
-    def _on_timeout(self) -> None:
-        self._timed_out.set()
-        log.warning("warm run in %s hit its %.0fs limit; killing the container", self._container.name,
-                    self.spec.timeout_s)
-        self.kill()
 
     def kill(self) -> None:
         self._killed = True
@@ -280,16 +271,8 @@ class WarmRun:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
 
-    def lines(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
-        """The run's event lines until the runner closes the connection.
-
-        Raises :class:`~orchestrator.sandbox.bounded_io.OutputLimitExceeded` on a line
-        longer than ``max_line_bytes`` (the caller kills the container).
-        """
-        for line in read_lines(self._chunks(), max_line_bytes):
-            yield line.decode("utf-8", "replace")
-
     def _chunks(self) -> Iterator[bytes]:
+        """The run's output as it comes, until the runner closes the connection."""
         try:
             while chunk := self._sock.recv(65536):
                 yield chunk
@@ -336,20 +319,9 @@ class WarmRun:
                 status = 137 if self._killed else -1
             with contextlib.suppress(DockerException):
                 self._container.remove(force=True)
-        for line in stderr.splitlines()[-50:]:
-            log.info("[%s] %s", self._container.name, line[:2000])
-        self.exit = ContainerExit(status, self._timed_out.is_set(), stderr[-4000:])
-        return self.exit
+        return self._ended(str(self._container.name), status, stderr)
 
-    def __enter__(self) -> WarmRun:
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self.exit is None:
-            self.kill()
-            self.finish()
+    def _close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.close()
         self._clean_up()

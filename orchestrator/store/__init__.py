@@ -2,5 +2,5 @@
 
 Engines and sessions, tables and Alembic migrations, the message log,
 groups, runs, leases, history edits, export/import, which channels a group is
-attached to and the deliveries ledger.  Imports ``core`` and ``model``.
+attached to, the deliveries ledger and the fleet's hosts.  Imports ``core`` and ``model``.
 """

@@ -8,12 +8,13 @@ cancels the channel's unsent deliveries in the same transaction.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import delete, select
 
 from orchestrator.core.errors import ChannelError, UnknownGroup
+from orchestrator.core.jsontypes import JsonObject
 from orchestrator.store.db import Database, changed_rows
 from orchestrator.store.deliveries import cancel_pending, validate_channel_name
 from orchestrator.store.tables import GroupChannelRow, GroupRow
@@ -38,7 +39,7 @@ class Attachment(BaseModel):
     chat_jid: str
     channel: str
     address: str  # where on the channel; the group's chat id unless given
-    config: dict[str, Any] | None = None
+    config: JsonObject | None = None  # the channel's own settings: each channel reads its keys
 
 
 def _attachment(row: GroupChannelRow) -> Attachment:
@@ -48,7 +49,7 @@ def _attachment(row: GroupChannelRow) -> Attachment:
 
 def attach_channel(
     db: Database, chat_jid: str, channel: str, *, address: str | None = None,
-    config: dict[str, Any] | None = None, registry: KnownChannels | None = None,
+    config: JsonObject | None = None, registry: KnownChannels | None = None,
 ) -> Attachment:
     """Show group ``chat_jid``'s messages on ``channel`` (again: changes its address/config).
 

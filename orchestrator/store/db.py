@@ -21,15 +21,33 @@ import contextlib
 import fcntl
 import os
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, CursorResult, Engine, Result, create_engine, event, exc, text
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    CursorResult,
+    Engine,
+    Float,
+    Result,
+    cast,
+    create_engine,
+    event,
+    exc,
+    extract,
+    func,
+    select,
+    text,
+    type_coerce,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import Settings
+from orchestrator.store.tables import UTCDateTime
 
 if TYPE_CHECKING:
     import sqlite3
@@ -40,7 +58,7 @@ if TYPE_CHECKING:
 _MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest revision in migrations/versions; tests/host/test_migrations.py
 # holds it to Alembic's own head, so a new revision cannot forget it.
-SCHEMA_HEAD = "0005"
+SCHEMA_HEAD = "0010"
 
 
 class Database:
@@ -129,6 +147,41 @@ class Database:
         # them would end the parent's sessions too (PostgreSQL gets a
         # Terminate on the shared socket), so just forget them.
         self.engine.dispose(close=os.getpid() == self._pid)
+
+
+# -- the database's clock ---------------------------------------------------------
+#
+# Times that more than one process compares (lease expiries, delivery claim
+# deadlines, heartbeats) are written and compared on the database's clock,
+# never a host's: hosts whose clocks disagree are then judged alike.
+
+
+def now_sql(db: Database | Session) -> ColumnElement[datetime]:
+    """The database's current time, as an expression the database evaluates
+    (SQLite: UTC text with milliseconds; PostgreSQL: ``now()``, the transaction's start)."""
+    if _is_sqlite(db):
+        # CURRENT_TIMESTAMP has whole seconds only; same UTC text, with milliseconds.
+        return type_coerce(func.strftime("%Y-%m-%d %H:%M:%f", "now"), UTCDateTime())
+    return type_coerce(func.now(), UTCDateTime())
+
+
+def age_sql(db: Database | Session, column: Any) -> ColumnElement[float]:
+    """Seconds from ``column`` to the database's now, computed by the database."""
+    if _is_sqlite(db):
+        return cast((func.julianday("now") - func.julianday(column)) * 86400.0, Float)
+    return cast(extract("epoch", func.now() - column), Float)
+
+
+def db_now(session: Session) -> datetime:
+    """What time the database says it is (aware, UTC), read in the caller's transaction:
+    compute a deadline from it and write it in the same transaction."""
+    return session.execute(select(now_sql(session))).scalar_one()
+
+
+def _is_sqlite(db: Database | Session) -> bool:
+    if isinstance(db, Database):
+        return db.is_sqlite
+    return db.get_bind().dialect.name == "sqlite"
 
 
 def changed_rows(result: Result[Any]) -> int:

@@ -15,7 +15,11 @@ Per (chat, channel) the oldest unfinished row goes first (a later one is not
 claimable while an earlier one is pending or sending), so each channel shows
 a chat in seq order.  A claim that outlives ``delivery_claim_s`` means its
 deliverer died mid-send: the sweeper marks it ``failed`` rather than risk a
-second copy (at most once).
+second copy (at most once).  The claim's deadline (``claimed_until``) is
+written and compared on the database's clock, so a deliverer whose clock is
+off never has a live claim abandoned (nor a dead one kept); when a row falls
+due (``next_attempt_at``) is the writing host's clock, compared with the
+reading host's: a skew only moves a send or a retry, never repeats one.
 """
 
 from __future__ import annotations
@@ -23,16 +27,17 @@ from __future__ import annotations
 import logging
 import re
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Connection, and_, exists, insert, select, update
 from sqlalchemy.orm import Session, aliased
 
 from orchestrator.core.errors import ChannelError
+from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.messages import StoredMessage
 from orchestrator.model.render import ORIGIN_CHANNEL_KEY, displayed
-from orchestrator.store.db import Database, changed_rows
+from orchestrator.store.db import Database, changed_rows, now_sql
 from orchestrator.store.message_log import driver_execute
 from orchestrator.store.tables import DeliveryRow
 
@@ -88,7 +93,20 @@ def claimable(d: type[DeliveryRow] | Any, now: datetime) -> Any:
 # -- recording (inside the message's transaction) ------------------------------------
 
 
-_ATTACHED = "SELECT channel, address FROM group_channels WHERE chat_jid = :jid"
+_ATTACHED = "SELECT channel, address FROM group_channels WHERE chat_jid = :chat_jid"
+
+
+class _NewDelivery(TypedDict):
+    """A ``deliveries`` row as ``record_deliveries`` inserts it."""
+
+    message_seq: int
+    chat_jid: str
+    channel: str
+    address: str
+    state: str
+    attempts: int
+    next_attempt_at: datetime
+    created_at: datetime
 
 
 def record_deliveries(session: Session | Connection, msg: StoredMessage) -> int:
@@ -101,8 +119,8 @@ def record_deliveries(session: Session | Connection, msg: StoredMessage) -> int:
     now = utc_now()
     # On every ingest: one fixed statement on the driver (docs/performance.md).
     conn = session.connection() if isinstance(session, Session) else session
-    attached = driver_execute(conn, _ATTACHED, {"jid": msg.chat_jid}).fetchall()
-    rows: list[dict[str, Any]] = [
+    attached = driver_execute(conn, _ATTACHED, {"chat_jid": msg.chat_jid}).fetchall()
+    rows: list[_NewDelivery] = [
         {
             "message_seq": msg.seq, "chat_jid": msg.chat_jid, "channel": channel,
             "address": address or msg.chat_jid, "state": PENDING, "attempts": 0,
@@ -163,13 +181,14 @@ def abandon_stale_claims(db: Database) -> int:
     with db.write() as session:
         return changed_rows(session.execute(
             update(DeliveryRow)
-            .where(DeliveryRow.state == SENDING, DeliveryRow.claimed_until < utc_now())
+            # Deadlines are written on the database's clock (run/outbound.py) and compared with it.
+            .where(DeliveryRow.state == SENDING, DeliveryRow.claimed_until < now_sql(db))
             .values(state=FAILED, last_error="its deliverer stopped while sending; not retried, "
                                              "so that it is never sent twice")
         )) or 0
 
 
-def with_origin(metadata: dict[str, Any] | None, channel: str | None) -> dict[str, Any] | None:
+def with_origin(metadata: JsonObject | None, channel: str | None) -> JsonObject | None:
     """``metadata`` naming the channel a message arrived on (unchanged without one)."""
     if channel is None:
         return metadata

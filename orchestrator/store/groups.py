@@ -8,14 +8,15 @@ refused here, before anything touches the filesystem.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from orchestrator.core.errors import InvalidMessage, StoreError, UnknownGroup
+from orchestrator.core.jsontypes import JsonObject
 from orchestrator.store.db import Database
 from orchestrator.store.tables import GroupRow
 
@@ -36,8 +37,13 @@ class Group(BaseModel):
     cursor_seq: int
     pending_seq: int
     session_id: str | None
-    # Per-group sandbox limits and extra mounts (orchestrator/sandbox/config.py).
-    container_config: dict[str, Any] | None = None
+    # Per-group sandbox limits and extra mounts, as stored: checked against
+    # ContainerConfig (orchestrator/sandbox/config.py, a floor above) when set.
+    container_config: JsonObject | None = None
+    # The group's own quotas (orchestrator/store/usage.py): None means the
+    # settings' (group_runs_per_hour, group_tokens_per_day), 0 no limit.
+    runs_per_hour: int | None = None
+    tokens_per_day: int | None = None
 
 
 def group_from_row(row: GroupRow) -> Group:
@@ -46,6 +52,7 @@ def group_from_row(row: GroupRow) -> Group:
         requires_trigger=row.requires_trigger and not row.is_main,
         assistant_name=row.assistant_name, cursor_seq=row.cursor_seq,
         pending_seq=row.pending_seq, session_id=row.session_id, container_config=row.container_config,
+        runs_per_hour=row.runs_per_hour, tokens_per_day=row.tokens_per_day,
     )
 
 
@@ -109,20 +116,30 @@ def list_groups(db: Database) -> list[Group]:
         return [group_from_row(r) for r in session.scalars(select(GroupRow).order_by(key))]
 
 
-GROUP_SETTINGS = frozenset({"name", "requires_trigger", "assistant_name"})
+GROUP_SETTINGS = frozenset({"name", "requires_trigger", "assistant_name", "runs_per_hour", "tokens_per_day"})
+# The quotas a group may set for itself: a count >= 0 (0: no limit), or None (the settings').
+GROUP_QUOTAS = ("runs_per_hour", "tokens_per_day")
+# Largest quota a column holds (a 32-bit INTEGER on PostgreSQL).
+MAX_QUOTA = 2**31 - 1
 
 
-def update_group(db: Database, chat_jid: str, changes: dict[str, Any]) -> Group:
-    """Change a group's name, trigger rule or assistant name (None clears the name override).
+def update_group(db: Database, chat_jid: str, changes: Mapping[str, object]) -> Group:
+    """Change a group's name, trigger rule, assistant name or quotas (None clears an override).
 
-    Only the keys in ``GROUP_SETTINGS``; the folder, main flag and cursors never
-    change here.  Raises UnknownGroup or InvalidMessage (nothing changed).
+    Only the keys in ``GROUP_SETTINGS``, checked here (the API hands over the
+    fields a client sent); the folder, main flag and cursors never change
+    here.  Raises UnknownGroup or InvalidMessage (nothing changed).
     """
     unknown = sorted(set(changes) - GROUP_SETTINGS)
     if unknown:
         raise InvalidMessage(f"cannot change {', '.join(unknown)} of a group")
     if "name" in changes and not (isinstance(changes["name"], str) and changes["name"].strip()):
         raise InvalidMessage("a group's name must not be empty")
+    for key in GROUP_QUOTAS:
+        value = changes.get(key)
+        if key in changes and value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_QUOTA):
+            raise InvalidMessage(f"{key} must be a whole number from 0 (no limit) to {MAX_QUOTA}, or null")
     with db.write() as session:
         row = session.get(GroupRow, chat_jid)
         if row is None:

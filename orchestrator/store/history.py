@@ -23,6 +23,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from orchestrator.core.errors import GroupBusy, InvalidMessage, MessageNotFound
+from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.model.context import CONTEXT_KEY, parse_context
 from orchestrator.model.messages import STORED_ONLY_SENDERS, StoredMessage
@@ -95,7 +96,7 @@ def edit_message(
     message_id: str,
     content: str,
     *,
-    context: list[dict[str, Any]] | None = None,
+    context: list[JsonObject] | None = None,
     rerun: bool = False,
     signal: Signal | None = None,
 ) -> HistoryChange:

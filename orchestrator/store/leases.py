@@ -2,50 +2,83 @@
 
 A lease is (owner, expiry) on the group row, taken with a conditional UPDATE
 that works the same on SQLite and PostgreSQL: it succeeds only if the lease is
-free or expired.  The holder renews it from a heartbeat thread; a holder that
-dies simply stops renewing and the lease expires.  Expiry is the clock's
-(``orchestrator/core/clock.py``), so tests move time instead of sleeping.
+free, expired, or held by a process of a dead host (``hosts.on_dead_host``).
+The holder renews it from a heartbeat thread; a holder that dies simply stops
+renewing and the lease expires.
+
+**The database's clock, never a host's.**  Acquire and renew read the
+database's now in their own transaction (``store/db.py``'s ``db_now``) and
+write the expiry from it; expiry is compared with the same clock, so a worker
+whose clock runs an hour ahead neither steals live leases nor writes ones that
+never expire.  The :class:`~orchestrator.core.clock.Clock` a
+:class:`Heartbeat` is handed only paces its beats (tests jump it).
+
+**A holder gone from this host is replaced at once.**  Owners are
+``host_id:pid:nonce`` (``hosts.process_owner``).  When the lease is held,
+unexpired, by a process of the acquirer's own host that no longer runs
+(SIGKILLed; ``hosts.gone_from_this_host``), :func:`acquire` takes it over with
+a conditional UPDATE naming that owner, and logs it.  What the dead holder
+left (its unfinished run) is the caller's to close before it runs anything:
+``orchestrator/run/sweeper.py``'s ``recover_group``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from sqlalchemy import or_, update
+from sqlalchemy import ColumnElement, or_, select, update
 
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
-from orchestrator.store.db import Database, changed_rows
+from orchestrator.store.db import Database, changed_rows, db_now
+from orchestrator.store.hosts import gone_from_this_host, on_dead_host, owner_host
 from orchestrator.store.tables import GroupRow
 
 log = logging.getLogger(__name__)
 
 
-def acquire(db: Database, chat_jid: str, owner: str, ttl_s: float, *, clock: Clock = SYSTEM_CLOCK) -> bool:
-    now = clock.now()
+def holder_gone(now: datetime) -> ColumnElement[bool]:
+    """SQL: the group's lease has no live holder at ``now`` (the database's time):
+    none, expired, or held by a process of a host that is stopped or silent."""
+    return or_(GroupRow.lease_owner.is_(None), GroupRow.lease_expires_at < now,
+               on_dead_host(GroupRow.lease_owner, now))
+
+
+def acquire(db: Database, chat_jid: str, owner: str, ttl_s: float) -> bool:
     with db.write() as session:
+        now = db_now(session)
+        until = now + timedelta(seconds=ttl_s)
         result = session.execute(
             update(GroupRow)
-            .where(
-                GroupRow.chat_jid == chat_jid,
-                or_(
-                    GroupRow.lease_owner.is_(None),
-                    GroupRow.lease_owner == owner,
-                    GroupRow.lease_expires_at < now,
-                ),
-            )
-            .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=ttl_s))
+            .where(GroupRow.chat_jid == chat_jid, or_(GroupRow.lease_owner == owner, holder_gone(now)))
+            .values(lease_owner=owner, lease_expires_at=until)
         )
-        return changed_rows(result) == 1
+        if changed_rows(result) == 1:
+            return True
+        holder = session.scalar(select(GroupRow.lease_owner).where(GroupRow.chat_jid == chat_jid))
+        host_id = owner_host(owner)
+        if host_id is None or not gone_from_this_host(holder, host_id):
+            return False
+        # Its holder was SIGKILLed on this host: no need to wait out its expiry.
+        result = session.execute(
+            update(GroupRow)
+            .where(GroupRow.chat_jid == chat_jid, GroupRow.lease_owner == holder)
+            .values(lease_owner=owner, lease_expires_at=until)
+        )
+        if changed_rows(result) != 1:
+            return False
+    log.warning("took over the lease of %s from %s: that process no longer runs on this host", chat_jid, holder)
+    return True
 
 
-def renew(db: Database, chat_jid: str, owner: str, ttl_s: float, *, clock: Clock = SYSTEM_CLOCK) -> bool:
+def renew(db: Database, chat_jid: str, owner: str, ttl_s: float) -> bool:
     with db.write() as session:
+        now = db_now(session)
         result = session.execute(
             update(GroupRow)
             .where(GroupRow.chat_jid == chat_jid, GroupRow.lease_owner == owner)
-            .values(lease_expires_at=clock.now() + timedelta(seconds=ttl_s))
+            .values(lease_expires_at=now + timedelta(seconds=ttl_s))
         )
         return changed_rows(result) == 1
 
@@ -60,7 +93,8 @@ def release(db: Database, chat_jid: str, owner: str) -> None:
 
 
 class Heartbeat:
-    """Renews a lease every ``ttl/3`` seconds until stopped."""
+    """Renews a lease every ``ttl/3`` seconds (waited on ``clock``) until stopped;
+    each renewal sets the expiry from the database's now."""
 
     def __init__(
         self, db: Database, chat_jid: str, owner: str, ttl_s: float, *, clock: Clock = SYSTEM_CLOCK,
@@ -82,7 +116,7 @@ class Heartbeat:
     def _beat(self) -> None:
         while not self._clock.wait(self._stop, self._ttl / 3):
             try:
-                if not renew(self._db, self._jid, self._owner, self._ttl, clock=self._clock):
+                if not renew(self._db, self._jid, self._owner, self._ttl):
                     self.lost.set()
                     return
             except Exception:  # noqa: BLE001 - a transient DB error: try again next beat

@@ -11,6 +11,7 @@ import functools
 import json
 import re
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -86,10 +87,9 @@ def _normalized(new: NewMessage) -> NewMessage:
     structured message a readable preview, so every channel has text to show."""
     meta = normalize_message_metadata(new.metadata)
     parse_context(meta)
-    update: dict[str, Any] = {"metadata": meta}
     if not new.content.strip() and meta and meta.get("message_type") not in (None, TEXT):
-        update["content"] = preview_for(meta)
-    return new.model_copy(update=update)
+        return new.model_copy(update={"metadata": meta, "content": preview_for(meta)})
+    return new.model_copy(update={"metadata": meta})
 
 
 def _without_nul(new: NewMessage) -> NewMessage:
@@ -117,9 +117,10 @@ _SEQ_LOCK = "SELECT pg_advisory_xact_lock(726932)"
 _NAMED = re.compile(r"(?<!:):([a-z_]+)")
 
 
-def driver_execute(conn: Connection, sql: str, params: dict[str, Any] | None = None) -> Any:
+def driver_execute(conn: Connection, sql: str, params: Mapping[str, object] | None = None) -> Any:
     """Run ``sql`` (written with ``:name`` parameters) on the DBAPI connection
-    under ``conn``, inside its transaction; returns the DBAPI cursor.
+    under ``conn``, inside its transaction; returns the DBAPI cursor.  ``params``
+    binds those names (each statement its own; the driver takes any value).
 
     For the ingest path's few fixed statements only: no statement object,
     cache key, compile or result wrapper per call, about a quarter of the

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select, update
-from sqlalchemy.orm import defer
+from sqlalchemy.orm import Session, defer
 
 from orchestrator.core.errors import StoreError
 from orchestrator.store.db import Database
@@ -38,6 +38,8 @@ class Run(BaseModel):
     finished_at: datetime | None
     duration_s: float | None
     input_sha256: str | None = None
+    # A queued run waiting for its next attempt: when it is due (None otherwise).
+    retry_at: datetime | None = None
 
 
 def _to_run(row: RunRow) -> Run:
@@ -53,14 +55,29 @@ def create_run(
     celery_task_id: str | None,
     owner: str | None = None,
 ) -> Run:
+    with db.write() as session:
+        return add_run(session, chat_jid=chat_jid, cursor_from=cursor_from, cursor_to=cursor_to,
+                       celery_task_id=celery_task_id, owner=owner)
+
+
+def add_run(
+    session: Session,
+    *,
+    chat_jid: str,
+    cursor_from: int,
+    cursor_to: int,
+    celery_task_id: str | None,
+    owner: str | None = None,
+) -> Run:
+    """A new ``queued`` run, added in the caller's transaction (``store/slots.py``
+    admits a run under the fleet's cap and adds its row in one)."""
     now = datetime.now(UTC)
     row = RunRow(
         id=str(uuid.uuid4()), chat_jid=chat_jid, state="queued", attempts=1,
         cursor_from=cursor_from, cursor_to=cursor_to, celery_task_id=celery_task_id,
         owner=owner, input_tokens=0, output_tokens=0, created_at=now, started_at=now,
     )
-    with db.write() as session:
-        session.add(row)
+    session.add(row)
     return _to_run(row)
 
 
@@ -74,16 +91,45 @@ def set_container(db: Database, run_id: str, container_id: str) -> None:
                 row.state = "running"
 
 
-def set_attempts(db: Database, run_id: str, attempts: int, error: str | None) -> None:
-    """Record a failed attempt that is about to be retried: back to ``queued``."""
+def park_run(
+    db: Database, run_id: str, *, attempts: int, error: str | None, retry_at: datetime,
+    input_tokens: int, output_tokens: int,
+) -> Run:
+    """A failed attempt, to be retried at ``retry_at``: the run waits ``queued``,
+    holding no lease and no worker slot, with what it has spent so far."""
     with db.write() as session:
         row = session.get(RunRow, run_id)
-        if row is not None:
-            row.attempts = attempts
-            row.error = error
-            row.container_id = None
-            if row.state == "running":
-                row.state = "queued"
+        if row is None:
+            raise StoreError(f"no run {run_id!r}")
+        row.attempts = attempts
+        row.error = error
+        row.container_id = None
+        row.retry_at = retry_at
+        row.input_tokens, row.output_tokens = input_tokens, output_tokens
+        if row.state == "running":
+            row.state = "queued"  # a cancel that came meanwhile stays
+        return _to_run(row)
+
+
+def parked_run(db: Database, chat_jid: str) -> Run | None:
+    """The group's run that waits for its next attempt (or was cancelled while it waited)."""
+    with db.read() as session:
+        row = session.scalars(
+            select(RunRow)
+            .where(RunRow.chat_jid == chat_jid, RunRow.retry_at.is_not(None), RunRow.finished_at.is_(None))
+            .order_by(RunRow.created_at)
+            .limit(1)
+        ).first()
+        return None if row is None else _to_run(row)
+
+
+def resume_run(db: Database, run_id: str, *, owner: str, celery_task_id: str | None) -> None:
+    """A parked run's next attempt starts: no longer waiting, owned by this pipeline."""
+    with db.write() as session:
+        session.execute(
+            update(RunRow).where(RunRow.id == run_id)
+            .values(retry_at=None, owner=owner, celery_task_id=celery_task_id)
+        )
 
 
 def cancel_run(db: Database, run_id: str) -> Run:
@@ -130,6 +176,7 @@ def finish_run(
             row.error = error
         row.input_tokens = input_tokens
         row.output_tokens = output_tokens
+        row.retry_at = None
         row.finished_at = now
         if row.started_at is not None:
             row.duration_s = (now - row.started_at).total_seconds()

@@ -1,5 +1,7 @@
 """SQLAlchemy table mappings: messages, registered groups, agent runs, scheduled
-tasks, the channels of each group and deliveries to them.
+tasks, the channels of each group and deliveries to them, the fleet's hosts,
+the senders' recent messages (the rate limit's window), the groups waiting for
+a run slot.
 
 The schema itself is owned by the Alembic migrations in
 ``orchestrator/migrations``; these classes must stay in step with them (a test
@@ -9,7 +11,6 @@ compares the two).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -26,6 +27,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
+
+from orchestrator.core.jsontypes import JsonObject
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -68,7 +71,7 @@ class MessageRow(Base):
     is_from_me: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
     message_type: Mapped[str] = mapped_column(Text, nullable=False, server_default="user")
     # "metadata" is reserved on declarative classes, hence the attribute name.
-    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
+    meta: Mapped[JsonObject | None] = mapped_column("metadata", JSON, nullable=True)
     # Set by regenerate / truncate: kept for audit, absent from every view.
     superseded_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     edited_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
@@ -88,7 +91,10 @@ class GroupRow(Base):
     is_main: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
     requires_trigger: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
     assistant_name: Mapped[str | None] = mapped_column(Text, nullable=True)
-    container_config: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    container_config: Mapped[JsonObject | None] = mapped_column(JSON, nullable=True)
+    # The group's own quotas (orchestrator/store/usage.py); NULL: the settings', 0: no limit.
+    runs_per_hour: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tokens_per_day: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # Seq of the last message a run has consumed.
     cursor_seq: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     # Highest seq of a message that should wake the agent (0: none pending).
@@ -119,9 +125,15 @@ class RunRow(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # A queued run whose last attempt failed waits (holding no lease) until
+    # then for its next one (orchestrator/run/pipeline.py); None otherwise.
+    retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # The exact ContainerInput JSON the run sent (zlib-compressed) and its hash.
     input_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     input_json: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+
+    # A group's runs by start: its quotas count them (orchestrator/store/usage.py).
+    __table_args__ = (Index("idx_runs_chat_created", "chat_jid", "created_at"),)
 
 
 class ScheduledTaskRow(Base):
@@ -149,7 +161,7 @@ class GroupChannelRow(Base):
     channel: Mapped[str] = mapped_column(String(64), primary_key=True)
     # Where on that channel (a room, a user id, ...); NULL: the group's chat id.
     address: Mapped[str | None] = mapped_column(Text, nullable=True)
-    config: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    config: Mapped[JsonObject | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
 
 
@@ -178,3 +190,64 @@ class DeliveryRow(Base):
         Index("idx_deliveries_due", "state", "next_attempt_at"),
         Index("idx_deliveries_line", "chat_jid", "channel", "message_seq"),
     )
+
+
+class HostRow(Base):
+    """A worker host of the fleet (``orchestrator/store/hosts.py``): who it is and its last heartbeat.
+
+    Every time here is the database's clock (``CURRENT_TIMESTAMP`` in the
+    statement that writes it), never the host's.
+    """
+
+    __tablename__ = "hosts"
+
+    host_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    # The process that holds the row now (pid:nonce): a second process with the same id takes it over.
+    instance: Mapped[str] = mapped_column(Text, nullable=False)
+    hostname: Mapped[str] = mapped_column(Text, nullable=False)
+    pid: Mapped[int] = mapped_column(Integer, nullable=False)
+    version: Mapped[str] = mapped_column(String(64), nullable=False)
+    concurrency: Mapped[int] = mapped_column(Integer, nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False)  # up | draining | stopped
+    # Running warm containers of this installation on the host's Docker engine (NULL: could not count).
+    warm_containers: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class SenderHitRow(Base):
+    """A message a person sent through ingest while the sender rate limit is on
+    (``orchestrator/store/usage.py``); ``at`` is the database's clock.  A sender's
+    rows older than the window are deleted as its new ones are written."""
+
+    __tablename__ = "sender_hits"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    chat_jid: Mapped[str] = mapped_column(Text, nullable=False)
+    sender: Mapped[str] = mapped_column(Text, nullable=False)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+
+    __table_args__ = (Index("idx_sender_hits_window", "chat_jid", "sender", "at"),)
+
+
+class RunWaitRow(Base):
+    """A group whose next run waits for a free slot of ``ORCHESTRATOR_MAX_CONCURRENT_RUNS``
+    (``orchestrator/store/slots.py``): since when, and when it last asked (the
+    database's clock).  Its rank (a person's message or a scheduled task, main
+    group or not) is read from the group's pending messages each time."""
+
+    __tablename__ = "run_waits"
+
+    chat_jid: Mapped[str] = mapped_column(Text, primary_key=True)
+    since: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+
+
+class InstallationRow(Base):
+    """The installation's own facts, by key (``orchestrator/store/installation.py``)."""
+
+    __tablename__ = "installation"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text, nullable=False)

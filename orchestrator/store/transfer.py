@@ -12,12 +12,13 @@ from __future__ import annotations
 import difflib
 import json
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy import update
 
 from orchestrator.core.errors import InvalidMessage
+from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.envelopes import (
     CodeEditPayload,
     InvalidMessageMetadata,
@@ -59,7 +60,7 @@ class ExportedMessage(BaseModel):
     timestamp: str
     is_from_me: bool
     message_type: str
-    metadata: dict[str, Any] | None = None
+    metadata: JsonObject | None = None
     superseded_at: datetime | None = None
     edited_at: datetime | None = None
 

@@ -395,13 +395,13 @@ def test_missing_endpoint_is_rejected() -> None:
 
 
 def test_host_settings_and_model_spec() -> None:
-    s = Settings(model="openai:llama3.1:8b", max_tokens=77, _env_file=None)  # type: ignore[call-arg]
+    s = Settings.load(model="openai:llama3.1:8b", max_tokens=77, env_file=None)
     assert model_settings(s) == ModelSettings(provider="openai", model="llama3.1:8b", max_tokens=77)
     assert s.openai_base_url == "http://127.0.0.1:11434" and s.openai_api_key == ""
-    custom = Settings(openai_base_url="https://api.openai.com/v1/", _env_file=None)  # type: ignore[call-arg]
+    custom = Settings.load(openai_base_url="https://api.openai.com/v1/", env_file=None)
     assert custom.openai_base_url == "https://api.openai.com"
     with pytest.raises(ConfigError, match="openai:<model id>"):
-        model_settings(Settings(model="openai:", _env_file=None))  # type: ignore[call-arg]
+        model_settings(Settings.load(model="openai:", env_file=None))
 
 
 # ---------------------------------------------------------------------------
@@ -418,7 +418,7 @@ def gateway_sock() -> Iterator[Path]:
 def test_through_the_gateway_with_the_key_injected(gateway_sock: Path, workspace: Path) -> None:
     fake = tool_then_text()
     with fake.serve() as upstream:
-        host = Settings(openai_base_url=upstream + "/v1", openai_api_key=KEY, _env_file=None)  # type: ignore[call-arg]
+        host = Settings.load(openai_base_url=upstream + "/v1", openai_api_key=KEY, env_file=None)
         with ModelGateway.for_provider(gateway_sock, host, "openai") as gateway:
             provider = OpenAICompatProvider(settings(socket_path=str(gateway_sock)))
             runner_sent: list[dict[str, str]] = []
@@ -442,7 +442,7 @@ def test_gateway_replaces_a_forged_key_and_refuses_other_routes(gateway_sock: Pa
 
     fake = FakeOpenAI(chat("ok"))
     with fake.serve() as upstream:
-        host = Settings(openai_base_url=upstream, openai_api_key=KEY, _env_file=None)  # type: ignore[call-arg]
+        host = Settings.load(openai_base_url=upstream, openai_api_key=KEY, env_file=None)
         with ModelGateway.for_provider(gateway_sock, host, "openai") as gateway, httpx.Client(
             transport=httpx.HTTPTransport(uds=str(gateway_sock)), base_url="http://gateway", timeout=10
         ) as client:
@@ -461,7 +461,7 @@ def test_gateway_replaces_a_forged_key_and_refuses_other_routes(gateway_sock: Pa
 def test_keyless_gateway_sends_no_authorization(gateway_sock: Path) -> None:
     fake = FakeOpenAI(chat("ok", n=4))
     with fake.serve() as upstream:
-        host = Settings(openai_base_url=upstream, openai_api_key="", _env_file=None)  # type: ignore[call-arg]
+        host = Settings.load(openai_base_url=upstream, openai_api_key="", env_file=None)
         with ModelGateway.for_provider(gateway_sock, host, "openai") as gateway:
             OpenAICompatProvider(settings(socket_path=str(gateway_sock))).complete("sys", HI, [])
 
@@ -472,7 +472,7 @@ def test_keyless_gateway_sends_no_authorization(gateway_sock: Path) -> None:
 def test_gateway_passes_rate_limits_through_to_the_provider_retry(gateway_sock: Path, sleeps: Sleeps) -> None:
     fake = FakeOpenAI(api_error(429, "slow down", headers={"retry-after": "5"}), chat("ok"))
     with fake.serve() as upstream:
-        host = Settings(openai_base_url=upstream, openai_api_key=KEY, _env_file=None)  # type: ignore[call-arg]
+        host = Settings.load(openai_base_url=upstream, openai_api_key=KEY, env_file=None)
         with ModelGateway.for_provider(gateway_sock, host, "openai") as gateway:
             provider = OpenAICompatProvider(settings(socket_path=str(gateway_sock)), sleep=sleeps)
             assert provider.complete("sys", HI, []).content == [TextBlock("ok")]

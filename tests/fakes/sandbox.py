@@ -10,7 +10,7 @@ its input, whether it was killed) is kept for the test to read.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from agent_runner.protocol import ContainerInput, Event, decode_input, dump_event
@@ -26,20 +26,25 @@ class Script:
     stderr: str = ""
     hang: bool = False  # after the events, write nothing until killed
     raise_after_events: BaseException | None = None  # e.g. the task queue's deadline
+    # After the events, wait for this before ending (a run the test holds open).
+    gate: threading.Event | None = None
 
 
 class FakeAgent:
-    def __init__(self, script: Script, number: int) -> None:
+    def __init__(self, script: Script, number: int, on_exit: Callable[[], None] | None = None) -> None:
         self.script = script
         self.id = f"fake-{number}"
         self.killed = threading.Event()
         self.started_reading = threading.Event()
+        self._on_exit = on_exit
 
     def __enter__(self) -> FakeAgent:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.killed.set()  # leaving the context cleans up, as a real sandbox does
+        if self._on_exit is not None:
+            self._on_exit()
 
     def lines(self, max_line_bytes: int = 0) -> Iterator[str]:
         self.started_reading.set()
@@ -47,6 +52,8 @@ class FakeAgent:
             yield dump_event(event)
         if self.script.raise_after_events is not None:
             raise self.script.raise_after_events
+        if self.script.gate is not None:
+            self.script.gate.wait(30)  # bounded, so a broken test ends
         if self.script.hang:
             # A real hung agent: nothing more until someone kills it (bounded, so a broken test ends).
             self.killed.wait(30)
@@ -69,11 +76,23 @@ class FakeSandbox:
         self.started: list[tuple[ContainerSpec, ContainerInput]] = []
         self.agents: list[FakeAgent] = []
         self.agent_started = threading.Event()
+        # Agents started and not yet ended, and the most there ever were at once
+        # (pipelines in several threads may share one fake).
+        self.live = 0
+        self.peak = 0
+        self._lock = threading.Lock()
 
     def start(self, spec: ContainerSpec, payload: bytes) -> FakeAgent:
-        script = self.scripts[min(len(self.started), len(self.scripts) - 1)]
-        self.started.append((spec, decode_input(payload)))
-        agent = FakeAgent(script, len(self.started))
-        self.agents.append(agent)
+        with self._lock:
+            script = self.scripts[min(len(self.started), len(self.scripts) - 1)]
+            self.started.append((spec, decode_input(payload)))
+            agent = FakeAgent(script, len(self.started), self._ended)
+            self.agents.append(agent)
+            self.live += 1
+            self.peak = max(self.peak, self.live)
         self.agent_started.set()
         return agent
+
+    def _ended(self) -> None:
+        with self._lock:
+            self.live -= 1

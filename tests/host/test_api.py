@@ -135,7 +135,7 @@ TOKEN = "s3cret-token-for-tests"
 @pytest.fixture
 def secured(db: Database, settings: Settings) -> Iterator[TestClient]:
     add_group(db, chat_jid=JID, name="Web", folder="web", requires_trigger=True)
-    with TestClient(create_app(Orchestrator(settings.model_copy(update={"api_token": TOKEN})))) as c:
+    with TestClient(create_app(Orchestrator(settings.replace(**{"api_token": TOKEN})))) as c:
         yield c
 
 
@@ -179,8 +179,8 @@ def test_no_token_refused_beyond_loopback(settings: Settings) -> None:
     with pytest.raises(ConfigError, match="ORCHESTRATOR_API_TOKEN"):
         check_exposure("0.0.0.0", "")
     with pytest.raises(ConfigError, match="without a token"):
-        create_app(Orchestrator(settings.model_copy(update={"api_host": "0.0.0.0"})))
-    create_app(Orchestrator(settings.model_copy(update={"api_host": "0.0.0.0", "api_token": TOKEN})))
+        create_app(Orchestrator(settings.replace(**{"api_host": "0.0.0.0"})))
+    create_app(Orchestrator(settings.replace(**{"api_host": "0.0.0.0", "api_token": TOKEN})))
 
 
 def test_cli_refuses_to_serve_beyond_loopback_without_a_token(settings: Settings) -> None:
@@ -214,7 +214,7 @@ def test_unknown_chat_is_a_404_unless_allowed(client: TestClient, db: Database, 
     big = client.post("/api/messages", json={"chat_jid": "nobody@local", "sender": "u", "content": "x" * (MAX_CONTENT_CHARS + 1)})
     assert big.status_code == 413
 
-    with TestClient(create_app(Orchestrator(settings.model_copy(update={"api_require_registered_chat": False})))) as open_api:
+    with TestClient(create_app(Orchestrator(settings.replace(**{"api_require_registered_chat": False})))) as open_api:
         r = open_api.post("/api/messages", json={"chat_jid": "nobody@local", "sender": "u", "content": "hi"})
         assert r.status_code == 201 and not r.json()["triggered"]
         assert open_api.get("/api/info").json()["require_registered_chat"] is False

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -28,7 +29,7 @@ from orchestrator.root import Orchestrator
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import now_iso, store_message_direct
-from orchestrator.store.runs import create_run, finish_run, set_attempts, set_container
+from orchestrator.store.runs import create_run, finish_run, park_run, set_container
 from tests.live_server import serve
 
 JID = "live@local"
@@ -176,7 +177,8 @@ def test_new_messages_and_run_states_arrive_live(db: Database, base_url: str, op
         ("message", "a1", "assistant"), ("message", "h1", "host")]
     assert [int(e.id or 0) for e in got] == [reply.seq, host.seq]
 
-    set_attempts(db, run.id, 2, "model error, retrying")
+    park_run(db, run.id, attempts=2, error="model error, retrying", retry_at=datetime.now(UTC),
+             input_tokens=0, output_tokens=0)
     ev = events.next()
     assert (ev.json["state"], ev.json["attempts"]) == ("queued", 2)
     finish_run(db, run.id, state="succeeded", output_tokens=7)
@@ -239,7 +241,7 @@ def test_history_changes_reset_the_view(db: Database, base_url: str, open_stream
 def test_stream_needs_the_token_when_one_is_set(db: Database, settings: Settings) -> None:
     add_group(db, chat_jid=JID, name="Live", folder="live")
     _msg(db, "m1", "hello")
-    with serve(create_app(Orchestrator(settings.model_copy(update={"api_token": TOKEN})))) as url:
+    with serve(create_app(Orchestrator(settings.replace(**{"api_token": TOKEN})))) as url:
         target = f"{url}/api/chats/{JID}/stream"
         assert httpx.get(target).status_code == 401
         assert httpx.get(target, headers={"Authorization": "Bearer nope"}).status_code == 401

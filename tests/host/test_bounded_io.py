@@ -158,7 +158,7 @@ def test_budget_counts_lines_and_stored_bytes() -> None:
 
 
 def test_settings_defaults() -> None:
-    s = Settings(_env_file=None)  # type: ignore[call-arg]
+    s = Settings.load(env_file=None)
     assert s.max_event_line_bytes == 1024 * 1024
     assert s.max_run_events == 2000
     assert s.max_run_stored_bytes == 16 * 1024 * 1024

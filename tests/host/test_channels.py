@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -20,14 +20,18 @@ from orchestrator.core.errors import ChannelError, UnknownGroup
 from orchestrator.core.settings import Settings
 from orchestrator.model.envelopes import build_structured_envelope
 from orchestrator.model.messages import StoredMessage
+from orchestrator.model.render import RenderedMessage
+from orchestrator.run import outbound as outbound_module
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry, Deliverer
 from orchestrator.run.sweeper import sweep
+from orchestrator.store import deliveries as deliveries_module
 from orchestrator.store.attachments import attach_channel, detach_channel, list_attachments
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import list_deliveries
 from orchestrator.store.groups import add_group
 from orchestrator.store.history import truncate_after
+from orchestrator.store.hosts import database_now
 from orchestrator.store.tables import DeliveryRow
 from tests.conftest import run_in_threads, wait_until
 from tests.fakes.channel import RecordingChannel, read_file_channel
@@ -65,7 +69,7 @@ def _conversation(db: Database, settings: Settings, *, origin: str | None) -> li
 
 
 def _fast(settings: Settings, **kw: object) -> Settings:
-    return settings.model_copy(update={"delivery_retry_base_s": 0.05, "delivery_retry_max_s": 0.2, **kw})
+    return settings.replace(**{"delivery_retry_base_s": 0.05, "delivery_retry_max_s": 0.2, **kw})
 
 
 # -- mirroring ----------------------------------------------------------------------------
@@ -196,10 +200,10 @@ def test_an_abandoned_send_is_never_retried_and_due_chats_are_signalled(team: Da
     attach_channel(team, JID, "rec")
     cut = _say(team, settings, "cut off mid-send")
     _say(team, settings, "next")
-    with team.write() as session:  # a deliverer claimed it, then died
+    with team.write() as session:  # a deliverer claimed it, then died: its deadline passed (database's clock)
         session.execute(update(DeliveryRow).where(DeliveryRow.message_seq == cut.seq).values(
             state="sending", attempts=1, claimed_by="dead:1:x",
-            claimed_until=datetime.now(UTC) - timedelta(seconds=1)))
+            claimed_until=database_now(team) - timedelta(seconds=1)))
     signals: list[str] = []
     report = sweep(team, signal=None, signal_delivery=signals.append)
     assert report.abandoned_deliveries == 1
@@ -208,6 +212,38 @@ def test_an_abandoned_send_is_never_retried_and_due_chats_are_signalled(team: Da
     assert signals == [JID] == report.delivery_signals
     Deliverer(team, settings, ChannelRegistry([rec])).deliver_due()
     assert rec.rendered == ["Alice: next"]
+
+
+@pytest.mark.parametrize("skew_h", [-1, 1])
+def test_a_claims_deadline_is_on_the_databases_clock(
+    team: Database, settings: Settings, monkeypatch: pytest.MonkeyPatch, skew_h: int,
+) -> None:
+    """A deliverer on a host whose clock is an hour off: its claim's deadline is still the
+    database's now + delivery_claim_s, so a sweep during the send (on any host) leaves the
+    live claim alone (an hour behind, the old deadline had passed before the send began)."""
+    real = deliveries_module.utc_now
+    for module in (deliveries_module, outbound_module):  # this whole host is skewed
+        monkeypatch.setattr(module, "utc_now", lambda: real() + timedelta(hours=skew_h))
+    seen: list[tuple[datetime | None, int]] = []
+
+    class SweptWhileSending(RecordingChannel):
+        def send(self, address: str, rendered: RenderedMessage) -> None:
+            with team.read() as session:
+                until = session.scalar(select(DeliveryRow.claimed_until).where(DeliveryRow.state == "sending"))
+            seen.append((until, sweep(team, signal=None).abandoned_deliveries))
+            super().send(address, rendered)
+
+    rec = SweptWhileSending("rec")
+    attach_channel(team, JID, "rec")
+    before = database_now(team)
+    _say(team, settings, "hello")
+    Deliverer(team, settings, ChannelRegistry([rec])).deliver_due()
+    [(until, abandoned)] = seen
+    assert abandoned == 0 and rec.rendered == ["Alice: hello"]
+    assert until is not None
+    assert before + timedelta(seconds=settings.delivery_claim_s) <= until
+    assert until <= database_now(team) + timedelta(seconds=settings.delivery_claim_s)
+    assert [d.state for d in list_deliveries(team)] == ["sent"]
 
 
 # -- what is never delivered -------------------------------------------------------------------
@@ -283,8 +319,8 @@ def test_registry_is_keyed_by_name_and_checks_addresses(team: Database, settings
     assert [x.address for x in list_attachments(team, JID)] == ["room:2"]
 
     with pytest.raises(ChannelError, match="cannot be loaded"):
-        build_registry(settings.model_copy(update={"channel_plugins": "tests.fakes.channel:nothing"}))
-    plugged = build_registry(settings.model_copy(update={"channel_plugins": "tests.fakes.channel:plugin"}))
+        build_registry(settings.replace(**{"channel_plugins": "tests.fakes.channel:nothing"}))
+    plugged = build_registry(settings.replace(**{"channel_plugins": "tests.fakes.channel:plugin"}))
     assert plugged.names == ["flaky", "log", "mirror-a", "mirror-b", "webhook"]
 
 

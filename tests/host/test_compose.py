@@ -20,7 +20,10 @@ def test_compose_file_is_valid_and_complete() -> None:
     assert res.returncode == 0, res.stderr
     config = yaml.safe_load(res.stdout)
     services = config["services"]
-    assert {"postgres", "redis", "api", "worker", "beat", "flower"} <= set(services)
+    assert {"postgres", "redis", "api", "worker", "deliverer", "beat", "flower"} <= set(services)
+    # Runs and deliveries in separate workers: a reply never waits for an agent slot.
+    assert services["worker"]["command"][:3] == ["worker", "--queues", "agent"]
+    assert services["deliverer"]["command"][:3] == ["worker", "--queues", "delivery"]
     worker = services["worker"]
     assert any("/var/run/docker.sock" in str(v) for v in worker["volumes"])
     assert "ports" not in worker  # scalable: --scale worker=N must not clash on ports

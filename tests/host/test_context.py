@@ -61,8 +61,8 @@ def web() -> Iterator[str]:
 
 @pytest.fixture
 def loopback_ok(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "d", context_url_allow_private=True, context_url_max_bytes=1000,
-                    _env_file=None)  # type: ignore[call-arg]
+    return Settings.load(data_dir=tmp_path / "d", context_url_allow_private=True, context_url_max_bytes=1000,
+                    env_file=None)
 
 
 @pytest.mark.parametrize(
@@ -142,7 +142,7 @@ def test_unreadable_files_become_error_blocks(tmp_path: Path, loopback_ok: Setti
 
 
 def test_large_files_are_cut(tmp_path: Path) -> None:
-    small = Settings(data_dir=tmp_path / "d", context_file_max_bytes=10, _env_file=None)  # type: ignore[call-arg]
+    small = Settings.load(data_dir=tmp_path / "d", context_file_max_bytes=10, env_file=None)
     (tmp_path / "big.txt").write_text("0123456789ABCDEF")
     block = expand_file(FileItem(type="file", path="big.txt"), tmp_path, small)
     assert "<content>\n0123456789\n[... truncated at 10 bytes]\n</content>" in block
@@ -169,7 +169,7 @@ def test_url_failures_become_error_blocks(web: str, loopback_ok: Settings, path:
 
 
 def test_private_addresses_are_refused_by_default(web: str, tmp_path: Path) -> None:
-    default = Settings(data_dir=tmp_path / "d", _env_file=None)  # type: ignore[call-arg]
+    default = Settings.load(data_dir=tmp_path / "d", env_file=None)
     block = expand_url(UrlItem(type="url", url=f"{web}/notes.txt"), default)
     assert "non-public address; refused" in block and "plain notes" not in block
 

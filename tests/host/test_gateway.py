@@ -344,10 +344,10 @@ def test_a_bad_content_length_is_refused_without_reading_the_body(
 
 
 def test_the_request_size_limit_is_a_setting(sock: Path, fake: FakeAnthropic) -> None:
-    settings = Settings(_env_file=None, gateway_max_request_bytes=1024)  # type: ignore[call-arg]
+    settings = Settings.load(env_file=None, gateway_max_request_bytes=1024)
     fake.replies.append(message([{"type": "text", "text": "ok"}], "end_turn"))
     with fake.serve() as upstream:
-        settings = settings.model_copy(update={"anthropic_base_url": upstream, "anthropic_api_key": KEY})
+        settings = settings.replace(**{"anthropic_base_url": upstream, "anthropic_api_key": KEY})
         with ModelGateway.for_provider(sock, settings, "anthropic") as gw, gateway_client(sock) as client:
             assert gw.max_request_bytes == 1024
             big = {**REQUEST, "messages": [{"role": "user", "content": "x" * 2000}]}
@@ -637,8 +637,8 @@ def test_a_request_without_an_output_cap_gets_what_is_left(sock: Path, openai_fa
 def test_tokens_spent_by_earlier_attempts_count(sock: Path, fake: FakeAnthropic, tmp_path: Path) -> None:
     fake.replies.append(message([{"type": "text", "text": "r"}], "end_turn", n=1))
     with fake.serve() as upstream:
-        settings = Settings(  # type: ignore[call-arg]
-            _env_file=None, data_dir=tmp_path, run_token_budget=100,
+        settings = Settings.load(
+            env_file=None, data_dir=tmp_path, run_token_budget=100,
             anthropic_base_url=upstream, anthropic_api_key=KEY,
         )
         # An earlier attempt spent the whole budget: refused at once.

@@ -128,7 +128,7 @@ def original(legacy_file: Path) -> dict[str, list[dict[str, Any]]]:
 
 @pytest.fixture
 def settings(legacy_file: Path, tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "data", database_url=f"sqlite:///{legacy_file}", _env_file=None)  # type: ignore[call-arg]
+    return Settings.load(data_dir=tmp_path / "data", database_url=f"sqlite:///{legacy_file}", env_file=None)
 
 
 @pytest.fixture

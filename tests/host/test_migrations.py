@@ -35,8 +35,8 @@ def test_a_database_at_the_head_opens_without_alembic(db: Database, settings: Se
     assert db.schema_revision() == SCHEMA_HEAD
     code = (
         "import sys; from orchestrator.core.settings import Settings; from orchestrator.store.db import open_database; "
-        f"db = open_database(Settings(data_dir={str(settings.data_dir)!r}, database_url={settings.database_url!r}, "
-        "_env_file=None)); print(db.schema_revision(), 'alembic' in sys.modules)"
+        f"db = open_database(Settings.load(data_dir={str(settings.data_dir)!r}, database_url={settings.database_url!r}, "
+        "env_file=None)); print(db.schema_revision(), 'alembic' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -44,7 +44,7 @@ def test_a_database_at_the_head_opens_without_alembic(db: Database, settings: Se
 
 
 def test_a_new_database_is_migrated_to_the_head(settings: Settings) -> None:
-    fresh = open_database(settings.model_copy(update={"database_url": ""}))
+    fresh = open_database(settings.replace(**{"database_url": ""}))
     try:
         assert fresh.schema_revision() == SCHEMA_HEAD
     finally:

@@ -69,8 +69,8 @@ class Env:
         (self.shared / "docs").mkdir(parents=True)
         (self.shared / "docs" / "readme.txt").write_text("hello\n")
         self.allowlist = base / "config" / "mount-allowlist.json"
-        self.settings = Settings(  # type: ignore[call-arg]
-            data_dir=base / "data", mount_allowlist=self.allowlist, _env_file=None
+        self.settings = Settings.load(
+            data_dir=base / "data", mount_allowlist=self.allowlist, env_file=None
         )
         self.settings.ensure_dirs()
 
@@ -108,13 +108,13 @@ def test_no_allowlist_file_refuses_every_extra_mount(env: Env) -> None:
 
 def test_allowlist_inside_the_data_dir_is_not_trusted(env: Env) -> None:
     inside = _write(env.settings.data_dir / "allow.json", {"roots": [{"path": str(env.shared)}]})
-    s = env.settings.model_copy(update={"mount_allowlist": inside})
+    s = env.settings.replace(**{"mount_allowlist": inside})
     with pytest.raises(MountRefused, match="must live outside the data dir"):
         load_allowlist(s)
 
 
 def test_allowlist_inside_the_project_is_not_trusted(env: Env) -> None:
-    s = env.settings.model_copy(update={"mount_allowlist": PROJECT_ROOT / "pyproject.toml"})
+    s = env.settings.replace(**{"mount_allowlist": PROJECT_ROOT / "pyproject.toml"})
     with pytest.raises(MountRefused, match="must live outside the project"):
         load_allowlist(s)
 
@@ -399,7 +399,7 @@ def test_bad_container_config_is_refused_naming_the_field(raw: Any, match: str) 
 
 
 def test_effective_limits_apply_the_group_on_top_of_the_settings(env: Env) -> None:
-    s = env.settings.model_copy(update={"container_memory": "512m", "container_cpus": 1.0, "container_pids": 256,
+    s = env.settings.replace(**{"container_memory": "512m", "container_cpus": 1.0, "container_pids": 256,
                                         "run_timeout_s": 300.0, "bash_timeout_s": 60.0})
     assert effective_limits(s, None) == effective_limits(s, {}) == effective_limits(s, ContainerConfig())
     base = effective_limits(s, None)
@@ -418,7 +418,7 @@ def test_effective_limits_apply_the_group_on_top_of_the_settings(env: Env) -> No
 @pytest.fixture
 def mounted(db: Database, settings: Settings, base: Path) -> Iterator[tuple[Database, Env]]:
     env = Env(base)
-    env.settings = settings.model_copy(update={"mount_allowlist": env.allowlist})
+    env.settings = settings.replace(**{"mount_allowlist": env.allowlist})
     env.settings.ensure_dirs()
     ensure_main_group(db)
     add_group(db, chat_jid="alpha@chat", name="alpha", folder="alpha", requires_trigger=False)

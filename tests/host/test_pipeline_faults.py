@@ -10,20 +10,23 @@ same stories stay in ``tests/integration/test_failures.py``.
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime, timedelta
 
-from agent_runner.protocol import AssistantEvent, ErrorEvent, ResultEvent
-from sqlalchemy import update
+from agent_runner.protocol import AssistantEvent, ErrorEvent, ResultEvent, ToolResultEvent
+from sqlalchemy import select, update
 
+from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
+from orchestrator.run.sweeper import sweep
 from orchestrator.store.db import Database
-from orchestrator.store.groups import ensure_main_group, get_group
+from orchestrator.store.groups import ensure_main_group, get_group, update_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import cancel_run, get_run, list_runs
-from orchestrator.store.tables import GroupRow
+from orchestrator.store.tables import GroupRow, RunRow
 from tests.fakes.channel import attach_recorder
 from tests.fakes.clock import FakeClock
 from tests.fakes.sandbox import FakeSandbox, Script
@@ -37,9 +40,9 @@ class Deadline(Exception):
     """Stands for Celery's SoftTimeLimitExceeded."""
 
 
-def _pipeline(settings: Settings, db: Database, sandbox: FakeSandbox, clock: FakeClock,
+def _pipeline(settings: Settings, db: Database, sandbox: FakeSandbox, clock: Clock,
               deadline_exceptions: tuple[type[BaseException], ...] = ()) -> Pipeline:
-    s = settings.model_copy(update={"max_attempts": 3, "retry_base_s": 10.0, "retry_max_s": 60.0})
+    s = settings.replace(**{"max_attempts": 3, "retry_base_s": 10.0, "retry_max_s": 60.0})
     ensure_main_group(db)
     rec = attach_recorder(db, JID)
     return Pipeline(s, db, ChannelRegistry([rec]), sandbox, clock=clock, deadline_exceptions=deadline_exceptions)
@@ -180,3 +183,89 @@ def test_a_group_is_drained_once_by_two_pipelines_at_once(settings: Settings, db
         t.join(30)
     assert sum(len(sb.started) for sb in sandboxes) == 1
     assert _from(pipelines[0], "bot") == ["done"]
+
+
+def test_a_failed_attempt_parks_the_run_and_the_next_step_resumes_it_when_due(
+    settings: Settings, db: Database
+) -> None:
+    # The system clock: the sweeper judges "due" by it too.
+    sandbox = FakeSandbox(Script([ToolResultEvent(tool_use_id="t1", name="bash", output="ran", exit_code=0)],
+                                 exit_code=1), OK)
+    p = _pipeline(settings, db, sandbox, SYSTEM_CLOCK)
+    _say(p)
+    first = p.step(JID)
+    assert first.outcome is not None and first.retry_in is not None and 5 <= first.retry_in <= 10
+    parked = get_run(db, first.outcome.run.id)
+    assert (parked.state, parked.attempts, parked.retry_at is not None) == ("queued", 2, True)
+    assert get_group(db, JID).cursor_seq == 0  # its batch is still to be answered
+    with db.read() as session:  # no lease held while it waits
+        assert session.scalar(select(GroupRow.lease_owner).where(GroupRow.chat_jid == JID)) is None
+    # Not due: a step returns at once, and the sweeper neither closes it nor signals the group.
+    assert p.step(JID).retry_in is not None and len(sandbox.started) == 1
+    signals: list[str] = []
+    report = sweep(db, signal=signals.append)
+    assert report.interrupted_runs == [] and signals == []
+    # Due (its time set back): the sweeper signals the group, the next step resumes the same run.
+    with db.write() as session:
+        session.execute(update(RunRow).where(RunRow.id == parked.id)
+                        .values(retry_at=datetime.now(UTC) - timedelta(seconds=1)))
+    assert sweep(db, signal=signals.append).interrupted_runs == [] and signals == [JID]
+    second = p.step(JID)
+    assert second.outcome is not None and second.outcome.run.id == parked.id
+    assert (second.outcome.run.state, second.outcome.run.attempts, second.retry_in) == ("succeeded", 2, None)
+    assert [inp.run_id for _, inp in sandbox.started] == [parked.id, parked.id]  # the recorded input again
+    # Outputs numbered on across attempts: the first attempt's tool record and the reply, no id reused.
+    ids = [m.id for m in get_messages_after(JID, 0, db=db) if m.id.startswith(parked.id)]
+    assert ids == [f"{parked.id}-0001", f"{parked.id}-0002"] and _from(p, "bot") == ["done"]
+
+
+def test_a_run_cancelled_while_parked_ends_at_the_next_step(settings: Settings, db: Database) -> None:
+    clock, sandbox = FakeClock(), FakeSandbox(CRASH, OK)
+    p = _pipeline(settings, db, sandbox, clock)
+    msg = _say(p)
+    first = p.step(JID)
+    assert first.outcome is not None and first.retry_in is not None
+    cancel_run(db, first.outcome.run.id)
+    clock.advance(first.retry_in)
+    ended = p.step(JID)
+    assert ended.outcome is not None and ended.outcome.run.state == "cancelled"
+    assert len(sandbox.started) == 1 and _from(p, "host") == ["🛑 Run cancelled."]
+    assert get_group(db, JID).cursor_seq == msg.seq and ended.more is False  # its batch is done with
+
+
+def test_one_step_is_one_run_and_says_more_is_pending(settings: Settings, db: Database) -> None:
+    clock, sandbox = FakeClock(), FakeSandbox(OK)
+    p = _pipeline(settings, db, sandbox, clock)
+    _say(p, "one")
+    first = p.step(JID)
+    _say(p, "two")  # arrives after the first run's batch was taken
+    assert first.outcome is not None and first.outcome.run.state == "succeeded" and first.more is False
+    second = p.step(JID)
+    assert second.outcome is not None and second.more is False and len(sandbox.started) == 2
+    _say(p, "three")
+    _say(p, "four")
+    third = p.step(JID)  # both in one batch
+    assert third.outcome is not None and p.step(JID).outcome is None and len(sandbox.started) == 3
+
+
+def test_a_group_over_its_quota_starts_nothing_and_is_told_once(settings: Settings, db: Database) -> None:
+    clock, sandbox = FakeClock(), FakeSandbox(OK)
+    p = _pipeline(settings, db, sandbox, clock)
+    update_group(db, JID, {"runs_per_hour": 1})
+    _say(p, "one")
+    assert p.step(JID).outcome is not None and len(sandbox.started) == 1
+    later = _say(p, "two")
+    waiting = p.step(JID)
+    assert waiting.outcome is None and waiting.quota is not None and waiting.quota.quota == "runs_per_hour"
+    assert waiting.retry_in is not None and 3500 < waiting.retry_in <= 3600  # the first run turns an hour old
+    assert p.drain_group(JID) == [] and len(sandbox.started) == 1  # in process too: nothing starts
+    [notice] = _from(p, "host")
+    assert notice.startswith("⏳ This group reached its quota of 1 run per hour; the next run starts at ")
+    assert get_group(db, JID).cursor_seq < later.seq  # "two" still waits for its run
+    # The first run's hour has passed (on the database's clock): the next step runs it.
+    with db.write() as session:
+        session.execute(update(RunRow).where(RunRow.chat_jid == JID)
+                        .values(created_at=datetime.now(UTC) - timedelta(hours=2)))
+    ran = p.step(JID)
+    assert ran.outcome is not None and ran.outcome.run.state == "succeeded" and len(sandbox.started) == 2
+    assert len(_from(p, "host")) == 1

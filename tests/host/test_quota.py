@@ -68,34 +68,34 @@ def test_quota_sizes() -> None:
     for bad in ("", "2x", "-1g", "1.5g", "8m", "17t"):
         with pytest.raises(ValueError):
             quota.parse_quota(bad)
-    assert quota.workspace_quota_bytes(Settings(workspace_quota="2G", _env_file=None)) == 2 * 1024**3  # type: ignore[call-arg]
+    assert quota.workspace_quota_bytes(Settings.load(workspace_quota="2G", env_file=None)) == 2 * 1024**3
     with pytest.raises(ValueError):
-        Settings(workspace_quota="lots", _env_file=None)  # type: ignore[call-arg]
+        Settings.load(workspace_quota="lots", env_file=None)
     with pytest.raises(ValueError):
-        Settings(workspace_quota_mode="maybe", _env_file=None)  # type: ignore[call-arg]
+        Settings.load(workspace_quota_mode="maybe", env_file=None)
 
 
 def test_the_auto_default_is_a_volume_or_nothing(tmp_path: Path) -> None:
     """``auto`` (the default): 2 GiB where a volume enforces it, none where only
     the per-run check could; an explicit size is kept either way."""
-    auto = Settings(data_dir=tmp_path, workspace_quota="auto", _env_file=None)  # type: ignore[call-arg]
+    auto = Settings.load(data_dir=tmp_path, workspace_quota="auto", env_file=None)
     can_mount = quota.volume_problem() is None
     assert quota.workspace_quota_bytes(auto) == (2 * 1024**3 if can_mount else 0)
     mode, why = quota.quota_mode(auto)
     assert mode == ("volume" if can_mount else "off"), why
     if not can_mount:
         assert "cannot loop-mount" in quota.describe_mode(auto)
-    checked = Settings(data_dir=tmp_path, workspace_quota="auto", workspace_quota_mode="checked",  # type: ignore[call-arg]
-                       _env_file=None)
+    checked = Settings.load(data_dir=tmp_path, workspace_quota="auto", workspace_quota_mode="checked",
+                       env_file=None)
     assert quota.workspace_quota_bytes(checked) == 0
     assert "quota: off" in quota.describe_mode(checked) and "ORCHESTRATOR_WORKSPACE_QUOTA" in quota.describe_mode(checked)
-    explicit = Settings(data_dir=tmp_path, workspace_quota="3g", workspace_quota_mode="checked",  # type: ignore[call-arg]
-                        _env_file=None)
+    explicit = Settings.load(data_dir=tmp_path, workspace_quota="3g", workspace_quota_mode="checked",
+                        env_file=None)
     assert quota.workspace_quota_bytes(explicit) == 3 * 1024**3
 
 
 def test_a_group_may_set_its_own_quota(tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path, workspace_quota="1g", _env_file=None)  # type: ignore[call-arg]
+    settings = Settings.load(data_dir=tmp_path, workspace_quota="1g", env_file=None)
     assert workspace_quota(settings, None) == 1024**3
     assert workspace_quota(settings, {"workspace_quota": "256m"}) == 256 * MiB
     assert workspace_quota(settings, {"workspace_quota": "0"}) == 0
@@ -125,8 +125,8 @@ def test_a_quota_below_the_volume_is_refused(db: Database, settings: Settings) -
 
 
 def _checked(tmp_path: Path, size: str = "16m") -> Settings:
-    return Settings(  # type: ignore[call-arg]
-        data_dir=tmp_path / "data", workspace_quota=size, workspace_quota_mode="checked", _env_file=None,
+    return Settings.load(
+        data_dir=tmp_path / "data", workspace_quota=size, workspace_quota_mode="checked", env_file=None,
     )
 
 
@@ -262,7 +262,7 @@ def test_preparing_at_once_from_threads_and_processes_mounts_once(volume_setting
     code = (
         "import sys; from pathlib import Path; from orchestrator.sandbox import quota; "
         "from orchestrator.core.settings import Settings; "
-        "s = Settings(data_dir=Path(sys.argv[1]), workspace_quota='64m', _env_file=None); "
+        "s = Settings.load(data_dir=Path(sys.argv[1]), workspace_quota='64m', env_file=None); "
         "quota.prepare_workspace(s, 'team', s.groups_dir / 'team', quota.workspace_quota_bytes(s))"
     )
     procs = [subprocess.Popen([sys.executable, "-c", code, str(settings.data_dir)], cwd=ROOT,
@@ -354,7 +354,7 @@ def test_a_volume_that_cannot_be_mounted_falls_back_to_the_check(
     monkeypatch.setattr(quota, "MOUNT_OPTIONS", "loop,nosuid,nodev,no_such_option")  # every mount fails
     monkeypatch.setattr(quota, "_volume_broken", {})
     # Forced volume mode: refused, saying why; nothing left behind.
-    forced = settings.model_copy(update={"workspace_quota_mode": "volume"})
+    forced = settings.replace(**{"workspace_quota_mode": "volume"})
     with pytest.raises(WorkspaceQuotaError, match="cannot set up the workspace volume"):
         quota.prepare_workspace(forced, "team", ws, 64 * MiB)
     assert sorted(p.name for p in quota.volumes_dir(settings).iterdir()) == ["team.lock"]

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from orchestrator.core.errors import StoreError
 from orchestrator.store.db import Database
-from orchestrator.store.runs import cancel_run, create_run, finish_run, get_run, list_runs, set_attempts, set_container
+from orchestrator.store.runs import (
+    cancel_run,
+    create_run,
+    finish_run,
+    get_run,
+    list_runs,
+    park_run,
+    parked_run,
+    resume_run,
+    set_container,
+)
 
 
 def test_states_from_queued_to_done(db: Database) -> None:
@@ -14,9 +26,17 @@ def test_states_from_queued_to_done(db: Database) -> None:
     assert run.state == "queued" and run.attempts == 1 and run.created_at.tzinfo is not None
     set_container(db, run.id, "abc123")
     assert get_run(db, run.id).state == "running"
-    set_attempts(db, run.id, 2, "crashed")
+    retry_at = datetime.now(UTC) + timedelta(seconds=30)
+    parked = park_run(db, run.id, attempts=2, error="crashed", retry_at=retry_at, input_tokens=3, output_tokens=1)
     again = get_run(db, run.id)
-    assert again.state == "queued" and again.attempts == 2 and again.container_id is None
+    assert again == parked
+    assert (again.state, again.attempts, again.container_id, again.retry_at) == ("queued", 2, None, retry_at)
+    assert (again.input_tokens, again.output_tokens, again.error) == (3, 1, "crashed")
+    assert parked_run(db, "c") == again and parked_run(db, "other") is None
+    resume_run(db, run.id, owner="w2", celery_task_id="t-2")
+    assert parked_run(db, "c") is None
+    resumed = get_run(db, run.id)
+    assert (resumed.retry_at, resumed.owner, resumed.celery_task_id) == (None, "w2", "t-2")
     set_container(db, run.id, "def456")
     done = finish_run(db, run.id, state="succeeded", input_tokens=10, output_tokens=5)
     assert done.state == "succeeded" and done.duration_s is not None and done.duration_s >= 0

@@ -24,7 +24,7 @@ def _closed_port() -> int:
 
 
 def test_a_refused_publish_opens_the_breaker_for_a_few_seconds(settings: Settings) -> None:
-    down = settings.model_copy(update={"broker_url": f"redis://127.0.0.1:{_closed_port()}/0"})
+    down = settings.replace(**{"broker_url": f"redis://127.0.0.1:{_closed_port()}/0"})
     now = [1000.0]
     made: list[object] = []
 

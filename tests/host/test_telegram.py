@@ -41,7 +41,7 @@ def fake() -> Iterator[FakeTelegramAPI]:
 @pytest.fixture
 def tg(db: Database, settings: Settings, fake: FakeTelegramAPI) -> tuple[Database, Settings]:
     add_group(db, chat_jid=JID, name="Team", folder="team", requires_trigger=True, assistant_name="Robo")
-    return db, settings.model_copy(update={
+    return db, settings.replace(**{
         "telegram_bot_token": fake.token, "telegram_api_base": fake.base,
         "delivery_retry_base_s": 0.05, "delivery_retry_max_s": 0.1,
     })
@@ -250,7 +250,7 @@ def test_the_poll_command_stores_a_batch(tg: tuple[Database, Settings], fake: Fa
 
 def test_the_plugin_entry_adds_the_channel(tg: tuple[Database, Settings]) -> None:
     _, settings = tg
-    registry = build_registry(settings.model_copy(update={"channel_plugins": "orchestrator.channels.telegram:channel"}))
+    registry = build_registry(settings.replace(**{"channel_plugins": "orchestrator.channels.telegram:channel"}))
     try:
         ch = registry.get("telegram")
         assert isinstance(ch, TelegramChannel)
@@ -259,5 +259,5 @@ def test_the_plugin_entry_adds_the_channel(tg: tuple[Database, Settings]) -> Non
     finally:
         registry.close()
     with pytest.raises(ChannelError, match="TELEGRAM_BOT_TOKEN"):
-        build_registry(settings.model_copy(update={"channel_plugins": "orchestrator.channels.telegram:channel",
+        build_registry(settings.replace(**{"channel_plugins": "orchestrator.channels.telegram:channel",
                                                    "telegram_bot_token": ""}))

@@ -81,7 +81,7 @@ def open_server(db: Database, settings: Settings) -> Iterator[Any]:
     started: list[Any] = []
 
     def start(**overrides: Any) -> str:
-        cm = serve(create_app(Orchestrator(settings.model_copy(update=overrides))))
+        cm = serve(create_app(Orchestrator(settings.replace(**overrides))))
         started.append(cm)
         return cm.__enter__()
 
@@ -103,7 +103,7 @@ def test_rich_rendering_live_updates_and_run_status(db: Database, open_server: A
     seeded = _seed(db)
     run = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=seeded["q"].seq, celery_task_id=None)
     base = open_server()
-    page.goto(f"{base}/#chat={JID}")
+    page.goto(f"{base}/#chat_jid={JID}")
     page.wait_for_selector("article[data-id='s1']")
     assert _texts(page, "#groups .group-name") == ["Web team"]
     assert page.inner_text("#chat-title") == "Web team"
@@ -256,3 +256,31 @@ def test_login_composer_edit_and_regenerate(db: Database, open_server: Any, page
     page.click("#logout")
     page.wait_for_selector("#login-form")
     assert page.evaluate("() => sessionStorage.getItem('orchestrator.token')") is None
+
+
+def test_the_address_names_the_chat_and_an_old_chat_link_still_opens_it(
+    db: Database, open_server: Any, page: Any
+) -> None:
+    # Two groups: the one named in the address is shown, not the first in the list.
+    add_group(db, chat_jid="first@local", name="First", folder="first")
+    add_group(db, chat_jid=JID, name="Web team", folder="web")
+    _store(db, "w1", sender="web:Ann", sender_name="Ann", is_from_me=False, message_type="user", content="hi")
+    base = open_server()
+
+    page.goto(f"{base}/#chat_jid={JID}")
+    page.wait_for_selector("article[data-id='w1']")
+    assert page.inner_text("#chat-title") == "Web team"
+    assert page.evaluate("() => location.hash") == "#chat_jid=web%40local"
+
+    # The older spelling opens the same chat and is rewritten to the new one.
+    page.goto(f"{base}/?old#chat={JID}")
+    page.wait_for_selector("article[data-id='w1']")
+    assert page.inner_text("#chat-title") == "Web team"
+    assert page.evaluate("() => location.hash") == "#chat_jid=web%40local"
+
+    # Choosing another group writes its chat_jid; changing the hash by hand follows it.
+    page.click("#groups button[data-jid='first@local']")
+    page.wait_for_function("() => location.hash === '#chat_jid=first%40local'")
+    assert page.inner_text("#chat-title") == "First"
+    page.evaluate(f"() => {{ location.hash = 'chat={JID}'; }}")
+    page.wait_for_function("() => document.querySelector('#chat-title').textContent === 'Web team'")

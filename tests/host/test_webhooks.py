@@ -33,7 +33,7 @@ SECRET = "s3cret-shared"
 @pytest.fixture
 def hooked(db: Database, settings: Settings) -> tuple[Database, Settings]:
     add_group(db, chat_jid=JID, name="Hooks", folder="hooks", requires_trigger=True)
-    return db, settings.model_copy(update={"webhook_secret": SECRET, "delivery_retry_base_s": 0.05,
+    return db, settings.replace(**{"webhook_secret": SECRET, "delivery_retry_base_s": 0.05,
                                            "delivery_retry_max_s": 0.1})
 
 

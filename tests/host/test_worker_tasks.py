@@ -113,7 +113,7 @@ def broker_settings(settings: Settings, db_backend: str) -> Settings:
     if db_backend == "sqlite":
         return settings
     require_service(redis_available(), f"a Redis server at {REDIS_URL}")
-    return settings.model_copy(update={"broker_url": REDIS_URL})
+    return settings.replace(**{"broker_url": REDIS_URL})
 
 
 @pytest.fixture
@@ -167,7 +167,8 @@ def test_drain_group_runs_the_pending_message_and_stores_the_reply(start: Any, d
     [drained] = w.log.wait(DRAIN_TASK)
     assert drained.state == "SUCCESS", drained.retval
     [run] = list_runs(db, chat_jid=JID)
-    assert drained.retval == {"chat_jid": JID, "runs": [{"id": run.id, "state": "succeeded", "outputs": 1}]}
+    assert drained.retval == {"chat_jid": JID, "run": {"id": run.id, "state": "succeeded", "attempts": 1, "outputs": 1},
+                              "more": False, "retry_in": None, "busy": False}
     assert run.celery_task_id == drained.task_id  # the task's request id reached the run
     assert _bot(db) == ["done"]
     [(_, sent_input)] = sandbox.started
@@ -228,5 +229,53 @@ def test_sweep_returns_its_report(start: Any, db: Database) -> None:
     assert get_run(db, stale.id).state == "failed" and orphans.live == [set()]
     # The group it signalled again is drained by the same worker: the message gets its answer.
     [drained] = w.log.wait(DRAIN_TASK)
-    assert [r["state"] for r in drained.retval["runs"]] == ["succeeded"]
+    assert drained.retval["run"]["state"] == "succeeded"
     assert _bot(db) == ["done"]
+
+
+CRASH = Script([], exit_code=1, stderr="boom")
+
+
+def test_a_failed_attempt_is_retried_by_a_later_task_not_slept_in_this_one(
+    start: Any, db: Database, broker_settings: Settings
+) -> None:
+    """The run is parked (queued, retry_at) and the task ends at once; the retry
+    is a signal with a countdown, taken by another task when it is due."""
+    ensure_main_group(db)
+    sandbox = FakeSandbox(CRASH, REPLY)
+    w = start(sandbox)
+    w.root.settings = broker_settings.replace(retry_base_s=1.0, retry_max_s=1.0)  # a 0.5-1 s backoff
+    ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="try twice"),
+           signal=w.root.signals.group)
+
+    first, second = w.log.wait(DRAIN_TASK, count=2)
+    [run] = list_runs(db, chat_jid=JID)
+    assert first.retval["run"] == {"id": run.id, "state": "queued", "attempts": 2, "outputs": 0}
+    assert 0.5 <= first.retval["retry_in"] <= 1.0 and first.retval["more"] is False
+    assert second.task_id != first.task_id  # a new task, not a sleep in the first one
+    assert second.retval["run"] == {"id": run.id, "state": "succeeded", "attempts": 2, "outputs": 1}
+    assert (run.state, run.attempts, run.retry_at) == ("succeeded", 2, None)
+    assert _bot(db) == ["done"] and len(sandbox.started) == 2
+
+
+def test_one_task_runs_one_batch_and_signals_the_next(start: Any, db: Database) -> None:
+    """A message that comes during a run gets its own run in a task of its own
+    (Celery's time limit, sized for one run, never cuts a second one)."""
+    ensure_main_group(db)
+    gate = threading.Event()
+    w = start(FakeSandbox(Script([AssistantEvent(text="first"), ResultEvent()], gate=gate), REPLY))
+    ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="one"),
+           signal=w.root.signals.group)
+    sandbox = w.root.pipeline.sandbox
+    assert isinstance(sandbox, FakeSandbox) and sandbox.agent_started.wait(30)
+    # A second message while the first run holds the lease: its signal bounces off the lease.
+    ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="two"),
+           signal=w.root.signals.group)
+    gate.set()
+    drained = w.log.wait(DRAIN_TASK, count=2)
+    runs = sorted(list_runs(db, chat_jid=JID), key=lambda r: r.created_at)
+    assert [r.state for r in runs] == ["succeeded", "succeeded"]
+    with_runs = [d for d in drained if d.retval["run"] is not None]
+    assert [d.retval["run"]["id"] for d in with_runs] == [r.id for r in runs]
+    assert with_runs[0].retval["more"] is True  # the first task saw "two" pending and signalled it
+    assert len({d.task_id for d in with_runs}) == 2

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cli.supervisor import QUEUES, worker_argv
 from orchestrator.core.settings import Settings
 from orchestrator.run.queue import Signals, make_celery
 from orchestrator.store.db import Database
@@ -42,7 +43,7 @@ def agent_image(tmp_path_factory: pytest.TempPathFactory) -> str:
     from orchestrator.sandbox.containers import docker_client
     from orchestrator.sandbox.image import ensure_agent_image
 
-    settings = Settings(data_dir=tmp_path_factory.mktemp("imagebuild"), _env_file=None)  # type: ignore[call-arg]
+    settings = Settings.load(data_dir=tmp_path_factory.mktemp("imagebuild"), env_file=None)
     ensure_agent_image(docker_client(settings), settings)
     return settings.agent_image
 
@@ -91,13 +92,10 @@ class Stack:
             timeout=timeout, cwd=self.settings.data_dir.parent,
         )
 
-    def start_worker(self, concurrency: int = 1) -> subprocess.Popen[bytes]:
+    def start_worker(self, concurrency: int = 1, queues: tuple[str, ...] = QUEUES) -> subprocess.Popen[bytes]:
+        """A worker as `orchestrator worker` starts it, consuming ``queues``."""
         log = self.settings.data_dir.parent / f"worker-{len(self.procs)}.log"
-        argv = [
-            sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "agent,delivery",
-            "--concurrency", str(concurrency), "-l", "INFO", "--without-gossip", "--without-mingle",
-            "-n", f"test{len(self.procs)}@%h",
-        ]
+        argv = worker_argv(concurrency, queues=queues, name=f"test{len(self.procs)}@%h")
         with open(log, "wb") as fh:
             proc = subprocess.Popen(argv, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
                                     cwd=self.settings.data_dir.parent)
@@ -125,10 +123,10 @@ def stack(request: pytest.FixtureRequest, tmp_path: Path, agent_image: str) -> I
 
             redis.Redis.from_url(url).flushdb()
             env["ORCHESTRATOR_BROKER_URL"] = url
-        settings = Settings(
+        settings = Settings.load(
             data_dir=data_dir, agent_image=agent_image,
             database_url=env.get("ORCHESTRATOR_DATABASE_URL", ""),
-            broker_url=env.get("ORCHESTRATOR_BROKER_URL", ""), _env_file=None,  # type: ignore[call-arg]
+            broker_url=env.get("ORCHESTRATOR_BROKER_URL", ""), env_file=None,
         )
         yield from _run_stack(request, settings, env)
 

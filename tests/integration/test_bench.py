@@ -119,3 +119,12 @@ def test_gateway_bench_times_open_close_memory_and_latency() -> None:
     ready, close, total, p95, cpu = numbers(r"([\d.]+)", rows[0].split("gateway", 1)[1].split("|")[0])
     assert 0 < ready <= total <= p95 and close >= 0 and cpu > 0, rows[0]
     assert "overhead p50" in out
+
+
+def test_recovery_bench_kills_a_worker_and_finds_the_answer_stored_once(docker_engine: None) -> None:
+    out = bench("bench.recovery", "--trials", "1", "--baseline-trials", "0")
+    for fleet in ("same host", "two hosts"):
+        line = next(x for x in out.splitlines() if x.strip().startswith(f"{fleet}, recovery watch:"))
+        median, worst = numbers(r"answer +([\d.]+) s median, +([\d.]+) s max", line)
+        assert 0 < median <= worst, line
+        assert "exactly once: yes" in line, out

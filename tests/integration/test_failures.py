@@ -32,8 +32,7 @@ from tests.fakes.channel import RecordingChannel, attach_recorder
 
 @pytest.fixture
 def faulty(settings: Settings, db: Database, faulty_image: str) -> tuple[Pipeline, RecordingChannel]:
-    s = settings.model_copy(
-        update={"agent_image": faulty_image, "run_timeout_s": 4.0, "retry_base_s": 0.05, "max_attempts": 3}
+    s = settings.replace(**{"agent_image": faulty_image, "run_timeout_s": 4.0, "retry_base_s": 0.05, "max_attempts": 3}
     )
     s.ensure_dirs()
     ensure_main_group(db)
@@ -94,7 +93,7 @@ def test_the_token_budget_is_the_runs_across_its_retries(faulty: tuple[Pipeline,
     p, _ = faulty
     fake = FakeAnthropic(message([{"type": "text", "text": "spent"}], "end_turn", n=90))  # 900 in + 90 out
     with fake.serve() as base_url:
-        p.settings = p.settings.model_copy(update={
+        p.settings = p.settings.replace(**{
             "model": "anthropic:claude-fake-1", "anthropic_base_url": base_url, "anthropic_api_key": "k",
             "run_token_budget": 1000, "max_tokens": 16, "max_attempts": 2,
             # The Anthropic SDK's import alone takes seconds of CPU on a loaded
@@ -131,7 +130,7 @@ def test_hang_past_the_hard_limit_times_out(faulty: tuple[Pipeline, RecordingCha
 
 def test_memory_hog_ends_the_run_with_a_host_message(faulty: tuple[Pipeline, RecordingChannel]) -> None:
     p, rec = faulty
-    p.settings = p.settings.model_copy(update={"container_memory": "64m", "max_attempts": 1})
+    p.settings = p.settings.replace(**{"container_memory": "64m", "max_attempts": 1})
     _say(p, "memhog")
     [outcome] = p.drain_group("main@local")
     assert outcome.run.state == "failed" and "137" in (outcome.run.error or "")
@@ -140,7 +139,7 @@ def test_memory_hog_ends_the_run_with_a_host_message(faulty: tuple[Pipeline, Rec
 
 def test_cancel_stops_the_container(faulty: tuple[Pipeline, RecordingChannel]) -> None:
     p, rec = faulty
-    p.settings = p.settings.model_copy(update={"run_timeout_s": 60.0})
+    p.settings = p.settings.replace(**{"run_timeout_s": 60.0})
     _say(p, "$ sleep 50")
 
     def cancel_when_running() -> None:

@@ -68,9 +68,9 @@ class Arena:
 
 
 def _arena(base: Path, agent_image: str, warm_idle_s: float) -> Iterator[Arena]:
-    settings = Settings(  # type: ignore[call-arg]
+    settings = Settings.load(
         data_dir=base / "data", agent_image=agent_image, run_timeout_s=60, max_attempts=1,
-        warm_idle_s=warm_idle_s, _env_file=None,
+        warm_idle_s=warm_idle_s, env_file=None,
     )
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
@@ -241,7 +241,7 @@ def test_the_gateway_folder_is_read_only_for_the_agent(cold: Arena) -> None:
         message([{"type": "text", "text": "done"}], "end_turn", n=2),
     )
     with fake.serve() as base_url:
-        cold.pipeline.settings = cold.settings.model_copy(update={
+        cold.pipeline.settings = cold.settings.replace(**{
             "model": "anthropic:claude-fake-1", "anthropic_base_url": base_url, "anthropic_api_key": "k",
         })
         _, outputs = cold.ask("probe the gateway folder")
@@ -265,7 +265,7 @@ def test_a_symlink_where_the_gateway_socket_used_to_be_is_ignored(warm: Arena) -
     assert "Read-only file system" in _tool_outputs(outputs)[0]
     fake = FakeAnthropic(message([{"type": "text", "text": "hello through the gateway"}], "end_turn", n=1))
     with fake.serve() as base_url:
-        warm.pipeline.settings = warm.settings.model_copy(update={
+        warm.pipeline.settings = warm.settings.replace(**{
             "model": "anthropic:claude-fake-1", "anthropic_base_url": base_url, "anthropic_api_key": "k",
         })
         _, outputs = warm.ask("hi")

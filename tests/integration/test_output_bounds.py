@@ -44,12 +44,12 @@ FLOOD = 400_000_000
 
 @pytest.fixture(params=["cold", "warm"])
 def pipe(request: pytest.FixtureRequest, tmp_path: Path, agent_image: str) -> Iterator[tuple[Pipeline, RecordingChannel]]:
-    settings = Settings(  # type: ignore[call-arg]
+    settings = Settings.load(
         data_dir=tmp_path / "data", agent_image=agent_image, run_timeout_s=150, bash_timeout_s=120,
         warm_idle_s=60 if request.param == "warm" else 0,
         # The next run sees only its own message: the offline model would
         # otherwise answer the unanswered attack again, with it.
-        context_messages=0, _env_file=None,
+        context_messages=0, env_file=None,
     )
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
@@ -69,7 +69,7 @@ def pipe(request: pytest.FixtureRequest, tmp_path: Path, agent_image: str) -> It
 
 
 def _configure(pipeline: Pipeline, **limits: int) -> None:
-    pipeline.settings = pipeline.settings.model_copy(update=limits)
+    pipeline.settings = pipeline.settings.replace(**limits)
 
 
 def _ask(pipeline: Pipeline, text: str) -> tuple[RunOutcome, list[StoredMessage]]:

@@ -31,9 +31,9 @@ def pipe(
     tmp_path: Path, agent_image: str, database_url: str
 ) -> Iterator[tuple[Pipeline, Database, RecordingChannel]]:
     # database_url is parametrized (tests/conftest.py): SQLite or a fresh PostgreSQL database.
-    settings = Settings(  # type: ignore[call-arg]
+    settings = Settings.load(
         data_dir=tmp_path / "data", agent_image=agent_image, run_timeout_s=4,
-        database_url=database_url, _env_file=None,
+        database_url=database_url, env_file=None,
     )
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)

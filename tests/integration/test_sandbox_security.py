@@ -77,9 +77,9 @@ def box(tmp_path_factory: pytest.TempPathFactory, agent_image: str) -> Iterator[
     # A neutral folder name (pytest's tmp_path carries the test id, which the
     # mount rules might refuse as a blocked name).
     base = tmp_path_factory.mktemp("sbx").resolve()
-    settings = Settings(  # type: ignore[call-arg]
+    settings = Settings.load(
         data_dir=base / "data", agent_image=agent_image, run_timeout_s=60, max_attempts=1,
-        mount_allowlist=base / "config" / "mount-allowlist.json", _env_file=None,
+        mount_allowlist=base / "config" / "mount-allowlist.json", env_file=None,
     )
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
@@ -348,7 +348,7 @@ def test_no_api_key_anywhere_the_agent_can_look(box: Box) -> None:
         message([{"type": "text", "text": "probed"}], "end_turn", n=2),
     )
     with fake.serve() as base_url:
-        box.pipeline.settings = box.settings.model_copy(update={
+        box.pipeline.settings = box.settings.replace(**{
             "model": "anthropic:claude-fake-1", "anthropic_base_url": base_url, "anthropic_api_key": key,
         })
         outcome, outputs = box.ask(ALPHA, "look for keys")

@@ -22,7 +22,7 @@ TEAM = "team@g.us"
 
 
 def _pipeline(settings: Settings, db: Database, image: str) -> tuple[Pipeline, RecordingChannel]:
-    s = settings.model_copy(update={"agent_image": image, "run_timeout_s": 30.0})
+    s = settings.replace(**{"agent_image": image, "run_timeout_s": 30.0})
     s.ensure_dirs()
     ensure_main_group(db)
     add_group(db, chat_jid=TEAM, name="team", folder="team", requires_trigger=False)

@@ -27,8 +27,8 @@ JID = "main@local"
 
 @pytest.fixture
 def warm(tmp_path: Path, agent_image: str) -> Iterator[Pipeline]:
-    settings = Settings(  # type: ignore[call-arg]
-        data_dir=tmp_path / "data", agent_image=agent_image, run_timeout_s=20, warm_idle_s=60, _env_file=None,
+    settings = Settings.load(
+        data_dir=tmp_path / "data", agent_image=agent_image, run_timeout_s=20, warm_idle_s=60, env_file=None,
     )
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
@@ -74,7 +74,7 @@ def test_a_dead_warm_container_is_replaced(warm: Pipeline) -> None:
 
 
 def test_a_timed_out_run_kills_its_container_and_the_next_starts_fresh(warm: Pipeline) -> None:
-    warm.settings = warm.settings.model_copy(update={"run_timeout_s": 3.0})
+    warm.settings = warm.settings.replace(**{"run_timeout_s": 3.0})
     # Hangs the first time only: the offline model merges the unanswered
     # message into the next one and runs it again.
     first = _run(warm, "$ test -f .slept || { touch .slept; sleep 60; }", state="timed_out")
@@ -85,16 +85,16 @@ def test_a_timed_out_run_kills_its_container_and_the_next_starts_fresh(warm: Pip
 
 def test_a_changed_configuration_replaces_the_container(warm: Pipeline) -> None:
     first = _run(warm, "$ echo one")
-    warm.settings = warm.settings.model_copy(update={"container_memory": "256m"})
+    warm.settings = warm.settings.replace(**{"container_memory": "256m"})
     assert _run(warm, "$ echo two") != first
     assert len(_warm_containers()) == 1
 
 
 def test_idle_containers_exit_and_reset_stops_one(warm: Pipeline) -> None:
-    warm.settings = warm.settings.model_copy(update={"warm_idle_s": 2.0})
+    warm.settings = warm.settings.replace(**{"warm_idle_s": 2.0})
     _run(warm, "$ echo idle-soon")
     wait_until(lambda: _warm_containers() == [], 20, "the idle container to exit")
-    warm.settings = warm.settings.model_copy(update={"warm_idle_s": 60.0})
+    warm.settings = warm.settings.replace(**{"warm_idle_s": 60.0})
     _run(warm, "$ echo again")
     assert get_group(warm.db, JID).session_id
     stopped = reset_session(warm.db, warm.settings, JID)

@@ -20,6 +20,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from orchestrator.cli.supervisor import worker_argv
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.sandbox.containers import LABEL_GROUP, LABEL_MANAGED
 from orchestrator.store.groups import add_group, ensure_main_group, get_group, list_groups
@@ -49,9 +50,7 @@ def _spawn(stack: Stack, argv: list[str], name: str) -> subprocess.Popen[bytes]:
 
 def _worker(stack: Stack, concurrency: int = 1) -> subprocess.Popen[bytes]:
     n = len(stack.procs)
-    return _spawn(stack, [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "agent,delivery",
-                          "--concurrency", str(concurrency), "-l", "INFO", "--without-gossip",
-                          "--without-mingle", "-n", f"fault{n}@%h"], "worker")
+    return _spawn(stack, worker_argv(concurrency, name=f"fault{n}@%h"), "worker")
 
 
 def _beat(stack: Stack) -> subprocess.Popen[bytes]:
@@ -185,7 +184,7 @@ def test_redis_outage_during_ingest_loses_nothing(stack: Stack, tmp_path: Path) 
 
     url = f"redis://127.0.0.1:{port}/0"
     stack.env.update(FAST, ORCHESTRATOR_BROKER_URL=url)
-    stack.settings = stack.settings.model_copy(update={"broker_url": url})
+    stack.settings = stack.settings.replace(**{"broker_url": url})
     redis_proc = start_redis()
     groups = [f"g{i}@local" for i in range(20)]
     for i, g in enumerate(groups):

@@ -61,8 +61,8 @@ class Group:
 
 
 def _group(tmp_path: Path, agent_image: str, **fields: object) -> Iterator[Group]:
-    settings = Settings(  # type: ignore[call-arg]
-        data_dir=tmp_path / "data", agent_image=agent_image, run_timeout_s=60, _env_file=None, **fields,
+    settings = Settings.load(
+        data_dir=tmp_path / "data", agent_image=agent_image, run_timeout_s=60, env_file=None, **fields,
     )
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
@@ -171,7 +171,7 @@ def test_turning_the_quota_on_moves_the_files_and_replaces_a_warm_container(
         warm_before = outcome.run.container_id
         # A worker with the quota on takes the group's next run: the warm container
         # still holds the plain folder, so it is replaced, and the file moves along.
-        settings = g.settings.model_copy(update={"workspace_quota": "64m"})
+        settings = g.settings.replace(**{"workspace_quota": "64m"})
         on = Group(Pipeline(settings, g.db, ChannelRegistry([g.rec])), g.db, g.rec)
         outcome, outputs = on.ask("$ cat early.txt && df -k /workspace | tail -1 && echo later > later.txt")
         assert outcome.run.state == "succeeded", outcome.run.error

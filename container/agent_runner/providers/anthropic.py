@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import importlib
 import logging
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict, Union
 
 import anthropic
 
 from ..errors import InputError, ProviderError
-from ..protocol import ModelSettings
+from ..protocol import JsonObject, ModelSettings
 from .base import (
     ContentBlock,
     ProviderMessage,
     ProviderResponse,
+    Role,
     TextBlock,
     ThinkingBlock,
     TokenUsage,
@@ -60,7 +61,59 @@ def _unix_socket_client(socket_path: str) -> Any:
     return anthropic.DefaultHttpxClient(transport=transport)
 
 
-def _block_to_wire(block: ContentBlock) -> dict[str, Any] | None:
+# The Messages API's JSON as this provider writes it: the few shapes it sends,
+# written here rather than taken from the SDK's ``*Param`` types, which change
+# from one SDK version to the next (the image takes any ``anthropic>=0.40``).
+
+
+class TextWire(TypedDict):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseWire(TypedDict):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: JsonObject
+
+
+class ToolResultWire(TypedDict):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str
+    is_error: bool
+
+
+class ThinkingWire(TypedDict):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+
+
+WireBlock = Union[TextWire, ToolUseWire, ToolResultWire, ThinkingWire]
+
+
+class WireMessage(TypedDict):
+    role: Role
+    content: list[WireBlock]
+
+
+class WireTool(TypedDict):
+    name: str
+    description: str
+    input_schema: JsonObject
+
+
+class _Request(TypedDict):
+    model: str
+    max_tokens: int
+    system: str
+    messages: list[WireMessage]
+    tools: NotRequired[list[WireTool]]  # only when there are tools
+
+
+def _block_to_wire(block: ContentBlock) -> WireBlock | None:
     if isinstance(block, TextBlock):
         return {"type": "text", "text": block.text}
     if isinstance(block, ToolUseBlock):
@@ -77,8 +130,8 @@ def _block_to_wire(block: ContentBlock) -> dict[str, Any] | None:
     return None  # unsigned thinking cannot be sent back; the API would reject it
 
 
-def messages_to_wire(messages: list[ProviderMessage]) -> list[dict[str, Any]]:
-    wire = []
+def messages_to_wire(messages: list[ProviderMessage]) -> list[WireMessage]:
+    wire: list[WireMessage] = []
     for message in messages:
         blocks = [b for b in map(_block_to_wire, message.content) if b is not None]
         wire.append({"role": message.role, "content": blocks})
@@ -158,7 +211,7 @@ class AnthropicProvider:
     def complete(
         self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec]
     ) -> ProviderResponse:
-        request: dict[str, Any] = {
+        request: _Request = {
             "model": self.settings.model,
             "max_tokens": self.settings.max_tokens,
             "system": system,
@@ -170,7 +223,8 @@ class AnthropicProvider:
                 for t in tools
             ]
         try:
-            message = self._client.messages.create(**request)
+            # The SDK names these shapes with its own *Param TypedDicts (see above).
+            message = self._client.messages.create(**request)  # type: ignore[arg-type]
         except anthropic.AnthropicError as exc:
             raise _provider_error(exc) from exc
         except ValueError as exc:  # a 200 whose body is not JSON (a proxy's page, a cut-off body)

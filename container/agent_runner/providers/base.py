@@ -9,7 +9,9 @@ keep the loop independent of any SDK's types.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
+
+from ..protocol import JsonObject
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class ThinkingBlock:
 class ToolUseBlock:
     id: str
     name: str
-    input: dict[str, Any]
+    input: JsonObject  # what the model sent: each tool checks its own keys
     type: Literal["tool_use"] = "tool_use"
 
 
@@ -64,7 +66,7 @@ class ToolSpec:
 
     name: str
     description: str
-    input_schema: dict[str, Any]
+    input_schema: JsonObject  # a JSON Schema, handed to the model as written
 
 
 @dataclass(frozen=True)

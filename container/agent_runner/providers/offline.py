@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
+from ..protocol import JsonObject
 from .base import (
     ProviderMessage,
     ProviderResponse,
@@ -100,10 +100,10 @@ def _todos(body: list[str]) -> list[dict[str, str]]:
     return todos
 
 
-def tool_requests_in(text: str) -> list[tuple[str, dict[str, Any]]]:
+def tool_requests_in(text: str) -> list[tuple[str, JsonObject]]:
     """The (tool name, input) pairs requested by a message, in order (see module docstring)."""
     lines = text.splitlines()
-    requests: list[tuple[str, dict[str, Any]]] = []
+    requests: list[tuple[str, JsonObject]] = []
     i = 0
     while i < len(lines):
         line = lines[i]

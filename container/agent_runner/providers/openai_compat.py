@@ -55,10 +55,10 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict, Union
 
 from ..errors import InputError, ProviderError
-from ..protocol import ModelSettings
+from ..protocol import JsonObject, ModelSettings
 from .base import (
     ContentBlock,
     ProviderMessage,
@@ -161,12 +161,70 @@ def _error_detail(raw: bytes) -> str:
 # ---------------------------------------------------------------------------
 
 
+# The Chat Completions JSON as this provider writes it.
+
+
+class SystemWire(TypedDict):
+    role: Literal["system"]
+    content: str
+
+
+class UserWire(TypedDict):
+    role: Literal["user"]
+    content: str
+
+
+class FunctionCallWire(TypedDict):
+    name: str
+    arguments: str  # the call's input as a JSON string
+
+
+class ToolCallWire(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: FunctionCallWire
+
+
+class AssistantWire(TypedDict):
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: NotRequired[list[ToolCallWire]]
+
+
+class ToolWire(TypedDict):
+    role: Literal["tool"]
+    tool_call_id: str
+    content: str
+
+
+WireMessage = Union[SystemWire, UserWire, AssistantWire, ToolWire]
+
+
+class FunctionWire(TypedDict):
+    name: str
+    description: str
+    parameters: JsonObject  # the tool's JSON Schema
+
+
+class FunctionToolWire(TypedDict):
+    type: Literal["function"]
+    function: FunctionWire
+
+
+class ChatRequest(TypedDict):
+    model: str
+    messages: list[WireMessage]
+    max_tokens: int
+    stream: bool
+    tools: NotRequired[list[FunctionToolWire]]  # only when there are tools
+
+
 def _raw_arguments(call: ToolUseBlock) -> str | None:
     raw = call.input.get(RAW_ARGUMENTS_KEY)
     return raw if set(call.input) == {RAW_ARGUMENTS_KEY} and isinstance(raw, str) else None
 
 
-def _tool_message(block: ToolResultBlock, invalid: dict[str, str]) -> dict[str, Any]:
+def _tool_message(block: ToolResultBlock, invalid: dict[str, str]) -> ToolWire:
     text = render_tool_result(block)
     if block.is_error and block.exit_code is None:
         text = f"[error]\n{text}"
@@ -175,12 +233,12 @@ def _tool_message(block: ToolResultBlock, invalid: dict[str, str]) -> dict[str, 
     return {"role": "tool", "tool_call_id": block.tool_use_id, "content": text}
 
 
-def _assistant_message(message: ProviderMessage) -> dict[str, Any] | None:
+def _assistant_message(message: ProviderMessage) -> AssistantWire | None:
     text = message.text()
     calls = [b for b in message.content if isinstance(b, ToolUseBlock)]
     if not calls and not text:
         return None  # e.g. a turn with thinking only: nothing this API can take back
-    wire: dict[str, Any] = {"role": "assistant", "content": text or None}
+    wire: AssistantWire = {"role": "assistant", "content": text or None}
     if calls:
         wire["tool_calls"] = [
             {
@@ -193,7 +251,7 @@ def _assistant_message(message: ProviderMessage) -> dict[str, Any] | None:
     return wire
 
 
-def messages_to_wire(system: str, messages: list[ProviderMessage]) -> list[dict[str, Any]]:
+def messages_to_wire(system: str, messages: list[ProviderMessage]) -> list[WireMessage]:
     """The ``messages`` array of a request (see the module docstring)."""
     invalid = {
         b.id: raw
@@ -201,7 +259,7 @@ def messages_to_wire(system: str, messages: list[ProviderMessage]) -> list[dict[
         for b in m.content
         if isinstance(b, ToolUseBlock) and (raw := _raw_arguments(b)) is not None
     }
-    wire: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    wire: list[WireMessage] = [{"role": "system", "content": system}] if system else []
     for message in messages:
         if message.role == "assistant":
             turn = _assistant_message(message)
@@ -216,7 +274,7 @@ def messages_to_wire(system: str, messages: list[ProviderMessage]) -> list[dict[
     return wire
 
 
-def tools_to_wire(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+def tools_to_wire(tools: list[ToolSpec]) -> list[FunctionToolWire]:
     return [
         {
             "type": "function",
@@ -242,7 +300,7 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def _tool_input(name: str, arguments: Any) -> dict[str, Any]:
+def _tool_input(name: str, arguments: Any) -> JsonObject:
     if isinstance(arguments, dict):  # a few servers send an object, not a string
         return arguments
     if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
@@ -269,7 +327,7 @@ def _tool_use(call: Any, index: int) -> ToolUseBlock:
     return ToolUseBlock(id=call_id, name=name, input=_tool_input(name, function.get("arguments")))
 
 
-def _usage(body: dict[str, Any]) -> TokenUsage:
+def _usage(body: JsonObject) -> TokenUsage:
     usage = body.get("usage")
     if not isinstance(usage, dict):
         return TokenUsage()
@@ -376,8 +434,8 @@ class OpenAICompatProvider:
     def close(self) -> None:
         self._client.close()
 
-    def request_body(self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec]) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    def request_body(self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec]) -> ChatRequest:
+        body: ChatRequest = {
             "model": self.settings.model,
             "messages": messages_to_wire(system, messages),
             "max_tokens": self.settings.max_tokens,

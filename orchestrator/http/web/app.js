@@ -158,8 +158,10 @@
     }
   }
 
+  // `#chat_jid=<jid>` names the chat to show; `#chat=<jid>`, the older
+  // spelling, still opens it (and is rewritten to the new one).
   function wantedJid() {
-    const match = /^#chat=(.+)$/.exec(location.hash);
+    const match = /^#chat(?:_jid)?=(.+)$/.exec(location.hash);
     return match ? decodeURIComponent(match[1]) : null;
   }
 
@@ -168,7 +170,8 @@
     if (!group) return;
     if (state.current && state.current.chat_jid === jid && state.stream) return;
     state.current = group;
-    if (wantedJid() !== jid) history.replaceState(null, "", `#chat=${enc(jid)}`);
+    const hash = `#chat_jid=${enc(jid)}`;
+    if (location.hash !== hash) history.replaceState(null, "", hash);
     renderGroups();
     $("chat-title").textContent = group.name;
     $("chat-jid").textContent = group.chat_jid;

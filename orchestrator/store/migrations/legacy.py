@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, TypedDict
 
 import sqlalchemy as sa
 from alembic import op
@@ -78,7 +78,27 @@ def copy_messages(conn: sa.Connection) -> int:
     return len(rows)
 
 
-def convert(row: Any, seq: int) -> dict[str, Any]:
+# The legacy metadata: whatever JSON object the old system kept (its keys are
+# open; the values are only copied).
+_LegacyMetadata = dict[str, object]
+
+
+class NewMessageRow(TypedDict):
+    """A row of our ``messages`` table (revision 0001's columns), as the upgrade inserts it."""
+
+    id: str
+    chat_jid: str
+    seq: int
+    sender: str
+    sender_name: str
+    content: str
+    timestamp: str
+    is_from_me: bool
+    message_type: str
+    metadata: _LegacyMetadata | None
+
+
+def convert(row: Any, seq: int) -> NewMessageRow:
     """One legacy row (a mapping of the columns it has) as a row of our messages table."""
     sender = _text(row.get("sender"))
     metadata = _metadata(row.get("metadata"))
@@ -125,7 +145,7 @@ def _flag(value: Any) -> bool:
     return bool(value)
 
 
-def _metadata(value: Any) -> dict[str, Any] | None:
+def _metadata(value: Any) -> _LegacyMetadata | None:
     """The legacy metadata as a JSON object; anything else is kept as {"legacy_metadata": text}."""
     if value is None or value == "":
         return None

@@ -1,0 +1,114 @@
+"""Fast recovery: every worker watches for groups whose lease holder is gone.
+
+A SIGKILLed worker stops renewing its leases, but a lease stays taken until it
+expires (``lease_ttl_s``, 60 s), the sweeper runs only every
+``sweep_interval_s`` on beat (and not at all without beat), and no broker hands
+the killed worker's task to another one in time (Redis redelivers an unacked
+task only after its visibility timeout, longer than the longest run; the
+``filesystem://`` broker never does).  So each worker's main process runs a
+:class:`RecoveryWatch`: every ``recovery_interval_s`` seconds (2 s) one read of
+the held leases, and a signal for each group whose holder is gone:
+
+* a process of this worker's host that no longer runs (``hosts.gone_from_this_host``;
+  ``leases.acquire`` takes such a lease over at once), or
+* a holder the database gives up: a lease past its expiry, or held on a host
+  that is ``stopped`` or has not beaten for ``hosts.ALIVE_WINDOW_S``
+  (``leases.holder_gone``: any acquirer may take it).
+
+The worker that gets the signal takes the lease and closes the dead holder's
+run (``sweeper.recover_group``, called by the pipeline right after it took the
+lease) before its own run starts.  A group is signalled again for the same
+holder only after ``resignal_s``: the first signal may be waiting behind busy
+workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from sqlalchemy import select
+
+from orchestrator.store.db import Database, db_now
+from orchestrator.store.hosts import gone_from_this_host
+from orchestrator.store.leases import holder_gone
+from orchestrator.store.tables import GroupRow
+
+log = logging.getLogger(__name__)
+
+
+def dead_holders(db: Database, host_id: str) -> list[tuple[str, str]]:
+    """(group, holder) of every held lease whose holder is gone, judged by the
+    database's clock and, for processes of ``host_id`` (this machine), by their pids."""
+    with db.read() as session:
+        now = db_now(session)
+        rows = session.execute(
+            select(GroupRow.chat_jid, GroupRow.lease_owner, holder_gone(now).label("gone"))
+            .where(GroupRow.lease_owner.is_not(None))
+            .order_by(GroupRow.chat_jid)
+        ).all()
+    return [(jid, holder) for jid, holder, gone in rows
+            if holder is not None and (gone or gone_from_this_host(holder, host_id))]
+
+
+class RecoveryWatch:
+    """Signals the groups whose lease holder is gone, every ``interval_s`` seconds, from a thread.
+
+    Started by the worker's main process (``workers/tasks.py``) on a
+    composition root of its own; :meth:`check` is one look (tests call it).
+    """
+
+    def __init__(
+        self, db: Database, *, host_id: str, signal: Callable[[str], object], interval_s: float,
+        resignal_s: float = 30.0, monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.db, self.host_id, self.interval_s, self.resignal_s = db, host_id, interval_s, resignal_s
+        self._signal = signal
+        self._monotonic = monotonic
+        self._signalled: dict[tuple[str, str], float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="recovery-watch", daemon=True)
+
+    def start(self) -> RecoveryWatch:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def check(self) -> list[str]:
+        """One look: signal each group whose holder is gone (not again for the same
+        holder within ``resignal_s``); returns the groups signalled."""
+        found = dead_holders(self.db, self.host_id)
+        now = self._monotonic()
+        self._signalled = {k: t for k, t in self._signalled.items() if k in set(found)}
+        signalled: list[str] = []
+        for chat_jid, holder in found:
+            last = self._signalled.get((chat_jid, holder))
+            if last is not None and now - last < self.resignal_s:
+                continue
+            try:
+                self._signal(chat_jid)
+            except Exception as exc:  # noqa: BLE001 - the broker away: next look
+                log.warning("could not signal %s, whose lease holder %s is gone (%s); trying again in %.0fs",
+                            chat_jid, holder, exc, self.interval_s)
+                break
+            self._signalled[(chat_jid, holder)] = now
+            signalled.append(chat_jid)
+            log.warning("the lease holder of %s (%s) is gone: signalled a worker to take the group over",
+                        chat_jid, holder)
+        return signalled
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - the database away: next look
+                log.warning("could not look for dead lease holders; trying again in %.0fs", self.interval_s,
+                            exc_info=True)
+            if self._stop.wait(self.interval_s):
+                return
