@@ -32,7 +32,6 @@ from orchestrator.run.recovery import RecoveryWatch
 from orchestrator.run.schedules import fire_due
 from orchestrator.run.sweeper import SweepReport
 from orchestrator.store.hosts import HostHeartbeat
-from orchestrator.store.slots import to_wake
 
 from .app import app, orchestrator
 
@@ -56,13 +55,6 @@ def _sweep_report(report: SweepReport) -> dict[str, object]:
     }
 
 
-def _signal_again(root: Orchestrator, chat_jid: str, countdown: float | None) -> None:
-    try:
-        root.signals.group(chat_jid, countdown)
-    except Exception as exc:  # noqa: BLE001 - the sweeper signals pending and due groups
-        log.warning("could not signal %s again (%s); the sweeper will", chat_jid, exc)
-
-
 def register(app: Celery, root: Orchestrator) -> Tasks:
     """The tasks on ``app``, working on ``root``."""
 
@@ -72,15 +64,7 @@ def register(app: Celery, root: Orchestrator) -> Tasks:
         # limits, sized for one run, never cut a later one, and a retry's
         # backoff is a countdown on the broker, not a sleep in this slot.
         step = root.pipeline.step(chat_jid, task_id=self.request.id)
-        if step.retry_in is not None:
-            _signal_again(root, chat_jid, step.retry_in)
-        elif step.more:
-            _signal_again(root, chat_jid, None)
-        if step.freed_slot:
-            # Under ORCHESTRATOR_MAX_CONCURRENT_RUNS the slot this run held goes
-            # to the group first in line now, not at its next re-check.
-            for waiting in to_wake(root.db, root.settings.max_concurrent_runs):
-                _signal_again(root, waiting, None)
+        root.pipeline.follow_up(chat_jid, step, root.signals.group)
         run = step.outcome.run if step.outcome is not None else None
         return {
             "chat_jid": chat_jid,

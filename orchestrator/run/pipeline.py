@@ -79,7 +79,7 @@ from orchestrator.store.runs import (
     run_state,
     set_container,
 )
-from orchestrator.store.slots import FleetFull, SlotWait, leave_line, take_slot
+from orchestrator.store.slots import FleetFull, SlotWait, leave_line, take_slot, to_wake
 from orchestrator.store.tables import GroupRow, MessageRow
 from orchestrator.store.usage import QuotaWait, quota_wait, store_quota_notice
 
@@ -310,6 +310,25 @@ class Pipeline:
                 self.clock.wait(threading.Event(), step.retry_in)
             elif step.busy or not step.more:
                 return outcomes
+
+    def follow_up(self, chat_jid: str, step: Step, signal: Callable[[str, float | None], object]) -> None:
+        """Signal what ``step`` left for later steps: the group again (at once
+        for more pending work, with a countdown for a parked run or a wait),
+        and, when it freed a run slot under ORCHESTRATOR_MAX_CONCURRENT_RUNS,
+        the groups first in line now rather than at their next re-check.  A
+        signal that cannot be sent is left to the sweeper."""
+        wanted: list[tuple[str, float | None]] = []
+        if step.retry_in is not None:
+            wanted.append((chat_jid, step.retry_in))
+        elif step.more:
+            wanted.append((chat_jid, None))
+        if step.freed_slot:
+            wanted += [(waiting, None) for waiting in to_wake(self.db, self.settings.max_concurrent_runs)]
+        for jid, countdown in wanted:
+            try:
+                signal(jid, countdown)
+            except Exception as exc:  # noqa: BLE001 - the sweeper signals pending and due groups
+                log.warning("could not signal %s again (%s); the sweeper will", jid, exc)
 
     def _due_in(self, run: Run) -> float:
         assert run.retry_at is not None
