@@ -83,8 +83,15 @@ class Orchestrator:
     def signals(self) -> Signals:
         from orchestrator.run.queue import Signals
 
-        # The app is made when the first signal goes out, not before.
-        return Signals(lambda: self.celery)
+        # The app is made when the first signal goes out, not before; a group's drain
+        # signal goes to the queue of the host it is placed on (store/placement.py).
+        return Signals(lambda: self.celery, placement=self.placed_on)
+
+    def placed_on(self, chat_jid: str) -> str | None:
+        """The host ``chat_jid`` is placed on while that host takes groups, else None."""
+        from orchestrator.store.placement import placed_on
+
+        return placed_on(self.db, chat_jid)
 
     @cached_property
     def channels(self) -> ChannelRegistry:
@@ -137,7 +144,7 @@ class Orchestrator:
         from orchestrator.store.hosts import HostHeartbeat
 
         return HostHeartbeat(self.db, host_id=self.settings.effective_host_id, version=__version__,
-                             concurrency=concurrency, warm_count=self.count_warm_containers).start()
+                             concurrency=concurrency, warm_count=self.tend_warm_containers).start()
 
     def recovery_watch(self) -> RecoveryWatch | None:
         """Signals, every ``recovery_interval_s``, the groups whose lease holder is gone (a
@@ -150,11 +157,13 @@ class Orchestrator:
         return RecoveryWatch(self.db, host_id=self.settings.effective_host_id, signal=self.signals.group,
                              interval_s=self.settings.recovery_interval_s).start()
 
-    def count_warm_containers(self) -> int:
-        """This installation's running warm containers on this host's Docker engine."""
+    def tend_warm_containers(self) -> int:
+        """Stop this host's warm containers of groups now placed on another host (moved,
+        or taken over while this host was away), then count the running ones: what the
+        host heartbeat's counting thread does every beat."""
         from orchestrator.sandbox.warm import WarmPool
 
-        return WarmPool(self.settings, self.docker.client).count_running()
+        return WarmPool(self.settings, self.docker.client).tend(self.db)
 
     def after_fork(self) -> None:
         """In a forked pool child: drop the parent's pooled connections (never close them)."""

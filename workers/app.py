@@ -3,6 +3,10 @@
     celery -A workers.app worker -Q agent,delivery
     # or: orchestrator worker
 
+A worker that takes runs (``agent``) also consumes its host's own queue
+(``agent.<host id>``, ``run/queue.py``'s ``host_queue``), where the signals of
+the groups placed on its host go (``orchestrator/store/placement.py``).
+
 ``orchestrator`` is this process's composition root
 (``orchestrator/root.py``): the tasks take the database, the pipeline and
 the signals from it.
@@ -11,11 +15,14 @@ the signals from it.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import worker_init, worker_process_init, worker_ready
+from celery.signals import celeryd_after_setup, worker_init, worker_process_init, worker_ready
+from kombu import Exchange, Queue
 
 from orchestrator.root import Orchestrator
+from orchestrator.run.queue import AGENT_QUEUE, host_queue
 
 orchestrator = Orchestrator.from_environment(deadline_exceptions=(SoftTimeLimitExceeded,))
 app = orchestrator.celery
@@ -36,6 +43,26 @@ def _prove_data_dir(sender: object = None, **_: object) -> None:
     except DataDirNotShared as exc:
         log.critical("refusing to start: %s", exc)
         raise SystemExit(f"refusing to start: {exc}") from exc
+
+
+def consumes_runs(celery: Any = None) -> bool:
+    """Whether this worker takes agent runs (its ``-Q`` has the shared agent queue,
+    or it has no ``-Q``): such a worker is a host of the fleet, groups are placed on it."""
+    return AGENT_QUEUE in (celery or app).amqp.queues.consume_from
+
+
+@celeryd_after_setup.connect
+def _consume_host_queue(sender: object = None, instance: Any = None, **_: object) -> None:
+    # A worker that takes runs also takes those of the groups placed on its host
+    # (orchestrator/store/placement.py): its host's own queue, besides the shared one,
+    # whatever -Q said.  Here, not on the command line, so the queue is always the
+    # one of the host id this process registers and beats (workers/tasks.py).
+    celery = getattr(instance, "app", None)
+    if celery is not app or not consumes_runs(celery):
+        return
+    name = host_queue(orchestrator.settings.effective_host_id)
+    celery.amqp.queues.select_add(Queue(name, Exchange(name), routing_key=name))
+    log.info("taking runs from the shared queue %s and from this host's own, %s", AGENT_QUEUE, name)
 
 
 @worker_process_init.connect

@@ -5,9 +5,10 @@ chat's due deliveries; ``orchestrator/run/outbound.py``).  Getting it twice, lat
 group that another worker is already serving is harmless: the pipeline's
 lease makes the extra copy return at once.  ``sweep`` is run by beat and
 once at worker start-up; ``fire_schedules`` by beat, to start scheduled tasks
-that are due.  The worker's main process also registers its host and beats
-it (``orchestrator/store/hosts.py``) from ready to shutdown, and signals the
-groups whose lease holder is gone (``orchestrator/run/recovery.py``).
+that are due.  The main process of a worker that takes agent runs also
+registers its host and beats it (``orchestrator/store/hosts.py``) from ready
+to shutdown, and signals the groups whose lease holder is gone or that are
+stranded on a host that takes no groups (``orchestrator/run/recovery.py``).
 
 :func:`register` makes the four tasks for one Celery app and one
 composition root: below, for the worker's (``workers.app``), when Celery
@@ -33,7 +34,7 @@ from orchestrator.run.schedules import fire_due
 from orchestrator.run.sweeper import SweepReport
 from orchestrator.store.hosts import HostHeartbeat
 
-from .app import app, orchestrator
+from .app import app, consumes_runs, orchestrator
 
 log = logging.getLogger("workers")
 
@@ -114,6 +115,12 @@ def _register_host(sender: Any = None, **_: object) -> None:
     global _host
     if _host is not None or getattr(sender, "app", None) is not app:
         return  # another app's worker in this process (a test's embedded one)
+    if not consumes_runs(app):
+        # A worker of deliveries alone (`up`'s deliverer, compose's) is no host: groups are
+        # placed on hosts (store/placement.py), and its row would be taken from the host's
+        # agent worker by the shared host id.
+        log.info("this worker takes no agent runs: no host row, no recovery watch")
+        return
     root = Orchestrator(orchestrator.settings)
     try:
         _host = (root, root.host_heartbeat(concurrency=_concurrency(sender)))

@@ -98,10 +98,21 @@ def worker(
              "A worker for each keeps replies from waiting for a free agent slot.",
     )] = "agent,delivery",
     name: Annotated[Optional[str], typer.Option(help="Celery node name, e.g. delivery@%h (default celery@%h).")] = None,
+    drain: Annotated[bool, typer.Option(
+        "--drain",
+        help="Start no worker: tell the running worker of this host (ORCHESTRATOR_HOST_ID, on this machine) to "
+             "drain, as SIGTERM does: it takes no new work, finishes its runs, its groups go to other hosts, "
+             "and it stops.",
+    )] = False,
+    wait: Annotated[float, typer.Option(
+        min=0.0, help="With --drain: wait up to this many seconds for the worker to stop (0: do not wait).")] = 0.0,
 ) -> None:
-    """Run one Celery worker (what each fleet host runs)."""
+    """Run one Celery worker (what each fleet host runs), or drain this host's (--drain)."""
     from orchestrator.cli.supervisor import worker_argv
 
+    if drain:
+        _drain_worker(wait)
+        return
     settings = _setup().settings
     try:
         argv = worker_argv(concurrency, settings.log_level,
@@ -109,6 +120,44 @@ def worker(
     except ValueError as exc:
         raise _fail(exc) from exc
     os.execv(argv[0], argv)
+
+
+def _drain_worker(wait_s: float) -> None:
+    """``worker --drain``: SIGTERM to the worker process in this host's row (Celery's warm
+    shutdown: the heartbeat says ``draining`` at once, so no group is placed on the host any
+    more and signals go to the shared queue; its runs finish; then ``stopped``).  Only on the
+    machine the worker runs on: a pid means nothing elsewhere."""
+    import signal
+    import socket
+    import time
+
+    from orchestrator.store.hosts import get_host, pid_running
+
+    root = _setup()
+    host_id = root.settings.effective_host_id
+    found = get_host(root.db, host_id)
+    if found is None or not found.alive:
+        raise _fail(OrchestratorError(f"no running worker of host {host_id!r} (see `orchestrator hosts`; "
+                                      "ORCHESTRATOR_HOST_ID names the host)"))
+    if found.hostname != socket.gethostname():
+        raise _fail(OrchestratorError(f"host {host_id!r}'s worker runs on {found.hostname}, not on this machine: "
+                                      f"run `orchestrator worker --drain` there (or send its pid {found.pid} SIGTERM)"))
+    try:
+        os.kill(found.pid, signal.SIGTERM)
+    except OSError as exc:
+        raise _fail(OrchestratorError(f"could not signal host {host_id!r}'s worker (pid {found.pid}): {exc}")) from exc
+    typer.echo(f"host {host_id}: worker pid {found.pid} drains: it finishes {len(found.runs)} run(s) and stops; "
+               f"its {len(found.groups)} group(s) with a lease and every group placed on it go to other hosts")
+    if wait_s <= 0:
+        return
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        now = get_host(root.db, host_id)
+        if now is None or now.instance != found.instance or now.state == "stopped" or not pid_running(found.pid):
+            typer.echo(f"host {host_id}: stopped")
+            return
+        time.sleep(0.5)
+    raise _fail(OrchestratorError(f"host {host_id!r}'s worker still runs after {wait_s:g} s (its runs go on)"))
 
 
 @app.command()
@@ -320,7 +369,31 @@ def groups_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
         return
     for g in groups:
         flags = ("main " if g.is_main else "") + ("trigger" if g.requires_trigger else "no-trigger")
-        typer.echo(f"{g.chat_jid:30} {g.name:16} folder={g.folder:16} {flags} cursor={g.cursor_seq}")
+        typer.echo(f"{g.chat_jid:30} {g.name:16} folder={g.folder:16} {flags} cursor={g.cursor_seq} "
+                   f"host={g.placed_host or '-'}")
+
+
+@groups_app.command("move")
+def groups_move(chat_jid: str, host: str) -> None:
+    """Place group CHAT_JID on worker host HOST (an ORCHESTRATOR_HOST_ID that is up: see
+    `orchestrator hosts`): its next runs go there; a run in progress finishes where it is,
+    and the old host stops the group's warm container."""
+    from orchestrator.store.placement import move
+
+    root = _setup()
+    try:
+        moved = move(root.db, chat_jid, host)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    was = f" (was {moved.previous_host})" if moved.previous_host and moved.previous_host != host else ""
+    typer.echo(f"{chat_jid} placed on {host}{was}")
+    if moved.pending:
+        try:
+            root.signals.group(chat_jid)
+            typer.echo(f"work is pending: signalled {host}")
+        except Exception as exc:  # noqa: BLE001 - the sweeper re-signals pending groups
+            typer.secho(f"warning: could not signal {host} now ({exc}); the sweeper will", fg=typer.colors.YELLOW,
+                        err=True)
 
 
 @groups_app.command("reset")

@@ -43,6 +43,8 @@ the classes defined outside this module say where they live::
     ├── FleetFull              ORCHESTRATOR_MAX_CONCURRENT_RUNS runs are unfinished (or better-ranked
     │                          groups wait for the free slots): the run did not start, its group waits
     │                          (defined in store.slots) [store.slots]
+    ├── HostUnavailable        a group cannot be placed on a host that is not up and beating (HTTP 409)
+    │                          (defined in store.placement) [store.placement]
     └── OutputLimitExceeded    a run's output broke a host bound; the pipeline stops the run
                                (defined in sandbox.bounded_io) [sandbox.bounded_io]
 

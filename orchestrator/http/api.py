@@ -3,7 +3,7 @@
 Health; post a message (the same ingest path as every channel); read a
 chat's display view after a seq cursor, or follow it live (server-sent
 events, ``orchestrator/http/stream.py``); edit, regenerate and truncate; export;
-register, list and change groups, and see a group's use of its quotas; runs,
+register, list, change and move groups (to a worker host), and see a group's use of its quotas; runs,
 with the exact input each run sent, and the groups waiting for a run slot;
 the fleet's hosts.  Bad input is a 400
 whose body names the offending field; a sender over its rate a 429 with
@@ -61,6 +61,7 @@ from orchestrator.store.groups import MAX_QUOTA, Group, add_group, find_group, g
 from orchestrator.store.history import HistoryChange, edit_message, regenerate, truncate_after
 from orchestrator.store.hosts import ALIVE_WINDOW_S, Host, list_hosts
 from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.placement import HostUnavailable, Moved, move
 from orchestrator.store.runs import Run, get_run, list_runs
 from orchestrator.store.slots import FleetSlots, fleet_slots
 from orchestrator.store.transfer import export_json, export_markdown
@@ -143,6 +144,13 @@ class GroupChanges(BaseModel):
     )
 
 
+class MoveRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(min_length=1, max_length=256, description="The worker host (ORCHESTRATOR_HOST_ID) to place "
+                      "the group on; it must be up (GET /api/hosts).")
+
+
 class EditRequest(BaseModel):
     content: str = Field(max_length=MAX_CONTENT_CHARS)
     context: list[JsonObject] | None = None  # checked as context items, a 400 naming the field
@@ -154,7 +162,7 @@ def _bad_request(field: str, message: str) -> JSONResponse:
 
 
 _STATUS: list[tuple[type[OrchestratorError], int]] = [
-    (UnknownGroup, 404), (MessageNotFound, 404), (GroupBusy, 409), (InvalidMessage, 400),
+    (UnknownGroup, 404), (MessageNotFound, 404), (GroupBusy, 409), (HostUnavailable, 409), (InvalidMessage, 400),
 ]
 
 
@@ -390,6 +398,21 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
                 return _bad_request("container_config.extra_mounts", str(exc))
         changes = {k: getattr(body, k) for k in given if k != "container_config"}
         return update_group(db, chat_jid, changes) if changes else get_group(db, chat_jid)
+
+    @router.post("/groups/{chat_jid}/move", response_model=Moved,
+                 responses={404: {"description": "no such group"},
+                            409: {"description": "the host is not up (dead, stopped, draining or unknown)"}})
+    def move_group(chat_jid: str, body: MoveRequest) -> Moved:
+        """Place the group on a worker host: its next runs go there (a run in progress finishes
+        where it is; the old host stops the group's warm container).  Pending work is signalled there."""
+        moved = move(db, chat_jid, body.host)
+        if moved.pending:
+            try:
+                signal(chat_jid)
+                moved = moved.model_copy(update={"signalled": True})
+            except Exception as exc:  # noqa: BLE001 - the sweeper re-signals pending groups
+                log.warning("could not signal %s on %s (%s); the sweeper will", chat_jid, body.host, exc)
+        return moved
 
     @router.get("/groups/{chat_jid}/usage", response_model=GroupUsage,
                 responses={404: {"description": "no such group"}})

@@ -21,10 +21,13 @@ from orchestrator.core.errors import RateLimited
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, MessageType, NewMessage, StoredMessage
+from orchestrator.run.queue import signal_group
 from orchestrator.run.router import wakes
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import record_deliveries, with_origin
+from orchestrator.store.hosts import ALIVE_WINDOW_S
 from orchestrator.store.message_log import driver_execute, insert_message, new_message_id, now_iso
+from orchestrator.store.placement import place_sql
 from orchestrator.store.tables import GroupRow
 from orchestrator.store.usage import record_sender_message, sender_retry_after
 
@@ -68,11 +71,15 @@ def mark_pending(session: Session, chat_jid: str, seq: int) -> None:
     )
 
 
-_ROUTING = "SELECT is_main, requires_trigger, assistant_name, pending_seq, cursor_seq FROM groups WHERE chat_jid = :chat_jid"
+# The last column: the host the group is placed on while it takes groups (else NULL), where
+# its signal goes (orchestrator/store/placement.py): read here, the signal needs no look-up.
+_ROUTING = ("SELECT is_main, requires_trigger, assistant_name, pending_seq, cursor_seq, {place} "
+            "FROM groups WHERE chat_jid = :chat_jid")
+_ROUTING_SQLITE = _ROUTING.format(place=place_sql(sqlite=True))
 # PostgreSQL: lock the group row until the commit, so that "was the group
 # idle?" is decided in the same order as the worker's cursor updates (which
 # lock the row too).  SQLite: the IMMEDIATE transaction already excludes them.
-_ROUTING_LOCKED = _ROUTING + " FOR UPDATE"
+_ROUTING_LOCKED = _ROUTING.format(place=place_sql(sqlite=False)) + " FOR UPDATE OF groups"
 _MARK_PENDING = "UPDATE groups SET pending_seq = :seq WHERE chat_jid = :chat_jid AND pending_seq < :seq"
 
 
@@ -126,6 +133,7 @@ def ingest(
     )
     triggered = needs_signal = False
     queued = 0
+    place: str | None = None
     # 0 (the default): nothing of the rate limit runs, not one statement.
     rate = settings.sender_messages_per_minute
     if rate and not rate_limited_sender(new):
@@ -144,8 +152,8 @@ def ingest(
         if created:
             queued = record_deliveries(conn, msg)
             # Read the group inside the same transaction as the insert.
-            routing = _ROUTING if db.is_sqlite else _ROUTING_LOCKED
-            group = driver_execute(conn, routing, {"chat_jid": incoming.chat_jid}).fetchone()
+            routing = _ROUTING_SQLITE if db.is_sqlite else _ROUTING_LOCKED
+            group = driver_execute(conn, routing, {"chat_jid": incoming.chat_jid, "window": ALIVE_WINDOW_S}).fetchone()
             if group is None:
                 triggered = False
             elif wake is None:
@@ -156,14 +164,14 @@ def ingest(
                 triggered = wake
             if triggered:
                 driver_execute(conn, _MARK_PENDING, {"chat_jid": incoming.chat_jid, "seq": msg.seq})
-                pending_seq, cursor_seq = group[3], group[4]
+                pending_seq, cursor_seq, place = group[3], group[4], group[5]
                 needs_signal = pending_seq <= cursor_seq
     if on_stored is not None:
         on_stored(msg, triggered)
     signalled = False
     if needs_signal and signal is not None:
         try:
-            signal(incoming.chat_jid)
+            signal_group(signal, incoming.chat_jid, place)
             signalled = True
         except Exception as exc:  # noqa: BLE001 - the broker is down, the work is not lost
             # The message and its pending mark are committed; the sweeper

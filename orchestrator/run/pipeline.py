@@ -253,7 +253,8 @@ class Pipeline:
         one run, could cut.
         """
         ttl = self.settings.lease_ttl_s
-        if not leases.acquire(self.db, chat_jid, self.owner, ttl):
+        # Taking the lease places a group without a live place on this host (store/placement.py).
+        if not leases.acquire(self.db, chat_jid, self.owner, ttl, place=self.settings.effective_host_id):
             log.info("group %s is busy elsewhere; its lease holder will see the new work", chat_jid)
             return Step(busy=True)
         outcome: RunOutcome | None = None

@@ -2,11 +2,17 @@
 
 Celery messages are signals, not data: the database holds the pending work,
 so a signal that is lost, late or delivered twice is harmless (a lease makes
-the second copy return at once).
+the second copy return at once).  A group's drain signal goes to the queue
+of the host it is placed on (``host_queue``; ``orchestrator/store/placement.py``)
+while that host takes groups, else to the shared ``agent`` queue.
 """
 
 from __future__ import annotations
 
+import enum
+import hashlib
+import logging
+import re
 import time
 from collections.abc import Callable
 from functools import cached_property
@@ -20,10 +26,30 @@ from orchestrator.core.settings import Settings
 
 AGENT_QUEUE = "agent"
 DELIVERY_QUEUE = "delivery"
+# A host's own queue is AGENT_QUEUE + "." + its id made safe (host_queue).
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 DRAIN_TASK = "workers.tasks.drain_group"
 SWEEP_TASK = "workers.tasks.sweep"
 SCHEDULE_TASK = "workers.tasks.fire_schedules"
 DELIVER_TASK = "workers.tasks.deliver"
+
+
+log = logging.getLogger(__name__)
+
+
+def host_queue(host_id: str) -> str:
+    """The agent queue of one host (``ORCHESTRATOR_HOST_ID``): where the drain signals
+    of the groups placed on it go (``orchestrator/store/placement.py``).  Every
+    agent worker consumes it besides the shared ``agent`` queue (``workers/app.py``).
+
+    Letters, digits, ``-`` and ``_`` only (a dot would let the ``filesystem://``
+    broker, which finds a queue's files by ``.<queue>.msg``, hand one host's
+    messages to another), with a hash of the id when anything was replaced, so
+    two ids never share a queue."""
+    safe = _UNSAFE.sub("_", host_id)[:80]
+    if safe != host_id:
+        safe += "-" + hashlib.sha256(host_id.encode()).hexdigest()[:10]
+    return f"{AGENT_QUEUE}.{safe}"
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -102,29 +128,64 @@ _BREAKER_S = 5.0
 _RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 
+class Placement(enum.Enum):
+    """``Signals.group(host=LOOK_UP)``: the signal reads where the group is placed itself."""
+
+    LOOK_UP = "look up"
+
+
+LOOK_UP = Placement.LOOK_UP
+
+
 class Signals:
     """The two signals a process sends: "drain group G" and "deliver chat C's due messages".
 
     Call them only after the database commit.  ``make_app`` makes the Celery
-    app on first use (the CLI pays for Celery only when it signals).  After a
+    app on first use (the CLI pays for Celery only when it signals).
+    ``placement`` says which host a group is placed on (the composition root
+    passes ``store.placement.placed_on``); without it every drain signal goes
+    to the shared queue.  After a
     failed publish every signal raises
     :class:`BrokerUnavailable` for a few seconds instead of waiting out its
     own retries.
     """
 
-    def __init__(self, make_app: Callable[[], Celery], *, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, make_app: Callable[[], Celery], *, monotonic: Callable[[], float] = time.monotonic,
+        placement: Callable[[str], str | None] | None = None,
+    ) -> None:
         self._make_app = make_app
         self._monotonic = monotonic
         self._broken_until = 0.0
+        # The host a group's signal goes to (store/placement.py's placed_on), None: the shared queue.
+        self._placement = placement
 
     @cached_property
     def app(self) -> Celery:
         return self._make_app()
 
-    def group(self, chat_jid: str, countdown: float | None = None) -> str:
+    def group(self, chat_jid: str, countdown: float | None = None, *, host: str | None | Placement = LOOK_UP) -> str:
         """Ask some worker to take ``chat_jid``'s next step, now or after
-        ``countdown`` seconds (a parked run's retry)."""
-        return self._send(DRAIN_TASK, [chat_jid], AGENT_QUEUE, countdown)
+        ``countdown`` seconds (a parked run's retry): a worker of the host the
+        group is placed on, if it has a live one (:meth:`queue_for`).  ``host``:
+        that host (None: none) as the caller read it in its own transaction, so no
+        look-up is made (ingest's, through :func:`signal_group`)."""
+        self._check_breaker()
+        queue = self.queue_for(chat_jid) if host is LOOK_UP else AGENT_QUEUE if host is None else host_queue(host)
+        return self._send(DRAIN_TASK, [chat_jid], queue, countdown)
+
+    def queue_for(self, chat_jid: str) -> str:
+        """Where ``chat_jid``'s drain signal goes: the queue of the host it is placed on
+        while that host takes groups, else the shared agent queue (a failed look-up
+        too: any agent worker may serve any group, placement only keeps them together)."""
+        if self._placement is None:
+            return AGENT_QUEUE
+        try:
+            host = self._placement(chat_jid)
+        except Exception as exc:  # noqa: BLE001 - the shared queue is always right
+            log.warning("could not read where %s is placed (%s); signalling the shared queue", chat_jid, exc)
+            return AGENT_QUEUE
+        return AGENT_QUEUE if host is None else host_queue(host)
 
     def delivery(self, chat_jid: str | None, countdown: float | None = None) -> str:
         """Ask some worker to send ``chat_jid``'s due deliveries (None: every
@@ -135,9 +196,12 @@ class Signals:
         """
         return self._send(DELIVER_TASK, [chat_jid], DELIVERY_QUEUE, countdown)
 
-    def _send(self, task: str, args: list[str | None], queue: str, countdown: float | None = None) -> str:
+    def _check_breaker(self) -> None:
         if self._monotonic() < self._broken_until:
             raise BrokerUnavailable("the broker failed moments ago; leaving the signal to the sweeper")
+
+    def _send(self, task: str, args: list[str | None], queue: str, countdown: float | None = None) -> str:
+        self._check_breaker()
         try:
             result = self.app.send_task(task, args=args, queue=queue, countdown=countdown,
                                         retry=True, retry_policy=_RETRY_POLICY)
@@ -145,3 +209,14 @@ class Signals:
             self._broken_until = self._monotonic() + _BREAKER_S
             raise
         return str(result.id)
+
+
+def signal_group(signal: Callable[[str], object], chat_jid: str, host: str | None) -> object:
+    """Call ``signal`` for ``chat_jid`` whose place the caller has just read (``host``,
+    ``store.placement.place_sql``): a :class:`Signals`' ``group`` is told it and makes
+    no look-up of its own (ingest's hot path: no round trip more than before
+    placement); any other callable (a test's recorder) is called as always."""
+    owner = getattr(signal, "__self__", None)
+    if isinstance(owner, Signals) and getattr(signal, "__func__", None) is Signals.group:
+        return owner.group(chat_jid, host=host)
+    return signal(chat_jid)

@@ -15,6 +15,12 @@ the held leases, and a signal for each group whose holder is gone:
   that is ``stopped`` or has not beaten for ``hosts.ALIVE_WINDOW_S``
   (``leases.holder_gone``: any acquirer may take it).
 
+It signals too the groups with pending work and no live holder that are
+placed on a host that takes no groups now (dead, stopped, draining:
+``store.placement.stranded``): their last signal may sit in that host's own
+queue, which nobody consumes; this one goes to the shared queue, and the
+host that takes the group becomes its place.
+
 The worker that gets the signal takes the lease and closes the dead holder's
 run (``sweeper.recover_group``, called by the pipeline right after it took the
 lease) before its own run starts.  A group is signalled again for the same
@@ -34,9 +40,13 @@ from sqlalchemy import select
 from orchestrator.store.db import Database, db_now
 from orchestrator.store.hosts import gone_from_this_host
 from orchestrator.store.leases import holder_gone
+from orchestrator.store.placement import stranded
 from orchestrator.store.tables import GroupRow
 
 log = logging.getLogger(__name__)
+
+# What stands for the holder of a group stranded on a host that takes no groups now.
+PLACED_ON = "placed on "
 
 
 def dead_holders(db: Database, host_id: str) -> list[tuple[str, str]]:
@@ -81,9 +91,13 @@ class RecoveryWatch:
             self._thread.join(timeout)
 
     def check(self) -> list[str]:
-        """One look: signal each group whose holder is gone (not again for the same
-        holder within ``resignal_s``); returns the groups signalled."""
+        """One look: signal each group whose holder is gone, and each group stranded on a
+        host that no longer takes groups (``store.placement.stranded``: its signal may sit
+        in that host's queue), not again for the same holder or host within
+        ``resignal_s``; returns the groups signalled."""
         found = dead_holders(self.db, self.host_id)
+        held = {jid for jid, _ in found}
+        found += [(jid, f"{PLACED_ON}{host}") for jid, host in stranded(self.db) if jid not in held]
         now = self._monotonic()
         self._signalled = {k: t for k, t in self._signalled.items() if k in set(found)}
         signalled: list[str] = []
@@ -99,8 +113,12 @@ class RecoveryWatch:
                 break
             self._signalled[(chat_jid, holder)] = now
             signalled.append(chat_jid)
-            log.warning("the lease holder of %s (%s) is gone: signalled a worker to take the group over",
-                        chat_jid, holder)
+            if holder.startswith(PLACED_ON):
+                log.warning("%s is %s, which takes no groups now: signalled it on the shared queue",
+                            chat_jid, holder)
+            else:
+                log.warning("the lease holder of %s (%s) is gone: signalled a worker to take the group over",
+                            chat_jid, holder)
         return signalled
 
     def _run(self) -> None:

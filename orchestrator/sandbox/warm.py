@@ -18,7 +18,12 @@ left running is killed (``WarmRun._clean_up``).
 * a run that times out or is cancelled kills the container: the next run
   starts a fresh one;
 * ``orchestrator groups reset JID`` stops it and forgets the group's model
-  session.
+  session;
+* a group placed on another host (``orchestrator/store/placement.py``: moved,
+  or taken over while this host was away): this host stops it
+  (:meth:`WarmPool.tend`, from the host heartbeat's counting thread).  A
+  container carries its host's id (``orchestrator.host``) and a host runs
+  only on its own: hosts may share a Docker engine.
 
 The run's model gateway socket, if any, is bound in the group's gateway
 folder, host-only and mounted read-only at ``/run/gateway``.
@@ -64,11 +69,15 @@ from orchestrator.sandbox.containers import (
 from orchestrator.sandbox.hostile_fs import connect_unix, remove_entry
 from orchestrator.store.db import Database
 from orchestrator.store.groups import get_group
+from orchestrator.store.placement import moved_away
 from orchestrator.store.tables import GroupRow
 
 log = logging.getLogger(__name__)
 
 LABEL_WARM_CONFIG = "orchestrator.warm-config"
+# The host (ORCHESTRATOR_HOST_ID) whose container it is: hosts may share a Docker
+# engine (compose's scaled workers), and each serves its own groups' runs.
+LABEL_HOST = "orchestrator.host"
 # The warm runner's socket, relative to the workspace (where the runner binds it).
 RUNNER_SOCKET = ".orchestrator/agent.sock"
 STARTUP_TIMEOUT_S = 20.0
@@ -120,12 +129,19 @@ class WarmPool:
         self.settings = settings
         self.client = client
 
-    def _labels(self, folder: str) -> list[str]:
-        return [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}",
-                f"{LABEL_WARM}=1", f"{LABEL_GROUP}={folder}"]
+    def _labels(self, folder: str | None = None, *, any_host: bool = False) -> list[str]:
+        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}", f"{LABEL_WARM}=1"]
+        if not any_host:
+            labels.append(f"{LABEL_HOST}={self.host_id}")
+        return labels + ([f"{LABEL_GROUP}={folder}"] if folder is not None else [])
 
-    def find(self, folder: str) -> list[Container]:
-        return self.client.containers.list(all=True, filters={"label": self._labels(folder)})
+    @property
+    def host_id(self) -> str:
+        return self.settings.effective_host_id
+
+    def find(self, folder: str, *, any_host: bool = False) -> list[Container]:
+        """The group's warm containers of this host (``any_host``: of every host on this engine)."""
+        return self.client.containers.list(all=True, filters={"label": self._labels(folder, any_host=any_host)})
 
     def discard(self, container: Container) -> None:
         """Remove a warm container and forget its run marker."""
@@ -137,23 +153,43 @@ class WarmPool:
                 _dirty_marker(self.settings, folder, str(container.id)).unlink()
 
     def stop(self, folder: str) -> int:
-        """Stop and remove a group's warm container(s); returns how many."""
-        found = self.find(folder)
+        """Stop and remove a group's warm container(s), whichever host's on this engine; returns how many."""
+        found = self.find(folder, any_host=True)
         for c in found:
             self.discard(c)
         return len(found)
 
     def stop_all(self) -> int:
-        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}", f"{LABEL_WARM}=1"]
-        found = self.client.containers.list(all=True, filters={"label": labels})
+        found = self.client.containers.list(all=True, filters={"label": self._labels(any_host=True)})
         for c in found:
             self.discard(c)
         return len(found)
 
     def count_running(self) -> int:
-        """This installation's running warm containers on this Docker engine (the host's heartbeat reports it)."""
-        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}", f"{LABEL_WARM}=1"]
-        return len(self.client.containers.list(filters={"label": labels, "status": "running"}))
+        """This host's running warm containers of this installation (the host's heartbeat reports it)."""
+        return len(self.client.containers.list(filters={"label": self._labels(), "status": "running"}))
+
+    def tend(self, db: Database) -> int:
+        """Stop this host's warm containers of groups placed on another host now
+        (``store/placement.py``: moved, or taken over while this host was away) whose
+        lease no process of this host holds and that no run of ours is using; returns
+        how many of this host's warm containers run after that.  The host heartbeat's
+        counting thread calls it every beat, so a group that moved leaves no idle
+        container behind on its old host; one Docker list, and a database read only
+        when there are warm containers."""
+        running = self.client.containers.list(filters={"label": self._labels(), "status": "running"})
+        folders = sorted({c.labels.get(LABEL_GROUP, "") for c in running} - {""})
+        gone = set(moved_away(db, self.host_id, folders))
+        stopped = 0
+        for c in running:
+            folder = c.labels.get(LABEL_GROUP, "")
+            if folder not in gone or _dirty_marker(self.settings, folder, str(c.id)).exists():
+                continue  # still placed here, or a run of this host is on it right now
+            log.info("group folder %s is placed on another host now: stopping its warm container %s here",
+                     folder, c.name)
+            self.discard(c)
+            stopped += 1
+        return len(running) - stopped
 
     def start(self, spec: ContainerSpec, payload: bytes) -> WarmRun:
         idle = self.settings.warm_idle_s
@@ -201,7 +237,7 @@ class WarmPool:
         args = hardened_create_args(spec, user)
         gateway = host_only_dir(gateway_dir(self.settings, spec.group_folder))
         args["volumes"][str(gateway)] = {"bind": GATEWAY_MOUNT, "mode": "ro"}
-        args["labels"] = {**args["labels"], LABEL_WARM: "1", LABEL_WARM_CONFIG: config}
+        args["labels"] = {**args["labels"], LABEL_WARM: "1", LABEL_WARM_CONFIG: config, LABEL_HOST: self.host_id}
         args["labels"].pop(LABEL_RUN, None)
         args["name"] = f"orch-warm-{spec.group_folder}-{os.urandom(3).hex()}"
         try:

@@ -2,5 +2,6 @@
 
 Engines and sessions, tables and Alembic migrations, the message log,
 groups, runs, leases, history edits, export/import, which channels a group is
-attached to, the deliveries ledger and the fleet's hosts.  Imports ``core`` and ``model``.
+attached to, the deliveries ledger, the fleet's hosts and where groups are
+placed on them.  Imports ``core`` and ``model``.
 """

@@ -44,6 +44,9 @@ class Group(BaseModel):
     # settings' (group_runs_per_hour, group_tokens_per_day), 0 no limit.
     runs_per_hour: int | None = None
     tokens_per_day: int | None = None
+    # The host the group is placed on (orchestrator/store/placement.py); None: no place yet.
+    # Signals follow it only while that host is up and beating.
+    placed_host: str | None = None
 
 
 def group_from_row(row: GroupRow) -> Group:
@@ -52,7 +55,7 @@ def group_from_row(row: GroupRow) -> Group:
         requires_trigger=row.requires_trigger and not row.is_main,
         assistant_name=row.assistant_name, cursor_seq=row.cursor_seq,
         pending_seq=row.pending_seq, session_id=row.session_id, container_config=row.container_config,
-        runs_per_hour=row.runs_per_hour, tokens_per_day=row.tokens_per_day,
+        runs_per_hour=row.runs_per_hour, tokens_per_day=row.tokens_per_day, placed_host=row.placed_host,
     )
 
 

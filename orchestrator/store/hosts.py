@@ -33,6 +33,10 @@ may be taken before its own expiry (``orchestrator/store/leases.py``; the
 sweeper closes its runs).  A lease held by a process of *this* host that no
 longer runs (:func:`gone_from_this_host`: ``os.kill(pid, 0)`` and
 ``/proc``) is taken at once.  Both rely on host ids naming one machine each.
+
+**Groups are placed only on hosts that take them** (:func:`takes_groups`:
+``up``, not draining nor stopped, and beaten within the window;
+``orchestrator/store/placement.py``).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import ColumnElement, Text, exists, func, or_, select, update
+from sqlalchemy import ColumnElement, Text, and_, exists, func, or_, select, update
 
 from orchestrator.store.db import Database, age_sql, changed_rows, db_now, now_sql
 from orchestrator.store.runs import FINAL_STATES
@@ -149,6 +153,26 @@ def on_dead_host(owner: Any, now: datetime) -> ColumnElement[bool]:
         rest.like("%:%"), ~rest.like("%:%:%"),
         or_(HostRow.state == "stopped", HostRow.heartbeat_at < now - timedelta(seconds=ALIVE_WINDOW_S)),
     )
+
+
+def up_and_beating(now: datetime | None = None, *, db: Database | None = None) -> ColumnElement[bool]:
+    """SQL on a ``hosts`` row: groups may be placed on it (``orchestrator/store/placement.py``):
+    ``up`` (not ``draining``, not ``stopped``) and beaten within :data:`ALIVE_WINDOW_S`.
+    The beat's age against ``now`` (the database's time, read by the caller in its
+    transaction), or, with ``db`` instead, against the database's now in the
+    statement itself (one round trip)."""
+    if now is not None:
+        fresh = HostRow.heartbeat_at >= now - timedelta(seconds=ALIVE_WINDOW_S)
+    else:
+        assert db is not None, "give the database's now or the database"
+        fresh = _age_s(db, HostRow.heartbeat_at) < ALIVE_WINDOW_S
+    return and_(HostRow.state == "up", fresh)
+
+
+def takes_groups(host_id: Any, now: datetime | None = None, *, db: Database | None = None) -> ColumnElement[bool]:
+    """SQL: ``host_id`` (a column of another table, or a value) names a host that is
+    :func:`up_and_beating`."""
+    return exists().where(HostRow.host_id == host_id, up_and_beating(now, db=db))
 
 
 # -- processes of this host ------------------------------------------------------------

@@ -20,6 +20,10 @@ unexpired, by a process of the acquirer's own host that no longer runs
 a conditional UPDATE naming that owner, and logs it.  What the dead holder
 left (its unfinished run) is the caller's to close before it runs anything:
 ``orchestrator/run/sweeper.py``'s ``recover_group``.
+
+**The taker is the place.**  ``acquire(place=host_id)`` (the pipeline's step)
+places a group that has no live place on the acquirer's host in the same
+UPDATE (``orchestrator/store/placement.py``).
 """
 
 from __future__ import annotations
@@ -28,11 +32,11 @@ import logging
 import threading
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, or_, select, update
+from sqlalchemy import ColumnElement, case, literal, or_, select, update
 
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.store.db import Database, changed_rows, db_now
-from orchestrator.store.hosts import gone_from_this_host, on_dead_host, owner_host
+from orchestrator.store.hosts import gone_from_this_host, on_dead_host, owner_host, takes_groups
 from orchestrator.store.tables import GroupRow
 
 log = logging.getLogger(__name__)
@@ -45,14 +49,24 @@ def holder_gone(now: datetime) -> ColumnElement[bool]:
                on_dead_host(GroupRow.lease_owner, now))
 
 
-def acquire(db: Database, chat_jid: str, owner: str, ttl_s: float) -> bool:
+def acquire(db: Database, chat_jid: str, owner: str, ttl_s: float, *, place: str | None = None) -> bool:
+    """Take ``chat_jid``'s lease for ``owner`` (True) or find it held (False).
+
+    ``place``: the acquirer's host id (the pipeline's): the group is placed on
+    it in the same statement unless it is placed on another host that takes
+    groups now (``orchestrator/store/placement.py``), so the host that takes a
+    group without a live place becomes its place, and a move sticks."""
     with db.write() as session:
         now = db_now(session)
         until = now + timedelta(seconds=ttl_s)
+        values: dict[str, object] = {"lease_owner": owner, "lease_expires_at": until}
+        if place is not None:
+            values["placed_host"] = case((takes_groups(GroupRow.placed_host, now), GroupRow.placed_host),
+                                         else_=literal(place))
         result = session.execute(
             update(GroupRow)
             .where(GroupRow.chat_jid == chat_jid, or_(GroupRow.lease_owner == owner, holder_gone(now)))
-            .values(lease_owner=owner, lease_expires_at=until)
+            .values(**values)
         )
         if changed_rows(result) == 1:
             return True
@@ -64,7 +78,7 @@ def acquire(db: Database, chat_jid: str, owner: str, ttl_s: float) -> bool:
         result = session.execute(
             update(GroupRow)
             .where(GroupRow.chat_jid == chat_jid, GroupRow.lease_owner == holder)
-            .values(lease_owner=owner, lease_expires_at=until)
+            .values(**values)
         )
         if changed_rows(result) != 1:
             return False

@@ -102,6 +102,9 @@ class GroupRow(Base):
     lease_owner: Mapped[str | None] = mapped_column(Text, nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     session_id: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The host the group is placed on (orchestrator/store/placement.py): its signals go to
+    # that host's own queue while it is up; NULL: no place yet, the shared queue.
+    placed_host: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
 
 

@@ -102,13 +102,15 @@ def test_overhead_bench_measures_cold_warm_and_the_baselines(docker_engine: None
 
 def test_cli_bench_times_help_and_send_against_the_interpreter() -> None:
     out = bench("bench.cli", "--runs", "1", timeout=300)
-    for row in ("python -c pass", "orchestrator --help", "orchestrator send (no worker)"):
+    for row in ("python -c pass", "orchestrator --help", "orchestrator send (in process)",
+                "orchestrator send (via the API)"):
         line = next((x for x in out.splitlines() if x.startswith(row)), None)
         assert line is not None, out
         wall, cpu = numbers(r"(\d+)ms", line)
         assert wall > 0 and cpu >= 0, line
     floor_line = next(x for x in out.splitlines() if x.startswith("python -c pass"))
     assert numbers(r"([\d.]+)x", floor_line) == [1.0]
+    assert '... CPU until "stored" (via the API)' in out and "target <= 500 ms" in out
 
 
 def test_gateway_bench_times_open_close_memory_and_latency() -> None:

@@ -50,11 +50,13 @@ def test_up_restarts_a_dead_child_and_stops_on_ctrl_c(stack: Stack) -> None:
 
         wait_until(health, 60, "the API to answer /health")
         kids = _children(up.pid)
-        workers = [p for p, a in kids.items() if " worker " in a]
+        # The agent worker and, apart, the delivery worker (replies never wait for an agent slot).
+        workers = [p for p, a in kids.items() if " worker " in a and " -Q agent " in a]
         assert len(workers) == 1 and any(" beat " in a for a in kids.values()), kids
+        assert any(" worker " in a and " -Q delivery " in a for a in kids.values()), kids
         os.kill(workers[0], signal.SIGKILL)
-        wait_until(lambda: any(" worker " in a and p != workers[0] for p, a in _children(up.pid).items()), 30,
-              "a new worker child")
+        wait_until(lambda: any(" -Q agent " in a and p != workers[0] for p, a in _children(up.pid).items()), 30,
+                   "a new agent worker child")
         res = stack.cli("send", "main@local", "$ echo after-restart", "--wait", "60")
         assert res.returncode == 0 and "after-restart" in res.stdout, res.stderr + log.read_text()
     finally:
