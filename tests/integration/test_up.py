@@ -49,8 +49,11 @@ def test_up_restarts_a_dead_child_and_stops_on_ctrl_c(stack: Stack) -> None:
                 return False
 
         wait_until(health, 60, "the API to answer /health")
+        # The agent worker and, apart, the delivery worker (replies never wait for an agent slot),
+        # each up (or restarted by the supervisor) within a few seconds.
+        wait_until(lambda: sum(" worker " in a for a in _children(up.pid).values()) == 2, 30,
+                   "the agent worker and the delivery worker", lambda: f"{_children(up.pid)}\n{log.read_text()[-4000:]}")
         kids = _children(up.pid)
-        # The agent worker and, apart, the delivery worker (replies never wait for an agent slot).
         workers = [p for p, a in kids.items() if " worker " in a and " -Q agent " in a]
         assert len(workers) == 1 and any(" beat " in a for a in kids.values()), kids
         assert any(" worker " in a and " -Q delivery " in a for a in kids.values()), kids
