@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -346,25 +346,24 @@ class DockerSandbox:
     def remove_run(self, run_id: str) -> int:
         """Remove this installation's container(s) of run ``run_id`` (a dead worker's run,
         before its group runs again); returns how many."""
-        removed = 0
-        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}", f"{LABEL_RUN}={run_id}"]
-        for c in self.client.containers.list(all=True, filters={"label": labels}):
-            try:
-                c.remove(force=True)
-                removed += 1
-            except NotFound:
-                pass
-        return removed
+        return self._remove([f"{LABEL_RUN}={run_id}"], lambda c: False)
 
     def remove_orphans(self, live_runs: set[str]) -> int:
         """Remove this installation's run containers whose run is not in ``live_runs``."""
+
+        def keep(c: Container) -> bool:
+            # A warm container idles out by itself; a run may be using it right now.
+            return c.labels.get(LABEL_RUN) in live_runs or (c.labels.get(LABEL_WARM) == "1" and c.status == "running")
+
+        return self._remove([], keep)
+
+    def _remove(self, extra_labels: list[str], keep: Callable[[Container], bool]) -> int:
+        """Force-remove this installation's containers with ``extra_labels`` that ``keep`` spares."""
         removed = 0
-        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}"]
+        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}", *extra_labels]
         for c in self.client.containers.list(all=True, filters={"label": labels}):
-            if c.labels.get(LABEL_RUN) in live_runs:
+            if keep(c):
                 continue
-            if c.labels.get(LABEL_WARM) == "1" and c.status == "running":
-                continue  # idles out by itself; a run may be using it right now
             try:
                 c.remove(force=True)
                 removed += 1
