@@ -56,7 +56,7 @@ def make_celery(settings: Settings) -> Celery:
     # Celery and kombu are imported here, not at the top: a process that
     # only stores a message (the CLI's send) must not pay for them first.
     from celery import Celery
-    from kombu import Queue
+    from kombu import Exchange, Queue
 
     settings.ensure_dirs()
     broker = settings.effective_broker_url
@@ -89,7 +89,12 @@ def make_celery(settings: Settings) -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_default_queue=AGENT_QUEUE,
-        task_queues=[Queue(AGENT_QUEUE), Queue(DELIVERY_QUEUE)],
+        # Each queue on its own direct exchange and key, as Celery makes the
+        # host queues (workers/app.py).  Declared without them, "agent" and
+        # "delivery" were both bound to exchange "agent" with key "agent":
+        # harmless while Celery publishes to the nameless exchange by queue
+        # name, but any publish to that exchange would land in both queues.
+        task_queues=[Queue(name, Exchange(name), routing_key=name) for name in (AGENT_QUEUE, DELIVERY_QUEUE)],
         task_routes={
             DRAIN_TASK: {"queue": AGENT_QUEUE},
             SWEEP_TASK: {"queue": DELIVERY_QUEUE},

@@ -13,7 +13,6 @@ file holds what the database says, and refuses to start otherwise.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from pathlib import Path
 
@@ -39,26 +38,25 @@ def prove_data_dir(db: Database, settings: Settings) -> str:
     Raises :class:`DataDirNotShared` naming the data dir and what to do.
     """
     path = settings.data_dir / MARKER_FILE
-    on_disk = _read(path)
     known = _stored(db)
+    on_disk = _read(path)
     if known is None:
         # First start of this database (or of a database from before markers):
-        # the data dir beside it is the installation's.  It keeps a marker it
-        # already has (a database recreated beside its files).  Two first
-        # starts at once: one insert wins and its process writes the file.
-        mine = on_disk or uuid.uuid4().hex
+        # the data dir beside it is the installation's.  The file is written
+        # before the row, so whoever later finds the row also finds the file
+        # (a worker that read the row first and the file second would refuse
+        # to start while the first worker is between the two writes).  Two
+        # first starts at once: one creates the file, the other reads it; one
+        # insert wins.  A marker already on disk (a database recreated beside
+        # its files) is kept.
+        on_disk = on_disk or _create(path, uuid.uuid4().hex)
         try:
             with db.write() as session:
-                session.add(InstallationRow(key=_MARKER_KEY, value=mine))
+                session.add(InstallationRow(key=_MARKER_KEY, value=on_disk))
         except IntegrityError:
             pass
         known = _stored(db)
         assert known is not None
-        if known == mine and on_disk is None:
-            _write(path, known)
-        deadline = time.monotonic() + 5
-        while (on_disk := _read(path)) is None and time.monotonic() < deadline:
-            time.sleep(0.1)  # the winner of the race is writing it
     # Never written here when the database already had a marker: a worker
     # with an empty local data dir must not make it look like the shared one.
     if on_disk != known:
@@ -85,8 +83,25 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _write(path: Path, marker: str) -> None:
+def _create(path: Path, marker: str) -> str:
+    """Create the marker file unless another process just did; return what it holds.
+
+    Written whole under a private name and linked into place: ``link`` fails
+    when the name exists, so a racing process never reads a half-written file
+    and never replaces the winner's marker.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{MARKER_FILE}.{os.getpid()}.tmp")
+    tmp = path.with_name(f"{MARKER_FILE}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     tmp.write_text(marker + "\n", encoding="utf-8")
-    tmp.replace(path)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    found = _read(path)
+    if found is None:  # an empty file left by someone else: ours is as good
+        tmp.write_text(marker + "\n", encoding="utf-8")
+        tmp.replace(path)
+        return marker
+    return found

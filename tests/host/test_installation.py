@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,35 @@ def test_a_real_worker_with_another_data_dir_refuses_to_start(db: Database, sett
     assert done.returncode != 0
     output = done.stdout + done.stderr
     assert "refusing to start: the data dir" in output and "is missing" in output, output[-3000:]
+
+
+def test_workers_that_start_together_all_prove_the_same_marker(db: Database, settings: Settings) -> None:
+    # `up` starts an agent worker and a deliverer at once: neither may see the
+    # other's row before its file (the first start used to refuse one of them).
+    from sqlalchemy import delete
+
+    from orchestrator.store.tables import InstallationRow
+
+    provers = 6
+    for _round in range(8):
+        with db.write() as session:
+            session.execute(delete(InstallationRow))
+        (settings.data_dir / MARKER_FILE).unlink(missing_ok=True)
+        start = threading.Barrier(provers)
+        proved: list[str | BaseException] = []
+
+        def prove() -> None:
+            start.wait()
+            try:
+                proved.append(prove_data_dir(db, settings))
+            except BaseException as refused:  # noqa: BLE001 - reported by the assert below
+                proved.append(refused)
+
+        threads = [threading.Thread(target=prove) for _ in range(provers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert len(proved) == provers and len(set(proved)) == 1, proved
+        assert (settings.data_dir / MARKER_FILE).read_text().strip() == proved[0]
+        assert not list(settings.data_dir.glob(f"{MARKER_FILE}.*.tmp"))

@@ -14,7 +14,8 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from orchestrator.core.settings import Settings
-from orchestrator.run.queue import BrokerUnavailable, Signals, make_celery
+from orchestrator.run.queue import BrokerUnavailable, Signals, host_queue, make_celery
+from tests.conftest import REDIS_URL, redis_available, require_service
 
 
 def _closed_port() -> int:
@@ -45,3 +46,46 @@ def test_a_refused_publish_opens_the_breaker_for_a_few_seconds(settings: Setting
     with pytest.raises(OperationalError):
         signals.group("g@local")
     assert made == [1]  # one app for every signal
+
+
+@pytest.mark.parametrize("broker", ["embedded", "redis"])
+def test_each_signal_lands_in_its_own_queue_only(settings: Settings, broker: str) -> None:
+    # A deliverer consumes "delivery" only and an agent worker "agent" (and its
+    # host's queue): a signal copied into another queue would make a deliverer
+    # take agent runs, or run every drain twice.
+    if broker == "redis":
+        require_service(redis_available(), f"a Redis server at {REDIS_URL}")
+        local = settings.replace(broker_url=REDIS_URL.rsplit("/", 1)[0] + "/13")
+        import redis
+
+        redis.Redis.from_url(local.broker_url).flushdb()  # kombu keeps bindings in Redis across runs
+    else:
+        local = settings.replace(broker_url="")
+    signals = Signals(lambda: make_celery(local))
+    app = signals.app
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+
+        def counts() -> dict[str, int]:
+            names = ("agent", "delivery", host_queue("host-a"))
+            return {name: channel.queue_declare(name, passive=False).message_count for name in names}
+
+        for name in counts():
+            channel.queue_purge(name)
+        signals.delivery("g@local")
+        signals.group("g@local")
+        signals.group("h@local", host="host-a")
+        signals.delivery(None)
+        # And through the queues' exchanges and keys, as a publisher that does
+        # not use Celery's by-name routing would send: still one queue each.
+        for queue in app.amqp.queues.values():
+            queue.bind(channel).declare()
+        with app.producer_or_acquire() as producer:
+            for name in ("agent", "delivery"):
+                queue = app.amqp.queues[name]
+                producer.publish({"look": name}, exchange=queue.exchange, routing_key=queue.routing_key)
+        try:
+            assert counts() == {"agent": 2, "delivery": 3, host_queue("host-a"): 1}
+        finally:
+            for name in counts():
+                channel.queue_purge(name)
