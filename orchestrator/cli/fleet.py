@@ -28,7 +28,8 @@ def hosts(
         float, typer.Option(min=0.0, help="A host is alive while its last heartbeat is younger than this (seconds).")
     ] = ALIVE_WINDOW_S,
 ) -> None:
-    """List the worker hosts: state, liveness, last heartbeat, runs, warm containers, groups."""
+    """List the worker hosts: state, liveness, last heartbeat, runs, warm containers, the groups
+    whose lease each holds and the groups placed on each."""
     from orchestrator.store.hosts import list_hosts
 
     root = _setup()
@@ -42,19 +43,24 @@ def hosts(
     if not found:
         typer.echo("no hosts have registered yet (a worker registers its host when it starts)")
         return
-    rows = [("HOST", "STATE", "ALIVE", "HEARTBEAT", "PID", "VERSION", "RUNS", "WARM", "GROUPS")]
+    rows = [("HOST", "STATE", "ALIVE", "HEARTBEAT", "PID", "VERSION", "RUNS", "WARM", "PLACED", "GROUPS")]
     rows += [_row(h) for h in found]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         typer.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)) + "  " + r[-1])
 
 
-def _row(h: Host) -> tuple[str, str, str, str, str, str, str, str, str]:
+def _row(h: Host) -> tuple[str, ...]:
     warm: Optional[int] = h.warm_containers
     return (
         h.host_id, h.state, "yes" if h.alive else "no", f"{_age(h.heartbeat_age_s)} ago", str(h.pid), h.version,
-        str(len(h.runs)), "?" if warm is None else str(warm), ", ".join(h.groups) or "-",
+        str(len(h.runs)), "?" if warm is None else str(warm), _count(h.placed), ", ".join(h.groups) or "-",
     )
+
+
+def _count(placed: list[str]) -> str:
+    # The number only: a host may hold hundreds of placed groups (--json lists them).
+    return str(len(placed))
 
 
 def _age(seconds: float) -> str:

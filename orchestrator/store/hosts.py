@@ -104,6 +104,9 @@ class Host(BaseModel):
     runs: list[HostRun]
     # Chat ids of the groups whose lease the host holds.
     groups: list[str]
+    # Chat ids of the groups placed on the host (orchestrator/store/placement.py):
+    # their signals go to its queue while it is up and beating.
+    placed: list[str] = []
 
 
 # -- owners -----------------------------------------------------------------------
@@ -283,7 +286,7 @@ def mark_stopped(db: Database, host_id: str, instance: str) -> bool:
 
 def list_hosts(db: Database, *, window_s: float = ALIVE_WINDOW_S) -> list[Host]:
     """Every host, by id: liveness (heartbeat younger than ``window_s`` by the database's clock),
-    its runs that are not final yet and the groups whose lease it holds."""
+    its runs that are not final yet, the groups whose lease it holds and those placed on it."""
     age = _age_s(db, HostRow.heartbeat_at).label("age")
     with db.read() as session:
         rows = session.execute(select(HostRow, age).order_by(HostRow.host_id)).all()
@@ -297,12 +300,19 @@ def list_hosts(db: Database, *, window_s: float = ALIVE_WINDOW_S) -> list[Host]:
             .where(GroupRow.lease_owner.is_not(None), GroupRow.lease_expires_at > _db_now(db))
             .order_by(GroupRow.chat_jid)
         ).all()
+        placements = session.execute(
+            select(GroupRow.chat_jid, GroupRow.placed_host)
+            .where(GroupRow.placed_host.is_not(None)).order_by(GroupRow.chat_jid)
+        ).all()
     runs_of: dict[str, list[HostRun]] = {}
     for r in runs:
         runs_of.setdefault(owner_host(r.owner) or "", []).append(HostRun(id=r.id, chat_jid=r.chat_jid, state=r.state))
     groups_of: dict[str, list[str]] = {}
     for g in leases:
         groups_of.setdefault(owner_host(g.lease_owner) or "", []).append(g.chat_jid)
+    placed_on: dict[str, list[str]] = {}
+    for g in placements:
+        placed_on.setdefault(g.placed_host, []).append(g.chat_jid)
     hosts = []
     for row, age_s in rows:
         age_s = max(0.0, float(age_s))
@@ -312,6 +322,7 @@ def list_hosts(db: Database, *, window_s: float = ALIVE_WINDOW_S) -> list[Host]:
             "version": row.version, "concurrency": row.concurrency, "warm_containers": row.warm_containers,
             "started_at": row.started_at, "heartbeat_at": row.heartbeat_at, "stopped_at": row.stopped_at,
             "runs": runs_of.get(row.host_id, []), "groups": groups_of.get(row.host_id, []),
+            "placed": placed_on.get(row.host_id, []),
         }))
     return hosts
 

@@ -4,6 +4,7 @@ constant and the API route.  The worker-process side is ``tests/integration/test
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
@@ -173,9 +174,36 @@ def test_runs_and_groups_are_attributed_to_their_host(db: Database) -> None:
     assert [(r.id, r.chat_jid, r.state) for r in rack.runs] == [(live.id, "a@x", "queued")]
     assert rack.groups == ["a@x"]
     assert [r.id for r in b.runs] == [theirs.id] and b.groups == ["c@x"]
+    # Placement is listed apart from leases: a group placed on a host whose lease is free.
+    assert rack.placed == [] and b.placed == []
+    with db.write() as session:
+        session.execute(update(GroupRow).where(GroupRow.chat_jid.in_(["b@x", "d@x"])).values(placed_host="rack:1"))
+        session.execute(update(GroupRow).where(GroupRow.chat_jid == "c@x").values(placed_host="host-b"))
+        session.execute(update(GroupRow).where(GroupRow.chat_jid == "a@x").values(placed_host="gone-host"))
+    assert _host(db, "rack:1").placed == ["b@x", "d@x"] and _host(db, "host-b").placed == ["c@x"]
+    assert _host(db, "rack:1").groups == ["a@x"]  # the lease, not the placement
     leases.release(db, "a@x", mine)
     finish_run(db, live.id, state="failed", error="x")
     assert (_host(db, "rack:1").runs, _host(db, "rack:1").groups) == ([], [])
+
+
+def test_the_cli_lists_hosts_with_their_placed_groups(db: Database, settings: Settings) -> None:
+    from typer.testing import CliRunner
+
+    from orchestrator.cli.main import app
+
+    add_group(db, chat_jid="p@x", name="p", folder="p")
+    _register(db)
+    with db.write() as session:
+        session.execute(update(GroupRow).where(GroupRow.chat_jid == "p@x").values(placed_host="host-a"))
+    env = {"ORCHESTRATOR_DATA_DIR": str(settings.data_dir), "ORCHESTRATOR_DATABASE_URL": settings.effective_database_url}
+    table = CliRunner().invoke(app, ["hosts"], env=env)
+    assert table.exit_code == 0, table.output
+    header, row = table.output.splitlines()[:2]
+    assert header.split() == ["HOST", "STATE", "ALIVE", "HEARTBEAT", "PID", "VERSION", "RUNS", "WARM", "PLACED", "GROUPS"]
+    assert row.split()[0] == "host-a" and row.split()[-2:] == ["1", "-"]
+    listed = CliRunner().invoke(app, ["hosts", "--json"], env=env)
+    assert listed.exit_code == 0 and json.loads(listed.output)[0]["placed"] == ["p@x"]
 
 
 def test_the_pipeline_and_deliverer_own_as_their_host(settings: Settings) -> None:
