@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -11,7 +11,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, defer
 
 from orchestrator.core.errors import StoreError
-from orchestrator.store.db import Database
+from orchestrator.store.db import Database, db_now
 from orchestrator.store.tables import RunRow
 
 RunState = Literal["queued", "running", "succeeded", "failed", "timed_out", "cancelled"]
@@ -70,8 +70,10 @@ def add_run(
     owner: str | None = None,
 ) -> Run:
     """A new ``queued`` run, added in the caller's transaction (``store/slots.py``
-    admits a run under the fleet's cap and adds its row in one)."""
-    now = datetime.now(UTC)
+    admits a run under the fleet's cap and adds its row in one).  Its times are
+    the database's: the quotas count runs against the database's hour, whichever
+    host made them (``store/usage.py``)."""
+    now = db_now(session)
     row = RunRow(
         id=str(uuid.uuid4()), chat_jid=chat_jid, state="queued", attempts=1,
         cursor_from=cursor_from, cursor_to=cursor_to, celery_task_id=celery_task_id,
@@ -162,8 +164,8 @@ def finish_run(
     input_tokens: int = 0,
     output_tokens: int = 0,
 ) -> Run:
-    now = datetime.now(UTC)
     with db.write() as session:
+        now = db_now(session)  # on the clock started_at was taken from
         row = session.get(RunRow, run_id)
         if row is None:
             raise StoreError(f"no run {run_id!r}")

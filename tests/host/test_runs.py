@@ -59,3 +59,24 @@ def test_cancel_outranks_how_the_run_ended(db: Database) -> None:
     assert cancel_run(db, other.id).state == "succeeded"
     with pytest.raises(StoreError):
         cancel_run(db, "no-such-run")
+
+
+def test_a_runs_times_are_the_databases_whatever_the_hosts_clock(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The quotas count a group's runs in the database's last hour: a host two
+    # hours ahead must not make its runs look fresh for two more hours.
+    from orchestrator.store import runs as runs_module
+    from orchestrator.store.hosts import database_now
+
+    class Ahead(datetime):
+        @classmethod
+        def now(cls, tz: object = None) -> Ahead:  # type: ignore[override]
+            return super().now(tz) + timedelta(hours=2)  # type: ignore[arg-type,return-value]
+
+    monkeypatch.setattr(runs_module, "datetime", Ahead)
+    before = database_now(db)
+    run = create_run(db, chat_jid="main@local", cursor_from=0, cursor_to=1, celery_task_id=None)
+    done = finish_run(db, run.id, state="succeeded")
+    after = database_now(db)
+    assert before - timedelta(seconds=1) <= run.created_at <= after
+    assert done.finished_at is not None and before - timedelta(seconds=1) <= done.finished_at <= after
+    assert done.duration_s is not None and 0 <= done.duration_s < 5
