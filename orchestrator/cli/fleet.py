@@ -43,7 +43,7 @@ def hosts(
     if not found:
         typer.echo("no hosts have registered yet (a worker registers its host when it starts)")
         return
-    rows = [("HOST", "STATE", "ALIVE", "HEARTBEAT", "PID", "VERSION", "RUNS", "WARM", "PLACED", "GROUPS")]
+    rows: list[tuple[str, ...]] = [("HOST", "STATE", "ALIVE", "HEARTBEAT", "PID", "VERSION", "RUNS", "WARM", "PLACED", "GROUPS")]
     rows += [_row(h) for h in found]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:

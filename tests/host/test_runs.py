@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 
 import pytest
 
@@ -69,8 +69,8 @@ def test_a_runs_times_are_the_databases_whatever_the_hosts_clock(db: Database, m
 
     class Ahead(datetime):
         @classmethod
-        def now(cls, tz: object = None) -> Ahead:  # type: ignore[override]
-            return super().now(tz) + timedelta(hours=2)  # type: ignore[arg-type,return-value]
+        def now(cls, tz: tzinfo | None = None) -> Ahead:
+            return super().now(tz) + timedelta(hours=2)
 
     monkeypatch.setattr(runs_module, "datetime", Ahead)
     before = database_now(db)
