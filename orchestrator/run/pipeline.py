@@ -177,12 +177,15 @@ class Step:
     quota: QuotaWait | None = None  # the group is over a quota until then (retry_in says how long)
     # The fleet is at ORCHESTRATOR_MAX_CONCURRENT_RUNS: the group waits in line (retry_in: the re-check).
     waiting: SlotWait | None = None
+    # Runs a dead lease holder left, closed by this step before it ran (sweeper.recover_group).
+    recovered: list[str] = field(default_factory=list)
 
     @property
     def freed_slot(self) -> bool:
-        """This step ended a run (not parked): its slot is free, so the groups next in
-        line are signalled now (``store.slots.to_wake``), not at their next re-check."""
-        return self.outcome is not None and self.outcome.retry_in is None
+        """This step ended a run (not parked), or closed a dead holder's: a slot is free,
+        so the groups next in line are signalled now (``store.slots.to_wake``), not at
+        their next re-check."""
+        return bool(self.recovered) or (self.outcome is not None and self.outcome.retry_in is None)
 
 
 @dataclass
@@ -257,44 +260,50 @@ class Pipeline:
         if not leases.acquire(self.db, chat_jid, self.owner, ttl, place=self.settings.effective_host_id):
             log.info("group %s is busy elsewhere; its lease holder will see the new work", chat_jid)
             return Step(busy=True)
-        outcome: RunOutcome | None = None
         try:
-            recover_group(self.db, chat_jid, self.owner, sandbox=self.sandbox)  # a dead holder's run: closed first
+            # A dead holder's run is closed first; the slot it held is free.
+            recovered = recover_group(self.db, chat_jid, self.owner, sandbox=self.sandbox)
             with leases.Heartbeat(self.db, chat_jid, self.owner, ttl, clock=self.clock) as heartbeat:
-                parked = parked_run(self.db, chat_jid)
-                if parked is not None:
-                    due_in = self._due_in(parked)
-                    if due_in > 0:
-                        return Step(retry_in=due_in)
-                    outcome = self.resume(parked, task_id=task_id, lease_lost=heartbeat.lost)
-                else:
-                    group = get_group(self.db, chat_jid)
-                    if group.pending_seq > group.cursor_seq:
-                        # A group over its runs-per-hour or tokens-per-day quota
-                        # starts nothing: its messages wait, and people are told
-                        # when the next run starts (once per wait).
-                        wait = quota_wait(self.db, self.settings, group)
-                        if wait is not None:
-                            # Waiting for its quota, not for a run slot: it must not hold others back.
-                            leave_line(self.db, self.settings.max_concurrent_runs, chat_jid)
-                            if store_quota_notice(self.db, chat_jid, wait) is not None:
-                                self._deliver(chat_jid)
-                            return Step(retry_in=max(1.0, wait.wait_s), quota=wait)
-                        try:
-                            outcome = self.run_once(group, task_id=task_id, lease_lost=heartbeat.lost)
-                        except FleetFull as full:
-                            # ORCHESTRATOR_MAX_CONCURRENT_RUNS runs are unfinished (or better-ranked
-                            # groups wait for the free slots): nothing started, the group waits in
-                            # line (store/slots.py); the run that frees a slot signals the next.
-                            return Step(retry_in=full.retry_in, waiting=full.wait)
+                step = self._step_held(chat_jid, task_id, heartbeat.lost)
         finally:
             leases.release(self.db, chat_jid, self.owner)
-        if outcome is not None and outcome.retry_in is not None:
+        step.recovered = recovered
+        if step.retry_in is None:  # a run ended, or there was nothing to run
+            # Looked at after the release, so a message whose signal bounced off
+            # our lease is not left waiting for the sweeper.
+            group = get_group(self.db, chat_jid)
+            step.more = group.pending_seq > group.cursor_seq
+        return step
+
+    def _step_held(self, chat_jid: str, task_id: str | None, lease_lost: threading.Event) -> Step:
+        """The step's work under the group's lease (see :meth:`step`)."""
+        parked = parked_run(self.db, chat_jid)
+        if parked is not None:
+            due_in = self._due_in(parked)
+            if due_in > 0:
+                return Step(retry_in=due_in)
+            outcome = self.resume(parked, task_id=task_id, lease_lost=lease_lost)
             return Step(outcome=outcome, retry_in=outcome.retry_in)
-        # Looked at after the release, so a message whose signal bounced off
-        # our lease is not left waiting for the sweeper.
         group = get_group(self.db, chat_jid)
-        return Step(outcome=outcome, more=group.pending_seq > group.cursor_seq)
+        if group.pending_seq <= group.cursor_seq:
+            return Step(outcome=None)
+        # A group over its runs-per-hour or tokens-per-day quota starts nothing:
+        # its messages wait, and people are told when the next run starts (once per wait).
+        wait = quota_wait(self.db, self.settings, group)
+        if wait is not None:
+            # Waiting for its quota, not for a run slot: it must not hold others back.
+            leave_line(self.db, self.settings.max_concurrent_runs, chat_jid)
+            if store_quota_notice(self.db, chat_jid, wait) is not None:
+                self._deliver(chat_jid)
+            return Step(retry_in=max(1.0, wait.wait_s), quota=wait)
+        try:
+            started = self.run_once(group, task_id=task_id, lease_lost=lease_lost)
+        except FleetFull as full:
+            # ORCHESTRATOR_MAX_CONCURRENT_RUNS runs are unfinished (or better-ranked
+            # groups wait for the free slots): nothing started, the group waits in
+            # line (store/slots.py); the run that frees a slot signals the next.
+            return Step(retry_in=full.retry_in, waiting=full.wait)
+        return Step(outcome=started, retry_in=None if started is None else started.retry_in)
 
     def drain_group(self, chat_jid: str, *, task_id: str | None = None) -> list[RunOutcome]:
         """Step until nothing is pending, waiting out retries on the clock: for

@@ -321,3 +321,41 @@ def test_migration_0010_adds_the_line(db: Database) -> None:
     alembic("upgrade", "head")
     assert db.schema_revision() == dbmod.SCHEMA_HEAD
     assert {c["name"] for c in inspect(db.engine).get_columns("run_waits")} == {"chat_jid", "since", "seen_at"}
+
+
+def test_closing_a_dead_holders_run_frees_its_slot_for_the_line(settings: Settings, db: Database) -> None:
+    # A worker died after its run had answered: the next step of that group closes
+    # the run (sweeper.recover_group) and has nothing left to run.  The slot the
+    # dead run held is free, so that step signals the group first in line.
+    from orchestrator.model.messages import SENDER_BOT, NewMessage
+    from orchestrator.store import leases
+    from orchestrator.store.groups import get_group
+    from orchestrator.store.message_log import insert_message
+    from orchestrator.store.runs import create_run
+    from orchestrator.store.tables import GroupRow
+
+    s = settings.replace(max_concurrent_runs=1)
+    dead, ann = _groups(db, "dead", "ann")
+    _say(db, s, dead)
+    pending = get_group(db, dead).pending_seq
+    gone = "ghost-host:4242:feed"
+    assert leases.acquire(db, dead, gone, 60)
+    run = create_run(db, chat_jid=dead, cursor_from=0, cursor_to=pending, celery_task_id=None, owner=gone)
+    with db.write() as session:
+        insert_message(session, db, NewMessage(id=f"{run.id}-0", chat_jid=dead, sender=SENDER_BOT, is_from_me=True,
+                                               content="half an answer", timestamp=datetime.now(UTC).isoformat(),
+                                               message_type="assistant"))
+        session.execute(update(GroupRow).where(GroupRow.chat_jid == dead)
+                        .values(lease_expires_at=datetime.now(UTC) - timedelta(minutes=5)))
+    sandbox = FakeSandbox(Script(DONE))
+    p = _pipeline(s, db, sandbox)
+    _say(db, s, ann)
+    assert p.step(ann).waiting is not None  # the dead run holds the one slot
+    assert to_wake(db, 1) == []
+    step = p.step(dead)
+    assert step.recovered == [run.id] and step.outcome is None and not step.more
+    assert step.freed_slot and to_wake(db, 1) == [ann]
+    signalled: list[tuple[str, float | None]] = []
+    p.follow_up(dead, step, lambda jid, countdown: signalled.append((jid, countdown)))
+    assert signalled == [(ann, None)]
+    assert p.step(ann).outcome is not None and [inp.chat_jid for _, inp in sandbox.started] == [ann]
