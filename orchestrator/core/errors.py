@@ -21,6 +21,8 @@ the classes defined outside this module say where they live::
     │   │                      [store.groups, store.attachments, sandbox.config]
     │   └── MessageNotFound    no such (message id, chat) in the store [store.message_log, store.history]
     ├── GroupBusy              a run holds the group; edit/regenerate must wait [store.history]
+    ├── LeaseLost              another worker took the group over: a run's output is not stored, the
+    │                          run is left to the new holder [store.leases]
     ├── InvalidMessage         bad input: a message, an edit, a group, a schedule, an import
     │   │                      (also a ValueError) [store.message_log, store.groups, store.history,
     │   │                      store.transfer, run.schedules]
@@ -96,6 +98,10 @@ class MessageNotFound(StoreError, LookupError):
 
 class GroupBusy(OrchestratorError):
     pass
+
+
+class LeaseLost(OrchestratorError):
+    """Another worker holds the group's lease now: this one stores nothing more for it."""
 
 
 class InvalidMessage(OrchestratorError, ValueError):

@@ -40,7 +40,7 @@ from sqlalchemy import select, update
 
 from orchestrator.core.backoff import backoff_delay
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
-from orchestrator.core.errors import ConfigError, MountRefused
+from orchestrator.core.errors import ConfigError, LeaseLost, MountRefused
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import SENDER_BOT, NewMessage
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
@@ -109,6 +109,9 @@ class Attempt:
     usage: Usage = field(default_factory=Usage)
     retryable: bool = False
     session_id: str | None = None
+    # Another worker took the group over (store/leases.py): this one neither ends
+    # the run nor says anything; the new holder closes it (sweeper.recover_group).
+    lease_lost: bool = False
 
 
 class StopWatch:
@@ -431,6 +434,8 @@ class Pipeline:
     def _conclude(self, group: Group, outcome: RunOutcome, result: Attempt, isolated: bool) -> RunOutcome:
         """Park the run for a retry, or end it: the host message, the cursor, the run row."""
         run = outcome.run
+        if result.lease_lost:
+            return self._taken_over(outcome, result.error)
         # A run that already answered is never replayed from the start (no
         # duplicate replies). Tool records of a failed attempt stay: those
         # commands did run.
@@ -444,15 +449,27 @@ class Pipeline:
             )
             outcome.retry_in = delay
             return outcome
-        if result.state == "cancelled":
-            self._emit(group, host_message(run_id=run.id, text="🛑 Run cancelled."), outcome)
-        elif result.state != "succeeded":
-            self._emit(group, host_message(run_id=run.id, text=f"⚠️ Agent error: {result.error}"), outcome)
+        try:
+            if result.state == "cancelled":
+                self._emit(group, host_message(run_id=run.id, text="🛑 Run cancelled."), outcome)
+            elif result.state != "succeeded":
+                self._emit(group, host_message(run_id=run.id, text=f"⚠️ Agent error: {result.error}"), outcome)
+        except LeaseLost as lost:
+            return self._taken_over(outcome, str(lost))
         self._advance(group, run.cursor_to, None if isolated else result.session_id)
         outcome.run = finish_run(
             self.db, run.id, state=result.state, error=result.error,
             input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
         )
+        return outcome
+
+    def _taken_over(self, outcome: RunOutcome, why: str | None) -> RunOutcome:
+        """The group's lease went to another worker during this run: stop here, store
+        nothing more, leave the run as it is.  Its new holder closes it before it runs
+        (``sweeper.recover_group``: a reply already stored moves the cursor on, none
+        leaves the messages pending for the new run), or the sweeper does."""
+        log.warning("run %s of %s: %s; left to the group's new lease holder", outcome.run.id,
+                    outcome.run.chat_jid, why)
         return outcome
 
     def _attempt(
@@ -538,6 +555,7 @@ class Pipeline:
         result: ResultEvent | None = None
         error: ErrorEvent | None = None
         limit: OutputLimitExceeded | None = None
+        fenced: LeaseLost | None = None
         garbage = 0
         settings = self.settings
         # Everything the container writes is hostile: its lines, their number
@@ -580,6 +598,11 @@ class Pipeline:
                     limit = exc
                     log.warning("run %s: %s", run.id, exc)
                     container.kill()
+                except LeaseLost as exc:
+                    # Taken over (a pause or partition made this host look dead): the
+                    # output was not stored, and the agent must not go on beside the new run.
+                    fenced = exc
+                    container.kill()
                 exit_ = container.finish()
         if garbage > 5:
             log.warning("run %s: %d lines that are not events in all", run.id, garbage)
@@ -589,8 +612,9 @@ class Pipeline:
             usage = Usage(input_tokens=gateway.input_tokens, output_tokens=gateway.output_tokens)
         if stop.reason == "cancelled":
             return Attempt("cancelled", "cancelled by request", usage)
-        if stop.reason == "lease_lost":
-            return Attempt("failed", "this worker lost the group's lease; the run was stopped", usage)
+        if fenced is not None or stop.reason == "lease_lost":
+            why = str(fenced) if fenced is not None else "this worker lost the group's lease"
+            return Attempt("failed", f"{why}; the run was stopped", usage, lease_lost=True)
         if limit is not None:
             # The agent would break it again: no retry.
             return Attempt("failed", str(limit), usage, retryable=False)
@@ -623,6 +647,7 @@ class Pipeline:
             **(fields["metadata"] or {}), REPLY_TO_KEY: outcome.run.cursor_to, RUN_ID_KEY: outcome.run.id,
         }
         with self.db.write() as session:
+            leases.fence(session, group.chat_jid, self.owner)  # nothing stored by a replaced holder
             new = NewMessage(chat_jid=group.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
             msg, created = insert_message(session, self.db, new)
             queued = record_deliveries(session, msg) if created else 0
@@ -653,6 +678,7 @@ class Pipeline:
         # does not wake that chat's agent and is not this run's reply.
         meta = {**(out.metadata or {}), "via": "send_message", "from_chat": group.chat_jid, RUN_ID_KEY: run_id}
         with self.db.write() as session:
+            leases.fence(session, group.chat_jid, self.owner)
             fields = {**out.model_dump(), "metadata": meta}
             new = NewMessage(chat_jid=event.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
             msg, created = insert_message(session, self.db, new)

@@ -21,6 +21,13 @@ a conditional UPDATE naming that owner, and logs it.  What the dead holder
 left (its unfinished run) is the caller's to close before it runs anything:
 ``orchestrator/run/sweeper.py``'s ``recover_group``.
 
+**A lost lease stores nothing.**  A holder that was taken for dead (its host
+silent past the liveness window: a pause, a partition) may still be running
+when it comes back.  Everything the pipeline stores for a run checks, in the
+same write transaction, that the lease is still its own (:func:`fence`), so a
+worker whose group was taken over stops at its next output instead of
+answering beside the new holder.
+
 **The taker is the place.**  ``acquire(place=host_id)`` (the pipeline's step)
 places a group that has no live place on the acquirer's host in the same
 UPDATE (``orchestrator/store/placement.py``).
@@ -33,8 +40,10 @@ import threading
 from datetime import datetime, timedelta
 
 from sqlalchemy import ColumnElement, case, literal, or_, select, update
+from sqlalchemy.orm import Session
 
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
+from orchestrator.core.errors import LeaseLost
 from orchestrator.store.db import Database, changed_rows, db_now
 from orchestrator.store.hosts import gone_from_this_host, on_dead_host, owner_host, takes_groups
 from orchestrator.store.tables import GroupRow
@@ -95,6 +104,15 @@ def renew(db: Database, chat_jid: str, owner: str, ttl_s: float) -> bool:
             .values(lease_expires_at=now + timedelta(seconds=ttl_s))
         )
         return changed_rows(result) == 1
+
+
+def fence(session: Session, chat_jid: str, owner: str) -> None:
+    """Raise :class:`LeaseLost` unless ``owner`` holds ``chat_jid``'s lease: called in the
+    write transaction that stores a run's output, so nothing is stored by a holder
+    that another worker replaced.  An expired lease nobody took is still the holder's."""
+    holder = session.scalar(select(GroupRow.lease_owner).where(GroupRow.chat_jid == chat_jid))
+    if holder != owner:
+        raise LeaseLost(f"{chat_jid}'s lease is {'free' if holder is None else 'held by ' + holder} now, not {owner}'s")
 
 
 def release(db: Database, chat_jid: str, owner: str) -> None:

@@ -28,6 +28,8 @@ class Script:
     raise_after_events: BaseException | None = None  # e.g. the task queue's deadline
     # After the events, wait for this before ending (a run the test holds open).
     gate: threading.Event | None = None
+    # Called with each event's index before the agent writes it (the world changing mid-run).
+    before_event: Callable[[int], None] | None = None
 
 
 class FakeAgent:
@@ -48,7 +50,9 @@ class FakeAgent:
 
     def lines(self, max_line_bytes: int = 0) -> Iterator[str]:
         self.started_reading.set()
-        for event in self.script.events:
+        for index, event in enumerate(self.script.events):
+            if self.script.before_event is not None:
+                self.script.before_event(index)
             yield dump_event(event)
         if self.script.raise_after_events is not None:
             raise self.script.raise_after_events

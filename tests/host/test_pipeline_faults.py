@@ -136,8 +136,8 @@ def test_cancel_stops_the_agent_and_says_so(settings: Settings, db: Database) ->
     assert _from(p, "host") == ["🛑 Run cancelled."]
 
 
-def test_a_lost_lease_stops_the_agent_and_the_run_fails(settings: Settings, db: Database) -> None:
-    clock, sandbox = FakeClock(), FakeSandbox(Script([], hang=True))
+def test_a_lost_lease_stops_the_agent_and_leaves_the_run_to_the_new_holder(settings: Settings, db: Database) -> None:
+    clock, sandbox = FakeClock(), FakeSandbox(Script([], hang=True), OK)
     p = _pipeline(settings, db, sandbox, clock)
     _say(p)
     thread, outcomes = _in_background(p)
@@ -148,8 +148,39 @@ def test_a_lost_lease_stops_the_agent_and_the_run_fails(settings: Settings, db: 
     thread.join(30)
     assert not thread.is_alive()
     [outcome] = outcomes
-    assert outcome.run.state == "failed" and "lost the group's lease" in (outcome.run.error or "")  # type: ignore[attr-defined]
+    # Neither ended nor announced by the replaced holder: that would answer beside the new one.
+    assert outcome.run.finished_at is None and _from(p, "host") == []  # type: ignore[attr-defined]
     assert sandbox.agents[0].killed.is_set() and len(sandbox.started) == 1
+    # The new holder closes it before its own run (no output: the message is answered once, by it).
+    with db.write() as session:
+        session.execute(update(GroupRow).where(GroupRow.chat_jid == JID).values(lease_owner=None))
+    [answered] = _pipeline(settings, db, sandbox, clock).drain_group(JID)
+    assert answered.run.state == "succeeded" and _from(p, "bot") == ["done"]
+    [*_, first] = list_runs(db, chat_jid=JID)
+    assert first.id == outcome.run.id and first.state == "failed" and "interrupted" in (first.error or "")  # type: ignore[attr-defined]
+
+
+def test_a_replaced_holder_stores_nothing_more(settings: Settings, db: Database) -> None:
+    """Fencing: this host looked dead (a pause past the liveness window) and another
+    worker took the group over while this one's agent still ran.  Its next output is
+    refused in the transaction that would have stored it, and its agent is stopped, before
+    its heartbeat even notices."""
+    clock = FakeClock()
+
+    def taken_over(index: int) -> None:
+        if index == 1:
+            with db.write() as session:
+                session.execute(update(GroupRow).where(GroupRow.chat_jid == JID).values(lease_owner="new-holder:1:x"))
+
+    sandbox = FakeSandbox(Script([AssistantEvent(text="first"), AssistantEvent(text="second"), ResultEvent()],
+                                 hang=True, before_event=taken_over))
+    p = _pipeline(settings, db, sandbox, clock)
+    _say(p)
+    [outcome] = p.drain_group(JID)
+    assert _from(p, "bot") == ["first"] and _from(p, "host") == []
+    assert sandbox.agents[0].killed.is_set() and outcome.run.finished_at is None
+    with db.read() as session:  # the lease stays the new holder's
+        assert session.scalar(select(GroupRow.lease_owner).where(GroupRow.chat_jid == JID)) == "new-holder:1:x"
 
 
 def test_the_sandbox_time_limit_ends_the_run_timed_out_without_retry(settings: Settings, db: Database) -> None:
