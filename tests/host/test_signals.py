@@ -11,6 +11,7 @@ import socket
 
 import pytest
 from celery import Celery
+from kombu import Producer
 from kombu.exceptions import OperationalError
 
 from orchestrator.core.settings import Settings
@@ -80,10 +81,10 @@ def test_each_signal_lands_in_its_own_queue_only(settings: Settings, broker: str
         # not use Celery's by-name routing would send: still one queue each.
         for queue in app.amqp.queues.values():
             queue.bind(channel).declare()
-        with app.producer_or_acquire() as producer:
-            for name in ("agent", "delivery"):
-                queue = app.amqp.queues[name]
-                producer.publish({"look": name}, exchange=queue.exchange, routing_key=queue.routing_key)
+        producer = Producer(channel)  # this channel: the embedded broker's bindings are the channel's
+        for name in ("agent", "delivery"):
+            queue = app.amqp.queues[name]
+            producer.publish({"look": name}, exchange=queue.exchange, routing_key=queue.routing_key)
         try:
             assert counts() == {"agent": 2, "delivery": 3, host_queue("host-a"): 1}
         finally:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 
 import docker
+import pytest
 
 from orchestrator.sandbox.containers import LABEL_RUN
 from orchestrator.store.groups import add_group, ensure_main_group
-from orchestrator.store.runs import list_runs
+from orchestrator.store.runs import Run, list_runs
+from tests.conftest import wait_until
 
 from .conftest import Stack
 
@@ -70,3 +72,31 @@ def test_failing_command_and_plain_message(stack: Stack) -> None:
     answers = [r for r in _replies(plain.stdout) if r["sender"] == "bot"]
     assert len(answers) == 1 and "what did I ask you to remember?" in answers[0]["content"]
     assert [r.state for r in list_runs(stack.db, chat_jid="team@g.us")] == ["succeeded", "succeeded"]
+
+
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
+def test_a_busy_groups_series_of_runs_is_one_task_each(stack: Stack) -> None:
+    """Messages that keep arriving while the group's agent runs make a series of runs.
+    Celery's time limits (run timeout + 30 s, + 90 s) are sized for one run, so each run
+    is its own ``drain_group`` task (the step re-signals the group for the next batch):
+    a long series is never cut by a task's limit, and a worker slot is never held
+    between runs.  Read from the runs table: every run names the task that ran it."""
+    jid = "busy@g.us"
+    add_group(stack.db, chat_jid=jid, name="busy", folder="busy", requires_trigger=False)
+    stack.start_worker()
+
+    def runs() -> list[Run]:
+        return list(reversed(list_runs(stack.db, chat_jid=jid)))
+
+    for n, command in enumerate(["$ sleep 3", "$ sleep 2", "$ sleep 2", "$ echo last"], 1):
+        sent = stack.cli("send", jid, command)
+        assert sent.returncode == 0, sent.stderr
+        if n < 4:  # the next message arrives while this one's run is going on
+            wait_until(lambda n=n: len(runs()) == n and runs()[-1].state == "running", 90,
+                       f"run {n} running", stack.worker_logs)
+    wait_until(lambda: len(runs()) == 4 and all(r.finished_at for r in runs()), 120, "four runs done",
+               stack.worker_logs)
+    done = runs()
+    assert [r.state for r in done] == ["succeeded"] * 4, [(r.state, r.error) for r in done]
+    tasks = [r.celery_task_id for r in done]
+    assert None not in tasks and len(set(tasks)) == 4, tasks

@@ -17,7 +17,9 @@ from .conftest import BIN, Stack
 
 
 def _children(pid: int) -> dict[int, str]:
-    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    # -ww: without a terminal ps cuts args at 80 columns, which cut "-Q delivery"
+    # off the deliverer's command line in a clone with a longer path.
+    out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True).stdout
     kids = {}
     for line in out.splitlines():
         p, _, args = line.strip().partition(" ")
