@@ -64,6 +64,12 @@ def _run(db: Database, age: timedelta | None = None, *, tokens: tuple[int, int] 
     return run.id
 
 
+def _today(db: Database, age: timedelta) -> timedelta:
+    """``age``, or less when the UTC day is younger: so the run's tokens count today."""
+    now = database_now(db)
+    return min(age, (now - now.replace(hour=0, minute=0, second=0, microsecond=0)) / 2)
+
+
 def _latest_run(db: Database) -> str:
     with db.read() as session:
         return session.execute(select(RunRow.id).order_by(RunRow.created_at.desc()).limit(1)).scalar_one()
@@ -155,9 +161,14 @@ def test_over_both_quotas_the_later_one_decides(db: Database, settings: Settings
     _run(db, timedelta(minutes=30), tokens=(100, 0))
     both = settings.replace(group_runs_per_hour=1, group_tokens_per_day=100)
     u = group_usage(db, both, group)
-    midnight = u.now.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)
-    runs_free = _created(db, _latest_run(db)) + timedelta(hours=1)
+    today = u.now.replace(hour=0, minute=0, second=0, microsecond=0)
+    created = _created(db, _latest_run(db))
+    runs_free = created + timedelta(hours=1)
+    if created < today:  # the first half hour of the UTC day: yesterday's tokens do not count
+        assert u.waiting is not None and (u.waiting.quota, u.waiting.until) == ("runs_per_hour", runs_free)
+        return
     # Tokens, unless the test runs in the last half hour of the UTC day.
+    midnight = today + timedelta(days=1)
     assert u.waiting is not None and u.waiting.until == max(midnight, runs_free)
     assert u.waiting.quota == ("tokens_per_day" if midnight >= runs_free else "runs_per_hour")
 
@@ -363,7 +374,7 @@ def _cli(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProc
 
 
 def test_groups_usage_and_set_on_the_command_line(db: Database, settings: Settings, group: Group) -> None:
-    _run(db, timedelta(minutes=30), tokens=(1200, 34))
+    _run(db, _today(db, timedelta(minutes=30)), tokens=(1200, 34))
     shown = _cli(settings, "groups", "usage", JID, ORCHESTRATOR_GROUP_RUNS_PER_HOUR="10",
                  ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE="20")
     assert shown.returncode == 0, shown.stderr
