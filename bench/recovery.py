@@ -25,7 +25,7 @@ before the watch existed: it waits for the lease to expire (60 s) on one host.
 Embedded stack (SQLite + filesystem://); with ``--pg`` and ``--redis`` the
 fleet stack too (PostgreSQL + Redis; the Redis database is flushed).
 
-    .venv/bin/python -m bench.recovery [--trials 3] [--baseline-trials 1] [--pg URL --redis URL]
+    .venv/bin/python -m bench.recovery [--trials 3] [--baseline-trials 1] [--fleets same,two] [--pg URL --redis URL]
 """
 
 from __future__ import annotations
@@ -187,6 +187,10 @@ def measure(settings: Settings, db: Database, trials: int, host_ids: list[str], 
           f" {verdict}; exactly once: {'yes' if once else 'NO'}", flush=True)
 
 
+# The worker pair's host ids: one machine, or two.
+FLEETS = [("same host", ["bench-host", "bench-host"]), ("two hosts", ["bench-a", "bench-b"])]
+
+
 @contextlib.contextmanager
 def no_extra() -> Iterator[dict[str, str]]:
     yield {}
@@ -198,7 +202,7 @@ def run_backend(
 ) -> None:
     print(f"{name}: 2 workers + beat (sweep every 15 s), cold containers, `$ sleep {SLEEP_S}`;"
           f" a host is dead after {ALIVE_WINDOW_S:.0f} s without a heartbeat")
-    fleets = [("same host", ["bench-host", "bench-host"]), ("two hosts", ["bench-a", "bench-b"])]
+    fleets = [(fleet, ids) for fleet, ids in FLEETS if fleet.split()[0] in args.fleets.split(",")]
     modes = [(True, args.trials, "recovery watch"), (False, args.baseline_trials, "beat's sweep alone (baseline)")]
     for fleet, host_ids in fleets:
         for watch, trials, how in modes:
@@ -222,9 +226,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=3, help="kills per fleet with the recovery watch on")
     ap.add_argument("--baseline-trials", type=int, default=1, help="kills per fleet with beat's sweep alone (0: none)")
+    ap.add_argument("--fleets", default="same,two", help="which fleets: same (one host id), two (two host ids)")
     ap.add_argument("--pg", default="", help="PostgreSQL server URL (a role that may create databases)")
     ap.add_argument("--redis", default="", help="Redis URL of a database the benchmark may flush (with --pg)")
     args = ap.parse_args()
+    if not set(args.fleets.split(",")) <= {"same", "two"}:
+        ap.error(f"--fleets: 'same', 'two' or both (comma-separated), not {args.fleets!r}")
     settings = Settings.load(env_file=None)
     ensure_agent_image(docker_client(settings), settings)
     with tempfile.TemporaryDirectory() as tmp:

@@ -82,6 +82,13 @@ PAGE_HEADERS = {
 }
 # A chat id: no whitespace or control characters.
 JID_PATTERN = r"^[^\s\x00-\x1f]+$"
+# The largest seq a query may name: what the seq columns hold (INTEGER: 32 bits on
+# PostgreSQL).  A larger one was a 500 (SQLite's OverflowError, PostgreSQL's "integer
+# out of range") instead of a 400.
+MAX_SEQ = 2**31 - 1
+# A liveness window of a year is already meaningless; timedelta refuses far larger ones.
+MAX_WINDOW_S = 366 * 86400.0
+
 # An assistant name is the trigger word after "@": no spaces, no "@".
 ASSISTANT_NAME_PATTERN = r"^[^\s@]{1,64}$"
 
@@ -312,7 +319,7 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     @router.get("/chats/{chat_jid}/messages", response_model=list[StoredMessage])
     def chat_messages(
         chat_jid: str,
-        after: Annotated[int, Query(ge=0, description="Return messages with seq > after.")] = 0,
+        after: Annotated[int, Query(ge=0, le=MAX_SEQ, description="Return messages with seq > after.")] = 0,
         limit: Annotated[int, Query(ge=1, le=1000)] = 200,
         include_superseded: Annotated[bool, Query(description="Audit: include superseded messages.")] = False,
     ) -> list[StoredMessage]:
@@ -327,8 +334,9 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     )
     async def stream(
         chat_jid: str,
-        after: Annotated[int, Query(ge=0, description="Send messages with seq > after.")] = 0,
-        last_event_id: Annotated[int | None, Header(ge=0, description="Set by EventSource on reconnect.")] = None,
+        after: Annotated[int, Query(ge=0, le=MAX_SEQ, description="Send messages with seq > after.")] = 0,
+        last_event_id: Annotated[
+            int | None, Header(ge=0, le=MAX_SEQ, description="Set by EventSource on reconnect.")] = None,
     ) -> EventSourceResponse:
         """Server-sent events: the chat's new messages (display view) and run-state changes, live."""
         await run_in_threadpool(registered_or_404, chat_jid)
@@ -456,7 +464,7 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         return Response(data, media_type="application/json")
 
     @router.get("/hosts", response_model=list[Host])
-    def hosts(window_s: Annotated[float, Query(ge=0)] = ALIVE_WINDOW_S) -> list[Host]:
+    def hosts(window_s: Annotated[float, Query(ge=0, le=MAX_WINDOW_S)] = ALIVE_WINDOW_S) -> list[Host]:
         """The fleet's worker hosts: alive while the last heartbeat is younger than ``window_s``
         (by the database's clock), with their unfinished runs and the groups whose lease they hold."""
         return list_hosts(db, window_s=window_s)

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from orchestrator.core.errors import GroupBusy, InvalidMessage, MessageNotFound
+from orchestrator.core.errors import GroupBusy, InvalidMessage, MessageNotFound, UnknownGroup
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.model.context import CONTEXT_KEY, parse_context
@@ -50,6 +50,9 @@ class HistoryChange(BaseModel):
 def _holding_lease(db: Database, settings: Settings, chat_jid: str) -> Iterator[None]:
     owner = f"history:{uuid.uuid4().hex[:12]}"
     if not leases.acquire(db, chat_jid, owner, settings.lease_ttl_s):
+        with db.read() as session:  # no row to lease: say what is missing, not that it is busy
+            if session.get(GroupRow, chat_jid) is None:
+                raise UnknownGroup(chat_jid)
         raise GroupBusy(f"a run is in progress in {chat_jid}; wait for it or cancel it (orchestrator runs cancel)")
     try:
         yield

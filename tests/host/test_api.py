@@ -289,3 +289,20 @@ def test_the_page_is_served_with_a_strict_policy(client: TestClient) -> None:
         assert r.headers["x-content-type-options"] == "nosniff"
     assert ".innerHTML" not in client.get("/static/app.js").text  # every text goes in as text
     assert client.get("/static/nope.js").status_code == 404
+
+
+def test_query_numbers_past_what_the_database_holds_are_refused(client: TestClient) -> None:
+    # Found by schemathesis: a seq past BIGINT made SQLite raise OverflowError (a 500).
+    _post(client, content="hi", id="q1")
+    huge = 394597466618516761105144022564864
+    for path in (f"/api/chats/{JID}/messages?after={huge}", f"/api/chats/{JID}/messages?after={2**31}",
+                 f"/api/hosts?window_s={10.0**300}"):
+        r = client.get(path)
+        assert r.status_code == 400, (path, r.status_code, r.text)
+    assert client.get(f"/api/chats/{JID}/messages?after={2**31 - 1}").json() == []
+
+
+def test_history_changes_in_a_chat_that_does_not_exist_are_404(client: TestClient) -> None:
+    for action in ("edit", "regenerate", "truncate"):
+        r = client.post(f"/api/chats/nobody@nowhere/messages/m1/{action}", json={"content": "x"})
+        assert r.status_code == 404 and "nobody@nowhere" in r.text, (action, r.status_code, r.text)

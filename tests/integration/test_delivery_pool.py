@@ -35,7 +35,7 @@ def test_a_delivery_goes_out_while_every_agent_slot_is_busy(stack: Stack) -> Non
     settings = stack.settings
 
     # The only agent slot: a run that sleeps.
-    ingest(stack.db, settings, IncomingMessage(chat_jid=BUSY, sender="ann", content="$ sleep 20"),
+    ingest(stack.db, settings, IncomingMessage(chat_jid=BUSY, sender="ann", content="$ sleep 8"),
            signal=stack.signals.group, signal_delivery=stack.signals.delivery)
 
     def busy_state() -> str | None:

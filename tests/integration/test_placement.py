@@ -1,5 +1,6 @@
 """Placement with two real worker processes of two hosts (``ORCHESTRATOR_HOST_ID``) on the
-fleet backend (PostgreSQL + Redis), real agent containers, warm sessions on.
+fleet backend (PostgreSQL + Redis; stickiness on the embedded one too), real agent
+containers, warm sessions on.
 
 * stickiness: three groups, four messages each (each sent once the last is answered,
   so every one is a fresh signal): every run of a group is on one host, its place;
@@ -38,8 +39,6 @@ from orchestrator.store.runs import FINAL_STATES, list_runs
 from tests.conftest import wait_until
 
 from .conftest import BIN, Stack
-
-pytestmark = pytest.mark.parametrize("stack", ["fleet"], indirect=True)
 
 HOSTS = ("place-a", "place-b")
 
@@ -115,6 +114,9 @@ def _other(host: str) -> str:
     return HOSTS[1 - HOSTS.index(host)]
 
 
+# Both stacks: per-host queues on the embedded filesystem:// broker too (two host ids
+# on one machine share its data dir, as hosts share theirs on shared storage).
+@pytest.mark.parametrize("stack", ["embedded", "fleet"], indirect=True)
 def test_a_groups_runs_stay_on_its_host_until_it_is_moved_or_its_host_drains(
     fleet: tuple[Stack, Orchestrator],
 ) -> None:
@@ -161,6 +163,7 @@ def test_a_groups_runs_stay_on_its_host_until_it_is_moved_or_its_host_drains(
           f"({sorted(places.values())}); moved, then drained, in {time.monotonic() - t0 - stuck:.1f} s")
 
 
+@pytest.mark.parametrize("stack", ["fleet"], indirect=True)
 def test_a_killed_hosts_group_is_answered_once_by_the_other_host_with_its_workspace(
     fleet: tuple[Stack, Orchestrator],
 ) -> None:
