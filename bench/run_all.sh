@@ -6,8 +6,8 @@
 #     flock /tmp/docker-tests.lock bench/run_all.sh
 #
 # BENCH_PG / BENCH_REDIS name the PostgreSQL server (a role that may create
-# databases) and the Redis database for the fleet figures (bench.recovery
-# flushes it); set them empty to skip those.  BENCH_QUICK=1 runs every benchmark small (a smoke test).
+# databases) and the Redis database for the fleet figures (bench.recovery and
+# bench.delivery flush it); set them empty to skip those.  BENCH_QUICK=1 runs every benchmark small (a smoke test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -20,9 +20,9 @@ fleet=()
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
   ingest=(--messages 300 --rounds 3); history=(--total 20000 --groups 50 --sizes 500,2000,5000 --reps 3)
   throughput=(--groups 4 --messages 2 --raw 3); memory=(--runs 2); overhead=(--runs 3); cli=(--runs 2); gateway=(--rounds 1 --cycles 5 --requests 20 --long 20)
-  recovery=(--trials 1 --baseline-trials 0)
+  recovery=(--trials 1 --baseline-trials 0); delivery=(--messages 2 --busy-s 5)
 else
-  ingest=(); history=(); throughput=(); memory=(); overhead=(); cli=(); gateway=(); recovery=()
+  ingest=(); history=(); throughput=(); memory=(); overhead=(); cli=(); gateway=(); recovery=(); delivery=()
 fi
 
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes')"
@@ -36,3 +36,4 @@ echo; echo "== overhead";    "$PY" -m bench.overhead "${overhead[@]}"
 echo; echo "== cli";         "$PY" -m bench.cli "${cli[@]}"
 echo; echo "== gateway";     "$PY" -m bench.gateway "${gateway[@]}"
 echo; echo "== recovery";    "$PY" -m bench.recovery "${recovery[@]}" "${fleet[@]}"
+echo; echo "== delivery";    "$PY" -m bench.delivery "${delivery[@]}" "${fleet[@]}"

@@ -132,3 +132,18 @@ def test_recovery_bench_kills_a_worker_and_finds_the_answer_stored_once(docker_e
         median, worst = numbers(r"answer +([\d.]+) s median, +([\d.]+) s max", line)
         assert 0 < median <= worst, line
         assert "exactly once: yes" in line, out
+
+
+def test_delivery_bench_measures_both_layouts(docker_engine: None) -> None:
+    out = bench("bench.delivery", "--messages", "2", "--busy-s", "5")
+    lines = out.splitlines()
+    for layout in ("one pool (", "own deliverer ("):
+        line = next((x for x in lines if x.strip().startswith(layout)), None)
+        assert line is not None, out
+        p50, p95, worst = numbers(r"p50 +([\d.]+) ms, p95 +([\d.]+) ms, max +([\d.]+) ms", line)
+        assert 0 < p50 <= p95 <= worst, line
+        assert "2/2 delivered" in line, line
+    # The deliverer's messages went out while the only agent slot was still busy.
+    own = next(x for x in lines if x.strip().startswith("own deliverer ("))
+    assert "2/2 while the busy run still ran" in own, out
+    assert numbers(r"baseline p50 / own deliverer p50 = ([\d.]+)x", out)[0] > 0
