@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,14 +75,7 @@ class Workers:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(self.procs)
 
     def trees(self) -> list[psutil.Process]:
         """Every worker process and its pool children."""
@@ -95,6 +88,64 @@ class Workers:
 
     def logs(self) -> str:
         return "\n".join((self.settings.data_dir / f"worker{i}.log").read_text()[-2000:] for i in range(self.n))
+
+
+# Extra settings of one installation, made fresh for each (a new database).
+Extra = Callable[[], contextlib.AbstractContextManager[dict[str, str]]]
+
+
+def stacks(pg: str, redis: str) -> list[tuple[str, Extra]]:
+    """The stacks a process benchmark measures: the embedded one, and PostgreSQL + Redis
+    when both URLs are given (a fresh database per installation)."""
+
+    @contextlib.contextmanager
+    def embedded() -> Iterator[dict[str, str]]:
+        yield {}
+
+    @contextlib.contextmanager
+    def fleet() -> Iterator[dict[str, str]]:
+        with fresh_pg_database(pg) as url:
+            yield {"database_url": url, "broker_url": redis}
+
+    return [("sqlite + filesystem://", embedded)] + ([("postgresql + redis", fleet)] if pg and redis else [])
+
+
+def flush_broker(settings: Settings) -> None:
+    """Empty a Redis broker's database: a benchmark's queues must not meet leftovers."""
+    if settings.broker_url.startswith("redis"):
+        import redis
+
+        redis.Redis.from_url(settings.broker_url).flushdb()
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]], timeout: float = 30) -> None:
+    """SIGTERM each process still running, then wait for all (SIGKILL one that takes longer than ``timeout``)."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def process_logs(settings: Settings) -> str:
+    """The tail of every log under ``<data dir>/logs`` (where the process benchmarks write them)."""
+    folder = settings.data_dir / "logs"
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(folder.glob("*.log")))
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str, settings: Settings, poll: float = 0.02) -> float:
+    """Poll ``cond()`` until true; the time it took.  Past ``timeout`` the benchmark stops,
+    saying what it waited for, with the processes' logs."""
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise SystemExit(f"{what}: not within {timeout:.0f} s; logs:\n{process_logs(settings)}")
+        time.sleep(poll)
+    return time.monotonic() - t0
 
 
 def cpu_seconds(procs: list[psutil.Process]) -> float:

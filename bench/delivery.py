@@ -40,13 +40,25 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from bench.common import ROOT, fresh_pg_database, install, remove_install_containers, signals_for, worker_env
+from bench.common import (
+    ROOT,
+    Extra,
+    flush_broker,
+    install,
+    process_logs,
+    remove_install_containers,
+    signals_for,
+    stacks,
+    stop_processes,
+    wait_for,
+    worker_env,
+)
 from orchestrator.channels.registry import build_registry
 from orchestrator.channels.webhook import CHANNEL, SIGNATURE_HEADER, verify
 from orchestrator.cli.supervisor import worker_argv
@@ -133,28 +145,11 @@ def workers(settings: Settings, layout: list[tuple[str, ...]]) -> Iterator[list[
                                               env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=fh))
         yield procs
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs)
 
 
-def _logs(settings: Settings) -> str:
-    folder = settings.data_dir / "logs"
-    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(folder.glob("*.log")))
 
 
-def _wait(cond: Callable[[], bool], timeout: float, what: str, settings: Settings, poll: float = 0.02) -> None:
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise SystemExit(f"{what}: not within {timeout:.0f} s; logs:\n{_logs(settings)}")
-        time.sleep(poll)
 
 
 def _busy_run(db: Database) -> Run | None:
@@ -189,13 +184,13 @@ def measure(settings: Settings, db: Database, layout: list[tuple[str, ...]], mes
             # Not timed: the workers' start, their imports, the webhook's HTTP client.
             t0 = time.monotonic()
             _send(db, settings, QUIET, f"{tag} warm-up")
-            _wait(lambda: receiver.arrival(f"{tag} warm-up") is not None, 120, "the warm-up delivery", settings)
+            wait_for(lambda: receiver.arrival(f"{tag} warm-up") is not None, 120, "the warm-up delivery", settings)
             warmed = receiver.arrival(f"{tag} warm-up")
             warmup = warmed[0] - t0 if warmed else 0.0
 
             # The only agent slot: a run that sleeps.
             _send(db, settings, BUSY, f"$ sleep {busy_s:g}")
-            _wait(lambda: (r := _busy_run(db)) is not None and (r.state == "running" or r.finished_at is not None),
+            wait_for(lambda: (r := _busy_run(db)) is not None and (r.state == "running" or r.finished_at is not None),
                   120, "the busy group's run to start", settings)
 
             stamps: dict[str, float] = {}
@@ -211,17 +206,17 @@ def measure(settings: Settings, db: Database, layout: list[tuple[str, ...]], mes
             while time.monotonic() < deadline and any(receiver.arrival(c) is None for c in stamps):
                 time.sleep(0.02)
             # Its finished_at says which deliveries arrived while it still ran.
-            _wait(lambda: (r := _busy_run(db)) is not None and r.finished_at is not None, busy_s + 120,
+            wait_for(lambda: (r := _busy_run(db)) is not None and r.finished_at is not None, busy_s + 120,
                   "the busy run to end", settings)
             run = _busy_run(db)
             assert run is not None and run.finished_at is not None and run.started_at is not None
             if run.state != "succeeded":
-                raise SystemExit(f"the busy run ended {run.state}: {run.error}; logs:\n{_logs(settings)}")
+                raise SystemExit(f"the busy run ended {run.state}: {run.error}; logs:\n{process_logs(settings)}")
             arrivals = {c: a for c, t in stamps.items() if (a := receiver.arrival(c)) is not None and a[0] - t <= bound}
             missing = [c for c in stamps if c not in arrivals]
             if missing:
                 print(f"    not delivered within {bound:.0f} s: {', '.join(missing)}"
-                      f" ({receiver.rejected} POST(s) with a wrong signature); logs:\n{_logs(settings)}",
+                      f" ({receiver.rejected} POST(s) with a wrong signature); logs:\n{process_logs(settings)}",
                       file=sys.stderr)
     ended = _epoch(run.finished_at)
     return Result(
@@ -238,14 +233,10 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-@contextlib.contextmanager
-def no_extra() -> Iterator[dict[str, str]]:
-    yield {}
-
 
 def run_backend(
     base: Path, image: str, name: str, args: argparse.Namespace,
-    extra: Callable[[], contextlib.AbstractContextManager[dict[str, str]]],
+    extra: Extra,
 ) -> bool:
     """Both layouts on ``name``'s stack; whether every message was delivered."""
     print(f"{name}: BUSY runs `$ sleep {args.busy_s:g}` (cold container, offline model); meanwhile"
@@ -257,10 +248,7 @@ def run_backend(
             settings, db = install(Path(tmp), image, 0, webhook_secret=SECRET, **more)
             add_group(db, chat_jid=BUSY, name="busy", folder="busy", requires_trigger=False)
             add_group(db, chat_jid=QUIET, name="quiet", folder="quiet", requires_trigger=True)
-            if settings.broker_url.startswith("redis"):
-                import redis
-
-                redis.Redis.from_url(settings.broker_url).flushdb()
+            flush_broker(settings)
             try:
                 r = measure(settings, db, layout, args.messages, args.busy_s, label.replace(" ", "-"))
             finally:
@@ -302,15 +290,8 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} CPUs, load average at the start {load}", flush=True)
     complete = True
     with tempfile.TemporaryDirectory() as tmp:
-        complete = run_backend(Path(tmp), settings.agent_image, "sqlite + filesystem://", args, no_extra)
-        if args.pg and args.redis:
-
-            @contextlib.contextmanager
-            def fleet() -> Iterator[dict[str, str]]:
-                with fresh_pg_database(args.pg) as url:  # one per layout: a fresh installation
-                    yield {"database_url": url, "broker_url": args.redis}
-
-            complete = run_backend(Path(tmp), settings.agent_image, "postgresql + redis", args, fleet) and complete
+        for name, extra in stacks(args.pg, args.redis):
+            complete = run_backend(Path(tmp), settings.agent_image, name, args, extra) and complete
     if not complete:
         raise SystemExit(f"some message was not delivered within --busy-s + {GRACE_S:.0f} s")
 

@@ -39,14 +39,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 from sqlalchemy import select
 
-from bench.common import ROOT, fresh_pg_database, install, remove_install_containers, signals_for, worker_env
+from bench.common import (
+    ROOT,
+    Extra,
+    install,
+    remove_install_containers,
+    signals_for,
+    stacks,
+    stop_processes,
+    wait_for,
+    worker_env,
+)
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.sandbox.containers import docker_client
@@ -100,30 +110,11 @@ def processes(settings: Settings, host_ids: list[str], watch: bool) -> Iterator[
     try:
         yield workers
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs)
 
 
-def _logs(settings: Settings) -> str:
-    folder = settings.data_dir / "logs"
-    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(folder.glob("*.log")))
 
 
-def _wait(cond: Callable[[], bool], timeout: float, what: str, settings: Settings, poll: float = 0.02) -> float:
-    """Poll ``cond()`` until true; the time it took."""
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise SystemExit(f"{what}: not within {timeout:.0f} s; logs:\n{_logs(settings)}")
-        time.sleep(poll)
-    return time.monotonic() - t0
 
 
 def _answers(db: Database, marker: str) -> int:
@@ -150,7 +141,7 @@ def trial(settings: Settings, db: Database, n: int, host_ids: list[str], watch: 
             started[:] = [r for r in _runs(db) if r.cursor_to >= seq and r.state == "running" and r.container_id]
             return bool(started) and any(m.sender == "tool_use" for m in get_messages_after(JID, seq, db=db))
 
-        _wait(command_started, 120, "the run to start", settings)
+        wait_for(command_started, 120, "the run to start", settings)
         dead = started[0]
         pid = owner_pid(dead.owner)
         victims = [w for w in workers if pid in {c.pid for c in psutil.Process(w.pid).children(recursive=True)}]
@@ -160,10 +151,10 @@ def trial(settings: Settings, db: Database, n: int, host_ids: list[str], watch: 
         t0 = time.monotonic()
         victims[0].wait()
         limit = 180.0
-        taken = _wait(lambda: _holder(db) != dead.owner, limit, "the lease taken", settings)
-        rerun = taken + _wait(lambda: any(r.id != dead.id and r.container_id and r.cursor_to >= seq for r in _runs(db)),
+        taken = wait_for(lambda: _holder(db) != dead.owner, limit, "the lease taken", settings)
+        rerun = taken + wait_for(lambda: any(r.id != dead.id and r.container_id and r.cursor_to >= seq for r in _runs(db)),
                               limit, "the new run", settings)
-        _wait(lambda: _answers(db, marker) >= 1, limit, "the answer", settings)
+        wait_for(lambda: _answers(db, marker) >= 1, limit, "the answer", settings)
         answer = time.monotonic() - t0
         time.sleep(2)  # anything more would come now
         closed = next(r for r in _runs(db) if r.id == dead.id)
@@ -191,14 +182,10 @@ def measure(settings: Settings, db: Database, trials: int, host_ids: list[str], 
 FLEETS = [("same host", ["bench-host", "bench-host"]), ("two hosts", ["bench-a", "bench-b"])]
 
 
-@contextlib.contextmanager
-def no_extra() -> Iterator[dict[str, str]]:
-    yield {}
-
 
 def run_backend(
     base: Path, image: str, name: str, args: argparse.Namespace,
-    extra: Callable[[], contextlib.AbstractContextManager[dict[str, str]]],
+    extra: Extra,
 ) -> None:
     print(f"{name}: 2 workers + beat (sweep every 15 s), cold containers, `$ sleep {SLEEP_S}`;"
           f" a host is dead after {ALIVE_WINDOW_S:.0f} s without a heartbeat")
@@ -235,15 +222,8 @@ def main() -> None:
     settings = Settings.load(env_file=None)
     ensure_agent_image(docker_client(settings), settings)
     with tempfile.TemporaryDirectory() as tmp:
-        run_backend(Path(tmp), settings.agent_image, "sqlite + filesystem://", args, no_extra)
-        if args.pg and args.redis:
-
-            @contextlib.contextmanager
-            def fleet() -> Iterator[dict[str, str]]:
-                with fresh_pg_database(args.pg) as url:  # one per measurement: a fresh installation
-                    yield {"database_url": url, "broker_url": args.redis}
-
-            run_backend(Path(tmp), settings.agent_image, "postgresql + redis", args, fleet)
+        for name, extra in stacks(args.pg, args.redis):
+            run_backend(Path(tmp), settings.agent_image, name, args, extra)
 
 
 if __name__ == "__main__":
