@@ -134,7 +134,8 @@ class Orchestrator:
         """Close what dead workers left: runs, signals, containers, delivery claims."""
         from orchestrator.run.sweeper import sweep
 
-        return sweep(self.db, signal=self.signals.group, sandbox=self.docker, signal_delivery=self.signals.delivery)
+        return sweep(self.db, signal=self.signals.group, sandbox=self.docker, signal_delivery=self.signals.delivery,
+                     resend_channels=self.channels.resent_after_crash())
 
     def host_heartbeat(self, *, concurrency: int) -> HostHeartbeat:
         """This process as its host (``settings.effective_host_id``) in the hosts table, beaten by a

@@ -22,6 +22,10 @@ class BaseChannel:
     """Defaults for a channel that needs no connection and can reach any address."""
 
     name = "base"
+    # Whether a send cut short by a deliverer's death is sent again (at least once)
+    # rather than given up (at most once): only for a channel whose receiver can tell
+    # a resend by its delivery id (``RenderedMessage.delivery_id``; the webhook's header).
+    resend_after_crash = False
 
     def connect(self) -> None:
         pass

@@ -11,8 +11,11 @@
   message as JSON to the attached address (``orchestrator groups attach JID
   webhook --address https://...``), signed the same way, so the receiver
   can check it came from us.  A non-2xx answer or a connection error is a
-  failed send: the deliveries table retries it with backoff and never sends
-  it twice.
+  failed send: the deliveries table retries it with backoff.  Every POST
+  carries the delivery's id in ``X-Orchestrator-Delivery`` (and the body's
+  ``message.delivery_id``), the same on every attempt: a send cut short by a
+  deliverer's death is sent again with it, so a receiver that keeps the ids
+  it has seen gets each message exactly once.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.store.db import Database
 
 SIGNATURE_HEADER = "X-Orchestrator-Signature"
+DELIVERY_HEADER = "X-Orchestrator-Delivery"
 INBOUND_PATH = "/webhooks/inbound"
 CHANNEL = "webhook"
 
@@ -53,6 +57,7 @@ class WebhookChannel(BaseChannel):
     """POSTs each delivered message to an http(s) URL (the attachment's address)."""
 
     name = CHANNEL
+    resend_after_crash = True  # the receiver deduplicates by DELIVERY_HEADER
 
     def __init__(self, settings: Settings, client: httpx.Client | None = None) -> None:
         self._secret = settings.webhook_secret
@@ -70,6 +75,8 @@ class WebhookChannel(BaseChannel):
         headers = {"content-type": "application/json"}
         if self._secret:
             headers[SIGNATURE_HEADER] = sign(self._secret, body)
+        if rendered.delivery_id:
+            headers[DELIVERY_HEADER] = rendered.delivery_id
         try:
             resp = self._client.post(address, content=body, headers=headers)
         except httpx.HTTPError as exc:

@@ -211,7 +211,8 @@ def sweep() -> None:
     except OrchestratorError as exc:
         typer.secho(f"warning: {exc}; containers not checked", fg=typer.colors.YELLOW, err=True)
         sandbox = None
-    report = run_sweep(root.db, signal=root.signals.group, sandbox=sandbox, signal_delivery=root.signals.delivery)
+    report = run_sweep(root.db, signal=root.signals.group, sandbox=sandbox, signal_delivery=root.signals.delivery,
+                       resend_channels=root.channels.resent_after_crash())
     typer.echo(
         f"interrupted runs: {len(report.interrupted_runs)}, re-signalled groups: "
         f"{len(report.signalled_groups)}, removed containers: {report.removed_containers}, "

@@ -66,6 +66,9 @@ class RenderedMessage(BaseModel):
     sender_name: str
     content: str  # the stored text, for channels that draw their own
     origin_channel: str | None = None
+    # This message on this channel, the same on every attempt (the deliveries ledger's
+    # row, "<install id>-<row id>"): what a receiver deduplicates a resend by.
+    delivery_id: str | None = None
 
 
 def displayed(msg: StoredMessage) -> bool:

@@ -73,6 +73,11 @@ class Channel(Protocol):
 class ChannelRegistry:
     """The channels this process can send on, by name."""
 
+    def resent_after_crash(self) -> list[str]:
+        """The channels whose sends cut short by a deliverer's death are sent again
+        (``resend_after_crash``: the receiver deduplicates by the delivery id)."""
+        return [name for name, ch in self._channels.items() if getattr(ch, "resend_after_crash", False)]
+
     def __init__(self, channels: Iterable[Channel] = ()) -> None:
         self._channels: dict[str, Channel] = {}
         for ch in channels:
@@ -197,7 +202,9 @@ class Deliverer:
                 raise ChannelError(f"no channel named {row.channel!r} here (known: {', '.join(self.registry.names)})")
             if not channel.owns(row.address):
                 raise ChannelError(f"channel {row.channel!r} cannot reach {row.address!r}")
-            channel.send(row.address, render(msg, assistant))
+            rendered = render(msg, assistant).model_copy(
+                update={"delivery_id": f"{self.settings.install_id}-{delivery_id}"})
+            channel.send(row.address, rendered)
         except Exception as exc:  # noqa: BLE001 - any channel failure is recorded and retried
             report.failed_attempts += 1
             error = f"{type(exc).__name__}: {exc}"[:_ERROR_CAP]

@@ -32,7 +32,7 @@ holder is gone, so a SIGKILLed worker's group is taken over within seconds.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -73,6 +73,7 @@ def sweep(
     signal: Callable[[str], object] | None,
     sandbox: DockerSandbox | None = None,
     signal_delivery: Callable[[str], object] | None = None,
+    resend_channels: Collection[str] = (),
 ) -> SweepReport:
     report = SweepReport()
     now = database_now(db)  # the database's clock, as the leases' expiries are written
@@ -114,7 +115,8 @@ def sweep(
     if sandbox is not None:
         report.removed_containers = sandbox.remove_orphans(live_run_ids(db))
 
-    report.abandoned_deliveries = abandon_stale_claims(db)
+    # A send cut short: again on the channels whose receivers deduplicate, else given up.
+    report.abandoned_deliveries = abandon_stale_claims(db, resend_channels)
     if signal_delivery is not None:
         for chat_jid in due_chats(db):
             try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 
@@ -176,16 +177,25 @@ def due_chats(db: Database) -> list[str]:
         ))
 
 
-def abandon_stale_claims(db: Database) -> int:
-    """Claims past their deadline: the deliverer died mid-send.  Marked failed, never resent."""
+def abandon_stale_claims(db: Database, resend: Collection[str] = ()) -> int:
+    """Claims past their deadline: the deliverer died mid-send, so whether the receiver
+    got it is unknown.  On the ``resend`` channels (whose receivers deduplicate by the
+    delivery id) it is sent again, at once; on the others it is marked failed, never
+    resent, so that it is never shown twice.  Returns how many claims were ended."""
+    stale = and_(DeliveryRow.state == SENDING, DeliveryRow.claimed_until < now_sql(db))
+    # Deadlines are written on the database's clock (run/outbound.py) and compared with it.
     with db.write() as session:
-        return changed_rows(session.execute(
-            update(DeliveryRow)
-            # Deadlines are written on the database's clock (run/outbound.py) and compared with it.
-            .where(DeliveryRow.state == SENDING, DeliveryRow.claimed_until < now_sql(db))
+        again = changed_rows(session.execute(
+            update(DeliveryRow).where(stale, DeliveryRow.channel.in_(list(resend)))
+            .values(state=PENDING, next_attempt_at=utc_now(), claimed_by=None, claimed_until=None,
+                    last_error="its deliverer stopped while sending; sent again with the same delivery id")
+        )) if resend else 0
+        given_up = changed_rows(session.execute(
+            update(DeliveryRow).where(stale)
             .values(state=FAILED, last_error="its deliverer stopped while sending; not retried, "
                                              "so that it is never sent twice")
-        )) or 0
+        ))
+    return (again or 0) + (given_up or 0)
 
 
 def with_origin(metadata: JsonObject | None, channel: str | None) -> JsonObject | None:

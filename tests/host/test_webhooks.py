@@ -8,14 +8,24 @@ import hmac
 import json
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
-from orchestrator.channels.webhook import INBOUND_PATH, SIGNATURE_HEADER, WebhookChannel, sign, verify
+from orchestrator.channels.webhook import (
+    DELIVERY_HEADER,
+    INBOUND_PATH,
+    SIGNATURE_HEADER,
+    WebhookChannel,
+    sign,
+    verify,
+)
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
+from orchestrator.model.render import RenderedMessage
 from orchestrator.root import Orchestrator
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry, Deliverer
@@ -23,7 +33,9 @@ from orchestrator.store.attachments import attach_channel
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import list_deliveries
 from orchestrator.store.groups import add_group
+from orchestrator.store.hosts import database_now
 from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.tables import DeliveryRow
 from tests.conftest import wait_until
 
 JID = "hooks@local"
@@ -94,12 +106,14 @@ class _Receiver:
         self.fail = fail
         self.calls = 0
         self.received: list[tuple[bytes, str | None]] = []
+        self.delivery_ids: list[str | None] = []  # of every request, failed or not
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 receiver.calls += 1
+                receiver.delivery_ids.append(self.headers.get(DELIVERY_HEADER))
                 status = 500 if receiver.calls <= receiver.fail else 204
                 if status == 204:
                     receiver.received.append((body, self.headers.get(SIGNATURE_HEADER)))
@@ -152,7 +166,63 @@ def test_outbound_webhook_is_signed_retried_and_sent_once(hooked: tuple[Database
     [row] = list_deliveries(db, message_seq=msg.seq)
     assert (row.channel, row.state, row.attempts) == ("webhook", "sent", 3)
     assert "answered 500" in (row.last_error or "")
+    # One delivery id on every attempt, in the header and the body: what a receiver deduplicates by.
+    assert receiver.delivery_ids == [f"{settings.install_id}-{row.id}"] * 3
+    assert doc["message"]["delivery_id"] == receiver.delivery_ids[0]
     channel.disconnect()
+
+
+def test_a_webhook_send_cut_short_by_a_dead_deliverer_is_sent_again_with_its_id(
+        hooked: tuple[Database, Settings]) -> None:
+    """At least once, deduplicable: the deliverer POSTed, then died before it could record
+    the send.  Once its claim is past, the sweep puts the delivery back (the webhook's
+    receivers deduplicate by the delivery id) and it goes out again with the same id.
+    A channel without ids (the recording one here) gives such a send up instead."""
+    from orchestrator.run.sweeper import sweep
+    from tests.fakes.channel import RecordingChannel
+
+    class Dies(BaseException):
+        """The deliverer's process ending right after the POST (not an error it could record)."""
+
+    class DiesAfterPosting(WebhookChannel):
+        def send(self, address: str, rendered: RenderedMessage) -> None:
+            super().send(address, rendered)
+            raise Dies
+
+    db, settings = hooked
+    with _Receiver(fail=0) as receiver:
+        attach_channel(db, JID, "webhook", address=receiver.url)
+        attach_channel(db, JID, "rec")
+        msg = ingest(db, settings, IncomingMessage(chat_jid=JID, sender="ann", content="once, really"),
+                     signal=None).message
+
+        class RecDies(RecordingChannel):
+            def send(self, address: str, rendered: RenderedMessage) -> None:
+                super().send(address, rendered)
+                raise Dies
+
+        dying = DiesAfterPosting(settings)
+        with pytest.raises(Dies):
+            Deliverer(db, settings, ChannelRegistry([dying])).deliver_due()
+        with pytest.raises(Dies):
+            Deliverer(db, settings, ChannelRegistry([RecDies("rec")])).deliver_due()
+        assert {d.channel: d.state for d in list_deliveries(db, message_seq=msg.seq)} == {
+            "webhook": "sending", "rec": "sending"}
+        with db.write() as session:  # their claims ran out (the database's clock)
+            session.execute(update(DeliveryRow).values(claimed_until=database_now(db) - timedelta(seconds=1)))
+        live = WebhookChannel(settings)
+        registry = ChannelRegistry([live, RecordingChannel("rec")])
+        assert registry.resent_after_crash() == ["webhook"]
+        report = sweep(db, signal=None, resend_channels=registry.resent_after_crash())
+        assert report.abandoned_deliveries == 2
+        Deliverer(db, settings, registry).deliver_due()
+        rows = {d.channel: d for d in list_deliveries(db, message_seq=msg.seq)}
+        assert (rows["webhook"].state, rows["webhook"].attempts) == ("sent", 2)
+        assert rows["rec"].state == "failed" and "never sent twice" in (rows["rec"].last_error or "")
+        assert receiver.delivery_ids == [f"{settings.install_id}-{rows['webhook'].id}"] * 2
+        assert [json.loads(body)["message"]["seq"] for body, _ in receiver.received] == [msg.seq] * 2
+        live.disconnect()
+        dying.disconnect()
 
 
 def test_a_webhook_address_must_be_a_url(settings: Settings) -> None:
