@@ -17,6 +17,7 @@ from orchestrator.cli import telegram as cli_telegram
 
 if TYPE_CHECKING:
     from orchestrator.core.settings import Settings
+    from orchestrator.root import Orchestrator
 from orchestrator.cli.support import fail as _fail
 from orchestrator.cli.support import setup as _setup
 from orchestrator.core.errors import OrchestratorError
@@ -47,7 +48,7 @@ def up(
     from orchestrator.cli.supervisor import Child, Supervisor, api_argv, beat_argv, worker_argv
     from orchestrator.sandbox.containers import docker_client
     from orchestrator.sandbox.image import ensure_agent_image
-    from orchestrator.store.groups import ensure_main_group
+    from orchestrator.store.groups import MAIN_JID, ensure_main_group
 
     root = _setup()
     settings, db = root.settings, root.db
@@ -56,7 +57,7 @@ def up(
     if port:
         _check_api_exposure(host, settings)
     try:
-        ensure_main_group(db)
+        ensure_main_group(db, settings.main_group or MAIN_JID)
         client = docker_client(settings)
         typer.echo(f"checking the agent image {settings.agent_image} (built if missing) ...")
         ensure_agent_image(client, settings)
@@ -113,7 +114,9 @@ def worker(
     if drain:
         _drain_worker(wait)
         return
-    settings = _setup().settings
+    root = _setup()
+    settings = root.settings
+    _ensure_main_group(root)
     try:
         argv = worker_argv(concurrency, settings.log_level,
                            queues=tuple(q.strip() for q in queues.split(",") if q.strip()), name=name)
@@ -168,9 +171,11 @@ def api(
     """Run the HTTP API server alone."""
     from orchestrator.cli.supervisor import api_argv
 
-    settings = _setup().settings
+    root = _setup()
+    settings = root.settings
     host = host or settings.api_host
     _check_api_exposure(host, settings)
+    _ensure_main_group(root)
     port = settings.api_port if port < 0 else port
     argv = api_argv(host, port)
     from orchestrator.http.endpoint import announce
@@ -179,6 +184,21 @@ def api(
     announce(settings, host, port)
     # The app checks the address again (ORCHESTRATOR_API_HOST), whoever starts it.
     os.execve(argv[0], argv, dict(os.environ, ORCHESTRATOR_API_HOST=host))
+
+
+def _ensure_main_group(root: Orchestrator) -> None:
+    """ORCHESTRATOR_MAIN_GROUP's group, made if missing: a fleet started service by
+    service (compose) has its main group whichever service starts first."""
+    if not root.settings.main_group:
+        return
+    from orchestrator.store.groups import ensure_main_group
+
+    try:
+        ensure_main_group(root.db, root.settings.main_group)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    finally:
+        root.close()
 
 
 def _check_api_exposure(host: str, settings: Settings) -> None:

@@ -93,6 +93,10 @@ class Settings(msgspec.Struct, kw_only=True):
     gateway_read_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
 
     assistant_name: str = "Andy"
+    # The main group's chat id (it answers every message and may post to other
+    # chats): made on start by `up`, `api` and `worker` when missing, so a fleet
+    # started by compose has one.  Empty: `up` makes "main@local".
+    main_group: str = ""
     # Extra names that also trigger the agent (comma separated).
     trigger_aliases: str = ""
     # How many earlier messages a run shows the model besides the new ones.
@@ -206,6 +210,7 @@ class Settings(msgspec.Struct, kw_only=True):
         self.data_dir = Path(self.data_dir).expanduser().resolve()
         # Symlinks are resolved when the file is read, not here.
         self.mount_allowlist = Path(self.mount_allowlist).expanduser().absolute()
+        self.main_group = self.main_group.strip()
         self.workspace_quota = self.workspace_quota.strip().lower()
         if self.workspace_quota != "auto":
             try:

@@ -124,6 +124,9 @@ class NewGroup(BaseModel):
     assistant_name: str | None = Field(
         default=None, pattern=ASSISTANT_NAME_PATTERN, description="This group's assistant (default: the setting)."
     )
+    is_main: bool = Field(default=False, description=(
+        "The main group: answers every message (no trigger) and its agent may post to other chats. "
+        "There is one; 409 if another group is main."))
 
 
 class GroupChanges(BaseModel):
@@ -367,12 +370,14 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         return list_groups(db)
 
     @router.post("/groups", status_code=201, response_model=Group,
-                 responses={409: {"description": "the chat or the folder is already registered"}})
+                 responses={409: {"description": "the chat or the folder is already registered, or "
+                                                 "is_main and another group is main"}})
     def register_group(body: NewGroup) -> Group | JSONResponse:
-        """Register a chat as a group (the main group is made by `orchestrator up`, not here)."""
+        """Register a chat as a group; with ``is_main`` the main group (``orchestrator up`` and
+        ORCHESTRATOR_MAIN_GROUP make one on start)."""
         try:
             return add_group(
-                db, chat_jid=body.chat_jid, name=body.name, folder=body.folder,
+                db, chat_jid=body.chat_jid, name=body.name, folder=body.folder, is_main=body.is_main,
                 requires_trigger=body.requires_trigger, assistant_name=body.assistant_name,
             )
         except InvalidMessage as exc:

@@ -7,6 +7,7 @@ refused here, before anything touches the filesystem.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -15,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from orchestrator.core.errors import InvalidMessage, StoreError, UnknownGroup
+from orchestrator.core.errors import ConfigError, InvalidMessage, StoreError, UnknownGroup
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.store.db import Database
 from orchestrator.store.tables import GroupRow
@@ -78,10 +79,13 @@ def add_group(
     requires_trigger: bool = True,
     assistant_name: str | None = None,
 ) -> Group:
-    """Register a chat as a group; raises StoreError if the jid or folder is taken."""
+    """Register a chat as a group; raises StoreError if the jid or folder is taken, or
+    when ``is_main`` and another group is main (there is one main group)."""
     if not chat_jid:
         raise InvalidMessage("chat_jid must not be empty")
     validate_folder(folder)
+    if is_main and (other := main_group(db)) is not None:
+        raise StoreError(f"the main group is {other.chat_jid!r} already; there is one")
     row = GroupRow(
         chat_jid=chat_jid, name=name or chat_jid, folder=folder, is_main=is_main,
         # The main group answers every message; a trigger would only get in the way.
@@ -153,16 +157,34 @@ def update_group(db: Database, chat_jid: str, changes: Mapping[str, object]) -> 
         return group_from_row(row)
 
 
-def ensure_main_group(db: Database) -> Group:
-    """Create the default ``main`` group on first start."""
-    existing = find_group(db, MAIN_JID)
+def ensure_main_group(db: Database, chat_jid: str = MAIN_JID) -> Group:
+    """Create the main group (``chat_jid``) on first start; the one there is otherwise.
+
+    Raises :class:`ConfigError` when ``chat_jid`` is registered as an ordinary group
+    (its privileges are not widened behind anyone's back) or another chat is main.
+    """
+    existing = find_group(db, chat_jid)
     if existing is not None:
+        if not existing.is_main:
+            raise ConfigError(f"{chat_jid!r} is registered as an ordinary group, not the main group; "
+                              "pick another ORCHESTRATOR_MAIN_GROUP or remove that group first")
         return existing
+    other = main_group(db)
+    if other is not None:
+        raise ConfigError(f"the main group is {other.chat_jid!r} already, not {chat_jid!r} "
+                          "(ORCHESTRATOR_MAIN_GROUP names the one there is, or is left empty)")
+    taken = {g.folder for g in list_groups(db)}
+    folder = "main" if "main" not in taken else f"main-{hashlib.sha256(chat_jid.encode()).hexdigest()[:8]}"
     try:
-        return add_group(db, chat_jid=MAIN_JID, name="main", folder="main", is_main=True)
+        return add_group(db, chat_jid=chat_jid, name="main", folder=folder, is_main=True)
     except StoreError:
         # Another process created it between our look and our insert.
-        return get_group(db, MAIN_JID)
+        return get_group(db, chat_jid)
+
+
+def main_group(db: Database) -> Group | None:
+    """The main group, if there is one."""
+    return next((g for g in list_groups(db) if g.is_main), None)
 
 
 def send_targets(db: Database, group: Group) -> list[str]:
