@@ -240,7 +240,8 @@ def test_register_list_and_change_groups(client: TestClient, db: Database) -> No
         ({"chat_jid": "x@g.us", "folder": "x"}, "name"),
         ({**body, "chat_jid": "has space"}, "chat_jid"),
         ({**body, "chat_jid": "y@g.us", "folder": "y", "assistant_name": "@Bob"}, "assistant_name"),
-        ({**body, "chat_jid": "z@g.us", "folder": "z", "is_main": True}, "is_main"),
+        ({**body, "chat_jid": "z@g.us", "folder": "z", "is_main": "sometimes"}, "is_main"),
+        ({**body, "chat_jid": "w@g.us", "folder": "w", "main": True}, "main"),  # unknown fields refused
     ]:
         r = client.post("/api/groups", json=bad)
         assert r.status_code == 400 and r.json()["field"] == field, (bad, r.text)
