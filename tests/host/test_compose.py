@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,8 +16,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_compose_file_is_valid_and_complete() -> None:
     require_service(shutil.which("docker-compose") is not None, "docker-compose (apt-get install docker-compose)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCHESTRATOR_", "DOCKER_HOST"))}
+    # Without a token compose stops before anything starts, saying what to set.
+    refused = subprocess.run(["docker-compose", "-f", str(ROOT / "compose.yaml"), "config"],
+                             capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode != 0 and "set ORCHESTRATOR_API_TOKEN" in refused.stderr, refused.stderr
     res = subprocess.run(["docker-compose", "-f", str(ROOT / "compose.yaml"), "config"],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, env=env | {"ORCHESTRATOR_API_TOKEN": "t0ken"})
     assert res.returncode == 0, res.stderr
     config = yaml.safe_load(res.stdout)
     services = config["services"]
@@ -31,4 +37,20 @@ def test_compose_file_is_valid_and_complete() -> None:
     assert env["ORCHESTRATOR_DATABASE_URL"].startswith("postgresql://")
     assert env["ORCHESTRATOR_BROKER_URL"].startswith("redis://")
     # The api service binds 0.0.0.0 in its container: it starts only with a token.
-    assert "ORCHESTRATOR_API_TOKEN" in services["api"]["environment"]
+    assert services["api"]["environment"]["ORCHESTRATOR_API_TOKEN"] == "t0ken"
+    # First start: the agent image is built by a one-shot service the workers wait for,
+    # a main group is made, and every model setting reaches every service.
+    image = services["agent-image"]
+    assert image["command"] == ["image", "build"] and image["restart"] == "no"
+    assert any("/var/run/docker.sock" in str(v) for v in image["volumes"])
+    for name in ("worker", "deliverer"):
+        assert services[name]["depends_on"]["agent-image"]["condition"] == "service_completed_successfully"
+    for name in ("api", "worker", "deliverer", "beat", "flower", "agent-image"):
+        env_of = services[name]["environment"]
+        assert env_of["ORCHESTRATOR_MAIN_GROUP"] == "main@local"
+        assert {"ORCHESTRATOR_MODEL", "ORCHESTRATOR_ANTHROPIC_API_KEY", "ORCHESTRATOR_ANTHROPIC_BASE_URL",
+                "ORCHESTRATOR_OPENAI_BASE_URL", "ORCHESTRATOR_OPENAI_API_KEY", "ORCHESTRATOR_MAX_TOKENS",
+                "ORCHESTRATOR_RUN_TOKEN_BUDGET"} <= set(env_of), name
+    # The Docker socket (root on the host) only where containers are started or removed.
+    for name in ("api", "beat", "flower"):
+        assert not any("docker.sock" in str(v) for v in services[name].get("volumes", [])), name
