@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import celeryd_after_setup, worker_init, worker_process_init, worker_ready
+from celery.signals import celeryd_after_setup, setup_logging, worker_init, worker_process_init, worker_ready
 from kombu import Exchange, Queue
 
 from orchestrator.root import Orchestrator
@@ -27,6 +27,15 @@ from orchestrator.run.queue import AGENT_QUEUE, host_queue
 orchestrator = Orchestrator.from_environment(deadline_exceptions=(SoftTimeLimitExceeded,))
 app = orchestrator.celery
 log = logging.getLogger("workers")
+
+
+@setup_logging.connect
+def _logging(loglevel: object = None, **_: object) -> None:
+    # Ours instead of Celery's (a receiver here turns Celery's off): the same lines as
+    # every other process, text or JSON with the run's context (orchestrator/core/logs.py).
+    from orchestrator.core.logs import configure
+
+    configure(orchestrator.settings, loglevel if isinstance(loglevel, (str, int)) and loglevel else None)
 
 
 @worker_init.connect

@@ -46,6 +46,7 @@ def up(
 ) -> None:
     """Run everything on this machine: agent worker, delivery worker, beat and HTTP API (Ctrl-C stops all)."""
     from orchestrator.cli.supervisor import Child, Supervisor, api_argv, beat_argv, worker_argv
+    from orchestrator.core.logs import write_dict_config
     from orchestrator.sandbox.containers import docker_client
     from orchestrator.sandbox.image import ensure_agent_image
     from orchestrator.store.groups import MAIN_JID, ensure_main_group
@@ -78,7 +79,7 @@ def up(
         Child("beat", beat_argv(str(settings.data_dir / "celerybeat-schedule"), settings.log_level)),
     ]
     if port:
-        children.append(Child("api", api_argv(host, port)))
+        children.append(Child("api", api_argv(host, port, write_dict_config(settings))))
         typer.echo(f"HTTP API on http://{host}:{port}  (health: /health)")
     typer.echo(f"data in {settings.data_dir}; try: orchestrator send main@local '$ echo hello' --wait 60")
     if not port:
@@ -177,7 +178,9 @@ def api(
     _check_api_exposure(host, settings)
     _ensure_main_group(root)
     port = settings.api_port if port < 0 else port
-    argv = api_argv(host, port)
+    from orchestrator.core.logs import write_dict_config
+
+    argv = api_argv(host, port, write_dict_config(settings))
     from orchestrator.http.endpoint import announce
 
     # For `orchestrator send` (cli/send.py); uvicorn keeps this pid.

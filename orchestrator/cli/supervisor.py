@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,11 @@ def beat_argv(schedule_file: str, loglevel: str = "INFO") -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "workers.app", "beat", "-s", schedule_file, "-l", loglevel]
 
 
-def api_argv(host: str, port: int) -> list[str]:
+def api_argv(host: str, port: int, log_config: Path | None = None) -> list[str]:
+    """uvicorn serving the API; ``log_config``: a ``logging.config`` JSON file for its
+    lines and the app's (``orchestrator.core.logs.write_dict_config``)."""
     # Open event streams end themselves on shutdown (orchestrator/http/stream.py);
     # the graceful timeout is the backstop for any other slow response.
-    return [sys.executable, "-m", "uvicorn", "--factory", "orchestrator.http.api:create_app", "--host", host, "--port", str(port),
-            "--timeout-graceful-shutdown", "3"]
+    argv = [sys.executable, "-m", "uvicorn", "--factory", "orchestrator.http.api:create_app", "--host", host,
+            "--port", str(port), "--timeout-graceful-shutdown", "3"]
+    return argv + ["--log-config", str(log_config)] if log_config is not None else argv

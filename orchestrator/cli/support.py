@@ -7,7 +7,6 @@ first touches them, so ``orchestrator --help`` pays for none of them.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 import typer
@@ -19,6 +18,7 @@ if TYPE_CHECKING:
 
 
 def setup() -> Orchestrator:
+    from orchestrator.core.logs import configure as configure_logging
     from orchestrator.root import Orchestrator
 
     try:
@@ -26,8 +26,7 @@ def setup() -> Orchestrator:
     except OrchestratorError as exc:  # e.g. an ORCHESTRATOR_* variable that does not convert
         raise fail(exc) from exc
     settings = root.settings
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    configure_logging(settings)
     settings.ensure_dirs()
     return root
 

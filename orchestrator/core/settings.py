@@ -200,6 +200,9 @@ class Settings(msgspec.Struct, kw_only=True):
     api_stream_poll_s: Annotated[float, Meta(gt=0, le=5)] = 0.2
 
     log_level: str = "INFO"
+    # "text" for people, "json" for log pipelines: one object per line with the
+    # chat, run, host and trace it is about (orchestrator/core/logs.py).
+    log_format: Literal["text", "json"] = "text"
 
     def __post_init__(self) -> None:
         # Runs for Settings made in code and for loaded ones alike.

@@ -41,8 +41,9 @@ from sqlalchemy import select, update
 from orchestrator.core.backoff import backoff_delay
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.errors import ConfigError, LeaseLost, MountRefused
+from orchestrator.core.logs import log_context
 from orchestrator.core.settings import Settings
-from orchestrator.model.messages import SENDER_BOT, NewMessage
+from orchestrator.model.messages import SENDER_BOT, NewMessage, StoredMessage
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
 from orchestrator.run.assembly import (
     Batch,
@@ -266,7 +267,8 @@ class Pipeline:
         try:
             # A dead holder's run is closed first; the slot it held is free.
             recovered = recover_group(self.db, chat_jid, self.owner, sandbox=self.sandbox)
-            with leases.Heartbeat(self.db, chat_jid, self.owner, ttl, clock=self.clock) as heartbeat:
+            with leases.Heartbeat(self.db, chat_jid, self.owner, ttl, clock=self.clock) as heartbeat, \
+                    log_context(chat_jid=chat_jid):
                 step = self._step_held(chat_jid, task_id, heartbeat.lost)
         finally:
             leases.release(self.db, chat_jid, self.owner)
@@ -285,7 +287,8 @@ class Pipeline:
             due_in = self._due_in(parked)
             if due_in > 0:
                 return Step(retry_in=due_in)
-            outcome = self.resume(parked, task_id=task_id, lease_lost=lease_lost)
+            with log_context(run_id=parked.id):
+                outcome = self.resume(parked, task_id=task_id, lease_lost=lease_lost)
             return Step(outcome=outcome, retry_in=outcome.retry_in)
         group = get_group(self.db, chat_jid)
         if group.pending_seq <= group.cursor_seq:
@@ -366,6 +369,13 @@ class Pipeline:
             self.db, self.settings.max_concurrent_runs, chat_jid=group.chat_jid, cursor_from=group.cursor_seq,
             cursor_to=batch.cursor_to, celery_task_id=task_id, owner=self.owner,
         )
+        with log_context(run_id=run.id):
+            return self._first_attempt(group, run, batch, prior, lease_lost)
+
+    def _first_attempt(
+        self, group: Group, run: Run, batch: Batch, prior: list[StoredMessage], lease_lost: threading.Event | None,
+    ) -> RunOutcome:
+        """A new run's input, built and recorded once, and its first attempt."""
         assistant = group.assistant_name or self.settings.assistant_name
         outcome = RunOutcome(run=run)
         try:
@@ -461,6 +471,8 @@ class Pipeline:
             self.db, run.id, state=result.state, error=result.error,
             input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
         )
+        log.info("run %s of %s ended %s after %d attempt(s), %d output(s) stored", run.id, group.chat_jid,
+                 outcome.run.state, outcome.run.attempts, len(outcome.stored))
         return outcome
 
     def _taken_over(self, outcome: RunOutcome, why: str | None) -> RunOutcome:

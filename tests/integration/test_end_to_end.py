@@ -100,3 +100,21 @@ def test_a_busy_groups_series_of_runs_is_one_task_each(stack: Stack) -> None:
     assert [r.state for r in done] == ["succeeded"] * 4, [(r.state, r.error) for r in done]
     tasks = [r.celery_task_id for r in done]
     assert None not in tasks and len(set(tasks)) == 4, tasks
+
+
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
+def test_a_worker_writes_json_lines_with_the_runs_context(stack: Stack) -> None:
+    """ORCHESTRATOR_LOG_FORMAT=json in a real worker: Celery's lines and ours are JSON
+    objects, and the run's own lines name its run, chat and host."""
+    stack.env.update(ORCHESTRATOR_LOG_FORMAT="json", ORCHESTRATOR_HOST_ID="json-host")
+    ensure_main_group(stack.db)
+    stack.start_worker()
+    res = stack.cli("send", "main@local", "$ echo logged", "--wait", "90")
+    assert res.returncode == 0, res.stderr + stack.worker_logs()
+    [run] = list_runs(stack.db, chat_jid="main@local")
+    wait_until(lambda: f'"run_id": "{run.id}"' in stack.logs[0].read_text(), 30, "the run's end logged",
+               stack.worker_logs)
+    lines = [json.loads(x) for x in stack.logs[0].read_text().splitlines() if x.startswith("{")]
+    assert any(x["logger"].startswith("celery") for x in lines)  # Celery's own lines, JSON too
+    [ended] = [x for x in lines if x["run_id"] == run.id and "ended succeeded" in x["message"]]
+    assert (ended["chat_jid"], ended["host"], ended["level"]) == ("main@local", "json-host", "INFO")

@@ -1,0 +1,119 @@
+"""Log lines: text for people, one JSON object per line for log pipelines.
+
+``ORCHESTRATOR_LOG_FORMAT=json`` (default ``text``) makes every process (the
+CLI, the API through uvicorn's ``--log-config``, Celery workers and beat)
+write JSON lines with ``time``, ``level``, ``logger``, ``message`` and the
+context of the work a line is about: ``chat_jid`` and ``run_id`` (set by the
+pipeline with :func:`log_context` around a step and a run), ``host`` (this
+process's host id) and ``trace_id`` (empty until the run's trace is known;
+tracing is a later step of issue 15).  Text lines carry the same context
+after the message, only when it is set, so a person's terminal stays short.
+
+Context lives in a ``ContextVar``: a thread started during a run (a lease
+heartbeat, the stop-watch) does not inherit it; its lines name their group in
+the message, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import logging.config
+import os
+from collections.abc import Iterator
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.jsontypes import JsonObject
+from orchestrator.core.settings import Settings
+
+FORMATS = ("text", "json")
+# The context every line carries (empty when unknown).
+CONTEXT_FIELDS = ("chat_jid", "run_id", "trace_id")
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s%(context)s"
+_JSON_FIELDS = ("asctime", "levelname", "name", "message", "chat_jid", "run_id", "host", "trace_id")
+_RENAMED = {"asctime": "time", "levelname": "level", "name": "logger"}
+
+_context: ContextVar[dict[str, str]] = ContextVar("orchestrator_log_context", default={})  # noqa: B039 - never mutated
+
+
+@contextlib.contextmanager
+def log_context(**fields: str | None) -> Iterator[None]:
+    """Lines logged inside (in this thread or task) carry ``fields`` (see
+    :data:`CONTEXT_FIELDS`); the outer context comes back on exit."""
+    token = _context.set({**_context.get(), **{k: v for k, v in fields.items() if v}})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+class ContextFilter(logging.Filter):
+    """Puts the current context on each record (``chat_jid``, ``run_id``, ``trace_id``,
+    ``host``), and a short ``context`` suffix for text lines."""
+
+    def __init__(self, host: str = "") -> None:
+        super().__init__()
+        self.host = host
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        current = _context.get()
+        for name in CONTEXT_FIELDS:
+            setattr(record, name, current.get(name, ""))
+        record.host = self.host
+        record.context = "".join(f" [{k}={current[k]}]" for k in CONTEXT_FIELDS if current.get(k))
+        return True
+
+
+def json_formatter() -> logging.Formatter:
+    """The JSON lines' formatter (python-json-logger), also named by uvicorn's config."""
+    from pythonjsonlogger.json import JsonFormatter
+
+    return JsonFormatter(list(_JSON_FIELDS), rename_fields=_RENAMED, json_ensure_ascii=False)
+
+
+def text_formatter() -> logging.Formatter:
+    return logging.Formatter(_TEXT_FORMAT)
+
+
+def configure(settings: Settings, level: str | int | None = None) -> None:
+    """Send every log line of this process to stderr in ``settings.log_format``,
+    at ``level`` (default ``settings.log_level``), replacing earlier handlers."""
+    logging.config.dictConfig(dict_config(settings, level))
+
+
+def dict_config(settings: Settings, level: str | int | None = None) -> JsonObject:
+    """The ``logging.config.dictConfig`` of :func:`configure`; uvicorn reads it from a
+    file (``--log-config``) for its own loggers too."""
+    chosen = level if level is not None else settings.log_level
+    formatter = "orchestrator.core.logs.json_formatter" if settings.log_format == "json" else \
+        "orchestrator.core.logs.text_formatter"
+    handler: dict[str, Any] = {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
+                               "formatter": "line", "filters": ["context"]}
+    quiet = {"level": "WARNING"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"context": {"()": "orchestrator.core.logs.ContextFilter", "host": settings.effective_host_id}},
+        "formatters": {"line": {"()": formatter}},
+        "handlers": {"stderr": handler},
+        "root": {"handlers": ["stderr"], "level": logging.getLevelName(chosen) if isinstance(chosen, int) else chosen},
+        "loggers": {
+            "alembic": quiet,
+            # uvicorn's own loggers write through the root handler, in the same format.
+            "uvicorn": {"handlers": [], "propagate": True},
+            "uvicorn.error": {"handlers": [], "propagate": True},
+            "uvicorn.access": {"handlers": [], "propagate": True},
+        },
+    }
+
+
+def write_dict_config(settings: Settings) -> Path:
+    """:func:`dict_config` as a JSON file under the data dir, for uvicorn's ``--log-config``."""
+    path = settings.data_dir / "logging.json"
+    tmp = path.with_name(f"logging.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(dict_config(settings), indent=2), encoding="utf-8")
+    tmp.replace(path)
+    return path
