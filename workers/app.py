@@ -10,23 +10,85 @@ the groups placed on its host go (``orchestrator/store/placement.py``).
 ``orchestrator`` is this process's composition root
 (``orchestrator/root.py``): the tasks take the database, the pipeline and
 the signals from it.
+
+Metrics (``orchestrator/core/metrics.py``): with ``ORCHESTRATOR_METRICS_PORT``
+set, a worker's main process serves ``/metrics`` for itself and its pool
+children (:func:`_multiprocess_metrics`, :func:`_serve_metrics`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.signals import celeryd_after_setup, setup_logging, worker_init, worker_process_init, worker_ready
+from celery.signals import (
+    celeryd_after_setup,
+    setup_logging,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 from kombu import Exchange, Queue
 
+from orchestrator.core.settings import Settings
 from orchestrator.root import Orchestrator
 from orchestrator.run.queue import AGENT_QUEUE, host_queue
 
 orchestrator = Orchestrator.from_environment(deadline_exceptions=(SoftTimeLimitExceeded,))
 app = orchestrator.celery
 log = logging.getLogger("workers")
+
+
+def _multiprocess_metrics(settings: Settings, argv: list[str]) -> Path | None:
+    """In a worker's main process with ``ORCHESTRATOR_METRICS_PORT`` set: a fresh, empty
+    folder for this worker's metric files, named in ``PROMETHEUS_MULTIPROC_DIR``.
+
+    The project's one write to the environment (the settings object stays its only
+    reader).  prometheus_client decides, when ``prometheus_client.values`` is first
+    imported, whether a process counts in its own memory or in a file of that folder,
+    and it decides by this variable alone.  The ``celery`` command has imported it
+    already (Flower's plugin to that command line does), so its choice is made again
+    here, before any of our metrics exists: orchestrator/core/metrics.py is imported
+    later (Celery loads ``workers.tasks`` through the app's ``include``: the run
+    path).  Pool children are forked with this environment, so every process of
+    this worker writes its counts there and the main process serves their sum
+    (``_serve_metrics``).  A folder per worker process (``<host id>-<pid>``), emptied
+    now and removed at exit: the counts of an earlier worker are never added to this
+    one's.  Other commands that load this app (beat, flower) and processes that
+    import it (tests) are left alone.
+    """
+    if not settings.metrics_port or "worker" not in argv[1:]:
+        return None
+    if "orchestrator.core.metrics" in sys.modules:
+        # Our metrics already count in memory: the pool's counts could not be added up.
+        log.error("metrics: orchestrator.core.metrics was imported before workers.app; this worker serves no metrics")
+        return None
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", settings.effective_host_id)
+    folder = settings.effective_metrics_dir / f"{host}-{os.getpid()}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
+    if "prometheus_client.values" in sys.modules:
+        import prometheus_client.values as values
+
+        # Metrics made from now on read the class here when they are built (the ones made
+        # before, Flower's, stay in memory: not this worker's to serve).
+        values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+    return folder
+
+
+_metrics_dir = _multiprocess_metrics(orchestrator.settings, sys.argv)
+_metrics_pid = os.getpid()  # the worker's main process, the folder's owner
+_metrics_server: WSGIServer | None = None
 
 
 @setup_logging.connect
@@ -88,3 +150,36 @@ def _log_quota_mode(**_: object) -> None:
 
     line = describe_mode(orchestrator.settings)
     (log.warning if "quota: off" in line else log.info)("%s", line)
+
+
+@worker_ready.connect
+def _serve_metrics(sender: Any = None, **_: object) -> None:
+    # The main process serves /metrics from a thread: the sum of its pool children's
+    # counts (and its own: the start-up sweep's).  A taken port is logged, not fatal.
+    global _metrics_server
+    if _metrics_dir is None or _metrics_server is not None or getattr(sender, "app", None) is not app:
+        return
+    from orchestrator.core.metrics import serve_multiprocess
+
+    settings = orchestrator.settings
+    _metrics_server = serve_multiprocess(_metrics_dir, settings.metrics_host, settings.metrics_port)
+
+
+@worker_process_shutdown.connect
+def _metrics_process_dead(pid: int | None = None, **_: object) -> None:
+    # In the pool child that ends: prometheus_client drops its live gauges (its counts stay summed).
+    if _metrics_dir is not None:
+        from orchestrator.core.metrics import process_dead
+
+        process_dead(pid or os.getpid(), _metrics_dir)
+
+
+@worker_shutdown.connect
+def _stop_metrics(sender: Any = None, **_: object) -> None:
+    global _metrics_server
+    if _metrics_server is not None:
+        _metrics_server.shutdown()
+        _metrics_server.server_close()
+        _metrics_server = None
+    if _metrics_dir is not None and os.getpid() == _metrics_pid:
+        shutil.rmtree(_metrics_dir, ignore_errors=True)

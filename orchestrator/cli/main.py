@@ -75,7 +75,9 @@ def up(
         # Runs and deliveries in separate processes: a finished reply reaches its
         # channels while every agent slot is busy.
         Child("worker", worker_argv(concurrency, settings.log_level, queues=("agent",), name="agent@%h")),
-        Child("deliverer", worker_argv(2, settings.log_level, queues=("delivery",), name="delivery@%h")),
+        # Its /metrics on the next port: two workers cannot serve one (orchestrator/core/metrics.py).
+        Child("deliverer", worker_argv(2, settings.log_level, queues=("delivery",), name="delivery@%h"),
+              env={"ORCHESTRATOR_METRICS_PORT": str(settings.metrics_port + 1)} if settings.metrics_port else {}),
         Child("beat", beat_argv(str(settings.data_dir / "celerybeat-schedule"), settings.log_level)),
     ]
     if port:

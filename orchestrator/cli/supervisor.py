@@ -23,9 +23,11 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     backoff: float = field(default=1.0)
+    # Variables this child has besides the supervisor's environment.
+    env: dict[str, str] = field(default_factory=dict)
 
     def start(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(self.argv, env=env)
+        self.proc = subprocess.Popen(self.argv, env={**env, **self.env})
         self.started_at = time.monotonic()
         log.info("started %s (pid %d)", self.name, self.proc.pid)
 

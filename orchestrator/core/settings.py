@@ -204,6 +204,19 @@ class Settings(msgspec.Struct, kw_only=True):
     # chat, run, host and trace it is about (orchestrator/core/logs.py).
     log_format: Literal["text", "json"] = "text"
 
+    # Prometheus metrics (orchestrator/core/metrics.py).  The API serves its own on
+    # GET /metrics.  A worker's main process serves those of its pool children on
+    # http://<metrics_host>:<metrics_port>/metrics; 0: not served, and the worker's
+    # processes count in memory only (nothing written to metrics_dir).  Two workers on
+    # one machine (`orchestrator up` runs two) need two ports.
+    metrics_port: Annotated[int, Meta(ge=0, le=65535)] = 0
+    metrics_host: str = "127.0.0.1"
+    # Where a serving worker's processes keep their counts (prometheus_client's
+    # multiprocess mode: a file per process, read by the main process): a folder per
+    # worker, <host id>-<pid>, made empty when the worker starts and removed when it
+    # stops.  None: <data_dir>/metrics.
+    metrics_dir: Path | None = None
+
     def __post_init__(self) -> None:
         # Runs for Settings made in code and for loaded ones alike.
         # The gateway appends the request's path (/v1/chat/completions).
@@ -213,6 +226,8 @@ class Settings(msgspec.Struct, kw_only=True):
         self.data_dir = Path(self.data_dir).expanduser().resolve()
         # Symlinks are resolved when the file is read, not here.
         self.mount_allowlist = Path(self.mount_allowlist).expanduser().absolute()
+        if self.metrics_dir is not None:
+            self.metrics_dir = Path(self.metrics_dir).expanduser().resolve()
         self.main_group = self.main_group.strip()
         self.workspace_quota = self.workspace_quota.strip().lower()
         if self.workspace_quota != "auto":
@@ -281,6 +296,11 @@ class Settings(msgspec.Struct, kw_only=True):
     def trigger_names(self) -> list[str]:
         names = [self.assistant_name, *self.trigger_aliases.split(",")]
         return [n.strip() for n in names if n.strip()]
+
+    @property
+    def effective_metrics_dir(self) -> Path:
+        """Where serving workers keep their metrics files: ``metrics_dir`` or ``<data_dir>/metrics``."""
+        return self.metrics_dir or self.data_dir / "metrics"
 
     @property
     def broker_dir(self) -> Path:

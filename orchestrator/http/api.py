@@ -13,7 +13,10 @@ Every ``/api`` route takes ``Authorization: Bearer <ORCHESTRATOR_API_TOKEN>``
 when a token is set (compared in constant time; 401 otherwise).  Serving
 beyond loopback without a token is refused at start-up
 (:func:`check_exposure`).  ``/health``, the page and its static files need no
-token (they hold no data).
+token (they hold no data).  ``GET /metrics`` (Prometheus' text format: what this
+process counted, ``orchestrator/core/metrics.py``) takes the same token as ``/api``
+when one is set: counts of messages and senders are the installation's business,
+and a scraper can send a bearer token (``authorization`` in its scrape config).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from orchestrator.channels.webhook import add_inbound_route
+from orchestrator.core import metrics
 from orchestrator.core.errors import (
     ConfigError,
     ContainerConfigError,
@@ -266,7 +270,8 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     settings.ensure_dirs()
     db = root.db
     api = FastAPI(title="Agent orchestrator", version="0.1.0")
-    router = APIRouter(prefix="/api", dependencies=[Depends(_token_check(settings)), Depends(_install_check(settings))],
+    require_token = _token_check(settings)
+    router = APIRouter(prefix="/api", dependencies=[Depends(require_token), Depends(_install_check(settings))],
                        responses={421: {"description": f"the request's {INSTALL_HEADER} names another installation"}})
     signal, signal_delivery = root.signals.group, root.signals.delivery
 
@@ -299,6 +304,14 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
             database = f"error: {exc}"
         broker = settings.effective_broker_url.split("://", 1)[0]
         return Health(status="ok" if database == "ok" else "degraded", database=database, broker=broker)
+
+    @api.get("/metrics", dependencies=[Depends(require_token)], response_class=PlainTextResponse,
+             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus' text format"}})
+    def prometheus_metrics() -> Response:
+        """This API process's Prometheus metrics (ingest); the workers serve theirs on
+        ORCHESTRATOR_METRICS_PORT.  Needs the API token when one is set."""
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
 
     @router.get("/info", response_model=Info)
     def info() -> Info:

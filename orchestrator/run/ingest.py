@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from orchestrator.core import metrics
 from orchestrator.core.errors import RateLimited
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
@@ -145,6 +146,7 @@ def ingest(
             retry_after = sender_retry_after(conn, db, chat_jid=new.chat_jid, sender=new.sender,
                                              message_id=new.id, limit=rate)
             if retry_after is not None:
+                metrics.SENDER_REFUSALS.inc()
                 raise RateLimited(new.sender, rate, retry_after)  # rolls back: nothing stored
         msg, created = insert_message(conn, db, new)
         if created and rate:
@@ -166,6 +168,8 @@ def ingest(
                 driver_execute(conn, _MARK_PENDING, {"chat_jid": incoming.chat_jid, "seq": msg.seq})
                 pending_seq, cursor_seq, place = group[3], group[4], group[5]
                 needs_signal = pending_seq <= cursor_seq
+    if created:
+        metrics.message_ingested(triggered)
     if on_stored is not None:
         on_stored(msg, triggered)
     signalled = False

@@ -29,6 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy import func, select, update
 
+from orchestrator.core import metrics
 from orchestrator.core.backoff import backoff_delay
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
@@ -193,6 +194,7 @@ class Deliverer:
             msg = to_stored(msg_row) if msg_row is not None else None
         if msg is None or not displayed(msg):
             report.cancelled += 1
+            metrics.delivery_ended(row.channel, "cancelled")
             self._finish(delivery_id, state=CANCELLED, last_error="superseded before it was sent")
             return
         assistant = (group.assistant_name if group else None) or self.settings.assistant_name
@@ -204,7 +206,8 @@ class Deliverer:
                 raise ChannelError(f"channel {row.channel!r} cannot reach {row.address!r}")
             rendered = render(msg, assistant).model_copy(
                 update={"delivery_id": f"{self.settings.install_id}-{delivery_id}"})
-            channel.send(row.address, rendered)
+            with metrics.DELIVERY_SECONDS.labels(row.channel).time():
+                channel.send(row.address, rendered)
         except Exception as exc:  # noqa: BLE001 - any channel failure is recorded and retried
             report.failed_attempts += 1
             error = f"{type(exc).__name__}: {exc}"[:_ERROR_CAP]
@@ -212,6 +215,7 @@ class Deliverer:
                 log.warning("delivery of #%d to %s failed for good after %d attempts: %s",
                             row.message_seq, row.channel, row.attempts, error)
                 self._finish(delivery_id, state=FAILED, last_error=error)
+                metrics.delivery_ended(row.channel, "failed")
             else:
                 delay = backoff_delay(row.attempts, self.settings.delivery_retry_base_s,
                                     self.settings.delivery_retry_max_s)
@@ -219,8 +223,10 @@ class Deliverer:
                          row.message_seq, row.channel, row.attempts, error, delay)
                 self._finish(delivery_id, state=PENDING, last_error=error,
                              next_attempt_at=utc_now() + timedelta(seconds=delay))
+                metrics.delivery_ended(row.channel, "retried")
             return
         report.sent += 1
+        metrics.delivery_ended(row.channel, "sent")
         self._finish(delivery_id, state=SENT, sent_at=utc_now())
 
     def _finish(self, delivery_id: int, **values: Any) -> None:

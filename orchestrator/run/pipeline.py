@@ -18,6 +18,7 @@ import contextlib
 import logging
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -38,6 +39,7 @@ from agent_runner.protocol import (
 )
 from sqlalchemy import select, update
 
+from orchestrator.core import metrics
 from orchestrator.core.backoff import backoff_delay
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.errors import ConfigError, LeaseLost, MountRefused
@@ -65,7 +67,7 @@ from orchestrator.sandbox.gateway import ModelGateway
 from orchestrator.sandbox.port import Sandbox
 from orchestrator.sandbox.warm import WarmPool, gateway_dir, host_only_dir
 from orchestrator.store import leases
-from orchestrator.store.db import Database
+from orchestrator.store.db import Database, db_now
 from orchestrator.store.deliveries import record_deliveries
 from orchestrator.store.groups import Group, get_group, send_refusal, send_targets
 from orchestrator.store.hosts import process_owner
@@ -299,6 +301,7 @@ class Pipeline:
         if wait is not None:
             # Waiting for its quota, not for a run slot: it must not hold others back.
             leave_line(self.db, self.settings.max_concurrent_runs, chat_jid)
+            metrics.QUOTA_WAITS.labels(wait.quota).inc()
             if store_quota_notice(self.db, chat_jid, wait) is not None:
                 self._deliver(chat_jid)
             return Step(retry_in=max(1.0, wait.wait_s), quota=wait)
@@ -369,6 +372,7 @@ class Pipeline:
             self.db, self.settings.max_concurrent_runs, chat_jid=group.chat_jid, cursor_from=group.cursor_seq,
             cursor_to=batch.cursor_to, celery_task_id=task_id, owner=self.owner,
         )
+        metrics.RUNS_STARTED.inc()
         with log_context(run_id=run.id):
             return self._first_attempt(group, run, batch, prior, lease_lost)
 
@@ -471,6 +475,7 @@ class Pipeline:
             self.db, run.id, state=result.state, error=result.error,
             input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
         )
+        metrics.run_finished(outcome.run.state, outcome.run.duration_s)
         log.info("run %s of %s ended %s after %d attempt(s), %d output(s) stored", run.id, group.chat_jid,
                  outcome.run.state, outcome.run.attempts, len(outcome.stored))
         return outcome
@@ -480,6 +485,7 @@ class Pipeline:
         nothing more, leave the run as it is.  Its new holder closes it before it runs
         (``sweeper.recover_group``: a reply already stored moves the cursor on, none
         leaves the messages pending for the new run), or the sweeper does."""
+        metrics.LEASE_LOSSES.inc()
         log.warning("run %s of %s: %s; left to the group's new lease holder", outcome.run.id,
                     outcome.run.chat_jid, why)
         return outcome
@@ -575,7 +581,9 @@ class Pipeline:
         if outcome.budget is None:
             outcome.budget = OutputBudget(settings.max_run_events, settings.max_run_stored_bytes)
         budget = outcome.budget
+        asked = time.perf_counter()
         with self.sandbox.start(spec, input_bytes(payload)) as container:
+            metrics.container_started(asked, container)
             set_container(self.db, run.id, container.id)
             with StopWatch(self.db, run.id, container.kill, lease_lost, clock=self.clock) as stop:
                 try:
@@ -663,6 +671,10 @@ class Pipeline:
             new = NewMessage(chat_jid=group.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
             msg, created = insert_message(session, self.db, new)
             queued = record_deliveries(session, msg) if created else 0
+            # The run's first reply: when, on the clock its creation was taken from (metrics).
+            first_reply_at = db_now(session) if created and msg.sender == SENDER_BOT and not outcome.replied else None
+        if first_reply_at is not None:
+            metrics.first_reply(outcome.run.created_at, first_reply_at)
         if created:
             outcome.stored.append(msg.seq)
             if msg.sender == SENDER_BOT:

@@ -38,6 +38,7 @@ from datetime import datetime
 
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
 
+from orchestrator.core import metrics
 from orchestrator.model.messages import SENDER_BOT, NewMessage, StoredMessage
 from orchestrator.run.outputs import host_message
 from orchestrator.sandbox.containers import DockerSandbox
@@ -125,6 +126,8 @@ def sweep(
                 log.warning("could not signal a deliverer for %s (%s)", chat_jid, exc)
                 break
             report.delivery_signals.append(chat_jid)
+    metrics.swept(interrupted_runs=len(report.interrupted_runs), signalled_groups=len(report.signalled_groups),
+                  removed_containers=report.removed_containers, abandoned_deliveries=report.abandoned_deliveries)
     if report.interrupted_runs or report.signalled_groups or report.removed_containers or report.abandoned_deliveries:
         log.info(
             "sweep: %d interrupted run(s), %d group(s) re-signalled, %d container(s) removed, "
@@ -165,8 +168,10 @@ def _close_interrupted(db: Database, run_id: str, chat_jid: str, cursor_to: int)
                 .values(cursor_seq=cursor_to)
             )
         finish_run(db, run_id, state="failed", error="interrupted after output: its worker stopped")
+        metrics.run_finished("failed")
         return stored if created else None
     finish_run(db, run_id, state="failed", error="interrupted before any output: its worker stopped; retried")
+    metrics.run_finished("failed")
     return None
 
 

@@ -51,6 +51,10 @@ def test_compose_file_is_valid_and_complete() -> None:
         assert {"ORCHESTRATOR_MODEL", "ORCHESTRATOR_ANTHROPIC_API_KEY", "ORCHESTRATOR_ANTHROPIC_BASE_URL",
                 "ORCHESTRATOR_OPENAI_BASE_URL", "ORCHESTRATOR_OPENAI_API_KEY", "ORCHESTRATOR_MAX_TOKENS",
                 "ORCHESTRATOR_RUN_TOKEN_BUDGET"} <= set(env_of), name
+    # Each worker's /metrics inside the compose network, never published.
+    for name in ("worker", "deliverer"):
+        assert services[name]["environment"]["ORCHESTRATOR_METRICS_PORT"] == "9108"
+        assert "ports" not in services[name] and "9108" in services[name]["expose"]
     # The Docker socket (root on the host) only where containers are started or removed.
     for name in ("api", "beat", "flower"):
         assert not any("docker.sock" in str(v) for v in services[name].get("volumes", [])), name

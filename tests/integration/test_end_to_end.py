@@ -118,3 +118,32 @@ def test_a_worker_writes_json_lines_with_the_runs_context(stack: Stack) -> None:
     assert any(x["logger"].startswith("celery") for x in lines)  # Celery's own lines, JSON too
     [ended] = [x for x in lines if x["run_id"] == run.id and "ended succeeded" in x["message"]]
     assert (ended["chat_jid"], ended["host"], ended["level"]) == ("main@local", "json-host", "INFO")
+
+
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
+def test_a_worker_serves_the_metrics_of_its_pool_children(stack: Stack) -> None:
+    """ORCHESTRATOR_METRICS_PORT in a real worker: the run is counted in a pool child
+    (prefork) and the main process serves the sum over its processes on /metrics."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stack.env.update(ORCHESTRATOR_METRICS_PORT=str(port), ORCHESTRATOR_HOST_ID="metered")
+    ensure_main_group(stack.db)
+    worker = stack.start_worker()
+    res = stack.cli("send", "main@local", "$ echo metered", "--wait", "90")
+    assert res.returncode == 0, res.stderr + stack.worker_logs()
+    folder = stack.settings.data_dir / "metrics" / f"metered-{worker.pid}"
+    assert any(folder.glob("counter_*.db")), stack.worker_logs()  # the children's files, where the setting says
+
+    def scrape() -> list[str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode().splitlines()
+
+    wanted = ['orchestrator_runs_finished_total{state="succeeded"} 1.0',
+              'orchestrator_container_start_seconds_count{mode="cold"} 1.0']
+    wait_until(lambda: all(w in scrape() for w in wanted), 30, f"{wanted} on /metrics",
+               lambda: "\n".join(scrape()) + stack.worker_logs())
+    assert 'orchestrator_runs_started_total 1.0' in scrape()
