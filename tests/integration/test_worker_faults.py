@@ -78,8 +78,8 @@ def _send(stack: Stack, chat: str, text: str) -> int:
 
 def test_sigkill_mid_run_loses_and_duplicates_nothing(stack: Stack) -> None:
     stack.env.update(FAST)
-    # 5 rounds per backend in the suite; the kept trial of 10 or more: ORCHESTRATOR_FAULT_TRIALS=10.
-    trials = int(os.environ.get("ORCHESTRATOR_FAULT_TRIALS", "5"))
+    # 3 rounds per backend in the suite; the kept trial of 10 or more: ORCHESTRATOR_FAULT_TRIALS=10.
+    trials = int(os.environ.get("ORCHESTRATOR_FAULT_TRIALS", "3"))
     ensure_main_group(stack.db)
     _beat(stack)
     worker = _worker(stack)
