@@ -163,17 +163,18 @@ def ensure_main_group(db: Database, chat_jid: str = MAIN_JID) -> Group:
     Raises :class:`ConfigError` when ``chat_jid`` is registered as an ordinary group
     (its privileges are not widened behind anyone's back) or another chat is main.
     """
-    existing = find_group(db, chat_jid)
+    groups = list_groups(db)
+    existing = next((g for g in groups if g.chat_jid == chat_jid), None)
     if existing is not None:
         if not existing.is_main:
             raise ConfigError(f"{chat_jid!r} is registered as an ordinary group, not the main group; "
                               "pick another ORCHESTRATOR_MAIN_GROUP or remove that group first")
         return existing
-    other = main_group(db)
+    other = next((g for g in groups if g.is_main), None)
     if other is not None:
         raise ConfigError(f"the main group is {other.chat_jid!r} already, not {chat_jid!r} "
                           "(ORCHESTRATOR_MAIN_GROUP names the one there is, or is left empty)")
-    taken = {g.folder for g in list_groups(db)}
+    taken = {g.folder for g in groups}
     folder = "main" if "main" not in taken else f"main-{hashlib.sha256(chat_jid.encode()).hexdigest()[:8]}"
     try:
         return add_group(db, chat_jid=chat_jid, name="main", folder=folder, is_main=True)
