@@ -118,6 +118,12 @@ def flush_broker(settings: Settings) -> None:
         redis.Redis.from_url(settings.broker_url).flushdb()
 
 
+def pct(values: list[float], p: float) -> float:
+    """The ``p``-th percentile (0-100) of ``values``, by nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
 def stop_processes(procs: list[subprocess.Popen[bytes]], timeout: float = 30) -> None:
     """SIGTERM each process still running, then wait for all (SIGKILL one that takes longer than ``timeout``)."""
     for p in procs:

@@ -51,6 +51,7 @@ from bench.common import (
     Extra,
     flush_broker,
     install,
+    pct,
     process_logs,
     remove_install_containers,
     signals_for,
@@ -226,11 +227,6 @@ def measure(settings: Settings, db: Database, layout: list[tuple[str, ...]], mes
         warmup=warmup,
         busy_ran=ended - _epoch(run.started_at),
     )
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 

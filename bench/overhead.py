@@ -40,7 +40,7 @@ import docker
 from agent_runner.protocol import ContainerInput, SdkMessage
 from sqlalchemy import select
 
-from bench.common import Workers, install, signals_for
+from bench.common import Workers, install, pct, signals_for
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.sandbox.containers import ContainerSpec, DockerSandbox, docker_client
@@ -52,11 +52,6 @@ from orchestrator.store.tables import RunRow
 
 JID = "main@local"
 POLL_S = 2.0
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def docker_run_floor(image: str, n: int) -> list[float]:
