@@ -19,6 +19,7 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.core import tracing
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.settings import Settings
 
@@ -51,6 +52,9 @@ class Orchestrator:
     ) -> None:
         self.settings = settings
         self.clock = clock
+        # This process's trace exporters (OTEL_TRACES_EXPORTER), set by its first root;
+        # "none", the default, imports nothing (orchestrator/core/tracing.py).
+        tracing.configure(settings)
         # What the task queue raises when a task is out of time (the worker's
         # Celery soft limit): the pipeline ends such a run timed_out, no retry.
         self.deadline_exceptions = deadline_exceptions

@@ -39,6 +39,7 @@ from celery.signals import (
 )
 from kombu import Exchange, Queue
 
+from orchestrator.core import tracing
 from orchestrator.core.settings import Settings
 from orchestrator.root import Orchestrator
 from orchestrator.run.queue import AGENT_QUEUE, host_queue
@@ -172,6 +173,17 @@ def _metrics_process_dead(pid: int | None = None, **_: object) -> None:
         from orchestrator.core.metrics import process_dead
 
         process_dead(pid or os.getpid(), _metrics_dir)
+
+
+@worker_process_shutdown.connect
+def _flush_spans(**_: object) -> None:
+    # A pool child ends without atexit: the spans still in its batch go now (core/tracing.py).
+    tracing.flush()
+
+
+@worker_shutdown.connect
+def _flush_main_spans(**_: object) -> None:
+    tracing.flush()
 
 
 @worker_shutdown.connect

@@ -21,12 +21,14 @@ Celery app the process finalizes later).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, NamedTuple
 
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
+from orchestrator.core import tracing
 from orchestrator.root import Orchestrator
 from orchestrator.run.queue import DELIVER_TASK, DRAIN_TASK, SCHEDULE_TASK, SWEEP_TASK
 from orchestrator.run.recovery import RecoveryWatch
@@ -56,6 +58,13 @@ def _sweep_report(report: SweepReport) -> dict[str, object]:
     }
 
 
+def _task_span(request: Any, name: str, chat_jid: str | None) -> contextlib.AbstractContextManager[None]:
+    """The task's consumer span (tracing on), a child of the signal's span whose context came
+    in the message's headers (orchestrator/run/queue.py); a new trace without one."""
+    return tracing.span(name, kind="consumer", parent=getattr(request, tracing.HEADER, None) or tracing.ROOT,
+                        attributes={"orchestrator.chat_jid": chat_jid, "celery.task_id": request.id})
+
+
 def register(app: Celery, root: Orchestrator) -> Tasks:
     """The tasks on ``app``, working on ``root``."""
 
@@ -64,8 +73,9 @@ def register(app: Celery, root: Orchestrator) -> Tasks:
         # One attempt at one run per task (Pipeline.step): Celery's time
         # limits, sized for one run, never cut a later one, and a retry's
         # backoff is a countdown on the broker, not a sleep in this slot.
-        step = root.pipeline.step(chat_jid, task_id=self.request.id)
-        root.pipeline.follow_up(chat_jid, step, root.signals.group)
+        with _task_span(self.request, "task drain_group", chat_jid):
+            step = root.pipeline.step(chat_jid, task_id=self.request.id)
+            root.pipeline.follow_up(chat_jid, step, root.signals.group)
         run = step.outcome.run if step.outcome is not None else None
         return {
             "chat_jid": chat_jid,
@@ -82,9 +92,10 @@ def register(app: Celery, root: Orchestrator) -> Tasks:
     def fire_schedules() -> list[str]:
         return fire_due(root.db, signal=root.signals.group)
 
-    @app.task(name=DELIVER_TASK, acks_late=True, ignore_result=True, shared=False)
-    def deliver(chat_jid: str | None = None) -> dict[str, object]:
-        report = root.deliverer(only_known=False).deliver_and_reschedule(chat_jid, root.signals.delivery)
+    @app.task(name=DELIVER_TASK, bind=True, acks_late=True, ignore_result=True, shared=False)
+    def deliver(self, chat_jid: str | None = None) -> dict[str, object]:  # type: ignore[no-untyped-def]
+        with _task_span(self.request, "task deliver", chat_jid):
+            report = root.deliverer(only_known=False).deliver_and_reschedule(chat_jid, root.signals.delivery)
         return {"chat_jid": chat_jid, "sent": report.sent, "failed_attempts": report.failed_attempts,
                 "retry_in": report.retry_in}
 

@@ -98,14 +98,18 @@ def run_agent(
         send_targets=frozenset(inp.send_targets), emit=emit,
     )
 
-    input_tokens = output_tokens = 0
+    usage = Usage()
     stop_reason: str | None = None
     turns = 0
     while turns < inp.limits.max_turns:
         response = provider.complete(system, messages, tools)
         turns += 1
-        input_tokens += response.usage.input_tokens
-        output_tokens += response.usage.output_tokens
+        usage = Usage(
+            input_tokens=usage.input_tokens + response.usage.input_tokens,
+            output_tokens=usage.output_tokens + response.usage.output_tokens,
+            cache_read_input_tokens=usage.cache_read_input_tokens + response.usage.cache_read_input_tokens,
+            cache_creation_input_tokens=usage.cache_creation_input_tokens + response.usage.cache_creation_input_tokens,
+        )
         stop_reason = response.stop_reason
         for block in response.content:
             _emit_content(block, emit)
@@ -123,7 +127,7 @@ def run_agent(
             stop_reason = MAX_TURNS_STOP_REASON
 
     result = ResultEvent(
-        usage=Usage(input_tokens=input_tokens, output_tokens=output_tokens),
+        usage=usage,
         session_id=inp.session_id or str(uuid.uuid4()),
         stop_reason=stop_reason,
         num_turns=turns,

@@ -95,10 +95,17 @@ class ModelSettings(_Model):
     max_tokens: Annotated[int, Meta(ge=1)] = 1024
     base_url: str | None = None
     socket_path: str | None = None
+    # Anthropic extended thinking: the tokens of each answer the model may
+    # think with (the API's ``budget_tokens``: at least 1024, below
+    # ``max_tokens``).  Unset (thinking off), it is left out of the JSON, so
+    # a recorded input that predates the field reads and rebuilds the same.
+    thinking_budget: Annotated[int, Meta(ge=1024)] | msgspec.UnsetType = msgspec.UNSET
 
 
 class Limits(_Model):
-    max_turns: Annotated[int, Meta(ge=1)] = 8
+    # Model calls in one run: enough for a real task's dozens of tool calls;
+    # the run's token budget and time limit are what bound it in practice.
+    max_turns: Annotated[int, Meta(ge=1)] = 50
     bash_timeout_s: Annotated[float, Meta(gt=0)] = 60.0
     output_cap_bytes: Annotated[int, Meta(ge=256)] = 16_000
 
@@ -117,6 +124,11 @@ class ContainerInput(_Model, kw_only=True):
     session_id: str | None = None
     model: ModelSettings = field(default_factory=ModelSettings)
     limits: Limits = field(default_factory=Limits)
+    # The W3C traceparent of this attempt's "agent container" span on the host, while the host
+    # traces (orchestrator/core/tracing.py); the runner exports nothing itself.  Unset,
+    # it is left out of the JSON, so a runner that predates the field still takes the
+    # input of a host that does not trace, and a recorded input reads the same.
+    traceparent: str | msgspec.UnsetType = msgspec.UNSET
 
 
 _INPUT_DECODER = msgspec.json.Decoder(ContainerInput)
@@ -263,8 +275,12 @@ def envelope_to_dict(envelope: Envelope) -> JsonObject:
 
 
 class Usage(_Model):
-    input_tokens: int = 0
+    input_tokens: int = 0  # every prompt token, cache reads and writes included
     output_tokens: int = 0
+    # The part of ``input_tokens`` read from or written to Anthropic's prompt
+    # cache (priced apart: orchestrator/model/pricing.py); 0 when not reported.
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
 
 
 class _Event(_Model, tag_field="type"):

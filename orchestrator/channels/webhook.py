@@ -92,8 +92,17 @@ def add_inbound_route(
     api: FastAPI, db: Database, settings: Settings, *, signal: Callable[[str], object],
     signal_delivery: Callable[[str], object] | None, max_chars: int,
 ) -> None:
-    @api.post(INBOUND_PATH, status_code=201, tags=["webhooks"], responses={
+    # The body is read raw (the signature covers its bytes), so the document is told what it is:
+    # the body of POST /api/messages (that route puts IncomingMessage in the components).
+    @api.post(INBOUND_PATH, status_code=201, tags=["webhooks"], openapi_extra={"requestBody": {
+        "required": True, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/IncomingMessage"}}},
+    }}, responses={
+        201: {"description": "stored, as POST /api/messages answers",
+              "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PostedMessage"}}}},
+        400: {"description": "the body is not a valid message; `field` names the offending one"},
         401: {"description": f"missing or wrong {SIGNATURE_HEADER}"},
+        404: {"description": "inbound webhooks are off (no ORCHESTRATOR_WEBHOOK_SECRET)"},
+        413: {"description": "content too long"},
         429: {"description": "the sender is over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE; nothing was stored",
               "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}},
     })

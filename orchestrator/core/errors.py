@@ -5,9 +5,10 @@ the classes defined outside this module say where they live::
 
     OrchestratorError
     ├── ConfigError            settings that cannot work: an unsupported database URL, an unknown
-    │   │                      ORCHESTRATOR_MODEL, the API beyond loopback without a token
-    │   │                      [store.db, run.pipeline, http.api]
-    │   ├── SettingsError      an ORCHESTRATOR_* variable that does not convert or is out of bounds;
+    │   │                      ORCHESTRATOR_MODEL, the API beyond loopback without a token,
+    │   │                      OTEL_TRACES_EXPORTER=otlp without the otlp extra
+    │   │                      [store.db, run.pipeline, http.api, core.tracing]
+    │   ├── SettingsError      an ORCHESTRATOR_* (or OTEL_*) variable that does not convert or is out of bounds;
     │   │                      names the variable (also a ValueError) [core.settings]
     │   ├── DataDirNotShared   a worker's data dir is not the installation's (its marker is missing or
     │   │                      another's) (defined in store.installation) [store.installation]
@@ -26,9 +27,11 @@ the classes defined outside this module say where they live::
     ├── InvalidMessage         bad input: a message, an edit, a group, a schedule, an import
     │   │                      (also a ValueError) [store.message_log, store.groups, store.history,
     │   │                      store.transfer, run.schedules]
-    │   └── InvalidMessageMetadata   metadata that is no valid envelope or context item; names the
-    │                          field (defined in model.envelopes) [model.envelopes, model.context,
-    │                          store.transfer]
+    │   ├── InvalidMessageMetadata   metadata that is no valid envelope or context item; names the
+    │   │                      field (defined in model.envelopes) [model.envelopes, model.context,
+    │   │                      store.transfer]
+    │   └── ChangeRefused      a history change the message's state does not allow: superseded, not a
+    │                          person's message to edit, not a reply to regenerate (HTTP 409) [store.history]
     ├── SandboxError           Docker could not start or talk to a container [sandbox.containers, sandbox.warm]
     │   ├── ImageBuildError    the base or agent image could not be built or pulled [sandbox.image]
     │   ├── MountRefused       a workspace or extra mount the rules refuse; names the reason [sandbox.mounts]
@@ -106,6 +109,11 @@ class LeaseLost(OrchestratorError):
 
 class InvalidMessage(OrchestratorError, ValueError):
     pass
+
+
+class ChangeRefused(InvalidMessage):
+    """A well-formed edit, regenerate or truncate that the message's current state does not
+    allow (a conflict with the history, not bad input: the API answers 409)."""
 
 
 class RateLimited(OrchestratorError):

@@ -5,8 +5,9 @@ CLI, the API through uvicorn's ``--log-config``, Celery workers and beat)
 write JSON lines with ``time``, ``level``, ``logger``, ``message`` and the
 context of the work a line is about: ``chat_jid`` and ``run_id`` (set by the
 pipeline with :func:`log_context` around a step and a run), ``host`` (this
-process's host id) and ``trace_id`` (empty until the run's trace is known;
-tracing is a later step of issue 15).  Text lines carry the same context
+process's host id) and ``trace_id`` (the current span's trace, with tracing on:
+orchestrator/core/tracing.py; a run's lines carry the trace of the message it
+answers, ingest's the message's own; empty while tracing is off).  Text lines carry the same context
 after the message, only when it is set, so a person's terminal stays short.
 
 Context lives in a ``ContextVar``: a thread started during a run (a lease
@@ -26,6 +27,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core import tracing
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
 
@@ -60,6 +62,9 @@ class ContextFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         current = _context.get()
+        trace_id = tracing.trace_id()  # "" while tracing is off (nothing imported)
+        if trace_id and "trace_id" not in current:
+            current = {**current, "trace_id": trace_id}
         for name in CONTEXT_FIELDS:
             setattr(record, name, current.get(name, ""))
         record.host = self.host

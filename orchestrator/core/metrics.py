@@ -30,6 +30,11 @@ The metrics (names as exposed; counters end in ``_total``):
   included);
 * ``orchestrator_run_first_reply_seconds``: from a run's creation to its first
   stored assistant reply (the database's clock both times);
+* ``orchestrator_queue_wait_seconds``: from the oldest message a run answers being
+  stored to the run's creation (the database's clock both times; messages stored
+  before revision 0012 have no storing time and count in no wait);
+* ``orchestrator_message_first_reply_seconds``: from that message being stored to
+  the run's first stored assistant reply: what a person waits, queue included;
 * ``orchestrator_container_start_seconds{mode}``: from asking the sandbox for the
   agent to having it (``cold``: a new container; ``warm``: a warm one reused);
 * ``orchestrator_deliveries_total{channel,state}``: delivery attempts ended:
@@ -43,6 +48,10 @@ The metrics (names as exposed; counters end in ``_total``):
   ``abandoned_deliveries``;
 * ``orchestrator_quota_waits_total{quota}``: steps that found their group over a
   quota (``runs_per_hour``, ``tokens_per_day``) and started nothing.
+
+The API adds the fleet as the database sees it at each scrape
+(orchestrator/http/fleet_metrics.py): per host, whether it is up, its unfinished
+runs, its warm containers, the groups placed on it and the leases it holds.
 """
 
 from __future__ import annotations
@@ -74,6 +83,12 @@ RUN_DURATION = Histogram("orchestrator_run_duration_seconds", "A finished run's 
 RUN_FIRST_REPLY = Histogram("orchestrator_run_first_reply_seconds", "From a run's creation to its first stored "
                             "assistant reply (the database's clock).",
                             buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
+QUEUE_WAIT = Histogram("orchestrator_queue_wait_seconds", "From the oldest message a run answers being stored "
+                       "to the run's creation (the database's clock).",
+                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600))
+MESSAGE_FIRST_REPLY = Histogram("orchestrator_message_first_reply_seconds", "From the oldest message a run answers "
+                                "being stored to the run's first stored assistant reply (the database's clock).",
+                                buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800))
 CONTAINER_START = Histogram("orchestrator_container_start_seconds", "From asking the sandbox for the agent to "
                             "having it: a new container (cold) or a warm one reused.", ["mode"],
                             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
@@ -110,9 +125,23 @@ def run_finished(state: str, duration_s: float | None = None) -> None:
         RUN_DURATION.observe(max(0.0, duration_s))
 
 
-def first_reply(created_at: datetime, replied_at: datetime) -> None:
-    """A run's first stored reply: both times from the database's clock."""
-    RUN_FIRST_REPLY.observe(max(0.0, (replied_at - created_at).total_seconds()))
+def _seconds(start: datetime, end: datetime) -> float:
+    return max(0.0, (end - start).total_seconds())
+
+
+def run_created(created_at: datetime, waiting_since: datetime | None) -> None:
+    """A run was created; ``waiting_since``: when the oldest message it answers was stored
+    (None: no such time is known), both from the database's clock."""
+    RUNS_STARTED.inc()
+    if waiting_since is not None:
+        QUEUE_WAIT.observe(_seconds(waiting_since, created_at))
+
+
+def first_reply(created_at: datetime, replied_at: datetime, waiting_since: datetime | None = None) -> None:
+    """A run's first stored reply: all times from the database's clock."""
+    RUN_FIRST_REPLY.observe(_seconds(created_at, replied_at))
+    if waiting_since is not None:
+        MESSAGE_FIRST_REPLY.observe(_seconds(waiting_since, replied_at))
 
 
 def container_started(since: float, agent: object) -> None:

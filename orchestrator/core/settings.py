@@ -1,7 +1,8 @@
 """The one settings object: the only place that reads the environment.
 
-Every value comes from an ``ORCHESTRATOR_*`` environment variable or an
-optional ``.env`` file in the working directory (:meth:`Settings.load`).
+Every value comes from an ``ORCHESTRATOR_*`` environment variable (a few of
+OpenTelemetry's standard ``OTEL_*`` ones for traces) or an optional ``.env``
+file in the working directory (:meth:`Settings.load`).
 Everything the program writes lives under ``data_dir`` unless configured
 otherwise, so one folder is the whole state of an embedded install.
 
@@ -57,10 +58,26 @@ class Settings(msgspec.Struct, kw_only=True):
     # bearer token by the gateway; local servers need none).
     openai_base_url: str = "http://127.0.0.1:11434"
     openai_api_key: str = ""
+    # Output tokens of one model answer.  The gateway holds every request to it
+    # (and to the model above), whatever the container asks for.
     max_tokens: Annotated[int, Meta(ge=1)] = 1024
-    max_turns: Annotated[int, Meta(ge=1)] = 8
-    # Tokens (input + output) one run may spend through the model gateway; 0: no limit.
-    run_token_budget: Annotated[int, Meta(ge=0)] = 0
+    # Model calls in one run: enough for a real task's dozens of tool calls.  The
+    # token budget and the run's time limit are what bound a run in practice; a
+    # run stopped by any of them says so in the chat, naming the setting.
+    max_turns: Annotated[int, Meta(ge=1)] = 50
+    # Tokens (input + output) one run may spend through the model gateway; 0: no
+    # limit.  A million: some 50 turns over a 20k-token context.
+    run_token_budget: Annotated[int, Meta(ge=0)] = 1_000_000
+    # Anthropic extended thinking: the tokens each answer may think with (the API's
+    # budget_tokens, at least 1024 and below max_tokens); 0: off.  Thinking is
+    # stored (sender "thinking") and shown muted on the page, never sent to
+    # channels nor shown to the model again.  Other providers ignore it.
+    thinking_budget: Annotated[int, Meta(ge=0)] = 0
+    # What the model gateway does with a request that names another model, or
+    # asks for more than max_tokens: "refuse" it (403, saying what is allowed),
+    # or "rewrite" it to the host's model and cap (for clients that pick models
+    # themselves).  Either way the container never chooses what a run costs.
+    gateway_model_policy: Literal["refuse", "rewrite"] = "refuse"
     # Quotas of every group (orchestrator/store/usage.py), on the database's clock;
     # a group may set its own (`orchestrator groups set JID --runs-per-hour N
     # --tokens-per-day N`).  Over one, new messages are stored and wait: the
@@ -217,6 +234,18 @@ class Settings(msgspec.Struct, kw_only=True):
     # stops.  None: <data_dir>/metrics.
     metrics_dir: Path | None = None
 
+    # OpenTelemetry traces (orchestrator/core/tracing.py), set by the standard OTEL_*
+    # variables, not ORCHESTRATOR_* ones (read here all the same: _OTEL_VARIABLES):
+    # OTEL_TRACES_EXPORTER "none" (the default: nothing of OpenTelemetry is even
+    # imported), "console" (one JSON object per span on stderr) or "otlp" (OTLP over
+    # HTTP/protobuf, the `otlp` extra), or both comma-separated; OTEL_SERVICE_NAME;
+    # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces,
+    # else the SDK's default (http://localhost:4318/v1/traces).
+    otel_traces_exporter: str = "none"
+    otel_service_name: str = "agent-orchestrator"
+    otel_exporter_otlp_endpoint: str = ""
+    otel_exporter_otlp_traces_endpoint: str = ""
+
     def __post_init__(self) -> None:
         # Runs for Settings made in code and for loaded ones alike.
         # The gateway appends the request's path (/v1/chat/completions).
@@ -235,6 +264,16 @@ class Settings(msgspec.Struct, kw_only=True):
                 parse_quota(self.workspace_quota)
             except ValueError as exc:
                 raise SettingsError(f"{ENV_PREFIX}WORKSPACE_QUOTA: {exc}") from exc
+        if self.thinking_budget and not 1024 <= self.thinking_budget < self.max_tokens:
+            # The API's own bounds: refused here rather than by every request of every run.
+            raise SettingsError(
+                f"{ENV_PREFIX}THINKING_BUDGET={self.thinking_budget}: at least 1024 and below "
+                f"{ENV_PREFIX}MAX_TOKENS ({self.max_tokens}), which bounds thinking and answer together; "
+                "0 turns thinking off")
+        unknown = set(self.trace_exporters) - {"console", "otlp"}
+        if unknown:
+            raise SettingsError(f"OTEL_TRACES_EXPORTER={self.otel_traces_exporter!r}: "
+                                f"use none, console, otlp or console,otlp (not {', '.join(sorted(unknown))})")
 
     @classmethod
     def load(
@@ -255,9 +294,11 @@ class Settings(msgspec.Struct, kw_only=True):
         sources.append(os.environ if environ is None else environ)
         for source in sources:
             for key, value in source.items():
-                if value is not None and key.upper().startswith(ENV_PREFIX):
+                if value is not None and key.upper() in _OTEL_VARIABLES:
+                    raw[key.lower()] = value  # the standard's own name, not ORCHESTRATOR_OTEL_...
+                elif value is not None and key.upper().startswith(ENV_PREFIX):
                     name = key[len(ENV_PREFIX):].lower()
-                    if name in _FIELDS:
+                    if name in _FIELDS and name.upper() not in _OTEL_VARIABLES:
                         raw[name] = _BOOL_WORDS.get(value.strip().lower(), value) if name in _BOOL_FIELDS else value
         raw.update(values)
         try:
@@ -298,6 +339,12 @@ class Settings(msgspec.Struct, kw_only=True):
         return [n.strip() for n in names if n.strip()]
 
     @property
+    def trace_exporters(self) -> list[str]:
+        """The span exporters OTEL_TRACES_EXPORTER names (``none``: none; empty: none)."""
+        names = [n.strip().lower() for n in self.otel_traces_exporter.split(",")]
+        return [n for n in dict.fromkeys(names) if n and n != "none"]
+
+    @property
     def effective_metrics_dir(self) -> Path:
         """Where serving workers keep their metrics files: ``metrics_dir`` or ``<data_dir>/metrics``."""
         return self.metrics_dir or self.data_dir / "metrics"
@@ -326,6 +373,13 @@ class Settings(msgspec.Struct, kw_only=True):
 
 
 _FIELDS = frozenset(f.name for f in msgspec.structs.fields(Settings))
+# OpenTelemetry's standard variables this object reads (by their own names: an operator's
+# collector set-up uses them for every service).  The SDK reads the rest of the standard's
+# variables itself (OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT, _COMPRESSION, certificates,
+# OTEL_BSP_*, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER): they tune how the SDK
+# exports, not what this program does, and their meaning is the specification's, which
+# a copy here could only drift from (orchestrator/core/tracing.py).
+_OTEL_VARIABLES = frozenset(f.name.upper() for f in msgspec.structs.fields(Settings) if f.name.startswith("otel_"))
 _BOOL_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Settings) if f.type is bool)
 
 

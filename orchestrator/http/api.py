@@ -7,7 +7,10 @@ register, list, change and move groups (to a worker host), and see a group's use
 with the exact input each run sent, and the groups waiting for a run slot;
 the fleet's hosts.  Bad input is a 400
 whose body names the offending field; a sender over its rate a 429 with
-``Retry-After``; nothing is stored.
+``Retry-After``; nothing is stored.  A history change the message's state
+does not allow (or a run in progress) is a 409.  Every answer is in the
+OpenAPI document (``orchestrator/http/contract.py`` adds what all routes share;
+``tests/host/test_api_contract.py`` holds the server to it).
 
 Every ``/api`` route takes ``Authorization: Bearer <ORCHESTRATOR_API_TOKEN>``
 when a token is set (compared in constant time; 401 otherwise).  Serving
@@ -33,7 +36,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema
 from sqlalchemy import text
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
@@ -41,6 +44,7 @@ from starlette.concurrency import run_in_threadpool
 from orchestrator.channels.webhook import add_inbound_route
 from orchestrator.core import metrics
 from orchestrator.core.errors import (
+    ChangeRefused,
     ConfigError,
     ContainerConfigError,
     GroupBusy,
@@ -52,16 +56,35 @@ from orchestrator.core.errors import (
     StoreError,
     UnknownGroup,
 )
-from orchestrator.core.jsontypes import JsonObject
+from orchestrator.core.jsontypes import WHOLE_NUMBER, JsonBool, JsonObject
 from orchestrator.core.settings import Settings
+from orchestrator.http.contract import (
+    NO_NUL_PATTERN,
+    allow_every_method,
+    document_shared_errors,
+    inline_json_schema,
+    refuse_nul_parameters,
+)
 from orchestrator.http.endpoint import INSTALL_HEADER
+from orchestrator.http.fleet_metrics import fleet_exposition
 from orchestrator.http.stream import event_stream
+from orchestrator.model.context import MAX_ITEMS, ContextItem
 from orchestrator.model.envelopes import InvalidMessageMetadata
 from orchestrator.model.messages import StoredMessage
 from orchestrator.root import Orchestrator
 from orchestrator.run.assembly import stored_input
 from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.store.groups import MAX_QUOTA, Group, add_group, find_group, get_group, list_groups, update_group
+from orchestrator.sandbox.config import ContainerConfig
+from orchestrator.store.groups import (
+    FOLDER_PATTERN,
+    MAX_QUOTA,
+    Group,
+    add_group,
+    find_group,
+    get_group,
+    list_groups,
+    update_group,
+)
 from orchestrator.store.history import HistoryChange, edit_message, regenerate, truncate_after
 from orchestrator.store.hosts import ALIVE_WINDOW_S, Host, list_hosts
 from orchestrator.store.message_log import get_messages_after
@@ -84,8 +107,12 @@ PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+# No whitespace or control character, spelled out: "\s" is another set in JSON Schema's ECMA
+# regexes than in Python's and pydantic's Rust ones (U+0085, U+FEFF), so a client (or a fuzzer)
+# reading the document would send what the server refuses.
+_SPACE_OR_CONTROL = r"\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 # A chat id: no whitespace or control characters.
-JID_PATTERN = r"^[^\s\x00-\x1f]+$"
+JID_PATTERN = rf"^[^{_SPACE_OR_CONTROL}]+$"
 # The largest seq a query may name: what the seq columns hold (INTEGER: 32 bits on
 # PostgreSQL).  A larger one was a 500 (SQLite's OverflowError, PostgreSQL's "integer
 # out of range") instead of a 400.
@@ -93,8 +120,8 @@ MAX_SEQ = 2**31 - 1
 # A liveness window of a year is already meaningless; timedelta refuses far larger ones.
 MAX_WINDOW_S = 366 * 86400.0
 
-# An assistant name is the trigger word after "@": no spaces, no "@".
-ASSISTANT_NAME_PATTERN = r"^[^\s@]{1,64}$"
+# An assistant name is the trigger word after "@": no spaces or control characters, no "@".
+ASSISTANT_NAME_PATTERN = rf"^[^@{_SPACE_OR_CONTROL}]{{1,64}}$"
 
 
 class Health(BaseModel):
@@ -118,57 +145,75 @@ class Info(BaseModel):
     token_required: bool
 
 
+# The request bodies are strict: JSON's types as the document states them (no "3" for 3, no 1 for true).
 class NewGroup(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     chat_jid: str = Field(min_length=1, max_length=256, pattern=JID_PATTERN)
-    name: str = Field(min_length=1, max_length=200)
-    folder: str = Field(description="The workspace folder: 1-64 letters, digits, '-' or '_'.")
-    requires_trigger: bool = Field(default=True, description="Only messages starting with @Name wake the agent.")
+    name: str = Field(min_length=1, max_length=200, pattern=NO_NUL_PATTERN)
+    folder: str = Field(pattern=FOLDER_PATTERN, description="The workspace folder: 1-64 letters, digits, '-' or '_'.")
+    requires_trigger: JsonBool = Field(default=True, description="Only messages starting with @Name wake the agent.")
     assistant_name: str | None = Field(
         default=None, pattern=ASSISTANT_NAME_PATTERN, description="This group's assistant (default: the setting)."
     )
-    is_main: bool = Field(default=False, description=(
+    is_main: JsonBool = Field(default=False, description=(
         "The main group: answers every message (no trigger) and its agent may post to other chats. "
         "There is one; 409 if another group is main."))
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
 
 
 class GroupChanges(BaseModel):
     """Only the fields given change; ``assistant_name: null`` goes back to the
     setting, ``container_config: null`` back to the settings' limits."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: str | None = Field(default=None, min_length=1, max_length=200)
-    requires_trigger: bool | None = None
+    # Left out or given, never null (change_group refuses a null naming the field): None here only
+    # means "not given", so the document states the given value alone, without that default.
+    name: Annotated[str | None, WithJsonSchema(
+        {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NO_NUL_PATTERN})] = Field(
+        default=None, min_length=1, max_length=200, pattern=NO_NUL_PATTERN, json_schema_extra=_no_default)
+    requires_trigger: Annotated[JsonBool | None, WithJsonSchema({"type": "boolean"})] = Field(
+        default=None, json_schema_extra=_no_default)
     assistant_name: str | None = Field(default=None, pattern=ASSISTANT_NAME_PATTERN)
-    # Open here: checked by the sandbox's ContainerConfig, whose 400 names the field.
-    container_config: JsonObject | None = Field(
+    container_config: ContainerConfig | None = Field(
         default=None,
-        description="memory, cpus, pids, run_timeout_s (only shorter), bash_timeout_s, extra_mounts "
-        "(checked against the mount allowlist); see orchestrator/sandbox/config.py.",
+        description="The group's sandbox (orchestrator/sandbox/config.py); null: the settings' limits. "
+        "Refused (400) beyond its schema: a run_timeout_s above ORCHESTRATOR_RUN_TIMEOUT_S, a "
+        "workspace_quota below the size of the group's volume, mounts the mount allowlist does not allow "
+        "and mounts whose names clash.",
     )
-    runs_per_hour: int | None = Field(
-        default=None, ge=0, le=MAX_QUOTA, strict=True,
+    runs_per_hour: Annotated[int, Field(ge=0, le=MAX_QUOTA), WHOLE_NUMBER] | None = Field(
+        default=None,
         description="The group's runs per hour (0: no limit; null: ORCHESTRATOR_GROUP_RUNS_PER_HOUR).",
     )
-    tokens_per_day: int | None = Field(
-        default=None, ge=0, le=MAX_QUOTA, strict=True,
+    tokens_per_day: Annotated[int, Field(ge=0, le=MAX_QUOTA), WHOLE_NUMBER] | None = Field(
+        default=None,
         description="The group's model tokens per UTC day (0: no limit; null: ORCHESTRATOR_GROUP_TOKENS_PER_DAY).",
     )
 
 
 class MoveRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    host: str = Field(min_length=1, max_length=256, description="The worker host (ORCHESTRATOR_HOST_ID) to place "
+    host: str = Field(min_length=1, max_length=256, pattern=NO_NUL_PATTERN, description="The worker host (ORCHESTRATOR_HOST_ID) to place "
                       "the group on; it must be up (GET /api/hosts).")
 
 
+# The context items an edit may give, as the document states them; checked by
+# orchestrator/model/context.py (parse_context), whose 400 names the field as in a message's metadata.
+_CONTEXT_ITEMS = {**inline_json_schema(TypeAdapter(list[ContextItem])), "maxItems": MAX_ITEMS}
+
+
 class EditRequest(BaseModel):
-    content: str = Field(max_length=MAX_CONTENT_CHARS)
-    context: list[JsonObject] | None = None  # checked as context items, a 400 naming the field
-    rerun: bool = False
+    model_config = ConfigDict(strict=True)
+
+    content: str = Field(max_length=MAX_CONTENT_CHARS, pattern=NO_NUL_PATTERN)
+    context: Annotated[list[JsonObject] | None, WithJsonSchema({"anyOf": [_CONTEXT_ITEMS, {"type": "null"}]})] = None
+    rerun: JsonBool = False
 
 
 def _bad_request(field: str, message: str) -> JSONResponse:
@@ -176,7 +221,8 @@ def _bad_request(field: str, message: str) -> JSONResponse:
 
 
 _STATUS: list[tuple[type[OrchestratorError], int]] = [
-    (UnknownGroup, 404), (MessageNotFound, 404), (GroupBusy, 409), (HostUnavailable, 409), (InvalidMessage, 400),
+    (UnknownGroup, 404), (MessageNotFound, 404), (GroupBusy, 409), (HostUnavailable, 409), (ChangeRefused, 409),
+    (InvalidMessage, 400),
 ]
 
 
@@ -185,6 +231,13 @@ def rate_limited_response(exc: RateLimited) -> JSONResponse:
     return JSONResponse(status_code=429, content={"detail": str(exc), "retry_after_s": exc.retry_after_s},
                         headers={"Retry-After": str(exc.retry_after_s)})
 
+
+# What edit, regenerate and truncate may answer besides their 200 (and the shared 400 and 401).
+HISTORY_CHANGE_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"description": "no such registered chat, or no such message in it"},
+    409: {"description": "the message's state does not allow the change (superseded; not a person's "
+                         "message to edit; not a reply to regenerate), or a run is in progress in the chat"},
+}
 
 # What POST /api/messages (and the inbound webhook) lists for a sender over its rate.
 RATE_LIMITED_DOC: dict[int | str, dict[str, Any]] = {429: {
@@ -270,8 +323,12 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     settings.ensure_dirs()
     db = root.db
     api = FastAPI(title="Agent orchestrator", version="0.1.0")
+    document_shared_errors(api)  # the 400, 401 and error bodies every route shares
+    allow_every_method(api)
     require_token = _token_check(settings)
-    router = APIRouter(prefix="/api", dependencies=[Depends(require_token), Depends(_install_check(settings))],
+    # In this order: the token before anything is looked at.
+    router = APIRouter(prefix="/api", dependencies=[Depends(require_token), Depends(_install_check(settings)),
+                                                    Depends(refuse_nul_parameters)],
                        responses={421: {"description": f"the request's {INSTALL_HEADER} names another installation"}})
     signal, signal_delivery = root.signals.group, root.signals.delivery
 
@@ -286,8 +343,10 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         # 400 (not FastAPI's 422) with the first offending field, like every other bad input.
         err = exc.errors()[0]
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-        return _bad_request(".".join(loc) or "body", f"{'.'.join(loc) or 'body'}: {err.get('msg', 'invalid')}")
+        # As the other 400s name fields: dotted, list indexes in brackets (extra_mounts[0].name).
+        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.get("loc", ())
+                        if p != "body").lstrip(".") or "body"
+        return _bad_request(field, f"{field}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}")
 
     @api.exception_handler(OrchestratorError)
     def _orchestrator_error(request: Request, exc: OrchestratorError) -> JSONResponse:
@@ -308,10 +367,11 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     @api.get("/metrics", dependencies=[Depends(require_token)], response_class=PlainTextResponse,
              responses={200: {"content": {"text/plain": {}}, "description": "Prometheus' text format"}})
     def prometheus_metrics() -> Response:
-        """This API process's Prometheus metrics (ingest); the workers serve theirs on
-        ORCHESTRATOR_METRICS_PORT.  Needs the API token when one is set."""
+        """This API process's Prometheus metrics (ingest) and the fleet's per-host gauges
+        read from the database; the workers serve theirs on ORCHESTRATOR_METRICS_PORT.
+        Needs the API token when one is set."""
         body, content_type = metrics.exposition()
-        return Response(body, media_type=content_type)
+        return Response(body + fleet_exposition(db), media_type=content_type)
 
     @router.get("/info", response_model=Info)
     def info() -> Info:
@@ -351,28 +411,34 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     async def stream(
         chat_jid: str,
         after: Annotated[int, Query(ge=0, le=MAX_SEQ, description="Send messages with seq > after.")] = 0,
-        last_event_id: Annotated[
-            int | None, Header(ge=0, le=MAX_SEQ, description="Set by EventSource on reconnect.")] = None,
+        last_event_id: Annotated[int, Header(ge=0, le=MAX_SEQ, description="Set by EventSource on reconnect.")] = 0,
     ) -> EventSourceResponse:
         """Server-sent events: the chat's new messages (display view) and run-state changes, live."""
         await run_in_threadpool(registered_or_404, chat_jid)
-        return event_stream(db, chat_jid, max(after, last_event_id or 0), settings.api_stream_poll_s)
+        return event_stream(db, chat_jid, max(after, last_event_id), settings.api_stream_poll_s)
 
-    @router.post("/chats/{chat_jid}/messages/{message_id}/edit", response_model=HistoryChange)
+    @router.post("/chats/{chat_jid}/messages/{message_id}/edit", response_model=HistoryChange,
+                 responses=HISTORY_CHANGE_ERRORS)
     def edit(chat_jid: str, message_id: str, body: EditRequest) -> HistoryChange:
         return edit_message(
             db, settings, chat_jid, message_id, body.content, context=body.context, rerun=body.rerun, signal=signal
         )
 
-    @router.post("/chats/{chat_jid}/messages/{message_id}/regenerate", response_model=HistoryChange)
+    @router.post("/chats/{chat_jid}/messages/{message_id}/regenerate", response_model=HistoryChange,
+                 responses=HISTORY_CHANGE_ERRORS)
     def regenerate_reply(chat_jid: str, message_id: str) -> HistoryChange:
         return regenerate(db, settings, chat_jid, message_id, signal=signal)
 
-    @router.post("/chats/{chat_jid}/messages/{message_id}/truncate", response_model=HistoryChange)
+    @router.post("/chats/{chat_jid}/messages/{message_id}/truncate", response_model=HistoryChange,
+                 responses=HISTORY_CHANGE_ERRORS)
     def truncate(chat_jid: str, message_id: str) -> HistoryChange:
         return truncate_after(db, settings, chat_jid, message_id)
 
-    @router.get("/chats/{chat_jid}/export")
+    @router.get("/chats/{chat_jid}/export", responses={200: {
+        "description": "`format=json`: the chat as JSON that `orchestrator import` reads back; "
+                       "`format=md`: as markdown",
+        "content": {"application/json": {"schema": {"type": "object"}},
+                    "text/markdown": {"schema": {"type": "string"}}}}})
     def export(chat_jid: str, format: Annotated[str, Query(pattern="^(md|json)$")] = "json") -> Response:
         if format == "json":
             return Response(export_json(db, chat_jid), media_type="application/json")
@@ -398,14 +464,14 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         except StoreError as exc:
             raise HTTPException(409, str(exc)) from exc
 
-    @router.get("/groups/{chat_jid}", response_model=Group)
+    @router.get("/groups/{chat_jid}", response_model=Group, responses={404: {"description": "no such group"}})
     def group(chat_jid: str) -> Group:
         try:
             return get_group(db, chat_jid)
         except UnknownGroup as exc:
             raise HTTPException(404, str(exc)) from exc
 
-    @router.patch("/groups/{chat_jid}", response_model=Group)
+    @router.patch("/groups/{chat_jid}", response_model=Group, responses={404: {"description": "no such group"}})
     def change_group(chat_jid: str, body: GroupChanges) -> Group | JSONResponse:
         """Change a group's name, trigger rule, assistant name, sandbox or quotas; only the fields given."""
         from orchestrator.sandbox.config import set_container_config
@@ -417,7 +483,9 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         get_group(db, chat_jid)  # 404 before anything changes
         if "container_config" in given:
             try:
-                set_container_config(db, settings, chat_jid, body.container_config)
+                config = body.container_config
+                set_container_config(db, settings, chat_jid,
+                                     None if config is None else config.model_dump(mode="json", exclude_defaults=True))
             except ContainerConfigError as exc:
                 return _bad_request("container_config", str(exc))
             except MountRefused as exc:
@@ -463,14 +531,16 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         taken, and the groups waiting for one in the order they will start."""
         return fleet_slots(db, settings.max_concurrent_runs)
 
-    @router.get("/runs/{run_id}", response_model=Run)
+    @router.get("/runs/{run_id}", response_model=Run, responses={404: {"description": "no such run"}})
     def run(run_id: str) -> Run:
         try:
             return get_run(db, run_id)
         except StoreError as exc:
             raise HTTPException(404, str(exc)) from exc
 
-    @router.get("/runs/{run_id}/input")
+    @router.get("/runs/{run_id}/input", responses={
+        200: {"description": "the ContainerInput JSON, byte for byte", "content": {"application/json": {}}},
+        404: {"description": "no such run, or it has no recorded input"}})
     def run_input(run_id: str) -> Response:
         """The exact ContainerInput JSON the run sent to its container."""
         try:

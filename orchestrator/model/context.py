@@ -21,15 +21,19 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from orchestrator.core.jsontypes import JsonObject
+from orchestrator.core.jsontypes import WHOLE_NUMBER, JsonObject
 from orchestrator.model.envelopes import InvalidMessageMetadata
 
 CONTEXT_KEY = "context"
 MAX_ITEMS = 20
+# What the API's document promises a url item may be (the validator below takes any absolute
+# http(s) URL with a host; this pattern is the plain part of that, for clients and fuzzers).
+URL_SCHEMA_PATTERN = r"^https?://[A-Za-z0-9._~-]+(:[0-9]{1,5})?([/?#][^\s]*)?$"
 
 
 class _Item(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict: JSON's types as they are (no "3" for 3, no 1 for true), as the API documents them.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class FileItem(_Item):
@@ -39,7 +43,7 @@ class FileItem(_Item):
 
 class UrlItem(_Item):
     type: Literal["url"]
-    url: str
+    url: str = Field(json_schema_extra={"pattern": URL_SCHEMA_PATTERN})
 
     @field_validator("url")
     @classmethod
@@ -55,8 +59,8 @@ class SelectionItem(_Item):
     text: str = Field(min_length=1)
     title: str | None = None
     path: str | None = None
-    start_line: int | None = Field(default=None, ge=1)
-    end_line: int | None = Field(default=None, ge=1)
+    start_line: Annotated[int, Field(ge=1), WHOLE_NUMBER] | None = None
+    end_line: Annotated[int, Field(ge=1), WHOLE_NUMBER] | None = None
 
 
 ContextItem = Annotated[Union[FileItem, UrlItem, SelectionItem], Field(discriminator="type")]

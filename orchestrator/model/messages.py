@@ -12,10 +12,17 @@ type             stored  sent to model  channel display
 ``host``         yes     **never**      🏠
 ===============  ======  =============  ==========================
 
-Senders refine that: some internal records (``thinking``, ``tool_use``, the
-agent's own ``tool_result`` records, ``result_meta``) are stored for
-debugging but never shown to the model, and ``system_notice`` is never
-stored at all (notices are recomputed for every run).
+Senders refine that: some internal records (``thinking``, ``tool_use``,
+``result_meta``) are stored for the record but never shown to the model nor
+sent to a channel, and ``system_notice`` is never stored at all (notices are
+recomputed for every run).
+
+The agent's tool results are stored with the sender ``tool_result`` (seed
+004's vocabulary) and, being the conversation's tool results, reach the
+model and the channels like any ``tool_result`` message.  Rows stored
+before carry the sender ``command_output``: they stay as they are (history
+is a record, and nothing reads the sender of a tool result: its type
+decides), so both senders read the same.
 """
 
 from __future__ import annotations
@@ -51,17 +58,19 @@ MESSAGE_TYPES: frozenset[str] = frozenset(get_args(MessageType))
 SENDER_SYSTEM = "system"
 SENDER_HOST = "host"
 SENDER_BOT = "bot"
+# Tool results as stored before the agent's own took the ``tool_result`` sender (still read).
 SENDER_COMMAND_OUTPUT = "command_output"
+# The model's extended thinking (Anthropic; ORCHESTRATOR_THINKING_BUDGET).
 SENDER_THINKING = "thinking"
 SENDER_TOOL_USE = "tool_use"
+# The agent's tool results (orchestrator/run/outputs.py).
 SENDER_TOOL_RESULT = "tool_result"
+# The record each run ends with: model, stop reason, usage, duration, cost (orchestrator/run/result_meta.py).
 SENDER_RESULT_META = "result_meta"
 SENDER_SYSTEM_NOTICE = "system_notice"
 
-# Stored for the record, never part of the model's view.
-STORED_ONLY_SENDERS: frozenset[str] = frozenset(
-    {SENDER_THINKING, SENDER_TOOL_USE, SENDER_TOOL_RESULT, SENDER_RESULT_META}
-)
+# Stored for the record, never part of the model's view nor sent to a channel.
+STORED_ONLY_SENDERS: frozenset[str] = frozenset({SENDER_THINKING, SENDER_TOOL_USE, SENDER_RESULT_META})
 # Never written to the database.
 NEVER_STORED_SENDERS: frozenset[str] = frozenset({SENDER_SYSTEM_NOTICE})
 SENDER_DEPLOY = "deploy"

@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from orchestrator.core import metrics
+from orchestrator.core import metrics, tracing
 from orchestrator.core.errors import RateLimited
-from orchestrator.core.jsontypes import JsonObject
+from orchestrator.core.jsontypes import JsonBool, JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, MessageType, NewMessage, StoredMessage
 from orchestrator.run.queue import signal_group
@@ -30,6 +30,7 @@ from orchestrator.store.hosts import ALIVE_WINDOW_S
 from orchestrator.store.message_log import driver_execute, insert_message, new_message_id, now_iso
 from orchestrator.store.placement import place_sql
 from orchestrator.store.tables import GroupRow
+from orchestrator.store.traces import record_trace
 from orchestrator.store.usage import record_sender_message, sender_retry_after
 
 log = logging.getLogger(__name__)
@@ -37,18 +38,24 @@ log = logging.getLogger(__name__)
 Signal = Callable[[str], object]
 
 
+NO_NUL = r"^[^\x00]*$"
+
+
 class IncomingMessage(BaseModel):
     """A message as a channel hands it in (validated at the boundary)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    chat_jid: str = Field(min_length=1)
-    sender: str = Field(min_length=1)
+    # No NUL in what the store keys on (neither database keeps one); the patterns put
+    # the store's refusal in the API's document.
+    chat_jid: str = Field(min_length=1, pattern=NO_NUL)
+    sender: str = Field(min_length=1, pattern=NO_NUL)
     sender_name: str = ""
     content: str
-    id: str | None = None
-    timestamp: str | None = None
-    is_from_me: bool = False
+    id: str | None = Field(default=None, pattern=NO_NUL)
+    # Checked by the store (datetime.fromisoformat); RFC 3339 is what clients should send.  None: now.
+    timestamp: str | None = Field(default=None, min_length=1, json_schema_extra={"format": "date-time"})
+    is_from_me: JsonBool = False
     message_type: MessageType = "user"
     metadata: JsonObject | None = None
     # The channel it arrived on: mirrored to the group's other channels, not back.
@@ -125,7 +132,33 @@ def ingest(
     queues behind our row lock (PostgreSQL) or write lock (SQLite), so it
     cannot slip between our decision and our commit.  A signal that was lost
     (broker down, worker killed) is re-sent by the sweeper, as before.
+
+    With tracing on, each message is an ``ingest`` span (a new trace unless a span is
+    current), the signal its child, and a message that wakes the agent keeps the span's
+    ``traceparent`` (``orchestrator/store/traces.py``): the trace its run joins.
     """
+    if not tracing.enabled():
+        return _ingest(db, settings, incoming, signal=signal, wake=wake, signal_delivery=signal_delivery,
+                       on_stored=on_stored)
+    with tracing.span("ingest", attributes={"orchestrator.chat_jid": incoming.chat_jid,
+                                            "orchestrator.sender": incoming.sender}):
+        result = _ingest(db, settings, incoming, signal=signal, wake=wake, signal_delivery=signal_delivery,
+                         on_stored=on_stored)
+        tracing.annotate(message_id=result.message.id, seq=result.message.seq, created=result.created,
+                         triggered=result.triggered, signalled=result.signalled)
+        return result
+
+
+def _ingest(
+    db: Database,
+    settings: Settings,
+    incoming: IncomingMessage,
+    *,
+    signal: Signal | None,
+    wake: bool | None,
+    signal_delivery: Signal | None,
+    on_stored: Callable[[StoredMessage, bool], object] | None,
+) -> IngestResult:
     new = NewMessage(
         id=incoming.id or new_message_id(),
         timestamp=incoming.timestamp or now_iso(),
@@ -166,6 +199,9 @@ def ingest(
                 triggered = wake
             if triggered:
                 driver_execute(conn, _MARK_PENDING, {"chat_jid": incoming.chat_jid, "seq": msg.seq})
+                trace = tracing.traceparent()  # "" while tracing is off: no statement
+                if trace:
+                    record_trace(conn, msg.seq, trace)
                 pending_seq, cursor_seq, place = group[3], group[4], group[5]
                 needs_signal = pending_seq <= cursor_seq
     if created:

@@ -4,13 +4,17 @@
 event              message_type    sender            metadata
 =================  ==============  ================  ==============================
 assistant          assistant       bot               -
-tool_result        tool_result     command_output    envelope + exit_code, tool_use_id, tool
+tool_result        tool_result     tool_result       envelope + exit_code, tool_use_id, tool
 tool_use           assistant       tool_use          tool_use_id, tool, input
 thinking           assistant       thinking          -
 =================  ==============  ================  ==============================
 
 ``tool_use`` and ``thinking`` are stored for the record but never shown to
-the model again (see ``orchestrator.model.messages``).  Message ids are derived
+the model again (see ``orchestrator.model.messages``).  Tool results were
+stored with the sender ``command_output`` before; those rows stay as they
+are and read the same (their type, ``tool_result``, decides how they are
+shown and what the model sees).  The run's ``result_meta`` record is made
+by ``orchestrator.run.result_meta``.  Message ids are derived
 from the run id and the event's position, so storing an event twice (a
 retried step) keeps one copy.
 
@@ -32,9 +36,9 @@ from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.envelopes import InvalidMessageMetadata, build_structured_envelope
 from orchestrator.model.messages import (
     SENDER_BOT,
-    SENDER_COMMAND_OUTPUT,
     SENDER_HOST,
     SENDER_THINKING,
+    SENDER_TOOL_RESULT,
     SENDER_TOOL_USE,
     MessageType,
 )
@@ -68,7 +72,7 @@ def event_to_message(
         if original is not None:
             metadata = {**metadata, "output_bytes": original, "output_truncated": True}
         return OutputMessage(
-            id=mid, sender=SENDER_COMMAND_OUTPUT, sender_name=event.name, content=output,
+            id=mid, sender=SENDER_TOOL_RESULT, sender_name=event.name, content=output,
             message_type="tool_result", metadata=metadata,
         )
     if isinstance(event, ToolUseEvent):

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import msgspec
 from agent_runner.protocol import (
@@ -39,7 +39,7 @@ from agent_runner.protocol import (
 )
 from sqlalchemy import select, update
 
-from orchestrator.core import metrics
+from orchestrator.core import metrics, tracing
 from orchestrator.core.backoff import backoff_delay
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.errors import ConfigError, LeaseLost, MountRefused
@@ -59,6 +59,9 @@ from orchestrator.run.assembly import (
 from orchestrator.run.notices import compute_notices
 from orchestrator.run.outbound import ChannelRegistry, Deliverer
 from orchestrator.run.outputs import OutputMessage, event_to_message, host_message, stored_size
+from orchestrator.run.result_meta import result_meta_message
+from orchestrator.run.run_trace import run_span
+from orchestrator.run.stop_notice import STOP_REASON_LIMITS, Limit, stop_notice
 from orchestrator.run.sweeper import recover_group
 from orchestrator.sandbox.bounded_io import OutputBudget, OutputLimitExceeded
 from orchestrator.sandbox.config import container_plan
@@ -71,7 +74,7 @@ from orchestrator.store.db import Database, db_now
 from orchestrator.store.deliveries import record_deliveries
 from orchestrator.store.groups import Group, get_group, send_refusal, send_targets
 from orchestrator.store.hosts import process_owner
-from orchestrator.store.message_log import get_messages_after, insert_message, now_iso
+from orchestrator.store.message_log import get_messages_after, insert_message, now_iso, waiting_since
 from orchestrator.store.runs import (
     Run,
     RunState,
@@ -97,7 +100,9 @@ def model_settings(settings: Settings) -> ModelSettings:
         return ModelSettings(provider="offline", model="offline", max_tokens=settings.max_tokens)
     provider, _, model = spec.partition(":")
     if provider == "anthropic" and model:
-        return ModelSettings(provider="anthropic", model=model, max_tokens=settings.max_tokens)
+        thinking = settings.thinking_budget or msgspec.UNSET  # unset: off, and left out of the input
+        return ModelSettings(provider="anthropic", model=model, max_tokens=settings.max_tokens,
+                             thinking_budget=thinking)
     if provider == "openai" and model:
         return ModelSettings(provider="openai", model=model, max_tokens=settings.max_tokens)
     raise ConfigError(f"ORCHESTRATOR_MODEL={spec!r}: use 'offline', 'anthropic:<model id>' or 'openai:<model id>'")
@@ -115,6 +120,11 @@ class Attempt:
     # Another worker took the group over (store/leases.py): this one neither ends
     # the run nor says anything; the new holder closes it (sweeper.recover_group).
     lease_lost: bool = False
+    # How the model's side ended (the runner's result), and the limit that stopped
+    # the run, if one did (orchestrator/run/stop_notice.py): the chat is told.
+    stop_reason: str | None = None
+    num_turns: int = 0
+    limit: Limit | None = None
 
 
 class StopWatch:
@@ -206,6 +216,10 @@ class RunOutcome:
     # Outputs are numbered across the run's attempts (their ids, run_id-NNNN,
     # must never repeat): the last number given.
     indexed: int = 0
+    # When the oldest message the run answers was stored (the database's clock; metrics).
+    waiting_since: datetime | None = None
+    # The model the run's input names (its result_meta record says which answered).
+    model: ModelSettings | None = None
 
 
 class Pipeline:
@@ -289,7 +303,7 @@ class Pipeline:
             due_in = self._due_in(parked)
             if due_in > 0:
                 return Step(retry_in=due_in)
-            with log_context(run_id=parked.id):
+            with log_context(run_id=parked.id), run_span(self.db, parked):
                 outcome = self.resume(parked, task_id=task_id, lease_lost=lease_lost)
             return Step(outcome=outcome, retry_in=outcome.retry_in)
         group = get_group(self.db, chat_jid)
@@ -372,16 +386,18 @@ class Pipeline:
             self.db, self.settings.max_concurrent_runs, chat_jid=group.chat_jid, cursor_from=group.cursor_seq,
             cursor_to=batch.cursor_to, celery_task_id=task_id, owner=self.owner,
         )
-        metrics.RUNS_STARTED.inc()
-        with log_context(run_id=run.id):
-            return self._first_attempt(group, run, batch, prior, lease_lost)
+        since = waiting_since(self.db, group.chat_jid, group.cursor_seq, batch.cursor_to)
+        metrics.run_created(run.created_at, since)
+        with log_context(run_id=run.id), run_span(self.db, run):
+            return self._first_attempt(group, run, batch, prior, lease_lost, since)
 
     def _first_attempt(
         self, group: Group, run: Run, batch: Batch, prior: list[StoredMessage], lease_lost: threading.Event | None,
+        waiting_since: datetime | None = None,
     ) -> RunOutcome:
         """A new run's input, built and recorded once, and its first attempt."""
         assistant = group.assistant_name or self.settings.assistant_name
-        outcome = RunOutcome(run=run)
+        outcome = RunOutcome(run=run, waiting_since=waiting_since)
         try:
             # The input is the same for every attempt: build and record it once.
             payload = build_input(
@@ -462,12 +478,19 @@ class Pipeline:
                 input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
             )
             outcome.retry_in = delay
+            tracing.annotate(run_state="parked", error=result.error, retry_in_s=round(delay, 3))
             return outcome
         try:
+            notice = self._stop_notice(group, outcome, result)
             if result.state == "cancelled":
                 self._emit(group, host_message(run_id=run.id, text="🛑 Run cancelled."), outcome)
+            elif notice is not None:
+                # A limit stopped it: say which, and how to raise it.
+                self._emit(group, host_message(run_id=run.id, text=notice), outcome)
             elif result.state != "succeeded":
                 self._emit(group, host_message(run_id=run.id, text=f"⚠️ Agent error: {result.error}"), outcome)
+            # Every run ends with its record: stored only, for people and tools, never the model.
+            self._emit(group, self._result_meta(outcome, result), outcome)
         except LeaseLost as lost:
             return self._taken_over(outcome, str(lost))
         self._advance(group, run.cursor_to, None if isolated else result.session_id)
@@ -476,9 +499,39 @@ class Pipeline:
             input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
         )
         metrics.run_finished(outcome.run.state, outcome.run.duration_s)
+        tracing.annotate(run_state=outcome.run.state, error=outcome.run.error, outputs=len(outcome.stored))
+        if outcome.run.state != "succeeded":
+            tracing.failed(outcome.run.error or outcome.run.state)
         log.info("run %s of %s ended %s after %d attempt(s), %d output(s) stored", run.id, group.chat_jid,
                  outcome.run.state, outcome.run.attempts, len(outcome.stored))
         return outcome
+
+    def _stop_notice(self, group: Group, outcome: RunOutcome, result: Attempt) -> str | None:
+        """The chat's message when a limit stopped the run (orchestrator/run/stop_notice.py), else None."""
+        if result.limit is None:
+            return None
+        max_tokens = outcome.model.max_tokens if outcome.model is not None else self.settings.max_tokens
+        return stop_notice(result.limit, settings=self.settings, group=group, num_turns=result.num_turns,
+                           max_tokens=max_tokens, tokens_spent=result.usage.input_tokens + result.usage.output_tokens)
+
+    def _result_meta(self, outcome: RunOutcome, result: Attempt) -> OutputMessage:
+        """The run's ``result_meta`` record (orchestrator/run/result_meta.py)."""
+        run = outcome.run
+        provider: str
+        if outcome.model is not None:
+            provider, model = outcome.model.provider, outcome.model.model
+        else:  # the input was never built (a bad ORCHESTRATOR_MODEL among the reasons)
+            provider, _, model = self.settings.model.strip().partition(":")
+            model = model or provider
+        duration = None
+        if run.started_at is not None:
+            with self.db.read() as session:  # the clock started_at was taken from, as finish_run's
+                duration = max(0.0, (db_now(session) - run.started_at).total_seconds())
+        return result_meta_message(
+            run_id=run.id, provider=provider, model=model, state=result.state, stop_reason=result.stop_reason,
+            limit=result.limit, num_turns=result.num_turns, attempts=run.attempts, duration_s=duration,
+            usage=result.usage,
+        )
 
     def _taken_over(self, outcome: RunOutcome, why: str | None) -> RunOutcome:
         """The group's lease went to another worker during this run: stop here, store
@@ -502,12 +555,14 @@ class Pipeline:
     ) -> Attempt:
         """One attempt at the run in its container; ``spend`` carries the earlier attempts' tokens
         (the budget is the run's: a retry must not start from zero)."""
+        outcome.model = payload.model
         try:
             return self._execute(group, run, payload, assistant, outcome, lease_lost, spend)
         except self.deadline_exceptions:
             # The task queue's own time limit: the container is already
             # stopped (the sandbox context exits on the way out); no retry.
-            return Attempt("timed_out", "the worker's time limit for this task was reached", spend.usage)
+            return Attempt("timed_out", "the worker's time limit for this task was reached", spend.usage,
+                           limit="task_time_limit")
         except (ConfigError, MountRefused) as exc:
             # A bad container_config or a mount the allowlist refuses now: no retry helps.
             return Attempt("failed", str(exc), spend.usage)
@@ -559,12 +614,19 @@ class Pipeline:
                     gw_dir = host_only_dir(self.settings.runs_dir / run.id)
                     cleanup.callback(shutil.rmtree, gw_dir, ignore_errors=True)
                     spec = replace(spec, readonly_mounts={**spec.readonly_mounts, str(gw_dir): GATEWAY_MOUNT})
+                # The run may ask for the model and output cap its recorded input names, no other.
                 gateway = cleanup.enter_context(ModelGateway.for_provider(
                     gw_dir / GATEWAY_SOCKET, self.settings, payload.model.provider, spent=spend.usage,
+                    model=payload.model.model, max_tokens=payload.model.max_tokens,
                 ))
                 socket_path = f"{GATEWAY_MOUNT}/{GATEWAY_SOCKET}"
                 payload = payload.replace(model=payload.model.replace(socket_path=socket_path))
-            return self._stream(group, run, payload, assistant, outcome, spec, gateway, lease_lost)
+            # The container's span: what it writes is stored under it; the runner gets its context.
+            with tracing.span("agent container", attributes={"orchestrator.run_id": run.id,
+                                                             "orchestrator.warm": self.warm}):
+                if tracing.enabled():
+                    payload = payload.replace(traceparent=tracing.traceparent())
+                return self._stream(group, run, payload, assistant, outcome, spec, gateway, lease_lost)
 
     def _stream(
         self, group: Group, run: Run, payload: ContainerInput, assistant: str, outcome: RunOutcome,
@@ -585,6 +647,7 @@ class Pipeline:
         with self.sandbox.start(spec, input_bytes(payload)) as container:
             metrics.container_started(asked, container)
             set_container(self.db, run.id, container.id)
+            tracing.annotate(container_id=container.id, cold=getattr(container, "cold", True))
             with StopWatch(self.db, run.id, container.kill, lease_lost, clock=self.clock) as stop:
                 try:
                     for line in container.lines(settings.max_event_line_bytes):
@@ -624,12 +687,13 @@ class Pipeline:
                     fenced = exc
                     container.kill()
                 exit_ = container.finish()
+        tracing.annotate(exit_code=exit_.status_code, timed_out=exit_.timed_out, unreadable_lines=garbage)
         if garbage > 5:
             log.warning("run %s: %d lines that are not events in all", run.id, garbage)
         usage = result.usage if result else Usage()
         if gateway is not None:
             # Count what the gateway saw, not what the sandbox claims.
-            usage = Usage(input_tokens=gateway.input_tokens, output_tokens=gateway.output_tokens)
+            usage = gateway.usage
         if stop.reason == "cancelled":
             return Attempt("cancelled", "cancelled by request", usage)
         if fenced is not None or stop.reason == "lease_lost":
@@ -639,10 +703,11 @@ class Pipeline:
             # The agent would break it again: no retry.
             return Attempt("failed", str(limit), usage, retryable=False)
         if exit_.timed_out:
-            return Attempt("timed_out", f"the run exceeded its {spec.timeout_s:.0f}s limit", usage)
+            return Attempt("timed_out", f"the run exceeded its {spec.timeout_s:.0f}s limit", usage, limit="timeout")
+        spent_budget: Limit | None = "token_budget" if gateway is not None and gateway.budget_refusals else None
         if error is not None:
             # The container's words become a host message: keep them short.
-            return Attempt("failed", error.message[:2000], usage, retryable=error.retryable)
+            return Attempt("failed", error.message[:2000], usage, retryable=error.retryable, limit=spent_budget)
         if exit_.status_code != 0 or result is None:
             tail = exit_.stderr_tail.strip().splitlines()[-1:] or [""]
             why = f"the agent container exited with status {exit_.status_code}"
@@ -654,11 +719,20 @@ class Pipeline:
                 why += f": {tail[0][:300]}"
             # A crash is worth another try; the attempt loop decides if it may.
             return Attempt("failed", why, usage, retryable=True)
-        return Attempt("succeeded", None, usage, session_id=result.session_id)
+        return Attempt("succeeded", None, usage, session_id=result.session_id, stop_reason=result.stop_reason,
+                       num_turns=result.num_turns, limit=STOP_REASON_LIMITS.get(result.stop_reason or ""))
 
     # -- storage --------------------------------------------------------------
 
     def _emit(self, group: Group, out: OutputMessage, outcome: RunOutcome) -> None:
+        # Each stored output is a span of the run's trace (orchestrator/core/tracing.py).
+        with tracing.span(f"store {out.message_type}", attributes={"orchestrator.message_id": out.id,
+                                                                   "orchestrator.sender": out.sender}):
+            stored = len(outcome.stored)
+            self._store_output(group, out, outcome)
+            tracing.annotate(seq=outcome.stored[-1] if len(outcome.stored) > stored else None)
+
+    def _store_output(self, group: Group, out: OutputMessage, outcome: RunOutcome) -> None:
         # Outputs remember the last input their run saw: messages that arrive
         # during a run get later seqs than the run's replies, but the model
         # must see those replies first (see views.model_order).
@@ -674,7 +748,7 @@ class Pipeline:
             # The run's first reply: when, on the clock its creation was taken from (metrics).
             first_reply_at = db_now(session) if created and msg.sender == SENDER_BOT and not outcome.replied else None
         if first_reply_at is not None:
-            metrics.first_reply(outcome.run.created_at, first_reply_at)
+            metrics.first_reply(outcome.run.created_at, first_reply_at, outcome.waiting_since)
         if created:
             outcome.stored.append(msg.seq)
             if msg.sender == SENDER_BOT:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from celery import Celery
 
+from orchestrator.core import tracing
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.settings import Settings
 
@@ -207,12 +208,18 @@ class Signals:
 
     def _send(self, task: str, args: list[str | None], queue: str, countdown: float | None = None) -> str:
         self._check_breaker()
-        try:
-            result = self.app.send_task(task, args=args, queue=queue, countdown=countdown,
-                                        retry=True, retry_policy=_RETRY_POLICY)
-        except Exception:
-            self._broken_until = self._monotonic() + _BREAKER_S
-            raise
+        # With tracing on: a producer span, whose context the task's span continues from
+        # the message's headers (workers/tasks.py); off: no span, no header.
+        with tracing.span(f"signal {task.rpartition('.')[2]}", kind="producer", attributes={
+                "messaging.system": "celery", "messaging.destination.name": queue,
+                "orchestrator.chat_jid": args[0] if args else None, "orchestrator.countdown_s": countdown}):
+            try:
+                result = self.app.send_task(task, args=args, queue=queue, countdown=countdown,
+                                            retry=True, retry_policy=_RETRY_POLICY, headers=tracing.headers())
+            except Exception:
+                self._broken_until = self._monotonic() + _BREAKER_S
+                raise
+            tracing.annotate(task_id=str(result.id))
         return str(result.id)
 
 

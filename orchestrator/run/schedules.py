@@ -26,6 +26,7 @@ from croniter import croniter
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select, update
 
+from orchestrator.core import tracing
 from orchestrator.core.errors import InvalidMessage, StoreError
 from orchestrator.model.messages import SENDER_SCHEDULER, NewMessage
 from orchestrator.run.ingest import mark_pending
@@ -34,6 +35,7 @@ from orchestrator.store.deliveries import record_deliveries
 from orchestrator.store.groups import get_group
 from orchestrator.store.message_log import insert_message, now_iso
 from orchestrator.store.tables import ScheduledTaskRow
+from orchestrator.store.traces import record_trace
 
 log = logging.getLogger(__name__)
 
@@ -186,41 +188,57 @@ def fire_due(
         ]
     fired: list[str] = []
     for task in due:
-        assert task.next_run_at is not None
-        following = next_due(task.kind, task.spec, max(now, task.next_run_at))
-        msg = NewMessage(
-            id=f"sched-{task.id}-{int(task.next_run_at.timestamp())}", chat_jid=task.chat_jid,
-            sender=SCHEDULER_SENDER, sender_name="scheduled task", content=task.prompt, timestamp=now_iso(),
-            metadata={"scheduled_task": task.id, "due": task.next_run_at.isoformat(),
-                      "context_mode": task.context_mode},
-        )
-        # Claim the due time, store its message and mark the group pending in
-        # one transaction: a crash leaves either all of it or none.
-        with db.write() as session:
-            claimed = changed_rows(session.execute(
-                update(ScheduledTaskRow)
-                .where(ScheduledTaskRow.id == task.id, ScheduledTaskRow.next_run_at == task.next_run_at,
-                       ScheduledTaskRow.state == "active")
-                .values(
-                    next_run_at=following, last_run_at=now, runs=ScheduledTaskRow.runs + 1,
-                    state="active" if following is not None else "done",
-                )
-            ))
-            if claimed != 1:
-                continue  # another ticker fired this due time
-            stored, created = insert_message(session, db, msg)
-            if created:
-                mark_pending(session, task.chat_jid, stored.seq)
-                record_deliveries(session, stored)  # shown on the group's channels (the sweeper signals)
-        if created:
-            fired.append(stored.id)
-            if signal is not None:
-                try:
-                    signal(task.chat_jid)
-                except Exception as exc:  # noqa: BLE001 - the sweeper re-signals pending groups
-                    log.warning("could not signal a worker for task %s in %s (%s); the sweeper will",
-                                task.id[:8], task.chat_jid, exc)
+        # With tracing on, each firing is the trace of a message that wakes the agent,
+        # like ingest's (orchestrator/core/tracing.py): kept with the message for its run.
+        with tracing.span("scheduled task", parent=tracing.ROOT, attributes={
+                "orchestrator.chat_jid": task.chat_jid, "orchestrator.task_id": task.id}):
+            stored = _fire(db, task, now, signal)
+        if stored is not None:
+            fired.append(stored)
     return fired
+
+
+def _fire(db: Database, task: ScheduledTask, now: datetime, signal: Callable[[str], object] | None) -> str | None:
+    """Fire ``task``'s due time: the id of the message stored, None when another ticker had."""
+    assert task.next_run_at is not None
+    following = next_due(task.kind, task.spec, max(now, task.next_run_at))
+    msg = NewMessage(
+        id=f"sched-{task.id}-{int(task.next_run_at.timestamp())}", chat_jid=task.chat_jid,
+        sender=SCHEDULER_SENDER, sender_name="scheduled task", content=task.prompt, timestamp=now_iso(),
+        metadata={"scheduled_task": task.id, "due": task.next_run_at.isoformat(),
+                  "context_mode": task.context_mode},
+    )
+    # Claim the due time, store its message and mark the group pending in
+    # one transaction: a crash leaves either all of it or none.
+    with db.write() as session:
+        claimed = changed_rows(session.execute(
+            update(ScheduledTaskRow)
+            .where(ScheduledTaskRow.id == task.id, ScheduledTaskRow.next_run_at == task.next_run_at,
+                   ScheduledTaskRow.state == "active")
+            .values(
+                next_run_at=following, last_run_at=now, runs=ScheduledTaskRow.runs + 1,
+                state="active" if following is not None else "done",
+            )
+        ))
+        if claimed != 1:
+            return None  # another ticker fired this due time
+        stored, created = insert_message(session, db, msg)
+        if created:
+            mark_pending(session, task.chat_jid, stored.seq)
+            record_deliveries(session, stored)  # shown on the group's channels (the sweeper signals)
+            trace = tracing.traceparent()  # "" while tracing is off
+            if trace:
+                record_trace(session, stored.seq, trace)
+    if not created:
+        return None
+    tracing.annotate(message_id=stored.id, seq=stored.seq)
+    if signal is not None:
+        try:
+            signal(task.chat_jid)
+        except Exception as exc:  # noqa: BLE001 - the sweeper re-signals pending groups
+            log.warning("could not signal a worker for task %s in %s (%s); the sweeper will",
+                        task.id[:8], task.chat_jid, exc)
+    return stored.id
 
 
 def is_isolated(metadata: dict[str, object] | None) -> bool:

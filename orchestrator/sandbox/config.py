@@ -29,12 +29,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from sqlalchemy import update
 
 from orchestrator.core.errors import ContainerConfigError, UnknownGroup
+from orchestrator.core.jsontypes import WHOLE_NUMBER
 from orchestrator.core.settings import Settings
 from orchestrator.core.sizes import parse_quota
 from orchestrator.sandbox.mounts import (
@@ -64,17 +65,24 @@ def memory_bytes(value: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2)]
 
 
+# The plain forms of a memory size of at least 32m and of a workspace quota ("0", or 16m to 16t), as
+# the API's document states them; the validators take more spellings ("33554432", "2G", "1t").
+MEMORY_SCHEMA_PATTERN = r"^([1-9][0-9]*g|(3[2-9]|[4-9][0-9]|[1-9][0-9]{2,})m)$"
+QUOTA_SCHEMA_PATTERN = r"^(0|(1[6-9]|[2-9][0-9]|[1-9][0-9]{2,5})m|[1-9][0-9]{0,3}g)$"
+
+
 class ContainerConfig(BaseModel):
     """What a group's run containers may differ in (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict: JSON's types as they are (no "64" for 64), as the API's document states them.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    memory: str | None = None
+    memory: str | None = Field(default=None, json_schema_extra={"pattern": MEMORY_SCHEMA_PATTERN})
     cpus: float | None = Field(default=None, gt=0, le=MAX_CPUS)
-    pids: int | None = Field(default=None, ge=16, le=MAX_PIDS)
+    pids: Annotated[int, Field(ge=16, le=MAX_PIDS), WHOLE_NUMBER] | None = None
     run_timeout_s: float | None = Field(default=None, gt=0)
     bash_timeout_s: float | None = Field(default=None, gt=0)
-    workspace_quota: str | None = None
+    workspace_quota: str | None = Field(default=None, json_schema_extra={"pattern": QUOTA_SCHEMA_PATTERN})
     network: Literal["none"] = "none"
     read_only_root: Literal[True] = True
     extra_mounts: list[MountRequest] = Field(default_factory=list, max_length=MAX_EXTRA_MOUNTS)

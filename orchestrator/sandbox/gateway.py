@@ -21,6 +21,17 @@ every read, idle keep-alive included), request size (a valid
 money: one request upstream at a time, so the budget check before a request
 sees what every earlier one cost, and a request's output cap
 (``max_tokens``) must fit what is left of the run's budget.
+
+The gateway also decides what a run may ask for (``model``, ``max_tokens``:
+the host's settings, passed in by the pipeline): a request that names
+another model, or asks for a larger output cap, is refused (403, saying
+what is allowed) or, under the ``rewrite`` policy, sent with the host's
+values instead.  The body is read as the upstream reads it: msgspec takes
+the last of duplicate keys and unescapes them, as Python's json, Go's
+encoding/json and pydantic do; a body where a policed key could be read
+another way (it appears more than once, in any case, or spelled with
+escapes) has its top level written anew (:func:`_rewritten`), so the
+upstream gets one copy of each key, the one that was checked.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ import functools
 import json
 import logging
 import os
+import re
 import selectors
 import socket
 import socketserver
@@ -73,6 +85,23 @@ _MAX_SSE_LINE = 1 << 20
 ANTHROPIC_PATHS = frozenset({"/v1/messages"})
 OPENAI_PATHS = frozenset({"/v1/chat/completions"})
 Auth = Literal["x-api-key", "bearer"]
+ModelPolicy = Literal["refuse", "rewrite"]
+
+# The request fields the gateway holds to the host's settings.
+_POLICED = ("model", "max_tokens", "max_completion_tokens")
+# How a policed key could be spelled so that a byte search misses it: a JSON
+# escape of an ASCII letter or "_" (\u006d, \u005F; no encoder writes these
+# on its own), or the two characters Go's encoding/json (Ollama's) folds to
+# "k" and "s" when it matches keys, which it does ignoring case: the Kelvin
+# sign and the long s, escaped or not.
+_ESCAPED_NAME_CHAR = re.compile(rb"\\u(?:00[4-7][0-9a-fA-F]|212[aA]|017[fF])")  # a literal prefix: a fast search
+_GO_FOLDED = (b"\xe2\x84\xaa", b"\xc5\xbf")  # the two, in UTF-8
+# Writing a body's top level anew decodes it into a dict of raw values: its
+# cost grows with the top-level keys, which a hostile body could have by the
+# million.  Every key is followed by a ':', so this many colons bounds it
+# (about 0.3 s and 20 MB at worst); a real request has a handful of top-level
+# keys and far fewer colons.
+_MAX_REWRITE_COLONS = 200_000
 
 _INPUT_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")  # Anthropic
 _OUTPUT_KEYS = ("output_tokens", "completion_tokens")
@@ -100,6 +129,7 @@ class _Head(msgspec.Struct):
     UNSET (absent) and None (null) differ: only an absent field may be added.
     """
 
+    model: str | None | msgspec.UnsetType = msgspec.UNSET
     stream: bool | None = None
     max_tokens: int | None | msgspec.UnsetType = msgspec.UNSET
     max_completion_tokens: int | None | msgspec.UnsetType = msgspec.UNSET  # OpenAI's newer name
@@ -142,6 +172,10 @@ class _Meter:
                 self.fields[key] = value
         if final and any(k in self.fields for k in _OUTPUT_KEYS):
             self.final = True
+
+    def cache_tokens(self) -> tuple[int, int]:
+        """The prompt tokens read from and written to Anthropic's cache (part of the input count)."""
+        return self.fields.get("cache_read_input_tokens", 0), self.fields.get("cache_creation_input_tokens", 0)
 
     def tokens(self, request_bytes: int) -> tuple[int, int]:
         f = self.fields
@@ -353,6 +387,9 @@ class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
 class _Limits(TypedDict):
     """The bounds :meth:`ModelGateway.for_provider` takes from the settings (keyword arguments)."""
 
+    model: str | None
+    max_tokens: int | None
+    model_policy: ModelPolicy
     token_budget: int
     spent: Usage | None
     max_request_bytes: int
@@ -369,6 +406,10 @@ class ModelGateway:
     ``input_tokens``/``output_tokens`` are the run's totals: they start at
     ``spent`` (what earlier attempts of the run used), so ``token_budget``
     holds per run, not per attempt.
+
+    ``model`` and ``max_tokens`` are what the run may ask for (None: anything);
+    ``model_policy`` says what happens to a request that asks for more:
+    ``refuse`` (403) or ``rewrite`` (sent with the allowed values).
     """
 
     def __init__(
@@ -385,14 +426,26 @@ class ModelGateway:
         max_request_bytes: int = MAX_REQUEST_BYTES,
         max_connections: int = MAX_CONNECTIONS,
         read_timeout_s: float = READ_TIMEOUT_S,
+        model: str | None = None,
+        max_tokens: int | None = None,
+        model_policy: ModelPolicy = "refuse",
     ) -> None:
         self.socket_path = socket_path
         self.upstream = upstream.rstrip("/")
         self.allowed_paths = allowed_paths
-        self.input_tokens = spent.input_tokens if spent else 0
-        self.output_tokens = spent.output_tokens if spent else 0
+        spent = spent or Usage()
+        self.input_tokens = spent.input_tokens
+        self.output_tokens = spent.output_tokens
+        self.cache_read_input_tokens = spent.cache_read_input_tokens
+        self.cache_creation_input_tokens = spent.cache_creation_input_tokens
         self.requests = 0
         self.refused = 0
+        # Requests refused because the run's token budget was spent or would be:
+        # the pipeline tells the chat which limit stopped the run.
+        self.budget_refusals = 0
+        self.model = model
+        self.max_tokens = max_tokens
+        self.model_policy = model_policy
         self.max_request_bytes = max_request_bytes
         self.read_timeout_s = read_timeout_s
         self._timeout_s = timeout_s
@@ -441,13 +494,22 @@ class ModelGateway:
 
     @classmethod
     def for_provider(
-        cls, socket_path: Path, settings: Settings, provider: str, *, spent: Usage | None = None
+        cls, socket_path: Path, settings: Settings, provider: str, *, spent: Usage | None = None,
+        model: str | None = None, max_tokens: int | None = None,
     ) -> ModelGateway:
         """The gateway for ``provider`` ("anthropic" or "openai") as ``settings`` configure it.
 
         ``spent``: what earlier attempts of the same run used (counted against the budget).
+        ``model`` and ``max_tokens``: what the run may ask for (the pipeline passes its
+        recorded input's); by default ``ORCHESTRATOR_MODEL``'s model when it names
+        ``provider``, and ``ORCHESTRATOR_MAX_TOKENS``.
         """
+        if model is None:
+            named, _, model_id = settings.model.strip().partition(":")
+            model = model_id if named == provider and model_id else None
         limits: _Limits = {
+            "model": model, "max_tokens": settings.max_tokens if max_tokens is None else max_tokens,
+            "model_policy": settings.gateway_model_policy,
             "token_budget": settings.run_token_budget, "spent": spent,
             "max_request_bytes": settings.gateway_max_request_bytes,
             "max_connections": settings.gateway_max_connections,
@@ -465,7 +527,9 @@ class ModelGateway:
     def usage(self) -> Usage:
         """The run's tokens so far (``spent`` included)."""
         with self._lock:
-            return Usage(input_tokens=self.input_tokens, output_tokens=self.output_tokens)
+            return Usage(input_tokens=self.input_tokens, output_tokens=self.output_tokens,
+                         cache_read_input_tokens=self.cache_read_input_tokens,
+                         cache_creation_input_tokens=self.cache_creation_input_tokens)
 
     @property
     def dropped(self) -> int:
@@ -544,33 +608,21 @@ class ModelGateway:
         return b"".join(chunks)
 
     def _prepare(self, path: str, body: bytes) -> bytes:
-        """The body to send upstream: checked against the budget, with the fields the gateway needs added."""
+        """The body to send upstream: held to the run's model, output cap and budget."""
         try:
             head = msgspec.json.decode(body, type=_Head)
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
             raise _Refusal(400, "invalid_request_error", f"the gateway needs a JSON object: {exc}") from None
-        # Added fields go first, and only when absent: the body is never
-        # decoded whole (a hostile one could be built to blow up in memory).
-        added: list[bytes] = []
-        with self._lock:
-            spent = self.input_tokens + self.output_tokens
-        if self.token_budget:
-            left = self.token_budget - spent
-            fields = (head.max_tokens, head.max_completion_tokens)
-            caps = [v for v in fields if isinstance(v, int)]
-            if None in fields:  # present but null: no cap, and we must not add a second one
-                raise _Refusal(400, "invalid_request_error", "under a token budget, the output cap must be a number")
-            choices = max(1, head.n or 1)
-            if not caps:
-                added.append(b'"max_tokens":%d' % max(1, left // choices))
-            elif (asked := max(caps) * choices) > left:
-                raise _Refusal(403, "budget_exceeded",
-                               f"this run has {left} of its {self.token_budget} tokens left; the request asks for "
-                               f"up to {asked} output tokens (ORCHESTRATOR_RUN_TOKEN_BUDGET)")
+        # Fields the request lacks are added (first); fields it asks too much
+        # with are changed, under the rewrite policy, by writing the top level anew.
+        added: dict[str, object] = {}
+        changed: dict[str, object] = {}
+        self._hold_model(head, added, changed)
+        self._hold_output(head, added, changed)
         if path in OPENAI_PATHS and head.stream:
             # OpenAI streams report usage only when asked to.
             if not head.stream_options:
-                added.append(b'"stream_options":{"include_usage":true}')
+                added["stream_options"] = {"include_usage": True}
             else:
                 try:
                     options = msgspec.json.decode(head.stream_options, type=_StreamOptions)
@@ -579,11 +631,89 @@ class ModelGateway:
                 if not options.include_usage:
                     raise _Refusal(400, "invalid_request_error",
                                    "the gateway counts tokens: a stream needs stream_options.include_usage")
+        if changed or self._ambiguous(body, head):
+            return _rewritten(body, added, changed)
         if not added:
             return body
+        # The body is never decoded whole here (a hostile one could be built
+        # to blow up in memory): the added fields go in front of the others.
         rest = body.lstrip(b" \t\r\n")[1:]  # after the object's "{"
         comma = b"" if rest.lstrip(b" \t\r\n").startswith(b"}") else b","
-        return b"{" + b",".join(added) + comma + rest
+        fields = b",".join(msgspec.json.encode(name) + b":" + msgspec.json.encode(value)
+                           for name, value in added.items())
+        return b"{" + fields + comma + rest
+
+    def _hold_model(self, head: _Head, added: dict[str, object], changed: dict[str, object]) -> None:
+        """The run's model, and no other."""
+        if self.model is None or head.model == self.model:
+            return
+        if head.model is msgspec.UNSET:
+            added["model"] = self.model
+        elif self.model_policy == "rewrite":
+            changed["model"] = self.model
+        else:
+            raise _Refusal(403, "model_not_allowed",
+                           f"this run may use the model {self.model!r} only, not {head.model!r} "
+                           "(ORCHESTRATOR_MODEL; with ORCHESTRATOR_GATEWAY_MODEL_POLICY=rewrite the gateway "
+                           "sends such a request with the run's model instead)")
+
+    def _hold_output(self, head: _Head, added: dict[str, object], changed: dict[str, object]) -> None:
+        """The output cap: at most ``max_tokens`` an answer, and within what is left of the budget."""
+        if self.max_tokens is None and not self.token_budget:
+            return
+        fields = {"max_tokens": head.max_tokens, "max_completion_tokens": head.max_completion_tokens}
+        if None in fields.values():  # present but null: no cap, and we must not add a second one
+            raise _Refusal(400, "invalid_request_error", "the gateway needs the output cap to be a number")
+        caps = {name: value for name, value in fields.items() if isinstance(value, int)}
+        if self.max_tokens is not None:
+            for name, value in list(caps.items()):
+                if value <= self.max_tokens:
+                    continue
+                if self.model_policy != "rewrite":
+                    raise _Refusal(403, "max_tokens_not_allowed",
+                                   f"this run's answers are capped at {self.max_tokens} output tokens "
+                                   f"(ORCHESTRATOR_MAX_TOKENS); the request asks for {name}={value}")
+                changed[name] = caps[name] = self.max_tokens
+        choices = max(1, head.n or 1)  # OpenAI: choices, each up to the output cap
+        cap = self.max_tokens
+        if self.token_budget:
+            with self._lock:
+                left = self.token_budget - self.input_tokens - self.output_tokens
+            if caps and (asked := max(caps.values()) * choices) > left:
+                raise self._budget_refusal(
+                    f"this run has {left} of its {self.token_budget} tokens left; the request asks for "
+                    f"up to {asked} output tokens (ORCHESTRATOR_RUN_TOKEN_BUDGET)")
+            cap = max(1, left // choices) if cap is None else max(1, min(cap, left // choices))
+        if not caps and cap is not None:
+            added["max_tokens"] = cap
+
+    def _budget_refusal(self, message: str) -> _Refusal:
+        # 403, not 429: a provider must not retry this.
+        with self._lock:
+            self.budget_refusals += 1
+        return _Refusal(403, "budget_exceeded", message)
+
+    def _ambiguous(self, body: bytes, head: _Head) -> bool:
+        """Could the upstream read a policed field otherwise than ``head`` did?
+
+        Yes when one of its keys appears more (or less) often than once per
+        field present, in any case (Go's encoding/json matches keys ignoring
+        it), counting nested keys and string values alike (byte counts, not a
+        parse: an overcount only costs a rewrite), or when the body could
+        spell a key character another way (:data:`_ESCAPED_NAME_CHAR`).
+        """
+        policed = (self.model is not None, self.max_tokens is not None or bool(self.token_budget))
+        if not any(policed):
+            return False
+        present = {"model": head.model, "max_tokens": head.max_tokens,
+                   "max_completion_tokens": head.max_completion_tokens}
+        lowered = body.lower()
+        for name in _POLICED:
+            if not policed[0 if name == "model" else 1]:
+                continue
+            if lowered.count(b'"%s"' % name.encode()) != (0 if present[name] is msgspec.UNSET else 1):
+                return True
+        return any(char in body for char in _GO_FOLDED) or _ESCAPED_NAME_CHAR.search(body) is not None
 
     def _handle(self, h: BaseHTTPRequestHandler) -> None:
         path = h.path.split("?", 1)[0]
@@ -602,10 +732,8 @@ class ModelGateway:
                 spent = self.input_tokens + self.output_tokens
             try:
                 if self.token_budget and spent >= self.token_budget:
-                    # 403, not 429: a provider must not retry this.
-                    raise _Refusal(403, "budget_exceeded",
-                                   f"this run used {spent} tokens; its budget is {self.token_budget} "
-                                   "(ORCHESTRATOR_RUN_TOKEN_BUDGET)")
+                    raise self._budget_refusal(f"this run used {spent} tokens; its budget is {self.token_budget} "
+                                               "(ORCHESTRATOR_RUN_TOKEN_BUDGET)")
                 body = self._prepare(path, self._read_body(h, length))
             except _Refusal as r:
                 self._answer_error(h, r.status, r.kind, r.message)
@@ -631,9 +759,12 @@ class ModelGateway:
             if not charged:
                 charged = True
                 tokens_in, tokens_out = meter.tokens(len(body))
+                cache_read, cache_creation = meter.cache_tokens()
                 with self._lock:
                     self.input_tokens += tokens_in
                     self.output_tokens += tokens_out
+                    self.cache_read_input_tokens += cache_read
+                    self.cache_creation_input_tokens += cache_creation
 
         with self._lock:
             self.requests += 1
@@ -712,3 +843,24 @@ class ModelGateway:
             # The sandbox hung up: stop reading (the upstream stops generating)
             # and charge what arrived.
             h.close_connection = True
+
+
+def _rewritten(body: bytes, added: dict[str, object], changed: dict[str, object]) -> bytes:
+    """``body`` with its top level written anew: ``added`` first, then its own keys (each
+    once, the last value of a duplicate, as :class:`_Head` read it), ``changed`` replaced,
+    and keys that only a case-blind reader takes for a policed one (``Model``) left out.
+    Every value but those is passed on byte for byte (msgspec's Raw: never decoded)."""
+    if body.count(b":") > _MAX_REWRITE_COLONS:
+        raise _Refusal(413, "request_too_large",
+                       f"the gateway must rewrite this request's fields, and does so for requests with at "
+                       f"most {_MAX_REWRITE_COLONS} keys; send the run's model and output cap as they are")
+    try:
+        top = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise _Refusal(400, "invalid_request_error", f"the gateway needs a JSON object: {exc}") from None
+    out = {name: msgspec.Raw(msgspec.json.encode(value)) for name, value in added.items()}
+    for name, raw in top.items():
+        if name not in _POLICED and name.casefold() in _POLICED:
+            continue
+        out[name] = msgspec.Raw(msgspec.json.encode(changed[name])) if name in changed else raw
+    return msgspec.json.encode(out)

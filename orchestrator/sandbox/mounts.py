@@ -74,7 +74,8 @@ BLOCKED_PATTERNS: tuple[str, ...] = (
 SYSTEM_PATHS: tuple[str, ...] = ("/proc", "/sys", "/dev", "/run", "/var/run", "/boot")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+MOUNT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+_NAME = re.compile(MOUNT_NAME_PATTERN)
 
 
 def _absolute(v: str) -> str:
@@ -84,23 +85,23 @@ def _absolute(v: str) -> str:
 
 
 # A host folder as a config or the allowlist writes it: absolute, or from ``~``.
-HostPath = Annotated[str, Field(min_length=1), AfterValidator(_absolute)]
+HostPath = Annotated[str, Field(min_length=1, json_schema_extra={"pattern": r"^(/|~(/|$))"}), AfterValidator(_absolute)]
 
 
 class MountRequest(BaseModel):
     """One extra mount a group's ``container_config`` asks for."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     host_path: HostPath
     # The folder under /workspace/extra/ (default: the host folder's name).
-    name: str | None = None
+    name: str | None = Field(default=None, json_schema_extra={"pattern": MOUNT_NAME_PATTERN})
     read_write: bool = False
 
     @field_validator("name")
     @classmethod
     def _slug(cls, v: str | None) -> str | None:
-        if v is not None and not _NAME.match(v):
+        if v is not None and not _NAME.fullmatch(v):  # fullmatch: "$" alone lets "name\n" through
             raise ValueError("must be 1-64 letters, digits, '-' or '_' (no slashes or dots)")
         return v
 
@@ -109,7 +110,7 @@ class MountRequest(BaseModel):
         if self.name is not None:
             return self.name
         base = Path(self.host_path.rstrip("/")).name
-        if not _NAME.match(base):
+        if not _NAME.fullmatch(base):
             raise ValueError(f"give a 'name': the folder name {base!r} is not a valid mount name")
         return base
 

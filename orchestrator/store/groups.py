@@ -21,7 +21,9 @@ from orchestrator.core.jsontypes import JsonObject
 from orchestrator.store.db import Database
 from orchestrator.store.tables import GroupRow
 
-_SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+# A folder name (also the API's schema pattern, orchestrator/http/api.py).
+FOLDER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+_SLUG = re.compile(FOLDER_PATTERN)
 
 MAIN_JID = "main@local"
 
@@ -61,7 +63,8 @@ def group_from_row(row: GroupRow) -> Group:
 
 
 def validate_folder(folder: str) -> str:
-    if not _SLUG.match(folder or ""):
+    # fullmatch: "$" alone would let a trailing newline through.
+    if not _SLUG.fullmatch(folder or ""):
         raise InvalidMessage(
             f"group folder {folder!r} must be 1-64 letters, digits, '-' or '_' "
             "(no slashes, dots or absolute paths)"

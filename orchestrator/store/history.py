@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from orchestrator.core.errors import GroupBusy, InvalidMessage, MessageNotFound, UnknownGroup
+from orchestrator.core.errors import ChangeRefused, GroupBusy, InvalidMessage, MessageNotFound, UnknownGroup
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.model.context import CONTEXT_KEY, parse_context
@@ -65,7 +65,7 @@ def _live_row(session: Session, chat_jid: str, message_id: str) -> MessageRow:
     if row is None:
         raise MessageNotFound(chat_jid, message_id)
     if row.superseded_at is not None:
-        raise InvalidMessage(f"message {message_id!r} was superseded and can no longer change")
+        raise ChangeRefused(f"message {message_id!r} was superseded and can no longer change")
     return row
 
 
@@ -116,7 +116,7 @@ def edit_message(
     with guard, db.write() as session:
         row = _live_row(session, chat_jid, message_id)
         if row.message_type != "user" or row.is_from_me:
-            raise InvalidMessage(f"only a person's message can be edited; {message_id!r} is {row.message_type}")
+            raise ChangeRefused(f"only a person's message can be edited; {message_id!r} is {row.message_type}")
         meta = dict(row.meta or {})
         if context is not None:
             meta[CONTEXT_KEY] = context
@@ -147,7 +147,7 @@ def regenerate(
     with _holding_lease(db, settings, chat_jid), db.write() as session:
         row = _live_row(session, chat_jid, message_id)
         if row.message_type != "assistant" or row.sender in STORED_ONLY_SENDERS:
-            raise InvalidMessage(f"only an assistant reply can be regenerated; {message_id!r} is {row.message_type}")
+            raise ChangeRefused(f"only an assistant reply can be regenerated; {message_id!r} is {row.message_type}")
         meta = row.meta or {}
         answered = meta.get(REPLY_TO_KEY)
         if not isinstance(answered, int):
@@ -184,7 +184,7 @@ def _last_input_before(session: Session, chat_jid: str, seq: int) -> int:
         .limit(1)
     )
     if found is None:
-        raise InvalidMessage("there is no earlier message for the agent to answer again")
+        raise ChangeRefused("there is no earlier message for the agent to answer again")
     return found
 
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, any_, bindparam, select
+from sqlalchemy import Connection, any_, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.core.errors import InvalidMessage, MessageNotFound
@@ -141,10 +141,13 @@ def _pyformat(sql: str) -> str:
 # unique index on seq makes max() one index probe), the row unless (id,
 # chat_jid) is already stored, and its seq (no row back: a duplicate).
 _INSERT = """INSERT INTO messages
-    (seq, id, chat_jid, sender, sender_name, content, "timestamp", is_from_me, message_type, "metadata")
+    (seq, id, chat_jid, sender, sender_name, content, "timestamp", is_from_me, message_type, "metadata", stored_at)
     VALUES (COALESCE((SELECT MAX(seq) FROM messages), 0) + 1, :id, :chat_jid, :sender, :sender_name,
-            :content, :timestamp, :is_from_me, :message_type, :metadata)
+            :content, :timestamp, :is_from_me, :message_type, :metadata, {now})
     ON CONFLICT (id, chat_jid) DO NOTHING RETURNING seq"""
+# ``stored_at``: the database's clock, as ``db.now_sql`` writes it on each backend.
+_INSERT_SQLITE = _INSERT.format(now="strftime('%Y-%m-%d %H:%M:%f', 'now')")
+_INSERT_PG = _INSERT.format(now="now()")
 _MESSAGES = MessageRow.__table__
 _STORED_FIELDS = ("seq", "id", "chat_jid", "sender", "sender_name", "content", "timestamp", "is_from_me",
                   "message_type", "metadata", "superseded_at", "edited_at")
@@ -169,7 +172,7 @@ def insert_message(session: Session | Connection, db: Database, new: NewMessage)
     fields = new.model_dump()
     # JSON as the column type would write it (json.dumps; None as JSON null).
     params = {**fields, "metadata": json.dumps(fields["metadata"])}
-    row = driver_execute(conn, _INSERT, params).fetchone()
+    row = driver_execute(conn, _INSERT_SQLITE if db.is_sqlite else _INSERT_PG, params).fetchone()
     if row is None:  # (id, chat_jid) is already stored: the first copy stands
         existing = conn.execute(_EXISTING, {"id": new.id, "chat_jid": new.chat_jid}).mappings().one()
         return StoredMessage(**{k: existing[k] for k in _STORED_FIELDS}), False
@@ -281,6 +284,18 @@ def get_messages_after(
             break
         after_seq = page[-1].seq
     return out
+
+
+def waiting_since(db: Database, chat_jid: str, after_seq: int, upto_seq: int) -> datetime | None:
+    """When the oldest message in ``(after_seq, upto_seq]`` not written by the assistant
+    was stored (the database's clock): how long a run's batch waited.  None when
+    none of them has a storing time (stored before revision 0012)."""
+    c = _MESSAGES.c
+    stmt = select(func.min(c.stored_at)).where(
+        _of_chat(db, chat_jid), c.seq > after_seq, c.seq <= upto_seq, c.is_from_me.is_(False))
+    with db.read() as session:
+        found: datetime | None = session.execute(stmt).scalar_one()
+    return found
 
 
 def get_recent_messages(

@@ -75,6 +75,14 @@ class MessageRow(Base):
     # Set by regenerate / truncate: kept for audit, absent from every view.
     superseded_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     edited_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # The database's clock at the insert (revision 0012; NULL before it): how long a
+    # message waited for its run and for its first reply (orchestrator/core/metrics.py).
+    # ``timestamp`` is the sender's and is not trusted for that.
+    stored_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # The W3C traceparent of the trace this message started, for a message that woke
+    # the agent while tracing was on (revision 0013; orchestrator/store/traces.py): the
+    # trace a run answering it joins, whichever signal started the run.
+    traceparent: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     __table_args__ = (
         Index("idx_messages_by_chat", "chat_jid", "timestamp"),

@@ -94,7 +94,9 @@ def test_edit_regenerate_truncate_over_http(client: TestClient, db: Database, se
     bad = client.post(f"/api/chats/{JID}/messages/q1/edit", json={"content": "x", "context": [{"type": "nope"}]})
     assert bad.status_code == 400 and bad.json()["field"] == "metadata.context[0].type"
     assert client.post(f"/api/chats/{JID}/messages/zz/edit", json={"content": "x"}).status_code == 404
-    assert client.post(f"/api/chats/{JID}/messages/q1/regenerate").status_code == 400  # not a reply
+    # Not a reply: a well-formed request the message's state refuses (409, as documented), not bad input.
+    not_a_reply = client.post(f"/api/chats/{JID}/messages/q1/regenerate")
+    assert not_a_reply.status_code == 409 and "only an assistant reply" in not_a_reply.json()["detail"]
 
     assert leases.acquire(db, JID, "someone", 60)
     assert client.post(f"/api/chats/{JID}/messages/{reply.id}/regenerate").status_code == 409

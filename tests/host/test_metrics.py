@@ -10,27 +10,34 @@ The worker's multiprocess endpoint is tested with a real worker process in
 
 from __future__ import annotations
 
+import json
+import re
 import threading
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from agent_runner.protocol import AssistantEvent, ResultEvent
 from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
-from sqlalchemy import update
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import select, update
 
 from orchestrator.core.errors import RateLimited
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
+from orchestrator.http.fleet_metrics import FleetCollector
 from orchestrator.root import Orchestrator
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry, Deliverer
 from orchestrator.run.pipeline import Pipeline
 from orchestrator.run.sweeper import sweep
+from orchestrator.store import hosts
 from orchestrator.store.attachments import attach_channel
 from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.runs import create_run, get_run
-from orchestrator.store.tables import GroupRow
+from orchestrator.store.tables import GroupRow, MessageRow, RunRow
 from tests.fakes.channel import RecordingChannel, attach_recorder
 from tests.fakes.clock import FakeClock
 from tests.fakes.sandbox import FakeSandbox, Script
@@ -90,6 +97,47 @@ def test_a_run_counts_its_start_end_duration_container_first_reply_and_deliverie
     run = get_run(db, outcome.run.id)
     assert run.duration_s is not None
     assert value("orchestrator_run_duration_seconds_sum") - duration_sum == pytest.approx(run.duration_s)
+
+
+def test_the_queue_wait_and_the_wait_for_a_first_reply_start_when_the_message_was_stored(
+        settings: Settings, db: Database) -> None:
+    p = _pipeline(settings, db, FakeSandbox(OK))
+    _say(p, "first")
+    _say(p, "second")
+    # The older message waited 40 s before any worker looked (moved back on the
+    # database's clock); the newer one counts in no wait of its own.
+    with db.write() as session:
+        stored = session.execute(select(MessageRow.seq, MessageRow.stored_at).where(MessageRow.chat_jid == JID)
+                                 .order_by(MessageRow.seq)).all()
+        assert [at is not None for _, at in stored] == [True, True]
+        oldest = stored[0].stored_at - timedelta(seconds=40)
+        session.execute(update(MessageRow).where(MessageRow.seq == stored[0].seq).values(stored_at=oldest))
+    counts = Counts(("orchestrator_queue_wait_seconds_count", {}),
+                    ("orchestrator_message_first_reply_seconds_count", {}))
+    waited = value("orchestrator_queue_wait_seconds_sum")
+    to_reply = value("orchestrator_message_first_reply_seconds_sum")
+    [outcome] = p.drain_group(JID)
+    assert outcome.run.state == "succeeded"
+    assert counts.delta() == [1, 1]
+    created = get_run(db, outcome.run.id).created_at
+    assert value("orchestrator_queue_wait_seconds_sum") - waited == pytest.approx(
+        (created - oldest).total_seconds(), abs=0.01)
+    reply_wait = value("orchestrator_message_first_reply_seconds_sum") - to_reply
+    assert 40 <= (created - oldest).total_seconds() <= reply_wait < 70
+
+
+def test_messages_stored_before_their_storing_time_was_kept_count_in_no_wait(
+        settings: Settings, db: Database) -> None:
+    p = _pipeline(settings, db, FakeSandbox(OK))
+    _say(p)
+    with db.write() as session:  # as every row stored before revision 0012
+        session.execute(update(MessageRow).where(MessageRow.chat_jid == JID).values(stored_at=None))
+    counts = Counts(("orchestrator_runs_started_total", {}), ("orchestrator_queue_wait_seconds_count", {}),
+                    ("orchestrator_run_first_reply_seconds_count", {}),
+                    ("orchestrator_message_first_reply_seconds_count", {}))
+    [outcome] = p.drain_group(JID)
+    assert outcome.run.state == "succeeded"
+    assert counts.delta() == [1, 0, 1, 0]
 
 
 def test_a_failing_run_is_one_run_of_several_container_starts(settings: Settings, db: Database) -> None:
@@ -194,3 +242,56 @@ def test_the_api_serves_its_metrics_behind_the_api_token(settings: Settings, db:
     line = f'orchestrator_messages_ingested_total{{wakes="yes"}} {before + 1}'
     assert line in r.text.splitlines(), r.text[:2000]
     assert "# TYPE orchestrator_run_duration_seconds histogram" in r.text
+
+
+def _fleet_samples(text: str) -> dict[tuple[str, str], float]:
+    return {(sample.name, sample.labels["host"]): sample.value
+            for family in text_string_to_metric_families(text) if family.name.startswith("orchestrator_host_")
+            for sample in family.samples}
+
+
+def test_the_api_serves_each_hosts_runs_warm_containers_and_groups_as_the_database_has_them(
+        settings: Settings, db: Database) -> None:
+    ensure_main_group(db)
+    hosts.register(db, host_id="host-a", instance="ia", version="1", concurrency=2, warm_containers=3)
+    hosts.register(db, host_id="host-b", instance="ib", version="1", concurrency=1, warm_containers=None)
+    with db.write() as session:
+        session.execute(update(GroupRow).where(GroupRow.chat_jid == JID).values(placed_host="host-a"))
+    create_run(db, chat_jid=JID, cursor_from=0, cursor_to=1, celery_task_id=None,
+               owner=hosts.process_owner("host-a"))
+    with TestClient(create_app(Orchestrator(settings))) as client:
+        first = _fleet_samples(client.get("/metrics").text)
+        assert first == {
+            ("orchestrator_host_up", "host-a"): 1.0, ("orchestrator_host_up", "host-b"): 1.0,
+            ("orchestrator_host_runs", "host-a"): 1.0, ("orchestrator_host_runs", "host-b"): 0.0,
+            # host-b's Docker did not answer: no sample rather than a made-up 0.
+            ("orchestrator_host_warm_containers", "host-a"): 3.0,
+            ("orchestrator_host_placed_groups", "host-a"): 1.0, ("orchestrator_host_placed_groups", "host-b"): 0.0,
+            ("orchestrator_host_leases", "host-a"): 0.0, ("orchestrator_host_leases", "host-b"): 0.0,
+        }
+        # Read at each scrape: a host that stopped is down at once, a finished run is gone.
+        hosts.mark_stopped(db, "host-a", "ia")
+        with db.write() as session:
+            session.execute(update(RunRow).values(state="succeeded"))
+        second = _fleet_samples(client.get("/metrics").text)
+    assert second[("orchestrator_host_up", "host-a")] == 0.0
+    assert second[("orchestrator_host_runs", "host-a")] == 0.0
+
+
+def _exposed_names(db: Database) -> set[str]:
+    names: set[str] = set()
+    for family in [*REGISTRY.collect(), *FleetCollector(db).collect()]:
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
+        names.update(family.name + suffix for suffix in suffixes if family.name.startswith("orchestrator_"))
+    return names
+
+
+def test_the_grafana_dashboard_asks_only_for_metrics_that_exist(db: Database) -> None:
+    dashboard = json.loads((Path(__file__).parents[2] / "deploy" / "grafana" / "orchestrator.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    asked = {name for expr in exprs for name in re.findall(r"\borchestrator_[a-z_]+", expr)}
+    exposed = _exposed_names(db)
+    assert asked - exposed == set()
+    # Every metric the orchestrator exposes is on the dashboard in some form.
+    shown = {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in asked}
+    assert {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in exposed} - shown == set()

@@ -245,9 +245,10 @@ def test_a_failed_attempt_parks_the_run_and_the_next_step_resumes_it_when_due(
     assert second.outcome is not None and second.outcome.run.id == parked.id
     assert (second.outcome.run.state, second.outcome.run.attempts, second.retry_in) == ("succeeded", 2, None)
     assert [inp.run_id for _, inp in sandbox.started] == [parked.id, parked.id]  # the recorded input again
-    # Outputs numbered on across attempts: the first attempt's tool record and the reply, no id reused.
+    # Outputs numbered on across attempts: the first attempt's tool record and the reply, no id reused;
+    # then the run's result_meta record.
     ids = [m.id for m in get_messages_after(JID, 0, db=db) if m.id.startswith(parked.id)]
-    assert ids == [f"{parked.id}-0001", f"{parked.id}-0002"] and _from(p, "bot") == ["done"]
+    assert ids == [f"{parked.id}-0001", f"{parked.id}-0002", f"{parked.id}-meta"] and _from(p, "bot") == ["done"]
 
 
 def test_a_run_cancelled_while_parked_ends_at_the_next_step(settings: Settings, db: Database) -> None:

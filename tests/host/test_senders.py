@@ -19,10 +19,10 @@ VOCABULARY = [
     ("bot", "assistant", True),
     ("deploy", "system", True),
     ("tui-user", "user", True),
-    ("command_output", "tool_result", True),
+    ("command_output", "tool_result", True),  # tool results stored before the agent's took "tool_result"
     ("thinking", "assistant", False),
     ("tool_use", "assistant", False),
-    ("tool_result", "tool_result", False),
+    ("tool_result", "tool_result", True),  # the agent's tool results: the conversation's, as command_output's were
     ("result_meta", "assistant", False),
     ("+15551234567@s.whatsapp.net", "user", True),
 ]

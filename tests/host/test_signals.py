@@ -55,7 +55,7 @@ def test_each_signal_lands_in_its_own_queue_only(settings: Settings, broker: str
     # take agent runs, or run every drain twice.
     if broker == "redis":
         require_service(redis_available(), f"a Redis server at {REDIS_URL}")
-        local = settings.replace(broker_url=REDIS_URL.rsplit("/", 1)[0] + "/13")
+        local = settings.replace(broker_url=REDIS_URL.rsplit("/", 1)[0] + "/12")
         import redis
 
         redis.Redis.from_url(local.broker_url).flushdb()  # kombu keeps bindings in Redis across runs

@@ -167,7 +167,8 @@ def test_drain_group_runs_the_pending_message_and_stores_the_reply(start: Any, d
     [drained] = w.log.wait(DRAIN_TASK)
     assert drained.state == "SUCCESS", drained.retval
     [run] = list_runs(db, chat_jid=JID)
-    assert drained.retval == {"chat_jid": JID, "run": {"id": run.id, "state": "succeeded", "attempts": 1, "outputs": 1},
+    # Two outputs: the reply and the run's result_meta record.
+    assert drained.retval == {"chat_jid": JID, "run": {"id": run.id, "state": "succeeded", "attempts": 1, "outputs": 2},
                               "more": False, "retry_in": None, "busy": False}
     assert run.celery_task_id == drained.task_id  # the task's request id reached the run
     assert _bot(db) == ["done"]
@@ -253,7 +254,7 @@ def test_a_failed_attempt_is_retried_by_a_later_task_not_slept_in_this_one(
     assert first.retval["run"] == {"id": run.id, "state": "queued", "attempts": 2, "outputs": 0}
     assert 0.5 <= first.retval["retry_in"] <= 1.0 and first.retval["more"] is False
     assert second.task_id != first.task_id  # a new task, not a sleep in the first one
-    assert second.retval["run"] == {"id": run.id, "state": "succeeded", "attempts": 2, "outputs": 1}
+    assert second.retval["run"] == {"id": run.id, "state": "succeeded", "attempts": 2, "outputs": 2}  # reply, record
     assert (run.state, run.attempts, run.retry_at) == ("succeeded", 2, None)
     assert _bot(db) == ["done"] and len(sandbox.started) == 2
 

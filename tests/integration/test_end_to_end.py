@@ -44,8 +44,9 @@ def test_command_message_runs_in_the_sandbox_and_replies(stack: Stack) -> None:
     assert [(m["message_type"], m["sender"]) for m in history] == [
         ("user", "cli-user"),
         ("assistant", "tool_use"),
-        ("tool_result", "command_output"),
+        ("tool_result", "tool_result"),
         ("assistant", "bot"),
+        ("assistant", "result_meta"),  # the run's record, last
     ]
     assert [m["seq"] for m in history] == sorted(m["seq"] for m in history)
 

@@ -59,8 +59,10 @@ def test_run_stores_and_delivers_in_order(pipe: tuple[Pipeline, Database, Record
     outcomes = pipeline.drain_group("main@local")
     assert [o.run.state for o in outcomes] == ["succeeded"]
     stored = get_messages_after("main@local", sent.seq, db=db)
-    # The person's message, then every output but the stored-only tool_use record, in order.
-    assert [m.seq for m in rec.sent] == [sent.seq] + [m.seq for m in stored if m.sender != "tool_use"]
+    # The person's message, then every output but the stored-only records (tool_use, the
+    # run's result_meta last), in order.
+    assert stored[-1].sender == "result_meta"
+    assert [m.seq for m in rec.sent] == [sent.seq] + [m.seq for m in stored if m.sender not in ("tool_use", "result_meta")]
     rendered = rec.rendered
     assert rendered[0] == "u: $ printf 'a\\nb\\n'"
     assert rendered[1].startswith("🔧 ✅ exit 0 · bash") and "a\nb" in rendered[1]
@@ -111,11 +113,13 @@ def test_hung_command_is_killed_at_the_time_limit(pipe: tuple[Pipeline, Database
     assert [o.run.state for o in outcomes] == ["timed_out"]
     assert outcomes[0].run.duration_s is not None and outcomes[0].run.duration_s < 30
     hosts = [m for m in rec.sent if m.message_type == "host"]
-    assert len(hosts) == 1 and hosts[0].content.startswith("⚠️ Agent error")
+    # Which limit stopped it, and how to raise it.
+    assert len(hosts) == 1 and hosts[0].content.startswith("⏱️ The run stopped at its time limit of 4 s")
+    assert "ORCHESTRATOR_RUN_TIMEOUT_S" in hosts[0].content
     assert _managed_containers() == []
     # The host message is for people only.
     view = format_messages_for_sdk(get_messages_after("main@local", 0, db=db))
-    assert all("Agent error" not in m.content for m in view)
+    assert all("time limit" not in m.content for m in view)
     # The next run is told the previous one failed (an ephemeral notice).
     from orchestrator.run.notices import compute_notices
 

@@ -14,6 +14,7 @@ import logging
 from typing import Any, Literal, NotRequired, TypedDict, Union
 
 import anthropic
+import msgspec
 
 from ..errors import InputError, ProviderError
 from ..protocol import JsonObject, ModelSettings
@@ -91,7 +92,12 @@ class ThinkingWire(TypedDict):
     signature: str
 
 
-WireBlock = Union[TextWire, ToolUseWire, ToolResultWire, ThinkingWire]
+class RedactedThinkingWire(TypedDict):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+WireBlock = Union[TextWire, ToolUseWire, ToolResultWire, ThinkingWire, RedactedThinkingWire]
 
 
 class WireMessage(TypedDict):
@@ -105,12 +111,18 @@ class WireTool(TypedDict):
     input_schema: JsonObject
 
 
+class ThinkingConfig(TypedDict):
+    type: Literal["enabled"]
+    budget_tokens: int
+
+
 class _Request(TypedDict):
     model: str
     max_tokens: int
     system: str
     messages: list[WireMessage]
     tools: NotRequired[list[WireTool]]  # only when there are tools
+    thinking: NotRequired[ThinkingConfig]  # only when a thinking budget is set
 
 
 def _block_to_wire(block: ContentBlock) -> WireBlock | None:
@@ -125,7 +137,10 @@ def _block_to_wire(block: ContentBlock) -> WireBlock | None:
             "content": render_tool_result(block),
             "is_error": block.is_error,
         }
+    if isinstance(block, ThinkingBlock) and block.redacted_data:
+        return {"type": "redacted_thinking", "data": block.redacted_data}
     if isinstance(block, ThinkingBlock) and block.signature:
+        # With tools, the API wants the turn's thinking back as it came, signature and all.
         return {"type": "thinking", "thinking": block.thinking, "signature": block.signature}
     return None  # unsigned thinking cannot be sent back; the API would reject it
 
@@ -146,17 +161,19 @@ def _block_from_sdk(block: Any) -> ContentBlock | None:
         return ToolUseBlock(id=block.id, name=block.name, input=dict(block.input or {}))
     if kind == "thinking":
         return ThinkingBlock(thinking=block.thinking, signature=getattr(block, "signature", None))
+    if kind == "redacted_thinking":
+        return ThinkingBlock(thinking="", redacted_data=block.data)
     log.info("ignoring unsupported content block type %r", kind)
     return None
 
 
 def _usage_from_sdk(usage: Any) -> TokenUsage:
     # Cached prompt tokens are still prompt tokens processed for this run.
-    prompt = sum(
-        getattr(usage, name, None) or 0
-        for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-    )
-    return TokenUsage(input_tokens=prompt, output_tokens=getattr(usage, "output_tokens", 0) or 0)
+    cache_read = getattr(usage, "cache_read_input_tokens", None) or 0
+    cache_creation = getattr(usage, "cache_creation_input_tokens", None) or 0
+    prompt = (getattr(usage, "input_tokens", None) or 0) + cache_read + cache_creation
+    return TokenUsage(input_tokens=prompt, output_tokens=getattr(usage, "output_tokens", 0) or 0,
+                      cache_read_input_tokens=cache_read, cache_creation_input_tokens=cache_creation)
 
 
 def _provider_error(exc: anthropic.AnthropicError) -> ProviderError:
@@ -222,6 +239,10 @@ class AnthropicProvider:
                 {"name": t.name, "description": t.description, "input_schema": t.input_schema}
                 for t in tools
             ]
+        budget = self.settings.thinking_budget
+        if budget is not msgspec.UNSET:
+            # Extended thinking: the answer's thinking comes first, as thinking blocks.
+            request["thinking"] = {"type": "enabled", "budget_tokens": budget}
         try:
             # The SDK names these shapes with its own *Param TypedDicts (see above).
             message = self._client.messages.create(**request)  # type: ignore[arg-type]

@@ -25,6 +25,8 @@ class ThinkingBlock:
     thinking: str
     # Anthropic requires the signature when a thinking block is sent back.
     signature: str | None = None
+    # Anthropic's redacted_thinking: encrypted, no text, sent back as it came.
+    redacted_data: str | None = None
     type: Literal["thinking"] = "thinking"
 
 
@@ -71,8 +73,10 @@ class ToolSpec:
 
 @dataclass(frozen=True)
 class TokenUsage:
-    input_tokens: int = 0
+    input_tokens: int = 0  # cache reads and writes included
     output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
 
 
 @dataclass(frozen=True)

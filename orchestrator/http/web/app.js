@@ -376,6 +376,7 @@
     if (m.message_type === "assistant") {
       if (m.sender === "tool_use") return "tool-use";
       if (m.sender === "thinking") return "thinking";
+      if (m.sender === "result_meta") return "result";
       if (m.sender === "bot") return "assistant";
       return "meta";
     }
@@ -395,6 +396,7 @@
       tool: `🔧 ${meta.tool || m.sender_name || "tool"}`,
       "tool-use": `🛠️ ${m.sender_name || "tool"}`,
       thinking: `💭 ${m.sender_name || assistantName()}`,
+      result: "📊 run",
       assistant: m.sender_name || assistantName(),
       meta: m.sender_name || m.sender,
       user: m.sender_name || m.sender,
@@ -471,6 +473,11 @@
     }
     if (kind === "thinking") {
       body.append(el("details", {}, el("summary", { text: "thinking" }), textBlock(m.content)));
+      return body;
+    }
+    if (kind === "result") {
+      // The run's record (model, stop reason, tokens, time, cost estimate): one muted line.
+      body.append(textBlock(m.content, "result-line"));
       return body;
     }
     body.append(kind === "assistant" ? richText(m.content) : textBlock(m.content));
