@@ -72,11 +72,12 @@ def _delivery(row: DeliveryRow) -> Delivery:
     return Delivery.model_validate(row, from_attributes=True)
 
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 
 
 def validate_channel_name(name: str) -> str:
-    if not _NAME.match(name or ""):
+    # fullmatch: a pattern ending in "$" also matches before a final newline ("log\n").
+    if not _NAME.fullmatch(name or ""):
         raise ChannelError(f"channel name {name!r} must be 1-64 lowercase letters, digits, '-' or '_'")
     return name
 

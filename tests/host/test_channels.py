@@ -305,6 +305,8 @@ def test_registry_is_keyed_by_name_and_checks_addresses(team: Database, settings
         ChannelRegistry([RecordingChannel("x"), RecordingChannel("x")])
     with pytest.raises(ChannelError, match="lowercase"):
         ChannelRegistry([RecordingChannel("Bad Name")])
+    with pytest.raises(ChannelError, match="lowercase"):
+        ChannelRegistry([RecordingChannel("log\n")])  # "$" alone would let the newline through
     registry = ChannelRegistry([LogChannel(), Rooms("rooms")])
     assert registry.names == ["log", "rooms"] and "rooms" in registry and registry.get("nope") is None
     with pytest.raises(ChannelError, match="cannot reach"):
