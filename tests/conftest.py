@@ -245,18 +245,6 @@ def _drop_pg_database(maintenance: str, name: str) -> None:
                 time.sleep(0.5)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``scripts/test.sh`` runs two processes), keep every
-    integration test in one process, one at a time: they start workers, count the
-    installation's containers and time runs, and two at once would disturb each
-    other.  The host and container tests, which start no container and use Redis
-    databases of their own, run beside them in the other process."""
-    group = pytest.mark.xdist_group("integration")
-    for item in items:
-        if "integration" in item.path.parts:
-            item.add_marker(group)
-
-
 @pytest.fixture(params=DB_BACKENDS)
 def db_backend(request: pytest.FixtureRequest) -> str:
     """Which database a test runs on: ``sqlite`` or ``postgresql``."""
