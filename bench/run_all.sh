@@ -6,8 +6,8 @@
 #     flock /tmp/docker-tests.lock bench/run_all.sh
 #
 # BENCH_PG / BENCH_REDIS name the PostgreSQL server (a role that may create
-# databases) and the Redis database for the fleet figures (bench.recovery and
-# bench.delivery flush it); set them empty to skip those.  BENCH_QUICK=1 runs every benchmark small (a smoke test).
+# databases) and the Redis database for the fleet figures (bench.recovery,
+# bench.delivery and bench.control_plane flush it); set them empty to skip those.  BENCH_QUICK=1 runs every benchmark small (a smoke test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -20,9 +20,14 @@ fleet=()
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
   ingest=(--messages 300 --rounds 3); history=(--total 20000 --groups 50 --sizes 500,2000,5000 --reps 3)
   throughput=(--groups 4 --messages 2 --raw 3); memory=(--runs 2); overhead=(--runs 3); cli=(--runs 2); gateway=(--rounds 1 --cycles 5 --requests 20 --long 20)
-  recovery=(--trials 1 --baseline-trials 0); delivery=(--messages 2 --busy-s 5)
+  recovery=(--trials 1 --baseline-trials 0); delivery=(--messages 2 --busy-s 5); continuity=(--turns 8)
+  wakeup=(--runs 3 --idle-s 5 --rounds 1); api=(--requests 100 --rounds 1)
+  streaming=(--runs 2 --words 20)
+  control_plane=(--workers 1,2 --groups 12 --seconds 4 --warmup 2 --noop 60)
 else
-  ingest=(); history=(); throughput=(); memory=(); overhead=(); cli=(); gateway=(); recovery=(); delivery=()
+  ingest=(); history=(); throughput=(); memory=(); overhead=(); cli=(); gateway=(); recovery=(); delivery=(); continuity=()
+  wakeup=(); api=()
+  streaming=(); control_plane=()
 fi
 
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes')"
@@ -33,7 +38,14 @@ echo; echo "== history";     "$PY" -m bench.history "${history[@]}" ${PG:+--pg "
 echo; echo "== throughput";  "$PY" -m bench.throughput "${throughput[@]}"
 echo; echo "== memory";      "$PY" -m bench.memory "${memory[@]}"
 echo; echo "== overhead";    "$PY" -m bench.overhead "${overhead[@]}"
+echo; echo "== wakeup";      "$PY" -m bench.wakeup "${wakeup[@]}"
+echo; echo "== api";         "$PY" -m bench.api "${api[@]}" "${fleet[@]}"
 echo; echo "== cli";         "$PY" -m bench.cli "${cli[@]}"
 echo; echo "== gateway";     "$PY" -m bench.gateway "${gateway[@]}"
 echo; echo "== recovery";    "$PY" -m bench.recovery "${recovery[@]}" "${fleet[@]}"
+if [ -n "$PG" ] && [ -n "$REDIS" ]; then  # PostgreSQL + Redis only: the fleet's stack
+  echo; echo "== control plane"; "$PY" -m bench.control_plane "${control_plane[@]}" "${fleet[@]}"
+fi
 echo; echo "== delivery";    "$PY" -m bench.delivery "${delivery[@]}" "${fleet[@]}"
+echo; echo "== continuity";  "$PY" -m bench.continuity "${continuity[@]}" 2>/dev/null
+echo; echo "== streaming";   "$PY" -m bench.streaming "${streaming[@]}" "${fleet[@]}"

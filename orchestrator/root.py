@@ -19,7 +19,7 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.core import tracing
+from orchestrator.core import secrets, tracing
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.settings import Settings
 
@@ -51,6 +51,9 @@ class Orchestrator:
         deadline_exceptions: tuple[type[BaseException], ...] = (),
     ) -> None:
         self.settings = settings
+        # No log line, run error or delivery error of this process shows them (the API's
+        # process logs through uvicorn's config file, which holds no secret: registered here).
+        secrets.hide(settings.secrets())
         self.clock = clock
         # This process's trace exporters (OTEL_TRACES_EXPORTER), set by its first root;
         # "none", the default, imports nothing (orchestrator/core/tracing.py).

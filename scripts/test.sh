@@ -3,12 +3,13 @@
 # PostgreSQL if they are installed but stopped, then pytest.  Extra arguments
 # go to pytest.
 #
-# With no test paths among the arguments, two pytest processes run at once:
-# tests/integration (workers, containers and timings, one test at a time) and,
-# beside it, tests/host and tests/container, which start no container and use
-# Redis databases of their own (0 with a key prefix, 12; the integration tests
-# use 13 and 15).  The integration process sets the pace; the other's report
-# is printed after it.  Given paths, one pytest runs them.
+# With no test paths among the arguments, three pytest processes run at once:
+# two share tests/integration (workers, containers and timings; each test file
+# is run by whichever process reaches it first, longest files first, each with
+# a Redis database of its own: 15 and 11), and tests/host and tests/container
+# run beside them, which start no container and use Redis databases of their
+# own (0 with a key prefix, 12; the benchmarks use 13).  The reports are
+# printed one after another.  Given paths, one pytest runs them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="${PYTHON:-python3}"
@@ -20,19 +21,30 @@ for arg in "$@"; do
     exec .venv/bin/python -m pytest "$@"
   fi
 done
-beside="$(mktemp)"
-trap 'rm -f "$beside"' EXIT
-.venv/bin/python -m pytest "$@" tests/host tests/container >"$beside" 2>&1 &
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+mkdir "$work/claims"
+.venv/bin/python -m pytest "$@" tests/host tests/container >"$work/host.log" 2>&1 &
 host_pid=$!
+ORCHESTRATOR_TEST_CLAIMS="$work/claims" ORCHESTRATOR_TEST_REDIS_DB=11 \
+  .venv/bin/python -m pytest "$@" tests/integration >"$work/integration-2.log" 2>&1 &
+second_pid=$!
 set +e
-.venv/bin/python -m pytest "$@" tests/integration
-integration=$?
+ORCHESTRATOR_TEST_CLAIMS="$work/claims" ORCHESTRATOR_TEST_REDIS_DB=15 .venv/bin/python -m pytest "$@" tests/integration
+first=$?
+wait "$second_pid"
+second=$?
 wait "$host_pid"
 host=$?
 set -e
 echo
+echo "=== tests/integration, the second process (run beside the one above) ==="
+cat "$work/integration-2.log"
+echo
 echo "=== tests/host and tests/container (run beside the integration tests above) ==="
-cat "$beside"
-echo "=== integration: exit $integration; host and container: exit $host ==="
-if [ "$integration" -ne 0 ]; then exit "$integration"; fi
-exit "$host"
+cat "$work/host.log"
+echo "=== integration: exit $first and $second; host and container: exit $host ==="
+for code in "$first" "$second" "$host"; do
+  if [ "$code" -ne 0 ]; then exit "$code"; fi
+done
+exit 0

@@ -30,7 +30,7 @@ from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from orchestrator.core import tracing
 from orchestrator.root import Orchestrator
-from orchestrator.run.queue import DELIVER_TASK, DRAIN_TASK, SCHEDULE_TASK, SWEEP_TASK
+from orchestrator.run.queue import DELIVER_TASK, DRAIN_TASK, REPLAY_TASK, SCHEDULE_TASK, SWEEP_TASK
 from orchestrator.run.recovery import RecoveryWatch
 from orchestrator.run.schedules import fire_due
 from orchestrator.run.sweeper import SweepReport
@@ -46,6 +46,7 @@ class Tasks(NamedTuple):
     sweep: Any
     fire_schedules: Any
     deliver: Any
+    replay_run: Any
 
 
 def _sweep_report(report: SweepReport) -> dict[str, object]:
@@ -99,10 +100,20 @@ def register(app: Celery, root: Orchestrator) -> Tasks:
         return {"chat_jid": chat_jid, "sent": report.sent, "failed_attempts": report.failed_attempts,
                 "retry_in": report.retry_in}
 
-    return Tasks(drain_group, sweep, fire_schedules, deliver)
+    @app.task(name=REPLAY_TASK, bind=True, acks_late=True, shared=False)
+    def replay_run(self, run_id: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
+        # A replay (POST /api/runs/{id}/replay): one run in a cold container on a scratch
+        # copy of the workspace; a second delivery of this task finds it taken and returns.
+        from orchestrator.run.replay import execute_replay
+
+        with _task_span(self.request, "task replay_run", None):
+            run = execute_replay(root.db, root.settings, root.docker, run_id)
+        return {"run": run.id, "replay_of": run.replay_of, "state": run.state}
+
+    return Tasks(drain_group, sweep, fire_schedules, deliver, replay_run)
 
 
-drain_group, sweep, fire_schedules, deliver = register(app, orchestrator)
+drain_group, sweep, fire_schedules, deliver, replay_run = register(app, orchestrator)
 
 
 # This worker as its host in the hosts table (orchestrator/store/hosts.py),

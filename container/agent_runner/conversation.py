@@ -2,17 +2,29 @@
 
 Providers only know two roles, user and assistant, and (for Anthropic) need
 them to alternate and to start with the user.  The host's history has four
-roles, so ``system`` and ``tool_result`` history messages become user-role
-text with a visible marker, and neighbours of the same role are merged.
+roles.  Earlier runs' tool calls come back as the model made them: an
+assistant message carrying ``tool_use`` becomes a tool_use block in the
+assistant turn (after that turn's text), a ``tool_result`` naming its call
+(``tool_use_id``) a tool_result block at the head of the next user turn.
+Everything else becomes text: ``system`` messages and tool results that name
+no call are user-role text with a visible marker.  Neighbours of the same
+role are merged.
+
+A provider refuses a call without its result right after it, or a result
+without its call right before it (Anthropic and OpenAI alike).  The host
+sends only matched pairs, but the input is checked again here: an unanswered
+call is left out, an orphaned result becomes text, and an id used twice is
+renamed (ids are unique within a run only).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from .errors import InputError
-from .protocol import ContainerInput, JsonObject, SdkMessage
-from .providers.base import ProviderMessage, Role, TextBlock
+from .protocol import ContainerInput, JsonObject, SdkMessage, SdkToolUse
+from .providers.base import ContentBlock, ProviderMessage, Role, TextBlock, ToolResultBlock, ToolUseBlock
 
 BASE_PROMPT = (
     "You are {name}, an assistant taking part in a chat. You run inside a "
@@ -46,30 +58,107 @@ def _tool_result_text(message: SdkMessage) -> str:
     return f"{header}]\n{message.content}"
 
 
-def _as_provider_turn(message: SdkMessage) -> tuple[Role, str]:
+def _as_block(message: SdkMessage) -> tuple[Role, ContentBlock]:
     if message.role == "assistant":
-        return "assistant", message.content
+        if isinstance(message.tool_use, SdkToolUse):
+            call = message.tool_use
+            return "assistant", ToolUseBlock(id=call.id, name=call.name, input=call.input)
+        return "assistant", TextBlock(message.content)
     if message.role == "system":
-        return "user", f"[system]\n{message.content}"
+        return "user", TextBlock(f"[system]\n{message.content}")
     if message.role == "tool_result":
-        return "user", _tool_result_text(message)
-    return "user", message.content
+        if isinstance(message.tool_use_id, str):
+            code = (message.metadata or {}).get("exit_code")
+            return "user", ToolResultBlock(
+                tool_use_id=message.tool_use_id,
+                content=message.content,
+                exit_code=code if isinstance(code, int) else None,
+            )
+        return "user", TextBlock(_tool_result_text(message))
+    return "user", TextBlock(message.content)
+
+
+def _result_as_text(block: ToolResultBlock) -> TextBlock:
+    code = "" if block.exit_code is None else f" exit_code={block.exit_code}"
+    return TextBlock(f"[tool_result{code}]\n{block.content}")
+
+
+def _turn(role: Role, blocks: list[ContentBlock]) -> ProviderMessage:
+    """One provider message: tool results first (the API wants them right
+    after the calls), then the text as one block, then the calls."""
+    results = [b for b in blocks if isinstance(b, ToolResultBlock)]
+    calls = [b for b in blocks if isinstance(b, ToolUseBlock)]
+    texts = [b.text for b in blocks if isinstance(b, TextBlock)]
+    text: list[ContentBlock] = [TextBlock("\n\n".join(texts))] if texts else []
+    return ProviderMessage(role, [*results, *text, *calls])
+
+
+def _grouped(pieces: list[tuple[Role, list[ContentBlock]]]) -> list[tuple[Role, list[ContentBlock]]]:
+    """Neighbours of the same role as one turn, blocks in their order; empty pieces dropped."""
+    out: list[tuple[Role, list[ContentBlock]]] = []
+    for role, blocks in pieces:
+        if not blocks:
+            continue
+        if out and out[-1][0] == role:
+            out[-1][1].extend(blocks)
+        else:
+            out.append((role, list(blocks)))
+    return out
+
+
+def _paired(messages: list[tuple[Role, list[ContentBlock]]]) -> list[tuple[Role, list[ContentBlock]]]:
+    """Each call answered in the very next message and each result after its call;
+    what is not is left out (a call) or made text (a result); ids made unique."""
+    used: set[str] = set()
+    asked: dict[str, str] = {}  # the previous assistant turn's calls: id -> id sent
+    out: list[tuple[Role, list[ContentBlock]]] = []
+    for i, (role, content) in enumerate(messages):
+        blocks: list[ContentBlock] = []
+        if role == "assistant":
+            following = messages[i + 1][1] if i + 1 < len(messages) else []
+            answered = {b.tool_use_id for b in following if isinstance(b, ToolResultBlock)}
+            asked = {}
+            for block in content:
+                if not isinstance(block, ToolUseBlock):
+                    blocks.append(block)
+                elif block.id in answered and block.id not in asked:
+                    asked[block.id] = _unique(block.id, used)
+                    blocks.append(replace(block, id=asked[block.id]))
+        else:
+            for block in content:
+                if not isinstance(block, ToolResultBlock):
+                    blocks.append(block)
+                elif block.tool_use_id in asked:
+                    blocks.append(replace(block, tool_use_id=asked.pop(block.tool_use_id)))
+                else:
+                    blocks.append(_result_as_text(block))
+            asked = {}
+        out.append((role, blocks))
+    return out
+
+
+def _unique(call_id: str, used: set[str]) -> str:
+    new, n = call_id, 1
+    while new in used:
+        n += 1
+        new = f"{call_id}_{n}"
+    used.add(new)
+    return new
 
 
 def build_messages(history: list[SdkMessage]) -> list[ProviderMessage]:
-    """Provider messages from the host's history: roles mapped, same-role runs merged.
+    """Provider messages from the host's history: roles mapped, earlier tool calls
+    as tool blocks, same-role runs merged, every call paired with its result.
 
     Raises :class:`InputError` when there is nothing for the model to answer.
     """
     if not history:
         raise InputError("ContainerInput.messages is empty: nothing to answer")
-    merged: list[tuple[Role, list[str]]] = []
+    pieces: list[tuple[Role, list[ContentBlock]]] = []
     for message in history:
-        role, text = _as_provider_turn(message)
-        if merged and merged[-1][0] == role:
-            merged[-1][1].append(text)
-        else:
-            merged.append((role, [text]))
-    if merged[0][0] == "assistant":
-        merged.insert(0, ("user", [HISTORY_START]))
-    return [ProviderMessage(role, [TextBlock("\n\n".join(texts))]) for role, texts in merged]
+        role, block = _as_block(message)
+        pieces.append((role, [block]))
+    messages = [_turn(role, blocks) for role, blocks in _grouped(_paired(_grouped(pieces)))]
+    if messages[0].role == "assistant":
+        messages.insert(0, ProviderMessage("user", [TextBlock(HISTORY_START)]))
+    return messages

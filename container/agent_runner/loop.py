@@ -36,6 +36,7 @@ from .providers.base import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from .text_stream import DeltaCoalescer
 from .tools import ToolContext, ToolOutcome, run_tool, tool_specs
 from .workspace_notices import workspace_notices
 
@@ -101,8 +102,12 @@ def run_agent(
     usage = Usage()
     stop_reason: str | None = None
     turns = 0
+    # Text as the model writes it, coalesced (text_stream.py); each turn's
+    # complete blocks follow as AssistantEvents, and those are what is stored.
+    deltas = DeltaCoalescer(emit)
     while turns < inp.limits.max_turns:
-        response = provider.complete(system, messages, tools)
+        response = provider.complete(system, messages, tools, on_text=deltas.sink(f"{turns + 1}."))
+        deltas.flush()
         turns += 1
         usage = Usage(
             input_tokens=usage.input_tokens + response.usage.input_tokens,

@@ -55,6 +55,13 @@ def run(raw: bytes, emit: Emit, workspace: Path) -> int:
         log.info(
             "run %s: %d messages, provider %s", inp.run_id, len(inp.messages), inp.model.provider
         )
+        if inp.model.provider == "claude-code":
+            # Claude Code brings its own turn loop (imported only here: the SDK
+            # is in the claude-code image variant only).
+            from .claude_code.agent import run_claude_code
+
+            run_claude_code(inp, emit, workspace=workspace)
+            return EXIT_OK
         provider = make_provider(inp.model, assistant_name=inp.assistant_name)
         run_agent(inp, provider, emit, workspace=workspace)
         return EXIT_OK

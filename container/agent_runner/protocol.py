@@ -23,6 +23,10 @@ from msgspec import Meta, field
 
 PROTOCOL_VERSION = 1
 
+# Where a run container finds its group's session folder (read-write; the
+# claude-code provider keeps the CLI's transcripts there between runs).
+SESSION_MOUNT = "/session"
+
 # A JSON object whose keys are open: a message's metadata (legacy keys and
 # extras ride along), a tool call's input (each tool reads its own), an
 # envelope on the wire (checked by the host on its own, see ToolResultEvent).
@@ -70,6 +74,14 @@ _ENCODER = msgspec.json.Encoder()
 SdkRole = Literal["user", "assistant", "system", "tool_result"]
 
 
+class SdkToolUse(_Model):
+    """A tool call the model made in an earlier run, as it made it."""
+
+    id: str
+    name: str
+    input: JsonObject
+
+
 class SdkMessage(_Model):
     """One message of the model's view of the chat (host messages never appear)."""
 
@@ -78,6 +90,13 @@ class SdkMessage(_Model):
     sender_name: str | None = None
     timestamp: str | None = None
     metadata: JsonObject | None = None
+    # An earlier run's tool call (role "assistant"; ``content`` is its text
+    # for a reader) and, on a "tool_result", the id of the call it answers:
+    # the runner rebuilds real tool_use/tool_result blocks from the pair.
+    # The host sends only matched pairs.  Unset, they are left out of the
+    # JSON, so a recorded input that predates them reads and rebuilds the same.
+    tool_use: SdkToolUse | msgspec.UnsetType = msgspec.UNSET
+    tool_use_id: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class ModelSettings(_Model):
@@ -90,7 +109,9 @@ class ModelSettings(_Model):
 
     # "openai": any OpenAI-compatible Chat Completions server (Ollama, vLLM,
     # llama.cpp's server, OpenAI).
-    provider: Literal["offline", "anthropic", "openai"] = "offline"
+    # "claude-code": Claude Code (the Claude Agent SDK) runs the whole turn
+    # loop; only in the image variant that has it (agent_runner/claude_code).
+    provider: Literal["offline", "anthropic", "openai", "claude-code"] = "offline"
     model: str = "offline"
     max_tokens: Annotated[int, Meta(ge=1)] = 1024
     base_url: str | None = None
@@ -297,6 +318,19 @@ class AssistantEvent(_Event, tag="assistant"):
     text: str
 
 
+class TextDeltaEvent(_Event, tag="text_delta"):
+    """Text of the answer being written, for people to watch (never stored).
+
+    ``block`` names the text block within the run (the model call and the
+    block's place in its answer, e.g. ``"3.0"``); ``text`` continues what
+    the block's earlier deltas said.  The block's :class:`AssistantEvent`
+    follows with the whole text, and that is what the host keeps.
+    """
+
+    block: str
+    text: str
+
+
 class ThinkingEvent(_Event, tag="thinking"):
     text: str
 
@@ -347,7 +381,10 @@ class ErrorEvent(_Event, tag="error"):
     retryable: bool = False
 
 
-Event = Union[AssistantEvent, ThinkingEvent, ToolUseEvent, ToolResultEvent, SendMessageEvent, ResultEvent, ErrorEvent]
+Event = Union[
+    AssistantEvent, TextDeltaEvent, ThinkingEvent, ToolUseEvent, ToolResultEvent, SendMessageEvent, ResultEvent,
+    ErrorEvent,
+]
 _EVENT_DECODER: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
 
 

@@ -1,15 +1,25 @@
 """Webhooks: messages in over signed HTTP, messages out to HTTP endpoints.
 
-* **Inbound**: ``POST /webhooks/inbound`` takes the same JSON body as
-  ``POST /api/messages``, signed with HMAC-SHA256 over the raw body with
-  ``ORCHESTRATOR_WEBHOOK_SECRET``, in ``X-Orchestrator-Signature:
-  sha256=<hex>``.  A missing or wrong signature is a 401 and nothing is
-  stored; so is a sender over ``ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE``
-  (429 with ``Retry-After``).  The signature replaces the bearer token for this one route (the
-  sender is another system that holds the shared secret).
+* **Inbound**: ``POST /webhooks/inbound`` takes the body of ``POST
+  /api/messages`` for a person's message (see :func:`inbound_refusal`), with
+  ``X-Orchestrator-Timestamp`` (Unix seconds), ``X-Orchestrator-Nonce`` (16-128
+  letters, digits, ``-`` or ``_``, new for every message) and
+  ``X-Orchestrator-Signature: sha256=<hex>``, the HMAC-SHA256 of
+  ``<timestamp>.<nonce>.<raw body>`` with ``ORCHESTRATOR_WEBHOOK_INBOUND_SECRET``
+  (:func:`sign_inbound`).  The signature replaces the bearer token for this one
+  route (the sender is another system that holds the secret); a missing or
+  wrong one, or a timestamp further than ``ORCHESTRATOR_WEBHOOK_INBOUND_WINDOW_S``
+  from this host's clock, is a 401 and nothing is stored.  Replays: past the
+  window, refused; inside it, the nonce is the message's id (unless the body
+  names one), so the replay is the duplicate of the message it replays, stored
+  once (201, ``created: false``), as a sender's own retry is.  The secret is
+  not the outbound one: every receiver of our deliveries holds that one, and
+  could otherwise post as anyone.  A sender over
+  ``ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE`` is a 429 with ``Retry-After``.
 * **Outbound**: the built-in ``webhook`` channel POSTs each delivered
   message as JSON to the attached address (``orchestrator groups attach JID
-  webhook --address https://...``), signed the same way, so the receiver
+  webhook --address https://...``), signed with ``ORCHESTRATOR_WEBHOOK_SECRET``
+  (:func:`sign`, over the raw body), so the receiver
   can check it came from us.  A non-2xx answer or a connection error is a
   failed send: the deliveries table retries it with backoff.  Every POST
   carries the delivery's id in ``X-Orchestrator-Delivery`` (and the body's
@@ -23,6 +33,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
+import re
+import secrets
+import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -34,23 +48,95 @@ from pydantic import ValidationError
 from orchestrator.channels.base import BaseChannel
 from orchestrator.core.errors import ChannelError, OrchestratorError, RateLimited
 from orchestrator.core.settings import Settings
+from orchestrator.model.messages import HARNESS_SENDER_TYPES, NEVER_STORED_SENDERS, SENDER_SCHEDULER
 from orchestrator.model.render import RenderedMessage
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.store.db import Database
 
+log = logging.getLogger(__name__)
+
 SIGNATURE_HEADER = "X-Orchestrator-Signature"
+TIMESTAMP_HEADER = "X-Orchestrator-Timestamp"
+NONCE_HEADER = "X-Orchestrator-Nonce"
 DELIVERY_HEADER = "X-Orchestrator-Delivery"
 INBOUND_PATH = "/webhooks/inbound"
 CHANNEL = "webhook"
+NONCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
+_SECONDS = re.compile(r"[0-9]{1,12}")
+# The id of a message whose body names none: its nonce's (see the module's doc).
+NONCE_ID_PREFIX = "webhook-"
+# Senders only the harness writes as (the bot, the host, tools, the scheduler...): a webhook
+# naming one would put words in the agent's or the system's mouth.
+HARNESS_SENDERS = frozenset({*HARNESS_SENDER_TYPES, SENDER_SCHEDULER, *NEVER_STORED_SENDERS})
 
 
 def sign(secret: str, body: bytes) -> str:
+    """The outbound signature: HMAC-SHA256 of the raw body."""
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
 def verify(secret: str, body: bytes, header: str | None) -> bool:
     """Constant-time check of ``header`` against the body's signature."""
     return bool(secret) and header is not None and hmac.compare_digest(sign(secret, body), header.strip())
+
+
+def sign_inbound(secret: str, timestamp: str, nonce: str, body: bytes) -> str:
+    """The inbound signature: HMAC-SHA256 of ``<timestamp>.<nonce>.<raw body>``, so neither
+    the time nor the nonce can be changed on a captured request."""
+    return sign(secret, f"{timestamp}.{nonce}.".encode() + body)
+
+
+def inbound_headers(secret: str, body: bytes, *, timestamp: float | None = None,
+                    nonce: str | None = None) -> dict[str, str]:
+    """The headers a sender puts on ``body`` (now, and a fresh nonce, unless given)."""
+    stamp = str(int(time.time() if timestamp is None else timestamp))
+    nonce = nonce or secrets.token_urlsafe(24)
+    return {TIMESTAMP_HEADER: stamp, NONCE_HEADER: nonce, SIGNATURE_HEADER: sign_inbound(secret, stamp, nonce, body)}
+
+
+def header_refusal(settings: Settings, timestamp: str | None, nonce: str | None, now: float) -> str | None:
+    """Why an inbound request's timestamp or nonce is refused before its body is read (None: it is not)."""
+    if timestamp is None or nonce is None:
+        return f"an inbound webhook needs {TIMESTAMP_HEADER}, {NONCE_HEADER} and {SIGNATURE_HEADER}"
+    if not _SECONDS.fullmatch(timestamp.strip()):  # ASCII digits only ("²" is a digit to str.isdigit)
+        return f"{TIMESTAMP_HEADER} must be whole Unix seconds"
+    if abs(now - int(timestamp)) > settings.webhook_inbound_window_s:
+        return (f"{TIMESTAMP_HEADER} is more than {settings.webhook_inbound_window_s:g} s from this server's clock "
+                "(a replay, or a sender's clock that is off; ORCHESTRATOR_WEBHOOK_INBOUND_WINDOW_S)")
+    if not NONCE_PATTERN.fullmatch(nonce):
+        return f"{NONCE_HEADER} must be 16-128 letters, digits, '-' or '_'"
+    return None
+
+
+def inbound_refusal(incoming: IncomingMessage) -> tuple[str, str] | None:
+    """The field and the reason an inbound message may not be stored as it is (None: it may).
+
+    Another system speaks for people only: a ``user`` message from a sender that is not
+    one of the harness's own, not marked as ours (which no rate limit counts), and on
+    this channel (the one it is not mirrored back to)."""
+    if incoming.message_type != "user":
+        return "message_type", f"an inbound webhook stores people's messages (user), not {incoming.message_type!r}"
+    if incoming.sender in HARNESS_SENDERS:
+        return "sender", f"sender {incoming.sender!r} is the harness's own; an inbound webhook speaks for people"
+    if incoming.is_from_me:
+        return "is_from_me", "an inbound webhook's message is never the installation's own"
+    if incoming.channel not in (None, CHANNEL):
+        return "channel", f"an inbound webhook's message arrives on the {CHANNEL!r} channel"
+    return None
+
+
+def _inbound_schema() -> dict[str, object]:
+    """The request body as the document states it: ``IncomingMessage``, held to what
+    :func:`inbound_refusal` lets through (written in place, the document's own)."""
+    schema = json.loads(json.dumps(IncomingMessage.model_json_schema()))
+    props = schema["properties"]
+    props["message_type"] = {"enum": ["user"], "default": "user", "type": "string", "title": "Message Type"}
+    props["is_from_me"] = {"enum": [False], "default": False, "type": "boolean", "title": "Is From Me"}
+    props["sender"]["not"] = {"enum": sorted(HARNESS_SENDERS)}
+    props["channel"] = {"anyOf": [{"enum": [CHANNEL], "type": "string"}, {"type": "null"}], "default": None,
+                        "title": "Channel"}
+    schema["title"] = "InboundMessage"
+    return dict(schema)
 
 
 class WebhookChannel(BaseChannel):
@@ -92,38 +178,64 @@ def add_inbound_route(
     api: FastAPI, db: Database, settings: Settings, *, signal: Callable[[str], object],
     signal_delivery: Callable[[str], object] | None, max_chars: int,
 ) -> None:
-    # The body is read raw (the signature covers its bytes), so the document is told what it is:
-    # the body of POST /api/messages (that route puts IncomingMessage in the components).
+    secret = settings.webhook_inbound_secret
+    if secret:
+        off = ""
+    elif settings.webhook_secret:
+        # The old configuration signed inbound webhooks with the outbound secret.  Taking it for
+        # inbound still would keep the hole open (every receiver holds it), and a silent 404 would
+        # leave its senders guessing: refused, said at start and in every answer.
+        off = ("inbound webhooks are off: ORCHESTRATOR_WEBHOOK_SECRET signs outbound webhooks only; "
+               "give inbound ones a secret of their own, ORCHESTRATOR_WEBHOOK_INBOUND_SECRET, and have "
+               f"senders sign {TIMESTAMP_HEADER}.{NONCE_HEADER}.body with it")
+        log.warning("%s", off)
+    else:
+        off = "inbound webhooks are off (set ORCHESTRATOR_WEBHOOK_INBOUND_SECRET)"
+
+    # The body is read raw (the signature covers its bytes), so the document is told what it is.
     @api.post(INBOUND_PATH, status_code=201, tags=["webhooks"], openapi_extra={"requestBody": {
-        "required": True, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/IncomingMessage"}}},
+        "required": True, "content": {"application/json": {"schema": _inbound_schema()}},
     }}, responses={
-        201: {"description": "stored, as POST /api/messages answers",
+        201: {"description": "stored, as POST /api/messages answers (a replay inside the window: "
+                             "the message it replays, `created: false`)",
               "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PostedMessage"}}}},
-        400: {"description": "the body is not a valid message; `field` names the offending one"},
-        401: {"description": f"missing or wrong {SIGNATURE_HEADER}"},
-        404: {"description": "inbound webhooks are off (no ORCHESTRATOR_WEBHOOK_SECRET)"},
+        400: {"description": "the body is not a valid message, or one another system may not send (not a "
+                             "person's `user` message, a harness sender, `is_from_me`, another channel); "
+                             "`field` names the offending one"},
+        401: {"description": f"missing or wrong {SIGNATURE_HEADER}, {TIMESTAMP_HEADER} outside the window, "
+                           f"or a malformed {NONCE_HEADER}"},
+        404: {"description": "inbound webhooks are off (no ORCHESTRATOR_WEBHOOK_INBOUND_SECRET)"},
         413: {"description": "content too long"},
         429: {"description": "the sender is over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE; nothing was stored",
               "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}},
     })
     async def inbound(request: Request) -> JSONResponse:
-        """A message from another system, signed with the shared webhook secret."""
-        if not settings.webhook_secret:
-            return JSONResponse({"detail": "inbound webhooks are off (set ORCHESTRATOR_WEBHOOK_SECRET)"}, 404)
+        """A person's message from another system, signed with ORCHESTRATOR_WEBHOOK_INBOUND_SECRET
+        over timestamp, nonce and body (see orchestrator/channels/webhook.py)."""
+        if off:
+            return JSONResponse({"detail": off}, 404)
+        timestamp, nonce = request.headers.get(TIMESTAMP_HEADER), request.headers.get(NONCE_HEADER)
+        problem = header_refusal(settings, timestamp, nonce, time.time())
+        if problem or timestamp is None or nonce is None:  # checked on the headers, before the body is read
+            return JSONResponse({"detail": problem}, 401)
         body = await request.body()
-        if not verify(settings.webhook_secret, body, request.headers.get(SIGNATURE_HEADER)):
+        signature = request.headers.get(SIGNATURE_HEADER)
+        if signature is None or not hmac.compare_digest(sign_inbound(secret, timestamp.strip(), nonce, body),
+                                                        signature.strip()):
             return JSONResponse({"detail": f"missing or wrong {SIGNATURE_HEADER}"}, 401)
         try:
             doc = json.loads(body)
-            if isinstance(doc, dict):
-                doc.setdefault("channel", CHANNEL)
             incoming = IncomingMessage.model_validate(doc)
         except ValueError as exc:  # JSONDecodeError and ValidationError both
             err = exc.errors()[0] if isinstance(exc, ValidationError) else None
             field = ".".join(str(p) for p in err["loc"]) if err else "body"
             return JSONResponse({"detail": f"{field}: {err['msg'] if err else exc}", "field": field}, 400)
+        refused = inbound_refusal(incoming)
+        if refused:
+            return JSONResponse({"detail": refused[1], "field": refused[0]}, 400)
         if len(incoming.content) > max_chars:
             return JSONResponse({"detail": f"content is longer than {max_chars} characters"}, 413)
+        incoming = incoming.model_copy(update={"channel": CHANNEL, "id": incoming.id or NONCE_ID_PREFIX + nonce})
         try:
             result = ingest(db, settings, incoming, signal=signal, signal_delivery=signal_delivery)
         except RateLimited as exc:  # the sender is over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE

@@ -3,9 +3,11 @@
 What you type is ingested like any channel's message; everything the group's
 display view gains (replies, tool results, host messages, other people's
 messages from other channels) is printed as it is stored, rendered by type,
-with the run's state (queued, running, done, failed) as it changes.  The
-terminal reads the database, so it sees exactly what every other channel
-sees.
+with the run's state (queued, running, done, failed) as it changes.  While
+a run's model writes its reply, the new text is printed as it comes
+(``✎`` lines, from the run's draft: orchestrator/store/drafts.py); the
+stored reply follows whole.  The terminal reads the database, so it sees
+exactly what every other channel sees.
 
 On a terminal the prompt stays at the bottom while messages print above it
 (prompt_toolkit); with piped stdin it reads lines until EOF, for scripts.
@@ -27,6 +29,7 @@ from orchestrator.model.messages import STORED_ONLY_SENDERS, StoredMessage
 from orchestrator.model.render import render_text
 from orchestrator.run.ingest import IncomingMessage, Signal, ingest
 from orchestrator.store.db import Database
+from orchestrator.store.drafts import chat_drafts
 from orchestrator.store.groups import find_group
 from orchestrator.store.history import edit_message, regenerate
 from orchestrator.store.message_log import get_messages_after, get_recent_messages, resolve_message
@@ -57,7 +60,9 @@ class Follower:
         group = find_group(db, jid)
         if group is not None and group.assistant_name:
             self.assistant = group.assistant_name
-        self._run_states: dict[str, str] = {r.id: r.state for r in list_runs(db, chat_jid=jid, limit=20)}
+        self._run_states: dict[str, str] = {r.id: r.state
+                                            for r in list_runs(db, chat_jid=jid, limit=20, chat_runs_only=True)}
+        self._drafts: dict[str, str] = {}  # run id -> the draft text printed so far
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="chat-follower", daemon=True)
 
@@ -73,10 +78,24 @@ class Follower:
             self.after = m.seq
             if m.sender not in STORED_ONLY_SENDERS:
                 self.out(format_line(m, self.assistant))
-        for run in reversed(list_runs(self.db, chat_jid=self.jid, limit=5)):
+        for run in reversed(list_runs(self.db, chat_jid=self.jid, limit=5, chat_runs_only=True)):
             if self._run_states.get(run.id) != run.state:
                 self._run_states[run.id] = run.state
                 self.out(f"   [{RUN_MARKS.get(run.state, run.state)} · run {run.id[:8]}]")
+        if "running" in self._run_states.values() or self._drafts:
+            self._print_drafts()
+
+    def _print_drafts(self) -> None:
+        """What the running runs' drafts gained since the last poll (a new draft: all of it)."""
+        drafts = {d.run_id: d.text for d in chat_drafts(self.db, self.jid)}
+        for run_id, text in drafts.items():
+            seen = self._drafts.get(run_id, "")
+            new = text[len(seen):] if text.startswith(seen) else text
+            self._drafts[run_id] = text
+            if new.strip():
+                self.out(f"   ✎ {new.strip()}")
+        for run_id in [r for r in self._drafts if r not in drafts]:
+            del self._drafts[run_id]
 
     def _loop(self) -> None:
         while not self._stop.wait(POLL_S):
@@ -130,7 +149,7 @@ def _idle(db: Database, jid: str) -> bool:
     group = find_group(db, jid)
     if group is not None and group.pending_seq > group.cursor_seq:
         return False
-    return all(r.state in FINAL_STATES for r in list_runs(db, chat_jid=jid, limit=5))
+    return all(r.state in FINAL_STATES for r in list_runs(db, chat_jid=jid, limit=5, chat_runs_only=True))
 
 
 def run_chat(

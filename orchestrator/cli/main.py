@@ -13,6 +13,7 @@ import typer
 from orchestrator.cli import channels as cli_channels
 from orchestrator.cli import fleet as cli_fleet
 from orchestrator.cli import history as cli_history
+from orchestrator.cli import runs as cli_runs
 from orchestrator.cli import telegram as cli_telegram
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def up(
     from orchestrator.cli.supervisor import Child, Supervisor, api_argv, beat_argv, worker_argv
     from orchestrator.core.logs import write_dict_config
     from orchestrator.sandbox.containers import docker_client
-    from orchestrator.sandbox.image import ensure_agent_image
+    from orchestrator.sandbox.image import ensure_agent_image, image_name, settings_variant
     from orchestrator.store.groups import MAIN_JID, ensure_main_group
 
     root = _setup()
@@ -60,8 +61,9 @@ def up(
     try:
         ensure_main_group(db, settings.main_group or MAIN_JID)
         client = docker_client(settings)
-        typer.echo(f"checking the agent image {settings.agent_image} (built if missing) ...")
-        ensure_agent_image(client, settings)
+        variant = settings_variant(settings)
+        typer.echo(f"checking the agent image {image_name(settings, variant)} (built if missing) ...")
+        ensure_agent_image(client, settings, variant=variant)
         from orchestrator.run.sweeper import live_run_ids
         from orchestrator.sandbox.containers import DockerSandbox
 
@@ -548,7 +550,9 @@ def runs_list(
     db = _setup().db
     for r in list_runs(db, chat_jid=group, state=state, limit=limit):
         took = f"{r.duration_s:.2f}s" if r.duration_s is not None else "-"
-        typer.echo(f"{r.id[:8]}  {r.state:10} {r.chat_jid:24} msgs {r.cursor_from + 1}..{r.cursor_to}  {took}  {r.error or ''}")
+        replay = f"  replay of {r.replay_of[:8]}" if r.replay_of else ""
+        typer.echo(f"{r.id[:8]}  {r.state:10} {r.chat_jid:24} msgs {r.cursor_from + 1}..{r.cursor_to}  {took}  "
+                   f"{r.error or ''}{replay}")
 
 
 @runs_app.command("waiting")
@@ -708,20 +712,28 @@ def tasks_cancel(task_id: str) -> None:
 
 
 @image_app.command("build")
-def image_build(force: Annotated[bool, typer.Option(help="Rebuild even if current.")] = False) -> None:
+def image_build(
+    force: Annotated[bool, typer.Option(help="Rebuild even if current.")] = False,
+    variant: Annotated[Optional[str], typer.Option(
+        help="Also build this variant on top (claude-code); default: the one ORCHESTRATOR_MODEL needs, if any.",
+    )] = None,
+) -> None:
     """Build the agent image (and the local base image if missing), offline."""
     from orchestrator.sandbox.containers import docker_client
-    from orchestrator.sandbox.image import ensure_agent_image
+    from orchestrator.sandbox.image import ensure_agent_image, image_name, settings_variant
 
     settings = _setup().settings
+    chosen = variant or settings_variant(settings)
     try:
-        image_id = ensure_agent_image(docker_client(settings), settings, force=force)
+        name = image_name(settings, chosen)
+        image_id = ensure_agent_image(docker_client(settings), settings, force=force, variant=chosen)
     except OrchestratorError as exc:
         raise _fail(exc) from exc
-    typer.echo(f"{settings.agent_image} {image_id}")
+    typer.echo(f"{name} {image_id}")
 
 
 cli_history.register(app)
+cli_runs.register(runs_app)
 cli_channels.register(app, groups_app)
 cli_fleet.register(app)
 cli_telegram.register(app)

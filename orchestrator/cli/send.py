@@ -78,7 +78,7 @@ class _LocalChat:
     def finished_run(self, seq: int) -> tuple[str, str, float] | None:
         from orchestrator.store.runs import FINAL_STATES, list_runs
 
-        for r in list_runs(self.root.db, chat_jid=self.chat_jid, limit=20):
+        for r in list_runs(self.root.db, chat_jid=self.chat_jid, limit=20, chat_runs_only=True):
             if r.cursor_from < seq <= r.cursor_to and r.state in FINAL_STATES:
                 return r.id, r.state, r.duration_s or 0.0
         return None
@@ -100,7 +100,8 @@ class _ApiChat:
 
     def finished_run(self, seq: int) -> tuple[str, str, float] | None:
         for r in self.client.get("/api/runs", chat_jid=self.chat_jid, limit=20):
-            if r["cursor_from"] < seq <= r["cursor_to"] and r["state"] in _FINAL_STATES:
+            # A replay (replay_of set) covers the same messages but is no answer of the chat's.
+            if r["cursor_from"] < seq <= r["cursor_to"] and r["state"] in _FINAL_STATES and not r.get("replay_of"):
                 return str(r["id"]), str(r["state"]), float(r.get("duration_s") or 0.0)
         return None
 

@@ -129,6 +129,11 @@ class RateLimited(OrchestratorError):
         self.retry_after_s = retry_after_s
 
 
+class ReplayRefused(OrchestratorError):
+    """A replay that cannot be made (orchestrator/run/replay.py): no recorded input, a
+    workspace over the copy's bounds; nothing ran."""
+
+
 class SandboxError(OrchestratorError):
     pass
 

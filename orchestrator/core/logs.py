@@ -13,6 +13,10 @@ after the message, only when it is set, so a person's terminal stays short.
 Context lives in a ``ContextVar``: a thread started during a run (a lease
 heartbeat, the stop-watch) does not inherit it; its lines name their group in
 the message, as before.
+
+No line carries a secret of the settings: :class:`ContextFilter` replaces them
+(``orchestrator/core/secrets.py``) in the message and the traceback, whoever
+logged it (httpx logs the Telegram bot token in its request URLs).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core import tracing
+from orchestrator.core import secrets, tracing
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
 
@@ -69,7 +73,31 @@ class ContextFilter(logging.Filter):
             setattr(record, name, current.get(name, ""))
         record.host = self.host
         record.context = "".join(f" [{k}={current[k]}]" for k in CONTEXT_FIELDS if current.get(k))
+        if secrets.hidden():
+            _redact(record)
         return True
+
+
+def _redact(record: logging.LogRecord) -> None:
+    """Take the hidden secrets out of ``record``'s message, traceback and stack, in place (the
+    record is the handler's: every formatter after this filter sees the cleaned text)."""
+    if not isinstance(record.msg, dict):
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # arguments that do not fit: logging reports that itself
+            message = None
+        if message is not None:
+            cleaned = secrets.redact(message)
+            if cleaned is not message:
+                record.msg, record.args = cleaned, None
+    if record.exc_info and record.exc_info[0] is not None:
+        text = record.exc_text or logging.Formatter().formatException(record.exc_info)
+        cleaned = secrets.redact(text)
+        if cleaned is not text:
+            # Formatters print exc_text when there is no exc_info (the standard one and python-json-logger).
+            record.exc_info, record.exc_text = None, cleaned
+    if record.stack_info:
+        record.stack_info = secrets.redact(record.stack_info)
 
 
 def json_formatter() -> logging.Formatter:
@@ -85,7 +113,9 @@ def text_formatter() -> logging.Formatter:
 
 def configure(settings: Settings, level: str | int | None = None) -> None:
     """Send every log line of this process to stderr in ``settings.log_format``,
-    at ``level`` (default ``settings.log_level``), replacing earlier handlers."""
+    at ``level`` (default ``settings.log_level``), replacing earlier handlers, with the
+    settings' secrets taken out of every line."""
+    secrets.hide(settings.secrets())
     logging.config.dictConfig(dict_config(settings, level))
 
 

@@ -22,6 +22,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import msgspec
 from msgspec import Meta
@@ -46,9 +47,18 @@ class Settings(msgspec.Struct, kw_only=True):
     # Polling interval of kombu's virtual transports (filesystem, SQL); every
     # polled hop costs half of it on average, so keep it short.
     broker_polling_interval: Annotated[float, Meta(gt=0)] = 0.05
+    # How an idle worker on the filesystem:// broker hears of a message:
+    # "inotify" wakes it when the message file appears (no polling delay, an
+    # idle worker near 0 % CPU; orchestrator/run/fs_transport.py), "poll"
+    # looks every broker_polling_interval as kombu does (the benchmark's
+    # baseline; also what happens by itself where inotify is unavailable).
+    broker_wakeup: Literal["inotify", "poll"] = "inotify"
 
-    # "offline" (no network, deterministic), "anthropic:<model id>" or
-    # "openai:<model id>" (any OpenAI-compatible Chat Completions server).
+    # "offline" (no network, deterministic), "anthropic:<model id>",
+    # "openai:<model id>" (any OpenAI-compatible Chat Completions server) or
+    # "claude-code:<model id>" (Claude Code, the Claude Agent SDK, drives the
+    # run in the agent image's claude-code variant; reaches the Messages API
+    # through the same gateway with the anthropic_* settings below).
     model: str = "offline"
     anthropic_base_url: str = "https://api.anthropic.com"
     anthropic_api_key: str = ""
@@ -116,13 +126,26 @@ class Settings(msgspec.Struct, kw_only=True):
     main_group: str = ""
     # Extra names that also trigger the agent (comma separated).
     trigger_aliases: str = ""
-    # How many earlier messages a run shows the model besides the new ones.
-    context_messages: Annotated[int, Meta(ge=0)] = 50
+    # How many earlier messages a run shows the model besides the new ones
+    # (messages of the model's view: earlier tool calls and results count,
+    # thinking and host notes do not); the token budget below bounds it in practice.
+    context_messages: Annotated[int, Meta(ge=0)] = 200
+    # Tokens of history a run's input may carry (estimated as JSON bytes / 4,
+    # no tokenizer in the host): past it the oldest whole turns are left out
+    # and a system notice says how much.  The new messages always go.
+    context_tokens: Annotated[int, Meta(ge=0)] = 60_000
     # Context blocks of user messages (files, URLs) are expanded when a run is
     # assembled; these bound what one block may add to the model's input.
     context_file_max_bytes: Annotated[int, Meta(ge=1)] = 200_000
     context_url_max_bytes: Annotated[int, Meta(ge=1)] = 200_000
     context_url_timeout_s: Annotated[float, Meta(gt=0)] = 5.0
+    # The timeout above bounds each read, so a server trickling a byte every few
+    # seconds could hold a run's assembly for ever: one URL's whole fetch
+    # (resolving, connecting, redirects, the body) stops at the first deadline,
+    # all URL blocks of one run's input together at the second; a URL past
+    # either becomes an error block (orchestrator/run/url_fetch.py).
+    context_url_fetch_deadline_s: Annotated[float, Meta(gt=0)] = 10.0
+    context_url_run_deadline_s: Annotated[float, Meta(gt=0)] = 30.0
     # URL blocks are fetched by the host: by default never from loopback or
     # private addresses, so a chat message cannot probe the host's network.
     context_url_allow_private: bool = False
@@ -143,9 +166,18 @@ class Settings(msgspec.Struct, kw_only=True):
     # Extra channels: comma-separated "module:factory", each called with the
     # settings and returning a channel or a list of them (orchestrator/channels/registry.py).
     channel_plugins: str = ""
-    # Shared secret of the webhooks (HMAC-SHA256): inbound ones must be
-    # signed with it (empty: inbound webhooks are off); outbound ones are.
+    # Secret the outbound webhooks are signed with (HMAC-SHA256): every receiver
+    # holds it, so it signs nothing we accept.
     webhook_secret: str = ""
+    # Secret inbound webhooks (POST /webhooks/inbound) must be signed with, over
+    # timestamp, nonce and body (orchestrator/channels/webhook.py); empty: inbound
+    # webhooks are off.  Its own, not the outbound one: a receiver of our
+    # deliveries holding that one could otherwise post as anyone.  Must differ from it.
+    webhook_inbound_secret: str = ""
+    # How far an inbound webhook's X-Orchestrator-Timestamp may be from this host's
+    # clock, either way; older ones are refused as replays (a replay inside the
+    # window is the duplicate of what it replays: its nonce is the message's id).
+    webhook_inbound_window_s: Annotated[float, Meta(gt=0)] = 300.0
     webhook_timeout_s: Annotated[float, Meta(gt=0)] = 10.0
     # Telegram (orchestrator/channels/telegram.py, the optional "telegram" extra):
     # the bot's token from @BotFather, and the Bot API's root (tests point
@@ -184,6 +216,12 @@ class Settings(msgspec.Struct, kw_only=True):
     max_run_events: Annotated[int, Meta(ge=10)] = 2000
     # Bytes of messages (content + metadata) one run may store, summed.
     max_run_stored_bytes: Annotated[int, Meta(ge=65536)] = 16 * 1024 * 1024
+    # A replay (orchestrator/run/replay.py) runs on a scratch copy of the group's
+    # workspace: the workspace is the agent's and may hold anything, so the copy
+    # is bounded; a workspace over either bound is refused, not copied in part
+    # (a partial copy would not be the input the run had).
+    replay_max_bytes: Annotated[int, Meta(ge=0)] = 512 * 1024 * 1024
+    replay_max_files: Annotated[int, Meta(ge=1)] = 50_000
     # One tool result's stored output (and its envelope): longer output is cut
     # with a visible marker, the original size kept in the metadata.
     max_tool_result_bytes: Annotated[int, Meta(ge=1024)] = 256 * 1024
@@ -213,6 +251,17 @@ class Settings(msgspec.Struct, kw_only=True):
     # POST /api/messages (and the stream) answer 404 for a chat that is not a
     # registered group, instead of storing a message no agent will ever see.
     api_require_registered_chat: bool = True
+    # The largest request body the API reads (orchestrator/http/guards.py): a larger
+    # Content-Length is a 413 before any byte of the body is read, and a chunked body
+    # is cut off at it.  1 MiB holds the largest message (100,000 characters of
+    # content) with its context items.
+    api_max_request_bytes: Annotated[int, Meta(ge=4096)] = 1024 * 1024
+    # Without a token the API serves loopback only, and answers only requests whose
+    # Host header names this machine (127.0.0.1, localhost, [::1], with any port):
+    # a web page whose name an attacker re-points at 127.0.0.1 (DNS rebinding) must
+    # not drive the agent from a browser.  Further names (comma separated) that
+    # reach this API on loopback, e.g. one from /etc/hosts.
+    api_allowed_hosts: str = ""
     # How often a chat's event stream (SSE) looks for new messages and runs.
     api_stream_poll_s: Annotated[float, Meta(gt=0, le=5)] = 0.2
 
@@ -270,6 +319,10 @@ class Settings(msgspec.Struct, kw_only=True):
                 f"{ENV_PREFIX}THINKING_BUDGET={self.thinking_budget}: at least 1024 and below "
                 f"{ENV_PREFIX}MAX_TOKENS ({self.max_tokens}), which bounds thinking and answer together; "
                 "0 turns thinking off")
+        if self.webhook_inbound_secret and self.webhook_inbound_secret == self.webhook_secret:
+            # Every receiver of our deliveries holds the outbound secret: shared, it lets any of them post as anyone.
+            raise SettingsError(f"{ENV_PREFIX}WEBHOOK_INBOUND_SECRET must differ from {ENV_PREFIX}WEBHOOK_SECRET "
+                                "(every receiver of the outbound webhooks holds that one)")
         unknown = set(self.trace_exporters) - {"console", "otlp"}
         if unknown:
             raise SettingsError(f"OTEL_TRACES_EXPORTER={self.otel_traces_exporter!r}: "
@@ -305,6 +358,31 @@ class Settings(msgspec.Struct, kw_only=True):
             return msgspec.convert(raw, cls, strict=False, dec_hook=_decode_path)
         except msgspec.ValidationError as exc:
             raise SettingsError(_config_problem(str(exc), raw)) from exc
+
+    def __repr__(self) -> str:
+        # Settings end up in tracebacks, debug prints and error reports: the secrets never do.
+        shown = []
+        for name in _FIELDS_IN_ORDER:
+            value = getattr(self, name)
+            if name in SECRET_FIELDS and value:
+                value = "********"
+            elif name in _URL_FIELDS and isinstance(value, str):
+                value = _without_password(value)
+            shown.append(f"{name}={value!r}")
+        return f"Settings({', '.join(shown)})"
+
+    def secrets(self) -> list[str]:
+        """The secret values set (tokens, keys, URL passwords): what no log line, error,
+        export or answer may show (orchestrator/core/logs.py removes them from log lines)."""
+        values = [str(getattr(self, name)) for name in SECRET_FIELDS]
+        for name in _URL_FIELDS:
+            password = urlsplit(str(getattr(self, name))).password
+            if password:
+                # Only where a URL carries it (":<password>@"), as written and as the server
+                # takes it: a password is often an ordinary word (compose's is "orchestrator"),
+                # and hiding the bare word would cut it out of every line and message.
+                values += [f":{password}@", f":{unquote(password)}@"]
+        return [v for v in dict.fromkeys(values) if v]
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (as given, not converted), re-normalized."""
@@ -373,6 +451,21 @@ class Settings(msgspec.Struct, kw_only=True):
 
 
 _FIELDS = frozenset(f.name for f in msgspec.structs.fields(Settings))
+_FIELDS_IN_ORDER = tuple(f.name for f in msgspec.structs.fields(Settings))
+# The settings that are secrets: masked in repr(), removed from log lines (Settings.secrets).
+SECRET_FIELDS = ("api_token", "webhook_secret", "webhook_inbound_secret", "anthropic_api_key", "openai_api_key",
+                 "telegram_bot_token")
+# URLs that may carry a password (postgresql://user:password@host/db, redis://:password@host).
+_URL_FIELDS = ("database_url", "broker_url")
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")
+    user = netloc[0].partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:********@{netloc[2]}"))
 # OpenTelemetry's standard variables this object reads (by their own names: an operator's
 # collector set-up uses them for every service).  The SDK reads the rest of the standard's
 # variables itself (OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT, _COMPRESSION, certificates,

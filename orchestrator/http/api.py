@@ -27,19 +27,20 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
+from anyio import CapacityLimiter, to_thread
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema
-from sqlalchemy import text
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import MutableHeaders
 
 from orchestrator.channels.webhook import add_inbound_route
 from orchestrator.core import metrics
@@ -53,6 +54,7 @@ from orchestrator.core.errors import (
     MountRefused,
     OrchestratorError,
     RateLimited,
+    ReplayRefused,
     StoreError,
     UnknownGroup,
 )
@@ -67,6 +69,7 @@ from orchestrator.http.contract import (
 )
 from orchestrator.http.endpoint import INSTALL_HEADER
 from orchestrator.http.fleet_metrics import fleet_exposition
+from orchestrator.http.guards import RequestGuard
 from orchestrator.http.stream import event_stream
 from orchestrator.model.context import MAX_ITEMS, ContextItem
 from orchestrator.model.envelopes import InvalidMessageMetadata
@@ -74,20 +77,21 @@ from orchestrator.model.messages import StoredMessage
 from orchestrator.root import Orchestrator
 from orchestrator.run.assembly import stored_input
 from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.run_diff import RunDiff, diff_runs
 from orchestrator.sandbox.config import ContainerConfig
 from orchestrator.store.groups import (
     FOLDER_PATTERN,
     MAX_QUOTA,
     Group,
     add_group,
-    find_group,
     get_group,
+    is_registered,
     list_groups,
     update_group,
 )
 from orchestrator.store.history import HistoryChange, edit_message, regenerate, truncate_after
 from orchestrator.store.hosts import ALIVE_WINDOW_S, Host, list_hosts
-from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.message_log import driver_execute, get_messages_after
 from orchestrator.store.placement import HostUnavailable, Moved, move
 from orchestrator.store.runs import Run, get_run, list_runs
 from orchestrator.store.slots import FleetSlots, fleet_slots
@@ -196,6 +200,14 @@ class GroupChanges(BaseModel):
     )
 
 
+class ReplayRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str = Field(min_length=1, max_length=256, pattern=r"^(offline|(anthropic|openai):[^\x00\s]+)$",
+                       description="The model to replay the run with, as ORCHESTRATOR_MODEL spells it: `offline`, "
+                                   "`anthropic:<model id>` or `openai:<model id>`.")
+
+
 class MoveRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -214,6 +226,14 @@ class EditRequest(BaseModel):
     content: str = Field(max_length=MAX_CONTENT_CHARS, pattern=NO_NUL_PATTERN)
     context: Annotated[list[JsonObject] | None, WithJsonSchema({"anyOf": [_CONTEXT_ITEMS, {"type": "null"}]})] = None
     rerun: JsonBool = False
+
+
+def _json(model: BaseModel, status_code: int = 200) -> Response:
+    """``model`` as the JSON answer, serialized once: a route that returns a model has FastAPI
+    validate it against the route's ``response_model`` again before serializing it, a
+    tenth of a small request's time (docs/performance.md, "The HTTP path").  For routes on the
+    hot path, whose model is the response_model (the document still names it)."""
+    return Response(model.model_dump_json(), status_code=status_code, media_type="application/json")
 
 
 def _bad_request(field: str, message: str) -> JSONResponse:
@@ -286,7 +306,9 @@ def _token_check(settings: Settings) -> Any:
     expected = settings.api_token.encode()
 
     # A default, not Annotated: ``bearer`` is local and string annotations only see module globals.
-    def require_token(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+    # async: FastAPI runs a plain def dependency in its thread pool, a hop (~0.1 ms, more under
+    # load) per dependency per request for a check that never blocks.
+    async def require_token(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         if not expected:
             return
         given = credentials.credentials.encode() if credentials is not None else b""
@@ -299,10 +321,10 @@ def _token_check(settings: Settings) -> Any:
     return require_token
 
 
-def _install_check(settings: Settings) -> Callable[[Request], None]:
+def _install_check(settings: Settings) -> Callable[[Request], Awaitable[None]]:
     install_id = settings.install_id
 
-    def require_install(request: Request) -> None:
+    async def require_install(request: Request) -> None:  # async: no thread hop (see require_token)
         # A client that found this API through a data dir's announce file says
         # which installation it means (orchestrator/http/endpoint.py): a stale
         # file naming a port another installation took since must not store
@@ -331,9 +353,15 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
                                                     Depends(refuse_nul_parameters)],
                        responses={421: {"description": f"the request's {INSTALL_HEADER} names another installation"}})
     signal, signal_delivery = root.signals.group, root.signals.delivery
+    # Posted messages are stored in the thread pool.  SQLite has one writer at a time, and a
+    # thread that finds the write lock taken sleeps in SQLite's busy handler (1, 2, 5, 10 ms...)
+    # rather than waking when it is free: with 32 clients most of the time went there.  So on
+    # SQLite one thread of this process writes at a time, the others wait their turn on the
+    # event loop; PostgreSQL takes the pool's threads (its connection pool bounds them).
+    writers = CapacityLimiter(1) if db.is_sqlite else None
 
     def registered_or_404(chat_jid: str) -> None:
-        if settings.api_require_registered_chat and find_group(db, chat_jid) is None:
+        if settings.api_require_registered_chat and not is_registered(db, chat_jid):
             raise HTTPException(
                 404, f"no registered group for chat {chat_jid!r} (register it with POST /api/groups; "
                 "ORCHESTRATOR_API_REQUIRE_REGISTERED_CHAT=false accepts any chat)",
@@ -352,17 +380,27 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     def _orchestrator_error(request: Request, exc: OrchestratorError) -> JSONResponse:
         return _error_response(exc)
 
-    @api.get("/health", response_model=Health)
-    def health() -> Health:
+    broker_kind = settings.effective_broker_url.split("://", 1)[0]
+    # SQLite answers a SELECT 1 in process, in microseconds, and a WAL reader never waits
+    # for a writer: asked on the event loop, with no thread hop.  A server database is a
+    # round trip (two with the pool's pre-ping): that one waits in the thread pool.
+    health_inline = db.engine.dialect.name == "sqlite"
+
+    def database_health() -> str:
         try:
-            with db.read() as session:
-                session.execute(text("SELECT 1"))
-            database = "ok"
+            # On the driver, outside a transaction: SQLAlchemy's would begin one (on SQLite
+            # BEGIN IMMEDIATE, the write lock: orchestrator/store/db.py).
+            with db.engine.connect() as conn:
+                driver_execute(conn, "SELECT 1").fetchone()
+            return "ok"
         except Exception as exc:  # noqa: BLE001 - a health check reports the failure, it does not raise it
             log.warning("health: the database does not answer: %s", exc)
-            database = f"error: {exc}"
-        broker = settings.effective_broker_url.split("://", 1)[0]
-        return Health(status="ok" if database == "ok" else "degraded", database=database, broker=broker)
+            return f"error: {exc}"
+
+    @api.get("/health", response_model=Health)
+    async def health() -> Response:
+        database = database_health() if health_inline else await run_in_threadpool(database_health)
+        return _json(Health(status="ok" if database == "ok" else "degraded", database=database, broker=broker_kind))
 
     @api.get("/metrics", dependencies=[Depends(require_token)], response_class=PlainTextResponse,
              responses={200: {"content": {"text/plain": {}}, "description": "Prometheus' text format"}})
@@ -385,12 +423,16 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         responses={404: {"description": "the chat is not a registered group (when registration is required)"},
                    413: {"description": "content too long"}, **RATE_LIMITED_DOC},
     )
-    def post_message(body: IncomingMessage) -> PostedMessage:
+    async def post_message(body: IncomingMessage) -> Response:
         if len(body.content) > MAX_CONTENT_CHARS:
             raise HTTPException(413, f"content is longer than {MAX_CONTENT_CHARS} characters")
+        return await to_thread.run_sync(store_posted, body, limiter=writers)
+
+    def store_posted(body: IncomingMessage) -> Response:
         registered_or_404(body.chat_jid)
         result = ingest(db, settings, body, signal=signal, signal_delivery=signal_delivery)
-        return PostedMessage(message=result.message, created=result.created, triggered=result.triggered)
+        return _json(PostedMessage(message=result.message, created=result.created, triggered=result.triggered),
+                     status_code=201)
 
     @router.get("/chats/{chat_jid}/messages", response_model=list[StoredMessage])
     def chat_messages(
@@ -551,6 +593,42 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
             raise HTTPException(404, f"run {run_id} has no recorded input")
         return Response(data, media_type="application/json")
 
+    @router.post("/runs/{run_id}/replay", status_code=202, response_model=Run, responses={
+        404: {"description": "no such run"},
+        409: {"description": "the run has no recorded input that decodes: nothing to replay"},
+        503: {"description": "the task queue did not take the replay; it was ended as failed"}})
+    def replay(run_id: str, body: ReplayRequest) -> Run | JSONResponse:
+        """Replay the run's exact recorded input against ``model`` on a worker, in a scratch copy of
+        the group's workspace; the chat, its workspace and its session are never touched, and what the
+        replay says is never a message.  Answers with the replay run, queued: poll
+        ``GET /api/runs/{id}``, then compare with ``GET /api/runs/{run_id}/diff/{id}``."""
+        from orchestrator.run.replay import create_replay, fail_replay  # the sandbox's modules: only here
+
+        try:
+            made = create_replay(db, settings, run_id, body.model)
+        except ReplayRefused as exc:
+            raise HTTPException(409, str(exc)) from exc
+        except StoreError as exc:
+            raise HTTPException(404, str(exc)) from exc
+        except ConfigError as exc:  # a model the pattern lets through that the settings refuse
+            return _bad_request("model", f"model: {exc}")
+        try:
+            root.signals.replay(made.id, made.chat_jid)
+        except Exception as exc:  # noqa: BLE001 - any failure to publish: the replay never runs
+            failed = fail_replay(db, made.id, f"the task queue did not take the replay: {exc}")
+            raise HTTPException(503, failed.error or "the task queue did not take the replay") from exc
+        return made
+
+    @router.get("/runs/{run_id}/diff/{other_id}", response_model=RunDiff,
+                responses={404: {"description": "no such run (either of them)"}})
+    def run_diff(run_id: str, other_id: str) -> RunDiff:
+        """Two runs side by side (an original and its replay, or two replays): replies, tool calls
+        with their exit codes, tokens, cost estimate, duration, stop reason, turns."""
+        try:
+            return diff_runs(db, run_id, other_id)
+        except StoreError as exc:
+            raise HTTPException(404, str(exc)) from exc
+
     @router.get("/hosts", response_model=list[Host])
     def hosts(window_s: Annotated[float, Query(ge=0, le=MAX_WINDOW_S)] = ALIVE_WINDOW_S) -> list[Host]:
         """The fleet's worker hosts: alive while the last heartbeat is younger than ``window_s``
@@ -561,6 +639,9 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     add_inbound_route(api, db, settings, signal=signal, signal_delivery=signal_delivery,
                       max_chars=MAX_CONTENT_CHARS)
     _add_web_page(api)
+    # Added last, so it is the outermost of the app's own layers: Host, token and size
+    # are checked before any other middleware or route sees the request.
+    api.add_middleware(RequestGuard, settings=settings)
     return api
 
 
@@ -572,10 +653,30 @@ def _add_web_page(api: FastAPI) -> None:
         return FileResponse(WEB_DIR / "index.html", headers={**PAGE_HEADERS, "Cache-Control": "no-cache"})
 
     api.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+    api.add_middleware(_StaticHeaders)
 
-    @api.middleware("http")
-    async def _page_headers(request: Request, call_next: Any) -> Response:
-        response: Response = await call_next(request)
-        if request.url.path.startswith("/static/"):
-            response.headers.update(PAGE_HEADERS)
-        return response
+
+class _StaticHeaders:
+    """The page's headers on every answer under ``/static/`` (its 404s too).
+
+    A plain ASGI middleware: starlette's ``@app.middleware("http")``
+    (BaseHTTPMiddleware), which did this before, wrapped every request of
+    every route in a task and a streamed response, about a third of a
+    ``GET /health`` (docs/performance.md, "The HTTP path")."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/static/"):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in PAGE_HEADERS.items():
+                    headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

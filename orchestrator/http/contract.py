@@ -13,6 +13,10 @@ being repeated route by route:
 * **401** (with ``WWW-Authenticate: Bearer``) on every operation behind the
   bearer token: FastAPI marks those with the ``security`` requirement of
   ``HTTPBearer``, so the document cannot list one without the other;
+* **403** and **413** on every operation: the request guard
+  (``orchestrator/http/guards.py``) answers them before any route, for a
+  ``Host`` that is not this machine's while no token is set, and for a body
+  over ``ORCHESTRATOR_API_MAX_REQUEST_BYTES``;
 * an ``application/json`` :class:`ErrorBody` for every 4xx and 5xx a route
   lists without saying what it carries (its 404s, 409s, the router's 421).
 
@@ -62,6 +66,10 @@ class ErrorBody(BaseModel):
 
 
 BAD_INPUT = {"description": "bad input: `field` names the first offending field; nothing changed"}
+HOST_REFUSED = {"description": "no ORCHESTRATOR_API_TOKEN is set and the `Host` header is not a name of this "
+                               "machine (127.0.0.1, localhost, [::1], ORCHESTRATOR_API_ALLOWED_HOSTS): DNS rebinding"}
+TOO_LARGE = {"description": "the request body is larger than ORCHESTRATOR_API_MAX_REQUEST_BYTES (refused before "
+                            "it is read)"}
 UNAUTHORIZED = {
     "description": "missing or wrong `Authorization: Bearer <ORCHESTRATOR_API_TOKEN>`",
     "headers": {"WWW-Authenticate": {"description": "`Bearer`", "schema": {"type": "string"}}},
@@ -89,6 +97,8 @@ def _with_shared_errors(doc: dict[str, Any]) -> dict[str, Any]:
                 responses.setdefault("400", dict(BAD_INPUT))
             if operation.get("security"):
                 responses.setdefault("401", json.loads(json.dumps(UNAUTHORIZED)))
+            responses.setdefault("403", dict(HOST_REFUSED))
+            responses.setdefault("413", dict(TOO_LARGE))
             for parameter in operation.get("parameters", []):
                 _no_nul(parameter.get("schema", {}))
             for code, response in responses.items():
@@ -109,8 +119,9 @@ def _no_nul(schema: dict[str, Any]) -> None:
             branch["pattern"] = NO_NUL_PATTERN
 
 
-def refuse_nul_parameters(request: Request) -> None:
-    """A dependency: 400 naming the first path or query parameter that holds a NUL."""
+async def refuse_nul_parameters(request: Request) -> None:
+    """A dependency: 400 naming the first path or query parameter that holds a NUL.
+    async: a plain def dependency runs in FastAPI's thread pool, a hop per request."""
     for where, values in (("path", request.path_params.items()), ("query", request.query_params.multi_items())):
         for name, value in values:
             if isinstance(value, str) and "\x00" in value:

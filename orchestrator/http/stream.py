@@ -9,13 +9,21 @@
   stream opens, then of every run that appears or changes state or attempt;
 * ``event: reset`` when the history changed in place (an edit, a regenerate,
   a truncate): the client drops what it shows and the stream sends the whole
-  display view again from seq 0 on the same connection.
+  display view again from seq 0 on the same connection;
+* ``event: draft`` with ``{"run_id", "text"}``: the reply a running run's
+  model is writing, the whole text so far, each time it grew
+  (orchestrator/store/drafts.py; the worker writes it at most every 100 ms).
+  It is never a message: when the reply is stored it arrives as a
+  ``message`` (its ``metadata.run_id`` names the run) and the client shows
+  that instead; ``"text": ""`` says the draft is gone (stored, or the run
+  ended) and whatever the client showed for it goes.
 
 The seq cursor is the one the pipeline uses (commit order, never a timestamp),
 so nothing is skipped or sent twice.  Each tick is a few short read
 transactions (no transaction stays open while the stream waits): ``max(seq)``
 of the chat (an index lookup on ``(chat_jid, seq)``) and the chat's live runs;
-messages are read only when ``max(seq)`` moved.  In-place changes are looked
+messages are read only when ``max(seq)`` moved; drafts (by primary key and
+the chat's index) only while the chat has a live run.  In-place changes are looked
 for less often (``max(superseded_at)``, ``max(edited_at)`` of the chat).  A
 comment line (``: keepalive``) every 15 s keeps proxies from closing an idle
 stream; a browser's ``EventSource`` reconnects by itself with
@@ -37,6 +45,7 @@ cancels the loop at once (no polling of ``request.is_disconnected``).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -49,6 +58,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from orchestrator.store.db import Database
+from orchestrator.store.drafts import chat_drafts
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import get_run, list_runs
 from orchestrator.store.tables import MessageRow, RunRow
@@ -105,6 +115,7 @@ class ChatStream:
         self._history: tuple[Any, Any] | None = None
         self._history_checked = 0.0
         self._started = False
+        self._drafts: dict[str, int] = {}  # run id -> draft version last sent
 
     # -- one tick (synchronous: runs in a worker thread) -------------------
 
@@ -126,6 +137,21 @@ class ChatStream:
                 frames.append(sse("reset", '{"reason": "history changed"}'))
         frames += self._new_messages()
         frames += self._changed_runs()
+        frames += self._draft_changes()
+        return frames
+
+    def _draft_changes(self) -> list[ServerSentEvent]:
+        if not self._live and not self._drafts:
+            return []  # no run writes a reply now: no read
+        current = {d.run_id: d for d in chat_drafts(self.db, self.chat_jid)}
+        frames = []
+        for run_id, draft in current.items():
+            if self._drafts.get(run_id) != draft.version:
+                self._drafts[run_id] = draft.version
+                frames.append(sse("draft", json.dumps({"run_id": run_id, "text": draft.text})))
+        for run_id in [r for r in self._drafts if r not in current]:
+            del self._drafts[run_id]
+            frames.append(sse("draft", json.dumps({"run_id": run_id, "text": ""})))
         return frames
 
     def _history_marks(self) -> tuple[Any, Any]:
@@ -163,7 +189,8 @@ class ChatStream:
         if self._newest_run is not None:
             cond.append(RunRow.created_at >= self._newest_run)
         stmt = select(RunRow.id, RunRow.state, RunRow.attempts, RunRow.created_at).where(
-            RunRow.chat_jid == self.chat_jid, or_(*cond)
+            # A replay is not the chat's run (orchestrator/run/replay.py): the page never shows it.
+            RunRow.chat_jid == self.chat_jid, RunRow.replay_of.is_(None), or_(*cond)
         )
         with self.db.read() as session:
             rows = session.execute(stmt).all()

@@ -15,7 +15,9 @@ type             stored  sent to model  channel display
 Senders refine that: some internal records (``thinking``, ``tool_use``,
 ``result_meta``) are stored for the record but never shown to the model nor
 sent to a channel, and ``system_notice`` is never stored at all (notices are
-recomputed for every run).
+recomputed for every run).  One exception: a ``tool_use`` record comes back
+to the model as the tool call it was, next to the result that answers it
+(``orchestrator.model.views``).
 
 The agent's tool results are stored with the sender ``tool_result`` (seed
 004's vocabulary) and, being the conversation's tool results, reach the

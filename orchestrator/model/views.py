@@ -7,19 +7,44 @@ appear in it; user messages may be expanded with their context blocks
 display view, is what the store reads by default (superseded messages left
 out; ``orchestrator.store.message_log``), and on text channels what
 ``orchestrator.model.render.displayed`` lets through.
+
+Earlier runs' tool calls come back as the model made them: a stored
+``tool_use`` record (kept for the record, not shown to people) joins the
+view as an assistant message carrying the call (:class:`SdkToolUse`) when,
+and only when, the view also holds the ``tool_result`` that answers it (same
+run, same id, after it); that result then names the call (``tool_use_id``).
+Everything else stays as before: a call whose result is not in the view
+(cut off by the window, superseded, never answered) is left out, and a
+result without its call (rows stored as ``command_output``, a call cut off)
+is plain tool-result text.  A provider rejects an unmatched pair, so the
+pairing is decided here, once, from the stored rows; the runner checks it
+again (``agent_runner.conversation``).  Thinking stays out.
+
+:func:`fit_budget` keeps a view within a token budget by dropping its oldest
+whole turns.
 """
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
-from agent_runner.protocol import SdkMessage
+from agent_runner.protocol import SdkMessage, SdkToolUse
 
-from orchestrator.model.messages import StoredMessage
+from orchestrator.model.messages import SENDER_TOOL_USE, StoredMessage
 
 REPLY_TO_KEY = "reply_to_seq"
 # Which run produced an output (regenerate finds the run to redo by it).
 RUN_ID_KEY = "run_id"
+
+# What a provider accepts as a tool call's id and name (Anthropic's patterns;
+# OpenAI's are looser).  The rows come from a container, which is not
+# trusted: a call with an id or name the API would refuse would fail every
+# later run of the chat, so such a call is left out (its result reads as text).
+_TOOL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def model_order(m: StoredMessage) -> tuple[int, int, int]:
@@ -35,6 +60,99 @@ def model_order(m: StoredMessage) -> tuple[int, int, int]:
     return (m.seq, 0, m.seq)
 
 
+def _call_of(m: StoredMessage) -> SdkToolUse | None:
+    """The tool call a stored ``tool_use`` record holds, if it is a well-formed one."""
+    if m.sender != SENDER_TOOL_USE or m.message_type != "assistant":
+        return None
+    meta = m.metadata or {}
+    call_id, name, args = meta.get("tool_use_id"), meta.get("tool"), meta.get("input")
+    if not (isinstance(call_id, str) and _TOOL_ID.fullmatch(call_id)):
+        return None
+    if not (isinstance(name, str) and _TOOL_NAME.fullmatch(name)) or not isinstance(args, dict):
+        return None
+    return SdkToolUse(id=call_id, name=name, input=args)
+
+
+def _key(m: StoredMessage, call_id: object) -> tuple[object, object]:
+    # Ids are unique within a run, not across runs (the offline model numbers its calls).
+    return ((m.metadata or {}).get(RUN_ID_KEY), call_id)
+
+
+def counts_in_view(m: StoredMessage) -> bool:
+    """Whether ``m`` may appear in the model's view (and so counts toward its window):
+    what the model sees, and tool calls, which join it when their result does."""
+    if m.superseded_at is not None:
+        return False
+    return m.visible_to_model or _call_of(m) is not None
+
+
+def _matched(ordered: list[StoredMessage]) -> set[tuple[object, object]]:
+    """The (run, id) keys with exactly one call and, after it, exactly one result."""
+    calls: Counter[tuple[object, object]] = Counter()
+    results: Counter[tuple[object, object]] = Counter()
+    first_call: dict[tuple[object, object], int] = {}
+    last_result: dict[tuple[object, object], int] = {}
+    for i, m in enumerate(ordered):
+        if (call := _call_of(m)) is not None:
+            key = _key(m, call.id)
+            calls[key] += 1
+            first_call.setdefault(key, i)
+        elif m.message_type == "tool_result":
+            key = _key(m, (m.metadata or {}).get("tool_use_id"))
+            results[key] += 1
+            last_result[key] = i
+    return {k for k, n in calls.items() if n == 1 and results[k] == 1 and first_call[k] < last_result[k]}
+
+
+@dataclass(frozen=True)
+class ViewItem:
+    """One message of the view and the stored row it comes from."""
+
+    source: StoredMessage
+    message: SdkMessage
+
+
+def model_view(
+    messages: Iterable[StoredMessage], *, expand: Callable[[StoredMessage], str] | None = None
+) -> list[ViewItem]:
+    """:func:`format_messages_for_sdk`, each message with its stored row."""
+    ordered = [m for m in sorted(messages, key=model_order) if counts_in_view(m)]
+    matched = _matched(ordered)
+    out: list[ViewItem] = []
+    for m in ordered:
+        meta = m.metadata or {}
+        if m.sender == SENDER_TOOL_USE:
+            call = _call_of(m)
+            if call is None or _key(m, call.id) not in matched:
+                continue
+            out.append(
+                ViewItem(
+                    m,
+                    SdkMessage(
+                        role="assistant",
+                        content=m.content,
+                        sender_name=m.sender_name or None,
+                        timestamp=m.timestamp,
+                        tool_use=call,
+                    ),
+                )
+            )
+            continue
+        message = SdkMessage(
+            role=m.message_type,  # type: ignore[arg-type]  # host was filtered above
+            content=expand(m) if expand and m.message_type == "user" else m.content,
+            sender_name=m.sender_name or None,
+            timestamp=m.timestamp,
+        )
+        if m.message_type == "tool_result":
+            # The model needs the exit code to know whether a command worked.
+            message = message.replace(metadata={"exit_code": meta.get("exit_code")})
+            if _key(m, meta.get("tool_use_id")) in matched:
+                message = message.replace(tool_use_id=meta["tool_use_id"])
+        out.append(ViewItem(m, message))
+    return out
+
+
 def format_messages_for_sdk(
     messages: Iterable[StoredMessage], *, expand: Callable[[StoredMessage], str] | None = None
 ) -> list[SdkMessage]:
@@ -43,21 +161,73 @@ def format_messages_for_sdk(
     ``expand`` gives a user message's text as the model should read it (with
     its context blocks); without it the stored content is used.
     """
-    out: list[SdkMessage] = []
-    for m in sorted(messages, key=model_order):
-        if not m.visible_to_model or m.superseded_at is not None:
-            continue
-        metadata = None
-        if m.message_type == "tool_result":
-            # The model needs the exit code to know whether a command worked.
-            metadata = {"exit_code": (m.metadata or {}).get("exit_code")}
-        out.append(
-            SdkMessage(
-                role=m.message_type,  # type: ignore[arg-type]  # host was filtered above
-                content=expand(m) if expand and m.message_type == "user" else m.content,
-                sender_name=m.sender_name or None,
-                timestamp=m.timestamp,
-                metadata=metadata,
-            )
-        )
-    return out
+    return [item.message for item in model_view(messages, expand=expand)]
+
+
+def estimate_tokens(message: SdkMessage) -> int:
+    """A cheap, deterministic guess at what ``message`` costs the model: its JSON
+    bytes / 4 (as the gateway guesses a request it has no usage for).  On the
+    high side for English and JSON, which is the side a budget wants."""
+    return (len(message.to_json()) + 3) // 4
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A view cut to a budget: what is kept, and how much of the oldest was left out."""
+
+    messages: list[SdkMessage]
+    dropped_messages: int = 0
+    dropped_tokens: int = 0
+
+
+def _turn_starts(items: list[ViewItem]) -> list[int]:
+    """Where whole turns start: at each user or system message, and at 0.
+
+    A turn (a question and everything that answered it, tool calls and their
+    results included) is dropped whole, so a call never loses its result.
+    """
+    return [i for i, item in enumerate(items) if i == 0 or item.message.role in ("user", "system")]
+
+
+def fit_budget(
+    items: list[ViewItem],
+    keep_seqs: set[int],
+    budget: int,
+    *,
+    expand: Callable[[StoredMessage], str] | None = None,
+) -> Fitted:
+    """The view ``items`` within ``budget`` tokens (:func:`estimate_tokens`), oldest turns dropped first.
+
+    The turn holding the first message whose seq is in ``keep_seqs`` (the
+    run's batch) and everything after it are always kept, even over budget.
+    ``expand`` (see :func:`model_view`) is applied to the user messages that
+    are kept, newest turn first, and only to them: context blocks of turns
+    the budget leaves out are never read (files) nor fetched (URLs).  What
+    is left out is counted unexpanded.  Deterministic from the items, the
+    expansions and the budget, so a recorded input rebuilds.
+    """
+    messages = [item.message for item in items]
+
+    def cost(i: int) -> int:
+        if expand is not None and messages[i].role == "user":
+            messages[i] = messages[i].replace(content=expand(items[i].source))
+        return estimate_tokens(messages[i])
+
+    first_kept = next((i for i, item in enumerate(items) if item.source.seq in keep_seqs), len(items))
+    # Where the view may start: a turn boundary no later than the batch's turn.
+    starts = [s for s in _turn_starts(items) if s <= first_kept] or [0]
+    cut = starts[-1]
+    total = sum(cost(i) for i in range(cut, len(items)))
+    # Older turns, newest first, while they fit (every cost is >= 0, so the
+    # first turn that does not fit is where the view starts).
+    for start, end in reversed(list(zip(starts, starts[1:], strict=False))):
+        turn = sum(cost(i) for i in range(start, end))
+        if total + turn > budget:
+            break
+        total += turn
+        cut = start
+    return Fitted(
+        messages=messages[cut:],
+        dropped_messages=cut,
+        dropped_tokens=sum(estimate_tokens(m) for m in messages[:cut]),
+    )

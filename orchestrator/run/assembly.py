@@ -6,6 +6,13 @@ functions rebuild the input of a finished run from the stored history
 record of what the model saw: for an unchanged history the rebuilt JSON is
 byte for byte the JSON the run sent (``orchestrator runs show RUN --input
 --verify``).  Each run stores that JSON, zlib-compressed, with its SHA-256.
+
+The history a run sees is bounded twice, both from the stored rows and the
+settings alone (so a rebuild with the same settings cuts it the same way):
+by count (``context_messages`` messages of the model's view before the
+batch; stored-only records count for nothing) and by tokens
+(``context_tokens``, estimated as JSON bytes / 4: the oldest whole turns go
+first, the batch always stays, and a system notice says what was left out).
 """
 
 from __future__ import annotations
@@ -20,9 +27,10 @@ from sqlalchemy import select, update
 from orchestrator.core.errors import StoreError
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
-from orchestrator.model.views import format_messages_for_sdk
+from orchestrator.model.views import Fitted, counts_in_view, fit_budget, model_view
 from orchestrator.run.expand import expand_content
 from orchestrator.run.schedules import is_isolated
+from orchestrator.run.url_fetch import UrlBudget
 from orchestrator.sandbox.config import effective_limits
 from orchestrator.store.db import Database
 from orchestrator.store.groups import Group, get_group
@@ -61,18 +69,55 @@ def plan_batch(new: list[StoredMessage]) -> Batch | int | None:
 
 
 def prior_messages(db: Database, settings: Settings, group: Group, batch: Batch, cursor_from: int) -> list[StoredMessage]:
-    """The history shown before the batch (none for an isolated task)."""
-    if batch.isolated:
+    """The history shown before the batch (none for an isolated task): the last
+    ``context_messages`` rows that may be in the model's view, read a page at a
+    time so that rows it never shows (thinking, host notes) do not count."""
+    if batch.isolated or settings.context_messages == 0:
         return []
-    return get_recent_messages(group.chat_jid, settings.context_messages, before_seq=cursor_from + 1, db=db)
+    wanted, before = settings.context_messages, cursor_from + 1
+    # Rows cost their decoding: read little more than wanted (a run stores a
+    # record or two the view skips: result_meta, thinking), another page if short.
+    page = wanted + wanted // 4 + 8
+    picked: list[StoredMessage] = []
+    counted = 0
+    while counted < wanted:
+        rows = get_recent_messages(group.chat_jid, page, before_seq=before, db=db)
+        for m in reversed(rows):
+            if counts_in_view(m):
+                if counted == wanted:
+                    break
+                counted += 1
+            picked.append(m)
+        if len(rows) < page:
+            break
+        before = rows[0].seq
+    picked.reverse()
+    # Start at a row the view counts: leading stored-only rows belong to an older turn.
+    first = next((i for i, m in enumerate(picked) if counts_in_view(m)), len(picked))
+    return picked[first:]
 
 
-def model_messages(settings: Settings, group: Group, messages: list[StoredMessage]) -> list[SdkMessage]:
-    """The model's view, with user messages' context blocks expanded now."""
+def history_view(settings: Settings, group: Group, prior: list[StoredMessage], batch: Batch) -> Fitted:
+    """The model's view of ``prior`` and the batch, user messages' context blocks
+    expanded now, within ``settings.context_tokens``."""
     workspace = settings.groups_dir / group.folder
-    return format_messages_for_sdk(
-        messages, expand=lambda m: expand_content(m.content, m.metadata, workspace, settings)
+    urls = UrlBudget(settings)  # one deadline for all the URL blocks of this input
+    items = model_view([*prior, *batch.messages])
+    return fit_budget(
+        items, {m.seq for m in batch.messages}, settings.context_tokens,
+        # Expanded only if kept: an old turn's file and URL blocks are not read to be dropped.
+        expand=lambda m: expand_content(m.content, m.metadata, workspace, settings, urls),
     )
+
+
+def left_out_notice(fitted: Fitted) -> list[str]:
+    """The system notice saying how much of the history the budget left out (none if nothing was)."""
+    if not fitted.dropped_messages:
+        return []
+    return [
+        f"Note: to keep within the context budget, the {fitted.dropped_messages} oldest messages of this "
+        f"conversation (about {fitted.dropped_tokens} tokens) are left out; the conversation shown starts after them."
+    ]
 
 
 def build_input(
@@ -87,13 +132,14 @@ def build_input(
     model: ModelSettings,
     send_targets: list[str] | None = None,
 ) -> ContainerInput:
+    fitted = history_view(settings, group, prior, batch)
     return ContainerInput(
         run_id=run_id,
         chat_jid=group.chat_jid,
         group_folder=group.folder,
         assistant_name=assistant_name,
-        messages=model_messages(settings, group, [*prior, *batch.messages]),
-        system_notices=notices,
+        messages=fitted.messages,
+        system_notices=[*notices, *left_out_notice(fitted)],
         send_targets=send_targets or [],
         session_id=None if batch.isolated else group.session_id,
         model=model,
@@ -146,5 +192,5 @@ def rebuild_input(db: Database, settings: Settings, run_id: str) -> bytes:
         messages: list[SdkMessage] = []
     else:
         prior = prior_messages(db, settings, group, planned, cursor_from)
-        messages = model_messages(settings, group, [*prior, *planned.messages])
+        messages = history_view(settings, group, prior, planned).messages
     return input_bytes(original.replace(messages=messages))

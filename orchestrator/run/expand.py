@@ -6,33 +6,24 @@ as they are now; an edited message gets fresh context for free.  Each block
 is one XML element the model can tell apart from the text; an item that
 cannot be read becomes an ``*_error`` element rather than failing the run, so
 the model can say what it could not see.  Files are read through
-``orchestrator/sandbox/hostile_fs.py``: the workspace is the agent's.
+``orchestrator/sandbox/hostile_fs.py``: the workspace is the agent's; URLs
+through ``orchestrator/run/url_fetch.py``: a chat message names them.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
-from collections.abc import Callable
 from datetime import UTC, datetime
 from html import escape
-from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
-from urllib.parse import urljoin, urlsplit
-
-import httpx
 
 from orchestrator.core.errors import HostileEntry
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.model.context import ContextItem, FileItem, SelectionItem, UrlItem, parse_context
 from orchestrator.model.envelopes import InvalidMessageMetadata
+from orchestrator.run.url_fetch import ContextUnavailable, UrlBudget, fetch_url
 from orchestrator.sandbox.hostile_fs import read_regular
-
-MAX_REDIRECTS = 3
-
 
 # -- expansion ----------------------------------------------------------------
 
@@ -50,10 +41,6 @@ def _tag(name: str, **fields: object) -> str:
             lines.append(f"<{key}>{escape(str(value), quote=False)}</{key}>")
     lines.append(f"</{name}>")
     return "\n".join(lines)
-
-
-class ContextUnavailable(Exception):
-    """One item could not be read; becomes an error block, never a failed run."""
 
 
 def _read_text(workspace: Path, relative: str, limit: int) -> tuple[str, float]:
@@ -90,80 +77,11 @@ def expand_file(item: FileItem, workspace: Path, settings: Settings) -> str:
     return _tag("file_context", path=item.path, mtime=mtime, content=text)
 
 
-class _TextOnly(HTMLParser):
-    """Visible text of an HTML page (scripts and styles dropped)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.parts: list[str] = []
-        self._skip = 0
-
-    def handle_starttag(self, tag: str, attrs: Any) -> None:
-        if tag in ("script", "style", "noscript"):
-            self._skip += 1
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in ("script", "style", "noscript") and self._skip:
-            self._skip -= 1
-
-    def handle_data(self, data: str) -> None:
-        if not self._skip and data.strip():
-            self.parts.append(data.strip())
-
-
-def _check_address(url: str, settings: Settings) -> None:
-    if settings.context_url_allow_private:
-        return
-    host = urlsplit(url).hostname or ""
+def expand_url(item: UrlItem, settings: Settings, budget: UrlBudget | None = None) -> str:
+    """A URL block, fetched now (``orchestrator/run/url_fetch.py``: no rebinding window, within the
+    fetch's deadline and, given its ``budget``, the run's)."""
     try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError as exc:
-        raise ContextUnavailable(f"cannot resolve {host}: {exc}") from None
-    for info in infos:
-        addr = ipaddress.ip_address(info[4][0])
-        if not addr.is_global:
-            raise ContextUnavailable(f"{host} resolves to a non-public address; refused")
-
-
-def fetch_url(url: str, settings: Settings) -> str:
-    """GET ``url`` as text, following a few redirects (each one checked)."""
-    limit = settings.context_url_max_bytes
-    with httpx.Client(timeout=settings.context_url_timeout_s, follow_redirects=False) as client:
-        for _ in range(MAX_REDIRECTS + 1):
-            if urlsplit(url).scheme not in ("http", "https"):
-                raise ContextUnavailable("redirected away from http(s)")
-            _check_address(url, settings)
-            try:
-                with client.stream("GET", url, headers={"Accept": "text/*, application/json"}) as resp:
-                    if resp.is_redirect and "location" in resp.headers:
-                        url = urljoin(url, resp.headers["location"])
-                        continue
-                    if resp.status_code >= 400:
-                        raise ContextUnavailable(f"HTTP {resp.status_code}")
-                    kind = resp.headers.get("content-type", "text/plain").split(";")[0].strip().lower()
-                    if not (kind.startswith("text/") or kind.endswith(("json", "xml"))):
-                        raise ContextUnavailable(f"not a text document ({kind})")
-                    data = b""
-                    for chunk in resp.iter_bytes():
-                        data += chunk
-                        if len(data) > limit:
-                            break
-                    text = data[:limit].decode(resp.encoding or "utf-8", errors="replace")
-            except httpx.HTTPError as exc:
-                raise ContextUnavailable(f"{type(exc).__name__}: {exc}") from None
-            if kind == "text/html":
-                parser = _TextOnly()
-                parser.feed(text)
-                text = "\n".join(parser.parts)
-            if len(data) > limit:
-                text += f"\n[... truncated at {limit} bytes]"
-            return text
-    raise ContextUnavailable("too many redirects")
-
-
-def expand_url(item: UrlItem, settings: Settings, fetch: Callable[[str, Settings], str] = fetch_url) -> str:
-    try:
-        text = fetch(item.url, settings)
+        text = fetch_url(item.url, settings, budget=budget)
     except ContextUnavailable as exc:
         return _tag("url_context_error", url=item.url, error=f"[Error: {exc}]")
     return _tag("url_content", url=item.url, content=text)
@@ -176,20 +94,23 @@ def expand_selection(item: SelectionItem) -> str:
     )
 
 
-def expand_items(items: list[ContextItem], workspace: Path, settings: Settings) -> list[str]:
+def expand_items(items: list[ContextItem], workspace: Path, settings: Settings,
+                 budget: UrlBudget | None = None) -> list[str]:
     blocks = []
     for item in items:
         if isinstance(item, FileItem):
             blocks.append(expand_file(item, workspace, settings))
         elif isinstance(item, UrlItem):
-            blocks.append(expand_url(item, settings))
+            blocks.append(expand_url(item, settings, budget))
         else:
             blocks.append(expand_selection(item))
     return blocks
 
 
-def expand_content(content: str, metadata: JsonObject | None, workspace: Path, settings: Settings) -> str:
-    """What the model reads for one message: the typed text, then its context blocks."""
+def expand_content(content: str, metadata: JsonObject | None, workspace: Path, settings: Settings,
+                   budget: UrlBudget | None = None) -> str:
+    """What the model reads for one message: the typed text, then its context blocks (its URLs
+    within ``budget``, the deadline of the run's input, when given)."""
     try:
         items = parse_context(metadata)
     except InvalidMessageMetadata as exc:
@@ -197,4 +118,4 @@ def expand_content(content: str, metadata: JsonObject | None, workspace: Path, s
         return f"{content}\n\n{_tag('context_error', error=f'[Error: {exc}]')}"
     if not items:
         return content
-    return "\n\n".join([content, *expand_items(items, workspace, settings)])
+    return "\n\n".join([content, *expand_items(items, workspace, settings, budget)])

@@ -20,7 +20,20 @@ each binding a reply queue) makes both happen:
   without truncation, locked, then read, rewritten and truncated, and an
   empty table (created, not yet written) reads as no bindings.
 
-Others have met both upstream: treeverse/dvc-task#73 (the pidbox exchange
+A third change is not a race but a wait: kombu's transport finds new messages
+by polling, so an idle worker heard of a message up to a polling interval
+(``ORCHESTRATOR_BROKER_POLLING_INTERVAL``, 50 ms) late and spent about 1 % of
+a core looking.  Here :meth:`Transport.drain_events` sleeps on an inotify
+watch of the message folder instead and wakes when a ``*.msg`` file is
+renamed (or, from kombu's own writer, closed) into it; a slow poll
+(:data:`SAFETY_POLL_S`) stays underneath, for an event the kernel dropped
+(queue overflow) or a folder shared over a network filesystem, where
+inotify sees only this machine's writes.  Where inotify cannot be had (not
+Linux, the per-user instance or watch limit reached) the transport polls
+as kombu does and logs a warning; ``ORCHESTRATOR_BROKER_WAKEUP=poll``
+chooses that on purpose.
+
+Others have met the two races upstream: treeverse/dvc-task#73 (the pidbox exchange
 file turned invalid JSON under several workers) and celery/kombu#1551 (a
 consumer decoding an empty message file).
 
@@ -33,9 +46,11 @@ selects this transport for ``filesystem://`` URLs (Celery's
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import uuid
 from pathlib import Path
+from queue import Empty
 from time import monotonic
 from typing import Any
 
@@ -43,6 +58,14 @@ from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
+
+log = logging.getLogger(__name__)
+
+# With inotify wake-ups, the folder is still listed this often without an
+# event: a missed event (the kernel's queue overflowed, a writer on another
+# machine of a network filesystem) delays a message by at most this much.
+# Each look lists the folder once per queue consumed: next to nothing.
+SAFETY_POLL_S = 1.0
 
 # Suffix of a message file still being written: `_get` only takes names whose
 # part after the first dot is exactly "<queue>.msg".
@@ -136,5 +159,110 @@ def _flock(fd: int, *, shared: bool) -> None:
     fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
 
 
+class _FolderWatch:
+    """An inotify watch of the message folder: :meth:`wait` returns when a
+    message file may have arrived since the watch was made or last waited on.
+
+    The kernel queues every event from the moment the watch exists, so a
+    file that lands between a look at the folder and the wait that follows
+    is already queued when the wait starts, and the wait returns at once:
+    no wake-up is lost as long as the watch is made before the first look.
+    """
+
+    def __init__(self, folder: str) -> None:
+        from inotify_simple import INotify, flags  # type: ignore[import-untyped]
+
+        self._flags = flags
+        self._inotify = INotify()
+        try:
+            # MOVED_TO: our writer renames a finished file into place; CLOSE_WRITE:
+            # kombu's own writer (another process on the same folder) writes in place.
+            self._inotify.add_watch(folder, flags.MOVED_TO | flags.CLOSE_WRITE)
+        except BaseException:
+            self._inotify.close()
+            raise
+        self.pid = os.getpid()
+        self.gone = False  # the folder was removed or unmounted: the watch is dead
+
+    def wait(self, timeout_s: float) -> None:
+        """Until a message file may be there, or ``timeout_s``."""
+        events = self._inotify.read(timeout=max(0, int(timeout_s * 1000)))
+        for event in events:
+            if event.mask & self._flags.IGNORED:
+                self.gone = True
+
+    def close(self) -> None:
+        self._inotify.close()
+
+
 class Transport(filesystem.Transport):
     Channel = Channel
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        options = client.transport_options
+        self._folder: str = options.get("data_folder_in", "data_in")
+        # "inotify" (the default) or "poll": kombu's polling every polling_interval
+        # (the baseline of bench/wakeup.py, and the way a platform without inotify works).
+        self._wakeup: str = options.get("wakeup", "inotify")
+        self._safety_poll_s = float(options.get("safety_poll_interval", SAFETY_POLL_S))
+        self._watch: _FolderWatch | None = None
+
+    def _folder_watch(self) -> _FolderWatch | None:
+        """The folder's watch, made on first use; None: poll as kombu does."""
+        watch = self._watch
+        if watch is not None and (watch.gone or watch.pid != os.getpid()):
+            # A dead watch, or one inherited across a fork (its events are the parent's too).
+            if watch.pid == os.getpid():
+                watch.close()
+            watch = self._watch = None
+        if watch is None and self._wakeup == "inotify":
+            try:
+                watch = self._watch = _FolderWatch(self._folder)
+            except (ImportError, OSError) as exc:
+                log.warning(
+                    "filesystem broker: no inotify on %s (%s); polling every %.3f s instead",
+                    self._folder,
+                    exc,
+                    self.polling_interval or 0,
+                )
+                self._wakeup = "poll"
+        return watch
+
+    # The stubs (celery-types) type drain_events loosely; kombu calls it with the connection and a timeout.
+    def drain_events(self, connection: Any, timeout: float | None = None) -> None:  # type: ignore[override]
+        watch = self._folder_watch()
+        if watch is None:
+            super().drain_events(connection, timeout=timeout)
+            return
+        start = monotonic()
+        assert self.cycle is not None  # made with the transport (typed Optional)
+        get = self.cycle.get
+        while True:
+            try:
+                get(self._deliver, timeout=timeout)
+                return
+            except Empty:
+                pass
+            # A consumer whose prefetch is full (a task still unacknowledged) takes
+            # nothing, whatever wakes it, and the ack that frees it is no file
+            # event: meanwhile look every polling_interval, as kombu does.
+            wait = self._safety_poll_s if self._can_consume() else (self.polling_interval or 0.05)
+            if timeout is not None:
+                left = timeout - (monotonic() - start)
+                if left <= 0:
+                    raise TimeoutError()
+                wait = min(wait, left)
+            watch.wait(wait)
+            if watch.gone:
+                watch = self._folder_watch() or watch  # made anew (a folder put back) or polled
+
+    def _can_consume(self) -> bool:
+        # Every consuming channel: the remote-control channel's is never full, the tasks' one is.
+        return all(ch.qos.can_consume() for ch in self.channels or () if ch._consumers)
+
+    def close_connection(self, connection: Any) -> None:
+        super().close_connection(connection)
+        if self._watch is not None and self._watch.pid == os.getpid():
+            self._watch.close()
+        self._watch = None

@@ -45,7 +45,8 @@ NoticeProvider = Callable[[NoticeContext], list[str]]
 
 
 def previous_run_failed(ctx: NoticeContext) -> list[str]:
-    recent = [r for r in list_runs(ctx.db, chat_jid=ctx.group.chat_jid, limit=5) if r.finished_at is not None]
+    recent = [r for r in list_runs(ctx.db, chat_jid=ctx.group.chat_jid, limit=5, chat_runs_only=True)
+              if r.finished_at is not None]
     if recent and recent[0].state in ("failed", "timed_out"):
         last = recent[0]
         why = (last.error or "unknown error").splitlines()[0][:200]

@@ -29,7 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from sqlalchemy import func, select, update
 
-from orchestrator.core import metrics
+from orchestrator.core import metrics, secrets
 from orchestrator.core.backoff import backoff_delay
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
@@ -210,7 +210,8 @@ class Deliverer:
                 channel.send(row.address, rendered)
         except Exception as exc:  # noqa: BLE001 - any channel failure is recorded and retried
             report.failed_attempts += 1
-            error = f"{type(exc).__name__}: {exc}"[:_ERROR_CAP]
+            # A channel's exception may quote its URL (the Telegram bot token is in its path).
+            error = secrets.redact(f"{type(exc).__name__}: {exc}")[:_ERROR_CAP]
             if row.attempts >= self.settings.delivery_max_attempts:
                 log.warning("delivery of #%d to %s failed for good after %d attempts: %s",
                             row.message_seq, row.channel, row.attempts, error)

@@ -9,8 +9,9 @@ tool_use           assistant       tool_use          tool_use_id, tool, input
 thinking           assistant       thinking          -
 =================  ==============  ================  ==============================
 
-``tool_use`` and ``thinking`` are stored for the record but never shown to
-the model again (see ``orchestrator.model.messages``).  Tool results were
+``thinking`` is stored for the record, never shown to the model again;
+``tool_use`` comes back to later runs as the call it was, paired with its
+result by ``tool_use_id`` (``orchestrator.model.views``).  Tool results were
 stored with the sender ``command_output`` before; those rows stay as they
 are and read the same (their type, ``tool_result``, decides how they are
 shown and what the model sees).  The run's ``result_meta`` record is made
@@ -32,6 +33,7 @@ import msgspec
 from agent_runner.protocol import AssistantEvent, Event, ThinkingEvent, ToolResultEvent, ToolUseEvent
 from pydantic import BaseModel
 
+from orchestrator.core import secrets
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.envelopes import InvalidMessageMetadata, build_structured_envelope
 from orchestrator.model.messages import (
@@ -137,7 +139,9 @@ def _tool_result_metadata(event: ToolResultEvent, cap: int | None = None) -> Jso
 
 
 def host_message(*, run_id: str, text: str) -> OutputMessage:
-    """An operational notice for people; never sent to the model."""
+    """An operational notice for people; never sent to the model.  The settings' secrets are taken
+    out of ``text`` (it quotes errors, from anywhere)."""
     return OutputMessage(
-        id=f"{run_id}-host", sender=SENDER_HOST, sender_name="host", content=text, message_type="host"
+        id=f"{run_id}-host", sender=SENDER_HOST, sender_name="host", content=secrets.redact(text),
+        message_type="host"
     )

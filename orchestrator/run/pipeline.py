@@ -33,6 +33,7 @@ from agent_runner.protocol import (
     ProtocolError,
     ResultEvent,
     SendMessageEvent,
+    TextDeltaEvent,
     Usage,
     decode_input,
     parse_event,
@@ -56,6 +57,7 @@ from orchestrator.run.assembly import (
     record_input,
     stored_input,
 )
+from orchestrator.run.live_draft import FREE_LINES_PER_EVENT, LiveDraft
 from orchestrator.run.notices import compute_notices
 from orchestrator.run.outbound import ChannelRegistry, Deliverer
 from orchestrator.run.outputs import OutputMessage, event_to_message, host_message, stored_size
@@ -67,7 +69,9 @@ from orchestrator.sandbox.bounded_io import OutputBudget, OutputLimitExceeded
 from orchestrator.sandbox.config import container_plan
 from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerSpec, DockerSandbox
 from orchestrator.sandbox.gateway import ModelGateway
+from orchestrator.sandbox.image import image_name, model_variant
 from orchestrator.sandbox.port import Sandbox
+from orchestrator.sandbox.sessions import session_mount
 from orchestrator.sandbox.warm import WarmPool, gateway_dir, host_only_dir
 from orchestrator.store import leases
 from orchestrator.store.db import Database, db_now
@@ -105,7 +109,11 @@ def model_settings(settings: Settings) -> ModelSettings:
                              thinking_budget=thinking)
     if provider == "openai" and model:
         return ModelSettings(provider="openai", model=model, max_tokens=settings.max_tokens)
-    raise ConfigError(f"ORCHESTRATOR_MODEL={spec!r}: use 'offline', 'anthropic:<model id>' or 'openai:<model id>'")
+    if provider == "claude-code" and model:
+        return ModelSettings(provider="claude-code", model=model, max_tokens=settings.max_tokens,
+                             thinking_budget=settings.thinking_budget or msgspec.UNSET)
+    raise ConfigError(f"ORCHESTRATOR_MODEL={spec!r}: use 'offline', 'anthropic:<model id>', "
+                      "'openai:<model id>' or 'claude-code:<model id>'")
 
 
 @dataclass
@@ -583,7 +591,7 @@ class Pipeline:
         # The group's limits and mounts, checked against the allowlist as it is now.
         plan = container_plan(self.settings, group)
         spec = ContainerSpec(
-            image=self.settings.agent_image,
+            image=image_name(self.settings, model_variant(payload.model.provider)),
             name=f"orch-{group.folder}-{run.id[:8]}-{uuid.uuid4().hex[:4]}",
             workspace=plan.workspace,
             run_id=run.id,
@@ -593,7 +601,9 @@ class Pipeline:
             pids=plan.limits.pids,
             timeout_s=plan.limits.run_timeout_s,
             install_id=self.settings.install_id,
-            extra_mounts=plan.read_write_mounts,
+            # A provider that keeps its own transcript gets the group's session folder.
+            extra_mounts={**plan.read_write_mounts,
+                          **session_mount(self.settings, group.folder, payload.model.provider)},
             readonly_mounts=plan.read_only_mounts,
         )
         with contextlib.ExitStack() as cleanup:
@@ -643,24 +653,36 @@ class Pipeline:
         if outcome.budget is None:
             outcome.budget = OutputBudget(settings.max_run_events, settings.max_run_stored_bytes)
         budget = outcome.budget
+        # The reply as it is written, for the chat's live view; never stored (live_draft.py).
+        draft = LiveDraft(self.db, run.id, group.chat_jid, max_bytes=settings.max_event_line_bytes,
+                          free_lines=FREE_LINES_PER_EVENT * settings.max_run_events,
+                          free_bytes=settings.max_run_stored_bytes)
         asked = time.perf_counter()
-        with self.sandbox.start(spec, input_bytes(payload)) as container:
+        with self.sandbox.start(spec, input_bytes(payload)) as container, contextlib.closing(draft):
             metrics.container_started(asked, container)
             set_container(self.db, run.id, container.id)
             tracing.annotate(container_id=container.id, cold=getattr(container, "cold", True))
             with StopWatch(self.db, run.id, container.kill, lease_lost, clock=self.clock) as stop:
                 try:
                     for line in container.lines(settings.max_event_line_bytes):
-                        budget.line()
                         if not line.strip():
+                            budget.line()
                             continue
                         try:
                             event = parse_event(line)
                         except ProtocolError:
+                            budget.line()
                             garbage += 1
                             if garbage <= 5:  # a flood of garbage must not flood the worker's log
                                 log.warning("run %s: ignoring a line that is not an event: %.200r", run.id, line)
                             continue
+                        if isinstance(event, TextDeltaEvent):
+                            # Shown, not stored: bounded by the draft's own allowance, past
+                            # which each delta line counts like any other line.
+                            if not draft.add(event):
+                                budget.line()
+                            continue
+                        budget.line()
                         if isinstance(event, ResultEvent):
                             result = event
                         elif isinstance(event, ErrorEvent):
@@ -676,6 +698,8 @@ class Pipeline:
                             if out is not None:
                                 budget.store(stored_size(out))
                                 self._emit(group, out, outcome)
+                                if isinstance(event, AssistantEvent):
+                                    draft.stored()  # the stored reply takes the draft's place
                 except OutputLimitExceeded as exc:
                     # Stop reading and stop the agent: whatever it writes next is not read.
                     limit = exc

@@ -33,6 +33,8 @@ DRAIN_TASK = "workers.tasks.drain_group"
 SWEEP_TASK = "workers.tasks.sweep"
 SCHEDULE_TASK = "workers.tasks.fire_schedules"
 DELIVER_TASK = "workers.tasks.deliver"
+# Runs a queued replay (orchestrator/run/replay.py) on a worker with the Docker engine.
+REPLAY_TASK = "workers.tasks.replay_run"
 
 
 log = logging.getLogger(__name__)
@@ -75,6 +77,7 @@ def make_celery(settings: Settings) -> Celery:
             control_folder=str(settings.broker_dir / "control"),
             store_processed=False,
             polling_interval=settings.broker_polling_interval,
+            wakeup=settings.broker_wakeup,
         )
     elif broker.startswith(("sqla+", "sqlalchemy")):
         transport_options["polling_interval"] = settings.broker_polling_interval
@@ -201,6 +204,11 @@ class Signals:
         the sweeper re-signals whatever is due if this one is lost.
         """
         return self._send(DELIVER_TASK, [chat_jid], DELIVERY_QUEUE, countdown)
+
+    def replay(self, run_id: str, chat_jid: str) -> str:
+        """Ask a worker to run the queued replay ``run_id`` of ``chat_jid``'s run: on the
+        queue of the host the group is placed on, where its workspace is."""
+        return self._send(REPLAY_TASK, [run_id], self.queue_for(chat_jid))
 
     def _check_breaker(self) -> None:
         if self._monotonic() < self._broken_until:

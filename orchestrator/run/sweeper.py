@@ -45,7 +45,7 @@ from orchestrator.sandbox.containers import DockerSandbox
 from orchestrator.sandbox.port import Sandbox
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import abandon_stale_claims, due_chats, record_deliveries
-from orchestrator.store.hosts import database_now
+from orchestrator.store.hosts import database_now, on_dead_host
 from orchestrator.store.leases import holder_gone
 from orchestrator.store.message_log import insert_message, now_iso
 from orchestrator.store.runs import finish_run
@@ -88,11 +88,21 @@ def sweep(
                 # A parked run waits for its retry holding no lease on purpose;
                 # its group's next step resumes (or ends) it.
                 RunRow.retry_at.is_(None),
+                # A replay holds no lease and moves no cursor (orchestrator/run/replay.py).
+                RunRow.replay_of.is_(None),
                 or_(_lease_dead(now), and_(RunRow.owner.is_not(None), GroupRow.lease_owner != RunRow.owner)),
             )
         ).all()
     for run_id, chat_jid, cursor_to in stale:
         _close_interrupted(db, run_id, chat_jid, cursor_to)
+        report.interrupted_runs.append(run_id)
+    # A replay (orchestrator/run/replay.py) holds no lease: one whose worker's host died
+    # ends failed here, nothing else would end it (its container is then an orphan).
+    with db.read() as session:
+        lost_replays = list(session.scalars(select(RunRow.id).where(
+            RunRow.replay_of.is_not(None), RunRow.finished_at.is_(None), on_dead_host(RunRow.owner, now))))
+    for run_id in lost_replays:
+        finish_run(db, run_id, state="failed", error="the worker running the replay is gone")
         report.interrupted_runs.append(run_id)
 
     with db.read() as session:
@@ -200,6 +210,7 @@ def recover_group(db: Database, chat_jid: str, owner: str, *, sandbox: Sandbox |
                 RunRow.state.in_(("queued", "running", "cancelled")),
                 RunRow.finished_at.is_(None),
                 RunRow.retry_at.is_(None),
+                RunRow.replay_of.is_(None),  # a replay is no run of the chat's: not this holder's to close
                 or_(RunRow.owner.is_(None), RunRow.owner != owner),
             )
             .order_by(RunRow.created_at)

@@ -10,7 +10,11 @@ Hardening is on from the first run: non-root user, no network, every
 capability dropped, no-new-privileges, read-only root with a tmpfs for /tmp,
 memory / CPU / pids limits, and labels that name run and group so orphans can
 be found.  A watchdog kills the container at the run's time limit; the
-container is always removed afterwards.
+container is always removed afterwards.  Under all of that, the kernel's own
+walls, as the engine offers them (:func:`engine_security_opt`): Docker's
+default seccomp profile (never relaxed here; a daemon that runs without it is
+warned about) and, where the engine uses AppArmor, the ``docker-default``
+profile named explicitly.
 """
 
 from __future__ import annotations
@@ -83,6 +87,50 @@ class ContainerExit:
     stderr_tail: str
 
 
+APPARMOR_ENABLED = Path("/sys/module/apparmor/parameters/enabled")
+# The engine's answer, per engine (its API's address): asked once per process.
+_engine_security: dict[str, list[str]] = {}
+_engine_lock = threading.Lock()
+
+
+def engine_security_opt(client: docker.DockerClient) -> list[str]:
+    """The ``security_opt`` every agent container gets from this engine.
+
+    ``no-new-privileges`` always.  ``apparmor=docker-default`` when the engine
+    confines containers with AppArmor (``docker info``'s security options name
+    it; the engine loads that profile itself): said explicitly, so a daemon
+    configured otherwise fails the create rather than running the agent
+    unconfined.  Seccomp needs no option: the engine applies its default
+    profile unless told ``seccomp=unconfined``, which this never says; an
+    engine that reports no seccomp, or another profile, is logged once as a
+    warning (``tests/integration/test_sandbox_defences.py`` checks a running
+    agent is filtered).
+    """
+    key = str(getattr(client.api, "base_url", ""))
+    with _engine_lock:
+        if key in _engine_security:
+            return list(_engine_security[key])
+    try:
+        engine = [str(o) for o in client.info().get("SecurityOptions") or []]
+    except DockerException as exc:
+        raise SandboxError(f"cannot reach the Docker engine: {exc}") from exc
+    options = ["no-new-privileges"]
+    if any(o.startswith("name=apparmor") for o in engine):
+        options.append("apparmor=docker-default")
+    else:
+        host = APPARMOR_ENABLED.read_text().strip() if APPARMOR_ENABLED.exists() else "absent"
+        level = logging.WARNING if host == "Y" else logging.INFO
+        log.log(level, "agent containers run without an AppArmor profile: the engine uses none (AppArmor on this "
+                "host: %s); seccomp, capabilities and no-new-privileges still confine them", host)
+    seccomp = next((o for o in engine if o.startswith("name=seccomp")), None)
+    if seccomp is None or "profile=default" not in seccomp and "profile=builtin" not in seccomp:
+        log.warning("the Docker engine reports %s: agent containers may not get Docker's default seccomp "
+                    "filter (see docs/architecture.md, 'Kernel walls')", seccomp or "no seccomp support")
+    with _engine_lock:
+        _engine_security[key] = options
+    return list(options)
+
+
 def docker_client(settings: Settings) -> docker.DockerClient:
     try:
         if settings.docker_url:
@@ -135,15 +183,16 @@ class CreateArgs(TypedDict):
     labels: dict[str, str]
 
 
-def hardened_create_args(spec: ContainerSpec, user: str) -> CreateArgs:
-    """``containers.create`` keyword arguments shared by cold and warm containers."""
+def hardened_create_args(spec: ContainerSpec, user: str, security_opt: list[str] | None = None) -> CreateArgs:
+    """``containers.create`` keyword arguments shared by cold and warm containers
+    (``security_opt``: :func:`engine_security_opt` of the engine that creates it)."""
     return {
         "image": spec.image,
         "name": spec.name,
         "user": user,
         "network_mode": "none",
         "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges"],
+        "security_opt": security_opt or ["no-new-privileges"],
         "read_only": True,
         "tmpfs": {"/tmp": "rw,nosuid,nodev,size=64m"},
         "mem_limit": spec.memory,
@@ -255,7 +304,8 @@ class RunningContainer(StreamedRun):
         spec.workspace.mkdir(parents=True, exist_ok=True)
         try:
             self._container = client.containers.create(
-                stdin_open=True, **hardened_create_args(spec, prepare_folder(spec.workspace))
+                stdin_open=True, **hardened_create_args(spec, prepare_folder(spec.workspace),
+                                                        engine_security_opt(client))
             )
             self._sock = client.api.attach_socket(
                 self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}

@@ -518,7 +518,7 @@ class ModelGateway:
         if provider == "openai":
             return cls(socket_path, upstream=settings.openai_base_url, api_key=settings.openai_api_key,
                        allowed_paths=OPENAI_PATHS, auth="bearer", **limits)
-        if provider == "anthropic":
+        if provider in ("anthropic", "claude-code"):  # Claude Code speaks the Messages API too
             return cls(socket_path, upstream=settings.anthropic_base_url, api_key=settings.anthropic_api_key,
                        **limits)
         raise ValueError(f"no model gateway for provider {provider!r}")
@@ -781,6 +781,10 @@ class ModelGateway:
                         meter.response_bytes = len(content)
                         self._read_usage(content, meter)
                         charge()
+                    if self._api_key and self._api_key.encode() in content:
+                        # An upstream's error may echo the key it was sent ("Incorrect API key
+                        # provided: sk-..."): the key never enters the container, not even so.
+                        content = content.replace(self._api_key.encode(), b"[redacted]")
                     self._send(h, status, ctype, content, resp.headers.get("retry-after"))
         except httpx.HTTPError as exc:
             if status == 200:  # cut mid-answer: the headers are sent, the client sees the end

@@ -8,6 +8,11 @@
 3. ``docker build`` runs with ``--network none``, installing only from that
    wheelhouse.  The build is keyed by a hash of its inputs (a label on the
    image), so a changed runner rebuilds and an unchanged one is reused.
+
+A variant is the agent image plus a provider's heavy dependencies, built on
+top of it the same way, and only when that provider is chosen: ``claude-code``
+(``container/Dockerfile.claude-code``, the Claude Agent SDK with its bundled
+CLI, about 400 MB) is tagged ``<agent image repository>:claude-code``.
 """
 
 from __future__ import annotations
@@ -30,6 +35,29 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BASE = "orchestrator-base:bookworm-git"
 HASH_LABEL = "orchestrator.build-hash"
+# variant -> (its Dockerfile, its requirements file), both in container/.
+VARIANTS: dict[str, tuple[str, str]] = {"claude-code": ("Dockerfile.claude-code", "requirements-claude-code.txt")}
+
+
+def model_variant(provider: str) -> str | None:
+    """The image variant a model provider needs (None: the agent image itself)."""
+    return provider if provider in VARIANTS else None
+
+
+def settings_variant(settings: Settings) -> str | None:
+    """The variant ``ORCHESTRATOR_MODEL`` needs (its provider is the part before ``:``)."""
+    return model_variant(settings.model.strip().partition(":")[0])
+
+
+def image_name(settings: Settings, variant: str | None) -> str:
+    """``settings.agent_image``, or its variant's tag in the same repository."""
+    if variant is None:
+        return settings.agent_image
+    if variant not in VARIANTS:
+        raise ImageBuildError(f"no image variant {variant!r}; there are: {', '.join(sorted(VARIANTS))}")
+    repo, colon, tag = settings.agent_image.rpartition(":")
+    repository = repo if colon and "/" not in tag else settings.agent_image
+    return f"{repository}:{variant}"
 
 
 def container_dir() -> Path:
@@ -85,11 +113,11 @@ def _base_python(client: docker.DockerClient, base: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def _wheelhouse(settings: Settings, cdir: Path, py: tuple[int, int]) -> Path:
+def _wheelhouse(settings: Settings, req: Path, py: tuple[int, int]) -> Path:
+    """The wheels of ``req`` (and pip) for the image's Python, downloaded once into the data dir."""
     machine = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}.get(
         platform.machine().lower(), platform.machine()
     )
-    req = cdir / "requirements.txt"
     key = hashlib.sha256(req.read_bytes() + f"{py}{machine}".encode()).hexdigest()[:12]
     dest = settings.build_dir / f"wheels-{key}"
     if (dest / "requirements.txt").is_file():
@@ -101,7 +129,9 @@ def _wheelhouse(settings: Settings, cdir: Path, py: tuple[int, int]) -> Path:
     cmd = [
         sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
         "--python-version", tag, "--implementation", "cp", "--abi", f"cp{tag}",
+        # manylinux_2_17 is manylinux2014's other name; pip matches a wheel's tag by name.
         "--platform", f"manylinux_2_28_{machine}", "--platform", f"manylinux2014_{machine}",
+        "--platform", f"manylinux_2_17_{machine}",
         "-d", str(tmp), "-r", str(req), "pip",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -112,30 +142,32 @@ def _wheelhouse(settings: Settings, cdir: Path, py: tuple[int, int]) -> Path:
     return dest
 
 
-def ensure_agent_image(client: docker.DockerClient, settings: Settings, *, force: bool = False) -> str:
-    """Build ``settings.agent_image`` unless an image of the same inputs exists."""
-    cdir = container_dir()
-    base_id = ensure_base_image(client, settings)
-    digest = _build_hash(cdir, base_id)
-    if not force:
-        try:
-            image = client.images.get(settings.agent_image)
-            if (image.labels or {}).get(HASH_LABEL) == digest:
-                return str(image.id)
-        except ImageNotFound:
-            pass
-    wheels = _wheelhouse(settings, cdir, _base_python(client, settings.base_image))
-    ctx = settings.build_dir / "context"
-    shutil.rmtree(ctx, ignore_errors=True)
-    ctx.mkdir(parents=True)
-    shutil.copy(cdir / "Dockerfile", ctx / "Dockerfile")
-    shutil.copytree(wheels, ctx / "wheels")
-    shutil.copytree(cdir / "agent_runner", ctx / "agent_runner", ignore=shutil.ignore_patterns("__pycache__"))
-    log.info("building agent image %s from %s", settings.agent_image, settings.base_image)
+def ensure_agent_image(
+    client: docker.DockerClient, settings: Settings, *, force: bool = False, variant: str | None = None
+) -> str:
+    """Build ``settings.agent_image`` unless an image of the same inputs exists;
+    with ``variant``, that variant too (on top of it), and return the variant's id."""
+    image_id = _ensure_plain_image(client, settings, force=force)
+    if variant is None:
+        return image_id
+    return _ensure_variant(client, settings, variant, image_id, force=force)
+
+
+def _current(client: docker.DockerClient, name: str, digest: str) -> str | None:
+    """The id of image ``name`` when it was built from inputs hashing to ``digest``."""
+    try:
+        image = client.images.get(name)
+    except ImageNotFound:
+        return None
+    return str(image.id) if (image.labels or {}).get(HASH_LABEL) == digest else None
+
+
+def _docker_build(client: docker.DockerClient, ctx: Path, tag: str, buildargs: dict[str, str], digest: str,
+                  dockerfile: str = "Dockerfile") -> str:
     try:
         image, _ = client.images.build(
-            path=str(ctx), tag=settings.agent_image, rm=True, forcerm=True, network_mode="none",
-            buildargs={"BASE_IMAGE": settings.base_image}, labels={HASH_LABEL: digest},
+            path=str(ctx), dockerfile=dockerfile, tag=tag, rm=True, forcerm=True, network_mode="none",
+            buildargs=buildargs, labels={HASH_LABEL: digest},
         )
     except (BuildError, DockerException) as exc:
         detail = "".join(str(c.get("stream", "")) for c in getattr(exc, "build_log", []) or [])
@@ -143,3 +175,42 @@ def ensure_agent_image(client: docker.DockerClient, settings: Settings, *, force
     finally:
         shutil.rmtree(ctx, ignore_errors=True)
     return str(image.id)
+
+
+def _ensure_variant(client: docker.DockerClient, settings: Settings, variant: str, base_id: str, *,
+                    force: bool) -> str:
+    tag = image_name(settings, variant)
+    dockerfile, requirements = VARIANTS[variant]
+    cdir = container_dir()
+    h = hashlib.sha256(base_id.encode())
+    for name in (dockerfile, requirements):
+        h.update(name.encode())
+        h.update((cdir / name).read_bytes())
+    digest = h.hexdigest()[:16]
+    if not force and (current := _current(client, tag, digest)):
+        return current
+    wheels = _wheelhouse(settings, cdir / requirements, _base_python(client, settings.base_image))
+    ctx = settings.build_dir / f"context-{variant}"
+    shutil.rmtree(ctx, ignore_errors=True)
+    ctx.mkdir(parents=True)
+    shutil.copy(cdir / dockerfile, ctx / "Dockerfile")
+    shutil.copytree(wheels, ctx / "wheels")
+    log.info("building the %s image variant %s from %s", variant, tag, settings.agent_image)
+    return _docker_build(client, ctx, tag, {"AGENT_IMAGE": settings.agent_image}, digest)
+
+
+def _ensure_plain_image(client: docker.DockerClient, settings: Settings, *, force: bool) -> str:
+    cdir = container_dir()
+    base_id = ensure_base_image(client, settings)
+    digest = _build_hash(cdir, base_id)
+    if not force and (current := _current(client, settings.agent_image, digest)):
+        return current
+    wheels = _wheelhouse(settings, cdir / "requirements.txt", _base_python(client, settings.base_image))
+    ctx = settings.build_dir / "context"
+    shutil.rmtree(ctx, ignore_errors=True)
+    ctx.mkdir(parents=True)
+    shutil.copy(cdir / "Dockerfile", ctx / "Dockerfile")
+    shutil.copytree(wheels, ctx / "wheels")
+    shutil.copytree(cdir / "agent_runner", ctx / "agent_runner", ignore=shutil.ignore_patterns("__pycache__"))
+    log.info("building agent image %s from %s", settings.agent_image, settings.base_image)
+    return _docker_build(client, ctx, settings.agent_image, {"BASE_IMAGE": settings.base_image}, digest)

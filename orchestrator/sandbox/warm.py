@@ -63,10 +63,12 @@ from orchestrator.sandbox.containers import (
     ContainerSpec,
     StreamedRun,
     docker_client,
+    engine_security_opt,
     hardened_create_args,
     prepare_folder,
 )
 from orchestrator.sandbox.hostile_fs import connect_unix, remove_entry
+from orchestrator.sandbox.sessions import forget_session
 from orchestrator.store.db import Database
 from orchestrator.store.groups import get_group
 from orchestrator.store.placement import moved_away
@@ -234,7 +236,7 @@ class WarmPool:
         # folder): gone before the container starts, so the first connection
         # can only reach the new runner's socket.
         remove_entry(spec.workspace, RUNNER_SOCKET)
-        args = hardened_create_args(spec, user)
+        args = hardened_create_args(spec, user, engine_security_opt(self.client))
         gateway = host_only_dir(gateway_dir(self.settings, spec.group_folder))
         args["volumes"][str(gateway)] = {"bind": GATEWAY_MOUNT, "mode": "ro"}
         args["labels"] = {**args["labels"], LABEL_WARM: "1", LABEL_WARM_CONFIG: config, LABEL_HOST: self.host_id}
@@ -450,4 +452,6 @@ def reset_session(db: Database, settings: Settings, chat_jid: str, client: docke
     group = get_group(db, chat_jid)
     with db.write() as session:
         session.execute(update(GroupRow).where(GroupRow.chat_jid == chat_jid).values(session_id=None))
-    return WarmPool(settings, client or docker_client(settings)).stop(group.folder)
+    stopped = WarmPool(settings, client or docker_client(settings)).stop(group.folder)
+    forget_session(settings, group.folder)  # after the stop: no container writes into it any more
+    return stopped

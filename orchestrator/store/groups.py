@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from orchestrator.core.errors import ConfigError, InvalidMessage, StoreError, UnknownGroup
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.store.db import Database
+from orchestrator.store.message_log import driver_execute
 from orchestrator.store.tables import GroupRow
 
 # A folder name (also the API's schema pattern, orchestrator/http/api.py).
@@ -117,6 +118,18 @@ def find_group(db: Database, chat_jid: str) -> Group | None:
         return get_group(db, chat_jid)
     except UnknownGroup:
         return None
+
+
+def is_registered(db: Database, chat_jid: str) -> bool:
+    """Whether ``chat_jid`` is a registered group.
+
+    The API asks it before each posted message: one fixed statement on the
+    driver, outside any transaction (no write lock on SQLite), where
+    :func:`find_group`'s ORM read of the whole row cost more than the ingest
+    that follows it (docs/performance.md, "The HTTP path")."""
+    with db.engine.connect() as conn:
+        found = driver_execute(conn, "SELECT 1 FROM groups WHERE chat_jid = :chat_jid", {"chat_jid": chat_jid})
+        return found.fetchone() is not None
 
 
 def list_groups(db: Database) -> list[Group]:

@@ -122,7 +122,8 @@ def _person_waiting() -> ColumnElement[bool]:
 def _running(session: Session) -> int:
     return session.execute(
         select(func.count()).select_from(RunRow)
-        .where(RunRow.state.in_(_UNFINISHED), RunRow.finished_at.is_(None))
+        # A replay is an operator's tool beside the chats (orchestrator/run/replay.py): it takes no slot.
+        .where(RunRow.state.in_(_UNFINISHED), RunRow.finished_at.is_(None), RunRow.replay_of.is_(None))
     ).scalar_one()
 
 
@@ -133,7 +134,7 @@ def _line(session: Session, now: datetime, including: str | None = None) -> list
     """The waiting groups that count (and ``including``, waiting or not), best ranked first:
     (chat_jid, lane, is_main, since); a group not waiting yet waits from ``now``."""
     has_run = exists().where(RunRow.chat_jid == GroupRow.chat_jid, RunRow.state.in_(_UNFINISHED),
-                             RunRow.finished_at.is_(None))
+                             RunRow.finished_at.is_(None), RunRow.replay_of.is_(None))
     counts = and_(RunWaitRow.chat_jid.is_not(None), RunWaitRow.seen_at > now - timedelta(seconds=STALE_S),
                   GroupRow.pending_seq > GroupRow.cursor_seq, not_(has_run))
     rows = session.execute(

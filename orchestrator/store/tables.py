@@ -142,6 +142,10 @@ class RunRow(Base):
     # The exact ContainerInput JSON the run sent (zlib-compressed) and its hash.
     input_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     input_json: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    # A replay (orchestrator/run/replay.py; revision 0015): the run whose recorded input it
+    # ran against another model.  Never a chat run: the sweeper, the recovery and the
+    # run slots leave it alone, nothing it says is stored as a message.  NULL for chat runs.
+    replay_of: Mapped[str | None] = mapped_column(String(36), nullable=True, index=True)
 
     # A group's runs by start: its quotas count them (orchestrator/store/usage.py).
     __table_args__ = (Index("idx_runs_chat_created", "chat_jid", "created_at"),)
@@ -253,6 +257,37 @@ class RunWaitRow(Base):
     chat_jid: Mapped[str] = mapped_column(Text, primary_key=True)
     since: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
     seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+
+
+class ReplayOutputRow(Base):
+    """What a replay run said (``orchestrator/run/replay.py``; revision 0015): its outputs
+    as the messages they would have been, zlib-compressed JSON, kept here and never in
+    ``messages``, so no view, cursor or channel ever sees them."""
+
+    __tablename__ = "replay_outputs"
+
+    run_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    # The model asked for, as ORCHESTRATOR_MODEL spells it ("openai:<model id>").
+    model: Mapped[str] = mapped_column(Text, nullable=False)
+    # NULL until the replay ended.
+    outputs_json: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    # What the workspace copy left out (symlinks kept as links; FIFOs, sockets, devices skipped).
+    copy_report: Mapped[JsonObject | None] = mapped_column(JSON, nullable=True)
+
+
+class RunDraftRow(Base):
+    """A running run's reply as the model writes it (``orchestrator/store/drafts.py``; revision
+    0014): one row per run, updated in place (never a row per piece), deleted when the
+    reply is stored or the run ends.  ``version`` grows with each write, so a reader sees
+    a change without comparing the text."""
+
+    __tablename__ = "run_drafts"
+
+    run_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    chat_jid: Mapped[str] = mapped_column(Text, nullable=False, index=True)
+    text: Mapped[str] = mapped_column(Text, nullable=False)
+    version: Mapped[int] = mapped_column(Integer, nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
 
 
 class InstallationRow(Base):

@@ -45,7 +45,8 @@ class RunnerResult:
 
     @property
     def types(self) -> list[str]:
-        return [e["type"] for e in self.events]
+        """The events' types in order; the streamed text (``text_delta``: test_streaming.py) left out."""
+        return [e["type"] for e in self.events if e["type"] != "text_delta"]
 
     def of_type(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["type"] == kind]

@@ -23,6 +23,7 @@ from agent_runner.protocol import (
     Event,
     ModelSettings,
     ResultEvent,
+    TextDeltaEvent,
     ToolResultEvent,
     ToolUseEvent,
     decode_input,
@@ -77,7 +78,12 @@ def tool_then_text() -> FakeAnthropic:
 def run_with(provider: AnthropicProvider, workspace: Path, **fields: Any) -> list[Event]:
     events: list[Event] = []
     inp = decode_input(json.dumps(make_input("run echo please", **fields)))
-    run_agent(inp, provider, events.append, workspace=workspace)
+
+    def keep(event: Event) -> None:
+        if not isinstance(event, TextDeltaEvent):  # the streamed text: test_streaming.py
+            events.append(event)
+
+    run_agent(inp, provider, keep, workspace=workspace)
     return events
 
 
@@ -129,13 +135,19 @@ def test_request_carries_tools_system_prompt_and_placeholder_key(
 
     (request,) = fake.requests
     assert request["model"] == "claude-fake" and request["max_tokens"] == 321
-    assert "You are Bob" in request["system"] and "Reply in French today." in request["system"]
+    # Prompt-cache breakpoints on the tools, the system prompt and the end of the messages.
+    ephemeral = {"type": "ephemeral"}
+    (system,) = request["system"]
+    assert "You are Bob" in system["text"] and "Reply in French today." in system["text"]
+    assert system["cache_control"] == ephemeral
     assert request["messages"] == [
-        {"role": "user", "content": [{"type": "text", "text": "run echo please"}]}
+        {"role": "user", "content": [{"type": "text", "text": "run echo please", "cache_control": ephemeral}]}
     ]
+    specs = tool_specs()
     assert request["tools"] == [
         {"name": spec.name, "description": spec.description, "input_schema": spec.input_schema}
-        for spec in tool_specs()
+        | ({"cache_control": ephemeral} if spec is specs[-1] else {})
+        for spec in specs
     ]
     assert [t["name"] for t in request["tools"]] == [
         "bash", "read_file", "write_file", "edit_file", "glob", "grep", "todo_write", "send_message"
@@ -218,7 +230,7 @@ def test_runner_process_talks_to_the_api(serve_tcp: Any, run_runner: RunRunner) 
 
     assert res.returncode == 0, res.stderr
     assert res.types == ["assistant", "tool_use", "tool_result", "assistant", "result"]
-    assert res.events[2]["output"] == "from-fake\n"
+    assert res.of_type("tool_result")[0]["output"] == "from-fake\n"
 
 
 def test_gateway_unix_socket(workspace: Path) -> None:

@@ -14,6 +14,7 @@ from agent_runner.providers.base import (
     ProviderMessage,
     ProviderResponse,
     TextBlock,
+    TextSink,
     TokenUsage,
     ToolResultBlock,
     ToolSpec,
@@ -148,10 +149,10 @@ class RecordingOffline(OfflineProvider):
         self.calls: list[tuple[str, list[ProviderMessage]]] = []
 
     def complete(
-        self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec]
+        self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec], on_text: TextSink | None = None
     ) -> ProviderResponse:
         self.calls.append((system, list(messages)))
-        return super().complete(system, messages, tools)
+        return super().complete(system, messages, tools, on_text)
 
 
 def test_system_notices_are_appended_to_the_system_prompt(tmp_path: Path) -> None:
@@ -210,7 +211,7 @@ class ScriptedProvider:
         self.seen: list[list[ProviderMessage]] = []
 
     def complete(
-        self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec]
+        self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec], on_text: TextSink | None = None
     ) -> ProviderResponse:
         self.seen.append(list(messages))
         return self.responses.pop(0) if len(self.responses) > 1 else self.responses[0]

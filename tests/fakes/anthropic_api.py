@@ -12,15 +12,19 @@ A scripted reply is a ``(status, body, extra headers)`` tuple (see
 that gets the :class:`Recorded` request and returns one.  A body is a JSON
 value, ``bytes`` (sent as they are) or an iterator of ``bytes`` (each chunk
 sent and flushed as it comes, the end of the body is the end of the
-connection: how a streamed answer arrives).  ``on_request`` is called with
+connection: how a streamed answer arrives).  A request that asks for
+``"stream": true`` gets a scripted whole message as the streaming API sends
+it (:func:`message_events`), paced by :func:`paced` when the script says so.  ``on_request`` is called with
 each recorded request, in the server's thread, before the reply is sent.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socketserver
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -108,6 +112,68 @@ def message_stream(
     return 200, chunks(), {"content-type": "text/event-stream"}
 
 
+# Knobs a scripted reply carries in its extra headers (never sent): the pause
+# before the first event of a streamed answer and between its events, in seconds.
+FIRST_DELAY = "x-fake-first-delay"
+CHUNK_DELAY = "x-fake-chunk-delay"
+
+
+def paced(reply: Reply, chunk_delay_s: float, first_delay_s: float = 0.0) -> Reply:
+    """``reply`` streamed (when the request asks ``"stream": true``) with these pauses."""
+    status, body, extra = reply
+    return status, body, {**extra, CHUNK_DELAY: str(chunk_delay_s), FIRST_DELAY: str(first_delay_s)}
+
+
+def message_events(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events the streaming Messages API sends for the whole message ``body``.
+
+    ``message_start`` with the input and cache counts (output 1), each block
+    as ``content_block_start`` / deltas / ``content_block_stop`` (text a word
+    at a time as ``text_delta``, thinking as ``thinking_delta`` then a
+    ``signature_delta``, a tool's input as ``input_json_delta`` pieces, a
+    redacted block whole in its start), a ``ping``, ``message_delta`` with
+    the stop reason and the final output count, ``message_stop``.
+    """
+    usage = dict(body["usage"])
+    events: list[dict[str, Any]] = [{"type": "message_start", "message": {
+        **{k: v for k, v in body.items() if k not in ("content", "stop_reason", "usage")},
+        "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**usage, "output_tokens": 1}}},
+        {"type": "ping"}]
+    for index, block in enumerate(body["content"]):
+        kind = block["type"]
+        deltas: list[dict[str, Any]] = []
+        if kind == "text":
+            start: dict[str, Any] = {"type": "text", "text": ""}
+            words = block["text"].split(" ")
+            deltas = [{"type": "text_delta", "text": w if i == 0 else " " + w} for i, w in enumerate(words)]
+        elif kind == "thinking":
+            start = {"type": "thinking", "thinking": ""}
+            deltas = [{"type": "thinking_delta", "thinking": block["thinking"]}]
+            if block.get("signature"):
+                deltas.append({"type": "signature_delta", "signature": block["signature"]})
+        elif kind == "tool_use":
+            start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+            raw = json.dumps(block["input"])
+            deltas = [{"type": "input_json_delta", "partial_json": raw[i:i + 7]} for i in range(0, len(raw), 7)]
+        else:  # redacted_thinking and anything else: whole in its start
+            start = block
+        events.append({"type": "content_block_start", "index": index, "content_block": start})
+        events += [{"type": "content_block_delta", "index": index, "delta": d} for d in deltas]
+        events.append({"type": "content_block_stop", "index": index})
+    events.append({"type": "message_delta", "delta": {"stop_reason": body["stop_reason"], "stop_sequence": None},
+                   "usage": {"output_tokens": usage["output_tokens"]}})
+    events.append({"type": "message_stop"})
+    return events
+
+
+def _paced(events: list[dict[str, Any]], first_delay_s: float, chunk_delay_s: float) -> Iterator[bytes]:
+    time.sleep(first_delay_s)
+    for i, event in enumerate(events):
+        if i and chunk_delay_s:
+            time.sleep(chunk_delay_s)
+        yield sse([event])
+
+
 def api_error(status: int, kind: str, text: str, headers: dict[str, str] | None = None) -> Reply:
     """An API error response ``{"type": "error", "error": {"type": kind, "message": text}}``."""
     # retry-after-ms keeps the SDK's retry backoff short in tests.
@@ -129,17 +195,98 @@ class Recorded:
     raw: bytes
 
 
+class PromptCache:
+    """Anthropic's prompt cache, as the API counts it (for a fake, by hash).
+
+    A request's prompt is its tools, then its system blocks, then its
+    messages' content blocks, in that order.  Blocks marked with
+    ``cache_control`` are breakpoints: the prefix ending at each one is
+    written (``cache_creation_input_tokens``) unless it is shorter than
+    ``min_tokens`` (the API's minimum cacheable prompt: 1024 tokens for most
+    models); a later request reads back (``cache_read_input_tokens``) the
+    longest prefix it shares with one written, found at a breakpoint or at
+    most 20 blocks before one, as the API looks.  Tokens are the blocks'
+    JSON bytes / 4; ``input_tokens`` is what is neither read nor written.
+    """
+
+    LOOKBACK = 20
+
+    def __init__(self, min_tokens: int = 1024) -> None:
+        self.min_tokens = min_tokens
+        self._written: set[str] = set()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _blocks(body: dict[str, Any]) -> list[tuple[dict[str, Any], bool]]:
+        """Each block of the prompt, cache_control taken off, and whether it is a breakpoint."""
+        out: list[tuple[dict[str, Any], bool]] = []
+
+        def add(where: dict[str, Any], block: Any) -> None:
+            if isinstance(block, dict):
+                mark = "cache_control" in block
+                block = {k: v for k, v in block.items() if k != "cache_control"}
+            else:
+                mark = False
+            out.append(({**where, "block": block}, mark))
+
+        for tool in body.get("tools") or []:
+            add({"in": "tools"}, tool)
+        system = body.get("system")
+        for block in [system] if isinstance(system, str) else system or []:
+            add({"in": "system"}, block)
+        for i, message in enumerate(body.get("messages") or []):
+            content = message.get("content")
+            for block in [{"type": "text", "text": content}] if isinstance(content, str) else content or []:
+                add({"in": i, "role": message.get("role")}, block)
+        return out
+
+    def usage(self, body: Any) -> dict[str, int]:
+        """``input_tokens``, ``cache_creation_input_tokens`` and ``cache_read_input_tokens`` of ``body``."""
+        blocks = self._blocks(body if isinstance(body, dict) else {})
+        sizes, prefixes, marks = [], [], []
+        digest = hashlib.sha256()
+        for block, mark in blocks:
+            data = json.dumps(block, sort_keys=True).encode()
+            sizes.append((len(data) + 3) // 4)
+            digest.update(data)
+            prefixes.append(digest.copy().hexdigest())
+            marks.append(mark)
+        total = sum(sizes)
+        upto = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+        points = [i for i, mark in enumerate(marks) if mark]
+        with self._lock:
+            hits = [
+                j for b in points for j in range(b, max(-1, b - self.LOOKBACK - 1), -1) if prefixes[j] in self._written
+            ]
+            read = upto[max(hits)] if hits else 0
+            written = [b for b in points if upto[b] >= self.min_tokens and upto[b] > read]
+            self._written.update(prefixes[b] for b in written)
+        creation = upto[max(written)] - read if written else 0
+        return {
+            "input_tokens": total - read - creation,
+            "cache_creation_input_tokens": creation,
+            "cache_read_input_tokens": read,
+        }
+
+
 class FakeAnthropic:
     """Scripted POST /v1/messages; remembers every request it got.
+
+    With ``prompt_cache`` (a :class:`PromptCache`), a scripted 200 message's
+    input counts are replaced by what the cache counts for the request.
 
     ``requests`` are the JSON bodies and ``headers`` the (lower-cased) headers
     of every request, in arrival order; ``calls`` has the full records and
     ``sent`` the replies given, in the same order.
     """
 
-    def __init__(self, *replies: Script, on_request: Callable[[Recorded], None] | None = None) -> None:
+    def __init__(
+        self, *replies: Script, on_request: Callable[[Recorded], None] | None = None,
+        prompt_cache: PromptCache | None = None,
+    ) -> None:
         self.replies: list[Script] = list(replies)
         self.on_request = on_request
+        self.prompt_cache = prompt_cache
         self.calls: list[Recorded] = []
         self.sent: list[Reply] = []
         self._lock = threading.Lock()
@@ -204,9 +351,18 @@ class FakeAnthropic:
                 if fake.on_request is not None:
                     fake.on_request(rec)
                 status, body, extra = fake._next_reply(rec)
+                if fake.prompt_cache is not None and status == 200 and isinstance(body, dict) and "usage" in body:
+                    body = {**body, "usage": {**body["usage"], **fake.prompt_cache.usage(rec.body)}}
                 with fake._lock:
                     fake.sent.append((status, body, extra))
                 extra = {k.lower(): v for k, v in extra.items()}
+                first_delay = float(extra.pop(FIRST_DELAY, 0))
+                chunk_delay = float(extra.pop(CHUNK_DELAY, 0))
+                streamed = isinstance(rec.body, dict) and rec.body.get("stream") is True
+                if streamed and status == 200 and isinstance(body, dict) and body.get("type") == "message":
+                    # A whole message scripted, a stream asked for: sent as the streaming API would.
+                    body = _paced(message_events(body), first_delay, chunk_delay)
+                    extra["content-type"] = "text/event-stream"
                 self.send_response(status)
                 self.send_header("Content-Type", extra.pop("content-type", "application/json"))
                 for key, value in extra.items():

@@ -12,7 +12,10 @@ a JSON value (sent encoded) or ``bytes`` (sent as they are: malformed
 bodies), or a callable that gets the :class:`Recorded` request and returns
 one.  Helpers: :func:`chat` (a completion), :func:`chat_stream` (a streamed
 one), :func:`tool_call`, :func:`api_error` (OpenAI's error shape),
-:func:`raw`.  Any other route gets a 404; an exhausted script a 500.
+:func:`raw`.  Any other route gets a 404; an exhausted script a 500.  A
+request that asks for ``"stream": true`` gets a scripted whole completion
+as a streaming server sends it (:func:`chunk_events`), paced by
+:func:`paced` when the script says so.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ from typing import Any, Union
 
 from tests.fakes.anthropic_api import Recorded, UnixHTTPServer, serving
 
-__all__ = ["CHAT_PATH", "FakeOpenAI", "Recorded", "api_error", "chat", "chat_stream", "raw", "tool_call"]
+__all__ = [
+    "CHAT_PATH", "FakeOpenAI", "Recorded", "api_error", "chat", "chat_stream", "chunk_events", "paced", "raw",
+    "tool_call",
+]
 
 Body = Union[dict[str, Any], list[Any], bytes]
 Reply = tuple[int, Body, dict[str, str]]
@@ -104,6 +110,63 @@ def chat_stream(content: str, n: int = 1, *, cached: int = 0) -> Callable[[Recor
         return raw(200, data, "text/event-stream")
 
     return reply
+
+
+def chunk_events(body: dict[str, Any], with_usage: bool) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects a streaming server sends for the whole completion ``body``.
+
+    A first chunk with the role, reasoning then text a word at a time, each
+    tool call as fragments (its id and name first, the arguments in pieces,
+    by ``index``), a chunk with the finish reason, and (``with_usage``, as
+    ``stream_options.include_usage`` asks) a last chunk with the usage and
+    no choices; every chunk before it then has ``"usage": null``.
+    """
+    base = {k: body[k] for k in ("id", "created", "model", "system_fingerprint")}
+    base["object"] = "chat.completion.chunk"
+    null_usage = {"usage": None} if with_usage else {}
+    choice = body["choices"][0]
+    message = choice["message"]
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    for key in ("reasoning_content", "reasoning"):
+        if isinstance(message.get(key), str):
+            deltas.append({key: message[key]})
+    if isinstance(message.get("content"), str) and message["content"]:
+        words = message["content"].split(" ")
+        deltas += [{"content": w if i == 0 else " " + w} for i, w in enumerate(words)]
+    for index, call in enumerate(message.get("tool_calls") or []):
+        deltas.append({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                       "function": {"name": call["function"]["name"], "arguments": ""}}]})
+        args = call["function"]["arguments"]
+        deltas += [{"tool_calls": [{"index": index, "function": {"arguments": args[i:i + 7]}}]}
+                   for i in range(0, len(args), 7)]
+    chunks = [{**base, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": None}], **null_usage}
+              for d in deltas]
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                        "finish_reason": choice["finish_reason"]}], **null_usage})
+    if with_usage:
+        chunks.append({**base, "choices": [], "usage": body["usage"]})
+    return chunks
+
+
+# Knobs a scripted reply carries in its extra headers (never sent): the pause
+# before the first chunk of a streamed answer and between its chunks, in seconds.
+FIRST_DELAY = "x-fake-first-delay"
+CHUNK_DELAY = "x-fake-chunk-delay"
+
+
+def paced(reply: Reply, chunk_delay_s: float, first_delay_s: float = 0.0) -> Reply:
+    """``reply`` streamed (when the request asks ``"stream": true``) with these pauses."""
+    status, body, extra = reply
+    return status, body, {**extra, CHUNK_DELAY: str(chunk_delay_s), FIRST_DELAY: str(first_delay_s)}
+
+
+def _paced(chunks: list[dict[str, Any]], first_delay_s: float, chunk_delay_s: float) -> Iterator[bytes]:
+    time.sleep(first_delay_s)
+    for i, chunk in enumerate(chunks):
+        if i and chunk_delay_s:
+            time.sleep(chunk_delay_s)
+        yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 def api_error(status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> Reply:
@@ -194,8 +257,24 @@ class FakeOpenAI:
                 status, body, extra = fake._next_reply(rec)
                 with fake._lock:
                     fake.sent.append((status, body, extra))
-                data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 headers = {"content-type": "application/json", **{k.lower(): v for k, v in extra.items()}}
+                first_delay = float(headers.pop(FIRST_DELAY, 0))
+                chunk_delay = float(headers.pop(CHUNK_DELAY, 0))
+                request = rec.body if isinstance(rec.body, dict) else {}
+                if (request.get("stream") is True and status == 200 and isinstance(body, dict)
+                        and body.get("object") == "chat.completion" and body.get("choices")):
+                    # A whole completion scripted, a stream asked for: sent as a streaming server would.
+                    with_usage = (request.get("stream_options") or {}).get("include_usage") is True
+                    self.send_response(status)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("transfer-encoding", "chunked")
+                    self.end_headers()
+                    for piece in _paced(chunk_events(body, with_usage), first_delay, chunk_delay):
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                    return
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 self.send_response(status)
                 for key, value in headers.items():
                     self.send_header(key, value)

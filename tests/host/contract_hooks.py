@@ -1,11 +1,12 @@
 """schemathesis hooks for tests/host/test_api_contract.py (loaded by the ``st`` process).
 
-``POST /webhooks/inbound`` takes a body signed with the webhook secret: unsigned,
-every generated request would stop at the 401 and its body would never be
-checked.  So each request to it is signed here the way a sender signs, over the
-bytes that go on the wire: requests' ``json=`` serialization
-(``json.dumps(body, allow_nan=False)``, UTF-8), which is what schemathesis sends
-a JSON body with.  The secret comes from ``CONTRACT_WEBHOOK_SECRET``.
+``POST /webhooks/inbound`` takes a body signed with the inbound webhook secret
+(over a timestamp, a fresh nonce and the body): unsigned, every generated request
+would stop at the 401 and its body would never be checked.  So each request to
+it is signed here the way a sender signs, over the bytes that go on the wire:
+requests' ``json=`` serialization (``json.dumps(body, allow_nan=False)``,
+UTF-8), which is what schemathesis sends a JSON body with.  The secret comes
+from ``CONTRACT_WEBHOOK_SECRET``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import schemathesis
 from schemathesis.core import NotSet
 
-from orchestrator.channels.webhook import INBOUND_PATH, SIGNATURE_HEADER, sign
+from orchestrator.channels.webhook import INBOUND_PATH, inbound_headers
 
 SECRET = os.environ["CONTRACT_WEBHOOK_SECRET"]
 
@@ -30,4 +31,4 @@ def before_call(context: Any, case: Any, **kwargs: Any) -> None:
         raw = json.dumps(case.body, allow_nan=False).encode()
     except (TypeError, ValueError):
         return  # not JSON (a negative case of another media type): sent unsigned, a 401
-    case.headers = {**(case.headers or {}), SIGNATURE_HEADER: sign(SECRET, raw)}
+    case.headers = {**(case.headers or {}), **inbound_headers(SECRET, raw)}

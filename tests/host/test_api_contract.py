@@ -121,7 +121,7 @@ def _conversation(db: Database) -> None:
 
 def test_the_api_keeps_its_documented_contract(db: Database, settings: Settings, tmp_path: Path) -> None:
     _conversation(db)
-    app = create_app(Orchestrator(settings.replace(api_token=TOKEN, webhook_secret=WEBHOOK_SECRET)))
+    app = create_app(Orchestrator(settings.replace(api_token=TOKEN, webhook_inbound_secret=WEBHOOK_SECRET)))
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG, encoding="utf-8")
     report = tmp_path / "report"
@@ -250,8 +250,10 @@ def test_the_document_states_the_shared_answers(client: TestClient) -> None:
                         "$ref": "#/components/schemas/ErrorBody"}, (method, path, code)
     export = doc["paths"]["/api/chats/{chat_jid}/export"]["get"]["responses"]["200"]["content"]
     assert set(export) == {"application/json", "text/markdown"}
-    # Its 400: a NUL in a path parameter (the document's pattern says so).
+    # Its 400: a NUL in a path parameter (the document's pattern says so); 403 (a Host not this
+    # machine's while no token is set) and 413 (a body over the cap): the request guard's, on
+    # every operation (orchestrator/http/guards.py).
     assert set(doc["paths"]["/api/chats/{chat_jid}/messages/{message_id}/regenerate"]["post"]["responses"]) == {
-        "200", "400", "401", "404", "409", "421"}
+        "200", "400", "401", "403", "404", "409", "413", "421"}
     chat = doc["paths"]["/api/groups/{chat_jid}"]["get"]["parameters"][0]
     assert chat["in"] == "path" and chat["schema"]["pattern"] == r"^[^\x00]*$"

@@ -26,6 +26,7 @@ from agent_runner.protocol import (
     ModelSettings,
     ResultEvent,
     SdkMessage,
+    TextDeltaEvent,
     ToolResultEvent,
     Usage,
 )
@@ -233,6 +234,10 @@ def test_real_provider_completes_a_tool_conversation_through_the_gateway(
     events: list[Event] = []
     run_agent(inp, provider, events.append, workspace=workspace)
 
+    # The answers were streamed through the gateway: their text came as deltas first.
+    deltas = [e for e in events if isinstance(e, TextDeltaEvent)]
+    assert [d.block for d in deltas][0] == "1.0" and "".join(d.text for d in deltas) == "Let me check.It printed via-gw."
+    events = [e for e in events if not isinstance(e, TextDeltaEvent)]
     assert [e.type for e in events] == ["assistant", "tool_use", "tool_result", "assistant", "result"]
     assert isinstance(events[2], ToolResultEvent) and events[2].output == "via-gw\n"
     assert isinstance(events[4], ResultEvent) and events[4].num_turns == 2

@@ -23,6 +23,7 @@ from agent_runner.protocol import (
     AssistantEvent,
     ErrorEvent,
     ResultEvent,
+    SdkToolUse,
     ThinkingEvent,
     ToolResultEvent,
     ToolUseEvent,
@@ -117,13 +118,16 @@ def test_a_run_stores_tool_results_thinking_and_ends_with_its_record(settings: S
         ("user", "u"), ("tool_result", "tool_result"), ("assistant", "bot")]
     assert not displayed(meta_row)
 
-    # The next run's input: the tool result and the reply, never the thinking or the record.
+    # The next run's input: the tool call and its result (ids matched) and the reply,
+    # never the thinking or the record.
     _say(p, "and now?")
     p.drain_group(JID)
     seen = sandbox.started[1][1].messages
     assert [(m.role, m.content) for m in seen] == [
-        ("user", "what is here?"), ("tool_result", "a.txt\n"), ("assistant", "There is a.txt."), ("user", "and now?")]
-    assert seen[1].metadata == {"exit_code": 0}
+        ("user", "what is here?"), ("assistant", "bash: ls"), ("tool_result", "a.txt\n"),
+        ("assistant", "There is a.txt."), ("user", "and now?")]
+    assert seen[1].tool_use == SdkToolUse(id="toolu_1", name="bash", input={"command": "ls"})
+    assert seen[2].metadata == {"exit_code": 0} and seen[2].tool_use_id == "toolu_1"
     # The recorded inputs still rebuild byte for byte from the history, records and all.
     runs = {m.metadata["run_id"] for m in _by(p, "result_meta") if m.metadata}
     assert len(runs) == 2

@@ -61,6 +61,17 @@ def test_cancel_outranks_how_the_run_ended(db: Database) -> None:
         cancel_run(db, "no-such-run")
 
 
+def test_a_cancel_before_the_container_is_up_stays(db: Database) -> None:
+    # The container is recorded, the run is not made running again: the worker's stop watch
+    # reads "cancelled" and stops it.
+    run = create_run(db, chat_jid="c", cursor_from=0, cursor_to=1, celery_task_id=None)
+    assert cancel_run(db, run.id).state == "cancelled"
+    set_container(db, run.id, "abc")
+    after = get_run(db, run.id)
+    assert (after.state, after.container_id) == ("cancelled", "abc")
+    set_container(db, "no-such-run", "def")  # a run that is gone: nothing to update, no error
+
+
 def test_a_runs_times_are_the_databases_whatever_the_hosts_clock(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     # The quotas count a group's runs in the database's last hour: a host two
     # hours ahead must not make its runs look fresh for two more hours.

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import inspect, select, text, update
 
 from orchestrator.channels.telegram import TelegramPoller
-from orchestrator.channels.webhook import INBOUND_PATH, SIGNATURE_HEADER, sign
+from orchestrator.channels.webhook import INBOUND_PATH, inbound_headers
 from orchestrator.core.errors import RateLimited
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
@@ -292,7 +292,8 @@ def test_concurrent_messages_of_one_sender_never_pass_the_limit(
 
 @pytest.fixture
 def client(db: Database, settings: Settings, group: Group) -> Iterator[TestClient]:
-    app_settings = settings.replace(sender_messages_per_minute=2, group_runs_per_hour=5, webhook_secret="s3cret")
+    app_settings = settings.replace(sender_messages_per_minute=2, group_runs_per_hour=5,
+                                    webhook_inbound_secret="s3cret")
     with TestClient(create_app(Orchestrator(app_settings))) as c:
         yield c
 
@@ -315,7 +316,7 @@ def test_the_api_answers_429_with_retry_after(client: TestClient, db: Database) 
 def test_the_inbound_webhook_answers_429(client: TestClient, db: Database) -> None:
     def post() -> int:
         raw = json.dumps({"chat_jid": JID, "sender": "hook", "content": "ping"}).encode()
-        r = client.post(INBOUND_PATH, content=raw, headers={SIGNATURE_HEADER: sign("s3cret", raw),
+        r = client.post(INBOUND_PATH, content=raw, headers={**inbound_headers("s3cret", raw),
                                                             "content-type": "application/json"})
         if r.status_code == 429:
             assert int(r.headers["retry-after"]) >= 1

@@ -20,6 +20,7 @@ from orchestrator.channels.webhook import (
     INBOUND_PATH,
     SIGNATURE_HEADER,
     WebhookChannel,
+    inbound_headers,
     sign,
     verify,
 )
@@ -40,19 +41,22 @@ from tests.conftest import wait_until
 
 JID = "hooks@local"
 SECRET = "s3cret-shared"
+INBOUND_SECRET = "s3cret-inbound"  # the inbound webhooks' own (tests/host/test_inbound_webhook.py: the attacks)
 
 
 @pytest.fixture
 def hooked(db: Database, settings: Settings) -> tuple[Database, Settings]:
     add_group(db, chat_jid=JID, name="Hooks", folder="hooks", requires_trigger=True)
-    return db, settings.replace(**{"webhook_secret": SECRET, "delivery_retry_base_s": 0.05,
+    return db, settings.replace(**{"webhook_secret": SECRET, "webhook_inbound_secret": INBOUND_SECRET,
+                                   "delivery_retry_base_s": 0.05,
                                            "delivery_retry_max_s": 0.1})
 
 
-def _post(client: TestClient, body: bytes, signature: str | None) -> object:
+def _post(client: TestClient, body: bytes, secret: str | None, signed: bytes | None = None) -> object:
+    """POST ``body`` signed (over ``signed``, default the body) with ``secret``; None: unsigned."""
     headers = {"content-type": "application/json"}
-    if signature is not None:
-        headers[SIGNATURE_HEADER] = signature
+    if secret is not None:
+        headers.update(inbound_headers(secret, body if signed is None else signed))
     return client.post(INBOUND_PATH, content=body, headers=headers)
 
 
@@ -71,11 +75,12 @@ def test_inbound_needs_a_valid_signature(hooked: tuple[Database, Settings]) -> N
     body = json.dumps({"chat_jid": JID, "sender": "ci-bot", "content": "build 42 is green"}).encode()
     with TestClient(create_app(Orchestrator(settings))) as client:
         assert _post(client, body, None).status_code == 401
-        assert _post(client, body, sign("wrong", body)).status_code == 401
-        assert _post(client, body + b" ", sign(SECRET, body)).status_code == 401  # body changed after signing
+        assert _post(client, body, "wrong").status_code == 401
+        assert _post(client, body, SECRET).status_code == 401  # the outbound secret signs nothing we take
+        assert _post(client, body + b" ", INBOUND_SECRET, signed=body).status_code == 401  # changed after signing
         assert get_messages_after(JID, 0, db=db) == []
 
-        ok = _post(client, body, sign(SECRET, body))
+        ok = _post(client, body, INBOUND_SECRET)
         assert ok.status_code == 201, ok.text
         [stored] = get_messages_after(JID, 0, db=db)
         assert stored.content == "build 42 is green" and stored.sender == "ci-bot"
@@ -83,12 +88,12 @@ def test_inbound_needs_a_valid_signature(hooked: tuple[Database, Settings]) -> N
 
         bad = json.dumps({"chat_jid": JID, "sender": "x", "content": "y",
                           "metadata": {"message_type": "TODO", "payload": {"todos": []}}}).encode()
-        r = _post(client, bad, sign(SECRET, bad))
+        r = _post(client, bad, INBOUND_SECRET)
         assert r.status_code == 400 and r.json()["field"] == "metadata.payload.todos"
         garbage = b"{not json"
-        assert _post(client, garbage, sign(SECRET, garbage)).status_code == 400
+        assert _post(client, garbage, INBOUND_SECRET).status_code == 400
         missing = json.dumps({"chat_jid": JID, "content": "no sender"}).encode()
-        r = _post(client, missing, sign(SECRET, missing))
+        r = _post(client, missing, INBOUND_SECRET)
         assert r.status_code == 400 and r.json()["field"] == "sender"
         assert len(get_messages_after(JID, 0, db=db)) == 1
 
@@ -96,7 +101,7 @@ def test_inbound_needs_a_valid_signature(hooked: tuple[Database, Settings]) -> N
 def test_inbound_is_off_without_a_secret(db: Database, settings: Settings) -> None:
     body = b"{}"
     with TestClient(create_app(Orchestrator(settings))) as client:
-        assert _post(client, body, sign("", body)).status_code == 404
+        assert _post(client, body, "").status_code == 404
 
 
 class _Receiver:

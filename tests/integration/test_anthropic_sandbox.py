@@ -17,7 +17,7 @@ import docker
 import pytest
 
 from orchestrator.model.views import format_messages_for_sdk
-from orchestrator.sandbox.containers import LABEL_MANAGED
+from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
@@ -43,7 +43,8 @@ def _configure(stack: Stack, base_url: str) -> None:
 class ContainerProbe:
     """Called while the fake serves its first request: look inside the run container."""
 
-    def __init__(self) -> None:
+    def __init__(self, install_id: str) -> None:
+        self.install_id = install_id  # this test's containers only: another test process may have its own
         self.seen: list[dict[str, Any]] = []
         self.error: BaseException | None = None
         self._done = threading.Event()
@@ -54,7 +55,8 @@ class ContainerProbe:
         self._done.set()
         try:
             client = docker.from_env()
-            for container in client.containers.list(filters={"label": f"{LABEL_MANAGED}=1"}):
+            labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.install_id}"]
+            for container in client.containers.list(filters={"label": labels}):
                 config = container.attrs["Config"]
                 code, output = container.exec_run(
                     ["sh", "-c", "env; cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n'"]
@@ -82,7 +84,7 @@ def _final_answer(rec: Recorded) -> tuple[int, dict[str, Any], dict[str, str]]:
 
 @pytest.mark.parametrize("stack", ["embedded"], indirect=True)
 def test_anthropic_tool_conversation_through_the_gateway(stack: Stack) -> None:
-    probe = ContainerProbe()
+    probe = ContainerProbe(stack.settings.install_id)
     fake = FakeAnthropic(
         message(
             [{"type": "tool_use", "id": "toolu_fake_1", "name": "bash", "input": {"command": COMMAND}}],

@@ -102,6 +102,26 @@ def test_overhead_bench_measures_cold_warm_and_the_baselines(docker_engine: None
     assert "cold sandbox run" in out and "first event" in out
 
 
+def test_wakeup_bench_measures_both_broker_modes(docker_engine: None) -> None:
+    out = bench("bench.wakeup", "--runs", "2", "--idle-s", "2", "--rounds", "1")
+    for name in ("poll every", "inotify"):
+        line = next(x for x in out.splitlines() if x.startswith(name))
+        p50, p95, to_run = numbers(r"(\d+)ms", line)
+        assert 0 < p50 <= p95 and 0 < to_run, line
+        assert numbers(r"([\d.]+)% of a core", line)[0] >= 0, line
+
+
+def test_api_bench_measures_the_http_path_against_in_process_ingest(services: None) -> None:
+    out = bench("bench.api", "--requests", "40", "--clients", "4", "--rounds", "1", "--pg", PG_URL, "--redis", BENCH_REDIS)
+    lines = out.splitlines()
+    for stack in ("sqlite + filesystem://", "postgresql + redis"):
+        at = next(i for i, x in enumerate(lines) if x.startswith(stack))
+        assert numbers(r"in-process ingest (\d+) msg/s", lines[at])[0] > 0
+        health, posts = numbers(r"p50 ([\d.]+) ms", lines[at + 1])
+        rate, ratio = numbers(r"clients (\d+) msg/s, ratio to in-process ingest ([\d.]+)", lines[at + 1])
+        assert health > 0 and posts > 0 and rate > 0 and ratio > 0, lines[at + 1]
+
+
 def test_cli_bench_times_help_and_send_against_the_interpreter() -> None:
     out = bench("bench.cli", "--runs", "1", timeout=300)
     for row in ("python -c pass", "orchestrator --help", "orchestrator send (in process)",
@@ -136,6 +156,30 @@ def test_recovery_bench_kills_a_worker_and_finds_the_answer_stored_once(docker_e
         assert "exactly once: yes" in line, out
 
 
+def test_control_plane_bench_counts_what_each_run_sends_to_the_database(services: None) -> None:
+    out = bench("bench.control_plane", "--workers", "1,2", "--groups", "12", "--seconds", "4", "--warmup", "2",
+                "--noop", "60", "--pg", PG_URL, "--redis", BENCH_REDIS)
+    sections = out.split("\n\n")
+    for n in (1, 2):
+        section = next(s for s in sections if s.startswith(f"{n} worker(s) x 2:"))
+        rate, noop = numbers(r"([\d.]+) runs/s .* ([\d.]+) tasks/s", section.splitlines()[0])
+        assert rate > 0 and noop > 0, section
+        measured, sent = numbers(r"(\d+) runs measured, (\d+) messages sent, 0 runs not succeeded", section)
+        # Every message sent in the window was answered by its own run; the groups pending
+        # when it opened (at most 12) add one each.
+        assert measured >= 10 and sent <= measured <= sent + 12, section
+        workers, ingest = section.split("the driver's ingest, per message:")
+        # Each run stores two outputs (the reply and its result_meta record), once each; runs
+        # that straddle the window's start count in part, hence the margin.
+        assert 1.5 <= numbers(r"INSERT messages +([\d.]+)", workers)[0] <= 2.5, section
+        assert 0.75 <= numbers(r"INSERT runs +([\d.]+)", workers)[0] <= 1.25, section
+        assert numbers(r"COMMIT +([\d.]+)", workers)[0] > 1, section
+        assert numbers(r"INSERT messages +([\d.]+)", ingest)[0] == 1.0, section  # one message per ingest
+        assert numbers(r"([\d.]+) ms of statements executing per run", section)[0] > 0, section
+        assert "celery workers (parents + pool children)" in section
+    assert "best: " in out
+
+
 def test_delivery_bench_measures_both_layouts(docker_engine: None) -> None:
     out = bench("bench.delivery", "--messages", "2", "--busy-s", "5")
     lines = out.splitlines()
@@ -149,3 +193,22 @@ def test_delivery_bench_measures_both_layouts(docker_engine: None) -> None:
     own = next(x for x in lines if x.strip().startswith("own deliverer ("))
     assert "2/2 while the busy run still ran" in own, out
     assert numbers(r"baseline p50 / own deliverer p50 = ([\d.]+)x", out)[0] > 0
+
+
+def test_continuity_bench_reports_tokens_and_cache_reads_per_run() -> None:
+    out = bench("bench.continuity", "--turns", "4", "--small-budget", "2000", timeout=300)
+    runs = [line for line in out.splitlines() if re.match(r"\s+\d+\s", line)]
+    assert len(runs) == 4, out
+    totals = {m.group(1).strip(): (int(m.group(2)), float(m.group(3)))
+              for m in re.finditer(r"^\s*(.+?): input\s+(\d+) tokens,\s+([\d.]+)% read", out, re.M)}
+    assert set(totals) == {"before", "text history, cached", "after", "after, budget 2000"}, out
+    assert totals["before"][1] == 0 and totals["after"][1] > 0  # no cache before; read from it after
+
+
+def test_streaming_bench_sees_text_before_the_stored_reply(docker_engine: None) -> None:
+    out = bench("bench.streaming", "--runs", "1", "--words", "15", "--word-delay", "0.1", "--first-delay", "0.2")
+    first = numbers(r"first visible text\s+p50\s+([\d.]+) s", out)[0]
+    stored = numbers(r"stored message\s+p50\s+([\d.]+) s", out)[0]
+    # 15 words 0.1 s apart: the first text shows about 1.4 s before the reply is stored.
+    assert 0 < first < stored, out
+    assert numbers(r"median draft events per reply: (\d+)", out)[0] >= 2, out

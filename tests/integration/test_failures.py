@@ -21,7 +21,7 @@ from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
 from orchestrator.run.sweeper import sweep
-from orchestrator.sandbox.containers import LABEL_MANAGED
+from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED
 from orchestrator.store import leases
 from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group, get_group
@@ -44,8 +44,10 @@ def _say(p: Pipeline, text: str) -> StoredMessage:
     return ingest(p.db, p.settings, IncomingMessage(chat_jid="main@local", sender="u", content=text), signal=None).message
 
 
-def _no_containers_left() -> bool:
-    return docker.from_env().containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=1"}) == []
+def _no_containers_left(p: Pipeline) -> bool:
+    """None of this test's installation's containers is left (another test process may have its own)."""
+    labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={p.settings.install_id}"]
+    return docker.from_env().containers.list(all=True, filters={"label": labels}) == []
 
 
 def _hosts(rec: RecordingChannel) -> list[str]:
@@ -60,7 +62,7 @@ def test_crash_before_output_is_retried_then_fails(faulty: tuple[Pipeline, Recor
     assert "status 3" in (outcome.run.error or "")
     assert [m.message_type for m in rec.sent] == ["user", "host"]  # the person's message is shown too
     assert _hosts(rec)[0].startswith("⚠️ Agent error")
-    assert _no_containers_left()
+    assert _no_containers_left(p)
 
 
 def test_flaky_container_succeeds_on_a_later_attempt(faulty: tuple[Pipeline, RecordingChannel]) -> None:
@@ -115,7 +117,7 @@ def test_garbage_output_fails_cleanly(faulty: tuple[Pipeline, RecordingChannel])
     [outcome] = p.drain_group("main@local")
     assert outcome.run.state == "failed"
     assert "2 unreadable output line(s)" in (outcome.run.error or "")
-    assert len(_hosts(rec)) == 1 and _no_containers_left()
+    assert len(_hosts(rec)) == 1 and _no_containers_left(p)
 
 
 def test_hang_past_the_hard_limit_times_out(faulty: tuple[Pipeline, RecordingChannel]) -> None:
@@ -125,7 +127,7 @@ def test_hang_past_the_hard_limit_times_out(faulty: tuple[Pipeline, RecordingCha
     [outcome] = p.drain_group("main@local")
     assert outcome.run.state == "timed_out" and outcome.run.attempts == 1
     assert time.monotonic() - t0 < 20
-    assert "limit" in _hosts(rec)[0] and _no_containers_left()
+    assert "limit" in _hosts(rec)[0] and _no_containers_left(p)
 
 
 def test_memory_hog_ends_the_run_with_a_host_message(faulty: tuple[Pipeline, RecordingChannel]) -> None:
@@ -134,7 +136,7 @@ def test_memory_hog_ends_the_run_with_a_host_message(faulty: tuple[Pipeline, Rec
     _say(p, "memhog")
     [outcome] = p.drain_group("main@local")
     assert outcome.run.state == "failed" and "137" in (outcome.run.error or "")
-    assert len(_hosts(rec)) == 1 and _no_containers_left()
+    assert len(_hosts(rec)) == 1 and _no_containers_left(p)
 
 
 def test_cancel_stops_the_container(faulty: tuple[Pipeline, RecordingChannel]) -> None:
@@ -158,7 +160,7 @@ def test_cancel_stops_the_container(faulty: tuple[Pipeline, RecordingChannel]) -
     canceller.join()
     assert outcome.run.state == "cancelled"
     assert time.monotonic() - t0 < 15
-    assert _hosts(rec) == ["🛑 Run cancelled."] and _no_containers_left()
+    assert _hosts(rec) == ["🛑 Run cancelled."] and _no_containers_left(p)
 
 
 def test_sweeper_closes_a_dead_workers_run(settings: Settings, db: Database) -> None:

@@ -30,7 +30,7 @@ from tests.conftest import (
     require_service,
     wait_until,
 )
-from tests.integration.conftest import BACKENDS, Stack, _run_stack
+from tests.integration.conftest import BACKENDS, INTEGRATION_REDIS_DB, Stack, _run_stack
 
 
 @pytest.fixture(params=BACKENDS)
@@ -44,7 +44,7 @@ def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
         if request.param == "fleet":
             require_service(redis_available(), f"a Redis server at {REDIS_URL}")
             env["ORCHESTRATOR_DATABASE_URL"] = cleanup.enter_context(fresh_pg_database())
-            url = REDIS_URL.rsplit("/", 1)[0] + "/15"
+            url = REDIS_URL.rsplit("/", 1)[0] + "/" + INTEGRATION_REDIS_DB
             import redis
 
             redis.Redis.from_url(url).flushdb()

@@ -78,7 +78,10 @@ def test_typed_history_and_what_the_model_saw(stack: Stack) -> None:
     assert [r.state for r in runs] == ["succeeded", "succeeded"]
     second = _input_of(stack, runs[0].id)
     roles = [m["role"] for m in second["messages"]]
-    assert roles == ["user", "tool_result", "tool_result", "tool_result", "assistant", "user"]
+    # The first run's three tool calls come back as the model made them, each answered by its id.
+    assert roles == ["user", *["assistant"] * 3, *["tool_result"] * 3, "assistant", "user"]
+    calls = [m["tool_use"]["id"] for m in second["messages"] if "tool_use" in m]
+    assert len(calls) == 3 and calls == [m["tool_use_id"] for m in second["messages"] if m["role"] == "tool_result"]
     text = json.dumps(second)
     assert "maintenance at noon" not in text  # host messages never reach the model
     assert all(m["role"] != "host" for m in second["messages"])

@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 import pytest
+from agent_runner.protocol import SdkToolUse
 
 from orchestrator.model.views import format_messages_for_sdk
 from orchestrator.store.groups import ensure_main_group
@@ -94,8 +95,11 @@ def test_a_containers_request_for_another_model_is_refused(stack: Stack) -> None
     assert (meta["usage"]["input_tokens"], meta["usage"]["output_tokens"]) == fake.usage() == (
         run.input_tokens, run.output_tokens)
     assert meta["cost_usd"] is None  # no price for a fake model: no guess
-    view = [m.content for m in format_messages_for_sdk(history)]
-    assert view == ["try another model", tool.content, reply.content]  # no thinking, no record
+    view = format_messages_for_sdk(history)
+    # The tool call comes back as the model made it (continuity); no thinking, no record.
+    [call] = [m for m in history if m.sender == "tool_use"]
+    assert [m.content for m in view] == ["try another model", call.content, tool.content, reply.content]
+    assert isinstance(view[1].tool_use, SdkToolUse) and view[2].tool_use_id == view[1].tool_use.id
     replies = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
     assert "sk-policy-secret" not in res.stdout + tool.content
     assert {r["sender"] for r in replies} >= {"tool_result", "bot"}

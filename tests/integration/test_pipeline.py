@@ -17,7 +17,7 @@ from orchestrator.model.views import format_messages_for_sdk
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
-from orchestrator.sandbox.containers import LABEL_MANAGED
+from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED
 from orchestrator.store import leases
 from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group, get_group
@@ -49,8 +49,10 @@ def _say(pipeline: Pipeline, db: Database, text: str) -> StoredMessage:
                   signal=None).message
 
 
-def _managed_containers() -> list[object]:
-    return docker.from_env().containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=1"})
+def _managed_containers(pipeline: Pipeline) -> list[object]:
+    """This test's installation's containers (another test process may have its own)."""
+    labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={pipeline.settings.install_id}"]
+    return docker.from_env().containers.list(all=True, filters={"label": labels})
 
 
 def test_run_stores_and_delivers_in_order(pipe: tuple[Pipeline, Database, RecordingChannel]) -> None:
@@ -116,7 +118,7 @@ def test_hung_command_is_killed_at_the_time_limit(pipe: tuple[Pipeline, Database
     # Which limit stopped it, and how to raise it.
     assert len(hosts) == 1 and hosts[0].content.startswith("⏱️ The run stopped at its time limit of 4 s")
     assert "ORCHESTRATOR_RUN_TIMEOUT_S" in hosts[0].content
-    assert _managed_containers() == []
+    assert _managed_containers(pipeline) == []
     # The host message is for people only.
     view = format_messages_for_sdk(get_messages_after("main@local", 0, db=db))
     assert all("time limit" not in m.content for m in view)

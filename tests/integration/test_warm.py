@@ -14,7 +14,7 @@ from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
-from orchestrator.sandbox.containers import LABEL_MANAGED, LABEL_WARM, DockerSandbox
+from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED, LABEL_WARM, DockerSandbox
 from orchestrator.sandbox.warm import reset_session
 from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group, get_group
@@ -40,8 +40,10 @@ def warm(tmp_path: Path, agent_image: str) -> Iterator[Pipeline]:
     db.dispose()
 
 
-def _warm_containers() -> list:
-    return docker.from_env().containers.list(all=True, filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_WARM}=1"]})
+def _warm_containers(p: Pipeline) -> list:
+    """This test's installation's warm containers (another test process may have its own)."""
+    labels = [f"{LABEL_MANAGED}=1", f"{LABEL_WARM}=1", f"{LABEL_INSTALL}={p.settings.install_id}"]
+    return docker.from_env().containers.list(all=True, filters={"label": labels})
 
 
 def _run(p: Pipeline, text: str, state: str = "succeeded") -> str:
@@ -60,7 +62,7 @@ def test_one_container_serves_a_groups_runs(warm: Pipeline) -> None:
     second = _run(warm, "$ cat /tmp/pid kept.txt; echo two")
     assert first and first == second  # the same container took the second run
     assert _last_output(warm).splitlines()[-2:] == ["one", "two"]  # /tmp and the workspace persist
-    assert len(_warm_containers()) == 1
+    assert len(_warm_containers(warm)) == 1
     # the sweeper's orphan removal leaves a live warm container alone
     assert DockerSandbox(warm.settings).remove_orphans(set()) == 0
     assert _run(warm, "$ echo three") == first
@@ -78,7 +80,7 @@ def test_a_timed_out_run_kills_its_container_and_the_next_starts_fresh(warm: Pip
     # Hangs the first time only: the offline model merges the unanswered
     # message into the next one and runs it again.
     first = _run(warm, "$ test -f .slept || { touch .slept; sleep 60; }", state="timed_out")
-    wait_until(lambda: all(c.id != first for c in _warm_containers()), 15, "the killed container to go")
+    wait_until(lambda: all(c.id != first for c in _warm_containers(warm)), 15, "the killed container to go")
     second = _run(warm, "still there?")
     assert second and second != first
 
@@ -87,16 +89,16 @@ def test_a_changed_configuration_replaces_the_container(warm: Pipeline) -> None:
     first = _run(warm, "$ echo one")
     warm.settings = warm.settings.replace(**{"container_memory": "256m"})
     assert _run(warm, "$ echo two") != first
-    assert len(_warm_containers()) == 1
+    assert len(_warm_containers(warm)) == 1
 
 
 def test_idle_containers_exit_and_reset_stops_one(warm: Pipeline) -> None:
     warm.settings = warm.settings.replace(**{"warm_idle_s": 2.0})
     _run(warm, "$ echo idle-soon")
-    wait_until(lambda: _warm_containers() == [], 20, "the idle container to exit")
+    wait_until(lambda: _warm_containers(warm) == [], 20, "the idle container to exit")
     warm.settings = warm.settings.replace(**{"warm_idle_s": 60.0})
     _run(warm, "$ echo again")
     assert get_group(warm.db, JID).session_id
     stopped = reset_session(warm.db, warm.settings, JID)
-    assert stopped == 1 and _warm_containers() == []
+    assert stopped == 1 and _warm_containers(warm) == []
     assert get_group(warm.db, JID).session_id is None

@@ -22,7 +22,7 @@ import pytest
 
 from orchestrator.cli.supervisor import worker_argv
 from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.sandbox.containers import LABEL_GROUP, LABEL_MANAGED
+from orchestrator.sandbox.containers import LABEL_GROUP, LABEL_INSTALL, LABEL_MANAGED
 from orchestrator.store.groups import add_group, ensure_main_group, get_group, list_groups
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
@@ -62,8 +62,10 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str, stack: Stack) -> 
     wait_until(cond, timeout, what, stack.worker_logs)
 
 
-def _managed(**labels: str) -> list[object]:
-    filters = [f"{LABEL_MANAGED}=1", *(f"{k}={v}" for k, v in labels.items())]
+def _managed(stack: Stack, **labels: str) -> list[object]:
+    """This stack's installation's containers (another test process may have its own)."""
+    filters = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={stack.settings.install_id}",
+               *(f"{k}={v}" for k, v in labels.items())]
     return docker.from_env().containers.list(all=True, filters={"label": filters})
 
 
@@ -101,14 +103,14 @@ def test_sigkill_mid_run_loses_and_duplicates_nothing(stack: Stack) -> None:
               f"trial {i} to be answered after recovery", stack)
     _wait(lambda: get_group(stack.db, "main@local").pending_seq <= get_group(stack.db, "main@local").cursor_seq,
           60, "no pending work", stack)
-    _wait(lambda: _managed() == [], 60, "the sweeper to remove orphan containers", stack)
+    _wait(lambda: _managed(stack) == [], 60, "the sweeper to remove orphan containers", stack)
     replies = _bot_replies(stack, "main@local")
     answered = [sum(f"trial-{i}\n" in r for r in replies) for i in range(trials)]
     lost = answered.count(0)
     duplicated = sum(1 for n in answered if n > 1)
     interrupted = [r for r in list_runs(stack.db, chat_jid="main@local", limit=500) if "interrupted" in (r.error or "")]
     print(f"FAULTS: sigkill trials={trials} killed_mid_run={killed_mid_run} interrupted_runs={len(interrupted)} "
-          f"lost={lost} duplicate_replies={duplicated} orphan_containers={len(_managed())}")
+          f"lost={lost} duplicate_replies={duplicated} orphan_containers={len(_managed(stack))}")
     assert killed_mid_run == trials and len(interrupted) == trials
     assert lost == 0 and duplicated == 0
 
@@ -127,7 +129,8 @@ def test_racing_workers_never_run_two_containers_for_one_group(stack: Stack) -> 
         nonlocal peak_total
         client = docker.from_env()
         while not stop.is_set():
-            running = client.containers.list(filters={"label": f"{LABEL_MANAGED}=1", "status": "running"})
+            running = client.containers.list(filters={
+                "label": [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={stack.settings.install_id}"], "status": "running"})
             per_group: dict[str, int] = {}
             for c in running:
                 g = c.labels.get(LABEL_GROUP, "?")

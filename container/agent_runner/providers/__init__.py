@@ -24,5 +24,5 @@ def make_provider(settings: ModelSettings, *, assistant_name: str) -> Provider:
         from .openai_compat import OpenAICompatProvider
 
         return OpenAICompatProvider(settings)
-    # Unreachable while ModelSettings.provider is a Literal; kept for clarity.
-    raise ValueError(f"unknown provider {settings.provider!r}")
+    # "claude-code" brings its own loop (one_run.run dispatches it): no Provider of ours.
+    raise ValueError(f"provider {settings.provider!r} is not a provider of the built-in loop")

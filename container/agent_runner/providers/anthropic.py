@@ -5,11 +5,19 @@ a gateway on the host listening on a unix socket (``socket_path``; the
 gateway injects the real key) or through ``base_url`` (a keyless local or
 fake server).  The SDK insists on some key, so a placeholder is sent and the
 gateway overwrites it.
+
+Every request streams (``"stream": true``): the SDK sends it (its retries
+and error mapping for the request itself), and the answer's server-sent
+events are read here as they arrive (:class:`MessageStream`), so the text
+reaches the chat while the model writes it; the loop still gets the whole
+turn.  A server that answers with a whole JSON message instead is read as
+one.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 from typing import Any, Literal, NotRequired, TypedDict, Union
 
@@ -24,6 +32,7 @@ from .base import (
     ProviderResponse,
     Role,
     TextBlock,
+    TextSink,
     ThinkingBlock,
     TokenUsage,
     ToolResultBlock,
@@ -31,6 +40,7 @@ from .base import (
     ToolUseBlock,
     render_tool_result,
 )
+from .sse import SseDecoder, SseError
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +77,14 @@ def _unix_socket_client(socket_path: str) -> Any:
 # from one SDK version to the next (the image takes any ``anthropic>=0.40``).
 
 
+class CacheControl(TypedDict):
+    type: Literal["ephemeral"]
+
+
 class TextWire(TypedDict):
     type: Literal["text"]
     text: str
+    cache_control: NotRequired[CacheControl]  # a prompt-cache breakpoint (_mark_cache_prefix)
 
 
 class ToolUseWire(TypedDict):
@@ -77,6 +92,7 @@ class ToolUseWire(TypedDict):
     id: str
     name: str
     input: JsonObject
+    cache_control: NotRequired[CacheControl]
 
 
 class ToolResultWire(TypedDict):
@@ -84,6 +100,7 @@ class ToolResultWire(TypedDict):
     tool_use_id: str
     content: str
     is_error: bool
+    cache_control: NotRequired[CacheControl]
 
 
 class ThinkingWire(TypedDict):
@@ -109,6 +126,7 @@ class WireTool(TypedDict):
     name: str
     description: str
     input_schema: JsonObject
+    cache_control: NotRequired[CacheControl]
 
 
 class ThinkingConfig(TypedDict):
@@ -119,7 +137,7 @@ class ThinkingConfig(TypedDict):
 class _Request(TypedDict):
     model: str
     max_tokens: int
-    system: str
+    system: NotRequired[list[TextWire]]  # only when there is a system prompt
     messages: list[WireMessage]
     tools: NotRequired[list[WireTool]]  # only when there are tools
     thinking: NotRequired[ThinkingConfig]  # only when a thinking budget is set
@@ -153,27 +171,78 @@ def messages_to_wire(messages: list[ProviderMessage]) -> list[WireMessage]:
     return wire
 
 
-def _block_from_sdk(block: Any) -> ContentBlock | None:
-    kind = getattr(block, "type", None)
+def _mark_cache_prefix(request: _Request) -> None:
+    """Anthropic prompt caching on what repeats from call to call and run to run.
+
+    Breakpoints (the API takes four at most; a cached prefix is read back at
+    any of them, or at a block boundary up to 20 blocks before one): the last
+    tool (the tools), the system prompt, and the last block of the last
+    message.  Within a run each model call repeats the previous call's
+    messages; from run to run the history repeats too (earlier turns as
+    tool blocks, as they were sent: ``agent_runner.conversation``), so this
+    call's whole prompt is the prefix the next call and the next run read.
+    """
+    ephemeral: CacheControl = {"type": "ephemeral"}
+    if request.get("tools"):
+        request["tools"][-1]["cache_control"] = ephemeral
+    if request.get("system"):
+        request["system"][-1]["cache_control"] = ephemeral
+    content = request["messages"][-1]["content"] if request["messages"] else []
+    last = content[-1] if content else None
+    if last is not None and last["type"] in ("text", "tool_use", "tool_result"):  # thinking takes no breakpoint
+        last["cache_control"] = ephemeral
+
+
+def _block_from_wire(block: Any) -> ContentBlock | None:
+    """A content block of a whole (non-streamed) answer."""
+    kind = block.get("type") if isinstance(block, dict) else None
     if kind == "text":
-        return TextBlock(text=block.text)
+        return TextBlock(text=str(block["text"]))
     if kind == "tool_use":
-        return ToolUseBlock(id=block.id, name=block.name, input=dict(block.input or {}))
+        return ToolUseBlock(id=str(block["id"]), name=str(block["name"]), input=dict(block.get("input") or {}))
     if kind == "thinking":
-        return ThinkingBlock(thinking=block.thinking, signature=getattr(block, "signature", None))
+        return ThinkingBlock(thinking=str(block["thinking"]), signature=block.get("signature"))
     if kind == "redacted_thinking":
-        return ThinkingBlock(thinking="", redacted_data=block.data)
+        return ThinkingBlock(thinking="", redacted_data=str(block["data"]))
     log.info("ignoring unsupported content block type %r", kind)
     return None
 
 
-def _usage_from_sdk(usage: Any) -> TokenUsage:
+def _count(usage: JsonObject, key: str) -> int:
+    value = usage.get(key)
+    return value if isinstance(value, int) else 0
+
+
+def _usage_from_wire(usage: Any) -> TokenUsage:
+    if not isinstance(usage, dict):
+        return TokenUsage()
     # Cached prompt tokens are still prompt tokens processed for this run.
-    cache_read = getattr(usage, "cache_read_input_tokens", None) or 0
-    cache_creation = getattr(usage, "cache_creation_input_tokens", None) or 0
-    prompt = (getattr(usage, "input_tokens", None) or 0) + cache_read + cache_creation
-    return TokenUsage(input_tokens=prompt, output_tokens=getattr(usage, "output_tokens", 0) or 0,
+    cache_read = _count(usage, "cache_read_input_tokens")
+    cache_creation = _count(usage, "cache_creation_input_tokens")
+    prompt = _count(usage, "input_tokens") + cache_read + cache_creation
+    return TokenUsage(input_tokens=prompt, output_tokens=_count(usage, "output_tokens"),
                       cache_read_input_tokens=cache_read, cache_creation_input_tokens=cache_creation)
+
+
+def _malformed(detail: str) -> ProviderError:
+    return ProviderError(f"malformed response from the Anthropic API: {detail}", retryable=False)
+
+
+def response_from_json(raw: bytes) -> ProviderResponse:
+    """A whole answer: what a server that ignores ``"stream": true`` sends."""
+    try:
+        message = json.loads(raw)
+    except ValueError as exc:
+        raise _malformed(f"{exc}: {raw[:300]!r}") from exc
+    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+        raise _malformed(f"no content list in {raw[:300]!r}")
+    try:
+        content = [b for b in map(_block_from_wire, message["content"]) if b is not None]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _malformed(f"{exc!r} in {raw[:300]!r}") from exc
+    stop = message.get("stop_reason")
+    return ProviderResponse(content=content, stop_reason=stop if isinstance(stop, str) else None,
+                            usage=_usage_from_wire(message.get("usage")))
 
 
 def _provider_error(exc: anthropic.AnthropicError) -> ProviderError:
@@ -186,6 +255,146 @@ def _provider_error(exc: anthropic.AnthropicError) -> ProviderError:
     if isinstance(exc, anthropic.APIConnectionError):  # includes timeouts
         return ProviderError(f"cannot reach the Anthropic API: {exc}", retryable=True)
     return ProviderError(f"Anthropic SDK error: {exc}", retryable=False)
+
+
+# Error types of the API (https://docs.anthropic.com/en/api/errors) worth another try.
+RETRYABLE_ERRORS = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
+
+
+class _Block:
+    """A content block while its deltas arrive."""
+
+    def __init__(self, start: JsonObject) -> None:
+        self.start = start
+        self.kind = start.get("type")
+        self.parts: list[str] = []  # text, thinking or the tool input's JSON, in pieces
+        self.signature: str | None = start.get("signature") if isinstance(start.get("signature"), str) else None
+
+    def finish(self) -> ContentBlock | None:
+        joined = "".join(self.parts)
+        start = self.start
+        if self.kind == "text":
+            return TextBlock(text=str(start.get("text") or "") + joined)
+        if self.kind == "thinking":
+            return ThinkingBlock(thinking=str(start.get("thinking") or "") + joined, signature=self.signature)
+        if self.kind == "redacted_thinking":
+            return ThinkingBlock(thinking="", redacted_data=str(start.get("data") or ""))
+        if self.kind == "tool_use":
+            if joined.strip():
+                try:
+                    tool_input = json.loads(joined)
+                except ValueError as exc:
+                    raise _malformed(f"the input of tool call {start.get('id')!r} is not JSON: {exc}") from exc
+            else:  # no input_json_delta: the input came whole (or is empty)
+                tool_input = start.get("input") or {}
+            if not isinstance(tool_input, dict):
+                raise _malformed(f"the input of tool call {start.get('id')!r} is not a JSON object")
+            return ToolUseBlock(id=str(start.get("id") or ""), name=str(start.get("name") or ""), input=tool_input)
+        log.info("ignoring unsupported content block type %r", self.kind)
+        return None
+
+
+class MessageStream:
+    """A streamed Messages API answer, put together event by event.
+
+    The event types are the API's (https://docs.anthropic.com/en/api/messages-streaming):
+    ``message_start`` (the message and its input and cache counts),
+    ``content_block_start`` / ``content_block_delta`` (``text_delta``,
+    ``input_json_delta``, ``thinking_delta``, ``signature_delta``) /
+    ``content_block_stop``, ``message_delta`` (stop reason, final output
+    count), ``message_stop``, ``ping``, and ``error`` (an overload or a
+    failure mid-answer: a :class:`ProviderError`, retryable as the same
+    error would be before the stream).  Event types it does not know are
+    skipped, as the API asks of clients.  Each text delta goes to
+    ``on_text`` as it is read.
+    """
+
+    def __init__(self, on_text: TextSink | None = None) -> None:
+        self.on_text = on_text
+        self.blocks: dict[int, _Block] = {}
+        self.done: dict[int, ContentBlock | None] = {}
+        self.usage: JsonObject = {}
+        self.stop_reason: str | None = None
+        self.started = False
+        self.stopped = False
+        self._text_index: dict[int, int] = {}  # content index -> index among the text blocks
+
+    def event(self, name: str, data: str) -> None:
+        try:
+            payload = json.loads(data)
+        except ValueError as exc:
+            raise _malformed(f"event {name!r} is not JSON: {data[:300]!r}") from exc
+        if not isinstance(payload, dict):
+            raise _malformed(f"event {name!r} is not a JSON object: {data[:300]!r}")
+        kind = payload.get("type", name)
+        try:
+            self._apply(kind, payload)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise _malformed(f"event {kind!r}: {exc!r} in {data[:300]!r}") from exc
+
+    def _apply(self, kind: Any, payload: JsonObject) -> None:
+        if kind == "error":
+            found = payload.get("error")
+            error: JsonObject = found if isinstance(found, dict) else {}
+            err_type = str(error.get("type") or "error")
+            raise ProviderError(f"Anthropic API error mid-answer ({err_type}): {error.get('message', '')}",
+                                retryable=err_type in RETRYABLE_ERRORS)
+        if kind == "message_start":
+            self.started = True
+            usage = payload["message"].get("usage")
+            if isinstance(usage, dict):
+                self.usage.update(usage)
+        elif kind == "content_block_start":
+            index = int(payload["index"])
+            block = payload["content_block"]
+            if not isinstance(block, dict):
+                raise TypeError("content_block is not an object")
+            self.blocks[index] = _Block(block)
+            if block.get("type") == "text":
+                self._text_index[index] = len(self._text_index)
+                if block.get("text"):
+                    self._show(index, str(block["text"]))
+        elif kind == "content_block_delta":
+            index = int(payload["index"])
+            delta = payload["delta"]
+            target = self.blocks[index]
+            dtype = delta.get("type")
+            if dtype == "text_delta":
+                target.parts.append(str(delta["text"]))
+                self._show(index, str(delta["text"]))
+            elif dtype == "input_json_delta":
+                target.parts.append(str(delta["partial_json"]))
+            elif dtype == "thinking_delta":
+                target.parts.append(str(delta["thinking"]))
+            elif dtype == "signature_delta":
+                target.signature = str(delta["signature"])
+        elif kind == "content_block_stop":
+            index = int(payload["index"])
+            self.done[index] = self.blocks.pop(index).finish()
+        elif kind == "message_delta":
+            stop = payload.get("delta", {}).get("stop_reason")
+            if isinstance(stop, str):
+                self.stop_reason = stop
+            usage = payload.get("usage")
+            if isinstance(usage, dict):
+                # The final counts; fields it leaves out (or null) keep message_start's.
+                self.usage.update({k: v for k, v in usage.items() if v is not None})
+        elif kind == "message_stop":
+            self.stopped = True
+        # ping and event types added later: nothing to do
+
+    def _show(self, index: int, text: str) -> None:
+        if self.on_text is not None and text:
+            self.on_text(self._text_index[index], text)
+
+    def response(self) -> ProviderResponse:
+        """The whole answer; a stream cut before ``message_stop`` is a retryable error."""
+        if not self.stopped:
+            raise ProviderError("the Anthropic API's answer stream ended before message_stop", retryable=True)
+        if self.blocks:
+            raise _malformed(f"content blocks {sorted(self.blocks)} were never closed")
+        content = [b for _, b in sorted(self.done.items()) if b is not None]
+        return ProviderResponse(content=content, stop_reason=self.stop_reason, usage=_usage_from_wire(self.usage))
 
 
 class AnthropicProvider:
@@ -217,6 +426,8 @@ class AnthropicProvider:
                 "the anthropic provider needs model.socket_path (key-injecting gateway) "
                 "or model.base_url"
             )
+        http = _sdk_http_module()
+        self._stream_errors: tuple[type[Exception], ...] = (http.HTTPError, http.StreamError)
         self._client = anthropic.Anthropic(
             api_key=api_key or PLACEHOLDER_API_KEY,
             base_url=base_url,
@@ -226,14 +437,16 @@ class AnthropicProvider:
         )
 
     def complete(
-        self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec]
+        self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec], on_text: TextSink | None = None
     ) -> ProviderResponse:
         request: _Request = {
             "model": self.settings.model,
             "max_tokens": self.settings.max_tokens,
-            "system": system,
             "messages": messages_to_wire(messages),
         }
+        if system:
+            # A list of blocks rather than a string: a block can carry a cache breakpoint.
+            request["system"] = [{"type": "text", "text": system}]
         if tools:
             request["tools"] = [
                 {"name": t.name, "description": t.description, "input_schema": t.input_schema}
@@ -243,21 +456,25 @@ class AnthropicProvider:
         if budget is not msgspec.UNSET:
             # Extended thinking: the answer's thinking comes first, as thinking blocks.
             request["thinking"] = {"type": "enabled", "budget_tokens": budget}
+        _mark_cache_prefix(request)
         try:
+            # The SDK's retries and error mapping for the request; the event
+            # stream is read here, as it arrives (:class:`MessageStream`).
             # The SDK names these shapes with its own *Param TypedDicts (see above).
-            message = self._client.messages.create(**request)  # type: ignore[arg-type]
+            with self._client.messages.with_streaming_response.create(
+                **request, stream=True  # type: ignore[arg-type]
+            ) as response:
+                if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                    return response_from_json(response.read())  # a server that does not stream
+                stream = MessageStream(on_text)
+                decoder = SseDecoder()
+                for chunk in response.iter_bytes():
+                    for event in decoder.feed(chunk):
+                        stream.event(event.event, event.data)
+                return stream.response()
         except anthropic.AnthropicError as exc:
             raise _provider_error(exc) from exc
-        except ValueError as exc:  # a 200 whose body is not JSON (a proxy's page, a cut-off body)
-            raise ProviderError(f"malformed response from the Anthropic API: {exc}", retryable=False) from exc
-        if not isinstance(getattr(message, "content", None), list):
-            raise ProviderError(
-                f"malformed response from the Anthropic API: no content list in {str(message)[:300]!r}",
-                retryable=False,
-            )
-        try:
-            content = [b for b in map(_block_from_sdk, message.content) if b is not None]
-            usage = _usage_from_sdk(message.usage)
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise ProviderError(f"malformed response from the Anthropic API: {exc}", retryable=False) from exc
-        return ProviderResponse(content=content, stop_reason=message.stop_reason, usage=usage)
+        except SseError as exc:
+            raise _malformed(str(exc)) from exc
+        except self._stream_errors as exc:  # the connection broke mid-answer
+            raise ProviderError(f"the Anthropic API's answer stream broke: {exc!r}", retryable=True) from exc

@@ -8,6 +8,7 @@ keep the loop independent of any SDK's types.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -89,14 +90,22 @@ class ProviderResponse:
         return [b for b in self.content if isinstance(b, ToolUseBlock)]
 
 
+# Called with (index of the text block in the turn, text) as a streamed answer's
+# text arrives, so the chat can show it before the turn is done.
+TextSink = Callable[[int, str], None]
+
+
 class Provider(Protocol):
     """One model call: the whole conversation in, one assistant turn out.
 
-    Implementations raise :class:`agent_runner.errors.ProviderError` on failure.
+    A streaming provider also hands each piece of text to ``on_text`` as it
+    arrives; the complete turn it returns is still what counts (the loop
+    stores that).  Implementations raise
+    :class:`agent_runner.errors.ProviderError` on failure.
     """
 
     def complete(
-        self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec]
+        self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec], on_text: TextSink | None = None
     ) -> ProviderResponse: ...
 
 

@@ -49,6 +49,7 @@ from .base import (
     ProviderMessage,
     ProviderResponse,
     TextBlock,
+    TextSink,
     TokenUsage,
     ToolResultBlock,
     ToolSpec,
@@ -140,8 +141,9 @@ class OfflineProvider:
         self.assistant_name = assistant_name
 
     def complete(
-        self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec]
+        self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec], on_text: TextSink | None = None
     ) -> ProviderResponse:
+        # ``on_text`` is not called: the answer exists at once, nothing to show before it.
         prompt_text = system + "".join(_message_text(m) for m in messages)
         usage_in = _approx_tokens(prompt_text)
         newest = messages[-1] if messages and messages[-1].role == "user" else None
@@ -149,7 +151,8 @@ class OfflineProvider:
             return self._text("(offline model: there is no user message to answer)", usage_in)
 
         results = [b for b in newest.content if isinstance(b, ToolResultBlock)]
-        if results:
+        # Results with text after them: an earlier run's last results, then a new message to answer.
+        if results and not newest.text().strip():
             return self._text(_report(results, messages), usage_in)
 
         if newest.text().strip() == SHOW_SYSTEM:

@@ -1,7 +1,13 @@
 """OpenAI-compatible Chat Completions: Ollama, vLLM, llama.cpp's server, OpenAI.
 
-One non-streaming ``POST {base}/v1/chat/completions`` per model call, with
-our tools offered as function tools.  Plain HTTP (``httpx2``, which the
+One streamed ``POST {base}/v1/chat/completions`` per model call
+(``"stream": true`` with ``stream_options.include_usage``), with our tools
+offered as function tools.  The answer's ``chat.completion.chunk`` events
+are put together as they arrive (:class:`ChunkStream`): text deltas go to
+the loop's ``on_text`` at once, ``tool_calls`` fragments are joined by
+their ``index``, the usage comes in the last chunk, ``data: [DONE]`` ends
+it.  A server that answers with a whole ``chat.completion`` JSON instead
+(it ignores ``stream``) is read as one.  Plain HTTP (``httpx2``, which the
 Anthropic SDK brings into the image, or ``httpx``), no SDK: the ``openai``
 SDK measured about 1.1 s more CPU per cold run (the runner is a new process
 for each) and 19 MB more in every image (docs/performance.md, "The openai
@@ -43,6 +49,10 @@ times with exponential backoff and jitter, or after ``Retry-After`` (capped)
 when the server sends it; then a retryable :class:`ProviderError`, and the
 host's own retries take over.  Other 4xx are not retried.  A 200 whose body
 is not JSON or has no ``choices`` is a non-retryable error quoting the body.
+A stream that breaks, or ends without a finish reason or ``[DONE]``, is
+retried the same way while none of its text was shown yet; after that it
+is a retryable :class:`ProviderError` (the text already shown would be
+shown twice).  An ``{"error": ...}`` event mid-stream is an error too.
 """
 
 from __future__ import annotations
@@ -64,6 +74,7 @@ from .base import (
     ProviderMessage,
     ProviderResponse,
     TextBlock,
+    TextSink,
     ThinkingBlock,
     TokenUsage,
     ToolResultBlock,
@@ -71,6 +82,7 @@ from .base import (
     ToolUseBlock,
     render_tool_result,
 )
+from .sse import SseDecoder, SseError
 
 log = logging.getLogger(__name__)
 
@@ -211,11 +223,16 @@ class FunctionToolWire(TypedDict):
     function: FunctionWire
 
 
+class StreamOptions(TypedDict):
+    include_usage: bool
+
+
 class ChatRequest(TypedDict):
     model: str
     messages: list[WireMessage]
     max_tokens: int
     stream: bool
+    stream_options: StreamOptions  # the usage in a last chunk (servers that do not know it ignore it)
     tools: NotRequired[list[FunctionToolWire]]  # only when there are tools
 
 
@@ -376,6 +393,131 @@ def response_from_wire(raw: bytes) -> ProviderResponse:
 
 
 # ---------------------------------------------------------------------------
+# A streamed answer -> our blocks
+# ---------------------------------------------------------------------------
+
+DONE = "[DONE]"
+# Error types a server names in an ``{"error": ...}`` event that another try may get past.
+RETRYABLE_STREAM_ERRORS = frozenset({"server_error", "overloaded_error", "api_error", "rate_limit_error",
+                                     "rate_limit_exceeded", "timeout"})
+
+
+class _CallParts:
+    """One tool call while its fragments arrive: the id and name come once, the arguments in pieces."""
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.name: str | None = None
+        self.arguments: list[str] = []
+
+    def add(self, fragment: JsonObject) -> None:
+        if isinstance(fragment.get("id"), str) and fragment["id"]:
+            self.id = fragment["id"]
+        function = fragment.get("function")
+        if isinstance(function, dict):
+            if isinstance(function.get("name"), str) and function["name"]:
+                self.name = function["name"]
+            if isinstance(function.get("arguments"), str):
+                self.arguments.append(function["arguments"])
+            elif isinstance(function.get("arguments"), dict):  # a few servers send an object whole
+                self.arguments.append(json.dumps(function["arguments"]))
+
+    def wire(self) -> JsonObject:
+        function: JsonObject = {"arguments": "".join(self.arguments)}
+        if self.name is not None:
+            function["name"] = self.name
+        return {"id": self.id, "type": "function", "function": function}
+
+
+class ChunkStream:
+    """A streamed Chat Completions answer, put together chunk by chunk (``data:`` events).
+
+    Each chunk's ``choices[0].delta`` may carry ``content`` (text, handed to
+    ``on_text`` at once), ``reasoning_content`` / ``reasoning`` (thinking)
+    and ``tool_calls`` fragments (joined by ``index``); ``finish_reason``
+    comes with the last choice chunk, ``usage`` with a last chunk of its own
+    (``choices: []``), ``[DONE]`` ends the stream.
+    """
+
+    def __init__(self, on_text: TextSink | None = None) -> None:
+        self.on_text = on_text
+        self.text: list[str] = []
+        self.thinking: list[str] = []
+        self.calls: dict[int, _CallParts] = {}
+        self.finish: str | None = None
+        self.usage: JsonObject | None = None
+        self.done = False
+        self.shown = False  # some text went to on_text
+
+    def event(self, data: str) -> None:
+        if data.strip() == DONE:
+            self.done = True
+            return
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise ProviderError(f"the chat completions stream sent an event that is not JSON: {_snippet(data)}",
+                                retryable=False) from None
+        if not isinstance(chunk, dict):
+            raise ProviderError(f"the chat completions stream sent an event that is not an object: "
+                                f"{_snippet(data)}", retryable=False)
+        error = chunk.get("error")
+        if error is not None:
+            kind = error.get("type") or error.get("code") if isinstance(error, dict) else None
+            raise ProviderError(
+                f"chat completions error mid-stream: {_error_detail(data.encode())}",
+                retryable=kind in RETRYABLE_STREAM_ERRORS or kind is None,
+            )
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return  # the usage chunk, or a keep-alive some servers send
+        choice = choices[0]
+        if isinstance(choice.get("finish_reason"), str):
+            self.finish = choice["finish_reason"]
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return
+        for key in ("reasoning_content", "reasoning"):
+            if isinstance(delta.get(key), str):
+                self.thinking.append(delta[key])
+                break
+        text = _content_text(delta.get("content"))
+        if text:
+            self.text.append(text)
+            if self.on_text is not None:
+                self.shown = True
+                self.on_text(0, text)
+        fragments = delta.get("tool_calls")
+        if isinstance(fragments, list):
+            for position, fragment in enumerate(fragments):
+                if not isinstance(fragment, dict):
+                    continue
+                index = fragment.get("index")
+                self.calls.setdefault(index if isinstance(index, int) else position, _CallParts()).add(fragment)
+
+    @property
+    def complete(self) -> bool:
+        """Ended as a stream should: ``[DONE]``, or at least a finish reason (servers that skip ``[DONE]``)."""
+        return self.done or self.finish is not None
+
+    def response(self) -> ProviderResponse:
+        content: list[ContentBlock] = []
+        thinking = "".join(self.thinking)
+        if thinking.strip():
+            content.append(ThinkingBlock(thinking=thinking))
+        text = "".join(self.text)
+        if text:
+            content.append(TextBlock(text=text))
+        uses = [_tool_use(parts.wire(), i) for i, (_, parts) in enumerate(sorted(self.calls.items()))]
+        content.extend(uses)
+        finish = self.finish
+        stop_reason = "tool_use" if uses else STOP_REASONS.get(finish, finish) if finish is not None else None
+        return ProviderResponse(content=content, stop_reason=stop_reason, usage=_usage({"usage": self.usage}))
+
+
+# ---------------------------------------------------------------------------
 # The provider
 # ---------------------------------------------------------------------------
 
@@ -439,19 +581,20 @@ class OpenAICompatProvider:
             "model": self.settings.model,
             "messages": messages_to_wire(system, messages),
             "max_tokens": self.settings.max_tokens,
-            "stream": False,
+            "stream": True,
+            "stream_options": {"include_usage": True},
         }
         if tools:
             body["tools"] = tools_to_wire(tools)
         return body
 
     def complete(
-        self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec]
+        self, system: str, messages: list[ProviderMessage], tools: list[ToolSpec], on_text: TextSink | None = None
     ) -> ProviderResponse:
         payload = json.dumps(self.request_body(system, messages, tools), ensure_ascii=False).encode()
         attempt = 0
         while True:
-            outcome, retry_after = self._attempt(payload)
+            outcome, retry_after = self._attempt(payload, on_text)
             if isinstance(outcome, ProviderResponse):
                 return outcome
             if not outcome.retryable or attempt >= self.max_retries:
@@ -467,24 +610,51 @@ class OpenAICompatProvider:
             self._sleep(delay)
             attempt += 1
 
-    def _attempt(self, payload: bytes) -> tuple[ProviderResponse | ProviderError, float | None]:
+    def _attempt(
+        self, payload: bytes, on_text: TextSink | None = None
+    ) -> tuple[ProviderResponse | ProviderError, float | None]:
         """One request: the response, or the error and the server's Retry-After.
 
-        A 2xx body we cannot use raises at once (retrying would get the same).
+        A 2xx body we cannot use raises at once (retrying would get the same),
+        and so does a stream that breaks after some of its text was shown.
         """
+        stream: ChunkStream | None = None
         try:
-            resp = self._client.post(CHAT_PATH, content=payload)
-        except self._http.TransportError as exc:  # connection refused/reset, timeouts
-            return ProviderError(f"cannot reach the chat completions server: {exc!r}", retryable=True), None
-        status = resp.status_code
-        if 200 <= status < 300:
-            return response_from_wire(resp.content), None
-        error = ProviderError(
-            f"chat completions error {status}: {_error_detail(resp.content)}",
-            retryable=is_retryable_status(status),
-            status_code=status,
-        )
-        return error, retry_after_s(resp.headers)
+            with self._client.stream("POST", CHAT_PATH, content=payload) as resp:
+                status = resp.status_code
+                if not 200 <= status < 300:
+                    body = resp.read()
+                    error = ProviderError(
+                        f"chat completions error {status}: {_error_detail(body)}",
+                        retryable=is_retryable_status(status),
+                        status_code=status,
+                    )
+                    return error, retry_after_s(resp.headers)
+                if not resp.headers.get("content-type", "").startswith("text/event-stream"):
+                    return response_from_wire(resp.read()), None  # a server that does not stream
+                stream = ChunkStream(on_text)
+                decoder = SseDecoder()
+                for chunk in resp.iter_bytes():
+                    for event in decoder.feed(chunk):
+                        stream.event(event.data)
+                    if stream.done:
+                        break
+        except SseError as exc:
+            raise ProviderError(f"the chat completions stream is unusable: {exc}", retryable=False) from exc
+        except (self._http.TransportError, self._http.StreamError) as exc:  # refused, reset, timeouts
+            if stream is None:
+                return ProviderError(f"cannot reach the chat completions server: {exc!r}", retryable=True), None
+            cut = ProviderError(f"the chat completions stream broke: {exc!r}", retryable=True)
+            if stream.shown:
+                raise cut from exc
+            return cut, None
+        if not stream.complete:
+            cut = ProviderError("the chat completions stream ended before its finish_reason or [DONE]",
+                                retryable=True)
+            if stream.shown:
+                raise cut
+            return cut, None
+        return stream.response(), None
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:

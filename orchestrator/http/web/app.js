@@ -17,6 +17,7 @@
     current: null,      // the selected group
     stream: null,       // { close() }
     shown: new Map(),   // seq -> article element
+    drafts: new Map(),  // run id -> article element: a reply being written, until it is stored
     run: null,
   };
 
@@ -196,6 +197,7 @@
       message: (data) => showMessage(JSON.parse(data)),
       run: (data) => setRun(JSON.parse(data)),
       reset: () => clearMessages(),
+      draft: (data) => showDraft(JSON.parse(data)),
       open: () => setConn("live", "● live"),
       error: () => setConn("down", "reconnecting…"),
     };
@@ -207,7 +209,7 @@
 
   function eventSource(url, handlers) {
     const source = new EventSource(url);
-    for (const name of ["message", "run", "reset"]) {
+    for (const name of ["message", "run", "reset", "draft"]) {
       source.addEventListener(name, (event) => handlers[name](event.data));
     }
     source.onopen = handlers.open;
@@ -317,12 +319,14 @@
     } else if (!busy && typing) {
       typing.remove();
     }
+    if (run && !busy) removeDraft(run.id);
   }
 
   // -- messages -------------------------------------------------------------
 
   function clearMessages() {
     state.shown.clear();
+    state.drafts.clear();
     $("messages").replaceChildren();
     if (state.run) setRun(state.run);
   }
@@ -337,7 +341,40 @@
     if (force || nearBottom()) box.scrollTop = box.scrollHeight;
   }
 
+  // A reply as the model writes it (the stream's "draft" events): plain text,
+  // replaced by the stored message when it arrives (or dropped when the run ends).
+  function showDraft(draft) {
+    if (!draft.text) {
+      removeDraft(draft.run_id);
+      return;
+    }
+    const stick = nearBottom();
+    let node = state.drafts.get(draft.run_id);
+    if (!node) {
+      node = el("article", { className: "msg msg-assistant msg-draft", dataset: { run: draft.run_id } },
+        el("header", { className: "msg-head" }, el("span", { className: "who", text: assistantName() }),
+          el("span", { className: "muted", text: "writing…" })),
+        el("div", { className: "text" }));
+      const box = $("messages");
+      const typing = box.querySelector(".typing");
+      if (typing) box.insertBefore(node, typing);
+      else box.append(node);
+      state.drafts.set(draft.run_id, node);
+    }
+    node.querySelector(".text").textContent = draft.text;
+    if (stick) scrollDown(true);
+  }
+
+  function removeDraft(runId) {
+    const node = state.drafts.get(runId);
+    if (node) node.remove();
+    state.drafts.delete(runId);
+  }
+
   function showMessage(message) {
+    // The stored reply takes the place of its run's draft.
+    const runId = message.metadata && message.metadata.run_id;
+    if (runId && message.sender === "bot") removeDraft(runId);
     const stick = nearBottom();
     const node = renderMessage(message);
     const box = $("messages");
@@ -347,9 +384,10 @@
     } else {
       // Stream order is seq order; keep it even if something arrives late.
       const later = [...state.shown.keys()].filter((s) => s > message.seq).sort((a, b) => a - b)[0];
-      const typing = box.querySelector(".typing");
+      // Stored messages go above the drafts and the "working" line.
+      const live = box.querySelector(".msg-draft") || box.querySelector(".typing");
       if (later !== undefined) box.insertBefore(node, state.shown.get(later));
-      else if (typing) box.insertBefore(node, typing);
+      else if (live) box.insertBefore(node, live);
       else box.append(node);
     }
     state.shown.set(message.seq, node);

@@ -1,0 +1,153 @@
+"""Run Claude Code (the Claude Agent SDK) as the agent of one run.
+
+The CLI brings its own tool loop (Bash, Read, Write, Edit, Glob, Grep,
+TodoWrite, ...) and runs inside the same hardened container as our own loop:
+no network, a non-root user, a read-only root, the run's limits.  It reaches
+the model only through the host's gateway (``relay.UnixRelay``): the
+container holds a placeholder key, never a real one.  Every model name the
+CLI may use (its small/fast model included) is set to the run's model, and
+its output cap to the run's, so the gateway's policy holds without
+rewriting; the CLI's nonessential traffic, telemetry, error reports and
+update checks are off.
+
+Our ``send_message`` tool is offered as an in-process MCP tool
+(``mcp__chat__send_message``): the same code and the same host-side
+authorization as in our own loop.  The session (the CLI's transcript) lives
+in the group's session folder, mounted at ``SESSION_MOUNT``; its id goes
+back to the host in the ``ResultEvent`` and comes back as
+``ContainerInput.session_id`` to be resumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..conversation import build_system_prompt
+from ..errors import InputError, ProviderError
+from ..protocol import SESSION_MOUNT, ContainerInput, ResultEvent
+from ..text_stream import DeltaCoalescer
+from ..tools import ToolContext, run_tool
+from ..tools.send_message import SPEC as SEND_SPEC
+from ..workspace_notices import workspace_notices
+from .mapping import EDIT_TOOLS, Emit, EventMapper
+from .prompt import build_prompt, session_file
+from .relay import UnixRelay
+
+log = logging.getLogger(__name__)
+
+PLACEHOLDER_API_KEY = "via-gateway"
+MCP_SERVER = "chat"
+# Tools that need a network the container does not have (offered, they would
+# only fail), and the CLI's own schedulers, which die with the run (the host
+# schedules: the scheduled tasks of the chat).
+DISALLOWED_TOOLS = ["WebFetch", "WebSearch", "CronCreate", "CronDelete", "CronList", "ScheduleWakeup"]
+
+
+def cli_env(inp: ContainerInput, base_url: str, config_dir: Path) -> dict[str, str]:
+    """The CLI's environment: the gateway's address, the run's model everywhere, no phoning home."""
+    model = inp.model.model
+    env = {
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": PLACEHOLDER_API_KEY,
+        "CLAUDE_CONFIG_DIR": str(config_dir),
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_NON_ESSENTIAL_MODEL_CALLS": "1",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(inp.model.max_tokens),
+        "BASH_DEFAULT_TIMEOUT_MS": str(int(inp.limits.bash_timeout_s * 1000)),
+        "BASH_MAX_TIMEOUT_MS": str(int(inp.limits.bash_timeout_s * 1000)),
+        # The whole to-do list in each call (TodoWrite, a TODO envelope) rather
+        # than the task tools' one item at a time.
+        "CLAUDE_CODE_ENABLE_TASKS": "0",
+        # Every tool's schema up front: no ToolSearch round trip before a tool
+        # (ours, send_message, included) can be called.
+        "ENABLE_TOOL_SEARCH": "false",
+        "MAX_THINKING_TOKENS": str(inp.model.thinking_budget) if isinstance(inp.model.thinking_budget, int) else "0",
+    }
+    for name in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+                 "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL"):
+        env[name] = model
+    return env
+
+
+def run_claude_code(inp: ContainerInput, emit: Emit, *, workspace: Path,
+                    session_root: Path = Path(SESSION_MOUNT)) -> ResultEvent:
+    """Run the conversation with Claude Code; emit every event, the ``ResultEvent`` last."""
+    if not inp.model.socket_path and not inp.model.base_url:
+        raise InputError("the claude-code provider needs the gateway's socket_path (or a base_url)")
+    if not inp.messages:
+        raise InputError("ContainerInput.messages is empty: nothing to answer")
+    if session_root.is_dir():
+        config_dir = session_root / "claude"
+        config_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        # No session folder mounted (a replay, which must not touch the group's
+        # session): a throw-away one on the tmpfs, so nothing is resumed.
+        log.info("no session folder at %s: this run keeps no session", session_root)
+        config_dir = Path(tempfile.mkdtemp(prefix="claude-session-"))
+    if inp.model.socket_path:
+        with UnixRelay(inp.model.socket_path) as relay:
+            result = asyncio.run(_converse(inp, emit, workspace, config_dir, relay.base_url))
+    else:
+        assert inp.model.base_url is not None
+        result = asyncio.run(_converse(inp, emit, workspace, config_dir, inp.model.base_url))
+    emit(result)
+    return result
+
+
+async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir: Path,
+                    base_url: str) -> ResultEvent:
+    # Only in the claude-code image variant (not on the host, where mypy runs): typed as Any here.
+    import claude_agent_sdk as sdk  # type: ignore[import-not-found,unused-ignore]
+
+    resume = inp.session_id if inp.session_id and session_file(config_dir, inp.session_id) else None
+    if inp.session_id and not resume:
+        log.info("session %s is not in the session folder: starting a new one", inp.session_id)
+    mapper = EventMapper(emit=emit, workspace=workspace, deltas=DeltaCoalescer(emit))
+    ctx = ToolContext(workspace=workspace, limits=inp.limits, chat_jid=inp.chat_jid,
+                      send_targets=frozenset(inp.send_targets), emit=emit)
+
+    @sdk.tool(SEND_SPEC.name, SEND_SPEC.description, SEND_SPEC.input_schema)  # type: ignore[untyped-decorator,unused-ignore]
+    async def send_message(args: dict[str, Any]) -> dict[str, Any]:
+        outcome = run_tool(SEND_SPEC.name, args, ctx)
+        return {"content": [{"type": "text", "text": outcome.output}], "is_error": outcome.is_error}
+
+    async def before_edit(data: Any, tool_use_id: str | None, _context: Any) -> dict[str, Any]:
+        if tool_use_id and isinstance(data, dict):
+            mapper.snapshot_before(tool_use_id, str(data.get("tool_name", "")), data.get("tool_input") or {})
+        return {}
+
+    options = sdk.ClaudeAgentOptions(
+        model=inp.model.model,
+        cwd=str(workspace),
+        resume=resume,
+        max_turns=inp.limits.max_turns,
+        # The container is the sandbox: nobody is there to approve a tool call.
+        permission_mode="bypassPermissions",
+        disallowed_tools=DISALLOWED_TOOLS,
+        mcp_servers={MCP_SERVER: sdk.create_sdk_mcp_server(MCP_SERVER, tools=[send_message])},
+        system_prompt={"type": "preset", "preset": "claude_code",
+                       "append": build_system_prompt(inp, workspace, workspace_notices(workspace))},
+        env=cli_env(inp, base_url, config_dir),
+        hooks={"PreToolUse": [sdk.HookMatcher(matcher="|".join(sorted(EDIT_TOOLS)), hooks=[before_edit])]},
+        stderr=lambda line: log.info("claude: %s", line.rstrip()),
+        # The API's stream events too: the reply's text is shown as it is written.
+        include_partial_messages=True,
+    )
+    prompt = build_prompt(inp.messages, inp.assistant_name, resuming=resume is not None)
+    try:
+        async with sdk.ClaudeSDKClient(options=options) as client:
+            await client.query(prompt)
+            async for message in client.receive_response():
+                mapper.feed(message)
+    except sdk.ClaudeSDKError as exc:
+        raise ProviderError(f"Claude Code failed: {exc}", retryable=True) from exc
+    if mapper.result is None:
+        raise ProviderError("Claude Code ended without a result", retryable=True)
+    return mapper.result

@@ -1,0 +1,168 @@
+"""What the API checks before a route sees a request: its Host, its token, its body's size.
+
+An ASGI middleware (:class:`RequestGuard`) around the whole application, so
+each check runs on the request's headers alone, before a byte of the body is
+read or parsed; a refusal is an :class:`~orchestrator.http.contract.ErrorBody`
+like every other error answer:
+
+* **Host** (only while no ``ORCHESTRATOR_API_TOKEN`` is set, which is only on
+  loopback): the ``Host`` header must name this machine: a loopback address
+  (``127.0.0.1``, ``[::1]``), ``localhost``, or a name of
+  ``ORCHESTRATOR_API_ALLOWED_HOSTS``, with any port; else 403.  Without it, a
+  web page whose name an attacker points at 127.0.0.1 after it loaded (DNS
+  rebinding) would be same-origin with the API in the victim's browser, and
+  could post messages to the agent.
+* **Token** (``/api`` and ``/metrics`` while a token is set): checked here, in
+  constant time, before the body is read and parsed (FastAPI reads and
+  decodes a route's body before its dependencies run: an unauthenticated
+  client could make the server parse megabytes of JSON).  The routes'
+  dependency (``orchestrator/http/api.py``) checks it again and puts it in the
+  OpenAPI document.
+* **Size** (every request): a ``Content-Length`` over
+  ``ORCHESTRATOR_API_MAX_REQUEST_BYTES`` is a 413 before the body is read; a
+  chunked body (no length) is read here up to that size and handed on, or
+  refused with 413 at the first byte past it, so no route ever holds more.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from orchestrator.core.settings import Settings
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# The paths behind the token (the page, its files, /health and the signed webhook are not).
+TOKEN_PATHS = ("/api", "/metrics")
+HOST_REFUSED = ("this API serves this machine only while ORCHESTRATOR_API_TOKEN is unset: the Host header "
+                "must be 127.0.0.1, localhost or [::1] (or a name of ORCHESTRATOR_API_ALLOWED_HOSTS)")
+
+
+def host_name(header: str) -> str:
+    """The name in a ``Host`` header, without its port or an IPv6 address's brackets."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    name, colon, port = header.rpartition(":")
+    return name if colon and port.isdigit() else header
+
+
+_LOCAL = frozenset({"localhost", "127.0.0.1", "::1"})  # the usual names, without parsing an address
+# The headers the guard reads (the others are not even decoded).
+_READ = frozenset({b"host", b"authorization", b"content-length", b"transfer-encoding"})
+
+
+def is_local_name(name: str, extra: frozenset[str] = frozenset()) -> bool:
+    """Whether a Host header's name (see :func:`host_name`) names this machine."""
+    if name in _LOCAL or name in extra:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def under(path: str, prefixes: tuple[str, ...]) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
+
+
+class RequestGuard:
+    """The ASGI middleware of the module's doc, for the API of ``settings``."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.max_body = settings.api_max_request_bytes
+        self.token = settings.api_token.encode()
+        # None: no Host check (a token is set).
+        self.hosts: frozenset[str] | None = None if self.token else frozenset(
+            h.strip().lower() for h in settings.api_allowed_hosts.split(",") if h.strip())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        # ASGI servers give header names in lower case.
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ()) if k in _READ}
+        if self.hosts is not None and not is_local_name(host_name(headers.get("host", "")), self.hosts):
+            await _answer(send, 403, HOST_REFUSED)
+            return
+        if self.token and under(scope.get("path", ""), TOKEN_PATHS):
+            problem = self._token_problem(headers.get("authorization"))
+            if problem:
+                await _answer(send, 401, problem, {"www-authenticate": "Bearer"})
+                return
+        length = headers.get("content-length")
+        if length is not None:
+            if not (length.strip().isascii() and length.strip().isdigit()):  # "²" is a digit to isdigit
+                await _answer(send, 400, "Content-Length is not a number", close=True)
+                return
+            if int(length) > self.max_body:
+                await _answer(send, 413, self._too_large(), close=True)
+                return
+        elif "chunked" in headers.get("transfer-encoding", "").lower():
+            body = await self._read_capped(receive)
+            if body is None:
+                await _answer(send, 413, self._too_large(), close=True)
+                return
+            receive = _replay(body, receive)
+        await self.app(scope, receive, send)
+
+    def _token_problem(self, authorization: str | None) -> str | None:
+        scheme, _, credentials = (authorization or "").strip().partition(" ")
+        given = credentials.strip().encode() if scheme.lower() == "bearer" else b""
+        if hmac.compare_digest(given, self.token):
+            return None
+        return "missing or wrong bearer token" if given else "this API needs 'Authorization: Bearer <token>'"
+
+    def _too_large(self) -> str:
+        return f"the request body is larger than {self.max_body} bytes (ORCHESTRATOR_API_MAX_REQUEST_BYTES)"
+
+    async def _read_capped(self, receive: Receive) -> bytes | None:
+        """The whole body of a chunked request, or None at the first byte past the cap."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away: the app sees an empty body
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` for the app: the body read already, then the real one (a disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _answer(send: Send, status: int, detail: str, headers: dict[str, str] | None = None, *,
+                  close: bool = False) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    if close:  # the unread body is still on its way: this connection takes no further request
+        raw.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,144 @@
+"""A run's reply as it is written: the container's ``text_delta`` events, bounded and published.
+
+The runner sends the text of the model's answer as it streams (coalesced to one line
+per 50 ms or KiB, container/agent_runner/text_stream.py), then the whole block as an
+``assistant`` event, and only that one is stored.  :class:`LiveDraft` keeps the text
+since the last stored reply (a new block of the same reply starts a new paragraph) and
+writes it to ``run_drafts`` (orchestrator/store/drafts.py) in place, at most every
+``interval_s``, so the chat's event stream in another process can show it; the row is
+deleted when the reply is stored (:meth:`stored`) and when the attempt ends (:meth:`close`).
+
+The deltas are the container's, so they are hostile, and they are bounded on their own
+(they are never stored, so the stored-bytes budget does not see them):
+
+* the draft holds at most ``max_bytes`` (the longest reply one event line can carry,
+  ``ORCHESTRATOR_MAX_EVENT_LINE_BYTES``); what comes beyond is dropped, not kept;
+* a run's deltas are *free* (not counted as output lines) up to ``free_lines`` lines and
+  ``free_bytes`` bytes in all (10 x ``ORCHESTRATOR_MAX_RUN_EVENTS`` lines, at 50 ms a
+  line far more than a run's timeout allows; ``ORCHESTRATOR_MAX_RUN_STORED_BYTES``, what
+  the run may store anyway): past either, :meth:`add` drops the delta and returns False,
+  and the pipeline counts the line against ``max_run_events``, so an endless stream of
+  deltas ends the run like any other flood of lines.
+
+Writing the draft is best effort: a failed write is logged and the run goes on (the
+stored reply is what counts).  The time between writes is the worker's clock; a text
+that arrives just after a write waits for the next delta or the stored reply.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from agent_runner.protocol import TextDeltaEvent
+from sqlalchemy.exc import SQLAlchemyError
+
+from orchestrator.store.db import Database
+from orchestrator.store.drafts import drop_draft, save_draft
+
+log = logging.getLogger(__name__)
+
+WRITE_INTERVAL_S = 0.1
+FREE_LINES_PER_EVENT = 10  # free delta lines per line of ORCHESTRATOR_MAX_RUN_EVENTS
+BLOCK_BREAK = "\n\n"  # between two text blocks of one reply, as the stored messages are apart
+
+
+class LiveDraft:
+    """One attempt's streamed text: :meth:`add` each delta, :meth:`stored` per stored reply, :meth:`close` at the end."""
+
+    def __init__(
+        self,
+        db: Database,
+        run_id: str,
+        chat_jid: str,
+        *,
+        max_bytes: int,
+        free_lines: int,
+        free_bytes: int,
+        interval_s: float = WRITE_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.db, self.run_id, self.chat_jid = db, run_id, chat_jid
+        self.max_bytes, self.free_lines, self.free_bytes = max_bytes, free_lines, free_bytes
+        self.interval_s = interval_s
+        self._clock = clock
+        self.lines = 0  # delta lines seen, in all
+        self.bytes = 0  # their text's bytes, in all
+        self.dropped = 0  # bytes not kept (over max_bytes, or past the free allowance)
+        self.writes = 0  # rows written (tests and the bench read it)
+        self._parts: list[str] = []
+        self._size = 0
+        self._block: str | None = None
+        self._version = 0
+        self._written_at = float("-inf")
+        self._dirty = False
+        self._published = False  # a row may exist
+        self._failures = 0
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    def add(self, event: TextDeltaEvent) -> bool:
+        """Take one delta; False when it is past the run's free allowance (dropped: count its line)."""
+        size = len(event.text.encode("utf-8"))
+        self.lines += 1
+        self.bytes += size
+        if self.lines > self.free_lines or self.bytes > self.free_bytes:
+            self.dropped += size
+            return False
+        piece = event.text
+        if event.block != self._block:
+            if self._block is not None and self._parts:
+                piece = BLOCK_BREAK + piece
+                size += len(BLOCK_BREAK)
+            self._block = event.block
+        room = self.max_bytes - self._size
+        if size > room:
+            self.dropped += size - max(room, 0)
+            piece = piece.encode("utf-8")[: max(room, 0)].decode("utf-8", "ignore")
+            size = len(piece.encode("utf-8"))
+        if piece:
+            self._parts.append(piece)
+            self._size += size
+            self._dirty = True
+        if self._dirty and self._clock() - self._written_at >= self.interval_s:
+            self._write()
+        return True
+
+    def stored(self) -> None:
+        """The reply was stored as a message: the draft goes (the next delta starts a new one)."""
+        self._parts.clear()
+        self._size = 0
+        self._block = None
+        self._dirty = False
+        if self._published:
+            self._drop()
+
+    def close(self) -> None:
+        """The attempt is over: no draft is left behind."""
+        self.stored()
+
+    def _write(self) -> None:
+        self._version += 1
+        self._written_at = self._clock()
+        self._dirty = False
+        try:
+            save_draft(self.db, self.run_id, self.chat_jid, self.text, self._version)
+            self._published = True
+            self.writes += 1
+        except SQLAlchemyError as exc:
+            self._failed("write", exc)
+
+    def _drop(self) -> None:
+        try:
+            drop_draft(self.db, self.run_id)
+            self._published = False
+        except SQLAlchemyError as exc:
+            self._failed("delete", exc)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        self._failures += 1
+        if self._failures <= 3:  # a database that is away must not flood the log
+            log.warning("run %s: could not %s its draft (the reply is stored all the same): %s", self.run_id, what, exc)

@@ -1,0 +1,455 @@
+"""Replay a recorded run against another model.
+
+Choosing or upgrading a model safely means asking the new one the very
+questions the old one answered.  Every run records the exact ContainerInput
+it sent (``assembly.record_input``); a replay decodes it, swaps the model for
+the one asked (resolved as ``ORCHESTRATOR_MODEL`` is, the host's output cap
+and the gateway's model policy unchanged), gives it a fresh run id and no
+session, and runs it in a real, hardened run container on a **scratch copy**
+of the group's workspace: the group's own workspace, session and IPC are never
+mounted, so whatever the replayed agent writes is thrown away with the copy.
+
+A replay is a row of ``runs`` with ``replay_of`` set.  It is no run of the
+chat's: it takes no lease, moves no cursor or session, is not the chat's
+pending work, takes no slot of ``ORCHESTRATOR_MAX_CONCURRENT_RUNS`` (the
+sweeper, the recovery and the slots leave such rows alone), and the page's
+event stream never shows it.  What it says is stored in ``replay_outputs`` as
+the messages it would have been (the pipeline's own ``event_to_message``),
+never in ``messages``: no view, model input or channel ever sees it, and a
+``send_message`` it asks for is recorded, not sent.  Its tokens do count
+against the group's quotas (runs per hour, tokens per day): they are spent on
+the group's behalf, at the same price.
+
+The workspace is hostile (everything the agent left there is), so the copy
+(:func:`copy_workspace`) walks it by descriptor with ``O_NOFOLLOW``
+(``sandbox/hostile_fs.py``): a symlink is copied as the link it is, never
+followed (inside the container it points where it pointed in the run); FIFOs,
+sockets and devices are skipped, named in the replay's record; files are
+opened non-blocking and read at most to the copy's byte bound.  A workspace
+over ``ORCHESTRATOR_REPLAY_MAX_BYTES`` or ``ORCHESTRATOR_REPLAY_MAX_FILES``
+is refused rather than copied in part.
+
+``orchestrator/run/run_diff.py`` sets any two runs side by side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import stat
+import uuid
+import zlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from agent_runner.protocol import (
+    AssistantEvent,
+    ContainerInput,
+    ErrorEvent,
+    ModelSettings,
+    ProtocolError,
+    ResultEvent,
+    SendMessageEvent,
+    TextDeltaEvent,
+    Usage,
+    decode_input,
+    parse_event,
+)
+from sqlalchemy import select, update
+
+from orchestrator.core.errors import ConfigError, MountRefused, ReplayRefused, StoreError
+from orchestrator.core.settings import Settings
+from orchestrator.run.assembly import input_bytes, record_input, stored_input
+from orchestrator.run.live_draft import FREE_LINES_PER_EVENT
+from orchestrator.run.outputs import OutputMessage, event_to_message, stored_size
+from orchestrator.run.pipeline import GATEWAY_SOCKET, StopWatch, model_settings
+from orchestrator.run.result_meta import result_meta_message
+from orchestrator.run.stop_notice import STOP_REASON_LIMITS, Limit
+from orchestrator.sandbox.bounded_io import OutputBudget, OutputLimitExceeded
+from orchestrator.sandbox.config import effective_limits, parse_container_config
+from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerSpec
+from orchestrator.sandbox.gateway import ModelGateway
+from orchestrator.sandbox.hostile_fs import MAX_DEPTH, opened_root
+from orchestrator.sandbox.image import image_name, model_variant
+from orchestrator.sandbox.mounts import group_workspace, prepare_mountpoints, resolve_mounts
+from orchestrator.sandbox.port import Sandbox
+from orchestrator.sandbox.quota import Volume
+from orchestrator.sandbox.warm import host_only_dir
+from orchestrator.store.db import Database, changed_rows, db_now
+from orchestrator.store.groups import Group, get_group
+from orchestrator.store.hosts import process_owner
+from orchestrator.store.runs import Run, RunState, finish_run, get_run, set_container
+from orchestrator.store.tables import ReplayOutputRow, RunRow
+
+log = logging.getLogger(__name__)
+
+# As hostile_fs opens them: never through a symlink; a FIFO cannot block the open.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_CHUNK = 1 << 20
+
+
+# -- the scratch copy ------------------------------------------------------------------
+
+
+@dataclass
+class CopyReport:
+    """What :func:`copy_workspace` copied, and what it left out (relative paths, with why)."""
+
+    files: int = 0
+    folders: int = 0
+    symlinks: int = 0
+    bytes: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def entries(self) -> int:
+        return self.files + self.folders + self.symlinks
+
+    def as_json(self) -> dict[str, Any]:
+        return {"files": self.files, "folders": self.folders, "symlinks": self.symlinks, "bytes": self.bytes,
+                "skipped": self.skipped[:100], "skipped_count": len(self.skipped)}
+
+
+def copy_workspace(source: Path, dest: Path, *, max_bytes: int, max_files: int) -> CopyReport:
+    """Copy the hostile folder ``source`` to the new folder ``dest``, bounded (see the module's doc).
+
+    Raises :class:`ReplayRefused` past ``max_bytes`` or ``max_files`` (``dest`` is left
+    for the caller to remove).  A ``source`` that does not exist copies as an empty folder.
+    """
+    report = CopyReport()
+    dest.mkdir(parents=True, exist_ok=False)
+    if not os.path.lexists(source):
+        return report
+    with opened_root(source) as src, opened_root(dest) as dst:
+        _copy_folder(src, dst, "", 0, report, max_bytes, max_files)
+    return report
+
+
+def _copy_folder(src: int, dst: int, where: str, depth: int, report: CopyReport, max_bytes: int,
+                 max_files: int) -> None:
+    if depth > MAX_DEPTH:
+        report.skipped.append(f"{where}: more than {MAX_DEPTH} levels deep")
+        return
+    with os.scandir(src) as it:
+        entries = list(it)
+    for entry in entries:
+        name = entry.name
+        path = f"{where}{name}"
+        if report.entries + 1 > max_files:
+            raise ReplayRefused(f"the workspace holds more than {max_files} entries "
+                                "(ORCHESTRATOR_REPLAY_MAX_FILES); nothing was replayed")
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue  # gone since the listing
+        mode = st.st_mode
+        if stat.S_ISLNK(mode):
+            try:
+                target = os.readlink(name, dir_fd=src)
+            except OSError:
+                continue
+            os.symlink(target, name, dir_fd=dst)  # the link itself, never what it names
+            report.symlinks += 1
+        elif stat.S_ISDIR(mode):
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=src)  # swapped for a symlink since: refused
+            except OSError:
+                report.skipped.append(f"{path}/: changed while it was copied")
+                continue
+            try:
+                os.mkdir(name, 0o755, dir_fd=dst)
+                made = os.open(name, _DIR_FLAGS, dir_fd=dst)
+                report.folders += 1
+                try:
+                    _copy_folder(child, made, f"{path}/", depth + 1, report, max_bytes, max_files)
+                finally:
+                    os.close(made)
+            finally:
+                os.close(child)
+        elif stat.S_ISREG(mode):
+            _copy_file(src, dst, name, path, report, max_bytes)
+        else:
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device")
+            report.skipped.append(f"{path}: {kind}, not copied")
+
+
+def _copy_file(src: int, dst: int, name: str, path: str, report: CopyReport, max_bytes: int) -> None:
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=src)
+    except OSError:
+        report.skipped.append(f"{path}: changed while it was copied")
+        return
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # swapped since the listing
+            report.skipped.append(f"{path}: not a regular file when opened")
+            return
+        left = max_bytes - report.bytes
+        if st.st_size > left:
+            raise ReplayRefused(_too_big(max_bytes))
+        out = os.open(name, _NEW_FILE_FLAGS, st.st_mode & 0o777, dir_fd=dst)
+        try:
+            while True:
+                # A file that grows while it is read still stops at the bound.
+                chunk = os.read(fd, min(_CHUNK, left + 1))
+                if not chunk:
+                    break
+                if len(chunk) > left:
+                    raise ReplayRefused(_too_big(max_bytes))
+                left -= len(chunk)
+                report.bytes += len(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view):]
+            os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))  # `make`, git's index: times matter
+        finally:
+            os.close(out)
+        report.files += 1
+    finally:
+        os.close(fd)
+
+
+def _too_big(max_bytes: int) -> str:
+    return (f"the workspace holds more than {max_bytes} bytes (ORCHESTRATOR_REPLAY_MAX_BYTES); "
+            "nothing was replayed")
+
+
+# -- making and running a replay -------------------------------------------------------------
+
+
+def resolve_model(settings: Settings, spec: str) -> ModelSettings:
+    """``spec`` ("offline", "anthropic:<id>", "openai:<id>") as the pipeline resolves
+    ``ORCHESTRATOR_MODEL``: the host's output cap and thinking budget with it."""
+    return model_settings(settings.replace(model=spec))
+
+
+def create_replay(db: Database, settings: Settings, run_id: str, model: str) -> Run:
+    """A queued replay of ``run_id`` (an id or a unique prefix) with ``model``; its input recorded.
+
+    Raises :class:`StoreError` for no such run, :class:`ConfigError` for a model
+    spelled wrong, :class:`ReplayRefused` for a run without a usable recorded input.
+    """
+    original = get_run(db, run_id)
+    resolved = resolve_model(settings, model)
+    raw = stored_input(db, original.id)
+    if raw is None:
+        raise ReplayRefused(f"run {original.id} has no recorded input (it failed before assembling one)")
+    try:
+        recorded = decode_input(raw)
+    except ProtocolError as exc:
+        raise ReplayRefused(f"run {original.id}'s recorded input does not decode: {exc}") from None
+    replay_id = str(uuid.uuid4())
+    # The same messages, notices, send targets and limits, byte for byte; another model;
+    # no session (the original's is the chat's, and a replay must never resume it).
+    payload = recorded.replace(run_id=replay_id, session_id=None, model=resolved, traceparent=msgspec.UNSET)
+    with db.write() as session:
+        now = db_now(session)
+        session.add(RunRow(
+            id=replay_id, chat_jid=original.chat_jid, state="queued", attempts=1,
+            cursor_from=original.cursor_from, cursor_to=original.cursor_to, celery_task_id=None, owner=None,
+            input_tokens=0, output_tokens=0, created_at=now, replay_of=original.id,
+        ))
+        session.add(ReplayOutputRow(run_id=replay_id, model=model.strip()))
+    record_input(db, replay_id, input_bytes(payload))
+    return get_run(db, replay_id)
+
+
+def fail_replay(db: Database, run_id: str, why: str) -> Run:
+    """End a replay that could not start (its task could not be sent, say)."""
+    return finish_run(db, run_id, state="failed", error=why)
+
+
+@dataclass
+class _Ended:
+    state: RunState
+    error: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    stop_reason: str | None = None
+    num_turns: int = 0
+    limit: Limit | None = None
+
+
+def execute_replay(db: Database, settings: Settings, sandbox: Sandbox, run_id: str) -> Run:
+    """Run the queued replay ``run_id`` to its end; returns its row.
+
+    Idempotent: a replay that another process took, that ended, or that was
+    cancelled while queued is returned as it is (a task delivered twice runs it once).
+    """
+    run = get_run(db, run_id)
+    if run.replay_of is None:
+        raise ReplayRefused(f"run {run.id} is not a replay")
+    owner = process_owner(settings.effective_host_id)
+    with db.write() as session:
+        taken = changed_rows(session.execute(
+            update(RunRow).where(RunRow.id == run.id, RunRow.state == "queued", RunRow.owner.is_(None))
+            .values(owner=owner, started_at=db_now(session))
+        ))
+    if not taken:
+        run = get_run(db, run.id)
+        if run.state == "cancelled" and run.finished_at is None:  # cancelled while it waited
+            return finish_run(db, run.id, state="cancelled", error=run.error)
+        return run
+    run = get_run(db, run.id)
+    outputs: list[OutputMessage] = []
+    raw = stored_input(db, run.id)
+    assert raw is not None  # create_replay recorded it
+    payload = decode_input(raw)
+    copy_report: CopyReport | None = None
+    try:
+        group = get_group(db, run.chat_jid)
+        ended, copy_report = _run(db, settings, sandbox, run, group, payload, outputs)
+    except (ConfigError, MountRefused, ReplayRefused, StoreError) as exc:
+        ended = _Ended("failed", str(exc))
+    except Exception as exc:  # noqa: BLE001 - the replay still ends, saying why
+        log.exception("replay %s failed", run.id)
+        ended = _Ended("failed", f"{type(exc).__name__}: {exc}")
+    except BaseException:
+        # Ctrl-C in the CLI, the worker's hard stop: the container is gone with the context;
+        # the row must not stay unfinished (nothing else closes a replay).
+        finish_run(db, run.id, state="failed", error="the replay was interrupted")
+        raise
+    with db.read() as session:
+        started = session.scalar(select(RunRow.started_at).where(RunRow.id == run.id))
+        duration = None if started is None else max(0.0, (db_now(session) - started).total_seconds())
+    outputs.append(result_meta_message(
+        run_id=run.id, provider=payload.model.provider, model=payload.model.model, state=ended.state,
+        stop_reason=ended.stop_reason, limit=ended.limit, num_turns=ended.num_turns, attempts=1,
+        duration_s=duration, usage=ended.usage,
+    ))
+    data = msgspec.json.encode([o.model_dump() for o in outputs])
+    with db.write() as session:
+        session.execute(update(ReplayOutputRow).where(ReplayOutputRow.run_id == run.id).values(
+            outputs_json=zlib.compress(data), copy_report=None if copy_report is None else copy_report.as_json()))
+    done = finish_run(db, run.id, state=ended.state, error=ended.error, input_tokens=ended.usage.input_tokens,
+                      output_tokens=ended.usage.output_tokens)
+    log.info("replay %s of run %s with %s:%s ended %s", run.id, run.replay_of, payload.model.provider,
+             payload.model.model, done.state)
+    return done
+
+
+def _run(
+    db: Database, settings: Settings, sandbox: Sandbox, run: Run, group: Group, payload: ContainerInput,
+    outputs: list[OutputMessage],
+) -> tuple[_Ended, CopyReport]:
+    workspace = group_workspace(settings, group.folder)
+    volume = Volume.of(settings, group.folder, workspace)
+    if volume.image.exists() and volume.mounted() != "ours":
+        # Its files are in a volume not mounted here: the folder under it is not the workspace.
+        raise ReplayRefused(f"the workspace of {group.folder!r} lives in the volume {volume.image}, not mounted "
+                            "on this host; replay where the group's runs go")
+    cfg = parse_container_config(group.container_config)
+    limits = effective_limits(settings, cfg)
+    scratch = settings.runs_dir / f"{run.id}.workspace"
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, scratch, ignore_errors=True)
+        report = copy_workspace(workspace, scratch, max_bytes=settings.replay_max_bytes,
+                                max_files=settings.replay_max_files)
+        # The group's extra folders, re-checked against the allowlist, and read-only
+        # whatever the group's config says: a replay writes nothing that outlives it.
+        mounts = resolve_mounts(settings, cfg.extra_mounts, folder=group.folder, is_main=group.is_main,
+                                chat_jid=group.chat_jid)
+        prepare_mountpoints(scratch, mounts)
+        spec = ContainerSpec(
+            # The image the replayed model needs (claude-code: its variant; no session folder is
+            # mounted, so Claude Code starts a throw-away session and resumes nothing).
+            image=image_name(settings, model_variant(payload.model.provider)),
+            name=f"orch-replay-{group.folder}-{run.id[:8]}-{uuid.uuid4().hex[:4]}",
+            workspace=scratch, run_id=run.id, group_folder=group.folder, memory=limits.memory, cpus=limits.cpus,
+            pids=limits.pids, timeout_s=limits.run_timeout_s, install_id=settings.install_id,
+            extra_labels={"orchestrator.replay_of": run.replay_of or ""},
+            readonly_mounts={str(m.host): m.container for m in mounts},
+        )
+        gateway: ModelGateway | None = None
+        if payload.model.provider != "offline":
+            # As the pipeline's cold run: the socket in a host-only folder mounted read-only.
+            gw_dir = host_only_dir(settings.runs_dir / run.id)
+            cleanup.callback(shutil.rmtree, gw_dir, ignore_errors=True)
+            spec = replace(spec, readonly_mounts={**spec.readonly_mounts, str(gw_dir): GATEWAY_MOUNT})
+            gateway = cleanup.enter_context(ModelGateway.for_provider(
+                gw_dir / GATEWAY_SOCKET, settings, payload.model.provider, spent=Usage(),
+                model=payload.model.model, max_tokens=payload.model.max_tokens,
+            ))
+            payload = payload.replace(model=payload.model.replace(socket_path=f"{GATEWAY_MOUNT}/{GATEWAY_SOCKET}"))
+        ended = _stream(db, settings, sandbox, run, spec, payload, gateway, outputs)
+    return ended, report
+
+
+def _stream(
+    db: Database, settings: Settings, sandbox: Sandbox, run: Run, spec: ContainerSpec, payload: ContainerInput,
+    gateway: ModelGateway | None, outputs: list[OutputMessage],
+) -> _Ended:
+    """The container's events kept as the messages they would have been, none stored as one."""
+    result: ResultEvent | None = None
+    error: ErrorEvent | None = None
+    limit: OutputLimitExceeded | None = None
+    budget = OutputBudget(settings.max_run_events, settings.max_run_stored_bytes)
+    index = 0
+    # Streamed text is neither shown (a replay has no chat) nor kept: as in the
+    # pipeline, free up to the draft's allowance, then each line counts.
+    free_deltas = FREE_LINES_PER_EVENT * settings.max_run_events
+    with sandbox.start(spec, input_bytes(payload)) as container:
+        set_container(db, run.id, container.id)
+        with StopWatch(db, run.id, container.kill, None) as stop:
+            try:
+                for line in container.lines(settings.max_event_line_bytes):
+                    if not line.strip():
+                        budget.line()
+                        continue
+                    try:
+                        event = parse_event(line)
+                    except ProtocolError:
+                        budget.line()
+                        continue
+                    if isinstance(event, TextDeltaEvent):
+                        free_deltas -= 1
+                        if free_deltas < 0:
+                            budget.line()
+                        continue
+                    budget.line()
+                    if isinstance(event, ResultEvent):
+                        result = event
+                        continue
+                    if isinstance(event, ErrorEvent):
+                        error = event
+                        continue
+                    index += 1
+                    if isinstance(event, SendMessageEvent):
+                        # Recorded with where it would have gone; never sent.
+                        out = event_to_message(AssistantEvent(text=event.text), run_id=run.id, index=index,
+                                               assistant_name=payload.assistant_name)
+                        if out is not None:
+                            out = out.model_copy(update={"metadata": {"via": "send_message",
+                                                                      "to_chat": event.chat_jid}})
+                    else:
+                        out = event_to_message(event, run_id=run.id, index=index,
+                                               assistant_name=payload.assistant_name,
+                                               max_tool_result_bytes=settings.max_tool_result_bytes)
+                    if out is not None:
+                        budget.store(stored_size(out))
+                        outputs.append(out)
+            except OutputLimitExceeded as exc:
+                limit = exc
+                container.kill()
+            exit_ = container.finish()
+    usage = gateway.usage if gateway is not None else (result.usage if result else Usage())
+    if stop.reason == "cancelled":
+        return _Ended("cancelled", "cancelled by request", usage)
+    if limit is not None:
+        return _Ended("failed", str(limit), usage)
+    if exit_.timed_out:
+        return _Ended("timed_out", f"the run exceeded its {spec.timeout_s:.0f}s limit", usage, limit="timeout")
+    spent: Limit | None = "token_budget" if gateway is not None and gateway.budget_refusals else None
+    if error is not None:
+        return _Ended("failed", error.message[:2000], usage, limit=spent)
+    if exit_.status_code != 0 or result is None:
+        tail = (exit_.stderr_tail.strip().splitlines()[-1:] or [""])[0][:300]
+        return _Ended("failed", f"the agent container exited with status {exit_.status_code}"
+                      + (f": {tail}" if tail else ""), usage)
+    return _Ended("succeeded", None, usage, stop_reason=result.stop_reason, num_turns=result.num_turns,
+                  limit=STOP_REASON_LIMITS.get(result.stop_reason or ""))

@@ -1,0 +1,165 @@
+"""Two runs side by side: what each said and spent (``orchestrator runs diff A B``,
+``GET /api/runs/{a}/diff/{b}``).
+
+Works for any two runs: an original and its replay (``orchestrator/run/replay.py``),
+or two replays.  A chat run's outputs are its stored messages (ids ``<run id>-...``,
+superseded ones included: the record of what that run said); a replay's are in
+``replay_outputs``.  Both are the same records (``run/outputs.py``), so one reading
+serves both: the replies (assistant text), the tool calls (name and input, with
+their results' exit codes), and the ``result_meta`` record's tokens, cost estimate,
+stop reason and turns (a run from before that record: its row's token counts).
+Kept apart from the replay itself so the API reads runs without importing the
+sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any
+
+import msgspec
+from agent_runner.protocol import ContainerInput, ProtocolError, Usage, decode_input
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+
+from orchestrator.model.messages import SENDER_BOT, SENDER_RESULT_META, SENDER_TOOL_RESULT, SENDER_TOOL_USE
+from orchestrator.model.pricing import estimate_cost
+from orchestrator.run.assembly import stored_input
+from orchestrator.run.outputs import OutputMessage
+from orchestrator.store.db import Database
+from orchestrator.store.runs import Run, get_run
+from orchestrator.store.tables import MessageRow, ReplayOutputRow
+
+
+class ToolCall(BaseModel):
+    name: str
+    input: str = Field(description="The call's input, summarized (a shell command as it is; else JSON, cut).")
+    exit_code: int | None = Field(default=None, description="Its result's exit code (null: no result recorded).")
+
+
+class RunSummary(BaseModel):
+    """What one run said and spent, for :func:`diff_runs`."""
+
+    run_id: str
+    replay_of: str | None
+    model: str = Field(description="`provider:model` (`offline` for the offline model).")
+    state: str
+    error: str | None
+    replies: list[str] = Field(description="The assistant's texts, in order.")
+    tool_calls: list[ToolCall]
+    input_tokens: int = Field(description="Cache reads and writes included.")
+    output_tokens: int
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int
+    cost_usd: float | None = Field(description="An estimate at list prices; null: no price known.")
+    duration_s: float | None
+    stop_reason: str | None
+    num_turns: int | None
+
+
+class RunDiff(BaseModel):
+    """Two runs side by side: ``a`` and ``b`` as asked."""
+
+    a: RunSummary
+    b: RunSummary
+    same_input_messages: bool = Field(description="Both runs' recorded inputs hold the same messages.")
+
+
+def run_outputs(db: Database, run: Run) -> list[OutputMessage]:
+    """What ``run`` said: a replay's from ``replay_outputs``, a chat run's from its stored messages
+    (superseded ones included: the record of what that run said)."""
+    if run.replay_of is not None:
+        with db.read() as session:
+            data = session.scalar(select(ReplayOutputRow.outputs_json).where(ReplayOutputRow.run_id == run.id))
+        if data is None:
+            return []
+        return [OutputMessage.model_validate(o) for o in msgspec.json.decode(zlib.decompress(data))]
+    with db.read() as session:
+        rows = session.execute(
+            select(MessageRow.id, MessageRow.sender, MessageRow.sender_name, MessageRow.content,
+                   MessageRow.message_type, MessageRow.meta)
+            .where(MessageRow.id.like(f"{run.id}-%")).order_by(MessageRow.seq)
+        ).all()
+    return [OutputMessage.model_validate({"id": i, "sender": s, "sender_name": n, "content": c, "message_type": t,
+                                          "metadata": m}) for i, s, n, c, t, m in rows]
+
+
+def _summary_of_input(text: Any) -> str:
+    return text if isinstance(text, str) else json.dumps(text, ensure_ascii=False)[:200]
+
+
+def summarize(db: Database, run: Run) -> RunSummary:
+    outputs = run_outputs(db, run)
+    exit_codes: dict[str, int | None] = {}
+    for out in outputs:
+        meta = out.metadata or {}
+        if out.message_type == "tool_result" or out.sender == SENDER_TOOL_RESULT:
+            code = meta.get("exit_code")
+            exit_codes[str(meta.get("tool_use_id"))] = code if isinstance(code, int) else None
+    replies: list[str] = []
+    calls: list[ToolCall] = []
+    meta_record: dict[str, Any] = {}
+    for out in outputs:
+        meta = out.metadata or {}
+        if out.sender == SENDER_BOT and out.message_type == "assistant":
+            # A replay's send_message is recorded, never sent: say where it would have gone.
+            to = meta.get("to_chat") if meta.get("via") == "send_message" else None
+            replies.append(f"[send_message to {to}, not sent] {out.content}" if to else out.content)
+        elif out.sender == SENDER_TOOL_USE:
+            raw_input = meta.get("input")
+            shown = raw_input.get("command") if isinstance(raw_input, dict) and meta.get("tool") == "bash" else None
+            calls.append(ToolCall(name=str(meta.get("tool") or out.sender_name),
+                                  input=_summary_of_input(shown if isinstance(shown, str) else raw_input),
+                                  exit_code=exit_codes.get(str(meta.get("tool_use_id")))))
+        elif out.sender == SENDER_RESULT_META:
+            meta_record = dict(meta)
+    usage = meta_record.get("usage") if isinstance(meta_record.get("usage"), dict) else None
+    model = _model_of(db, run, meta_record)
+    if usage is None:  # a run from before the result_meta record: its row's counts
+        usage = {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens}
+        provider, _, model_id = model.partition(":")
+        cost = estimate_cost(provider, model_id or provider, Usage(input_tokens=run.input_tokens,
+                                                                    output_tokens=run.output_tokens))
+    else:
+        cost = meta_record.get("cost_usd")
+    return RunSummary(
+        run_id=run.id, replay_of=run.replay_of, model=model, state=run.state, error=run.error,
+        replies=replies, tool_calls=calls,
+        input_tokens=int(usage.get("input_tokens") or 0), output_tokens=int(usage.get("output_tokens") or 0),
+        cache_read_input_tokens=int(usage.get("cache_read_input_tokens") or 0),
+        cache_creation_input_tokens=int(usage.get("cache_creation_input_tokens") or 0),
+        cost_usd=cost if isinstance(cost, (int, float)) else None,
+        duration_s=run.duration_s if run.duration_s is not None else meta_record.get("duration_s"),
+        stop_reason=meta_record.get("stop_reason"),
+        num_turns=meta_record.get("num_turns") if isinstance(meta_record.get("num_turns"), int) else None,
+    )
+
+
+def _model_of(db: Database, run: Run, meta_record: dict[str, Any]) -> str:
+    if meta_record.get("provider"):
+        provider, model = str(meta_record["provider"]), str(meta_record.get("model") or "")
+    else:
+        recorded = _recorded(db, run)
+        if recorded is None:
+            return "unknown"
+        provider, model = recorded.model.provider, recorded.model.model
+    return provider if provider == "offline" else f"{provider}:{model}"
+
+
+def _recorded(db: Database, run: Run) -> ContainerInput | None:
+    raw = stored_input(db, run.id)
+    if raw is None:
+        return None
+    try:
+        return decode_input(raw)
+    except ProtocolError:
+        return None
+
+
+def diff_runs(db: Database, a: str, b: str) -> RunDiff:
+    """Runs ``a`` and ``b`` (ids or unique prefixes) side by side; :class:`StoreError` for no such run."""
+    run_a, run_b = get_run(db, a), get_run(db, b)
+    input_a, input_b = _recorded(db, run_a), _recorded(db, run_b)
+    same = input_a is not None and input_b is not None and input_a.messages == input_b.messages
+    return RunDiff(a=summarize(db, run_a), b=summarize(db, run_b), same_input_messages=same)

@@ -1,0 +1,203 @@
+"""The claude-code provider end to end: Claude Code in the sandbox, through the gateway.
+
+CLI -> celery worker -> pipeline -> model gateway on a unix socket -> the
+claude-code image variant (no network, non-root, read-only root) -> the
+runner's loopback relay -> Claude Code's streaming Messages API requests ->
+gateway adds the key -> the fake Messages API in this process, which plays
+the model: a to-do list, a file write, a shell command and our send_message
+tool in the first run; an edit of that file in a second, resumed run.  The key
+never enters the container; the session's transcript stays in the group's
+session folder, and `groups reset` forgets it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from typing import Any
+
+import docker
+import pytest
+
+from orchestrator.model.messages import SENDER_TOOL_RESULT
+from orchestrator.sandbox.containers import LABEL_INSTALL
+from orchestrator.sandbox.sessions import session_dir
+from orchestrator.store.groups import ensure_main_group, get_group
+from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.runs import list_runs
+from tests.fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
+
+from .conftest import Stack
+
+SECRET = "sk-claude-code-secret-42"
+CHAT = "main@local"
+MODEL = "claude-sonnet-4-5"  # a name the CLI knows: its tool set depends on it
+FIRST, SECOND = "please write the notes", "now fix the notes"
+NOTES = "/workspace/notes.md"
+
+# The model's moves, by the request's last message: a tool call answers the
+# result of the one before it; a fresh prompt starts its run's list.
+FIRST_RUN: list[tuple[str, str, dict[str, Any]]] = [
+    ("toolu_cc_todo", "TodoWrite", {"todos": [
+        {"content": "write the notes", "status": "in_progress", "activeForm": "Writing the notes"},
+        {"content": "check them", "status": "pending", "activeForm": "Checking them"}]}),
+    ("toolu_cc_write", "Write", {"file_path": NOTES, "content": "# Notes\nfirst draft\n"}),
+    ("toolu_cc_bash", "Bash", {"command": "cat notes.md && id -u", "description": "Show the notes"}),
+    ("toolu_cc_send", "mcp__chat__send_message", {"text": "progress: the notes are written"}),
+]
+SECOND_RUN: list[tuple[str, str, dict[str, Any]]] = [
+    ("toolu_cc_edit", "Edit", {"file_path": NOTES, "old_string": "first draft", "new_string": "final text"}),
+]
+
+
+def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message.get("content")
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+class Model:
+    """Plays the model for every request Claude Code makes, whatever their number."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, rec: Recorded) -> Reply:
+        with self.lock:
+            self.n += 1
+            n = self.n
+        last = rec.body["messages"][-1]
+        answered = [b["tool_use_id"] for b in _blocks(last) if b.get("type") == "tool_result"]
+        for moves, final in ((FIRST_RUN, "done: the notes are written"), (SECOND_RUN, "edited: final text")):
+            ids = [m[0] for m in moves]
+            if answered and answered[-1] in ids:
+                i = ids.index(answered[-1]) + 1
+                if i < len(moves):
+                    return self._call(moves[i], n)
+                return message([{"type": "text", "text": final}], "end_turn", n)
+        text = json.dumps(last)
+        if SECOND in text:
+            return self._call(SECOND_RUN[0], n)
+        if FIRST in text:
+            return self._call(FIRST_RUN[0], n)
+        return message([{"type": "text", "text": "(not scripted)"}], "end_turn", n)
+
+    @staticmethod
+    def _call(move: tuple[str, str, dict[str, Any]], n: int) -> Reply:
+        tool_id, name, tool_input = move
+        return message([{"type": "text", "text": f"calling {name}"},
+                        {"type": "tool_use", "id": tool_id, "name": name, "input": tool_input}], "tool_use", n)
+
+
+class KeyProbe:
+    """On every request: does any process of the run's container see the key?"""
+
+    def __init__(self, install_id: str) -> None:
+        self.install_id = install_id
+        self.looked = 0
+        self.leaks: list[str] = []
+        self.errors: list[BaseException] = []
+
+    def __call__(self, rec: Recorded) -> None:
+        try:
+            for container in docker.from_env().containers.list(filters={"label": f"{LABEL_INSTALL}={self.install_id}"}):
+                code, out = container.exec_run(["sh", "-c", "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'"])
+                self.looked += 1
+                text = out.decode("utf-8", "replace")
+                if SECRET in text or SECRET in json.dumps(container.attrs["Config"]):
+                    self.leaks.append(container.name)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.errors.append(exc)
+
+
+def _send(stack: Stack, text: str) -> subprocess.CompletedProcess[str]:
+    return stack.cli("send", CHAT, text, "--wait", "180", "--json", timeout=240)
+
+
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
+def test_claude_code_edits_files_keeps_a_todo_list_and_resumes_its_session(
+    stack: Stack, claude_code_image: str
+) -> None:
+    model = Model()
+    probe = KeyProbe(stack.settings.install_id)
+    fake = FakeAnthropic(*([model] * 30), on_request=probe)
+    with fake.serve() as base_url:
+        stack.env.update({
+            "ORCHESTRATOR_MODEL": f"claude-code:{MODEL}",
+            "ORCHESTRATOR_ANTHROPIC_BASE_URL": base_url,
+            "ORCHESTRATOR_ANTHROPIC_API_KEY": SECRET,
+            "ORCHESTRATOR_MAX_TOKENS": "4096",
+            "ORCHESTRATOR_CONTAINER_MEMORY": "1g",
+        })
+        stack.start_worker()
+        ensure_main_group(stack.db)
+        first = _send(stack, FIRST)
+        logs = stack.worker_logs()
+        assert first.returncode == 0, first.stdout + first.stderr + logs
+        session_id = get_group(stack.db, CHAT).session_id
+        calls_first = len(fake.calls)
+        second = _send(stack, SECOND)
+        logs = stack.worker_logs()
+        assert second.returncode == 0, second.stdout + second.stderr + logs
+
+    runs = sorted(list_runs(stack.db, chat_jid=CHAT), key=lambda r: r.created_at)
+    assert [r.state for r in runs] == ["succeeded", "succeeded"], [(r.state, r.error) for r in runs]
+    stored = get_messages_after(CHAT, 0, db=stack.db)
+    folder = get_group(stack.db, CHAT).folder
+
+    # Every request went through the gateway with the key, for the run's model only.
+    assert fake.calls and all(c.headers.get("x-api-key") == SECRET for c in fake.calls)
+    assert {c.body["model"] for c in fake.calls} == {MODEL}
+    assert all(c.body.get("stream") is True for c in fake.calls)
+    assert all(c.body["max_tokens"] <= 4096 for c in fake.calls)
+    tools = {t["name"] for t in fake.calls[0].body["tools"]}
+    assert {"Bash", "Write", "Edit", "TodoWrite", "mcp__chat__send_message"} <= tools, tools
+    assert not tools & {"WebFetch", "WebSearch", "CronCreate"}, tools
+
+    # The first run's tool results, stored with their envelopes.
+    results = {m.metadata["tool_use_id"]: m for m in stored
+               if m.message_type == "tool_result" and m.metadata and "tool_use_id" in m.metadata}
+    assert all(m.sender == SENDER_TOOL_RESULT for m in results.values())
+    todo = results["toolu_cc_todo"].metadata
+    assert todo["message_type"] == "TODO", todo
+    assert [(t["content"], t["status"]) for t in todo["payload"]["todos"]] == [
+        ("write the notes", "in_progress"), ("check them", "pending")]
+    write = results["toolu_cc_write"].metadata
+    assert write["message_type"] == "CODE_EDIT", write
+    (edit,) = write["payload"]["edits"]
+    assert (edit["file_path"], edit["old_content"], edit["new_content"]) == ("notes.md", None, "# Notes\nfirst draft\n")
+    bash = results["toolu_cc_bash"]
+    assert bash.metadata["message_type"] == "TOOL_CALL" and bash.metadata["exit_code"] == 0
+    lines = bash.content.splitlines()
+    assert "first draft" in lines, bash.content
+    assert lines[-1].strip().isdigit() and lines[-1].strip() != "0", bash.content  # not root
+    sent = [m for m in stored if m.content == "progress: the notes are written" and m.message_type == "assistant"]
+    assert len(sent) == 1, [(m.sender, m.content) for m in stored]
+    answers = [m.content for m in stored if m.message_type == "assistant" and m.sender == "bot"]
+    assert "done: the notes are written" in answers and "edited: final text" in answers, answers
+
+    # The second run resumed the first's session: its first request carries the
+    # first run's own tool calls and results as blocks, and only the new prompt after them.
+    assert session_id and get_group(stack.db, CHAT).session_id == session_id
+    resumed = fake.calls[calls_first].body["messages"]
+    used = {b["id"] for m in resumed for b in _blocks(m) if b.get("type") == "tool_use"}
+    assert {"toolu_cc_todo", "toolu_cc_write", "toolu_cc_bash", "toolu_cc_send"} <= used, used
+    assert FIRST not in json.dumps(resumed[-1]) and SECOND in json.dumps(resumed[-1])
+    change = results["toolu_cc_edit"].metadata
+    assert change["message_type"] == "CODE_EDIT", change
+    (edit,) = change["payload"]["edits"]
+    assert (edit["old_content"], edit["new_content"]) == ("# Notes\nfirst draft\n", "# Notes\nfinal text\n")
+    assert (stack.settings.groups_dir / folder / "notes.md").read_text() == "# Notes\nfinal text\n"
+
+    # The key never entered the container, and never reached the chat.
+    assert probe.looked and not probe.errors and not probe.leaks, (probe.looked, probe.errors, probe.leaks)
+    assert not any(SECRET in m.content for m in stored)
+
+    # The transcript is in the group's session folder; a reset forgets both.
+    sessions = session_dir(stack.settings, folder)
+    assert list(sessions.rglob(f"{session_id}.jsonl")), list(sessions.rglob("*"))[:20]
+    reset = stack.cli("groups", "reset", CHAT)
+    assert reset.returncode == 0, reset.stderr
+    assert get_group(stack.db, CHAT).session_id is None
+    assert not sessions.exists()
