@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import docker
 import psutil
@@ -56,21 +57,26 @@ def worker_env(settings: Settings) -> dict[str, str]:
 
 @dataclass
 class Workers:
-    """``n`` ``celery worker`` processes, each with one pool child (one run at a time)."""
+    """``n`` ``celery worker`` processes of ``app``, each with ``concurrency`` pool children
+    (by default one: one run at a time); ``host_ids`` gives each its own host id (as N hosts)."""
 
     settings: Settings
     n: int
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    app: str = "workers.app"
+    concurrency: int = 1
+    host_ids: bool = False
 
-    def __enter__(self) -> Workers:
+    def __enter__(self) -> Self:
         env = worker_env(self.settings)
         for i in range(self.n):
             log = open(self.settings.data_dir / f"worker{i}.log", "wb")  # noqa: SIM115 - closed with the process
+            own = {"ORCHESTRATOR_HOST_ID": f"bench-host-{i}"} if self.host_ids else {}
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "agent,delivery",
-                 "--concurrency", "1", "-l", "WARNING", "--without-gossip", "--without-mingle",
+                [sys.executable, "-m", "celery", "-A", self.app, "worker", "-Q", "agent,delivery",
+                 "--concurrency", str(self.concurrency), "-l", "WARNING", "--without-gossip", "--without-mingle",
                  "--without-heartbeat", "-n", f"bench{i}@%h"],
-                env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
+                env={**env, **own}, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
             ))
         return self
 

@@ -35,7 +35,6 @@ import argparse
 import contextlib
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -49,12 +48,11 @@ from bench import query_counts
 from bench.common import (
     ROOT,
     CpuAccount,
+    Workers,
     cpu_seconds,
     flush_broker,
     fresh_pg_database,
     install,
-    stop_processes,
-    worker_env,
 )
 from orchestrator.core.settings import Settings
 from orchestrator.root import Orchestrator
@@ -81,38 +79,11 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-class Fleet:
-    """N worker processes as N hosts, on the bench's installation."""
+class Fleet(Workers):
+    """N worker processes of the instant app as N hosts, on the bench's installation."""
 
     def __init__(self, settings: Settings, n: int, concurrency: int) -> None:
-        self.settings, self.n, self.concurrency = settings, n, concurrency
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def __enter__(self) -> Fleet:
-        env = worker_env(self.settings)
-        for i in range(self.n):
-            log = open(self.settings.data_dir / f"worker{i}.log", "wb")  # noqa: SIM115 - closed with the process
-            self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "bench.instant_app", "worker", "-Q", "agent,delivery",
-                 "--concurrency", str(self.concurrency), "-l", "WARNING", "--without-gossip", "--without-mingle",
-                 "--without-heartbeat", "-n", f"cp{i}@%h"],
-                env={**env, "ORCHESTRATOR_HOST_ID": f"cp-host-{i}"}, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
-            ))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        stop_processes(self.procs)
-
-    def trees(self) -> list[psutil.Process]:
-        out: list[psutil.Process] = []
-        for p in self.procs:
-            with contextlib.suppress(psutil.Error):
-                parent = psutil.Process(p.pid)
-                out += [parent, *parent.children(recursive=True)]
-        return out
-
-    def logs(self) -> str:
-        return "\n".join((self.settings.data_dir / f"worker{i}.log").read_text()[-2000:] for i in range(self.n))
+        super().__init__(settings, n, app="bench.instant_app", concurrency=concurrency, host_ids=True)
 
     def check(self) -> None:
         dead = [i for i, p in enumerate(self.procs) if p.poll() is not None]

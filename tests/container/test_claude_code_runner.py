@@ -172,6 +172,10 @@ def test_todo_write_is_a_todo_list_and_other_tools_are_tool_calls(tmp_path: Path
     _call(mapper, "b1", "Bash", {"command": "echo hi"})
     bash = _result(mapper, events, "b1", [{"type": "text", "text": "hi"}, {"type": "image"}])
     assert bash.output == "hi\n[image]" and bash.name == "Bash" and bash.exit_code == 0
+    # A huge result (the CLI's, or a file it read) is capped like our own tools' output.
+    _call(mapper, "b2", "Bash", {"command": "yes | head -c 1000000"})
+    huge = _result(mapper, events, "b2", "y\n" * 500_000)
+    assert len(huge.output.encode()) < mapper.output_cap + 200 and "truncated" in huge.output
     assert bash.envelope is not None and bash.envelope["payload"]["tool_name"] == "Bash"
 
 

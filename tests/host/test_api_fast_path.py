@@ -63,13 +63,12 @@ def test_registration_check_and_its_404(client: TestClient, db: Database) -> Non
     assert get_messages_after("nobody@local", 0, db=db) == []
 
 
+@pytest.mark.parametrize("db_backend", ["sqlite"])  # SQLite's own write lock: no PostgreSQL twin
 def test_health_answers_while_another_process_holds_the_sqlite_write_lock(
     client: TestClient, settings: Settings, db_backend: str
 ) -> None:
     """Health is a read outside any transaction: a writer holding SQLite's lock (a worker
     mid-transaction) must not hold it up for the busy timeout (60 s), nor the event loop."""
-    if db_backend != "sqlite":
-        pytest.skip("SQLite's write lock")
     holder = sqlite3.connect(settings.effective_database_url.removeprefix("sqlite:///"), isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     answered = threading.Event()

@@ -109,7 +109,8 @@ async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir
     resume = inp.session_id if inp.session_id and session_file(config_dir, inp.session_id) else None
     if inp.session_id and not resume:
         log.info("session %s is not in the session folder: starting a new one", inp.session_id)
-    mapper = EventMapper(emit=emit, workspace=workspace, deltas=DeltaCoalescer(emit))
+    mapper = EventMapper(emit=emit, workspace=workspace, deltas=DeltaCoalescer(emit),
+                         output_cap=inp.limits.output_cap_bytes)
     ctx = ToolContext(workspace=workspace, limits=inp.limits, chat_jid=inp.chat_jid,
                       send_targets=frozenset(inp.send_targets), emit=emit)
 

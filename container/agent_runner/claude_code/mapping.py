@@ -134,6 +134,9 @@ class EventMapper:
     workspace: Path
     # The streamed text's sink (``include_partial_messages``); None: not streamed.
     deltas: DeltaCoalescer | None = None
+    # A tool result's text as sent to the host is capped like our own tools' output
+    # (``Limits.output_cap_bytes``): one event line stays well under the host's line limit.
+    output_cap: int = 16_000
     before: dict[str, Snapshot] = field(default_factory=dict)
     calls: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     result: ResultEvent | None = None
@@ -213,7 +216,7 @@ class EventMapper:
 
     def _tool_result(self, block: Any) -> None:
         name, tool_input = self.calls.pop(block.tool_use_id, ("?", {}))
-        output = tool_result_text(block.content)
+        output = envelopes.cap_text(tool_result_text(block.content), cap=self.output_cap)
         is_error = bool(block.is_error)
         self.emit(ToolResultEvent(
             tool_use_id=block.tool_use_id, name=name, output=output,
