@@ -20,7 +20,10 @@ the classes defined outside this module say where they live::
     │   │                      run or task) [store.groups, store.runs, run.assembly, run.schedules]
     │   ├── UnknownGroup       a chat id that is not a registered group
     │   │                      [store.groups, store.attachments, sandbox.config]
-    │   └── MessageNotFound    no such (message id, chat) in the store [store.message_log, store.history]
+    │   ├── MessageNotFound    no such (message id, chat) in the store [store.message_log, store.history]
+    │   └── DatabaseUnavailable   the database cannot serve for now (a lock held elsewhere past the wait, a
+    │                          server restarting or unreachable, a full disk); carries retry_after_s
+    │                          (HTTP 503 + Retry-After) [http.api, from store.db.unavailable_reason]
     ├── GroupBusy              a run holds the group; edit/regenerate must wait [store.history]
     ├── LeaseLost              another worker took the group over: a run's output is not stored, the
     │                          run is left to the new holder [store.leases]
@@ -97,6 +100,18 @@ class UnknownGroup(StoreError, LookupError):
 class MessageNotFound(StoreError, LookupError):
     def __init__(self, chat_jid: str, message_id: str) -> None:
         super().__init__(f"no message {message_id!r} in chat {chat_jid!r}")
+
+
+class DatabaseUnavailable(StoreError):
+    """The database cannot serve for now and the caller should come back (``retry_after_s``,
+    whole seconds); nothing of the failed request was stored.  ``reason`` is for people and
+    names no address, user or path of the database."""
+
+    def __init__(self, reason: str, retry_after_s: int) -> None:
+        super().__init__(f"the database is unavailable for now: {reason}; nothing was stored, "
+                         f"try again in {retry_after_s} s")
+        self.reason = reason
+        self.retry_after_s = retry_after_s
 
 
 class GroupBusy(OrchestratorError):

@@ -264,6 +264,11 @@ class Settings(msgspec.Struct, kw_only=True):
     api_allowed_hosts: str = ""
     # How often a chat's event stream (SSE) looks for new messages and runs.
     api_stream_poll_s: Annotated[float, Meta(gt=0, le=5)] = 0.2
+    # How long an API request waits for SQLite's write lock (another process holding
+    # it: a worker's long transaction, a backup, a stray sqlite3 shell) before it
+    # answers 503 with Retry-After.  Workers wait 60 s (they have no caller waiting);
+    # a client should hear "busy, retry" in seconds, not hang for a minute.
+    api_db_wait_s: Annotated[float, Meta(gt=0, le=60)] = 5.0
 
     log_level: str = "INFO"
     # "text" for people, "json" for log pipelines: one object per line with the

@@ -38,6 +38,7 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Res
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema
+from sqlalchemy import exc as sqlalchemy_exc
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
@@ -48,6 +49,7 @@ from orchestrator.core.errors import (
     ChangeRefused,
     ConfigError,
     ContainerConfigError,
+    DatabaseUnavailable,
     GroupBusy,
     InvalidMessage,
     MessageNotFound,
@@ -79,6 +81,7 @@ from orchestrator.run.assembly import stored_input
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.run_diff import RunDiff, diff_runs
 from orchestrator.sandbox.config import ContainerConfig
+from orchestrator.store.db import unavailable_reason
 from orchestrator.store.groups import (
     FOLDER_PATTERN,
     MAX_QUOTA,
@@ -267,12 +270,20 @@ RATE_LIMITED_DOC: dict[int | str, dict[str, Any]] = {429: {
 }}
 
 
+# Retry-After of a 503: a PostgreSQL restart takes seconds; a lock held elsewhere was
+# already waited for (ORCHESTRATOR_API_DB_WAIT_S) before the 503.
+DB_RETRY_AFTER_S = 5
+
+
 def _error_response(exc: OrchestratorError) -> JSONResponse:
     """One mapping from the exception tree to status codes."""
     if isinstance(exc, InvalidMessageMetadata):
         return _bad_request(exc.field, str(exc))
     if isinstance(exc, RateLimited):
         return rate_limited_response(exc)
+    if isinstance(exc, DatabaseUnavailable):
+        return JSONResponse(status_code=503, content={"detail": str(exc), "retry_after_s": exc.retry_after_s},
+                            headers={"Retry-After": str(exc.retry_after_s)})
     status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
     return JSONResponse(status_code=status, content={"detail": str(exc)})
 
@@ -344,6 +355,7 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     check_exposure(settings.api_host, settings.api_token)
     settings.ensure_dirs()
     db = root.db
+    db.limit_wait(settings.api_db_wait_s)  # a caller waits: 503 after a few seconds, not the workers' 60
     api = FastAPI(title="Agent orchestrator", version="0.1.0")
     document_shared_errors(api)  # the 400, 401 and error bodies every route shares
     allow_every_method(api)
@@ -379,6 +391,19 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     @api.exception_handler(OrchestratorError)
     def _orchestrator_error(request: Request, exc: OrchestratorError) -> JSONResponse:
         return _error_response(exc)
+
+    @api.exception_handler(sqlalchemy_exc.DBAPIError)
+    @api.exception_handler(sqlalchemy_exc.TimeoutError)
+    def _database_error(request: Request, exc: Exception) -> JSONResponse:
+        # A passing state of the database (restarting, locked elsewhere, disk full) is a 503 the
+        # client can retry; anything else is a bug and stays a 500 (raised on, to the server's log).
+        reason = unavailable_reason(exc)
+        if reason is None:
+            raise exc
+        # The driver's words, not SQLAlchemy's text: that one quotes the statement's parameters.
+        cause = exc.orig if isinstance(exc, sqlalchemy_exc.DBAPIError) else exc
+        log.warning("%s %s: 503, %s: %s", request.method, request.url.path, reason, str(cause).strip())
+        return _error_response(DatabaseUnavailable(reason, DB_RETRY_AFTER_S))
 
     broker_kind = settings.effective_broker_url.split("://", 1)[0]
     # SQLite answers a SELECT 1 in process, in microseconds, and a WAL reader never waits

@@ -17,6 +17,11 @@ being repeated route by route:
   (``orchestrator/http/guards.py``) answers them before any route, for a
   ``Host`` that is not this machine's while no token is set, and for a body
   over ``ORCHESTRATOR_API_MAX_REQUEST_BYTES``;
+* **503** (with ``Retry-After``) on every operation: the database cannot serve for now
+  (PostgreSQL restarting or unreachable, SQLite's lock held elsewhere past
+  ``ORCHESTRATOR_API_DB_WAIT_S``, a full disk); nothing was stored, and the same
+  request may be sent again.  The handler is the app's (``orchestrator/http/api.py``),
+  so every operation lists it; one that reads no database simply never answers it;
 * an ``application/json`` :class:`ErrorBody` for every 4xx and 5xx a route
   lists without saying what it carries (its 404s, 409s, the router's 421).
 
@@ -62,7 +67,8 @@ class ErrorBody(BaseModel):
     field: str | None = Field(
         default=None, description="Bad input (400): the offending field, dotted (`metadata.context[0].url`).")
     retry_after_s: int | None = Field(
-        default=None, description="Over a rate (429): whole seconds until one more is taken (as `Retry-After`).")
+        default=None, description="Over a rate (429): whole seconds until one more is taken; the database "
+                                  "unavailable (503): seconds to wait before trying again (as `Retry-After`).")
 
 
 BAD_INPUT = {"description": "bad input: `field` names the first offending field; nothing changed"}
@@ -70,6 +76,12 @@ HOST_REFUSED = {"description": "no ORCHESTRATOR_API_TOKEN is set and the `Host` 
                                "machine (127.0.0.1, localhost, [::1], ORCHESTRATOR_API_ALLOWED_HOSTS): DNS rebinding"}
 TOO_LARGE = {"description": "the request body is larger than ORCHESTRATOR_API_MAX_REQUEST_BYTES (refused before "
                             "it is read)"}
+UNAVAILABLE = {
+    "description": "the database cannot serve for now (restarting or unreachable, locked by another writer past "
+                   "ORCHESTRATOR_API_DB_WAIT_S, its disk full); nothing was stored: send the same request again "
+                   "after `Retry-After` seconds",
+    "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}},
+}
 UNAUTHORIZED = {
     "description": "missing or wrong `Authorization: Bearer <ORCHESTRATOR_API_TOKEN>`",
     "headers": {"WWW-Authenticate": {"description": "`Bearer`", "schema": {"type": "string"}}},
@@ -99,6 +111,7 @@ def _with_shared_errors(doc: dict[str, Any]) -> dict[str, Any]:
                 responses.setdefault("401", json.loads(json.dumps(UNAUTHORIZED)))
             responses.setdefault("403", dict(HOST_REFUSED))
             responses.setdefault("413", dict(TOO_LARGE))
+            _add_unavailable(responses)
             for parameter in operation.get("parameters", []):
                 _no_nul(parameter.get("schema", {}))
             for code, response in responses.items():
@@ -110,6 +123,16 @@ def _with_shared_errors(doc: dict[str, Any]) -> dict[str, Any]:
         if f'"#/components/schemas/{name}"' not in json.dumps(doc["paths"]):
             schemas.pop(name, None)
     return doc
+
+
+def _add_unavailable(responses: dict[str, Any]) -> None:
+    """The database's 503, beside a route's own 503 if it has one (the replay's: the queue did not take it)."""
+    own = responses.get("503")
+    if own is None:
+        responses["503"] = json.loads(json.dumps(UNAVAILABLE))
+        return
+    own["description"] = f"{own.get('description', '')}; or {UNAVAILABLE['description']}"
+    own.setdefault("headers", json.loads(json.dumps(UNAVAILABLE["headers"])))
 
 
 def _no_nul(schema: dict[str, Any]) -> None:

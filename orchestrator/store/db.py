@@ -5,6 +5,12 @@ WAL so readers never block the writer, a long busy timeout, and write
 transactions that start with ``BEGIN IMMEDIATE`` so two writers queue on the
 lock instead of failing when a read transaction tries to upgrade.
 
+The API waits less for the write lock than workers do (:meth:`Database.limit_wait`):
+a request that cannot write within ``ORCHESTRATOR_API_DB_WAIT_S`` answers 503.
+:func:`unavailable_reason` tells such passing states (a lock held elsewhere, a
+server restarting, a full disk) from bugs, so the API answers them 503 with
+``Retry-After`` rather than 500.
+
 PostgreSQL (the fleet setup) runs on psycopg 3 at READ COMMITTED; migrations
 and seq assignment are serialized with advisory locks.  Engines are fork-safe:
 a pooled connection is never used or closed by a process other than the one
@@ -20,7 +26,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator
+import sqlite3
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,8 +57,6 @@ from orchestrator.core.settings import Settings
 from orchestrator.store.tables import UTCDateTime
 
 if TYPE_CHECKING:
-    import sqlite3
-
     from sqlalchemy.engine.interfaces import DBAPIConnection
     from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
@@ -66,6 +71,8 @@ class Database:
 
     def __init__(self, url: str, *, lock_dir: Path | None = None) -> None:
         self.url = url
+        # SQLite's busy timeout: how long a writer waits for another's lock before "database is locked".
+        self._busy_ms = 60_000
         parsed = make_url(url)
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
         if self.is_sqlite:
@@ -73,7 +80,7 @@ class Database:
             if db_path and db_path != ":memory:":
                 Path(db_path).parent.mkdir(parents=True, exist_ok=True)
             self.engine = create_engine(parsed, connect_args={"timeout": 60})
-            _tune_sqlite(self.engine)
+            _tune_sqlite(self.engine, lambda: self._busy_ms)
         elif parsed.get_backend_name() in ("postgresql", "postgres"):
             if parsed.drivername in ("postgresql", "postgres"):
                 # psycopg 3 is the driver we ship; plain URLs (and the common
@@ -91,6 +98,12 @@ class Database:
         self._read_sessions = sessionmaker(
             self.engine.execution_options(sqlite_deferred=True), expire_on_commit=False
         )
+
+    def limit_wait(self, seconds: float) -> None:
+        """Wait at most ``seconds`` for SQLite's write lock from now on, in this process (the
+        API: a caller is waiting, and hears 503 sooner rather than hang for the workers' 60 s).
+        Pooled connections take the new timeout at their next checkout.  PostgreSQL: nothing."""
+        self._busy_ms = max(1, round(seconds * 1000))
 
     @contextlib.contextmanager
     def write(self) -> Iterator[Session]:
@@ -211,23 +224,62 @@ def _fork_safe(engine: Engine) -> None:
             raise exc.DisconnectionError("connection was opened by another process (fork)")
 
 
-def _tune_sqlite(engine: Engine) -> None:
+def _tune_sqlite(engine: Engine, busy_ms: Callable[[], int]) -> None:
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
+    def _on_connect(dbapi_conn: sqlite3.Connection, record: ConnectionPoolEntry) -> None:
         # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite's own
         # transaction handling would otherwise begin lazily and DEFERRED).
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute("PRAGMA busy_timeout=60000")
+        record.info["busy_ms"] = busy_ms()
+        cur.execute(f"PRAGMA busy_timeout={record.info['busy_ms']:d}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn: sqlite3.Connection, record: ConnectionPoolEntry, _proxy: PoolProxiedConnection) -> None:
+        # A connection pooled before Database.limit_wait changed the wait: one PRAGMA, once.
+        if record.info.get("busy_ms") != (wanted := busy_ms()):
+            dbapi_conn.execute(f"PRAGMA busy_timeout={wanted:d}")
+            record.info["busy_ms"] = wanted
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         deferred = conn.get_execution_options().get("sqlite_deferred", False)
         conn.exec_driver_sql("BEGIN" if deferred else "BEGIN IMMEDIATE")
+
+
+# What SQLite says when the state is passing: another writer holds the lock past the busy
+# timeout; the disk is full or failing (the transaction was rolled back, nothing half-written).
+_SQLITE_PASSING = (("locked", "the database is locked by another writer"),
+                   ("busy", "the database is locked by another writer"),
+                   ("full", "the database's disk is full"),
+                   ("disk i/o", "the database's disk could not be read or written"))
+
+
+def unavailable_reason(error: BaseException) -> str | None:
+    """Why the database cannot serve now, if ``error`` says the state is passing (for
+    people, with no address or name of the database in it), else None: a bug, not an outage.
+
+    Passing: SQLite's lock held by another past the busy timeout, its disk full or failing;
+    PostgreSQL unreachable, restarting, shutting down, a connection lost mid-query (every
+    OperationalError: what the server or the network did, not what the query asked);
+    every pooled connection in use past the pool's timeout."""
+    if isinstance(error, exc.TimeoutError):
+        return "every database connection is in use"
+    if not isinstance(error, exc.DBAPIError):
+        return None
+    if isinstance(error.orig, sqlite3.Error):
+        message = str(error.orig).lower()
+        # "no such table" and the like are OperationalErrors too, and bugs: only the known words pass.
+        return next((reason for word, reason in _SQLITE_PASSING if word in message), None)
+    if error.connection_invalidated:
+        return "the connection to the database was lost"
+    if isinstance(error, (exc.OperationalError, exc.InterfaceError)):
+        return "the database does not answer (restarting, or unreachable)"
+    return None
 
 
 def open_database(settings: Settings, *, migrate: bool = True) -> Database:

@@ -244,6 +244,8 @@ def test_the_document_states_the_shared_answers(client: TestClient) -> None:
             assert bool(op.get("security")) == path.startswith(("/api/", "/metrics")), (method, path)
             if op.get("security"):
                 assert "WWW-Authenticate" in op["responses"]["401"]["headers"], (method, path)
+            # The database cannot serve for now (orchestrator/http/api.py): on every operation.
+            assert "Retry-After" in op["responses"]["503"]["headers"], (method, path)
             for code, response in op["responses"].items():
                 if code[0] in "45":
                     assert response["content"]["application/json"]["schema"] == {
@@ -254,6 +256,6 @@ def test_the_document_states_the_shared_answers(client: TestClient) -> None:
     # machine's while no token is set) and 413 (a body over the cap): the request guard's, on
     # every operation (orchestrator/http/guards.py).
     assert set(doc["paths"]["/api/chats/{chat_jid}/messages/{message_id}/regenerate"]["post"]["responses"]) == {
-        "200", "400", "401", "403", "404", "409", "413", "421"}
+        "200", "400", "401", "403", "404", "409", "413", "421", "503"}
     chat = doc["paths"]["/api/groups/{chat_jid}"]["get"]["parameters"][0]
     assert chat["in"] == "path" and chat["schema"]["pattern"] == r"^[^\x00]*$"

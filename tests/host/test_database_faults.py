@@ -1,0 +1,245 @@
+"""The API while its database is away: 503 with ``Retry-After``, never a 500, nothing acknowledged lost.
+
+PostgreSQL: a private cluster of this test (initdb + pg_ctl on a free loopback
+port, in a temporary directory), so that stopping it disturbs no other test.
+A client posts messages without pause through a real uvicorn server, each until
+it is acknowledged (2xx), while the cluster is stopped (a clean ``fast``
+shutdown, and an ``immediate`` one: a crash, recovered from the WAL at start)
+and started again.  During the outage posts and reads answer 503 with
+``Retry-After`` and the error body; after it, the same API process (no restart)
+answers 2xx again; every acknowledged message is stored exactly once, including
+those whose commit landed while the answer was lost.
+
+SQLite: another process holds the write lock (``BEGIN IMMEDIATE``, as a worker's
+transaction, a backup or a ``sqlite3`` shell would): a post answers 503 after
+``ORCHESTRATOR_API_DB_WAIT_S``, reads go on (WAL), and once the lock is released
+the same post is stored, once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import exc, text
+from sqlalchemy.engine import make_url
+
+from orchestrator.core.settings import Settings
+from orchestrator.http.api import DB_RETRY_AFTER_S, create_app
+from orchestrator.root import Orchestrator
+from orchestrator.store.db import Database, unavailable_reason
+from orchestrator.store.groups import add_group
+from orchestrator.store.message_log import get_messages_after
+from tests.conftest import IN_CI
+from tests.live_server import serve
+
+JID = "faults@local"
+PG_BIN = Path(os.environ.get("ORCHESTRATOR_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+
+
+class PrivateCluster:
+    """A PostgreSQL cluster of its own on a loopback port: stopped and started at will."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.data = base / "data"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"postgresql://orchestrator@127.0.0.1:{self.port}/orchestrator"
+
+    def _run(self, *args: str) -> None:
+        # initdb and the server refuse to run as root: as root, run them as the postgres user.
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run([*prefix, *args], check=True, capture_output=True, timeout=60)
+
+    def init(self) -> None:
+        self._run(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "orchestrator", "--auth=trust",
+                  "-E", "UTF8", "--no-sync")
+        self.start()
+        self._run(str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "orchestrator",
+                  "orchestrator")
+
+    def start(self) -> None:
+        # fsync off: a test cluster; a stop "immediate" still loses nothing (the OS keeps the pages).
+        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.base / "server.log"), "-w",
+                  "-o", f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+
+    def stop(self, mode: str) -> None:
+        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+
+@pytest.fixture(scope="module")
+def private_pg() -> Iterator[PrivateCluster]:
+    if not (PG_BIN / "initdb").exists():
+        if IN_CI:
+            pytest.fail(f"PostgreSQL's server binaries are not in {PG_BIN} (ORCHESTRATOR_TEST_PG_BIN)")
+        pytest.skip(f"PostgreSQL's server binaries are not in {PG_BIN} (ORCHESTRATOR_TEST_PG_BIN)")
+    base = Path(tempfile.mkdtemp(prefix="orch-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(base, "postgres", "postgres")
+    cluster = PrivateCluster(base)
+    try:
+        cluster.init()
+        yield cluster
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            cluster.stop("immediate")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _message(i: int | str) -> dict[str, object]:
+    return {"chat_jid": JID, "id": f"m-{i}", "sender": "u1", "sender_name": "Ann", "content": f"message {i}"}
+
+
+def _assert_unavailable(r: httpx.Response, reason: str) -> None:
+    assert r.status_code == 503, r.text
+    assert r.headers["Retry-After"] == str(DB_RETRY_AFTER_S)
+    body = r.json()
+    assert body["retry_after_s"] == DB_RETRY_AFTER_S and reason in body["detail"], body
+    assert "127.0.0.1" not in body["detail"] and "orchestrator@" not in body["detail"]  # no address, no user
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_postgresql_restarted_during_ingest(private_pg: PrivateCluster, tmp_path: Path, mode: str) -> None:
+    name = f"ingest_{mode}"
+    admin = Database(private_pg.url)
+    with admin.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    admin.dispose()
+    url = make_url(private_pg.url).set(database=name).render_as_string(hide_password=False)
+    settings = Settings.load(data_dir=tmp_path / "data", database_url=url, env_file=None)
+    root = Orchestrator(settings)
+    add_group(root.db, chat_jid=JID, name="Faults", folder="faults", requires_trigger=True)
+
+    statuses: Counter[int] = Counter()
+    acknowledged: list[str] = []
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def post_until_acknowledged(http: httpx.Client, i: int) -> None:
+        while True:
+            r = http.post("/api/messages", json=_message(i))
+            statuses[r.status_code] += 1
+            if r.status_code < 300:
+                acknowledged.append(f"m-{i}")
+                return
+            assert r.status_code == 503, r.text  # never a 500, nor anything else
+            assert r.headers.get("Retry-After"), r.headers
+            time.sleep(0.05)  # a client would wait Retry-After; the test keeps the pressure on
+
+    def ingest(http: httpx.Client) -> None:
+        try:
+            i = 1000
+            while not stop.is_set():
+                post_until_acknowledged(http, i)
+                i += 1
+        except BaseException as e:  # noqa: BLE001 - reported by the test thread
+            failures.append(e)
+
+    with serve(create_app(root)) as base, httpx.Client(base_url=base, timeout=30) as http:
+        for i in range(10):
+            post_until_acknowledged(http, i)
+        writer = threading.Thread(target=ingest, args=(http,), daemon=True)
+        writer.start()
+        time.sleep(0.5)
+        private_pg.stop(mode)
+        try:
+            with httpx.Client(base_url=base, timeout=30) as other:
+                _assert_unavailable(other.post("/api/messages", json=_message("during")),
+                                    "the database does not answer")
+                _assert_unavailable(other.get(f"/api/chats/{JID}/messages"), "the database")
+                _assert_unavailable(other.get("/api/groups"), "the database")
+                health = other.get("/health")
+                assert health.status_code == 200 and health.json()["status"] == "degraded", health.text
+                time.sleep(0.5)
+        finally:
+            private_pg.start()
+        time.sleep(0.5)
+        stop.set()
+        writer.join(timeout=60)
+        assert not writer.is_alive() and not failures, failures
+        # The same API process, no restart: the pool let go of the dead connections.
+        after = http.post("/api/messages", json=_message("after"))
+        assert after.status_code == 201 and after.json()["created"], after.text
+        read = http.get(f"/api/chats/{JID}/messages")
+        assert read.status_code == 200, read.text
+        acknowledged.append("m-after")
+
+    assert statuses[503] > 0, f"the outage never met the ingest: {statuses}"
+    assert set(statuses) <= {201, 503}, statuses
+    stored = Counter(m.id for m in get_messages_after(JID, 0, db=root.db))
+    assert set(acknowledged) <= set(stored), set(acknowledged) - set(stored)
+    assert all(n == 1 for n in stored.values()), [m for m, n in stored.items() if n > 1]
+    # The 503 "during" was never retried; whether its commit landed or not, nothing else is there.
+    assert set(stored) - set(acknowledged) <= {"m-during"}
+    root.close()
+
+
+def test_sqlite_locked_by_another_writer_is_a_bounded_wait_then_503(tmp_path: Path) -> None:
+    settings = Settings.load(data_dir=tmp_path / "data", env_file=None, api_db_wait_s=1.0,
+                             api_allowed_hosts="testserver")
+    root = Orchestrator(settings)
+    add_group(root.db, chat_jid=JID, name="Faults", folder="faults", requires_trigger=True)
+    path = make_url(settings.effective_database_url).database
+    hold = ("import sqlite3, sys\n"
+            f"c = sqlite3.connect({path!r}, isolation_level=None)\n"
+            "c.execute('BEGIN IMMEDIATE')\n"
+            "print('locked', flush=True)\n"
+            "sys.stdin.readline()\n"
+            "c.execute('COMMIT')\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline() == "locked\n"
+        with TestClient(create_app(root)) as client:
+            started = time.monotonic()
+            r = client.post("/api/messages", json=_message("locked"))
+            waited = time.monotonic() - started
+            _assert_unavailable(r, "locked by another writer")  # type: ignore[arg-type]  # TestClient's is httpx's
+            assert 0.9 <= waited < 4, f"waited {waited:.1f} s for a 1 s bound"
+            # Readers are not blocked by a writer (WAL).
+            assert client.get(f"/api/chats/{JID}/messages").status_code == 200
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+            assert holder.wait(timeout=10) == 0
+            again = client.post("/api/messages", json=_message("locked"))
+            assert again.status_code == 201 and again.json()["created"], again.text
+        assert [m.id for m in get_messages_after(JID, 0, db=root.db)] == ["m-locked"]
+    finally:
+        holder.kill()
+        holder.wait()
+        root.close()
+
+
+def test_the_workers_wait_stays_long(tmp_path: Path) -> None:
+    """Only the API's wait is bounded: a worker's Database keeps SQLite's 60 s busy timeout."""
+    db = Database(f"sqlite:///{tmp_path / 'w.db'}")
+    with db.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 60000
+    db.limit_wait(2.5)
+    with db.engine.connect() as conn:  # the pooled connection takes the new wait at checkout
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 2500
+    db.dispose()
+
+
+def test_a_bug_is_not_an_outage(tmp_path: Path) -> None:
+    """A query the database rejects (no such table) is no passing state: no 503 for it."""
+    db = Database(f"sqlite:///{tmp_path / 'w.db'}")
+    with pytest.raises(exc.OperationalError) as raised, db.engine.connect() as conn:
+        conn.exec_driver_sql("SELECT * FROM no_such_table")
+    assert unavailable_reason(raised.value) is None
+    db.dispose()
