@@ -13,7 +13,9 @@ those whose commit landed while the answer was lost.
 SQLite: another process holds the write lock (``BEGIN IMMEDIATE``, as a worker's
 transaction, a backup or a ``sqlite3`` shell would): a post answers 503 after
 ``ORCHESTRATOR_API_DB_WAIT_S``, reads go on (WAL), and once the lock is released
-the same post is stored, once.
+the same post is stored, once.  Its data dir on a small tmpfs filled up: 503
+naming the disk, the database intact (``PRAGMA integrity_check``), and the
+refused post stored once when space returns.
 """
 
 from __future__ import annotations
@@ -243,3 +245,61 @@ def test_a_bug_is_not_an_outage(tmp_path: Path) -> None:
         conn.exec_driver_sql("SELECT * FROM no_such_table")
     assert unavailable_reason(raised.value) is None
     db.dispose()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs: a data dir whose disk fills up (root only)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        if IN_CI:
+            pytest.fail("the disk-full test mounts a tmpfs: it needs root")
+        pytest.skip("the disk-full test mounts a tmpfs: it needs root")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], check=True, timeout=30)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False, timeout=30)
+
+
+def test_sqlite_disk_full_is_a_503_then_works_again(small_disk: Path) -> None:
+    settings = Settings.load(data_dir=small_disk / "data", env_file=None, api_allowed_hosts="testserver")
+    root = Orchestrator(settings)
+    add_group(root.db, chat_jid=JID, name="Faults", folder="faults", requires_trigger=True)
+    path = make_url(settings.effective_database_url).database
+    assert path is not None
+    filler = small_disk / "filler"
+    acknowledged: list[str] = []
+    with TestClient(create_app(root)) as client:
+        assert client.post("/api/messages", json=_message("before")).status_code == 201
+        acknowledged.append("m-before")
+        # Leave the disk almost full, then write until it is.
+        with open(filler, "wb") as fh, contextlib.suppress(OSError):
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        full, refused = None, {}
+        for i in range(200):
+            refused = {**_message(f"fill-{i}"), "content": "x" * 20_000}
+            r = client.post("/api/messages", json=refused)
+            if r.status_code == 503:
+                full = r
+                break
+            assert r.status_code == 201, r.text  # never a 500
+            acknowledged.append(f"m-fill-{i}")
+        assert full is not None, "the disk never filled"
+        _assert_unavailable(full, "disk is full")  # type: ignore[arg-type]  # TestClient's is httpx's
+        # Not corrupted: SQLite rolled the failed transaction back.
+        check = subprocess.run([sys.executable, "-c", f"import sqlite3; print(sqlite3.connect({path!r})"
+                                ".execute('PRAGMA integrity_check').fetchone()[0])"],
+                               capture_output=True, text=True, timeout=60)
+        assert check.stdout.strip() == "ok", check.stdout + check.stderr
+        # Space comes back: the same API process stores again, the refused message included.
+        filler.unlink()
+        again = client.post("/api/messages", json=refused)
+        assert again.status_code == 201 and again.json()["created"], again.text
+        acknowledged.append(str(refused["id"]))
+    stored = Counter(m.id for m in get_messages_after(JID, 0, db=root.db))
+    assert set(stored) == set(acknowledged) and all(n == 1 for n in stored.values()), stored
+    root.close()
