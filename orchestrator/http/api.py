@@ -392,8 +392,6 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     def _orchestrator_error(request: Request, exc: OrchestratorError) -> JSONResponse:
         return _error_response(exc)
 
-    @api.exception_handler(sqlalchemy_exc.DBAPIError)
-    @api.exception_handler(sqlalchemy_exc.TimeoutError)
     def _database_error(request: Request, exc: Exception) -> JSONResponse:
         # A passing state of the database (restarting, locked elsewhere, disk full) is a 503 the
         # client can retry; anything else is a bug and stays a 500 (raised on, to the server's log).
@@ -404,6 +402,10 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         cause = exc.orig if isinstance(exc, sqlalchemy_exc.DBAPIError) else exc
         log.warning("%s %s: 503, %s: %s", request.method, request.url.path, reason, str(cause).strip())
         return _error_response(DatabaseUnavailable(reason, DB_RETRY_AFTER_S))
+
+    # SQLAlchemy's errors, and the driver's own (the ingest path's statements go to it directly).
+    for kind in (sqlalchemy_exc.DBAPIError, sqlalchemy_exc.TimeoutError, *db.driver_errors):
+        api.add_exception_handler(kind, _database_error)
 
     broker_kind = settings.effective_broker_url.split("://", 1)[0]
     # SQLite answers a SELECT 1 in process, in microseconds, and a WAL reader never waits

@@ -81,6 +81,8 @@ class Database:
                 Path(db_path).parent.mkdir(parents=True, exist_ok=True)
             self.engine = create_engine(parsed, connect_args={"timeout": 60})
             _tune_sqlite(self.engine, lambda: self._busy_ms)
+            # What the driver raises itself (the ingest path's driver_execute bypasses SQLAlchemy).
+            self.driver_errors: tuple[type[Exception], ...] = (sqlite3.Error,)
         elif parsed.get_backend_name() in ("postgresql", "postgres"):
             if parsed.drivername in ("postgresql", "postgres"):
                 # psycopg 3 is the driver we ship; plain URLs (and the common
@@ -89,6 +91,9 @@ class Database:
                 # so passwords with special characters survive.
                 parsed = parsed.set(drivername="postgresql+psycopg")
             self.engine = create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=5)
+            import psycopg  # already imported: create_engine loaded the dialect's driver
+
+            self.driver_errors = (psycopg.Error,)
         else:
             raise ConfigError(f"unsupported database URL {parsed.render_as_string()!r}: use sqlite or postgresql")
         self._pid = os.getpid()
@@ -269,17 +274,25 @@ def unavailable_reason(error: BaseException) -> str | None:
     every pooled connection in use past the pool's timeout."""
     if isinstance(error, exc.TimeoutError):
         return "every database connection is in use"
-    if not isinstance(error, exc.DBAPIError):
-        return None
-    if isinstance(error.orig, sqlite3.Error):
-        message = str(error.orig).lower()
+    # SQLAlchemy's wrapper, or the driver's own error (Database.driver_errors: driver_execute's).
+    driver_error = error.orig if isinstance(error, exc.DBAPIError) else error
+    if isinstance(driver_error, sqlite3.Error):
+        message = str(driver_error).lower()
         # "no such table" and the like are OperationalErrors too, and bugs: only the known words pass.
         return next((reason for word, reason in _SQLITE_PASSING if word in message), None)
-    if error.connection_invalidated:
+    if isinstance(error, exc.DBAPIError) and error.connection_invalidated:
         return "the connection to the database was lost"
-    if isinstance(error, (exc.OperationalError, exc.InterfaceError)):
+    if isinstance(error, (exc.OperationalError, exc.InterfaceError)) or _psycopg_passing(driver_error):
         return "the database does not answer (restarting, or unreachable)"
     return None
+
+
+def _psycopg_passing(error: BaseException | None) -> bool:
+    if not type(error).__module__.startswith("psycopg"):
+        return False  # psycopg is not imported on SQLite installations: do not import it for this
+    import psycopg
+
+    return isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError))
 
 
 def open_database(settings: Settings, *, migrate: bool = True) -> Database:

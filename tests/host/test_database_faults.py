@@ -10,6 +10,12 @@ and started again.  During the outage posts and reads answer 503 with
 answers 2xx again; every acknowledged message is stored exactly once, including
 those whose commit landed while the answer was lost.
 
+A run in progress when PostgreSQL stops (the fake sandbox of
+``tests/fakes/sandbox.py``, its agent held until the server is down): the step
+fails and leaves its run and lease; once the server is back and the lease has
+expired, the sweeper closes the run ("interrupted before any output") and
+signals the group, and the next step answers the message, once.
+
 SQLite: another process holds the write lock (``BEGIN IMMEDIATE``, as a worker's
 transaction, a backup or a ``sqlite3`` shell would): a post answers 503 after
 ``ORCHESTRATOR_API_DB_WAIT_S``, reads go on (WAL), and once the lock is released
@@ -24,6 +30,7 @@ import contextlib
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -35,6 +42,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from agent_runner.protocol import AssistantEvent, ResultEvent
 from fastapi.testclient import TestClient
 from sqlalchemy import exc, text
 from sqlalchemy.engine import make_url
@@ -42,10 +50,17 @@ from sqlalchemy.engine import make_url
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import DB_RETRY_AFTER_S, create_app
 from orchestrator.root import Orchestrator
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry
+from orchestrator.run.pipeline import Pipeline
+from orchestrator.run.sweeper import sweep
 from orchestrator.store.db import Database, unavailable_reason
-from orchestrator.store.groups import add_group
+from orchestrator.store.groups import add_group, ensure_main_group
 from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.runs import list_runs
 from tests.conftest import IN_CI
+from tests.fakes.clock import FakeClock
+from tests.fakes.sandbox import FakeSandbox, Script
 from tests.live_server import serve
 
 JID = "faults@local"
@@ -103,6 +118,14 @@ def private_pg() -> Iterator[PrivateCluster]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def _fresh_database(cluster: PrivateCluster, name: str) -> str:
+    admin = Database(cluster.url)
+    with admin.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    admin.dispose()
+    return make_url(cluster.url).set(database=name).render_as_string(hide_password=False)
+
+
 def _message(i: int | str) -> dict[str, object]:
     return {"chat_jid": JID, "id": f"m-{i}", "sender": "u1", "sender_name": "Ann", "content": f"message {i}"}
 
@@ -117,12 +140,7 @@ def _assert_unavailable(r: httpx.Response, reason: str) -> None:
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
 def test_postgresql_restarted_during_ingest(private_pg: PrivateCluster, tmp_path: Path, mode: str) -> None:
-    name = f"ingest_{mode}"
-    admin = Database(private_pg.url)
-    with admin.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text(f"CREATE DATABASE {name}"))
-    admin.dispose()
-    url = make_url(private_pg.url).set(database=name).render_as_string(hide_password=False)
+    url = _fresh_database(private_pg, f"ingest_{mode}")
     settings = Settings.load(data_dir=tmp_path / "data", database_url=url, env_file=None)
     root = Orchestrator(settings)
     add_group(root.db, chat_jid=JID, name="Faults", folder="faults", requires_trigger=True)
@@ -191,6 +209,58 @@ def test_postgresql_restarted_during_ingest(private_pg: PrivateCluster, tmp_path
     root.close()
 
 
+def test_a_run_interrupted_by_a_postgresql_restart_is_answered_after(private_pg: PrivateCluster,
+                                                                     tmp_path: Path) -> None:
+    url = _fresh_database(private_pg, "run_restart")
+    settings = Settings.load(data_dir=tmp_path / "data", database_url=url, env_file=None, lease_ttl_s=2)
+    settings.ensure_dirs()
+    db = Database(url)
+    db.migrate()
+    jid = ensure_main_group(db).chat_jid
+    server_down = threading.Event()
+    # The first agent writes its reply only once the server is down; the next one answers at once.
+    held = Script([AssistantEvent(text="lost"), ResultEvent()],
+                  before_event=lambda i: server_down.wait(30) if i == 0 else None)
+    sandbox = FakeSandbox(held, Script([AssistantEvent(text="done"), ResultEvent()]))
+    p = Pipeline(settings, db, ChannelRegistry([]), sandbox, clock=FakeClock())
+    ingest(db, settings, IncomingMessage(chat_jid=jid, sender="u", content="hello"), signal=None)
+    failed: list[BaseException] = []
+
+    def first_step() -> None:
+        try:
+            p.drain_group(jid)
+        except BaseException as e:  # noqa: BLE001 - what a Celery task would raise, looked at below
+            failed.append(e)
+
+    worker = threading.Thread(target=first_step, name="drain")
+    worker.start()
+    try:
+        assert sandbox.agent_started.wait(30)
+        private_pg.stop("fast")
+    finally:
+        server_down.set()
+        worker.join(60)
+        private_pg.start()
+    assert not worker.is_alive()
+    assert failed and unavailable_reason(failed[0]) is not None, failed  # the step failed on the database
+    [interrupted] = list_runs(db, chat_jid=jid)
+    assert interrupted.state == "running"  # left as it was: nothing stored, nothing lost
+    # The sweeper (beat, every worker start) closes it once the lease expires, and signals the group.
+    signalled: list[str] = []
+    deadline = time.monotonic() + 30
+    while jid not in signalled and time.monotonic() < deadline:
+        sweep(db, signal=signalled.append)
+        time.sleep(0.2)
+    assert jid in signalled, "the sweeper never signalled the interrupted group"
+    [outcome] = p.drain_group(jid)
+    assert outcome.run.state == "succeeded", outcome.run.error
+    runs = {r.id: r for r in list_runs(db, chat_jid=jid)}
+    assert runs[interrupted.id].state == "failed" and "interrupted" in (runs[interrupted.id].error or "")
+    replies = [m.content for m in get_messages_after(jid, 0, db=db) if m.sender == "bot"]
+    assert replies == ["done"]  # answered once; the reply written while the server was down never stored
+    db.dispose()
+
+
 def test_sqlite_locked_by_another_writer_is_a_bounded_wait_then_503(tmp_path: Path) -> None:
     settings = Settings.load(data_dir=tmp_path / "data", env_file=None, api_db_wait_s=1.0,
                              api_allowed_hosts="testserver")
@@ -244,6 +314,9 @@ def test_a_bug_is_not_an_outage(tmp_path: Path) -> None:
     with pytest.raises(exc.OperationalError) as raised, db.engine.connect() as conn:
         conn.exec_driver_sql("SELECT * FROM no_such_table")
     assert unavailable_reason(raised.value) is None
+    with pytest.raises(sqlite3.OperationalError) as raw, db.engine.connect() as conn:  # the driver's own, unwrapped
+        conn.connection.driver_connection.execute("SELECT * FROM no_such_table")  # type: ignore[union-attr]
+    assert unavailable_reason(raw.value) is None
     db.dispose()
 
 
