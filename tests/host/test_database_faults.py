@@ -58,7 +58,7 @@ from orchestrator.store.db import Database, unavailable_reason
 from orchestrator.store.groups import add_group, ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
-from tests.conftest import IN_CI
+from tests.conftest import require_service
 from tests.fakes.clock import FakeClock
 from tests.fakes.sandbox import FakeSandbox, Script
 from tests.live_server import serve
@@ -101,10 +101,7 @@ class PrivateCluster:
 
 @pytest.fixture(scope="module")
 def private_pg() -> Iterator[PrivateCluster]:
-    if not (PG_BIN / "initdb").exists():
-        if IN_CI:
-            pytest.fail(f"PostgreSQL's server binaries are not in {PG_BIN} (ORCHESTRATOR_TEST_PG_BIN)")
-        pytest.skip(f"PostgreSQL's server binaries are not in {PG_BIN} (ORCHESTRATOR_TEST_PG_BIN)")
+    require_service((PG_BIN / "initdb").exists(), f"PostgreSQL's server binaries in {PG_BIN} (ORCHESTRATOR_TEST_PG_BIN)")
     base = Path(tempfile.mkdtemp(prefix="orch-pg-"))
     if os.geteuid() == 0:
         shutil.chown(base, "postgres", "postgres")
@@ -325,10 +322,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs: a data dir whose disk fills up (root only)."""
     mount = tmp_path / "small"
     mount.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        if IN_CI:
-            pytest.fail("the disk-full test mounts a tmpfs: it needs root")
-        pytest.skip("the disk-full test mounts a tmpfs: it needs root")
+    require_service(os.geteuid() == 0 and shutil.which("mount") is not None, "root and mount (for a tmpfs)")
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], check=True, timeout=30)
     try:
         yield mount
