@@ -499,10 +499,10 @@ def soak(base_dir: Path, image: str, name: str, extra: Extra, args: argparse.Nam
         f" {len(tally.acked)} messages acknowledged; {sum(map(len, tally.triggers.values()))} triggers;"
         f" runs {final_runs}; {sum(receiver_seen.values())} deliveries received"
     )
-    for n, (a, b, g) in memory.items():
-        print(f"    RSS {n:16} at 25 % {a:7.1f} MiB, at the end {b:7.1f} MiB: {g:+.1%}")
-        if args.max_growth is not None and g > args.max_growth:
-            failures.append(f"RSS of the {n} grew {g:+.1%} (over --max-growth {args.max_growth:.0%})")
+    for n, (at_quarter, at_end, grew) in memory.items():
+        print(f"    RSS {n:16} at 25 % {at_quarter:7.1f} MiB, at the end {at_end:7.1f} MiB: {grew:+.1%}")
+        if args.max_growth is not None and grew > args.max_growth:
+            failures.append(f"RSS of the {n} grew {grew:+.1%} (over --max-growth {args.max_growth:.0%})")
     for f in failures:
         print(f"  FAILED: {f}", flush=True)
     return {
