@@ -205,7 +205,12 @@ class Settings(msgspec.Struct, kw_only=True):
     run_timeout_s: Annotated[float, Meta(gt=0)] = 300.0
     # > 0: a group's container stays up this long after a run and takes the
     # next one without a cold start (orchestrator/sandbox/warm.py); 0: one per run.
-    warm_idle_s: Annotated[float, Meta(ge=0)] = 0.0
+    # On by default: a warm run costs a tenth of a cold one and an idle warm
+    # container about 11 MiB; the cap below bounds how many one host keeps.
+    warm_idle_s: Annotated[float, Meta(ge=0)] = 300.0
+    # The most warm containers one host keeps; past it the least recently used
+    # idle one is stopped.  0: sized by the host's memory (warm.warm_cap).
+    warm_max: Annotated[int, Meta(ge=0)] = 0
     bash_timeout_s: Annotated[float, Meta(gt=0)] = 60.0
     # Bounds on what one run's output may cost the host (orchestrator/sandbox/bounded_io.py):
     # the agent can write anything to the runner's stdout and stderr.  A run

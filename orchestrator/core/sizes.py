@@ -1,8 +1,10 @@
-"""Workspace quota sizes as people write them (``"2g"``, ``"512m"``, ``"0"``).
+"""Sizes as people write them (``"2g"``, ``"512m"``, ``"0"``): workspace quotas and
+container memory limits.
 
 A leaf: the settings validate ``ORCHESTRATOR_WORKSPACE_QUOTA`` with it, and
 ``orchestrator/sandbox/quota.py`` (which needs the settings, Docker and the warm
-pool) enforces what it parses.
+pool) enforces what it parses; the group configuration and the warm pool's
+cap read memory limits with it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,16 @@ MAX_QUOTA_BYTES = 16 * 1024**4  # 16 TiB: past any workspace, within what ext4 w
 
 _SIZE = re.compile(r"^([0-9]+)([kmgt]?)b?$")
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+# Docker's memory spellings: a bare number or b, k, m, g (no t, no zero).
+_MEMORY = re.compile(r"^([1-9][0-9]*)([bkmg]?)$")
+
+
+def memory_bytes(value: str) -> int:
+    """A container memory limit (``"512m"``, ``"2g"``) -> bytes."""
+    m = _MEMORY.match(value.strip().lower())
+    if not m:
+        raise ValueError(f"{value!r} is not a size like '512m' or '2g'")
+    return int(m.group(1)) * (1 if m.group(2) == "b" else _UNITS[m.group(2)])
 
 
 def parse_quota(value: str | int) -> int:

@@ -25,7 +25,6 @@ What a group may change, and what it may not:
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ from sqlalchemy import update
 from orchestrator.core.errors import ContainerConfigError, UnknownGroup
 from orchestrator.core.jsontypes import WHOLE_NUMBER
 from orchestrator.core.settings import Settings
-from orchestrator.core.sizes import parse_quota
+from orchestrator.core.sizes import memory_bytes, parse_quota
 from orchestrator.sandbox.mounts import (
     MountRequest,
     ResolvedMount,
@@ -54,15 +53,6 @@ MIN_MEMORY_BYTES = 32 * 1024**2
 MAX_PIDS = 32768
 MAX_CPUS = 256.0
 MAX_EXTRA_MOUNTS = 16
-_MEMORY = re.compile(r"^([1-9][0-9]*)([bkmg]?)$")
-_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-
-
-def memory_bytes(value: str) -> int:
-    m = _MEMORY.match(value.strip().lower())
-    if not m:
-        raise ValueError(f"{value!r} is not a size like '512m' or '2g'")
-    return int(m.group(1)) * _UNITS[m.group(2)]
 
 
 # The plain forms of a memory size of at least 32m and of a workspace quota ("0", or 16m to 16t), as

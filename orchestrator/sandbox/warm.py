@@ -19,6 +19,11 @@ left running is killed (``WarmRun._clean_up``).
   starts a fresh one;
 * ``orchestrator groups reset JID`` stops it and forgets the group's model
   session;
+* too many: a host keeps at most ``warm_cap`` warm containers (the
+  ``ORCHESTRATOR_WARM_MAX`` setting, else sized by the host's memory); a new
+  one first stops the least recently used idle ones past the cap, and so does
+  the heartbeat's tending.  A container is "used" when a run is handed to it
+  (a host-only marker's mtime) and is never stopped while a run is on it;
 * a group placed on another host (``orchestrator/store/placement.py``: moved,
   or taken over while this host was away): this host stops it
   (:meth:`WarmPool.tend`, from the host heartbeat's counting thread).  A
@@ -32,6 +37,7 @@ folder, host-only and mounted read-only at ``/run/gateway``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -50,6 +56,7 @@ from sqlalchemy import update
 
 from orchestrator.core.errors import HostileEntry, SandboxError
 from orchestrator.core.settings import Settings
+from orchestrator.core.sizes import memory_bytes
 from orchestrator.sandbox.bounded_io import TailBuffer
 from orchestrator.sandbox.containers import (
     GATEWAY_MOUNT,
@@ -88,6 +95,29 @@ CONNECT_ATTEMPTS = 2
 WARM_LAYOUT = 3
 # The runner's log lines a run's end reads back (Docker splits longer lines at 16 KiB).
 LOG_TAIL_LINES = 200
+# The cap sized by memory: an idle warm container may hold up to its memory
+# limit (its /tmp is a tmpfs and its page cache counts too), so the cap lets
+# them all together hold at most this share of the host's memory ...
+WARM_MEMORY_SHARE = 0.5
+# ... and never fewer than this (one per pool child of a small worker) nor more.
+MIN_WARM, MAX_AUTO_WARM = 2, 256
+
+
+def host_memory_bytes() -> int:
+    """This machine's physical memory (a worker in a container sees its host's too:
+    agent containers are its siblings on the host's engine)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def warm_cap(settings: Settings, memory: int | None = None) -> int:
+    """The most warm containers this host keeps: ``ORCHESTRATOR_WARM_MAX``, else as
+    many as fit in ``WARM_MEMORY_SHARE`` of ``memory`` (the host's) at the
+    installation's container memory limit."""
+    if settings.warm_max:
+        return settings.warm_max
+    total = host_memory_bytes() if memory is None else memory
+    fits = int(total * WARM_MEMORY_SHARE) // memory_bytes(settings.container_memory)
+    return max(MIN_WARM, min(MAX_AUTO_WARM, fits))
 
 
 def gateway_dir(settings: Settings, folder: str) -> Path:
@@ -99,6 +129,11 @@ def state_dir(settings: Settings, folder: str) -> Path:
     """Host-only: what the host remembers about a group's warm containers (the
     "a run is in progress" markers)."""
     return settings.data_dir / "warm" / folder
+
+
+def _used_marker(settings: Settings, folder: str, container_id: str) -> Path:
+    """Its mtime is when a run was last handed to warm container ``container_id``."""
+    return state_dir(settings, folder) / f"{container_id[:12]}.used"
 
 
 def host_only_dir(path: Path) -> Path:
@@ -151,8 +186,45 @@ class WarmPool:
             container.remove(force=True)
         folder = container.labels.get(LABEL_GROUP, "")
         if folder:
-            with contextlib.suppress(FileNotFoundError):
-                _dirty_marker(self.settings, folder, str(container.id)).unlink()
+            for marker in (_dirty_marker, _used_marker):
+                with contextlib.suppress(FileNotFoundError):
+                    marker(self.settings, folder, str(container.id)).unlink()
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        """This host's worker processes one at a time: claiming a container for a
+        run and choosing the ones to stop never overlap, so a container being
+        claimed is never stopped as idle."""
+        path = host_only_dir(self.settings.data_dir / "warm") / f".{self.host_id}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _last_used(self, container: Container) -> float:
+        folder = container.labels.get(LABEL_GROUP, "")
+        try:
+            return _used_marker(self.settings, folder, str(container.id)).stat().st_mtime
+        except OSError:
+            return 0.0  # never handed a run (a start that failed): the first to go
+
+    def _make_room(self, keep: int, running: list[Container]) -> int:
+        """Stop the least recently used idle containers of ``running`` (this host's)
+        until at most ``keep`` are left; a container with a run on it is never
+        stopped.  Call with the lock held.  Returns how many were stopped."""
+        excess = len(running) - keep
+        if excess <= 0:
+            return 0
+        idle = [c for c in running
+                if not _dirty_marker(self.settings, c.labels.get(LABEL_GROUP, ""), str(c.id)).exists()]
+        victims = sorted(idle, key=self._last_used)[:excess]
+        for c in victims:
+            log.info("stopping warm container %s, the least recently used: this host keeps at most %d",
+                     c.name, keep)
+            self.discard(c)
+        return len(victims)
 
     def stop(self, folder: str) -> int:
         """Stop and remove a group's warm container(s), whichever host's on this engine; returns how many."""
@@ -167,19 +239,24 @@ class WarmPool:
             self.discard(c)
         return len(found)
 
+    def _running(self) -> list[Container]:
+        return self.client.containers.list(filters={"label": self._labels(), "status": "running"})
+
     def count_running(self) -> int:
         """This host's running warm containers of this installation (the host's heartbeat reports it)."""
-        return len(self.client.containers.list(filters={"label": self._labels(), "status": "running"}))
+        return len(self._running())
 
     def tend(self, db: Database) -> int:
         """Stop this host's warm containers of groups placed on another host now
         (``store/placement.py``: moved, or taken over while this host was away) whose
-        lease no process of this host holds and that no run of ours is using; returns
-        how many of this host's warm containers run after that.  The host heartbeat's
-        counting thread calls it every beat, so a group that moved leaves no idle
-        container behind on its old host; one Docker list, and a database read only
-        when there are warm containers."""
-        running = self.client.containers.list(filters={"label": self._labels(), "status": "running"})
+        lease no process of this host holds and that no run of ours is using, and the
+        least recently used idle ones past the cap (a lowered ``ORCHESTRATOR_WARM_MAX``,
+        or more started at once than the cap while all were busy); returns how many of
+        this host's warm containers run after that.  The host heartbeat's counting
+        thread calls it every beat, so a group that moved leaves no idle container
+        behind on its old host; one Docker list, and a database read only when there
+        are warm containers."""
+        running = self._running()
         folders = sorted({c.labels.get(LABEL_GROUP, "") for c in running} - {""})
         gone = set(moved_away(db, self.host_id, folders))
         stopped = 0
@@ -191,6 +268,11 @@ class WarmPool:
                      folder, c.name)
             self.discard(c)
             stopped += 1
+        left = [c for c in running if c.labels.get(LABEL_GROUP, "") not in gone
+                or _dirty_marker(self.settings, c.labels.get(LABEL_GROUP, ""), str(c.id)).exists()]
+        if len(left) > warm_cap(self.settings):
+            with self._lock():
+                stopped += self._make_room(warm_cap(self.settings), left)
         return len(running) - stopped
 
     def start(self, spec: ContainerSpec, payload: bytes) -> WarmRun:
@@ -198,15 +280,15 @@ class WarmPool:
         config = _config_hash(self.client, spec, idle)
         last_error: Exception | None = None
         for _ in range(CONNECT_ATTEMPTS):
-            container, cold = self._ensure(spec, config, idle)
+            with self._lock():
+                container = self._claim(spec, config)
+                if container is None:
+                    # Room for the new one first: the cap counts it.
+                    self._make_room(warm_cap(self.settings) - 1, self._running())
+            cold = container is None
+            if container is None:
+                container = self._create(spec, config, idle)
             dirty = _dirty_marker(self.settings, spec.group_folder, str(container.id))
-            if dirty.exists():
-                # A run on it never finished cleanly (a worker died mid-run):
-                # what that run started may still be running. Never reuse it.
-                log.info("warm container %s was not cleaned up after its last run; replacing it", container.name)
-                self.discard(container)
-                last_error = SandboxError("not cleaned up after its last run")
-                continue
             try:
                 sock = _connect_runner(spec.workspace, retry_s=STARTUP_TIMEOUT_S if cold else 0.0)
             except (OSError, HostileEntry) as exc:
@@ -215,20 +297,38 @@ class WarmPool:
                 last_error = exc
                 self.discard(container)
                 continue
-            # Marks the container as running a run until WarmRun has cleaned up after it.
-            host_only_dir(state_dir(self.settings, spec.group_folder))
-            dirty.touch()
             return WarmRun(container, sock, spec, payload, cold=cold, dirty_marker=dirty, pool=self)
         raise SandboxError(f"cannot reach a warm agent container for {spec.group_folder}: {last_error}")
 
-    def _ensure(
-        self, spec: ContainerSpec, config: str, idle: float
-    ) -> tuple[Container, bool]:
+    def _mark_in_use(self, folder: str, container: Container) -> None:
+        """A run is on ``container`` from now until WarmRun has cleaned up after it
+        (the dirty marker), and it was used now (the LRU order)."""
+        host_only_dir(state_dir(self.settings, folder))
+        _dirty_marker(self.settings, folder, str(container.id)).touch()
+        _used_marker(self.settings, folder, str(container.id)).touch()
+
+    def _claim(self, spec: ContainerSpec, config: str) -> Container | None:
+        """The group's running warm container of this configuration, marked in use;
+        any other of the group's (stopped, stale, or never cleaned up after a run)
+        is removed.  Call with the lock held."""
+        claimed = None
         for c in self.find(spec.group_folder):
-            if c.status == "running" and c.labels.get(LABEL_WARM_CONFIG) == config:
-                return c, False
-            log.info("replacing warm container %s (%s)", c.name, c.status)
+            if claimed is None and c.status == "running" and c.labels.get(LABEL_WARM_CONFIG) == config:
+                if not _dirty_marker(self.settings, spec.group_folder, str(c.id)).exists():
+                    claimed = c
+                    continue
+                # A run on it never finished cleanly (a worker died mid-run):
+                # what that run started may still be running. Never reuse it.
+                log.info("warm container %s was not cleaned up after its last run; replacing it", c.name)
+            else:
+                log.info("replacing warm container %s (%s)", c.name, c.status)
             self.discard(c)
+        if claimed is not None:
+            self._mark_in_use(spec.group_folder, claimed)
+        return claimed
+
+    def _create(self, spec: ContainerSpec, config: str, idle: float) -> Container:
+        """A new warm container for the group, started and marked in use."""
         # Created here, not by Docker (which would make it root's and unwritable).
         spec.workspace.mkdir(parents=True, exist_ok=True)
         user = prepare_folder(spec.workspace)
@@ -247,11 +347,17 @@ class WarmPool:
                 command=["--serve", f"{WORKSPACE_MOUNT}/{RUNNER_SOCKET}", "--idle-timeout", f"{idle:g}"],
                 auto_remove=True, **args,
             )
+        except DockerException as exc:
+            raise SandboxError(f"cannot create a warm agent container: {exc}") from exc
+        # In use before it runs: another process making room never takes it for idle.
+        self._mark_in_use(spec.group_folder, container)
+        try:
             container.start()
             container.reload()
         except DockerException as exc:
+            self.discard(container)
             raise SandboxError(f"cannot start a warm agent container: {exc}") from exc
-        return container, True
+        return container
 
 
 def _connect_runner(workspace: Path, *, retry_s: float) -> socket.socket:

@@ -191,9 +191,9 @@ def test_cli_refuses_to_serve_beyond_loopback_without_a_token(settings: Settings
     import sys
     from pathlib import Path
 
-    from tests.conftest import NO_QUOTA
+    from tests.conftest import TEST_ENV
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")} | NO_QUOTA
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")} | TEST_ENV
     env["ORCHESTRATOR_DATA_DIR"] = str(settings.data_dir)
     cli = str(Path(sys.executable).parent / "orchestrator")
     for argv in (["api", "--host", "0.0.0.0", "--port", "1"], ["up", "--host", "::", "--port", "1"]):

@@ -36,7 +36,7 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, get_group
 from orchestrator.store.placement import HostUnavailable, live_hosts, move, moved_away, placed_on, stranded
 from orchestrator.store.tables import GroupRow, HostRow
-from tests.conftest import NO_QUOTA
+from tests.conftest import TEST_ENV
 from tests.fakes.sandbox import FakeSandbox, Script
 
 JID = "g@x"
@@ -239,7 +239,7 @@ def test_move_places_a_group_on_a_live_host_only(db: Database, settings: Setting
 
 
 def _cli(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")} | NO_QUOTA
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")} | TEST_ENV
     base |= {"ORCHESTRATOR_DATA_DIR": str(settings.data_dir), "ORCHESTRATOR_DATABASE_URL": settings.database_url}
     cli = str(Path(sys.executable).parent / "orchestrator")
     return subprocess.run([cli, *args], env=base | env, capture_output=True, text=True, timeout=120)

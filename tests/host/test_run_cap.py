@@ -41,7 +41,7 @@ from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
 from orchestrator.store.slots import RECHECK_S, STALE_S, FleetFull, fleet_slots, take_slot, to_wake
 from orchestrator.store.tables import RunWaitRow
-from tests.conftest import NO_QUOTA, run_in_threads, wait_until
+from tests.conftest import TEST_ENV, run_in_threads, wait_until
 from tests.fakes.sandbox import FakeSandbox, Script
 
 DONE = [AssistantEvent(text="done"), ResultEvent()]
@@ -281,7 +281,7 @@ def test_the_line_over_http_and_on_the_command_line(settings: Settings, db: Data
     assert (body["cap"], body["running"]) == (1, 1)
     assert [(w["chat_jid"], w["lane"], w["position"]) for w in body["waiting"]] == [(other, "person", 1)]
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")} | NO_QUOTA | {
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")} | TEST_ENV | {
         "ORCHESTRATOR_DATA_DIR": str(s.data_dir), "ORCHESTRATOR_DATABASE_URL": s.database_url,
         "ORCHESTRATOR_MAX_CONCURRENT_RUNS": "1"}
     cli = [str(Path(sys.executable).parent / "orchestrator"), "runs", "waiting"]

@@ -72,3 +72,21 @@ def test_a_cli_command_with_a_bad_variable_says_so_in_one_line(tmp_path: Path) -
         done = subprocess.run([cli, *argv], env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 1
         assert done.stderr.strip() == "error: ORCHESTRATOR_MAX_TURNS='many': expected `int`, got `str`"
+
+
+def test_warm_sessions_are_on_by_default_and_the_cap_is_sized_by_memory() -> None:
+    from orchestrator.sandbox.warm import MAX_AUTO_WARM, MIN_WARM, warm_cap
+
+    # environ={}: the defaults themselves (the test session turns warm sessions off for its own runs).
+    default = Settings.load(environ={}, env_file=None)
+    assert default.warm_idle_s > 0 and default.warm_max == 0
+    gib = 1024**3
+    # Half the memory, at the container's memory limit each: 24 GiB at 512m is 24.
+    assert warm_cap(default.replace(container_memory="512m"), memory=24 * gib) == 24
+    assert warm_cap(default.replace(container_memory="2g"), memory=24 * gib) == 6
+    assert warm_cap(default.replace(container_memory="2g"), memory=2 * gib) == MIN_WARM
+    assert warm_cap(default.replace(container_memory="64m"), memory=4096 * gib) == MAX_AUTO_WARM
+    assert warm_cap(default.replace(warm_max=7), memory=24 * gib) == 7  # set: taken as it is
+    assert warm_cap(default) >= MIN_WARM  # this machine's own memory
+    with pytest.raises(SettingsError, match="WARM_MAX"):
+        Settings.load(environ={"ORCHESTRATOR_WARM_MAX": "-1"}, env_file=None)

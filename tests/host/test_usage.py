@@ -41,7 +41,7 @@ from orchestrator.store.usage import (
     quota_wait,
     store_quota_notice,
 )
-from tests.conftest import NO_QUOTA, run_in_threads
+from tests.conftest import TEST_ENV, run_in_threads
 from tests.fakes.telegram_api import FakeTelegramAPI
 
 JID = "team@chat"
@@ -368,7 +368,7 @@ def test_telegram_tells_a_fast_sender_to_slow_down_once(db: Database, settings: 
 
 
 def _cli(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")} | NO_QUOTA
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")} | TEST_ENV
     base |= {"ORCHESTRATOR_DATA_DIR": str(settings.data_dir), "ORCHESTRATOR_DATABASE_URL": settings.database_url}
     cli = str(Path(sys.executable).parent / "orchestrator")
     return subprocess.run([cli, *args], env=base | env, capture_output=True, text=True, timeout=120)

@@ -32,8 +32,8 @@ from orchestrator.core.settings import Settings
 from orchestrator.run.queue import Signals, make_celery
 from orchestrator.store.db import Database
 from tests.conftest import (
-    NO_QUOTA,
     REDIS_URL,
+    TEST_ENV,
     docker_available,
     fresh_pg_database,
     redis_available,
@@ -128,7 +128,7 @@ class Stack:
 @pytest.fixture(params=BACKENDS)
 def stack(request: pytest.FixtureRequest, tmp_path: Path, agent_image: str) -> Iterator[Stack]:
     backend = request.param
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")} | NO_QUOTA
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")} | TEST_ENV
     data_dir = tmp_path / "data"
     env["ORCHESTRATOR_DATA_DIR"] = str(data_dir)
     env["ORCHESTRATOR_AGENT_IMAGE"] = agent_image
@@ -177,7 +177,7 @@ CLAIMS_ENV = "ORCHESTRATOR_TEST_CLAIMS"
 # The longest files first, so that two processes sharing the files end together
 # (the rest keep their order); measured in CI's --durations.
 LONGEST_FIRST = (
-    "test_worker_faults.py", "test_unprivileged_host.py", "test_bench.py", "test_placement.py",
+    "test_worker_faults.py", "test_soak.py", "test_unprivileged_host.py", "test_bench.py", "test_placement.py",
     "test_claude_code_sandbox.py", "test_compose_up.py", "test_run_cap.py", "test_end_to_end.py",
     "test_hostile_sandbox.py", "test_output_bounds.py", "test_web_chat.py",
 )

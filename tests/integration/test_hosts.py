@@ -22,8 +22,8 @@ import pytest
 from orchestrator import __version__
 from orchestrator.core.settings import Settings
 from tests.conftest import (
-    NO_QUOTA,
     REDIS_URL,
+    TEST_ENV,
     docker_available,
     fresh_pg_database,
     redis_available,
@@ -37,7 +37,7 @@ from tests.integration.conftest import BACKENDS, INTEGRATION_REDIS_DB, Stack, _r
 def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
     """A data dir, database and broker shared by the worker processes of one test."""
     require_service(docker_available(), "a running Docker engine")  # what a worker counts warm containers on
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")} | NO_QUOTA
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")} | TEST_ENV
     data_dir = tmp_path / "data"
     env["ORCHESTRATOR_DATA_DIR"] = str(data_dir)
     with contextlib.ExitStack() as cleanup:

@@ -1,6 +1,7 @@
 """Warm sessions with real Docker: one container serves a group's runs until
 it idles out; crashed, stale or timed-out containers are replaced; the
-sweeper leaves a live one alone; reset stops it."""
+sweeper leaves a live one alone; reset stops it; a host keeps at most its cap,
+stopping the least recently used idle ones."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
-from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED, LABEL_WARM, DockerSandbox
-from orchestrator.sandbox.warm import reset_session
+from orchestrator.sandbox.containers import LABEL_GROUP, LABEL_INSTALL, LABEL_MANAGED, LABEL_WARM, DockerSandbox
+from orchestrator.sandbox.warm import WarmPool, reset_session, state_dir
 from orchestrator.store.db import Database
-from orchestrator.store.groups import ensure_main_group, get_group
+from orchestrator.store.groups import add_group, ensure_main_group, get_group
 from orchestrator.store.message_log import get_messages_after
 from tests.conftest import wait_until
 from tests.fakes.channel import RecordingChannel
@@ -46,9 +47,9 @@ def _warm_containers(p: Pipeline) -> list:
     return docker.from_env().containers.list(all=True, filters={"label": labels})
 
 
-def _run(p: Pipeline, text: str, state: str = "succeeded") -> str:
-    ingest(p.db, p.settings, IncomingMessage(chat_jid=JID, sender="u", content=text), signal=None)
-    outcomes = p.drain_group(JID)
+def _run(p: Pipeline, text: str, state: str = "succeeded", jid: str = JID) -> str:
+    ingest(p.db, p.settings, IncomingMessage(chat_jid=jid, sender="u", content=text), signal=None)
+    outcomes = p.drain_group(jid)
     assert [o.run.state for o in outcomes] == [state], [o.run.error for o in outcomes]
     return outcomes[0].run.container_id or ""
 
@@ -102,3 +103,33 @@ def test_idle_containers_exit_and_reset_stops_one(warm: Pipeline) -> None:
     stopped = reset_session(warm.db, warm.settings, JID)
     assert stopped == 1 and _warm_containers(warm) == []
     assert get_group(warm.db, JID).session_id is None
+
+
+def test_a_host_keeps_at_most_its_cap_stopping_the_least_recently_used(warm: Pipeline) -> None:
+    warm.settings = warm.settings.replace(**{"warm_max": 2})
+    jids = {name: f"{name}@g" for name in ("one", "two", "three")}
+    for name, jid in jids.items():
+        add_group(warm.db, chat_jid=jid, name=name, folder=name, requires_trigger=False)
+
+    def folders() -> list[str]:
+        return sorted(c.labels[LABEL_GROUP] for c in _warm_containers(warm))
+
+    first = {name: _run(warm, "$ echo hi", jid=jid) for name, jid in jids.items()}
+    assert folders() == ["three", "two"]  # "one", used longest ago, made room for "three"
+    assert _run(warm, "$ echo again", jid=jids["two"]) == first["two"]  # kept: reused, and now the newest
+    assert _run(warm, "$ echo back", jid=jids["one"]) != first["one"]
+    assert folders() == ["one", "two"]  # "three" was the least recently used now
+
+    # A container with a run on it is never stopped to make room, even the least recently used:
+    # with "two" busy (its run marker, as a worker holds it mid-run) and "one" idle, "three" takes "one"'s place.
+    [busy] = [c for c in _warm_containers(warm) if c.labels[LABEL_GROUP] == "two"]
+    marker = state_dir(warm.settings, "two") / f"{busy.id[:12]}.dirty"
+    marker.touch()
+    assert _run(warm, "$ echo three", jid=jids["three"]) != first["three"]
+    assert folders() == ["three", "two"]
+    marker.unlink()
+
+    # A lowered cap is kept by the heartbeat's tending: the least recently used idle one goes.
+    warm.settings = warm.settings.replace(**{"warm_max": 1})
+    pool = WarmPool(warm.settings, docker.from_env())
+    assert pool.tend(warm.db) == 1 and folders() == ["three"]
