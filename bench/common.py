@@ -46,7 +46,8 @@ def install(data_dir: Path, image: str, warm_idle_s: float = 0, **extra: object)
 def worker_env(settings: Settings) -> dict[str, str]:
     env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
            "ORCHESTRATOR_AGENT_IMAGE": settings.agent_image,
-           "ORCHESTRATOR_WARM_IDLE_S": str(settings.warm_idle_s), "ORCHESTRATOR_LOG_LEVEL": "WARNING",
+           "ORCHESTRATOR_WARM_IDLE_S": str(settings.warm_idle_s), "ORCHESTRATOR_STANDBY": str(settings.standby),
+           "ORCHESTRATOR_LOG_LEVEL": "WARNING",
            "ORCHESTRATOR_WORKSPACE_QUOTA": settings.workspace_quota}
     if settings.database_url:
         env["ORCHESTRATOR_DATABASE_URL"] = settings.database_url

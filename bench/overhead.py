@@ -1,7 +1,10 @@
 """Orchestration overhead: from a triggering message being stored to the
 first reply being stored, with the offline model (no model time), through
 the real path (ingest, Celery signal, a `celery worker` process, the
-sandbox), cold containers and warm sessions.
+sandbox), cold containers and warm sessions, and the first run of a quiet
+group (one with no warm container: a new group each time), without and with
+standby sandboxes (``ORCHESTRATOR_STANDBY``: a container started ahead takes
+the group's workspace by a late bind).
 
 Baselines measured in the same command:
 
@@ -46,12 +49,24 @@ from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.sandbox.containers import ContainerSpec, DockerSandbox, docker_client
 from orchestrator.sandbox.image import ensure_agent_image
 from orchestrator.store.db import Database
-from orchestrator.store.groups import ensure_main_group
+from orchestrator.store.groups import add_group, ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.tables import RunRow
 
 JID = "main@local"
 POLL_S = 2.0
+
+
+def late_mounts_reason() -> str | None:
+    """Why standby sandboxes cannot run here (None: they can)."""
+    from orchestrator.sandbox.late_mounts import unavailable_reason
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return unavailable_reason(Path(tmp))
+
+
+def late_mounts_ok() -> bool:
+    return late_mounts_reason() is None
 
 
 def docker_run_floor(image: str, n: int) -> list[float]:
@@ -180,6 +195,44 @@ def measure(data_dir: Path, image: str, n: int, warm_idle_s: float,
     return latencies
 
 
+def measure_quiet(data_dir: Path, image: str, n: int, standby: int) -> list[float]:
+    """Latencies (s) of the first run of ``n`` quiet groups (each new, so none has a
+    warm container), through a real worker with warm sessions on; with ``standby``,
+    each run starts once the pool is refilled, as quiet groups that wake seconds
+    apart find it."""
+    from orchestrator.sandbox.warm import WarmPool
+
+    settings, db = install(data_dir, image, warm_idle_s=120, standby=standby)
+    pool = WarmPool(settings, docker_client(settings))
+    latencies = []
+    try:
+        with Workers(settings, 1) as workers:
+            for i in range(n + 1):
+                deadline = time.monotonic() + 60
+                while standby and len(pool.standby.ready()) < standby:  # the heartbeat's tending refills it
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"the standby pool was not refilled in 60 s; the worker's log:\n{workers.logs()}")
+                    time.sleep(0.02)
+                if i == 0:
+                    time.sleep(3)  # the worker's start-up (not part of any run)
+                jid = f"quiet-{i}@bench"
+                add_group(db, chat_jid=jid, name=f"quiet {i}", folder=f"quiet-{i}", requires_trigger=False)
+                sent = ingest(db, settings, IncomingMessage(chat_jid=jid, sender="bench", content=f"ping {i}"),
+                              signal=signals_for(settings).group).message
+                deadline = time.monotonic() + 120
+                while not (replies := [m for m in get_messages_after(jid, sent.seq, db=db) if m.sender == "bot"]):
+                    if time.monotonic() > deadline:
+                        raise SystemExit(f"no reply to quiet group {i} within 120 s; the worker's log:\n{workers.logs()}")
+                    time.sleep(0.01)
+                if i > 0:  # the first run also pays for the worker's first connections
+                    latencies.append(_ts(replies[0].timestamp) - _ts(sent.timestamp))
+                time.sleep(0.3)  # the run's end (its lease released) before the next group's
+    finally:
+        pool.stop_all()
+        db.dispose()
+    return latencies
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20)
@@ -193,16 +246,25 @@ def main() -> None:
         warm_split: list[tuple[float, float]] = []
         cold = measure(Path(tmp) / "cold", image, args.runs, warm_idle_s=0, split=cold_split)
         warm = measure(Path(tmp) / "warm", image, args.runs, warm_idle_s=120, split=warm_split)
+        quiet = measure_quiet(Path(tmp) / "quiet", image, args.runs, standby=0)
+        standby = measure_quiet(Path(tmp) / "standby", image, args.runs, standby=2) if late_mounts_ok() else []
         phases = [("docker run --rm (floor)", floor_phases(image, args.runs)),
                   ("cold sandbox run", sandbox_phases(Path(tmp) / "phases", image, args.runs))]
     rng = random.Random(7)
     polling = [rng.uniform(0, POLL_S) + rng.choice(cold) for _ in range(2000)]
     rows = [("docker run --rm (floor)", floor), ("cold container", cold), ("warm session", warm),
+            ("quiet group, no standby", quiet), ("quiet group, standby", standby),
             ("2 s polling loop (model)", polling)]
     print(f"{'':28} {'p50':>8} {'p95':>8}   (n={args.runs}, offline model)")
     for name, values in rows:
+        if not values:
+            print(f"{name:28} (standby is off here: {late_mounts_reason()})")
+            continue
         print(f"{name:28} {pct(values, 50) * 1000:7.0f}ms {pct(values, 95) * 1000:7.0f}ms")
     print(f"cold - floor (p50): {(pct(cold, 50) - pct(floor, 50)) * 1000:.0f} ms")
+    if standby:
+        print(f"quiet group with standby / floor (p50): {pct(standby, 50) / pct(floor, 50):.2f};"
+              f" without / with: {pct(quiet, 50) / pct(standby, 50):.1f}x")
     print(f"polling / warm (p50): {pct(polling, 50) / pct(warm, 50):.1f}x;"
           f" polling / cold (p50): {pct(polling, 50) / pct(cold, 50):.1f}x")
     print(f"mean cold {statistics.mean(cold) * 1000:.0f} ms, mean warm {statistics.mean(warm) * 1000:.0f} ms")

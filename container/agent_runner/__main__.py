@@ -33,12 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agent_runner")
     parser.add_argument("--serve", metavar="SOCKET", help="warm mode: serve runs on this unix socket")
     parser.add_argument("--idle-timeout", type=float, default=300.0, help="warm mode: exit after this idle time")
+    parser.add_argument("--standby", type=float, metavar="SECONDS",
+                        help="a standby sandbox: wait this long for the first run (the host binds a group's "
+                             "workspace in first, then hands it the run); the idle timeout counts after it")
     args = parser.parse_args(argv)
     workspace = Path(os.environ.get(WORKSPACE_ENV, DEFAULT_WORKSPACE))
     if args.serve:
         from .serve import serve
 
-        return serve(Path(args.serve), workspace, args.idle_timeout)
+        return serve(Path(args.serve), workspace, args.idle_timeout, first_timeout_s=args.standby or 0.0)
     raw = sys.stdin.buffer.read()
     return run(raw, make_emitter(sys.stdout), workspace)
 

@@ -9,6 +9,14 @@ worker process on the host can hand a run to this container: connect, write one
 connection (after the ``result`` or ``error`` event).  One run at a time, as
 the host's group lease already guarantees.  With no run for ``S`` seconds
 the process exits (and the container, started with auto-remove, is gone).
+
+A standby sandbox (``--standby``, orchestrator/sandbox/standby.py) serves on a
+socket outside the workspace, in a small tmpfs of its own, and waits longer for
+its first run (``--standby SECONDS``): it belongs to no group until the host binds a
+group's workspace over its empty ``/workspace`` (mount propagation makes the
+late bind visible here) and hands it that group's run.  Every path is looked
+up afresh per run (no working directory is kept), so the bound workspace is
+what the run sees.
 """
 
 from __future__ import annotations
@@ -58,7 +66,10 @@ def _reap_children() -> None:
             return
 
 
-def serve(socket_path: Path, workspace: Path, idle_timeout_s: float) -> int:
+def serve(socket_path: Path, workspace: Path, idle_timeout_s: float, *,
+          first_timeout_s: float = 0.0) -> int:
+    """Serve runs until idle for ``idle_timeout_s``; the first run is waited for
+    ``first_timeout_s`` (0: as long as the idle timeout)."""
 
     socket_path.parent.mkdir(parents=True, exist_ok=True)
     if socket_path.exists() or socket_path.is_symlink():
@@ -67,7 +78,7 @@ def serve(socket_path: Path, workspace: Path, idle_timeout_s: float) -> int:
     server.bind(str(socket_path))
     os.chmod(socket_path, 0o600)
     server.listen(1)
-    server.settimeout(idle_timeout_s)
+    server.settimeout(idle_timeout_s if first_timeout_s == 0.0 else first_timeout_s)
     log.info("serving runs on %s (idle timeout %.0fs)", socket_path, idle_timeout_s)
     served = 0
     try:
@@ -77,7 +88,12 @@ def serve(socket_path: Path, workspace: Path, idle_timeout_s: float) -> int:
             except TimeoutError:
                 log.info("idle for %.0fs after %d run(s); exiting", idle_timeout_s, served)
                 return 0
+            server.settimeout(idle_timeout_s)
             _reap_children()  # the previous run's, killed by the host since
+            try:  # the workspace as it is now: a standby's was bound in after this process started
+                os.chdir(workspace)
+            except OSError as exc:
+                log.warning("cannot enter the workspace %s: %s", workspace, exc)
             with conn:
                 conn.settimeout(None)
                 try:

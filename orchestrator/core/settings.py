@@ -211,6 +211,9 @@ class Settings(msgspec.Struct, kw_only=True):
     # The most warm containers one host keeps; past it the least recently used
     # idle one is stopped.  0: sized by the host's memory (warm.warm_cap).
     warm_max: Annotated[int, Meta(ge=0)] = 0
+    # Standby sandboxes a host keeps started ahead for quiet groups' first runs
+    # (orchestrator/sandbox/standby.py; needs root and warm sessions); 0: none.
+    standby: Annotated[int, Meta(ge=0, le=64)] = 2
     bash_timeout_s: Annotated[float, Meta(gt=0)] = 60.0
     # Bounds on what one run's output may cost the host (orchestrator/sandbox/bounded_io.py):
     # the agent can write anything to the runner's stdout and stderr.  A run

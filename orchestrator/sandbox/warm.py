@@ -50,6 +50,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import docker
+import msgspec
 from docker.errors import DockerException, NotFound
 from docker.models.containers import Container
 from sqlalchemy import update
@@ -76,6 +77,16 @@ from orchestrator.sandbox.containers import (
 )
 from orchestrator.sandbox.hostile_fs import connect_unix, remove_entry
 from orchestrator.sandbox.sessions import forget_session
+from orchestrator.sandbox.standby import (
+    LABEL_STANDBY,
+    SOCKET_NAME,
+    Slot,
+    StandbyPool,
+    standby_key,
+    standby_root,
+)
+from orchestrator.sandbox.standby import eligible as standby_eligible
+from orchestrator.sandbox.standby import unavailable_reason as standby_unavailable
 from orchestrator.store.db import Database
 from orchestrator.store.groups import get_group
 from orchestrator.store.placement import moved_away
@@ -159,12 +170,26 @@ def _config_hash(client: docker.DockerClient, spec: ContainerSpec, idle_s: float
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
+class Adoption(msgspec.Struct, frozen=True):
+    """A standby container taken by a group (``data/warm/<folder>/adopted.json``):
+    which container, in which slot, and the warm configuration it serves."""
+
+    container: str
+    slot: str
+    config: str
+
+
+def _adoption_file(settings: Settings, folder: str) -> Path:
+    return state_dir(settings, folder) / "adopted.json"
+
+
 class WarmPool:
     """Finds, starts and replaces the warm containers of this installation."""
 
     def __init__(self, settings: Settings, client: docker.DockerClient) -> None:
         self.settings = settings
         self.client = client
+        self.standby = StandbyPool(settings, client, self.host_id, LABEL_HOST)
 
     def _labels(self, folder: str | None = None, *, any_host: bool = False) -> list[str]:
         labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}", f"{LABEL_WARM}=1"]
@@ -176,19 +201,63 @@ class WarmPool:
     def host_id(self) -> str:
         return self.settings.effective_host_id
 
+    def _adoption(self, folder: str) -> Adoption | None:
+        try:
+            return msgspec.json.decode(_adoption_file(self.settings, folder).read_bytes(), type=Adoption)
+        except (OSError, msgspec.DecodeError):
+            return None
+
+    def _folder_of(self, container: Container) -> str | None:
+        """The group a warm container serves: its label, or for a standby one the
+        group that took it (None: a standby still in the pool)."""
+        if container.labels.get(LABEL_STANDBY):
+            slot = self.standby.slot_of(container)
+            return slot.taken_by() if slot is not None else None
+        return container.labels.get(LABEL_GROUP) or None
+
     def find(self, folder: str, *, any_host: bool = False) -> list[Container]:
-        """The group's warm containers of this host (``any_host``: of every host on this engine)."""
-        return self.client.containers.list(all=True, filters={"label": self._labels(folder, any_host=any_host)})
+        """The group's warm containers of this host (``any_host``: of every host on this
+        engine): those started for it, and the standby container it took, if any."""
+        found = self.client.containers.list(all=True, filters={"label": self._labels(folder, any_host=any_host)})
+        adoption = self._adoption(folder)
+        if adoption is not None:
+            try:
+                c = self.client.containers.get(adoption.container)
+            except (NotFound, DockerException):
+                c = None
+            if c is None or c.status not in ("created", "running"):
+                # Gone (idle exit, auto-removed): its slot and the record go too.
+                self.standby.release(Slot(standby_root(self.settings) / adoption.slot))
+                with contextlib.suppress(FileNotFoundError):
+                    _adoption_file(self.settings, folder).unlink()
+            elif (c.labels.get(LABEL_STANDBY) == adoption.slot and c.labels.get(LABEL_INSTALL) == self.settings.install_id
+                  and (any_host or c.labels.get(LABEL_HOST) == self.host_id)):
+                found.append(c)
+        return found
+
+    def _config_of(self, container: Container, folder: str) -> str | None:
+        if container.labels.get(LABEL_STANDBY):
+            adoption = self._adoption(folder)
+            return adoption.config if adoption is not None and adoption.container == container.id else None
+        return container.labels.get(LABEL_WARM_CONFIG)
 
     def discard(self, container: Container) -> None:
-        """Remove a warm container and forget its run marker."""
+        """Remove a warm container and forget its run marker (and, for a standby
+        one, release its slot and the group's record of it)."""
+        folder = self._folder_of(container)
         with contextlib.suppress(NotFound, DockerException):
             container.remove(force=True)
-        folder = container.labels.get(LABEL_GROUP, "")
         if folder:
             for marker in (_dirty_marker, _used_marker):
                 with contextlib.suppress(FileNotFoundError):
                     marker(self.settings, folder, str(container.id)).unlink()
+        slot = self.standby.slot_of(container)
+        if slot is not None:
+            self.standby.release(slot)
+            adoption = self._adoption(folder) if folder else None
+            if folder and adoption is not None and adoption.container == container.id:
+                with contextlib.suppress(FileNotFoundError):
+                    _adoption_file(self.settings, folder).unlink()
 
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
@@ -203,8 +272,13 @@ class WarmPool:
         finally:
             os.close(fd)
 
+    def _busy(self, container: Container) -> bool:
+        """A run is on it (its dirty marker)."""
+        folder = self._folder_of(container) or ""
+        return _dirty_marker(self.settings, folder, str(container.id)).exists()
+
     def _last_used(self, container: Container) -> float:
-        folder = container.labels.get(LABEL_GROUP, "")
+        folder = self._folder_of(container) or ""
         try:
             return _used_marker(self.settings, folder, str(container.id)).stat().st_mtime
         except OSError:
@@ -217,9 +291,7 @@ class WarmPool:
         excess = len(running) - keep
         if excess <= 0:
             return 0
-        idle = [c for c in running
-                if not _dirty_marker(self.settings, c.labels.get(LABEL_GROUP, ""), str(c.id)).exists()]
-        victims = sorted(idle, key=self._last_used)[:excess]
+        victims = sorted((c for c in running if not self._busy(c)), key=self._last_used)[:excess]
         for c in victims:
             log.info("stopping warm container %s, the least recently used: this host keeps at most %d",
                      c.name, keep)
@@ -237,10 +309,13 @@ class WarmPool:
         found = self.client.containers.list(all=True, filters={"label": self._labels(any_host=True)})
         for c in found:
             self.discard(c)
-        return len(found)
+        return len(found) + self.standby.stop_all()
 
     def _running(self) -> list[Container]:
-        return self.client.containers.list(filters={"label": self._labels(), "status": "running"})
+        """This host's running warm containers that serve a group (standby ones still
+        in the pool are not warm containers yet)."""
+        running = self.client.containers.list(filters={"label": self._labels(), "status": "running"})
+        return [c for c in running if self._folder_of(c) is not None]
 
     def count_running(self) -> int:
         """This host's running warm containers of this installation (the host's heartbeat reports it)."""
@@ -251,28 +326,37 @@ class WarmPool:
         (``store/placement.py``: moved, or taken over while this host was away) whose
         lease no process of this host holds and that no run of ours is using, and the
         least recently used idle ones past the cap (a lowered ``ORCHESTRATOR_WARM_MAX``,
-        or more started at once than the cap while all were busy); returns how many of
-        this host's warm containers run after that.  The host heartbeat's counting
-        thread calls it every beat, so a group that moved leaves no idle container
-        behind on its old host; one Docker list, and a database read only when there
-        are warm containers."""
+        or more started at once than the cap while all were busy); then keep the
+        standby pool full.  Returns how many of this host's warm containers run after
+        that.  The host heartbeat's counting thread calls it every beat, so a group
+        that moved leaves no idle container behind on its old host; one Docker list,
+        and a database read only when there are warm containers."""
         running = self._running()
-        folders = sorted({c.labels.get(LABEL_GROUP, "") for c in running} - {""})
+        folders = sorted({self._folder_of(c) or "" for c in running} - {""})
         gone = set(moved_away(db, self.host_id, folders))
         stopped = 0
+        left = []
         for c in running:
-            folder = c.labels.get(LABEL_GROUP, "")
-            if folder not in gone or _dirty_marker(self.settings, folder, str(c.id)).exists():
+            folder = self._folder_of(c) or ""
+            if folder not in gone or self._busy(c):
+                left.append(c)
                 continue  # still placed here, or a run of this host is on it right now
             log.info("group folder %s is placed on another host now: stopping its warm container %s here",
                      folder, c.name)
             self.discard(c)
             stopped += 1
-        left = [c for c in running if c.labels.get(LABEL_GROUP, "") not in gone
-                or _dirty_marker(self.settings, c.labels.get(LABEL_GROUP, ""), str(c.id)).exists()]
         if len(left) > warm_cap(self.settings):
             with self._lock():
                 stopped += self._make_room(warm_cap(self.settings), left)
+        if standby_unavailable(self.settings) is None:
+            try:
+                with self._lock():
+                    missing = self.standby.prune(self.settings.standby)
+                # Started without the lock: a claim never waits for a container start.
+                for _ in range(missing):
+                    self.standby.start(standby_key(self.client, self.settings))
+            except (SandboxError, DockerException, OSError) as exc:
+                log.warning("could not refill the standby sandboxes: %s", exc)
         return len(running) - stopped
 
     def start(self, spec: ContainerSpec, payload: bytes) -> WarmRun:
@@ -280,17 +364,28 @@ class WarmPool:
         config = _config_hash(self.client, spec, idle)
         last_error: Exception | None = None
         for _ in range(CONNECT_ATTEMPTS):
+            taken: tuple[Container, Slot] | None = None
             with self._lock():
                 container = self._claim(spec, config)
                 if container is None:
                     # Room for the new one first: the cap counts it.
                     self._make_room(warm_cap(self.settings) - 1, self._running())
+                    taken = self._take_standby(spec, config)
             cold = container is None
+            if taken is not None:
+                container, slot = taken
+                try:
+                    self._attach(spec, container, slot)
+                except (OSError, SandboxError) as exc:
+                    log.warning("could not bind %s into standby container %s (%s); starting one for it",
+                                spec.group_folder, container.name, exc)
+                    self.discard(container)
+                    container = None
             if container is None:
                 container = self._create(spec, config, idle)
             dirty = _dirty_marker(self.settings, spec.group_folder, str(container.id))
             try:
-                sock = _connect_runner(spec.workspace, retry_s=STARTUP_TIMEOUT_S if cold else 0.0)
+                sock = self._connect(container, spec, retry_s=STARTUP_TIMEOUT_S if cold else 0.0)
             except (OSError, HostileEntry) as exc:
                 # Died between runs (or mid-idle-exit), or its socket is gone: replace it, transparently.
                 log.info("warm container of %s did not answer (%s); replacing it", spec.group_folder, exc)
@@ -299,6 +394,42 @@ class WarmPool:
                 continue
             return WarmRun(container, sock, spec, payload, cold=cold, dirty_marker=dirty, pool=self)
         raise SandboxError(f"cannot reach a warm agent container for {spec.group_folder}: {last_error}")
+
+    def _take_standby(self, spec: ContainerSpec, config: str) -> tuple[Container, Slot] | None:
+        """A standby container for the group, recorded as its warm container and
+        marked in use, or None (none ready, standby off, or the group needs other
+        limits or mounts than a standby has).  Call with the lock held."""
+        if standby_unavailable(self.settings) is not None or not standby_eligible(self.settings, spec):
+            return None
+        try:
+            taken = self.standby.take(spec.group_folder)
+        except DockerException as exc:
+            log.warning("could not list the standby sandboxes: %s", exc)
+            return None
+        if taken is None:
+            return None
+        container, slot = taken
+        host_only_dir(state_dir(self.settings, spec.group_folder))
+        record = Adoption(container=str(container.id), slot=slot.name, config=config)
+        _adoption_file(self.settings, spec.group_folder).write_bytes(msgspec.json.encode(record))
+        self._mark_in_use(spec.group_folder, container)
+        return taken
+
+    def _attach(self, spec: ContainerSpec, container: Container, slot: Slot) -> None:
+        """The group's folders into the standby container it took: the workspace
+        (handed to the container's user, as for any container) and its gateway folder."""
+        spec.workspace.mkdir(parents=True, exist_ok=True)
+        prepare_folder(spec.workspace)
+        gateway = host_only_dir(gateway_dir(self.settings, spec.group_folder))
+        self.standby.attach(container, slot, spec.workspace, gateway)
+
+    def _connect(self, container: Container, spec: ContainerSpec, *, retry_s: float) -> socket.socket:
+        """The runner's socket: in the workspace, or for a standby container in its
+        slot's socket folder (both hostile: see :func:`_connect_runner`)."""
+        slot = self.standby.slot_of(container)
+        if slot is not None:
+            return _connect_runner(slot.sockets, SOCKET_NAME, retry_s=retry_s)
+        return _connect_runner(spec.workspace, RUNNER_SOCKET, retry_s=retry_s)
 
     def _mark_in_use(self, folder: str, container: Container) -> None:
         """A run is on ``container`` from now until WarmRun has cleaned up after it
@@ -313,7 +444,7 @@ class WarmPool:
         is removed.  Call with the lock held."""
         claimed = None
         for c in self.find(spec.group_folder):
-            if claimed is None and c.status == "running" and c.labels.get(LABEL_WARM_CONFIG) == config:
+            if claimed is None and c.status == "running" and self._config_of(c, spec.group_folder) == config:
                 if not _dirty_marker(self.settings, spec.group_folder, str(c.id)).exists():
                     claimed = c
                     continue
@@ -360,8 +491,9 @@ class WarmPool:
         return container
 
 
-def _connect_runner(workspace: Path, *, retry_s: float) -> socket.socket:
-    """Connect to the warm runner's socket in the workspace.
+def _connect_runner(folder: Path, relative: str, *, retry_s: float) -> socket.socket:
+    """Connect to the warm runner's socket at ``relative`` in ``folder`` (the workspace,
+    or a standby's socket folder).
 
     The socket lives in the agent's own workspace (so the agent cannot use it
     to fill any other disk than its quota'd one), which makes the entry
@@ -372,7 +504,7 @@ def _connect_runner(workspace: Path, *, retry_s: float) -> socket.socket:
     deadline = time.monotonic() + retry_s
     while True:
         try:
-            return connect_unix(workspace, RUNNER_SOCKET)
+            return connect_unix(folder, relative)
         except (ConnectionRefusedError, HostileEntry) as exc:
             if isinstance(exc, HostileEntry) and exc.reason != "no such file":
                 raise

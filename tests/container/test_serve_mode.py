@@ -58,3 +58,29 @@ def test_one_process_serves_runs_until_idle(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_standby_waits_longer_for_its_first_run_then_idles_out(tmp_path: Path) -> None:
+    """``--standby S``: no group yet, so the first run is waited for ``S`` (not the idle
+    time); the workspace it serves is whatever is at its path when the run comes (a
+    standby's is bound in later: here, made after the runner started)."""
+    sock = tmp_path / "sockets" / "agent.sock"
+    workspace = tmp_path / "ws"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent_runner", "--serve", str(sock), "--standby", "60", "--idle-timeout", "1"],
+        env={"AGENT_WORKSPACE": str(workspace), "PATH": "/usr/bin:/bin"}, stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_for(sock)
+        time.sleep(2.5)  # past the idle timeout: a warm runner would have exited by now
+        assert proc.poll() is None
+        workspace.mkdir()
+        (workspace / "bound.txt").write_text("the group's\n")
+        first = _run_on(sock, make_input("$ cat bound.txt; pwd", run_id="r1"))
+        assert first[1]["output"] == f"the group's\n{workspace}\n"
+        assert proc.wait(timeout=10) == 0  # then the idle timeout counts
+        assert "after 1 run(s)" in proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

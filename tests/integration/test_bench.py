@@ -95,11 +95,13 @@ def test_memory_bench_reads_the_worker_and_the_warm_container(docker_engine: Non
 
 def test_overhead_bench_measures_cold_warm_and_the_baselines(docker_engine: None) -> None:
     out = bench("bench.overhead", "--runs", "2")
-    for name in ("docker run --rm (floor)", "cold container", "warm session", "2 s polling loop (model)"):
+    for name in ("docker run --rm (floor)", "cold container", "warm session", "quiet group, no standby",
+                 "quiet group, standby", "2 s polling loop (model)"):
         line = next(x for x in out.splitlines() if x.startswith(name))
         p50, p95 = numbers(r"(\d+)ms", line)
         assert 0 < p50 <= p95, line
     assert "cold sandbox run" in out and "first event" in out
+    assert "quiet group with standby / floor (p50)" in out  # root here: standby is on
 
 
 def test_wakeup_bench_measures_both_broker_modes(docker_engine: None) -> None:

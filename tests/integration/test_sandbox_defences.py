@@ -2,7 +2,8 @@
 
 Capabilities, the read-only root and no-new-privileges are
 ``test_sandbox_security.py``'s; this file checks what sits beneath them, as
-the agent meets it from inside a run (cold and warm): Docker's default seccomp
+the agent meets it from inside a run (cold, warm, and a standby container
+with the workspace bound in after it started): Docker's default seccomp
 filter is on (``Seccomp: 2``) and refuses what it exists to refuse to an
 unprivileged process (``keyctl``, ``unshare`` of a user namespace, ``mount``),
 where the same probe in the same image without the filter goes through, so
@@ -28,9 +29,11 @@ from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline, RunOutcome
 from orchestrator.sandbox import containers
 from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED, engine_security_opt
+from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
+from tests.conftest import wait_until
 from tests.fakes.channel import RecordingChannel
 
 JID = "walls@chat"
@@ -74,11 +77,12 @@ class Walls:
         return outcome, [m.content for m in outputs if m.message_type == "tool_result"]
 
 
-@pytest.fixture(params=["cold", "warm"])
+@pytest.fixture(params=["cold", "warm", "standby"])
 def walls(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, agent_image: str) -> Iterator[Walls]:
     base = tmp_path_factory.mktemp("walls").resolve()
     settings = Settings.load(data_dir=base / "data", agent_image=agent_image, run_timeout_s=60, max_attempts=1,
-                             warm_idle_s=120 if request.param == "warm" else 0, env_file=None)
+                             warm_idle_s=0 if request.param == "cold" else 120,
+                             standby=1 if request.param == "standby" else 0, env_file=None)
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
     db.migrate()
@@ -86,7 +90,14 @@ def walls(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     walls = Walls(settings, db, Pipeline(settings, db, ChannelRegistry([RecordingChannel()])))
     client = docker.from_env()
     labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={settings.install_id}"]
+    pool = WarmPool(settings, client)
+    if request.param == "standby":  # the run goes to a container started ahead, the workspace bound in later
+        pool.tend(db)
+        wait_until(lambda: pool.standby.ready() != [], 30, "a standby container ready")
     yield walls
+    if request.param == "standby":  # the runs did go to it: taken by the group
+        assert [pool.standby.slot_of(c).taken_by() for c in pool.standby.containers()] == ["walls"]
+    pool.stop_all()
     for c in client.containers.list(all=True, filters={"label": labels}):
         c.remove(force=True)
     db.dispose()
