@@ -241,10 +241,13 @@ class CpuAccount:
 
 
 def remove_install_containers(settings: Settings) -> int:
-    """Remove every container of this installation (a benchmark's leftovers)."""
+    """Remove every container of this installation (a benchmark's leftovers), warm
+    and standby ones through their pool: a standby's slot holds mounts to release."""
+    from orchestrator.sandbox.warm import WarmPool
+
     client = docker.from_env()
+    removed = WarmPool(settings, client).stop_all()
     labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={settings.install_id}"]
-    removed = 0
     for c in client.containers.list(all=True, filters={"label": labels}):
         with contextlib.suppress(NotFound, DockerException):
             c.remove(force=True)

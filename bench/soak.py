@@ -411,7 +411,9 @@ def check(db: Database, install_id: str, tally: Tally, receiver: Receiver, webho
 
 def soak(base_dir: Path, image: str, name: str, extra: Extra, args: argparse.Namespace) -> dict[str, object]:
     with tempfile.TemporaryDirectory(dir=base_dir) as tmp, extra() as more, Receiver() as receiver:
-        settings, db = install(Path(tmp), image, 0, webhook_secret=SECRET, **more)
+        # As `up` runs it: warm sessions and standby sandboxes at their defaults, unless --cold.
+        warm = 0.0 if args.cold else Settings.load(environ={}, env_file=None).warm_idle_s
+        settings, db = install(Path(tmp), image, warm, webhook_secret=SECRET, **more)
         flush_broker(settings)
         webhook_chats = [jid(g) for g in range(args.groups) if g % 2 == 0]
         for g in range(args.groups):
@@ -534,6 +536,8 @@ def main() -> None:
         help="fail if a process's RSS grew more than this fraction from 25 %% of the run to the end",
     )
     ap.add_argument("--json", default="", help="also write the figures here (JSON)")
+    ap.add_argument("--cold", action="store_true", help="a new container per run (default: warm sessions and "
+                    "standby sandboxes, as `orchestrator up` runs)")
     args = ap.parse_args()
     if args.groups < 1 or args.clients < args.groups or args.minutes <= 0:
         ap.error("--groups must be at least 1, --clients at least --groups, --minutes above 0")

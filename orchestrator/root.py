@@ -173,6 +173,13 @@ class Orchestrator:
 
         return WarmPool(self.settings, self.docker.client).tend(self.db)
 
+    def stop_idle_warm_containers(self) -> int:
+        """As this host's worker stops: its warm containers with no run on them and its
+        standby ones (``WarmPool.stop_idle``)."""
+        from orchestrator.sandbox.warm import WarmPool
+
+        return WarmPool(self.settings, self.docker.client).stop_idle()
+
     def after_fork(self) -> None:
         """In a forked pool child: drop the parent's pooled connections (never close them)."""
         if "db" in self.__dict__:

@@ -31,15 +31,17 @@ from orchestrator.store.db import Database
 from tests.web_browser import browser, page  # noqa: F401 - headless Chromium fixtures, one per session
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
-# Two defaults the tests turn off unless they ask for them.  As root the
+# Defaults the tests turn off unless they ask for them.  As root the
 # default workspace quota loop-mounts a volume per group, and a mounted folder
 # outlives the test's temporary data dir (the quota tests ask, and release what
 # they mount).  Warm sessions are on by default, and a warm container outlives
 # its test by its idle time: tests run cold containers, whose count and
 # clean-up they check, unless they ask for warm ones (test_warm.py and the
-# sandbox tests parametrized cold/warm do).  Environments built for the
-# processes tests start add TEST_ENV back.
-TEST_ENV = {"ORCHESTRATOR_WORKSPACE_QUOTA": "0", "ORCHESTRATOR_WARM_IDLE_S": "0"}
+# sandbox tests parametrized cold/warm do); so are standby sandboxes, which
+# a warm test would otherwise start and count among its containers (the
+# standby tests ask).  Environments built for the processes tests start add
+# TEST_ENV back.
+TEST_ENV = {"ORCHESTRATOR_WORKSPACE_QUOTA": "0", "ORCHESTRATOR_WARM_IDLE_S": "0", "ORCHESTRATOR_STANDBY": "0"}
 os.environ.update({k: v for k, v in TEST_ENV.items() if k not in os.environ})
 REDIS_URL = os.environ.get("ORCHESTRATOR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # A role that may CREATE DATABASE; each test gets its own database on this server.

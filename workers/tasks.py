@@ -193,8 +193,19 @@ def _host_stopped(sender: Any = None, **_: object) -> None:
     try:
         _stop_recovery_watch()
         heartbeat.stop()
+        _stop_idle_containers(root)
     finally:
         root.close()
+
+
+def _stop_idle_containers(root: Orchestrator) -> None:
+    """After the pool's last run: a stopped worker leaves no idle agent container behind."""
+    if root.settings.warm_idle_s <= 0:
+        return
+    try:
+        log.info("stopped %d idle warm or standby container(s) of this host", root.stop_idle_warm_containers())
+    except Exception:  # noqa: BLE001 - the worker stops anyway; idle containers exit on their own later
+        log.exception("could not stop this host's idle warm containers")
 
 
 @worker_ready.connect

@@ -140,6 +140,24 @@ def docker_client(settings: Settings) -> docker.DockerClient:
         raise SandboxError(f"cannot reach the Docker engine: {exc}") from exc
 
 
+# How often a listing is tried again when a container went away while it was read.
+LIST_ATTEMPTS = 5
+
+
+def list_containers(client: docker.DockerClient, *, filters: dict[str, str | list[str] | bool],
+                    all: bool = False) -> list[Container]:  # noqa: A002 - the SDK's own name
+    """``containers.list``, whole: the SDK lists, then inspects each container, and a
+    container removed in between (a warm one idling out, auto-removed) fails the
+    whole listing with NotFound; list again, it will not be in the next one."""
+    for attempt in range(LIST_ATTEMPTS):
+        try:
+            return client.containers.list(all=all, filters=filters)
+        except NotFound:
+            if attempt == LIST_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def prepare_folder(folder: Path) -> str:
     """Make ``folder`` usable by the container's user; returns the user to run as.
 
@@ -411,7 +429,7 @@ class DockerSandbox:
         """Force-remove this installation's containers with ``extra_labels`` that ``keep`` spares."""
         removed = 0
         labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}", *extra_labels]
-        for c in self.client.containers.list(all=True, filters={"label": labels}):
+        for c in list_containers(self.client, all=True, filters={"label": labels}):
             if keep(c):
                 continue
             try:

@@ -63,6 +63,7 @@ from orchestrator.sandbox.containers import (
     ContainerSpec,
     engine_security_opt,
     hardened_create_args,
+    list_containers,
 )
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ class StandbyPool:
         filters: dict[str, str | list[str] | bool] = {"label": self._labels(any_host=any_host)}
         if running_only:
             filters["status"] = "running"
-        return self.client.containers.list(all=not running_only, filters=filters)
+        return list_containers(self.client, all=not running_only, filters=filters)
 
     def slot_of(self, container: Container) -> Slot | None:
         name = container.labels.get(LABEL_STANDBY, "")

@@ -73,6 +73,7 @@ from orchestrator.sandbox.containers import (
     docker_client,
     engine_security_opt,
     hardened_create_args,
+    list_containers,
     prepare_folder,
 )
 from orchestrator.sandbox.hostile_fs import connect_unix, remove_entry
@@ -218,7 +219,7 @@ class WarmPool:
     def find(self, folder: str, *, any_host: bool = False) -> list[Container]:
         """The group's warm containers of this host (``any_host``: of every host on this
         engine): those started for it, and the standby container it took, if any."""
-        found = self.client.containers.list(all=True, filters={"label": self._labels(folder, any_host=any_host)})
+        found = list_containers(self.client, all=True, filters={"label": self._labels(folder, any_host=any_host)})
         adoption = self._adoption(folder)
         if adoption is not None:
             try:
@@ -306,15 +307,27 @@ class WarmPool:
         return len(found)
 
     def stop_all(self) -> int:
-        found = self.client.containers.list(all=True, filters={"label": self._labels(any_host=True)})
+        found = list_containers(self.client, all=True, filters={"label": self._labels(any_host=True)})
         for c in found:
             self.discard(c)
         return len(found) + self.standby.stop_all()
 
+    def stop_idle(self) -> int:
+        """Stop this host's warm containers that have no run on them, and its standby
+        ones: what the host's worker does as it stops, so a stopped installation
+        (`up` ended, `compose down`) leaves no agent container behind.  A warm
+        container is a cache: the next run starts one.  Returns how many."""
+        with self._lock():
+            idle = [c for c in list_containers(self.client, all=True, filters={"label": self._labels()})
+                    if not self._busy(c)]
+            for c in idle:
+                self.discard(c)
+        return len(idle)
+
     def _running(self) -> list[Container]:
         """This host's running warm containers that serve a group (standby ones still
         in the pool are not warm containers yet)."""
-        running = self.client.containers.list(filters={"label": self._labels(), "status": "running"})
+        running = list_containers(self.client, filters={"label": self._labels(), "status": "running"})
         return [c for c in running if self._folder_of(c) is not None]
 
     def count_running(self) -> int:

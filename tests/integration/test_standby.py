@@ -27,6 +27,7 @@ from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline, RunOutcome
 from orchestrator.sandbox import late_mounts
 from orchestrator.sandbox.config import set_container_config
+from orchestrator.sandbox.containers import list_containers
 from orchestrator.sandbox.late_mounts import is_mount_point
 from orchestrator.sandbox.standby import LABEL_STANDBY, Slot, standby_root
 from orchestrator.sandbox.warm import WarmPool
@@ -161,7 +162,7 @@ def test_a_gone_standbys_slot_is_released_mounts_and_all(pool: Pool) -> None:
     slot = Slot(standby_root(pool.settings) / docker.from_env().containers.get(standby).labels[LABEL_STANDBY])
     assert is_mount_point(slot.workspace) and is_mount_point(slot.gateway)
     docker.from_env().containers.get(standby).kill()
-    wait_until(lambda: not docker.from_env().containers.list(all=True, filters={"id": standby}), 20,
+    wait_until(lambda: not list_containers(docker.from_env(), all=True, filters={"id": standby}), 20,
                "the killed container to be removed")
     again, [kept] = pool.ask(ALPHA, "cat kept.txt")
     assert again.run.container_id != standby and kept.strip() == "kept"  # the group's files stayed

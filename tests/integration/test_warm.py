@@ -15,7 +15,14 @@ from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
-from orchestrator.sandbox.containers import LABEL_GROUP, LABEL_INSTALL, LABEL_MANAGED, LABEL_WARM, DockerSandbox
+from orchestrator.sandbox.containers import (
+    LABEL_GROUP,
+    LABEL_INSTALL,
+    LABEL_MANAGED,
+    LABEL_WARM,
+    DockerSandbox,
+    list_containers,
+)
 from orchestrator.sandbox.warm import WarmPool, reset_session, state_dir
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, ensure_main_group, get_group
@@ -44,7 +51,7 @@ def warm(tmp_path: Path, agent_image: str) -> Iterator[Pipeline]:
 def _warm_containers(p: Pipeline) -> list:
     """This test's installation's warm containers (another test process may have its own)."""
     labels = [f"{LABEL_MANAGED}=1", f"{LABEL_WARM}=1", f"{LABEL_INSTALL}={p.settings.install_id}"]
-    return docker.from_env().containers.list(all=True, filters={"label": labels})
+    return list_containers(docker.from_env(), all=True, filters={"label": labels})
 
 
 def _run(p: Pipeline, text: str, state: str = "succeeded", jid: str = JID) -> str:
