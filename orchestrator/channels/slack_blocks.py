@@ -39,10 +39,11 @@ from orchestrator.model.envelopes import (
     CodeEditPayload,
     InvalidMessageMetadata,
     TodoPayload,
+    ToolCallPayload,
     parse_message_metadata,
 )
 from orchestrator.model.messages import SENDER_THINKING, SENDER_TOOL_USE
-from orchestrator.model.render import RenderedMessage, render_code_edit
+from orchestrator.model.render import RenderedMessage, render_code_edit, render_tool_call
 
 SECTION_LIMIT = 3000  # Slack's limit on a section's text and a context element's
 BLOCKS_PER_POST = 50  # Slack's limit on a message's blocks
@@ -134,6 +135,8 @@ def message_pieces(rendered: RenderedMessage) -> list[tuple[Kind, str]]:
     """What the message is drawn as, by type (see the module's doc)."""
     kind, payload = _payload(rendered.metadata)
     name = rendered.sender_name or rendered.sender
+    if kind == TOOL_CALL and isinstance(payload, ToolCallPayload) and rendered.message_type == "assistant":
+        return _pieces("context", render_tool_call(payload))
     if rendered.message_type in ("host", "system", "tool_result") or rendered.sender in (
             SENDER_TOOL_USE, SENDER_THINKING) or kind == TOOL_CALL:
         return _pieces("context", rendered.text)
