@@ -114,19 +114,24 @@ class SlackWeb:
         return user if isinstance(user, str) else None
 
 
-def reply_thread(db: Database, rendered: RenderedMessage, address: str) -> str | None:
-    """The Slack thread a message goes to at ``address``: the thread of the message it answers
-    (``reply_to_seq``) when that one was written in a thread of the same Slack channel."""
-    seq = (rendered.metadata or {}).get(REPLY_TO_KEY)
-    if not isinstance(seq, int) or isinstance(seq, bool):
-        return None
+def thread_of(db: Database, chat_jid: str, seq: int, address: str) -> str | None:
+    """The Slack thread message ``seq`` of ``chat_jid`` was written in, when it came from
+    the Slack conversation ``address`` in a thread (None: not from there, or not in a thread)."""
     with db.read() as session:
-        meta = session.scalar(select(MessageRow.meta).where(MessageRow.chat_jid == rendered.chat_jid,
-                                                            MessageRow.seq == seq))
+        meta = session.scalar(select(MessageRow.meta).where(MessageRow.chat_jid == chat_jid, MessageRow.seq == seq))
     if not isinstance(meta, dict) or meta.get(CHANNEL_KEY) != address:
         return None
     thread = meta.get(THREAD_KEY)
     return thread if isinstance(thread, str) and TS.match(thread) else None
+
+
+def reply_thread(db: Database, rendered: RenderedMessage, address: str) -> str | None:
+    """The Slack thread a message goes to at ``address``: the thread of the message it answers
+    (``reply_to_seq``, the last input of the run that wrote it), if that one was written in one."""
+    seq = (rendered.metadata or {}).get(REPLY_TO_KEY)
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        return None
+    return thread_of(db, rendered.chat_jid, seq, address)
 
 
 class SlackChannel(BaseChannel):

@@ -91,6 +91,7 @@ class FakeSlack:
         self.hellos = 0
         self.connections: list[ServerConnection] = []
         self._pending: dict[str, dict[str, Any]] = {}  # sent, not acknowledged
+        self._envelopes: dict[str, dict[str, Any]] = {}  # every envelope, by id
         self._queue: list[dict[str, Any]] = []  # not sent yet (no connection)
         self.ws: Server = serve(self._socket, "127.0.0.1", 0)
         self.ws_url = f"ws://127.0.0.1:{self.ws.socket.getsockname()[1]}/link/"
@@ -156,10 +157,17 @@ class FakeSlack:
             self._send({**envelope, "retry_attempt": int(envelope["retry_attempt"]) + 1,
                         "retry_reason": "timeout"})
 
+    def resend(self, envelope_id: str) -> None:
+        """Send an envelope again though it was acknowledged (Slack delivers at least once)."""
+        with self._lock:
+            envelope = self._envelopes[envelope_id]
+        self._send({**envelope, "retry_attempt": int(envelope["retry_attempt"]) + 1, "retry_reason": "timeout"})
+
     def _send(self, message: dict[str, Any], *, track: bool = True) -> None:
         with self._lock:
             if track:
                 self._pending[str(message["envelope_id"])] = message
+                self._envelopes[str(message["envelope_id"])] = message
             conns = list(self.connections)
             if not conns:
                 self._queue.append(message)
