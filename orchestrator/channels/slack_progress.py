@@ -133,8 +133,8 @@ class WorkingMessages:
                 continue  # its reply is out already (a follower that started late)
             changed |= self._post(run, now)
         for run_id, post in list(self.posts.items()):
-            run = running.get(run_id)
-            if run is None or self._answered(post.chat_jid, post.address, run.cursor_to):
+            live = running.get(run_id)
+            if live is None or self._answered(post.chat_jid, post.address, live.cursor_to):
                 changed |= self._delete(run_id, post)
             elif now >= post.next_update:
                 self._update(run_id, post, now)
