@@ -51,7 +51,8 @@ UNATTACHED_PREFIX = "slack:"
 CHANNEL_KEY, TS_KEY, THREAD_KEY = "slack_channel", "slack_ts", "slack_thread_ts"
 # A conversation id: C (public), G (private, older), D (direct), upper-case letters and digits.
 ADDRESS = re.compile(r"^[CGD][A-Z0-9]{6,24}$")
-TS = re.compile(r"^[0-9]{1,12}\.[0-9]{1,9}$")
+# A message's ts: Unix seconds (a date a datetime can hold) and a sequence number.
+TS = re.compile(r"^[0-9]{1,10}\.[0-9]{1,9}$")
 _TIMEOUT_S = 30
 
 

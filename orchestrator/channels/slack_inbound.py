@@ -89,8 +89,10 @@ _SEEN_EVENTS = 10_000  # event ids remembered for retries (a few hours of a busy
 # -- the wire (what Slack sends; unknown keys ignored, known ones typed) -------------------
 
 
+# Strict: what the document says is a string must be one (pydantic's lax mode would take
+# 5 for "5" and "yes" for true, which the document refuses).
 class SlackEvent(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     type: str
     subtype: str | None = None
@@ -103,14 +105,14 @@ class SlackEvent(BaseModel):
 
 
 class Authorization(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     user_id: str | None = None
     is_bot: bool = False
 
 
 class EventCallback(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     type: Literal["event_callback"]
     event_id: str | None = None
@@ -119,7 +121,7 @@ class EventCallback(BaseModel):
 
 
 class UrlVerification(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     type: Literal["url_verification"]
     challenge: str
@@ -235,7 +237,7 @@ class SlackInbound:
         if bot:
             trigger = "@" + (assistant or self.settings.assistant_name)
             text = _mention(bot).sub(trigger, text)
-        text = unescape(text)[: self.max_chars]
+        text = unescape(text).replace("\x00", "")[: self.max_chars]  # no database keeps a NUL
         if not text.strip():
             return None
         meta: dict[str, Any] = {CHANNEL_KEY: event.channel, TS_KEY: event.ts}
@@ -295,6 +297,35 @@ class SlackInbound:
 # -- the Events API route -------------------------------------------------------------------
 
 
+_KNOWN_TYPES = ["url_verification", "event_callback"]
+
+
+def _events_schema() -> dict[str, Any]:
+    """The request body as the document states it: the two documents read, or any other
+    typed one (answered 200 and left alone)."""
+    callback = EventCallback.model_json_schema()
+    callback["title"] = "SlackEventCallback"
+    verification = UrlVerification.model_json_schema()
+    verification["title"] = "SlackUrlVerification"
+    other = {"title": "SlackOtherDocument", "type": "object", "required": ["type"],
+             "properties": {"type": {"type": "string", "not": {"enum": _KNOWN_TYPES}}}}
+    doc = json.loads(json.dumps({"anyOf": [verification, callback, other]}))
+    # The models' own definitions, inlined: the document's schemas stay the API's.
+    defs = doc["anyOf"][1].pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    return dict(inline(doc))
+
+
 def add_slack_route(
     api: FastAPI, db: Database, settings: Settings, *, signal: Callable[[str], object],
     signal_delivery: Callable[[str], object] | None, max_chars: int,
@@ -319,11 +350,7 @@ def add_slack_route(
             return state["in"]
 
     @api.post(EVENTS_PATH, tags=["slack"], openapi_extra={"requestBody": {
-        "required": True, "content": {"application/json": {"schema": {
-            "type": "object", "required": ["type"], "properties": {
-                "type": {"type": "string", "description": "url_verification or event_callback (others: ignored)"},
-                "challenge": {"type": "string"}, "event_id": {"type": "string"},
-                "event": {"type": "object"}}}}},
+        "required": True, "content": {"application/json": {"schema": _events_schema()}},
     }}, responses={
         200: {"description": "verified and taken (an event that stores nothing too); a `url_verification` "
                              "is answered with its `challenge`",
