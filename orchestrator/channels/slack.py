@@ -144,6 +144,7 @@ class SlackChannel(BaseChannel):
         self.settings = settings
         self.web = web or SlackWeb(settings)
         self._db = db
+        self._own_db = db is None
         # Posts of a long message already made, by (address, chat, seq): a retry resumes.
         self._progress: dict[tuple[str, str, int], int] = {}
         self._lock = threading.Lock()
@@ -178,6 +179,13 @@ class SlackChannel(BaseChannel):
                 self._progress[key] = i + 1
         with self._lock:
             self._progress.pop(key, None)
+
+
+    def disconnect(self) -> None:
+        with self._lock:
+            db, self._db = (self._db, None) if self._own_db else (None, self._db)
+        if db is not None:
+            db.engine.dispose()
 
 
 def channel(settings: Settings) -> SlackChannel:

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.envelopes import (
     CODE_EDIT,
+    TEXT,
     TODO,
     TOOL_CALL,
     CodeEditPayload,
@@ -50,6 +51,7 @@ BLOCKS_PER_POST = 50  # Slack's limit on a message's blocks
 POST_CHARS = 12_000  # our own: the text one post carries, so a long reply is several readable posts
 FALLBACK_LIMIT = 3000  # the notification text (what a phone shows) is a summary, not the whole
 _FENCE = "```"
+CONTINUED = "(continued)"  # the notification text of a long message's later posts
 TODO_MARKS = {"pending": "⬜", "in_progress": "🔄", "completed": "✅"}
 
 Kind = Literal["section", "context", "code"]
@@ -153,7 +155,11 @@ def message_pieces(rendered: RenderedMessage) -> list[tuple[Kind, str]]:
 
 
 def _fallback(rendered: RenderedMessage) -> str:
-    text = escape(rendered.text)
+    kind, _ = _payload(rendered.metadata)
+    plain_reply = rendered.message_type == "assistant" and kind in (None, TEXT) and rendered.sender not in (
+        SENDER_TOOL_USE, SENDER_THINKING)
+    # A reply's notification is its words: the bot's name is on the post already.
+    text = escape(rendered.content if plain_reply else rendered.text)
     if len(text) <= FALLBACK_LIMIT:
         return text
     cut = split_escaped(text, FALLBACK_LIMIT - 1)[0]
@@ -171,6 +177,7 @@ def slack_posts(rendered: RenderedMessage) -> list[SlackPost]:
         if blocks and (len(blocks) >= BLOCKS_PER_POST or size + len(text) > POST_CHARS):
             posts.append(SlackPost(text=fallback, blocks=blocks))
             blocks, size = [], 0
+            fallback = CONTINUED  # one notification's summary is enough
         blocks.append(_block(kind, text))
         size += len(text)
     posts.append(SlackPost(text=fallback, blocks=blocks))

@@ -7,9 +7,13 @@ mentions of the bot as the trigger, mirrored not echoed, unattached channels).""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -171,6 +175,7 @@ def test_a_long_reply_is_several_posts_and_a_failed_one_is_resent_alone(
     deliverer = Deliverer(db, settings, ChannelRegistry([channel]))
     _deliver_until(deliverer, lambda: not list_deliveries(db, state="pending"), "all posts")
     posts = fake.live_posts()
+    assert [p.text for p in posts][1:] == ["(continued)"] * 3 and posts[0].text.startswith("line 00000 ")
     assert len(posts) == 4 and [r.status for r in fake.calls("chat.postMessage")] == [200, 500, 200, 200, 200]
     texts = [t for p in posts for t in _texts(p)]
     assert all(len(t) <= SECTION_LIMIT for t in texts)
@@ -224,7 +229,7 @@ def test_a_reply_to_a_message_in_a_thread_goes_to_that_thread(sl: tuple[Database
     _reply(db, settings, "not threaded", metadata={REPLY_TO_KEY: other, RUN_ID_KEY: "r3"})
     assert Deliverer(db, settings, ChannelRegistry([channel])).deliver_due().sent == 3  # people's: not echoed
     assert [(p.text, p.thread_ts) for p in fake.live_posts()] == [
-        ("Robo: threaded answer", thread_ts), ("Robo: top answer", None), ("Robo: not threaded", None)]
+        ("threaded answer", thread_ts), ("top answer", None), ("not threaded", None)]
 
 
 def test_escaping_and_splitting() -> None:
@@ -259,6 +264,23 @@ def test_the_plugin_entry_adds_the_channel(sl: tuple[Database, Settings]) -> Non
         registry.close()
     with pytest.raises(ChannelError, match="SLACK_BOT_TOKEN"):
         build_registry(settings.replace(channel_plugins="orchestrator.channels.slack:channel", slack_bot_token=""))
+
+
+def test_groups_attach_takes_a_slack_channel_id(sl: tuple[Database, Settings], fake: FakeSlack) -> None:
+    db, settings = sl
+    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+           "ORCHESTRATOR_DATABASE_URL": settings.database_url, "ORCHESTRATOR_SLACK_BOT_TOKEN": fake.bot_token,
+           "ORCHESTRATOR_SLACK_API_BASE": fake.base, "ORCHESTRATOR_CHANNEL_PLUGINS": "orchestrator.channels.slack:channel"}
+    cli = str(Path(sys.executable).parent / "orchestrator")
+    bad = subprocess.run([cli, "groups", "attach", JID, "slack", "--address", "#general"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "cannot reach" in bad.stderr
+    done = subprocess.run([cli, "groups", "attach", JID, "slack", "--address", SLACK_CHANNEL], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{JID}: attached to slack at {SLACK_CHANNEL}"
+    _say(db, settings, "attached from the CLI")
+    assert [(d.channel, d.address) for d in list_deliveries(db)] == [("slack", SLACK_CHANNEL)]
 
 
 def test_secrets_are_masked(sl: tuple[Database, Settings], fake: FakeSlack) -> None:
