@@ -51,6 +51,7 @@ from tests.fakes.slack_api import FakeSlack
 JID = "team@chat"
 SLACK_CHANNEL = "C0TEAM0001"
 SIGNING = "slack-signing-secret-5e1d"
+THREAD_TS = "1700000000.000100"
 
 
 @pytest.fixture
@@ -432,3 +433,21 @@ def test_a_body_that_is_no_event_is_a_400(client: TestClient) -> None:
     assert _post(client, {"type": "event_callback", "event": "nope"}).status_code == 400
     assert _post(client, {"type": "url_verification"}).status_code == 400
     assert _post(client, {"type": "app_rate_limited", "minute_rate_limited": 1518467820}).json() == {"ok": True}
+
+
+def test_a_sender_over_the_rate_is_told_once_and_nothing_is_stored(sl: tuple[Database, Settings],
+                                                                   fake: FakeSlack) -> None:
+    db, settings = sl
+    attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
+    inbound = SlackInbound(db, settings.replace(sender_messages_per_minute=2), web=SlackWeb(settings))
+    results = [inbound.take(fake.message_event(SLACK_CHANNEL, "UANN0001", f"message {i}", thread_ts=THREAD_TS))
+               for i in range(5)]
+    assert [r is not None and r.created for r in results] == [True, True, False, False, False]
+    assert [m.content for m in get_messages_after(JID, 0, db=db)] == ["message 0", "message 1"]
+    [told] = fake.calls("chat.postEphemeral")  # once per wait, not once per message
+    assert (told.params["channel"], told.params["user"], told.params["thread_ts"]) == (
+        SLACK_CHANNEL, "UANN0001", THREAD_TS)
+    assert told.params["text"].startswith("⏳ slow down: try again in ")
+    # Someone else in the channel is not limited by Ann's rate.
+    other = inbound.take(fake.message_event(SLACK_CHANNEL, "UBOB0002", "me too"))
+    assert other is not None and other.created
