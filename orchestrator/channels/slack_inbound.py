@@ -53,6 +53,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from orchestrator.channels.slack import (
     ADDRESS,
@@ -216,7 +217,9 @@ class SlackInbound:
                 name = str(profile.get("display_name") or profile.get("real_name") or info.get("name") or user)
             except ChannelError as exc:  # users:read missing, or Slack away: the id will do
                 log.info("slack: no name for %s (%s)", user, exc)
-        self._names[user] = name[:200]
+        if len(self._names) >= _SEEN_EVENTS:
+            self._names.clear()  # a workspace's people, asked again now and then: names change too
+        self._names[user] = name.replace("\x00", "")[:200]
         return self._names[user]
 
     def incoming(self, callback: EventCallback) -> IncomingMessage | None:
@@ -391,9 +394,7 @@ def add_slack_route(
         try:
             if request.headers.get(RETRY_HEADER) and taker.seen(doc.get("event_id")):
                 return JSONResponse({"ok": True}, 200)  # a retry of what this process took
-            from starlette.concurrency import run_in_threadpool
-
-            await run_in_threadpool(taker.take, doc)
+            await run_in_threadpool(taker.take, doc)  # the store's calls block: off the event loop
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
