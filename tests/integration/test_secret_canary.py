@@ -37,9 +37,6 @@ CANARIES = {
     "ORCHESTRATOR_WEBHOOK_SECRET": "canary-webhook-out-3f9d",
     "ORCHESTRATOR_WEBHOOK_INBOUND_SECRET": "canary-webhook-in-3f9d",
     "ORCHESTRATOR_TELEGRAM_BOT_TOKEN": "123456:canary-telegram-3f9d",
-    "ORCHESTRATOR_SLACK_BOT_TOKEN": "xoxb-canary-slack-bot-3f9d",
-    "ORCHESTRATOR_SLACK_APP_TOKEN": "xapp-canary-slack-app-3f9d",
-    "ORCHESTRATOR_SLACK_SIGNING_SECRET": "canary-slack-signing-3f9d",
 }
 
 
