@@ -29,8 +29,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy import select
 
 from orchestrator.channels.base import BaseChannel
@@ -54,6 +55,48 @@ ADDRESS = re.compile(r"^[CGD][A-Z0-9]{6,24}$")
 # A message's ts: Unix seconds (a date a datetime can hold) and a sequence number.
 TS = re.compile(r"^[0-9]{1,10}\.[0-9]{1,9}$")
 _TIMEOUT_S = 30
+
+
+# -- the Web API's answers this code reads (typed; the rest of each answer is ignored) ------
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Posted(_Answer):
+    """``chat.postMessage``: the new message's ts (what ``chat.update``/``chat.delete`` name)."""
+
+    ts: str
+
+
+class Identity(_Answer):
+    """``auth.test``: who the token is."""
+
+    user_id: str | None = None
+
+
+class Profile(_Answer):
+    display_name: str = ""
+    real_name: str = ""
+
+
+class User(_Answer):
+    name: str = ""
+    profile: Profile = Profile()
+
+    @property
+    def shown_name(self) -> str:
+        return self.profile.display_name or self.profile.real_name or self.name
+
+
+class UserInfo(_Answer):
+    """``users.info``."""
+
+    user: User
+
+
+A = TypeVar("A", bound=_Answer)
 
 
 def _require_sdk() -> None:
@@ -84,7 +127,7 @@ class SlackWeb:
         # No retry handlers: a retry is the deliveries ledger's to make (and to count).
         self.client = WebClient(token=token, base_url=settings.slack_api_base, timeout=_TIMEOUT_S,
                                 retry_handlers=[])
-        self._me: JsonObject | None = None
+        self._me: Identity | None = None
         self._lock = threading.Lock()
 
     def call(self, method: str, **params: Any) -> JsonObject:
@@ -106,13 +149,20 @@ class SlackWeb:
             raise ChannelError(f"slack {method}: an answer that is not a JSON object")
         return data
 
+    def ask(self, answer: type[A], method: str, **params: Any) -> A:
+        """:meth:`call`, its answer read as ``answer`` (one that is not: a failed call)."""
+        data = self.call(method, **params)
+        try:
+            return answer.model_validate(data)
+        except ValidationError as exc:
+            raise ChannelError(f"slack {method}: an answer without {exc.errors()[0]['loc']}") from exc
+
     def bot_user_id(self) -> str | None:
         """The bot's own user id (``auth.test``, asked once): its messages are never taken in."""
         with self._lock:
             if self._me is None:
-                self._me = self.call("auth.test")
-            user = self._me.get("user_id")
-        return user if isinstance(user, str) else None
+                self._me = self.ask(Identity, "auth.test")
+            return self._me.user_id
 
 
 def thread_of(db: Database, chat_jid: str, seq: int, address: str) -> str | None:

@@ -64,6 +64,7 @@ from orchestrator.channels.slack import (
     TS_KEY,
     UNATTACHED_PREFIX,
     SlackWeb,
+    UserInfo,
     attached_groups,
 )
 from orchestrator.channels.slack_blocks import escape, unescape
@@ -212,9 +213,7 @@ class SlackInbound:
         name = user
         if self.web is not None:
             try:
-                info = self.web.call("users.info", user=user).get("user") or {}
-                profile = info.get("profile") or {}
-                name = str(profile.get("display_name") or profile.get("real_name") or info.get("name") or user)
+                name = self.web.ask(UserInfo, "users.info", user=user).user.shown_name or user
             except ChannelError as exc:  # users:read missing, or Slack away: the id will do
                 log.info("slack: no name for %s (%s)", user, exc)
         if len(self._names) >= _SEEN_EVENTS:

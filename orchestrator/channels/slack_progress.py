@@ -38,7 +38,7 @@ from pathlib import Path
 
 from sqlalchemy import and_, select
 
-from orchestrator.channels.slack import CHANNEL, SlackWeb, thread_of
+from orchestrator.channels.slack import CHANNEL, Posted, SlackWeb, thread_of
 from orchestrator.channels.slack_blocks import escape
 from orchestrator.core.errors import ChannelError, ChannelRateLimited
 from orchestrator.core.jsontypes import JsonObject
@@ -156,17 +156,14 @@ class WorkingMessages:
         post = _Post(run.chat_jid, run.address, "", thread, run.assistant, now)
         text, blocks = self._blocks(post, 0, "")
         try:
-            answer = self.web.call("chat.postMessage", channel=run.address, text=text, blocks=blocks,
-                                   thread_ts=thread, unfurl_links=False, unfurl_media=False)
+            posted = self.web.ask(Posted, "chat.postMessage", channel=run.address, text=text, blocks=blocks,
+                                  thread_ts=thread, unfurl_links=False, unfurl_media=False)
         except ChannelError as exc:
             wait = exc.retry_after_s if isinstance(exc, ChannelRateLimited) else self.interval
             self._not_before[run.id] = now + wait
             log.warning("slack: no working message for run %s (%s)", run.id, exc)
             return False
-        ts = answer.get("ts")
-        if not isinstance(ts, str):
-            return False
-        post.ts, post.shown, post.next_update = ts, json.dumps(blocks, ensure_ascii=False), now + self.interval
+        post.ts, post.shown, post.next_update = posted.ts, json.dumps(blocks, ensure_ascii=False), now + self.interval
         self.posts[run.id] = post
         return True
 
