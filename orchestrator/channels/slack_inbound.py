@@ -12,9 +12,11 @@ API POSTs it; Socket Mode wraps it in an ``events_api`` envelope);
 * what the sender chooses is the text, nothing else: the message is a ``user``
   message from ``slack:<user id>``, never a harness sender or type, with
   channel ``slack`` (mirrored to the group's other channels, not back);
-* the text is unescaped (Slack sends ``&lt;`` for ``<``), and a mention of the
-  bot user (``<@U…>``) becomes ``@<assistant>``, so it triggers the agent as
-  the trigger word does (``app_mention`` events are such messages);
+* the text is read as people read it (:meth:`SlackInbound.readable`): a
+  mention of the bot user (``<@U…>``) becomes ``@<assistant>``, so it triggers
+  the agent as the trigger word does (``app_mention`` events are such
+  messages), other mentions ``@name``, channels ``#name``, links ``label
+  (url)``, and Slack's escapes undone (``&lt;`` is ``<``);
 * the id is ``slack-<channel>-<ts>``: the same message seen twice (a retry,
   both transports, its ``message`` and ``app_mention`` events) is stored once;
   the channel, ts and thread ts are kept in the metadata (a reply goes to the
@@ -162,8 +164,8 @@ def verify(secret: str, timestamp: str, body: bytes, signature: str | None) -> b
 # -- taking a message in --------------------------------------------------------------------
 
 
-def _mention(user_id: str) -> re.Pattern[str]:
-    return re.compile(r"<@" + re.escape(user_id) + r"(?:\|[^>]*)?>")
+_ENTITY = re.compile(r"<([^<>]*)>")  # Slack's markup: a literal "<" a person typed arrives as "&lt;"
+_SPECIAL = frozenset({"here", "channel", "everyone"})
 
 
 class SlackInbound:
@@ -221,6 +223,27 @@ class SlackInbound:
         self._names[user] = name.replace("\x00", "")[:200]
         return self._names[user]
 
+    def readable(self, text: str, bot: str | None, trigger: str) -> str:
+        """Slack's text as people read it, for the agent and the other channels: a mention of
+        the bot is the trigger word, other mentions ``@name``, channels ``#name``, links
+        ``label (url)``, ``<!here>`` ``@here``; then unescaped (``&lt;`` is ``<``)."""
+
+        def entity(match: re.Match[str]) -> str:
+            target, _, label = match.group(1).partition("|")
+            if target.startswith("@"):
+                user = target[1:]
+                if bot is not None and user == bot:
+                    return trigger
+                return "@" + (label or (self._sender_name(user) if _USER.match(user) else user))
+            if target.startswith("#"):
+                return "#" + (label or target[1:])
+            if target.startswith("!"):
+                special = target[1:].split("^")[0]
+                return "@" + special if special in _SPECIAL else label or special
+            return f"{label} ({target})" if label and label != target else target
+
+        return unescape(_ENTITY.sub(entity, text))
+
     def incoming(self, callback: EventCallback) -> IncomingMessage | None:
         """The message to store for ``callback`` (None: nothing of it is stored)."""
         event = callback.event
@@ -235,11 +258,8 @@ class SlackInbound:
             return None  # our own bot user, whatever way it posted
         groups = attached_groups(self.db)
         chat_jid, assistant = groups.get(event.channel, (f"{UNATTACHED_PREFIX}{event.channel}", None))
-        text = event.text or ""
-        if bot:
-            trigger = "@" + (assistant or self.settings.assistant_name)
-            text = _mention(bot).sub(trigger, text)
-        text = unescape(text).replace("\x00", "")[: self.max_chars]  # no database keeps a NUL
+        trigger = "@" + (assistant or self.settings.assistant_name)
+        text = self.readable(event.text or "", bot, trigger).replace("\x00", "")[: self.max_chars]  # no NUL kept
         if not text.strip():
             return None
         meta: dict[str, Any] = {CHANNEL_KEY: event.channel, TS_KEY: event.ts}

@@ -451,3 +451,15 @@ def test_a_sender_over_the_rate_is_told_once_and_nothing_is_stored(sl: tuple[Dat
     # Someone else in the channel is not limited by Ann's rate.
     other = inbound.take(fake.message_event(SLACK_CHANNEL, "UBOB0002", "me too"))
     assert other is not None and other.created
+
+
+def test_slack_markup_is_read_as_people_read_it(sl: tuple[Database, Settings], fake: FakeSlack) -> None:
+    db, settings = sl
+    attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
+    inbound = SlackInbound(db, settings, web=SlackWeb(settings))
+    text = (f"<@{fake.bot_user}> ask <@UBOB0002> about <https://example.com/a?b=1&amp;c=2|the docs> "
+            "and <https://example.com/x> in <#C0TEAM0001|team>, <!here>; 1 &lt; 2 &amp;&amp; <@UNOBODY1>")
+    result = inbound.take(fake.message_event(SLACK_CHANNEL, "UANN0001", text))
+    assert result is not None and result.triggered
+    assert result.message.content == ("@Robo ask @Bob about the docs (https://example.com/a?b=1&c=2) and "
+                                      "https://example.com/x in #team, @here; 1 < 2 && @UNOBODY1")
