@@ -4,7 +4,8 @@ Built in: ``log`` (the worker's log) and ``webhook`` (POST to the
 attachment's URL, ``orchestrator/channels/webhook.py``).  More channels come
 from ``ORCHESTRATOR_CHANNEL_PLUGINS``: ``module:factory`` entries, each
 called with the settings and returning a channel or a list of channels
-(Telegram is one: ``orchestrator.channels.telegram:channel``).
+(Telegram and Slack are: ``orchestrator.channels.telegram:channel``,
+``orchestrator.channels.slack:channel``).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from orchestrator.cli import channels as cli_channels
 from orchestrator.cli import fleet as cli_fleet
 from orchestrator.cli import history as cli_history
 from orchestrator.cli import runs as cli_runs
+from orchestrator.cli import slack as cli_slack
 from orchestrator.cli import telegram as cli_telegram
 
 if TYPE_CHECKING:
@@ -737,6 +738,7 @@ cli_runs.register(runs_app)
 cli_channels.register(app, groups_app)
 cli_fleet.register(app)
 cli_telegram.register(app)
+cli_slack.register(app)
 
 
 def main() -> None:

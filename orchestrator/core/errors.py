@@ -87,6 +87,16 @@ class ChannelError(ConfigError, ValueError):
     pass
 
 
+class ChannelRateLimited(ChannelError):
+    """A channel's platform refused a send for now (HTTP 429) and said when to come back:
+    ``retry_after_s`` seconds.  The deliverer waits at least that long before the next
+    attempt (orchestrator/run/outbound.py), so the platform's limit is honoured."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class StoreError(OrchestratorError):
     pass
 

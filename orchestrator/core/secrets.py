@@ -1,7 +1,8 @@
 """Secret values kept out of what the program writes about itself.
 
 The settings' secrets (``Settings.secrets()``: the API token, both webhook
-secrets, the model keys, the Telegram bot token, database and broker URL
+secrets, the model keys, the Telegram bot token, the Slack bot and app tokens and
+signing secret, database and broker URL
 passwords) are never put into a log line, an error or an answer on purpose;
 this is the net under that rule, for text made by code that does not know
 them: a library logging a URL with the bot token in its path, an exception

@@ -184,6 +184,18 @@ class Settings(msgspec.Struct, kw_only=True):
     # it at a fake).
     telegram_bot_token: str = ""
     telegram_api_base: str = "https://api.telegram.org"
+    # Slack (orchestrator/channels/slack.py, the optional "slack" extra): the bot
+    # token (xoxb-, chat.postMessage and the rest of the Web API), the signing
+    # secret POST /slack/events checks (empty: that route answers 404), the
+    # app-level token Socket Mode connects with (xapp-, connections:write), the
+    # Web API's root (tests point it at a fake; it ends with a slash, as
+    # slack_sdk joins method names to it), and how often a run's "working..."
+    # message is brought up to date (chat.update is rate limited per channel).
+    slack_bot_token: str = ""
+    slack_signing_secret: str = ""
+    slack_app_token: str = ""
+    slack_api_base: str = "https://slack.com/api/"
+    slack_progress_interval_s: Annotated[float, Meta(gt=0)] = 2.0
     # How often Celery beat runs the sweeper.
     sweep_interval_s: Annotated[float, Meta(gt=0)] = 15.0
     # How often each worker looks for groups whose lease holder is gone (a
@@ -320,6 +332,7 @@ class Settings(msgspec.Struct, kw_only=True):
         if self.metrics_dir is not None:
             self.metrics_dir = Path(self.metrics_dir).expanduser().resolve()
         self.main_group = self.main_group.strip()
+        self.slack_api_base = self.slack_api_base.strip().rstrip("/") + "/"
         self.workspace_quota = self.workspace_quota.strip().lower()
         if self.workspace_quota != "auto":
             try:
@@ -467,7 +480,7 @@ _FIELDS = frozenset(f.name for f in msgspec.structs.fields(Settings))
 _FIELDS_IN_ORDER = tuple(f.name for f in msgspec.structs.fields(Settings))
 # The settings that are secrets: masked in repr(), removed from log lines (Settings.secrets).
 SECRET_FIELDS = ("api_token", "webhook_secret", "webhook_inbound_secret", "anthropic_api_key", "openai_api_key",
-                 "telegram_bot_token")
+                 "telegram_bot_token", "slack_bot_token", "slack_signing_secret", "slack_app_token")
 # URLs that may carry a password (postgresql://user:password@host/db, redis://:password@host).
 _URL_FIELDS = ("database_url", "broker_url")
 

@@ -43,6 +43,7 @@ from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
 
+from orchestrator.channels.slack_inbound import add_slack_route
 from orchestrator.channels.webhook import add_inbound_route
 from orchestrator.core import metrics
 from orchestrator.core.errors import (
@@ -665,6 +666,8 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     api.include_router(router)
     add_inbound_route(api, db, settings, signal=signal, signal_delivery=signal_delivery,
                       max_chars=MAX_CONTENT_CHARS)
+    add_slack_route(api, db, settings, signal=signal, signal_delivery=signal_delivery,
+                    max_chars=MAX_CONTENT_CHARS)
     _add_web_page(api)
     # Added last, so it is the outermost of the app's own layers: Host, token and size
     # are checked before any other middleware or route sees the request.

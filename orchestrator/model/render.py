@@ -25,8 +25,9 @@ import json
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.envelopes import (
     TEXT,
     CodeEditPayload,
@@ -69,6 +70,11 @@ class RenderedMessage(BaseModel):
     # This message on this channel, the same on every attempt (the deliveries ledger's
     # row, "<install id>-<row id>"): what a receiver deduplicates a resend by.
     delivery_id: str | None = None
+    # The stored message's metadata (its structured envelope, run id, the input it
+    # answers, ...), for channels that draw their own (Slack's Block Kit) or reply in
+    # a thread.  Left out of dumps: the webhook's body stays what it was, and a
+    # CODE_EDIT's file contents are not sent twice.
+    metadata: JsonObject | None = Field(default=None, exclude=True)
 
 
 def displayed(msg: StoredMessage) -> bool:
@@ -199,7 +205,7 @@ def render(msg: StoredMessage, assistant_name: str) -> RenderedMessage:
     return RenderedMessage(
         text=text, chat_jid=msg.chat_jid, seq=msg.seq, id=msg.id, message_type=msg.message_type,
         structured_type=kind, sender=msg.sender, sender_name=msg.sender_name, content=msg.content,
-        origin_channel=origin if isinstance(origin, str) else None,
+        origin_channel=origin if isinstance(origin, str) else None, metadata=msg.metadata,
     )
 
 

@@ -14,7 +14,8 @@ the same row, then renders the message and sends it:
 
 * success: ``sent`` with ``sent_at``;
 * failure: back to ``pending`` after the backoff policy's delay
-  (``orchestrator/core/backoff.py``), or ``failed`` after
+  (``orchestrator/core/backoff.py``; at least a rate-limited channel's
+  ``Retry-After``, :class:`~orchestrator.core.errors.ChannelRateLimited`), or ``failed`` after
   ``delivery_max_attempts``; ``last_error`` keeps the reason;
 * the message was superseded meanwhile, or the channel detached: ``cancelled``.
 """
@@ -31,7 +32,7 @@ from sqlalchemy import func, select, update
 
 from orchestrator.core import metrics, secrets
 from orchestrator.core.backoff import backoff_delay
-from orchestrator.core.errors import ChannelError
+from orchestrator.core.errors import ChannelError, ChannelRateLimited
 from orchestrator.core.settings import Settings
 from orchestrator.model.render import RenderedMessage, displayed, render
 from orchestrator.store.db import Database, changed_rows, db_now
@@ -220,6 +221,9 @@ class Deliverer:
             else:
                 delay = backoff_delay(row.attempts, self.settings.delivery_retry_base_s,
                                     self.settings.delivery_retry_max_s)
+                if isinstance(exc, ChannelRateLimited):
+                    # The platform said when it takes sends again (429 Retry-After): not a moment early.
+                    delay = max(delay, exc.retry_after_s)
                 log.info("delivery of #%d to %s failed (attempt %d: %s); retrying in %.1fs",
                          row.message_seq, row.channel, row.attempts, error, delay)
                 self._finish(delivery_id, state=PENDING, last_error=error,

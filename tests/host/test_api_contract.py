@@ -1,6 +1,6 @@
 """The HTTP API against its own OpenAPI document: schemathesis, every check, the stateful phase.
 
-A real uvicorn server on loopback (the token set, inbound webhooks on), on each
+A real uvicorn server on loopback (the token set, inbound webhooks and Slack's Events API on), on each
 database, with a group, a conversation and a run whose input was recorded, so
 that the generated requests reach stored data and not only 404s; no worker, no
 agent run.  schemathesis (its CLI, in a subprocess) generates requests from
@@ -41,6 +41,7 @@ from tests.live_server import serve
 
 TOKEN = "contract-token-7f3a"
 WEBHOOK_SECRET = "contract-webhook-secret"  # tests/host/contract_hooks.py signs the inbound webhook with it
+SLACK_SECRET = "contract-slack-signing-secret"  # and Slack's Events API with this one
 HOOKS = Path(__file__).with_name("contract_hooks.py")
 JID = "contract@local"
 # Fixed: the same requests on every run (a failure reproduces); the budget keeps the whole
@@ -121,7 +122,8 @@ def _conversation(db: Database) -> None:
 
 def test_the_api_keeps_its_documented_contract(db: Database, settings: Settings, tmp_path: Path) -> None:
     _conversation(db)
-    app = create_app(Orchestrator(settings.replace(api_token=TOKEN, webhook_inbound_secret=WEBHOOK_SECRET)))
+    app = create_app(Orchestrator(settings.replace(api_token=TOKEN, webhook_inbound_secret=WEBHOOK_SECRET,
+                                                   slack_signing_secret=SLACK_SECRET)))
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG, encoding="utf-8")
     report = tmp_path / "report"
@@ -132,7 +134,8 @@ def test_the_api_keeps_its_documented_contract(db: Database, settings: Settings,
             [st, "--config-file", str(config), "run", f"{base}/openapi.json", "--checks", "all",
              "--phases", "coverage,fuzzing,stateful", "--report", "ndjson", "--report-dir", str(report)],
             capture_output=True, text=True, cwd=tmp_path, timeout=600,
-            env={**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS), "CONTRACT_WEBHOOK_SECRET": WEBHOOK_SECRET},
+            env={**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS), "CONTRACT_WEBHOOK_SECRET": WEBHOOK_SECRET,
+                 "CONTRACT_SLACK_SECRET": SLACK_SECRET},
         )
     took = time.monotonic() - started
     out = done.stdout + done.stderr
@@ -156,7 +159,7 @@ MUST_SUCCEED = {
     ("GET", "/health"), ("GET", "/metrics"), ("GET", "/api/info"), ("GET", "/api/groups"),
     ("GET", "/api/groups/{chat_jid}"), ("GET", "/api/groups/{chat_jid}/usage"), ("POST", "/api/groups"),
     ("PATCH", "/api/groups/{chat_jid}"), ("POST", "/api/messages"), ("POST", "/webhooks/inbound"),
-    ("GET", "/api/chats/{chat_jid}/messages"), ("GET", "/api/chats/{chat_jid}/stream"),
+    ("POST", "/slack/events"), ("GET", "/api/chats/{chat_jid}/messages"), ("GET", "/api/chats/{chat_jid}/stream"),
     ("GET", "/api/chats/{chat_jid}/export"), ("POST", "/api/chats/{chat_jid}/messages/{message_id}/edit"),
     ("GET", "/api/runs"), ("GET", "/api/runs/waiting"), ("GET", "/api/runs/{run_id}"),
     ("GET", "/api/runs/{run_id}/input"), ("GET", "/api/hosts"),

@@ -1,0 +1,259 @@
+"""Slack: a workspace's channels as an optional channel (``pip install '.[slack]'``).
+
+* **Outbound**: the ``slack`` channel posts each delivered message with the Web
+  API's ``chat.postMessage`` to the attachment's address, a Slack channel id
+  (``orchestrator groups attach JID slack --address C0123456789``), drawn as
+  Block Kit (``orchestrator/channels/slack_blocks.py``: escaped, cut to Slack's
+  sizes; a long message is several posts).  A reply to a message written in a
+  Slack thread goes to that thread (:func:`reply_thread`).  A failed call (an
+  error answer, a 500, a network error) raises
+  :class:`~orchestrator.core.errors.ChannelError`, so the deliveries table
+  retries it; a 429 raises :class:`~orchestrator.core.errors.ChannelRateLimited`
+  with Slack's ``Retry-After``, and the next attempt waits at least that long.
+  slack_sdk's own retry handlers are off: every retry is the ledger's, so a
+  message is never posted twice.  The posts of a long message already made are
+  not made again by a retry in the same process.
+* **Inbound**: ``orchestrator/channels/slack_inbound.py`` (the Events API route
+  and what both transports share) and ``orchestrator/channels/slack_socket.py``
+  (Socket Mode).
+* **Working...**: ``orchestrator/channels/slack_progress.py``.
+
+Enable it with ``ORCHESTRATOR_CHANNEL_PLUGINS=orchestrator.channels.slack:channel``
+and ``ORCHESTRATOR_SLACK_BOT_TOKEN``.  slack_sdk's ``WebClient`` is synchronous
+and thread-safe (one HTTP request per call, no shared connection state), so the
+deliverer calls it from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from sqlalchemy import select
+
+from orchestrator.channels.base import BaseChannel
+from orchestrator.channels.slack_blocks import slack_posts
+from orchestrator.core.errors import ChannelError, ChannelRateLimited
+from orchestrator.core.jsontypes import JsonObject
+from orchestrator.core.settings import Settings
+from orchestrator.model.render import RenderedMessage
+from orchestrator.model.views import REPLY_TO_KEY
+from orchestrator.store.db import Database, open_database
+from orchestrator.store.tables import GroupChannelRow, GroupRow, MessageRow
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "slack"
+UNATTACHED_PREFIX = "slack:"
+# Where a stored Slack message came from, in its metadata: the reply finds its thread by them.
+CHANNEL_KEY, TS_KEY, THREAD_KEY = "slack_channel", "slack_ts", "slack_thread_ts"
+# A conversation id: C (public), G (private, older), D (direct), upper-case letters and digits.
+ADDRESS = re.compile(r"^[CGD][A-Z0-9]{6,24}$")
+# A message's ts: Unix seconds (a date a datetime can hold) and a sequence number.
+TS = re.compile(r"^[0-9]{1,10}\.[0-9]{1,9}$")
+_TIMEOUT_S = 30
+
+
+# -- the Web API's answers this code reads (typed; the rest of each answer is ignored) ------
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Posted(_Answer):
+    """``chat.postMessage``: the new message's ts (what ``chat.update``/``chat.delete`` name)."""
+
+    ts: str
+
+
+class Identity(_Answer):
+    """``auth.test``: who the token is."""
+
+    user_id: str | None = None
+
+
+class Profile(_Answer):
+    display_name: str = ""
+    real_name: str = ""
+
+
+class User(_Answer):
+    name: str = ""
+    profile: Profile = Profile()
+
+    @property
+    def shown_name(self) -> str:
+        return self.profile.display_name or self.profile.real_name or self.name
+
+
+class UserInfo(_Answer):
+    """``users.info``."""
+
+    user: User
+
+
+A = TypeVar("A", bound=_Answer)
+
+
+def _require_sdk() -> None:
+    try:
+        import slack_sdk  # noqa: F401
+    except ImportError as exc:  # the optional extra is not installed
+        raise ChannelError("the slack channel needs slack_sdk: pip install 'agent-orchestrator[slack]'") from exc
+
+
+def _retry_after(headers: Any) -> float:
+    try:
+        return max(1.0, float((headers or {}).get("Retry-After") or (headers or {}).get("retry-after") or 1))
+    except (TypeError, ValueError):
+        return 1.0
+
+
+class SlackWeb:
+    """The Web API with one token: :meth:`call` posts a method's JSON and returns the answer,
+    or raises :class:`ChannelError` (:class:`ChannelRateLimited` on a 429)."""
+
+    def __init__(self, settings: Settings, *, token: str | None = None) -> None:
+        token = settings.slack_bot_token if token is None else token
+        if not token:
+            raise ChannelError("set ORCHESTRATOR_SLACK_BOT_TOKEN to use the slack channel")
+        _require_sdk()
+        from slack_sdk import WebClient
+
+        # No retry handlers: a retry is the deliveries ledger's to make (and to count).
+        self.client = WebClient(token=token, base_url=settings.slack_api_base, timeout=_TIMEOUT_S,
+                                retry_handlers=[])
+        self._me: Identity | None = None
+        self._lock = threading.Lock()
+
+    def call(self, method: str, **params: Any) -> JsonObject:
+        from slack_sdk.errors import SlackApiError
+
+        try:
+            response = self.client.api_call(method, json={k: v for k, v in params.items() if v is not None})
+        except SlackApiError as exc:
+            status = exc.response.status_code
+            error = (exc.response.data or {}).get("error") if isinstance(exc.response.data, dict) else None
+            if status == 429 or error == "ratelimited":
+                wait = _retry_after(exc.response.headers)
+                raise ChannelRateLimited(f"slack {method}: rate limited (retry after {wait:g} s)", wait) from exc
+            raise ChannelError(f"slack {method}: {error or 'HTTP ' + str(status)}") from exc
+        except Exception as exc:  # noqa: BLE001 - a network error, a body that is no JSON: a failed call
+            raise ChannelError(f"slack {method}: {type(exc).__name__}: {exc}") from exc
+        data = response.data
+        if not isinstance(data, dict):
+            raise ChannelError(f"slack {method}: an answer that is not a JSON object")
+        return data
+
+    def ask(self, answer: type[A], method: str, **params: Any) -> A:
+        """:meth:`call`, its answer read as ``answer`` (one that is not: a failed call)."""
+        data = self.call(method, **params)
+        try:
+            return answer.model_validate(data)
+        except ValidationError as exc:
+            raise ChannelError(f"slack {method}: an answer without {exc.errors()[0]['loc']}") from exc
+
+    def bot_user_id(self) -> str | None:
+        """The bot's own user id (``auth.test``, asked once): its messages are never taken in."""
+        with self._lock:
+            if self._me is None:
+                self._me = self.ask(Identity, "auth.test")
+            return self._me.user_id
+
+
+def thread_of(db: Database, chat_jid: str, seq: int, address: str) -> str | None:
+    """The Slack thread message ``seq`` of ``chat_jid`` was written in, when it came from
+    the Slack conversation ``address`` in a thread (None: not from there, or not in a thread)."""
+    with db.read() as session:
+        meta = session.scalar(select(MessageRow.meta).where(MessageRow.chat_jid == chat_jid, MessageRow.seq == seq))
+    if not isinstance(meta, dict) or meta.get(CHANNEL_KEY) != address:
+        return None
+    thread = meta.get(THREAD_KEY)
+    return thread if isinstance(thread, str) and TS.match(thread) else None
+
+
+def reply_thread(db: Database, rendered: RenderedMessage, address: str) -> str | None:
+    """The Slack thread a message goes to at ``address``: the thread of the message it answers
+    (``reply_to_seq``, the last input of the run that wrote it), if that one was written in one."""
+    seq = (rendered.metadata or {}).get(REPLY_TO_KEY)
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        return None
+    return thread_of(db, rendered.chat_jid, seq, address)
+
+
+class SlackChannel(BaseChannel):
+    """Posts each delivered message to a Slack conversation (the attachment's address: its id)."""
+
+    name = CHANNEL
+
+    def __init__(self, settings: Settings, web: SlackWeb | None = None, db: Database | None = None) -> None:
+        self.settings = settings
+        self.web = web or SlackWeb(settings)
+        self._db = db
+        self._own_db = db is None
+        # Posts of a long message already made, by (address, chat, seq): a retry resumes.
+        self._progress: dict[tuple[str, str, int], int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def db(self) -> Database:
+        # Made on first use: a process that only builds the registry (the CLI) never opens it.
+        with self._lock:
+            if self._db is None:
+                self._db = open_database(self.settings, migrate=False)
+            return self._db
+
+    def owns(self, address: str) -> bool:
+        return bool(ADDRESS.match(address.strip()))
+
+    def send(self, address: str, rendered: RenderedMessage) -> None:
+        address = address.strip()
+        if not self.owns(address):
+            raise ChannelError(f"the slack channel needs a conversation id (C..., G... or D...) as its address, "
+                               f"not {address!r}")
+        posts = slack_posts(rendered)
+        thread = reply_thread(self.db, rendered, address)
+        key = (address, rendered.chat_jid, rendered.seq)
+        with self._lock:
+            done = self._progress.get(key, 0)
+        for i in range(done, len(posts)):
+            post = posts[i]
+            # unfurl off: a link in the agent's words does not fetch a preview on Slack's side.
+            self.web.call("chat.postMessage", channel=address, text=post.text, blocks=post.blocks,
+                          thread_ts=thread, unfurl_links=False, unfurl_media=False)
+            with self._lock:
+                self._progress[key] = i + 1
+        with self._lock:
+            self._progress.pop(key, None)
+
+
+    def disconnect(self) -> None:
+        with self._lock:
+            db, self._db = (self._db, None) if self._own_db else (None, self._db)
+        if db is not None:
+            db.engine.dispose()
+
+
+def channel(settings: Settings) -> SlackChannel:
+    """The ``ORCHESTRATOR_CHANNEL_PLUGINS`` factory: ``orchestrator.channels.slack:channel``."""
+    return SlackChannel(settings)
+
+
+def attached_groups(db: Database) -> dict[str, tuple[str, str | None]]:
+    """Slack conversation id -> (the group attached to it, its assistant's name), the first
+    group by chat id when several are."""
+    with db.read() as session:
+        rows = session.execute(
+            select(GroupChannelRow.chat_jid, GroupChannelRow.address, GroupRow.assistant_name)
+            .join(GroupRow, GroupRow.chat_jid == GroupChannelRow.chat_jid)
+            .where(GroupChannelRow.channel == CHANNEL)
+            .order_by(GroupChannelRow.chat_jid)
+        ).all()
+    found: dict[str, tuple[str, str | None]] = {}
+    for chat_jid, address, assistant in rows:
+        found.setdefault((address or chat_jid).strip(), (chat_jid, assistant))
+    return found
