@@ -9,10 +9,13 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Self
 
@@ -20,6 +23,7 @@ import docker
 import psutil
 from docker.errors import DockerException, NotFound
 
+from orchestrator.channels.webhook import SIGNATURE_HEADER, verify
 from orchestrator.core.settings import Settings
 from orchestrator.run.queue import Signals, make_celery
 from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED
@@ -296,3 +300,49 @@ def signals_for(settings: Settings) -> Signals:
     if key not in _SIGNALS:
         _SIGNALS[key] = Signals(lambda: make_celery(settings))
     return _SIGNALS[key]
+
+
+class HookReceiver:
+    """A webhook endpoint on loopback (a threaded HTTP server): each POST's signature
+    is checked with ``secret``, then :meth:`signed` or :meth:`unsigned` is told of it
+    under ``self._lock``, and it is answered 200 or 401."""
+
+    def __init__(self, secret: str) -> None:
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server name
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                arrived = (time.monotonic(), time.time())
+                ok = verify(secret, body, self.headers.get(SIGNATURE_HEADER))
+                with receiver._lock:
+                    if ok:
+                        receiver.signed(self.headers, body, arrived)
+                    else:
+                        receiver.unsigned()
+                self.send_response(200 if ok else 401)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def signed(self, headers: Message, body: bytes, arrived: tuple[float, float]) -> None:
+        """A POST with a good signature (``arrived``: monotonic and wall clock)."""
+
+    def unsigned(self) -> None:
+        """A POST with a wrong or missing signature."""
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()

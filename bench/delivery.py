@@ -38,17 +38,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from email.message import Message
 from pathlib import Path
 
 from bench.common import (
     ROOT,
     Extra,
+    HookReceiver,
     flush_broker,
     install,
     pct,
@@ -61,7 +61,7 @@ from bench.common import (
     worker_env,
 )
 from orchestrator.channels.registry import build_registry
-from orchestrator.channels.webhook import CHANNEL, SIGNATURE_HEADER, verify
+from orchestrator.channels.webhook import CHANNEL
 from orchestrator.cli.supervisor import worker_argv
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -83,47 +83,20 @@ LAYOUTS: list[tuple[str, list[tuple[str, ...]]]] = [
 ]
 
 
-class Receiver:
+class Receiver(HookReceiver):
     """A webhook endpoint on loopback: each signed POST's message content -> its arrival
     (``time.monotonic()`` and wall clock); a wrong signature is answered 401 and not noted."""
 
     def __init__(self) -> None:
         self.arrivals: dict[str, tuple[float, float]] = {}
         self.rejected = 0
-        self._lock = threading.Lock()
-        receiver = self
+        super().__init__(SECRET)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the http.server name
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                arrived = (time.monotonic(), time.time())
-                ok = verify(SECRET, body, self.headers.get(SIGNATURE_HEADER))
-                if ok:
-                    content = json.loads(body)["message"]["content"]
-                    with receiver._lock:
-                        receiver.arrivals.setdefault(content, arrived)
-                else:
-                    with receiver._lock:
-                        receiver.rejected += 1
-                self.send_response(200 if ok else 401)
-                self.send_header("content-length", "0")
-                self.end_headers()
+    def signed(self, headers: Message, body: bytes, arrived: tuple[float, float]) -> None:
+        self.arrivals.setdefault(json.loads(body)["message"]["content"], arrived)
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/hook"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    def __enter__(self) -> Receiver:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    def unsigned(self) -> None:
+        self.rejected += 1
 
     def arrival(self, content: str) -> tuple[float, float] | None:
         with self._lock:

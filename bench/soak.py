@@ -55,7 +55,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from email.message import Message
 from pathlib import Path
 
 import httpx
@@ -66,6 +66,7 @@ from bench.api import free_port
 from bench.common import (
     ROOT,
     Extra,
+    HookReceiver,
     flush_broker,
     install,
     remove_install_containers,
@@ -74,7 +75,7 @@ from bench.common import (
     worker_env,
 )
 from orchestrator.channels.registry import build_registry
-from orchestrator.channels.webhook import CHANNEL, DELIVERY_HEADER, SIGNATURE_HEADER, verify
+from orchestrator.channels.webhook import CHANNEL, DELIVERY_HEADER
 from orchestrator.cli.supervisor import api_argv, worker_argv
 from orchestrator.core.logs import write_dict_config
 from orchestrator.core.settings import Settings
@@ -98,43 +99,19 @@ def jid(g: int) -> str:
     return f"soak{g}@bench"
 
 
-class Receiver:
+class Receiver(HookReceiver):
     """A webhook endpoint on loopback: how many times each delivery id arrived (signed POSTs only)."""
 
     def __init__(self) -> None:
         self.seen: Counter[str] = Counter()
-        self.unsigned = 0
-        self._lock = threading.Lock()
-        receiver = self
+        self.bad = 0
+        super().__init__(SECRET)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the http.server name
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                ok = verify(SECRET, body, self.headers.get(SIGNATURE_HEADER))
-                with receiver._lock:
-                    if ok:
-                        receiver.seen[self.headers.get(DELIVERY_HEADER) or "(none)"] += 1
-                    else:
-                        receiver.unsigned += 1
-                self.send_response(200 if ok else 401)
-                self.send_header("content-length", "0")
-                self.end_headers()
+    def signed(self, headers: Message, body: bytes, arrived: tuple[float, float]) -> None:
+        self.seen[headers.get(DELIVERY_HEADER) or "(none)"] += 1
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/hook"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    def __enter__(self) -> Receiver:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    def unsigned(self) -> None:
+        self.bad += 1
 
     def counts(self) -> Counter[str]:
         with self._lock:
@@ -400,11 +377,11 @@ def check(db: Database, install_id: str, tally: Tally, receiver: Receiver, webho
     missing = sorted(expected - set(seen))
     twice = sorted(k for k, n in seen.items() if n > 1)
     unknown = sorted(set(seen) - expected)
-    if not_sent or missing or twice or unknown or receiver.unsigned:
+    if not_sent or missing or twice or unknown or receiver.bad:
         failures.append(
             f"deliveries: {len(expected)} expected, {len(not_sent)} not sent, {len(missing)} not"
             f" received {missing[:3]}, {len(twice)} received twice {twice[:3]}, {len(unknown)}"
-            f" unknown ids {unknown[:3]}, {receiver.unsigned} unsigned"
+            f" unknown ids {unknown[:3]}, {receiver.bad} unsigned"
         )
     return failures
 

@@ -29,11 +29,13 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import Server, ServerConnection, serve
 
@@ -342,3 +344,10 @@ class FakeSlack:
                 pass
 
         return Handler
+
+
+@pytest.fixture(name="fake")
+def fake_slack() -> Iterator[FakeSlack]:
+    """A fake Slack for one test (used by name: ``fake``)."""
+    with FakeSlack() as api:
+        yield api

@@ -46,18 +46,12 @@ from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.tables import DeliveryRow
 from tests.conftest import wait_until
 from tests.fakes.channel import RecordingChannel
-from tests.fakes.slack_api import FakeSlack
+from tests.fakes.slack_api import FakeSlack, fake_slack  # noqa: F401 - the fixture "fake"
 
 JID = "team@chat"
 SLACK_CHANNEL = "C0TEAM0001"
 SIGNING = "slack-signing-secret-5e1d"
 THREAD_TS = "1700000000.000100"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeSlack]:
-    with FakeSlack() as api:
-        yield api
 
 
 @pytest.fixture

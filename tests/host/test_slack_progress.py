@@ -7,8 +7,6 @@ ended without one, kept across a restart of the follower, put off by a 429."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from agent_runner.protocol import AssistantEvent, ResultEvent, TextDeltaEvent
 from sqlalchemy import update
@@ -26,7 +24,7 @@ from orchestrator.store.runs import create_run, finish_run
 from orchestrator.store.tables import RunRow
 from tests.fakes.clock import FakeClock
 from tests.fakes.sandbox import FakeSandbox, Script
-from tests.fakes.slack_api import FakeSlack, Post
+from tests.fakes.slack_api import FakeSlack, Post, fake_slack  # noqa: F401 - the fixture "fake"
 
 JID = "main@local"
 SLACK_CHANNEL = "C0MAIN0001"
@@ -39,12 +37,6 @@ class Ticks:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeSlack]:
-    with FakeSlack() as api:
-        yield api
 
 
 @pytest.fixture

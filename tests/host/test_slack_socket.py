@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,16 +22,10 @@ from orchestrator.store.deliveries import list_deliveries
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from tests.conftest import wait_until
-from tests.fakes.slack_api import FakeSlack
+from tests.fakes.slack_api import FakeSlack, fake_slack  # noqa: F401 - the fixture "fake"
 
 JID = "team@chat"
 SLACK_CHANNEL = "C0TEAM0001"
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeSlack]:
-    with FakeSlack() as api:
-        yield api
 
 
 @pytest.fixture
