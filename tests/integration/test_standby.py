@@ -217,3 +217,23 @@ def test_a_worker_whose_binds_the_engine_cannot_see_turns_standby_off(pool: Pool
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("REFUSED") and "not seen inside it" in out.stdout, out.stdout
     assert out.stdout.count("not seen inside it") == 2  # and standby is off in that process from then on
+
+
+def test_an_adopted_standby_reaches_the_model_through_the_groups_gateway(pool: Pool) -> None:
+    """A model run in a standby container: the gateway socket the host binds in the group's
+    gateway folder is seen at /run/gateway through the late read-only bind."""
+    from tests.fakes.anthropic_api import FakeAnthropic, message
+
+    [standby] = pool.fill(1)
+    fake = FakeAnthropic(
+        message([{"type": "tool_use", "id": "toolu_sb_1", "name": "bash", "input": {"command": "echo via-standby"}}],
+                "tool_use", n=1),
+        message([{"type": "text", "text": "done"}], "end_turn", n=2),
+    )
+    with fake.serve() as base_url:
+        pool.pipeline.settings = pool.settings.replace(**{
+            "model": "anthropic:claude-fake-1", "anthropic_base_url": base_url, "anthropic_api_key": "sk-standby-1"})
+        outcome, [output] = pool.ask(ALPHA, "please")
+    assert outcome.run.container_id == standby
+    assert "via-standby" in output and len(fake.calls) == 2
+    assert all(c.headers.get("x-api-key") == "sk-standby-1" for c in fake.calls)  # the key stayed on the host
