@@ -145,17 +145,33 @@ LIST_ATTEMPTS = 5
 
 
 def list_containers(client: docker.DockerClient, *, filters: dict[str, str | list[str] | bool],
-                    all: bool = False) -> list[Container]:  # noqa: A002 - the SDK's own name
+                    all: bool = False, sparse: bool = False) -> list[Container]:  # noqa: A002 - the SDK's own name
     """``containers.list``, whole: the SDK lists, then inspects each container, and a
     container removed in between (a warm one idling out, auto-removed) fails the
-    whole listing with NotFound; list again, it will not be in the next one."""
+    whole listing with NotFound; list again, it will not be in the next one.
+    ``sparse``: the listing's own fields only, no inspect per container (one
+    request however many there are); read them with :func:`labels_of` and
+    :func:`name_of`."""
     for attempt in range(LIST_ATTEMPTS):
         try:
-            return client.containers.list(all=all, filters=filters)
+            return client.containers.list(all=all, filters=filters, sparse=sparse)
         except NotFound:
             if attempt == LIST_ATTEMPTS - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def labels_of(container: Container) -> dict[str, str]:
+    """A container's labels, listed sparse or inspected."""
+    attrs = container.attrs
+    return attrs.get("Labels") or (attrs.get("Config") or {}).get("Labels") or {}
+
+
+def name_of(container: Container) -> str:
+    """A container's name, listed sparse or inspected."""
+    attrs = container.attrs
+    names = attrs.get("Names") or [attrs.get("Name") or container.short_id]
+    return str(names[0]).lstrip("/")
 
 
 def prepare_folder(folder: Path) -> str:

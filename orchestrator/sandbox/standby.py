@@ -63,6 +63,7 @@ from orchestrator.sandbox.containers import (
     ContainerSpec,
     engine_security_opt,
     hardened_create_args,
+    labels_of,
     list_containers,
 )
 
@@ -175,7 +176,7 @@ class StandbyPool:
         return list_containers(self.client, all=not running_only, filters=filters)
 
     def slot_of(self, container: Container) -> Slot | None:
-        name = container.labels.get(LABEL_STANDBY, "")
+        name = labels_of(container).get(LABEL_STANDBY, "")
         if not name or "/" in name or name.startswith("."):
             return None
         return Slot(standby_root(self.settings) / name)

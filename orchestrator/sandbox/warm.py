@@ -73,7 +73,9 @@ from orchestrator.sandbox.containers import (
     docker_client,
     engine_security_opt,
     hardened_create_args,
+    labels_of,
     list_containers,
+    name_of,
     prepare_folder,
 )
 from orchestrator.sandbox.hostile_fs import connect_unix, remove_entry
@@ -211,10 +213,11 @@ class WarmPool:
     def _folder_of(self, container: Container) -> str | None:
         """The group a warm container serves: its label, or for a standby one the
         group that took it (None: a standby still in the pool)."""
-        if container.labels.get(LABEL_STANDBY):
+        labels = labels_of(container)
+        if labels.get(LABEL_STANDBY):
             slot = self.standby.slot_of(container)
             return slot.taken_by() if slot is not None else None
-        return container.labels.get(LABEL_GROUP) or None
+        return labels.get(LABEL_GROUP) or None
 
     def find(self, folder: str, *, any_host: bool = False) -> list[Container]:
         """The group's warm containers of this host (``any_host``: of every host on this
@@ -295,7 +298,7 @@ class WarmPool:
         victims = sorted((c for c in running if not self._busy(c)), key=self._last_used)[:excess]
         for c in victims:
             log.info("stopping warm container %s, the least recently used: this host keeps at most %d",
-                     c.name, keep)
+                     name_of(c), keep)
             self.discard(c)
         return len(victims)
 
@@ -327,7 +330,8 @@ class WarmPool:
     def _running(self) -> list[Container]:
         """This host's running warm containers that serve a group (standby ones still
         in the pool are not warm containers yet)."""
-        running = list_containers(self.client, filters={"label": self._labels(), "status": "running"})
+        # Sparse: one request however many there are (the heartbeat asks every beat).
+        running = list_containers(self.client, filters={"label": self._labels(), "status": "running"}, sparse=True)
         return [c for c in running if self._folder_of(c) is not None]
 
     def count_running(self) -> int:
@@ -355,7 +359,7 @@ class WarmPool:
                 left.append(c)
                 continue  # still placed here, or a run of this host is on it right now
             log.info("group folder %s is placed on another host now: stopping its warm container %s here",
-                     folder, c.name)
+                     folder, name_of(c))
             self.discard(c)
             stopped += 1
         if len(left) > warm_cap(self.settings):
