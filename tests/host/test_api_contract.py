@@ -132,7 +132,10 @@ def test_the_api_keeps_its_documented_contract(db: Database, settings: Settings,
     with serve(app) as base:
         done = subprocess.run(
             [st, "--config-file", str(config), "run", f"{base}/openapi.json", "--checks", "all",
-             "--phases", "coverage,fuzzing,stateful", "--report", "ndjson", "--report-dir", str(report)],
+             "--phases", "coverage,fuzzing,stateful", "--report", "ndjson", "--report-dir", str(report),
+             # Hypothesis's "too slow" times its own data generation, not the API: on a loaded
+             # 2-core machine it failed the run with no contract failure found.
+             "--suppress-health-check=too_slow"],
             capture_output=True, text=True, cwd=tmp_path, timeout=600,
             env={**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS), "CONTRACT_WEBHOOK_SECRET": WEBHOOK_SECRET,
                  "CONTRACT_SLACK_SECRET": SLACK_SECRET},

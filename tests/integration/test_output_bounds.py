@@ -161,7 +161,9 @@ def test_an_endless_stdout_line(pipe: tuple[Pipeline, RecordingChannel]) -> None
         # The runner's stdout is not the protocol channel here: it lands in
         # Docker's log of the container, which is capped on disk.
         assert outcome.run.state == "succeeded", outcome.run.error
-        [container] = docker.from_env().containers.list(filters={"label": [f"{LABEL_WARM}=1"]})
+        # This test's installation's only: another one's warm containers may run on this engine.
+        [container] = docker.from_env().containers.list(filters={"label": [
+            f"{LABEL_WARM}=1", f"{LABEL_INSTALL}={pipeline.settings.install_id}"]})
         config = container.attrs["HostConfig"]["LogConfig"]
         assert config == {"Type": "json-file", "Config": {"max-file": "1", "max-size": "1m"}}
         log_path = Path(container.attrs["LogPath"])
