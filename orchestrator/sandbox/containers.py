@@ -161,6 +161,15 @@ def list_containers(client: docker.DockerClient, *, filters: dict[str, str | lis
     raise AssertionError("unreachable")
 
 
+def image_id(client: docker.DockerClient, image: str) -> str:
+    """The id of the image tagged ``image`` (the tag itself when it cannot be read): a
+    rebuilt image under the same tag must not be served by a container of the old one."""
+    try:
+        return str(client.images.get(image).id)
+    except DockerException:
+        return image
+
+
 def labels_of(container: Container) -> dict[str, str]:
     """A container's labels, listed sparse or inspected."""
     attrs = container.attrs

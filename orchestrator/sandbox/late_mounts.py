@@ -26,6 +26,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 # System call numbers of the mount API: the same on every architecture (the
@@ -96,27 +98,35 @@ def tmpfs(target: Path, *, size: str, uid: int, mode: int = 0o700) -> None:
            f"tmpfs on {target}")
 
 
-def is_mount_point(path: Path) -> bool:
-    """Whether something is mounted on ``path`` in this process's namespace."""
-    wanted = os.fsencode(os.path.realpath(path))
-    with open("/proc/self/mountinfo", "rb") as fh:
+@dataclass(frozen=True)
+class MountEntry:
+    mount_point: str
+    fstype: str
+    source: str
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_entries() -> list[MountEntry]:
+    """This process's mounts (``/proc/self/mountinfo``), in mount order."""
+    out: list[MountEntry] = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
         for line in fh:
             fields = line.split()
-            if len(fields) > 4 and _unescape(fields[4]) == wanted:
-                return True
-    return False
+            try:
+                sep = fields.index("-", 6)
+                out.append(MountEntry(_unescape(fields[4]), fields[sep + 1], _unescape(fields[sep + 2])))
+            except (ValueError, IndexError):
+                continue
+    return out
 
 
-def _unescape(field: bytes) -> bytes:
-    out, i = bytearray(), 0
-    while i < len(field):
-        if field[i:i + 1] == b"\\" and field[i + 1:i + 4].isdigit():
-            out.append(int(field[i + 1:i + 4], 8))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return bytes(out)
+def is_mount_point(path: Path) -> bool:
+    """Whether something is mounted on ``path`` in this process's namespace."""
+    wanted = os.path.realpath(path)
+    return any(e.mount_point == wanted for e in mount_entries())
 
 
 def make_shared(path: Path) -> None:

@@ -58,6 +58,7 @@ from typing import Literal
 from orchestrator.core.errors import WorkspaceQuotaError
 from orchestrator.core.settings import Settings
 from orchestrator.core.sizes import parse_quota
+from orchestrator.sandbox.late_mounts import MountEntry, mount_entries
 
 log = logging.getLogger(__name__)
 
@@ -353,31 +354,6 @@ class VolumeUnavailable(Exception):
 def volumes_dir(settings: Settings) -> Path:
     """Host-only: the images of the workspace volumes (never mounted into a container)."""
     return settings.data_dir / "volumes"
-
-
-@dataclass(frozen=True)
-class MountEntry:
-    mount_point: str
-    fstype: str
-    source: str
-
-
-def _unescape(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def mount_entries() -> list[MountEntry]:
-    """This process's mounts (``/proc/self/mountinfo``), in mount order."""
-    out: list[MountEntry] = []
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
-        for line in fh:
-            fields = line.split()
-            try:
-                sep = fields.index("-", 6)
-                out.append(MountEntry(_unescape(fields[4]), fields[sep + 1], _unescape(fields[sep + 2])))
-            except (ValueError, IndexError):
-                continue
-    return out
 
 
 def _top_mount(path: str) -> MountEntry | None:

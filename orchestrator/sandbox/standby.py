@@ -63,6 +63,7 @@ from orchestrator.sandbox.containers import (
     ContainerSpec,
     engine_security_opt,
     hardened_create_args,
+    image_id,
     labels_of,
     list_containers,
 )
@@ -140,11 +141,7 @@ def unavailable_reason(settings: Settings) -> str | None:
 
 def standby_key(client: docker.DockerClient, settings: Settings) -> str:
     """What a standby container is made with; a group whose run needs the same is served."""
-    try:
-        image_id = client.images.get(settings.agent_image).id
-    except DockerException:
-        image_id = settings.agent_image
-    doc = {"image": image_id, "memory": settings.container_memory, "cpus": settings.container_cpus,
+    doc = {"image": image_id(client, settings.agent_image), "memory": settings.container_memory, "cpus": settings.container_cpus,
            "pids": settings.container_pids, "idle": settings.warm_idle_s, "layout": STANDBY_LAYOUT}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 

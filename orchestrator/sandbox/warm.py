@@ -73,6 +73,7 @@ from orchestrator.sandbox.containers import (
     docker_client,
     engine_security_opt,
     hardened_create_args,
+    image_id,
     labels_of,
     list_containers,
     name_of,
@@ -159,13 +160,8 @@ def host_only_dir(path: Path) -> Path:
 
 
 def _config_hash(client: docker.DockerClient, spec: ContainerSpec, idle_s: float) -> str:
-    # The image id, not its tag: a rebuilt runner must not be served by an old container.
-    try:
-        image_id = client.images.get(spec.image).id
-    except DockerException:
-        image_id = spec.image
     doc = {
-        "image": image_id, "memory": spec.memory, "cpus": spec.cpus, "pids": spec.pids, "idle": idle_s,
+        "image": image_id(client, spec.image), "memory": spec.memory, "cpus": spec.cpus, "pids": spec.pids, "idle": idle_s,
         "workspace": str(spec.workspace), "rw": spec.extra_mounts, "ro": spec.readonly_mounts,
         # Containers of an older layout (sockets in a writable session folder) are replaced.
         "layout": WARM_LAYOUT,
