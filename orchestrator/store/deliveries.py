@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Connection, and_, exists, insert, select, update
+from sqlalchemy import Connection, and_, exists, insert, literal_column, select, update
 from sqlalchemy.orm import Session, aliased
 
 from orchestrator.core.errors import ChannelError
@@ -82,14 +82,25 @@ def validate_channel_name(name: str) -> str:
     return name
 
 
+def _unfinished(d: type[DeliveryRow] | Any) -> Any:
+    # Constants, not parameters: only a predicate that repeats the partial index's own
+    # (``idx_deliveries_unfinished``, revision 0016) lets either database use the index,
+    # and a prepared statement's parameters do not.
+    return d.state.in_([literal_column(f"'{PENDING}'"), literal_column(f"'{SENDING}'")])
+
+
 def claimable(d: type[DeliveryRow] | Any, now: datetime) -> Any:
-    """A pending, due row with no earlier unfinished row of its (chat, channel)."""
+    """A pending, due row with no earlier unfinished row of its (chat, channel).
+
+    Both halves read the unfinished rows' index, so a claim costs the same
+    whatever the line's history (``state = 'pending'`` alone would not tell
+    SQLite that the partial index holds the row)."""
     earlier = aliased(DeliveryRow)
     blocked = exists().where(
         earlier.chat_jid == d.chat_jid, earlier.channel == d.channel,
-        earlier.message_seq < d.message_seq, earlier.state.in_((PENDING, SENDING)),
+        earlier.message_seq < d.message_seq, _unfinished(earlier),
     )
-    return and_(d.state == PENDING, d.next_attempt_at <= now, ~blocked)
+    return and_(_unfinished(d), d.state == PENDING, d.next_attempt_at <= now, ~blocked)
 
 
 # -- recording (inside the message's transaction) ------------------------------------

@@ -24,6 +24,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -180,6 +181,11 @@ class GroupChannelRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
 
 
+# The unfinished states of a delivery, as the partial index's predicate (and
+# ``store/deliveries.py`` ``claimable``, which must repeat it in constants to use it).
+_UNFINISHED = "state IN ('pending', 'sending')"
+
+
 class DeliveryRow(Base):
     """One message on one channel: pending -> sending -> sent | failed | cancelled."""
 
@@ -204,6 +210,10 @@ class DeliveryRow(Base):
         UniqueConstraint("message_seq", "channel", name="uq_deliveries_message_channel"),
         Index("idx_deliveries_due", "state", "next_attempt_at"),
         Index("idx_deliveries_line", "chat_jid", "channel", "message_seq"),
+        # The unfinished rows of each line alone (revision 0016): ``claimable``'s
+        # "no earlier unfinished row" is then one probe, not a read of the line's history.
+        Index("idx_deliveries_unfinished", "chat_jid", "channel", "message_seq",
+              postgresql_where=text(_UNFINISHED), sqlite_where=text(_UNFINISHED)),
     )
 
 

@@ -367,3 +367,62 @@ def test_attach_detach_and_deliveries_from_the_cli(team: Database, settings: Set
     assert [a.channel for a in list_attachments(team, JID)] == ["log"]
     with team.read() as session:
         assert session.scalar(select(DeliveryRow.state).where(DeliveryRow.channel == "mirror-a")) == "sent"
+
+
+def test_a_claim_reads_only_the_unfinished_rows_of_a_line_whatever_its_history(
+    team: Database, settings: Settings, db_backend: str,
+) -> None:
+    """The 30-minute PostgreSQL soak's deliverer slowed as the table grew: "no earlier
+    unfinished row" read the line's whole history.  The claim's statements must find
+    their rows through the unfinished rows' partial index (revision 0016), on both
+    databases, so that a claim costs the same after 10 or 10 million sends."""
+    from sqlalchemy import event, insert, text
+
+    from orchestrator.store.deliveries import utc_now
+
+    _UNFINISHED_READS = ("idx_deliveries_unfinished", "idx_deliveries_due", "PRIMARY KEY")
+    now = utc_now()
+    history = [{"message_seq": seq, "chat_jid": JID, "channel": "rec", "address": JID, "state": "sent",
+                "attempts": 1, "next_attempt_at": now, "created_at": now} for seq in range(-300, 0)]
+    with team.write() as session:
+        session.execute(insert(DeliveryRow), history)
+    attach_channel(team, JID, "rec")
+    _say(team, settings, "one")
+    _say(team, settings, "two")
+
+    seen: list[tuple[str, object]] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
+        if "FROM deliveries" in statement and "EXISTS" in statement:
+            seen.append((statement, parameters))
+
+    event.listen(team.engine, "before_cursor_execute", capture)
+    try:
+        rec = RecordingChannel("rec")
+        Deliverer(team, settings, ChannelRegistry([rec])).deliver_due(JID)
+    finally:
+        event.remove(team.engine, "before_cursor_execute", capture)
+    assert [m.content for m in rec.sent] == ["one", "two"]
+    assert seen, "the deliverer's claim statements were not seen"
+
+    for statement, parameters in {s: p for s, p in seen}.items():
+        with team.engine.connect() as conn:
+            raw = conn.connection.driver_connection
+            cur = raw.cursor()
+            if db_backend == "sqlite":
+                cur.execute("EXPLAIN QUERY PLAN " + statement, parameters)
+                plan = "\n".join(str(row[-1]) for row in cur.fetchall())
+                # Every read of deliveries (the candidates and the "earlier" probe) by an index
+                # of unfinished or due rows, never the line's history or the whole table.
+                reads = [line for line in plan.splitlines() if "deliveries" in line]
+                assert reads and all(any(ix in line for ix in _UNFINISHED_READS) for line in reads), plan
+                assert "idx_deliveries_unfinished" in plan, plan
+            else:
+                # A small table makes a sequential scan cheapest; forbid it to see which
+                # index the planner *can* use for each read.
+                conn.execute(text("SET enable_seqscan = off"))
+                cur.execute("EXPLAIN " + statement, parameters)
+                plan = "\n".join(row[0] for row in cur.fetchall())
+                assert "idx_deliveries_unfinished" in plan, plan
+                assert "idx_deliveries_line" not in plan, plan
+            conn.rollback()
