@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 
-FLUSH_S = 0.2
+FLUSH_S = 1.0  # a write per second: its cost must not show in the CPU per run
 # Where a worker of bench/instant_app.py writes its counts, under its data dir.
 FOLDER = "query-counts"
 # bench/instant_app.py's empty task (the control-plane benchmark's baseline), counted under this name.

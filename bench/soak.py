@@ -513,9 +513,13 @@ def main() -> None:
         help="fail if a process's RSS grew more than this fraction from 25 %% of the run to the end",
     )
     ap.add_argument("--json", default="", help="also write the figures here (JSON)")
+    ap.add_argument("--stacks", default="sqlite,pg", help="which stacks, of sqlite and pg (pg needs --pg and --redis)")
     ap.add_argument("--cold", action="store_true", help="a new container per run (default: warm sessions and "
                     "standby sandboxes, as `orchestrator up` runs)")
     args = ap.parse_args()
+    wanted = {part.strip() for part in args.stacks.split(",") if part.strip()}
+    if not wanted or not wanted <= {"sqlite", "pg"}:
+        ap.error("--stacks names sqlite, pg or both (comma-separated)")
     if args.groups < 1 or args.clients < args.groups or args.minutes <= 0:
         ap.error("--groups must be at least 1, --clients at least --groups, --minutes above 0")
     settings = Settings.load(env_file=None)
@@ -525,6 +529,8 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, extra in stacks(args.pg, args.redis):
+            if ("pg" if name.startswith("postgresql") else "sqlite") not in wanted:
+                continue
             results.append(soak(Path(tmp), settings.agent_image, name, extra, args))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

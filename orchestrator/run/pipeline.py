@@ -39,6 +39,7 @@ from agent_runner.protocol import (
     parse_event,
 )
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from orchestrator.core import metrics, tracing
 from orchestrator.core.backoff import backoff_delay
@@ -501,10 +502,11 @@ class Pipeline:
             self._emit(group, self._result_meta(outcome, result), outcome)
         except LeaseLost as lost:
             return self._taken_over(outcome, str(lost))
-        self._advance(group, run.cursor_to, None if isolated else result.session_id)
+        session_id = None if isolated else result.session_id
         outcome.run = finish_run(
             self.db, run.id, state=result.state, error=result.error,
             input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
+            also=lambda session: _advance(session, group, run.cursor_to, session_id),
         )
         metrics.run_finished(outcome.run.state, outcome.run.duration_s)
         tracing.annotate(run_state=outcome.run.state, error=outcome.run.error, outputs=len(outcome.stored))
@@ -819,12 +821,15 @@ class Pipeline:
             log.warning("delivery for %s not started now (%s); the sweeper will", chat_jid, exc)
 
     def _advance(self, group: Group, cursor_to: int, session_id: str | None) -> None:
-        values: dict[str, object] = {"cursor_seq": cursor_to}
-        if session_id:
-            values["session_id"] = session_id
         with self.db.write() as session:
-            session.execute(
-                update(GroupRow)
-                .where(GroupRow.chat_jid == group.chat_jid, GroupRow.cursor_seq < cursor_to)
-                .values(**values)
-            )
+            _advance(session, group, cursor_to, session_id)
+
+
+def _advance(session: Session, group: Group, cursor_to: int, session_id: str | None) -> None:
+    """Move ``group``'s cursor past ``cursor_to`` (never back), in the caller's transaction."""
+    values: dict[str, object] = {"cursor_seq": cursor_to}
+    if session_id:
+        values["session_id"] = session_id
+    session.execute(
+        update(GroupRow).where(GroupRow.chat_jid == group.chat_jid, GroupRow.cursor_seq < cursor_to).values(**values)
+    )

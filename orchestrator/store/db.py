@@ -27,6 +27,7 @@ import contextlib
 import fcntl
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
@@ -65,6 +66,13 @@ _MIGRATIONS = Path(__file__).parent / "migrations"
 # holds it to Alembic's own head, so a new revision cannot forget it.
 SCHEMA_HEAD = "0016"
 
+# A pooled PostgreSQL connection idle for longer than this is pinged before it is
+# used again (``_ping_when_idle``).  A connection used more recently saw the server
+# up that long ago; a restart (a stop, a crash and recovery, a failover) takes
+# longer, and a connection that met the outage itself was dropped with the rest
+# of the pool when its statement failed.
+PING_IDLE_S = 0.2
+
 
 class Database:
     """An engine plus the two kinds of session the code needs."""
@@ -90,7 +98,8 @@ class Database:
                 # The URL object goes to create_engine as is: no re-rendering,
                 # so passwords with special characters survive.
                 parsed = parsed.set(drivername="postgresql+psycopg")
-            self.engine = create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=5)
+            # LIFO: under load the same few connections stay hot (and unpinged); the rest age.
+            self.engine = create_engine(parsed, pool_size=5, max_overflow=5, pool_use_lifo=True)
             import psycopg  # already imported: create_engine loaded the dialect's driver
 
             self.driver_errors = (psycopg.Error,)
@@ -98,6 +107,8 @@ class Database:
             raise ConfigError(f"unsupported database URL {parsed.render_as_string()!r}: use sqlite or postgresql")
         self._pid = os.getpid()
         _fork_safe(self.engine)
+        if not self.is_sqlite:
+            _ping_when_idle(self.engine, PING_IDLE_S)  # after the fork check: never ping another's socket
         self._lock_dir = lock_dir
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._read_sessions = sessionmaker(
@@ -227,6 +238,31 @@ def _fork_safe(engine: Engine) -> None:
             # Settable on the pool's record and fairy, read-only on the public types they are given as.
             record.dbapi_connection = proxy.dbapi_connection = None  # type: ignore[misc]
             raise exc.DisconnectionError("connection was opened by another process (fork)")
+
+
+def _ping_when_idle(engine: Engine, idle_s: float) -> None:
+    """Ping a pooled connection before use only if it sat idle longer than ``idle_s``.
+
+    SQLAlchemy's ``pool_pre_ping`` pings at every checkout: on PostgreSQL a round trip
+    and a server transaction per transaction, 19 of a run's ~87 round trips
+    (docs/performance.md, "The control plane").  A connection in steady use needs
+    none; one that sat out a server restart has been idle longer than the restart
+    took, and is pinged.  A failed ping discards the connection and the pool opens
+    a new one (whose failure is the outage, answered 503 by the API)."""
+
+    @event.listens_for(engine, "checkin")
+    def _idle_from(_dbapi_conn: DBAPIConnection, record: ConnectionPoolEntry) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _ping(dbapi_conn: DBAPIConnection, record: ConnectionPoolEntry, _proxy: PoolProxiedConnection) -> None:
+        since = record.info.get("idle_since")
+        if since is None or time.monotonic() - since < idle_s:
+            return  # just opened, or in use a moment ago
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception as error:  # noqa: BLE001 - any failure: the pool tries a fresh connection
+            raise exc.DisconnectionError(f"a pooled connection failed its ping ({type(error).__name__})") from error
 
 
 def _tune_sqlite(engine: Engine, busy_ms: Callable[[], int]) -> None:

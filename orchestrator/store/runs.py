@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Literal
 
@@ -169,8 +170,14 @@ def finish_run(
     error: str | None = None,
     input_tokens: int = 0,
     output_tokens: int = 0,
+    also: Callable[[Session], object] | None = None,
 ) -> Run:
+    """End the run (unless something ended it first).  ``also`` runs in the same
+    transaction (the pipeline moves the group's cursor past the run's batch there:
+    one transaction, so the run never ends without it, nor it without the run)."""
     with db.write() as session:
+        if also is not None:
+            also(session)
         now = db_now(session)  # on the clock started_at was taken from
         row = session.get(RunRow, run_id)
         if row is None:

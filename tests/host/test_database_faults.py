@@ -54,7 +54,7 @@ from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
 from orchestrator.run.sweeper import sweep
-from orchestrator.store.db import Database, unavailable_reason
+from orchestrator.store.db import PING_IDLE_S, Database, unavailable_reason
 from orchestrator.store.groups import add_group, ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
@@ -204,6 +204,42 @@ def test_postgresql_restarted_during_ingest(private_pg: PrivateCluster, tmp_path
     # The 503 "during" was never retried; whether its commit landed or not, nothing else is there.
     assert set(stored) - set(acknowledged) <= {"m-during"}
     root.close()
+
+
+def test_pooled_connections_idle_through_a_restart_are_not_handed_out_dead(
+    private_pg: PrivateCluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing used the database while it restarted: no statement met the outage, so no
+    error dropped the pool, and its connections are dead sockets.  The first transactions
+    after the restart must still succeed (store/db.py pings a connection idle longer than
+    ``PING_IDLE_S`` before handing it out), while a connection in steady use is not
+    pinged at all (a round trip per transaction saved)."""
+    url = _fresh_database(private_pg, "idle_restart")
+    db = Database(url)
+    pings: list[bool] = []
+    real_ping = db.engine.dialect.do_ping
+
+    def counted_ping(dbapi_conn: object) -> bool:
+        pings.append(True)
+        return real_ping(dbapi_conn)
+
+    monkeypatch.setattr(db.engine.dialect, "do_ping", counted_ping)
+    # Three connections in the pool, each used once, then left idle.
+    with db.engine.connect() as a, db.engine.connect() as b, db.engine.connect() as c:
+        for conn in (a, b, c):
+            conn.execute(text("SELECT 1"))
+    for _ in range(20):  # in steady use: handed out again at once, never pinged
+        with db.read() as session:
+            session.execute(text("SELECT 1"))
+    assert pings == []
+    private_pg.stop("fast")
+    private_pg.start()
+    time.sleep(PING_IDLE_S)  # a restart takes longer than that anyway
+    for _ in range(5):  # more transactions than pooled connections: each is handed out
+        with db.write() as session:
+            assert session.execute(text("SELECT 41 + 1")).scalar_one() == 42
+    assert pings, "no pooled connection was pinged after the restart"
+    db.dispose()
 
 
 def test_a_run_interrupted_by_a_postgresql_restart_is_answered_after(private_pg: PrivateCluster,
