@@ -116,6 +116,9 @@ class ChatStream:
         self._history_checked = 0.0
         self._started = False
         self._drafts: dict[str, int] = {}  # run id -> draft version last sent
+        # Messages past the cursor wait beyond the page just sent (up to ``_latest``).
+        self.behind = False
+        self._latest = after
 
     # -- one tick (synchronous: runs in a worker thread) -------------------
 
@@ -133,7 +136,7 @@ class ChatStream:
             marks = self._history_marks()
             if marks != self._history:
                 self._history = marks
-                self.cursor = 0
+                self.cursor, self.behind = 0, False
                 frames.append(sse("reset", '{"reason": "history changed"}'))
         frames += self._new_messages()
         frames += self._changed_runs()
@@ -164,22 +167,28 @@ class ChatStream:
         return row[0], row[1]
 
     def _new_messages(self) -> list[ServerSentEvent]:
-        with self.db.read() as session:
-            latest = session.scalar(select(func.max(MessageRow.seq)).where(MessageRow.chat_jid == self.chat_jid))
-        if latest is None or latest <= self.cursor:
-            return []
+        """At most one page of the display view past the cursor; ``behind`` says more
+        is waiting, and the next tick follows at once.  A stream opened at seq 0 of a
+        long chat (any client may ask for one) so holds one page in memory, never the
+        whole history: built all at once, its frames grew the API's memory with every
+        chat's length (the soak, docs/performance.md)."""
+        if not self.behind:
+            with self.db.read() as session:
+                latest = session.scalar(select(func.max(MessageRow.seq)).where(MessageRow.chat_jid == self.chat_jid))
+            if latest is None or latest <= self.cursor:
+                return []
+            self._latest = latest
+        page = get_messages_after(self.chat_jid, self.cursor, limit=PAGE, db=self.db)
         frames = []
-        # Every row up to ``latest`` is committed (seq order is commit order),
-        # so after these pages the cursor may jump to it even if the newest
-        # rows were superseded meanwhile.
-        while True:
-            page = get_messages_after(self.chat_jid, self.cursor, limit=PAGE, db=self.db)
-            for m in page:
-                frames.append(sse("message", m.model_dump_json(), id=m.seq))
-                self.cursor = m.seq
-            if len(page) < PAGE:
-                break
-        self.cursor = max(self.cursor, latest)
+        for m in page:
+            frames.append(sse("message", m.model_dump_json(), id=m.seq))
+            self.cursor = m.seq
+        self.behind = len(page) == PAGE and self.cursor < self._latest
+        if not self.behind:
+            # Every row up to ``latest`` is committed (seq order is commit order), so
+            # after the last page the cursor may jump to it even if the newest rows
+            # were superseded meanwhile.
+            self.cursor = max(self.cursor, self._latest)
         return frames
 
     def _changed_runs(self) -> list[ServerSentEvent]:
@@ -225,6 +234,8 @@ class ChatStream:
             pause = poll_s
             try:
                 frames = await run_in_threadpool(self.poll)
+                if self.behind:
+                    pause = 0  # the next page of a long history at once (each page a tick)
             except Exception as exc:  # noqa: BLE001 - the database may be briefly away; keep the stream
                 log.warning("stream of %s: %s", self.chat_jid, exc)
                 frames, pause = [], max(poll_s, ERROR_PAUSE_S)

@@ -213,6 +213,19 @@ def test_cursor_and_last_event_id(db: Database, open_stream: Callable[..., Event
     assert open_stream("", headers={"Last-Event-ID": "abc"}).response.status_code == 400
 
 
+def test_a_long_history_arrives_whole_a_page_at_a_time(db: Database, open_stream: Callable[..., EventReader],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """More pages than one, and a message stored while the stream is still paging:
+    every message once, in seq order, with no poll interval between pages."""
+    monkeypatch.setattr(stream_module, "PAGE", 20)
+    seqs = [_msg(db, f"m{i}", f"message {i}").seq for i in range(95)]
+    events = open_stream("?after=0")
+    got = [events.next().json["seq"] for _ in range(50)]
+    seqs.append(_msg(db, "late", "stored while paging").seq)
+    got += [events.next().json["seq"] for _ in range(46)]
+    assert got == seqs
+
+
 def test_history_changes_reset_the_view(db: Database, base_url: str, open_stream: Callable[..., EventReader]) -> None:
     q = _msg(db, "q1", "@Andy first")
     run = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=q.seq, celery_task_id=None)
@@ -289,8 +302,17 @@ def test_a_tick_holds_no_connection_or_transaction(db: Database, settings: Setti
     chat = ChatStream(db, JID, 0)
     frames = chat.poll()
     assert db.engine.pool.checkedout() == 0  # every read transaction ended with the tick
-    assert [f.event for f in frames].count("message") == 401
     assert [f.event for f in frames].count("run") == 1
+    # A long history goes a page a tick: a tick never holds more than a page of it.
+    sent = [int(f.id) for f in frames if f.event == "message"]
+    pages = [len(sent)]
+    while chat.behind:
+        more = [int(f.id) for f in chat.poll() if f.event == "message"]
+        assert db.engine.pool.checkedout() == 0
+        pages.append(len(more))
+        sent += more
+    assert pages == [stream_module.PAGE, stream_module.PAGE, 1]
+    assert sent == seqs  # each once, in order
     assert chat.cursor == seqs[-1]
     assert chat.poll() == [] and db.engine.pool.checkedout() == 0
 
