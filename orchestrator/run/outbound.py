@@ -16,7 +16,8 @@ the same row, then renders the message and sends it:
 * failure: back to ``pending`` after the backoff policy's delay
   (``orchestrator/core/backoff.py``; at least a rate-limited channel's
   ``Retry-After``, :class:`~orchestrator.core.errors.ChannelRateLimited`), or ``failed`` after
-  ``delivery_max_attempts``; ``last_error`` keeps the reason;
+  ``delivery_max_attempts``; ``last_error`` keeps the reason.  A rate-limited send
+  uses up no attempt: a long rate limit delays a message, never fails it;
 * the message was superseded meanwhile, or the channel detached: ``cancelled``.
 """
 
@@ -213,7 +214,10 @@ class Deliverer:
             report.failed_attempts += 1
             # A channel's exception may quote its URL (the Telegram bot token is in its path).
             error = secrets.redact(f"{type(exc).__name__}: {exc}")[:_ERROR_CAP]
-            if row.attempts >= self.settings.delivery_max_attempts:
+            # A platform's "not now" (429) is no failure of the send: it gives back the
+            # attempt the claim counted, so a long rate limit delays a message, never drops it.
+            limited = isinstance(exc, ChannelRateLimited)
+            if not limited and row.attempts >= self.settings.delivery_max_attempts:
                 log.warning("delivery of #%d to %s failed for good after %d attempts: %s",
                             row.message_seq, row.channel, row.attempts, error)
                 self._finish(delivery_id, state=FAILED, last_error=error)
@@ -221,13 +225,15 @@ class Deliverer:
             else:
                 delay = backoff_delay(row.attempts, self.settings.delivery_retry_base_s,
                                     self.settings.delivery_retry_max_s)
+                again: dict[str, Any] = {}
                 if isinstance(exc, ChannelRateLimited):
                     # The platform said when it takes sends again (429 Retry-After): not a moment early.
                     delay = max(delay, exc.retry_after_s)
+                    again["attempts"] = DeliveryRow.attempts - 1
                 log.info("delivery of #%d to %s failed (attempt %d: %s); retrying in %.1fs",
                          row.message_seq, row.channel, row.attempts, error, delay)
                 self._finish(delivery_id, state=PENDING, last_error=error,
-                             next_attempt_at=utc_now() + timedelta(seconds=delay))
+                             next_attempt_at=utc_now() + timedelta(seconds=delay), **again)
                 metrics.delivery_ended(row.channel, "retried")
             return
         report.sent += 1

@@ -165,6 +165,39 @@ def test_a_channel_that_keeps_failing_gives_up_and_the_next_message_goes_on(
     assert down.rendered == ["Alice: kept"]
 
 
+def test_a_rate_limited_channel_delays_a_message_but_never_fails_it(team: Database, settings: Settings) -> None:
+    """Told "not now" (429) more times than a delivery may fail: no attempt is used up
+    by a rate limit, so the message is sent once the platform takes it, never failed."""
+    from orchestrator.core.errors import ChannelRateLimited
+
+    class Limited(RecordingChannel):
+        def __init__(self, name: str, limited_times: int) -> None:
+            super().__init__(name)
+            self.limited_times = limited_times
+
+        def send(self, address: str, rendered) -> None:  # type: ignore[no-untyped-def]
+            if self.limited_times > 0:
+                self.limited_times -= 1
+                raise ChannelRateLimited("rate limited (retry after 0.01 s)", 0.01)
+            super().send(address, rendered)
+
+    settings = _fast(settings, delivery_max_attempts=2, delivery_retry_base_s=0.0, delivery_retry_max_s=0.0)
+    limited = Limited("limited", limited_times=5)
+    attach_channel(team, JID, "limited")
+    msg = _say(team, settings, "patience")
+    deliverer = Deliverer(team, settings, ChannelRegistry([limited]))
+
+    def drained() -> bool:
+        deliverer.deliver_due()
+        return bool(limited.sent)
+
+    wait_until(drained, 10, "the rate-limited channel to take the message")
+    [row] = list_deliveries(team, message_seq=msg.seq)
+    assert (row.state, row.attempts) == ("sent", 1), row  # five 429s used up no attempt
+    assert "rate limited" in (row.last_error or "")
+    assert [m.seq for m in limited.sent] == [msg.seq]
+
+
 def test_retry_delays_grow_exponentially_with_jitter() -> None:
     from orchestrator.core.backoff import backoff_delay  # the one policy: deliveries and runs
 
