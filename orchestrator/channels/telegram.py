@@ -6,8 +6,10 @@
   ``@channelname`` works for public channels).  Text longer than 4096
   characters (UTF-16 units, as Telegram counts) goes as several messages,
   cut at a line break where one is near.  A failed call (an error answer,
-  429, a network error) raises :class:`~orchestrator.core.errors.ChannelError`,
-  so the deliveries table retries it; the parts of a long message already
+  a network error) raises :class:`~orchestrator.core.errors.ChannelError`,
+  so the deliveries table retries it (flood control, 429, raises
+  :class:`~orchestrator.core.errors.ChannelRateLimited`: retried after its
+  ``retry_after``, no attempt counted); the parts of a long message already
   sent are not sent again by a retry in the same process.
 * **Inbound**: :class:`TelegramPoller` long-polls ``getUpdates`` (``orchestrator
   telegram poll``) and ingests each text message with ``channel="telegram"``
@@ -37,13 +39,15 @@ import os
 import re
 import threading
 import time
+import warnings
 from collections.abc import Callable, Coroutine
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import select
 
 from orchestrator.channels.base import BaseChannel
-from orchestrator.core.errors import ChannelError, RateLimited
+from orchestrator.core.errors import ChannelError, ChannelRateLimited, RateLimited
 from orchestrator.core.settings import Settings
 from orchestrator.model.render import RenderedMessage
 from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest
@@ -194,7 +198,14 @@ def _channel_error(address: str, exc: Exception) -> ChannelError:
     from telegram.error import RetryAfter
 
     if isinstance(exc, RetryAfter):
-        return ChannelError(f"telegram {address}: rate limited ({exc})")  # str(): no deprecated attribute
+        # Telegram's flood control says when it takes sends again: the deliverer waits that
+        # long and counts no attempt (ChannelRateLimited).  The attribute is an int or a
+        # timedelta by the library's version and settings, and warns while that changes.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            wait = exc.retry_after
+        seconds = wait.total_seconds() if isinstance(wait, timedelta) else float(wait)
+        return ChannelRateLimited(f"telegram {address}: rate limited ({exc})", seconds)
     return ChannelError(f"telegram {address}: {type(exc).__name__}: {exc}")
 
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry, Deliverer
 from orchestrator.store.attachments import attach_channel
 from orchestrator.store.db import Database
-from orchestrator.store.deliveries import list_deliveries
+from orchestrator.store.deliveries import list_deliveries, utc_now
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from tests.conftest import wait_until
@@ -100,8 +101,23 @@ def test_a_send_that_fails_twice_arrives_once(tg: tuple[Database, Settings], fak
     assert [r.status for r in fake.calls("sendMessage")] == [500, 429, 200]
     assert fake.sent() == [(str(TG_CHAT), "Ann: persist")]
     [row] = list_deliveries(db, message_seq=seq)
-    assert (row.state, row.attempts) == ("sent", 3)
+    assert (row.state, row.attempts) == ("sent", 2)  # flood control (429) used up no attempt
     assert "rate limited (Flood control exceeded. Retry in 1 seconds)" in (row.last_error or "")
+
+
+def test_flood_control_is_waited_out(tg: tuple[Database, Settings], fake: FakeTelegramAPI,
+                                     channel: TelegramChannel) -> None:
+    """Telegram's 429 names when it takes sends again: the next attempt is not due before."""
+    db, settings = tg
+    attach_channel(db, JID, "telegram", address=str(TG_CHAT))
+    fake.fail("sendMessage", 429, retry_after=5)
+    seq = _say(db, settings, "later")
+    before = utc_now()
+    report = Deliverer(db, settings, ChannelRegistry([channel])).deliver_due()
+    assert report.failed_attempts == 1 and report.retry_in is not None and report.retry_in > 4
+    [row] = list_deliveries(db, message_seq=seq)
+    assert (row.state, row.attempts) == ("pending", 0)
+    assert row.next_attempt_at - before >= timedelta(seconds=4.99)
 
 
 def test_long_texts_are_split_at_4096(tg: tuple[Database, Settings], fake: FakeTelegramAPI,
