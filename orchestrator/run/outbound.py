@@ -216,8 +216,8 @@ class Deliverer:
             error = secrets.redact(f"{type(exc).__name__}: {exc}")[:_ERROR_CAP]
             # A platform's "not now" (429) is no failure of the send: it gives back the
             # attempt the claim counted, so a long rate limit delays a message, never drops it.
-            limited = isinstance(exc, ChannelRateLimited)
-            if not limited and row.attempts >= self.settings.delivery_max_attempts:
+            retry_after = exc.retry_after_s if isinstance(exc, ChannelRateLimited) else None
+            if retry_after is None and row.attempts >= self.settings.delivery_max_attempts:
                 log.warning("delivery of #%d to %s failed for good after %d attempts: %s",
                             row.message_seq, row.channel, row.attempts, error)
                 self._finish(delivery_id, state=FAILED, last_error=error)
@@ -226,9 +226,9 @@ class Deliverer:
                 delay = backoff_delay(row.attempts, self.settings.delivery_retry_base_s,
                                     self.settings.delivery_retry_max_s)
                 again: dict[str, Any] = {}
-                if isinstance(exc, ChannelRateLimited):
+                if retry_after is not None:
                     # The platform said when it takes sends again (429 Retry-After): not a moment early.
-                    delay = max(delay, exc.retry_after_s)
+                    delay = max(delay, retry_after)
                     again["attempts"] = DeliveryRow.attempts - 1
                 log.info("delivery of #%d to %s failed (attempt %d: %s); retrying in %.1fs",
                          row.message_seq, row.channel, row.attempts, error, delay)

@@ -506,7 +506,7 @@ class Pipeline:
         outcome.run = finish_run(
             self.db, run.id, state=result.state, error=result.error,
             input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
-            also=lambda session: _advance(session, group, run.cursor_to, session_id),
+            also=lambda session: _move_cursor(session, group, run.cursor_to, session_id),
         )
         metrics.run_finished(outcome.run.state, outcome.run.duration_s)
         tracing.annotate(run_state=outcome.run.state, error=outcome.run.error, outputs=len(outcome.stored))
@@ -822,10 +822,10 @@ class Pipeline:
 
     def _advance(self, group: Group, cursor_to: int, session_id: str | None) -> None:
         with self.db.write() as session:
-            _advance(session, group, cursor_to, session_id)
+            _move_cursor(session, group, cursor_to, session_id)
 
 
-def _advance(session: Session, group: Group, cursor_to: int, session_id: str | None) -> None:
+def _move_cursor(session: Session, group: Group, cursor_to: int, session_id: str | None) -> None:
     """Move ``group``'s cursor past ``cursor_to`` (never back), in the caller's transaction."""
     values: dict[str, object] = {"cursor_seq": cursor_to}
     if session_id:

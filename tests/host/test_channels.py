@@ -413,7 +413,7 @@ def test_a_claim_reads_only_the_unfinished_rows_of_a_line_whatever_its_history(
 
     from orchestrator.store.deliveries import utc_now
 
-    _UNFINISHED_READS = ("idx_deliveries_unfinished", "idx_deliveries_due", "PRIMARY KEY")
+    unfinished_reads = ("idx_deliveries_unfinished", "idx_deliveries_due", "PRIMARY KEY")
     now = utc_now()
     history = [{"message_seq": seq, "chat_jid": JID, "channel": "rec", "address": JID, "state": "sent",
                 "attempts": 1, "next_attempt_at": now, "created_at": now} for seq in range(-300, 0)]
@@ -448,7 +448,7 @@ def test_a_claim_reads_only_the_unfinished_rows_of_a_line_whatever_its_history(
                 # Every read of deliveries (the candidates and the "earlier" probe) by an index
                 # of unfinished or due rows, never the line's history or the whole table.
                 reads = [line for line in plan.splitlines() if "deliveries" in line]
-                assert reads and all(any(ix in line for ix in _UNFINISHED_READS) for line in reads), plan
+                assert reads and all(any(ix in line for ix in unfinished_reads) for line in reads), plan
                 assert "idx_deliveries_unfinished" in plan, plan
             else:
                 # A small table makes a sequential scan cheapest; forbid it to see which
