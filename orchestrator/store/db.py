@@ -111,9 +111,14 @@ class Database:
             _ping_when_idle(self.engine, PING_IDLE_S)  # after the fork check: never ping another's socket
         self._lock_dir = lock_dir
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self._read_sessions = sessionmaker(
-            self.engine.execution_options(sqlite_deferred=True), expire_on_commit=False
-        )
+        # Reads: SQLite begins DEFERRED (never its write lock).  PostgreSQL reads in
+        # autocommit: at READ COMMITTED every statement takes its own snapshot, in a
+        # transaction or not, so a BEGIN and a COMMIT around a read buy nothing but two
+        # round trips and a server transaction (about half of a run's transactions are
+        # reads: docs/performance.md, "The control plane").  psycopg switches autocommit
+        # on the client side, so the switch itself sends nothing.
+        read_options = {"sqlite_deferred": True} if self.is_sqlite else {"isolation_level": "AUTOCOMMIT"}
+        self._read_sessions = sessionmaker(self.engine.execution_options(**read_options), expire_on_commit=False)
 
     def limit_wait(self, seconds: float) -> None:
         """Wait at most ``seconds`` for SQLite's write lock from now on, in this process (the

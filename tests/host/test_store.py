@@ -223,3 +223,25 @@ def test_model_view_puts_a_runs_replies_before_messages_that_arrived_during_it(d
            message_type="assistant", metadata={"reply_to_seq": q1.seq})
     view = format_messages_for_sdk(get_messages_after("chat@g.us", 0, db=db))
     assert [m.content for m in view] == ["first question", "first answer", "second question"]
+
+
+@pytest.mark.parametrize("db_backend", ["postgresql"])  # SQLite's reads are local calls: no round trips to save
+def test_postgresql_reads_open_no_transaction_and_writes_still_do(db: Database) -> None:
+    """A read is its statements alone (no BEGIN, no COMMIT: at READ COMMITTED each
+    statement has its own snapshot anyway); a write on the same pooled connection
+    afterwards is still one transaction, rolled back whole on an error."""
+    from psycopg.pq import TransactionStatus
+
+    def status(session: object) -> TransactionStatus:
+        return session.connection().connection.dbapi_connection.info.transaction_status  # type: ignore[attr-defined]
+
+    _store(db, "a")
+    with db.read() as session:
+        assert session.execute(text("SELECT count(*) FROM messages")).scalar_one() == 1
+        assert status(session) is TransactionStatus.IDLE
+    with pytest.raises(RuntimeError), db.write() as session:
+        session.execute(text("DELETE FROM messages"))
+        assert status(session) is TransactionStatus.INTRANS
+        raise RuntimeError("half-way")
+    with db.read() as session:
+        assert session.execute(text("SELECT count(*) FROM messages")).scalar_one() == 1
