@@ -27,11 +27,10 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from anyio import CapacityLimiter, to_thread
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
@@ -74,12 +73,13 @@ from orchestrator.http.endpoint import INSTALL_HEADER
 from orchestrator.http.fleet_metrics import fleet_exposition
 from orchestrator.http.guards import RequestGuard
 from orchestrator.http.stream import event_stream
+from orchestrator.http.write_batches import WriteBatches
 from orchestrator.model.context import MAX_ITEMS, ContextItem
 from orchestrator.model.envelopes import InvalidMessageMetadata
 from orchestrator.model.messages import StoredMessage
 from orchestrator.root import Orchestrator
 from orchestrator.run.assembly import stored_input
-from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest_batch
 from orchestrator.run.run_diff import RunDiff, diff_runs
 from orchestrator.sandbox.config import ContainerConfig
 from orchestrator.store.db import unavailable_reason
@@ -91,6 +91,7 @@ from orchestrator.store.groups import (
     get_group,
     is_registered,
     list_groups,
+    registered_chats,
     update_group,
 )
 from orchestrator.store.history import HistoryChange, edit_message, regenerate, truncate_after
@@ -103,6 +104,9 @@ from orchestrator.store.transfer import export_json, export_markdown
 from orchestrator.store.usage import GroupUsage, group_usage
 
 log = logging.getLogger(__name__)
+
+# Batches of posts written at once on PostgreSQL (http/write_batches.py); its pool holds 5.
+POSTGRES_WRITERS = 2
 
 MAX_CONTENT_CHARS = 100_000
 WEB_DIR = Path(__file__).parent / "web"
@@ -366,19 +370,16 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
                                                     Depends(refuse_nul_parameters)],
                        responses={421: {"description": f"the request's {INSTALL_HEADER} names another installation"}})
     signal, signal_delivery = root.signals.group, root.signals.delivery
-    # Posted messages are stored in the thread pool.  SQLite has one writer at a time, and a
-    # thread that finds the write lock taken sleeps in SQLite's busy handler (1, 2, 5, 10 ms...)
-    # rather than waking when it is free: with 32 clients most of the time went there.  So on
-    # SQLite one thread of this process writes at a time, the others wait their turn on the
-    # event loop; PostgreSQL takes the pool's threads (its connection pool bounds them).
-    writers = CapacityLimiter(1) if db.is_sqlite else None
+
+    def unregistered(chat_jid: str) -> HTTPException:
+        return HTTPException(
+            404, f"no registered group for chat {chat_jid!r} (register it with POST /api/groups; "
+            "ORCHESTRATOR_API_REQUIRE_REGISTERED_CHAT=false accepts any chat)",
+        )
 
     def registered_or_404(chat_jid: str) -> None:
         if settings.api_require_registered_chat and not is_registered(db, chat_jid):
-            raise HTTPException(
-                404, f"no registered group for chat {chat_jid!r} (register it with POST /api/groups; "
-                "ORCHESTRATOR_API_REQUIRE_REGISTERED_CHAT=false accepts any chat)",
-            )
+            raise unregistered(chat_jid)
 
     @api.exception_handler(RequestValidationError)
     def _invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -454,13 +455,35 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     async def post_message(body: IncomingMessage) -> Response:
         if len(body.content) > MAX_CONTENT_CHARS:
             raise HTTPException(413, f"content is longer than {MAX_CONTENT_CHARS} characters")
-        return await to_thread.run_sync(store_posted, body, limiter=writers)
+        return await posts.submit(body)
 
-    def store_posted(body: IncomingMessage) -> Response:
-        registered_or_404(body.chat_jid)
-        result = ingest(db, settings, body, signal=signal, signal_delivery=signal_delivery)
+    def store_posted(bodies: Sequence[IncomingMessage]) -> list[Response | Exception]:
+        """Each post's answer, or the exception its caller raises (a 404, a 429, the database's 503)."""
+        refused: dict[int, Exception] = {}
+        if settings.api_require_registered_chat:
+            try:
+                known = registered_chats(db, [body.chat_jid for body in bodies])
+            except Exception as exc:  # noqa: BLE001 - the database's state: every post's answer
+                return [exc] * len(bodies)
+            refused = {i: unregistered(body.chat_jid) for i, body in enumerate(bodies) if body.chat_jid not in known}
+        stored = iter(ingest_batch(db, settings, [b for i, b in enumerate(bodies) if i not in refused],
+                                   signal=signal, signal_delivery=signal_delivery))
+        return [refused[i] if i in refused else _posted(next(stored)) for i in range(len(bodies))]
+
+    def _posted(result: IngestResult | Exception) -> Response | Exception:
+        if isinstance(result, Exception):
+            return result
         return _json(PostedMessage(message=result.message, created=result.created, triggered=result.triggered),
                      status_code=201)
+
+    # Posted messages are stored in the thread pool, those that arrive together in one
+    # transaction (http/write_batches.py).  SQLite has one writer at a time, and a thread
+    # that finds the write lock taken sleeps in SQLite's busy handler (1, 2, 5, 10 ms...)
+    # rather than waking when it is free: so on SQLite one batch is written at a time, the
+    # posts that arrive meanwhile wait on the event loop for the next; PostgreSQL writes a
+    # few batches at once, on the pool's connections.
+    posts: WriteBatches[IncomingMessage, Response] = WriteBatches(
+        store_posted, writers=1 if db.is_sqlite else POSTGRES_WRITERS)
 
     @router.get("/chats/{chat_jid}/messages", response_model=list[StoredMessage])
     def chat_messages(

@@ -11,10 +11,11 @@ before anything is stored (:class:`~orchestrator.core.errors.RateLimited`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import update
+from sqlalchemy import Connection, update
 from sqlalchemy.orm import Session
 
 from orchestrator.core import metrics, tracing
@@ -24,7 +25,7 @@ from orchestrator.core.settings import Settings
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, MessageType, NewMessage, StoredMessage
 from orchestrator.run.queue import signal_group
 from orchestrator.run.router import wakes
-from orchestrator.store.db import Database
+from orchestrator.store.db import Database, unavailable_reason
 from orchestrator.store.deliveries import record_deliveries, with_origin
 from orchestrator.store.hosts import ALIVE_WINDOW_S
 from orchestrator.store.message_log import driver_execute, insert_message, new_message_id, now_iso
@@ -149,6 +150,56 @@ def ingest(
         return result
 
 
+def ingest_batch(
+    db: Database,
+    settings: Settings,
+    incoming: Sequence[IncomingMessage],
+    *,
+    signal: Signal | None,
+    signal_delivery: Signal | None = None,
+) -> list[IngestResult | Exception]:
+    """Each of ``incoming`` as :func:`ingest` would store it, one after another in
+    that order, in ONE transaction (a group commit): what concurrent posts to
+    the API share (``orchestrator/http/write_batches.py``), one BEGIN, one seq lock
+    and one COMMIT for all, where each message alone pays its own.
+
+    Each message's outcome, in order: its result, or the exception :func:`ingest`
+    raises for it (a sender over its rate, a message the store refuses, the
+    database unavailable).  When any message fails, the batch's transaction
+    is rolled back whole and each message is ingested again on its own, so one
+    message's failure never costs another's storing, nor stores half a batch;
+    but when the database itself cannot serve (locked past the wait, restarting,
+    its disk full) every message gets that error at once, without a second wait.
+    Signals go out after the commit, as :func:`ingest` sends them.
+    """
+    if len(incoming) == 1 or tracing.enabled():  # a span per message: each its own ingest
+        return _one_by_one(db, settings, incoming, signal=signal, signal_delivery=signal_delivery)
+    prepared = [_prepare(settings, m) for m in incoming]
+    try:
+        with db.engine.begin() as conn:
+            stored = [_store(conn, db, settings, m, new, rate, wake=None)
+                      for m, (new, rate) in zip(incoming, prepared, strict=True)]
+    except Exception as exc:  # noqa: BLE001 - each message again on its own: only the failing one fails
+        if unavailable_reason(exc) is not None:
+            return [exc] * len(incoming)  # the database's state, not a message's: each would wait again
+        return _one_by_one(db, settings, incoming, signal=signal, signal_delivery=signal_delivery)
+    return [_announce(m, one, signal=signal, signal_delivery=signal_delivery, on_stored=None)
+            for m, one in zip(incoming, stored, strict=True)]
+
+
+def _one_by_one(
+    db: Database, settings: Settings, incoming: Sequence[IncomingMessage], *, signal: Signal | None,
+    signal_delivery: Signal | None,
+) -> list[IngestResult | Exception]:
+    outcomes: list[IngestResult | Exception] = []
+    for message in incoming:
+        try:
+            outcomes.append(ingest(db, settings, message, signal=signal, signal_delivery=signal_delivery))
+        except Exception as exc:  # noqa: BLE001 - the caller answers each message with its own outcome
+            outcomes.append(exc)
+    return outcomes
+
+
 def _ingest(
     db: Database,
     settings: Settings,
@@ -159,67 +210,101 @@ def _ingest(
     signal_delivery: Signal | None,
     on_stored: Callable[[StoredMessage, bool], object] | None,
 ) -> IngestResult:
+    new, rate = _prepare(settings, incoming)
+    # A Core connection, not an ORM session: this is the hot path
+    # (docs/performance.md).  On SQLite it begins IMMEDIATE like db.write().
+    with db.engine.begin() as conn:
+        stored = _store(conn, db, settings, incoming, new, rate, wake=wake)
+    return _announce(incoming, stored, signal=signal, signal_delivery=signal_delivery, on_stored=on_stored)
+
+
+@dataclass(slots=True)
+class _Stored:
+    """What one message's share of an ingest transaction decided."""
+
+    msg: StoredMessage
+    created: bool
+    triggered: bool = False
+    needs_signal: bool = False
+    place: str | None = None
+    queued: int = 0
+
+
+def _prepare(settings: Settings, incoming: IncomingMessage) -> tuple[NewMessage, int]:
+    """The message to store, and the sender rate that applies to it (0: none)."""
     new = NewMessage(
         id=incoming.id or new_message_id(),
         timestamp=incoming.timestamp or now_iso(),
         **incoming.model_dump(exclude={"id", "timestamp", "channel", "metadata"}),
         metadata=with_origin(incoming.metadata, incoming.channel),
     )
-    triggered = needs_signal = False
-    queued = 0
-    place: str | None = None
     # 0 (the default): nothing of the rate limit runs, not one statement.
     rate = settings.sender_messages_per_minute
     if rate and not rate_limited_sender(new):
         rate = 0
-    # A Core connection, not an ORM session: this is the hot path
-    # (docs/performance.md).  On SQLite it begins IMMEDIATE like db.write().
-    with db.engine.begin() as conn:
-        if rate:
-            retry_after = sender_retry_after(conn, db, chat_jid=new.chat_jid, sender=new.sender,
-                                             message_id=new.id, limit=rate)
-            if retry_after is not None:
-                metrics.SENDER_REFUSALS.inc()
-                raise RateLimited(new.sender, rate, retry_after)  # rolls back: nothing stored
-        msg, created = insert_message(conn, db, new)
-        if created and rate:
-            record_sender_message(conn, db, chat_jid=new.chat_jid, sender=new.sender)
-        if created:
-            queued = record_deliveries(conn, msg)
-            # Read the group inside the same transaction as the insert.
-            routing = _ROUTING_SQLITE if db.is_sqlite else _ROUTING_LOCKED
-            group = driver_execute(conn, routing, {"chat_jid": incoming.chat_jid, "window": ALIVE_WINDOW_S}).fetchone()
-            if group is None:
-                triggered = False
-            elif wake is None:
-                is_main, requires_trigger, assistant_name = group[0], group[1], group[2]
-                triggered = wakes(msg, is_main=bool(is_main), requires_trigger=bool(requires_trigger),
-                                  assistant_name=assistant_name, names=settings.trigger_names)
-            else:
-                triggered = wake
-            if triggered:
-                driver_execute(conn, _MARK_PENDING, {"chat_jid": incoming.chat_jid, "seq": msg.seq})
-                trace = tracing.traceparent()  # "" while tracing is off: no statement
-                if trace:
-                    record_trace(conn, msg.seq, trace)
-                pending_seq, cursor_seq, place = group[3], group[4], group[5]
-                needs_signal = pending_seq <= cursor_seq
-    if created:
-        metrics.message_ingested(triggered)
+    return new, rate
+
+
+def _store(
+    conn: Connection, db: Database, settings: Settings, incoming: IncomingMessage, new: NewMessage, rate: int,
+    *, wake: bool | None,
+) -> _Stored:
+    """One message's statements inside the caller's ingest transaction."""
+    if rate:
+        retry_after = sender_retry_after(conn, db, chat_jid=new.chat_jid, sender=new.sender,
+                                         message_id=new.id, limit=rate)
+        if retry_after is not None:
+            metrics.SENDER_REFUSALS.inc()
+            raise RateLimited(new.sender, rate, retry_after)  # rolls back: nothing stored
+    msg, created = insert_message(conn, db, new)
+    out = _Stored(msg, created)
+    if not created:
+        return out
+    if rate:
+        record_sender_message(conn, db, chat_jid=new.chat_jid, sender=new.sender)
+    out.queued = record_deliveries(conn, msg)
+    # Read the group inside the same transaction as the insert.
+    routing = _ROUTING_SQLITE if db.is_sqlite else _ROUTING_LOCKED
+    group = driver_execute(conn, routing, {"chat_jid": incoming.chat_jid, "window": ALIVE_WINDOW_S}).fetchone()
+    if group is None:
+        out.triggered = False
+    elif wake is None:
+        is_main, requires_trigger, assistant_name = group[0], group[1], group[2]
+        out.triggered = wakes(msg, is_main=bool(is_main), requires_trigger=bool(requires_trigger),
+                              assistant_name=assistant_name, names=settings.trigger_names)
+    else:
+        out.triggered = wake
+    if out.triggered:
+        driver_execute(conn, _MARK_PENDING, {"chat_jid": incoming.chat_jid, "seq": msg.seq})
+        trace = tracing.traceparent()  # "" while tracing is off: no statement
+        if trace:
+            record_trace(conn, msg.seq, trace)
+        pending_seq, cursor_seq, out.place = group[3], group[4], group[5]
+        out.needs_signal = pending_seq <= cursor_seq
+    return out
+
+
+def _announce(
+    incoming: IncomingMessage, stored: _Stored, *, signal: Signal | None, signal_delivery: Signal | None,
+    on_stored: Callable[[StoredMessage, bool], object] | None,
+) -> IngestResult:
+    """After the commit: the metrics, ``on_stored``, and the signals the message needs."""
+    if stored.created:
+        metrics.message_ingested(stored.triggered)
     if on_stored is not None:
-        on_stored(msg, triggered)
+        on_stored(stored.msg, stored.triggered)
     signalled = False
-    if needs_signal and signal is not None:
+    if stored.needs_signal and signal is not None:
         try:
-            signal_group(signal, incoming.chat_jid, place)
+            signal_group(signal, incoming.chat_jid, stored.place)
             signalled = True
         except Exception as exc:  # noqa: BLE001 - the broker is down, the work is not lost
             # The message and its pending mark are committed; the sweeper
             # re-signals the group once the broker is back.
             log.warning("could not signal a worker for %s (%s); the sweeper will", incoming.chat_jid, exc)
-    if queued and signal_delivery is not None:
+    if stored.queued and signal_delivery is not None:
         try:
             signal_delivery(incoming.chat_jid)
         except Exception as exc:  # noqa: BLE001 - the sweeper re-signals due deliveries
             log.warning("could not signal a deliverer for %s (%s); the sweeper will", incoming.chat_jid, exc)
-    return IngestResult(message=msg, created=created, triggered=triggered, signalled=signalled)
+    return IngestResult(message=stored.msg, created=stored.created, triggered=stored.triggered, signalled=signalled)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict
@@ -120,16 +120,31 @@ def find_group(db: Database, chat_jid: str) -> Group | None:
         return None
 
 
-def is_registered(db: Database, chat_jid: str) -> bool:
-    """Whether ``chat_jid`` is a registered group.
+_DIGITS_AS_LETTERS = str.maketrans("0123456789", "abcdefghij")
 
-    The API asks it before each posted message: one fixed statement on the
-    driver, outside any transaction (no write lock on SQLite), where
+
+def is_registered(db: Database, chat_jid: str) -> bool:
+    """Whether ``chat_jid`` is a registered group (see :func:`registered_chats`)."""
+    return chat_jid in registered_chats(db, (chat_jid,))
+
+
+def registered_chats(db: Database, chat_jids: Collection[str]) -> set[str]:
+    """Which of ``chat_jids`` are registered groups.
+
+    The API asks it before storing posted messages, once for the posts it stores
+    together (http/write_batches.py): one fixed statement on the driver, outside any
+    transaction (no write lock on SQLite, no BEGIN on PostgreSQL), where
     :func:`find_group`'s ORM read of the whole row cost more than the ingest
     that follows it (docs/performance.md, "The HTTP path")."""
+    # Parameter names of letters only (driver_execute's :name): c + the index's digits as letters.
+    wanted = {"c" + str(i).translate(_DIGITS_AS_LETTERS): jid for i, jid in enumerate(sorted(set(chat_jids)))}
+    if not wanted:
+        return set()
+    sql = f"SELECT chat_jid FROM groups WHERE chat_jid IN ({', '.join(':' + k for k in wanted)})"
     with db.engine.connect() as conn:
-        found = driver_execute(conn, "SELECT 1 FROM groups WHERE chat_jid = :chat_jid", {"chat_jid": chat_jid})
-        return found.fetchone() is not None
+        if not db.is_sqlite:  # psycopg would BEGIN on its own (SQLite's connections never do: store/db.py)
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+        return {row[0] for row in driver_execute(conn, sql, wanted).fetchall()}
 
 
 def list_groups(db: Database) -> list[Group]:

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.core.errors import InvalidMessage, StoreError
 from orchestrator.core.settings import Settings
-from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest, ingest_batch
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
 from orchestrator.run.router import has_trigger
@@ -132,6 +132,41 @@ def test_only_an_idle_group_is_signalled(db: Database, settings: Settings) -> No
         session.get(GroupRow, "main@local").cursor_seq = group.pending_seq  # type: ignore[union-attr]
     assert send("d") is True
     assert [c[0] for c in sig.calls] == ["main@local", "main@local"]
+
+
+def test_a_batch_is_one_transaction_and_a_bad_message_fails_alone(db: Database, settings: Settings) -> None:
+    """ingest_batch (the API's group commit): the messages in order, one COMMIT for all, each
+    signalled as ingest would; a message the store refuses is answered with its error and
+    the others are stored all the same, none twice."""
+    from sqlalchemy import event
+
+    ensure_main_group(db)
+    signalled: list[str] = []  # no database read in it: every COMMIT counted is ingest's
+    commits: list[int] = []
+
+    def counted(_conn: object) -> None:
+        commits.append(1)
+
+    event.listen(db.engine, "commit", counted)
+    try:
+        batch = [IncomingMessage(id=f"b{i}", chat_jid="main@local", sender="u", content=f"m{i}") for i in range(4)]
+        results = ingest_batch(db, settings, batch, signal=signalled.append)
+        assert len(commits) == 1
+        assert all(isinstance(r, IngestResult) for r in results)
+        assert [r.message.id for r in results] == ["b0", "b1", "b2", "b3"]  # type: ignore[union-attr]
+        seqs = [r.message.seq for r in results]  # type: ignore[union-attr]
+        assert seqs == sorted(seqs) and len(set(seqs)) == 4
+        assert [r.signalled for r in results] == [True, False, False, False]  # type: ignore[union-attr]
+        # The same ids again (a client's retry) and one the store refuses, mid-batch.
+        again = [*batch[:2], IncomingMessage(chat_jid="main@local", sender="u", content="x", timestamp="no date"),
+                 IncomingMessage(id="b4", chat_jid="main@local", sender="u", content="m4")]
+        results = ingest_batch(db, settings, again, signal=signalled.append)
+    finally:
+        event.remove(db.engine, "commit", counted)
+    assert isinstance(results[2], InvalidMessage)
+    assert [r.created for r in (results[0], results[1], results[3])] == [False, False, True]  # type: ignore[union-attr]
+    assert [m.id for m in get_messages_after("main@local", 0, db=db)] == ["b0", "b1", "b2", "b3", "b4"]
+    assert signalled == ["main@local"]
 
 
 class _ConsumingPipeline(Pipeline):
