@@ -39,7 +39,7 @@ from celery.signals import (
 )
 from kombu import Exchange, Queue
 
-from orchestrator.core import tracing
+from orchestrator.core import heap, tracing
 from orchestrator.core.settings import Settings
 from orchestrator.root import Orchestrator
 from orchestrator.run.queue import AGENT_QUEUE, host_queue
@@ -142,6 +142,8 @@ def _fresh_connections(**_: object) -> None:
     # A forked pool child must not share the parent's database connections.
     orchestrator.after_fork()
     logging.getLogger("orchestrator").setLevel(orchestrator.settings.log_level)
+    # What the child inherited and built lives as long as it: never scanned again (core/heap.py).
+    heap.settle()
 
 
 @worker_ready.connect
