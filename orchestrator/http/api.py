@@ -82,7 +82,7 @@ from orchestrator.run.assembly import stored_input
 from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest_batch
 from orchestrator.run.run_diff import RunDiff, diff_runs
 from orchestrator.sandbox.config import ContainerConfig
-from orchestrator.store.db import unavailable_reason
+from orchestrator.store.db import driver_execute, unavailable_reason
 from orchestrator.store.groups import (
     FOLDER_PATTERN,
     MAX_QUOTA,
@@ -96,7 +96,7 @@ from orchestrator.store.groups import (
 )
 from orchestrator.store.history import HistoryChange, edit_message, regenerate, truncate_after
 from orchestrator.store.hosts import ALIVE_WINDOW_S, Host, list_hosts
-from orchestrator.store.message_log import driver_execute, get_messages_after
+from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.placement import HostUnavailable, Moved, move
 from orchestrator.store.runs import Run, get_run, list_runs
 from orchestrator.store.slots import FleetSlots, fleet_slots

@@ -25,10 +25,10 @@ from orchestrator.core.settings import Settings
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, MessageType, NewMessage, StoredMessage
 from orchestrator.run.queue import signal_group
 from orchestrator.run.router import wakes
-from orchestrator.store.db import Database, unavailable_reason
+from orchestrator.store.db import Database, driver_execute, unavailable_reason
 from orchestrator.store.deliveries import record_deliveries, with_origin
 from orchestrator.store.hosts import ALIVE_WINDOW_S
-from orchestrator.store.message_log import driver_execute, insert_message, new_message_id, now_iso
+from orchestrator.store.message_log import insert_message, new_message_id, now_iso
 from orchestrator.store.placement import place_sql
 from orchestrator.store.tables import GroupRow
 from orchestrator.store.traces import record_trace

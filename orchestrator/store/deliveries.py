@@ -38,8 +38,7 @@ from orchestrator.core.errors import ChannelError
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.messages import StoredMessage
 from orchestrator.model.render import ORIGIN_CHANNEL_KEY, displayed
-from orchestrator.store.db import Database, changed_rows, now_sql
-from orchestrator.store.message_log import driver_execute
+from orchestrator.store.db import Database, changed_rows, driver_execute, now_sql
 from orchestrator.store.tables import DeliveryRow
 
 log = logging.getLogger(__name__)

@@ -8,9 +8,11 @@ refused here, before anything touches the filesystem.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
@@ -19,7 +21,6 @@ from sqlalchemy.exc import IntegrityError
 from orchestrator.core.errors import ConfigError, InvalidMessage, StoreError, UnknownGroup
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.store.db import Database
-from orchestrator.store.message_log import driver_execute
 from orchestrator.store.tables import GroupRow
 
 # A folder name (also the API's schema pattern, orchestrator/http/api.py).
@@ -61,6 +62,22 @@ def group_from_row(row: GroupRow) -> Group:
         pending_seq=row.pending_seq, session_id=row.session_id, container_config=row.container_config,
         runs_per_hour=row.runs_per_hour, tokens_per_day=row.tokens_per_day, placed_host=row.placed_host,
     )
+
+
+# get_group as one fixed read on the driver: it runs twice in every run (docs/performance.md).
+_GROUP_COLUMNS = ("chat_jid", "name", "folder", "is_main", "requires_trigger", "assistant_name", "cursor_seq",
+                  "pending_seq", "session_id", "container_config", "runs_per_hour", "tokens_per_day", "placed_host")
+_GET_GROUP = f"SELECT {', '.join(_GROUP_COLUMNS)} FROM groups WHERE chat_jid = :chat_jid"
+
+
+def _group_from_values(values: tuple[Any, ...]) -> Group:
+    row = dict(zip(_GROUP_COLUMNS, values, strict=True))
+    # The driver's own values: SQLite gives 0/1 for a boolean and the JSON column's text.
+    config = row["container_config"]
+    row["container_config"] = json.loads(config) if isinstance(config, str) else config
+    row["is_main"] = bool(row["is_main"])
+    row["requires_trigger"] = bool(row["requires_trigger"]) and not row["is_main"]
+    return Group(**row)
 
 
 def validate_folder(folder: str) -> str:
@@ -106,11 +123,10 @@ def add_group(
 
 
 def get_group(db: Database, chat_jid: str) -> Group:
-    with db.read() as session:
-        row = session.get(GroupRow, chat_jid)
-        if row is None:
-            raise UnknownGroup(chat_jid)
-        return group_from_row(row)
+    rows = db.read_fixed(_GET_GROUP, {"chat_jid": chat_jid})
+    if not rows:
+        raise UnknownGroup(chat_jid)
+    return _group_from_values(tuple(rows[0]))
 
 
 def find_group(db: Database, chat_jid: str) -> Group | None:
@@ -141,10 +157,7 @@ def registered_chats(db: Database, chat_jids: Collection[str]) -> set[str]:
     if not wanted:
         return set()
     sql = f"SELECT chat_jid FROM groups WHERE chat_jid IN ({', '.join(':' + k for k in wanted)})"
-    with db.engine.connect() as conn:
-        if not db.is_sqlite:  # psycopg would BEGIN on its own (SQLite's connections never do: store/db.py)
-            conn.execution_options(isolation_level="AUTOCOMMIT")
-        return {row[0] for row in driver_execute(conn, sql, wanted).fetchall()}
+    return {row[0] for row in db.read_fixed(sql, wanted)}
 
 
 def list_groups(db: Database) -> list[Group]:

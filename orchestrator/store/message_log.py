@@ -7,11 +7,8 @@ cursor that is monotonic in commit order (see ``_next_seq``).
 
 from __future__ import annotations
 
-import functools
 import json
-import re
 import uuid
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,7 +26,7 @@ from orchestrator.model.messages import (
     StoredMessage,
     sender_type_problem,
 )
-from orchestrator.store.db import Database
+from orchestrator.store.db import Database, driver_execute
 from orchestrator.store.tables import MessageRow
 
 
@@ -114,29 +111,6 @@ def _lock_seq(conn: Connection, db: Database) -> None:
 
 
 _SEQ_LOCK = "SELECT pg_advisory_xact_lock(726932)"
-_NAMED = re.compile(r"(?<!:):([a-z_]+)")
-
-
-def driver_execute(conn: Connection, sql: str, params: Mapping[str, object] | None = None) -> Any:
-    """Run ``sql`` (written with ``:name`` parameters) on the DBAPI connection
-    under ``conn``, inside its transaction; returns the DBAPI cursor.  ``params``
-    binds those names (each statement its own; the driver takes any value).
-
-    For the ingest path's few fixed statements only: no statement object,
-    cache key, compile or result wrapper per call, about a quarter of the
-    cost of ``Connection.execute`` (docs/performance.md).  Errors are the
-    driver's own exceptions; the caller's ``with`` block still rolls back.
-    """
-    native = sql if conn.dialect.name == "sqlite" else _pyformat(sql)
-    # A checked-out connection always has its driver's connection (typed Optional).
-    return conn.connection.driver_connection.execute(native, params or {})  # type: ignore[union-attr]
-
-
-@functools.cache
-def _pyformat(sql: str) -> str:
-    return _NAMED.sub(r"%(\1)s", sql)
-
-
 # One round trip: the next seq (max + 1, under the caller's write lock; the
 # unique index on seq makes max() one index probe), the row unless (id,
 # chat_jid) is already stored, and its seq (no row back: a duplicate).

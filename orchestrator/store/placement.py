@@ -30,10 +30,9 @@ from sqlalchemy import and_, select, update
 from sqlalchemy.orm import Session
 
 from orchestrator.core.errors import OrchestratorError, UnknownGroup
-from orchestrator.store.db import Database, db_now
+from orchestrator.store.db import Database, db_now, driver_execute
 from orchestrator.store.hosts import ALIVE_WINDOW_S, owner_host, takes_groups, up_and_beating
 from orchestrator.store.leases import holder_gone
-from orchestrator.store.message_log import driver_execute
 from orchestrator.store.tables import GroupRow, HostRow
 
 

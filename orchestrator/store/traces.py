@@ -11,8 +11,7 @@ from __future__ import annotations
 from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
-from orchestrator.store.db import Database
-from orchestrator.store.message_log import driver_execute
+from orchestrator.store.db import Database, driver_execute
 from orchestrator.store.tables import MessageRow
 
 # seq is unique: one index probe.  A fixed statement on the driver, as ingest's others.

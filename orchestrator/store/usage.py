@@ -37,11 +37,11 @@ from sqlalchemy import Connection, func, select
 
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import SENDER_HOST, NewMessage, StoredMessage
-from orchestrator.store.db import Database
+from orchestrator.store.db import Database, driver_execute
 from orchestrator.store.deliveries import record_deliveries
 from orchestrator.store.groups import Group
 from orchestrator.store.hosts import database_now
-from orchestrator.store.message_log import driver_execute, insert_message
+from orchestrator.store.message_log import insert_message
 from orchestrator.store.tables import RunRow
 
 RUN_WINDOW = timedelta(hours=1)

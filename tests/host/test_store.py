@@ -245,3 +245,25 @@ def test_postgresql_reads_open_no_transaction_and_writes_still_do(db: Database) 
         raise RuntimeError("half-way")
     with db.read() as session:
         assert session.execute(text("SELECT count(*) FROM messages")).scalar_one() == 1
+
+
+def test_a_group_read_back_is_the_group_written_on_every_backend(db: Database) -> None:
+    """get_group reads the row on the driver (store/groups.py): its booleans, JSON and
+    NULLs come back as the model's types on both databases."""
+    from sqlalchemy import update
+
+    from orchestrator.store.groups import add_group, get_group, update_group
+    from orchestrator.store.tables import GroupRow
+
+    add_group(db, chat_jid="g@x", name="G", folder="g", requires_trigger=True, assistant_name="Zed")
+    update_group(db, "g@x", {"runs_per_hour": 5})
+    with db.write() as session:  # as sandbox/config.py stores it
+        session.execute(update(GroupRow).where(GroupRow.chat_jid == "g@x").values(container_config={"memory_mb": 768}))
+    group = get_group(db, "g@x")
+    assert (group.is_main, group.requires_trigger, group.assistant_name) == (False, True, "Zed")
+    assert group.container_config == {"memory_mb": 768}
+    assert (group.runs_per_hour, group.tokens_per_day, group.session_id, group.placed_host) == (5, None, None, None)
+    assert (group.cursor_seq, group.pending_seq) == (0, 0)
+    add_group(db, chat_jid="m@x", name="M", folder="m", is_main=True, requires_trigger=True)
+    main = get_group(db, "m@x")
+    assert main.is_main and not main.requires_trigger and main.container_config is None
