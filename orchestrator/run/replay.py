@@ -70,14 +70,14 @@ from orchestrator.run.pipeline import GATEWAY_SOCKET, StopWatch, model_settings
 from orchestrator.run.result_meta import result_meta_message
 from orchestrator.run.stop_notice import STOP_REASON_LIMITS, Limit
 from orchestrator.sandbox.bounded_io import OutputBudget, OutputLimitExceeded
-from orchestrator.sandbox.config import effective_limits, parse_container_config
+from orchestrator.sandbox.config import effective_limits, parse_container_config, workspace_quota
 from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerSpec
 from orchestrator.sandbox.gateway import ModelGateway
 from orchestrator.sandbox.hostile_fs import MAX_DEPTH, opened_root
 from orchestrator.sandbox.image import image_name, model_variant
 from orchestrator.sandbox.mounts import group_workspace, prepare_mountpoints, resolve_mounts
 from orchestrator.sandbox.port import Sandbox
-from orchestrator.sandbox.quota import Volume
+from orchestrator.sandbox.quota import Volume, scratch_volume
 from orchestrator.sandbox.warm import host_only_dir
 from orchestrator.store.db import Database, changed_rows, db_now
 from orchestrator.store.groups import Group, get_group
@@ -345,9 +345,15 @@ def _run(
                             "on this host; replay where the group's runs go")
     cfg = parse_container_config(group.container_config)
     limits = effective_limits(settings, cfg)
-    scratch = settings.runs_dir / f"{run.id}.workspace"
+    # The copy lives in a throw-away volume of the group's workspace quota where the host
+    # can loop-mount one (sandbox/quota.py): what the replayed agent writes stops there, as
+    # in the group's own workspace, instead of filling the data dir's disk.
+    scratch_root = settings.runs_dir / f"{run.id}.scratch"
+    scratch = scratch_root / "workspace"
     with contextlib.ExitStack() as cleanup:
-        cleanup.callback(shutil.rmtree, scratch, ignore_errors=True)
+        cleanup.callback(shutil.rmtree, scratch_root, ignore_errors=True)
+        scratch_root.mkdir(mode=0o700, parents=True, exist_ok=False)
+        cleanup.enter_context(scratch_volume(settings, run.id, scratch_root, workspace_quota(settings, cfg)))
         report = copy_workspace(workspace, scratch, max_bytes=settings.replay_max_bytes,
                                 max_files=settings.replay_max_files)
         # The group's extra folders, re-checked against the allowlist, and read-only

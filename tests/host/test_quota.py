@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -425,3 +426,90 @@ def test_cli_shows_usage_and_quota(volume_settings: Settings) -> None:
     quota.prepare_workspace(settings, "team", ws, 128 * MiB)  # the next run mounts it again
     assert (ws / "data").stat().st_size == 3 * MiB
     assert not (quota.volumes_dir(settings) / "solo.img").exists()
+
+
+# -- scratch volumes (a replay's copy) --------------------------------------------------
+
+
+def _fill(path: Path, size: int) -> int:
+    """Write ``size`` bytes of data into ``path``; the bytes written before ENOSPC."""
+    written = 0
+    chunk = os.urandom(MiB)
+    with open(path, "wb") as fh:
+        try:
+            while written < size:
+                written += fh.write(chunk)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    return written
+
+
+def test_a_scratch_volume_stops_writes_at_its_quota_and_leaves_nothing(volume_settings: Settings) -> None:
+    """A replay's scratch copy lives in a throw-away volume: writing past its quota is
+    ENOSPC (what an agent in the replay's container meets), and on the way out it is
+    unmounted and its image deleted."""
+    require_volumes()
+    settings = volume_settings
+    where = settings.runs_dir / "r1.scratch"
+    where.mkdir(parents=True)
+    with quota.scratch_volume(settings, "r1", where, 16 * MiB) as bounded:
+        assert bounded
+        assert _mounts_at(where), "the scratch folder is a mount point"
+        written = _fill(where / "big", 64 * MiB)
+        assert written < 16 * MiB
+        assert shutil.disk_usage(where).total <= 16 * MiB
+    assert not _mounts_at(where)
+    assert sorted(p.name for p in quota.volumes_dir(settings).iterdir() if p.name.startswith("replay.")) == []
+    assert not loops_under(settings.data_dir)
+
+
+def test_no_quota_is_a_plain_folder(tmp_path: Path) -> None:
+    settings = Settings.load(data_dir=tmp_path / "data", workspace_quota="0", env_file=None)
+    where = tmp_path / "scratch"
+    where.mkdir()
+    with quota.scratch_volume(settings, "r2", where, 0) as bounded:
+        assert not bounded and not _mounts_at(where)
+
+
+KILLED_HOLDER = """
+import os, sys, time
+from pathlib import Path
+from orchestrator.core.settings import Settings
+from orchestrator.sandbox import quota
+settings = Settings.load(data_dir=Path(sys.argv[1]), workspace_quota="64m", env_file=None)
+where = Path(sys.argv[2]); where.mkdir(parents=True)
+with quota.scratch_volume(settings, "killed", where, 16 * 1024**2):
+    print("mounted", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_replays_scratch_volume_is_removed_by_the_next_one(volume_settings: Settings) -> None:
+    """A worker SIGKILLed mid-replay leaves its scratch volume mounted; the next scratch
+    volume of the data dir unmounts and deletes it (its holder's lock died with it), and
+    never one still in use."""
+    require_volumes()
+    settings = volume_settings
+    stale = settings.runs_dir / "killed.scratch"
+    holder = subprocess.Popen([sys.executable, "-c", KILLED_HOLDER, str(settings.data_dir), str(stale)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "mounted"
+        assert _mounts_at(stale)
+        # While its holder lives, it is in use: left alone.
+        assert quota.remove_stale_scratch(settings) == []
+        assert _mounts_at(stale)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert _mounts_at(stale), "SIGKILL leaves the mount"
+    where = settings.runs_dir / "next.scratch"
+    where.mkdir(parents=True)
+    with quota.scratch_volume(settings, "next", where, 16 * MiB) as bounded:
+        assert bounded
+        assert not _mounts_at(stale)
+        left = sorted(p.name for p in quota.volumes_dir(settings).iterdir() if "killed" in p.name)
+        assert left == []
+    assert not _mounts_at(where)

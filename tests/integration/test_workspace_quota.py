@@ -183,3 +183,37 @@ def test_turning_the_quota_on_moves_the_files_and_replaces_a_warm_container(
         assert len([e for e in quota.mount_entries() if e.mount_point == str(g.workspace)]) == 1
     finally:
         next(groups, None)
+
+
+# The original run is spared (its workspace holds the marker); the replay's scratch copy
+# lacks it, so the replayed command is the attack.
+ATTACK_UNLESS_MARKED = ("$ test -f marker && echo spared || fallocate -l 3G big "
+                        "|| dd if=/dev/zero of=big bs=1M count=3000")
+
+
+@pytest.mark.parametrize("volume_group", ["cold"], indirect=True)
+def test_a_replay_cannot_fill_the_disk_through_its_scratch_copy(volume_group: Group) -> None:
+    """A replay runs on a scratch copy of the workspace (orchestrator/run/replay.py): that
+    copy is a volume of the group's quota too, so the replayed agent's attempt to fill the
+    disk ends in "No space left on device" inside the sandbox; the data dir keeps its free
+    space, the group's workspace is untouched, and the scratch volume is gone after."""
+    from orchestrator.run.replay import create_replay, execute_replay
+    from orchestrator.run.run_diff import run_outputs
+
+    g = volume_group
+    g.workspace.mkdir(parents=True, exist_ok=True)
+    (g.workspace / "marker").write_text("spare the original\n")
+    outcome, outputs = g.ask(ATTACK_UNLESS_MARKED)
+    assert outcome.run.state == "succeeded" and "spared" in _tool_output(outputs), _tool_output(outputs)
+    (g.workspace / "marker").unlink()
+    free_before = shutil.disk_usage(g.settings.data_dir).free
+
+    replay = create_replay(g.db, g.settings, outcome.run.id, "offline")
+    done = execute_replay(g.db, g.settings, g.pipeline.sandbox, replay.id)
+    said = "\n".join(o.content for o in run_outputs(g.db, done) if o.message_type == "tool_result")
+    assert "No space left on device" in said, (done.state, done.error, said)
+    assert shutil.disk_usage(g.settings.data_dir).free > free_before - 80 * MiB  # not the 3 GiB asked
+    assert sorted(p.name for p in g.workspace.iterdir()) == []  # the group's own workspace: untouched
+    assert not [p for p in g.settings.runs_dir.iterdir() if p.name.startswith(replay.id)]
+    assert not mounts_under(g.settings.runs_dir)
+    assert not [p for p in quota.volumes_dir(g.settings).iterdir() if p.name.startswith(quota.SCRATCH_PREFIX)]
