@@ -36,7 +36,8 @@ The metrics (names as exposed; counters end in ``_total``):
 * ``orchestrator_message_first_reply_seconds``: from that message being stored to
   the run's first stored assistant reply: what a person waits, queue included;
 * ``orchestrator_container_start_seconds{mode}``: from asking the sandbox for the
-  agent to having it (``cold``: a new container; ``warm``: a warm one reused);
+  agent to having it (``cold``: a new container; ``warm``: a warm one reused;
+  ``standby``: a container started ahead, adopted by the group);
 * ``orchestrator_deliveries_total{channel,state}``: delivery attempts ended:
   ``sent``, ``retried`` (failed, back to pending), ``failed`` (for good),
   ``cancelled`` (superseded before it was sent);
@@ -90,7 +91,7 @@ MESSAGE_FIRST_REPLY = Histogram("orchestrator_message_first_reply_seconds", "Fro
                                 "being stored to the run's first stored assistant reply (the database's clock).",
                                 buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800))
 CONTAINER_START = Histogram("orchestrator_container_start_seconds", "From asking the sandbox for the agent to "
-                            "having it: a new container (cold) or a warm one reused.", ["mode"],
+                            "having it: a new container (cold), a warm one reused, or a standby one adopted.", ["mode"],
                             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 DELIVERIES = Counter("orchestrator_deliveries", "Delivery attempts ended: sent, retried (back to pending), "
                      "failed (for good), cancelled (superseded).", ["channel", "state"])
@@ -103,7 +104,7 @@ QUOTA_WAITS = Counter("orchestrator_quota_waits", "Steps that found their group 
 # Label values known in advance start at 0, so a rate() has a series before the first event.
 for _state in RUN_STATES:
     RUNS_FINISHED.labels(_state)
-for _mode in ("cold", "warm"):
+for _mode in ("cold", "warm", "standby"):
     CONTAINER_START.labels(_mode)
 for _wakes in ("yes", "no"):
     MESSAGES_INGESTED.labels(_wakes)
@@ -146,8 +147,9 @@ def first_reply(created_at: datetime, replied_at: datetime, waiting_since: datet
 
 def container_started(since: float, agent: object) -> None:
     """The sandbox handed over ``agent``, asked for at ``since`` (:func:`time.perf_counter`).
-    A warm pool's agent says whether it needed a new container (``cold``); any other is one."""
-    mode = "cold" if getattr(agent, "cold", True) else "warm"
+    A warm pool's agent says how it was had (``start_mode``: cold, warm or standby); any other
+    is a new container."""
+    mode = getattr(agent, "start_mode", None) or ("cold" if getattr(agent, "cold", True) else "warm")
     CONTAINER_START.labels(mode).observe(time.perf_counter() - since)
 
 

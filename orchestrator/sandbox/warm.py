@@ -48,6 +48,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 import docker
 import msgspec
@@ -97,6 +98,9 @@ from orchestrator.store.placement import moved_away
 from orchestrator.store.tables import GroupRow
 
 log = logging.getLogger(__name__)
+
+# How a run's container was had (orchestrator_container_start_seconds{mode}).
+StartMode = Literal["cold", "warm", "standby"]
 
 LABEL_WARM_CONFIG = "orchestrator.warm-config"
 # The host (ORCHESTRATOR_HOST_ID) whose container it is: hosts may share a Docker
@@ -385,6 +389,7 @@ class WarmPool:
                     self._make_room(warm_cap(self.settings) - 1, self._running())
                     taken = self._take_standby(spec, config)
             cold = container is None
+            mode: StartMode = "warm" if container is not None else "standby"
             if taken is not None:
                 container, slot = taken
                 try:
@@ -396,6 +401,7 @@ class WarmPool:
                     container = None
             if container is None:
                 container = self._create(spec, config, idle)
+                mode = "cold"
             dirty = _dirty_marker(self.settings, spec.group_folder, str(container.id))
             try:
                 sock = self._connect(container, spec, retry_s=STARTUP_TIMEOUT_S if cold else 0.0)
@@ -405,7 +411,7 @@ class WarmPool:
                 last_error = exc
                 self.discard(container)
                 continue
-            return WarmRun(container, sock, spec, payload, cold=cold, dirty_marker=dirty, pool=self)
+            return WarmRun(container, sock, spec, payload, cold=cold, start_mode=mode, dirty_marker=dirty, pool=self)
         raise SandboxError(f"cannot reach a warm agent container for {spec.group_folder}: {last_error}")
 
     def _take_standby(self, spec: ContainerSpec, config: str) -> tuple[Container, Slot] | None:
@@ -536,7 +542,7 @@ class WarmRun(StreamedRun):
 
     def __init__(
         self, container: Container, sock: socket.socket, spec: ContainerSpec,
-        payload: bytes, *, cold: bool, dirty_marker: Path, pool: WarmPool,
+        payload: bytes, *, cold: bool, start_mode: StartMode, dirty_marker: Path, pool: WarmPool,
     ) -> None:
         self._container = container
         self._sock = sock
@@ -544,6 +550,8 @@ class WarmRun(StreamedRun):
         self._pool = pool
         self.spec = spec
         self.cold = cold
+        # How it was had: a new container, a warm one reused, or a standby one adopted (a metric's label).
+        self.start_mode = start_mode
         self.exit = None
         self._started = datetime.now(UTC)
         self._killed = False

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import docker
 import pytest
+from prometheus_client import REGISTRY
 
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
@@ -85,17 +86,25 @@ def pool(tmp_path_factory: pytest.TempPathFactory, agent_image: str) -> Iterator
         assert root not in fh.read(), "a standby mount outlived its pool"
 
 
+def _starts(mode: str) -> float:
+    return REGISTRY.get_sample_value("orchestrator_container_start_seconds_count", {"mode": mode}) or 0.0
+
+
 def test_a_quiet_groups_first_run_takes_a_standby_container_and_keeps_it(pool: Pool) -> None:
     [standby] = pool.fill(1)
     token = uuid.uuid4().hex
+    before = {mode: _starts(mode) for mode in ("cold", "warm", "standby")}
     outcome, [wrote, seen] = pool.ask(ALPHA, f"echo {token} > made-here.txt && id -u", "grep -c . /proc/self/mountinfo")
     assert outcome.run.container_id == standby  # the run went to the container started ahead
+    # Its start counted as what it was: an adopted standby, not a cold start.
+    assert {mode: _starts(mode) - n for mode, n in before.items()} == {"cold": 0, "warm": 0, "standby": 1}
     assert wrote.strip() == "1000"
     # What it wrote is in the group's own folder on the host, owned by the container's user.
     made = pool.settings.groups_dir / "alpha" / "made-here.txt"
     assert made.read_text().strip() == token and made.stat().st_uid == 1000
     again, _ = pool.ask(ALPHA, "cat made-here.txt")
     assert again.run.container_id == standby  # now alpha's warm container
+    assert _starts("warm") - before["warm"] == 1
     # The pool is refilled with another; alpha's is no longer in it.
     [fresh] = pool.fill(1)
     assert fresh != standby
