@@ -298,7 +298,7 @@ class Pipeline:
         finally:
             leases.release(self.db, chat_jid, self.owner)
         step.recovered = recovered
-        if step.retry_in is None:  # a run ended, or there was nothing to run
+        if step.retry_in is None and step.quota is None:  # a run ended, or there was nothing to run
             # Looked at after the release, so a message whose signal bounced off
             # our lease is not left waiting for the sweeper.
             group = get_group(self.db, chat_jid)
@@ -326,8 +326,13 @@ class Pipeline:
             leave_line(self.db, self.settings.max_concurrent_runs, chat_jid)
             metrics.QUOTA_WAITS.labels(wait.quota).inc()
             if store_quota_notice(self.db, chat_jid, wait) is not None:
+                # The wait's first sighting: the group comes back when it ends (a countdown).
                 self._deliver(chat_jid)
-            return Step(retry_in=max(1.0, wait.wait_s), quota=wait)
+                return Step(retry_in=max(1.0, wait.wait_s), quota=wait)
+            # The same wait again (a sweep's re-signal, a duplicate task): its countdown is on
+            # its way, and another now would be one more for each sweep of a wait hours long.
+            # Were it lost, the sweep after the wait's end starts the run.
+            return Step(quota=wait)
         try:
             started = self.run_once(group, task_id=task_id, lease_lost=lease_lost)
         except FleetFull as full:

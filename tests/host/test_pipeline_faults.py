@@ -290,6 +290,16 @@ def test_a_group_over_its_quota_starts_nothing_and_is_told_once(settings: Settin
     waiting = p.step(JID)
     assert waiting.outcome is None and waiting.quota is not None and waiting.quota.quota == "runs_per_hour"
     assert waiting.retry_in is not None and 3500 < waiting.retry_in <= 3600  # the first run turns an hour old
+    signals: list[tuple[str, float | None]] = []
+    p.follow_up(JID, waiting, lambda jid, countdown: signals.append((jid, countdown)))
+    assert signals == [(JID, waiting.retry_in)]
+    # The same wait seen again (every sweep re-signals a pending group): no second countdown,
+    # no signal at once either; the first one brings the group back.
+    again = p.step(JID)
+    assert again.quota is not None and again.quota.until == waiting.quota.until
+    assert again.retry_in is None and not again.more
+    p.follow_up(JID, again, lambda jid, countdown: signals.append((jid, countdown)))
+    assert signals == [(JID, waiting.retry_in)]
     assert p.drain_group(JID) == [] and len(sandbox.started) == 1  # in process too: nothing starts
     [notice] = _from(p, "host")
     assert notice.startswith("⏳ This group reached its quota of 1 run per hour; the next run starts at ")
