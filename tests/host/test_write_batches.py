@@ -6,11 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import pytest
 
 from orchestrator.http.write_batches import WriteBatches
+
+T = TypeVar("T")
+
+
+def _run(main: Callable[[], Awaitable[T]]) -> T:
+    """``main`` on an event loop of its own, in a thread of its own: the suite's other tests
+    (a browser's, the API's) may have left a loop running in this one."""
+    async def wrapped() -> T:
+        return await main()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, wrapped()).result(timeout=30)
 
 
 class _Store:
@@ -39,7 +53,7 @@ def test_posts_that_wait_are_written_together_in_order_each_with_its_outcome() -
         store.release.set()
         return await asyncio.gather(first, *rest, return_exceptions=True)
 
-    outcomes = asyncio.run(main())
+    outcomes = _run(main)
     assert store.batches == [[0], [1, 2, 3, 4, 5, 6, 7, 8]]
     assert [o if isinstance(o, int) else str(o) for o in outcomes] == [
         0, "odd 1", 20, "odd 3", 40, "odd 5", 60, "odd 7", 80]
@@ -60,7 +74,7 @@ def test_a_failing_store_fails_every_caller_of_its_batch_and_the_next_batch_stil
         failed = await asyncio.gather(*(batches.submit(i) for i in range(3)), return_exceptions=True)
         return failed, await batches.submit(7)
 
-    failed, later = asyncio.run(main())
+    failed, later = _run(main)
     assert all(isinstance(o, RuntimeError) for o in failed) and len(failed) == 3
     assert later == 7
 
@@ -71,6 +85,6 @@ def test_a_store_that_answers_short_is_an_error_not_a_hang() -> None:
     async def main() -> list[int | BaseException]:
         return await asyncio.gather(*(batches.submit(i) for i in range(3)), return_exceptions=True)
 
-    outcomes = asyncio.run(main())
+    outcomes = _run(main)
     with pytest.raises(RuntimeError, match="outcomes for a batch"):
         raise next(o for o in outcomes if isinstance(o, BaseException))
