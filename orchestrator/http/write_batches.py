@@ -41,20 +41,31 @@ class WriteBatches(Generic[Item, Result]):
         self._writers = writers
         self._max_batch = max_batch
         self._waiting: collections.deque[tuple[Item, asyncio.Future[Result]]] = collections.deque()
-        self._active: set[asyncio.Task[None]] = set()  # strong references: the loop keeps only weak ones
+        # Writers at work, counted by the writers themselves: a task's done-callback runs a loop
+        # step after it returned, and a post made in between would find a writer that is gone.
+        self._writing = 0
+        self._tasks: set[asyncio.Task[None]] = set()  # strong references: the loop keeps only weak ones
 
     async def submit(self, item: Item) -> Result:
         """Store ``item`` with whatever else is waiting; its outcome (raised if an exception)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Result] = loop.create_future()
         self._waiting.append((item, future))
-        if len(self._active) < self._writers:
+        if self._writing < self._writers:
+            self._writing += 1
             task = loop.create_task(self._write())
-            self._active.add(task)
-            task.add_done_callback(self._active.discard)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return await future
 
     async def _write(self) -> None:
+        try:
+            await self._write_waiting()
+        finally:
+            # In the same step as the last look at the queue: no post can slip in between.
+            self._writing -= 1
+
+    async def _write_waiting(self) -> None:
         while self._waiting:
             batch = [self._waiting.popleft() for _ in range(min(self._max_batch, len(self._waiting)))]
             try:

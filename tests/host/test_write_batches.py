@@ -88,3 +88,18 @@ def test_a_store_that_answers_short_is_an_error_not_a_hang() -> None:
     outcomes = _run(main)
     with pytest.raises(RuntimeError, match="outcomes for a batch"):
         raise next(o for o in outcomes if isinstance(o, BaseException))
+
+
+def test_a_post_right_after_a_batch_ends_is_written_too() -> None:
+    """The soak's lost post: a post made as the writer's last batch ended (its task done, the
+    task's done-callback not yet run) found the writer still counted and waited forever."""
+    batches: WriteBatches[int, int] = WriteBatches(lambda items: [i * 2 for i in items], writers=1)
+
+    async def posts() -> list[int]:
+        # Each submit runs in this task's own step, right as the previous batch's writer returns.
+        return [await batches.submit(i) for i in range(20)]
+
+    async def main() -> list[int]:
+        return await asyncio.wait_for(posts(), timeout=5)  # a lost post fails here, not hangs
+
+    assert _run(main) == [i * 2 for i in range(20)]
