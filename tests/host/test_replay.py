@@ -211,8 +211,8 @@ def test_a_replay_runs_the_same_input_on_a_scratch_copy_and_touches_nothing_of_t
     assert (sent.model.provider, sent.model.model, sent.model.max_tokens) == ("openai", "gpt-test", settings.max_tokens)
     assert sent.model.socket_path == "/run/gateway/model.sock"
     # ... and a scratch copy of the workspace, removed afterwards, never the workspace itself.
-    assert spec.workspace != workspace and spec.workspace.parent == settings.runs_dir
-    assert not spec.workspace.exists() and not (settings.runs_dir / replay.id).exists()
+    assert spec.workspace != workspace and spec.workspace.parent.parent == settings.runs_dir
+    assert not spec.workspace.parent.exists() and not (settings.runs_dir / replay.id).exists()
     assert workspace not in [Path(h) for h in (*spec.extra_mounts, *spec.readonly_mounts)]
     assert sorted(p.name for p in workspace.iterdir()) == ["notes.txt"]
 
