@@ -152,6 +152,14 @@ class Database:
             rows: list[Any] = driver_execute(conn, sql, params).fetchall()
             return rows
 
+    def write_fixed(self, sql: str, params: Mapping[str, object] | None = None) -> int:
+        """One fixed statement on the driver (:func:`driver_execute`) in a transaction of its
+        own (SQLite's BEGIN IMMEDIATE, as :meth:`write`); the rows it changed.  For the run
+        path's one-statement writes: no ORM session, statement object or cache key."""
+        with self.engine.begin() as conn:
+            changed: int = driver_execute(conn, sql, params).rowcount
+            return changed
+
     def schema_revision(self) -> str | None:
         """The schema's Alembic revision (None: no ``alembic_version`` table yet)."""
         try:

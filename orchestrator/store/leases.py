@@ -44,7 +44,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.errors import LeaseLost
-from orchestrator.store.db import Database, changed_rows, db_now
+from orchestrator.store.db import Database, changed_rows, db_now, driver_execute
 from orchestrator.store.hosts import gone_from_this_host, on_dead_host, owner_host, takes_groups
 from orchestrator.store.tables import GroupRow
 
@@ -110,18 +110,20 @@ def fence(session: Session, chat_jid: str, owner: str) -> None:
     """Raise :class:`LeaseLost` unless ``owner`` holds ``chat_jid``'s lease: called in the
     write transaction that stores a run's output, so nothing is stored by a holder
     that another worker replaced.  An expired lease nobody took is still the holder's."""
-    holder = session.scalar(select(GroupRow.lease_owner).where(GroupRow.chat_jid == chat_jid))
+    # Fixed SQL on the driver, in the caller's transaction: before every stored output.
+    row = driver_execute(session.connection(), _HOLDER, {"chat_jid": chat_jid}).fetchone()
+    holder = None if row is None else row[0]
     if holder != owner:
         raise LeaseLost(f"{chat_jid}'s lease is {'free' if holder is None else 'held by ' + holder} now, not {owner}'s")
 
 
+_RELEASE = ("UPDATE groups SET lease_owner = NULL, lease_expires_at = NULL "
+            "WHERE chat_jid = :chat_jid AND lease_owner = :owner")
+_HOLDER = "SELECT lease_owner FROM groups WHERE chat_jid = :chat_jid"
+
+
 def release(db: Database, chat_jid: str, owner: str) -> None:
-    with db.write() as session:
-        session.execute(
-            update(GroupRow)
-            .where(GroupRow.chat_jid == chat_jid, GroupRow.lease_owner == owner)
-            .values(lease_owner=None, lease_expires_at=None)
-        )
+    db.write_fixed(_RELEASE, {"chat_jid": chat_jid, "owner": owner})  # once a run: fixed SQL on the driver
 
 
 class Heartbeat:
