@@ -23,10 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from orchestrator.core.settings import Settings
-from orchestrator.run.schedules import list_tasks
 from orchestrator.store.db import Database
 from orchestrator.store.groups import Group
-from orchestrator.store.runs import list_runs
 
 log = logging.getLogger(__name__)
 
@@ -44,27 +42,39 @@ class NoticeContext:
 NoticeProvider = Callable[[NoticeContext], list[str]]
 
 
+# Both providers read on the driver: they run before every run (docs/performance.md,
+# "The control plane": the ORM's list_runs and list_tasks were a millisecond of each run's CPU).
+_RECENT_RUNS = ("SELECT state, error, finished_at FROM runs WHERE chat_jid = :chat_jid AND replay_of IS NULL "
+                "ORDER BY created_at DESC LIMIT 5")
+_ACTIVE_TASKS = ("SELECT prompt, next_run_at FROM scheduled_tasks WHERE chat_jid = :chat_jid "
+                 "AND state = 'active' AND next_run_at IS NOT NULL ORDER BY created_at")
+
+
 def previous_run_failed(ctx: NoticeContext) -> list[str]:
-    recent = [r for r in list_runs(ctx.db, chat_jid=ctx.group.chat_jid, limit=5, chat_runs_only=True)
-              if r.finished_at is not None]
-    if recent and recent[0].state in ("failed", "timed_out"):
-        last = recent[0]
-        why = (last.error or "unknown error").splitlines()[0][:200]
-        return [f"Note: the previous agent run in this chat ended as {last.state}: {why}"]
+    # The newest finished one of the chat's five newest runs (replays are not the chat's).
+    recent = [(state, error) for state, error, finished_at in
+              ctx.db.read_fixed(_RECENT_RUNS, {"chat_jid": ctx.group.chat_jid}) if finished_at is not None]
+    if recent and recent[0][0] in ("failed", "timed_out"):
+        state, error = recent[0]
+        why = (error or "unknown error").splitlines()[0][:200]
+        return [f"Note: the previous agent run in this chat ended as {state}: {why}"]
     return []
 
 
 def scheduled_tasks_due(ctx: NoticeContext) -> list[str]:
     now = datetime.now(UTC)
-    due = sorted(
-        (t for t in list_tasks(ctx.db, chat_jid=ctx.group.chat_jid)
-         if t.state == "active" and t.next_run_at is not None and t.next_run_at <= now + DUE_SOON),
-        key=lambda t: t.next_run_at or now,
-    )
+    tasks = [(prompt, _utc(at)) for prompt, at in ctx.db.read_fixed(_ACTIVE_TASKS, {"chat_jid": ctx.group.chat_jid})]
+    due = sorted(((prompt, at) for prompt, at in tasks if at <= now + DUE_SOON), key=lambda t: t[1])
     if not due:
         return []
-    parts = [f'"{t.prompt[:60]}" at {t.next_run_at:%H:%M} UTC' for t in due[:MAX_LISTED]]
+    parts = [f'"{prompt[:60]}" at {at:%H:%M} UTC' for prompt, at in due[:MAX_LISTED]]
     return [f"Note: scheduled tasks due within the hour: {'; '.join(parts)}."]
+
+
+def _utc(value: datetime | str) -> datetime:
+    """A timestamp as the driver gives it (SQLite: UTC text without a zone), aware in UTC."""
+    at = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
 
 
 DEFAULT_PROVIDERS: list[NoticeProvider] = [previous_run_failed, scheduled_tasks_due]

@@ -159,3 +159,36 @@ def test_runs_show_input_and_verify(db: Database, settings: Settings, group: Gro
     changed = subprocess.run([*cli, "--verify"], env=env, capture_output=True, text=True, timeout=60)
     assert changed.returncode == 2
     assert '-      "content": "hello",' in changed.stderr and '+      "content": "changed",' in changed.stderr
+
+
+def test_the_previous_run_notice_reads_the_chats_newest_finished_run_not_a_replay(
+        db: Database, settings: Settings, group: Group) -> None:
+    from sqlalchemy import update
+
+    from orchestrator.run.notices import previous_run_failed
+    from orchestrator.store.tables import RunRow
+
+    ctx = NoticeContext(db, settings, group)
+    made = 0
+
+    def run(**values: object) -> str:
+        # Each run a minute newer than the last: created in the same millisecond they would tie.
+        nonlocal made
+        made += 1
+        new = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=0, celery_task_id=None)
+        with db.write() as session:
+            session.execute(update(RunRow).where(RunRow.id == new.id).values(
+                created_at=datetime.now(UTC) - timedelta(minutes=10 - made), **values))
+        return new.id
+
+    failed = run()
+    finish_run(db, failed, state="timed_out", error="ran out of time")
+    assert previous_run_failed(ctx) == ["Note: the previous agent run in this chat ended as timed_out: ran out of time"]
+    # A newer run still going does not hide it; a newer replay that failed is not the chat's.
+    run()
+    replay = run(replay_of=failed)
+    finish_run(db, replay, state="failed", error="the replay's own failure")
+    assert previous_run_failed(ctx) == ["Note: the previous agent run in this chat ended as timed_out: ran out of time"]
+    # A newer run that succeeded: nothing to say.
+    finish_run(db, run(), state="succeeded", error=None)
+    assert previous_run_failed(ctx) == []
