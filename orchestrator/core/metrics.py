@@ -149,7 +149,7 @@ def container_started(since: float, agent: object) -> None:
     """The sandbox handed over ``agent``, asked for at ``since`` (:func:`time.perf_counter`).
     A warm pool's agent says how it was had (``start_mode``: cold, warm or standby); any other
     is a new container."""
-    mode = getattr(agent, "start_mode", None) or ("cold" if getattr(agent, "cold", True) else "warm")
+    mode = getattr(agent, "start_mode", "cold")
     CONTAINER_START.labels(mode).observe(time.perf_counter() - since)
 
 

@@ -213,8 +213,13 @@ def _ingest(
     new, rate = _prepare(settings, incoming)
     # A Core connection, not an ORM session: this is the hot path
     # (docs/performance.md).  On SQLite it begins IMMEDIATE like db.write().
-    with db.engine.begin() as conn:
-        stored = _store(conn, db, settings, incoming, new, rate, wake=wake)
+    try:
+        with db.engine.begin() as conn:
+            stored = _store(conn, db, settings, incoming, new, rate, wake=wake)
+    except RateLimited:
+        # Counted here, where the refusal is final (a batch that met it is tried again one by one).
+        metrics.SENDER_REFUSALS.inc()
+        raise
     return _announce(incoming, stored, signal=signal, signal_delivery=signal_delivery, on_stored=on_stored)
 
 
@@ -254,7 +259,6 @@ def _store(
         retry_after = sender_retry_after(conn, db, chat_jid=new.chat_jid, sender=new.sender,
                                          message_id=new.id, limit=rate)
         if retry_after is not None:
-            metrics.SENDER_REFUSALS.inc()
             raise RateLimited(new.sender, rate, retry_after)  # rolls back: nothing stored
     msg, created = insert_message(conn, db, new)
     out = _Stored(msg, created)

@@ -388,7 +388,6 @@ class WarmPool:
                     # Room for the new one first: the cap counts it.
                     self._make_room(warm_cap(self.settings) - 1, self._running())
                     taken = self._take_standby(spec, config)
-            cold = container is None
             mode: StartMode = "warm" if container is not None else "standby"
             if taken is not None:
                 container, slot = taken
@@ -404,14 +403,14 @@ class WarmPool:
                 mode = "cold"
             dirty = _dirty_marker(self.settings, spec.group_folder, str(container.id))
             try:
-                sock = self._connect(container, spec, retry_s=STARTUP_TIMEOUT_S if cold else 0.0)
+                sock = self._connect(container, spec, retry_s=0.0 if mode == "warm" else STARTUP_TIMEOUT_S)
             except (OSError, HostileEntry) as exc:
                 # Died between runs (or mid-idle-exit), or its socket is gone: replace it, transparently.
                 log.info("warm container of %s did not answer (%s); replacing it", spec.group_folder, exc)
                 last_error = exc
                 self.discard(container)
                 continue
-            return WarmRun(container, sock, spec, payload, cold=cold, start_mode=mode, dirty_marker=dirty, pool=self)
+            return WarmRun(container, sock, spec, payload, start_mode=mode, dirty_marker=dirty, pool=self)
         raise SandboxError(f"cannot reach a warm agent container for {spec.group_folder}: {last_error}")
 
     def _take_standby(self, spec: ContainerSpec, config: str) -> tuple[Container, Slot] | None:
@@ -542,16 +541,16 @@ class WarmRun(StreamedRun):
 
     def __init__(
         self, container: Container, sock: socket.socket, spec: ContainerSpec,
-        payload: bytes, *, cold: bool, start_mode: StartMode, dirty_marker: Path, pool: WarmPool,
+        payload: bytes, *, start_mode: StartMode, dirty_marker: Path, pool: WarmPool,
     ) -> None:
         self._container = container
         self._sock = sock
         self._dirty = dirty_marker
         self._pool = pool
         self.spec = spec
-        self.cold = cold
         # How it was had: a new container, a warm one reused, or a standby one adopted (a metric's label).
         self.start_mode = start_mode
+        self.cold = start_mode != "warm"  # its runner just started (the run's trace says so)
         self.exit = None
         self._started = datetime.now(UTC)
         self._killed = False

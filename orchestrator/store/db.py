@@ -234,7 +234,7 @@ def db_now(session: Session) -> datetime:
     return session.execute(select(now_sql(session))).scalar_one()
 
 
-_NAMED = re.compile(r"(?<!:):([a-z_]+)")
+_NAMED = re.compile(r"(?<!:):([a-z_][a-z0-9_]*)")  # :name, never a cast (::text)
 
 
 def driver_execute(conn: Connection, sql: str, params: Mapping[str, object] | None = None) -> Any:
@@ -242,9 +242,10 @@ def driver_execute(conn: Connection, sql: str, params: Mapping[str, object] | No
     under ``conn``, inside its transaction; returns the DBAPI cursor.  ``params``
     binds those names (each statement its own; the driver takes any value).
 
-    For the ingest path's few fixed statements only: no statement object,
-    cache key, compile or result wrapper per call, about a quarter of the
-    cost of ``Connection.execute`` (docs/performance.md).  Errors are the
+    For the hot paths' fixed statements (ingest, the run path's, through
+    :meth:`Database.read_fixed` and :meth:`Database.write_fixed`): no statement
+    object, cache key, compile or result wrapper per call, about a quarter of
+    the cost of ``Connection.execute`` (docs/performance.md).  Errors are the
     driver's own exceptions; the caller's ``with`` block still rolls back.
     """
     native = sql if conn.dialect.name == "sqlite" else _pyformat(sql)

@@ -55,13 +55,7 @@ class Group(BaseModel):
 
 
 def group_from_row(row: GroupRow) -> Group:
-    return Group(
-        chat_jid=row.chat_jid, name=row.name, folder=row.folder, is_main=row.is_main,
-        requires_trigger=row.requires_trigger and not row.is_main,
-        assistant_name=row.assistant_name, cursor_seq=row.cursor_seq,
-        pending_seq=row.pending_seq, session_id=row.session_id, container_config=row.container_config,
-        runs_per_hour=row.runs_per_hour, tokens_per_day=row.tokens_per_day, placed_host=row.placed_host,
-    )
+    return _group_from_values(tuple(getattr(row, column) for column in _GROUP_COLUMNS))
 
 
 # get_group as one fixed read on the driver: it runs twice in every run (docs/performance.md).
@@ -72,7 +66,7 @@ _GET_GROUP = f"SELECT {', '.join(_GROUP_COLUMNS)} FROM groups WHERE chat_jid = :
 
 def _group_from_values(values: tuple[Any, ...]) -> Group:
     row = dict(zip(_GROUP_COLUMNS, values, strict=True))
-    # The driver's own values: SQLite gives 0/1 for a boolean and the JSON column's text.
+    # An ORM row's values, or the driver's own: SQLite gives 0/1 for a boolean and the JSON column's text.
     config = row["container_config"]
     row["container_config"] = json.loads(config) if isinstance(config, str) else config
     row["is_main"] = bool(row["is_main"])
@@ -136,9 +130,6 @@ def find_group(db: Database, chat_jid: str) -> Group | None:
         return None
 
 
-_DIGITS_AS_LETTERS = str.maketrans("0123456789", "abcdefghij")
-
-
 def is_registered(db: Database, chat_jid: str) -> bool:
     """Whether ``chat_jid`` is a registered group (see :func:`registered_chats`)."""
     return chat_jid in registered_chats(db, (chat_jid,))
@@ -152,8 +143,7 @@ def registered_chats(db: Database, chat_jids: Collection[str]) -> set[str]:
     transaction (no write lock on SQLite, no BEGIN on PostgreSQL), where
     :func:`find_group`'s ORM read of the whole row cost more than the ingest
     that follows it (docs/performance.md, "The HTTP path")."""
-    # Parameter names of letters only (driver_execute's :name): c + the index's digits as letters.
-    wanted = {"c" + str(i).translate(_DIGITS_AS_LETTERS): jid for i, jid in enumerate(sorted(set(chat_jids)))}
+    wanted = {f"c{i}": jid for i, jid in enumerate(sorted(set(chat_jids)))}
     if not wanted:
         return set()
     sql = f"SELECT chat_jid FROM groups WHERE chat_jid IN ({', '.join(':' + k for k in wanted)})"

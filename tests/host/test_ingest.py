@@ -219,3 +219,25 @@ def test_no_message_waits_for_the_sweeper_when_signals_are_skipped(db: Database,
     assert group.pending_seq == last
     assert group.cursor_seq == last, f"messages after #{group.cursor_seq} were left for the sweeper"
     assert 1 <= sent < stored
+
+
+def test_a_sender_over_its_rate_in_a_batch_is_refused_once_and_counted_once(db: Database, settings: Settings) -> None:
+    """The batch that meets the refusal is rolled back and tried again one by one: the sender's
+    other message is stored, the refusal is its message's answer, and the refusal metric counts
+    one refusal, not the batch's attempt too."""
+    from prometheus_client import REGISTRY
+
+    from orchestrator.core.errors import RateLimited
+
+    def refusals() -> float:
+        return REGISTRY.get_sample_value("orchestrator_sender_refusals_total") or 0.0
+
+    ensure_main_group(db)
+    limited = settings.replace(**{"sender_messages_per_minute": 1})
+    before = refusals()
+    batch = [IncomingMessage(id=f"r{i}", chat_jid="main@local", sender="u", content=f"m{i}") for i in range(2)]
+    first, second = ingest_batch(db, limited, batch, signal=None)
+    assert isinstance(first, IngestResult) and first.created
+    assert isinstance(second, RateLimited)
+    assert [m.id for m in get_messages_after("main@local", 0, db=db)] == ["r0"]
+    assert refusals() - before == 1
