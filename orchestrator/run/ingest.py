@@ -27,9 +27,8 @@ from orchestrator.run.queue import signal_group
 from orchestrator.run.router import wakes
 from orchestrator.store.db import Database, driver_execute, unavailable_reason
 from orchestrator.store.deliveries import record_deliveries, with_origin
-from orchestrator.store.hosts import ALIVE_WINDOW_S
+from orchestrator.store.hosts import ALIVE_WINDOW_S, place_sql
 from orchestrator.store.message_log import insert_message, new_message_id, now_iso
-from orchestrator.store.placement import place_sql
 from orchestrator.store.tables import GroupRow
 from orchestrator.store.traces import record_trace
 from orchestrator.store.usage import record_sender_message, sender_retry_after

@@ -38,8 +38,7 @@ from agent_runner.protocol import (
     decode_input,
     parse_event,
 )
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, select
 
 from orchestrator.core import metrics, tracing
 from orchestrator.core.backoff import backoff_delay
@@ -75,7 +74,7 @@ from orchestrator.sandbox.port import Sandbox
 from orchestrator.sandbox.sessions import session_mount
 from orchestrator.sandbox.warm import WarmPool, gateway_dir, host_only_dir
 from orchestrator.store import leases
-from orchestrator.store.db import Database, db_now
+from orchestrator.store.db import Database, db_now, driver_execute
 from orchestrator.store.deliveries import record_deliveries
 from orchestrator.store.groups import Group, get_group, send_refusal, send_targets
 from orchestrator.store.hosts import process_owner
@@ -85,13 +84,14 @@ from orchestrator.store.runs import (
     RunState,
     finish_run,
     park_run,
-    parked_run,
+    parked_of,
     resume_run,
     run_state,
     set_container,
+    unfinished_runs,
 )
 from orchestrator.store.slots import FleetFull, SlotWait, leave_line, take_slot, to_wake
-from orchestrator.store.tables import GroupRow, MessageRow
+from orchestrator.store.tables import MessageRow
 from orchestrator.store.usage import QuotaWait, quota_wait, store_quota_notice
 
 log = logging.getLogger(__name__)
@@ -285,29 +285,38 @@ class Pipeline:
         one run, could cut.
         """
         ttl = self.settings.lease_ttl_s
-        # Taking the lease places a group without a live place on this host (store/placement.py).
-        if not leases.acquire(self.db, chat_jid, self.owner, ttl, place=self.settings.effective_host_id):
+        # Taking the lease reads the group and places one without a live place on this host
+        # (store/placement.py), in one statement.
+        group = leases.take(self.db, chat_jid, self.owner, ttl, place=self.settings.effective_host_id)
+        if group is None:
             log.info("group %s is busy elsewhere; its lease holder will see the new work", chat_jid)
             return Step(busy=True)
         try:
-            # A dead holder's run is closed first; the slot it held is free.
-            recovered = recover_group(self.db, chat_jid, self.owner, sandbox=self.sandbox)
+            # The group's unfinished runs, read once: a dead holder's are closed first (the slot
+            # it held is free, the cursor may move), a parked one waits for its retry.
+            unfinished = unfinished_runs(self.db, chat_jid)
+            recovered = recover_group(self.db, chat_jid, self.owner, sandbox=self.sandbox, unfinished=unfinished)
+            if recovered:
+                group = get_group(self.db, chat_jid)
             with leases.Heartbeat(self.db, chat_jid, self.owner, ttl, clock=self.clock) as heartbeat, \
                     log_context(chat_jid=chat_jid):
-                step = self._step_held(chat_jid, task_id, heartbeat.lost)
+                step = self._step_held(group, parked_of(unfinished), task_id, heartbeat.lost)
         finally:
-            leases.release(self.db, chat_jid, self.owner)
+            released = leases.release(self.db, chat_jid, self.owner)
         step.recovered = recovered
         if step.retry_in is None and step.quota is None:  # a run ended, or there was nothing to run
-            # Looked at after the release, so a message whose signal bounced off
-            # our lease is not left waiting for the sweeper.
-            group = get_group(self.db, chat_jid)
-            step.more = group.pending_seq > group.cursor_seq
+            # Looked at in the release's own statement, so a message whose signal bounced
+            # off our lease is not left waiting for the sweeper.
+            pending, cursor = released if released is not None else _marks(get_group(self.db, chat_jid))
+            step.more = pending > cursor
         return step
 
-    def _step_held(self, chat_jid: str, task_id: str | None, lease_lost: threading.Event) -> Step:
-        """The step's work under the group's lease (see :meth:`step`)."""
-        parked = parked_run(self.db, chat_jid)
+    def _step_held(
+        self, group: Group, parked: Run | None, task_id: str | None, lease_lost: threading.Event,
+    ) -> Step:
+        """The step's work under the group's lease (see :meth:`step`); ``group`` as the lease's
+        statement read it, ``parked`` the group's run waiting for its retry."""
+        chat_jid = group.chat_jid
         if parked is not None:
             due_in = self._due_in(parked)
             if due_in > 0:
@@ -315,7 +324,6 @@ class Pipeline:
             with log_context(run_id=parked.id), run_span(self.db, parked):
                 outcome = self.resume(parked, task_id=task_id, lease_lost=lease_lost)
             return Step(outcome=outcome, retry_in=outcome.retry_in)
-        group = get_group(self.db, chat_jid)
         if group.pending_seq <= group.cursor_seq:
             return Step(outcome=None)
         # A group over its runs-per-hour or tokens-per-day quota starts nothing:
@@ -511,7 +519,7 @@ class Pipeline:
         outcome.run = finish_run(
             self.db, run.id, state=result.state, error=result.error,
             input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
-            also=lambda session: _move_cursor(session, group, run.cursor_to, session_id),
+            also=lambda conn: _move_cursor(conn, group, run.cursor_to, session_id),
         )
         metrics.run_finished(outcome.run.state, outcome.run.duration_s)
         tracing.annotate(run_state=outcome.run.state, error=outcome.run.error, outputs=len(outcome.stored))
@@ -826,15 +834,24 @@ class Pipeline:
             log.warning("delivery for %s not started now (%s); the sweeper will", chat_jid, exc)
 
     def _advance(self, group: Group, cursor_to: int, session_id: str | None) -> None:
-        with self.db.write() as session:
-            _move_cursor(session, group, cursor_to, session_id)
+        with self.db.transaction() as conn:
+            _move_cursor(conn, group, cursor_to, session_id)
 
 
-def _move_cursor(session: Session, group: Group, cursor_to: int, session_id: str | None) -> None:
+def _marks(group: Group) -> tuple[int, int]:
+    """The group's pending mark and cursor."""
+    return group.pending_seq, group.cursor_seq
+
+
+# Fixed SQL on the driver, in the caller's transaction (the run's end: runs.finish_run's ``also``).
+_MOVE_CURSOR = "UPDATE groups SET cursor_seq = :cursor_to WHERE chat_jid = :chat_jid AND cursor_seq < :cursor_to"
+_MOVE_CURSOR_SESSION = ("UPDATE groups SET cursor_seq = :cursor_to, session_id = :session_id "
+                        "WHERE chat_jid = :chat_jid AND cursor_seq < :cursor_to")
+
+
+def _move_cursor(conn: Connection, group: Group, cursor_to: int, session_id: str | None) -> None:
     """Move ``group``'s cursor past ``cursor_to`` (never back), in the caller's transaction."""
-    values: dict[str, object] = {"cursor_seq": cursor_to}
+    params: dict[str, object] = {"chat_jid": group.chat_jid, "cursor_to": cursor_to}
     if session_id:
-        values["session_id"] = session_id
-    session.execute(
-        update(GroupRow).where(GroupRow.chat_jid == group.chat_jid, GroupRow.cursor_seq < cursor_to).values(**values)
-    )
+        params["session_id"] = session_id
+    driver_execute(conn, _MOVE_CURSOR_SESSION if session_id else _MOVE_CURSOR, params)

@@ -233,7 +233,7 @@ class Signals:
 
 def signal_group(signal: Callable[[str], object], chat_jid: str, host: str | None) -> object:
     """Call ``signal`` for ``chat_jid`` whose place the caller has just read (``host``,
-    ``store.placement.place_sql``): a :class:`Signals`' ``group`` is told it and makes
+    ``store.hosts.place_sql``): a :class:`Signals`' ``group`` is told it and makes
     no look-up of its own (ingest's hot path: no round trip more than before
     placement); any other callable (a test's recorder) is called as always."""
     owner = getattr(signal, "__self__", None)

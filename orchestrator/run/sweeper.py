@@ -48,7 +48,7 @@ from orchestrator.store.deliveries import abandon_stale_claims, due_chats, recor
 from orchestrator.store.hosts import database_now, on_dead_host
 from orchestrator.store.leases import holder_gone
 from orchestrator.store.message_log import insert_message, now_iso
-from orchestrator.store.runs import finish_run
+from orchestrator.store.runs import Run, finish_run, unfinished_runs
 from orchestrator.store.tables import GroupRow, MessageRow, RunRow
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,9 @@ def _close_interrupted(db: Database, run_id: str, chat_jid: str, cursor_to: int)
     return None
 
 
-def recover_group(db: Database, chat_jid: str, owner: str, *, sandbox: Sandbox | None = None) -> list[str]:
+def recover_group(
+    db: Database, chat_jid: str, owner: str, *, sandbox: Sandbox | None = None, unfinished: list[Run] | None = None,
+) -> list[str]:
     """Close the runs a group's earlier lease holders left unfinished: what the
     pipeline calls right after ``owner`` took the group's lease, before it runs.
 
@@ -201,20 +203,17 @@ def recover_group(db: Database, chat_jid: str, owner: str, *, sandbox: Sandbox |
     answers twice nor loses a message nor shares the workspace with the dead
     run's container.  Safe to repeat and to race with the sweeper.  Returns
     the ids of the runs it closed.
+
+    ``unfinished``: the group's unfinished runs as ``runs.unfinished_runs`` read
+    them under this lease (the pipeline reads them once for this and its parked
+    run); read here if not given.
     """
-    with db.read() as session:
-        left = session.execute(
-            select(RunRow.id, RunRow.cursor_to, RunRow.owner)
-            .where(
-                RunRow.chat_jid == chat_jid,
-                RunRow.state.in_(("queued", "running", "cancelled")),
-                RunRow.finished_at.is_(None),
-                RunRow.retry_at.is_(None),
-                RunRow.replay_of.is_(None),  # a replay is no run of the chat's: not this holder's to close
-                or_(RunRow.owner.is_(None), RunRow.owner != owner),
-            )
-            .order_by(RunRow.created_at)
-        ).all()
+    if unfinished is None:
+        unfinished = unfinished_runs(db, chat_jid)
+    left = [(run.id, run.cursor_to, run.owner) for run in unfinished
+            if run.state in ("queued", "running", "cancelled") and run.finished_at is None and run.retry_at is None
+            # A replay is no run of the chat's: not this holder's to close.
+            and run.replay_of is None and run.owner != owner]
     for run_id, cursor_to, gone in left:
         if isinstance(sandbox, DockerSandbox):
             try:

@@ -31,7 +31,7 @@ import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -160,6 +160,15 @@ class Database:
             changed: int = driver_execute(conn, sql, params).rowcount
             return changed
 
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A write transaction for fixed statements on the driver (:func:`driver_execute`):
+        commits on success, rolls back on error; SQLite's BEGIN IMMEDIATE, as :meth:`write`.
+        For the run path's writes of several statements: no ORM session, unit of work or
+        statement object (docs/performance.md, "The control plane")."""
+        with self.engine.begin() as conn:
+            yield conn
+
     def schema_revision(self) -> str | None:
         """The schema's Alembic revision (None: no ``alembic_version`` table yet)."""
         try:
@@ -234,6 +243,40 @@ def db_now(session: Session) -> datetime:
     return session.execute(select(now_sql(session))).scalar_one()
 
 
+# The same clock in fixed SQL (driver_execute's statements), per backend.  SQLite's text
+# has SQLAlchemy's own six-digit fraction, so it compares and sorts with the values the
+# ORM writes (strftime's %f gives milliseconds).
+
+
+def now_text(*, sqlite: bool) -> str:
+    """SQL: the database's now, as :func:`now_sql` evaluates it."""
+    return "(strftime('%Y-%m-%d %H:%M:%f', 'now') || '000')" if sqlite else "now()"
+
+
+def later_text(seconds_param: str, *, sqlite: bool) -> str:
+    """SQL: the database's now plus the parameter ``seconds_param`` (a number of seconds)."""
+    if sqlite:
+        return f"(strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || :{seconds_param} || ' seconds') || '000')"
+    return f"(now() + :{seconds_param} * interval '1 second')"
+
+
+def age_text(column: str, *, sqlite: bool) -> str:
+    """SQL: seconds from ``column`` to the database's now, as :func:`age_sql`."""
+    if sqlite:
+        return f"((julianday('now') - julianday({column})) * 86400.0)"
+    return f"extract(epoch FROM now() - {column})"
+
+
+def db_time(value: datetime | str | None) -> datetime | None:
+    """A time column's value as the driver gives it (SQLite: UTC text; PostgreSQL: an
+    aware datetime), aware in UTC, as :class:`~orchestrator.store.tables.UTCDateTime` reads it."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 _NAMED = re.compile(r"(?<!:):([a-z_][a-z0-9_]*)")  # :name, never a cast (::text)
 
 
@@ -255,7 +298,8 @@ def driver_execute(conn: Connection, sql: str, params: Mapping[str, object] | No
 
 @functools.cache
 def _pyformat(sql: str) -> str:
-    return _NAMED.sub(r"%(\1)s", sql)
+    # A literal % (a LIKE pattern) is %% in psycopg's format.
+    return _NAMED.sub(r"%(\1)s", sql.replace("%", "%%"))
 
 
 def _is_sqlite(db: Database | Session) -> bool:

@@ -55,17 +55,17 @@ class Group(BaseModel):
 
 
 def group_from_row(row: GroupRow) -> Group:
-    return _group_from_values(tuple(getattr(row, column) for column in _GROUP_COLUMNS))
+    return group_from_values(tuple(getattr(row, column) for column in GROUP_COLUMNS))
 
 
 # get_group as one fixed read on the driver: it runs twice in every run (docs/performance.md).
-_GROUP_COLUMNS = ("chat_jid", "name", "folder", "is_main", "requires_trigger", "assistant_name", "cursor_seq",
+GROUP_COLUMNS = ("chat_jid", "name", "folder", "is_main", "requires_trigger", "assistant_name", "cursor_seq",
                   "pending_seq", "session_id", "container_config", "runs_per_hour", "tokens_per_day", "placed_host")
-_GET_GROUP = f"SELECT {', '.join(_GROUP_COLUMNS)} FROM groups WHERE chat_jid = :chat_jid"
+_GET_GROUP = f"SELECT {', '.join(GROUP_COLUMNS)} FROM groups WHERE chat_jid = :chat_jid"
 
 
-def _group_from_values(values: tuple[Any, ...]) -> Group:
-    row = dict(zip(_GROUP_COLUMNS, values, strict=True))
+def group_from_values(values: tuple[Any, ...]) -> Group:
+    row = dict(zip(GROUP_COLUMNS, values, strict=True))
     # An ORM row's values, or the driver's own: SQLite gives 0/1 for a boolean and the JSON column's text.
     config = row["container_config"]
     row["container_config"] = json.loads(config) if isinstance(config, str) else config
@@ -120,7 +120,7 @@ def get_group(db: Database, chat_jid: str) -> Group:
     rows = db.read_fixed(_GET_GROUP, {"chat_jid": chat_jid})
     if not rows:
         raise UnknownGroup(chat_jid)
-    return _group_from_values(tuple(rows[0]))
+    return group_from_values(tuple(rows[0]))
 
 
 def find_group(db: Database, chat_jid: str) -> Group | None:

@@ -54,7 +54,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import ColumnElement, Text, and_, exists, func, or_, select, update
 
-from orchestrator.store.db import Database, age_sql, changed_rows, db_now, now_sql
+from orchestrator.store.db import Database, age_sql, age_text, changed_rows, db_now, now_sql
 from orchestrator.store.runs import FINAL_STATES
 from orchestrator.store.tables import GroupRow, HostRow, RunRow
 
@@ -158,6 +158,17 @@ def on_dead_host(owner: Any, now: datetime) -> ColumnElement[bool]:
     )
 
 
+def dead_owner_sql(owner: str, *, sqlite: bool) -> str:
+    """:func:`on_dead_host` written out for the driver's fixed statements (``leases.take``):
+    SQL true when ``owner`` (a column) names a host that is ``stopped`` or has not beaten
+    for ``:window`` seconds by the database's now.  ``tests/host/test_leases.py`` holds
+    the two forms to the same verdicts."""
+    rest = f"substr({owner}, length(d.host_id) + 2)"
+    return (f"EXISTS (SELECT 1 FROM hosts d WHERE substr({owner}, 1, length(d.host_id) + 1) = d.host_id || ':' "
+            f"AND {rest} LIKE '%:%' AND {rest} NOT LIKE '%:%:%' "
+            f"AND (d.state = 'stopped' OR {age_text('d.heartbeat_at', sqlite=sqlite)} > :window))")
+
+
 def up_and_beating(now: datetime | None = None, *, db: Database | None = None) -> ColumnElement[bool]:
     """SQL on a ``hosts`` row: groups may be placed on it (``orchestrator/store/placement.py``):
     ``up`` (not ``draining``, not ``stopped``) and beaten within :data:`ALIVE_WINDOW_S`.
@@ -176,6 +187,19 @@ def takes_groups(host_id: Any, now: datetime | None = None, *, db: Database | No
     """SQL: ``host_id`` (a column of another table, or a value) names a host that is
     :func:`up_and_beating`."""
     return exists().where(HostRow.host_id == host_id, up_and_beating(now, db=db))
+
+
+def place_sql(*, sqlite: bool) -> str:
+    """A scalar subquery on a ``groups`` row (``groups`` in the FROM): the host it is
+    placed on if that host takes groups now, else NULL; the same test as
+    :func:`takes_groups` (``up``, a beat younger than ``:window`` seconds by the
+    database's now), written out for the driver's fixed statements: ingest's routing
+    read (orchestrator/run/ingest.py, no round trip of its own), ``placement.placed_on``
+    and ``leases.take``'s placement."""
+    age = age_text("h.heartbeat_at", sqlite=sqlite)
+    return (f"(SELECT h.host_id FROM hosts h WHERE h.host_id = groups.placed_host AND h.state = 'up' "
+            f"AND {age} < :window)")
+
 
 
 # -- processes of this host ------------------------------------------------------------

@@ -44,8 +44,17 @@ from sqlalchemy.orm import Session
 
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.errors import LeaseLost
-from orchestrator.store.db import Database, changed_rows, db_now, driver_execute
-from orchestrator.store.hosts import gone_from_this_host, on_dead_host, owner_host, takes_groups
+from orchestrator.store.db import Database, changed_rows, db_now, driver_execute, later_text, now_text
+from orchestrator.store.groups import GROUP_COLUMNS, Group, get_group, group_from_values
+from orchestrator.store.hosts import (
+    ALIVE_WINDOW_S,
+    dead_owner_sql,
+    gone_from_this_host,
+    on_dead_host,
+    owner_host,
+    place_sql,
+    takes_groups,
+)
 from orchestrator.store.tables import GroupRow
 
 log = logging.getLogger(__name__)
@@ -59,40 +68,67 @@ def holder_gone(now: datetime) -> ColumnElement[bool]:
 
 
 def acquire(db: Database, chat_jid: str, owner: str, ttl_s: float, *, place: str | None = None) -> bool:
-    """Take ``chat_jid``'s lease for ``owner`` (True) or find it held (False).
+    """Take ``chat_jid``'s lease for ``owner`` (True) or find it held (False); see :func:`take`."""
+    return take(db, chat_jid, owner, ttl_s, place=place) is not None
+
+
+def take(db: Database, chat_jid: str, owner: str, ttl_s: float, *, place: str | None = None) -> Group | None:
+    """Take ``chat_jid``'s lease for ``owner`` and read the group in the same statement
+    (None: the lease is held by another, or there is no such group).
 
     ``place``: the acquirer's host id (the pipeline's): the group is placed on
     it in the same statement unless it is placed on another host that takes
     groups now (``orchestrator/store/placement.py``), so the host that takes a
-    group without a live place becomes its place, and a move sticks."""
+    group without a live place becomes its place, and a move sticks.
+
+    One fixed UPDATE ... RETURNING on the driver, the expiry and the holder's
+    liveness on the database's clock in the statement itself: once a run, it
+    was a transaction of two ORM statements and a read of the group after
+    (docs/performance.md, "The control plane").  Only a holder that is gone
+    from this host takes the slower way (:func:`_take_over`)."""
+    params = {"chat_jid": chat_jid, "owner": owner, "ttl": float(ttl_s), "window": ALIVE_WINDOW_S, "place": place}
+    with db.transaction() as conn:
+        row = driver_execute(conn, _TAKE[db.is_sqlite, place is not None], params).fetchone()
+    if row is not None:
+        return group_from_values(tuple(row))
+    return _take_over(db, chat_jid, owner, ttl_s, place)
+
+
+def _take_sql(*, sqlite: bool, place: bool) -> str:
+    placed = f", placed_host = COALESCE({place_sql(sqlite=sqlite)}, :place)" if place else ""
+    return (f"UPDATE groups SET lease_owner = :owner, lease_expires_at = {later_text('ttl', sqlite=sqlite)}{placed} "
+            f"WHERE chat_jid = :chat_jid AND (lease_owner = :owner OR lease_owner IS NULL "
+            f"OR lease_expires_at < {now_text(sqlite=sqlite)} OR {dead_owner_sql('groups.lease_owner', sqlite=sqlite)}) "
+            f"RETURNING {', '.join(GROUP_COLUMNS)}")
+
+
+# (SQLite?, placing?): the statement :func:`take` sends.
+_TAKE = {(sqlite, place): _take_sql(sqlite=sqlite, place=place) for sqlite in (True, False) for place in (True, False)}
+
+
+def _take_over(db: Database, chat_jid: str, owner: str, ttl_s: float, place: str | None) -> Group | None:
+    """The lease is held, unexpired, by a live host's process: take it over (and read the
+    group) if that process is one of this host's that no longer runs, else None."""
     with db.write() as session:
+        holder = session.scalar(select(GroupRow.lease_owner).where(GroupRow.chat_jid == chat_jid))
+        host_id = owner_host(owner)
+        if holder is None or host_id is None or not gone_from_this_host(holder, host_id):
+            return None
+        # Its holder was SIGKILLed on this host: no need to wait out its expiry.
         now = db_now(session)
-        until = now + timedelta(seconds=ttl_s)
-        values: dict[str, object] = {"lease_owner": owner, "lease_expires_at": until}
+        values: dict[str, object] = {"lease_owner": owner, "lease_expires_at": now + timedelta(seconds=ttl_s)}
         if place is not None:
             values["placed_host"] = case((takes_groups(GroupRow.placed_host, now), GroupRow.placed_host),
                                          else_=literal(place))
-        result = session.execute(
-            update(GroupRow)
-            .where(GroupRow.chat_jid == chat_jid, or_(GroupRow.lease_owner == owner, holder_gone(now)))
-            .values(**values)
-        )
-        if changed_rows(result) == 1:
-            return True
-        holder = session.scalar(select(GroupRow.lease_owner).where(GroupRow.chat_jid == chat_jid))
-        host_id = owner_host(owner)
-        if host_id is None or not gone_from_this_host(holder, host_id):
-            return False
-        # Its holder was SIGKILLed on this host: no need to wait out its expiry.
         result = session.execute(
             update(GroupRow)
             .where(GroupRow.chat_jid == chat_jid, GroupRow.lease_owner == holder)
             .values(**values)
         )
         if changed_rows(result) != 1:
-            return False
+            return None
     log.warning("took over the lease of %s from %s: that process no longer runs on this host", chat_jid, holder)
-    return True
+    return get_group(db, chat_jid)
 
 
 def renew(db: Database, chat_jid: str, owner: str, ttl_s: float) -> bool:
@@ -118,12 +154,18 @@ def fence(session: Session, chat_jid: str, owner: str) -> None:
 
 
 _RELEASE = ("UPDATE groups SET lease_owner = NULL, lease_expires_at = NULL "
-            "WHERE chat_jid = :chat_jid AND lease_owner = :owner")
+            "WHERE chat_jid = :chat_jid AND lease_owner = :owner RETURNING pending_seq, cursor_seq")
 _HOLDER = "SELECT lease_owner FROM groups WHERE chat_jid = :chat_jid"
 
 
-def release(db: Database, chat_jid: str, owner: str) -> None:
-    db.write_fixed(_RELEASE, {"chat_jid": chat_jid, "owner": owner})  # once a run: fixed SQL on the driver
+def release(db: Database, chat_jid: str, owner: str) -> tuple[int, int] | None:
+    """Let go of ``chat_jid``'s lease if ``owner`` holds it: the group's pending mark and
+    cursor as the release left them (None: not ``owner``'s lease).  The pipeline's step
+    decides from them whether work is left: read in the releasing statement, nothing
+    ingested after it bounced off this lease.  Once a run: fixed SQL on the driver."""
+    with db.transaction() as conn:
+        row = driver_execute(conn, _RELEASE, {"chat_jid": chat_jid, "owner": owner}).fetchone()
+    return None if row is None else (int(row[0]), int(row[1]))
 
 
 class Heartbeat:

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.core.errors import OrchestratorError, UnknownGroup
 from orchestrator.store.db import Database, db_now, driver_execute
-from orchestrator.store.hosts import ALIVE_WINDOW_S, owner_host, takes_groups, up_and_beating
+from orchestrator.store.hosts import ALIVE_WINDOW_S, owner_host, place_sql, takes_groups, up_and_beating
 from orchestrator.store.leases import holder_gone
 from orchestrator.store.tables import GroupRow, HostRow
 
@@ -58,18 +58,6 @@ class Moved(BaseModel):
     # Work was pending: the group is signalled on its new host.
     pending: bool
     signalled: bool = False
-
-
-def place_sql(*, sqlite: bool) -> str:
-    """A scalar subquery on a ``groups`` row (``groups`` in the FROM): the host it is
-    placed on if that host takes groups now, else NULL; the same test as
-    ``hosts.takes_groups`` (``up``, a beat younger than ``:window`` seconds by the
-    database's now), written out for the driver's fixed statements: ingest's routing
-    read (orchestrator/run/ingest.py, no round trip of its own) and :func:`placed_on`."""
-    age = ("(julianday('now') - julianday(h.heartbeat_at)) * 86400.0" if sqlite
-           else "extract(epoch FROM now() - h.heartbeat_at)")
-    return (f"(SELECT h.host_id FROM hosts h WHERE h.host_id = groups.placed_host AND h.state = 'up' "
-            f"AND {age} < :window)")
 
 
 # Built with SQLAlchemy's expressions and an ORM session, the look-up cost ~2 ms on SQLite.

@@ -5,15 +5,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import select, update
+from sqlalchemy import Connection, select, update
 from sqlalchemy.orm import Session, defer
 
 from orchestrator.core import secrets
 from orchestrator.core.errors import StoreError
-from orchestrator.store.db import Database, db_now
+from orchestrator.store.db import Database, age_text, db_now, db_time, driver_execute, now_text
 from orchestrator.store.tables import RunRow
 
 RunState = Literal["queued", "running", "succeeded", "failed", "timed_out", "cancelled"]
@@ -48,6 +48,38 @@ class Run(BaseModel):
 
 def _to_run(row: RunRow) -> Run:
     return Run.model_validate(row, from_attributes=True)
+
+
+# A run's columns for the driver's fixed reads (never the recorded input, a blob).
+RUN_COLUMNS = ("id", "chat_jid", "state", "attempts", "cursor_from", "cursor_to", "celery_task_id", "owner",
+               "container_id", "input_tokens", "output_tokens", "error", "created_at", "started_at", "finished_at",
+               "duration_s", "input_sha256", "retry_at", "replay_of")
+_TIMES = ("created_at", "started_at", "finished_at", "retry_at")
+
+
+def run_from_values(values: tuple[Any, ...]) -> Run:
+    """A :class:`Run` from a fixed read's row of :data:`RUN_COLUMNS` (the driver's own values)."""
+    row = dict(zip(RUN_COLUMNS, values, strict=True))
+    for name in _TIMES:
+        row[name] = db_time(row[name])
+    return Run.model_validate(row)
+
+
+_UNFINISHED = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE chat_jid = :chat_jid AND finished_at IS NULL " \
+              "ORDER BY created_at"
+
+
+def unfinished_runs(db: Database, chat_jid: str) -> list[Run]:
+    """The chat's runs that have not ended, oldest first (replays included): what the
+    pipeline's step reads once after taking the lease, for the runs a dead holder left
+    (``sweeper.recover_group``) and the one parked for its retry (:func:`parked_run`'s rule).
+    One fixed read on the driver (``idx_runs_chat_created``); usually it finds nothing."""
+    return [run_from_values(tuple(row)) for row in db.read_fixed(_UNFINISHED, {"chat_jid": chat_jid})]
+
+
+def parked_of(runs: list[Run]) -> Run | None:
+    """Of a chat's unfinished runs (oldest first), the one that waits for its next attempt."""
+    return next((run for run in runs if run.retry_at is not None and run.finished_at is None), None)
 
 
 def create_run(
@@ -121,7 +153,8 @@ def park_run(
 
 
 def parked_run(db: Database, chat_jid: str) -> Run | None:
-    """The group's run that waits for its next attempt (or was cancelled while it waited)."""
+    """The group's run that waits for its next attempt (or was cancelled while it waited);
+    :func:`parked_of` is the same rule on :func:`unfinished_runs`."""
     with db.read() as session:
         row = session.scalars(
             select(RunRow)
@@ -170,32 +203,41 @@ def finish_run(
     error: str | None = None,
     input_tokens: int = 0,
     output_tokens: int = 0,
-    also: Callable[[Session], object] | None = None,
+    also: Callable[[Connection], object] | None = None,
 ) -> Run:
-    """End the run (unless something ended it first).  ``also`` runs in the same
-    transaction (the pipeline moves the group's cursor past the run's batch there:
-    one transaction, so the run never ends without it, nor it without the run)."""
-    with db.write() as session:
+    """End the run (unless something ended it first: that verdict stands, and the run
+    comes back as it is; a cancel request outranks how it ended).  ``also`` runs first
+    in the same transaction, on its connection (the pipeline moves the group's cursor
+    past the run's batch there: one transaction, so the run never ends without it, nor
+    it without the run).
+
+    Fixed SQL on the driver, the end and the duration on the database's clock (the one
+    ``started_at`` was taken from): once a run, it was an ORM unit of work and a read of
+    the clock (docs/performance.md, "The control plane")."""
+    params = {"run_id": run_id, "state": state, "error": secrets.redact(error) if error else error,
+              "input_tokens": input_tokens, "output_tokens": output_tokens}
+    with db.transaction() as conn:
         if also is not None:
-            also(session)
-        now = db_now(session)  # on the clock started_at was taken from
-        row = session.get(RunRow, run_id)
-        if row is None:
-            raise StoreError(f"no run {run_id!r}")
-        if row.finished_at is not None:
-            # Someone ended it first (the sweeper, after this worker lost
-            # its lease): that verdict stands.
-            return _to_run(row)
-        if row.state != "cancelled":  # a cancel request outranks how it ended
-            row.state = state
-            row.error = secrets.redact(error) if error else error  # an error's text may quote anything
-        row.input_tokens = input_tokens
-        row.output_tokens = output_tokens
-        row.retry_at = None
-        row.finished_at = now
-        if row.started_at is not None:
-            row.duration_s = (now - row.started_at).total_seconds()
-        return _to_run(row)
+            also(conn)
+        row = driver_execute(conn, _FINISH[db.is_sqlite], params).fetchone()
+        if row is None:  # ended already, or no such run
+            row = driver_execute(conn, _RUN_BY_ID, {"run_id": run_id}).fetchone()
+            if row is None:
+                raise StoreError(f"no run {run_id!r}")
+    return run_from_values(tuple(row))
+
+
+def _finish_sql(*, sqlite: bool) -> str:
+    now = now_text(sqlite=sqlite)
+    return (f"UPDATE runs SET state = CASE WHEN state = 'cancelled' THEN state ELSE :state END, "
+            f"error = CASE WHEN state = 'cancelled' THEN error ELSE :error END, "
+            f"input_tokens = :input_tokens, output_tokens = :output_tokens, retry_at = NULL, finished_at = {now}, "
+            f"duration_s = {age_text('started_at', sqlite=sqlite)} "
+            f"WHERE id = :run_id AND finished_at IS NULL RETURNING {', '.join(RUN_COLUMNS)}")
+
+
+_FINISH = {sqlite: _finish_sql(sqlite=sqlite) for sqlite in (True, False)}
+_RUN_BY_ID = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE id = :run_id"
 
 
 def get_run(db: Database, run_id: str) -> Run:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from agent_runner.protocol import AssistantEvent, ResultEvent
-from sqlalchemy import select, update
+from sqlalchemy import literal, select, update
 
 from orchestrator.core.clock import SystemClock
 from orchestrator.core.settings import Settings
@@ -199,3 +199,27 @@ def test_a_lease_held_on_a_dead_host_is_dead_before_it_expires(db: Database) -> 
     leases.release(db, JID, other)
     assert leases.acquire(db, JID, "history:abcd", 60)
     assert not leases.acquire(db, JID, other, 60)
+
+
+def test_the_fixed_dead_owner_sql_agrees_with_the_expression(db: Database) -> None:
+    """``hosts.dead_owner_sql`` (``leases.take``'s, on the driver) and ``hosts.on_dead_host``
+    (the sweeper's and the recovery's) give every owner the same verdict."""
+    for host_id in ("rack", "rack:1", "w_1", "wx1", "quiet", "down"):
+        _register(db, host_id)
+    then = hosts.database_now(db) - timedelta(seconds=hosts.ALIVE_WINDOW_S + 5)
+    with db.write() as session:
+        session.execute(update(HostRow).where(HostRow.host_id.in_(("rack", "quiet"))).values(heartbeat_at=then))
+    hosts.mark_stopped(db, "down", "down:1")
+    owners = ["rack:1:ab", "rack:1:2:ab", "w_1:3:ab", "wx1:3:ab", "wy1:3:ab", "quiet:4:cd", "quiet:4",
+              "quiet:4:cd:ef", "down:9:aa", "history:abcd", "elsewhere:1:ab", "RACK:1:ab"]
+    fixed = f"SELECT {hosts.dead_owner_sql(':owner', sqlite=db.is_sqlite)}"
+    verdicts = {}
+    for owner in owners:
+        with db.read() as session:
+            expected = bool(session.scalar(select(hosts.on_dead_host(literal(owner), hosts.database_now(db)))))
+        got = bool(db.read_fixed(fixed, {"owner": owner, "window": hosts.ALIVE_WINDOW_S})[0][0])
+        assert got == expected, owner
+        verdicts[owner] = got
+    # The cases themselves: a dead host's owners are dead, a live one's and strangers' are not.
+    assert verdicts["rack:1:ab"] and verdicts["quiet:4:cd"] and verdicts["down:9:aa"]
+    assert not verdicts["rack:1:2:ab"] and not verdicts["wx1:3:ab"] and not verdicts["history:abcd"]
