@@ -548,8 +548,8 @@ class Pipeline:
             model = model or provider
         duration = None
         if run.started_at is not None:
-            with self.db.read() as session:  # the clock started_at was taken from, as finish_run's
-                duration = max(0.0, (db_now(session) - run.started_at).total_seconds())
+            # The clock started_at was taken from, as finish_run's.
+            duration = max(0.0, (self.db.now() - run.started_at).total_seconds())
         return result_meta_message(
             run_id=run.id, provider=provider, model=model, state=result.state, stop_reason=result.stop_reason,
             limit=result.limit, num_turns=result.num_turns, attempts=run.attempts, duration_s=duration,
@@ -779,13 +779,14 @@ class Pipeline:
         fields["metadata"] = {
             **(fields["metadata"] or {}), REPLY_TO_KEY: outcome.run.cursor_to, RUN_ID_KEY: outcome.run.id,
         }
-        with self.db.write() as session:
-            leases.fence(session, group.chat_jid, self.owner)  # nothing stored by a replaced holder
+        # Fixed statements on the driver in one transaction (docs/performance.md, "The control plane").
+        with self.db.transaction() as conn:
+            leases.fence(conn, group.chat_jid, self.owner)  # nothing stored by a replaced holder
             new = NewMessage(chat_jid=group.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
-            msg, created = insert_message(session, self.db, new)
-            queued = record_deliveries(session, msg) if created else 0
+            msg, created = insert_message(conn, self.db, new)
+            queued = record_deliveries(conn, msg) if created else 0
             # The run's first reply: when, on the clock its creation was taken from (metrics).
-            first_reply_at = db_now(session) if created and msg.sender == SENDER_BOT and not outcome.replied else None
+            first_reply_at = db_now(conn) if created and msg.sender == SENDER_BOT and not outcome.replied else None
         if first_reply_at is not None:
             metrics.first_reply(outcome.run.created_at, first_reply_at, outcome.waiting_since)
         if created:

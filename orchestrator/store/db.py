@@ -169,6 +169,12 @@ class Database:
         with self.engine.begin() as conn:
             yield conn
 
+    def now(self) -> datetime:
+        """What time the database says it is (aware, UTC): one fixed read, no transaction."""
+        found = db_time(self.read_fixed(_NOW[self.is_sqlite])[0][0])
+        assert found is not None
+        return found
+
     def schema_revision(self) -> str | None:
         """The schema's Alembic revision (None: no ``alembic_version`` table yet)."""
         try:
@@ -237,9 +243,15 @@ def age_sql(db: Database | Session, column: Any) -> ColumnElement[float]:
     return cast(extract("epoch", func.now() - column), Float)
 
 
-def db_now(session: Session) -> datetime:
+def db_now(session: Session | Connection) -> datetime:
     """What time the database says it is (aware, UTC), read in the caller's transaction:
-    compute a deadline from it and write it in the same transaction."""
+    compute a deadline from it and write it in the same transaction.  On a Core
+    connection (the run path's fixed transactions), as fixed SQL on the driver."""
+    if isinstance(session, Connection):
+        sqlite = session.dialect.name == "sqlite"
+        found = db_time(driver_execute(session, _NOW[sqlite]).fetchone()[0])
+        assert found is not None
+        return found
     return session.execute(select(now_sql(session))).scalar_one()
 
 
@@ -276,6 +288,8 @@ def db_time(value: datetime | str | None) -> datetime | None:
         value = datetime.fromisoformat(value)
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
+
+_NOW = {sqlite: f"SELECT {now_text(sqlite=sqlite)}" for sqlite in (True, False)}
 
 _NAMED = re.compile(r"(?<!:):([a-z_][a-z0-9_]*)")  # :name, never a cast (::text)
 

@@ -54,7 +54,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import ColumnElement, Text, and_, exists, func, or_, select, update
 
-from orchestrator.store.db import Database, age_sql, age_text, changed_rows, db_now, now_sql
+from orchestrator.store.db import Database, age_sql, age_text, changed_rows, now_sql
 from orchestrator.store.runs import FINAL_STATES
 from orchestrator.store.tables import GroupRow, HostRow, RunRow
 
@@ -135,8 +135,7 @@ _age_s = age_sql
 
 def database_now(db: Database) -> datetime:
     """What time the database says it is (aware, UTC)."""
-    with db.read() as session:
-        return db_now(session)
+    return db.now()
 
 
 def on_dead_host(owner: Any, now: datetime) -> ColumnElement[bool]:

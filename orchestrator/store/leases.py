@@ -39,7 +39,7 @@ import logging
 import threading
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, case, literal, or_, select, update
+from sqlalchemy import ColumnElement, Connection, case, literal, or_, select, update
 from sqlalchemy.orm import Session
 
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
@@ -142,12 +142,13 @@ def renew(db: Database, chat_jid: str, owner: str, ttl_s: float) -> bool:
         return changed_rows(result) == 1
 
 
-def fence(session: Session, chat_jid: str, owner: str) -> None:
+def fence(session: Session | Connection, chat_jid: str, owner: str) -> None:
     """Raise :class:`LeaseLost` unless ``owner`` holds ``chat_jid``'s lease: called in the
     write transaction that stores a run's output, so nothing is stored by a holder
     that another worker replaced.  An expired lease nobody took is still the holder's."""
     # Fixed SQL on the driver, in the caller's transaction: before every stored output.
-    row = driver_execute(session.connection(), _HOLDER, {"chat_jid": chat_jid}).fetchone()
+    conn = session.connection() if isinstance(session, Session) else session
+    row = driver_execute(conn, _HOLDER, {"chat_jid": chat_jid}).fetchone()
     holder = None if row is None else row[0]
     if holder != owner:
         raise LeaseLost(f"{chat_jid}'s lease is {'free' if holder is None else 'held by ' + holder} now, not {owner}'s")

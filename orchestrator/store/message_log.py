@@ -7,13 +7,14 @@ cursor that is monotonic in commit order (see ``_next_seq``).
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, any_, bindparam, func, select
+from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.orm import Session
 
 from orchestrator.core.errors import InvalidMessage, MessageNotFound
@@ -26,7 +27,7 @@ from orchestrator.model.messages import (
     StoredMessage,
     sender_type_problem,
 )
-from orchestrator.store.db import Database, driver_execute
+from orchestrator.store.db import Database, db_time, driver_execute
 from orchestrator.store.tables import MessageRow
 
 
@@ -208,8 +209,8 @@ def get_messages_since(
     return _read(db, stmt.order_by(c.seq))
 
 
-def _of_chat(db: Database, chat_jid: str) -> Any:
-    """The WHERE clause that picks one chat, for the seq-ordered reads below.
+def _of_chat(*, sqlite: bool) -> str:
+    """The WHERE clause that picks one chat (``:chat_jid``), for the seq-ordered reads below.
 
     PostgreSQL's planner assumes a chat's messages are spread evenly over the
     table; for a chat with a large share of it, it then walks the table's own
@@ -221,14 +222,43 @@ def _of_chat(db: Database, chat_jid: str) -> Any:
     takes that index scan, whose cost follows the rows it returns.
     SQLite always uses ``idx_messages_chat_seq`` for the plain equality.
     """
-    c = _MESSAGES.c
-    if db.is_sqlite:
-        return c.chat_jid == chat_jid
-    # Imported here: the PostgreSQL dialect package (all its drivers) costs
-    # every SQLite process, the CLI's included, 50 ms at start.
-    from sqlalchemy.dialects.postgresql import array as pg_array
+    return "chat_jid = :chat_jid" if sqlite else "chat_jid = ANY(ARRAY[CAST(:chat_jid AS text)])"
 
-    return c.chat_jid == any_(pg_array([chat_jid]))
+
+# The seq-ordered reads are fixed SQL on the driver, one statement per shape: the run
+# path reads twice a run (its batch, the history before it), which through Core's
+# statements and result rows cost ~0.5 ms of CPU each (docs/performance.md, "The control plane").
+_COLUMNS = ", ".join(f'"{name}"' for name in _STORED_FIELDS)
+
+
+@functools.cache
+def _seq_read(*, sqlite: bool, newest: bool, bounded: bool, include_superseded: bool) -> str:
+    """``newest``: below ``:seq``, newest first; else above it, oldest first.  ``bounded``:
+    at most ``:limit`` rows."""
+    live = "" if include_superseded else " AND superseded_at IS NULL"
+    order = "chat_jid DESC, seq DESC" if newest else "chat_jid, seq"
+    return (f"SELECT {_COLUMNS} FROM messages WHERE {_of_chat(sqlite=sqlite)} AND seq {'<' if newest else '>'} :seq"
+            f"{live} ORDER BY {order}" + (" LIMIT :limit" if bounded else ""))
+
+
+def _stored(values: tuple[Any, ...]) -> StoredMessage:
+    """A :class:`StoredMessage` from the driver's own values of :data:`_STORED_FIELDS`
+    (SQLite gives 0/1 for the flag, the JSON column's text and time columns as text)."""
+    row = dict(zip(_STORED_FIELDS, values, strict=True))
+    meta = row["metadata"]
+    row["metadata"] = json.loads(meta) if isinstance(meta, str) else meta
+    row["is_from_me"] = bool(row["is_from_me"])
+    row["superseded_at"] = db_time(row["superseded_at"])
+    row["edited_at"] = db_time(row["edited_at"])
+    return StoredMessage(**row)
+
+
+def _seq_rows(db: Database, chat_jid: str, seq: int, limit: int | None, *, newest: bool,
+              include_superseded: bool) -> list[StoredMessage]:
+    sql = _seq_read(sqlite=db.is_sqlite, newest=newest, bounded=limit is not None,
+                    include_superseded=include_superseded)
+    rows = db.read_fixed(sql, {"chat_jid": chat_jid, "seq": seq, "limit": limit})
+    return [_stored(tuple(row)) for row in rows]
 
 
 # Pages of an unlimited seq-ordered read on PostgreSQL (see _of_chat: a LIMIT
@@ -241,18 +271,12 @@ def get_messages_after(
     db: Database,
 ) -> list[StoredMessage]:
     """A chat's messages with ``seq > after_seq``, oldest first."""
-    c = _MESSAGES.c
-
-    def after(seq: int) -> Any:
-        stmt = select(_MESSAGES).where(_of_chat(db, chat_jid), c.seq > seq)
-        return _live(stmt, include_superseded).order_by(c.chat_jid, c.seq)
-
     if db.is_sqlite:
-        return _read(db, after(after_seq) if limit is None else after(after_seq).limit(limit))
+        return _seq_rows(db, chat_jid, after_seq, limit, newest=False, include_superseded=include_superseded)
     out: list[StoredMessage] = []
     while limit is None or len(out) < limit:
         want = _PAGE if limit is None else min(_PAGE, limit - len(out))
-        page = _read(db, after(after_seq).limit(want))
+        page = _seq_rows(db, chat_jid, after_seq, want, newest=False, include_superseded=include_superseded)
         out += page
         if len(page) < want:
             break
@@ -260,16 +284,17 @@ def get_messages_after(
     return out
 
 
+_WAITING_SINCE = {sqlite: f"SELECT MIN(stored_at) FROM messages WHERE {_of_chat(sqlite=sqlite)} AND seq > :after_seq "
+                          "AND seq <= :upto_seq AND is_from_me = :false" for sqlite in (True, False)}
+
+
 def waiting_since(db: Database, chat_jid: str, after_seq: int, upto_seq: int) -> datetime | None:
     """When the oldest message in ``(after_seq, upto_seq]`` not written by the assistant
     was stored (the database's clock): how long a run's batch waited.  None when
     none of them has a storing time (stored before revision 0012)."""
-    c = _MESSAGES.c
-    stmt = select(func.min(c.stored_at)).where(
-        _of_chat(db, chat_jid), c.seq > after_seq, c.seq <= upto_seq, c.is_from_me.is_(False))
-    with db.read() as session:
-        found: datetime | None = session.execute(stmt).scalar_one()
-    return found
+    rows = db.read_fixed(_WAITING_SINCE[db.is_sqlite],
+                         {"chat_jid": chat_jid, "after_seq": after_seq, "upto_seq": upto_seq, "false": False})
+    return db_time(rows[0][0])
 
 
 def get_recent_messages(
@@ -277,11 +302,9 @@ def get_recent_messages(
     db: Database,
 ) -> list[StoredMessage]:
     """The newest ``limit`` messages of a chat (below ``before_seq`` if given), oldest first."""
-    c = _MESSAGES.c
-    stmt = _live(select(_MESSAGES).where(_of_chat(db, chat_jid)), include_superseded)
-    if before_seq is not None:
-        stmt = stmt.where(c.seq < before_seq)
-    rows = _read(db, stmt.order_by(c.chat_jid.desc(), c.seq.desc()).limit(limit))
+    # No bound: below a seq no message can have (seqs are positive 64-bit integers).
+    below = before_seq if before_seq is not None else 2**62
+    rows = _seq_rows(db, chat_jid, below, limit, newest=True, include_superseded=include_superseded)
     rows.reverse()
     return rows
 

@@ -91,9 +91,31 @@ def create_run(
     celery_task_id: str | None,
     owner: str | None = None,
 ) -> Run:
-    with db.write() as session:
-        return add_run(session, chat_jid=chat_jid, cursor_from=cursor_from, cursor_to=cursor_to,
-                       celery_task_id=celery_task_id, owner=owner)
+    """A new ``queued`` run, as :func:`add_run` makes it, in a transaction of its own: one
+    fixed INSERT on the driver, its times the database's now in the statement (once a run
+    with no fleet cap: docs/performance.md, "The control plane")."""
+    run_id = str(uuid.uuid4())
+    with db.transaction() as conn:
+        created = driver_execute(conn, _CREATE[db.is_sqlite], {
+            "id": run_id, "chat_jid": chat_jid, "cursor_from": cursor_from, "cursor_to": cursor_to,
+            "celery_task_id": celery_task_id, "owner": owner,
+        }).fetchone()[0]
+    at = db_time(created)
+    assert at is not None  # a NOT NULL column, just written
+    return Run(id=run_id, chat_jid=chat_jid, state="queued", attempts=1, cursor_from=cursor_from,
+               cursor_to=cursor_to, celery_task_id=celery_task_id, owner=owner, container_id=None, input_tokens=0,
+               output_tokens=0, error=None, created_at=at, started_at=at, finished_at=None, duration_s=None)
+
+
+def _create_sql(*, sqlite: bool) -> str:
+    now = now_text(sqlite=sqlite)
+    return ("INSERT INTO runs (id, chat_jid, state, attempts, cursor_from, cursor_to, celery_task_id, owner, "
+            "input_tokens, output_tokens, created_at, started_at) "
+            f"VALUES (:id, :chat_jid, 'queued', 1, :cursor_from, :cursor_to, :celery_task_id, :owner, 0, 0, {now}, {now}) "
+            "RETURNING created_at")
+
+
+_CREATE = {sqlite: _create_sql(sqlite=sqlite) for sqlite in (True, False)}
 
 
 def add_run(
