@@ -20,9 +20,10 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 import msgspec
 from agent_runner.protocol import (
@@ -229,6 +230,18 @@ class RunOutcome:
     waiting_since: datetime | None = None
     # The model the run's input names (its result_meta record says which answered).
     model: ModelSettings | None = None
+    # The run's end let go of the group's lease: the pending mark and cursor it left
+    # (None: it did not, or the run has not ended).
+    released: tuple[int, int] | None = None
+
+
+class StoredOutput(NamedTuple):
+    """An output stored in a run's transaction, for what follows its commit."""
+
+    message: StoredMessage
+    created: bool  # False: its id was stored already (the first copy stands)
+    queued: int  # deliveries queued for the group's channels
+    first_reply_at: datetime | None  # the run's first reply: when (the database's clock)
 
 
 class Pipeline:
@@ -291,6 +304,7 @@ class Pipeline:
         if group is None:
             log.info("group %s is busy elsewhere; its lease holder will see the new work", chat_jid)
             return Step(busy=True)
+        step: Step | None = None
         try:
             # The group's unfinished runs, read once: a dead holder's are closed first (the slot
             # it held is free, the cursor may move), a parked one waits for its retry.
@@ -302,7 +316,9 @@ class Pipeline:
                     log_context(chat_jid=chat_jid):
                 step = self._step_held(group, parked_of(unfinished), task_id, heartbeat.lost)
         finally:
-            released = leases.release(self.db, chat_jid, self.owner)
+            # A run's end let go of the lease in its own transaction; else it is let go of here.
+            ended = step.outcome.released if step is not None and step.outcome is not None else None
+            released = ended if ended is not None else leases.release(self.db, chat_jid, self.owner)
         step.recovered = recovered
         if step.retry_in is None and step.quota is None:  # a run ended, or there was nothing to run
             # Looked at in the release's own statement, so a message whose signal bounced
@@ -511,16 +527,32 @@ class Pipeline:
                 self._emit(group, host_message(run_id=run.id, text=notice), outcome)
             elif result.state != "succeeded":
                 self._emit(group, host_message(run_id=run.id, text=f"⚠️ Agent error: {result.error}"), outcome)
-            # Every run ends with its record: stored only, for people and tools, never the model.
-            self._emit(group, self._result_meta(outcome, result), outcome)
+            record = self._result_meta(outcome, result)
         except LeaseLost as lost:
             return self._taken_over(outcome, str(lost))
         session_id = None if isolated else result.session_id
-        outcome.run = finish_run(
-            self.db, run.id, state=result.state, error=result.error,
-            input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
-            also=lambda conn: _move_cursor(conn, group, run.cursor_to, session_id),
-        )
+        stored: list[StoredOutput] = []
+        released: list[tuple[int, int] | None] = []
+
+        def end(conn: Connection) -> None:
+            # The run's end is one transaction: its record (stored only, for people and
+            # tools, never the model; fenced like every output), the cursor past its
+            # batch, the lease let go of (the pending mark and cursor it leaves say
+            # whether work is left: Pipeline.step), and the run row's end.
+            stored.append(self._insert_output(conn, group, record, outcome))
+            _move_cursor(conn, group, run.cursor_to, session_id)
+            released.append(leases.release_in(conn, group.chat_jid, self.owner))
+
+        try:
+            with self._output_span(record, outcome):
+                outcome.run = finish_run(
+                    self.db, run.id, state=result.state, error=result.error,
+                    input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens, also=end,
+                )
+                self._stored(group, outcome, stored[0])
+        except LeaseLost as lost:
+            return self._taken_over(outcome, str(lost))
+        outcome.released = released[0]  # committed: the lease is let go of
         metrics.run_finished(outcome.run.state, outcome.run.duration_s)
         tracing.annotate(run_state=outcome.run.state, error=outcome.run.error, outputs=len(outcome.stored))
         if outcome.run.state != "succeeded":
@@ -764,14 +796,24 @@ class Pipeline:
     # -- storage --------------------------------------------------------------
 
     def _emit(self, group: Group, out: OutputMessage, outcome: RunOutcome) -> None:
+        """Store ``out`` in a transaction of its own (fixed statements on the driver)."""
+        with self._output_span(out, outcome):
+            with self.db.transaction() as conn:
+                stored = self._insert_output(conn, group, out, outcome)
+            self._stored(group, outcome, stored)
+
+    @contextlib.contextmanager
+    def _output_span(self, out: OutputMessage, outcome: RunOutcome) -> Iterator[None]:
         # Each stored output is a span of the run's trace (orchestrator/core/tracing.py).
         with tracing.span(f"store {out.message_type}", attributes={"orchestrator.message_id": out.id,
                                                                    "orchestrator.sender": out.sender}):
-            stored = len(outcome.stored)
-            self._store_output(group, out, outcome)
-            tracing.annotate(seq=outcome.stored[-1] if len(outcome.stored) > stored else None)
+            before = len(outcome.stored)
+            yield
+            tracing.annotate(seq=outcome.stored[-1] if len(outcome.stored) > before else None)
 
-    def _store_output(self, group: Group, out: OutputMessage, outcome: RunOutcome) -> None:
+    def _insert_output(self, conn: Connection, group: Group, out: OutputMessage, outcome: RunOutcome) -> StoredOutput:
+        """Store ``out`` in the caller's transaction, if this worker still holds the group's lease
+        (else :class:`LeaseLost`, and the caller's transaction stores nothing)."""
         # Outputs remember the last input their run saw: messages that arrive
         # during a run get later seqs than the run's replies, but the model
         # must see those replies first (see views.model_order).
@@ -779,21 +821,23 @@ class Pipeline:
         fields["metadata"] = {
             **(fields["metadata"] or {}), REPLY_TO_KEY: outcome.run.cursor_to, RUN_ID_KEY: outcome.run.id,
         }
-        # Fixed statements on the driver in one transaction (docs/performance.md, "The control plane").
-        with self.db.transaction() as conn:
-            leases.fence(conn, group.chat_jid, self.owner)  # nothing stored by a replaced holder
-            new = NewMessage(chat_jid=group.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
-            msg, created = insert_message(conn, self.db, new)
-            queued = record_deliveries(conn, msg) if created else 0
-            # The run's first reply: when, on the clock its creation was taken from (metrics).
-            first_reply_at = db_now(conn) if created and msg.sender == SENDER_BOT and not outcome.replied else None
-        if first_reply_at is not None:
-            metrics.first_reply(outcome.run.created_at, first_reply_at, outcome.waiting_since)
-        if created:
-            outcome.stored.append(msg.seq)
-            if msg.sender == SENDER_BOT:
+        leases.fence(conn, group.chat_jid, self.owner)  # nothing stored by a replaced holder
+        new = NewMessage(chat_jid=group.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
+        msg, created = insert_message(conn, self.db, new)
+        queued = record_deliveries(conn, msg) if created else 0
+        # The run's first reply: when, on the clock its creation was taken from (metrics).
+        first_reply_at = db_now(conn) if created and msg.sender == SENDER_BOT and not outcome.replied else None
+        return StoredOutput(msg, created, queued, first_reply_at)
+
+    def _stored(self, group: Group, outcome: RunOutcome, stored: StoredOutput) -> None:
+        """What follows an output's commit: the run's record of it, metrics, the delivery signal."""
+        if stored.first_reply_at is not None:
+            metrics.first_reply(outcome.run.created_at, stored.first_reply_at, outcome.waiting_since)
+        if stored.created:
+            outcome.stored.append(stored.message.seq)
+            if stored.message.sender == SENDER_BOT:
                 outcome.replied = True
-        if queued:
+        if stored.queued:
             self._deliver(group.chat_jid)
 
     def _send_message(

@@ -163,9 +163,14 @@ def release(db: Database, chat_jid: str, owner: str) -> tuple[int, int] | None:
     """Let go of ``chat_jid``'s lease if ``owner`` holds it: the group's pending mark and
     cursor as the release left them (None: not ``owner``'s lease).  The pipeline's step
     decides from them whether work is left: read in the releasing statement, nothing
-    ingested after it bounced off this lease.  Once a run: fixed SQL on the driver."""
+    ingested after it bounced off this lease.  Fixed SQL on the driver."""
     with db.transaction() as conn:
-        row = driver_execute(conn, _RELEASE, {"chat_jid": chat_jid, "owner": owner}).fetchone()
+        return release_in(conn, chat_jid, owner)
+
+
+def release_in(conn: Connection, chat_jid: str, owner: str) -> tuple[int, int] | None:
+    """:func:`release` in the caller's transaction (a run's end: ``Pipeline._conclude``)."""
+    row = driver_execute(conn, _RELEASE, {"chat_jid": chat_jid, "owner": owner}).fetchone()
     return None if row is None else (int(row[0]), int(row[1]))
 
 

@@ -29,6 +29,7 @@ from agent_runner.protocol import (
     ToolUseEvent,
     Usage,
 )
+from sqlalchemy import text
 
 from orchestrator.core.clock import Clock
 from orchestrator.core.errors import SettingsError
@@ -43,9 +44,11 @@ from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import GATEWAY_SOCKET, Pipeline
 from orchestrator.sandbox.config import set_container_config
 from orchestrator.sandbox.containers import GATEWAY_MOUNT
+from orchestrator.store import leases
 from orchestrator.store.db import Database
-from orchestrator.store.groups import ensure_main_group
+from orchestrator.store.groups import ensure_main_group, get_group
 from orchestrator.store.message_log import get_messages_after, store_message_direct
+from orchestrator.store.runs import list_runs
 from tests.fakes.anthropic_api import FakeAnthropic, message
 from tests.fakes.channel import RecordingChannel, attach_recorder
 from tests.fakes.clock import FakeClock
@@ -347,3 +350,49 @@ def test_the_defaults_suit_real_work_and_compose_passes_them() -> None:
                 "ORCHESTRATOR_GATEWAY_MODEL_POLICY": defaults.gateway_model_policy}
     for name, value in expected.items():
         assert env[name] == f"${{{name}:-{value}}}", name
+
+
+def _refuse_run_ends(db: Database) -> None:
+    """A trigger that fails the statement ending a run (``finished_at`` set), on either database."""
+    with db.write() as session:
+        if db.is_sqlite:
+            session.execute(text("CREATE TRIGGER refuse_end BEFORE UPDATE OF finished_at ON runs "
+                                 "WHEN NEW.finished_at IS NOT NULL BEGIN SELECT RAISE(ABORT, 'refused end'); END"))
+        else:
+            session.execute(text("CREATE FUNCTION refuse_end() RETURNS trigger LANGUAGE plpgsql AS "
+                                 "$$ BEGIN RAISE EXCEPTION 'refused end'; END $$"))
+            session.execute(text("CREATE TRIGGER refuse_end BEFORE UPDATE OF finished_at ON runs FOR EACH ROW "
+                                 "WHEN (NEW.finished_at IS NOT NULL) EXECUTE FUNCTION refuse_end()"))
+
+
+def test_a_runs_end_is_one_transaction_and_a_failed_end_still_lets_the_lease_go(
+    settings: Settings, db: Database,
+) -> None:
+    """The run's record, the cursor's move, the lease's release and the run row's end commit
+    together: when the end fails, none of them is left half done (no record without an
+    ended run, no cursor past an unended run), and the step still lets go of the lease."""
+    sandbox = FakeSandbox(Script([AssistantEvent(text="hi there"), ResultEvent(num_turns=1)]),
+                          Script([AssistantEvent(text="again"), ResultEvent(num_turns=1)]))
+    p, _ = _pipeline(settings, db, sandbox)
+    asked = _say(p)
+    _refuse_run_ends(db)
+    with pytest.raises(db.driver_errors, match="refused end"):  # the driver's own (fixed SQL)
+        p.step(JID)
+    # The reply (its own transaction, before the end) stands; the end's record does not.
+    assert [m.sender for m in _history(p)] == ["u", "bot"]
+    group = get_group(db, JID)
+    assert group.cursor_seq < asked.seq <= group.pending_seq
+    [run] = list_runs(db, chat_jid=JID)
+    assert run.finished_at is None
+    # The lease was let go of: another worker takes the group at once.
+    assert leases.acquire(db, JID, "another-worker", 30)
+    leases.release(db, JID, "another-worker")
+
+    # With the end allowed again, the next step's holder closes the run the failed end left
+    # (a reply was stored: the cursor moves past its batch, no second answer).
+    with db.write() as session:
+        session.execute(text("DROP TRIGGER refuse_end" + ("" if db.is_sqlite else " ON runs")))
+    p2 = Pipeline(p.settings, db, p.channels, sandbox, clock=p.clock)
+    assert p2.step(JID).recovered == [run.id]
+    assert get_group(db, JID).cursor_seq >= asked.seq
+    assert [m.sender for m in _by(p, "bot")] == ["bot"]
