@@ -240,7 +240,7 @@ class CpuAccount:
         out = [f"    machine busy {self.busy:6.1f} CPU-s over {self.wall:5.1f} s"
                f" = {self.busy / self.wall / cores:4.0%} of {cores} cores"]
         for name, secs in self.used.items():
-            out.append(f"    {name:46} {secs:6.1f} CPU-s  {secs / max(per, 1) * 1000:6.0f} ms/{unit}")
+            out.append(f"    {name:46} {secs:6.1f} CPU-s  {secs / max(per, 1) * 1000:6.1f} ms/{unit}")
         return out
 
 

@@ -61,6 +61,9 @@ from orchestrator.run.queue import AGENT_QUEUE
 from orchestrator.store.groups import add_group
 from orchestrator.store.tables import HostRow, RunRow
 
+# The CPU accounts: the workers, and the services one fleet shares.
+WORKERS = "celery workers (parents + pool children)"
+SHARED = ("postgres backends of this database", "postgres server processes (shared)", "redis-server (shared)")
 TARGET = 300.0  # runs/s: 100 hosts at 3 cold runs/s each (issue 17)
 PG = "postgresql://orchestrator:orchestrator@127.0.0.1:5432/orchestrator"
 REDIS = "redis://127.0.0.1:6379/13"
@@ -202,11 +205,13 @@ def redis_processes() -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["name"]) if p.info["name"] == "redis-server"]
 
 
-def noop_rate(settings: Settings, root: Orchestrator, k: int, fleet: Fleet) -> float:
-    """Empty tasks/s through the same workers: ``k`` queued on the shared queue behind a
-    closed gate (the first task each pool child takes waits for it: the backlog builds up
-    faster than one publisher could feed it), then the gate opened; timed from 10 % to 90 %
-    of them done (the counts are written every FLUSH_S)."""
+def noop_rate(settings: Settings, root: Orchestrator, k: int, fleet: Fleet) -> tuple[float, float]:
+    """Empty tasks/s through the same workers, and the workers' CPU per empty task (ms:
+    Celery's own handling of a task, its receipt, ack and events; the floor under a
+    run's): ``k`` queued on the shared queue behind a closed gate (the first task each
+    pool child takes waits for it: the backlog builds up faster than one publisher could
+    feed it), then the gate opened; timed from 10 % to 90 % of them done (the counts are
+    written every FLUSH_S)."""
     folder = settings.data_dir / query_counts.FOLDER
     gate = settings.data_dir / query_counts.NOOP_GATE
     app = root.signals.app
@@ -217,6 +222,7 @@ def noop_rate(settings: Settings, root: Orchestrator, k: int, fleet: Fleet) -> f
     for attempt in range(3):
         gate.unlink(missing_ok=True)
         base = done()
+        cpu0 = cpu_seconds(fleet.trees())
         with app.producer_or_acquire() as producer:
             for _ in range(k):
                 app.send_task(query_counts.NOOP_TASK, queue=AGENT_QUEUE, producer=producer)
@@ -237,7 +243,7 @@ def noop_rate(settings: Settings, root: Orchestrator, k: int, fleet: Fleet) -> f
         else:
             marks.setdefault(90, time.monotonic())
             marks.setdefault(10, marks[90])
-            return 0.8 * k / max(marks[90] - marks[10], 1e-3)
+            return 0.8 * k / max(marks[90] - marks[10], 1e-3), (cpu_seconds(fleet.trees()) - cpu0) / k * 1000
         # Another process emptied the Redis database (a benchmark sharing it flushes it).
         print(f"    note: the empty tasks stopped at {n} of {k} (attempt {attempt + 1}); queued again")
     raise SystemExit(f"noop tasks: not done in 3 attempts; logs:\n{fleet.logs()}")
@@ -261,11 +267,11 @@ def measure(n: int, args: argparse.Namespace, url: str) -> dict[str, object]:
                                                    .where(HostRow.state == "up")).scalar_one()) >= n
 
                 wait(hosts_up, 120, f"{n} hosts up", fleet)
-                noop = noop_rate(settings, root, args.noop, fleet)
+                noop, noop_cpu = noop_rate(settings, root, args.noop, fleet)
                 loader = Load(root, jids).start()
                 time.sleep(args.warmup)
                 backends0, server = pg_processes(url)
-                cpu = CpuAccount({"celery workers (parents + pool children)": fleet.trees(),
+                cpu = CpuAccount({WORKERS: fleet.trees(),
                                   "postgres server processes (shared)": server,
                                   "redis-server (shared)": redis_processes()}).start()
                 backend_cpu0 = {p.pid: cpu_seconds([p]) for p in backends0}
@@ -298,7 +304,7 @@ def measure(n: int, args: argparse.Namespace, url: str) -> dict[str, object]:
             root.close()
     runs = runs2 - runs0
     return {"n": n, "rate": (runs1 - runs0) / (t1 - t0), "window_runs": runs1 - runs0, "runs": runs, "sent": sent,
-            "noop": noop, "counts": query_counts.minus(counts1, counts0),
+            "noop": noop, "noop_cpu": noop_cpu, "counts": query_counts.minus(counts1, counts0),
             "ingest": query_counts.minus(ingest1, ingest0), "stats": {k: stats1[k] - stats0[k] for k in stats0},
             "cpu": cpu, "failed": failed, "load": f"{load_before} -> {load_after}"}
 
@@ -349,7 +355,15 @@ def main() -> None:
               f" {stats['commits'] / runs:.1f} commits, {stats['rollbacks'] / runs:.2f} rollbacks,"
               f" rows: {stats['inserted'] / runs:.1f} inserted, {stats['updated'] / runs:.1f} updated,"
               f" {stats['deleted'] / runs:.1f} deleted, {stats['fetched'] / runs:.0f} fetched per run")
-        print("\n".join(r["cpu"].lines(window, "run")))  # type: ignore[attr-defined]
+        cpu: CpuAccount = r["cpu"]  # type: ignore[assignment]
+        print("\n".join(cpu.lines(window, "run")))
+        per_run = {name: secs / max(window, 1) * 1000 for name, secs in cpu.used.items()}
+        shared = sum(per_run[name] for name in SHARED)
+        cores = os.cpu_count() or 1
+        print(f"    Celery alone (the empty tasks): {r['noop_cpu']:.1f} ms of the workers' CPU per task;"
+              f" a run: {per_run[WORKERS]:.1f} ms")
+        print(f"    the shared services (PostgreSQL and Redis): {shared:.1f} ms of CPU per run; {cores} cores"
+              f" of them alone would carry ~{cores * 1000 / max(shared, 1e-3):.0f} runs/s (the workers elsewhere)")
     best = max(results, key=lambda r: r["rate"])  # type: ignore[arg-type,return-value]
     print(f"\nbest: {best['rate']:.1f} runs/s with {best['n']} worker(s) (target {TARGET:.0f}:"
           f" {'met' if best['rate'] >= TARGET else 'MISSED'})")  # type: ignore[operator]
