@@ -83,8 +83,7 @@ def make_celery(settings: Settings) -> Celery:
         transport_options["polling_interval"] = settings.broker_polling_interval
     app = Celery("orchestrator", broker=broker, include=["workers.tasks"])
     app.conf.update(
-        # filesystem:// through our race-free subclass of kombu's transport (orchestrator/run/fs_transport.py).
-        broker_transport="orchestrator.run.fs_transport:Transport" if broker.startswith("filesystem") else None,
+        broker_transport=_transport(broker),
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
         task_ignore_result=True,
@@ -122,6 +121,17 @@ def make_celery(settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
     )
     return app
+
+
+def _transport(broker: str) -> str | None:
+    """Our subclasses of kombu's transports: filesystem:// race-free
+    (orchestrator/run/fs_transport.py), redis:// with one client per channel
+    (orchestrator/run/redis_transport.py); None: kombu's own for the URL."""
+    if broker.startswith("filesystem"):
+        return "orchestrator.run.fs_transport:Transport"
+    if broker.startswith("redis://"):  # not rediss:// (TLS) nor sentinel: kombu's own parse them
+        return "orchestrator.run.redis_transport:Transport"
+    return None
 
 
 class BrokerUnavailable(OrchestratorError):

@@ -6,9 +6,11 @@ free, expired, or held by a process of a dead host (``hosts.on_dead_host``).
 The holder renews it from a heartbeat thread; a holder that dies simply stops
 renewing and the lease expires.
 
-**The database's clock, never a host's.**  Acquire and renew read the
-database's now in their own transaction (``store/db.py``'s ``db_now``) and
-write the expiry from it; expiry is compared with the same clock, so a worker
+**The database's clock, never a host's.**  Taking a lease writes its expiry
+as the database's now plus the ttl in the statement itself (``store/db.py``'s
+``later_text``); renewing reads the database's now in its own transaction
+(``db_now``) and writes the expiry from it; expiry is compared with the same
+clock, so a worker
 whose clock runs an hour ahead neither steals live leases nor writes ones that
 never expire.  The :class:`~orchestrator.core.clock.Clock` a
 :class:`Heartbeat` is handed only paces its beats (tests jump it).
@@ -28,7 +30,7 @@ same write transaction, that the lease is still its own (:func:`fence`), so a
 worker whose group was taken over stops at its next output instead of
 answering beside the new holder.
 
-**The taker is the place.**  ``acquire(place=host_id)`` (the pipeline's step)
+**The taker is the place.**  ``take(place=host_id)`` (the pipeline's step)
 places a group that has no live place on the acquirer's host in the same
 UPDATE (``orchestrator/store/placement.py``).
 """

@@ -1,7 +1,7 @@
 """Placement: the one worker host a group's runs go to (issue 14).
 
 A group is placed on one host, ``groups.placed_host``: the host that took
-its lease when the group had no live place (``leases.acquire(place=...)``,
+its lease when the group had no live place (``leases.take(place=...)``,
 in the same statement, called by the pipeline's step), or the host
 ``orchestrator groups move`` named (:func:`move`).  A signal for the group
 goes to that host's own Celery queue (``orchestrator/run/queue.py``:

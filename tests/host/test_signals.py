@@ -7,6 +7,8 @@ the broker again.  The broker is Redis on a loopback port nobody listens on.
 
 from __future__ import annotations
 
+import base64
+import json
 import socket
 
 import pytest
@@ -85,3 +87,43 @@ def test_each_signal_lands_in_its_own_queue_only(settings: Settings, broker: str
         finally:
             for name in counts():
                 channel.queue_purge(name)
+
+
+def test_a_redis_channel_sends_its_commands_through_one_client(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kombu's Redis channel built a ``redis.Redis`` client for every command it sent
+    (each task published, each event, each ack: more CPU than the command itself);
+    ours keeps one per channel (orchestrator/run/redis_transport.py), and every
+    signal still lands, with its Flower event."""
+    require_service(redis_available(), f"a Redis server at {REDIS_URL}")
+    import redis
+
+    local = settings.replace(broker_url=REDIS_URL.rsplit("/", 1)[0] + "/12")
+    redis.Redis.from_url(local.broker_url).flushdb()
+    signals = Signals(lambda: make_celery(local))
+    app = signals.app
+    assert type(app.connection_for_write().transport).__module__ == "orchestrator.run.redis_transport"
+    events = redis.Redis.from_url(local.broker_url).pubsub()
+    events.psubscribe("*celeryev*")  # the events' fanout topics
+    events.get_message(timeout=1)  # the subscription's own confirmation
+    signals.group("warm-up@local")  # the channel and its client are made once
+    built = []
+    real_init = redis.Redis.__init__
+
+    def counting_init(self: redis.Redis, *args: object, **kwargs: object) -> None:
+        built.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Redis, "__init__", counting_init)
+    for i in range(20):
+        signals.group(f"g{i}@local")
+    monkeypatch.setattr(redis.Redis, "__init__", real_init)
+    assert built == []
+    queued = redis.Redis.from_url(local.broker_url).llen("agent")
+    assert queued == 21
+    sent = []
+    while (m := events.get_message(timeout=1)) is not None:
+        if m["type"] == "pmessage" and m["channel"].endswith(b"celeryev/task.sent"):
+            sent.append(json.loads(base64.b64decode(json.loads(m["data"])["body"])))
+    assert len(sent) == 21 and {e["type"] for e in sent} == {"task-sent"}
