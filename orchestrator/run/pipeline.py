@@ -47,7 +47,7 @@ from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.errors import ConfigError, LeaseLost, MountRefused
 from orchestrator.core.logs import log_context
 from orchestrator.core.settings import Settings
-from orchestrator.model.messages import SENDER_BOT, NewMessage, StoredMessage
+from orchestrator.model.messages import SENDER_BOT, STORED_ONLY_SENDERS, NewMessage, StoredMessage
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
 from orchestrator.run.assembly import (
     Batch,
@@ -76,14 +76,14 @@ from orchestrator.sandbox.sessions import session_mount
 from orchestrator.sandbox.warm import WarmPool, gateway_dir, host_only_dir
 from orchestrator.store import leases
 from orchestrator.store.db import Database, db_now, driver_execute
-from orchestrator.store.deliveries import record_deliveries
+from orchestrator.store.deliveries import attached_channels, record_deliveries
 from orchestrator.store.groups import Group, get_group, send_refusal, send_targets
 from orchestrator.store.hosts import process_owner
 from orchestrator.store.message_log import get_messages_after, insert_message, now_iso, waiting_since
 from orchestrator.store.runs import (
     Run,
     RunState,
-    finish_run,
+    finish_run_in,
     park_run,
     parked_of,
     resume_run,
@@ -531,28 +531,27 @@ class Pipeline:
         except LeaseLost as lost:
             return self._taken_over(outcome, str(lost))
         session_id = None if isolated else result.session_id
-        stored: list[StoredOutput] = []
-        released: list[tuple[int, int] | None] = []
-
-        def end(conn: Connection) -> None:
-            # The run's end is one transaction: its record (stored only, for people and
-            # tools, never the model; fenced like every output), the cursor past its
-            # batch, the lease let go of (the pending mark and cursor it leaves say
-            # whether work is left: Pipeline.step), and the run row's end.
-            stored.append(self._insert_output(conn, group, record, outcome))
-            _move_cursor(conn, group, run.cursor_to, session_id)
-            released.append(leases.release_in(conn, group.chat_jid, self.owner))
-
         try:
             with self._output_span(record, outcome):
-                outcome.run = finish_run(
-                    self.db, run.id, state=result.state, error=result.error,
-                    input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens, also=end,
-                )
-                self._stored(group, outcome, stored[0])
+                # The run's end is one transaction: the run row's end; its record (stored only,
+                # for people and tools, never the model); the cursor past its batch and the
+                # lease let go of, in one statement that also proves the lease still ours (the
+                # fence: else LeaseLost, and nothing of the end is committed).  The pending mark
+                # and cursor the release leaves say whether work is left (Pipeline.step).  In
+                # this order: the record's insert takes the message-seq lock and ingest takes
+                # it before the group's row, so the row comes after it here too (no deadlock),
+                # and the run row before it (no one else locks a run row after the seq lock).
+                with self.db.transaction() as conn:
+                    outcome.run = finish_run_in(
+                        conn, self.db, run.id, state=result.state, error=result.error,
+                        input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
+                    )
+                    stored = self._insert_output(conn, group, record, outcome, fenced=True)
+                    released = _end_hold(conn, group, self.owner, run.cursor_to, session_id)
+                self._stored(group, outcome, stored)
         except LeaseLost as lost:
             return self._taken_over(outcome, str(lost))
-        outcome.released = released[0]  # committed: the lease is let go of
+        outcome.released = released  # committed: the lease is let go of
         metrics.run_finished(outcome.run.state, outcome.run.duration_s)
         tracing.annotate(run_state=outcome.run.state, error=outcome.run.error, outputs=len(outcome.stored))
         if outcome.run.state != "succeeded":
@@ -811,9 +810,17 @@ class Pipeline:
             yield
             tracing.annotate(seq=outcome.stored[-1] if len(outcome.stored) > before else None)
 
-    def _insert_output(self, conn: Connection, group: Group, out: OutputMessage, outcome: RunOutcome) -> StoredOutput:
+    def _insert_output(
+        self, conn: Connection, group: Group, out: OutputMessage, outcome: RunOutcome, *, fenced: bool = False,
+    ) -> StoredOutput:
         """Store ``out`` in the caller's transaction, if this worker still holds the group's lease
-        (else :class:`LeaseLost`, and the caller's transaction stores nothing)."""
+        (else :class:`LeaseLost`, and the caller's transaction stores nothing; ``fenced``: the
+        caller's transaction made sure of it already).
+
+        What can be read before the message is inserted is (the lease, the group's channels,
+        the clock): the insert takes the lock that orders every message's seq and holds it to
+        the commit, so every statement after it holds back every other writer of messages
+        (``bench/db_reach.py``: the lock is where one database saturates)."""
         # Outputs remember the last input their run saw: messages that arrive
         # during a run get later seqs than the run's replies, but the model
         # must see those replies first (see views.model_order).
@@ -821,13 +828,16 @@ class Pipeline:
         fields["metadata"] = {
             **(fields["metadata"] or {}), REPLY_TO_KEY: outcome.run.cursor_to, RUN_ID_KEY: outcome.run.id,
         }
-        leases.fence(conn, group.chat_jid, self.owner)  # nothing stored by a replaced holder
+        if not fenced:
+            leases.fence(conn, group.chat_jid, self.owner)  # nothing stored by a replaced holder
+        attached = attached_channels(conn, group.chat_jid) if out.sender not in STORED_ONLY_SENDERS else []
+        # The run's first reply: when, on the clock its creation was taken from (metrics).
+        first_reply = out.sender == SENDER_BOT and not outcome.replied
+        now = db_now(conn) if first_reply else None
         new = NewMessage(chat_jid=group.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
         msg, created = insert_message(conn, self.db, new)
-        queued = record_deliveries(conn, msg) if created else 0
-        # The run's first reply: when, on the clock its creation was taken from (metrics).
-        first_reply_at = db_now(conn) if created and msg.sender == SENDER_BOT and not outcome.replied else None
-        return StoredOutput(msg, created, queued, first_reply_at)
+        queued = record_deliveries(conn, msg, attached) if created else 0
+        return StoredOutput(msg, created, queued, now if created else None)
 
     def _stored(self, group: Group, outcome: RunOutcome, stored: StoredOutput) -> None:
         """What follows an output's commit: the run's record of it, metrics, the delivery signal."""
@@ -881,6 +891,30 @@ class Pipeline:
     def _advance(self, group: Group, cursor_to: int, session_id: str | None) -> None:
         with self.db.transaction() as conn:
             _move_cursor(conn, group, cursor_to, session_id)
+
+
+def _end_hold_sql(session: bool) -> str:
+    keep = ", session_id = :session_id" if session else ""
+    return ("UPDATE groups SET cursor_seq = CASE WHEN cursor_seq < :cursor_to THEN :cursor_to ELSE cursor_seq END"
+            f"{keep}, lease_owner = NULL, lease_expires_at = NULL WHERE chat_jid = :chat_jid AND lease_owner = :owner "
+            "RETURNING pending_seq, cursor_seq")
+
+
+_END_HOLD = {session: _end_hold_sql(session) for session in (True, False)}
+
+
+def _end_hold(conn: Connection, group: Group, owner: str, cursor_to: int, session_id: str | None) -> tuple[int, int]:
+    """A run's end on the group row, in the caller's transaction: the cursor past ``cursor_to``
+    (never back) and the session kept, and ``owner``'s lease let go of, in one statement;
+    the pending mark and cursor it leaves.  :class:`LeaseLost` if the lease is not
+    ``owner``'s (the fence of the run's end: nothing of it is to be committed)."""
+    params: dict[str, object] = {"chat_jid": group.chat_jid, "owner": owner, "cursor_to": cursor_to}
+    if session_id:
+        params["session_id"] = session_id
+    row = driver_execute(conn, _END_HOLD[bool(session_id)], params).fetchone()
+    if row is None:
+        raise LeaseLost(f"{group.chat_jid}'s lease is no longer {owner}'s at its run's end")
+    return int(row[0]), int(row[1])
 
 
 def _marks(group: Group) -> tuple[int, int]:

@@ -121,17 +121,27 @@ class _NewDelivery(TypedDict):
     created_at: datetime
 
 
-def record_deliveries(session: Session | Connection, msg: StoredMessage) -> int:
+def attached_channels(conn: Connection, chat_jid: str) -> list[tuple[str, str | None]]:
+    """The channels attached to ``chat_jid`` and their addresses, in the caller's transaction:
+    read before a message is stored, it is read outside the message-seq lock (a run's outputs)."""
+    return [(channel, address) for channel, address in driver_execute(conn, _ATTACHED, {"chat_jid": chat_jid})]
+
+
+def record_deliveries(
+    session: Session | Connection, msg: StoredMessage, attached: list[tuple[str, str | None]] | None = None,
+) -> int:
     """Queue ``msg`` for every channel of its group but the one it came from,
     inside the caller's transaction (an ORM session or a Core connection);
-    returns how many."""
+    returns how many.  ``attached``: the group's channels as :func:`attached_channels`
+    read them in this transaction; read here if not given."""
     if not displayed(msg):
         return 0
     origin = (msg.metadata or {}).get(ORIGIN_CHANNEL_KEY)
     now = utc_now()
-    # On every ingest: one fixed statement on the driver (docs/performance.md).
-    conn = session.connection() if isinstance(session, Session) else session
-    attached = driver_execute(conn, _ATTACHED, {"chat_jid": msg.chat_jid}).fetchall()
+    if attached is None:
+        # On every ingest: one fixed statement on the driver (docs/performance.md).
+        conn = session.connection() if isinstance(session, Session) else session
+        attached = attached_channels(conn, msg.chat_jid)
     rows: list[_NewDelivery] = [
         {
             "message_seq": msg.seq, "chat_jid": msg.chat_jid, "channel": channel,

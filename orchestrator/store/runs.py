@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
@@ -225,27 +224,36 @@ def finish_run(
     error: str | None = None,
     input_tokens: int = 0,
     output_tokens: int = 0,
-    also: Callable[[Connection], object] | None = None,
 ) -> Run:
     """End the run (unless something ended it first: that verdict stands, and the run
-    comes back as it is; a cancel request outranks how it ended).  ``also`` runs first
-    in the same transaction, on its connection (the pipeline moves the group's cursor
-    past the run's batch there: one transaction, so the run never ends without it, nor
-    it without the run).
+    comes back as it is; a cancel request outranks how it ended), in a transaction of
+    its own; :func:`finish_run_in` in the caller's (the pipeline's run end)."""
+    with db.transaction() as conn:
+        return finish_run_in(conn, db, run_id, state=state, error=error, input_tokens=input_tokens,
+                             output_tokens=output_tokens)
 
-    Fixed SQL on the driver, the end and the duration on the database's clock (the one
-    ``started_at`` was taken from): once a run, it was an ORM unit of work and a read of
-    the clock (docs/performance.md, "The control plane")."""
+
+def finish_run_in(
+    conn: Connection,
+    db: Database,
+    run_id: str,
+    *,
+    state: RunState,
+    error: str | None = None,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+) -> Run:
+    """:func:`finish_run` in the caller's transaction.  Fixed SQL on the driver, the end and
+    the duration on the database's clock (the one ``started_at`` was taken from): once a
+    run, it was an ORM unit of work and a read of the clock (docs/performance.md, "The
+    control plane")."""
     params = {"run_id": run_id, "state": state, "error": secrets.redact(error) if error else error,
               "input_tokens": input_tokens, "output_tokens": output_tokens}
-    with db.transaction() as conn:
-        if also is not None:
-            also(conn)
-        row = driver_execute(conn, _FINISH[db.is_sqlite], params).fetchone()
-        if row is None:  # ended already, or no such run
-            row = driver_execute(conn, _RUN_BY_ID, {"run_id": run_id}).fetchone()
-            if row is None:
-                raise StoreError(f"no run {run_id!r}")
+    row = driver_execute(conn, _FINISH[db.is_sqlite], params).fetchone()
+    if row is None:  # ended already, or no such run
+        row = driver_execute(conn, _RUN_BY_ID, {"run_id": run_id}).fetchone()
+        if row is None:
+            raise StoreError(f"no run {run_id!r}")
     return run_from_values(tuple(row))
 
 
