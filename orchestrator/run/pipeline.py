@@ -83,7 +83,7 @@ from orchestrator.store.message_log import get_messages_after, insert_message, n
 from orchestrator.store.runs import (
     Run,
     RunState,
-    finish_run_in,
+    finish_run,
     park_run,
     parked_of,
     resume_run,
@@ -542,9 +542,9 @@ class Pipeline:
                 # it before the group's row, so the row comes after it here too (no deadlock),
                 # and the run row before it (no one else locks a run row after the seq lock).
                 with self.db.transaction() as conn:
-                    outcome.run = finish_run_in(
-                        conn, self.db, run.id, state=result.state, error=result.error,
-                        input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
+                    outcome.run = finish_run(
+                        self.db, run.id, state=result.state, error=result.error,
+                        input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens, conn=conn,
                     )
                     stored = self._insert_output(conn, group, record, outcome, fenced=True)
                     released = _end_hold(conn, group, self.owner, run.cursor_to, session_id)

@@ -224,29 +224,19 @@ def finish_run(
     error: str | None = None,
     input_tokens: int = 0,
     output_tokens: int = 0,
+    conn: Connection | None = None,
 ) -> Run:
     """End the run (unless something ended it first: that verdict stands, and the run
-    comes back as it is; a cancel request outranks how it ended), in a transaction of
-    its own; :func:`finish_run_in` in the caller's (the pipeline's run end)."""
-    with db.transaction() as conn:
-        return finish_run_in(conn, db, run_id, state=state, error=error, input_tokens=input_tokens,
-                             output_tokens=output_tokens)
+    comes back as it is; a cancel request outranks how it ended), in the caller's
+    transaction ``conn`` (the pipeline's run end) or in one of its own.
 
-
-def finish_run_in(
-    conn: Connection,
-    db: Database,
-    run_id: str,
-    *,
-    state: RunState,
-    error: str | None = None,
-    input_tokens: int = 0,
-    output_tokens: int = 0,
-) -> Run:
-    """:func:`finish_run` in the caller's transaction.  Fixed SQL on the driver, the end and
-    the duration on the database's clock (the one ``started_at`` was taken from): once a
-    run, it was an ORM unit of work and a read of the clock (docs/performance.md, "The
-    control plane")."""
+    Fixed SQL on the driver, the end and the duration on the database's clock (the one
+    ``started_at`` was taken from): once a run, it was an ORM unit of work and a read of
+    the clock (docs/performance.md, "The control plane")."""
+    if conn is None:
+        with db.transaction() as own:
+            return finish_run(db, run_id, state=state, error=error, input_tokens=input_tokens,
+                              output_tokens=output_tokens, conn=own)
     params = {"run_id": run_id, "state": state, "error": secrets.redact(error) if error else error,
               "input_tokens": input_tokens, "output_tokens": output_tokens}
     row = driver_execute(conn, _FINISH[db.is_sqlite], params).fetchone()
