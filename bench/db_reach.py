@@ -144,8 +144,11 @@ def literal(value: Any) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
-def script(log: list[Statement | None]) -> str:
-    """The recording as a pgbench script: one script transaction, one message and its run."""
+def script(log: list[Statement | None]) -> tuple[str, dict[str, str]]:
+    """The recording as a pgbench script (one script transaction: one message and its run),
+    and the values it takes from pgbench's ``-D``: a text with a colon in it (a run's owner,
+    ``host:pid:nonce``), which pgbench would read as variables even inside quotes."""
+    defines: dict[str, str] = {}
     lines = [
         # This run's own values: its group (of the client's own set), its run id, its messages' ids.
         "\\set gid :client_id * :per_client + random(0, :per_client - 1)",
@@ -191,10 +194,16 @@ def script(log: list[Statement | None]) -> str:
 
         def bind(match: re.Match[str], names: dict[str, str] = names, params: dict[str, Any] = params) -> str:
             name = match.group(1)
-            return f":{names[name]}" if name in names else literal(params[name])
+            if name in names:
+                return f":{names[name]}"
+            value = params[name]
+            if isinstance(value, str) and ":" in value:
+                defines[f"text{len(defines)}"] = value
+                return f":text{len(defines) - 1}"
+            return literal(value)
 
         lines.append(_PARAM.sub(bind, text.replace("%%", "%")) + suffix + ("" if suffix else ";"))
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", defines
 
 
 def seed_groups(url: str, data_dir: Path, clients: int, per_client: int) -> None:
@@ -264,14 +273,16 @@ def main() -> None:
         log = record(url, Path(tmp) / "recorded")
         seed_groups(url, Path(tmp) / "seeded", args.clients, args.per_client)
         path = Path(tmp) / "run.sql"
-        path.write_text(script(log))
+        text, defines = script(log)
+        path.write_text(text)
         statements = sum(1 for e in log if e is not None)
         commits = sum(1 for e in log if e is None)
         with watched(url) as cpu:
             started = time.monotonic()
             out = subprocess.run(
                 [str(pgbench), "-n", "-M", "prepared", "-c", str(args.clients), "-j", "2", "-T", str(int(args.seconds)),
-                 "-D", f"per_client={args.per_client}", "-f", str(path), url],
+                 "-D", f"per_client={args.per_client}", *(f"-D{k}={v}" for k, v in defines.items()),
+                 "-f", str(path), url],
                 capture_output=True, text=True, check=False)
             wall = time.monotonic() - started
         if out.returncode != 0 or "tps =" not in out.stdout:

@@ -179,7 +179,23 @@ def test_control_plane_bench_counts_what_each_run_sends_to_the_database(services
         assert numbers(r"INSERT messages +([\d.]+)", ingest)[0] == 1.0, section  # one message per ingest
         assert numbers(r"([\d.]+) ms of statements executing per run", section)[0] > 0, section
         assert "celery workers (parents + pool children)" in section
+        # Celery's own CPU per empty task (the floor under a run's), the shared services' per run.
+        floor, run = numbers(r"Celery alone \(the empty tasks\): ([\d.]+) ms .* a run: ([\d.]+) ms", section)
+        assert 0 < floor and 0 < run, section
+        assert numbers(r"would carry ~(\d+) runs/s", section)[0] > 0, section
     assert "best: " in out
+
+
+def test_db_reach_bench_replays_the_recorded_run_path_through_pgbench(services: None) -> None:
+    # The recording must have the run path's shape (else the bench stops and names the
+    # difference), and every replayed run must go through: each take finds its lease free,
+    # each statement its rows.
+    out = bench("bench.db_reach", "--seconds", "3", "--clients", "2", "--per-client", "3", "--pg", PG_URL)
+    statements, commits = numbers(r"recorded: (\d+) statements and (\d+) COMMITs", out)
+    assert statements >= 20 and commits >= 5, out
+    rate, runs, failed = numbers(r"([\d.]+) runs/s \(target 300: \w+\), (\d+) runs, (\d+) failed", out)
+    assert rate > 0 and runs >= 10 and failed == 0, out
+    assert numbers(r"postgres backends of this database +([\d.]+) CPU-s", out)[0] > 0, out
 
 
 def test_delivery_bench_measures_both_layouts(docker_engine: None) -> None:
