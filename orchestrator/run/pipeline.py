@@ -208,10 +208,11 @@ class Step:
 
     @property
     def freed_slot(self) -> bool:
-        """This step ended a run (not parked), or closed a dead holder's: a slot is free,
-        so the groups next in line are signalled now (``store.slots.to_wake``), not at
-        their next re-check."""
-        return bool(self.recovered) or (self.outcome is not None and self.outcome.retry_in is None)
+        """This step ended a run (not parked, nor left to a new lease holder), or closed a
+        dead holder's: a slot is free, so the groups next in line are signalled now
+        (``store.slots.to_wake``), not at their next re-check."""
+        ended = self.outcome is not None and self.outcome.retry_in is None and self.outcome.run.finished_at is not None
+        return bool(self.recovered) or ended
 
 
 @dataclass
@@ -542,16 +543,18 @@ class Pipeline:
                 # it before the group's row, so the row comes after it here too (no deadlock),
                 # and the run row before it (no one else locks a run row after the seq lock).
                 with self.db.transaction() as conn:
-                    outcome.run = finish_run(
+                    ended = finish_run(
                         self.db, run.id, state=result.state, error=result.error,
                         input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens, conn=conn,
                     )
                     stored = self._insert_output(conn, group, record, outcome, fenced=True)
                     released = _end_hold(conn, group, self.owner, run.cursor_to, session_id)
+                # Committed: the run has ended and the lease is let go of (a LeaseLost above
+                # rolled all of it back, and the outcome still says the run is unfinished).
+                outcome.run, outcome.released = ended, released
                 self._stored(group, outcome, stored)
         except LeaseLost as lost:
             return self._taken_over(outcome, str(lost))
-        outcome.released = released  # committed: the lease is let go of
         metrics.run_finished(outcome.run.state, outcome.run.duration_s)
         tracing.annotate(run_state=outcome.run.state, error=outcome.run.error, outputs=len(outcome.stored))
         if outcome.run.state != "succeeded":

@@ -183,6 +183,33 @@ def test_a_replaced_holder_stores_nothing_more(settings: Settings, db: Database)
         assert session.scalar(select(GroupRow.lease_owner).where(GroupRow.chat_jid == JID)) == "new-holder:1:x"
 
 
+def test_a_holder_replaced_just_before_its_runs_end_commits_none_of_the_end(
+    settings: Settings, db: Database,
+) -> None:
+    """The run's end is one transaction, fenced by the statement that lets the lease go: taken
+    over after the reply but before the end, the old holder stores no record, moves no
+    cursor, ends no run and frees no slot, and its outcome says the run is unfinished."""
+    clock = FakeClock()
+
+    def taken_over(index: int) -> None:
+        if index == 1:  # the reply is stored; the result (no output) and the end come next
+            with db.write() as session:
+                session.execute(update(GroupRow).where(GroupRow.chat_jid == JID).values(lease_owner="new-holder:1:x"))
+
+    sandbox = FakeSandbox(Script([AssistantEvent(text="first"), ResultEvent()], before_event=taken_over))
+    p = _pipeline(settings, db, sandbox, clock)
+    asked = _say(p)
+    step = p.step(JID)
+    assert step.outcome is not None and step.outcome.run.finished_at is None and not step.freed_slot
+    assert _from(p, "bot") == ["first"] and _from(p, "result_meta") == []
+    [run] = list_runs(db, chat_jid=JID)
+    assert run.finished_at is None and run.state == "running"
+    group = get_group(db, JID)
+    assert group.cursor_seq < asked.seq
+    with db.read() as session:  # the lease stays the new holder's
+        assert session.scalar(select(GroupRow.lease_owner).where(GroupRow.chat_jid == JID)) == "new-holder:1:x"
+
+
 def test_the_sandbox_time_limit_ends_the_run_timed_out_without_retry(settings: Settings, db: Database) -> None:
     clock, sandbox = FakeClock(), FakeSandbox(Script([], exit_code=137, timed_out=True))
     p = _pipeline(settings, db, sandbox, clock)
