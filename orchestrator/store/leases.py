@@ -167,12 +167,7 @@ def release(db: Database, chat_jid: str, owner: str) -> tuple[int, int] | None:
     decides from them whether work is left: read in the releasing statement, nothing
     ingested after it bounced off this lease.  Fixed SQL on the driver."""
     with db.transaction() as conn:
-        return release_in(conn, chat_jid, owner)
-
-
-def release_in(conn: Connection, chat_jid: str, owner: str) -> tuple[int, int] | None:
-    """:func:`release` in the caller's transaction (a run's end: ``Pipeline._conclude``)."""
-    row = driver_execute(conn, _RELEASE, {"chat_jid": chat_jid, "owner": owner}).fetchone()
+        row = driver_execute(conn, _RELEASE, {"chat_jid": chat_jid, "owner": owner}).fetchone()
     return None if row is None else (int(row[0]), int(row[1]))
 
 
