@@ -7,7 +7,7 @@
 #
 # BENCH_PG / BENCH_REDIS name the PostgreSQL server (a role that may create
 # databases) and the Redis database for the fleet figures (bench.recovery,
-# bench.delivery and bench.control_plane flush it); set them empty to skip those.  BENCH_QUICK=1 runs every benchmark small (a smoke test).
+# bench.delivery and bench.control_plane flush it; bench.db_reach needs PostgreSQL only); set them empty to skip those.  BENCH_QUICK=1 runs every benchmark small (a smoke test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -23,11 +23,11 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
   recovery=(--trials 1 --baseline-trials 0); delivery=(--messages 2 --busy-s 5); continuity=(--turns 8)
   wakeup=(--runs 3 --idle-s 5 --rounds 1); api=(--requests 100 --rounds 1)
   streaming=(--runs 2 --words 20)
-  control_plane=(--workers 1,2 --groups 12 --seconds 4 --warmup 2 --noop 60)
+  control_plane=(--workers 1,2 --groups 12 --seconds 4 --warmup 2 --noop 60); db_reach=(--seconds 3 --clients 2 --per-client 3)
 else
   ingest=(); history=(); throughput=(); memory=(); overhead=(); cli=(); gateway=(); recovery=(); delivery=(); continuity=()
   wakeup=(); api=()
-  streaming=(); control_plane=()
+  streaming=(); control_plane=(); db_reach=()
 fi
 
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes')"
@@ -45,6 +45,9 @@ echo; echo "== gateway";     "$PY" -m bench.gateway "${gateway[@]}"
 echo; echo "== recovery";    "$PY" -m bench.recovery "${recovery[@]}" "${fleet[@]}"
 if [ -n "$PG" ] && [ -n "$REDIS" ]; then  # PostgreSQL + Redis only: the fleet's stack
   echo; echo "== control plane"; "$PY" -m bench.control_plane "${control_plane[@]}" "${fleet[@]}"
+fi
+if [ -n "$PG" ]; then  # the database's reach: pgbench replays the run path's statements
+  echo; echo "== db reach"; "$PY" -m bench.db_reach "${db_reach[@]}" --pg "$PG"
 fi
 echo; echo "== delivery";    "$PY" -m bench.delivery "${delivery[@]}" "${fleet[@]}"
 echo; echo "== continuity";  "$PY" -m bench.continuity "${continuity[@]}" 2>/dev/null
