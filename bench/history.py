@@ -26,16 +26,18 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import event, update
+from sqlalchemy import Connection, update
 
 from bench.common import fresh_pg_database
 from orchestrator.core.settings import Settings
 from orchestrator.run.assembly import build_input, input_bytes, plan_batch, prior_messages
 from orchestrator.run.pipeline import model_settings
+from orchestrator.store import db as store_db
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, get_group
 from orchestrator.store.message_log import get_messages_after, get_recent_messages
@@ -84,26 +86,34 @@ def bulk_load(db: Database, jids: list[str], first_seq: int) -> float:
 
 
 class Captured:
-    """The SELECTs on ``messages`` that the assembly runs (to EXPLAIN them)."""
+    """The SELECTs on ``messages`` that the assembly runs (to EXPLAIN them).
+
+    The assembly's reads are fixed statements on the driver (``store/db.py``'s
+    ``driver_execute``, through ``Database.read_fixed``), below SQLAlchemy's events:
+    they are recorded by wrapping that function where ``read_fixed`` finds it."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self.statements: list[tuple[str, object]] = []
+        self.statements: list[tuple[str, Mapping[str, object]]] = []
         self.on = False
-        event.listen(db.engine, "before_cursor_execute", self._record)
+        inner = store_db.driver_execute
 
-    def _record(self, conn, cursor, statement, parameters, context, executemany) -> None:  # type: ignore[no-untyped-def]
-        if self.on and statement.lstrip().upper().startswith("SELECT") and "FROM messages" in statement:
-            self.statements.append((statement, parameters))
+        def recording(conn: Connection, sql: str, params: Mapping[str, object] | None = None) -> Any:
+            if self.on and sql.lstrip().upper().startswith("SELECT") and "FROM messages" in sql:
+                self.statements.append((sql, dict(params or {})))
+            return inner(conn, sql, params)
+
+        store_db.driver_execute = recording  # type: ignore[assignment]
 
     def plans(self) -> list[tuple[str, list[str]]]:
         out = []
         for statement, params in self.statements:
             with self.db.engine.connect() as conn:
                 if self.db.is_sqlite:
-                    lines = [str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, params)]  # type: ignore[arg-type]
+                    lines = [str(r[-1]) for r in
+                             store_db.driver_execute(conn, "EXPLAIN QUERY PLAN " + statement, params).fetchall()]
                 else:
-                    lines = [str(r[0]) for r in conn.exec_driver_sql("EXPLAIN " + statement, params)]  # type: ignore[arg-type]
+                    lines = [str(r[0]) for r in store_db.driver_execute(conn, "EXPLAIN " + statement, params).fetchall()]
             out.append((" ".join(statement.split()), lines))
         return out
 
