@@ -20,12 +20,18 @@
   message as JSON to the attached address (``orchestrator groups attach JID
   webhook --address https://...``), signed with ``ORCHESTRATOR_WEBHOOK_SECRET``
   (:func:`sign`, over the raw body), so the receiver
-  can check it came from us.  A non-2xx answer or a connection error is a
-  failed send: the deliveries table retries it with backoff.  Every POST
-  carries the delivery's id in ``X-Orchestrator-Delivery`` (and the body's
-  ``message.delivery_id``), the same on every attempt: a send cut short by a
-  deliverer's death is sent again with it, so a receiver that keeps the ids
-  it has seen gets each message exactly once.
+  can check it came from us.  Each attempt also carries the time it was sent,
+  ``X-Orchestrator-Timestamp`` (Unix seconds), and
+  ``X-Orchestrator-Timestamped-Signature: sha256=<hex>``, the HMAC-SHA256 of
+  ``<timestamp>.<raw body>`` (:func:`sign_timestamped`): a receiver that checks it
+  within a window (:func:`verify_delivery`) refuses a captured delivery replayed
+  later, even once it has forgotten the delivery's id.  A non-2xx answer or a
+  connection error is a failed send: the deliveries table retries it with
+  backoff (each attempt with its own time).  Every POST carries the delivery's
+  id in ``X-Orchestrator-Delivery`` (and the body's ``message.delivery_id``), the
+  same on every attempt: a send cut short by a deliverer's death is sent again
+  with it, so a receiver that keeps the ids it has seen gets each message
+  exactly once.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ SIGNATURE_HEADER = "X-Orchestrator-Signature"
 TIMESTAMP_HEADER = "X-Orchestrator-Timestamp"
 NONCE_HEADER = "X-Orchestrator-Nonce"
 DELIVERY_HEADER = "X-Orchestrator-Delivery"
+TIMESTAMPED_SIGNATURE_HEADER = "X-Orchestrator-Timestamped-Signature"
 INBOUND_PATH = "/webhooks/inbound"
 CHANNEL = "webhook"
 NONCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
@@ -78,6 +85,23 @@ def sign(secret: str, body: bytes) -> str:
 def verify(secret: str, body: bytes, header: str | None) -> bool:
     """Constant-time check of ``header`` against the body's signature."""
     return bool(secret) and header is not None and hmac.compare_digest(sign(secret, body), header.strip())
+
+
+def sign_timestamped(secret: str, timestamp: str, body: bytes) -> str:
+    """The outbound signature over the send's time too: HMAC-SHA256 of ``<timestamp>.<raw body>``."""
+    return sign(secret, f"{timestamp}.".encode() + body)
+
+
+def verify_delivery(secret: str, body: bytes, timestamp: str | None, signature: str | None, *,
+                    now: float, window_s: float = 300.0) -> bool:
+    """What a receiver of our deliveries checks (in Python; the same in any language): the
+    timestamped signature is ours over this body and this time, and the time is within
+    ``window_s`` of the receiver's ``now``, so a captured delivery replayed later is refused."""
+    if not secret or timestamp is None or signature is None or not _SECONDS.fullmatch(timestamp.strip()):
+        return False
+    if abs(now - int(timestamp)) > window_s:
+        return False
+    return hmac.compare_digest(sign_timestamped(secret, timestamp.strip(), body), signature.strip())
 
 
 def sign_inbound(secret: str, timestamp: str, nonce: str, body: bytes) -> str:
@@ -160,7 +184,12 @@ class WebhookChannel(BaseChannel):
                           ensure_ascii=False).encode()
         headers = {"content-type": "application/json"}
         if self._secret:
+            # The body's signature (receivers written before the timestamp keep working), and
+            # the one over this attempt's time and the body (replays past a window refused).
+            stamp = str(int(time.time()))
             headers[SIGNATURE_HEADER] = sign(self._secret, body)
+            headers[TIMESTAMP_HEADER] = stamp
+            headers[TIMESTAMPED_SIGNATURE_HEADER] = sign_timestamped(self._secret, stamp, body)
         if rendered.delivery_id:
             headers[DELIVERY_HEADER] = rendered.delivery_id
         try:

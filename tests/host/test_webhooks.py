@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import json
 import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,10 +20,13 @@ from orchestrator.channels.webhook import (
     DELIVERY_HEADER,
     INBOUND_PATH,
     SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    TIMESTAMPED_SIGNATURE_HEADER,
     WebhookChannel,
     inbound_headers,
     sign,
     verify,
+    verify_delivery,
 )
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
@@ -111,6 +115,8 @@ class _Receiver:
         self.fail = fail
         self.calls = 0
         self.received: list[tuple[bytes, str | None]] = []
+        # (timestamp, timestamped signature) of each accepted request.
+        self.stamped: list[tuple[str | None, str | None]] = []
         self.delivery_ids: list[str | None] = []  # of every request, failed or not
         receiver = self
 
@@ -122,6 +128,8 @@ class _Receiver:
                 status = 500 if receiver.calls <= receiver.fail else 204
                 if status == 204:
                     receiver.received.append((body, self.headers.get(SIGNATURE_HEADER)))
+                    receiver.stamped.append((self.headers.get(TIMESTAMP_HEADER),
+                                             self.headers.get(TIMESTAMPED_SIGNATURE_HEADER)))
                 self.send_response(status)
                 self.send_header("content-length", "0")
                 self.end_headers()
@@ -165,6 +173,17 @@ def test_outbound_webhook_is_signed_retried_and_sent_once(hooked: tuple[Database
     assert receiver.calls == 3 and len(receiver.received) == 1  # two failures, one success, never again
     body, signature = receiver.received[0]
     assert verify(SECRET, body, signature)
+    # The signature over the send's time: a receiver checking it within its window takes this
+    # delivery now, and refuses the same bytes replayed past the window, or with the time or
+    # the body changed.
+    [(stamp, stamped)] = receiver.stamped
+    assert stamp is not None and abs(time.time() - int(stamp)) < 60
+    assert verify_delivery(SECRET, body, stamp, stamped, now=time.time())
+    assert not verify_delivery(SECRET, body, stamp, stamped, now=time.time() + 301)
+    assert not verify_delivery(SECRET, body, str(int(stamp) + 1), stamped, now=time.time())
+    assert not verify_delivery(SECRET, body + b" ", stamp, stamped, now=time.time())
+    assert not verify_delivery("other", body, stamp, stamped, now=time.time())
+    assert not verify_delivery(SECRET, body, stamp, signature, now=time.time())  # the body-only one is not it
     doc = json.loads(body)
     assert doc["event"] == "message" and doc["message"]["seq"] == msg.seq
     assert doc["message"]["text"] == "Ann: hello hook"
