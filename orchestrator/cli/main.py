@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from orchestrator.root import Orchestrator
 from orchestrator.cli.support import fail as _fail
 from orchestrator.cli.support import setup as _setup
-from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.errors import ConfigError, OrchestratorError
 
 app = typer.Typer(rich_markup_mode=None, help="Task-queue agent orchestrator.", no_args_is_help=True, add_completion=False)
 groups_app = typer.Typer(rich_markup_mode=None, help="Registered groups.", no_args_is_help=True)
@@ -250,12 +250,29 @@ def sweep() -> None:
 
 
 @app.command()
-def flower(port: Annotated[int, typer.Option()] = 5555) -> None:
+def flower(
+    port: Annotated[int, typer.Option()] = 5555,
+    address: Annotated[str, typer.Option(help="Listen here (beyond loopback: ORCHESTRATOR_FLOWER_BASIC_AUTH).")]
+    = "127.0.0.1",
+) -> None:
     """Run Flower (Celery monitoring) against this installation's broker."""
-    _setup()  # logging, the data dir
-    argv = [sys.executable, "-m", "celery", "-A", "workers.app", "flower", f"--port={port}", "--address=127.0.0.1"]
-    # Flower listens on loopback only here, so its JSON API may go without a login.
-    os.execve(argv[0], argv, dict(os.environ, FLOWER_UNAUTHENTICATED_API="true"))
+    settings = _setup().settings  # logging, the data dir
+    from orchestrator.http.api import is_loopback
+
+    if not settings.flower_basic_auth and not is_loopback(address):
+        # Flower shows every task's arguments and can stop workers: not without a login.
+        raise _fail(ConfigError(f"refusing to serve Flower on {address!r} without a login: set "
+                                "ORCHESTRATOR_FLOWER_BASIC_AUTH=user:password, or keep it on 127.0.0.1"))
+    argv = [sys.executable, "-m", "celery", "-A", "workers.app", "flower", f"--port={port}", f"--address={address}"]
+    env = dict(os.environ)
+    if settings.flower_basic_auth:
+        # Through the environment: a command line is readable by every user of the machine.
+        env["FLOWER_BASIC_AUTH"] = settings.flower_basic_auth
+        env.pop("FLOWER_UNAUTHENTICATED_API", None)
+    else:
+        # On loopback without a login, the JSON API goes without one too (Flower's own default refuses it).
+        env["FLOWER_UNAUTHENTICATED_API"] = "true"
+    os.execve(argv[0], argv, env)
 
 
 # -- groups -------------------------------------------------------------------

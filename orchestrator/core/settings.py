@@ -268,6 +268,10 @@ class Settings(msgspec.Struct, kw_only=True):
     # Required when the API listens beyond loopback (it refuses to start
     # without one); optional on loopback, and enforced there too when set.
     api_token: str = ""
+    # ``user:password`` for Flower's page and JSON API (``orchestrator flower``), passed to it
+    # through its environment, never its command line.  Required when Flower listens beyond
+    # loopback; empty on loopback: no login (the JSON API too, for local scripts).
+    flower_basic_auth: str = ""
     # POST /api/messages (and the stream) answer 404 for a chat that is not a
     # registered group, instead of storing a message no agent will ever see.
     api_require_registered_chat: bool = True
@@ -345,6 +349,9 @@ class Settings(msgspec.Struct, kw_only=True):
                 f"{ENV_PREFIX}THINKING_BUDGET={self.thinking_budget}: at least 1024 and below "
                 f"{ENV_PREFIX}MAX_TOKENS ({self.max_tokens}), which bounds thinking and answer together; "
                 "0 turns thinking off")
+        user, colon, password = self.flower_basic_auth.partition(":")
+        if self.flower_basic_auth and not (user and colon and password and "," not in self.flower_basic_auth):
+            raise SettingsError(f"{ENV_PREFIX}FLOWER_BASIC_AUTH must be user:password (one pair, both non-empty)")
         if self.webhook_inbound_secret and self.webhook_inbound_secret == self.webhook_secret:
             # Every receiver of our deliveries holds the outbound secret: shared, it lets any of them post as anyone.
             raise SettingsError(f"{ENV_PREFIX}WEBHOOK_INBOUND_SECRET must differ from {ENV_PREFIX}WEBHOOK_SECRET "
@@ -479,7 +486,7 @@ class Settings(msgspec.Struct, kw_only=True):
 _FIELDS = frozenset(f.name for f in msgspec.structs.fields(Settings))
 _FIELDS_IN_ORDER = tuple(f.name for f in msgspec.structs.fields(Settings))
 # The settings that are secrets: masked in repr(), removed from log lines (Settings.secrets).
-SECRET_FIELDS = ("api_token", "webhook_secret", "webhook_inbound_secret", "anthropic_api_key", "openai_api_key",
+SECRET_FIELDS = ("api_token", "flower_basic_auth", "webhook_secret", "webhook_inbound_secret", "anthropic_api_key", "openai_api_key",
                  "telegram_bot_token", "slack_bot_token", "slack_signing_secret", "slack_app_token")
 # URLs that may carry a password (postgresql://user:password@host/db, redis://:password@host).
 _URL_FIELDS = ("database_url", "broker_url")

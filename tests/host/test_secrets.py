@@ -25,7 +25,9 @@ from orchestrator.store.runs import create_run, finish_run, get_run
 from tests.fakes.anthropic_api import FakeAnthropic, api_error
 
 # One canary per secret setting, and a database password: each unique, so a hit names its leak.
-CANARIES = {name: f"canary-{name.replace('_', '-')}-7a41e" for name in SECRET_FIELDS}
+# (Flower's login is user:password: the canary has that shape, the user a canary too.)
+CANARIES = {name: ("canary-user:" if name == "flower_basic_auth" else "") + f"canary-{name.replace('_', '-')}-7a41e"
+            for name in SECRET_FIELDS}
 DB_PASSWORD = "canary-db-password-7a41e"
 ENVIRON = {f"ORCHESTRATOR_{name.upper()}": value for name, value in CANARIES.items()} | {
     "ORCHESTRATOR_DATABASE_URL": f"postgresql://orchestrator:{DB_PASSWORD}@127.0.0.1:1/none"}

@@ -50,6 +50,9 @@ def test_the_env_file_then_the_environment_then_code(tmp_path: Path) -> None:
     ("ORCHESTRATOR_WORKSPACE_QUOTA_MODE", "maybe", "ORCHESTRATOR_WORKSPACE_QUOTA_MODE='maybe'"),
     ("ORCHESTRATOR_WORKSPACE_QUOTA", "lots", "ORCHESTRATOR_WORKSPACE_QUOTA: 'lots' is not a size"),
     ("ORCHESTRATOR_CONTEXT_URL_ALLOW_PRIVATE", "perhaps", "ORCHESTRATOR_CONTEXT_URL_ALLOW_PRIVATE='perhaps'"),
+    ("ORCHESTRATOR_FLOWER_BASIC_AUTH", "ops", "ORCHESTRATOR_FLOWER_BASIC_AUTH must be user:password"),
+    ("ORCHESTRATOR_FLOWER_BASIC_AUTH", "ops:", "ORCHESTRATOR_FLOWER_BASIC_AUTH must be user:password"),
+    ("ORCHESTRATOR_FLOWER_BASIC_AUTH", "a:b,c:d", "ORCHESTRATOR_FLOWER_BASIC_AUTH must be user:password"),
 ])
 def test_a_bad_value_names_the_variable(name: str, value: str, says: str) -> None:
     with pytest.raises(SettingsError) as err:
@@ -90,3 +93,9 @@ def test_warm_sessions_are_on_by_default_and_the_cap_is_sized_by_memory() -> Non
     assert warm_cap(default) >= MIN_WARM  # this machine's own memory
     with pytest.raises(SettingsError, match="WARM_MAX"):
         Settings.load(environ={"ORCHESTRATOR_WARM_MAX": "-1"}, env_file=None)
+
+
+def test_flowers_login_is_a_secret() -> None:
+    settings = Settings.load(env_file=None, environ={"ORCHESTRATOR_FLOWER_BASIC_AUTH": "ops:s3cret-word"})
+    assert settings.flower_basic_auth == "ops:s3cret-word"
+    assert "s3cret-word" not in repr(settings) and "ops:s3cret-word" in settings.secrets()

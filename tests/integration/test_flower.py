@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
+import psutil
 import pytest
 
 from orchestrator.store.groups import ensure_main_group
@@ -64,3 +67,43 @@ def test_flower_sees_the_worker_and_its_tasks(stack: Stack) -> None:
         flower.send_signal(signal.SIGTERM)
         flower.wait(timeout=20)
         assert worker.poll() is None  # the worker kept running throughout
+
+
+def _status(url: str, auth: str | None = None) -> int:
+    request = urllib.request.Request(url)
+    if auth is not None:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:  # not listening yet
+        return 0
+
+
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
+def test_flower_with_a_login_refuses_whoever_has_none(stack: Stack) -> None:
+    """ORCHESTRATOR_FLOWER_BASIC_AUTH puts Flower's page and JSON API behind a login (given
+    to it through its environment, not its command line); without one it refuses to
+    listen beyond loopback."""
+    refused = stack.cli("flower", "--address", "0.0.0.0", "--port", str(_free_port()))
+    assert refused.returncode == 1 and "ORCHESTRATOR_FLOWER_BASIC_AUTH" in refused.stderr, refused.stderr
+    port = _free_port()
+    log = stack.settings.data_dir.parent / "flower-login.log"
+    env = {**stack.env, "ORCHESTRATOR_FLOWER_BASIC_AUTH": "ops:s3cret-word"}
+    with open(log, "wb") as fh:
+        flower = subprocess.Popen([str(BIN / "orchestrator"), "flower", "--port", str(port)], env=env,
+                                  stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _status(f"{base}/healthcheck", "ops:s3cret-word") == 200, 60, "Flower to answer",
+                   log.read_text)
+        assert "s3cret-word" not in " ".join(psutil.Process(flower.pid).cmdline())
+        for path in ("/", "/api/workers", "/api/tasks"):
+            assert _status(base + path) == 401, path
+            assert _status(base + path, "ops:wrong") == 401, path
+        assert _status(f"{base}/api/tasks", "ops:s3cret-word") == 200
+    finally:
+        flower.send_signal(signal.SIGTERM)
+        flower.wait(timeout=20)
