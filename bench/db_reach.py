@@ -157,7 +157,7 @@ def script(log: list[Statement | None]) -> tuple[str, dict[str, str]]:
         " r || '-meta' AS meta_id FROM (SELECT gen_random_uuid()::text AS r) AS fresh \\gset",
     ]
     inserts = iter(["msg_id", "reply_id", "meta_id"])
-    seq_reads = iter(["cursor_seq", "prior_seq"])
+    seq_reads = iter(["g_cursor_seq", "prior_seq"])  # the batch above the cursor, the history below it
     in_tx = False
     for entry in log:
         if entry is None:
@@ -169,28 +169,25 @@ def script(log: list[Statement | None]) -> tuple[str, dict[str, str]]:
             lines.append("BEGIN;")
             in_tx = True
         text = " ".join(sql.split())
-        head = text
         names: dict[str, str] = {"chat_jid": "chat_jid", "run_id": "run_id"}
         suffix = ""
-        if head.startswith("INSERT INTO messages"):
+        if text.startswith("INSERT INTO messages"):
             names["id"] = next(inserts)
             suffix = " \\gset new_" if names["id"] == "msg_id" else ""
-        elif head.startswith("INSERT INTO runs"):
+        elif text.startswith("INSERT INTO runs"):
             names.update(id="run_id", cursor_from="g_cursor_seq", cursor_to="g_pending_seq")
-        elif head.startswith("UPDATE groups SET pending_seq"):
+        elif text.startswith("UPDATE groups SET pending_seq"):
             names["seq"] = "new_seq"
-        elif head.startswith("UPDATE groups SET lease_owner = %(owner)s"):
+        elif text.startswith("UPDATE groups SET lease_owner = %(owner)s"):
             suffix = " \\gset g_"  # the group as the lease's statement reads it
-        elif head.startswith('SELECT "seq",'):
+        elif text.startswith('SELECT "seq",'):
             names["seq"] = next(seq_reads)
-        elif head.startswith("SELECT MIN(stored_at)"):
+            if names["seq"] == "prior_seq":
+                lines.append("\\set prior_seq :g_cursor_seq + 1")
+        elif text.startswith("SELECT MIN(stored_at)"):
             names.update(after_seq="g_cursor_seq", upto_seq="g_pending_seq")
-        elif head.startswith("UPDATE groups SET cursor_seq"):
+        elif text.startswith("UPDATE groups SET cursor_seq"):
             names["cursor_to"] = "g_pending_seq"
-        if names.get("seq") == "cursor_seq":
-            names["seq"] = "g_cursor_seq"
-        if head.startswith('SELECT "seq",') and names.get("seq") == "prior_seq":
-            lines.append("\\set prior_seq :g_cursor_seq + 1")
 
         def bind(match: re.Match[str], names: dict[str, str] = names, params: dict[str, Any] = params) -> str:
             name = match.group(1)

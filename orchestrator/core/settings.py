@@ -486,8 +486,8 @@ class Settings(msgspec.Struct, kw_only=True):
 _FIELDS = frozenset(f.name for f in msgspec.structs.fields(Settings))
 _FIELDS_IN_ORDER = tuple(f.name for f in msgspec.structs.fields(Settings))
 # The settings that are secrets: masked in repr(), removed from log lines (Settings.secrets).
-SECRET_FIELDS = ("api_token", "flower_basic_auth", "webhook_secret", "webhook_inbound_secret", "anthropic_api_key", "openai_api_key",
-                 "telegram_bot_token", "slack_bot_token", "slack_signing_secret", "slack_app_token")
+SECRET_FIELDS = ("api_token", "flower_basic_auth", "webhook_secret", "webhook_inbound_secret", "anthropic_api_key",
+                 "openai_api_key", "telegram_bot_token", "slack_bot_token", "slack_signing_secret", "slack_app_token")
 # URLs that may carry a password (postgresql://user:password@host/db, redis://:password@host).
 _URL_FIELDS = ("database_url", "broker_url")
 

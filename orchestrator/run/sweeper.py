@@ -211,7 +211,7 @@ def recover_group(
     if unfinished is None:
         unfinished = unfinished_runs(db, chat_jid)
     left = [(run.id, run.cursor_to, run.owner) for run in unfinished
-            if run.state in ("queued", "running", "cancelled") and run.finished_at is None and run.retry_at is None
+            if run.state in ("queued", "running", "cancelled") and run.retry_at is None
             # A replay is no run of the chat's: not this holder's to close.
             and run.replay_of is None and run.owner != owner]
     for run_id, cursor_to, gone in left:

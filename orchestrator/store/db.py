@@ -156,7 +156,7 @@ class Database:
         """One fixed statement on the driver (:func:`driver_execute`) in a transaction of its
         own (SQLite's BEGIN IMMEDIATE, as :meth:`write`); the rows it changed.  For the run
         path's one-statement writes: no ORM session, statement object or cache key."""
-        with self.engine.begin() as conn:
+        with self.transaction() as conn:
             changed: int = driver_execute(conn, sql, params).rowcount
             return changed
 

@@ -200,7 +200,6 @@ def place_sql(*, sqlite: bool) -> str:
             f"AND {age} < :window)")
 
 
-
 # -- processes of this host ------------------------------------------------------------
 
 

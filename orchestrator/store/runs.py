@@ -71,14 +71,14 @@ _UNFINISHED = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE chat_jid = :chat
 def unfinished_runs(db: Database, chat_jid: str) -> list[Run]:
     """The chat's runs that have not ended, oldest first (replays included): what the
     pipeline's step reads once after taking the lease, for the runs a dead holder left
-    (``sweeper.recover_group``) and the one parked for its retry (:func:`parked_run`'s rule).
+    (``sweeper.recover_group``) and the one parked for its retry (:func:`parked_of`).
     One fixed read on the driver (``idx_runs_chat_created``); usually it finds nothing."""
     return [run_from_values(tuple(row)) for row in db.read_fixed(_UNFINISHED, {"chat_jid": chat_jid})]
 
 
 def parked_of(runs: list[Run]) -> Run | None:
     """Of a chat's unfinished runs (oldest first), the one that waits for its next attempt."""
-    return next((run for run in runs if run.retry_at is not None and run.finished_at is None), None)
+    return next((run for run in runs if run.retry_at is not None), None)
 
 
 def create_run(
@@ -171,19 +171,6 @@ def park_run(
         if row.state == "running":
             row.state = "queued"  # a cancel that came meanwhile stays
         return _to_run(row)
-
-
-def parked_run(db: Database, chat_jid: str) -> Run | None:
-    """The group's run that waits for its next attempt (or was cancelled while it waited);
-    :func:`parked_of` is the same rule on :func:`unfinished_runs`."""
-    with db.read() as session:
-        row = session.scalars(
-            select(RunRow)
-            .where(RunRow.chat_jid == chat_jid, RunRow.retry_at.is_not(None), RunRow.finished_at.is_(None))
-            .order_by(RunRow.created_at)
-            .limit(1)
-        ).first()
-        return None if row is None else _to_run(row)
 
 
 def resume_run(db: Database, run_id: str, *, owner: str, celery_task_id: str | None) -> None:

@@ -15,9 +15,10 @@ from orchestrator.store.runs import (
     get_run,
     list_runs,
     park_run,
-    parked_run,
+    parked_of,
     resume_run,
     set_container,
+    unfinished_runs,
 )
 
 
@@ -32,9 +33,9 @@ def test_states_from_queued_to_done(db: Database) -> None:
     assert again == parked
     assert (again.state, again.attempts, again.container_id, again.retry_at) == ("queued", 2, None, retry_at)
     assert (again.input_tokens, again.output_tokens, again.error) == (3, 1, "crashed")
-    assert parked_run(db, "c") == again and parked_run(db, "other") is None
+    assert parked_of(unfinished_runs(db, "c")) == again and parked_of(unfinished_runs(db, "other")) is None
     resume_run(db, run.id, owner="w2", celery_task_id="t-2")
-    assert parked_run(db, "c") is None
+    assert parked_of(unfinished_runs(db, "c")) is None
     resumed = get_run(db, run.id)
     assert (resumed.retry_at, resumed.owner, resumed.celery_task_id) == (None, "w2", "t-2")
     set_container(db, run.id, "def456")
