@@ -39,9 +39,11 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 # clean-up they check, unless they ask for warm ones (test_warm.py and the
 # sandbox tests parametrized cold/warm do); so are standby sandboxes, which
 # a warm test would otherwise start and count among its containers (the
-# standby tests ask).  Environments built for the processes tests start add
-# TEST_ENV back.
-TEST_ENV = {"ORCHESTRATOR_WORKSPACE_QUOTA": "0", "ORCHESTRATOR_WARM_IDLE_S": "0", "ORCHESTRATOR_STANDBY": "0"}
+# standby tests ask).  The session folder's quota is a volume too, off unless
+# a test asks (test_claude_code_host.py, test_claude_code_sandbox.py).
+# Environments built for the processes tests start add TEST_ENV back.
+TEST_ENV = {"ORCHESTRATOR_WORKSPACE_QUOTA": "0", "ORCHESTRATOR_SESSION_QUOTA": "0", "ORCHESTRATOR_WARM_IDLE_S": "0",
+            "ORCHESTRATOR_STANDBY": "0"}
 os.environ.update({k: v for k, v in TEST_ENV.items() if k not in os.environ})
 REDIS_URL = os.environ.get("ORCHESTRATOR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # A role that may CREATE DATABASE; each test gets its own database on this server.

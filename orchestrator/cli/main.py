@@ -445,7 +445,7 @@ def groups_move(chat_jid: str, host: str) -> None:
 @groups_app.command("reset")
 def groups_reset(jid: str) -> None:
     """Start a group afresh: forget its model session and stop its warm container."""
-    from orchestrator.sandbox.warm import reset_session
+    from orchestrator.sandbox.sessions import reset_session
 
     root = _setup()
     settings, db = root.settings, root.db

@@ -38,8 +38,8 @@ the classes defined outside this module say where they live::
     ├── SandboxError           Docker could not start or talk to a container [sandbox.containers, sandbox.warm]
     │   ├── ImageBuildError    the base or agent image could not be built or pulled [sandbox.image]
     │   ├── MountRefused       a workspace or extra mount the rules refuse; names the reason [sandbox.mounts]
-    │   │   └── WorkspaceQuotaError   the workspace is over its quota, or its volume cannot be set up
-    │   │                      [sandbox.quota]
+    │   │   └── WorkspaceQuotaError   the workspace (or session folder) is over its quota, or its volume
+    │   │                      cannot be set up [sandbox.quota]
     │   ├── HostileEntry       an entry of an agent-writable folder the host will not use
     │   │                      (a symlink, FIFO, '..') [sandbox.hostile_fs]
     │   └── GatewayError       the model gateway's socket cannot be set up safely

@@ -257,6 +257,11 @@ class Settings(msgspec.Struct, kw_only=True):
     # auto: loop-mounted ext4 volumes when the host runs as root with loop
     # devices, else a usage check before each run; "volume" or "checked" force one.
     workspace_quota_mode: Literal["auto", "volume", "checked"] = "auto"
+    # Disk one group's session folder (data/sessions/<folder>, where Claude Code keeps
+    # its transcripts; mounted read-write at /session) may take: a size like "256m";
+    # "0": no quota; "auto": 512m.  Enforced as the workspace's is (a volume of its
+    # own, or a check before each run), by the same mode.
+    session_quota: str = "auto"
 
     # The API the CLI's ``send`` talks to (e.g. http://10.0.0.5:8000 for a
     # fleet's API).  Empty: the one ``orchestrator up``/``api`` announced in
@@ -343,6 +348,12 @@ class Settings(msgspec.Struct, kw_only=True):
                 parse_quota(self.workspace_quota)
             except ValueError as exc:
                 raise SettingsError(f"{ENV_PREFIX}WORKSPACE_QUOTA: {exc}") from exc
+        self.session_quota = self.session_quota.strip().lower()
+        if self.session_quota != "auto":
+            try:
+                parse_quota(self.session_quota)
+            except ValueError as exc:
+                raise SettingsError(f"{ENV_PREFIX}SESSION_QUOTA: {exc}") from exc
         if self.thinking_budget and not 1024 <= self.thinking_budget < self.max_tokens:
             # The API's own bounds: refused here rather than by every request of every run.
             raise SettingsError(
@@ -471,6 +482,10 @@ class Settings(msgspec.Struct, kw_only=True):
     @property
     def runs_dir(self) -> Path:
         return self.data_dir / "runs"
+
+    @property
+    def sessions_dir(self) -> Path:
+        return self.data_dir / "sessions"
 
     @property
     def build_dir(self) -> Path:

@@ -76,6 +76,10 @@ COMMAND_TIMEOUT_S = 120.0
 AUTO_QUOTA_BYTES = 2 * 1024**3
 
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Volumes that are not a group's workspace are named with a dot, which no group
+# folder can hold (store/groups.py's slug): a replay's scratch copy, a session folder.
+SCRATCH_PREFIX = "replay."
+SESSION_PREFIX = "session."
 
 
 def workspace_quota_bytes(settings: Settings) -> int:
@@ -174,14 +178,20 @@ def describe_mode(settings: Settings) -> str:
 # -- the hook ---------------------------------------------------------------------
 
 
-def prepare_workspace(settings: Settings, folder: str, workspace: Path, quota: int, *, chat_jid: str = "") -> None:
+def prepare_workspace(
+    settings: Settings, folder: str, workspace: Path, quota: int, *, chat_jid: str = "",
+    volume: Volume | None = None, what: str = "workspace", fix: str | None = None,
+) -> None:
     """Put ``workspace`` under its quota before a run container is created.
 
     Volume mode: the group's volume is made, mounted or grown as needed.
     Checked mode: the usage is measured and a workspace over its quota is
     refused.  Raises :class:`WorkspaceQuotaError` (the run fails at once).
+
+    Another agent-writable folder of the group (its session folder) is bounded
+    the same way with its own ``volume``; ``what`` and ``fix`` word the refusals.
     """
-    vol = Volume.of(settings, folder, workspace)
+    vol = volume or Volume.of(settings, folder, workspace)
     if quota == 0 and not vol.image.exists():
         return  # the default: no quota, no volume (one stat per run)
     top = vol.mounted()
@@ -194,13 +204,13 @@ def prepare_workspace(settings: Settings, folder: str, workspace: Path, quota: i
         # An operator's own filesystem (XFS project quota, a separate disk):
         # left as it is; the checked limit still applies.
         if quota:
-            check_usage(workspace, quota, folder=folder, chat_jid=chat_jid)
+            check_usage(workspace, quota, folder=folder, chat_jid=chat_jid, what=what, fix=fix)
         return
     if vol.image.exists():
         # The group's files live in its volume: never run on the empty folder under it.
         if volume_problem() is not None:
             raise WorkspaceQuotaError(
-                f"the workspace of {folder!r} lives in the volume {vol.image}, which this worker cannot mount "
+                f"the {what} of {folder!r} lives in the volume {vol.image}, which this worker cannot mount "
                 f"({volume_problem()}); run the worker as root"
             )
         _ensure_existing(vol, quota)
@@ -209,17 +219,17 @@ def prepare_workspace(settings: Settings, folder: str, workspace: Path, quota: i
         return
     if mode == "volume":
         if volume_problem() is not None:  # forced by the setting, impossible here
-            raise WorkspaceQuotaError(f"the workspace quota of {folder!r} cannot be enforced: {why}")
+            raise WorkspaceQuotaError(f"the {what} quota of {folder!r} cannot be enforced: {why}")
         try:
             vol.ensure(quota)
             return
         except VolumeUnavailable as exc:
             if settings.workspace_quota_mode == "volume":
-                raise WorkspaceQuotaError(f"cannot set up the workspace volume of {folder!r}: {exc}") from exc
+                raise WorkspaceQuotaError(f"cannot set up the {what} volume of {folder!r}: {exc}") from exc
             _volume_broken[str(settings.data_dir)] = (time.monotonic(), str(exc))
             log.warning("cannot make workspace volumes (%s); checking usage before each run instead "
                         "(trying again in %.0fs)", exc, RETRY_VOLUMES_S)
-    check_usage(workspace, quota, folder=folder, chat_jid=chat_jid)
+    check_usage(workspace, quota, folder=folder, chat_jid=chat_jid, what=what, fix=fix)
 
 
 def _ensure_existing(vol: Volume, quota: int) -> None:
@@ -321,24 +331,25 @@ class _WalkStopped(Exception):
 
 def check_usage(
     workspace: Path, quota: int, *, folder: str = "", chat_jid: str = "",
-    max_entries: int = MAX_ENTRIES, max_depth: int = MAX_DEPTH,
+    max_entries: int = MAX_ENTRIES, max_depth: int = MAX_DEPTH, what: str = "workspace", fix: str | None = None,
 ) -> Usage:
-    """Refuse a workspace over ``quota`` (or too large to measure); returns its usage."""
+    """Refuse a workspace (or the group's other folder ``what``) over ``quota``, or too large
+    to measure; returns its usage."""
     started = time.monotonic()
     usage = measure(workspace, max_entries=max_entries, max_depth=max_depth)
     log.debug("workspace %s: %s in %d entries, measured in %.3fs", workspace, human(usage.bytes), usage.entries,
               time.monotonic() - started)
     name = folder or workspace.name
-    fix = (f"free space in {workspace} on the host, or raise the group's workspace_quota "
-           f"(orchestrator groups set {chat_jid or 'JID'} --container-config '{{\"workspace_quota\": \"...\"}}')")
+    fix = fix or (f"free space in {workspace} on the host, or raise the group's workspace_quota "
+                  f"(orchestrator groups set {chat_jid or 'JID'} --container-config '{{\"workspace_quota\": \"...\"}}')")
     if not usage.complete:
         raise WorkspaceQuotaError(
-            f"workspace quota: the workspace of {name!r} cannot be measured ({usage.why}; "
+            f"{what} quota: the {what} of {name!r} cannot be measured ({usage.why}; "
             f"{human(usage.bytes)} counted so far, quota {human(quota)}); the run was not started: {fix}"
         )
     if usage.bytes > quota:
         raise WorkspaceQuotaError(
-            f"workspace quota exceeded: the workspace of {name!r} uses {human(usage.bytes)} of its "
+            f"{what} quota exceeded: the {what} of {name!r} uses {human(usage.bytes)} of its "
             f"{human(quota)} quota; the run was not started: {fix}"
         )
     return usage
@@ -424,15 +435,20 @@ def _locked(path: Path) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Volume:
-    """A group's workspace volume: its image, its lock, and where it is mounted."""
+    """A group's workspace volume: its image, its lock, and where it is mounted.
+
+    ``folder`` names the image; ``group`` is the group whose warm container holds
+    the mount point (the folder itself unless the volume is another of the
+    group's: its session folder's, ``session.<folder>``)."""
 
     settings: Settings
     folder: str
     workspace: Path  # where it is mounted (the group's workspace)
+    group: str = ""
 
     @classmethod
-    def of(cls, settings: Settings, folder: str, workspace: Path | None = None) -> Volume:
-        return cls(settings, folder, Path(os.path.realpath(workspace or settings.groups_dir / folder)))
+    def of(cls, settings: Settings, folder: str, workspace: Path | None = None, *, group: str = "") -> Volume:
+        return cls(settings, folder, Path(os.path.realpath(workspace or settings.groups_dir / folder)), group)
 
     @property
     def image(self) -> Path:
@@ -558,7 +574,7 @@ class Volume:
         """Mount the image at the workspace, moving what the folder holds into it first
         (``moved`` gets an item once the folder has been emptied into the image)."""
         # A warm container holds the folder as it is now: it must not keep writing there.
-        _stop_warm(self.settings, self.folder)
+        _stop_warm(self.settings, self.group or self.folder)
         self.workspace.mkdir(parents=True, exist_ok=True)
         ws_fd = os.open(self.workspace, _OPEN_DIR)
         try:
@@ -634,7 +650,7 @@ class Volume:
             if self._grow_online(quota, old):
                 return
             # Unmounted growth: no container may hold the filesystem meanwhile.
-            _stop_warm(self.settings, self.folder)
+            _stop_warm(self.settings, self.group or self.folder)
             self._umount(self.workspace)
         try:
             if _still_attached(self.image):
@@ -859,16 +875,34 @@ def report(settings: Settings, folder: str, quota: int) -> QuotaReport:
     )
 
 
+def group_volumes(settings: Settings, folder: str) -> list[Volume]:
+    """The volumes a group has (its workspace's, its session folder's), mounted or not."""
+    return [Volume.of(settings, folder),
+            Volume.of(settings, SESSION_PREFIX + folder, settings.sessions_dir / folder, group=folder)]
+
+
+def _volume_named(settings: Settings, name: str) -> Volume | None:
+    """The group volume an image's name stands for (None: a replay's scratch volume)."""
+    if name.startswith(SCRATCH_PREFIX):
+        return None
+    if name.startswith(SESSION_PREFIX):
+        return group_volumes(settings, name[len(SESSION_PREFIX):])[1]
+    return Volume.of(settings, name)
+
+
 def unmount_all(settings: Settings) -> list[str]:
-    """Unmount every workspace volume of this data dir (the images stay); returns the folders."""
+    """Unmount every group volume of this data dir (the images stay); returns their names."""
     done: list[str] = []
     vdir = volumes_dir(settings)
     if not vdir.is_dir():
         return done
     for image in sorted(vdir.glob("*.img")):
         folder = image.name[: -len(".img")]
+        vol = _volume_named(settings, folder)
+        if vol is None:
+            continue
         try:
-            if Volume.of(settings, folder).unmount():
+            if vol.unmount():
                 done.append(folder)
         except VolumeUnavailable as exc:  # even the lazy umount failed: say which, as the CLI's one-line error
             raise WorkspaceQuotaError(f"could not unmount the workspace volume of {folder!r}: {exc}") from exc
@@ -877,7 +911,6 @@ def unmount_all(settings: Settings) -> list[str]:
 
 # -- scratch volumes (a replay's copy of a workspace) ------------------------------------
 
-SCRATCH_PREFIX = "replay."  # a dot: no group folder can be named so (store/groups.py's slug)
 
 
 @contextlib.contextmanager

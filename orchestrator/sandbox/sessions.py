@@ -7,29 +7,63 @@ session id the host stores on the group).  Like the workspace, the folder is
 the agent's: the host never reads what is in it, creates it without
 following a link, hands it to the container's user, and only ever removes it
 whole (``groups reset``), with a removal that never follows a symlink.
+
+It lives on the data dir's filesystem, beside the database and the broker,
+so it is bounded as the workspace is (``ORCHESTRATOR_SESSION_QUOTA``, the
+workspace's mode): a loop-mounted volume of its own,
+``<data>/volumes/session.<folder>.img`` (``fallocate -l 500G /session/x``
+is ENOSPC inside the sandbox), or a usage check before each run.  The
+folder is handed to the container's user once, when its top is not the
+user's yet: everything below it was made by the container's user (the host
+writes nothing there), so a walk on every attempt would only let the agent
+make each run slower.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 from pathlib import Path
 
+import docker
 from agent_runner.protocol import SESSION_MOUNT
+from sqlalchemy import update
 
 from orchestrator.core.errors import HostileEntry, MountRefused
 from orchestrator.core.settings import Settings
-from orchestrator.sandbox.containers import prepare_folder
+from orchestrator.core.sizes import parse_quota
+from orchestrator.sandbox.containers import CONTAINER_UID, docker_client, prepare_folder
 from orchestrator.sandbox.hostile_fs import make_dirs
-from orchestrator.store.groups import validate_folder
+from orchestrator.sandbox.quota import Volume, group_volumes, prepare_workspace
+from orchestrator.sandbox.warm import WarmPool
+from orchestrator.store.db import Database
+from orchestrator.store.groups import get_group, validate_folder
+from orchestrator.store.tables import GroupRow
 
 # Providers whose container gets the session folder.
 SESSION_PROVIDERS = frozenset({"claude-code"})
 SESSIONS = "sessions"
+# ORCHESTRATOR_SESSION_QUOTA=auto: transcripts are text; a long-lived group's fit many times over.
+AUTO_SESSION_QUOTA_BYTES = 512 * 1024**2
 
 
 def session_dir(settings: Settings, folder: str) -> Path:
     validate_folder(folder)
-    return settings.data_dir / SESSIONS / folder
+    return settings.sessions_dir / folder
+
+
+def session_quota_bytes(settings: Settings) -> int:
+    """What one group's session folder may take (0: no quota)."""
+    if settings.session_quota == "auto":
+        return AUTO_SESSION_QUOTA_BYTES
+    return parse_quota(settings.session_quota)
+
+
+def session_volume(settings: Settings, folder: str) -> Volume:
+    """The volume that bounds the group's session folder (its image exists once made)."""
+    validate_folder(folder)
+    return group_volumes(settings, folder)[1]
 
 
 def session_mount(settings: Settings, folder: str, provider: str) -> dict[str, str]:
@@ -42,15 +76,30 @@ def session_mount(settings: Settings, folder: str, provider: str) -> dict[str, s
         make_dirs(settings.data_dir, f"{SESSIONS}/{folder}")
     except HostileEntry as exc:
         raise MountRefused(f"session folder refused: {exc}") from exc
-    prepare_folder(path)  # the container's user owns it, as it owns the workspace
+    quota = session_quota_bytes(settings)
+    fix = (f"free space in {path} on the host (orchestrator groups reset forgets the session), "
+           "or raise ORCHESTRATOR_SESSION_QUOTA")
+    # Before the hand-over: a new volume's root takes the folder's owner and mode.
+    prepare_workspace(settings, folder, path, quota, volume=session_volume(settings, folder),
+                      what="session folder", fix=fix)
+    if os.lstat(path).st_uid != CONTAINER_UID:
+        prepare_folder(path)  # the container's user owns it, as it owns the workspace
     return {str(path): SESSION_MOUNT}
 
 
 def forget_session(settings: Settings, folder: str) -> bool:
     """Remove the group's session folder (True if there was one)."""
     path = session_dir(settings, folder)
+    vol = session_volume(settings, folder)
+    had_volume = vol.image.exists()
+    if had_volume:
+        # The transcripts are in the image: unmount it, then the image goes with them.
+        vol.unmount()
+        for leftover in (vol.image, vol.lock):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
     if not path.exists() and not path.is_symlink():
-        return False
+        return had_volume
     if path.is_symlink():  # not ours: never follow it, just drop the link
         path.unlink()
         return True
@@ -59,3 +108,16 @@ def forget_session(settings: Settings, folder: str) -> bool:
     assert shutil.rmtree.avoids_symlink_attacks
     shutil.rmtree(path)
     return True
+
+
+def reset_session(db: Database, settings: Settings, chat_jid: str, client: docker.DockerClient | None = None) -> int:
+    """Start the group afresh: forget its model session, stop its warm container.
+
+    Returns how many containers were stopped.
+    """
+    group = get_group(db, chat_jid)
+    with db.write() as session:
+        session.execute(update(GroupRow).where(GroupRow.chat_jid == chat_jid).values(session_id=None))
+    stopped = WarmPool(settings, client or docker_client(settings)).stop(group.folder)
+    forget_session(settings, group.folder)  # after the stop: no container writes into it any more
+    return stopped

@@ -54,7 +54,6 @@ import docker
 import msgspec
 from docker.errors import DockerException, NotFound
 from docker.models.containers import Container
-from sqlalchemy import update
 
 from orchestrator.core.errors import HostileEntry, SandboxError
 from orchestrator.core.settings import Settings
@@ -71,7 +70,6 @@ from orchestrator.sandbox.containers import (
     ContainerExit,
     ContainerSpec,
     StreamedRun,
-    docker_client,
     engine_security_opt,
     hardened_create_args,
     image_id,
@@ -81,7 +79,6 @@ from orchestrator.sandbox.containers import (
     prepare_folder,
 )
 from orchestrator.sandbox.hostile_fs import connect_unix, remove_entry
-from orchestrator.sandbox.sessions import forget_session
 from orchestrator.sandbox.standby import (
     LABEL_STANDBY,
     SOCKET_NAME,
@@ -93,9 +90,7 @@ from orchestrator.sandbox.standby import (
 from orchestrator.sandbox.standby import eligible as standby_eligible
 from orchestrator.sandbox.standby import unavailable_reason as standby_unavailable
 from orchestrator.store.db import Database
-from orchestrator.store.groups import get_group
 from orchestrator.store.placement import moved_away
-from orchestrator.store.tables import GroupRow
 
 log = logging.getLogger(__name__)
 
@@ -700,16 +695,3 @@ def kill_all_but(runner_pid: int, container_id: str, rounds: int = 20) -> bool |
             return True
         time.sleep(0.002)
     return False
-
-
-def reset_session(db: Database, settings: Settings, chat_jid: str, client: docker.DockerClient | None = None) -> int:
-    """Start the group afresh: forget its model session, stop its warm container.
-
-    Returns how many containers were stopped.
-    """
-    group = get_group(db, chat_jid)
-    with db.write() as session:
-        session.execute(update(GroupRow).where(GroupRow.chat_jid == chat_jid).values(session_id=None))
-    stopped = WarmPool(settings, client or docker_client(settings)).stop(group.folder)
-    forget_session(settings, group.folder)  # after the stop: no container writes into it any more
-    return stopped

@@ -3,17 +3,31 @@ variant's name, and the group's session folder (hostile: the agent writes it).""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from orchestrator.core.errors import ConfigError, ImageBuildError, MountRefused
-from orchestrator.core.settings import Settings
+from orchestrator.core.errors import ConfigError, ImageBuildError, MountRefused, WorkspaceQuotaError
+from orchestrator.core.settings import Settings, SettingsError
 from orchestrator.run.pipeline import model_settings
+from orchestrator.sandbox import quota
 from orchestrator.sandbox.image import image_name, model_variant, settings_variant
-from orchestrator.sandbox.sessions import forget_session, session_dir, session_mount
+from orchestrator.sandbox.sessions import (
+    AUTO_SESSION_QUOTA_BYTES,
+    forget_session,
+    session_dir,
+    session_mount,
+    session_quota_bytes,
+    session_volume,
+)
+from tests.conftest import require_service
+from tests.quota_support import _no_volume_left_mounted, mounts_under, release_everything, require_volumes  # noqa: F401
+
+MiB = 1024 * 1024
 
 
 def _settings(tmp_path: Path, **kw: object) -> Settings:
@@ -91,3 +105,88 @@ def test_a_bad_folder_name_never_names_a_session_folder(tmp_path: Path) -> None:
     for bad in ("../x", "a/b", ""):
         with pytest.raises(Exception, match="folder"):
             session_dir(settings, bad)
+
+
+# -- the session folder's quota: it sits beside the database and the broker ----------------
+
+
+def _fill(path: Path, size: int) -> int:
+    """Write up to ``size`` bytes to ``path``; the bytes that fit (ENOSPC ends it)."""
+    written = 0
+    chunk = b"x" * MiB
+    with open(path, "wb") as fh:
+        try:
+            while written < size:
+                written += fh.write(chunk)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    return written
+
+
+def test_the_session_quota_setting() -> None:
+    assert session_quota_bytes(Settings.load(env_file=None, session_quota="auto")) == AUTO_SESSION_QUOTA_BYTES
+    assert session_quota_bytes(Settings.load(env_file=None, session_quota=" 64M ")) == 64 * MiB
+    assert session_quota_bytes(Settings.load(env_file=None, session_quota="0")) == 0
+    with pytest.raises(SettingsError, match="ORCHESTRATOR_SESSION_QUOTA"):
+        Settings.load(env_file=None, session_quota="lots")
+
+
+def test_a_session_folder_is_a_volume_of_its_quota_and_a_reset_removes_it(tmp_path: Path) -> None:
+    """``fallocate -l 500G /session/x`` used to fill the data dir's filesystem for every
+    group: the session folder is now a volume of its own, ENOSPC at its quota."""
+    require_volumes()
+    settings = _settings(tmp_path, session_quota="16m", workspace_quota="0")
+    folder = session_dir(settings, "team")
+    try:
+        folder.parent.mkdir(parents=True)
+        folder.mkdir()
+        (folder / "claude").mkdir()
+        (folder / "claude" / "s.jsonl").write_text("{}\n")  # a transcript from before the quota: kept
+        assert session_mount(settings, "team", "claude-code") == {str(folder): "/session"}
+        vol = session_volume(settings, "team")
+        assert vol.image.name == "session.team.img" and vol.mounted() == "ours"
+        assert (folder / "claude" / "s.jsonl").read_text() == "{}\n"
+        assert folder.stat().st_uid == 1000  # the new volume's root was handed over
+        assert shutil.disk_usage(folder).total <= 16 * MiB
+        assert _fill(folder / "x", 64 * MiB) < 16 * MiB
+        # Mounted once: the next attempt finds it in place.
+        session_mount(settings, "team", "claude-code")
+        assert mounts_under(folder) == [str(folder.resolve())]
+        # The CLI's unmount takes session volumes too; the next run mounts it again.
+        assert "session.team" in quota.unmount_all(settings)
+        assert not mounts_under(folder)
+        session_mount(settings, "team", "claude-code")
+        assert vol.mounted() == "ours" and (folder / "claude" / "s.jsonl").exists()
+        # A reset forgets the session: its volume unmounted and its image deleted.
+        assert forget_session(settings, "team")
+        assert not folder.exists() and not vol.image.exists() and not mounts_under(tmp_path)
+    finally:
+        release_everything(tmp_path)
+
+
+def test_checked_mode_refuses_a_session_folder_over_its_quota(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, session_quota="16m", workspace_quota_mode="checked")
+    session_mount(settings, "team", "claude-code")
+    (session_dir(settings, "team") / "big").write_bytes(b"x" * 17 * MiB)
+    with pytest.raises(WorkspaceQuotaError, match="session folder quota exceeded.*ORCHESTRATOR_SESSION_QUOTA"):
+        session_mount(settings, "team", "claude-code")
+    (session_dir(settings, "team") / "big").unlink()
+    session_mount(settings, "team", "claude-code")
+
+
+def test_the_session_folder_is_handed_over_once_not_walked_every_attempt(tmp_path: Path) -> None:
+    """Everything below the folder is the container user's own: root walks it only while
+    its top is not (a million files there made every attempt walk them as root)."""
+    require_service(os.geteuid() == 0, "root (the hand-over lchowns)")
+    settings = _settings(tmp_path)
+    session_mount(settings, "team", "claude-code")
+    folder = session_dir(settings, "team")
+    (folder / "deep").mkdir()
+    os.lchown(folder / "deep", 0, 0)  # stands for an entry the walk would have handed over
+    session_mount(settings, "team", "claude-code")
+    assert (folder / "deep").stat().st_uid == 0, "the session folder was walked again"
+    os.lchown(folder, 0, 0)  # a folder that is not the user's (a data dir from a non-root install)
+    session_mount(settings, "team", "claude-code")
+    assert folder.stat().st_uid == 1000 and (folder / "deep").stat().st_uid == 1000

@@ -21,12 +21,14 @@ import docker
 import pytest
 
 from orchestrator.model.messages import SENDER_TOOL_RESULT
+from orchestrator.sandbox import quota
 from orchestrator.sandbox.containers import LABEL_INSTALL
-from orchestrator.sandbox.sessions import session_dir
+from orchestrator.sandbox.sessions import session_dir, session_volume
 from orchestrator.store.groups import ensure_main_group, get_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
 from tests.fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
+from tests.quota_support import mounts_under, release_everything, require_volumes
 
 from .conftest import Stack
 
@@ -201,3 +203,52 @@ def test_claude_code_edits_files_keeps_a_todo_list_and_resumes_its_session(
     assert reset.returncode == 0, reset.stderr
     assert get_group(stack.db, CHAT).session_id is None
     assert not sessions.exists()
+
+
+FILL = ("dd if=/dev/zero of=/session/fill bs=1M count=64 2>&1 | grep -o 'No space left on device' | head -1; "
+        "rm -f /session/fill; df -k /session | tail -1")
+
+
+@pytest.mark.parametrize("stack", ["embedded"], indirect=True)
+def test_a_full_session_folder_is_enospc_inside_the_sandbox_not_a_full_host_disk(
+    stack: Stack, claude_code_image: str
+) -> None:
+    """The session folder sits on the data dir's filesystem, beside the database and the
+    broker: an agent that writes 64 MiB there meets its 16 MiB quota, not the host's disk."""
+    require_volumes()
+
+    def model(rec: Recorded) -> Reply:
+        answered = [b for b in _blocks(rec.body["messages"][-1]) if b.get("type") == "tool_result"]
+        if answered:
+            return message([{"type": "text", "text": "filled"}], "end_turn", 2)
+        return message([{"type": "tool_use", "id": "toolu_fill", "name": "Bash",
+                         "input": {"command": FILL, "description": "Fill the session folder"}}], "tool_use", 1)
+
+    fake = FakeAnthropic(*([model] * 10))
+    try:
+        with fake.serve() as base_url:
+            stack.env.update({
+                "ORCHESTRATOR_MODEL": f"claude-code:{MODEL}",
+                "ORCHESTRATOR_ANTHROPIC_BASE_URL": base_url,
+                "ORCHESTRATOR_ANTHROPIC_API_KEY": SECRET,
+                "ORCHESTRATOR_CONTAINER_MEMORY": "1g",
+                "ORCHESTRATOR_SESSION_QUOTA": "16m",
+            })
+            stack.start_worker()
+            ensure_main_group(stack.db)
+            sent = _send(stack, "fill the session folder")
+            assert sent.returncode == 0, sent.stdout + sent.stderr + stack.worker_logs()
+        folder = get_group(stack.db, CHAT).folder
+        (result,) = [m for m in get_messages_after(CHAT, 0, db=stack.db)
+                     if m.message_type == "tool_result" and (m.metadata or {}).get("tool_use_id") == "toolu_fill"]
+        assert "No space left on device" in result.content, result.content
+        total_kib = int(result.content.strip().splitlines()[-1].split()[1])
+        assert total_kib <= 16 * 1024, result.content  # /session is the 16 MiB volume, not the host's disk
+        assert session_volume(stack.settings, folder).mounted() == "ours"
+        reset = stack.cli("groups", "reset", CHAT)
+        assert reset.returncode == 0, reset.stderr
+        assert not session_volume(stack.settings, folder).image.exists()
+        assert not mounts_under(stack.settings.data_dir)
+    finally:
+        quota.unmount_all(stack.settings)
+        release_everything(stack.settings.data_dir)

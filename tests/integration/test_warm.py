@@ -23,7 +23,8 @@ from orchestrator.sandbox.containers import (
     DockerSandbox,
     list_containers,
 )
-from orchestrator.sandbox.warm import WarmPool, reset_session, state_dir
+from orchestrator.sandbox.sessions import reset_session
+from orchestrator.sandbox.warm import WarmPool, state_dir
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, ensure_main_group, get_group
 from orchestrator.store.message_log import get_messages_after
