@@ -3,12 +3,13 @@
 A chat message names the URL, so the host must not become a way into its
 own network.  Each hop (the URL, then each redirect) is resolved **once**;
 every address of the answer must be public (unless
-``ORCHESTRATOR_CONTEXT_URL_ALLOW_PRIVATE``), and the connection goes to the
-first of those very addresses that answers (:class:`_PinnedBackend`), while the URL keeps
-its name for the ``Host`` header, TLS's SNI and the certificate check.  A
-resolver that answers a public address to the check and ``127.0.0.1`` to the
-connection (rebinding) gets its second answer never asked for: the
-connection asks no resolver.
+``ORCHESTRATOR_CONTEXT_URL_ALLOW_PRIVATE``; an IPv6 address that carries an
+IPv4 one, NAT64, 6to4, Teredo and the like, is judged by that IPv4 address),
+and the connection goes to the first of those very addresses that answers
+(:class:`_PinnedBackend`), while the URL keeps its name for the ``Host``
+header, TLS's SNI and the certificate check.  A resolver that answers a
+public address to the check and ``127.0.0.1`` to the connection (rebinding)
+gets its second answer never asked for: the connection asks no resolver.
 
 The per-read timeout (``ORCHESTRATOR_CONTEXT_URL_TIMEOUT_S``) bounds each
 wait, not the fetch: a server trickling a byte at a time would hold a run's
@@ -16,7 +17,13 @@ assembly for ever.  So every wait (resolving, connecting, TLS, each read) is
 also bounded by what is left of two deadlines, the fetch's
 (``ORCHESTRATOR_CONTEXT_URL_FETCH_DEADLINE_S``) and the run's, shared by all
 the URL blocks of one run's input (``ORCHESTRATOR_CONTEXT_URL_RUN_DEADLINE_S``,
-:class:`UrlBudget`); past either, the fetch stops and the block is an error.
+:class:`UrlBudget`); past either, the fetch stops and the block is an error.  A URL
+met once the run's deadline is gone is not fetched at all: no resolver thread,
+no DNS question, no connection.
+
+Whatever the page is, it becomes text or an error block, never an exception:
+history is expanded again for every run, so a page the HTML parser or a
+charset's codec chokes on would otherwise fail every later run of the group.
 """
 
 from __future__ import annotations
@@ -54,32 +61,74 @@ def system_resolver(host: str, port: int) -> list[str]:
     return [str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
 
 
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")  # ::a.b.c.d (deprecated; :: and ::1 among them)
+_IPV4_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")  # ::ffff:0:a.b.c.d (SIIT)
+_NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")
+_NAT64_LOCAL_USE = ipaddress.IPv6Network("64:ff9b:1::/48")
+# Where RFC 6052 puts the IPv4 address for the prefix lengths that fit in the local-use /48: the
+# bytes of the IPv6 address (byte 8, the "u" octet, is always skipped).
+_NAT64_LOCAL_USE_PLACES = ((6, 7, 9, 10), (7, 9, 10, 11), (9, 10, 11, 12), (12, 13, 14, 15))
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address] | None:
+    """The IPv4 addresses an IPv6 address stands for, when it is one of the forms that carry one
+    (whoever connects to it reaches, through a translator or a tunnel, that IPv4 address), else None."""
+    if address.ipv4_mapped is not None:
+        return [address.ipv4_mapped]
+    if address.sixtofour is not None:  # 2002::/16: the tunnel's end is bits 16-47
+        return [address.sixtofour]
+    if address.teredo is not None:  # 2001::/32: the server, and the client (its bits inverted)
+        return list(address.teredo)
+    packed = address.packed
+    if address in _IPV4_COMPATIBLE or address in _IPV4_TRANSLATED or address in _NAT64_WELL_KNOWN:
+        return [ipaddress.IPv4Address(packed[12:])]
+    if address in _NAT64_LOCAL_USE:
+        # The operator chooses the prefix length, and so where the IPv4 address sits; the address
+        # does not say which: every place is a candidate.
+        return [ipaddress.IPv4Address(bytes(packed[i] for i in place)) for place in _NAT64_LOCAL_USE_PLACES]
+    return None
+
+
 def is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    # An IPv4 address written as IPv6 (::ffff:127.0.0.1) is judged as the IPv4 address it is.
-    mapped = getattr(address, "ipv4_mapped", None)
-    return (mapped or address).is_global
+    # An IPv6 address that carries an IPv4 one (::ffff:127.0.0.1, 64:ff9b::10.0.0.1, 2002:a00:1::,
+    # a Teredo address...) is judged by the IPv4 addresses it carries: a translator or a tunnel on
+    # the way hands the connection to them.  ipaddress's own verdict on these ranges is no guide
+    # (3.11's calls ::ffff:1.1.1.1 non-global and 64:ff9b::10.0.0.1 global).
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = embedded_ipv4(address)
+        if embedded is not None:
+            return all(v4.is_global for v4 in embedded)
+    return address.is_global
 
 
 class Deadline:
     """A point in time a fetch must not pass; ``left()`` raises once it has."""
 
-    def __init__(self, seconds: float, what: str) -> None:
-        self.seconds, self.what = seconds, what
+    def __init__(self, seconds: float, what: str, setting: str) -> None:
+        self.seconds, self.what, self.setting = seconds, what, setting
         self.at = time.monotonic() + seconds
 
     def left(self) -> float:
         remaining = self.at - time.monotonic()
         if remaining <= 0:
-            raise ContextUnavailable(f"{self.what} took longer than {self.seconds:g} s")
+            raise ContextUnavailable(f"{self.what} ({self.setting}) took longer than {self.seconds:g} s")
         return remaining
+
+    def before_starting(self) -> None:
+        """Raises once the deadline has passed, saying nothing was started: checked before a fetch
+        begins, so no work (a resolver thread, a DNS question, a connection) is begun that could
+        not finish in time."""
+        if self.at - time.monotonic() <= 0:
+            raise ContextUnavailable(
+                f"not fetched: the deadline for {self.what} had passed ({self.setting}, {self.seconds:g} s)")
 
 
 class UrlBudget:
     """The deadline all the URL blocks of one run's input share (made when its assembly starts)."""
 
     def __init__(self, settings: Settings) -> None:
-        self.deadline = Deadline(settings.context_url_run_deadline_s,
-                                 "fetching this run's URLs (ORCHESTRATOR_CONTEXT_URL_RUN_DEADLINE_S)")
+        self.deadline = Deadline(settings.context_url_run_deadline_s, "fetching this run's URLs",
+                                 "ORCHESTRATOR_CONTEXT_URL_RUN_DEADLINE_S")
 
 
 def _bound(deadlines: Iterable[Deadline], timeout: float | None) -> float:
@@ -158,9 +207,11 @@ def _resolve(host: str, port: int, resolver: Resolver, deadlines: list[Deadline]
         except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
             failure.append(exc)
 
+    # Measured before the thread starts: once a deadline has passed, no thread is left running
+    # (each one lives as long as its getaddrinfo) and no question is asked.
+    wait = _bound(deadlines, None)
     thread = threading.Thread(target=ask, name="url-resolve", daemon=True)
     thread.start()
-    wait = _bound(deadlines, None)
     thread.join(None if wait == float("inf") else wait)
     if thread.is_alive():
         _bound(deadlines, None)  # raises: the deadline passed while waiting
@@ -192,8 +243,10 @@ def fetch_url(url: str, settings: Settings, *, budget: UrlBudget | None = None, 
     connected to at the checked address; within the fetch's and the run's deadlines.
     ``resolver``, ``allowed`` and ``tls`` (the roots certificates are checked against) are
     the system's unless a test hands in its own."""
-    deadlines = [Deadline(settings.context_url_fetch_deadline_s,
-                          "fetching the URL (ORCHESTRATOR_CONTEXT_URL_FETCH_DEADLINE_S)")]
+    if budget is not None:
+        budget.deadline.before_starting()
+    deadlines = [Deadline(settings.context_url_fetch_deadline_s, "fetching the URL",
+                          "ORCHESTRATOR_CONTEXT_URL_FETCH_DEADLINE_S")]
     if budget is not None:
         deadlines.append(budget.deadline)
     try:
@@ -204,7 +257,10 @@ def fetch_url(url: str, settings: Settings, *, budget: UrlBudget | None = None, 
             location, text = _get(target, addresses, settings, deadlines, tls or _tls())
             if location is None:
                 return text
-            url = urljoin(url, location)
+            try:
+                url = urljoin(url, location)
+            except ValueError as exc:  # the server's Location: "http://[::1", say
+                raise ContextUnavailable(f"redirected to no URL: {exc}") from None
     except httpcore.TimeoutException:
         for deadline in deadlines:
             deadline.left()  # says which deadline, if one passed
@@ -218,11 +274,12 @@ def fetch_url(url: str, settings: Settings, *, budget: UrlBudget | None = None, 
 def _parse(url: str) -> httpx.URL:
     try:
         target = httpx.URL(url)
-    except httpx.InvalidURL as exc:
+        host = target.host  # decoded from IDNA here, so its errors are met here
+    except (httpx.InvalidURL, ValueError) as exc:  # ValueError: idna's own (http://xn--/), a bad IPv6 literal
         raise ContextUnavailable(f"not a URL: {exc}") from None
     if target.scheme not in ("http", "https"):
         raise ContextUnavailable("redirected away from http(s)")
-    if not target.host:
+    if not host:
         raise ContextUnavailable("no host in the URL")
     return target
 
@@ -255,14 +312,28 @@ def _get(target: httpx.URL, addresses: list[str], settings: Settings, deadlines:
             data += chunk
             if len(data) > limit:
                 break
-    text = bytes(data[:limit]).decode(_charset(params), errors="replace")
-    if kind == "text/html":
-        parser = _TextOnly()
-        parser.feed(text)
-        text = "\n".join(parser.parts)
+    text = _as_text(bytes(data[:limit]), kind, params)
     if len(data) > limit:
         text += f"\n[... truncated at {limit} bytes]"
     return None, text
+
+
+def _as_text(data: bytes, kind: str, params: str) -> str:
+    """The page as text (an HTML page's visible text), or :class:`ContextUnavailable`.
+
+    The page and its charset are the server's: a charset naming a codec that is no text encoding
+    (rot13: LookupError) or refuses "replace" (idna: UnicodeError), markup html.parser stops at
+    (``<![ ]>``: AssertionError on 3.11).  Any exception here is the page's doing, so any one
+    becomes this item's error block, never the run's failure."""
+    try:
+        text = data.decode(_charset(params), errors="replace")
+        if kind == "text/html":
+            parser = _TextOnly()
+            parser.feed(text)
+            text = "\n".join(parser.parts)
+    except Exception as exc:  # noqa: BLE001 - whatever the page makes the parser or codec raise
+        raise ContextUnavailable(f"cannot turn the page into text ({type(exc).__name__}: {str(exc)[:200]})") from None
+    return text
 
 
 def _charset(params: str) -> str:

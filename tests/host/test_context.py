@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
 from collections.abc import Iterator
+from html.parser import HTMLParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from orchestrator.core.settings import Settings
 from orchestrator.model.context import FileItem, SelectionItem, UrlItem, parse_context
 from orchestrator.model.messages import InvalidMessageMetadata
+from orchestrator.run import expand
 from orchestrator.run.expand import expand_content, expand_file, expand_selection, expand_url
 from orchestrator.store.db import Database
 from orchestrator.store.message_log import get_messages_after, store_message_direct
@@ -25,19 +28,28 @@ PAGES: dict[str, tuple[int, str, bytes]] = {
     "/missing": (404, "text/plain", b"nope"),
     "/image.png": (200, "image/png", b"\x89PNG..."),
     "/big.txt": (200, "text/plain", b"x" * 5000),
+    # Pages that break the turning of bytes into text: a marked section html.parser (3.11) stops at
+    # with an AssertionError, charsets that name codecs which are no text encodings (rot13: a
+    # LookupError) or take no "replace" (idna: a UnicodeError).
+    "/marked.html": (200, "text/html", b"<html><body><p>before</p><![ ]><p>after</p></body></html>"),
+    "/rot13.txt": (200, "text/plain; charset=rot13", b"uryyb"),
+    "/idna.txt": (200, "text/plain; charset=idna", b"hello"),
+}
+
+
+REDIRECTS = {
+    "/redirect": "/notes.txt",
+    "/to-ftp": "ftp://example.invalid/x",
+    "/to-bad-ipv6": "http://[::1",  # urljoin's ValueError
+    "/to-bad-idna": "http://xn--/",  # idna's IDNAError, out of httpx.URL
 }
 
 
 class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        if self.path == "/redirect":
+        if self.path in REDIRECTS:
             self.send_response(302)
-            self.send_header("Location", "/notes.txt")
-            self.end_headers()
-            return
-        if self.path == "/to-ftp":
-            self.send_response(302)
-            self.send_header("Location", "ftp://example.invalid/x")
+            self.send_header("Location", REDIRECTS[self.path])
             self.end_headers()
             return
         status, kind, body = PAGES.get(self.path, (404, "text/plain", b""))
@@ -161,11 +173,58 @@ def test_url_blocks_fetch_text_and_html(web: str, loopback_ok: Settings) -> None
 
 @pytest.mark.parametrize(
     ("path", "why"),
-    [("/missing", "HTTP 404"), ("/image.png", "not a text document (image/png)"), ("/to-ftp", "redirected away from http")],
+    [("/missing", "HTTP 404"), ("/image.png", "not a text document (image/png)"), ("/to-ftp", "redirected away from http"),
+     ("/to-bad-ipv6", "redirected to no URL: Invalid IPv6 URL"), ("/to-bad-idna", "not a URL: Malformed A-label")],
 )
 def test_url_failures_become_error_blocks(web: str, loopback_ok: Settings, path: str, why: str) -> None:
     block = expand_url(UrlItem(type="url", url=f"{web}{path}"), loopback_ok)
     assert block.startswith("<url_context_error>") and f"[Error: {why}" in block
+
+
+def _html_parser_chokes_on_a_marked_section() -> bool:
+    try:
+        HTMLParser().feed("<![ ]>")
+    except AssertionError:
+        return True
+    return False  # a later parser (HTML5's rules: a bogus comment) reads it
+
+
+@pytest.mark.parametrize(("path", "why"), [
+    ("/rot13.txt", "LookupError"), ("/idna.txt", "UnicodeError"),
+    pytest.param("/marked.html", "AssertionError", marks=pytest.mark.skipif(
+        not _html_parser_chokes_on_a_marked_section(), reason="this Python's html.parser reads <![ ]>")),
+])
+def test_a_page_that_cannot_be_turned_into_text_is_an_error_block(web: str, tmp_path: Path, loopback_ok: Settings,
+                                                                    path: str, why: str) -> None:
+    """History is expanded again for every run: an exception out of one page would fail every later
+    run of the group, until the message left the window (issue 29)."""
+    block = expand_url(UrlItem(type="url", url=f"{web}{path}"), loopback_ok)
+    assert block.startswith("<url_context_error>") and "[Error: cannot turn the page into text" in block, block
+    assert why in block
+    meta = {"context": [{"type": "url", "url": f"{web}{path}"}, {"type": "url", "url": f"{web}/notes.txt"}]}
+    text = expand_content("read these", meta, tmp_path, loopback_ok)
+    assert text.split("\n\n")[1] == block and "plain notes ✓" in text  # the message's other blocks unharmed
+
+
+def test_a_url_the_store_accepts_but_idna_refuses_is_an_error_block(loopback_ok: Settings) -> None:
+    # http://xn--/ passes the item's check (urlsplit) and made httpx.URL raise idna's IDNAError.
+    parse_context({"context": [{"type": "url", "url": "http://xn--/"}]})
+    block = expand_url(UrlItem(type="url", url="http://xn--/"), loopback_ok)
+    assert block.startswith("<url_context_error>") and "[Error: not a URL: " in block, block
+
+
+def test_an_unforeseen_failure_is_an_error_block_and_logged(loopback_ok: Settings, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """The expansion's last line: whatever fetching raises, the run goes on (and the log has the traceback)."""
+    def broken(*args: object, **kwargs: object) -> str:
+        raise KeyError("a bug in the fetcher")
+
+    monkeypatch.setattr(expand, "fetch_url", broken)
+    with caplog.at_level(logging.ERROR, logger="orchestrator.run.expand"):
+        block = expand_url(UrlItem(type="url", url="http://example.test/"), loopback_ok)
+    assert block.startswith("<url_context_error>") and "[Error: cannot read the URL (KeyError)]" in block, block
+    assert "a bug in the fetcher" not in block  # the details go to the log, not to the model
+    assert any(r.exc_info and "example.test" in r.getMessage() for r in caplog.records)
 
 
 def test_private_addresses_are_refused_by_default(web: str, tmp_path: Path) -> None:

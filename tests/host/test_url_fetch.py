@@ -11,6 +11,7 @@ address when it is checked and to the internal one the next time it is asked.
 from __future__ import annotations
 
 import ipaddress
+import socket
 import ssl
 import subprocess
 import threading
@@ -182,7 +183,50 @@ def test_the_runs_urls_share_one_deadline(net: Net, settings: Settings, tmp_path
     took = time.monotonic() - started
     assert took < 2.1, took
     assert text.count("FETCH_DEADLINE") == 1 and text.count("RUN_DEADLINE") == 2, text
+    assert text.count("not fetched: ") == 1, text  # the third, met after the run's deadline
     assert text.count("<url_context_error>") == 3
+
+
+class Blocking:
+    """A resolver (or getaddrinfo) that records each call and then hangs until released: a thread
+    that called it is still alive when the test looks."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.release = threading.Event()
+
+    def __call__(self, host: str, port: object, *args: object, **kwargs: object) -> list[str]:
+        self.calls.append(host)
+        self.release.wait(10)
+        return []
+
+
+def _new_resolver_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t not in before and t.name == "url-resolve"]
+
+
+def test_nothing_is_started_once_the_runs_deadline_has_passed(settings: Settings, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A URL met after the run's deadline is not fetched at all: no resolver thread (left to finish
+    on its own, one per URL), no DNS question, no connection (issue 29)."""
+    short = settings.replace(context_url_run_deadline_s=0.05)
+    budget = UrlBudget(short)
+    time.sleep(0.1)  # the run's deadline is gone
+    before = set(threading.enumerate())
+    resolver, getaddrinfo = Blocking(), Blocking()
+    try:
+        with pytest.raises(ContextUnavailable, match=r"not fetched: .* had passed \(ORCHESTRATOR_CONTEXT_URL_RUN_DEA"):
+            fetch_url("http://late.test/", short, budget=budget, resolver=resolver, allowed=only_public_loopback)
+        assert _new_resolver_threads(before) == [] and resolver.calls == []
+        # Through the expansion and the system resolver, the machine's getaddrinfo is never asked.
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+        meta = {"context": [{"type": "url", "url": f"http://late{i}.test/"} for i in range(3)]}
+        text = expand_content("read these", meta, tmp_path, short, budget)
+        assert text.count("<url_context_error>") == 3 and text.count("not fetched: ") == 3, text
+        assert _new_resolver_threads(before) == [] and getaddrinfo.calls == []
+    finally:
+        resolver.release.set()
+        getaddrinfo.release.set()
 
 
 def test_a_slow_resolver_is_cut_at_the_deadline(settings: Settings) -> None:
@@ -196,11 +240,64 @@ def test_a_slow_resolver_is_cut_at_the_deadline(settings: Settings) -> None:
     assert time.monotonic() - started < 1.5
 
 
-def test_the_address_policy() -> None:
-    for text, public in [("1.1.1.1", True), ("2606:4700:4700::1111", True), ("127.0.0.1", False),
-                         ("10.0.0.1", False), ("169.254.169.254", False), ("::1", False), ("::ffff:127.0.0.1", False),
-                         ("::ffff:10.1.2.3", False), ("fd00::1", False), ("100.64.0.1", False), ("0.0.0.0", False)]:
-        assert is_public(ipaddress.ip_address(text)) is public, text
+ADDRESSES = [
+    # (address, public?, what it is)
+    ("1.1.1.1", True, "public IPv4"),
+    ("2606:4700:4700::1111", True, "public IPv6"),
+    ("127.0.0.1", False, "loopback"),
+    ("10.0.0.1", False, "private"),
+    ("169.254.169.254", False, "link-local (cloud metadata)"),
+    ("100.64.0.1", False, "shared (CGNAT)"),
+    ("0.0.0.0", False, "unspecified"),
+    ("::1", False, "IPv6 loopback"),
+    ("::", False, "IPv6 unspecified"),
+    ("fd00::1", False, "unique local"),
+    ("fe80::1", False, "IPv6 link-local"),
+    # IPv4-mapped (::ffff:0:0/96): the IPv4 address itself to the socket layer.
+    ("::ffff:127.0.0.1", False, "mapped loopback"),
+    ("::ffff:10.1.2.3", False, "mapped private"),
+    ("::ffff:1.1.1.1", True, "mapped public"),
+    # IPv4-compatible (::/96, deprecated) and IPv4-translated (::ffff:0:0:0/96, SIIT).
+    ("::127.0.0.1", False, "compatible loopback"),
+    ("::10.0.0.1", False, "compatible private"),
+    ("::169.254.169.254", False, "compatible link-local"),
+    ("::0.0.0.2", False, "compatible, 0.0.0.0/8"),
+    ("::1.1.1.1", True, "compatible public"),
+    ("::ffff:0:127.0.0.1", False, "translated loopback"),
+    ("::ffff:0:1.1.1.1", True, "translated public"),
+    # NAT64, the well-known prefix (64:ff9b::/96): a translator on the host's network sends it on to the IPv4.
+    ("64:ff9b::127.0.0.1", False, "NAT64 loopback"),
+    ("64:ff9b::10.0.0.1", False, "NAT64 private"),
+    ("64:ff9b::192.168.1.1", False, "NAT64 private"),
+    ("64:ff9b::169.254.169.254", False, "NAT64 link-local"),
+    ("64:ff9b::1.1.1.1", True, "NAT64 public"),
+    # NAT64, the local-use prefix (64:ff9b:1::/48): the operator chooses where in it the IPv4 sits
+    # (RFC 6052's /48, /56, /64 or /96 forms), so every one of those places must hold a public address.
+    ("64:ff9b:1::10.0.0.1", False, "local NAT64, private at /96"),
+    ("64:ff9b:1:a00:0:100:808:808", False, "local NAT64, 10.0.0.1 at /48 (8.8.8.8 at /96)"),
+    ("64:ff9b:1::8.8.8.8", False, "local NAT64, 0.0.0.0 at /48"),
+    ("64:ff9b:1:808:8:808:808:808", True, "local NAT64, 8.8.8.8 at every place"),
+    # 6to4 (2002::/16): the IPv4 address of the tunnel's end is bits 16-47.
+    ("2002:7f00:1::1", False, "6to4 loopback"),
+    ("2002:a00:1::1", False, "6to4 private"),
+    ("2002:c0a8:101::1", False, "6to4 private"),
+    ("2002:a9fe:a9fe::1", False, "6to4 link-local"),
+    ("2002:101:101::1", True, "6to4 public"),
+    # Teredo (2001::/32): the server's IPv4 address, then the client's, bit-inverted, in the last 32 bits.
+    ("2001:0:4136:e378:8000:63bf:80ff:fffe", False, "Teredo, client 127.0.0.1"),
+    ("2001:0:4136:e378:8000:63bf:f5ff:fffe", False, "Teredo, client 10.0.0.1"),
+    ("2001:0:4136:e378:8000:63bf:3f57:fefe", False, "Teredo, client 192.168.1.1"),
+    ("2001:0:a00:1:8000:63bf:fefe:fefe", False, "Teredo, server 10.0.0.1"),
+    ("2001:0:4136:e378:8000:63bf:fefe:fefe", True, "Teredo, client 1.1.1.1, server public"),
+]
+
+
+@pytest.mark.parametrize(("text", "public", "what"), ADDRESSES, ids=[a[0] for a in ADDRESSES])
+def test_the_address_policy(text: str, public: bool, what: str) -> None:
+    """An IPv6 address that stands for an IPv4 one (mapped, compatible, translated, NAT64, 6to4,
+    Teredo) is judged by the IPv4 address it carries (issue 29): 64:ff9b::10.0.0.1 reaches 10.0.0.1
+    through a NAT64 translator on the host's network."""
+    assert is_public(ipaddress.ip_address(text)) is public, what
 
 
 def test_the_system_resolver_is_used_by_default(net: Net, settings: Settings) -> None:
