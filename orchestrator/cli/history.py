@@ -118,6 +118,9 @@ def import_cmd(path: Annotated[Path, typer.Argument(help="A JSON file written by
         + (" (group registered)" if result.group_created else ""),
         err=True,
     )
+    if result.main_ignored:
+        typer.echo(f"note: the file names {result.chat_jid} the main group; it was registered as an ordinary group "
+                   "(an import never makes a main group)", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -112,7 +112,10 @@ def add_group(
         with db.write() as session:
             session.add(row)
     except IntegrityError as exc:
-        raise StoreError(f"group {chat_jid!r} or folder {folder!r} is already registered") from exc
+        # With is_main, also the database's own rule (revision 0017): another main group
+        # written between our look and our insert.
+        also = "; or another group is main (there is one)" if is_main else ""
+        raise StoreError(f"group {chat_jid!r} or folder {folder!r} is already registered{also}") from exc
     return group_from_row(row)
 
 

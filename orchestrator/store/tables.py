@@ -116,6 +116,13 @@ class GroupRow(Base):
     placed_host: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
 
+    __table_args__ = (
+        # At most one main group, whoever writes the row (revision 0017): its agent may
+        # post into every chat, so a second one is refused by the database itself.
+        Index("uq_groups_one_main", "is_main", unique=True,
+              postgresql_where=text("is_main"), sqlite_where=text("is_main")),
+    )
+
 
 class RunRow(Base):
     __tablename__ = "runs"

@@ -5,6 +5,12 @@ ones included, so ``import`` of an ``export`` loses nothing: exporting the
 imported chat again gives the same messages (only ``seq``, the database's own
 cursor, is assigned afresh).  Import is idempotent: messages already present
 (same id and chat) are skipped, and imported history never wakes the agent.
+
+An import never makes a main group: a file is data from anywhere, and the main
+group's agent may post into every chat.  The group an import registers is an
+ordinary one whatever the file's ``is_main`` says (``ImportResult.main_ignored``
+tells the caller); the database holds at most one main group in any case
+(revision 0017).
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ class ExportedGroup(BaseModel):
     chat_jid: str
     name: str
     folder: str
-    is_main: bool = False
+    is_main: bool = False  # exported as it was; never taken by an import
     requires_trigger: bool = True
     assistant_name: str | None = None
 
@@ -96,6 +102,8 @@ class ImportResult(BaseModel):
     imported: int
     skipped: int
     group_created: bool
+    # The file named its group main: it was registered as an ordinary group (imports make no main group).
+    main_ignored: bool = False
 
 
 def parse_export(text: str) -> ChatExport:
@@ -113,13 +121,16 @@ def import_chat(db: Database, doc: ChatExport) -> ImportResult:
         if m.chat_jid != doc.chat_jid:
             raise InvalidMessage(f"message {m.id!r} belongs to {m.chat_jid!r}, not {doc.chat_jid!r}")
     imported = skipped = 0
-    created = False
+    created = main_ignored = False
     last_seq = 0
     with db.write() as session:
         if doc.group is not None and session.get(GroupRow, doc.chat_jid) is None:
             validate_folder(doc.group.folder)
+            # Never main, whatever the file says: the main group's agent posts into every chat.
+            main_ignored = doc.group.is_main
             session.add(GroupRow(
-                **doc.group.model_dump(), cursor_seq=0, pending_seq=0, created_at=datetime.now(UTC),
+                **doc.group.model_dump(exclude={"is_main"}), is_main=False,
+                cursor_seq=0, pending_seq=0, created_at=datetime.now(UTC),
             ))
             session.flush()
             created = True
@@ -147,7 +158,8 @@ def import_chat(db: Database, doc: ChatExport) -> ImportResult:
                 .where(GroupRow.chat_jid == doc.chat_jid, GroupRow.cursor_seq < last_seq)
                 .values(cursor_seq=last_seq)
             )
-    return ImportResult(chat_jid=doc.chat_jid, imported=imported, skipped=skipped, group_created=created)
+    return ImportResult(chat_jid=doc.chat_jid, imported=imported, skipped=skipped, group_created=created,
+                        main_ignored=main_ignored)
 
 
 # -- markdown -------------------------------------------------------------------

@@ -138,3 +138,49 @@ def test_cli_export_and_import(db: Database, settings: Settings, tmp_path: Path)
     garbage.write_text("{}")
     imp = subprocess.run([*cli, "import", str(garbage)], env=env2, capture_output=True, text=True, timeout=60)
     assert imp.returncode == 1 and "not an orchestrator chat export" in imp.stderr
+
+
+# -- an import never makes a main group (issue 29) -------------------------------------
+
+
+def _export_naming_main(jid: str, folder: str) -> str:
+    """An export file that says its group is main (hand-made, or exported from another installation's main)."""
+    return json.dumps({
+        "format": "orchestrator-chat", "version": 1, "exported_at": "2026-11-27T09:00:00Z", "chat_jid": jid,
+        "group": {"chat_jid": jid, "name": "Evil", "folder": folder, "is_main": True, "requires_trigger": False},
+        "messages": [{"id": "x1", "chat_jid": jid, "sender": "eve", "sender_name": "Eve", "content": "hi",
+                      "timestamp": "2026-11-27T09:00:00+00:00", "is_from_me": False, "message_type": "user"}],
+    })
+
+
+def test_an_imported_export_naming_is_main_leaves_one_main_group(db: Database) -> None:
+    from orchestrator.store.groups import ensure_main_group, list_groups, main_group, send_targets
+
+    main = ensure_main_group(db)
+    add_group(db, chat_jid=JID, name="Project", folder="proj")
+    result = import_chat(db, parse_export(_export_naming_main("evil@x", "evil")))
+    assert [g.chat_jid for g in list_groups(db) if g.is_main] == [main.chat_jid] and main_group(db) == main
+    assert result.group_created and result.main_ignored
+    evil = get_group(db, "evil@x")
+    assert not evil.is_main and send_targets(db, evil) == []  # its agent posts nowhere but its own chat
+    # With no main group at all, an import does not make one either.
+    other = import_chat(db, parse_export(_export_naming_main("evil2@x", "evil2")))
+    assert other.main_ignored and not get_group(db, "evil2@x").is_main
+    # A group already registered is left as it is (and is not reported as refused main).
+    again = import_chat(db, parse_export(_export_naming_main("evil@x", "evil")))
+    assert not again.group_created and not again.main_ignored and again.skipped == 1
+
+
+def test_cli_import_says_the_group_is_not_main(db: Database, settings: Settings, tmp_path: Path) -> None:
+    from orchestrator.store.groups import ensure_main_group, main_group
+
+    ensure_main_group(db)
+    doc = tmp_path / "evil.json"
+    doc.write_text(_export_naming_main("evil@x", "evil"))
+    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+           "ORCHESTRATOR_DATABASE_URL": settings.database_url}
+    imp = subprocess.run([str(Path(sys.executable).parent / "orchestrator"), "import", str(doc)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert imp.returncode == 0, imp.stderr
+    assert "(group registered)" in imp.stderr and "registered as an ordinary group" in imp.stderr
+    assert main_group(db).chat_jid != "evil@x" and not get_group(db, "evil@x").is_main  # type: ignore[union-attr]
