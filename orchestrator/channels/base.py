@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 
+from orchestrator.core.terminal import for_log
 from orchestrator.model.render import RenderedMessage
 
 
@@ -41,7 +42,9 @@ class BaseChannel:
 
 
 class LogChannel(BaseChannel):
-    """Writes each message to the log (the worker's console)."""
+    """Writes each message to the log (the worker's console), as one line: its newlines,
+    carriage returns and control characters shown as escapes (``core/terminal.py``), so
+    a message can neither drive the terminal showing the log nor forge a line of it."""
 
     name = "log"
 
@@ -49,4 +52,4 @@ class LogChannel(BaseChannel):
         self._log = logger or logging.getLogger("orchestrator.channel.log")
 
     def send(self, address: str, rendered: RenderedMessage) -> None:
-        self._log.info("[%s #%d] %s", address, rendered.seq, rendered.text)
+        self._log.info("[%s #%d] %s", for_log(address), rendered.seq, for_log(rendered.text))

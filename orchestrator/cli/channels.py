@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from orchestrator.cli.support import echo as _echo
 from orchestrator.cli.support import fail as _fail
 from orchestrator.cli.support import setup as _setup
 from orchestrator.core.errors import OrchestratorError
@@ -45,7 +46,7 @@ def groups_attach(
             root.close()
     except (OrchestratorError, ValueError) as exc:
         raise _fail(exc) from exc
-    typer.echo(f"{a.chat_jid}: attached to {a.channel} at {a.address}")
+    _echo(f"{a.chat_jid}: attached to {a.channel} at {a.address}")
 
 
 def groups_detach(jid: str, channel: str) -> None:
@@ -55,7 +56,7 @@ def groups_detach(jid: str, channel: str) -> None:
     db = _setup().db
     if not detach_channel(db, jid, channel):
         raise _fail(OrchestratorError(f"{jid} is not attached to {channel!r}"))
-    typer.echo(f"{jid}: detached from {channel}")
+    _echo(f"{jid}: detached from {channel}")
 
 
 def groups_channels(
@@ -71,7 +72,7 @@ def groups_channels(
         typer.echo(json.dumps([a.model_dump() for a in attachments], indent=2))
         return
     for a in attachments:
-        typer.echo(f"{a.chat_jid:30} {a.channel:16} {a.address}")
+        _echo(f"{a.chat_jid:30} {a.channel:16} {a.address}")
 
 
 @deliveries_app.callback()
@@ -94,8 +95,8 @@ def deliveries_list(
         return
     for d in rows:
         when = f"sent {d.sent_at:%H:%M:%S}" if d.sent_at else f"next {d.next_attempt_at:%H:%M:%S}"
-        typer.echo(f"#{d.message_seq:<6} {d.chat_jid:24} {d.channel:12} {d.state:9} attempts {d.attempts}  "
-                   f"{when}  {d.last_error or ''}")
+        _echo(f"#{d.message_seq:<6} {d.chat_jid:24} {d.channel:12} {d.state:9} attempts {d.attempts}  "
+              f"{when}  {d.last_error or ''}")
 
 
 @deliveries_app.command("flush")

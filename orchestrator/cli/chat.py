@@ -13,6 +13,10 @@ On a terminal the prompt stays at the bottom while messages print above it
 (prompt_toolkit); with piped stdin it reads lines until EOF, for scripts.
 Lines starting with ``/`` are commands: ``/quit``, ``/history``, ``/edit
 #SEQ TEXT``, ``/regenerate #SEQ``, ``/help``.
+
+Every line printed has its control characters shown as escapes
+(``orchestrator/core/terminal.py``): a message, a draft or an error naming
+them cannot write the clipboard, erase lines or reorder text on the terminal.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Callable
 
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.settings import Settings
+from orchestrator.core.terminal import for_terminal
 from orchestrator.model.messages import STORED_ONLY_SENDERS, StoredMessage
 from orchestrator.model.render import render_text
 from orchestrator.run.ingest import IncomingMessage, Signal, ingest
@@ -47,14 +52,19 @@ Print = Callable[[str], None]
 
 
 def format_line(m: StoredMessage, assistant: str) -> str:
-    return f"#{m.seq} {render_text(m, assistant)}"
+    return for_terminal(f"#{m.seq} {render_text(m, assistant)}")
+
+
+def escaping(out: Print) -> Print:
+    """``out``, printing every line with its control characters escaped."""
+    return lambda s: out(for_terminal(s))
 
 
 class Follower:
     """Prints what the chat gains, and run state changes, from a background thread."""
 
     def __init__(self, db: Database, settings: Settings, jid: str, out: Print, after: int) -> None:
-        self.db, self.settings, self.jid, self.out = db, settings, jid, out
+        self.db, self.settings, self.jid, self.out = db, settings, jid, escaping(out)
         self.after = after
         self.assistant = settings.assistant_name
         group = find_group(db, jid)
@@ -110,6 +120,7 @@ def handle_line(
     line: str, *, db: Database, settings: Settings, jid: str, sender: str, out: Print, signal: Signal,
 ) -> bool:
     """Act on one typed line; False means quit."""
+    out = escaping(out)
     text = line.rstrip("\n")
     if not text.strip():
         return True
@@ -158,7 +169,8 @@ def run_chat(
     """Chat until /quit or EOF; with piped input, keep following up to
     ``linger_s`` seconds after EOF until the agent has nothing left to do."""
     if find_group(db, jid) is None:
-        print(f"note: {jid} is not a registered group; messages are stored but never answered", file=sys.stderr)
+        print(for_terminal(f"note: {jid} is not a registered group; messages are stored but never answered"),
+              file=sys.stderr)
     backlog = get_recent_messages(jid, BACKLOG, db=db)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     if interactive:
@@ -166,7 +178,7 @@ def run_chat(
         from prompt_toolkit.patch_stdout import patch_stdout
 
         def out(s: str) -> None:
-            print(s, flush=True)
+            print(for_terminal(s), flush=True)
 
         for m in backlog:
             out(format_line(m, settings.assistant_name))
@@ -192,7 +204,7 @@ def run_chat(
 
     def out_locked(s: str) -> None:
         with lock:
-            sys.stdout.write(s + "\n")
+            sys.stdout.write(for_terminal(s) + "\n")
             sys.stdout.flush()
 
     for m in backlog:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from orchestrator.cli.support import echo as _echo
 from orchestrator.cli.support import setup as _setup
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def hosts(
     rows += [_row(h) for h in found]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
-        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)) + "  " + r[-1])
+        _echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)) + "  " + r[-1])
 
 
 def _row(h: Host) -> tuple[str, ...]:

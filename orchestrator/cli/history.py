@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from orchestrator.cli.support import fail, setup
+from orchestrator.cli.support import echo, fail, setup
 from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.terminal import for_terminal
 
 if TYPE_CHECKING:
     from orchestrator.store.history import HistoryChange
@@ -25,7 +26,7 @@ def _report(change: HistoryChange, what: str) -> None:
         line += f"; superseded {len(change.superseded)} message(s) after it"
     if change.rerun:
         line += "; the agent will answer again"
-    typer.echo(line, err=True)
+    echo(line, err=True)
 
 
 def edit(
@@ -98,10 +99,12 @@ def export(
         raise fail(ValueError(f"--format must be md or json, not {fmt!r}"))
     text = export_json(db, chat_jid) if fmt == "json" else export_markdown(db, chat_jid, settings.assistant_name)
     if output is None:
-        sys.stdout.write(text + "\n")
+        # The markdown carries the messages as they are: escaped for the terminal (the
+        # JSON is ASCII, every other character escaped by its encoder: store/transfer.py).
+        sys.stdout.write(for_terminal(text) + "\n")
     else:
         output.write_text(text + "\n", encoding="utf-8")
-        typer.echo(f"wrote {output}", err=True)
+        echo(f"wrote {output}", err=True)
 
 
 def import_cmd(path: Annotated[Path, typer.Argument(help="A JSON file written by `export --format json`.")]) -> None:
@@ -113,14 +116,14 @@ def import_cmd(path: Annotated[Path, typer.Argument(help="A JSON file written by
         result = import_chat(db, parse_export(path.read_text(encoding="utf-8")))
     except (OrchestratorError, OSError) as exc:
         raise fail(exc) from exc
-    typer.echo(
+    echo(
         f"imported {result.imported} message(s) into {result.chat_jid}, skipped {result.skipped} already present"
         + (" (group registered)" if result.group_created else ""),
         err=True,
     )
     if result.main_ignored:
-        typer.echo(f"note: the file names {result.chat_jid} the main group; it was registered as an ordinary group "
-                   "(an import never makes a main group)", err=True)
+        echo(f"note: the file names {result.chat_jid} the main group; it was registered as an ordinary group "
+             "(an import never makes a main group)", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -20,6 +20,7 @@ from orchestrator.cli import telegram as cli_telegram
 if TYPE_CHECKING:
     from orchestrator.core.settings import Settings
     from orchestrator.root import Orchestrator
+from orchestrator.cli.support import echo as _echo
 from orchestrator.cli.support import fail as _fail
 from orchestrator.cli.support import setup as _setup
 from orchestrator.core.errors import ConfigError, OrchestratorError
@@ -237,7 +238,7 @@ def sweep() -> None:
     try:
         sandbox = root.docker
     except OrchestratorError as exc:
-        typer.secho(f"warning: {exc}; containers not checked", fg=typer.colors.YELLOW, err=True)
+        _echo(f"warning: {exc}; containers not checked", fg=typer.colors.YELLOW, err=True)
         sandbox = None
     report = run_sweep(root.db, signal=root.signals.group, sandbox=sandbox, signal_delivery=root.signals.delivery,
                        resend_channels=root.channels.resent_after_crash())
@@ -294,7 +295,7 @@ def groups_add(
         g = add_group(db, chat_jid=chat_jid, name=name, folder=folder, is_main=main, requires_trigger=trigger)
     except OrchestratorError as exc:
         raise _fail(exc) from exc
-    typer.echo(f"registered {g.chat_jid} ({g.name}, folder {g.folder}, trigger {'on' if g.requires_trigger else 'off'})")
+    _echo(f"registered {g.chat_jid} ({g.name}, folder {g.folder}, trigger {'on' if g.requires_trigger else 'off'})")
 
 
 @groups_app.command("set")
@@ -345,14 +346,14 @@ def groups_set(
     except OrchestratorError as exc:
         raise _fail(exc) from exc
     if sandbox:
-        typer.echo(f"{g.chat_jid}: container_config {json.dumps(g.container_config or {})}")
+        _echo(f"{g.chat_jid}: container_config {json.dumps(g.container_config or {})}")
         typer.echo(f"  effective: memory {limits.memory}, cpus {limits.cpus:g}, pids {limits.pids}, "
                    f"run timeout {limits.run_timeout_s:g}s, bash timeout {limits.bash_timeout_s:g}s, "
                    f"workspace quota {human(quota) if quota else 'none'}")
     if quotas:
         runs = _quota_text(g.runs_per_hour, settings.group_runs_per_hour)
         tokens = _quota_text(g.tokens_per_day, settings.group_tokens_per_day)
-        typer.echo(f"{g.chat_jid}: runs per hour {runs}, tokens per day {tokens}")
+        _echo(f"{g.chat_jid}: runs per hour {runs}, tokens per day {tokens}")
 
 
 def _quota_option(name: str, value: str) -> int | None:
@@ -384,13 +385,13 @@ def groups_usage(chat_jid: str, as_json: Annotated[bool, typer.Option("--json")]
     except OrchestratorError as exc:
         raise _fail(exc) from exc
     if as_json:
-        typer.echo(u.model_dump_json(indent=2))
+        typer.echo(json.dumps(u.model_dump(mode="json"), indent=2))
         return
 
     def of(used: int, limit: int, own: int | None) -> str:
         return f"{used:,} of {_quota_text(own, limit)}" if limit else f"{used:,}, {_quota_text(own, limit)}"
 
-    typer.echo(f"{u.chat_jid} at {u.now:%Y-%m-%d %H:%M:%S} UTC (the database's clock)")
+    _echo(f"{u.chat_jid} at {u.now:%Y-%m-%d %H:%M:%S} UTC (the database's clock)")
     typer.echo(f"  runs in the last hour: {of(u.runs_last_hour, u.runs_per_hour, u.runs_per_hour_override)}")
     typer.echo(f"  tokens today (UTC):    {of(u.tokens_today, u.tokens_per_day, u.tokens_per_day_override)}")
     rate = u.sender_messages_per_minute
@@ -415,8 +416,8 @@ def groups_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
         return
     for g in groups:
         flags = ("main " if g.is_main else "") + ("trigger" if g.requires_trigger else "no-trigger")
-        typer.echo(f"{g.chat_jid:30} {g.name:16} folder={g.folder:16} {flags} cursor={g.cursor_seq} "
-                   f"host={g.placed_host or '-'}")
+        _echo(f"{g.chat_jid:30} {g.name:16} folder={g.folder:16} {flags} cursor={g.cursor_seq} "
+              f"host={g.placed_host or '-'}")
 
 
 @groups_app.command("move")
@@ -432,14 +433,13 @@ def groups_move(chat_jid: str, host: str) -> None:
     except OrchestratorError as exc:
         raise _fail(exc) from exc
     was = f" (was {moved.previous_host})" if moved.previous_host and moved.previous_host != host else ""
-    typer.echo(f"{chat_jid} placed on {host}{was}")
+    _echo(f"{chat_jid} placed on {host}{was}")
     if moved.pending:
         try:
             root.signals.group(chat_jid)
-            typer.echo(f"work is pending: signalled {host}")
+            _echo(f"work is pending: signalled {host}")
         except Exception as exc:  # noqa: BLE001 - the sweeper re-signals pending groups
-            typer.secho(f"warning: could not signal {host} now ({exc}); the sweeper will", fg=typer.colors.YELLOW,
-                        err=True)
+            _echo(f"warning: could not signal {host} now ({exc}); the sweeper will", fg=typer.colors.YELLOW, err=True)
 
 
 @groups_app.command("reset")
@@ -453,7 +453,7 @@ def groups_reset(jid: str) -> None:
         stopped = reset_session(db, settings, jid)
     except OrchestratorError as exc:
         raise _fail(exc) from exc
-    typer.echo(f"reset {jid}: session forgotten, {stopped} warm container(s) stopped", err=True)
+    _echo(f"reset {jid}: session forgotten, {stopped} warm container(s) stopped", err=True)
 
 
 @groups_app.command("quota")
@@ -476,7 +476,7 @@ def groups_quota(jid: str, as_json: Annotated[bool, typer.Option("--json")] = Fa
         typer.echo(json.dumps({"chat_jid": g.chat_jid, **asdict(r)}, indent=2))
         return
     limit = human(r.quota) if r.quota else "no quota"
-    typer.echo(f"{g.chat_jid}: workspace {human(r.used)} used of {limit} (mode {r.mode}: {r.note})")
+    _echo(f"{g.chat_jid}: workspace {human(r.used)} used of {limit} (mode {r.mode}: {r.note})")
     if r.volume:
         state = "mounted" if r.mounted else "not mounted"
         typer.echo(f"  volume {r.volume}: {human(r.size)}, {state}, {human(r.allocated)} on the data dir's disk")
@@ -494,7 +494,7 @@ def groups_unmount_volumes() -> None:
         done = unmount_all(settings)
     except OrchestratorError as exc:
         raise _fail(exc) from exc
-    typer.echo(f"unmounted {len(done)} workspace volume(s){': ' + ', '.join(done) if done else ''}", err=True)
+    _echo(f"unmounted {len(done)} workspace volume(s){': ' + ', '.join(done) if done else ''}", err=True)
 
 
 # -- messages -----------------------------------------------------------------
@@ -543,11 +543,12 @@ def history(
     settings, db = root.settings, root.db
     msgs = get_recent_messages(chat_jid, limit, include_superseded=include_superseded, db=db)
     if as_json:
-        typer.echo(json.dumps([m.model_dump(mode="json") for m in msgs], indent=2, ensure_ascii=False))
+        # ASCII JSON: control characters, C1 and bidi overrides arrive as \u escapes.
+        typer.echo(json.dumps([m.model_dump(mode="json") for m in msgs], indent=2))
         return
     for m in msgs:
         mark = " (superseded)" if m.superseded_at else " (edited)" if m.edited_at else ""
-        typer.echo(f"#{m.seq:<5} {m.timestamp[:19]} [{m.message_type}]{mark} {render_text(m, settings.assistant_name)}")
+        _echo(f"#{m.seq:<5} {m.timestamp[:19]} [{m.message_type}]{mark} {render_text(m, settings.assistant_name)}")
 
 
 # -- runs -----------------------------------------------------------------------
@@ -569,8 +570,8 @@ def runs_list(
     for r in list_runs(db, chat_jid=group, state=state, limit=limit):
         took = f"{r.duration_s:.2f}s" if r.duration_s is not None else "-"
         replay = f"  replay of {r.replay_of[:8]}" if r.replay_of else ""
-        typer.echo(f"{r.id[:8]}  {r.state:10} {r.chat_jid:24} msgs {r.cursor_from + 1}..{r.cursor_to}  {took}  "
-                   f"{r.error or ''}{replay}")
+        _echo(f"{r.id[:8]}  {r.state:10} {r.chat_jid:24} msgs {r.cursor_from + 1}..{r.cursor_to}  {took}  "
+              f"{r.error or ''}{replay}")
 
 
 @runs_app.command("waiting")
@@ -582,14 +583,14 @@ def runs_waiting(as_json: Annotated[bool, typer.Option("--json")] = False) -> No
     root = _setup()
     slots = fleet_slots(root.db, root.settings.max_concurrent_runs)
     if as_json:
-        typer.echo(slots.model_dump_json(indent=2))
+        typer.echo(json.dumps(slots.model_dump(mode="json"), indent=2))
         return
     cap = f"{slots.cap:,}" if slots.cap else "no cap"
     typer.echo(f"run slots: {slots.running:,} taken of {cap}; {len(slots.waiting):,} group(s) waiting")
     for w in slots.waiting:
         kind = w.lane + (", main" if w.is_main else "")
-        typer.echo(f"  {w.position:>3}. {w.chat_jid:30} {kind:16} waiting {w.waited_s:.0f}s "
-                   f"(since {w.since:%H:%M:%S} UTC)")
+        _echo(f"  {w.position:>3}. {w.chat_jid:30} {kind:16} waiting {w.waited_s:.0f}s "
+              f"(since {w.since:%H:%M:%S} UTC)")
 
 
 @runs_app.command("show")
@@ -607,12 +608,15 @@ def runs_show(
     try:
         run = get_run(db, run_id)
         if not (show_input or verify):
-            typer.echo(run.model_dump_json(indent=2))
+            typer.echo(json.dumps(run.model_dump(mode="json"), indent=2))
             return
         recorded = stored_input(db, run.id)
         if recorded is None:
             raise _fail(ValueError(f"run {run.id} has no recorded input (it failed before assembling one)"))
-        if show_input:
+        if show_input and sys.stdout.isatty():
+            # For a person: the JSON escapes C0 itself; C1 and bidi overrides shown as escapes.
+            _echo(recorded.decode("utf-8", errors="replace"))
+        elif show_input:  # the exact bytes, for a pipe or a file
             sys.stdout.buffer.write(recorded + b"\n")
             sys.stdout.flush()
         if verify:
@@ -624,7 +628,7 @@ def runs_show(
             diff = difflib.unified_diff(
                 _pretty(recorded), _pretty(rebuilt), "sent", "rebuilt from history now", lineterm=""
             )
-            typer.echo("\n".join(diff), err=True)
+            _echo("\n".join(diff), err=True)
             typer.secho("the history changed since this run (edited, superseded or context files changed)",
                         fg=typer.colors.YELLOW, err=True)
             raise typer.Exit(code=2)
@@ -676,7 +680,7 @@ def tasks_add(
         task = add_task(db, chat_jid=chat_jid, prompt=prompt, kind=kind, spec=spec, context_mode=context)  # type: ignore[arg-type]
     except OrchestratorError as exc:
         raise _fail(exc) from exc
-    typer.echo(f"task {task.id[:8]} ({task.kind} {task.spec}, {task.context_mode}) next at {task.next_run_at:%Y-%m-%d %H:%M:%S} UTC")
+    _echo(f"task {task.id[:8]} ({task.kind} {task.spec}, {task.context_mode}) next at {task.next_run_at:%Y-%m-%d %H:%M:%S} UTC")
 
 
 @tasks_app.command("list")
@@ -694,7 +698,7 @@ def tasks_list(
         return
     for t in tasks:
         nxt = f"{t.next_run_at:%Y-%m-%d %H:%M:%S}" if t.next_run_at else "-"
-        typer.echo(f"{t.id[:8]}  {t.state:9} {t.chat_jid:20} {t.kind:8} {t.spec:16} {t.context_mode:8} next {nxt}  runs {t.runs}  {t.prompt[:40]}")
+        _echo(f"{t.id[:8]}  {t.state:9} {t.chat_jid:20} {t.kind:8} {t.spec:16} {t.context_mode:8} next {nxt}  runs {t.runs}  {t.prompt[:40]}")
 
 
 def _task_action(task_id: str, action: str) -> None:

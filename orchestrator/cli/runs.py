@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from orchestrator.cli.support import echo as _echo
 from orchestrator.cli.support import fail as _fail
 from orchestrator.cli.support import setup as _setup
 from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.terminal import for_terminal
 
 if TYPE_CHECKING:
     from orchestrator.run.run_diff import RunDiff, RunSummary
@@ -38,7 +40,7 @@ def runs_replay(
     root = _setup()
     try:
         replay = create_replay(root.db, root.settings, run_id, model)
-        typer.echo(f"replay {replay.id} of run {replay.replay_of} with {model}: running ...", err=True)
+        _echo(f"replay {replay.id} of run {replay.replay_of} with {model}: running ...", err=True)
         done = execute_replay(root.db, root.settings, root.docker, replay.id)
         assert done.replay_of is not None
         diff = diff_runs(root.db, done.replay_of, done.id)
@@ -70,17 +72,20 @@ def runs_diff(
 
 def _show(diff: RunDiff, as_json: bool) -> None:
     if as_json:
-        typer.echo(json.dumps(diff.model_dump(mode="json"), indent=2, ensure_ascii=False))
+        typer.echo(json.dumps(diff.model_dump(mode="json"), indent=2))  # ASCII: every other character escaped
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(show_lines=True)
     table.add_column("")
     table.add_column(f"A {diff.a.run_id[:8]}", overflow="fold")
     table.add_column(f"B {diff.b.run_id[:8]}", overflow="fold")
     for name, show in _ROWS:
-        table.add_row(name, show(diff.a), show(diff.b))
+        # Text cells: the replies and tool calls are the agent's; no markup read in them
+        # (``[link=...]`` would be a hyperlink), their control characters escaped.
+        table.add_row(name, Text(for_terminal(show(diff.a))), Text(for_terminal(show(diff.b))))
     # Wide enough for two runs side by side when the output is a file or a pipe.
     console = Console(width=None if Console().is_terminal else 160, highlight=False, soft_wrap=False)
     console.print(table)

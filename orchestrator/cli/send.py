@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 import click
 
 from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.terminal import for_terminal
 
 if TYPE_CHECKING:
     from orchestrator.cli.api_client import ApiClient
@@ -157,7 +158,8 @@ def send_command(chat_jid: str, text: str, sender: str, wait: float, as_json: bo
 
 def _said_stored(chat_jid: str, seq: int, triggered: bool, where: str) -> None:
     # Said once the message is committed, before any reply: on its own line.
-    click.echo(f"stored #{seq} in {chat_jid}{where}" + ("" if triggered else " (does not wake the agent)"), err=True)
+    click.echo(for_terminal(f"stored #{seq} in {chat_jid}{where}" + ("" if triggered else " (does not wake the agent)")),
+               err=True)
 
 
 def _send_to_api(settings: Settings, body: _MessageBody) -> tuple[ApiClient, int, bool] | None:
@@ -229,11 +231,13 @@ def _print_replies(chat: _Chat, after: int, assistant: str, as_json: bool) -> in
         after = m.seq
         if not (m.is_from_me or m.message_type == "host"):
             continue  # other people's messages are not replies
-        click.echo(m.model_dump_json() if as_json else f"[{m.message_type}] {render_text(m, assistant)}")
+        # JSON lines in ASCII (every control, C1 and bidi character a \u escape); text lines escaped.
+        click.echo(json.dumps(m.model_dump(mode="json")) if as_json
+                   else for_terminal(f"[{m.message_type}] {render_text(m, assistant)}"))
     return after
 
 
 def _fail(exc: Exception) -> click.exceptions.Exit:
     """Print ``exc`` as a one-line error; raise the returned Exit (status 1)."""
-    click.secho(f"error: {exc}", fg="red", err=True)
+    click.secho(for_terminal(f"error: {exc}"), fg="red", err=True)
     return click.exceptions.Exit(1)

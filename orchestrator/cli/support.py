@@ -1,8 +1,14 @@
-"""What every CLI command shares: the composition root, error exits.
+"""What every CLI command shares: the composition root, error exits, printing.
 
 ``setup`` builds the :class:`~orchestrator.root.Orchestrator`; its parts (the
 database with SQLAlchemy and Alembic, Celery, Docker) are made when a command
 first touches them, so ``orchestrator --help`` pays for none of them.
+
+Lines for people go out through :func:`echo` (and errors through :func:`fail`):
+what they carry from outside (a message, a tool's output, a chat's or a file's
+name, an error naming them) has its control characters shown as escapes
+(``orchestrator/core/terminal.py``).  Machine outputs (``--json``) are JSON
+with every non-ASCII character escaped (``json.dumps``' default).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.terminal import for_terminal
 
 if TYPE_CHECKING:
     from orchestrator.root import Orchestrator
@@ -31,7 +38,15 @@ def setup() -> Orchestrator:
     return root
 
 
+def echo(text: str, *, err: bool = False, fg: str | None = None) -> None:
+    """Print a line for people (stdout, or stderr with ``err``), control characters escaped."""
+    if fg is None:
+        typer.echo(for_terminal(text), err=err)
+    else:
+        typer.secho(for_terminal(text), fg=fg, err=err)
+
+
 def fail(exc: Exception) -> typer.Exit:
     """Print ``exc`` as a one-line error; raise the returned Exit (status 1)."""
-    typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+    echo(f"error: {exc}", fg=typer.colors.RED, err=True)
     return typer.Exit(code=1)

@@ -17,6 +17,11 @@ the message, as before.
 No line carries a secret of the settings: :class:`ContextFilter` replaces them
 (``orchestrator/core/secrets.py``) in the message and the traceback, whoever
 logged it (httpx logs the Telegram bot token in its request URLs).
+
+No line can be forged or drive the terminal showing it: a text line's message and
+context have every control character shown as an escape, newlines and carriage
+returns included (``\\n``; ``orchestrator/core/terminal.py``), its traceback keeps
+its lines with the rest escaped; JSON lines are ASCII (the encoder escapes the rest).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 from orchestrator.core import secrets, tracing
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
+from orchestrator.core.terminal import for_log, for_terminal
 
 FORMATS = ("text", "json")
 # The context every line carries (empty when unknown).
@@ -104,11 +110,33 @@ def json_formatter() -> logging.Formatter:
     """The JSON lines' formatter (python-json-logger), also named by uvicorn's config."""
     from pythonjsonlogger.json import JsonFormatter
 
-    return JsonFormatter(list(_JSON_FIELDS), rename_fields=_RENAMED, json_ensure_ascii=False)
+    return JsonFormatter(list(_JSON_FIELDS), rename_fields=_RENAMED, json_ensure_ascii=True)
+
+
+class _TextFormatter(logging.Formatter):
+    """One line per record: the message and context escaped (:func:`for_log`), whoever logged
+    them; a traceback or stack keeps its own lines (:func:`for_terminal`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.exc_text:  # formatted before (by another formatter, or _redact): printed as it is
+            record.exc_text = for_terminal(record.exc_text)
+        return super().format(record)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        shown = logging.makeLogRecord(record.__dict__)
+        shown.message = for_log(record.message)
+        shown.context = for_log(getattr(record, "context", ""))
+        return super().formatMessage(shown)
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 - logging's name
+        return for_terminal(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802 - logging's name
+        return for_terminal(super().formatStack(stack_info))
 
 
 def text_formatter() -> logging.Formatter:
-    return logging.Formatter(_TEXT_FORMAT)
+    return _TextFormatter(_TEXT_FORMAT)
 
 
 def configure(settings: Settings, level: str | int | None = None) -> None:

@@ -94,7 +94,9 @@ def export_chat(db: Database, chat_jid: str) -> ChatExport:
 
 
 def export_json(db: Database, chat_jid: str) -> str:
-    return export_chat(db, chat_jid).model_dump_json(indent=2)
+    """The export as JSON text, ASCII only: every other character escaped (``\\u001b``,
+    ``\\u202e``), so the file is safe to show on a terminal as it is."""
+    return json.dumps(export_chat(db, chat_jid).model_dump(mode="json"), indent=2)
 
 
 class ImportResult(BaseModel):
