@@ -1,6 +1,7 @@
 """Entry point of the sandbox image: ``python3 -m agent_runner``.
 
-stdin: one ``ContainerInput`` JSON document (read to EOF); or, with
+stdin: one ``ContainerInput`` JSON document, up to its first newline or its end,
+then, while the run goes on, the host's beats (``fence.py``); or, with
 ``--serve SOCKET``, runs arrive on a unix socket (see ``serve.py``).
 stdout: one protocol event per line, flushed at once; nothing else.
 stderr: logs.
@@ -42,8 +43,27 @@ def main(argv: list[str] | None = None) -> int:
         from .serve import serve
 
         return serve(Path(args.serve), workspace, args.idle_timeout, first_timeout_s=args.standby or 0.0)
-    raw = sys.stdin.buffer.read()
-    return run(raw, make_emitter(sys.stdout), workspace)
+    raw, host_fd = read_input()
+    return run(raw, make_emitter(sys.stdout), workspace, host_fd=host_fd)
+
+
+def read_input(fd: int = 0) -> tuple[bytes, int]:
+    """The run's input: stdin's first line (or all of it, up to its end), and a descriptor
+    of stdin for the host's fence (``fence.py``).  stdin itself becomes ``/dev/null``:
+    the host's beats follow the input there, and nothing the agent starts may read
+    (or hold) the stream the runner watches."""
+    chunks: list[bytes] = []
+    while chunk := os.read(fd, 1 << 20):
+        end = chunk.find(b"\n")
+        if end >= 0:
+            chunks.append(chunk[:end])  # what follows is the host's beats
+            break
+        chunks.append(chunk)
+    host_fd = os.dup(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, fd)
+    os.close(null)
+    return b"".join(chunks), host_fd
 
 
 if __name__ == "__main__":

@@ -8,12 +8,25 @@ run exactly the same code.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TextIO
 
+import msgspec
+
 from .errors import InputError, ProviderError, RunnerError
+from .fence import HostWatch
 from .loop import Emit, run_agent
-from .protocol import PROTOCOL_VERSION, ContainerInput, ErrorEvent, Event, ProtocolError, decode_input, dump_event
+from .protocol import (
+    PROTOCOL_VERSION,
+    ContainerInput,
+    ErrorEvent,
+    Event,
+    ProtocolError,
+    ResultEvent,
+    decode_input,
+    dump_event,
+)
 from .providers import make_provider
 
 EXIT_OK = 0
@@ -48,10 +61,29 @@ def parse_input(raw: bytes) -> ContainerInput:
     return inp
 
 
-def run(raw: bytes, emit: Emit, workspace: Path) -> int:
-    """Everything but process I/O, so it can be called in-process too."""
+def _marking_the_end(emit: Emit, watch: HostWatch) -> Emit:
+    """``emit`` that tells the watch once the run's final event is out."""
+
+    def marking(event: Event) -> None:
+        emit(event)
+        if isinstance(event, (ResultEvent, ErrorEvent)):
+            watch.finished()
+
+    return marking
+
+
+def run(raw: bytes, emit: Emit, workspace: Path, *, host_fd: int | None = None) -> int:
+    """Everything but process I/O, so it can be called in-process too.
+
+    ``host_fd``: a descriptor (a dup, owned from here on) of the stream the run came on,
+    watched while the run goes on when its input asks for it (``host_fence_s``)."""
+    watch: HostWatch | None = None
     try:
         inp = parse_input(raw)
+        if host_fd is not None and inp.host_fence_s is not msgspec.UNSET:
+            watch = HostWatch(host_fd, inp.host_fence_s).start()
+            host_fd = None
+            emit = _marking_the_end(emit, watch)
         log.info(
             "run %s: %d messages, provider %s", inp.run_id, len(inp.messages), inp.model.provider
         )
@@ -81,3 +113,8 @@ def run(raw: bytes, emit: Emit, workspace: Path) -> int:
         log.exception("runner crashed")
         emit(ErrorEvent(message=f"internal error: {type(exc).__name__}: {exc}", retryable=False))
         return EXIT_FAILED
+    finally:
+        if watch is not None:
+            watch.close()
+        elif host_fd is not None:
+            os.close(host_fd)

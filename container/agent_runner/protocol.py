@@ -1,7 +1,9 @@
 """The host <-> container protocol: the one contract both sides share.
 
 The host writes one :class:`ContainerInput` JSON document on the container's
-stdin and closes it.  The container writes one :data:`Event` JSON object per
+stdin, as one line; it then keeps stdin open for the run when the input has
+``host_fence_s`` (its beats, ``agent_runner/fence.py``) and closes it
+otherwise.  The container writes one :data:`Event` JSON object per
 line on stdout (logs go to stderr).  A line that does not parse as an event is
 reported by the host and skipped, never fatal.
 
@@ -150,6 +152,12 @@ class ContainerInput(_Model, kw_only=True):
     # it is left out of the JSON, so a runner that predates the field still takes the
     # input of a host that does not trace, and a recorded input reads the same.
     traceparent: str | msgspec.UnsetType = msgspec.UNSET
+    # The host keeps the run's stream (stdin, or a warm run's connection) open for the
+    # run and writes a byte at least every host_fence_s / 4 seconds; when the stream ends
+    # or stays silent this long before the run's final event, the runner stops every
+    # process of the container and exits (agent_runner/fence.py).  Unset: no watch, and
+    # the input may end at the end of the stream, as before the field.
+    host_fence_s: Annotated[float, Meta(gt=0)] | msgspec.UnsetType = msgspec.UNSET
 
 
 _INPUT_DECODER = msgspec.json.Decoder(ContainerInput)

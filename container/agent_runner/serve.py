@@ -106,7 +106,8 @@ def serve(socket_path: Path, workspace: Path, idle_timeout_s: float, *,
                     conn.sendall((dump_event(event) + "\n").encode())
 
                 try:
-                    run(raw, emit, workspace)
+                    # The connection stays open for the run: the host's beats come on it.
+                    run(raw, emit, workspace, host_fd=os.dup(conn.fileno()))
                 except OSError as exc:  # the host went away mid-run: wait for the next one
                     log.warning("lost the connection during a run: %s", exc)
                 served += 1

@@ -151,6 +151,13 @@ class Settings(msgspec.Struct, kw_only=True):
     context_url_allow_private: bool = False
     # Lease on a group while a run holds it; renewed by a heartbeat.
     lease_ttl_s: Annotated[float, Meta(gt=1)] = 60.0
+    # The sandbox fences itself (container/agent_runner/fence.py): the worker beats on
+    # the run's stream every sandbox_fence_s / 4 seconds, and a runner whose stream ends
+    # (the worker died) or stays silent this long (frozen, cut off) kills every process
+    # of its container and exits.  Well inside the 9 s after which another host takes a
+    # dead host's groups (store/hosts.py).  0: no fence (the runner reads its input to
+    # the end of stdin, as runners before the fence did).
+    sandbox_fence_s: Annotated[float, Meta(ge=0, le=8)] = 5.0
     # Failed runs that stored no output are retried with backoff and jitter.
     max_attempts: Annotated[int, Meta(ge=1)] = 3
     retry_base_s: Annotated[float, Meta(ge=0)] = 2.0

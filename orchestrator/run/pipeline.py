@@ -141,7 +141,9 @@ class StopWatch:
     """Stops a run's container when the run is cancelled or the lease is lost.
 
     Polls the run's state once a second: a cancel may come from any process
-    on any host, and the database is what they share.
+    on any host, and the database is what they share.  A lost lease is waited
+    for on a thread of its own, so a read that hangs on a database that is
+    away never delays the stop (the lease's guard says it is lost).
     """
 
     def __init__(
@@ -154,31 +156,51 @@ class StopWatch:
         self._interval = interval_s
         self._done = threading.Event()
         self.reason: str | None = None
+        self._stopping = threading.Lock()
         self._thread = threading.Thread(target=self._watch, name=f"stopwatch-{run_id[:8]}", daemon=True)
+        self._lease_thread = threading.Thread(target=self._watch_lease, name=f"stopwatch-lease-{run_id[:8]}",
+                                              daemon=True)
 
     def __enter__(self) -> StopWatch:
         self._thread.start()
+        if self._lease_lost is not None:
+            self._lease_thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
-        self._thread.join()
+        # The cancel poll may hang in a read on a database that is away: not waited for long.
+        self._thread.join(timeout=5)
+        if self._lease_thread.is_alive():
+            self._lease_thread.join()
+
+    def _stop(self, reason: str) -> None:
+        with self._stopping:
+            if self.reason is None:
+                self.reason = reason
+                self._stop_fn()
+
+    def _watch_lease(self) -> None:
+        assert self._lease_lost is not None
+        while not self._done.is_set():
+            if self._lease_lost.wait(0.1):
+                self._stop("lease_lost")
+                return
 
     def _watch(self) -> None:
         while not self._clock.wait(self._done, self._interval):
-            if self._lease_lost is not None and self._lease_lost.is_set():
-                self.reason = "lease_lost"
-            else:
-                try:
-                    if run_state(self._db, self._run_id) == "cancelled":
-                        self.reason = "cancelled"
-                except Exception:  # noqa: BLE001 - a DB hiccup is not a cancel
-                    log.warning("run %s: could not read its state; looking again in %.0fs",
-                                self._run_id, self._interval, exc_info=True)
-                    continue
-            if self.reason:
-                self._stop_fn()
+            if self.reason is not None:
                 return
+            if self._lease_lost is not None and self._lease_lost.is_set():
+                self._stop("lease_lost")
+                return
+            try:
+                if run_state(self._db, self._run_id) == "cancelled":
+                    self._stop("cancelled")
+                    return
+            except Exception:  # noqa: BLE001 - a DB hiccup is not a cancel
+                log.warning("run %s: could not read its state; looking again in %.0fs",
+                            self._run_id, self._interval, exc_info=True)
 
 
 @dataclass
@@ -649,6 +671,7 @@ class Pipeline:
             cpus=plan.limits.cpus,
             pids=plan.limits.pids,
             timeout_s=plan.limits.run_timeout_s,
+            fence_s=self.settings.sandbox_fence_s,
             install_id=self.settings.install_id,
             # A provider that keeps its own transcript gets the group's session folder.
             extra_mounts={**plan.read_write_mounts,
@@ -680,6 +703,8 @@ class Pipeline:
                 ))
                 socket_path = f"{GATEWAY_MOUNT}/{GATEWAY_SOCKET}"
                 payload = payload.replace(model=payload.model.replace(socket_path=socket_path))
+            if spec.fence_s:  # the runner stops everything once this worker is gone (agent_runner/fence.py)
+                payload = payload.replace(host_fence_s=spec.fence_s)
             # The container's span: what it writes is stored under it; the runner gets its context.
             with tracing.span("agent container", attributes={"orchestrator.run_id": run.id,
                                                              "orchestrator.warm": self.warm}):

@@ -78,6 +78,9 @@ class ContainerSpec:
     extra_mounts: dict[str, str] = field(default_factory=dict)
     # host path -> container path, mounted read-only (allowlisted extra folders, orchestrator/sandbox/mounts.py).
     readonly_mounts: dict[str, str] = field(default_factory=dict)
+    # The host's fence (agent_runner/fence.py): the run's stream stays open and gets a
+    # beat every fence_s / 4 seconds; the payload carries the same host_fence_s.  0: none.
+    fence_s: float = 0.0
 
 
 @dataclass
@@ -303,6 +306,29 @@ class StreamedRun(ABC):
             self.finish()
         self._close()
 
+    def _beat(self, send: Callable[[bytes], object], fence_s: float) -> None:
+        """Keep the run's stream alive for the runner's fence: a newline every ``fence_s / 4``
+        seconds from a thread of its own (frozen with the worker, gone with its process)
+        until the run is over (:meth:`_stop_beats`) or the stream fails."""
+        self._beats_done = threading.Event()
+        if fence_s <= 0:
+            return
+        done = self._beats_done
+
+        def beat() -> None:
+            while not done.wait(fence_s / 4):
+                try:
+                    send(b"\n")
+                except OSError:
+                    return  # the run's stream is closed: the run is over either way
+
+        threading.Thread(target=beat, name="sandbox-beat", daemon=True).start()
+
+    def _stop_beats(self) -> None:
+        done = getattr(self, "_beats_done", None)
+        if done is not None:
+            done.set()
+
     def _watch(self, what: str, timeout_s: float) -> None:
         """Start the watchdog: at ``timeout_s`` the run is marked timed out and killed."""
         self._timed_out = threading.Event()
@@ -360,8 +386,13 @@ class RunningContainer(StreamedRun):
         self._watch(f"run container {spec.name}", spec.timeout_s)
         raw = getattr(self._sock, "_sock", self._sock)
         try:
-            raw.sendall(payload)
-            raw.shutdown(socket.SHUT_WR)
+            raw.sendall(payload + b"\n")
+            if spec.fence_s > 0:
+                # stdin stays open for the run: its end is the worker's death, which the
+                # runner then answers by stopping everything (agent_runner/fence.py).
+                self._beat(raw.sendall, spec.fence_s)
+            else:
+                raw.shutdown(socket.SHUT_WR)
         except OSError as exc:
             # The container may have died before reading its input; the exit
             # status will tell the caller what happened.
@@ -396,6 +427,7 @@ class RunningContainer(StreamedRun):
 
     def finish(self) -> ContainerExit:
         self._watchdog.cancel()
+        self._stop_beats()
         status: int | None = None
         try:
             status = int(self._container.wait(timeout=30).get("StatusCode", -1))
@@ -420,6 +452,7 @@ class RunningContainer(StreamedRun):
             log.warning("could not remove container %s: %s", self.spec.name, exc)
 
     def _close(self) -> None:
+        self._stop_beats()
         try:
             self._sock.close()
         except Exception as exc:  # noqa: BLE001 - the run is over; a socket that will not close is only logged

@@ -552,6 +552,7 @@ class WarmRun(StreamedRun):
         self._watch(f"warm run in {container.name}", spec.timeout_s)
         try:
             sock.sendall(payload + b"\n")
+            self._beat(sock.sendall, spec.fence_s)  # the connection stays open for the run
         except OSError as exc:
             log.warning("could not hand the run to %s: %s", container.name, exc)
 
@@ -593,6 +594,7 @@ class WarmRun(StreamedRun):
         """The run's "exit": 0 while the runner lives on (the pipeline judges the
         events), else the container's own exit status."""
         self._watchdog.cancel()
+        self._stop_beats()
         stderr = self._log_tail()
         try:
             self._container.reload()
@@ -613,6 +615,7 @@ class WarmRun(StreamedRun):
         return self._ended(str(self._container.name), status, stderr)
 
     def _close(self) -> None:
+        self._stop_beats()
         with contextlib.suppress(OSError):
             self._sock.close()
         self._clean_up()

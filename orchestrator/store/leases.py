@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import datetime, timedelta
 
 from sqlalchemy import ColumnElement, Connection, case, literal, or_, select, update
@@ -171,9 +172,24 @@ def release(db: Database, chat_jid: str, owner: str) -> tuple[int, int] | None:
     return None if row is None else (int(row[0]), int(row[1]))
 
 
+# A held lease is renewed this often (or every ttl/3, if sooner): a renewal is also
+# how the holder learns it still reaches the database.
+RENEW_EVERY_S = 1.5
+# Renewals failing (or hanging) this long make the holder give its run up (``lost``):
+# cut off from the database, its host's own heartbeat fails too, and after
+# ALIVE_WINDOW_S another host takes the group; the run's container must be
+# stopped before that host's starts on the same workspace.
+UNSURE_AFTER_S = ALIVE_WINDOW_S / 2
+
+
 class Heartbeat:
-    """Renews a lease every ``ttl/3`` seconds (waited on ``clock``) until stopped;
-    each renewal sets the expiry from the database's now."""
+    """Renews a lease every ``min(ttl/3, RENEW_EVERY_S)`` seconds (waited on ``clock``)
+    until stopped; each renewal sets the expiry from the database's now.
+
+    ``lost`` is set when another holder has the lease, or when no renewal has
+    succeeded for :data:`UNSURE_AFTER_S` (real) seconds: a guard thread of its
+    own sees that even while a renewal hangs on a database that is away.
+    """
 
     def __init__(
         self, db: Database, chat_jid: str, owner: str, ttl_s: float, *, clock: Clock = SYSTEM_CLOCK,
@@ -182,21 +198,37 @@ class Heartbeat:
         self._clock = clock
         self._stop = threading.Event()
         self.lost = threading.Event()
+        self._renewed = time.monotonic()  # the lease was just taken
         self._thread = threading.Thread(target=self._beat, name=f"lease-{chat_jid}", daemon=True)
+        self._guard = threading.Thread(target=self._watch, name=f"lease-guard-{chat_jid}", daemon=True)
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
+        self._guard.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        self._guard.join()
+        # A renewal hanging on a database that is away must not hold the run's end:
+        # the thread is a daemon, and its late answer changes nothing.
+        self._thread.join(timeout=UNSURE_AFTER_S)
 
     def _beat(self) -> None:
-        while not self._clock.wait(self._stop, self._ttl / 3):
+        while not self._clock.wait(self._stop, min(self._ttl / 3, RENEW_EVERY_S)):
             try:
                 if not renew(self._db, self._jid, self._owner, self._ttl):
                     self.lost.set()
                     return
+                self._renewed = time.monotonic()
             except Exception:  # noqa: BLE001 - a transient DB error: try again next beat
                 log.warning("could not renew the lease of %s; trying again next beat", self._jid, exc_info=True)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            silent = time.monotonic() - self._renewed
+            if silent > UNSURE_AFTER_S:
+                log.error("the lease of %s was not renewed for %.1fs (the database is away?): giving the run up "
+                          "before another host may take the group", self._jid, silent)
+                self.lost.set()
+                return
