@@ -25,9 +25,12 @@ The workspace is hostile (everything the agent left there is), so the copy
 (``sandbox/hostile_fs.py``): a symlink is copied as the link it is, never
 followed (inside the container it points where it pointed in the run); FIFOs,
 sockets and devices are skipped, named in the replay's record; files are
-opened non-blocking and read at most to the copy's byte bound.  A workspace
-over ``ORCHESTRATOR_REPLAY_MAX_BYTES`` or ``ORCHESTRATOR_REPLAY_MAX_FILES``
-is refused rather than copied in part.
+opened non-blocking and read at most to the copy's byte bound.  Each folder is
+read as it is copied, never listed whole (a folder can hold millions of hard
+links at no inode cost), and every entry met counts toward
+``ORCHESTRATOR_REPLAY_MAX_FILES``, skipped ones too.  A workspace over
+``ORCHESTRATOR_REPLAY_MAX_BYTES`` or ``ORCHESTRATOR_REPLAY_MAX_FILES`` is
+refused rather than copied in part.
 
 ``orchestrator/run/run_diff.py`` sets any two runs side by side.
 """
@@ -92,6 +95,8 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20
+# Skipped entries named in a copy's report (the rest only counted).
+SKIPPED_KEPT = 100
 
 
 # -- the scratch copy ------------------------------------------------------------------
@@ -99,28 +104,42 @@ _CHUNK = 1 << 20
 
 @dataclass
 class CopyReport:
-    """What :func:`copy_workspace` copied, and what it left out (relative paths, with why)."""
+    """What :func:`copy_workspace` copied, and what it left out (relative paths, with why:
+    the first :data:`SKIPPED_KEPT`, all of them counted in ``skipped_count``)."""
 
     files: int = 0
     folders: int = 0
     symlinks: int = 0
     bytes: int = 0
     skipped: list[str] = field(default_factory=list)
+    skipped_count: int = 0
+    seen: int = 0  # every entry met, copied or not: what ORCHESTRATOR_REPLAY_MAX_FILES bounds
 
     @property
     def entries(self) -> int:
         return self.files + self.folders + self.symlinks
 
+    def skip(self, why: str) -> None:
+        self.skipped_count += 1
+        if len(self.skipped) < SKIPPED_KEPT:
+            self.skipped.append(why)
+
     def as_json(self) -> dict[str, Any]:
         return {"files": self.files, "folders": self.folders, "symlinks": self.symlinks, "bytes": self.bytes,
-                "skipped": self.skipped[:100], "skipped_count": len(self.skipped)}
+                "skipped": self.skipped[:SKIPPED_KEPT], "skipped_count": self.skipped_count}
 
 
 def copy_workspace(source: Path, dest: Path, *, max_bytes: int, max_files: int) -> CopyReport:
     """Copy the hostile folder ``source`` to the new folder ``dest``, bounded (see the module's doc).
 
-    Raises :class:`ReplayRefused` past ``max_bytes`` or ``max_files`` (``dest`` is left
-    for the caller to remove).  A ``source`` that does not exist copies as an empty folder.
+    Raises :class:`ReplayRefused` past ``max_bytes`` bytes or ``max_files`` entries (every
+    entry met counts, a FIFO, socket or device it skips too; ``dest`` is left for the
+    caller to remove).  A ``source`` that does not exist copies as an empty folder.
+
+    Depth first, each folder read as it is copied (never listed whole): one listing and
+    three descriptors a level (the source, its listing, the copy), at most ``MAX_DEPTH``
+    levels (deeper folders are skipped, named in the report), so memory and descriptors
+    stay flat however many names a folder holds.
     """
     report = CopyReport()
     dest.mkdir(parents=True, exist_ok=False)
@@ -134,66 +153,83 @@ def copy_workspace(source: Path, dest: Path, *, max_bytes: int, max_files: int) 
 def _copy_folder(src: int, dst: int, where: str, depth: int, report: CopyReport, max_bytes: int,
                  max_files: int) -> None:
     if depth > MAX_DEPTH:
-        report.skipped.append(f"{where}: more than {MAX_DEPTH} levels deep")
+        report.skip(f"{where}: more than {MAX_DEPTH} levels deep")
         return
     with os.scandir(src) as it:
-        entries = list(it)
-    for entry in entries:
-        name = entry.name
-        path = f"{where}{name}"
-        if report.entries + 1 > max_files:
-            raise ReplayRefused(f"the workspace holds more than {max_files} entries "
-                                "(ORCHESTRATOR_REPLAY_MAX_FILES); nothing was replayed")
+        for entry in it:  # read as it is copied: never the whole listing in memory
+            _copy_entry(entry, src, dst, where, depth, report, max_bytes, max_files)
+
+
+def _copy_entry(entry: os.DirEntry[str], src: int, dst: int, where: str, depth: int, report: CopyReport,
+                max_bytes: int, max_files: int) -> None:
+    name = entry.name
+    path = f"{where}{name}"
+    report.seen += 1
+    if report.seen > max_files:
+        raise ReplayRefused(f"the workspace holds more than {max_files} entries "
+                            "(ORCHESTRATOR_REPLAY_MAX_FILES); nothing was replayed")
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except OSError:
+        return  # gone since the listing
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
         try:
-            st = entry.stat(follow_symlinks=False)
+            target = os.readlink(name, dir_fd=src)
         except OSError:
-            continue  # gone since the listing
-        mode = st.st_mode
-        if stat.S_ISLNK(mode):
-            try:
-                target = os.readlink(name, dir_fd=src)
-            except OSError:
-                continue
+            return
+        try:
             os.symlink(target, name, dir_fd=dst)  # the link itself, never what it names
-            report.symlinks += 1
-        elif stat.S_ISDIR(mode):
-            try:
-                child = os.open(name, _DIR_FLAGS, dir_fd=src)  # swapped for a symlink since: refused
-            except OSError:
-                report.skipped.append(f"{path}/: changed while it was copied")
-                continue
+        except FileExistsError:
+            report.skip(f"{path}: changed while it was copied")
+            return
+        report.symlinks += 1
+    elif stat.S_ISDIR(mode):
+        try:
+            child = os.open(name, _DIR_FLAGS, dir_fd=src)  # swapped for a symlink since: refused
+        except OSError:
+            report.skip(f"{path}/: changed while it was copied")
+            return
+        try:
             try:
                 os.mkdir(name, 0o755, dir_fd=dst)
-                made = os.open(name, _DIR_FLAGS, dir_fd=dst)
-                report.folders += 1
-                try:
-                    _copy_folder(child, made, f"{path}/", depth + 1, report, max_bytes, max_files)
-                finally:
-                    os.close(made)
+            except FileExistsError:  # met twice: the folder changed while it was read
+                report.skip(f"{path}/: changed while it was copied")
+                return
+            made = os.open(name, _DIR_FLAGS, dir_fd=dst)
+            report.folders += 1
+            try:
+                _copy_folder(child, made, f"{path}/", depth + 1, report, max_bytes, max_files)
             finally:
-                os.close(child)
-        elif stat.S_ISREG(mode):
-            _copy_file(src, dst, name, path, report, max_bytes)
-        else:
-            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device")
-            report.skipped.append(f"{path}: {kind}, not copied")
+                os.close(made)
+        finally:
+            os.close(child)
+    elif stat.S_ISREG(mode):
+        _copy_file(src, dst, name, path, report, max_bytes)
+    else:
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device")
+        report.skip(f"{path}: {kind}, not copied")
 
 
 def _copy_file(src: int, dst: int, name: str, path: str, report: CopyReport, max_bytes: int) -> None:
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=src)
     except OSError:
-        report.skipped.append(f"{path}: changed while it was copied")
+        report.skip(f"{path}: changed while it was copied")
         return
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):  # swapped since the listing
-            report.skipped.append(f"{path}: not a regular file when opened")
+            report.skip(f"{path}: not a regular file when opened")
             return
         left = max_bytes - report.bytes
         if st.st_size > left:
             raise ReplayRefused(_too_big(max_bytes))
-        out = os.open(name, _NEW_FILE_FLAGS, st.st_mode & 0o777, dir_fd=dst)
+        try:
+            out = os.open(name, _NEW_FILE_FLAGS, st.st_mode & 0o777, dir_fd=dst)
+        except FileExistsError:  # met twice: the folder changed while it was read
+            report.skip(f"{path}: changed while it was copied")
+            return
         try:
             while True:
                 # A file that grows while it is read still stops at the bound.

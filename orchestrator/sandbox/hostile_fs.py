@@ -17,6 +17,12 @@ reads are bounded.  Ownership changes go through the same descriptors with
 ``follow_symlinks=False``; a socket there is connected to through a
 descriptor of the entry itself (``connect_unix``).
 
+A walk over a whole folder (``chown_tree``) is bounded too: a folder can hold
+millions of names at no inode cost (hard links), so no folder is ever listed
+whole; it is read as it is walked, one open listing per level, and the walk
+stops with an error past :data:`MAX_WALK_ENTRIES` entries or
+:data:`MAX_WALK_DEPTH` levels (which bounds its descriptors).
+
 Every function raises :class:`~orchestrator.core.errors.HostileEntry` (naming
 the path and why) for what it refuses.
 """
@@ -38,6 +44,14 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 # A path deeper than this is refused rather than walked.
 MAX_DEPTH = 64
+# The bounds of a walk over a whole folder (chown_tree), as the quota's measure
+# (sandbox/quota.py: MAX_ENTRIES, MAX_DEPTH) has them: what it cannot measure is
+# not handed over either.  Names cost folder space, not inodes (a hard link is a
+# name), so the entries are capped, not the files; the depth bounds the
+# descriptors a walk holds (two a level: the folder's and its listing's).
+MAX_WALK_ENTRIES = 1_000_000
+MAX_WALK_DEPTH = 128
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 
 
 def _components(relative: str) -> list[str]:
@@ -210,43 +224,92 @@ def make_dirs(folder: Path, relative: str) -> None:
         os.close(_open_dirs(root, parts, relative, create=True))
 
 
-def chown_tree(folder: Path, uid: int, gid: int) -> int:
+def chown_tree(folder: Path, uid: int, gid: int, *, max_entries: int | None = None,
+               max_depth: int | None = None) -> int:
     """lchown ``folder`` and everything below it to ``uid:gid``, touching only
     entries that are not theirs yet (a chown to the same owner still writes the
     inode).  Walks by descriptor: a folder swapped for a symlink mid-walk is
-    skipped, never followed.  Returns how many entries changed owner."""
+    skipped, never followed.  Returns how many entries changed owner.
+
+    Bounded (see :data:`MAX_WALK_ENTRIES`, :data:`MAX_WALK_DEPTH`): each folder is
+    read lazily, depth first, with one descriptor and one listing open per level,
+    so memory and descriptors stay flat however many names a folder holds.  Past
+    ``max_entries`` entries or ``max_depth`` levels it raises :class:`HostileEntry`
+    (naming the bound): a workspace the host cannot hand over whole fails the run
+    (the entry cap also ends a walk a live container keeps feeding new names).
+    Out of descriptors or memory it raises that ``OSError`` rather than skip on."""
+    max_entries = MAX_WALK_ENTRIES if max_entries is None else max_entries
+    max_depth = MAX_WALK_DEPTH if max_depth is None else max_depth
     changed = 0
+    seen = 0
     try:
         root = open_root(folder)
     except HostileEntry:
         return 0
-    stack = [root]
     try:
         st = os.fstat(root)
         if (st.st_uid, st.st_gid) != (uid, gid):
             os.fchown(root, uid, gid)
             changed += 1
-        while stack:
-            fd = stack.pop()
+    except BaseException:
+        os.close(root)
+        raise
+    try:
+        listing = os.scandir(root)
+    except OSError:
+        os.close(root)
+        return changed
+    # (descriptor, its listing) of each folder on the way down: a folder is read
+    # as it is walked, never listed whole; popped (and closed) when read out.
+    frames: list[tuple[int, Iterator[os.DirEntry[str]]]] = [(root, listing)]
+    try:
+        while frames:
+            fd, entries = frames[-1]
             try:
-                with os.scandir(fd) as it:
-                    entries = list(it)
-                for entry in entries:
-                    try:
-                        est = entry.stat(follow_symlinks=False)
-                        if (est.st_uid, est.st_gid) != (uid, gid):
-                            os.chown(entry.name, uid, gid, dir_fd=fd, follow_symlinks=False)
-                            changed += 1
-                        if stat.S_ISDIR(est.st_mode):
-                            # O_NOFOLLOW: if it became a symlink since the stat, this fails.
-                            stack.append(os.open(entry.name, _DIR_FLAGS, dir_fd=fd))
-                    except OSError:
-                        continue
+                entry = next(entries, None)
             except OSError:
-                pass
-            finally:
-                os.close(fd)
+                entry = None  # the folder went unreadable mid-listing: as one that could not be opened
+            if entry is None:
+                frames.pop()
+                _close_frame(fd, entries)
+                continue
+            seen += 1
+            if seen > max_entries:
+                raise HostileEntry(str(folder), f"holds more than {max_entries} entries "
+                                   "(hostile_fs.MAX_WALK_ENTRIES); not handed to the container's user")
+            try:
+                est = entry.stat(follow_symlinks=False)
+                if (est.st_uid, est.st_gid) != (uid, gid):
+                    os.chown(entry.name, uid, gid, dir_fd=fd, follow_symlinks=False)
+                    changed += 1
+                if not stat.S_ISDIR(est.st_mode):
+                    continue
+            except OSError:
+                continue  # gone or swapped since the listing
+            if len(frames) > max_depth:  # this folder would be level len(frames)
+                raise HostileEntry(str(folder), f"folders nested deeper than {max_depth} levels "
+                                   "(hostile_fs.MAX_WALK_DEPTH); not handed to the container's user")
+            try:
+                # O_NOFOLLOW: if it became a symlink since the stat, this fails.
+                sub = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in _OUT_OF_RESOURCES:
+                    raise  # the host's shortage: skipping on would hand over part of the folder
+                continue
+            try:
+                frames.append((sub, os.scandir(sub)))
+            except OSError as exc:
+                os.close(sub)
+                if exc.errno in _OUT_OF_RESOURCES:
+                    raise
     finally:
-        for fd in stack:
-            os.close(fd)
+        for fd, entries in reversed(frames):
+            _close_frame(fd, entries)
     return changed
+
+
+def _close_frame(fd: int, entries: Iterator[os.DirEntry[str]]) -> None:
+    close = getattr(entries, "close", None)
+    if close is not None:
+        close()
+    os.close(fd)

@@ -3,13 +3,20 @@ never a FIFO, bounded reads, even while something swaps entries under us."""
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import threading
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from orchestrator.core.errors import HostileEntry
+from orchestrator.sandbox import hostile_fs
+from orchestrator.sandbox.containers import prepare_folder
 from orchestrator.sandbox.hostile_fs import chown_tree, connect_unix, make_dirs, read_regular, remove_entry
 
 
@@ -117,6 +124,147 @@ def test_chown_tree_never_follows_a_link(tmp_path: Path) -> None:
     for p in (outside, outside / "host.txt"):
         assert os.lstat(p).st_uid == 0, p
     assert chown_tree(ws, 1000, 1000) == 0
+
+
+def _traced_peak(fn: Callable[[], object]) -> int:
+    """The peak of the Python heap while ``fn`` runs, above where it started."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        start = tracemalloc.get_traced_memory()[0]
+        fn()
+        return tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+
+
+def _hard_links(folder: Path, n: int) -> None:
+    """``n`` names of a few files in ``folder`` (ext4 allows 65,000 links an inode)."""
+    folder.mkdir()
+    for j in range(n // 50_000 + 1):
+        (folder / f"src{j}").write_bytes(b"")
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(n):
+            os.link(f"src{i // 50_000}", f"l{i:07d}", src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _count_open_fds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """[the descriptors open now, the most open since]: counted after every os.open and os.scandir."""
+    count = [len(os.listdir("/proc/self/fd"))] * 2
+    real_open, real_scandir = os.open, os.scandir
+
+    def counting_open(*args: Any, **kwargs: Any) -> int:
+        fd = real_open(*args, **kwargs)
+        count[1] = max(count[1], len(os.listdir("/proc/self/fd")))
+        return fd
+
+    def counting_scandir(*args: Any, **kwargs: Any) -> Any:
+        it = real_scandir(*args, **kwargs)
+        count[1] = max(count[1], len(os.listdir("/proc/self/fd")))
+        return it
+
+    monkeypatch.setattr(os, "open", counting_open)
+    monkeypatch.setattr(os, "scandir", counting_scandir)
+    return count
+
+
+def test_chown_tree_walks_a_folder_of_many_hard_links_in_flat_memory(tmp_path: Path) -> None:
+    """Names cost folder space, not inodes: a 2 GiB workspace holds tens of millions of hard
+    links.  The walk reads the folder as it goes; listing it whole (as it did) costs memory
+    in proportion, measured here as the baseline."""
+    ws = tmp_path / "ws"
+    _hard_links(ws, 100_000)
+    try:
+        def listed() -> None:
+            with os.scandir(ws) as it:
+                entries = list(it)
+            assert len(entries) == 100_003
+
+        listing = _traced_peak(listed)
+        st = os.lstat(ws)
+        walk = _traced_peak(lambda: chown_tree(ws, st.st_uid, st.st_gid))  # the owner it has: a pure walk
+        assert listing > 10_000_000  # ~140 bytes an entry
+        assert walk < listing / 50, (walk, listing)
+    finally:
+        shutil.rmtree(ws)
+
+
+def test_chown_tree_holds_two_descriptors_a_level_however_wide(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Depth first with one open folder and listing per level: a wide tree costs no more
+    descriptors than its depth (it pushed one for every subfolder: 300 here, and past the
+    soft limit of 1024 the rest were skipped silently)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for i in range(300):
+        (ws / f"w{i}").mkdir()
+        (ws / f"w{i}" / "f").write_bytes(b"x")
+    deep = ws.joinpath(*["d"] * 40)
+    deep.mkdir(parents=True)
+    (deep / "bottom").write_bytes(b"x")
+    st = os.lstat(ws)
+    count = _count_open_fds(monkeypatch)
+    chown_tree(ws, st.st_uid, st.st_gid)
+    assert count[1] - count[0] <= 2 * (40 + 1), count
+    monkeypatch.undo()
+    if os.getuid() == 0:  # and everything, to the bottom, was handed over
+        assert chown_tree(ws, 1000, 1000) == 1 + 600 + 40 + 1
+        assert os.lstat(deep / "bottom").st_uid == 1000
+
+
+def test_chown_tree_out_of_descriptors_fails_rather_than_skips(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A subfolder it cannot open for want of descriptors is not skipped (as it was, in
+    silence): the folder would be handed over in part."""
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    real_open = os.open
+
+    def no_more(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        if dir_fd is not None:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", no_more)
+    st = os.lstat(ws)
+    with pytest.raises(OSError) as exc:
+        chown_tree(ws, st.st_uid, st.st_gid)
+    assert exc.value.errno == errno.EMFILE
+
+
+def test_chown_tree_refuses_a_folder_past_its_entry_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workspace it cannot walk whole is not handed over in part: the run fails, naming the bound."""
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    for i in range(49):
+        (ws / "sub" / f"f{i}").write_bytes(b"")
+    monkeypatch.setattr(hostile_fs, "MAX_WALK_ENTRIES", 50)
+    st = os.lstat(ws)
+    assert chown_tree(ws, st.st_uid, st.st_gid) == 0  # 50 entries: within
+    (ws / "one-more").write_bytes(b"")
+    with pytest.raises(HostileEntry) as exc:
+        chown_tree(ws, st.st_uid, st.st_gid)
+    assert "more than 50 entries (hostile_fs.MAX_WALK_ENTRIES)" in str(exc.value)
+    if os.getuid() == 0:  # the container's user is not handed it: the cold run fails with that
+        with pytest.raises(HostileEntry, match="MAX_WALK_ENTRIES"):
+            prepare_folder(ws)
+
+
+def test_chown_tree_refuses_a_tree_deeper_than_its_depth_cap(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    levels = hostile_fs.MAX_WALK_DEPTH
+    ws.joinpath(*["d"] * levels).mkdir(parents=True)
+    st = os.lstat(ws)
+    chown_tree(ws, st.st_uid, st.st_gid)  # as deep as allowed
+    ws.joinpath(*["d"] * (levels + 1)).mkdir()
+    with pytest.raises(HostileEntry) as exc:
+        chown_tree(ws, st.st_uid, st.st_gid)
+    assert f"deeper than {levels} levels (hostile_fs.MAX_WALK_DEPTH)" in str(exc.value)
 
 
 def test_connect_unix_reaches_a_socket_and_never_a_link(tmp_path: Path) -> None:

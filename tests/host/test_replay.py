@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -36,12 +38,13 @@ from typer.testing import CliRunner
 from orchestrator.core.errors import ConfigError, ReplayRefused
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
+from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.root import Orchestrator
 from orchestrator.run.assembly import stored_input
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
-from orchestrator.run.replay import copy_workspace, create_replay, execute_replay
+from orchestrator.run.replay import SKIPPED_KEPT, copy_workspace, create_replay, execute_replay
 from orchestrator.run.run_diff import diff_runs
 from orchestrator.run.sweeper import recover_group, sweep
 from orchestrator.store.db import Database
@@ -149,6 +152,71 @@ def test_a_huge_file_or_too_many_files_is_refused(tmp_path: Path) -> None:
         (many / f"f{i}").write_text("x")
     refused = _copy(many, tmp_path / "s2", max_files=50)
     assert isinstance(refused, ReplayRefused) and "ORCHESTRATOR_REPLAY_MAX_FILES" in str(refused)
+
+
+def test_fifos_sockets_and_links_count_toward_the_cap(tmp_path: Path) -> None:
+    """Every entry met counts toward ORCHESTRATOR_REPLAY_MAX_FILES, skipped or not: a
+    workspace of FIFOs and sockets (they did not count) is refused, not walked without end."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.mkfifo(ws / "pipe")
+    for i in range(30):
+        os.link(ws / "pipe", ws / f"pipe{i}")  # a name, no inode: as many as the folder holds
+    for i in range(15):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(ws / f"s{i}.sock"))
+        sock.close()  # the socket file stays
+    for i in range(4):
+        (ws / f"link{i}").symlink_to("/dev/null")
+    # 50 entries: within a cap of 50, every skipped one counted, the first SKIPPED_KEPT named.
+    report = _copy(ws, tmp_path / "s1", max_files=50)
+    assert not isinstance(report, BaseException), report
+    assert (report.skipped_count, report.symlinks, len(report.skipped)) == (46, 4, 46)  # type: ignore[attr-defined]
+    (ws / "one-more").symlink_to("/dev/null")
+    refused = _copy(ws, tmp_path / "s2", max_files=50)
+    assert isinstance(refused, ReplayRefused) and "more than 50 entries (ORCHESTRATOR_REPLAY_MAX_FILES)" in str(refused)
+
+    many = tmp_path / "many"
+    many.mkdir()
+    os.mkfifo(many / "pipe")
+    for i in range(SKIPPED_KEPT + 50):
+        os.link(many / "pipe", many / f"p{i}")
+    report = _copy(many, tmp_path / "s3")
+    assert not isinstance(report, BaseException), report
+    assert report.skipped_count == SKIPPED_KEPT + 51 and len(report.skipped) == SKIPPED_KEPT  # type: ignore[attr-defined]
+    assert report.as_json()["skipped_count"] == SKIPPED_KEPT + 51  # type: ignore[attr-defined]
+
+
+def test_the_copy_refuses_a_huge_folder_without_listing_it(tmp_path: Path) -> None:
+    """A folder of 100,000 hard links to FIFOs (no inode each, nothing copied): the copy
+    reads it as it goes and stops at its cap; listing it whole (as it did) costs memory in
+    proportion, measured here as the baseline."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.mkfifo(ws / "pipe0")
+    os.mkfifo(ws / "pipe1")  # ext4 allows 65,000 links an inode
+    fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(100_000):
+            os.link(f"pipe{i % 2}", f"p{i:06d}", src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+    tracemalloc.start()
+    try:
+        with os.scandir(ws) as it:
+            entries = list(it)
+        listing = tracemalloc.get_traced_memory()[1]
+        del entries
+        tracemalloc.reset_peak()
+        start = tracemalloc.get_traced_memory()[0]
+        refused = _copy(ws, tmp_path / "scratch", max_files=1000)
+        copy = tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+        shutil.rmtree(ws)
+    assert isinstance(refused, ReplayRefused) and "ORCHESTRATOR_REPLAY_MAX_FILES" in str(refused)
+    assert listing > 10_000_000  # ~140 bytes an entry
+    assert copy < listing / 50, (copy, listing)
 
 
 # -- replays ---------------------------------------------------------------------------------
@@ -364,7 +432,7 @@ def test_the_api_queues_a_replay_and_diffs_runs(settings: Settings, db: Database
     root = Orchestrator(settings)
     sent: list[tuple[str, str]] = []
     root.signals.replay = lambda run_id, chat_jid: sent.append((run_id, chat_jid)) or "task"  # type: ignore[method-assign]
-    client = TestClient(create_app(root))
+    client = TestClient(create_app(root), headers={CLIENT_HEADER: "tests"})
     r = client.post(f"/api/runs/{original}/replay", json={"model": "openai:gpt-test"})
     assert r.status_code == 202, r.text
     made = r.json()
