@@ -90,6 +90,7 @@ from orchestrator.sandbox.standby import (
 from orchestrator.sandbox.standby import eligible as standby_eligible
 from orchestrator.sandbox.standby import unavailable_reason as standby_unavailable
 from orchestrator.store.db import Database
+from orchestrator.store.hosts import gone_for
 from orchestrator.store.placement import moved_away
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,10 @@ STARTUP_TIMEOUT_S = 20.0
 CONNECT_ATTEMPTS = 2
 # Bumped when the mounts of a warm container change: older ones are replaced.
 WARM_LAYOUT = 3
+# How often one process looks for dead hosts' containers on its engine (WarmPool.tend,
+# every host heartbeat beat, calls it): host id -> when it last looked (monotonic).
+REAP_EVERY_S = 15.0
+_reaped_at: dict[str, float] = {}
 # The runner's log lines a run's end reads back (Docker splits longer lines at 16 KiB).
 LOG_TAIL_LINES = 200
 # The cap sized by memory: an idle warm container may hold up to its memory
@@ -343,6 +348,7 @@ class WarmPool:
         that.  The host heartbeat's counting thread calls it every beat, so a group
         that moved leaves no idle container behind on its old host; one Docker list,
         and a database read only when there are warm containers."""
+        self.remove_dead_hosts_containers(db)
         running = self._running()
         folders = sorted({self._folder_of(c) or "" for c in running} - {""})
         gone = set(moved_away(db, self.host_id, folders))
@@ -370,6 +376,31 @@ class WarmPool:
             except (SandboxError, DockerException, OSError) as exc:
                 log.warning("could not refill the standby sandboxes: %s", exc)
         return len(running) - stopped
+
+    def remove_dead_hosts_containers(self, db: Database) -> int:
+        """Remove the warm and standby containers on this engine of hosts that have not
+        beaten for ``ORCHESTRATOR_DEAD_HOST_CONTAINERS_S`` (a worker SIGKILLed for good
+        leaves them running: its groups moved, and nobody else tends them).  Looked at at
+        most every :data:`REAP_EVERY_S` per process: one Docker list, and a database read
+        only when another host's containers are there.  Returns how many were removed."""
+        after = self.settings.dead_host_containers_s
+        now = time.monotonic()
+        if after <= 0 or now - _reaped_at.get(self.host_id, -REAP_EVERY_S) < REAP_EVERY_S:
+            return 0
+        _reaped_at[self.host_id] = now
+        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}", LABEL_HOST]
+        foreign = [c for c in list_containers(self.client, all=True, filters={"label": labels}, sparse=True)
+                   if labels_of(c).get(LABEL_HOST) not in (None, self.host_id)]
+        gone = gone_for(db, {labels_of(c)[LABEL_HOST] for c in foreign}, after)
+        removed = 0
+        for c in foreign:
+            host = labels_of(c)[LABEL_HOST]
+            if host in gone:
+                log.warning("removing container %s of host %s, which has not beaten for %.0fs or more",
+                            name_of(c), host, after)
+                self.discard(c)
+                removed += 1
+        return removed
 
     def start(self, spec: ContainerSpec, payload: bytes) -> WarmRun:
         idle = self.settings.warm_idle_s

@@ -349,6 +349,21 @@ def list_hosts(db: Database, *, window_s: float = ALIVE_WINDOW_S) -> list[Host]:
     return hosts
 
 
+def gone_for(db: Database, host_ids: set[str], seconds: float) -> set[str]:
+    """Those of ``host_ids`` that have not beaten for ``seconds`` or more (by the database's
+    clock), stopped ones and ids with no row at all included: hosts whose containers
+    nobody will tend any more."""
+    if not host_ids:
+        return set()
+    with db.read() as session:
+        rows = session.execute(
+            select(HostRow.host_id, HostRow.state, _age_s(db, HostRow.heartbeat_at))
+            .where(HostRow.host_id.in_(sorted(host_ids)))
+        ).all()
+    beating = {host_id for host_id, state, age in rows if state != "stopped" and float(age) < seconds}
+    return host_ids - beating
+
+
 def get_host(db: Database, host_id: str, *, window_s: float = ALIVE_WINDOW_S) -> Host | None:
     return next((h for h in list_hosts(db, window_s=window_s) if h.host_id == host_id), None)
 

@@ -246,3 +246,43 @@ def test_an_adopted_standby_reaches_the_model_through_the_groups_gateway(pool: P
     assert outcome.run.container_id == standby
     assert "via-standby" in output and len(fake.calls) == 2
     assert all(c.headers.get("x-api-key") == "sk-standby-1" for c in fake.calls)  # the key stayed on the host
+
+
+def test_a_dead_hosts_warm_and_standby_containers_are_removed_by_a_live_host(pool: Pool) -> None:
+    """A worker SIGKILLed for good left its standby and warm containers running forever:
+    no other host tended them.  Any live host on the same engine removes them once the
+    dead host has not beaten for ORCHESTRATOR_DEAD_HOST_CONTAINERS_S, and not before."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from orchestrator.sandbox import warm as warm_module
+    from orchestrator.store import hosts
+    from orchestrator.store.tables import HostRow
+
+    pool.fill(1)
+    pool.ask(ALPHA, "echo hi")  # alpha takes the standby container: now its warm one
+    pool.fill(1)  # and the pool is refilled
+    dead_host = pool.settings.effective_host_id
+    mine = {str(c.id) for c in list_containers(pool.warm.client, all=True, filters={"label": [
+        f"orchestrator.install={pool.settings.install_id}", f"orchestrator.host={dead_host}"]})}
+    assert len(mine) == 2, mine
+    hosts.register(pool.db, host_id=dead_host, instance="gone", version="test", concurrency=1)
+
+    def silent_for(seconds: float) -> None:
+        with pool.db.write() as session:
+            session.execute(update(HostRow).where(HostRow.host_id == dead_host).values(
+                heartbeat_at=hosts.database_now(pool.db) - timedelta(seconds=seconds)))
+        warm_module._reaped_at.clear()  # looked at again at once, not REAP_EVERY_S later
+
+    live = Settings.load(data_dir=pool.settings.data_dir, agent_image=pool.settings.agent_image, warm_idle_s=120,
+                         standby=0, host_id="live-host", dead_host_containers_s=60, env_file=None)
+    other = WarmPool(live, pool.warm.client)
+    silent_for(30)  # dead to the fleet (past the 9 s window), not yet for its containers
+    assert other.remove_dead_hosts_containers(pool.db) == 0
+    silent_for(90)
+    assert other.remove_dead_hosts_containers(pool.db) == 2
+    left = {str(c.id) for c in list_containers(pool.warm.client, all=True, filters={"label": [
+        f"orchestrator.install={pool.settings.install_id}"]})}
+    assert not left & mine, left & mine
+    assert not pool.warm.standby.containers(any_host=True, running_only=False)
