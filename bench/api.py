@@ -88,6 +88,7 @@ def post_message(content: str) -> bytes:
     body = json.dumps({"chat_jid": JID, "sender": "bench", "content": content}).encode()
     return (
         b"POST /api/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"X-Orchestrator-Client: bench\r\n"  # an API without a token refuses a change without it
         b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
     )
 
@@ -194,6 +195,7 @@ class Server:
         # rest find it busy), made through the API so that a baseline checkout makes it its way.
         body = json.dumps({"chat_jid": JID, "name": "main", "folder": "main", "is_main": True}).encode()
         request = b"POST /api/groups HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        request += b"X-Orchestrator-Client: bench\r\n"
         request += b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
         client = Client(self.port)
         status, answer = client.call(request)

@@ -79,6 +79,7 @@ from orchestrator.channels.webhook import CHANNEL, DELIVERY_HEADER
 from orchestrator.cli.supervisor import api_argv, worker_argv
 from orchestrator.core.logs import write_dict_config
 from orchestrator.core.settings import Settings
+from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.model.messages import SENDER_BOT
 from orchestrator.model.render import displayed
 from orchestrator.sandbox.containers import docker_client
@@ -93,6 +94,8 @@ SECRET = "bench-soak-secret"  # outbound webhooks are signed with it; the receiv
 REPLY_TIMEOUT_S = 180.0  # a conversation's reply; past it the message counts as unanswered
 SETTLE_S = 180.0  # after the traffic stops: runs and deliveries must be done within it
 TIMEOUT = httpx.Timeout(30.0)
+# What this API's clients send with a change while no token is set (orchestrator/http/guards.py).
+CLIENT = {CLIENT_HEADER: "bench"}
 
 
 def jid(g: int) -> str:
@@ -179,7 +182,7 @@ class Traffic:
 
     def _conversation(self, g: int) -> None:
         chat = jid(g)
-        with httpx.Client(base_url=self.base, timeout=TIMEOUT) as client:
+        with httpx.Client(base_url=self.base, timeout=TIMEOUT, headers=CLIENT) as client:
             i = 0
             while not self.done.is_set():
                 mid = f"soak-t-{g}-{i}-{uuid.uuid4().hex[:8]}"
@@ -209,7 +212,7 @@ class Traffic:
 
     def _chatter(self, c: int) -> None:
         rng = random.Random(c)
-        with httpx.Client(base_url=self.base, timeout=TIMEOUT) as client:
+        with httpx.Client(base_url=self.base, timeout=TIMEOUT, headers=CLIENT) as client:
             while not self.done.is_set():
                 chat = jid(rng.randrange(self.groups))
                 roll = rng.random()

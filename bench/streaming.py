@@ -56,6 +56,7 @@ from bench.common import (
 )
 from orchestrator.cli.supervisor import worker_argv
 from orchestrator.core.settings import Settings
+from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.sandbox.containers import docker_client
 from orchestrator.sandbox.image import ensure_agent_image
 from orchestrator.store.groups import ensure_main_group
@@ -182,7 +183,8 @@ def measure(data_dir: Path, image: str, extra: Extra, args: argparse.Namespace) 
                     for i in range(args.runs + 1):
                         t0 = time.monotonic()
                         posted = httpx.post(
-                            f"{api}/api/messages", json={"chat_jid": CHAT, "sender": "bench", "content": f"talk {i}"}
+                            f"{api}/api/messages", json={"chat_jid": CHAT, "sender": "bench", "content": f"talk {i}"},
+                            headers={CLIENT_HEADER: "bench"},
                         )
                         posted.raise_for_status()
 

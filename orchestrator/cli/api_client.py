@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from orchestrator.core.errors import OrchestratorError
-from orchestrator.http.endpoint import INSTALL_HEADER, Endpoint
+from orchestrator.http.endpoint import CLIENT_HEADER, INSTALL_HEADER, Endpoint
 
 
 class ApiUnreachable(OrchestratorError):
@@ -38,7 +38,8 @@ class ApiClient:
         self.endpoint = endpoint
         self._parts = parts
         self._timeout_s = timeout_s
-        self._headers = {"Accept": "application/json"}
+        # CLIENT_HEADER: what an API without a token asks of a change (no web page of another site sends it).
+        self._headers = {"Accept": "application/json", CLIENT_HEADER: "cli"}
         if endpoint.token:
             self._headers["Authorization"] = f"Bearer {endpoint.token}"
         if endpoint.install_id is not None:

@@ -13,7 +13,9 @@ OpenAPI document (``orchestrator/http/contract.py`` adds what all routes share;
 ``tests/host/test_api_contract.py`` holds the server to it).
 
 Every ``/api`` route takes ``Authorization: Bearer <ORCHESTRATOR_API_TOKEN>``
-when a token is set (compared in constant time; 401 otherwise).  Serving
+when a token is set (compared in constant time; 401 otherwise); without one
+(loopback only), a POST, PUT, PATCH or DELETE needs ``X-Orchestrator-Client``
+and no sign of another site's page (``orchestrator/http/guards.py``).  Serving
 beyond loopback without a token is refused at start-up
 (:func:`check_exposure`).  ``/health``, the page and its static files need no
 token (they hold no data).  ``GET /metrics`` (Prometheus' text format: what this
@@ -42,8 +44,8 @@ from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import MutableHeaders
 
-from orchestrator.channels.slack_inbound import add_slack_route
-from orchestrator.channels.webhook import add_inbound_route
+from orchestrator.channels.slack_inbound import EVENTS_PATH, add_slack_route
+from orchestrator.channels.webhook import INBOUND_PATH, add_inbound_route
 from orchestrator.core import heap, metrics
 from orchestrator.core.errors import (
     ChangeRefused,
@@ -718,9 +720,10 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     add_slack_route(api, db, settings, signal=signal, signal_delivery=signal_delivery,
                     max_chars=MAX_CONTENT_CHARS)
     _add_web_page(api)
-    # Added last, so it is the outermost of the app's own layers: Host, token and size
-    # are checked before any other middleware or route sees the request.
-    api.add_middleware(RequestGuard, settings=settings)
+    # Added last, so it is the outermost of the app's own layers: Host, cross-site requests,
+    # token and size are checked before any other middleware or route sees the request.  The
+    # signed routes check their own signatures: their senders are other systems, not pages.
+    api.add_middleware(RequestGuard, settings=settings, signed_paths=(INBOUND_PATH, EVENTS_PATH))
     return api
 
 

@@ -15,8 +15,9 @@ being repeated route by route:
   ``HTTPBearer``, so the document cannot list one without the other;
 * **403** and **413** on every operation: the request guard
   (``orchestrator/http/guards.py``) answers them before any route, for a
-  ``Host`` that is not this machine's while no token is set, and for a body
-  over ``ORCHESTRATOR_API_MAX_REQUEST_BYTES``;
+  ``Host`` that is not this machine's or a change requested without
+  ``X-Orchestrator-Client`` or from another site while no token is set, and
+  for a body over ``ORCHESTRATOR_API_MAX_REQUEST_BYTES``;
 * **503** (with ``Retry-After``) on every operation: the database cannot serve for now
   (PostgreSQL restarting or unreachable, SQLite's lock held elsewhere past
   ``ORCHESTRATOR_API_DB_WAIT_S``, a full disk); nothing was stored, and the same
@@ -73,7 +74,10 @@ class ErrorBody(BaseModel):
 
 BAD_INPUT = {"description": "bad input: `field` names the first offending field; nothing changed"}
 HOST_REFUSED = {"description": "no ORCHESTRATOR_API_TOKEN is set and the `Host` header is not a name of this "
-                               "machine (127.0.0.1, localhost, [::1], ORCHESTRATOR_API_ALLOWED_HOSTS): DNS rebinding"}
+                               "machine (127.0.0.1, localhost, [::1], ORCHESTRATOR_API_ALLOWED_HOSTS): DNS "
+                               "rebinding; or, for a POST, PUT, PATCH or DELETE without a token set, the request "
+                               "lacks `X-Orchestrator-Client` (any value) or comes from another site's page "
+                               "(`Sec-Fetch-Site: cross-site` or `same-site`, an `Origin` not this API's)"}
 TOO_LARGE = {"description": "the request body is larger than ORCHESTRATOR_API_MAX_REQUEST_BYTES (refused before "
                             "it is read)"}
 UNAVAILABLE = {

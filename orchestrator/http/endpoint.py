@@ -30,6 +30,10 @@ from orchestrator.core.settings import Settings
 
 ANNOUNCE_FILE = "api.json"
 INSTALL_HEADER = "X-Orchestrator-Install"
+# Sent by this project's clients (the CLI's, the web page's): while no API token is set, a
+# request that changes something must carry it (orchestrator/http/guards.py), which no HTML
+# form can and no script of another site can without a CORS preflight the API never grants.
+CLIENT_HEADER = "X-Orchestrator-Client"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,18 @@ like every other error answer:
   web page whose name an attacker points at 127.0.0.1 after it loaded (DNS
   rebinding) would be same-origin with the API in the victim's browser, and
   could post messages to the agent.
+* **Cross-site requests** (also only while no token is set): a request that
+  changes something (``POST``, ``PUT``, ``PATCH``, ``DELETE``) is refused (403)
+  when the browser says another site sent it (``Sec-Fetch-Site: cross-site``
+  or ``same-site``), when its ``Origin`` is not this API's own (scheme, name
+  and port of its ``Host``), and when it lacks :data:`CLIENT_HEADER`
+  (``X-Orchestrator-Client``, any value), which the CLI's client and the web
+  page send.  Without a token, any web page the operator visits could
+  otherwise post to the API on loopback: an HTML form, or a ``fetch`` with
+  a body of no JSON type (older FastAPI versions read it as JSON all the
+  same), goes without a CORS preflight; a custom header does not, and the API
+  grants none.  The signed routes (the inbound webhook, Slack's events) are
+  exempt: they carry their own signatures.
 * **Token** (``/api`` and ``/metrics`` while a token is set): checked here, in
   constant time, before the body is read and parsed (FastAPI reads and
   decodes a route's body before its dependencies run: an unauthenticated
@@ -31,8 +43,10 @@ import ipaddress
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from orchestrator.core.settings import Settings
+from orchestrator.http.endpoint import CLIENT_HEADER
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -57,7 +71,11 @@ def host_name(header: str) -> str:
 
 _LOCAL = frozenset({"localhost", "127.0.0.1", "::1"})  # the usual names, without parsing an address
 # The headers the guard reads (the others are not even decoded).
-_READ = frozenset({b"host", b"authorization", b"content-length", b"transfer-encoding"})
+_READ = frozenset({b"host", b"authorization", b"content-length", b"transfer-encoding", b"origin",
+                   b"sec-fetch-site", CLIENT_HEADER.lower().encode()})
+# The methods that change nothing; the others, without a token, must come from this API's clients.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def is_local_name(name: str, extra: frozenset[str] = frozenset()) -> bool:
@@ -74,11 +92,52 @@ def under(path: str, prefixes: tuple[str, ...]) -> bool:
     return any(path == p or path.startswith(p + "/") for p in prefixes)
 
 
+def host_port(header: str) -> int | None:
+    """The port in a ``Host`` header; None when it names none."""
+    header = header.strip()
+    tail = header.rpartition("]")[2] if header.startswith("[") else header
+    _, colon, port = tail.rpartition(":")
+    return int(port) if colon and port.isascii() and port.isdigit() else None
+
+
+def same_origin(origin: str, host: str, scheme: str = "http") -> bool:
+    """Whether an ``Origin`` header names the server that a request with ``Host: host`` reached
+    by ``scheme``: the same scheme, name and port (``null``, an opaque origin, never does)."""
+    try:
+        parts = urlsplit(origin.strip().lower())
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+    except ValueError:  # a port out of range or not a number
+        return False
+    if parts.scheme != scheme or not parts.hostname or parts.path or parts.query or parts.username:
+        return False
+    return parts.hostname == host_name(host) and port == (host_port(host) or _DEFAULT_PORTS.get(scheme))
+
+
+def cross_site_problem(headers: dict[str, str], scheme: str = "http") -> str | None:
+    """Why a request that changes something, on an API without a token, may come from a web
+    page of another site (see the module's doc); None when it comes from this API's clients."""
+    fetched_from = headers.get("sec-fetch-site", "").strip().lower()
+    if fetched_from in ("cross-site", "same-site"):
+        return (f"refused: a request from another site's page (Sec-Fetch-Site: {fetched_from}); while "
+                "ORCHESTRATOR_API_TOKEN is unset only this API's own page and local clients may change anything")
+    origin = headers.get("origin")
+    if origin is not None and not same_origin(origin, headers.get("host", ""), scheme):
+        return (f"refused: a request from another origin's page (Origin: {origin[:200]}); while "
+                "ORCHESTRATOR_API_TOKEN is unset only this API's own page and local clients may change anything")
+    if not headers.get(CLIENT_HEADER.lower(), "").strip():
+        return (f"missing header {CLIENT_HEADER} (any value): while ORCHESTRATOR_API_TOKEN is unset, a "
+                f"{'/'.join(('POST', 'PUT', 'PATCH', 'DELETE'))} needs it (the CLI and the web page send it; "
+                "a page of another site cannot)")
+    return None
+
+
 class RequestGuard:
     """The ASGI middleware of the module's doc, for the API of ``settings``."""
 
-    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings, signed_paths: tuple[str, ...] = ()) -> None:
         self.app = app
+        # Routes that check their own signatures: no cross-site check (their senders are other systems).
+        self.signed_paths = signed_paths
         self.max_body = settings.api_max_request_bytes
         self.token = settings.api_token.encode()
         # None: no Host check (a token is set).
@@ -94,6 +153,12 @@ class RequestGuard:
         if self.hosts is not None and not is_local_name(host_name(headers.get("host", "")), self.hosts):
             await _answer(send, 403, HOST_REFUSED)
             return
+        if self.hosts is not None and scope.get("method", "GET") not in SAFE_METHODS \
+                and not under(scope.get("path", ""), self.signed_paths):
+            problem = cross_site_problem(headers, scope.get("scheme", "http"))
+            if problem:
+                await _answer(send, 403, problem)
+                return
         if self.token and under(scope.get("path", ""), TOKEN_PATHS):
             problem = self._token_problem(headers.get("authorization"))
             if problem:

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import MAX_CONTENT_CHARS, create_app
+from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.model.views import REPLY_TO_KEY
 from orchestrator.root import Orchestrator
 from orchestrator.run.assembly import record_input
@@ -25,7 +26,8 @@ JID = "web@local"
 @pytest.fixture
 def client(db: Database, settings: Settings) -> Iterator[TestClient]:
     add_group(db, chat_jid=JID, name="Web", folder="web", requires_trigger=True)
-    with TestClient(create_app(Orchestrator(settings))) as c:
+    # CLIENT_HEADER: what this API's clients send with a change while no token is set.
+    with TestClient(create_app(Orchestrator(settings)), headers={CLIENT_HEADER: "tests"}) as c:
         yield c
 
 
@@ -216,7 +218,8 @@ def test_unknown_chat_is_a_404_unless_allowed(client: TestClient, db: Database, 
     big = client.post("/api/messages", json={"chat_jid": "nobody@local", "sender": "u", "content": "x" * (MAX_CONTENT_CHARS + 1)})
     assert big.status_code == 413
 
-    with TestClient(create_app(Orchestrator(settings.replace(**{"api_require_registered_chat": False})))) as open_api:
+    with TestClient(create_app(Orchestrator(settings.replace(**{"api_require_registered_chat": False}))),
+                    headers={CLIENT_HEADER: "tests"}) as open_api:
         r = open_api.post("/api/messages", json={"chat_jid": "nobody@local", "sender": "u", "content": "hi"})
         assert r.status_code == 201 and not r.json()["triggered"]
         assert open_api.get("/api/info").json()["require_registered_chat"] is False

@@ -31,6 +31,7 @@ from fastapi.testclient import TestClient
 
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
+from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.model.views import REPLY_TO_KEY
 from orchestrator.root import Orchestrator
 from orchestrator.run.assembly import record_input
@@ -71,8 +72,11 @@ request-timeout = 10
 max-stream-events = 1
 color = false
 
+# As this API's clients send them: the token, and the client header an API without a token
+# asks of every change (orchestrator/http/guards.py; the server here has a token).
 [headers]
 Authorization = "Bearer {TOKEN}"
+X-Orchestrator-Client = "schemathesis"
 
 [generation]
 max-examples = {MAX_EXAMPLES}
@@ -194,7 +198,8 @@ def _answers(report: Path) -> Counter[tuple[str, str, int]]:
 def client(db: Database, settings: Settings) -> Iterator[TestClient]:
     _conversation(db)
     with TestClient(create_app(Orchestrator(settings.replace(api_token=TOKEN))),
-                    headers={"Authorization": f"Bearer {TOKEN}"}, raise_server_exceptions=False) as c:
+                    headers={"Authorization": f"Bearer {TOKEN}", CLIENT_HEADER: "tests"},
+                    raise_server_exceptions=False) as c:
         yield c
 
 

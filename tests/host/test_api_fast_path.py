@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
+from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.root import Orchestrator
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, is_registered
@@ -29,7 +30,7 @@ JID = "fast@local"
 @pytest.fixture
 def client(db: Database, settings: Settings) -> Iterator[TestClient]:
     add_group(db, chat_jid=JID, name="Fast", folder="fast", requires_trigger=True)
-    with TestClient(create_app(Orchestrator(settings))) as c:
+    with TestClient(create_app(Orchestrator(settings)), headers={CLIENT_HEADER: "tests"}) as c:
         yield c
 
 

@@ -31,6 +31,9 @@ from tests.live_server import serve
 JID = "guard@local"
 TOKEN = "guard-token-5d1e"
 LIMIT = 8192
+# What this API's clients send with a change while no token is set (orchestrator/http/guards.py).
+CLIENT = {"x-orchestrator-client": "tests"}
+CLIENT_LINE = "X-Orchestrator-Client: tests"
 
 
 @contextmanager
@@ -76,21 +79,23 @@ def test_a_declared_length_over_the_cap_is_refused_before_the_body_is_read(db: D
     with _server(db, settings) as base:
         host = urlsplit(base).netloc
         # Ten megabytes announced, none sent: the answer comes at once.
-        status, headers, body = _raw(base, f"POST /api/messages HTTP/1.1\r\nHost: {host}\r\n"
+        status, headers, body = _raw(base, f"POST /api/messages HTTP/1.1\r\nHost: {host}\r\n{CLIENT_LINE}\r\n"
                                            f"Content-Type: application/json\r\nContent-Length: {10 * 2**20}")
         assert status == 413 and headers["connection"] == "close"
         assert str(LIMIT) in json.loads(body)["detail"]
         # The same on a route with no body at all, and on the signed webhook.
         # Not a number (\xb2 is "²", a digit to str.isdigit): refused, never a 500.
         for length in ("12x", "\xb2", "-1"):
-            status, _, _ = _raw(base, f"POST /api/messages HTTP/1.1\r\nHost: {host}\r\nContent-Length: {length}")
+            status, _, _ = _raw(base, f"POST /api/messages HTTP/1.1\r\nHost: {host}\r\n{CLIENT_LINE}\r\n"
+                                      f"Content-Length: {length}")
             assert status == 400, length
         for path in ("/api/info", "/webhooks/inbound", "/health"):
-            status, _, _ = _raw(base, f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {LIMIT + 1}")
+            status, _, _ = _raw(base, f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{CLIENT_LINE}\r\n"
+                                      f"Content-Length: {LIMIT + 1}")
             assert status == 413, path
         # At the cap it is read and stored.
         padded = _message("x" * (LIMIT - len(_message("")) - 10))
-        ok = httpx.post(f"{base}/api/messages", content=padded, headers={"content-type": "application/json"})
+        ok = httpx.post(f"{base}/api/messages", content=padded, headers={"content-type": "application/json", **CLIENT})
         assert ok.status_code == 201, ok.text
     assert len(get_messages_after(JID, 0, db=db)) == 1
 
@@ -103,7 +108,7 @@ def _chunked(payload: bytes, size: int = 1000) -> bytes:
 def test_a_chunked_body_is_cut_off_at_the_cap(db: Database, settings: Settings) -> None:
     with _server(db, settings) as base:
         host = urlsplit(base).netloc
-        head = f"POST /api/messages HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n" \
+        head = f"POST /api/messages HTTP/1.1\r\nHost: {host}\r\n{CLIENT_LINE}\r\nContent-Type: application/json\r\n" \
                "Transfer-Encoding: chunked"
         # Past the cap (with no end in sight: only the first chunks are ever sent): 413.
         big = _message("y" * (LIMIT * 4))
@@ -176,3 +181,112 @@ def test_with_a_token_any_host_is_served(db: Database, settings: Settings) -> No
 def test_host_names(header: str, name: str, local: bool) -> None:
     assert host_name(header) == name
     assert is_local_name(host_name(header)) is local
+
+
+# -- cross-site requests (no token: loopback) -------------------------------------------------
+
+def _post_json(base: str, path: str, body: bytes | None = None, **headers: str) -> httpx.Response:
+    sent = {"content-type": "application/json", **headers} if body is not None else headers
+    return httpx.post(f"{base}{path}", content=body or b"", headers=sent)
+
+
+def test_without_a_token_another_sites_page_cannot_change_anything(db: Database, settings: Settings) -> None:
+    """A page the operator visits posts to the loopback API: an HTML form (no custom header
+    possible), or a fetch with a body of no JSON type (no CORS preflight; FastAPI before 0.132
+    read such a body as JSON).  Refused before any route runs, as is a change that lacks the
+    client header; this API's own clients (the CLI, the page: same origin) get through."""
+    with _server(db, settings) as base:
+        port = urlsplit(base).port
+        evil = {"origin": "https://evil.example", **CLIENT}
+        # A foreign Origin, with or without the header, with or without a JSON type.
+        for headers in (evil, {"origin": "https://evil.example"}, {"origin": "null", **CLIENT},
+                        {"origin": f"http://localhost:{port}", **CLIENT},  # another origin of this machine
+                        {"origin": f"http://127.0.0.1:{port + 1}", **CLIENT}):
+            r = _post_json(base, "/api/messages", _message(), **headers)
+            assert r.status_code == 403, (headers, r.text)
+            assert "Origin" in r.json()["detail"] or "X-Orchestrator-Client" in r.json()["detail"], r.text
+        r = httpx.post(f"{base}/api/messages", content=_message(), headers=evil)  # no Content-Type at all
+        assert r.status_code == 403 and "Origin: https://evil.example" in r.json()["detail"], r.text
+        r = httpx.post(f"{base}/api/messages", content=_message(), headers={"content-type": "text/plain", **evil})
+        assert r.status_code == 403, r.text
+        # What the browser says of the page that sent it.
+        for site in ("cross-site", "same-site", "Cross-Site"):
+            r = _post_json(base, "/api/messages", _message(), **{"sec-fetch-site": site, **CLIENT})
+            assert r.status_code == 403 and "Sec-Fetch-Site" in r.json()["detail"], (site, r.text)
+        # No Origin, no Sec-Fetch-Site: a form can't, but curl can: the header is still needed.
+        r = _post_json(base, "/api/messages", _message())
+        assert r.status_code == 403 and "missing header X-Orchestrator-Client" in r.json()["detail"], r.text
+        host = urlsplit(base).netloc
+        for blank in ("", " \t"):
+            status, _, body = _raw(base, f"POST /api/messages HTTP/1.1\r\nHost: {host}\r\nX-Orchestrator-Client:{blank}"
+                                         f"\r\nContent-Type: application/json\r\nContent-Length: {len(_message())}",
+                                   _message())
+            assert status == 403, (blank, body)
+        assert get_messages_after(JID, 0, db=db) == []
+        # This API's clients: the header, from no page or from the API's own.
+        assert _post_json(base, "/api/messages", _message("from the cli"), **CLIENT).status_code == 201
+        own = {"origin": base, "sec-fetch-site": "same-origin", **CLIENT}
+        assert _post_json(base, "/api/messages", _message("from the page"), **own).status_code == 201
+        assert _post_json(base, "/api/messages", _message("a bookmark"), **{"sec-fetch-site": "none", **CLIENT}
+                          ).status_code == 201
+        # Reading needs none of it (a page of another site cannot read the answer anyway).
+        assert httpx.get(f"{base}/api/groups", headers={"origin": "https://evil.example"}).status_code == 200
+    assert [m.content for m in get_messages_after(JID, 0, db=db)] == ["from the cli", "from the page", "a bookmark"]
+
+
+def test_regenerate_truncate_and_other_bodiless_changes_are_guarded_too(db: Database, settings: Settings) -> None:
+    with _server(db, settings) as base:
+        assert _post_json(base, "/api/messages", _message("q"), **CLIENT).status_code == 201
+        [q] = get_messages_after(JID, 0, db=db)
+        for action in ("regenerate", "truncate"):
+            path = f"/api/chats/{JID}/messages/{q.id}/{action}"
+            for headers in ({}, {"origin": "https://evil.example", **CLIENT}, {"sec-fetch-site": "cross-site", **CLIENT}):
+                r = httpx.post(f"{base}{path}", headers=headers)
+                assert r.status_code == 403, (action, headers, r.text)
+            # With the header the route runs (a person's message cannot be regenerated: its 409).
+            r = httpx.post(f"{base}{path}", headers=CLIENT)
+            assert r.status_code == (409 if action == "regenerate" else 200), (action, r.text)
+        r = httpx.patch(f"{base}/api/groups/{JID}", json={"name": "renamed"})
+        assert r.status_code == 403
+        assert httpx.patch(f"{base}/api/groups/{JID}", json={"name": "renamed"}, headers=CLIENT).status_code == 200
+        assert httpx.request("DELETE", f"{base}/api/groups/{JID}", headers={"origin": "https://evil.example"}
+                             ).status_code == 403
+
+
+def test_a_token_or_a_signature_stands_in_for_the_client_header(db: Database, settings: Settings) -> None:
+    from orchestrator.channels.webhook import INBOUND_PATH, inbound_headers
+
+    secret = "inbound-secret-for-guards"
+    with _server(db, settings, webhook_inbound_secret=secret) as base:
+        # The signed webhook's sender is another system, not a page: its signature is its proof.
+        raw = _message("signed")
+        r = _post_json(base, INBOUND_PATH, raw, **inbound_headers(secret, raw))
+        assert r.status_code == 201, r.text
+        unsigned = _post_json(base, INBOUND_PATH, raw, origin="https://evil.example")
+        assert unsigned.status_code == 401, unsigned.text  # its own refusal, not the guard's
+        assert _post_json(base, "/slack/events", b"{}", origin="https://evil.example").status_code != 403
+    with _server(db, settings, api_token=TOKEN) as base:
+        # With a token set, the token is what a page of another site cannot have.
+        r = _post_json(base, "/api/messages", _message("with a token"), authorization=f"Bearer {TOKEN}")
+        assert r.status_code == 201, r.text
+    assert [m.content for m in get_messages_after(JID, 0, db=db)] == ["signed", "with a token"]
+
+
+def test_a_body_of_no_json_type_is_never_read_as_json(db: Database, settings: Settings) -> None:
+    """FastAPI before 0.132 parsed a body without a Content-Type as JSON: the pin excludes it
+    (a fetch of another site sends such a body without a preflight)."""
+    import tomllib
+    from importlib.metadata import version
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    [pin] = [Requirement(r) for r in pyproject["project"]["dependencies"] if Requirement(r).name == "fastapi"]
+    assert not pin.specifier.contains("0.131.0") and pin.specifier.contains(version("fastapi"))
+    with _server(db, settings) as base:
+        r = httpx.post(f"{base}/api/messages", content=_message(), headers=CLIENT)
+        assert r.status_code == 400, r.text
+        r = httpx.post(f"{base}/api/messages", content=_message(), headers={"content-type": "text/plain", **CLIENT})
+        assert r.status_code == 400, r.text
+    assert get_messages_after(JID, 0, db=db) == []

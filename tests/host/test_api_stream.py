@@ -23,6 +23,7 @@ from orchestrator.cli.supervisor import api_argv
 from orchestrator.core.settings import Settings
 from orchestrator.http import stream as stream_module
 from orchestrator.http.api import create_app
+from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.http.stream import ChatStream
 from orchestrator.model.views import REPLY_TO_KEY
 from orchestrator.root import Orchestrator
@@ -33,6 +34,8 @@ from orchestrator.store.runs import create_run, finish_run, park_run, set_contai
 from tests.live_server import serve
 
 JID = "live@local"
+# What this API's clients send with a change while no token is set (orchestrator/http/guards.py).
+CLIENT = {CLIENT_HEADER: "tests"}
 TOKEN = "stream-token-123"
 
 
@@ -163,7 +166,8 @@ def test_new_messages_and_run_states_arrive_live(db: Database, base_url: str, op
     assert events.next().json["state"] == "running"
 
     sent = time.monotonic()
-    posted = httpx.post(f"{base_url}/api/messages", json={"chat_jid": JID, "sender": "u2", "content": "over HTTP"})
+    posted = httpx.post(f"{base_url}/api/messages", json={"chat_jid": JID, "sender": "u2", "content": "over HTTP"},
+                        headers=CLIENT)
     assert posted.status_code == 201
     ev = events.next()
     latency = time.monotonic() - sent
@@ -235,7 +239,8 @@ def test_history_changes_reset_the_view(db: Database, base_url: str, open_stream
     events = open_stream()
     events.until(lambda e: e.event == "message" and e.json["id"] == "a1")
 
-    r = httpx.post(f"{base_url}/api/chats/{JID}/messages/q1/edit", json={"content": "@Andy first, edited"})
+    r = httpx.post(f"{base_url}/api/chats/{JID}/messages/q1/edit", json={"content": "@Andy first, edited"},
+                   headers=CLIENT)
     assert r.status_code == 200
     ev, _ = events.until(lambda e: e.event == "reset", timeout=5)
     assert ev.json == {"reason": "history changed"}
@@ -243,7 +248,7 @@ def test_history_changes_reset_the_view(db: Database, base_url: str, open_stream
     assert [(e.json["id"], e.json["content"]) for e in resent] == [("q1", "@Andy first, edited"), ("a1", "answer")]
     assert resent[0].json["edited_at"]
 
-    r = httpx.post(f"{base_url}/api/chats/{JID}/messages/{a.id}/regenerate")
+    r = httpx.post(f"{base_url}/api/chats/{JID}/messages/{a.id}/regenerate", headers=CLIENT)
     assert r.status_code == 200 and r.json()["superseded"] == [a.seq]
     events.until(lambda e: e.event == "reset", timeout=5)
     ev = events.next()

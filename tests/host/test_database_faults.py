@@ -49,6 +49,7 @@ from sqlalchemy.engine import make_url
 
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import DB_RETRY_AFTER_S, create_app
+from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.root import Orchestrator
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
@@ -65,6 +66,8 @@ from tests.fakes.sandbox import FakeSandbox, Script
 from tests.live_server import serve
 
 JID = "faults@local"
+# What this API's clients send with a change while no token is set (orchestrator/http/guards.py).
+CLIENT = {CLIENT_HEADER: "tests"}
 PG_BIN = Path(os.environ.get("ORCHESTRATOR_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 
 
@@ -168,7 +171,7 @@ def test_postgresql_restarted_during_ingest(private_pg: PrivateCluster, tmp_path
         except BaseException as e:  # noqa: BLE001 - reported by the test thread
             failures.append(e)
 
-    with serve(create_app(root)) as base, httpx.Client(base_url=base, timeout=30) as http:
+    with serve(create_app(root)) as base, httpx.Client(base_url=base, timeout=30, headers=CLIENT) as http:
         for i in range(10):
             post_until_acknowledged(http, i)
         writer = threading.Thread(target=ingest, args=(http,), daemon=True)
@@ -176,7 +179,7 @@ def test_postgresql_restarted_during_ingest(private_pg: PrivateCluster, tmp_path
         time.sleep(0.5)
         private_pg.stop(mode)
         try:
-            with httpx.Client(base_url=base, timeout=30) as other:
+            with httpx.Client(base_url=base, timeout=30, headers=CLIENT) as other:
                 _assert_unavailable(other.post("/api/messages", json=_message("during")),
                                     "the database does not answer")
                 _assert_unavailable(other.get(f"/api/chats/{JID}/messages"), "the database")
@@ -315,7 +318,7 @@ def test_sqlite_locked_by_another_writer_is_a_bounded_wait_then_503(tmp_path: Pa
     try:
         assert holder.stdout is not None and holder.stdin is not None
         assert holder.stdout.readline() == "locked\n"
-        with TestClient(create_app(root)) as client:
+        with TestClient(create_app(root), headers=CLIENT) as client:
             started = time.monotonic()
             r = client.post("/api/messages", json=_message("locked"))
             waited = time.monotonic() - started
@@ -379,7 +382,7 @@ def test_sqlite_disk_full_is_a_503_then_works_again(small_disk: Path) -> None:
     assert path is not None
     filler = small_disk / "filler"
     acknowledged: list[str] = []
-    with TestClient(create_app(root)) as client:
+    with TestClient(create_app(root), headers=CLIENT) as client:
         assert client.post("/api/messages", json=_message("before")).status_code == 201
         acknowledged.append("m-before")
         # Leave the disk almost full, then write until it is.

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from orchestrator.core.errors import ConfigError, StoreError
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
+from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.root import Orchestrator
 from orchestrator.store.db import Database
 from orchestrator.store.groups import MAIN_JID, add_group, ensure_main_group, find_group, main_group
@@ -47,7 +48,7 @@ def test_an_ordinary_group_is_never_made_main(db: Database) -> None:
 
 
 def test_the_api_registers_the_main_group_once(db: Database, settings: Settings) -> None:
-    with TestClient(create_app(Orchestrator(settings))) as client:
+    with TestClient(create_app(Orchestrator(settings)), headers={CLIENT_HEADER: "tests"}) as client:
         body = {"chat_jid": "ops@team", "name": "ops", "folder": "ops", "is_main": True}
         r = client.post("/api/groups", json=body)
         assert r.status_code == 201 and r.json()["is_main"] and not r.json()["requires_trigger"], r.text

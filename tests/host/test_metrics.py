@@ -26,6 +26,7 @@ from sqlalchemy import select, update
 from orchestrator.core.errors import RateLimited
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
+from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.http.fleet_metrics import FleetCollector
 from orchestrator.root import Orchestrator
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -230,7 +231,8 @@ def test_a_sweep_counts_what_it_did(settings: Settings, db: Database) -> None:
 def test_the_api_serves_its_metrics_behind_the_api_token(settings: Settings, db: Database, token: str) -> None:
     ensure_main_group(db)
     auth = {"Authorization": f"Bearer {token}"} if token else {}
-    with TestClient(create_app(Orchestrator(settings.replace(**{"api_token": token})))) as client:
+    with TestClient(create_app(Orchestrator(settings.replace(**{"api_token": token}))),
+                    headers={CLIENT_HEADER: "tests"}) as client:
         before = value("orchestrator_messages_ingested_total", wakes="yes")
         r = client.post("/api/messages", json={"chat_jid": JID, "sender": "u", "content": "hi"}, headers=auth)
         assert r.status_code == 201, r.text

@@ -27,6 +27,7 @@ from sqlalchemy import update
 from orchestrator.core.errors import UnknownGroup
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
+from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.root import Orchestrator
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.queue import AGENT_QUEUE, Signals, host_queue, make_celery
@@ -266,7 +267,7 @@ def test_groups_move_on_the_command_line(db: Database, settings: Settings, group
 
 def test_groups_move_over_the_api(db: Database, settings: Settings, group: str) -> None:
     _register(db, "host-a")
-    with TestClient(create_app(Orchestrator(settings))) as client:
+    with TestClient(create_app(Orchestrator(settings)), headers={CLIENT_HEADER: "tests"}) as client:
         r = client.post(f"/api/groups/{group}/move", json={"host": "host-z"})
         assert r.status_code == 409 and "hosts that do: host-a" in r.json()["detail"]
         assert client.post("/api/groups/nobody@x/move", json={"host": "host-a"}).status_code == 404

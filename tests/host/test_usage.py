@@ -24,6 +24,7 @@ from orchestrator.channels.webhook import INBOUND_PATH, inbound_headers
 from orchestrator.core.errors import RateLimited
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
+from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.root import Orchestrator
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.store.attachments import attach_channel
@@ -294,7 +295,7 @@ def test_concurrent_messages_of_one_sender_never_pass_the_limit(
 def client(db: Database, settings: Settings, group: Group) -> Iterator[TestClient]:
     app_settings = settings.replace(sender_messages_per_minute=2, group_runs_per_hour=5,
                                     webhook_inbound_secret="s3cret")
-    with TestClient(create_app(Orchestrator(app_settings))) as c:
+    with TestClient(create_app(Orchestrator(app_settings)), headers={CLIENT_HEADER: "tests"}) as c:
         yield c
 
 

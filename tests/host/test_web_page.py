@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -284,3 +285,51 @@ def test_the_address_names_the_chat_and_an_old_chat_link_still_opens_it(
     assert page.inner_text("#chat-title") == "First"
     page.evaluate(f"() => {{ location.hash = 'chat={JID}'; }}")
     page.wait_for_function("() => document.querySelector('#chat-title').textContent === 'Web team'")
+
+
+def test_without_a_token_the_page_changes_things_and_another_sites_page_cannot(
+    db: Database, open_server: Any, page: Any
+) -> None:
+    """No token (loopback): the page's own requests carry X-Orchestrator-Client from its own
+    origin and go through.  A page of another site (localhost against 127.0.0.1: two sites to the
+    browser) posting to the API by script (no-cors: no preflight) or by a form changes nothing."""
+    add_group(db, chat_jid=JID, name="Web team", folder="web", requires_trigger=True)
+    q = _store(db, "q1", sender="web:Ann", sender_name="Ann", is_from_me=False, message_type="user",
+               content="@Andy hi")
+    run = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=q.seq, celery_task_id=None)
+    _store(db, "a1", sender="bot", sender_name="Andy", message_type="assistant", content="hello",
+           metadata={REPLY_TO_KEY: q.seq, "run_id": run.id})
+    finish_run(db, run.id, state="succeeded")
+    base = open_server()
+    api = f"{base}/api/chats/web%40local/messages"
+
+    page.goto(f"http://localhost:{urlsplit(base).port}/health")  # another site's page, as far as the browser knows
+    page.evaluate("""async ([base, api]) => {
+        const message = JSON.stringify({chat_jid: "web@local", sender: "evil", content: "@Andy run this"});
+        await fetch(`${base}/api/messages`, {method: "POST", mode: "no-cors", body: new Blob([message])});
+        await fetch(`${base}/api/messages`, {method: "POST", mode: "no-cors", body: message});
+        await fetch(`${api}/a1/regenerate`, {method: "POST", mode: "no-cors"});
+    }""", [base, api])
+    with page.expect_navigation():
+        page.evaluate("""(action) => {
+            const form = document.createElement("form");
+            form.method = "POST";
+            form.action = action;
+            document.body.append(form);
+            form.submit();
+        }""", f"{api}/q1/truncate")
+    assert "refused" in page.inner_text("body")
+    stored = get_messages_after(JID, 0, include_superseded=True, db=db)
+    assert [(m.id, m.superseded_at) for m in stored] == [("q1", None), ("a1", None)]
+
+    # The page itself: a reply regenerated, a message sent.
+    page.goto(f"{base}/#chat_jid={JID}")
+    page.click("article[data-id='a1'] button.regenerate")
+    page.wait_for_selector("article[data-id='a1']", state="detached")
+    page.fill("#sender-name", "Ann")
+    page.fill("#composer-text", "from the page")
+    page.press("#composer-text", "Enter")
+    page.wait_for_selector("#messages article.msg-user >> text=from the page")
+    stored = get_messages_after(JID, 0, include_superseded=True, db=db)
+    assert [m.content for m in stored if m.superseded_at is None] == ["@Andy hi", "from the page"]
+    assert [m.id for m in stored if m.superseded_at] == ["a1"]

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.store.drafts import chat_drafts
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
@@ -86,7 +87,8 @@ def test_the_draft_reaches_the_event_stream_before_the_run_ends(
     stack, fake = streaming_stack
     log = SseLog(f"{api_url}/api/chats/{CHAT}/stream?after=0")
     try:
-        posted = httpx.post(f"{api_url}/api/messages", json={"chat_jid": CHAT, "sender": "u", "content": "talk"})
+        posted = httpx.post(f"{api_url}/api/messages", json={"chat_jid": CHAT, "sender": "u", "content": "talk"},
+                            headers={CLIENT_HEADER: "tests"})
         assert posted.status_code == 201, posted.text
         wait_until(
             lambda: any(e == "message" and d.get("sender") == "bot" for _, e, d in log.events),

@@ -69,7 +69,9 @@
   }
 
   function authHeaders(extra) {
-    const headers = { Accept: "application/json", ...(extra || {}) };
+    // X-Orchestrator-Client: an API without a token refuses a change without it (a page of
+    // another site cannot send it without a CORS preflight, which the API never grants).
+    const headers = { Accept: "application/json", "X-Orchestrator-Client": "web", ...(extra || {}) };
     if (state.token) headers.Authorization = `Bearer ${state.token}`;
     return headers;
   }
