@@ -53,6 +53,11 @@ the classes defined outside this module say where they live::
     │                          (defined in store.slots) [store.slots]
     ├── HostUnavailable        a group cannot be placed on a host that is not up and beating (HTTP 409)
     │                          (defined in store.placement) [store.placement]
+    ├── ReplayRefused          a replay that cannot be made: no recorded input, a workspace over the
+    │   │                      copy's bounds (HTTP 409) [run.replay]
+    │   └── ReplayLimited      the group's quota is spent or the fleet's run slots are taken: the replay
+    │                          did not start; carries retry_after_s (HTTP 429 + Retry-After)
+    │                          [run.replay, store.slots]
     └── OutputLimitExceeded    a run's output broke a host bound; the pipeline stops the run
                                (defined in sandbox.bounded_io) [sandbox.bounded_io]
 
@@ -157,6 +162,16 @@ class RateLimited(OrchestratorError):
 class ReplayRefused(OrchestratorError):
     """A replay that cannot be made (orchestrator/run/replay.py): no recorded input, a
     workspace over the copy's bounds; nothing ran."""
+
+
+class ReplayLimited(ReplayRefused):
+    """A replay the group's quotas or the fleet's run cap leave no room for now: a replay is
+    spent on the group's behalf and takes a run slot like any run, behind every chat that
+    waits for one (orchestrator/run/replay.py, store/slots.py); nothing ran."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class SandboxError(OrchestratorError):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -58,6 +59,7 @@ from orchestrator.core.errors import (
     MountRefused,
     OrchestratorError,
     RateLimited,
+    ReplayLimited,
     ReplayRefused,
     StoreError,
     UnknownGroup,
@@ -675,6 +677,9 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     @router.post("/runs/{run_id}/replay", status_code=202, response_model=Run, responses={
         404: {"description": "no such run"},
         409: {"description": "the run has no recorded input that decodes: nothing to replay"},
+        429: {"description": "the group's quota (runs per hour, tokens per day) is spent: a replay counts "
+                             "against it. `Retry-After`: seconds until it frees",
+              "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}},
         503: {"description": "the task queue did not take the replay; it was ended as failed"}})
     def replay(run_id: str, body: ReplayRequest) -> Run | JSONResponse:
         """Replay the run's exact recorded input against ``model`` on a worker, in a scratch copy of
@@ -685,6 +690,10 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
 
         try:
             made = create_replay(db, settings, run_id, body.model)
+        except ReplayLimited as exc:
+            retry = max(1, math.ceil(exc.retry_after_s))
+            return JSONResponse(status_code=429, content={"detail": str(exc), "retry_after_s": retry},
+                                headers={"Retry-After": str(retry)})
         except ReplayRefused as exc:
             raise HTTPException(409, str(exc)) from exc
         except StoreError as exc:

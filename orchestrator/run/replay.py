@@ -11,12 +11,15 @@ mounted, so whatever the replayed agent writes is thrown away with the copy.
 
 A replay is a row of ``runs`` with ``replay_of`` set.  It is no run of the
 chat's: it takes no lease, moves no cursor or session, is not the chat's
-pending work, takes no slot of ``ORCHESTRATOR_MAX_CONCURRENT_RUNS`` (the
-sweeper, the recovery and the slots leave such rows alone), and the page's
-event stream never shows it.  What it says is stored in ``replay_outputs`` as
+pending work (the sweeper and the recovery leave such rows alone), and the
+page's event stream never shows it.  It does take one of
+``ORCHESTRATOR_MAX_CONCURRENT_RUNS``'s slots while it runs, behind every
+group that waits for one (``slots.take_replay_slot``): a fleet that is full
+refuses it when a worker would start it, and a group whose quota is spent
+refuses it when it is made (:class:`ReplayLimited`).  What it says is stored in ``replay_outputs`` as
 the messages it would have been (the pipeline's own ``event_to_message``),
 never in ``messages``: no view, model input or channel ever sees it, and a
-``send_message`` it asks for is recorded, not sent.  Its tokens do count
+``send_message`` it asks for is recorded, not sent.  It and its tokens count
 against the group's quotas (runs per hour, tokens per day): they are spent on
 the group's behalf, at the same price.
 
@@ -64,7 +67,7 @@ from agent_runner.protocol import (
 )
 from sqlalchemy import select, update
 
-from orchestrator.core.errors import ConfigError, MountRefused, ReplayRefused, StoreError
+from orchestrator.core.errors import ConfigError, MountRefused, ReplayLimited, ReplayRefused, StoreError
 from orchestrator.core.settings import Settings
 from orchestrator.run.assembly import input_bytes, record_input, stored_input
 from orchestrator.run.live_draft import FREE_LINES_PER_EVENT
@@ -82,11 +85,13 @@ from orchestrator.sandbox.mounts import group_workspace, prepare_mountpoints, re
 from orchestrator.sandbox.port import Sandbox
 from orchestrator.sandbox.quota import Volume, scratch_volume
 from orchestrator.sandbox.warm import host_only_dir
-from orchestrator.store.db import Database, changed_rows, db_now
+from orchestrator.store.db import Database, db_now
 from orchestrator.store.groups import Group, get_group
 from orchestrator.store.hosts import process_owner
 from orchestrator.store.runs import Run, RunState, finish_run, get_run, set_container
+from orchestrator.store.slots import take_replay_slot
 from orchestrator.store.tables import ReplayOutputRow, RunRow
+from orchestrator.store.usage import quota_wait
 
 log = logging.getLogger(__name__)
 
@@ -272,6 +277,7 @@ def create_replay(db: Database, settings: Settings, run_id: str, model: str) -> 
     spelled wrong, :class:`ReplayRefused` for a run without a usable recorded input.
     """
     original = get_run(db, run_id)
+    check_quota(db, settings, get_group(db, original.chat_jid))
     resolved = resolve_model(settings, model)
     raw = stored_input(db, original.id)
     if raw is None:
@@ -294,6 +300,18 @@ def create_replay(db: Database, settings: Settings, run_id: str, model: str) -> 
         session.add(ReplayOutputRow(run_id=replay_id, model=model.strip()))
     record_input(db, replay_id, input_bytes(payload))
     return get_run(db, replay_id)
+
+
+def check_quota(db: Database, settings: Settings, group: Group) -> None:
+    """Raise :class:`ReplayLimited` while ``group`` waits for a quota (runs per hour, tokens per
+    day): a replay is spent on its behalf, and counts as one of its runs."""
+    wait = quota_wait(db, settings, group)
+    if wait is None:
+        return
+    spent = "runs in the last hour" if wait.quota == "runs_per_hour" else "model tokens today (UTC)"
+    raise ReplayLimited(
+        f"{group.chat_jid} has used {wait.used:,} of its {wait.limit:,} {spent}; a replay counts against the "
+        f"group's quotas: try again after {wait.until:%Y-%m-%d %H:%M:%S} UTC", wait.wait_s)
 
 
 def fail_replay(db: Database, run_id: str, why: str) -> Run:
@@ -321,11 +339,10 @@ def execute_replay(db: Database, settings: Settings, sandbox: Sandbox, run_id: s
     if run.replay_of is None:
         raise ReplayRefused(f"run {run.id} is not a replay")
     owner = process_owner(settings.effective_host_id)
-    with db.write() as session:
-        taken = changed_rows(session.execute(
-            update(RunRow).where(RunRow.id == run.id, RunRow.state == "queued", RunRow.owner.is_(None))
-            .values(owner=owner, started_at=db_now(session))
-        ))
+    try:
+        taken = take_replay_slot(db, settings.max_concurrent_runs, run_id=run.id, owner=owner)
+    except ReplayLimited as exc:  # taken, and ended at once: nothing ran
+        return finish_run(db, run.id, state="failed", error=str(exc))
     if not taken:
         run = get_run(db, run.id)
         if run.state == "cancelled" and run.finished_at is None:  # cancelled while it waited

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import ColumnElement, and_, delete, exists, false, func, not_, or_, select, text, update
 from sqlalchemy.orm import Session
 
-from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.errors import OrchestratorError, ReplayLimited
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, SENDER_SCHEDULER
 from orchestrator.store.db import Database, changed_rows, db_now
 from orchestrator.store.runs import Run, add_run, create_run
@@ -122,8 +122,10 @@ def _person_waiting() -> ColumnElement[bool]:
 def _running(session: Session) -> int:
     return session.execute(
         select(func.count()).select_from(RunRow)
-        # A replay is an operator's tool beside the chats (orchestrator/run/replay.py): it takes no slot.
-        .where(RunRow.state.in_(_UNFINISHED), RunRow.finished_at.is_(None), RunRow.replay_of.is_(None))
+        # A replay (orchestrator/run/replay.py) holds a slot once a worker started it
+        # (take_replay_slot), not while it is queued.
+        .where(RunRow.state.in_(_UNFINISHED), RunRow.finished_at.is_(None),
+               or_(RunRow.replay_of.is_(None), RunRow.owner.is_not(None)))
     ).scalar_one()
 
 
@@ -197,6 +199,34 @@ def take_slot(
     log.info("run slots: %d of %d taken; %s waits (%s%s, position %d)", running, cap, chat_jid, wait.lane,
              ", main" if wait.is_main else "", wait.position)
     raise FleetFull(wait, running, cap)
+
+
+def take_replay_slot(db: Database, cap: int, *, run_id: str, owner: str) -> bool:
+    """Take the queued replay ``run_id`` for ``owner`` and start it if a run slot is free for it:
+    within the cap and behind every group that waits for one (a replay is an operator's tool;
+    the chats come first).  False: it is not queued any more (taken, ended, cancelled).
+    :class:`ReplayLimited` (raised once the replay is ``owner``'s, for the caller to end it):
+    the fleet has no slot for it now.  Serialized as :func:`take_slot` is."""
+    full: ReplayLimited | None = None
+    with db.write() as session:
+        if cap > 0 and not db.is_sqlite:
+            session.execute(text(_PG_ADMISSION_LOCK))
+        now = db_now(session)
+        taken = session.execute(
+            update(RunRow).where(RunRow.id == run_id, RunRow.state == "queued", RunRow.owner.is_(None))
+            .values(owner=owner, started_at=now))
+        if changed_rows(taken) != 1:
+            return False
+        if cap > 0:
+            running, waiting = _running(session) - 1, len(_line(session, now))  # not counting itself
+            if running + waiting >= cap:
+                full = ReplayLimited(
+                    f"the fleet's run slots are taken ({running} of {cap} running, {waiting} group(s) waiting; "
+                    "ORCHESTRATOR_MAX_CONCURRENT_RUNS): a replay waits behind the chats; try again later",
+                    RECHECK_S)
+    if full is not None:
+        raise full
+    return True
 
 
 def leave_line(db: Database, cap: int, chat_jid: str) -> None:
