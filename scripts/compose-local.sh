@@ -3,7 +3,8 @@
 # images, the host's network, loopback ports; see its header), e.g.
 #
 #   bash scripts/compose-standins.sh                    # the images, once
-#   export ORCHESTRATOR_API_TOKEN=$(openssl rand -hex 32) LOCAL_DATA_DIR=/srv/orchestrator-local
+#   export ORCHESTRATOR_API_TOKEN=$(openssl rand -hex 32) ORCHESTRATOR_FLOWER_BASIC_AUTH=admin:$(openssl rand -hex 16)
+#   export LOCAL_DATA_DIR=/srv/orchestrator-local
 #   scripts/compose-local.sh up -d --no-build --scale worker=2
 #   scripts/compose-local.sh exec -T api orchestrator hosts
 #   scripts/compose-local.sh down -v

@@ -21,8 +21,13 @@ def test_compose_file_is_valid_and_complete() -> None:
     refused = subprocess.run(["docker-compose", "-f", str(ROOT / "compose.yaml"), "config"],
                              capture_output=True, text=True, timeout=60, env=env)
     assert refused.returncode != 0 and "set ORCHESTRATOR_API_TOKEN" in refused.stderr, refused.stderr
+    # Nor without Flower's login: it listens on 0.0.0.0 in its container, and shows every task.
+    refused = subprocess.run(["docker-compose", "-f", str(ROOT / "compose.yaml"), "config"],
+                             capture_output=True, text=True, timeout=60, env=env | {"ORCHESTRATOR_API_TOKEN": "t0ken"})
+    assert refused.returncode != 0 and "set ORCHESTRATOR_FLOWER_BASIC_AUTH" in refused.stderr, refused.stderr
     res = subprocess.run(["docker-compose", "-f", str(ROOT / "compose.yaml"), "config"],
-                         capture_output=True, text=True, timeout=60, env=env | {"ORCHESTRATOR_API_TOKEN": "t0ken"})
+                         capture_output=True, text=True, timeout=60,
+                         env=env | {"ORCHESTRATOR_API_TOKEN": "t0ken", "ORCHESTRATOR_FLOWER_BASIC_AUTH": "ops:l0gin"})
     assert res.returncode == 0, res.stderr
     config = yaml.safe_load(res.stdout)
     services = config["services"]
@@ -58,3 +63,14 @@ def test_compose_file_is_valid_and_complete() -> None:
     # The Docker socket (root on the host) only where containers are started or removed.
     for name in ("api", "beat", "flower"):
         assert not any("docker.sock" in str(v) for v in services[name].get("volumes", [])), name
+    # Flower behind its login: started by `orchestrator flower` (the image's entrypoint), which
+    # hands the login to Flower through its environment and refuses 0.0.0.0 without one; never
+    # celery's own command, nor its unauthenticated API; the login is Flower's alone.
+    flower = services["flower"]
+    assert "entrypoint" not in flower and flower["command"][:1] == ["flower"], flower
+    assert flower["command"][flower["command"].index("--address") + 1] == "0.0.0.0"
+    assert flower["environment"]["ORCHESTRATOR_FLOWER_BASIC_AUTH"] == "ops:l0gin"
+    assert "FLOWER_UNAUTHENTICATED_API" not in flower["environment"]
+    assert "l0gin" not in " ".join(flower["command"])
+    for name in set(services) - {"flower"}:
+        assert "ORCHESTRATOR_FLOWER_BASIC_AUTH" not in services[name].get("environment", {}), name

@@ -13,12 +13,14 @@ task on one of them, and ``down -v`` leaving no container, volume or network.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -63,10 +65,24 @@ def compose_images(agent_image: str) -> Iterator[None]:
     yield
 
 
-def _get(url: str, token: str = "") -> Any:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    with urllib.request.urlopen(req, timeout=5) as r:
+def _request(url: str, token: str = "", login: str = "") -> urllib.request.Request:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if login:  # Flower's (user:password)
+        headers = {"Authorization": "Basic " + base64.b64encode(login.encode()).decode()}
+    return urllib.request.Request(url, headers=headers)
+
+
+def _get(url: str, token: str = "", *, login: str = "") -> Any:
+    with urllib.request.urlopen(_request(url, token, login), timeout=5) as r:
         return json.load(r)
+
+
+def _status(url: str, login: str = "") -> int:
+    try:
+        with urllib.request.urlopen(_request(url, login=login), timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
 
 
 def _answers(url: str) -> bool:
@@ -89,7 +105,8 @@ def test_the_local_override_keeps_every_service_on_loopback_of_the_hosts_network
     PostgreSQL and Redis."""
     require_service(_compose_available(), "docker-compose (apt-get install docker-compose)")
     res = subprocess.run(["bash", str(COMPOSE), "config"], capture_output=True, text=True, timeout=60,
-                         env=_clean_env() | {"ORCHESTRATOR_API_TOKEN": "t0ken", "LOCAL_DATA_DIR": "/tmp/orch-x"})
+                         env=_clean_env() | {"ORCHESTRATOR_API_TOKEN": "t0ken", "ORCHESTRATOR_FLOWER_BASIC_AUTH": "ops:pw",
+                                             "LOCAL_DATA_DIR": "/tmp/orch-x"})
     assert res.returncode == 0, res.stderr
     config = yaml.safe_load(res.stdout)
     assert not config.get("networks")
@@ -112,7 +129,11 @@ def test_the_local_override_keeps_every_service_on_loopback_of_the_hosts_network
     assert services["postgres"]["command"][-3:] == ["25432", "-c", "listen_addresses=127.0.0.1"]
     assert services["redis"]["command"][-4:] == ["--bind", "127.0.0.1", "--port", "26379"]
     assert services["api"]["command"] == ["api", "--host", "127.0.0.1", "--port", "28000"]
-    assert "--address=127.0.0.1" in services["flower"]["entrypoint"]
+    # Flower through `orchestrator flower`, with compose.yaml's login.
+    flower = services["flower"]
+    assert "entrypoint" not in flower and flower["command"][:3] == ["flower", "--address", "127.0.0.1"]
+    assert flower["environment"]["ORCHESTRATOR_FLOWER_BASIC_AUTH"] == "ops:pw"
+    assert "FLOWER_UNAUTHENTICATED_API" not in flower["environment"]
 
 
 # The first run on a machine builds the stand-ins in the fixture (a debootstrap, the
@@ -123,11 +144,13 @@ def test_the_compose_stack_starts_answers_and_leaves_nothing(compose_images: Non
     data = tmp_path / "data"  # the same path on the host and in the services
     data.mkdir()
     token = secrets.token_hex(16)
+    login = f"ops:{secrets.token_hex(8)}"  # Flower's
     ports = {"LOCAL_PG_PORT": _free_port(), "LOCAL_REDIS_PORT": _free_port(),
              "LOCAL_API_PORT": _free_port(), "LOCAL_FLOWER_PORT": _free_port()}
     env_file = tmp_path / "compose.env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in {
-        "ORCHESTRATOR_API_TOKEN": token, "ORCHESTRATOR_MODEL": "offline", "LOCAL_DATA_DIR": str(data), **ports,
+        "ORCHESTRATOR_API_TOKEN": token, "ORCHESTRATOR_FLOWER_BASIC_AUTH": login, "ORCHESTRATOR_MODEL": "offline",
+        "LOCAL_DATA_DIR": str(data), **ports,
     }.items()))
     env = _clean_env()
     label = f"label=com.docker.compose.project={project}"
@@ -172,7 +195,7 @@ def test_the_compose_stack_starts_answers_and_leaves_nothing(compose_images: Non
 
         def flower_workers() -> set[str]:
             try:
-                return set(_get(f"{flower}/api/workers?refresh=1"))
+                return set(_get(f"{flower}/api/workers?refresh=1", login=login))
             except OSError:
                 return set()
 
@@ -183,6 +206,10 @@ def test_the_compose_stack_starts_answers_and_leaves_nothing(compose_images: Non
             return nodes <= seen
 
         wait_until(both_seen, 60, f"Flower to list {sorted(nodes)}", lambda: f"listed: {sorted(seen)}")
+        # Behind its login: nothing without it, or with a wrong one (its page neither).
+        for path in ("/", "/api/workers", "/api/tasks"):
+            assert _status(f"{flower}{path}") == 401, path
+            assert _status(f"{flower}{path}", "ops:wrong") == 401, path
         timings["flower"] = time.monotonic() - t0
 
         # A message through the api service, as `orchestrator send` sends it from anywhere.
@@ -214,7 +241,7 @@ def test_the_compose_stack_starts_answers_and_leaves_nothing(compose_images: Non
 
         def task_done() -> bool:
             try:
-                task.update(_get(f"{flower}/api/task/info/{run['celery_task_id']}"))
+                task.update(_get(f"{flower}/api/task/info/{run['celery_task_id']}", login=login))
             except OSError:
                 return False
             return task.get("state") == "SUCCESS"
