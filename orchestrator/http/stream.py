@@ -12,7 +12,9 @@
   display view again from seq 0 on the same connection;
 * ``event: draft`` with ``{"run_id", "text"}``: the reply a running run's
   model is writing, the whole text so far, each time it grew
-  (orchestrator/store/drafts.py; the worker writes it at most every 100 ms).
+  (orchestrator/store/drafts.py; the worker writes it at most every 100 ms, less
+  often as it grows: about 64 KiB a second per run at most, and a bounded total,
+  orchestrator/run/live_draft.py; the stream sends each version once, so no more).
   It is never a message: when the reply is stored it arrives as a
   ``message`` (its ``metadata.run_id`` names the run) and the client shows
   that instead; ``"text": ""`` says the draft is gone (stored, or the run
@@ -23,7 +25,8 @@ so nothing is skipped or sent twice.  Each tick is a few short read
 transactions (no transaction stays open while the stream waits): ``max(seq)``
 of the chat (an index lookup on ``(chat_jid, seq)``) and the chat's live runs;
 messages are read only when ``max(seq)`` moved; drafts (by primary key and
-the chat's index) only while the chat has a live run.  In-place changes are looked
+the chat's index) only while the chat has a live run, their versions on each
+tick and a draft's text only when its version moved.  In-place changes are looked
 for less often (``max(superseded_at)``, ``max(edited_at)`` of the chat).  A
 comment line (``: keepalive``) every 15 s keeps proxies from closing an idle
 stream; a browser's ``EventSource`` reconnects by itself with
@@ -58,7 +61,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from orchestrator.store.db import Database
-from orchestrator.store.drafts import chat_drafts
+from orchestrator.store.drafts import chat_draft_versions, drafts_of
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import get_run, list_runs
 from orchestrator.store.tables import MessageRow, RunRow
@@ -146,12 +149,16 @@ class ChatStream:
     def _draft_changes(self) -> list[ServerSentEvent]:
         if not self._live and not self._drafts:
             return []  # no run writes a reply now: no read
-        current = {d.run_id: d for d in chat_drafts(self.db, self.chat_jid)}
+        current = chat_draft_versions(self.db, self.chat_jid)
+        changed = [run_id for run_id, version in current.items() if self._drafts.get(run_id) != version]
+        texts = drafts_of(self.db, changed)  # the text only of what changed: a big draft is not read each tick
         frames = []
-        for run_id, draft in current.items():
-            if self._drafts.get(run_id) != draft.version:
-                self._drafts[run_id] = draft.version
-                frames.append(sse("draft", json.dumps({"run_id": run_id, "text": draft.text})))
+        for run_id in changed:
+            draft = texts.get(run_id)
+            if draft is None:
+                continue  # gone since the versions were read: the next tick says so
+            self._drafts[run_id] = draft.version
+            frames.append(sse("draft", json.dumps({"run_id": run_id, "text": draft.text})))
         for run_id in [r for r in self._drafts if r not in current]:
             del self._drafts[run_id]
             frames.append(sse("draft", json.dumps({"run_id": run_id, "text": ""})))

@@ -4,9 +4,26 @@ The runner sends the text of the model's answer as it streams (coalesced to one 
 per 50 ms or KiB, container/agent_runner/text_stream.py), then the whole block as an
 ``assistant`` event, and only that one is stored.  :class:`LiveDraft` keeps the text
 since the last stored reply (a new block of the same reply starts a new paragraph) and
-writes it to ``run_drafts`` (orchestrator/store/drafts.py) in place, at most every
-``interval_s``, so the chat's event stream in another process can show it; the row is
-deleted when the reply is stored (:meth:`stored`) and when the attempt ends (:meth:`close`).
+writes it to ``run_drafts`` (orchestrator/store/drafts.py) in place, so the chat's event
+stream in another process can show it; the row is deleted when the reply is stored
+(:meth:`stored`) and when the attempt ends (:meth:`close`).
+
+Each write is the whole text so far, and every open page's event stream gets each
+version whole, so what a draft costs is the bytes it writes, not the bytes it adds: one
+1 MiB delta and then a byte every 100 ms would rewrite 1 MiB ten times a second for the
+whole run.  So the writes are bounded in bytes, not only in number:
+
+* after a write of ``n`` bytes the next waits ``max(interval_s, n / rate)``
+  (``WRITE_RATE``, 64 KiB/s): a draft up to 6.4 KiB (a model answer at the default
+  ``ORCHESTRATOR_MAX_TOKENS`` is a few KiB) is written every 100 ms as before, a 64 KiB
+  one every second, a 1 MiB one every 16 s.  A run's drafts write at most about 64 KiB a
+  second, and a stream sends no more than that per running run, whatever the deltas;
+  the pace holds across replies (a stored reply does not reset it);
+* an attempt's drafts write at most ``max_written`` bytes in all (the pipeline gives it
+  ``ORCHESTRATOR_MAX_RUN_STORED_BYTES``: as much as the run may store): a write that would
+  pass it is not made, and the live view stops there, the draft left as it was until the
+  reply is stored, then none for the rest of the attempt.  The stored replies arrive as
+  messages as they always do: a person watching loses the live text, never the reply.
 
 The deltas are the container's, so they are hostile, and they are bounded on their own
 (they are never stored, so the stored-bytes budget does not see them):
@@ -40,6 +57,7 @@ from orchestrator.store.drafts import drop_draft, save_draft
 log = logging.getLogger(__name__)
 
 WRITE_INTERVAL_S = 0.1
+WRITE_RATE = 64 * 1024  # bytes a second a run's drafts write, sustained (the wait after each write)
 FREE_LINES_PER_EVENT = 10  # free delta lines per line of ORCHESTRATOR_MAX_RUN_EVENTS
 BLOCK_BREAK = "\n\n"  # between two text blocks of one reply, as the stored messages are apart
 
@@ -56,17 +74,23 @@ class LiveDraft:
         max_bytes: int,
         free_lines: int,
         free_bytes: int,
+        max_written: int,
         interval_s: float = WRITE_INTERVAL_S,
+        rate: float = WRITE_RATE,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.db, self.run_id, self.chat_jid = db, run_id, chat_jid
         self.max_bytes, self.free_lines, self.free_bytes = max_bytes, free_lines, free_bytes
-        self.interval_s = interval_s
+        self.max_written = max_written
+        self.interval_s, self.rate = interval_s, rate
         self._clock = clock
         self.lines = 0  # delta lines seen, in all
         self.bytes = 0  # their text's bytes, in all
         self.dropped = 0  # bytes not kept (over max_bytes, or past the free allowance)
         self.writes = 0  # rows written (tests and the bench read it)
+        self.written = 0  # the text's bytes those writes carried (or tried to), in all
+        self.spent = False  # max_written reached: no more writes this attempt
+        self._wait = 0.0  # after the last write, before the next one
         self._parts: list[str] = []
         self._size = 0
         self._block: str | None = None
@@ -103,7 +127,7 @@ class LiveDraft:
             self._parts.append(piece)
             self._size += size
             self._dirty = True
-        if self._dirty and self._clock() - self._written_at >= self.interval_s:
+        if self._dirty and not self.spent and self._clock() - self._written_at >= self._wait:
             self._write()
         return True
 
@@ -121,9 +145,17 @@ class LiveDraft:
         self.stored()
 
     def _write(self) -> None:
+        if self.written + self._size > self.max_written:
+            self.spent = True
+            log.info("run %s: its drafts wrote %d bytes (ORCHESTRATOR_MAX_RUN_STORED_BYTES): no live view for the "
+                     "rest of the attempt; its replies are stored as always", self.run_id, self.written)
+            return
         self._version += 1
         self._written_at = self._clock()
+        # A failed write waits as long: a database that is away is not asked ten times a second either.
+        self._wait = max(self.interval_s, self._size / self.rate)
         self._dirty = False
+        self.written += self._size
         try:
             save_draft(self.db, self.run_id, self.chat_jid, self.text, self._version)
             self._published = True

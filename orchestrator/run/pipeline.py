@@ -730,7 +730,7 @@ class Pipeline:
         # The reply as it is written, for the chat's live view; never stored (live_draft.py).
         draft = LiveDraft(self.db, run.id, group.chat_jid, max_bytes=settings.max_event_line_bytes,
                           free_lines=FREE_LINES_PER_EVENT * settings.max_run_events,
-                          free_bytes=settings.max_run_stored_bytes)
+                          free_bytes=settings.max_run_stored_bytes, max_written=settings.max_run_stored_bytes)
         asked = time.perf_counter()
         with self.sandbox.start(spec, input_bytes(payload)) as container, contextlib.closing(draft):
             metrics.container_started(asked, container)

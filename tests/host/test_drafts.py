@@ -5,7 +5,8 @@ The real pipeline with a fake sandbox (``tests/fakes/sandbox.py``) playing
 back from the database (``orchestrator/store/drafts.py``), by the chat's
 event stream (``ChatStream.poll``) and by the terminal chat's follower, the
 way the other processes read it.  The container is hostile: an endless or
-huge stream of deltas must stay bounded and never become rows.
+huge stream of deltas must stay bounded and never become rows, and what the
+draft writes (each write is the whole text) is bounded in bytes per run.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ import threading
 from typing import Any
 
 from agent_runner.protocol import AssistantEvent, Event, ResultEvent, TextDeltaEvent
-from sqlalchemy import func, select, update
+from sqlalchemy import event, func, select, update
 
 from orchestrator.cli.chat import Follower
 from orchestrator.core.settings import Settings
 from orchestrator.http.stream import ChatStream
 from orchestrator.model.messages import StoredMessage
 from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.run.live_draft import LiveDraft
+from orchestrator.run.live_draft import FREE_LINES_PER_EVENT, WRITE_RATE, LiveDraft
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
 from orchestrator.store.db import Database
@@ -102,7 +103,8 @@ class Ticks:
 def test_the_draft_is_written_at_most_every_interval_and_capped(db: Database) -> None:
     run_id = _running_run(db)
     clock = Ticks()
-    draft = LiveDraft(db, run_id, JID, max_bytes=1000, free_lines=10_000, free_bytes=10**6, clock=clock)
+    draft = LiveDraft(db, run_id, JID, max_bytes=1000, free_lines=10_000, free_bytes=10**6, max_written=10**9,
+                      clock=clock)
     for i in range(200):  # 200 pieces, 10 ms apart: 2 s of streaming
         clock.now += 0.01
         assert draft.add(TextDeltaEvent(block="1.0", text=f"w{i:03d} "))
@@ -122,12 +124,118 @@ def test_the_draft_is_written_at_most_every_interval_and_capped(db: Database) ->
 
 
 def test_deltas_past_the_free_allowance_are_dropped_and_counted(db: Database) -> None:
-    draft = LiveDraft(db, _running_run(db), JID, max_bytes=10**6, free_lines=5, free_bytes=100)
+    draft = LiveDraft(db, _running_run(db), JID, max_bytes=10**6, free_lines=5, free_bytes=100, max_written=10**9)
     taken = [draft.add(TextDeltaEvent(block="1.0", text="x" * 10)) for _ in range(8)]
     assert taken == [True] * 5 + [False] * 3
     assert draft.text == "x" * 50
-    draft = LiveDraft(db, _running_run(db), JID, max_bytes=10**6, free_lines=1000, free_bytes=100)
+    draft = LiveDraft(db, _running_run(db), JID, max_bytes=10**6, free_lines=1000, free_bytes=100, max_written=10**9)
     assert [draft.add(TextDeltaEvent(block="1.0", text="y" * 40)) for _ in range(3)] == [True, True, False]
+
+
+# -- what the draft writes, in bytes: bounded per run (issue 29) -----------------------------
+
+
+class DraftWrites:
+    """The bytes of the parameters of every statement that wrote a ``run_drafts`` row (an UPDATE
+    that found none wrote nothing), and how many statements read a draft's text."""
+
+    def __init__(self, db: Database) -> None:
+        self.engine = db.engine
+        self.bytes = 0
+        self.statements = 0
+        self.text_reads = 0
+
+    def _seen(self, conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        sql = " ".join(statement.split()).lower()
+        if ("update run_drafts" in sql or "insert into run_drafts" in sql) and cursor.rowcount > 0:
+            values = parameters.values() if isinstance(parameters, dict) else parameters
+            self.bytes += sum(len(v.encode()) for v in values if isinstance(v, str))
+            self.statements += 1
+        elif sql.startswith("select") and "run_drafts.text" in sql:
+            self.text_reads += 1
+
+    def __enter__(self) -> DraftWrites:
+        event.listen(self.engine, "after_cursor_execute", self._seen)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        event.remove(self.engine, "after_cursor_execute", self._seen)
+
+
+def _as_the_pipeline_makes_it(db: Database, settings: Settings, run_id: str, clock: Ticks) -> LiveDraft:
+    return LiveDraft(db, run_id, JID, max_bytes=settings.max_event_line_bytes,
+                     free_lines=FREE_LINES_PER_EVENT * settings.max_run_events,
+                     free_bytes=settings.max_run_stored_bytes, max_written=settings.max_run_stored_bytes, clock=clock)
+
+
+def test_a_huge_delta_then_a_byte_every_100_ms_writes_bounded_bytes(settings: Settings, db: Database) -> None:
+    """The review's pattern: one 1 MB delta, then a 1-byte delta every 100 ms for a whole run
+    (the default 300 s).  Each write is the whole draft, so today's writer rewrote 1 MB ten
+    times a second (3 GB a run), and every open stream got each version.  Bounded now by the
+    pace (after n bytes, the next write waits n / 64 KiB/s) and the run's budget; the stream
+    reads and sends each version once."""
+    run_id = _running_run(db)
+    clock = Ticks()
+    draft = _as_the_pipeline_makes_it(db, settings, run_id, clock)
+    stream = ChatStream(db, JID, 0)
+    stream.poll()  # the run: live
+    run_s = settings.run_timeout_s
+    # One burst, then the pace; and never past the run's budget.
+    bound = min(10**6 + WRITE_RATE * run_s, settings.max_run_stored_bytes) + 64 * 1024  # + the row's other fields
+    sent = 0
+    polls = 0
+    with DraftWrites(db) as writes:
+        assert draft.add(TextDeltaEvent(block="1.0", text="x" * 10**6))
+        while clock.now < run_s:
+            clock.now += 0.1
+            assert draft.add(TextDeltaEvent(block="1.0", text="y"))
+            if round(clock.now * 10) % 2 == 0:  # a page polls every 200 ms
+                polls += 1
+                sent += sum(len(f.data.encode()) for f in stream.poll() if f.event == "draft")
+            # Today's writer passes the bound within two seconds: fail there, not after 3 GB.
+            assert writes.bytes <= bound, f"{writes.bytes} bytes written by {clock.now:.1f} s"
+        # The writer's own count is the database's: the texts, and the row's few other fields.
+        assert draft.written <= writes.bytes <= draft.written + writes.statements * 200
+        assert 10**6 <= draft.written <= settings.max_run_stored_bytes
+        assert sent <= draft.written + writes.statements * 100  # each version at most once, JSON around it
+        assert writes.text_reads <= writes.statements + 1 < polls / 10  # not the text of every tick
+    [row] = chat_drafts(db, JID)
+    assert row.text.startswith("x" * 10**6)  # what was written last stays until the reply is stored
+    draft.stored()
+    assert chat_drafts(db, JID) == []
+
+
+def test_the_pace_keeps_a_readable_draft_live_and_slows_a_big_one(db: Database) -> None:
+    """What a person watching sees: a reply of a few KiB every 100 ms, as before; a 64 KiB
+    draft about once a second; the pace holds across a stored reply."""
+    clock = Ticks()
+    draft = LiveDraft(db, _running_run(db), JID, max_bytes=2**20, free_lines=10**6, free_bytes=10**9,
+                      max_written=10**9, clock=clock)
+    for _ in range(60):  # 60 pieces of 100 bytes, 100 ms apart (and a hair, for the float sums): 6 KB
+        clock.now += 0.101
+        draft.add(TextDeltaEvent(block="1.0", text="w" * 100))
+    assert draft.writes == 60
+    draft.stored()
+    writes = draft.writes
+    for _ in range(100):  # 64 KiB at once, then 10 s of a piece each 100 ms
+        clock.now += 0.101
+        draft.add(TextDeltaEvent(block="2.0", text="z" * (64 * 1024 if _ == 0 else 10)))
+    assert 9 <= draft.writes - writes <= 11
+
+
+def test_past_the_runs_budget_the_draft_stays_until_stored_and_no_new_one_is_written(db: Database) -> None:
+    clock = Ticks()
+    draft = LiveDraft(db, _running_run(db), JID, max_bytes=2**20, free_lines=10**6, free_bytes=10**9,
+                      max_written=10_000, clock=clock)
+    for i in range(10):  # 1 KB each 100 ms: writes of 1, 2, 3, 4 KB; the 5 KB one would pass 10 KB
+        clock.now += 0.101
+        draft.add(TextDeltaEvent(block="1.0", text=str(i) * 1000))
+    assert (draft.writes, draft.written, draft.spent) == (4, 10_000, True)
+    assert chat_drafts(db, JID)[0].text == "0" * 1000 + "1" * 1000 + "2" * 1000 + "3" * 1000
+    draft.stored()
+    clock.now += 60
+    assert draft.add(TextDeltaEvent(block="2.0", text="next reply"))
+    assert chat_drafts(db, JID) == [] and draft.writes == 4
 
 
 # -- through the pipeline -----------------------------------------------------
