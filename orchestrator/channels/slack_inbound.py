@@ -23,7 +23,9 @@ API POSTs it; Socket Mode wraps it in an ``events_api`` envelope);
   thread: ``orchestrator/channels/slack.py``);
 * the group is the one whose ``slack`` attachment address is the channel id; a
   channel no group is attached to is stored under ``slack:<channel id>`` and
-  never wakes an agent, like any unregistered chat;
+  never wakes an agent, like any unregistered chat, within ingest's bounds on them
+  (``ORCHESTRATOR_UNREGISTERED_CHATS``, ``ORCHESTRATOR_UNREGISTERED_CHAT_MESSAGES``):
+  a message past them is dropped (counted and logged by ingest) and answered 200;
 * a sender over ``ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE`` gets an ephemeral
   "slow down" (once per wait) and the message is dropped.
 
@@ -70,7 +72,7 @@ from orchestrator.channels.slack import (
     attached_groups,
 )
 from orchestrator.channels.slack_blocks import escape, unescape
-from orchestrator.core.errors import ChannelError, RateLimited
+from orchestrator.core.errors import ChannelError, RateLimited, UnregisteredChatsFull
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest
 from orchestrator.store.db import Database
@@ -293,6 +295,8 @@ class SlackInbound:
         except RateLimited as exc:
             self._slow_down(callback.event, incoming, exc)
             result = None
+        except UnregisteredChatsFull:
+            result = None  # an unattached channel past the cap: dropped (ingest counted and logged it)
         self._remember(callback.event_id)  # only once stored: a failure is retried by Slack
         return result
 

@@ -16,7 +16,10 @@
   (mirrored to the group's other channels, not back).  The chat is the group
   whose ``telegram`` attachment address is the Telegram chat id; a chat no
   group is attached to is stored under ``tg:<chat id>`` and never wakes an
-  agent, like any unregistered chat.  The next offset is kept in
+  agent, like any unregistered chat, within ingest's bounds on them (how many such
+  chats are kept, and each one's newest messages: ``ORCHESTRATOR_UNREGISTERED_CHATS``,
+  ``ORCHESTRATOR_UNREGISTERED_CHAT_MESSAGES``); a message past them is dropped
+  (counted and logged by ingest) and polling goes on.  The next offset is kept in
   ``<data dir>/telegram/offset-<bot>`` after each batch is stored, and message
   ids are ``tg-<chat id>-<message id>``, so a restart (or a redelivered
   update) stores nothing twice.  A sender over
@@ -47,7 +50,7 @@ from typing import Any, TypeVar
 from sqlalchemy import select
 
 from orchestrator.channels.base import BaseChannel
-from orchestrator.core.errors import ChannelError, ChannelRateLimited, RateLimited
+from orchestrator.core.errors import ChannelError, ChannelRateLimited, RateLimited, UnregisteredChatsFull
 from orchestrator.core.settings import Settings
 from orchestrator.model.render import RenderedMessage
 from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest
@@ -334,6 +337,8 @@ class TelegramPoller:
                                       signal_delivery=self.signal_delivery))
             except RateLimited as exc:
                 self._slow_down(update.message, incoming, exc)
+            except UnregisteredChatsFull:
+                pass  # an unattached chat past the cap: dropped (ingest counted and logged it)
         # Only after the batch is stored: a crash before this re-reads it, and the ids dedupe it.
         self._write_offset(max(u.update_id for u in updates) + 1)
         return results

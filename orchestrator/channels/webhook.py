@@ -16,6 +16,11 @@
   not the outbound one: every receiver of our deliveries holds that one, and
   could otherwise post as anyone.  A sender over
   ``ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE`` is a 429 with ``Retry-After``.
+  The chat must be a registered group, as for ``POST /api/messages`` (the same
+  body, the same rule): else a 404 and nothing is stored.  With
+  ``ORCHESTRATOR_API_REQUIRE_REGISTERED_CHAT=false`` any chat is taken, within
+  ingest's bounds on unregistered chats (``ORCHESTRATOR_UNREGISTERED_CHATS``,
+  ``ORCHESTRATOR_UNREGISTERED_CHAT_MESSAGES``); a new chat past them is a 404 too.
 * **Outbound**: the built-in ``webhook`` channel POSTs each delivered
   message as JSON to the attached address (``orchestrator groups attach JID
   webhook --address https://...``), signed with ``ORCHESTRATOR_WEBHOOK_SECRET``
@@ -52,12 +57,13 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from orchestrator.channels.base import BaseChannel
-from orchestrator.core.errors import ChannelError, OrchestratorError, RateLimited
+from orchestrator.core.errors import ChannelError, OrchestratorError, RateLimited, UnknownGroup
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, NEVER_STORED_SENDERS, SENDER_SCHEDULER
 from orchestrator.model.render import RenderedMessage
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.store.db import Database
+from orchestrator.store.groups import is_registered
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +239,9 @@ def add_inbound_route(
                              "`field` names the offending one"},
         401: {"description": f"missing or wrong {SIGNATURE_HEADER}, {TIMESTAMP_HEADER} outside the window, "
                            f"or a malformed {NONCE_HEADER}"},
-        404: {"description": "inbound webhooks are off (no ORCHESTRATOR_WEBHOOK_INBOUND_SECRET)"},
+        404: {"description": "inbound webhooks are off (no ORCHESTRATOR_WEBHOOK_INBOUND_SECRET), or the chat "
+                             "is not a registered group (when registration is required; else: a new chat past "
+                             "ORCHESTRATOR_UNREGISTERED_CHATS); nothing was stored"},
         413: {"description": "content too long"},
         429: {"description": "the sender is over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE; nothing was stored",
               "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}},
@@ -265,11 +273,18 @@ def add_inbound_route(
         if len(incoming.content) > max_chars:
             return JSONResponse({"detail": f"content is longer than {max_chars} characters"}, 413)
         incoming = incoming.model_copy(update={"channel": CHANNEL, "id": incoming.id or NONCE_ID_PREFIX + nonce})
+        if settings.api_require_registered_chat and not is_registered(db, incoming.chat_jid):
+            # As POST /api/messages answers (the same body): a message no agent will ever see is not stored.
+            return JSONResponse({"detail": f"no registered group for chat {incoming.chat_jid!r} (register it "
+                                           "with POST /api/groups; ORCHESTRATOR_API_REQUIRE_REGISTERED_CHAT=false "
+                                           "accepts any chat)"}, 404)
         try:
             result = ingest(db, settings, incoming, signal=signal, signal_delivery=signal_delivery)
         except RateLimited as exc:  # the sender is over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE
             return JSONResponse({"detail": str(exc), "retry_after_s": exc.retry_after_s}, 429,
                                 headers={"Retry-After": str(exc.retry_after_s)})
+        except UnknownGroup as exc:  # an unregistered chat past ORCHESTRATOR_UNREGISTERED_CHATS
+            return JSONResponse({"detail": str(exc)}, 404)
         except OrchestratorError as exc:
             bad_field = getattr(exc, "field", None)
             return JSONResponse({"detail": str(exc), **({"field": bad_field} if bad_field else {})}, 400)

@@ -19,7 +19,10 @@ the classes defined outside this module say where they live::
     ├── StoreError             the database refused or lacks something (a duplicate group, no such
     │   │                      run or task) [store.groups, store.runs, run.assembly, run.schedules]
     │   ├── UnknownGroup       a chat id that is not a registered group
-    │   │                      [store.groups, store.attachments, sandbox.config]
+    │   │   │                  [store.groups, store.attachments, sandbox.config]
+    │   │   └── UnregisteredChatsFull   a message of a chat that is no registered group, when
+    │   │                      ORCHESTRATOR_UNREGISTERED_CHATS such chats are kept already: not
+    │   │                      stored (HTTP 404, as for any unregistered chat) [run.ingest]
     │   ├── MessageNotFound    no such (message id, chat) in the store [store.message_log, store.history]
     │   └── DatabaseUnavailable   the database cannot serve for now (a lock held elsewhere past the wait, a
     │                          server restarting or unreachable, a full disk); carries retry_after_s
@@ -110,6 +113,18 @@ class UnknownGroup(StoreError, LookupError):
     def __init__(self, chat_jid: str) -> None:
         super().__init__(f"no registered group for chat {chat_jid!r}")
         self.chat_jid = chat_jid
+
+
+class UnregisteredChatsFull(UnknownGroup):
+    """A message of a chat that is no registered group, and ``limit`` such chats are kept already
+    (ORCHESTRATOR_UNREGISTERED_CHATS; orchestrator.run.ingest): nothing was stored."""
+
+    def __init__(self, chat_jid: str, limit: int) -> None:
+        super().__init__(chat_jid)
+        self.args = (f"no registered group for chat {chat_jid!r}, and {limit} unregistered chats are kept "
+                     "already (ORCHESTRATOR_UNREGISTERED_CHATS): the message was not stored; register the "
+                     "chat as a group to take its messages",)
+        self.limit = limit
 
 
 class MessageNotFound(StoreError, LookupError):

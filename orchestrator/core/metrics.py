@@ -21,6 +21,9 @@ The metrics (names as exposed; counters end in ``_total``):
   duplicate id is not counted), ``wakes`` "yes" when it woke the agent;
 * ``orchestrator_sender_refusals_total``: messages refused because their sender
   was over ``ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE``;
+* ``orchestrator_unregistered_messages_dropped_total``: messages not stored because
+  their chat is no registered group and ``ORCHESTRATOR_UNREGISTERED_CHATS`` such
+  chats are kept already (orchestrator/run/ingest.py);
 * ``orchestrator_runs_started_total``: runs created (one per run, not per attempt);
 * ``orchestrator_runs_finished_total{state}``: runs ended (succeeded, failed,
   timed_out, cancelled), by the pipeline, or closed as failed after their worker
@@ -76,6 +79,8 @@ MESSAGES_INGESTED = Counter("orchestrator_messages_ingested", "Messages stored b
                             "by whether they woke the agent.", ["wakes"])
 SENDER_REFUSALS = Counter("orchestrator_sender_refusals", "Messages refused: their sender was over "
                           "ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE.")
+UNREGISTERED_DROPS = Counter("orchestrator_unregistered_messages_dropped", "Messages not stored: their chat is "
+                             "no registered group and ORCHESTRATOR_UNREGISTERED_CHATS such chats are kept already.")
 RUNS_STARTED = Counter("orchestrator_runs_started", "Agent runs created (one per run, not per attempt).")
 RUNS_FINISHED = Counter("orchestrator_runs_finished", "Agent runs ended, by their final state.", ["state"])
 RUN_DURATION = Histogram("orchestrator_run_duration_seconds", "A finished run's duration, from its creation to its "

@@ -101,8 +101,21 @@ class Settings(msgspec.Struct, kw_only=True):
     # the message is refused, not stored (HTTP 429 with Retry-After; Telegram
     # replies "slow down").  0: no limit, the default: the tests, the
     # benchmarks and a single-user install send far more than any sensible
-    # limit from one sender; an install open to strangers sets e.g. 20.
+    # limit from one sender; an install open to strangers sets e.g. 20 (what
+    # strangers' chats store is bounded either way: the two settings below).
     sender_messages_per_minute: Annotated[int, Meta(ge=0)] = 0
+    # Chats that are no registered group (a Telegram chat or Slack channel no group is
+    # attached to; any chat posted to with ORCHESTRATOR_API_REQUIRE_REGISTERED_CHAT=false):
+    # their messages are stored but never wake an agent, within two bounds ingest keeps
+    # for every channel (orchestrator/run/ingest.py).  How many such chats are kept: past
+    # it, a chat not yet kept has its messages dropped, not stored (counted by the metric
+    # orchestrator_unregistered_messages_dropped, logged once per chat) until one is
+    # registered.  0: no limit.
+    unregistered_chats: Annotated[int, Meta(ge=0)] = 100
+    # How many of an unregistered chat's newest messages are kept: each new one deletes
+    # the oldest past it, so a chat registered later starts with its recent messages as
+    # context.  0: no limit.
+    unregistered_chat_messages: Annotated[int, Meta(ge=0)] = 50
     # Runs at once across the whole fleet (every worker of every host), counted
     # and admitted by the database (orchestrator/store/slots.py); 0: no cap.
     # A run over it never starts: its group waits (`orchestrator runs waiting`),

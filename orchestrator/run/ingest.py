@@ -6,11 +6,30 @@ only after the commit, signal a worker (only when the group was idle: see
 pending mark is in the database and the sweeper re-signals it.  A sender
 over its rate (``ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE``) is refused
 before anything is stored (:class:`~orchestrator.core.errors.RateLimited`).
+
+A chat that is no registered group (a Telegram chat or Slack channel no group is
+attached to, a webhook or API post for any chat when registration is not
+required) never wakes an agent, and what it stores is bounded here, for every
+channel alike (:func:`_bound_unregistered`):
+
+* at most ``ORCHESTRATOR_UNREGISTERED_CHATS`` such chats are kept: the first
+  message of one more is not stored (:class:`~orchestrator.core.errors.UnregisteredChatsFull`,
+  counted by ``orchestrator_unregistered_messages_dropped_total``, logged once per
+  chat), and neither is any later one of it, until a group is registered;
+* a kept one holds its ``ORCHESTRATOR_UNREGISTERED_CHAT_MESSAGES`` newest messages:
+  each new one deletes the oldest past them, so a chat registered later starts
+  with its recent messages as context rather than none or all.
+
+Both are decided under the write lock the insert holds (SQLite's, or the
+message-seq lock on PostgreSQL), so concurrent first messages of new chats
+cannot pass the cap together.  A registered chat pays nothing for them.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -19,7 +38,7 @@ from sqlalchemy import Connection, update
 from sqlalchemy.orm import Session
 
 from orchestrator.core import metrics, tracing
-from orchestrator.core.errors import RateLimited
+from orchestrator.core.errors import RateLimited, UnregisteredChatsFull
 from orchestrator.core.jsontypes import JsonBool, JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, MessageType, NewMessage, StoredMessage
@@ -89,6 +108,32 @@ _ROUTING_SQLITE = _ROUTING.format(place=place_sql(sqlite=True))
 # lock the row too).  SQLite: the IMMEDIATE transaction already excludes them.
 _ROUTING_LOCKED = _ROUTING.format(place=place_sql(sqlite=False)) + " FOR UPDATE OF groups"
 _MARK_PENDING = "UPDATE groups SET pending_seq = :seq WHERE chat_jid = :chat_jid AND pending_seq < :seq"
+
+# Unregistered chats (see the module's doc).  Whether the chat had a message before this one
+# (an index probe on (chat_jid, seq)): if not, it is a chat not kept yet.
+_KEPT_BEFORE = "SELECT 1 FROM messages WHERE chat_jid = :chat_jid AND seq < :seq LIMIT 1"
+# The other chats with messages and no group, counted up to :limit.  The messages table
+# has no list of its chats: a loose index scan over (chat_jid, seq) walks them one probe
+# each (the chats of registered groups too), never the messages; it runs only for a new
+# unregistered chat's first message, and the cap bounds what it walks.
+_OTHER_UNREGISTERED = """WITH RECURSIVE chats(jid) AS (
+        SELECT MIN(chat_jid) FROM messages
+        UNION ALL
+        SELECT (SELECT MIN(m.chat_jid) FROM messages m WHERE m.chat_jid > chats.jid)
+        FROM chats WHERE chats.jid IS NOT NULL)
+    SELECT COUNT(*) FROM (
+        SELECT jid FROM chats
+        WHERE jid IS NOT NULL AND jid <> :chat_jid
+          AND NOT EXISTS (SELECT 1 FROM groups g WHERE g.chat_jid = chats.jid)
+        LIMIT :limit) AS kept"""
+# The chat's messages older than its :keep newest (none while it has fewer).
+_PRUNE = """DELETE FROM messages WHERE chat_jid = :chat_jid AND seq < (
+        SELECT seq FROM messages WHERE chat_jid = :chat_jid ORDER BY seq DESC LIMIT 1 OFFSET :older)"""
+# Chats already logged as dropped, per process (the newest ones; a flood of new chats
+# must not grow it nor flood the log).
+_DROPPED_LOGGED: OrderedDict[str, None] = OrderedDict()
+_DROPPED_LOGGED_MAX = 10_000
+_dropped_lock = threading.Lock()
 
 
 def rate_limited_sender(new: NewMessage) -> bool:
@@ -219,6 +264,9 @@ def _ingest(
         # Counted here, where the refusal is final (a batch that met it is tried again one by one).
         metrics.SENDER_REFUSALS.inc()
         raise
+    except UnregisteredChatsFull as exc:
+        _dropped(exc)
+        raise
     return _announce(incoming, stored, signal=signal, signal_delivery=signal_delivery, on_stored=on_stored)
 
 
@@ -271,6 +319,7 @@ def _store(
     group = driver_execute(conn, routing, {"chat_jid": incoming.chat_jid, "window": ALIVE_WINDOW_S}).fetchone()
     if group is None:
         out.triggered = False
+        _bound_unregistered(conn, settings, msg)
     elif wake is None:
         is_main, requires_trigger, assistant_name = group[0], group[1], group[2]
         out.triggered = wakes(msg, is_main=bool(is_main), requires_trigger=bool(requires_trigger),
@@ -285,6 +334,34 @@ def _store(
         pending_seq, cursor_seq, out.place = group[3], group[4], group[5]
         out.needs_signal = pending_seq <= cursor_seq
     return out
+
+
+def _bound_unregistered(conn: Connection, settings: Settings, msg: StoredMessage) -> None:
+    """Inside the ingest transaction, after ``msg`` (of a chat that is no registered group) was
+    inserted: refuse it if its chat is new and the cap is reached (the caller's transaction rolls
+    back: nothing stored), else keep the chat's newest messages only (see the module's doc)."""
+    cap, window = settings.unregistered_chats, settings.unregistered_chat_messages
+    if cap and driver_execute(conn, _KEPT_BEFORE, {"chat_jid": msg.chat_jid, "seq": msg.seq}).fetchone() is None:
+        others = driver_execute(conn, _OTHER_UNREGISTERED, {"chat_jid": msg.chat_jid, "limit": cap}).fetchone()[0]
+        if others >= cap:
+            raise UnregisteredChatsFull(msg.chat_jid, cap)
+    if window:
+        driver_execute(conn, _PRUNE, {"chat_jid": msg.chat_jid, "older": window - 1})
+
+
+def _dropped(exc: UnregisteredChatsFull) -> None:
+    """A message of an unregistered chat past the cap: counted, and logged once per chat."""
+    metrics.UNREGISTERED_DROPS.inc()
+    with _dropped_lock:
+        if exc.chat_jid in _DROPPED_LOGGED:
+            return
+        _DROPPED_LOGGED[exc.chat_jid] = None
+        while len(_DROPPED_LOGGED) > _DROPPED_LOGGED_MAX:
+            _DROPPED_LOGGED.popitem(last=False)
+    log.warning("chat %r is no registered group and %d unregistered chats are kept already "
+                "(ORCHESTRATOR_UNREGISTERED_CHATS): its messages are not stored (logged once per chat; "
+                "counted in orchestrator_unregistered_messages_dropped_total); register it to take them",
+                exc.chat_jid, exc.limit)
 
 
 def _announce(

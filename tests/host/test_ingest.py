@@ -1,7 +1,9 @@
-"""Ingest: store, decide, mark pending, signal only after commit."""
+"""Ingest: store, decide, mark pending, signal only after commit; chats that are no
+registered group bounded (how many, and each one's newest messages)."""
 
 from __future__ import annotations
 
+import logging
 import queue
 import random
 import threading
@@ -18,6 +20,7 @@ from orchestrator.run.router import has_trigger
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, ensure_main_group, get_group
 from orchestrator.store.message_log import get_messages_after
+from tests.conftest import run_in_threads
 
 
 @pytest.mark.parametrize(
@@ -241,3 +244,99 @@ def test_a_sender_over_its_rate_in_a_batch_is_refused_once_and_counted_once(db: 
     assert isinstance(second, RateLimited)
     assert [m.id for m in get_messages_after("main@local", 0, db=db)] == ["r0"]
     assert refusals() - before == 1
+
+
+# -- chats that are no registered group: bounded for every channel (issue 29) ------------------
+
+
+def _chat_rows(db: Database, chat_jid: str) -> list[str]:
+    return [m.content for m in get_messages_after(chat_jid, 0, db=db)]
+
+
+def test_unregistered_chats_are_capped_and_each_keeps_its_newest_messages(
+        db: Database, settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    """At most ``unregistered_chats`` chats without a group are kept, each with its
+    ``unregistered_chat_messages`` newest messages; a new chat past the cap stores nothing
+    (refused, counted, logged once per chat); registered chats are never touched, and a chat
+    registered later starts with its recent messages."""
+    from prometheus_client import REGISTRY
+
+    from orchestrator.core.errors import UnregisteredChatsFull
+
+    def drops() -> float:
+        return REGISTRY.get_sample_value("orchestrator_unregistered_messages_dropped_total") or 0.0
+
+    s = settings.replace(**{"unregistered_chats": 3, "unregistered_chat_messages": 5})
+    tag = f"{random.getrandbits(32):08x}"  # the log-once memory is the process's: chats new to it
+    stray = [f"stray{i}-{tag}@x" for i in range(5)]
+    ensure_main_group(db)
+
+    def say(chat: str, text: str) -> IngestResult:
+        return ingest(db, s, IncomingMessage(chat_jid=chat, sender="u", content=text), signal=None)
+
+    for n in range(8):
+        say("main@local", f"main {n}")
+        for chat in stray[:3]:
+            say(chat, f"{chat} {n}")
+    for chat in stray[:3]:  # kept, with their 5 newest messages
+        assert _chat_rows(db, chat) == [f"{chat} {n}" for n in range(3, 8)]
+    assert len(_chat_rows(db, "main@local")) == 8  # a registered chat keeps everything
+
+    before = drops()
+    with caplog.at_level(logging.WARNING, logger="orchestrator.run.ingest"):
+        for n in range(3):
+            with pytest.raises(UnregisteredChatsFull, match="ORCHESTRATOR_UNREGISTERED_CHATS"):
+                say(stray[3], f"dropped {n}")
+    assert _chat_rows(db, stray[3]) == [] and drops() - before == 3
+    assert len(caplog.records) == 1 and stray[3] in caplog.text
+    say(stray[0], "a kept chat goes on")  # the chats kept are not refused
+
+    # Registering a kept chat frees its place (and its recent messages are its context);
+    # the fourth chat is taken then.  A registered chat is never pruned again.
+    add_group(db, chat_jid=stray[0], name="s0", folder=f"s0-{tag}")
+    assert _chat_rows(db, stray[0]) == [f"{stray[0]} {n}" for n in range(4, 8)] + ["a kept chat goes on"]
+    assert say(stray[3], "taken now").created
+    for n in range(6):
+        say(stray[0], f"registered {n}")
+    assert len(_chat_rows(db, stray[0])) == 11
+    with pytest.raises(UnregisteredChatsFull):
+        say(stray[4], "the cap is full again")
+
+    # 0: no limit, either way.
+    unbounded = settings.replace(**{"unregistered_chats": 0, "unregistered_chat_messages": 0})
+    for n in range(7):
+        ingest(db, unbounded, IncomingMessage(chat_jid=stray[4], sender="u", content=f"{n}"), signal=None)
+    assert len(_chat_rows(db, stray[4])) == 7
+
+
+def test_concurrent_first_messages_of_new_chats_never_pass_the_cap(db: Database, settings: Settings) -> None:
+    s = settings.replace(**{"unregistered_chats": 3})
+    tag = f"{random.getrandbits(32):08x}"
+    stored: list[str] = []
+
+    def first_message(i: int) -> None:
+        chat = f"rush{i}-{tag}@x"
+        try:
+            ingest(db, s, IncomingMessage(chat_jid=chat, sender="u", content="hi"), signal=None)
+            stored.append(chat)
+        except StoreError:  # UnregisteredChatsFull
+            pass
+
+    assert run_in_threads(first_message, 10) == []
+    assert len(stored) == 3
+    assert all(_chat_rows(db, f"rush{i}-{tag}@x") == (["hi"] if f"rush{i}-{tag}@x" in stored else [])
+               for i in range(10))
+
+
+def test_a_batch_with_a_dropped_message_stores_the_others(db: Database, settings: Settings) -> None:
+    from orchestrator.core.errors import UnregisteredChatsFull
+
+    ensure_main_group(db)
+    s = settings.replace(**{"unregistered_chats": 1})
+    tag = f"{random.getrandbits(32):08x}"
+    batch = [IncomingMessage(chat_jid=f"b{i}-{tag}@x", sender="u", content=f"m{i}") for i in range(2)]
+    batch.append(IncomingMessage(chat_jid="main@local", sender="u", content="registered"))
+    first, second, third = ingest_batch(db, s, batch, signal=None)
+    assert isinstance(first, IngestResult) and isinstance(third, IngestResult)
+    assert isinstance(second, UnregisteredChatsFull)
+    assert _chat_rows(db, f"b1-{tag}@x") == []

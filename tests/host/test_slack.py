@@ -422,6 +422,28 @@ def test_an_unattached_channel_is_stored_but_never_wakes_the_agent(client: TestC
     assert stray.content == "@Robo anyone?" and list_deliveries(db) == []
 
 
+def test_unattached_channels_past_the_cap_are_dropped_and_answered_200(sl: tuple[Database, Settings],
+                                                                        fake: FakeSlack) -> None:
+    """Ingest's bounds on unregistered chats hold for Slack's: one unattached channel kept (its
+    two newest messages), a second one's messages dropped yet answered 200 (Slack must not
+    retry them), the attached group's taken."""
+    db, settings = sl
+    attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
+    bounded = settings.replace(**{"unregistered_chats": 1, "unregistered_chat_messages": 2})
+    with TestClient(create_app(Orchestrator(bounded))) as c:
+        for n in range(3):
+            assert _post(c, fake.message_event("C0STRAY001", "UANN0001", f"kept {n}")).status_code == 200
+        dropped = fake.message_event("C0STRAY002", "UANN0001", "dropped")
+        assert _post(c, dropped).json() == {"ok": True}
+        assert _post(c, fake.message_event(SLACK_CHANNEL, "UANN0001", "the group's")).status_code == 200
+    assert [m.content for m in get_messages_after("slack:C0STRAY001", 0, db=db)] == ["kept 1", "kept 2"]
+    assert get_messages_after("slack:C0STRAY002", 0, db=db) == []
+    assert [m.content for m in get_messages_after(JID, 0, db=db)] == ["the group's"]
+    inbound = SlackInbound(db, bounded)  # Socket Mode's way in: the same
+    assert inbound.take(fake.message_event("C0STRAY003", "UANN0001", "dropped")) is None
+    assert get_messages_after("slack:C0STRAY003", 0, db=db) == []
+
+
 def test_a_body_that_is_no_event_is_a_400(client: TestClient) -> None:
     assert _post(client, [1, 2]).status_code == 400
     assert _post(client, {"type": "event_callback", "event": "nope"}).status_code == 400

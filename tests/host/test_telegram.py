@@ -1,7 +1,7 @@
 """Telegram on a real database against a fake Bot API on loopback: delivery
 through the deliveries table (retried, once, split), long-polled updates
 stored in the attached group (mirrored, not echoed, deduplicated), unattached
-chats stored but never waking an agent, the plugin entry."""
+chats stored (within ingest's bounds) but never waking an agent, the plugin entry."""
 
 from __future__ import annotations
 
@@ -230,6 +230,31 @@ def test_an_unattached_chat_is_stored_but_never_wakes_the_agent(tg: tuple[Databa
     assert stray.content == "@Robo are you there?" and stray.sender == "tg:7"
     assert [m.content for m in get_messages_after("tg:7", 0, db=db)] == ["@Robo hello in private"]
     assert list_deliveries(db) == []
+
+
+def test_unattached_chats_past_the_cap_are_dropped_and_polling_goes_on(tg: tuple[Database, Settings],
+                                                                        fake: FakeTelegramAPI) -> None:
+    """Ingest's bounds on unregistered chats hold for Telegram's: one unattached chat kept (its
+    two newest messages), a second one's messages dropped, the attached group's taken, and the
+    offset moves past them all (a dropped message is not fetched again and again)."""
+    db, settings = tg
+    settings = settings.replace(**{"unregistered_chats": 1, "unregistered_chat_messages": 2})
+    attach_channel(db, JID, "telegram", address=str(TG_CHAT))
+    poller = TelegramPoller(db, settings)
+    try:
+        for n in range(3):
+            fake.push_text(-555, 7, f"kept {n}", chat_type="group")
+        fake.push_text(-666, 8, "dropped", chat_type="group")
+        fake.push_text(9, 9, "dropped too", chat_type="private")
+        fake.push_text(TG_CHAT, 42, "the group's")
+        results = poller.poll_once()
+        assert poller.offset == max(u["update_id"] for u in fake.updates) + 1
+    finally:
+        poller.close()
+    assert [r.message.chat_jid for r in results] == ["tg:-555"] * 3 + [JID]
+    assert [m.content for m in get_messages_after("tg:-555", 0, db=db)] == ["kept 1", "kept 2"]
+    assert get_messages_after("tg:-666", 0, db=db) == [] and get_messages_after("tg:9", 0, db=db) == []
+    assert [m.content for m in get_messages_after(JID, 0, db=db)] == ["the group's"]
 
 
 def test_a_failed_poll_raises_and_keeps_the_offset(tg: tuple[Database, Settings], fake: FakeTelegramAPI) -> None:

@@ -102,6 +102,31 @@ def test_inbound_needs_a_valid_signature(hooked: tuple[Database, Settings]) -> N
         assert len(get_messages_after(JID, 0, db=db)) == 1
 
 
+def test_inbound_takes_registered_chats_only_as_the_api_does(hooked: tuple[Database, Settings]) -> None:
+    """An inbound webhook for a chat that is no registered group is a 404 and stores nothing, as
+    POST /api/messages answers; with registration not required, unregistered chats are taken
+    within ingest's bounds (a new chat past the cap: a 404 too)."""
+    db, settings = hooked
+
+    def body(chat: str, text: str = "hello") -> bytes:
+        return json.dumps({"chat_jid": chat, "sender": "ci-bot", "content": text}).encode()
+
+    with TestClient(create_app(Orchestrator(settings))) as client:
+        r = _post(client, body("stranger@x"), INBOUND_SECRET)
+        assert r.status_code == 404 and "no registered group" in r.json()["detail"], r.text
+        assert get_messages_after("stranger@x", 0, db=db) == []
+        assert _post(client, body(JID), INBOUND_SECRET).status_code == 201
+    open_settings = settings.replace(**{"api_require_registered_chat": False, "unregistered_chats": 1,
+                                        "unregistered_chat_messages": 2})
+    with TestClient(create_app(Orchestrator(open_settings))) as client:
+        for n in range(3):
+            assert _post(client, body("stranger@x", f"m{n}"), INBOUND_SECRET).status_code == 201
+        r = _post(client, body("another@x"), INBOUND_SECRET)
+        assert r.status_code == 404 and "ORCHESTRATOR_UNREGISTERED_CHATS" in r.json()["detail"], r.text
+    assert [m.content for m in get_messages_after("stranger@x", 0, db=db)] == ["m1", "m2"]
+    assert get_messages_after("another@x", 0, db=db) == []
+
+
 def test_inbound_is_off_without_a_secret(db: Database, settings: Settings) -> None:
     body = b"{}"
     with TestClient(create_app(Orchestrator(settings))) as client:
