@@ -167,11 +167,16 @@ class Orchestrator:
 
     def tend_warm_containers(self) -> int:
         """Stop this host's warm containers of groups now placed on another host (moved,
-        or taken over while this host was away), then count the running ones: what the
-        host heartbeat's counting thread does every beat."""
+        or taken over while this host was away) and unmount their volumes, then count the
+        running ones: what the host heartbeat's counting thread does every beat."""
+        from orchestrator.sandbox.fencing import release_moved
         from orchestrator.sandbox.warm import WarmPool
 
-        return WarmPool(self.settings, self.docker.client).tend(self.db)
+        pool = WarmPool(self.settings, self.docker.client)
+        running = pool.tend(self.db)
+        # Then the volumes of the groups that moved: unmounted here, for their new host's machine.
+        release_moved(self.db, self.settings, pool)
+        return running
 
     def stop_idle_warm_containers(self) -> int:
         """As this host's worker stops: its warm containers with no run on them and its

@@ -487,11 +487,16 @@ def groups_unmount_volumes() -> None:
     """Unmount every group's workspace volume of this data dir (the images and
     files stay; the next run mounts its group's again).  Stop the workers
     first; needed before the data dir can be deleted or moved."""
-    from orchestrator.sandbox.quota import unmount_all
+    from orchestrator.sandbox.quota import SESSION_PREFIX, unmount_all
+    from orchestrator.store.volume_holds import release
 
-    settings = _setup().settings
+    root = _setup()
+    settings = root.settings
     try:
         done = unmount_all(settings)
+        # Unmounted on this machine: another host's machine may mount them now.
+        for name in done:
+            release(root.db, name.removeprefix(SESSION_PREFIX), settings.effective_host_id)
     except OrchestratorError as exc:
         raise _fail(exc) from exc
     _echo(f"unmounted {len(done)} workspace volume(s){': ' + ', '.join(done) if done else ''}", err=True)

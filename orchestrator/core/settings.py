@@ -171,10 +171,11 @@ class Settings(msgspec.Struct, kw_only=True):
     # dead host's groups (store/hosts.py).  0: no fence (the runner reads its input to
     # the end of stdin, as runners before the fence did).
     sandbox_fence_s: Annotated[float, Meta(ge=0, le=8)] = 5.0
-    # A host that has not beaten for this long has its warm and standby containers
-    # removed by any live host on the same Docker engine (sandbox/warm.py): a worker
-    # SIGKILLed for good leaves them running otherwise.  0: never.
-    dead_host_containers_s: Annotated[float, Meta(ge=0)] = 120.0
+    # A host that has not beaten for this long is gone for good: any live host on the
+    # same Docker engine removes its warm and standby containers (sandbox/warm.py; a
+    # worker SIGKILLed for good leaves them running otherwise), and another host may
+    # take over the group volumes it held (store/volume_holds.py).  0: never.
+    dead_host_s: Annotated[float, Meta(ge=0)] = 120.0
     # Failed runs that stored no output are retried with backoff and jitter.
     max_attempts: Annotated[int, Meta(ge=1)] = 3
     retry_base_s: Annotated[float, Meta(ge=0)] = 2.0

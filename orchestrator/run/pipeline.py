@@ -69,6 +69,7 @@ from orchestrator.run.sweeper import recover_group
 from orchestrator.sandbox.bounded_io import OutputBudget, OutputLimitExceeded
 from orchestrator.sandbox.config import container_plan
 from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerSpec, DockerSandbox
+from orchestrator.sandbox.fencing import hold_for_attempt
 from orchestrator.sandbox.gateway import ModelGateway
 from orchestrator.sandbox.image import image_name, model_variant
 from orchestrator.sandbox.port import Sandbox
@@ -659,6 +660,8 @@ class Pipeline:
         lease_lost: threading.Event | None,
         spend: RunSpend,
     ) -> Attempt:
+        # Its volumes are mounted on one machine at a time (a fleet shares the data dir).
+        hold_for_attempt(self.db, self.settings, group, payload.model.provider)
         # The group's limits and mounts, checked against the allowlist as it is now.
         plan = container_plan(self.settings, group)
         spec = ContainerSpec(

@@ -890,6 +890,26 @@ def _volume_named(settings: Settings, name: str) -> Volume | None:
     return Volume.of(settings, name)
 
 
+def unmount_group(settings: Settings, folder: str) -> bool:
+    """Unmount the group's volumes on this machine (a group that moved to another host); True
+    once none is mounted nor its image attached to a loop device here any more: only then
+    may another machine mount them (``store/volume_holds.py``)."""
+    free = True
+    for vol in group_volumes(settings, folder):
+        if not vol.image.exists():
+            continue
+        try:
+            vol.unmount()
+        except VolumeUnavailable as exc:
+            log.warning("could not unmount the volume %s of %s: %s", vol.image, folder, exc)
+            free = False
+            continue
+        if _still_attached(vol.image):
+            # Still held in another mount namespace (a container that has not exited yet).
+            free = False
+    return free
+
+
 def unmount_all(settings: Settings) -> list[str]:
     """Unmount every group volume of this data dir (the images stay); returns their names."""
     done: list[str] = []

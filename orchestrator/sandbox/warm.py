@@ -379,11 +379,11 @@ class WarmPool:
 
     def remove_dead_hosts_containers(self, db: Database) -> int:
         """Remove the warm and standby containers on this engine of hosts that have not
-        beaten for ``ORCHESTRATOR_DEAD_HOST_CONTAINERS_S`` (a worker SIGKILLed for good
+        beaten for ``ORCHESTRATOR_DEAD_HOST_S`` (a worker SIGKILLed for good
         leaves them running: its groups moved, and nobody else tends them).  Looked at at
         most every :data:`REAP_EVERY_S` per process: one Docker list, and a database read
         only when another host's containers are there.  Returns how many were removed."""
-        after = self.settings.dead_host_containers_s
+        after = self.settings.dead_host_s
         now = time.monotonic()
         if after <= 0 or now - _reaped_at.get(self.host_id, -REAP_EVERY_S) < REAP_EVERY_S:
             return 0

@@ -263,6 +263,17 @@ class SenderHitRow(Base):
     __table_args__ = (Index("idx_sender_hits_window", "chat_jid", "sender", "at"),)
 
 
+class VolumeHoldRow(Base):
+    """The host that may have a group's volumes (workspace, session folder) loop-mounted
+    (``orchestrator/store/volume_holds.py``): one machine at a time, whatever the fleet shares."""
+
+    __tablename__ = "volume_holds"
+
+    folder: Mapped[str] = mapped_column(Text, primary_key=True)
+    host_id: Mapped[str] = mapped_column(Text, nullable=False, index=True)
+    held_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+
+
 class RunWaitRow(Base):
     """A group whose next run waits for a free slot of ``ORCHESTRATOR_MAX_CONCURRENT_RUNS``
     (``orchestrator/store/slots.py``): since when, and when it last asked (the

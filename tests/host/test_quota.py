@@ -513,3 +513,69 @@ def test_a_killed_replays_scratch_volume_is_removed_by_the_next_one(volume_setti
         left = sorted(p.name for p in quota.volumes_dir(settings).iterdir() if "killed" in p.name)
         assert left == []
     assert not _mounts_at(where)
+
+
+# -- one machine at a time (a fleet shares the data dir) -------------------------------------
+
+
+def test_a_volume_is_mounted_by_one_host_at_a_time_and_follows_its_group(
+    volume_settings: Settings, db: Database,
+) -> None:
+    """Two hosts on one shared data dir: the group's volume is mounted only by the host that holds
+    it, refused to the other, unmounted and let go when the group moves, then mounted by the new
+    host; a holder gone for good is taken over."""
+    from datetime import timedelta
+
+    import docker
+    from sqlalchemy import update
+
+    from orchestrator.sandbox.config import container_plan
+    from orchestrator.sandbox.fencing import hold_for_attempt, release_moved
+    from orchestrator.sandbox.warm import WarmPool
+    from orchestrator.store import hosts
+    from orchestrator.store.groups import get_group
+    from orchestrator.store.tables import GroupRow, HostRow
+    from orchestrator.store.volume_holds import VolumeHeldElsewhere, holder
+
+    require_volumes()
+    a, b = volume_settings.replace(host_id="host-a"), volume_settings.replace(host_id="host-b", dead_host_s=60)
+    for host in ("host-a", "host-b"):
+        hosts.register(db, host_id=host, instance=host, version="test", concurrency=1)
+    add_group(db, chat_jid="team@chat", name="team", folder="team")
+
+    def place(host: str) -> None:
+        with db.write() as session:
+            session.execute(update(GroupRow).where(GroupRow.chat_jid == "team@chat").values(placed_host=host))
+
+    place("host-a")
+    group = get_group(db, "team@chat")
+    vol = quota.Volume.of(a, "team")
+    hold_for_attempt(db, a, group, "offline")
+    plan = container_plan(a, group)
+    assert vol.mounted() == "ours" and holder(db, "team") == "host-a"
+    (plan.workspace / "notes.txt").write_text("written on host a\n")
+    # Host b may not mount it while host a has it: a retryable refusal naming the holder.
+    with pytest.raises(VolumeHeldElsewhere, match="held by host 'host-a'"):
+        hold_for_attempt(db, b, group, "offline")
+    # Host a's beat lets go only once the group has moved.
+    pool_a = WarmPool(a, docker.from_env())
+    assert release_moved(db, a, pool_a) == [] and vol.mounted() == "ours"
+    place("host-b")
+    assert release_moved(db, a, pool_a) == ["team"]
+    assert vol.mounted() is None and not quota.loop_devices_of(vol.image) and holder(db, "team") is None
+    # Now host b holds and mounts it, with what host a wrote.
+    hold_for_attempt(db, b, group, "offline")
+    container_plan(b, group)
+    assert vol.mounted() == "ours" and holder(db, "team") == "host-b"
+    assert (plan.workspace / "notes.txt").read_text() == "written on host a\n"
+    # Host b silent past ORCHESTRATOR_DEAD_HOST_S: another host takes the volume over.
+    with db.write() as session:
+        session.execute(update(HostRow).where(HostRow.host_id == "host-b").values(
+            heartbeat_at=hosts.database_now(db) - timedelta(seconds=30)))
+    with pytest.raises(VolumeHeldElsewhere):
+        hold_for_attempt(db, a.replace(dead_host_s=60), group, "offline")
+    with db.write() as session:
+        session.execute(update(HostRow).where(HostRow.host_id == "host-b").values(
+            heartbeat_at=hosts.database_now(db) - timedelta(seconds=90)))
+    hold_for_attempt(db, a.replace(dead_host_s=60), group, "offline")
+    assert holder(db, "team") == "host-a"

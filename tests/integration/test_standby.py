@@ -251,7 +251,7 @@ def test_an_adopted_standby_reaches_the_model_through_the_groups_gateway(pool: P
 def test_a_dead_hosts_warm_and_standby_containers_are_removed_by_a_live_host(pool: Pool) -> None:
     """A worker SIGKILLed for good left its standby and warm containers running forever:
     no other host tended them.  Any live host on the same engine removes them once the
-    dead host has not beaten for ORCHESTRATOR_DEAD_HOST_CONTAINERS_S, and not before."""
+    dead host has not beaten for ORCHESTRATOR_DEAD_HOST_S, and not before."""
     from datetime import timedelta
 
     from sqlalchemy import update
@@ -276,7 +276,7 @@ def test_a_dead_hosts_warm_and_standby_containers_are_removed_by_a_live_host(poo
         warm_module._reaped_at.clear()  # looked at again at once, not REAP_EVERY_S later
 
     live = Settings.load(data_dir=pool.settings.data_dir, agent_image=pool.settings.agent_image, warm_idle_s=120,
-                         standby=0, host_id="live-host", dead_host_containers_s=60, env_file=None)
+                         standby=0, host_id="live-host", dead_host_s=60, env_file=None)
     other = WarmPool(live, pool.warm.client)
     silent_for(30)  # dead to the fleet (past the 9 s window), not yet for its containers
     assert other.remove_dead_hosts_containers(pool.db) == 0
