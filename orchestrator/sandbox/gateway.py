@@ -7,6 +7,19 @@ adds the API key, forwards only the model API's route, and counts tokens.
 The container never sees the key: not in its environment, files or
 arguments.
 
+The gateway forwards only what is allowed, on lists recorded from what its
+clients send (the pinned Claude Code CLI and our own providers; see the
+constants below and tests/gateway_wire.py): an agent with a shell can post
+on the socket itself, and the provider's servers would fetch, search or
+connect wherever a request told them to, an egress out of a sandbox with no
+network.  A header not on the list is dropped; an ``anthropic-beta`` value,
+a top-level field (``mcp_servers``, ``container``, OpenAI-compatible
+routing such as ``models``, any other not on the API's list) or a tool the
+provider runs on its own servers (``web_search_*``, ``web_fetch_*``,
+``code_execution_*``, ``mcp_toolset``; on OpenAI-compatible servers, any
+type but ``function``) is refused (403, saying which) before anything goes
+upstream; the query string is left off.
+
 Two upstreams (:meth:`ModelGateway.for_provider`): Anthropic (``POST /v1/messages``, key
 in ``x-api-key``) and an OpenAI-compatible server (``POST
 /v1/chat/completions``, key as ``Authorization: Bearer``, none when no key
@@ -28,8 +41,9 @@ another model, or asks for a larger output cap, is refused (403, saying
 what is allowed) or, under the ``rewrite`` policy, sent with the host's
 values instead.  The body is read as the upstream reads it: msgspec takes
 the last of duplicate keys and unescapes them, as Python's json, Go's
-encoding/json and pydantic do; a body where a policed key could be read
-another way (it appears more than once, in any case, or spelled with
+encoding/json and pydantic do, so a field not on the list is refused however
+it is spelled; a body where a policed key (those two, and ``tools``) could
+be read another way (it appears more than once, in any case, or spelled with
 escapes) has its top level written anew (:func:`_rewritten`), so the
 upstream gets one copy of each key, the one that was checked.
 """
@@ -49,6 +63,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
@@ -64,14 +79,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Hop-by-hop, framing and secret-bearing headers are never passed through from the sandbox.
-_DROP_HEADERS = {
-    "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
-    "expect", "proxy-authorization", "x-api-key", "authorization",
-    # httpx asks for (and decodes) the encodings it supports itself.
-    "accept-encoding",
-}
-
 # sockaddr_un.sun_path holds 108 bytes on Linux; a NUL-terminated path must fit.
 _MAX_UNIX_PATH = 107
 
@@ -86,6 +93,63 @@ ANTHROPIC_PATHS = frozenset({"/v1/messages"})
 OPENAI_PATHS = frozenset({"/v1/chat/completions"})
 Auth = Literal["x-api-key", "bearer"]
 ModelPolicy = Literal["refuse", "rewrite"]
+
+# -- what a request may carry ------------------------------------------------------------------
+#
+# Recorded with tests/gateway_wire.py (`python -m tests.gateway_wire`: each client in the real
+# agent image against the fakes) from what the gateway's clients send: the pinned Claude Code
+# CLI 2.1.332 (claude-agent-sdk==0.2.189, container/requirements-claude-code.txt) with the
+# models claude-sonnet-4-5, claude-sonnet-4-6, claude-sonnet-4-20250514, claude-opus-4-1,
+# claude-opus-4-5, claude-opus-4-6, claude-haiku-4-5, claude-3-7-sonnet-20250219 and a name it
+# does not know (as a model newer than the pin: it then sends the most), thinking on and off;
+# and our own providers (agent_runner.providers: anthropic, on the anthropic SDK 2.14.0, and
+# openai_compat).  When the pin moves, record them again;
+# tests/integration/test_gateway_allowlist_sandbox.py proves that the CLI passes as it is.
+#
+# Request headers passed on; any other is dropped (the gateway sets the key and the framing).
+ANTHROPIC_HEADERS = frozenset({
+    "accept", "anthropic-beta", "anthropic-dangerous-direct-browser-access", "anthropic-version", "content-type",
+    "user-agent", "x-app", "x-claude-code-session-id", "x-stainless-arch", "x-stainless-async", "x-stainless-lang",
+    "x-stainless-os", "x-stainless-package-version", "x-stainless-raw-response", "x-stainless-read-timeout",
+    "x-stainless-retry-count", "x-stainless-runtime", "x-stainless-runtime-version", "x-stainless-timeout",
+})
+OPENAI_HEADERS = frozenset({"accept", "content-type", "user-agent"})
+# anthropic-beta values: a beta turns on what reaches the network (mcp-client-*, web-fetch-*,
+# code-execution-*, files-api-*), so one not on the list is refused, not dropped.
+ANTHROPIC_BETAS = frozenset({
+    "claude-code-20250219", "context-management-2025-06-27", "effort-2025-11-24", "interleaved-thinking-2025-05-14",
+    "mid-conversation-tool-changes-2026-07-01", "thinking-display-updates-2026-08-18",
+    "thinking-token-count-2026-05-13",
+})
+# Top-level fields: the recorded ones and the documented ones that reach neither the network nor
+# another model.  Left out: what reaches them (mcp_servers, container, fallbacks; models, route,
+# plugins, web_search_options on OpenAI-compatible servers), what changes what a token costs
+# (service_tier, speed, inference_geo, audio) and what keeps data at the provider (store).
+ANTHROPIC_FIELDS = frozenset({
+    "model", "messages", "max_tokens", "system", "stream", "metadata", "thinking", "tools", "tool_choice",
+    "temperature", "top_k", "top_p", "stop_sequences", "context_management", "output_config", "output_format",
+    "cache_control",
+})
+OPENAI_FIELDS = frozenset({
+    "model", "messages", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options", "tools",
+    "tool_choice", "parallel_tool_calls", "temperature", "top_p", "stop", "presence_penalty", "frequency_penalty",
+    "seed", "response_format", "logit_bias", "logprobs", "top_logprobs", "user", "reasoning_effort",
+})
+# Why the 403 of some fields says no (any other: it is not on the list).
+_REFUSED_FIELDS = {
+    "mcp_servers": "the provider's servers would connect to MCP servers at any URL",
+    "container": "it names a code-execution container on the provider's servers",
+    "fallbacks": "it names other models to answer",
+    "models": "it names other models to answer",
+    "route": "it lets the server answer with another model",
+    "plugins": "plugins (web search, ...) reach the network from the server",
+    "web_search_options": "the server would search the web",
+}
+# A tool the agent runs itself: a custom tool (no type, or "custom") in the Messages API, a
+# function in Chat Completions.  Any other type is one the provider runs on its own servers
+# (web_search_*, web_fetch_*, code_execution_*, mcp_toolset, ...): refused.
+ANTHROPIC_TOOL_TYPES: frozenset[str | None] = frozenset({None, "custom"})
+OPENAI_TOOL_TYPES: frozenset[str | None] = frozenset({"function"})
 
 # The request fields the gateway holds to the host's settings.
 _POLICED = ("model", "max_tokens", "max_completion_tokens")
@@ -133,12 +197,50 @@ class _Head(msgspec.Struct):
     stream: bool | None = None
     max_tokens: int | None | msgspec.UnsetType = msgspec.UNSET
     max_completion_tokens: int | None | msgspec.UnsetType = msgspec.UNSET  # OpenAI's newer name
-    n: int | None = None  # OpenAI: choices, each up to the output cap
+    n: int | None | msgspec.UnsetType = msgspec.UNSET  # OpenAI: choices, each up to the output cap
     stream_options: msgspec.Raw = msgspec.Raw()  # empty: absent
+    tools: msgspec.Raw = msgspec.Raw()  # read by _hold_tools
+
+
+_HEAD_FIELDS = frozenset(_Head.__struct_fields__)
 
 
 class _StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
+
+
+@dataclass(frozen=True)
+class _Wire:
+    """What a request of one API may carry."""
+
+    api: str
+    headers: frozenset[str]
+    betas: frozenset[str]
+    fields: frozenset[str]
+    tool_types: frozenset[str | None]
+    # The body's top level as a _Head whose other fields are on the list (msgspec.Raw: passed
+    # over, never built); a field not on the list fails the decode, however it is spelled
+    # (msgspec unescapes keys, and matches them exactly).
+    decoder: msgspec.json.Decoder[Any]
+
+
+def _wire(api: str, headers: frozenset[str], betas: frozenset[str], fields: frozenset[str],
+          tool_types: frozenset[str | None]) -> _Wire:
+    listed = [(name, msgspec.Raw, msgspec.Raw()) for name in sorted(fields - _HEAD_FIELDS)]
+    head = msgspec.defstruct(f"_{api.replace(' ', '')}Head", listed, bases=(_Head,), forbid_unknown_fields=True)
+    return _Wire(api, headers, betas, fields, tool_types, msgspec.json.Decoder(head))
+
+
+_ANTHROPIC = _wire("Messages API", ANTHROPIC_HEADERS, ANTHROPIC_BETAS, ANTHROPIC_FIELDS, ANTHROPIC_TOOL_TYPES)
+_OPENAI = _wire("Chat Completions", OPENAI_HEADERS, frozenset(), OPENAI_FIELDS, OPENAI_TOOL_TYPES)
+_LENIENT = msgspec.json.Decoder(_Head)
+_TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_TOOLS = msgspec.json.Decoder(list[dict[str, msgspec.Raw]] | None)
+_TOOL_TYPE = msgspec.json.Decoder(str)
+
+
+def _wire_of(path: str) -> _Wire:
+    return _OPENAI if path in OPENAI_PATHS else _ANTHROPIC
 
 
 class _Refusal(Exception):
@@ -608,18 +710,19 @@ class ModelGateway:
         return b"".join(chunks)
 
     def _prepare(self, path: str, body: bytes) -> bytes:
-        """The body to send upstream: held to the run's model, output cap and budget."""
-        try:
-            head = msgspec.json.decode(body, type=_Head)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
-            raise _Refusal(400, "invalid_request_error", f"the gateway needs a JSON object: {exc}") from None
+        """The body to send upstream: only fields and tools on the list, held to the run's
+        model, output cap and budget."""
+        wire = _wire_of(path)
+        head, strip = _read_head(wire, body)
         # Fields the request lacks are added (first); fields it asks too much
         # with are changed, under the rewrite policy, by writing the top level anew.
         added: dict[str, object] = {}
         changed: dict[str, object] = {}
         self._hold_model(head, added, changed)
         self._hold_output(head, added, changed)
-        if path in OPENAI_PATHS and head.stream:
+        _hold_head_fields(wire, head)
+        _hold_tools(wire, head.tools)
+        if wire is _OPENAI and head.stream:
             # OpenAI streams report usage only when asked to.
             if not head.stream_options:
                 added["stream_options"] = {"include_usage": True}
@@ -631,7 +734,7 @@ class ModelGateway:
                 if not options.include_usage:
                     raise _Refusal(400, "invalid_request_error",
                                    "the gateway counts tokens: a stream needs stream_options.include_usage")
-        if changed or self._ambiguous(body, head):
+        if changed or strip or self._ambiguous(body, head):
             return _rewritten(body, added, changed)
         if not added:
             return body
@@ -674,7 +777,7 @@ class ModelGateway:
                                    f"this run's answers are capped at {self.max_tokens} output tokens "
                                    f"(ORCHESTRATOR_MAX_TOKENS); the request asks for {name}={value}")
                 changed[name] = caps[name] = self.max_tokens
-        choices = max(1, head.n or 1)  # OpenAI: choices, each up to the output cap
+        choices = head.n if isinstance(head.n, int) and head.n > 1 else 1  # OpenAI: choices, each up to the cap
         cap = self.max_tokens
         if self.token_budget:
             with self._lock:
@@ -696,26 +799,32 @@ class ModelGateway:
     def _ambiguous(self, body: bytes, head: _Head) -> bool:
         """Could the upstream read a policed field otherwise than ``head`` did?
 
-        Yes when one of its keys appears more (or less) often than once per
-        field present, in any case (Go's encoding/json matches keys ignoring
-        it), counting nested keys and string values alike (byte counts, not a
-        parse: an overcount only costs a rewrite), or when the body could
-        spell a key character another way (:data:`_ESCAPED_NAME_CHAR`).
+        Policed: the model and the output caps when the run is held to them,
+        and the tools (:func:`_hold_tools`) when there are any.  Yes when one
+        of their keys appears more (or less) often than once per field present,
+        in any case (Go's encoding/json matches keys ignoring it), counting
+        nested keys and string values alike (byte counts, not a parse: an
+        overcount only costs a rewrite), or when the body could spell a key
+        character another way (:data:`_ESCAPED_NAME_CHAR`).
         """
-        policed = (self.model is not None, self.max_tokens is not None or bool(self.token_budget))
-        if not any(policed):
+        policed: dict[str, bool] = {}
+        if self.model is not None:
+            policed["model"] = head.model is not msgspec.UNSET
+        if self.max_tokens is not None or self.token_budget:
+            policed["max_tokens"] = head.max_tokens is not msgspec.UNSET
+            policed["max_completion_tokens"] = head.max_completion_tokens is not msgspec.UNSET
+        if head.tools:
+            policed["tools"] = True
+        if not policed:
             return False
-        present = {"model": head.model, "max_tokens": head.max_tokens,
-                   "max_completion_tokens": head.max_completion_tokens}
         lowered = body.lower()
-        for name in _POLICED:
-            if not policed[0 if name == "model" else 1]:
-                continue
-            if lowered.count(b'"%s"' % name.encode()) != (0 if present[name] is msgspec.UNSET else 1):
+        for name, present in policed.items():
+            if lowered.count(b'"%s"' % name.encode()) != present:
                 return True
         return any(char in body for char in _GO_FOLDED) or _ESCAPED_NAME_CHAR.search(body) is not None
 
     def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        # The query string is never passed on (the CLI sends ?beta=true: not a refusal).
         path = h.path.split("?", 1)[0]
         if path not in self.allowed_paths:
             self._refuse(h)
@@ -734,16 +843,19 @@ class ModelGateway:
                 if self.token_budget and spent >= self.token_budget:
                     raise self._budget_refusal(f"this run used {spent} tokens; its budget is {self.token_budget} "
                                                "(ORCHESTRATOR_RUN_TOKEN_BUDGET)")
-                body = self._prepare(path, self._read_body(h, length))
+                body = self._read_body(h, length)
+                # Checked once the body is read: a client that is still sending it
+                # would meet a closed connection instead of the refusal.
+                headers = _forwarded_headers(_wire_of(path), h)
+                body = self._prepare(path, body)
             except _Refusal as r:
                 self._answer_error(h, r.status, r.kind, r.message)
                 return
-            self._forward(h, body)
+            self._forward(h, path, headers, body)
         finally:
             self._one_at_a_time.release()
 
-    def _forward(self, h: BaseHTTPRequestHandler, body: bytes) -> None:
-        headers = {k: v for k, v in h.headers.items() if k.lower() not in _DROP_HEADERS}
+    def _forward(self, h: BaseHTTPRequestHandler, path: str, headers: dict[str, str], body: bytes) -> None:
         if self._auth == "bearer":
             if self._api_key:
                 headers["authorization"] = f"Bearer {self._api_key}"
@@ -770,7 +882,7 @@ class ModelGateway:
             self.requests += 1
         status = 502
         try:
-            with self._client.stream("POST", self.upstream + h.path, content=body, headers=headers) as resp:
+            with self._client.stream("POST", self.upstream + path, content=body, headers=headers) as resp:
                 status = resp.status_code
                 ctype = resp.headers.get("content-type", "application/json")
                 if status == 200 and ctype.startswith("text/event-stream"):
@@ -847,6 +959,98 @@ class ModelGateway:
             # The sandbox hung up: stop reading (the upstream stops generating)
             # and charge what arrived.
             h.close_connection = True
+
+
+def _forwarded_headers(wire: _Wire, h: BaseHTTPRequestHandler) -> dict[str, str]:
+    """The request's headers on ``wire``'s list (any other is dropped), its ``anthropic-beta``
+    values all on the list, sent as one header (every line of it read, each value checked)."""
+    headers = {name.lower(): value for name, value in h.headers.items()
+               if name.lower() in wire.headers and name.lower() != "anthropic-beta"}
+    if "anthropic-beta" not in wire.headers:
+        return headers
+    betas = [beta.strip() for line in h.headers.get_all("anthropic-beta") or () for beta in line.split(",")]
+    betas = [beta for beta in betas if beta]
+    for beta in betas:
+        if beta not in wire.betas:
+            raise _Refusal(403, "beta_not_allowed",
+                           f"the gateway does not forward the anthropic-beta value {beta!r}: a beta can have the "
+                           f"provider's servers reach the network (allowed: {', '.join(sorted(wire.betas))})")
+    if betas:
+        headers["anthropic-beta"] = ",".join(betas)
+    return headers
+
+
+def _read_head(wire: _Wire, body: bytes) -> tuple[_Head, bool]:
+    """``body``'s top level, every field on ``wire``'s list, and whether it has keys to leave
+    out: those only a case-blind reader takes for a policed one (``Model``, see :func:`_rewritten`)."""
+    try:
+        return wire.decoder.decode(body), False
+    except msgspec.ValidationError as exc:  # (a DecodeError too: first)
+        strict = exc  # a field not on the list, or a value of the wrong type
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise _Refusal(400, "invalid_request_error", f"the gateway needs a JSON object: {exc}") from None
+    try:
+        head: _Head = _LENIENT.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        raise _Refusal(400, "invalid_request_error", f"the gateway needs a JSON object: {exc}") from None
+    if body.count(b":") > _MAX_REWRITE_COLONS:
+        # Too many keys to go through, as for a rewrite (:func:`_rewritten`): msgspec named the first.
+        raise _Refusal(413, "request_too_large",
+                       f"{strict}: the gateway reads through (and rewrites) the fields of requests with at most "
+                       f"{_MAX_REWRITE_COLONS} keys, and forwards only the fields on its list")
+    for name in _TOP_LEVEL.decode(body):
+        if name in wire.fields or name in _HEAD_FIELDS or name.casefold() in _POLICED:
+            continue
+        raise _field_refusal(wire, name)
+    return head, True
+
+
+def _field_refusal(wire: _Wire, name: str) -> _Refusal:
+    why = _REFUSED_FIELDS.get(name, "it is not on the gateway's list")
+    return _Refusal(403, "field_not_allowed",
+                    f"the gateway does not forward the {wire.api} field {name!r}: {why} "
+                    f"(allowed: {', '.join(sorted(wire.fields))})")
+
+
+def _hold_head_fields(wire: _Wire, head: _Head) -> None:
+    """The fields the gateway reads for either API (:class:`_Head`): only ``wire``'s own."""
+    for name in _HEAD_FIELDS - wire.fields:
+        value = getattr(head, name)
+        if value is not msgspec.UNSET and not (isinstance(value, msgspec.Raw) and not value):
+            raise _field_refusal(wire, name)
+
+
+def _hold_tools(wire: _Wire, raw: msgspec.Raw) -> None:
+    """Tools the agent runs itself, none the provider runs on its servers (they reach the network)."""
+    if not raw:
+        return
+    try:
+        tools = _TOOLS.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise _Refusal(400, "invalid_request_error", f"tools: {exc}") from None
+    for index, tool in enumerate(tools or ()):
+        kind = _tool_type(tool, index)
+        if kind not in wire.tool_types:
+            allowed = " or ".join("no type" if t is None else repr(t) for t in sorted(wire.tool_types, key=str))
+            raise _Refusal(403, "tool_not_allowed",
+                           f"the gateway does not forward tools[{index}] of type {kind!r}: the provider would run "
+                           f"it on its own servers (web search, web fetch, code execution, MCP reach the network); "
+                           f"a tool the agent runs itself has {allowed}")
+
+
+def _tool_type(tool: dict[str, msgspec.Raw], index: int) -> str | None:
+    """A tool's type (None: it has none), from its one key that a case-blind reader takes for "type"."""
+    for key in tool:
+        if key != "type" and key.casefold() == "type":
+            raise _Refusal(403, "tool_not_allowed",
+                           f"tools[{index}] has a key {key!r}: a server that matches keys ignoring case would "
+                           "take it for the tool's type; spell it \"type\"")
+    if "type" not in tool:
+        return None
+    try:
+        return _TOOL_TYPE.decode(tool["type"])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise _Refusal(400, "invalid_request_error", f"tools[{index}].type must be a string") from None
 
 
 def _rewritten(body: bytes, added: dict[str, object], changed: dict[str, object]) -> bytes:
