@@ -517,10 +517,31 @@ class Settings(msgspec.Struct, kw_only=True):
         return self.data_dir / "build"
 
     def ensure_dirs(self) -> None:
-        for d in (self.data_dir, self.groups_dir, self.runs_dir, self.build_dir):
+        """The data dir's folders; the data dir, ``runs/`` and ``sessions/`` this user's alone
+        (:func:`private_dir`), made so or tightened if an older version made them under a looser umask."""
+        for d in (self.data_dir, self.runs_dir, self.sessions_dir):
+            private_dir(d)
+        for d in (self.groups_dir, self.build_dir):
             d.mkdir(parents=True, exist_ok=True)
         for sub in ("out", "processed", "control"):
             (self.broker_dir / sub).mkdir(parents=True, exist_ok=True)
+
+
+# The data dir holds every chat (the SQLite database), the runs' model gateway sockets (each
+# spends the API key; 0666, for the container's uid 1000) and the agents' sessions: no other
+# user of the machine may enter it.  A container reaches its own folders through its bind
+# mounts, which need no way through the host folders above them.
+PRIVATE_DIR_MODE = 0o700
+
+
+def private_dir(path: Path) -> Path:
+    """Make ``path`` (its missing parents as usual) with mode 0700; if it exists and is this
+    user's, take group and other access away (a folder made before, under a looser umask)."""
+    path.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+        os.chmod(path, PRIVATE_DIR_MODE)
+    return path
 
 
 _FIELDS = frozenset(f.name for f in msgspec.structs.fields(Settings))

@@ -31,7 +31,7 @@ from agent_runner.protocol import SESSION_MOUNT
 from sqlalchemy import update
 
 from orchestrator.core.errors import HostileEntry, MountRefused
-from orchestrator.core.settings import Settings
+from orchestrator.core.settings import Settings, private_dir
 from orchestrator.core.sizes import parse_quota
 from orchestrator.sandbox.containers import CONTAINER_UID, docker_client, prepare_folder
 from orchestrator.sandbox.hostile_fs import make_dirs
@@ -71,7 +71,10 @@ def session_mount(settings: Settings, folder: str, provider: str) -> dict[str, s
     if provider not in SESSION_PROVIDERS:
         return {}
     path = session_dir(settings, folder)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)  # the host's own; below it, nothing is followed
+    # The host's own, and no other user's (the container reaches its folder through the
+    # bind mount alone); below sessions/, nothing is followed.
+    private_dir(settings.data_dir)
+    private_dir(settings.sessions_dir)
     try:
         make_dirs(settings.data_dir, f"{SESSIONS}/{folder}")
     except HostileEntry as exc:

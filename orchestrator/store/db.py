@@ -76,6 +76,28 @@ SCHEMA_HEAD = "0018"
 PING_IDLE_S = 0.2
 
 
+# The SQLite file holds every chat: this user's alone.  SQLite gives the -wal and -shm files
+# it makes the database file's mode.
+PRIVATE_FILE_MODE = 0o600
+_SQLITE_SIDE_FILES = ("", "-wal", "-shm", "-journal")
+
+
+def private_database_file(path: Path) -> None:
+    """Make the SQLite file ``path`` 0600 before SQLite opens it (a new folder for it 0700), and
+    take group and other access from it and its -wal, -shm and -journal files if this user's
+    (made before, under a looser umask).  An existing folder is left as it is: the data dir's
+    own are made private by ``Settings.ensure_dirs``."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE))
+    for suffix in _SQLITE_SIDE_FILES:
+        try:
+            st = os.stat(f"{path}{suffix}")
+        except FileNotFoundError:
+            continue
+        if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+            os.chmod(f"{path}{suffix}", PRIVATE_FILE_MODE)
+
+
 class Database:
     """An engine plus the two kinds of session the code needs."""
 
@@ -88,7 +110,7 @@ class Database:
         if self.is_sqlite:
             db_path = parsed.database
             if db_path and db_path != ":memory:":
-                Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+                private_database_file(Path(db_path))
             self.engine = create_engine(parsed, connect_args={"timeout": 60})
             _tune_sqlite(self.engine, lambda: self._busy_ms)
             # What the driver raises itself (the ingest path's driver_execute bypasses SQLAlchemy).
