@@ -421,6 +421,7 @@ def _run(
             name=f"orch-replay-{group.folder}-{run.id[:8]}-{uuid.uuid4().hex[:4]}",
             workspace=scratch, run_id=run.id, group_folder=group.folder, memory=limits.memory, cpus=limits.cpus,
             pids=limits.pids, timeout_s=limits.run_timeout_s, install_id=settings.install_id,
+            fence_s=settings.sandbox_fence_s,  # gone with its worker, as a chat run's (agent_runner/fence.py)
             extra_labels={"orchestrator.replay_of": run.replay_of or ""},
             readonly_mounts={str(m.host): m.container for m in mounts},
         )
@@ -435,6 +436,8 @@ def _run(
                 model=payload.model.model, max_tokens=payload.model.max_tokens,
             ))
             payload = payload.replace(model=payload.model.replace(socket_path=f"{GATEWAY_MOUNT}/{GATEWAY_SOCKET}"))
+        if spec.fence_s:
+            payload = payload.replace(host_fence_s=spec.fence_s)
         ended = _stream(db, settings, sandbox, run, spec, payload, gateway, outputs)
     return ended, report
 
