@@ -166,6 +166,11 @@ _GO_FOLDED = (b"\xe2\x84\xaa", b"\xc5\xbf")  # the two, in UTF-8
 # (about 0.3 s and 20 MB at worst); a real request has a handful of top-level
 # keys and far fewer colons.
 _MAX_REWRITE_COLONS = 200_000
+# Reading the tools' types builds an object for each tool and key: a hostile list of millions of
+# tiny tools ([{},{},...]) would cost hundreds of MB.  Every tool is an object and every key is
+# followed by a ':', so this many of both bound it (a few MB and ~20 ms at worst); Claude Code's
+# 17 tools have under 800.
+_MAX_TOOL_ITEMS = 50_000
 
 _INPUT_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")  # Anthropic
 _OUTPUT_KEYS = ("output_tokens", "completion_tokens")
@@ -1024,8 +1029,13 @@ def _hold_tools(wire: _Wire, raw: msgspec.Raw) -> None:
     """Tools the agent runs itself, none the provider runs on its servers (they reach the network)."""
     if not raw:
         return
+    data = bytes(raw)  # (a Raw has no count)
+    if data.count(b"{") + data.count(b":") > _MAX_TOOL_ITEMS:
+        raise _Refusal(413, "request_too_large",
+                       f"the gateway reads each tool's type, in requests whose tools have at most {_MAX_TOOL_ITEMS} "
+                       "objects and keys in all")
     try:
-        tools = _TOOLS.decode(raw)
+        tools = _TOOLS.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise _Refusal(400, "invalid_request_error", f"tools: {exc}") from None
     for index, tool in enumerate(tools or ()):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,17 @@ def test_a_hidden_second_tools_key_reaches_the_upstream_as_the_one_checked(
     body = head + b'"tools":[%s],"tools":[%s]}' % (json.dumps(CUSTOM).encode(), json.dumps(WEB_SEARCH).encode())
     refused(post(client, body), "tool_not_allowed", "'web_search_20250305'")
     assert len(fake.calls) == 2
+
+
+def test_a_hostile_list_of_tools_is_refused_at_once(anthropic: tuple[ModelGateway, httpx.Client, FakeAnthropic]) -> None:
+    # Two million tiny tools: read one by one, they would cost ~140 MB and a fifth of a second.
+    gw, client, fake = anthropic
+    body = b'{"model":"%s","max_tokens":64,"messages":[],"tools":[%s{}]}' % (MODEL.encode(), b"{}," * 2_000_000)
+    t0 = time.monotonic()
+    resp = post(client, body)
+    assert resp.status_code == 413 and "tools" in resp.json()["error"]["message"], resp.text
+    assert time.monotonic() - t0 < 2
+    assert fake.calls == [] and gw.requests == 0
 
 
 # -- OpenAI-compatible servers -------------------------------------------------------------------
