@@ -298,6 +298,20 @@ def db(db_backend: str, settings: Settings) -> Iterator[Database]:
     database.dispose()
 
 
+def alembic(db: Database, action: str, target: str) -> None:
+    """Alembic's ``command.<action>`` (upgrade, downgrade) to ``target`` on ``db``: a migration's tests."""
+    from alembic import command
+    from alembic.config import Config
+
+    from orchestrator.store import db as dbmod
+
+    with db.engine.begin() as conn:
+        cfg = Config()
+        cfg.set_main_option("script_location", str(dbmod._MIGRATIONS))
+        cfg.attributes["connection"] = conn
+        getattr(command, action)(cfg, target)
+
+
 def wait_until(cond: Callable[[], bool], timeout: float, what: str, detail: Callable[[], str] | None = None) -> None:
     """Poll ``cond`` until it holds; fail with ``what`` (and ``detail()``) after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

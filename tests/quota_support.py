@@ -4,6 +4,8 @@ the check that the host can make them at all."""
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -78,3 +80,18 @@ def volume_settings_fixture(tmp_path: Path) -> Iterator[Settings]:
         quota.unmount_all(settings)
         mounts, loops = release_everything(tmp_path)
     assert (mounts, loops) == ([], []), "unmount_all left mounts or loop devices behind"
+
+
+def fill(path: Path, size: int) -> int:
+    """Write up to ``size`` bytes of data into ``path``; the bytes written before ENOSPC."""
+    written = 0
+    chunk = os.urandom(1024 * 1024)
+    with open(path, "wb") as fh:
+        try:
+            while written < size:
+                written += fh.write(chunk)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    return written

@@ -367,18 +367,14 @@ class Settings(msgspec.Struct, kw_only=True):
             self.metrics_dir = Path(self.metrics_dir).expanduser().resolve()
         self.main_group = self.main_group.strip()
         self.slack_api_base = self.slack_api_base.strip().rstrip("/") + "/"
-        self.workspace_quota = self.workspace_quota.strip().lower()
-        if self.workspace_quota != "auto":
-            try:
-                parse_quota(self.workspace_quota)
-            except ValueError as exc:
-                raise SettingsError(f"{ENV_PREFIX}WORKSPACE_QUOTA: {exc}") from exc
-        self.session_quota = self.session_quota.strip().lower()
-        if self.session_quota != "auto":
-            try:
-                parse_quota(self.session_quota)
-            except ValueError as exc:
-                raise SettingsError(f"{ENV_PREFIX}SESSION_QUOTA: {exc}") from exc
+        for name in ("workspace_quota", "session_quota"):
+            size = getattr(self, name).strip().lower()
+            setattr(self, name, size)
+            if size != "auto":
+                try:
+                    parse_quota(size)
+                except ValueError as exc:
+                    raise SettingsError(f"{ENV_PREFIX}{name.upper()}: {exc}") from exc
         if self.thinking_budget and not 1024 <= self.thinking_budget < self.max_tokens:
             # The API's own bounds: refused here rather than by every request of every run.
             raise SettingsError(

@@ -3,7 +3,6 @@ variant's name, and the group's session folder (hostile: the agent writes it).""
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 from pathlib import Path
@@ -25,7 +24,13 @@ from orchestrator.sandbox.sessions import (
     session_volume,
 )
 from tests.conftest import require_service
-from tests.quota_support import _no_volume_left_mounted, mounts_under, release_everything, require_volumes  # noqa: F401
+from tests.quota_support import (  # noqa: F401 - fixtures
+    _no_volume_left_mounted,
+    fill,
+    mounts_under,
+    release_everything,
+    require_volumes,
+)
 
 MiB = 1024 * 1024
 
@@ -110,21 +115,6 @@ def test_a_bad_folder_name_never_names_a_session_folder(tmp_path: Path) -> None:
 # -- the session folder's quota: it sits beside the database and the broker ----------------
 
 
-def _fill(path: Path, size: int) -> int:
-    """Write up to ``size`` bytes to ``path``; the bytes that fit (ENOSPC ends it)."""
-    written = 0
-    chunk = b"x" * MiB
-    with open(path, "wb") as fh:
-        try:
-            while written < size:
-                written += fh.write(chunk)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
-    return written
-
-
 def test_the_session_quota_setting() -> None:
     assert session_quota_bytes(Settings.load(env_file=None, session_quota="auto")) == AUTO_SESSION_QUOTA_BYTES
     assert session_quota_bytes(Settings.load(env_file=None, session_quota=" 64M ")) == 64 * MiB
@@ -150,7 +140,7 @@ def test_a_session_folder_is_a_volume_of_its_quota_and_a_reset_removes_it(tmp_pa
         assert (folder / "claude" / "s.jsonl").read_text() == "{}\n"
         assert folder.stat().st_uid == 1000  # the new volume's root was handed over
         assert shutil.disk_usage(folder).total <= 16 * MiB
-        assert _fill(folder / "x", 64 * MiB) < 16 * MiB
+        assert fill(folder / "x", 64 * MiB) < 16 * MiB
         # Mounted once: the next attempt finds it in place.
         session_mount(settings, "team", "claude-code")
         assert mounts_under(folder) == [str(folder.resolve())]

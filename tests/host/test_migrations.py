@@ -17,6 +17,7 @@ from orchestrator.core.settings import Settings
 from orchestrator.store.db import SCHEMA_HEAD, Database, open_database
 from orchestrator.store.groups import list_groups
 from orchestrator.store.tables import Base, GroupRow
+from tests.conftest import alembic
 
 
 def test_migrated_schema_matches_the_mappings(db: Database) -> None:
@@ -60,19 +61,6 @@ def test_a_new_database_is_migrated_to_the_head(settings: Settings) -> None:
 # -- one main group (revision 0017, issue 29) -----------------------------------------------
 
 
-def _alembic(db: Database, action: str, target: str) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    from orchestrator.store import db as dbmod
-
-    with db.engine.begin() as conn:
-        cfg = Config()
-        cfg.set_main_option("script_location", str(dbmod._MIGRATIONS))
-        cfg.attributes["connection"] = conn
-        getattr(command, action)(cfg, target)
-
-
 def _group_row(jid: str, *, is_main: bool, created_at: datetime | None = None) -> dict[str, object]:
     return {"chat_jid": jid, "name": jid, "folder": jid.split("@")[0], "is_main": is_main, "requires_trigger": False,
             "cursor_seq": 0, "pending_seq": 0, "created_at": created_at or datetime.now(UTC)}
@@ -91,7 +79,7 @@ def test_the_database_refuses_a_second_main_group(db: Database) -> None:
 
 
 def test_migration_0017_keeps_the_oldest_main_group(db: Database, caplog: pytest.LogCaptureFixture) -> None:
-    _alembic(db, "downgrade", "0016")
+    alembic(db, "downgrade", "0016")
     start = datetime(2026, 1, 1, tzinfo=UTC)
     with db.write() as session:  # what a database could hold before: three main groups
         session.execute(insert(GroupRow), [
@@ -101,7 +89,7 @@ def test_migration_0017_keeps_the_oldest_main_group(db: Database, caplog: pytest
             _group_row("newest@x", is_main=True, created_at=start + timedelta(days=3)),
         ])
     with caplog.at_level(logging.WARNING, logger="orchestrator.store.migrations"):
-        _alembic(db, "upgrade", "head")
+        alembic(db, "upgrade", "head")
     assert db.schema_revision() == SCHEMA_HEAD
     assert {g.chat_jid: g.is_main for g in list_groups(db)} == {
         "newer@x": False, "newest@x": False, "oldest@x": True, "plain@x": False}

@@ -38,6 +38,7 @@ from orchestrator.store.groups import add_group
 from tests.conftest import run_in_threads
 from tests.quota_support import (  # noqa: F401 - fixtures
     _no_volume_left_mounted,
+    fill,
     loops_under,
     mounts_under,
     require_volumes,
@@ -431,21 +432,6 @@ def test_cli_shows_usage_and_quota(volume_settings: Settings) -> None:
 # -- scratch volumes (a replay's copy) --------------------------------------------------
 
 
-def _fill(path: Path, size: int) -> int:
-    """Write ``size`` bytes of data into ``path``; the bytes written before ENOSPC."""
-    written = 0
-    chunk = os.urandom(MiB)
-    with open(path, "wb") as fh:
-        try:
-            while written < size:
-                written += fh.write(chunk)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
-    return written
-
-
 def test_a_scratch_volume_stops_writes_at_its_quota_and_leaves_nothing(volume_settings: Settings) -> None:
     """A replay's scratch copy lives in a throw-away volume: writing past its quota is
     ENOSPC (what an agent in the replay's container meets), and on the way out it is
@@ -457,7 +443,7 @@ def test_a_scratch_volume_stops_writes_at_its_quota_and_leaves_nothing(volume_se
     with quota.scratch_volume(settings, "r1", where, 16 * MiB) as bounded:
         assert bounded
         assert _mounts_at(where), "the scratch folder is a mount point"
-        written = _fill(where / "big", 64 * MiB)
+        written = fill(where / "big", 64 * MiB)
         assert written < 16 * MiB
         assert shutil.disk_usage(where).total <= 16 * MiB
     assert not _mounts_at(where)

@@ -42,7 +42,7 @@ from orchestrator.store.usage import (
     quota_wait,
     store_quota_notice,
 )
-from tests.conftest import TEST_ENV, run_in_threads
+from tests.conftest import TEST_ENV, alembic, run_in_threads
 from tests.fakes.telegram_api import FakeTelegramAPI
 
 JID = "team@chat"
@@ -414,22 +414,9 @@ def test_cli_send_over_the_rate_is_a_one_line_error(db: Database, settings: Sett
 # -- migration 0008 -----------------------------------------------------------------------
 
 
-def _alembic(db: Database, action: str, target: str) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    from orchestrator.store import db as dbmod
-
-    with db.engine.begin() as conn:
-        cfg = Config()
-        cfg.set_main_option("script_location", str(dbmod._MIGRATIONS))
-        cfg.attributes["connection"] = conn
-        getattr(command, action)(cfg, target)
-
-
 def test_migration_0008_adds_the_quotas_and_the_senders_window(db: Database) -> None:
     assert int(SCHEMA_HEAD) >= 8  # the later revisions come down with it
-    _alembic(db, "downgrade", "0007")
+    alembic(db, "downgrade", "0007")
     names = inspect(db.engine)
     assert "sender_hits" not in names.get_table_names()
     assert "runs_per_hour" not in {c["name"] for c in names.get_columns("groups")}
@@ -437,7 +424,7 @@ def test_migration_0008_adds_the_quotas_and_the_senders_window(db: Database) -> 
         conn.execute(text("INSERT INTO groups (chat_jid, name, folder, is_main, requires_trigger, cursor_seq, "
                           "pending_seq, created_at) VALUES ('old@chat', 'Old', 'old', false, true, 0, 0, "
                           "CURRENT_TIMESTAMP)"))
-    _alembic(db, "upgrade", "head")
+    alembic(db, "upgrade", "head")
     assert db.schema_revision() == SCHEMA_HEAD
     old = get_group(db, "old@chat")
     assert (old.runs_per_hour, old.tokens_per_day) == (None, None)  # the settings' quotas

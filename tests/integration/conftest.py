@@ -110,13 +110,15 @@ class Stack:
             timeout=timeout, cwd=self.settings.data_dir.parent,
         )
 
-    def start_worker(self, concurrency: int = 1, queues: tuple[str, ...] = QUEUES) -> subprocess.Popen[bytes]:
-        """A worker as `orchestrator worker` starts it, consuming ``queues``."""
+    def start_worker(self, concurrency: int = 1, queues: tuple[str, ...] = QUEUES, *, name: str = "test",
+                     own_session: bool = False) -> subprocess.Popen[bytes]:
+        """A worker as `orchestrator worker` starts it, consuming ``queues``; ``own_session``: in a
+        session of its own, so that a test can SIGKILL all of it (``os.killpg``)."""
         log = self.settings.data_dir.parent / f"worker-{len(self.procs)}.log"
-        argv = worker_argv(concurrency, queues=queues, name=f"test{len(self.procs)}@%h")
+        argv = worker_argv(concurrency, queues=queues, name=f"{name}{len(self.procs)}@%h")
         with open(log, "wb") as fh:
             proc = subprocess.Popen(argv, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
-                                    cwd=self.settings.data_dir.parent)
+                                    cwd=self.settings.data_dir.parent, start_new_session=own_session)
         self.procs.append(proc)
         self.logs.append(log)
         return proc

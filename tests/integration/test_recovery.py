@@ -21,7 +21,6 @@ from pathlib import Path
 import docker
 import psutil
 
-from orchestrator.cli.supervisor import worker_argv
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.sandbox.containers import LABEL_MANAGED, LABEL_RUN
 from orchestrator.store.groups import ensure_main_group
@@ -38,14 +37,7 @@ LEASE_TTL_S = 60.0  # the default, on purpose: recovery must not wait for it
 
 def _worker(stack: Stack) -> subprocess.Popen[bytes]:
     """A worker in its own session, so that the test can SIGKILL all of it."""
-    n = len(stack.procs)
-    log = stack.settings.data_dir.parent / f"worker-{n}.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(worker_argv(1, name=f"recovery{n}@%h"), env=stack.env, stdout=fh,
-                                stderr=subprocess.STDOUT, cwd=stack.settings.data_dir.parent, start_new_session=True)
-    stack.procs.append(proc)
-    stack.logs.append(log)
-    return proc
+    return stack.start_worker(name="recovery", own_session=True)
 
 
 def _send(stack: Stack, text: str) -> int:

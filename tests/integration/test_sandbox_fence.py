@@ -22,7 +22,6 @@ import docker
 import psycopg
 import pytest
 
-from orchestrator.cli.supervisor import worker_argv
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.sandbox.containers import LABEL_GROUP, LABEL_INSTALL
 from orchestrator.store.groups import ensure_main_group, get_group
@@ -41,13 +40,7 @@ FENCE_S = 4.0
 
 def _worker(stack: Stack) -> subprocess.Popen[bytes]:
     """A worker in its own session, so that the test can SIGKILL all of it."""
-    log = stack.settings.data_dir.parent / f"worker-{len(stack.procs)}.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(worker_argv(1, name=f"fence{len(stack.procs)}@%h"), env=stack.env, stdout=fh,
-                                stderr=subprocess.STDOUT, cwd=stack.settings.data_dir.parent, start_new_session=True)
-    stack.procs.append(proc)
-    stack.logs.append(log)
-    return proc
+    return stack.start_worker(name="fence", own_session=True)
 
 
 def _running_containers(stack: Stack, folder: str) -> list[str]:
