@@ -19,7 +19,9 @@ import subprocess
 import sys
 import time
 
-raw = sys.stdin.buffer.read()
+# The input is stdin's first line; the host keeps stdin open for its beats
+# (agent_runner/fence.py), so this front end must not read to the end.
+raw = sys.stdin.buffer.readline()
 data = json.loads(raw)
 users = [m["content"] for m in data["messages"] if m["role"] == "user"]
 text = users[-1] if users else ""
@@ -80,5 +82,8 @@ if "spend-crash" in words:
         print("fault: spent tokens, now crashing", file=sys.stderr)
         sys.exit(3)
 
-proc = subprocess.run([sys.executable, "-m", "agent_runner"], input=raw)
+# The real runner gets the input on a pipe that ends with it: no fence to watch there
+# (this process is the container's PID 1; its exit ends the runner with it).
+data.pop("host_fence_s", None)
+proc = subprocess.run([sys.executable, "-m", "agent_runner"], input=json.dumps(data).encode())
 sys.exit(proc.returncode)
