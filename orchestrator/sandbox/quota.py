@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import re
@@ -154,6 +155,13 @@ def volume_problem() -> str | None:
     """Why this process cannot loop-mount workspace volumes, or None if it can."""
     if os.geteuid() != 0:
         return "the host does not run as root"
+    return _missing_tools()
+
+
+@functools.cache
+def _missing_tools() -> str | None:
+    # Asked before every attempt (sandbox/fencing.py) and every heartbeat beat: the six
+    # PATH searches were most of its cost, and a host's tools do not change under it.
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if missing:
         return f"missing {', '.join(missing)} (apt-get install e2fsprogs mount)"
