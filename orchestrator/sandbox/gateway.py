@@ -18,7 +18,18 @@ routing such as ``models``, any other not on the API's list) or a tool the
 provider runs on its own servers (``web_search_*``, ``web_fetch_*``,
 ``code_execution_*``, ``mcp_toolset``; on OpenAI-compatible servers, any
 type but ``function``) is refused (403, saying which) before anything goes
-upstream; the query string is left off.
+upstream; the query string is left off.  So is a block of the messages that
+names content kept elsewhere (:func:`_hold_sources`; 403
+``source_not_allowed``, naming the message and block and why): a source of
+type ``url`` (or ``file``, a file stored at the provider) on an image, a
+document or any block, in a ``tool_result``'s content or a document's too;
+on OpenAI-compatible servers an image, audio, video or file part (``image_url``
+and the like, whatever its type) whose URL is not a ``data:`` URL, or a
+``file_id``.  Inline content passes: base64, text and content sources,
+``data:`` URLs, base64 data.  The messages are read only when a byte search
+finds a source key in them, as their readers read them: as they are and, if a
+key is spelled in another case, as a reader that matches keys ignoring case
+(Go's encoding/json) reads them.
 
 Two upstreams (:meth:`ModelGateway.for_provider`): Anthropic (``POST /v1/messages``, key
 in ``x-api-key``) and an OpenAI-compatible server (``POST
@@ -42,18 +53,22 @@ what is allowed) or, under the ``rewrite`` policy, sent with the host's
 values instead.  The body is read as the upstream reads it: msgspec takes
 the last of duplicate keys and unescapes them, as Python's json, Go's
 encoding/json and pydantic do, so a field not on the list is refused however
-it is spelled; a body where a policed key (those two, and ``tools``) could
-be read another way (it appears more than once, in any case, or spelled with
-escapes) has its top level written anew (:func:`_rewritten`), so the
-upstream gets one copy of each key, the one that was checked.
+it is spelled; a body where a policed key (those two, ``tools`` and
+``messages``) could be read another way (it appears more than once, in any
+case, or spelled with escapes) has its top level written anew
+(:func:`_rewritten`), so the upstream gets one copy of each key, the one that
+was checked.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import itertools
 import json
 import logging
+import operator
 import os
 import re
 import selectors
@@ -67,7 +82,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
 import httpx
 import msgspec
@@ -161,9 +176,45 @@ _POLICED = ("model", "max_tokens", "max_completion_tokens")
 # sign and the long s, escaped or not.
 _ESCAPED_NAME_CHAR = re.compile(rb"\\u(?:00[4-7][0-9a-fA-F]|212[aA]|017[fF])")  # a literal prefix: a fast search
 _GO_FOLDED = (b"\xe2\x84\xaa", b"\xc5\xbf")  # the two, in UTF-8
-# Every policed key, quoted, in one pass (four byte counts took four times as long); the
-# closing quote is only looked at, as a count of each would see a quote shared by two.
-_POLICED_KEY = re.compile(rb'"(model|max_tokens|max_completion_tokens|tools)(?=")')
+# A key of a message's block (or part) that can name content kept elsewhere, for a server to
+# fetch: the Messages API's "source" (of an image, a document, ...), and the URLs, files and
+# audio of Chat Completions parts (OpenAI's, vLLM's, llama.cpp's, Mistral's, OpenRouter's).
+_SOURCE_KEYS = ("source", "url", "image_url", "audio_url", "video_url", "file_url", "document_url", "input_audio",
+                "file", "file_id", "file_data")
+# The policed keys (in every body) and the source keys (in the messages), quoted, counted in one
+# pass over the body lowered (four byte counts took four times as long as one pass): in any case,
+# as Go's encoding/json matches keys ignoring it.  The closing quote is only looked at, as a count
+# of each would see a quote shared by two; the lookahead for a first and a second letter passes
+# most quotes (there is one every few bytes of a text of code) over at once.
+def _key_search(*names: str) -> re.Pattern[bytes]:
+    first, second = ("".join(sorted({name[i] for name in names})) for i in (0, 1))
+    return re.compile(rb'"(?=[%s][%s])(%s)(?=")' % (first.encode(), second.encode(), "|".join(names).encode()))
+
+
+_POLICED_KEY = _key_search("model", "max_tokens", "max_completion_tokens", "tools", "messages")
+_QUOTED_KEY = _key_search("model", "max_tokens", "max_completion_tokens", "tools", "messages", *_SOURCE_KEYS)
+# A body with more counted keys than this is not counted further (a hostile one could have
+# millions: ~1 s each): it is rewritten, if a policed key is counted, and refused, if its
+# messages' keys are.  A real request has a handful.
+_MAX_COUNTED = 200_000
+_MATCHED = operator.itemgetter(1)  # what a search found, one by one (a list of them all could be large)
+_SOURCE_KEY_BYTES = frozenset(name.encode() for name in _SOURCE_KEYS)
+# A content list is read one level at a time, each level a decode of its own (lists in lists
+# are rare: a tool_result's content, a document's content source), this deep at most; a
+# request that nests blocks deeper is refused.
+_MAX_SOURCE_DEPTH = 8
+# Reading the blocks builds an object for each message and block, and one for each source key:
+# a hostile list of millions of tiny blocks ([{},{},...]) would cost hundreds of MB.  Every
+# block is an object, so this many objects (a '{' before a key or a '}': a fast count of every
+# '{' first) and this many source keys bound it (~25 MB at worst); a 2.7 MB Claude Code session
+# has a few thousand objects.
+_MAX_PARTS = 100_000
+# An object starts so; a '{' before anything else is in a string.
+_OBJECT_START = re.compile(rb'\{(?=[ \t\r\n]*["}])')
+# Sources the Messages API takes inline; any other ("url", "file": a file at the provider) is refused.
+_INLINE_SOURCE_TYPES = frozenset({"base64", "text", "content"})
+# Leading characters a URL parser strips (WHATWG, Python's urllib) before it reads the scheme.
+_URL_LEADING = bytes(range(0x21)).decode()
 # Writing a body's top level anew decodes it into a dict of raw values: its
 # cost grows with the top-level keys, which a hostile body could have by the
 # million.  Every key is followed by a ':', so this many colons bounds it
@@ -209,6 +260,7 @@ class _Head(msgspec.Struct):
     n: int | None | msgspec.UnsetType = msgspec.UNSET  # OpenAI: choices, each up to the output cap
     stream_options: msgspec.Raw = msgspec.Raw()  # empty: absent
     tools: msgspec.Raw = msgspec.Raw()  # read by _hold_tools
+    messages: msgspec.Raw = msgspec.Raw()  # read by _hold_sources
 
 
 _HEAD_FIELDS = frozenset(_Head.__struct_fields__)
@@ -216,6 +268,63 @@ _HEAD_FIELDS = frozenset(_Head.__struct_fields__)
 
 class _StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
+
+
+class _Part(msgspec.Struct, gc=False):
+    """A block (a part) of a message's content, as far as a source can hide in it.
+
+    Only these keys are read, each a raw value that :func:`_hold_part` decodes when present
+    (msgspec skips the others without building them: a text, a tool's input): ``content``
+    (a list of blocks), the Messages API's ``source``, and what Chat Completions servers
+    fetch or look up (vLLM, llama.cpp, Mistral, OpenRouter, OpenAI's files), whatever the
+    part's type says (vLLM reads a part with no type by its keys).
+    """
+
+    content: msgspec.Raw = msgspec.Raw()
+    source: msgspec.Raw = msgspec.Raw()
+    url: msgspec.Raw = msgspec.Raw()
+    image_url: msgspec.Raw = msgspec.Raw()
+    audio_url: msgspec.Raw = msgspec.Raw()
+    video_url: msgspec.Raw = msgspec.Raw()
+    file_url: msgspec.Raw = msgspec.Raw()
+    document_url: msgspec.Raw = msgspec.Raw()
+    input_audio: msgspec.Raw = msgspec.Raw()
+    file: msgspec.Raw = msgspec.Raw()
+    file_id: msgspec.Raw = msgspec.Raw()
+    file_data: msgspec.Raw = msgspec.Raw()
+
+
+class _Message(msgspec.Struct, gc=False):
+    """A message: its content, a list of blocks read with it (most are), or a string."""
+
+    content: list[_Part] | str | None = None
+
+
+class _Messages(msgspec.Struct, gc=False):
+    """A body's messages (the others fields passed over)."""
+
+    messages: list[_Message] | None = None
+
+
+class _Source(_Part):
+    """A block's ``source`` object: its type, and any key a block could name content with."""
+
+    type: msgspec.Raw = msgspec.Raw()
+
+
+class _Media(msgspec.Struct, gc=False):
+    """The object a part's URL, audio or file key holds (``{"url": ...}``, ``{"data": ..., "format": ...}``)."""
+
+    url: msgspec.Raw = msgspec.Raw()
+    file_url: msgspec.Raw = msgspec.Raw()
+    data: msgspec.Raw = msgspec.Raw()
+    file_data: msgspec.Raw = msgspec.Raw()
+    file_id: msgspec.Raw = msgspec.Raw()
+
+
+# What each key of a part holds: a URL (only a data: URL is inline), or data (base64, or a data: URL).
+_URL_KEYS = ("url", "image_url", "audio_url", "video_url", "file_url", "document_url")
+_DATA_KEYS = ("input_audio", "file", "file_data")
 
 
 @dataclass(frozen=True)
@@ -246,6 +355,11 @@ _LENIENT = msgspec.json.Decoder(_Head)
 _TOP_LEVEL = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _TOOLS = msgspec.json.Decoder(list[dict[str, msgspec.Raw]] | None)
 _TOOL_TYPE = msgspec.json.Decoder(str)
+_MESSAGES = msgspec.json.Decoder(list[_Message])
+_LOWERED_BODY = msgspec.json.Decoder(_Messages)
+_PARTS = msgspec.json.Decoder(list[_Part])
+_SOURCE = msgspec.json.Decoder(_Source | str | None)
+_MEDIA = msgspec.json.Decoder(_Media | str | None)
 
 
 def _wire_of(path: str) -> _Wire:
@@ -258,6 +372,76 @@ class _Refusal(Exception):
     def __init__(self, status: int, kind: str, message: str) -> None:
         super().__init__(message)
         self.status, self.kind, self.message = status, kind, message
+
+
+class _Scan:
+    """What byte searches tell of a request's body (and its messages): each made once, when first asked."""
+
+    def __init__(self, body: bytes, head: _Head) -> None:
+        self.body = body
+        self.head = head
+        # The messages are most of the body (a long session): searched with it, and read
+        # folded from it lowered (kept for :func:`_hold_sources`, which lets it go).
+        self.whole = len(head.messages) * 2 >= len(body)
+        self.lowered: bytes | None = None
+
+    @functools.cached_property
+    def keys(self) -> collections.Counter[bytes]:
+        """The policed keys (and the source keys, if :attr:`whole`), quoted, in any case (Go's
+        encoding/json matches keys ignoring it): nested keys and string values alike (an
+        overcount is safe)."""
+        lowered = self.body.lower()
+        if self.whole:
+            self.lowered = lowered
+        return _keys(_QUOTED_KEY if self.whole else _POLICED_KEY, lowered)
+
+    def count(self, name: bytes) -> int:
+        """``name``, quoted, in any case (-1: the keys were too many to count)."""
+        return -1 if _capped(self.keys) else self.keys[name]
+
+    @functools.cached_property
+    def respelled(self) -> bool:
+        """Could the body spell a key character another way (:data:`_ESCAPED_NAME_CHAR`)?"""
+        return _respelled(self.body)
+
+    @functools.cached_property
+    def message_keys(self) -> collections.Counter[bytes]:
+        """The source keys in the messages, quoted, in any case: the body's less its other
+        fields' if :attr:`whole`, else the messages' own.  A key outside the fields the head
+        holds (the top level's own, those only a case-blind reader takes for a policed one)
+        counts as the messages': an overcount, which costs a decode."""
+        if not self.whole:
+            return _keys(_QUOTED_KEY, bytes(self.head.messages).lower())
+        if _capped(self.keys):
+            return self.keys
+        keys = self.keys.copy()
+        head = self.head
+        for name in head.__struct_fields__:
+            if name != "messages" and isinstance(value := getattr(head, name), msgspec.Raw) and value:
+                keys.subtract(_keys(_QUOTED_KEY, bytes(value).lower()))
+        return keys
+
+    @functools.cached_property
+    def messages_respelled(self) -> bool:
+        return self.respelled if self.whole else _respelled(bytes(self.head.messages))
+
+
+def _keys(search: re.Pattern[bytes], lowered: bytes | bytearray) -> collections.Counter[bytes]:
+    """What ``search`` finds in ``lowered``, by name, up to about :data:`_MAX_COUNTED`."""
+    if len(lowered) <= 6 * _MAX_COUNTED:  # a key and its ':' or ',' take 6 bytes at least: a short list
+        return collections.Counter(search.findall(lowered))
+    found = map(_MATCHED, search.finditer(lowered))
+    return collections.Counter(itertools.islice(found, _MAX_COUNTED + 1))
+
+
+def _capped(keys: collections.Counter[bytes]) -> bool:
+    return keys.total() > _MAX_COUNTED
+
+
+def _respelled(data: bytes) -> bool:
+    return (_ESCAPED_NAME_CHAR.search(data) is not None
+            # The last byte alone first: a search for one byte is many times faster.
+            or any(char[-1:] in data and char in data for char in _GO_FOLDED))
 
 
 def _estimate(n_bytes: int) -> int:
@@ -731,6 +915,8 @@ class ModelGateway:
         self._hold_output(head, added, changed)
         _hold_head_fields(wire, head)
         _hold_tools(wire, head.tools)
+        scan = _Scan(body, head)
+        _hold_sources(scan)
         if wire is _OPENAI and head.stream:
             # OpenAI streams report usage only when asked to.
             if not head.stream_options:
@@ -743,7 +929,7 @@ class ModelGateway:
                 if not options.include_usage:
                     raise _Refusal(400, "invalid_request_error",
                                    "the gateway counts tokens: a stream needs stream_options.include_usage")
-        if changed or strip or self._ambiguous(body, head):
+        if changed or strip or self._ambiguous(scan, head):
             return _rewritten(body, added, changed)
         if not added:
             return body
@@ -805,16 +991,17 @@ class ModelGateway:
             self.budget_refusals += 1
         return _Refusal(403, "budget_exceeded", message)
 
-    def _ambiguous(self, body: bytes, head: _Head) -> bool:
+    def _ambiguous(self, scan: _Scan, head: _Head) -> bool:
         """Could the upstream read a policed field otherwise than ``head`` did?
 
         Policed: the model and the output caps when the run is held to them,
-        and the tools (:func:`_hold_tools`) when there are any.  Yes when one
-        of their keys appears more (or less) often than once per field present,
-        in any case (Go's encoding/json matches keys ignoring it), counting
-        nested keys and string values alike (byte counts, not a parse: an
-        overcount only costs a rewrite), or when the body could spell a key
-        character another way (:data:`_ESCAPED_NAME_CHAR`).
+        the tools (:func:`_hold_tools`) when there are any, and the messages
+        (:func:`_hold_sources`).  Yes when one of their keys appears more (or
+        less) often than once per field present, in any case (Go's
+        encoding/json matches keys ignoring it), counting nested keys and
+        string values alike (byte counts, not a parse: an overcount only costs
+        a rewrite), or when the body could spell a key character another way
+        (:data:`_ESCAPED_NAME_CHAR`).
         """
         policed: dict[str, bool] = {}
         if self.model is not None:
@@ -824,13 +1011,14 @@ class ModelGateway:
             policed["max_completion_tokens"] = head.max_completion_tokens is not msgspec.UNSET
         if head.tools:
             policed["tools"] = True
+        if head.messages:
+            policed["messages"] = True
         if not policed:
             return False
-        seen = collections.Counter(_POLICED_KEY.findall(body.lower()))
         for name, present in policed.items():
-            if seen[name.encode()] != present:
+            if scan.count(name.encode()) != present:
                 return True
-        return any(char in body for char in _GO_FOLDED) or _ESCAPED_NAME_CHAR.search(body) is not None
+        return scan.respelled
 
     def _handle(self, h: BaseHTTPRequestHandler) -> None:
         # The query string is never passed on (the CLI sends ?beta=true: not a refusal).
@@ -1068,6 +1256,251 @@ def _tool_type(tool: dict[str, msgspec.Raw], index: int) -> str | None:
         return _TOOL_TYPE.decode(tool["type"])
     except (msgspec.DecodeError, msgspec.ValidationError):
         raise _Refusal(400, "invalid_request_error", f"tools[{index}].type must be a string") from None
+
+
+def _hold_sources(scan: _Scan) -> None:
+    """No block of the messages names content kept elsewhere: a URL, which the provider (or the
+    server behind an OpenAI-compatible API, or a relay in front of either) would fetch, or a
+    file stored at the provider, which is not this run's (the gateway forwards no upload).
+    Inline content passes: base64, text and content sources, data: URLs, base64 data.
+
+    Most requests have no source key in their messages, in any case (the byte search of
+    :attr:`_Scan.message_keys`), and are not decoded.  The others are read as their readers read
+    them, twice: as they are (msgspec unescapes keys and takes the last of duplicates, as
+    Python's json, pydantic and Go do), then folded (:func:`_folded`), as a reader that matches
+    keys ignoring case reads them (Go's encoding/json: the last key that matches a name, a
+    "Content" as "content").  A block with keys that only differ in case is so read both ways.
+    """
+    messages = scan.head.messages
+    if not messages:
+        return
+    keys = scan.message_keys
+    lowered, scan.lowered = scan.lowered, None
+    if _capped(keys):
+        raise _too_many_parts()
+    folded: bytes | bytearray | None = None
+    if scan.messages_respelled:  # keys the byte search does not see: the folded messages show them
+        lowered = None
+        folded = _folded(messages)
+        keys = _keys(_QUOTED_KEY, folded)
+    elif not any(keys[key] > 0 for key in _SOURCE_KEY_BYTES):
+        return
+    _bound_parts(scan.body, keys)
+    _hold_messages(_decoded(_MESSAGES, messages, "messages"), folded=False)
+    if folded is not None:
+        read = _decoded(_MESSAGES, folded, "messages")
+    elif lowered is not None:  # the body lowered: its messages are the messages lowered
+        read = _decoded(_LOWERED_BODY, lowered, "messages").messages or []
+    else:
+        read = _decoded(_MESSAGES, bytes(messages).lower(), "messages")
+    _hold_messages(read, folded=True)
+
+
+def _folded(messages: msgspec.Raw) -> bytes | bytearray:
+    """The messages with their keys as a reader that matches them ignoring case sees them:
+    lowered, the Kelvin sign and long s as "k" and "s", an escaped name character written as
+    itself (values change too: they are only read, never sent).  At most two copies of the
+    messages are held at once."""
+    folded = bytes(messages).lower()
+    if not folded.isascii():
+        for char, letter in zip(_GO_FOLDED, (b"k", b"s"), strict=True):
+            if char[-1:] in folded:
+                folded = folded.replace(char, letter)
+    if _ESCAPED_NAME_CHAR.search(folded) is None:
+        return folded
+    view = memoryview(folded)
+    out = bytearray()
+    last = 0
+    for seen, match in enumerate(_ESCAPED_NAME_CHAR.finditer(folded)):
+        if seen == _MAX_COUNTED:
+            raise _Refusal(413, "request_too_large", f"the gateway reads messages with escaped letters (or text "
+                                                     f"that looks so) in requests with at most {_MAX_COUNTED} of them")
+        if _backslashes_before(folded, match.start()) % 2:  # "\\u0041": a backslash, then the text "u0041"
+            continue
+        out += view[last:match.start()]
+        out += _UNESCAPED[match[0]]
+        last = match.end()
+    out += view[last:]
+    return out
+
+
+# An escaped name character (lowered) as a reader that matches keys ignoring case reads it: the
+# character itself, lowered (a backslash stays escaped).
+_UNESCAPED = {b"\\u%04x" % code: (b"\\\\" if code == 0x5C else bytes([code]).lower()) for code in range(0x40, 0x80)}
+_UNESCAPED |= {b"\\u212a": b"k", b"\\u017f": b"s"}
+
+
+def _backslashes_before(data: bytes, end: int) -> int:
+    """How many backslashes end ``data[:end]`` (a long run is searched a block at a time)."""
+    count = 0
+    size = 16
+    while end > 0 and data[end - 1] == 0x5C:
+        block = data[max(0, end - size):end]
+        run = len(block) - len(block.rstrip(b"\\"))
+        count += run
+        end -= run
+        size = 4096
+    return count
+
+
+def _bound_parts(body: bytes, keys: collections.Counter[bytes]) -> None:
+    """Refuse a request whose messages would build over :data:`_MAX_PARTS` objects or source
+    keys when read (the body's objects are counted: an overcount, with no copy of the messages)."""
+    if _capped(keys) or sum(keys[key] for key in _SOURCE_KEY_BYTES) > _MAX_PARTS:
+        raise _too_many_parts()
+    if len(body) <= 2 * _MAX_PARTS or body.count(b"{") <= _MAX_PARTS:  # {} is an object: 2 bytes
+        return
+    for seen, _ in enumerate(_OBJECT_START.finditer(body)):  # the '{' in strings left out
+        if seen == _MAX_PARTS:
+            raise _too_many_parts()
+
+
+def _too_many_parts() -> _Refusal:
+    return _Refusal(413, "request_too_large",
+                    f"the gateway reads the blocks of messages that have source keys, in requests with at most "
+                    f"{_MAX_PARTS} objects and source keys")
+
+
+_T = TypeVar("_T")
+
+
+def _decoded(decoder: msgspec.json.Decoder[_T], data: bytes | bytearray | msgspec.Raw, where: str) -> _T:
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise _Refusal(400, "invalid_request_error",
+                       f"{where}: {exc} (the gateway reads messages, and lists of blocks, as objects)") from None
+
+
+def _hold_messages(messages: list[_Message], *, folded: bool) -> None:
+    # _hold_list's loop, with the place named only when a block is read further: a long
+    # session has thousands of blocks, and most are passed over.
+    for index, message in enumerate(messages):
+        if type(parts := message.content) is not list:  # a string, or none
+            continue
+        for number, part in enumerate(parts):
+            if _names_a_source(part):
+                _hold_part(part, f"messages[{index}].content[{number}]", 1, folded=folded)
+            elif (content := part.content) and memoryview(content)[0] == 0x5B:  # '[': blocks
+                _hold_blocks_in(content, f"messages[{index}].content[{number}].content", 1, folded=folded)
+
+
+def _hold_list(parts: list[_Part], where: str, depth: int, *, folded: bool) -> None:
+    """A list of blocks at ``where``, ``depth`` lists deep."""
+    for index, part in enumerate(parts):
+        if _names_a_source(part):
+            _hold_part(part, f"{where}[{index}]", depth, folded=folded)
+        elif (content := part.content) and memoryview(content)[0] == 0x5B:  # '[': blocks
+            _hold_blocks_in(content, f"{where}[{index}].content", depth, folded=folded)
+
+
+def _names_a_source(part: _Part) -> bool:
+    # One expression: a loop over the names took three times as long, and most parts have none.
+    return bool(part.source or part.url or part.image_url or part.audio_url or part.video_url or part.file_url
+                or part.document_url or part.input_audio or part.file or part.file_id or part.file_data)
+
+
+def _hold_blocks_in(content: msgspec.Raw, where: str, depth: int, *, folded: bool) -> None:
+    """A block's list of blocks (a tool_result's content, a document's content source)."""
+    if depth == _MAX_SOURCE_DEPTH:
+        raise _Refusal(400, "invalid_request_error",
+                       f"{where} nests blocks deeper than the gateway reads ({_MAX_SOURCE_DEPTH} lists)")
+    _hold_list(_decoded(_PARTS, content, where), where, depth + 1, folded=folded)
+
+
+def _hold_part(part: _Part, where: str, depth: int, *, folded: bool) -> None:
+    """A block that has a source key: every such key holds inline content."""
+    def refuse(why: str) -> _Refusal:
+        if folded:  # not so as the keys are spelled: one differs from its name in case only
+            why += (" (read so by a server that matches keys ignoring case, as Go's encoding/json does: a key "
+                    "here differs from its name in case only)")
+        return _Refusal(403, "source_not_allowed", f"the gateway does not forward {where}: {why}")
+
+    lists = [("content", part.content)]
+    if part.source and (source := _hold_source(part.source, refuse)) is not None:
+        lists.append(("source.content", source.content))
+    for name in _URL_KEYS:
+        if raw := getattr(part, name):
+            _hold_media(raw, name, refuse, url=True)
+    for name in _DATA_KEYS:
+        if raw := getattr(part, name):
+            _hold_media(raw, name, refuse, url=False)
+    if part.file_id and bytes(part.file_id) != b"null":
+        raise refuse(_FILE_ID.format(key="file_id"))
+    for key, content in lists:
+        if content and memoryview(content)[0] == 0x5B:  # '[': blocks (a string or null holds none)
+            _hold_blocks_in(content, f"{where}.{key}", depth, folded=folded)
+
+
+_FILE_ID = ("its {key!r} names a file stored at the provider, which is not this run's (the gateway forwards "
+            "no upload); send the content inline")
+
+
+def _hold_source(raw: msgspec.Raw, refuse: Callable[[str], _Refusal]) -> _Source | None:
+    """A block's source: inline (base64, text, content), or a string (a search result's, which
+    names where the text came from; nothing fetches it)."""
+    try:
+        source = _SOURCE.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise refuse("its source is neither an object nor a string") from None
+    if not isinstance(source, _Source):
+        return None
+    try:
+        kind = _TOOL_TYPE.decode(source.type) if source.type else None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise refuse("its source's type is not a string") from None
+    if kind not in _INLINE_SOURCE_TYPES:
+        why = {"url": "the provider would fetch it", "file": "it names a file stored at the provider, which is not "
+               "this run's (the gateway forwards no upload)"}.get(kind or "", "it is not on the gateway's list")
+        if kind == "url" and source.url:
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                why += f" ({_TOOL_TYPE.decode(source.url)[:200]!r})"
+        raise refuse(f"its source is of type {kind!r}: {why}; send the content inline (a base64, text or "
+                     "content source)")
+    for name in (*_URL_KEYS, *_DATA_KEYS, "file_id", "source"):
+        if getattr(source, name):
+            raise refuse(f"its {kind} source has a {name!r} key, which a server could read instead")
+    return source
+
+
+def _hold_media(raw: msgspec.Raw, name: str, refuse: Callable[[str], _Refusal], *, url: bool) -> None:
+    """A part's URL (``url``: only a data: URL is inline) or data (base64, or a data: URL), a
+    string or an object that holds it."""
+    try:
+        value = _MEDIA.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise refuse(f"its {name!r} is neither a string nor an object") from None
+    if value is None:
+        return
+    if isinstance(value, str):
+        if _remote(value, url=url):
+            raise refuse(_FETCHED.format(key=name, value=value[:200]))
+        return
+    for key, is_url in (("url", True), ("file_url", True), ("data", False), ("file_data", False)):
+        if not (inner := getattr(value, key)):
+            continue
+        try:
+            text = _MEDIA.decode(inner)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise refuse(f"its '{name}.{key}' is not a string") from None
+        if isinstance(text, str) and _remote(text, url=is_url):
+            raise refuse(_FETCHED.format(key=f"{name}.{key}", value=text[:200]))
+        if isinstance(text, _Media):
+            raise refuse(f"its '{name}.{key}' is not a string")
+    if value.file_id and bytes(value.file_id) != b"null":
+        raise refuse(_FILE_ID.format(key=f"{name}.file_id"))
+
+
+_FETCHED = ("its {key!r} is {value!r}: the server would fetch it; send the content inline (a data: URL, or "
+            "base64 data)")
+
+
+def _remote(value: str, *, url: bool) -> bool:
+    """Does a URL (``url``) or a data field name content elsewhere?  Anything but a data: URL
+    for a URL; anything with a scheme but data: for data (base64 has no ':')."""
+    if value.lstrip(_URL_LEADING)[:5].lower() == "data:":
+        return False
+    return url or ":" in value
 
 
 def _rewritten(body: bytes, added: dict[str, object], changed: dict[str, object]) -> bytes:

@@ -269,3 +269,254 @@ def test_an_allowed_openai_request_passes_with_the_listed_headers_only(
     assert call.headers["authorization"] == f"Bearer {KEY}"
     assert set(call.headers) - OPENAI_HEADERS <= {"host", "content-length", "authorization", "accept-encoding",
                                                   "connection"}, call.headers
+
+
+# -- sources in messages: what the provider would fetch ------------------------------------------
+
+URL_IMAGE: dict[str, Any] = {"type": "image",
+                             "source": {"type": "url", "url": "https://attacker.example/x.png?leak=secret"}}
+BASE64_IMAGE: dict[str, Any] = {"type": "image",
+                                "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+TEXT_DOCUMENT: dict[str, Any] = {"type": "document", "source": {
+    "type": "text", "media_type": "text/plain", "data": "https://example.com is a link, not a source"}}
+
+
+def asking(*blocks: dict[str, Any]) -> dict[str, Any]:
+    """BASE with a user message of ``blocks`` after its first one."""
+    return {**BASE, "messages": [*MESSAGES, {"role": "user", "content": list(blocks)}]}
+
+
+def tool_result(*blocks: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": "toolu_1", "content": list(blocks)}
+
+
+def spelled(body: dict[str, Any], *respellings: tuple[bytes, bytes]) -> bytes:
+    """``body`` as JSON, with keys or values spelled otherwise (escapes, another case)."""
+    raw = json.dumps(body).encode()
+    for plain, other in respellings:
+        assert plain in raw
+        raw = raw.replace(plain, other)
+    return raw
+
+
+@pytest.mark.parametrize(
+    ("body", "where", "said"),
+    [
+        (asking(URL_IMAGE), "messages[1].content[0]", ("source is of type 'url'", "https://attacker.example/x.png")),
+        (asking({"type": "text", "text": "see"}, {"type": "document", "source": {
+            "type": "url", "url": "https://attacker.example/d.pdf"}}), "messages[1].content[1]", ("'url'",)),
+        (asking({"type": "document", "source": {"type": "file", "file_id": "file_011CNha8iCJcU1wXNR6q4V8w"}}),
+         "messages[1].content[0]", ("of type 'file'", "stored at the provider")),
+        # Nested: in a tool result, and in a document whose source is a list of blocks.
+        (asking(tool_result({"type": "text", "text": "here"}, URL_IMAGE)), "messages[1].content[0].content[1]",
+         ("'url'",)),
+        (asking({"type": "document", "source": {"type": "content", "content": [URL_IMAGE]}}),
+         "messages[1].content[0].source.content[0]", ("'url'",)),
+        (asking(tool_result({"type": "document", "source": {"type": "content", "content": [
+            tool_result(URL_IMAGE)]}})), "messages[1].content[0].content[0].source.content[0].content[0]", ("'url'",)),
+        # An inline type with a URL beside it, a file beside a block, a source of no inline type.
+        (asking({"type": "image", "source": {**BASE64_IMAGE["source"], "url": "https://attacker.example/"}}),
+         "messages[1].content[0]", ("base64 source has a 'url' key",)),
+        (asking({"type": "container_upload", "file_id": "file_011"}), "messages[1].content[0]", ("'file_id'",)),
+        (asking({"type": "image", "source": {"media_type": "image/png", "url": "https://attacker.example/"}}),
+         "messages[1].content[0]", ("of type None",)),
+        # Escaped, the key and the type are what the upstream reads (it unescapes them).
+        (spelled(asking(URL_IMAGE), (b'"source"', b'"sourc\\u0065"')), "messages[1].content[0]", ("'url'",)),
+        (spelled(asking(URL_IMAGE), (b'"type": "url"', b'"type": "\\u0075rl"')), "messages[1].content[0]",
+         ("'url'",)),
+        (spelled(asking(tool_result(URL_IMAGE)), (b'"content": [{"type": "image"', b'"c\\u006fntent": [{"type": '
+                                                                                     b'"image"')),
+         "messages[1].content[0].content[0]", ("'url'",)),
+    ],
+    ids=["url-image", "url-document", "file-document", "in-tool-result", "in-content-source", "deep",
+         "url-beside-base64", "file-id", "no-type", "escaped-key", "escaped-type", "escaped-content-key"],
+)
+def test_a_source_the_provider_would_fetch_is_refused_saying_where(
+    anthropic: tuple[ModelGateway, httpx.Client, FakeAnthropic], body: bytes | dict[str, Any], where: str,
+    said: tuple[str, ...],
+) -> None:
+    gw, client, fake = anthropic
+    refused(post(client, body), "source_not_allowed", f"does not forward {where}:", *said)
+    assert fake.calls == [] and gw.requests == 0 and gw.refused == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        (spelled(asking(URL_IMAGE), (b'"source"', b'"Source"')), "messages[1].content[0]"),
+        (spelled(asking(URL_IMAGE), (b'"source"', b'"\\u0053ource"')), "messages[1].content[0]"),
+        (spelled(asking(URL_IMAGE), (b'"source"', '"\u017fource"'.encode()), (b'"url": "https', b'"URL": "https')),
+         "messages[1].content[0]"),
+        # Blocks only a case-blind reader finds: under "Content".
+        (spelled(asking(tool_result(URL_IMAGE)), (b'"content": [{"type": "image"', b'"CONTENT": [{"type": "image"')),
+         "messages[1].content[0].content[0]"),
+        # A hidden second source: an exact reader takes "source", Go's encoding/json the last of the two.
+        (spelled(asking({**URL_IMAGE, "SOURCE": BASE64_IMAGE["source"]})), "messages[1].content[0]"),
+        (spelled(asking({**BASE64_IMAGE, "SOURCE": URL_IMAGE["source"]})), "messages[1].content[0]"),
+    ],
+    ids=["Source", "escaped-Source", "long-s-and-URL", "CONTENT", "url-then-SOURCE", "base64-then-SOURCE"],
+)
+def test_a_source_key_in_another_case_is_read_as_a_case_blind_reader_reads_it(
+    anthropic: tuple[ModelGateway, httpx.Client, FakeAnthropic], body: bytes, where: str
+) -> None:
+    # Go's encoding/json (Ollama, relays in front of providers) matches keys ignoring case, and
+    # folds the long s to "s": what it would read is refused as such.
+    gw, client, fake = anthropic
+    refused(post(client, body), "source_not_allowed", f"does not forward {where}:", "'url'")
+    assert fake.calls == [] and gw.requests == 0
+
+
+def test_inline_sources_pass_and_a_url_beside_them_is_refused(
+    anthropic: tuple[ModelGateway, httpx.Client, FakeAnthropic]
+) -> None:
+    gw, client, fake = anthropic
+    fake.replies.append(message([{"type": "text", "text": "ok"}], "end_turn"))
+    inline = [
+        BASE64_IMAGE, TEXT_DOCUMENT,
+        {"type": "document", "source": {"type": "content", "content": [{"type": "text", "text": "a"}, BASE64_IMAGE]}},
+        tool_result({"type": "text", "text": "a screenshot"}, BASE64_IMAGE),
+        # A search result's source names where its text came from: nothing fetches it.
+        {"type": "search_result", "source": "https://example.com/page", "title": "t",
+         "content": [{"type": "text", "text": "found"}]},
+        # Keys in a tool's input, or text, are the agent's data: never read for sources; nor is
+        # text that only looks like an escape ("\\u0053" is a backslash and "u0053"), or
+        # has a character Go folds to a letter (the long s).
+        {"type": "text", "text": '{"type": "image", "source": {"type": "url", "url": "https://example.com"}}'},
+        {"type": "text", "text": '{"\\u0053ource": {"type": "url"}} is how JSON escapes an S; Wa\u017f\u017fer'},
+    ]
+    calls = [{"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_2", "name": "WebFetch", "input": {
+        "url": "https://example.com", "source": {"type": "url", "url": "https://example.com"}}}]}]
+    body = json.dumps({**BASE, "messages": [*MESSAGES, *calls, {"role": "user", "content": inline}]}).encode()
+    assert post(client, body).status_code == 200
+    (call,) = fake.calls
+    assert call.body == json.loads(body)  # (the top level written anew: the text looks escaped)
+    unsafe = json.dumps(asking(*inline, tool_result(BASE64_IMAGE, URL_IMAGE))).encode()
+    refused(post(client, unsafe), "source_not_allowed", f"messages[1].content[{len(inline)}].content[1]")
+    assert len(fake.calls) == 1
+
+
+def test_a_long_session_passes_and_a_url_at_its_end_is_refused(
+    anthropic: tuple[ModelGateway, httpx.Client, FakeAnthropic]
+) -> None:
+    # A Claude Code session of ~2.7 MB: 300 turns of a tool call and its output, a screenshot
+    # and a WebFetch call (source keys: the messages are read), then the same with a URL image.
+    gw, client, fake = anthropic
+    fake.replies.append(message([{"type": "text", "text": "ok"}], "end_turn"))
+    turns: list[dict[str, Any]] = []
+    for i in range(300):
+        turns.append({"role": "assistant", "content": [{"type": "text", "text": "Let me look."}, {
+            "type": "tool_use", "id": f"toolu_{i}", "name": "Bash", "input": {"command": f"cat src/m{i}.py"}}]})
+        turns.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}",
+                                                   "content": "def f(x):\n    return {'a': x}  # café\n" * 200}]})
+    turns.append({"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_web", "name": "WebFetch",
+                                                    "input": {"url": "https://example.com", "prompt": "read"}}]})
+    turns.append({"role": "user", "content": [tool_result({"type": "text", "text": "no network"}),
+                                              tool_result({**BASE64_IMAGE, "source": {
+                                                  **BASE64_IMAGE["source"], "data": "iVBORw0KGgo=" * 20_000}})]})
+    session: dict[str, Any] = {**BASE, "messages": [*MESSAGES, *turns]}
+    body = json.dumps(session, ensure_ascii=False).encode()
+    assert len(body) > 2_500_000
+    assert post(client, body).status_code == 200
+    assert fake.calls[0].raw == body
+    session["messages"] += [{"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+                            {"role": "user", "content": [URL_IMAGE]}]
+    refused(post(client, json.dumps(session).encode()), "source_not_allowed", "messages[604].content[0]")
+    assert len(fake.calls) == 1
+
+
+def test_a_hidden_second_messages_key_reaches_the_upstream_as_the_one_checked(
+    anthropic: tuple[ModelGateway, httpx.Client, FakeAnthropic]
+) -> None:
+    # msgspec (and the upstream) read the last of duplicate keys; a reader that kept the first
+    # would get the URL image: the upstream gets one copy, the checked one.
+    gw, client, fake = anthropic
+    fake.replies.append(message([{"type": "text", "text": "ok"}], "end_turn"))
+    hidden = json.dumps([{"role": "user", "content": [URL_IMAGE]}]).encode()
+    body = b'{"model":"%s","max_tokens":64,"messages":%s,"messages":%s}' % (
+        MODEL.encode(), hidden, json.dumps(MESSAGES).encode())
+    assert post(client, body).status_code == 200
+    (call,) = fake.calls
+    assert call.raw.count(b'"messages"') == 1 and b"attacker" not in call.raw and call.body["messages"] == MESSAGES
+    # The other way round, the URL image is the one read: refused.
+    body = b'{"model":"%s","max_tokens":64,"messages":%s,"messages":%s}' % (
+        MODEL.encode(), json.dumps(MESSAGES).encode(), hidden)
+    refused(post(client, body), "source_not_allowed", "messages[0].content[0]")
+
+
+@pytest.mark.parametrize(
+    ("blocks", "status"),
+    [
+        # Ten million empty blocks beside a source key: read, they would cost gigabytes.
+        (b"{}," * 10_000_000, 413),
+        # Blocks nested deeper than the gateway reads.
+        (b'{"type":"tool_result","content":[' * 9 + b"{}" + b"]}" * 9 + b",", 400),
+    ],
+    ids=["ten-million-blocks", "nine-lists-deep"],
+)
+def test_messages_too_large_or_deep_to_read_are_refused_at_once(
+    anthropic: tuple[ModelGateway, httpx.Client, FakeAnthropic], blocks: bytes, status: int
+) -> None:
+    gw, client, fake = anthropic
+    body = b'{"model":"%s","max_tokens":64,"messages":[{"role":"user","content":[%s%s]}]}' % (
+        MODEL.encode(), blocks, json.dumps(BASE64_IMAGE).encode())
+    t0 = time.monotonic()
+    resp = post(client, body)
+    assert resp.status_code == status and "messages" in resp.json()["error"]["message"], resp.text
+    assert time.monotonic() - t0 < 2
+    assert fake.calls == [] and gw.requests == 0
+
+
+def _image(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url, "detail": "auto"}}
+
+
+@pytest.mark.parametrize(
+    ("part", "said"),
+    [
+        (_image("https://attacker.example/x.png"), "'image_url.url' is 'https://attacker.example/x.png'"),
+        ({"type": "image_url", "image_url": "http://attacker.example/x.png"}, "'image_url' is 'http://"),
+        ({"image_url": "https://attacker.example/x.png"}, "'image_url'"),  # vLLM reads a part with no type
+        ({"type": "input_image", "image_url": "https://attacker.example/x.png"}, "'image_url'"),
+        ({"type": "audio_url", "audio_url": {"url": "https://attacker.example/a.wav"}}, "'audio_url.url'"),
+        ({"type": "video_url", "video_url": {"url": "file:///etc/passwd"}}, "'file:///etc/passwd'"),
+        ({"type": "input_audio", "input_audio": {"data": "https://attacker.example/a.wav", "format": "wav"}},
+         "'input_audio.data'"),
+        ({"type": "file", "file": {"filename": "a.pdf", "file_data": "https://attacker.example/a.pdf"}},
+         "'file.file_data'"),
+        ({"type": "file", "file": {"file_id": "file-abc123"}}, "'file.file_id' names a file stored at the provider"),
+        ({"type": "document_url", "document_url": "https://attacker.example/a.pdf"}, "'document_url'"),
+        ({"type": "image_url", "IMAGE_URL": {"URL": "https://attacker.example/x.png"}}, "ignoring case"),
+    ],
+    ids=["image_url", "image_url-string", "no-type", "input_image", "audio_url", "video_url-file", "input_audio-url",
+         "file_data-url", "file_id", "document_url", "IMAGE_URL"],
+)
+def test_an_openai_part_the_server_would_fetch_is_refused(
+    openai: tuple[ModelGateway, httpx.Client, FakeOpenAI], part: dict[str, Any], said: str
+) -> None:
+    gw, client, fake = openai
+    body = {"model": "llama3.1:8b", "messages": [*MESSAGES, {"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, part]}]}
+    refused(post(client, body, "/v1/chat/completions"), "source_not_allowed",
+            "does not forward messages[1].content[1]:", said)
+    assert fake.calls == [] and gw.requests == 0
+
+
+def test_inline_openai_parts_pass_and_an_escaped_url_beside_them_is_refused(
+    openai: tuple[ModelGateway, httpx.Client, FakeOpenAI]
+) -> None:
+    gw, client, fake = openai
+    fake.replies.append(chat("ok"))
+    parts = [
+        {"type": "text", "text": "https://example.com is in the text"},
+        _image("data:image/png;base64,iVBORw0KGgo="), _image(" DATA:image/png;base64,iVBORw0KGgo="),
+        {"type": "input_audio", "input_audio": {"data": "UklGRiQAAABXQVZF", "format": "wav"}},
+        {"type": "file", "file": {"filename": "a.pdf", "file_data": "data:application/pdf;base64,JVBERi0x"}},
+    ]
+    body = json.dumps({"model": "llama3.1:8b", "max_tokens": 64,
+                       "messages": [*MESSAGES, {"role": "user", "content": parts}]}).encode()
+    assert post(client, body, "/v1/chat/completions").status_code == 200
+    assert fake.calls[0].raw == body
+    unsafe = spelled({"model": "llama3.1:8b", "messages": [*MESSAGES, {"role": "user", "content": [
+        *parts, _image("https://attacker.example/x.png")]}]}, (b'"url": "https', b'"\\u0075rl": "https'))
+    refused(post(client, unsafe, "/v1/chat/completions"), "source_not_allowed", "messages[1].content[5]")
+    assert len(fake.calls) == 1
