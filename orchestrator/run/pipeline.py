@@ -142,9 +142,10 @@ class StopWatch:
     """Stops a run's container when the run is cancelled or the lease is lost.
 
     Polls the run's state once a second: a cancel may come from any process
-    on any host, and the database is what they share.  A lost lease is waited
-    for on a thread of its own, so a read that hangs on a database that is
-    away never delays the stop (the lease's guard says it is lost).
+    on any host, and the database is what they share.  A lost lease stops the
+    container from the thread that finds it lost (``leases.LostSignal``: the
+    heartbeat's guard), so a read that hangs on a database that is away never
+    delays the stop; a plain Event is looked at with the poll.
     """
 
     def __init__(
@@ -159,34 +160,27 @@ class StopWatch:
         self.reason: str | None = None
         self._stopping = threading.Lock()
         self._thread = threading.Thread(target=self._watch, name=f"stopwatch-{run_id[:8]}", daemon=True)
-        self._lease_thread = threading.Thread(target=self._watch_lease, name=f"stopwatch-lease-{run_id[:8]}",
-                                              daemon=True)
+        self._forget_lease: Callable[[], None] | None = None
 
     def __enter__(self) -> StopWatch:
         self._thread.start()
-        if self._lease_lost is not None:
-            self._lease_thread.start()
+        if isinstance(self._lease_lost, leases.LostSignal):
+            # Called by the thread that finds the lease lost (the heartbeat's guard), at once.
+            self._forget_lease = self._lease_lost.on_set(lambda: self._stop("lease_lost"))
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
+        if self._forget_lease is not None:
+            self._forget_lease()
         # The cancel poll may hang in a read on a database that is away: not waited for long.
         self._thread.join(timeout=5)
-        if self._lease_thread.is_alive():
-            self._lease_thread.join()
 
     def _stop(self, reason: str) -> None:
         with self._stopping:
-            if self.reason is None:
+            if self.reason is None and not self._done.is_set():
                 self.reason = reason
                 self._stop_fn()
-
-    def _watch_lease(self) -> None:
-        assert self._lease_lost is not None
-        while not self._done.is_set():
-            if self._lease_lost.wait(0.1):
-                self._stop("lease_lost")
-                return
 
     def _watch(self) -> None:
         while not self._clock.wait(self._done, self._interval):

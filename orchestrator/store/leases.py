@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sqlalchemy import ColumnElement, Connection, case, literal, or_, select, update
@@ -182,6 +183,38 @@ RENEW_EVERY_S = 1.5
 UNSURE_AFTER_S = ALIVE_WINDOW_S / 2
 
 
+class LostSignal(threading.Event):
+    """An Event that also calls the functions registered with :meth:`on_set` when it is set:
+    a run's stop-watch kills its container from the thread that finds the lease lost,
+    with no thread of its own polling the event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._calls: list[Callable[[], object]] = []
+        self._calls_lock = threading.Lock()
+
+    def set(self) -> None:
+        super().set()
+        with self._calls_lock:
+            calls = list(self._calls)
+        for call in calls:
+            call()
+
+    def on_set(self, call: Callable[[], object]) -> Callable[[], None]:
+        """Call ``call`` once the event is set (now, if it is); returns what unregisters it."""
+        with self._calls_lock:
+            self._calls.append(call)
+        if self.is_set():
+            call()
+
+        def forget() -> None:
+            with self._calls_lock:
+                if call in self._calls:
+                    self._calls.remove(call)
+
+        return forget
+
+
 class Heartbeat:
     """Renews a lease every ``min(ttl/3, RENEW_EVERY_S)`` seconds (waited on ``clock``)
     until stopped; each renewal sets the expiry from the database's now.
@@ -197,7 +230,7 @@ class Heartbeat:
         self._db, self._jid, self._owner, self._ttl = db, chat_jid, owner, ttl_s
         self._clock = clock
         self._stop = threading.Event()
-        self.lost = threading.Event()
+        self.lost = LostSignal()
         self._renewed = time.monotonic()  # the lease was just taken
         self._thread = threading.Thread(target=self._beat, name=f"lease-{chat_jid}", daemon=True)
         self._guard = threading.Thread(target=self._watch, name=f"lease-guard-{chat_jid}", daemon=True)

@@ -223,3 +223,22 @@ def test_the_fixed_dead_owner_sql_agrees_with_the_expression(db: Database) -> No
     # The cases themselves: a dead host's owners are dead, a live one's and strangers' are not.
     assert verdicts["rack:1:ab"] and verdicts["quiet:4:cd"] and verdicts["down:9:aa"]
     assert not verdicts["rack:1:2:ab"] and not verdicts["wx1:3:ab"] and not verdicts["history:abcd"]
+
+
+def test_a_lost_lease_stops_the_run_from_the_thread_that_finds_it_and_never_after_its_end(db: Database) -> None:
+    """The stop-watch kills the container from the thread that sets the lease lost (no
+    thread of its own polling it, no wait for its poll), and not once the run is over."""
+    from orchestrator.run.pipeline import StopWatch
+
+    stopped: list[str] = []
+    lost = leases.LostSignal()
+    with StopWatch(db, "run-1", lambda: stopped.append("killed"), lost, interval_s=3600) as watch:
+        lost.set()
+        assert stopped == ["killed"] and watch.reason == "lease_lost"  # at once, in this thread
+        lost.set()
+        assert stopped == ["killed"]  # once
+    later = leases.LostSignal()
+    with StopWatch(db, "run-2", lambda: stopped.append("late"), later, interval_s=3600) as watch:
+        pass
+    later.set()
+    assert stopped == ["killed"] and watch.reason is None
