@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.sandbox.containers import LABEL_GROUP, LABEL_INSTALL
+from orchestrator.sandbox.containers import LABEL_GROUP, LABEL_INSTALL, list_containers, name_of
 from orchestrator.store.groups import ensure_main_group, get_group
 from orchestrator.store.hosts import ALIVE_WINDOW_S
 from orchestrator.store.leases import UNSURE_AFTER_S
@@ -44,9 +44,10 @@ def _worker(stack: Stack) -> subprocess.Popen[bytes]:
 
 
 def _running_containers(stack: Stack, folder: str) -> list[str]:
-    found = docker.from_env().containers.list(filters={"label": [
+    # Sparse: a warm container removes itself as it stops, between a listing and an inspect.
+    found = list_containers(docker.from_env(), sparse=True, filters={"label": [
         f"{LABEL_INSTALL}={stack.settings.install_id}", f"{LABEL_GROUP}={folder}"]})
-    return [str(c.name) for c in found]
+    return [name_of(c) for c in found]
 
 
 def _start_silent_command(stack: Stack) -> tuple[str, Path]:
