@@ -34,6 +34,7 @@ from orchestrator.sandbox.gateway import ModelGateway
 from orchestrator.sandbox.warm import gateway_dir, host_only_dir
 from orchestrator.store.db import open_database
 from orchestrator.store.groups import add_group
+from tests.conftest import require_service
 
 OTHER_UID = 1000
 # What the other user tries: open each file for reading, connect to each socket.
@@ -154,8 +155,9 @@ def _as_other_user(targets: dict[str, Path]) -> dict[str, str]:
 
 
 def test_another_local_user_reads_no_chat_and_reaches_no_gateway(open_root: Path, usual_umask: None) -> None:
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv (util-linux) to act as another user")
+    # CI runs as root with util-linux: there, a missing one fails the test (require_service).
+    require_service(os.geteuid() == 0 and shutil.which("setpriv") is not None,
+                    "root and setpriv (util-linux), to act as another user")
     settings = _settings(open_root / "data")
     settings.ensure_dirs()
     _write(settings)
