@@ -65,6 +65,7 @@ from orchestrator.run.outputs import OutputMessage, event_to_message, host_messa
 from orchestrator.run.result_meta import result_meta_message
 from orchestrator.run.run_trace import run_span
 from orchestrator.run.stop_notice import STOP_REASON_LIMITS, Limit, stop_notice
+from orchestrator.run.stop_watch import StopWatch
 from orchestrator.run.sweeper import recover_group
 from orchestrator.sandbox.bounded_io import OutputBudget, OutputLimitExceeded
 from orchestrator.sandbox.config import container_plan
@@ -88,7 +89,6 @@ from orchestrator.store.runs import (
     park_run,
     parked_of,
     resume_run,
-    run_state,
     set_container,
     unfinished_runs,
 )
@@ -136,66 +136,6 @@ class Attempt:
     stop_reason: str | None = None
     num_turns: int = 0
     limit: Limit | None = None
-
-
-class StopWatch:
-    """Stops a run's container when the run is cancelled or the lease is lost.
-
-    Polls the run's state once a second: a cancel may come from any process
-    on any host, and the database is what they share.  A lost lease stops the
-    container from the thread that finds it lost (``leases.LostSignal``: the
-    heartbeat's guard), so a read that hangs on a database that is away never
-    delays the stop; a plain Event is looked at with the poll.
-    """
-
-    def __init__(
-        self, db: Database, run_id: str, stop: Callable[[], None], lease_lost: threading.Event | None,
-        interval_s: float = 1.0, *, clock: Clock = SYSTEM_CLOCK,
-    ) -> None:
-        self._db, self._run_id, self._stop_fn = db, run_id, stop
-        self._clock = clock
-        self._lease_lost = lease_lost
-        self._interval = interval_s
-        self._done = threading.Event()
-        self.reason: str | None = None
-        self._stopping = threading.Lock()
-        self._thread = threading.Thread(target=self._watch, name=f"stopwatch-{run_id[:8]}", daemon=True)
-        self._forget_lease: Callable[[], None] | None = None
-
-    def __enter__(self) -> StopWatch:
-        self._thread.start()
-        if isinstance(self._lease_lost, leases.LostSignal):
-            # Called by the thread that finds the lease lost (the heartbeat's guard), at once.
-            self._forget_lease = self._lease_lost.on_set(lambda: self._stop("lease_lost"))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        if self._forget_lease is not None:
-            self._forget_lease()
-        # The cancel poll may hang in a read on a database that is away: not waited for long.
-        self._thread.join(timeout=5)
-
-    def _stop(self, reason: str) -> None:
-        with self._stopping:
-            if self.reason is None and not self._done.is_set():
-                self.reason = reason
-                self._stop_fn()
-
-    def _watch(self) -> None:
-        while not self._clock.wait(self._done, self._interval):
-            if self.reason is not None:
-                return
-            if self._lease_lost is not None and self._lease_lost.is_set():
-                self._stop("lease_lost")
-                return
-            try:
-                if run_state(self._db, self._run_id) == "cancelled":
-                    self._stop("cancelled")
-                    return
-            except Exception:  # noqa: BLE001 - a DB hiccup is not a cancel
-                log.warning("run %s: could not read its state; looking again in %.0fs",
-                            self._run_id, self._interval, exc_info=True)
 
 
 @dataclass

@@ -72,9 +72,10 @@ from orchestrator.core.settings import Settings
 from orchestrator.run.assembly import input_bytes, record_input, stored_input
 from orchestrator.run.live_draft import FREE_LINES_PER_EVENT
 from orchestrator.run.outputs import OutputMessage, event_to_message, stored_size
-from orchestrator.run.pipeline import GATEWAY_SOCKET, StopWatch, model_settings
+from orchestrator.run.pipeline import GATEWAY_SOCKET, model_settings
 from orchestrator.run.result_meta import result_meta_message
 from orchestrator.run.stop_notice import STOP_REASON_LIMITS, Limit
+from orchestrator.run.stop_watch import StopWatch
 from orchestrator.sandbox.bounded_io import OutputBudget, OutputLimitExceeded
 from orchestrator.sandbox.config import effective_limits, parse_container_config, workspace_quota
 from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerSpec

@@ -228,7 +228,7 @@ def test_the_fixed_dead_owner_sql_agrees_with_the_expression(db: Database) -> No
 def test_a_lost_lease_stops_the_run_from_the_thread_that_finds_it_and_never_after_its_end(db: Database) -> None:
     """The stop-watch kills the container from the thread that sets the lease lost (no
     thread of its own polling it, no wait for its poll), and not once the run is over."""
-    from orchestrator.run.pipeline import StopWatch
+    from orchestrator.run.stop_watch import StopWatch
 
     stopped: list[str] = []
     lost = leases.LostSignal()
