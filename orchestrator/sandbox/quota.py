@@ -174,21 +174,32 @@ def describe_mode(settings: Settings) -> str:
     """One line for the worker's log at start."""
     mode, why = quota_mode(settings)
     if mode == "off":
-        return (f"workspace quota: off ({why}): an agent can fill the disk that holds the database and "
-                "the broker; set ORCHESTRATOR_WORKSPACE_QUOTA (e.g. 2g)")
+        return (
+            f"workspace quota: off ({why}): an agent can fill the disk that holds the database and "
+            "the broker; set ORCHESTRATOR_WORKSPACE_QUOTA (e.g. 2g)"
+        )
     size = human(workspace_quota_bytes(settings))
     if mode == "volume":
         return f"workspace quota: {size} per group, {why}"
-    return (f"workspace quota: {size} per group, {why}; a run can still fill the disk while it runs "
-            "(run the worker as root with loop devices for a hard limit)")
+    return (
+        f"workspace quota: {size} per group, {why}; a run can still fill the disk while it runs "
+        "(run the worker as root with loop devices for a hard limit)"
+    )
 
 
 # -- the hook ---------------------------------------------------------------------
 
 
 def prepare_workspace(
-    settings: Settings, folder: str, workspace: Path, quota: int, *, chat_jid: str = "",
-    volume: Volume | None = None, what: str = "workspace", fix: str | None = None,
+    settings: Settings,
+    folder: str,
+    workspace: Path,
+    quota: int,
+    *,
+    chat_jid: str = "",
+    volume: Volume | None = None,
+    what: str = "workspace",
+    fix: str | None = None,
 ) -> None:
     """Put ``workspace`` under its quota before a run container is created.
 
@@ -235,8 +246,11 @@ def prepare_workspace(
             if settings.workspace_quota_mode == "volume":
                 raise WorkspaceQuotaError(f"cannot set up the {what} volume of {folder!r}: {exc}") from exc
             _volume_broken[str(settings.data_dir)] = (time.monotonic(), str(exc))
-            log.warning("cannot make workspace volumes (%s); checking usage before each run instead "
-                        "(trying again in %.0fs)", exc, RETRY_VOLUMES_S)
+            log.warning(
+                "cannot make workspace volumes (%s); checking usage before each run instead (trying again in %.0fs)",
+                exc,
+                RETRY_VOLUMES_S,
+            )
     check_usage(workspace, quota, folder=folder, chat_jid=chat_jid, what=what, fix=fix)
 
 
@@ -338,18 +352,32 @@ class _WalkStopped(Exception):
 
 
 def check_usage(
-    workspace: Path, quota: int, *, folder: str = "", chat_jid: str = "",
-    max_entries: int = MAX_ENTRIES, max_depth: int = MAX_DEPTH, what: str = "workspace", fix: str | None = None,
+    workspace: Path,
+    quota: int,
+    *,
+    folder: str = "",
+    chat_jid: str = "",
+    max_entries: int = MAX_ENTRIES,
+    max_depth: int = MAX_DEPTH,
+    what: str = "workspace",
+    fix: str | None = None,
 ) -> Usage:
     """Refuse a workspace (or the group's other folder ``what``) over ``quota``, or too large
     to measure; returns its usage."""
     started = time.monotonic()
     usage = measure(workspace, max_entries=max_entries, max_depth=max_depth)
-    log.debug("workspace %s: %s in %d entries, measured in %.3fs", workspace, human(usage.bytes), usage.entries,
-              time.monotonic() - started)
+    log.debug(
+        "workspace %s: %s in %d entries, measured in %.3fs",
+        workspace,
+        human(usage.bytes),
+        usage.entries,
+        time.monotonic() - started,
+    )
     name = folder or workspace.name
-    fix = fix or (f"free space in {workspace} on the host, or raise the group's workspace_quota "
-                  f"(orchestrator groups set {chat_jid or 'JID'} --container-config '{{\"workspace_quota\": \"...\"}}')")
+    fix = fix or (
+        f"free space in {workspace} on the host, or raise the group's workspace_quota "
+        f'(orchestrator groups set {chat_jid or "JID"} --container-config \'{{"workspace_quota": "..."}}\')'
+    )
     if not usage.complete:
         raise WorkspaceQuotaError(
             f"{what} quota: the {what} of {name!r} cannot be measured ({usage.why}; "
@@ -517,8 +545,12 @@ class Volume:
             elif quota > self.size():
                 self._grow(quota, mounted=False)
             elif quota and quota < self.size():
-                log.warning("workspace volume %s is %s, above its quota %s: volumes are not shrunk",
-                            self.image, human(self.size()), human(quota))
+                log.warning(
+                    "workspace volume %s is %s, above its quota %s: volumes are not shrunk",
+                    self.image,
+                    human(self.size()),
+                    human(quota),
+                )
             moved: list[bool] = []
             try:
                 try:
@@ -542,16 +574,26 @@ class Volume:
                     with contextlib.suppress(OSError):
                         self.image.unlink()
                 raise
-            log.info("workspace volume %s (%s) mounted at %s in %.3fs", self.image, human(self.size()),
-                     self.workspace, time.monotonic() - started)
+            log.info(
+                "workspace volume %s (%s) mounted at %s in %.3fs",
+                self.image,
+                human(self.size()),
+                self.workspace,
+                time.monotonic() - started,
+            )
 
     def _make(self, quota: int) -> None:
         if quota <= 0:
             raise VolumeUnavailable("no quota to size a new volume with")
         free = shutil.disk_usage(self.image.parent).free
         if free < quota:
-            log.warning("the data dir's filesystem has %s free, less than the workspace quota %s of %s: "
-                        "a full workspace could still fill it", human(free), human(quota), self.folder)
+            log.warning(
+                "the data dir's filesystem has %s free, less than the workspace quota %s of %s: "
+                "a full workspace could still fill it",
+                human(free),
+                human(quota),
+                self.folder,
+            )
         tmp = self.image.with_name(self.image.name + ".new")
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -562,8 +604,22 @@ class Volume:
             os.close(fd)
         try:
             # No journal (a scratch workspace; less to write), no reserved blocks, 4 KiB blocks.
-            _run(["mkfs.ext4", "-q", "-F", "-b", "4096", "-m", "0", "-O", "^has_journal",
-                  "-L", f"ws-{self.folder}"[:16], str(tmp)])
+            _run(
+                [
+                    "mkfs.ext4",
+                    "-q",
+                    "-F",
+                    "-b",
+                    "4096",
+                    "-m",
+                    "0",
+                    "-O",
+                    "^has_journal",
+                    "-L",
+                    f"ws-{self.folder}"[:16],
+                    str(tmp),
+                ]
+            )
         except BaseException:
             with contextlib.suppress(OSError):
                 tmp.unlink()
@@ -637,8 +693,9 @@ class Volume:
                 f"workspace quota: moving the files of {self.folder!r} into its volume failed: {exc}"
             ) from exc
         if skipped:
-            log.warning("workspace %s: %d FIFO(s), socket(s) or device(s) not moved into its volume",
-                        self.workspace, skipped)
+            log.warning(
+                "workspace %s: %d FIFO(s), socket(s) or device(s) not moved into its volume", self.workspace, skipped
+            )
         # Everything is in the volume: empty the folder it will hide.
         moved.append(True)
         with os.scandir(src) as it:
@@ -679,8 +736,13 @@ class Volume:
                 self._mount(self.workspace)
                 with contextlib.suppress(OSError):
                     os.rmdir(self.workspace / "lost+found")  # e2fsck's
-        log.info("workspace volume %s grown from %s to %s in %.3fs", self.image, human(old), human(quota),
-                 time.monotonic() - started)
+        log.info(
+            "workspace volume %s grown from %s to %s in %.3fs",
+            self.image,
+            human(old),
+            human(quota),
+            time.monotonic() - started,
+        )
 
     def _grow_online(self, quota: int, old: int) -> bool:
         devices = loop_devices_of(self.image)
@@ -789,8 +851,9 @@ def _copy_dir(src: int, dst: int, depth: int) -> int:
                 if not stat.S_ISREG(sst.st_mode):
                     skipped += 1
                     continue
-                d = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                            dir_fd=dst)
+                d = os.open(
+                    name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dst
+                )
                 try:
                     _copy_bytes(s, d, sst.st_size)
                     _set_meta(d, st, mode)
@@ -877,16 +940,24 @@ def report(settings: Settings, folder: str, quota: int) -> QuotaReport:
     if not note:
         note = why
     return QuotaReport(
-        folder=folder, mode=mode, quota=quota, used=used,
-        volume=str(vol.image) if vol.image.exists() else None, mounted=state == "ours",
-        size=vol.size(), allocated=vol.allocated(), note=note,
+        folder=folder,
+        mode=mode,
+        quota=quota,
+        used=used,
+        volume=str(vol.image) if vol.image.exists() else None,
+        mounted=state == "ours",
+        size=vol.size(),
+        allocated=vol.allocated(),
+        note=note,
     )
 
 
 def group_volumes(settings: Settings, folder: str) -> list[Volume]:
     """The volumes a group has (its workspace's, its session folder's), mounted or not."""
-    return [Volume.of(settings, folder),
-            Volume.of(settings, SESSION_PREFIX + folder, settings.sessions_dir / folder, group=folder)]
+    return [
+        Volume.of(settings, folder),
+        Volume.of(settings, SESSION_PREFIX + folder, settings.sessions_dir / folder, group=folder),
+    ]
 
 
 def _volume_named(settings: Settings, name: str) -> Volume | None:
@@ -894,7 +965,7 @@ def _volume_named(settings: Settings, name: str) -> Volume | None:
     if name.startswith(SCRATCH_PREFIX):
         return None
     if name.startswith(SESSION_PREFIX):
-        return group_volumes(settings, name[len(SESSION_PREFIX):])[1]
+        return group_volumes(settings, name[len(SESSION_PREFIX) :])[1]
     return Volume.of(settings, name)
 
 
@@ -938,7 +1009,6 @@ def unmount_all(settings: Settings) -> list[str]:
 
 
 # -- scratch volumes (a replay's copy of a workspace) ------------------------------------
-
 
 
 @contextlib.contextmanager
@@ -990,8 +1060,11 @@ def remove_stale_scratch(settings: Settings) -> list[str]:
             except BlockingIOError:
                 continue  # in use
             backing = str(Path(os.path.realpath(vdir)) / image.name)
-            mounted = [m.mount_point for m in mount_entries()
-                       if m.source.startswith("/dev/loop") and loop_backing_file(m.source) == backing]
+            mounted = [
+                m.mount_point
+                for m in mount_entries()
+                if m.source.startswith("/dev/loop") and loop_backing_file(m.source) == backing
+            ]
             for where in mounted:
                 _discard_scratch(Volume(settings, folder, Path(where)))
             if not mounted:
@@ -1008,6 +1081,13 @@ def _discard_scratch(vol: Volume) -> None:
     except VolumeUnavailable as exc:  # even the lazy unmount failed: the image stays, for the next try
         log.warning("could not unmount the scratch volume %s: %s", vol.image, exc)
         return
+    # The kernel detaches the autoclear loop device a moment after the last unmount;
+    # wait for it so that leaving the block leaves nothing, and detach it if it lingers.
+    for dev in _still_attached(vol.image):
+        try:
+            _run(["losetup", "-d", dev])
+        except VolumeUnavailable as exc:
+            log.warning("could not detach %s from the scratch volume %s: %s", dev, vol.image, exc)
     for path in (vol.image, vol.lock, volumes_dir(vol.settings) / f"{vol.folder}.inuse"):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
