@@ -81,8 +81,9 @@ def _free_port() -> int:
 def running_api(cli: str, env: dict[str, str]) -> Iterator[str]:
     """``orchestrator api`` on a free loopback port; yields its URL."""
     port = _free_port()
-    proc = subprocess.Popen([cli, "api", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [cli, "api", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -106,11 +107,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
-        env.update(ORCHESTRATOR_DATA_DIR=str(Path(tmp) / "data"), ORCHESTRATOR_WORKSPACE_QUOTA="0",
-                   ORCHESTRATOR_LOG_LEVEL="WARNING")
+        env.update(
+            ORCHESTRATOR_DATA_DIR=str(Path(tmp) / "data"),
+            ORCHESTRATOR_WORKSPACE_QUOTA="0",
+            ORCHESTRATOR_LOG_LEVEL="WARNING",
+        )
         cli = str(BIN / "orchestrator")
-        setup = subprocess.run([cli, "groups", "add", "bench@local", "--name", "bench", "--folder", "bench",
-                                "--no-trigger"], env=env, capture_output=True, text=True)
+        setup = subprocess.run(
+            [cli, "groups", "add", "bench@local", "--name", "bench", "--folder", "bench", "--no-trigger"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if setup.returncode != 0:
             raise SystemExit(setup.stderr)
         with running_api(cli, env) as url:

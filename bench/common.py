@@ -48,11 +48,15 @@ def install(data_dir: Path, image: str, warm_idle_s: float = 0, **extra: object)
 
 
 def worker_env(settings: Settings) -> dict[str, str]:
-    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
-           "ORCHESTRATOR_AGENT_IMAGE": settings.agent_image,
-           "ORCHESTRATOR_WARM_IDLE_S": str(settings.warm_idle_s), "ORCHESTRATOR_STANDBY": str(settings.standby),
-           "ORCHESTRATOR_LOG_LEVEL": "WARNING",
-           "ORCHESTRATOR_WORKSPACE_QUOTA": settings.workspace_quota}
+    env = {
+        **os.environ,
+        "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+        "ORCHESTRATOR_AGENT_IMAGE": settings.agent_image,
+        "ORCHESTRATOR_WARM_IDLE_S": str(settings.warm_idle_s),
+        "ORCHESTRATOR_STANDBY": str(settings.standby),
+        "ORCHESTRATOR_LOG_LEVEL": "WARNING",
+        "ORCHESTRATOR_WORKSPACE_QUOTA": settings.workspace_quota,
+    }
     if settings.database_url:
         env["ORCHESTRATOR_DATABASE_URL"] = settings.database_url
     if settings.broker_url:
@@ -77,12 +81,33 @@ class Workers:
         for i in range(self.n):
             log = open(self.settings.data_dir / f"worker{i}.log", "wb")  # noqa: SIM115 - closed with the process
             own = {"ORCHESTRATOR_HOST_ID": f"bench-host-{i}"} if self.host_ids else {}
-            self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", self.app, "worker", "-Q", "agent,delivery",
-                 "--concurrency", str(self.concurrency), "-l", "WARNING", "--without-gossip", "--without-mingle",
-                 "--without-heartbeat", "-n", f"bench{i}@%h"],
-                env={**env, **own}, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
-            ))
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "celery",
+                        "-A",
+                        self.app,
+                        "worker",
+                        "-Q",
+                        "agent,delivery",
+                        "--concurrency",
+                        str(self.concurrency),
+                        "-l",
+                        "WARNING",
+                        "--without-gossip",
+                        "--without-mingle",
+                        "--without-heartbeat",
+                        "-n",
+                        f"bench{i}@%h",
+                    ],
+                    env={**env, **own},
+                    cwd=ROOT,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                )
+            )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -237,8 +262,10 @@ class CpuAccount:
 
     def lines(self, per: int, unit: str) -> list[str]:
         cores = psutil.cpu_count() or 1
-        out = [f"    machine busy {self.busy:6.1f} CPU-s over {self.wall:5.1f} s"
-               f" = {self.busy / self.wall / cores:4.0%} of {cores} cores"]
+        out = [
+            f"    machine busy {self.busy:6.1f} CPU-s over {self.wall:5.1f} s"
+            f" = {self.busy / self.wall / cores:4.0%} of {cores} cores"
+        ]
         for name, secs in self.used.items():
             out.append(f"    {name:46} {secs:6.1f} CPU-s  {secs / max(per, 1) * 1000:6.1f} ms/{unit}")
         return out

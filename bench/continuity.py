@@ -49,11 +49,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
+from sqlalchemy import update
+
 from agent_runner.loop import run_agent
 from agent_runner.protocol import ContainerInput, Event, ModelSettings, ResultEvent, SdkMessage
 from agent_runner.providers.anthropic import AnthropicProvider
-from sqlalchemy import update
-
 from orchestrator.core.settings import Settings
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
 from orchestrator.run.assembly import (

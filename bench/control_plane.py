@@ -73,8 +73,13 @@ POLL_S = 0.2
 def tree_state() -> str:
     """The commit measured, and whether the work tree differs from it (a figure's "before" or "after")."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    diff = subprocess.run(["git", "diff", "--stat", "--", "orchestrator", "workers"], cwd=ROOT, capture_output=True,
-                          text=True).stdout.strip().splitlines()
+    diff = (
+        subprocess.run(
+            ["git", "diff", "--stat", "--", "orchestrator", "workers"], cwd=ROOT, capture_output=True, text=True
+        )
+        .stdout.strip()
+        .splitlines()
+    )
     return f"{head.strip() or '?'}" + (f" + uncommitted changes ({diff[-1].strip()})" if diff else "")
 
 
@@ -117,8 +122,11 @@ class Load:
 
     def _idle(self) -> list[str]:
         with self.root.db.read() as session:
-            return list(session.execute(text(
-                "SELECT chat_jid FROM groups WHERE cursor_seq >= pending_seq AND chat_jid LIKE 'cp%'")).scalars())
+            return list(
+                session.execute(
+                    text("SELECT chat_jid FROM groups WHERE cursor_seq >= pending_seq AND chat_jid LIKE 'cp%'")
+                ).scalars()
+            )
 
     def _loop(self) -> None:
         query_counts.only_thread = threading.get_ident()
@@ -129,9 +137,12 @@ class Load:
                     with self.lock:  # the count of messages and of their statements move together
                         query_counts.enabled = True  # the driver counts its ingest alone
                         try:
-                            ingest(self.root.db, self.root.settings,
-                                   IncomingMessage(chat_jid=jid, sender="bench", content=f"m{self.sent}"),
-                                   signal=self.root.signals.group)
+                            ingest(
+                                self.root.db,
+                                self.root.settings,
+                                IncomingMessage(chat_jid=jid, sender="bench", content=f"m{self.sent}"),
+                                signal=self.root.signals.group,
+                            )
                             self.sent += 1
                         finally:
                             query_counts.enabled = False
@@ -157,14 +168,16 @@ class Load:
 
 def runs_done(root: Orchestrator) -> int:
     with root.db.read() as session:
-        return int(session.execute(select(func.count()).select_from(RunRow).where(RunRow.state == "succeeded"))
-                   .scalar_one())
+        return int(
+            session.execute(select(func.count()).select_from(RunRow).where(RunRow.state == "succeeded")).scalar_one()
+        )
 
 
 def not_succeeded(root: Orchestrator) -> int:
     with root.db.read() as session:
-        return int(session.execute(select(func.count()).select_from(RunRow).where(RunRow.state != "succeeded"))
-                   .scalar_one())
+        return int(
+            session.execute(select(func.count()).select_from(RunRow).where(RunRow.state != "succeeded")).scalar_one()
+        )
 
 
 def pg_stats(url: str) -> dict[str, float]:
@@ -176,7 +189,8 @@ def pg_stats(url: str) -> dict[str, float]:
         row = conn.execute("SELECT pg_stat_force_next_flush()").fetchone()  # this session's own, none else's
         row = conn.execute(
             "SELECT xact_commit, xact_rollback, active_time, tup_returned, tup_fetched, tup_inserted,"
-            " tup_updated, tup_deleted FROM pg_stat_database WHERE datname = current_database()").fetchone()
+            " tup_updated, tup_deleted FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
     assert row is not None
     keys = ("commits", "rollbacks", "active_ms", "returned", "fetched", "inserted", "updated", "deleted")
     return {k: float(v or 0) for k, v in zip(keys, row, strict=True)}
@@ -188,15 +202,20 @@ def pg_processes(url: str) -> tuple[list[psutil.Process], list[psutil.Process]]:
 
     dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        pids = {r[0] for r in conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")}
+        pids = {
+            r[0]
+            for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        }
     backends, server = [], []
     for p in psutil.process_iter(["name", "cmdline"]):
         with contextlib.suppress(psutil.Error):
             if p.pid in pids:
                 backends.append(p)
-            elif p.info["name"] == "postgres" and not any("postgres: " in c and "orchestrator" in c
-                                                          for c in p.info["cmdline"] or []):
+            elif p.info["name"] == "postgres" and not any(
+                "postgres: " in c and "orchestrator" in c for c in p.info["cmdline"] or []
+            ):
                 server.append(p)
     return backends, server
 
@@ -261,19 +280,30 @@ def measure(n: int, args: argparse.Namespace, url: str) -> dict[str, object]:
         folder = settings.data_dir / query_counts.FOLDER
         try:
             with Fleet(settings, n, args.concurrency) as fleet:
+
                 def hosts_up() -> bool:
                     with root.db.read() as session:
-                        return int(session.execute(select(func.count()).select_from(HostRow)
-                                                   .where(HostRow.state == "up")).scalar_one()) >= n
+                        return (
+                            int(
+                                session.execute(
+                                    select(func.count()).select_from(HostRow).where(HostRow.state == "up")
+                                ).scalar_one()
+                            )
+                            >= n
+                        )
 
                 wait(hosts_up, 120, f"{n} hosts up", fleet)
                 noop, noop_cpu = noop_rate(settings, root, args.noop, fleet)
                 loader = Load(root, jids).start()
                 time.sleep(args.warmup)
                 backends0, server = pg_processes(url)
-                cpu = CpuAccount({WORKERS: fleet.trees(),
-                                  "postgres server processes (shared)": server,
-                                  "redis-server (shared)": redis_processes()}).start()
+                cpu = CpuAccount(
+                    {
+                        WORKERS: fleet.trees(),
+                        "postgres server processes (shared)": server,
+                        "redis-server (shared)": redis_processes(),
+                    }
+                ).start()
                 backend_cpu0 = {p.pid: cpu_seconds([p]) for p in backends0}
                 # Runs first: every message sent after sent0 is answered by a run counted after runs0.
                 runs0, t0 = runs_done(root), time.monotonic()
@@ -286,11 +316,14 @@ def measure(n: int, args: argparse.Namespace, url: str) -> dict[str, object]:
                 backends1, _ = pg_processes(url)
                 cpu.stop()
                 # Backends come and go with the pools: each one's CPU since the start, or since it began.
-                backend_cpu = sum(cpu_seconds([p]) - backend_cpu0.get(p.pid, 0.0)
-                                  for p in {p.pid: p for p in backends0 + backends1}.values())
+                backend_cpu = sum(
+                    cpu_seconds([p]) - backend_cpu0.get(p.pid, 0.0)
+                    for p in {p.pid: p for p in backends0 + backends1}.values()
+                )
                 cpu.used = {"postgres backends of this database": backend_cpu, **cpu.used}
                 cpu.used["other (shims, runc, kernel, other users)"] = max(
-                    0.0, cpu.used["other (shims, runc, kernel, other users)"] - backend_cpu)
+                    0.0, cpu.used["other (shims, runc, kernel, other users)"] - backend_cpu
+                )
                 load_after = load()
                 loader.stop()
                 wait(loader.all_idle, 120, "every run ended", fleet)
@@ -303,10 +336,21 @@ def measure(n: int, args: argparse.Namespace, url: str) -> dict[str, object]:
         finally:
             root.close()
     runs = runs2 - runs0
-    return {"n": n, "rate": (runs1 - runs0) / (t1 - t0), "window_runs": runs1 - runs0, "runs": runs, "sent": sent,
-            "noop": noop, "noop_cpu": noop_cpu, "counts": query_counts.minus(counts1, counts0),
-            "ingest": query_counts.minus(ingest1, ingest0), "stats": {k: stats1[k] - stats0[k] for k in stats0},
-            "cpu": cpu, "failed": failed, "load": f"{load_before} -> {load_after}"}
+    return {
+        "n": n,
+        "rate": (runs1 - runs0) / (t1 - t0),
+        "window_runs": runs1 - runs0,
+        "runs": runs,
+        "sent": sent,
+        "noop": noop,
+        "noop_cpu": noop_cpu,
+        "counts": query_counts.minus(counts1, counts0),
+        "ingest": query_counts.minus(ingest1, ingest0),
+        "stats": {k: stats1[k] - stats0[k] for k in stats0},
+        "cpu": cpu,
+        "failed": failed,
+        "load": f"{load_before} -> {load_after}",
+    }
 
 
 def table(counts: query_counts.Counts, per: int) -> list[str]:
@@ -333,8 +377,10 @@ def main() -> None:
     query_counts.install()
     query_counts.enabled = False
     print(f"tree: {tree_state()}; load {load()}")
-    print(f"{os.cpu_count()} CPUs, {args.groups} groups, {args.concurrency} pool children per worker,"
-          f" {args.seconds:.0f} s windows; instant sandbox (bench/instant_app.py)")
+    print(
+        f"{os.cpu_count()} CPUs, {args.groups} groups, {args.concurrency} pool children per worker,"
+        f" {args.seconds:.0f} s windows; instant sandbox (bench/instant_app.py)"
+    )
     results = []
     for n in (int(w) for w in args.workers.split(",")):
         with fresh_pg_database(args.pg) as url:
@@ -343,30 +389,40 @@ def main() -> None:
         runs, window = int(r["runs"]), int(r["window_runs"])  # type: ignore[call-overload]
         stats: dict[str, float] = r["stats"]  # type: ignore[assignment]
         counts: query_counts.Counts = r["counts"]  # type: ignore[assignment]
-        print(f"\n{n} worker(s) x {args.concurrency}: {r['rate']:6.1f} runs/s ({window} runs in the window,"
-              f" target {TARGET:.0f}); baseline, empty tasks through the same workers: {r['noop']:6.1f} tasks/s;"
-              f" load {r['load']}")
+        print(
+            f"\n{n} worker(s) x {args.concurrency}: {r['rate']:6.1f} runs/s ({window} runs in the window,"
+            f" target {TARGET:.0f}); baseline, empty tasks through the same workers: {r['noop']:6.1f} tasks/s;"
+            f" load {r['load']}"
+        )
         print(f"    {runs} runs measured, {r['sent']} messages sent, {r['failed']} runs not succeeded")
         print("    statements per run sent by the workers (driver-side wait per run):")
         print("\n".join(table(counts, runs)))
         print("    the driver's ingest, per message:")
         print("\n".join(table(r["ingest"], int(r["sent"]) or 1)))  # type: ignore[arg-type]
-        print(f"    PostgreSQL (this database): {stats['active_ms'] / runs:.2f} ms of statements executing per run,"
-              f" {stats['commits'] / runs:.1f} commits, {stats['rollbacks'] / runs:.2f} rollbacks,"
-              f" rows: {stats['inserted'] / runs:.1f} inserted, {stats['updated'] / runs:.1f} updated,"
-              f" {stats['deleted'] / runs:.1f} deleted, {stats['fetched'] / runs:.0f} fetched per run")
+        print(
+            f"    PostgreSQL (this database): {stats['active_ms'] / runs:.2f} ms of statements executing per run,"
+            f" {stats['commits'] / runs:.1f} commits, {stats['rollbacks'] / runs:.2f} rollbacks,"
+            f" rows: {stats['inserted'] / runs:.1f} inserted, {stats['updated'] / runs:.1f} updated,"
+            f" {stats['deleted'] / runs:.1f} deleted, {stats['fetched'] / runs:.0f} fetched per run"
+        )
         cpu: CpuAccount = r["cpu"]  # type: ignore[assignment]
         print("\n".join(cpu.lines(window, "run")))
         per_run = {name: secs / max(window, 1) * 1000 for name, secs in cpu.used.items()}
         shared = sum(per_run[name] for name in SHARED)
         cores = os.cpu_count() or 1
-        print(f"    Celery alone (the empty tasks): {r['noop_cpu']:.1f} ms of the workers' CPU per task;"
-              f" a run: {per_run[WORKERS]:.1f} ms")
-        print(f"    the shared services (PostgreSQL and Redis): {shared:.1f} ms of CPU per run; {cores} cores"
-              f" of them alone would carry ~{cores * 1000 / max(shared, 1e-3):.0f} runs/s (the workers elsewhere)")
+        print(
+            f"    Celery alone (the empty tasks): {r['noop_cpu']:.1f} ms of the workers' CPU per task;"
+            f" a run: {per_run[WORKERS]:.1f} ms"
+        )
+        print(
+            f"    the shared services (PostgreSQL and Redis): {shared:.1f} ms of CPU per run; {cores} cores"
+            f" of them alone would carry ~{cores * 1000 / max(shared, 1e-3):.0f} runs/s (the workers elsewhere)"
+        )
     best = max(results, key=lambda r: r["rate"])  # type: ignore[arg-type,return-value]
-    print(f"\nbest: {best['rate']:.1f} runs/s with {best['n']} worker(s) (target {TARGET:.0f}:"
-          f" {'met' if best['rate'] >= TARGET else 'MISSED'})")  # type: ignore[operator]
+    print(
+        f"\nbest: {best['rate']:.1f} runs/s with {best['n']} worker(s) (target {TARGET:.0f}:"
+        f" {'met' if best['rate'] >= TARGET else 'MISSED'})"
+    )  # type: ignore[operator]
 
 
 if __name__ == "__main__":

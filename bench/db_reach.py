@@ -58,25 +58,45 @@ Statement = tuple[str, dict[str, Any], bool]  # SQL as sent (psycopg's %(name)s)
 # The recorded run's shape: each statement's first words, "COMMIT" where a transaction ends.
 SHAPE = [
     # ingest (the API's part)
-    "SELECT pg_advisory_xact_lock", "INSERT INTO messages", "SELECT channel,", "SELECT is_main,",
-    "UPDATE groups SET pending_seq", "COMMIT",
+    "SELECT pg_advisory_xact_lock",
+    "INSERT INTO messages",
+    "SELECT channel,",
+    "SELECT is_main,",
+    "UPDATE groups SET pending_seq",
+    "COMMIT",
     # the step: the lease, with the group
-    "UPDATE groups SET lease_owner = %(owner)s", "COMMIT",
+    "UPDATE groups SET lease_owner = %(owner)s",
+    "COMMIT",
     # reads: the unfinished runs, the batch, the history before it
-    "SELECT id, chat_jid,", 'SELECT "seq",', 'SELECT "seq",',
+    "SELECT id, chat_jid,",
+    'SELECT "seq",',
+    'SELECT "seq",',
     # the run row
-    "INSERT INTO runs", "COMMIT",
+    "INSERT INTO runs",
+    "COMMIT",
     # reads: how long the batch waited, the notices
-    "SELECT MIN(stored_at)", "SELECT state,", "SELECT prompt,",
+    "SELECT MIN(stored_at)",
+    "SELECT state,",
+    "SELECT prompt,",
     # the recorded input; the container's id
-    "UPDATE runs SET input_sha256", "COMMIT", "UPDATE runs SET container_id", "COMMIT",
+    "UPDATE runs SET input_sha256",
+    "COMMIT",
+    "UPDATE runs SET container_id",
+    "COMMIT",
     # the reply: the fence, the channels and the clock, then the message under the seq lock
-    "SELECT lease_owner", "SELECT channel,", "SELECT now()", "SELECT pg_advisory_xact_lock", "INSERT INTO messages",
+    "SELECT lease_owner",
+    "SELECT channel,",
+    "SELECT now()",
+    "SELECT pg_advisory_xact_lock",
+    "INSERT INTO messages",
     "COMMIT",
     # the record's duration (a read), then the run's end: the run row, the record under the
     # seq lock, the cursor and the lease (the fence)
     "SELECT now()",
-    "UPDATE runs SET state", "SELECT pg_advisory_xact_lock", "INSERT INTO messages", "UPDATE groups SET cursor_seq",
+    "UPDATE runs SET state",
+    "SELECT pg_advisory_xact_lock",
+    "INSERT INTO messages",
+    "UPDATE groups SET cursor_seq",
     "COMMIT",
 ]
 
@@ -115,8 +135,10 @@ def record(url: str, data_dir: Path) -> list[Statement | None]:
     if shape != SHAPE:
         wanted = SHAPE + [""] * max(0, len(shape) - len(SHAPE))
         got = shape + [""] * max(0, len(SHAPE) - len(shape))
-        raise SystemExit("the run path's statements changed; make bench/db_reach.py's SHAPE and script follow:\n"
-                         + "\n".join(f"  {g!r:45} {w!r}" for g, w in zip(got, wanted, strict=True)))
+        raise SystemExit(
+            "the run path's statements changed; make bench/db_reach.py's SHAPE and script follow:\n"
+            + "\n".join(f"  {g!r:45} {w!r}" for g, w in zip(got, wanted, strict=True))
+        )
     return log
 
 
@@ -238,10 +260,12 @@ def watched(url: str) -> Iterator[CpuAccount]:
         cpu.stop()
         backends = sum(last.values())
         pgbench = sum(os.times()[2:4]) - children0
-        named = {"postgres backends of this database": backends,
-                 "postgres server processes (shared)": _own_cpu(server) - server0,
-                 "pgbench (the clients)": pgbench,
-                 "this script (sampling the processes)": cpu.used["bench driver"] - pgbench}
+        named = {
+            "postgres backends of this database": backends,
+            "postgres server processes (shared)": _own_cpu(server) - server0,
+            "pgbench (the clients)": pgbench,
+            "this script (sampling the processes)": cpu.used["bench driver"] - pgbench,
+        }
         cpu.used = {**named, "other (shims, runc, kernel, other users)": max(0.0, cpu.busy - sum(named.values()))}
 
 
@@ -264,8 +288,10 @@ def main() -> None:
     pgbench = shutil.which("pgbench") or next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/pgbench"))), None)
     if pgbench is None:
         raise SystemExit("no pgbench (it comes with PostgreSQL's server package)")
-    print(f"tree: {tree_state()}; {os.cpu_count()} CPUs; {args.clients} pgbench clients, "
-          f"{args.clients * args.per_client} groups, {args.seconds:.0f} s")
+    print(
+        f"tree: {tree_state()}; {os.cpu_count()} CPUs; {args.clients} pgbench clients, "
+        f"{args.clients * args.per_client} groups, {args.seconds:.0f} s"
+    )
     with tempfile.TemporaryDirectory() as tmp, fresh_pg_database(args.pg) as url:
         log = record(url, Path(tmp) / "recorded")
         seed_groups(url, Path(tmp) / "seeded", args.clients, args.per_client)
@@ -277,10 +303,28 @@ def main() -> None:
         with watched(url) as cpu:
             started = time.monotonic()
             out = subprocess.run(
-                [str(pgbench), "-n", "-M", "prepared", "-c", str(args.clients), "-j", "2", "-T", str(int(args.seconds)),
-                 "-D", f"per_client={args.per_client}", *(f"-D{k}={v}" for k, v in defines.items()),
-                 "-f", str(path), url],
-                capture_output=True, text=True, check=False)
+                [
+                    str(pgbench),
+                    "-n",
+                    "-M",
+                    "prepared",
+                    "-c",
+                    str(args.clients),
+                    "-j",
+                    "2",
+                    "-T",
+                    str(int(args.seconds)),
+                    "-D",
+                    f"per_client={args.per_client}",
+                    *(f"-D{k}={v}" for k, v in defines.items()),
+                    "-f",
+                    str(path),
+                    url,
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             wall = time.monotonic() - started
         if out.returncode != 0 or "tps =" not in out.stdout:
             raise SystemExit(f"pgbench failed (script: {path}):\n{out.stdout}\n{out.stderr[-3000:]}")
@@ -288,11 +332,15 @@ def main() -> None:
         failed = re.search(r"number of failed transactions: (\d+)", out.stdout)
         rate = float(re.search(r"tps = ([\d.]+)", out.stdout).group(1))  # type: ignore[union-attr]
         latency = re.search(r"latency average = ([\d.]+) ms", out.stdout)
-    print(f"the run path as recorded: {statements} statements and {commits} COMMITs a message and its run"
-          f" (+1 for pgbench's fresh values), {wall:.1f} s of pgbench")
-    print(f"\n{rate:.1f} runs/s (target {TARGET:.0f}: {'met' if rate >= TARGET else 'MISSED'}), {processed} runs,"
-          f" {failed.group(1) if failed else '?'} failed; latency {latency.group(1) if latency else '?'} ms a run"
-          f" at {args.clients} clients")
+    print(
+        f"the run path as recorded: {statements} statements and {commits} COMMITs a message and its run"
+        f" (+1 for pgbench's fresh values), {wall:.1f} s of pgbench"
+    )
+    print(
+        f"\n{rate:.1f} runs/s (target {TARGET:.0f}: {'met' if rate >= TARGET else 'MISSED'}), {processed} runs,"
+        f" {failed.group(1) if failed else '?'} failed; latency {latency.group(1) if latency else '?'} ms a run"
+        f" at {args.clients} clients"
+    )
     print("\n".join(cpu.lines(processed, "run")))
 
 

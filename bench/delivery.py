@@ -115,15 +115,18 @@ def workers(settings: Settings, layout: list[tuple[str, ...]]) -> Iterator[list[
     try:
         for i, queues in enumerate(layout):
             with open(logs / f"worker{i}.log", "ab") as fh:
-                procs.append(subprocess.Popen(worker_argv(1, "WARNING", queues=queues, name=f"delivery{i}@%h"),
-                                              env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=fh))
+                procs.append(
+                    subprocess.Popen(
+                        worker_argv(1, "WARNING", queues=queues, name=f"delivery{i}@%h"),
+                        env=env,
+                        cwd=ROOT,
+                        stdout=subprocess.DEVNULL,
+                        stderr=fh,
+                    )
+                )
         yield procs
     finally:
         stop_processes(procs)
-
-
-
-
 
 
 def _busy_run(db: Database) -> Run | None:
@@ -133,8 +136,13 @@ def _busy_run(db: Database) -> Run | None:
 
 def _send(db: Database, settings: Settings, jid: str, content: str) -> None:
     signals = signals_for(settings)
-    ingest(db, settings, IncomingMessage(chat_jid=jid, sender="bench", sender_name="Bench", content=content),
-           signal=signals.group, signal_delivery=signals.delivery)
+    ingest(
+        db,
+        settings,
+        IncomingMessage(chat_jid=jid, sender="bench", sender_name="Bench", content=content),
+        signal=signals.group,
+        signal_delivery=signals.delivery,
+    )
 
 
 def _epoch(moment: datetime) -> float:
@@ -150,8 +158,9 @@ class Result:
     busy_ran: float  # s, the busy run's duration (its started_at to finished_at)
 
 
-def measure(settings: Settings, db: Database, layout: list[tuple[str, ...]], messages: int, busy_s: float,
-            tag: str) -> Result:
+def measure(
+    settings: Settings, db: Database, layout: list[tuple[str, ...]], messages: int, busy_s: float, tag: str
+) -> Result:
     with Receiver() as receiver:
         attach_channel(db, QUIET, CHANNEL, address=receiver.url, registry=build_registry(settings))
         with workers(settings, layout):
@@ -164,8 +173,12 @@ def measure(settings: Settings, db: Database, layout: list[tuple[str, ...]], mes
 
             # The only agent slot: a run that sleeps.
             _send(db, settings, BUSY, f"$ sleep {busy_s:g}")
-            wait_for(lambda: (r := _busy_run(db)) is not None and (r.state == "running" or r.finished_at is not None),
-                  120, "the busy group's run to start", settings)
+            wait_for(
+                lambda: (r := _busy_run(db)) is not None and (r.state == "running" or r.finished_at is not None),
+                120,
+                "the busy group's run to start",
+                settings,
+            )
 
             stamps: dict[str, float] = {}
             start = time.monotonic()
@@ -180,8 +193,12 @@ def measure(settings: Settings, db: Database, layout: list[tuple[str, ...]], mes
             while time.monotonic() < deadline and any(receiver.arrival(c) is None for c in stamps):
                 time.sleep(0.02)
             # Its finished_at says which deliveries arrived while it still ran.
-            wait_for(lambda: (r := _busy_run(db)) is not None and r.finished_at is not None, busy_s + 120,
-                  "the busy run to end", settings)
+            wait_for(
+                lambda: (r := _busy_run(db)) is not None and r.finished_at is not None,
+                busy_s + 120,
+                "the busy run to end",
+                settings,
+            )
             run = _busy_run(db)
             assert run is not None and run.finished_at is not None and run.started_at is not None
             if run.state != "succeeded":
@@ -189,9 +206,11 @@ def measure(settings: Settings, db: Database, layout: list[tuple[str, ...]], mes
             arrivals = {c: a for c, t in stamps.items() if (a := receiver.arrival(c)) is not None and a[0] - t <= bound}
             missing = [c for c in stamps if c not in arrivals]
             if missing:
-                print(f"    not delivered within {bound:.0f} s: {', '.join(missing)}"
-                      f" ({receiver.rejected} POST(s) with a wrong signature); logs:\n{process_logs(settings)}",
-                      file=sys.stderr)
+                print(
+                    f"    not delivered within {bound:.0f} s: {', '.join(missing)}"
+                    f" ({receiver.rejected} POST(s) with a wrong signature); logs:\n{process_logs(settings)}",
+                    file=sys.stderr,
+                )
     ended = _epoch(run.finished_at)
     return Result(
         latencies=[arrivals[c][0] - stamps[c] for c in stamps if c in arrivals],
@@ -202,14 +221,19 @@ def measure(settings: Settings, db: Database, layout: list[tuple[str, ...]], mes
     )
 
 
-
 def run_backend(
-    base: Path, image: str, name: str, args: argparse.Namespace,
+    base: Path,
+    image: str,
+    name: str,
+    args: argparse.Namespace,
     extra: Extra,
 ) -> bool:
     """Both layouts on ``name``'s stack; whether every message was delivered."""
-    print(f"{name}: BUSY runs `$ sleep {args.busy_s:g}` (cold container, offline model); meanwhile"
-          f" {args.messages} message(s) {GAP_S:g} s apart to QUIET's webhook (a receiver on 127.0.0.1)", flush=True)
+    print(
+        f"{name}: BUSY runs `$ sleep {args.busy_s:g}` (cold container, offline model); meanwhile"
+        f" {args.messages} message(s) {GAP_S:g} s apart to QUIET's webhook (a receiver on 127.0.0.1)",
+        flush=True,
+    )
     medians: dict[str, float] = {}
     complete = True
     for label, layout in LAYOUTS:
@@ -228,19 +252,30 @@ def run_backend(
         how = f"{label} ({queues}, {slots}{'; baseline' if label == LAYOUTS[0][0] else ''})"
         if r.latencies:
             medians[label] = statistics.median(r.latencies)
-            figures = (f"p50 {pct(r.latencies, 50) * 1000:6.0f} ms, p95 {pct(r.latencies, 95) * 1000:6.0f} ms,"
-                       f" max {max(r.latencies) * 1000:6.0f} ms")
+            figures = (
+                f"p50 {pct(r.latencies, 50) * 1000:6.0f} ms, p95 {pct(r.latencies, 95) * 1000:6.0f} ms,"
+                f" max {max(r.latencies) * 1000:6.0f} ms"
+            )
         else:
             figures = "nothing delivered"
-        print(f"  {how}: {figures}; {len(r.latencies)}/{r.sent} delivered,"
-              f" {r.during}/{r.sent} while the busy run still ran", flush=True)
-        print(f"    each (ms, in the order sent): {' '.join(f'{x * 1000:.0f}' for x in r.latencies)};"
-              f" warm-up delivery {r.warmup * 1000:.0f} ms (not counted); busy run {r.busy_ran:.1f} s", flush=True)
+        print(
+            f"  {how}: {figures}; {len(r.latencies)}/{r.sent} delivered,"
+            f" {r.during}/{r.sent} while the busy run still ran",
+            flush=True,
+        )
+        print(
+            f"    each (ms, in the order sent): {' '.join(f'{x * 1000:.0f}' for x in r.latencies)};"
+            f" warm-up delivery {r.warmup * 1000:.0f} ms (not counted); busy run {r.busy_ran:.1f} s",
+            flush=True,
+        )
         complete = complete and len(r.latencies) == r.sent
     (base_label, _), (own_label, _) = LAYOUTS
     if base_label in medians and own_label in medians:
-        print(f"  {name}: baseline p50 / own deliverer p50 = {medians[base_label] / medians[own_label]:.1f}x"
-              f" ({medians[base_label] * 1000:.0f} ms / {medians[own_label] * 1000:.0f} ms)", flush=True)
+        print(
+            f"  {name}: baseline p50 / own deliverer p50 = {medians[base_label] / medians[own_label]:.1f}x"
+            f" ({medians[base_label] * 1000:.0f} ms / {medians[own_label] * 1000:.0f} ms)",
+            flush=True,
+        )
     return complete
 
 

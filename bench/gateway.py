@@ -72,6 +72,7 @@ PROBE = b"GET /v1/models HTTP/1.1\r\nHost: gateway\r\nContent-Length: 0\r\n\r\n"
 
 # -- the host process: one gateway class, driven over stdin/stdout ---------------------------------
 
+
 def _memory() -> dict[str, int]:
     """RSS and USS of this process, in KiB."""
     fields: dict[str, int] = {}
@@ -124,8 +125,9 @@ def host(spec: str, upstream: str, folder: Path) -> None:
     import workers.app  # noqa: F401 - what a worker's pool child holds before its first run
     from orchestrator.core.settings import Settings
 
-    settings = Settings.load(env_file=None, data_dir=folder / "data", anthropic_base_url=upstream,
-                        anthropic_api_key=KEY)
+    settings = Settings.load(
+        env_file=None, data_dir=folder / "data", anthropic_base_url=upstream, anthropic_api_key=KEY
+    )
     path = folder / "run" / "model.sock"
     out: dict[str, Any] = {"base": _memory()}
     module, _, name = spec.partition(":")
@@ -189,6 +191,7 @@ def host(spec: str, upstream: str, folder: Path) -> None:
 
 # -- this process: the upstream, the clients, the figures ---------------------------------------
 
+
 def make_upstream() -> Any:
     """A fake Messages API that answers every request: a plain message, or a stream of ~40 events
     (slow when the model is "slow")."""
@@ -204,10 +207,12 @@ def make_upstream() -> Any:
                 return message([{"type": "text", "text": "hello"}], "end_turn", n=3)
             status, chunks, headers = message_stream(" ".join(["word"] * STREAM_WORDS), n=STREAM_WORDS)
             if body.get("model") == "slow":
+
                 def slow(it: Iterator[bytes] = chunks) -> Iterator[bytes]:
                     for chunk in it:
                         time.sleep(0.005)
                         yield chunk
+
                 chunks = slow()
             return status, chunks, headers
 
@@ -222,7 +227,10 @@ class Host:
         env.update(ORCHESTRATOR_DATA_DIR=str(folder / "data"), ORCHESTRATOR_LOG_LEVEL="WARNING")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.gateway", "--host", spec, "--upstream", upstream, "--folder", str(folder)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
             cwd=Path(__file__).resolve().parents[1],
         )
         self.start = self._read()
@@ -266,8 +274,10 @@ def latency(sock: str, upstream: str, n: int) -> dict[str, list[float]]:
     import httpx
 
     times: dict[str, list[float]] = {k: [] for k in ("gw", "direct", "gw stream", "direct stream")}
-    with httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://gateway", timeout=30) as gw, \
-            httpx.Client(base_url=upstream, timeout=30) as direct:
+    with (
+        httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://gateway", timeout=30) as gw,
+        httpx.Client(base_url=upstream, timeout=30) as direct,
+    ):
         for request, suffix in ((REQUEST, ""), ({**REQUEST, "stream": True}, " stream")):
             for client in (gw, direct):  # warm-up: connections, first-use set-up
                 timed_request(client, "/v1/messages", request)
@@ -380,17 +390,21 @@ def main(argv: list[str] | None = None) -> None:
 def report(specs: list[str], fig: dict[str, dict[str, list[Any]]], args: argparse.Namespace) -> None:
     ms = 1000.0
     print(f"\ncold start per run (ms; {args.rounds} rounds x {args.cycles} cycles, first cycle of each process apart)")
-    print(f"{'gateway':44} {'ready p50':>9} {'close p50':>9} {'total p50':>9} {'total p95':>9} {'cpu p50':>8}"
-          f" | {'first: ready':>12} {'close':>6} {'cpu':>6}")
+    print(
+        f"{'gateway':44} {'ready p50':>9} {'close p50':>9} {'total p50':>9} {'total p95':>9} {'cpu p50':>8}"
+        f" | {'first: ready':>12} {'close':>6} {'cpu':>6}"
+    )
     for s in specs:
         cyc = fig[s]["cycles"]
         ready, close, cpu = ([c[i] for c in cyc] for i in range(3))
         total = [a + b for a, b in zip(ready, close, strict=True)]
         first = fig[s]["first"]
-        print(f"{s:44} {statistics.median(ready) * ms:9.1f} {statistics.median(close) * ms:9.1f}"
-              f" {statistics.median(total) * ms:9.1f} {pct(total, 0.95) * ms:9.1f} {statistics.median(cpu) * ms:8.1f}"
-              f" | {statistics.median(c[0] for c in first) * ms:12.1f} {statistics.median(c[1] for c in first) * ms:6.1f}"
-              f" {statistics.median(c[2] for c in first) * ms:6.1f}")
+        print(
+            f"{s:44} {statistics.median(ready) * ms:9.1f} {statistics.median(close) * ms:9.1f}"
+            f" {statistics.median(total) * ms:9.1f} {pct(total, 0.95) * ms:9.1f} {statistics.median(cpu) * ms:8.1f}"
+            f" | {statistics.median(c[0] for c in first) * ms:12.1f} {statistics.median(c[1] for c in first) * ms:6.1f}"
+            f" {statistics.median(c[2] for c in first) * ms:6.1f}"
+        )
     client = statistics.median(x for s in specs for x in fig[s]["client"])
     print(f"  for scale: a new httpx.Client() (what loads the CA bundle) took {client * ms:.1f} ms here (p50)")
 
@@ -398,8 +412,10 @@ def report(specs: list[str], fig: dict[str, dict[str, list[Any]]], args: argpars
         return "/".join(f"{statistics.median(e[k] for e in entries) / 1024:.1f}" for k in KEYS)
 
     print(f"\nmemory added (MiB, RSS / USS / anonymous, median of {args.rounds} processes; host threads)")
-    print(f"{'gateway':44} {'import':>14} {'kept':>14} {'open idle':>14} {'16 streams':>14} {'closed':>14}"
-          f" {'threads idle/peak':>18}")
+    print(
+        f"{'gateway':44} {'import':>14} {'kept':>14} {'open idle':>14} {'16 streams':>14} {'closed':>14}"
+        f" {'threads idle/peak':>18}"
+    )
     for s in specs:
         f = fig[s]
         cols = " ".join(f"{mib(f[k]):>14}" for k in ("import", "kept", "open", "peak", "closed"))
@@ -410,12 +426,16 @@ def report(specs: list[str], fig: dict[str, dict[str, list[Any]]], args: argpars
         print("\nmemory kept by a worker process after runs in a row (MiB above workers.app, RSS / USS / anonymous)")
         print(f"{'gateway':44} {'10 runs':>14} {str(args.long) + ' runs':>14}")
         for s in specs:
-            print(f"{s:44} " + " ".join(f"{mib(fig[s][f'kept {n}']):>14}" for n in (10, args.long)
-                                        if f"kept {n}" in fig[s]))
+            print(
+                f"{s:44} "
+                + " ".join(f"{mib(fig[s][f'kept {n}']):>14}" for n in (10, args.long) if f"kept {n}" in fig[s])
+            )
 
     print(f"\nlatency per request (ms; {args.rounds} x {args.requests} of each; p50 / p95)")
-    print(f"{'gateway':44} {'direct':>13} {'gateway':>13} {'overhead p50':>13}"
-          f" {'direct stream':>14} {'gw stream':>13} {'overhead p50':>13} {'16 streams s':>13}")
+    print(
+        f"{'gateway':44} {'direct':>13} {'gateway':>13} {'overhead p50':>13}"
+        f" {'direct stream':>14} {'gw stream':>13} {'overhead p50':>13} {'16 streams s':>13}"
+    )
     for s in specs:
         f = fig[s]
 
@@ -424,8 +444,10 @@ def report(specs: list[str], fig: dict[str, dict[str, list[Any]]], args: argpars
 
         plain = (statistics.median(f["gw"]) - statistics.median(f["direct"])) * ms
         streamed = (statistics.median(f["gw stream"]) - statistics.median(f["direct stream"])) * ms
-        print(f"{s:44} {pp('direct'):>13} {pp('gw'):>13} {plain:+13.2f} {pp('direct stream'):>14}"
-              f" {pp('gw stream'):>13} {streamed:+13.2f} {statistics.median(f['load s']):13.2f}")
+        print(
+            f"{s:44} {pp('direct'):>13} {pp('gw'):>13} {plain:+13.2f} {pp('direct stream'):>14}"
+            f" {pp('gw stream'):>13} {streamed:+13.2f} {statistics.median(f['load s']):13.2f}"
+        )
 
 
 if __name__ == "__main__":

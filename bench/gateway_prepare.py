@@ -41,8 +41,9 @@ MODEL = "claude-sonnet-4-5"
 
 
 def _module(revision: str) -> ModuleType:
-    source = subprocess.run(["git", "show", f"{revision}:orchestrator/sandbox/gateway.py"], cwd=ROOT, check=True,
-                            capture_output=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{revision}:orchestrator/sandbox/gateway.py"], cwd=ROOT, check=True, capture_output=True
+    ).stdout
     folder = Path(tempfile.mkdtemp(prefix="gateway-baseline-"))
     path = folder / "gateway_baseline.py"
     path.write_bytes(source)
@@ -55,61 +56,151 @@ def _module(revision: str) -> ModuleType:
 
 
 def _stand_in() -> dict[str, Any]:
-    tool = {"name": "Tool", "description": "Does a thing. " * 200,
-            "input_schema": {"type": "object", "required": ["file_path"],
-                             "properties": {"url": {"type": "string"}, "file_path": {"type": "string"}}}}
-    return {"model": MODEL, "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "<system-reminder>context</system-reminder>"},
-                                     {"type": "text", "text": "please run the command"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": "running it"},
-                                          {"type": "tool_use", "id": "toolu_1", "name": "Bash",
-                                           "input": {"command": "echo recorded", "description": "Echo"}}]},
-        {"role": "user", "content": [{"tool_use_id": "toolu_1", "type": "tool_result", "content": "recorded",
-                                      "is_error": False, "cache_control": {"type": "ephemeral"}}]},
-    ], "system": [{"type": "text", "text": "You are Claude Code. " * 1000}], "tools": [{**tool, "name": f"T{i}"}
-                                                                                      for i in range(17)],
-        "metadata": {"user_id": "u"}, "max_tokens": 32000, "thinking": {"type": "enabled", "budget_tokens": 2048},
-        "stream": True}
+    tool = {
+        "name": "Tool",
+        "description": "Does a thing. " * 200,
+        "input_schema": {
+            "type": "object",
+            "required": ["file_path"],
+            "properties": {"url": {"type": "string"}, "file_path": {"type": "string"}},
+        },
+    }
+    return {
+        "model": MODEL,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "<system-reminder>context</system-reminder>"},
+                    {"type": "text", "text": "please run the command"},
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "running it"},
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_1",
+                        "name": "Bash",
+                        "input": {"command": "echo recorded", "description": "Echo"},
+                    },
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "tool_use_id": "toolu_1",
+                        "type": "tool_result",
+                        "content": "recorded",
+                        "is_error": False,
+                        "cache_control": {"type": "ephemeral"},
+                    }
+                ],
+            },
+        ],
+        "system": [{"type": "text", "text": "You are Claude Code. " * 1000}],
+        "tools": [{**tool, "name": f"T{i}"} for i in range(17)],
+        "metadata": {"user_id": "u"},
+        "max_tokens": 32000,
+        "thinking": {"type": "enabled", "budget_tokens": 2048},
+        "stream": True,
+    }
 
 
 def _bodies(first: bytes) -> dict[str, bytes]:
     request = json.loads(first)
     turns: list[dict[str, Any]] = []
     for i in range(300):
-        turns.append({"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "Bash",
-                                                        "input": {"command": "ls -la " * 50}}]})
-        turns.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}",
-                                                   "content": "x" * 8000}]})
+        turns.append(
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": f"t{i}", "name": "Bash", "input": {"command": "ls -la " * 50}}],
+            }
+        )
+        turns.append(
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "x" * 8000}]}
+        )
 
     def session(*extra: dict[str, Any]) -> bytes:
         long = {**request, "messages": request["messages"][:1] + turns + list(extra) + request["messages"][1:]}
         return json.dumps(long, separators=(",", ":")).encode()
 
     png = base64.b64encode(b"\x89PNG" + bytes(range(256)) * 600).decode()
-    screenshot = [{"role": "assistant", "content": [{"type": "tool_use", "id": "shot", "name": "Read",
-                                                     "input": {"file_path": "/workspace/shot.png"}}]},
-                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "shot", "content": [
-                      {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}]}]}]
-    fetch = [{"role": "assistant", "content": [{"type": "tool_use", "id": "web", "name": "WebFetch",
-                                                "input": {"url": "https://example.com", "prompt": "summarize"}}]},
-             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "web", "content": "no network"}]}]
-    url = [{"role": "user", "content": [{"type": "image", "source": {"type": "url",
-                                                                     "url": "https://attacker.example/x.png"}}]}]
-    code = ("def read(path: str) -> dict[str, str]:\n    \"\"\"Reads {path} — naïvely.\"\"\"\n"
-            "    return {\"path\": path, \"text\": open(path).read()}  # ok ✓\n") * 60
+    screenshot = [
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "shot", "name": "Read", "input": {"file_path": "/workspace/shot.png"}}
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "shot",
+                    "content": [
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
+                    ],
+                }
+            ],
+        },
+    ]
+    fetch = [
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "web",
+                    "name": "WebFetch",
+                    "input": {"url": "https://example.com", "prompt": "summarize"},
+                }
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "web", "content": "no network"}]},
+    ]
+    url = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "source": {"type": "url", "url": "https://attacker.example/x.png"}}],
+        }
+    ]
+    code = (
+        'def read(path: str) -> dict[str, str]:\n    """Reads {path} — naïvely."""\n'
+        '    return {"path": path, "text": open(path).read()}  # ok ✓\n'
+    ) * 60
     coded: list[dict[str, Any]] = []
     for i in range(300):
-        coded.append({"role": "assistant", "content": [{"type": "text", "text": "Let me read it."}, {
-            "type": "tool_use", "id": f"toolu_{i:024d}", "name": "Read",
-            "input": {"file_path": f"/workspace/m{i}.py"}}]})
-        coded.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i:024d}",
-                                                   "content": code}]})
-    real = json.dumps({**request, "messages": request["messages"][:1] + coded + request["messages"][1:]},
-                      ensure_ascii=False, separators=(",", ":")).encode()
+        coded.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Let me read it."},
+                    {
+                        "type": "tool_use",
+                        "id": f"toolu_{i:024d}",
+                        "name": "Read",
+                        "input": {"file_path": f"/workspace/m{i}.py"},
+                    },
+                ],
+            }
+        )
+        coded.append(
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i:024d}", "content": code}]}
+        )
+    real = json.dumps(
+        {**request, "messages": request["messages"][:1] + coded + request["messages"][1:]},
+        ensure_ascii=False,
+        separators=(",", ":"),
+    ).encode()
     long = session()
     return {
-        "small (90 B)": json.dumps({"model": MODEL, "max_tokens": 16,
-                                    "messages": [{"role": "user", "content": "hi"}]}).encode(),
+        "small (90 B)": json.dumps(
+            {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+        ).encode(),
         f"Claude Code ({len(first) // 1000} KB)": first,
         f"long session ({len(long) / 1e6:.1f} MB)": long,
         "  + a screenshot": session(*screenshot),
@@ -123,16 +214,28 @@ def _hostile() -> dict[str, bytes]:
     head = b'{"model":"%s","max_tokens":16,"messages":[' % MODEL.encode()
     url = b'{"type":"image","source":{"type":"url","url":"https://a.example"}}'
     return {
-        "10M empty blocks and a source key (30 MB)": head + b'{"role":"user","content":[' + b"{}," * 10_000_000 + url
+        "10M empty blocks and a source key (30 MB)": head
+        + b'{"role":"user","content":['
+        + b"{}," * 10_000_000
+        + url
         + b"]}]}",
-        "1M messages, each a source (30 MB)": head + b",".join(
-            [b'{"role":"user","content":[{"source":"s"}]}'] * 700_000) + b"]}",
+        "1M messages, each a source (30 MB)": head
+        + b",".join([b'{"role":"user","content":[{"source":"s"}]}'] * 700_000)
+        + b"]}",
         "3M source keys in a tool's input (30 MB)": head + b'{"role":"assistant","content":[{"type":"tool_use",'
         b'"input":{' + b",".join(b'"url":%d' % (i % 10) for i in range(3_000_000)) + b"}}]}]}",
-        "5M escaped letters in a text (30 MB)": head + b'{"role":"user","content":[{"type":"text","text":"'
-        + b"\\u0041" * 5_000_000 + b'"},' + url + b"]}]}",
-        "a URL image under 8 nested lists": head + b'{"role":"user","content":' + b'[{"content":' * 9 + url
-        + b"}]" * 9 + b"}]}",
+        "5M escaped letters in a text (30 MB)": head
+        + b'{"role":"user","content":[{"type":"text","text":"'
+        + b"\\u0041" * 5_000_000
+        + b'"},'
+        + url
+        + b"]}]}",
+        "a URL image under 8 nested lists": head
+        + b'{"role":"user","content":'
+        + b'[{"content":' * 9
+        + url
+        + b"}]" * 9
+        + b"}]}",
     }
 
 
@@ -175,11 +278,16 @@ def main() -> None:
     baseline = _module(args.against)
     first = args.body.read_bytes() if args.body else json.dumps(_stand_in()).encode()
     with tempfile.TemporaryDirectory() as folder:
-        gateways = {name: module.ModelGateway(Path(folder) / name, upstream="http://127.0.0.1:9", api_key="k",
-                                              model=MODEL, max_tokens=32000)
-                    for name, module in ((args.against, baseline), ("tree", tree))}
-        print(f"_prepare, us per request: min / median of {args.rounds} rounds, {args.against} and the tree "
-              f"interleaved; the tree's peak allocation")
+        gateways = {
+            name: module.ModelGateway(
+                Path(folder) / name, upstream="http://127.0.0.1:9", api_key="k", model=MODEL, max_tokens=32000
+            )
+            for name, module in ((args.against, baseline), ("tree", tree))
+        }
+        print(
+            f"_prepare, us per request: min / median of {args.rounds} rounds, {args.against} and the tree "
+            f"interleaved; the tree's peak allocation"
+        )
         for label, body in _bodies(first).items():
             n = max(3, min(3000, 30_000_000 // (len(body) * 40 + 1)))
             times: dict[str, list[float]] = {name: [] for name in gateways}
@@ -188,8 +296,9 @@ def main() -> None:
                 for name, gateway in gateways.items():
                     times[name].append(_per_request(gateway, body, n))
             _, _, peak = _peak(gateways["tree"], body)
-            cells = [f"{name} {min(t):8.1f} / {statistics.median(t):8.1f} ({outcomes[name]})"
-                     for name, t in times.items()]
+            cells = [
+                f"{name} {min(t):8.1f} / {statistics.median(t):8.1f} ({outcomes[name]})" for name, t in times.items()
+            ]
             print(f"  {label:28} {'   '.join(cells)}   peak {peak / 1e6:.2f} MB")
         print("hostile bodies, the tree's gateway: outcome, time, peak allocation")
         for label, body in _hostile().items():

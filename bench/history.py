@@ -44,8 +44,18 @@ from orchestrator.store.message_log import get_messages_after, get_recent_messag
 from orchestrator.store.tables import GroupRow
 
 TARGET_MS = 20.0
-COLUMNS = ("id", "chat_jid", "seq", "sender", "sender_name", "content", "timestamp", "is_from_me",
-           "message_type", "metadata")
+COLUMNS = (
+    "id",
+    "chat_jid",
+    "seq",
+    "sender",
+    "sender_name",
+    "content",
+    "timestamp",
+    "is_from_me",
+    "message_type",
+    "metadata",
+)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -55,10 +65,20 @@ def rows(jids: list[str], first_seq: int) -> Iterator[tuple[object, ...]]:
         seq = first_seq + i
         mine = seq % 2 == 0
         yield (
-            f"m{seq}", jid, seq, "bot" if mine else "u1", "Andy" if mine else "Ann",
-            (f"reply {seq}: sure, here is what I found about that." if mine
-             else f"message {seq}: could you look at the build log and tell me what broke?"),
-            (T0 + timedelta(milliseconds=seq)).isoformat(), mine, "assistant" if mine else "user", "null",
+            f"m{seq}",
+            jid,
+            seq,
+            "bot" if mine else "u1",
+            "Andy" if mine else "Ann",
+            (
+                f"reply {seq}: sure, here is what I found about that."
+                if mine
+                else f"message {seq}: could you look at the build log and tell me what broke?"
+            ),
+            (T0 + timedelta(milliseconds=seq)).isoformat(),
+            mine,
+            "assistant" if mine else "user",
+            "null",
         )
 
 
@@ -70,8 +90,9 @@ def bulk_load(db: Database, jids: list[str], first_seq: int) -> float:
         if db.is_sqlite:
             cur = raw.cursor()
             cur.execute("BEGIN IMMEDIATE")
-            cur.executemany(f"INSERT INTO messages ({', '.join(COLUMNS)}) VALUES ({placeholders})",
-                            rows(jids, first_seq))
+            cur.executemany(
+                f"INSERT INTO messages ({', '.join(COLUMNS)}) VALUES ({placeholders})", rows(jids, first_seq)
+            )
             raw.commit()
         else:
             with raw.cursor() as cur, cur.copy(f"COPY messages ({', '.join(COLUMNS)}) FROM STDIN") as copy:
@@ -110,10 +131,14 @@ class Captured:
         for statement, params in self.statements:
             with self.db.engine.connect() as conn:
                 if self.db.is_sqlite:
-                    lines = [str(r[-1]) for r in
-                             store_db.driver_execute(conn, "EXPLAIN QUERY PLAN " + statement, params).fetchall()]
+                    lines = [
+                        str(r[-1])
+                        for r in store_db.driver_execute(conn, "EXPLAIN QUERY PLAN " + statement, params).fetchall()
+                    ]
                 else:
-                    lines = [str(r[0]) for r in store_db.driver_execute(conn, "EXPLAIN " + statement, params).fetchall()]
+                    lines = [
+                        str(r[0]) for r in store_db.driver_execute(conn, "EXPLAIN " + statement, params).fetchall()
+                    ]
             out.append((" ".join(statement.split()), lines))
         return out
 
@@ -124,8 +149,16 @@ def assemble(db: Database, settings: Settings, jid: str) -> int:
     batch = plan_batch(get_messages_after(jid, group.cursor_seq, db=db))
     assert batch is not None and not isinstance(batch, int)
     prior = prior_messages(db, settings, group, batch, group.cursor_seq)
-    payload = build_input(settings=settings, group=group, run_id="bench", prior=prior, batch=batch,
-                          assistant_name="Andy", notices=[], model=model_settings(settings))
+    payload = build_input(
+        settings=settings,
+        group=group,
+        run_id="bench",
+        prior=prior,
+        batch=batch,
+        assistant_name="Andy",
+        notices=[],
+        model=model_settings(settings),
+    )
     return len(input_bytes(payload))
 
 
@@ -133,8 +166,9 @@ def set_new(db: Database, jid: str, new: int) -> None:
     """Make the last ``new`` messages of ``jid`` the ones a run has not seen yet."""
     seqs = [m.seq for m in get_recent_messages(jid, new + 1, db=db)]
     with db.write() as session:
-        session.execute(update(GroupRow).where(GroupRow.chat_jid == jid)
-                        .values(cursor_seq=seqs[0], pending_seq=seqs[-1]))
+        session.execute(
+            update(GroupRow).where(GroupRow.chat_jid == jid).values(cursor_seq=seqs[0], pending_seq=seqs[-1])
+        )
 
 
 def time_group(db: Database, settings: Settings, jid: str, new: int, reps: int) -> tuple[float, float, int]:
@@ -158,12 +192,16 @@ def run(name: str, settings: Settings, total: int, n_groups: int, sizes: list[in
         add_group(db, chat_jid=jid, name=jid, folder=f"h{size}")
     small = min(sizes)
     captured = Captured(db)
-    print(f"{name}: assembling the input for the last {new} new messages (+ {settings.context_messages}"
-          f" messages of context), median / max of {reps}, target < {TARGET_MS:.0f} ms")
+    print(
+        f"{name}: assembling the input for the last {new} new messages (+ {settings.context_messages}"
+        f" messages of context), median / max of {reps}, target < {TARGET_MS:.0f} ms"
+    )
     bulk_load(db, [targets[small]] * small, 1)
     med, worst, size = time_group(db, settings, targets[small], new, reps)
-    print(f"  {small:>7,}-message group, table of {small:>9,} messages: {med:6.2f} ms (max {worst:6.2f}),"
-          f" input {size:,} bytes")
+    print(
+        f"  {small:>7,}-message group, table of {small:>9,} messages: {med:6.2f} ms (max {worst:6.2f}),"
+        f" input {size:,} bytes"
+    )
 
     # The rest, interleaved at random, plus a "quiet" chat: as big as the
     # biggest, all of it long ago, then its last 100 messages spread thinly
@@ -180,17 +218,25 @@ def run(name: str, settings: Settings, total: int, n_groups: int, sizes: list[in
         mixed.insert(i * (step + 1) + step // 2, quiet)
     jids = [quiet] * big + mixed
     took = bulk_load(db, jids, small + 1)
-    print(f"  bulk load of {len(jids):,} more messages ({n_groups} chats): {took:.1f} s ({len(jids) / took:,.0f} rows/s)")
+    print(
+        f"  bulk load of {len(jids):,} more messages ({n_groups} chats): {took:.1f} s ({len(jids) / took:,.0f} rows/s)"
+    )
     for s in sizes:
         med, worst, size = time_group(db, settings, targets[s], new, reps)
-        print(f"  {s:>7,}-message group, table of {total:>9,} messages: {med:6.2f} ms (max {worst:6.2f}),"
-              f" input {size:,} bytes  [{'met' if med < TARGET_MS else 'MISSED'}]")
+        print(
+            f"  {s:>7,}-message group, table of {total:>9,} messages: {med:6.2f} ms (max {worst:6.2f}),"
+            f" input {size:,} bytes  [{'met' if med < TARGET_MS else 'MISSED'}]"
+        )
     med, worst, size = time_group(db, settings, quiet, new, reps)
-    print(f"  {big + 100:>7,}-message group, busy long ago, quiet now: {med:6.2f} ms (max {worst:6.2f}),"
-          f" input {size:,} bytes  [{'met' if med < TARGET_MS else 'MISSED'}]")
+    print(
+        f"  {big + 100:>7,}-message group, busy long ago, quiet now: {med:6.2f} ms (max {worst:6.2f}),"
+        f" input {size:,} bytes  [{'met' if med < TARGET_MS else 'MISSED'}]"
+    )
     med, worst, size = time_group(db, settings, targets[big], new * 10, reps)
-    print(f"  {big:>7,}-message group, {new * 10} new messages:       {med:6.2f} ms (max {worst:6.2f}),"
-          f" input {size:,} bytes (grows with the new messages)")
+    print(
+        f"  {big:>7,}-message group, {new * 10} new messages:       {med:6.2f} ms (max {worst:6.2f}),"
+        f" input {size:,} bytes (grows with the new messages)"
+    )
     print("  query plans of the assembly's message queries:")
     for jid in (targets[big], quiet):
         set_new(db, jid, new)

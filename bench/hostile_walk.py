@@ -106,8 +106,9 @@ def old_copy_workspace(source: Path, dest: Path, *, max_bytes: int, max_files: i
     return report
 
 
-def _old_copy_folder(src: int, dst: int, where: str, depth: int, report: CopyReport, max_bytes: int,
-                     max_files: int) -> None:
+def _old_copy_folder(
+    src: int, dst: int, where: str, depth: int, report: CopyReport, max_bytes: int, max_files: int
+) -> None:
     if depth > MAX_DEPTH:
         report.skipped.append(f"{where}: more than {MAX_DEPTH} levels deep")
         return
@@ -186,8 +187,11 @@ def hand_over(walk: Callable[[Path, int, int], int], tree: Path) -> str:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, hard))  # in the child only
     changed = walk(tree, OTHER_UID, OTHER_UID)
-    left = sum(os.lstat(os.path.join(top, name)).st_uid != OTHER_UID
-               for top, dirs, files in os.walk(tree) for name in dirs + files)
+    left = sum(
+        os.lstat(os.path.join(top, name)).st_uid != OTHER_UID
+        for top, dirs, files in os.walk(tree)
+        for name in dirs + files
+    )
     return f"changed {changed}, {left} entries left unchanged"
 
 
@@ -269,8 +273,10 @@ def measure(name: str, fn: Callable[[], str]) -> None:
         if "error" in run:
             print(f"  {name:<28} error: {run['error']}")
             return
-    print(f"  {name:<28} {plain['seconds']:7.2f} s  peak RSS +{plain['rss'] / MiB:7.1f} MiB  "
-          f"heap peak {traced['heap'] / MiB:8.2f} MiB  open fds +{fds['fds']:<5}  {plain['result']}")
+    print(
+        f"  {name:<28} {plain['seconds']:7.2f} s  peak RSS +{plain['rss'] / MiB:7.1f} MiB  "
+        f"heap peak {traced['heap'] / MiB:8.2f} MiB  open fds +{fds['fds']:<5}  {plain['result']}"
+    )
 
 
 def main() -> None:
@@ -288,8 +294,11 @@ def main() -> None:
         make_links(links, args.links, fifo=False)
         make_links(fifos, args.links, fifo=True)
         make_wide_deep(tree, args.wide, args.deep)
-        print(f"trees made in {time.perf_counter() - t0:.1f}s under {base}; chown_tree bounds: "
-              f"{hostile_fs.MAX_WALK_ENTRIES} entries, {hostile_fs.MAX_WALK_DEPTH} levels")
+        print(
+            f"trees made in {time.perf_counter() - t0:.1f}s under {base}; chown_tree bounds: "
+            f"{hostile_fs.MAX_WALK_ENTRIES} entries, {hostile_fs.MAX_WALK_DEPTH} levels"
+        )
+
         def scratch() -> Path:  # each walk runs in a child of its own
             return base / f"scratch-{os.getpid()}"
 
@@ -301,6 +310,7 @@ def main() -> None:
             def go() -> str:
                 r = walk(folder, scratch(), max_bytes=512 * MiB, max_files=args.max_files)
                 return f"copied {r.entries}, skipped {len(r.skipped)} kept of {r.skipped_count or len(r.skipped)}"
+
             return go
 
         print(f"\n== {args.links} hard links in one folder: chown_tree")
@@ -316,8 +326,10 @@ def main() -> None:
         measure("before (listed whole)", copy(old_copy_workspace, tree))
         measure("after (lazy)", copy(copy_workspace, tree))
         if os.geteuid() == 0:
-            print(f"\n== {args.wide} folders wide + {args.deep} deep handed to uid {OTHER_UID} under "
-                  f"RLIMIT_NOFILE {FD_LIMIT} (systemd's default soft limit)")
+            print(
+                f"\n== {args.wide} folders wide + {args.deep} deep handed to uid {OTHER_UID} under "
+                f"RLIMIT_NOFILE {FD_LIMIT} (systemd's default soft limit)"
+            )
             owner = os.lstat(tree)
             for name, walk in (("before (fd per subfolder)", old_chown_tree), ("after (two fds a level)", chown_tree)):
                 chown_tree(tree, owner.st_uid, owner.st_gid)  # as it was

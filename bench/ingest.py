@@ -51,10 +51,16 @@ class PlainInserts:
         self.engine = create_engine(url)
         self.meta = MetaData()
         self.table = Table(
-            f"plain_{uuid.uuid4().hex[:8]}", self.meta,
-            Column("id", Text, primary_key=True), Column("chat_jid", Text, primary_key=True),
-            Column("seq", Integer), Column("sender", Text), Column("sender_name", Text),
-            Column("content", Text), Column("timestamp", Text), Column("message_type", Text),
+            f"plain_{uuid.uuid4().hex[:8]}",
+            self.meta,
+            Column("id", Text, primary_key=True),
+            Column("chat_jid", Text, primary_key=True),
+            Column("seq", Integer),
+            Column("sender", Text),
+            Column("sender_name", Text),
+            Column("content", Text),
+            Column("timestamp", Text),
+            Column("message_type", Text),
         )
         self.meta.create_all(self.engine)
         if url.startswith("sqlite"):
@@ -66,10 +72,18 @@ class PlainInserts:
     def one(self) -> None:
         self.i += 1
         with self.engine.begin() as conn:
-            conn.execute(self.table.insert().values(
-                id=f"m{self.i}", chat_jid="main@local", seq=self.i, sender="u", sender_name="u",
-                content=f"message {self.i}", timestamp="2026-11-26T00:00:00+00:00", message_type="user",
-            ))
+            conn.execute(
+                self.table.insert().values(
+                    id=f"m{self.i}",
+                    chat_jid="main@local",
+                    seq=self.i,
+                    sender="u",
+                    sender_name="u",
+                    content=f"message {self.i}",
+                    timestamp="2026-11-26T00:00:00+00:00",
+                    message_type="user",
+                )
+            )
 
     def close(self) -> None:
         self.meta.drop_all(self.engine)
@@ -98,8 +112,12 @@ def run_backend(name: str, settings: Settings, n: int, rounds: int, profile: boo
     idle_iter = iter(idle)
 
     def busy() -> None:
-        ingest(db, settings, IncomingMessage(chat_jid="main@local", sender="u", content=f"message {next(counter)}"),
-               signal=signal)
+        ingest(
+            db,
+            settings,
+            IncomingMessage(chat_jid="main@local", sender="u", content=f"message {next(counter)}"),
+            signal=signal,
+        )
 
     def to_idle() -> None:
         ingest(db, settings, IncomingMessage(chat_jid=next(idle_iter), sender="u", content="hello"), signal=signal)
@@ -114,9 +132,11 @@ def run_backend(name: str, settings: Settings, n: int, rounds: int, profile: boo
         idles.append(rate(to_idle, per_block))
     plain.close()
     floor, real, worst = statistics.median(floors), statistics.median(busies), statistics.median(idles)
-    print(f"{name:24} plain insert {floor:7.0f} msg/s | ingest, one busy group {real:7.0f} msg/s"
-          f" (ratio {real / floor:4.2f}, target {TARGET}: {'met' if real / floor >= TARGET else 'MISSED'})"
-          f" | ingest, idle groups (a signal each) {worst:7.0f} msg/s (ratio {worst / floor:4.2f})")
+    print(
+        f"{name:24} plain insert {floor:7.0f} msg/s | ingest, one busy group {real:7.0f} msg/s"
+        f" (ratio {real / floor:4.2f}, target {TARGET}: {'met' if real / floor >= TARGET else 'MISSED'})"
+        f" | ingest, idle groups (a signal each) {worst:7.0f} msg/s (ratio {worst / floor:4.2f})"
+    )
     if profile:
         prof = cProfile.Profile()
         prof.runcall(lambda: [busy() for _ in range(per_block)])

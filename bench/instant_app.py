@@ -25,9 +25,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from agent_runner.protocol import AssistantEvent, ResultEvent, Usage, dump_event
 from celery.signals import worker_process_shutdown
 
+from agent_runner.protocol import AssistantEvent, ResultEvent, Usage, dump_event
 from bench import query_counts
 from orchestrator.sandbox.containers import ContainerExit, ContainerSpec
 from workers.app import app, orchestrator
@@ -43,8 +43,7 @@ class InstantAgent:
 
     def lines(self, max_line_bytes: int = 0) -> Iterator[str]:
         yield dump_event(AssistantEvent(text="ok"))
-        yield dump_event(ResultEvent(usage=Usage(input_tokens=1, output_tokens=1), stop_reason="end_turn",
-                                     num_turns=1))
+        yield dump_event(ResultEvent(usage=Usage(input_tokens=1, output_tokens=1), stop_reason="end_turn", num_turns=1))
 
     def kill(self) -> None:
         pass

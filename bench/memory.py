@@ -71,8 +71,12 @@ class Sampler(threading.Thread):
 def drive(db: Database, settings: Settings, runs: int, workers: Workers) -> None:
     for i in range(runs):
         text = f"$ echo run {i} && ls /workspace" if i % 2 else f"hello {i}"
-        seq = ingest(db, settings, IncomingMessage(chat_jid=JID, sender="bench", content=text),
-                     signal=signals_for(settings).group).message.seq
+        seq = ingest(
+            db,
+            settings,
+            IncomingMessage(chat_jid=JID, sender="bench", content=text),
+            signal=signals_for(settings).group,
+        ).message.seq
         deadline = time.monotonic() + 120
         while get_group(db, JID).cursor_seq < seq:
             if time.monotonic() > deadline:
@@ -82,8 +86,10 @@ def drive(db: Database, settings: Settings, runs: int, workers: Workers) -> None
 
 def cgroup_memory(container_id: str) -> dict[str, int]:
     """The container's memory cgroup figures (v2 or v1, whichever the host has)."""
-    for v2 in (Path(f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope"),
-               Path(f"/sys/fs/cgroup/docker/{container_id}")):
+    for v2 in (
+        Path(f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope"),
+        Path(f"/sys/fs/cgroup/docker/{container_id}"),
+    ):
         if (v2 / "memory.current").exists():
             out = {"memory.current": int((v2 / "memory.current").read_text())}
             if (v2 / "memory.peak").exists():
@@ -92,10 +98,12 @@ def cgroup_memory(container_id: str) -> dict[str, int]:
     v1 = Path(f"/sys/fs/cgroup/memory/docker/{container_id}")
     if (v1 / "memory.usage_in_bytes").exists():
         stat = dict(line.split() for line in (v1 / "memory.stat").read_text().splitlines())
-        return {"memory.usage_in_bytes": int((v1 / "memory.usage_in_bytes").read_text()),
-                "memory.max_usage_in_bytes": int((v1 / "memory.max_usage_in_bytes").read_text()),
-                "rss": int(stat.get("total_rss", stat.get("rss", 0))),
-                "cache": int(stat.get("total_cache", stat.get("cache", 0)))}
+        return {
+            "memory.usage_in_bytes": int((v1 / "memory.usage_in_bytes").read_text()),
+            "memory.max_usage_in_bytes": int((v1 / "memory.max_usage_in_bytes").read_text()),
+            "rss": int(stat.get("total_rss", stat.get("rss", 0))),
+            "cache": int(stat.get("total_cache", stat.get("cache", 0))),
+        }
     return {}
 
 
@@ -108,15 +116,19 @@ def measure(base: Path, image: str, runs: int, warm_idle_s: float) -> None:
             time.sleep(3)
             sampler = Sampler(workers)
             parent, children = sampler.rss()
-            print(f"{mode}: worker idle after start: {parent / MiB:5.1f} MiB (parent) + {children / MiB:5.1f} MiB"
-                  f" (pool child) = {(parent + children) / MiB:5.1f} MiB RSS")
+            print(
+                f"{mode}: worker idle after start: {parent / MiB:5.1f} MiB (parent) + {children / MiB:5.1f} MiB"
+                f" (pool child) = {(parent + children) / MiB:5.1f} MiB RSS"
+            )
             sampler.start()
             drive(db, settings, runs, workers)
             sampler.stop.set()
             sampler.join()
-            print(f"{mode}: worker peak during {runs} runs: {sampler.peak / MiB:5.1f} MiB RSS"
-                  f" (parent peak {sampler.peak_parent / MiB:5.1f}, pool child peak {sampler.peak_children / MiB:5.1f});"
-                  f" PSS after the runs {sampler.pss() / MiB:5.1f} MiB")
+            print(
+                f"{mode}: worker peak during {runs} runs: {sampler.peak / MiB:5.1f} MiB RSS"
+                f" (parent peak {sampler.peak_parent / MiB:5.1f}, pool child peak {sampler.peak_children / MiB:5.1f});"
+                f" PSS after the runs {sampler.pss() / MiB:5.1f} MiB"
+            )
             if warm_idle_s:
                 time.sleep(2)  # idle: between runs
                 client = docker.from_env()
@@ -131,10 +143,12 @@ def measure(base: Path, image: str, runs: int, warm_idle_s: float) -> None:
                         with contextlib.suppress(psutil.Error, ValueError):
                             runner_rss += psutil.Process(int(row[col])).memory_info().rss
                     cg = cgroup_memory(c.id)
-                    print(f"idle warm container {c.name}: docker stats {(stats['usage'] - cache) / MiB:5.1f} MiB"
-                          f" (usage {stats['usage'] / MiB:5.1f} incl. {cache / MiB:4.1f} page cache,"
-                          f" limit {stats.get('limit', 0) / MiB:,.0f}); its processes' RSS {runner_rss / MiB:5.1f} MiB;"
-                          " cgroup " + ", ".join(f"{k} {v / MiB:5.1f} MiB" for k, v in cg.items()))
+                    print(
+                        f"idle warm container {c.name}: docker stats {(stats['usage'] - cache) / MiB:5.1f} MiB"
+                        f" (usage {stats['usage'] / MiB:5.1f} incl. {cache / MiB:4.1f} page cache,"
+                        f" limit {stats.get('limit', 0) / MiB:,.0f}); its processes' RSS {runner_rss / MiB:5.1f} MiB;"
+                        " cgroup " + ", ".join(f"{k} {v / MiB:5.1f} MiB" for k, v in cg.items())
+                    )
     finally:
         remove_install_containers(settings)
         db.dispose()

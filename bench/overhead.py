@@ -40,9 +40,9 @@ from datetime import datetime
 from pathlib import Path
 
 import docker
-from agent_runner.protocol import ContainerInput, SdkMessage
 from sqlalchemy import select
 
+from agent_runner.protocol import ContainerInput, SdkMessage
 from bench.common import Workers, install, pct, signals_for
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -103,14 +103,23 @@ def sandbox_phases(data_dir: Path, image: str, n: int) -> dict[str, list[float]]
     settings = Settings.load(data_dir=data_dir, agent_image=image, env_file=None)
     settings.ensure_dirs()
     sandbox = DockerSandbox(settings)
-    payload = ContainerInput(run_id="bench", chat_jid=JID, group_folder="main", assistant_name="Andy",
-                             messages=[SdkMessage(role="user", content="ping")]).to_json()
-    out: dict[str, list[float]] = {"create + attach + start + input": [], "first event": [], "exit": [],
-                                   "remove": []}
+    payload = ContainerInput(
+        run_id="bench",
+        chat_jid=JID,
+        group_folder="main",
+        assistant_name="Andy",
+        messages=[SdkMessage(role="user", content="ping")],
+    ).to_json()
+    out: dict[str, list[float]] = {"create + attach + start + input": [], "first event": [], "exit": [], "remove": []}
     for i in range(n):
-        spec = ContainerSpec(image=image, name=f"orch-bench-phases-{os.getpid()}-{i}",
-                             workspace=settings.groups_dir / "main", run_id=f"bench-{i}", group_folder="main",
-                             install_id=settings.install_id)
+        spec = ContainerSpec(
+            image=image,
+            name=f"orch-bench-phases-{os.getpid()}-{i}",
+            workspace=settings.groups_dir / "main",
+            run_id=f"bench-{i}",
+            group_folder="main",
+            install_id=settings.install_id,
+        )
         t0 = time.perf_counter()
         container = sandbox.start(spec, payload)
         t1 = time.perf_counter()
@@ -159,8 +168,9 @@ def wait_finished(db: Database, seq: int) -> None:
     time.sleep(0.2)  # the task's ack and the worker's return to the queue
 
 
-def measure(data_dir: Path, image: str, n: int, warm_idle_s: float,
-            split: list[tuple[float, float]] | None = None) -> list[float]:
+def measure(
+    data_dir: Path, image: str, n: int, warm_idle_s: float, split: list[tuple[float, float]] | None = None
+) -> list[float]:
     """Latencies (s) of ``n`` runs, one after another, through a real worker;
     ``split`` gets (message -> run created, run created -> reply) of each."""
     settings, db = install(data_dir, image, warm_idle_s=warm_idle_s)
@@ -170,8 +180,12 @@ def measure(data_dir: Path, image: str, n: int, warm_idle_s: float,
         with Workers(settings, 1) as workers:
             time.sleep(3)  # the worker's start-up (not part of any run)
             for i in range(n + 1):
-                sent = ingest(db, settings, IncomingMessage(chat_jid=JID, sender="bench", content=f"ping {i}"),
-                              signal=signals_for(settings).group).message
+                sent = ingest(
+                    db,
+                    settings,
+                    IncomingMessage(chat_jid=JID, sender="bench", content=f"ping {i}"),
+                    signal=signals_for(settings).group,
+                ).message
                 deadline = time.monotonic() + 120
                 while True:
                     replies = [m for m in get_messages_after(JID, sent.seq, db=db) if m.sender == "bot"]
@@ -211,18 +225,26 @@ def measure_quiet(data_dir: Path, image: str, n: int, standby: int) -> list[floa
                 deadline = time.monotonic() + 60
                 while standby and len(pool.standby.ready()) < standby:  # the heartbeat's tending refills it
                     if time.monotonic() > deadline:
-                        raise SystemExit(f"the standby pool was not refilled in 60 s; the worker's log:\n{workers.logs()}")
+                        raise SystemExit(
+                            f"the standby pool was not refilled in 60 s; the worker's log:\n{workers.logs()}"
+                        )
                     time.sleep(0.02)
                 if i == 0:
                     time.sleep(3)  # the worker's start-up (not part of any run)
                 jid = f"quiet-{i}@bench"
                 add_group(db, chat_jid=jid, name=f"quiet {i}", folder=f"quiet-{i}", requires_trigger=False)
-                sent = ingest(db, settings, IncomingMessage(chat_jid=jid, sender="bench", content=f"ping {i}"),
-                              signal=signals_for(settings).group).message
+                sent = ingest(
+                    db,
+                    settings,
+                    IncomingMessage(chat_jid=jid, sender="bench", content=f"ping {i}"),
+                    signal=signals_for(settings).group,
+                ).message
                 deadline = time.monotonic() + 120
                 while not (replies := [m for m in get_messages_after(jid, sent.seq, db=db) if m.sender == "bot"]):
                     if time.monotonic() > deadline:
-                        raise SystemExit(f"no reply to quiet group {i} within 120 s; the worker's log:\n{workers.logs()}")
+                        raise SystemExit(
+                            f"no reply to quiet group {i} within 120 s; the worker's log:\n{workers.logs()}"
+                        )
                     time.sleep(0.01)
                 if i > 0:  # the first run also pays for the worker's first connections
                     latencies.append(_ts(replies[0].timestamp) - _ts(sent.timestamp))
@@ -248,13 +270,20 @@ def main() -> None:
         warm = measure(Path(tmp) / "warm", image, args.runs, warm_idle_s=120, split=warm_split)
         quiet = measure_quiet(Path(tmp) / "quiet", image, args.runs, standby=0)
         standby = measure_quiet(Path(tmp) / "standby", image, args.runs, standby=2) if late_mounts_ok() else []
-        phases = [("docker run --rm (floor)", floor_phases(image, args.runs)),
-                  ("cold sandbox run", sandbox_phases(Path(tmp) / "phases", image, args.runs))]
+        phases = [
+            ("docker run --rm (floor)", floor_phases(image, args.runs)),
+            ("cold sandbox run", sandbox_phases(Path(tmp) / "phases", image, args.runs)),
+        ]
     rng = random.Random(7)
     polling = [rng.uniform(0, POLL_S) + rng.choice(cold) for _ in range(2000)]
-    rows = [("docker run --rm (floor)", floor), ("cold container", cold), ("warm session", warm),
-            ("quiet group, no standby", quiet), ("quiet group, standby", standby),
-            ("2 s polling loop (model)", polling)]
+    rows = [
+        ("docker run --rm (floor)", floor),
+        ("cold container", cold),
+        ("warm session", warm),
+        ("quiet group, no standby", quiet),
+        ("quiet group, standby", standby),
+        ("2 s polling loop (model)", polling),
+    ]
     print(f"{'':28} {'p50':>8} {'p95':>8}   (n={args.runs}, offline model)")
     for name, values in rows:
         if not values:
@@ -263,20 +292,29 @@ def main() -> None:
         print(f"{name:28} {pct(values, 50) * 1000:7.0f}ms {pct(values, 95) * 1000:7.0f}ms")
     print(f"cold - floor (p50): {(pct(cold, 50) - pct(floor, 50)) * 1000:.0f} ms")
     if standby:
-        print(f"quiet group with standby / floor (p50): {pct(standby, 50) / pct(floor, 50):.2f};"
-              f" without / with: {pct(quiet, 50) / pct(standby, 50):.1f}x")
-    print(f"polling / warm (p50): {pct(polling, 50) / pct(warm, 50):.1f}x;"
-          f" polling / cold (p50): {pct(polling, 50) / pct(cold, 50):.1f}x")
+        print(
+            f"quiet group with standby / floor (p50): {pct(standby, 50) / pct(floor, 50):.2f};"
+            f" without / with: {pct(quiet, 50) / pct(standby, 50):.1f}x"
+        )
+    print(
+        f"polling / warm (p50): {pct(polling, 50) / pct(warm, 50):.1f}x;"
+        f" polling / cold (p50): {pct(polling, 50) / pct(cold, 50):.1f}x"
+    )
     print(f"mean cold {statistics.mean(cold) * 1000:.0f} ms, mean warm {statistics.mean(warm) * 1000:.0f} ms")
     print("message -> run created (signal, broker, worker, lease, batch) and run created -> reply (median ms):")
     for name, split in (("cold", cold_split), ("warm", warm_split)):
-        print(f"  {name:5} {statistics.median(a for a, _ in split) * 1000:6.0f} + "
-              f"{statistics.median(b for _, b in split) * 1000:6.0f}")
+        print(
+            f"  {name:5} {statistics.median(a for a, _ in split) * 1000:6.0f} + "
+            f"{statistics.median(b for _, b in split) * 1000:6.0f}"
+        )
     print("where a cold container's time goes (median ms of each step):")
     for name, steps in phases:
         total = sum(statistics.median(v) for v in steps.values())
-        print(f"  {name:26} " + "  ".join(f"{k} {statistics.median(v) * 1000:.0f}" for k, v in steps.items())
-              + f"  = {total * 1000:.0f}")
+        print(
+            f"  {name:26} "
+            + "  ".join(f"{k} {statistics.median(v) * 1000:.0f}" for k, v in steps.items())
+            + f"  = {total * 1000:.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -113,8 +113,11 @@ def read_folder(folder: Path) -> Counts:
 
 
 def minus(after: Counts, before: Counts) -> Counts:
-    return {k: [v[0] - before.get(k, [0, 0.0])[0], v[1] - before.get(k, [0, 0.0])[1]] for k, v in after.items()
-            if v[0] - before.get(k, [0, 0.0])[0] > 0}
+    return {
+        k: [v[0] - before.get(k, [0, 0.0])[0], v[1] - before.get(k, [0, 0.0])[1]]
+        for k, v in after.items()
+        if v[0] - before.get(k, [0, 0.0])[0] > 0
+    }
 
 
 def _timed(method: Callable[..., Any], key_of: Callable[[Any, tuple[Any, ...]], str | None]) -> Callable[..., Any]:
@@ -146,6 +149,7 @@ def install() -> None:
         return
     psycopg.Cursor.execute = _timed(psycopg.Cursor.execute, lambda cur, args: kind(args[0]))  # type: ignore[method-assign]
     psycopg.Cursor.executemany = _timed(  # type: ignore[method-assign]
-        psycopg.Cursor.executemany, lambda cur, args: kind(args[0]) + " (many)")
+        psycopg.Cursor.executemany, lambda cur, args: kind(args[0]) + " (many)"
+    )
     psycopg.Connection.commit = _timed(psycopg.Connection.commit, _ending("COMMIT"))  # type: ignore[method-assign]
     psycopg.Connection.rollback = _timed(psycopg.Connection.rollback, _ending("ROLLBACK"))  # type: ignore[method-assign]

@@ -94,27 +94,58 @@ def processes(settings: Settings, host_ids: list[str], watch: bool) -> Iterator[
 
     def spawn(argv: list[str], name: str, extra: dict[str, str]) -> subprocess.Popen[bytes]:
         with open(logs / f"{name}.log", "ab") as fh:
-            proc = subprocess.Popen(argv, env={**env, **extra}, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=fh,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv, env={**env, **extra}, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=fh, start_new_session=True
+            )
         procs.append(proc)
         return proc
 
-    spawn([sys.executable, "-m", "celery", "-A", "workers.app", "beat", "-l", "WARNING",
-           "-s", str(settings.data_dir / "beat-schedule")], "beat", {})
+    spawn(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.app",
+            "beat",
+            "-l",
+            "WARNING",
+            "-s",
+            str(settings.data_dir / "beat-schedule"),
+        ],
+        "beat",
+        {},
+    )
     workers = [
-        spawn([sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "agent,delivery",
-               "--concurrency", "1", "-l", "WARNING", "--without-gossip", "--without-mingle",
-               "--without-heartbeat", "-n", f"recovery{i}@%h"], f"worker{i}", {"ORCHESTRATOR_HOST_ID": host_id})
+        spawn(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers.app",
+                "worker",
+                "-Q",
+                "agent,delivery",
+                "--concurrency",
+                "1",
+                "-l",
+                "WARNING",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-n",
+                f"recovery{i}@%h",
+            ],
+            f"worker{i}",
+            {"ORCHESTRATOR_HOST_ID": host_id},
+        )
         for i, host_id in enumerate(host_ids)
     ]
     try:
         yield workers
     finally:
         stop_processes(procs)
-
-
-
-
 
 
 def _answers(db: Database, marker: str) -> int:
@@ -133,8 +164,12 @@ def _runs(db: Database) -> list[Run]:
 def trial(settings: Settings, db: Database, n: int, host_ids: list[str], watch: bool) -> Trial:
     marker = f"recovered-{n}"
     with processes(settings, host_ids, watch) as workers:
-        seq = ingest(db, settings, IncomingMessage(chat_jid=JID, sender="bench", content=f"$ sleep {SLEEP_S} && echo {marker}"),
-                     signal=signals_for(settings).group).message.seq
+        seq = ingest(
+            db,
+            settings,
+            IncomingMessage(chat_jid=JID, sender="bench", content=f"$ sleep {SLEEP_S} && echo {marker}"),
+            signal=signals_for(settings).group,
+        ).message.seq
         started: list[Run] = []
 
         def command_started() -> bool:
@@ -152,15 +187,20 @@ def trial(settings: Settings, db: Database, n: int, host_ids: list[str], watch: 
         victims[0].wait()
         limit = 180.0
         taken = wait_for(lambda: _holder(db) != dead.owner, limit, "the lease taken", settings)
-        rerun = taken + wait_for(lambda: any(r.id != dead.id and r.container_id and r.cursor_to >= seq for r in _runs(db)),
-                              limit, "the new run", settings)
+        rerun = taken + wait_for(
+            lambda: any(r.id != dead.id and r.container_id and r.cursor_to >= seq for r in _runs(db)),
+            limit,
+            "the new run",
+            settings,
+        )
         wait_for(lambda: _answers(db, marker) >= 1, limit, "the answer", settings)
         answer = time.monotonic() - t0
         time.sleep(2)  # anything more would come now
         closed = next(r for r in _runs(db) if r.id == dead.id)
     remove_install_containers(settings)
-    return Trial(taken, rerun, answer, _answers(db, marker),
-                 closed.state == "failed" and "interrupted" in (closed.error or ""))
+    return Trial(
+        taken, rerun, answer, _answers(db, marker), closed.state == "failed" and "interrupted" in (closed.error or "")
+    )
 
 
 def measure(settings: Settings, db: Database, trials: int, host_ids: list[str], watch: bool, label: str) -> None:
@@ -168,27 +208,37 @@ def measure(settings: Settings, db: Database, trials: int, host_ids: list[str], 
     for n in range(trials):
         results.append(trial(settings, db, n, host_ids, watch))
         r = results[-1]
-        print(f"    trial {n + 1}: lease taken {r.taken:5.1f} s, new run up {r.rerun:5.1f} s, answer {r.answer:5.1f} s"
-              f" ({r.answers} answer(s), dead run closed: {'yes' if r.closed else 'NO'})", flush=True)
+        print(
+            f"    trial {n + 1}: lease taken {r.taken:5.1f} s, new run up {r.rerun:5.1f} s, answer {r.answer:5.1f} s"
+            f" ({r.answers} answer(s), dead run closed: {'yes' if r.closed else 'NO'})",
+            flush=True,
+        )
     answers = [r.answer for r in results]
     once = all(r.answers == 1 and r.closed for r in results)
     verdict = ("met" if max(answers) <= TARGET_S else "MISSED") if watch else "baseline"
-    print(f"  {label}: answer {statistics.median(answers):5.1f} s median, {max(answers):5.1f} s max after the SIGKILL"
-          f" over {len(results)} trial(s); lease TTL {settings.lease_ttl_s:.0f} s, target <= {TARGET_S:.0f} s:"
-          f" {verdict}; exactly once: {'yes' if once else 'NO'}", flush=True)
+    print(
+        f"  {label}: answer {statistics.median(answers):5.1f} s median, {max(answers):5.1f} s max after the SIGKILL"
+        f" over {len(results)} trial(s); lease TTL {settings.lease_ttl_s:.0f} s, target <= {TARGET_S:.0f} s:"
+        f" {verdict}; exactly once: {'yes' if once else 'NO'}",
+        flush=True,
+    )
 
 
 # The worker pair's host ids: one machine, or two.
 FLEETS = [("same host", ["bench-host", "bench-host"]), ("two hosts", ["bench-a", "bench-b"])]
 
 
-
 def run_backend(
-    base: Path, image: str, name: str, args: argparse.Namespace,
+    base: Path,
+    image: str,
+    name: str,
+    args: argparse.Namespace,
     extra: Extra,
 ) -> None:
-    print(f"{name}: 2 workers + beat (sweep every 15 s), cold containers, `$ sleep {SLEEP_S}`;"
-          f" a host is dead after {ALIVE_WINDOW_S:.0f} s without a heartbeat")
+    print(
+        f"{name}: 2 workers + beat (sweep every 15 s), cold containers, `$ sleep {SLEEP_S}`;"
+        f" a host is dead after {ALIVE_WINDOW_S:.0f} s without a heartbeat"
+    )
     fleets = [(fleet, ids) for fleet, ids in FLEETS if fleet.split()[0] in args.fleets.split(",")]
     modes = [(True, args.trials, "recovery watch"), (False, args.baseline_trials, "beat's sweep alone (baseline)")]
     for fleet, host_ids in fleets:

@@ -517,8 +517,11 @@ def main() -> None:
     )
     ap.add_argument("--json", default="", help="also write the figures here (JSON)")
     ap.add_argument("--stacks", default="sqlite,pg", help="which stacks, of sqlite and pg (pg needs --pg and --redis)")
-    ap.add_argument("--cold", action="store_true", help="a new container per run (default: warm sessions and "
-                    "standby sandboxes, as `orchestrator up` runs)")
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="a new container per run (default: warm sessions and standby sandboxes, as `orchestrator up` runs)",
+    )
     args = ap.parse_args()
     wanted = {part.strip() for part in args.stacks.split(",") if part.strip()}
     if not wanted or not wanted <= {"sqlite", "pg"}:

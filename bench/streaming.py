@@ -183,7 +183,8 @@ def measure(data_dir: Path, image: str, extra: Extra, args: argparse.Namespace) 
                     for i in range(args.runs + 1):
                         t0 = time.monotonic()
                         posted = httpx.post(
-                            f"{api}/api/messages", json={"chat_jid": CHAT, "sender": "bench", "content": f"talk {i}"},
+                            f"{api}/api/messages",
+                            json={"chat_jid": CHAT, "sender": "bench", "content": f"talk {i}"},
                             headers={CLIENT_HEADER: "bench"},
                         )
                         posted.raise_for_status()

@@ -64,8 +64,9 @@ def raw_start_rate(image: str, n: int, threads: int) -> tuple[float, CpuAccount]
 
 
 def _send(db: Database, settings: Settings, jid: str, text: str) -> int:
-    return ingest(db, settings, IncomingMessage(chat_jid=jid, sender="bench", content=text),
-                  signal=signals_for(settings).group).message.seq
+    return ingest(
+        db, settings, IncomingMessage(chat_jid=jid, sender="bench", content=text), signal=signals_for(settings).group
+    ).message.seq
 
 
 def _cursors(db: Database) -> dict[str, int]:
@@ -84,8 +85,9 @@ def _wait_answered(db: Database, last: dict[str, int], timeout: float, workers: 
         time.sleep(0.02)
 
 
-def measure(base: Path, image: str, groups: int, per_group: int, n_workers: int, warm_idle_s: float,
-            db_extra: dict[str, str]) -> dict[str, float]:
+def measure(
+    base: Path, image: str, groups: int, per_group: int, n_workers: int, warm_idle_s: float, db_extra: dict[str, str]
+) -> dict[str, float]:
     settings, db = install(base, image, warm_idle_s, **db_extra)
     jids = [f"g{i}@bench" for i in range(groups)]
     for i, jid in enumerate(jids):
@@ -98,8 +100,7 @@ def measure(base: Path, image: str, groups: int, per_group: int, n_workers: int,
             time.sleep(3)  # the workers' start-up, not part of any run
             # One run per worker first: connections, imports, the image's page cache.
             _wait_answered(db, {j: _send(db, settings, j, "warm-up") for j in warmups}, 180, workers)
-            cpu = CpuAccount({"celery workers (parent + pool child)": workers.trees(),
-                              **daemon_processes()}).start()
+            cpu = CpuAccount({"celery workers (parent + pool child)": workers.trees(), **daemon_processes()}).start()
             last = {jid: _send(db, settings, jid, f"hello 0 from {jid}") for jid in jids}
             sent = dict.fromkeys(jids, 1)
             deadline = time.monotonic() + 60 + groups * per_group * 5
@@ -165,18 +166,26 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 r = measure(Path(tmp), image, args.groups, args.messages, n, idle, db_extra)
             results[(mode, n)] = r
-            print(f"{mode:4} {n} worker(s): {r['runs']:4.0f} runs in {r['elapsed']:6.1f} s ="
-                  f" {r['runs'] / r['elapsed']:5.2f} runs/s, {r['containers'] / r['elapsed']:5.2f} container starts/s"
-                  f" ({r['containers']:.0f} containers, {r['failed']:.0f} failed runs)")
+            print(
+                f"{mode:4} {n} worker(s): {r['runs']:4.0f} runs in {r['elapsed']:6.1f} s ="
+                f" {r['runs'] / r['elapsed']:5.2f} runs/s, {r['containers'] / r['elapsed']:5.2f} container starts/s"
+                f" ({r['containers']:.0f} containers, {r['failed']:.0f} failed runs)"
+            )
             print("\n".join(r["cpu"].lines(int(r["runs"]), "run")))  # type: ignore[attr-defined]
         ones, twos = results.get((mode, 1)), results.get((mode, 2))
         if ones and twos:
             ratio = (twos["runs"] / twos["elapsed"]) / (ones["runs"] / ones["elapsed"])
-            print(f"{mode}: 2 workers / 1 worker = {ratio:.2f}x runs/s (target {TARGET}x:"
-                  f" {'met' if ratio >= TARGET else 'MISSED'}); raw docker 2 threads / 1 = {raw[2] / raw[1]:.2f}x"
-                  + (f"; container starts: 1 worker at {ones['containers'] / ones['elapsed'] / raw[1]:.0%} and"
-                     f" 2 workers at {twos['containers'] / twos['elapsed'] / raw[2]:.0%} of the raw rate with"
-                     " as many threads" if mode == "cold" else ""))
+            print(
+                f"{mode}: 2 workers / 1 worker = {ratio:.2f}x runs/s (target {TARGET}x:"
+                f" {'met' if ratio >= TARGET else 'MISSED'}); raw docker 2 threads / 1 = {raw[2] / raw[1]:.2f}x"
+                + (
+                    f"; container starts: 1 worker at {ones['containers'] / ones['elapsed'] / raw[1]:.0%} and"
+                    f" 2 workers at {twos['containers'] / twos['elapsed'] / raw[2]:.0%} of the raw rate with"
+                    " as many threads"
+                    if mode == "cold"
+                    else ""
+                )
+            )
 
 
 if __name__ == "__main__":

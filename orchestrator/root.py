@@ -126,9 +126,15 @@ class Orchestrator:
     def pipeline(self) -> Pipeline:
         from orchestrator.run.pipeline import Pipeline
 
-        return Pipeline(self.settings, self.db, self.channels, self.sandbox,
-                        signal_delivery=self.signals.delivery, clock=self.clock,
-                        deadline_exceptions=self.deadline_exceptions)
+        return Pipeline(
+            self.settings,
+            self.db,
+            self.channels,
+            self.sandbox,
+            signal_delivery=self.signals.delivery,
+            clock=self.clock,
+            deadline_exceptions=self.deadline_exceptions,
+        )
 
     # -- what the entry points do with them -------------------------------------------
 
@@ -141,8 +147,13 @@ class Orchestrator:
         """Close what dead workers left: runs, signals, containers, delivery claims."""
         from orchestrator.run.sweeper import sweep
 
-        return sweep(self.db, signal=self.signals.group, sandbox=self.docker, signal_delivery=self.signals.delivery,
-                     resend_channels=self.channels.resent_after_crash())
+        return sweep(
+            self.db,
+            signal=self.signals.group,
+            sandbox=self.docker,
+            signal_delivery=self.signals.delivery,
+            resend_channels=self.channels.resent_after_crash(),
+        )
 
     def host_heartbeat(self, *, concurrency: int) -> HostHeartbeat:
         """This process as its host (``settings.effective_host_id``) in the hosts table, beaten by a
@@ -151,8 +162,13 @@ class Orchestrator:
         from orchestrator import __version__
         from orchestrator.store.hosts import HostHeartbeat
 
-        return HostHeartbeat(self.db, host_id=self.settings.effective_host_id, version=__version__,
-                             concurrency=concurrency, warm_count=self.tend_warm_containers).start()
+        return HostHeartbeat(
+            self.db,
+            host_id=self.settings.effective_host_id,
+            version=__version__,
+            concurrency=concurrency,
+            warm_count=self.tend_warm_containers,
+        ).start()
 
     def recovery_watch(self) -> RecoveryWatch | None:
         """Signals, every ``recovery_interval_s``, the groups whose lease holder is gone (a
@@ -162,8 +178,12 @@ class Orchestrator:
             return None
         from orchestrator.run.recovery import RecoveryWatch
 
-        return RecoveryWatch(self.db, host_id=self.settings.effective_host_id, signal=self.signals.group,
-                             interval_s=self.settings.recovery_interval_s).start()
+        return RecoveryWatch(
+            self.db,
+            host_id=self.settings.effective_host_id,
+            signal=self.signals.group,
+            interval_s=self.settings.recovery_interval_s,
+        ).start()
 
     def tend_warm_containers(self) -> int:
         """Stop this host's warm containers of groups now placed on another host (moved,
@@ -194,7 +214,10 @@ class Orchestrator:
         """Let go of what was made: channels disconnected, Docker and database connections closed."""
         self.__dict__.pop("pipeline", None)
         closers: dict[str, Callable[[Any], object]] = {
-            "channels": lambda c: c.close(), "docker": lambda d: d.client.close(), "db": lambda db: db.dispose()}
+            "channels": lambda c: c.close(),
+            "docker": lambda d: d.client.close(),
+            "db": lambda db: db.dispose(),
+        }
         for name, close in closers.items():
             part = self.__dict__.pop(name, None)
             if part is None:

@@ -42,8 +42,12 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 # standby tests ask).  The session folder's quota is a volume too, off unless
 # a test asks (test_claude_code_host.py, test_claude_code_sandbox.py).
 # Environments built for the processes tests start add TEST_ENV back.
-TEST_ENV = {"ORCHESTRATOR_WORKSPACE_QUOTA": "0", "ORCHESTRATOR_SESSION_QUOTA": "0", "ORCHESTRATOR_WARM_IDLE_S": "0",
-            "ORCHESTRATOR_STANDBY": "0"}
+TEST_ENV = {
+    "ORCHESTRATOR_WORKSPACE_QUOTA": "0",
+    "ORCHESTRATOR_SESSION_QUOTA": "0",
+    "ORCHESTRATOR_WARM_IDLE_S": "0",
+    "ORCHESTRATOR_STANDBY": "0",
+}
 os.environ.update({k: v for k, v in TEST_ENV.items() if k not in os.environ})
 REDIS_URL = os.environ.get("ORCHESTRATOR_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # A role that may CREATE DATABASE; each test gets its own database on this server.
@@ -188,8 +192,9 @@ def _shape(url: str, name: str) -> str:
     import psycopg
     from sqlalchemy.engine import make_url
 
-    with psycopg.connect(_pg_conninfo(make_url(url).set(database=name).render_as_string(hide_password=False)),
-                         autocommit=True) as conn:
+    with psycopg.connect(
+        _pg_conninfo(make_url(url).set(database=name).render_as_string(hide_password=False)), autocommit=True
+    ) as conn:
         row = conn.execute(_SHAPE_SQL).fetchone()
     return str(row[0] if row else "")
 
@@ -203,17 +208,26 @@ def _emptied(maintenance: str, url: str, name: str, shape: str) -> bool:
 
     try:
         with psycopg.connect(maintenance, autocommit=True) as conn:
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                         "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
         if _shape(url, name) != shape:
             return False
         target = _pg_conninfo(make_url(url).set(database=name).render_as_string(hide_password=False))
         with psycopg.connect(target, autocommit=True) as conn:
-            tables = [r[0] for r in conn.execute(
-                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'alembic_version'")]
+            tables = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'alembic_version'"
+                )
+            ]
             if tables:
-                conn.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
-                    sql.SQL(", ").join(sql.Identifier(t) for t in tables)))
+                conn.execute(
+                    sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
+                        sql.SQL(", ").join(sql.Identifier(t) for t in tables)
+                    )
+                )
         return True
     except psycopg.Error:
         return False

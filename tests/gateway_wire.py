@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from agent_runner.protocol import ContainerInput, ModelSettings, SdkMessage
-
 from orchestrator.core.settings import Settings
 from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerSpec, DockerSandbox
 from orchestrator.sandbox.image import ensure_agent_image, image_name
@@ -53,8 +52,17 @@ SOCKET = "model.sock"
 PROMPT = "please run the command"
 # The CLI's betas and fields differ by model: names it knows, of each family and generation, and
 # one it does not (what a model newer than the pin is to it: it sends the most).
-CLI_MODELS = ("claude-sonnet-4-5", "claude-sonnet-4-6", "claude-sonnet-4-20250514", "claude-opus-4-1",
-              "claude-opus-4-5", "claude-opus-4-6", "claude-haiku-4-5", "claude-3-7-sonnet-20250219", "claude-next-1")
+CLI_MODELS = (
+    "claude-sonnet-4-5",
+    "claude-sonnet-4-6",
+    "claude-sonnet-4-20250514",
+    "claude-opus-4-1",
+    "claude-opus-4-5",
+    "claude-opus-4-6",
+    "claude-haiku-4-5",
+    "claude-3-7-sonnet-20250219",
+    "claude-next-1",
+)
 THINKING_BUDGET = 2048
 
 
@@ -104,8 +112,12 @@ def anthropic_model(rec: Recorded) -> Reply:
         return message([{"type": "text", "text": "done: recorded"}], "end_turn", n=2)
     if PROMPT in json.dumps(last):
         name = "Bash" if any(t.get("name") == "Bash" for t in rec.body.get("tools") or []) else "bash"
-        call = {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:8]}", "name": name,
-                "input": {"command": "echo recorded", "description": "Echo"}}
+        call = {
+            "type": "tool_use",
+            "id": f"toolu_{uuid.uuid4().hex[:8]}",
+            "name": name,
+            "input": {"command": "echo recorded", "description": "Echo"},
+        }
         return message([{"type": "text", "text": "running it"}, call], "tool_use", n=1)
     return message([{"type": "text", "text": "(not scripted)"}], "end_turn", n=1)
 
@@ -126,7 +138,11 @@ def _open_to_the_sandbox(fake: FakeAnthropic | FakeOpenAI, path: Path) -> Iterat
 
 
 def run_in_sandbox(
-    settings: Settings, image: str, model: ModelSettings, fake: FakeAnthropic | FakeOpenAI, timeout_s: float = 240,
+    settings: Settings,
+    image: str,
+    model: ModelSettings,
+    fake: FakeAnthropic | FakeOpenAI,
+    timeout_s: float = 240,
 ) -> list[dict[str, Any]]:
     """One run of the real runner in ``image``, hardened as the pipeline starts it, its model
     reached on ``/run/gateway/model.sock`` where ``fake`` answers (no gateway); returns its events."""
@@ -135,16 +151,29 @@ def run_in_sandbox(
     workspace = settings.groups_dir / f"wire-{uuid.uuid4().hex[:6]}"
     workspace.mkdir(parents=True)
     payload = ContainerInput(
-        run_id=f"wire-{uuid.uuid4().hex[:8]}", chat_jid="wire@local", group_folder=workspace.name,
-        assistant_name="Andy", messages=[SdkMessage(role="user", content=PROMPT)],
+        run_id=f"wire-{uuid.uuid4().hex[:8]}",
+        chat_jid="wire@local",
+        group_folder=workspace.name,
+        assistant_name="Andy",
+        messages=[SdkMessage(role="user", content=PROMPT)],
         model=model.replace(socket_path=f"{GATEWAY_MOUNT}/{SOCKET}"),
     )
-    spec = ContainerSpec(image=image, name=f"orch-wire-{payload.run_id}", workspace=workspace,
-                         run_id=payload.run_id, group_folder=workspace.name, memory="1g", timeout_s=timeout_s,
-                         install_id=settings.install_id, readonly_mounts={str(folder): GATEWAY_MOUNT})
+    spec = ContainerSpec(
+        image=image,
+        name=f"orch-wire-{payload.run_id}",
+        workspace=workspace,
+        run_id=payload.run_id,
+        group_folder=workspace.name,
+        memory="1g",
+        timeout_s=timeout_s,
+        install_id=settings.install_id,
+        readonly_mounts={str(folder): GATEWAY_MOUNT},
+    )
     try:
-        with _open_to_the_sandbox(fake, folder / SOCKET), \
-                DockerSandbox(settings).start(spec, payload.to_json()) as container:
+        with (
+            _open_to_the_sandbox(fake, folder / SOCKET),
+            DockerSandbox(settings).start(spec, payload.to_json()) as container,
+        ):
             events = [json.loads(line) for line in container.lines() if line.strip()]
             ended = container.finish()
     finally:
@@ -152,8 +181,7 @@ def run_in_sandbox(
             shutil.rmtree(made, ignore_errors=True)
     scripted = any(e.get("type") == "tool_result" and "recorded" in str(e.get("output")) for e in events)
     if ended.status_code != 0 or not events or events[-1].get("type") != "result" or not scripted:
-        raise RuntimeError(f"the {model.provider} run failed ({ended.status_code}): {events[-3:]}\n"
-                           f"{ended.stderr_tail}")
+        raise RuntimeError(f"the {model.provider} run failed ({ended.status_code}): {events[-3:]}\n{ended.stderr_tail}")
     return events
 
 
@@ -216,11 +244,21 @@ def main(argv: list[str] | None = None) -> None:
     both.merge(anthropic_wire)
     _show("Claude Code CLI", cli, {})
     _show("our anthropic provider", anthropic_wire, {})
-    _show("Messages API, both (what gateway.py must allow)", both,
-          {"headers": gw.ANTHROPIC_HEADERS, "betas": gw.ANTHROPIC_BETAS, "fields": gw.ANTHROPIC_FIELDS,
-           "tool_types": gw.ANTHROPIC_TOOL_TYPES})
-    _show("our openai provider (what gateway.py must allow)", openai_wire,
-          {"headers": gw.OPENAI_HEADERS, "fields": gw.OPENAI_FIELDS, "tool_types": gw.OPENAI_TOOL_TYPES})
+    _show(
+        "Messages API, both (what gateway.py must allow)",
+        both,
+        {
+            "headers": gw.ANTHROPIC_HEADERS,
+            "betas": gw.ANTHROPIC_BETAS,
+            "fields": gw.ANTHROPIC_FIELDS,
+            "tool_types": gw.ANTHROPIC_TOOL_TYPES,
+        },
+    )
+    _show(
+        "our openai provider (what gateway.py must allow)",
+        openai_wire,
+        {"headers": gw.OPENAI_HEADERS, "fields": gw.OPENAI_FIELDS, "tool_types": gw.OPENAI_TOOL_TYPES},
+    )
 
 
 if __name__ == "__main__":

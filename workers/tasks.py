@@ -62,8 +62,12 @@ def _sweep_report(report: SweepReport) -> dict[str, object]:
 def _task_span(request: Any, name: str, chat_jid: str | None) -> contextlib.AbstractContextManager[None]:
     """The task's consumer span (tracing on), a child of the signal's span whose context came
     in the message's headers (orchestrator/run/queue.py); a new trace without one."""
-    return tracing.span(name, kind="consumer", parent=getattr(request, tracing.HEADER, None) or tracing.ROOT,
-                        attributes={"orchestrator.chat_jid": chat_jid, "celery.task_id": request.id})
+    return tracing.span(
+        name,
+        kind="consumer",
+        parent=getattr(request, tracing.HEADER, None) or tracing.ROOT,
+        attributes={"orchestrator.chat_jid": chat_jid, "celery.task_id": request.id},
+    )
 
 
 def register(app: Celery, root: Orchestrator) -> Tasks:
@@ -80,9 +84,17 @@ def register(app: Celery, root: Orchestrator) -> Tasks:
         run = step.outcome.run if step.outcome is not None else None
         return {
             "chat_jid": chat_jid,
-            "run": None if run is None else {"id": run.id, "state": run.state, "attempts": run.attempts,
-                                             "outputs": len(step.outcome.stored) if step.outcome else 0},
-            "more": step.more, "retry_in": step.retry_in, "busy": step.busy,
+            "run": None
+            if run is None
+            else {
+                "id": run.id,
+                "state": run.state,
+                "attempts": run.attempts,
+                "outputs": len(step.outcome.stored) if step.outcome else 0,
+            },
+            "more": step.more,
+            "retry_in": step.retry_in,
+            "busy": step.busy,
         }
 
     @app.task(name=SWEEP_TASK, acks_late=False, ignore_result=True, shared=False)
@@ -97,8 +109,12 @@ def register(app: Celery, root: Orchestrator) -> Tasks:
     def deliver(self, chat_jid: str | None = None) -> dict[str, object]:  # type: ignore[no-untyped-def]
         with _task_span(self.request, "task deliver", chat_jid):
             report = root.deliverer(only_known=False).deliver_and_reschedule(chat_jid, root.signals.delivery)
-        return {"chat_jid": chat_jid, "sent": report.sent, "failed_attempts": report.failed_attempts,
-                "retry_in": report.retry_in}
+        return {
+            "chat_jid": chat_jid,
+            "sent": report.sent,
+            "failed_attempts": report.failed_attempts,
+            "retry_in": report.retry_in,
+        }
 
     @app.task(name=REPLAY_TASK, bind=True, acks_late=True, shared=False)
     def replay_run(self, run_id: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
@@ -146,8 +162,7 @@ def _register_host(sender: Any = None, **_: object) -> None:
     root = Orchestrator(orchestrator.settings)
     try:
         _host = (root, root.host_heartbeat(concurrency=_concurrency(sender)))
-        log.info("host %s registered (heartbeat every %.0fs)", root.settings.effective_host_id,
-                 _host[1].interval_s)
+        log.info("host %s registered (heartbeat every %.0fs)", root.settings.effective_host_id, _host[1].interval_s)
     except Exception:  # noqa: BLE001 - a worker without a host row still works
         log.exception("could not start the host heartbeat")
         root.close()

@@ -34,9 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agent_runner")
     parser.add_argument("--serve", metavar="SOCKET", help="warm mode: serve runs on this unix socket")
     parser.add_argument("--idle-timeout", type=float, default=300.0, help="warm mode: exit after this idle time")
-    parser.add_argument("--standby", type=float, metavar="SECONDS",
-                        help="a standby sandbox: wait this long for the first run (the host binds a group's "
-                             "workspace in first, then hands it the run); the idle timeout counts after it")
+    parser.add_argument(
+        "--standby",
+        type=float,
+        metavar="SECONDS",
+        help="a standby sandbox: wait this long for the first run (the host binds a group's "
+        "workspace in first, then hands it the run); the idle timeout counts after it",
+    )
     args = parser.parse_args(argv)
     workspace = Path(os.environ.get(WORKSPACE_ENV, DEFAULT_WORKSPACE))
     if args.serve:

@@ -113,9 +113,7 @@ def code_edit(
 
 def todo(todos: Sequence[Mapping[str, str]]) -> TodoEnvelope:
     """The whole list; ``todos`` is already checked (``todo_write``), statuses included."""
-    items = [
-        TodoItem(id=t["id"], content=cap_text(t["content"]), status=cast(TodoStatus, t["status"])) for t in todos
-    ]
+    items = [TodoItem(id=t["id"], content=cap_text(t["content"]), status=cast(TodoStatus, t["status"])) for t in todos]
     return TodoEnvelope(payload=TodoPayload(todos=items))
 
 

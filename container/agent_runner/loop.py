@@ -83,9 +83,7 @@ def _run_tool_call(call: ToolUseBlock, ctx: ToolContext, emit: Emit) -> ToolResu
     )
 
 
-def run_agent(
-    inp: ContainerInput, provider: Provider, emit: Emit, *, workspace: Path
-) -> ResultEvent:
+def run_agent(inp: ContainerInput, provider: Provider, emit: Emit, *, workspace: Path) -> ResultEvent:
     """Run the conversation to its end; emit every event, the ``ResultEvent`` last.
 
     Provider failures propagate as :class:`agent_runner.errors.ProviderError`;
@@ -95,8 +93,11 @@ def run_agent(
     messages = build_messages(inp.messages)
     tools = tool_specs()
     ctx = ToolContext(
-        workspace=workspace, limits=inp.limits, chat_jid=inp.chat_jid,
-        send_targets=frozenset(inp.send_targets), emit=emit,
+        workspace=workspace,
+        limits=inp.limits,
+        chat_jid=inp.chat_jid,
+        send_targets=frozenset(inp.send_targets),
+        emit=emit,
     )
 
     usage = Usage()

@@ -55,8 +55,7 @@ def parse_input(raw: bytes) -> ContainerInput:
         raise InputError(f"invalid ContainerInput: {exc}") from None
     if inp.protocol_version != PROTOCOL_VERSION:
         raise InputError(
-            f"protocol_version {inp.protocol_version} is not supported "
-            f"(this runner speaks {PROTOCOL_VERSION})"
+            f"protocol_version {inp.protocol_version} is not supported (this runner speaks {PROTOCOL_VERSION})"
         )
     return inp
 
@@ -84,9 +83,7 @@ def run(raw: bytes, emit: Emit, workspace: Path, *, host_fd: int | None = None) 
             watch = HostWatch(host_fd, inp.host_fence_s).start()
             host_fd = None
             emit = _marking_the_end(emit, watch)
-        log.info(
-            "run %s: %d messages, provider %s", inp.run_id, len(inp.messages), inp.model.provider
-        )
+        log.info("run %s: %d messages, provider %s", inp.run_id, len(inp.messages), inp.model.provider)
         if inp.model.provider == "claude-code":
             # Claude Code brings its own turn loop (imported only here: the SDK
             # is in the claude-code image variant only).

@@ -390,7 +390,13 @@ class ErrorEvent(_Event, tag="error"):
 
 
 Event = Union[
-    AssistantEvent, TextDeltaEvent, ThinkingEvent, ToolUseEvent, ToolResultEvent, SendMessageEvent, ResultEvent,
+    AssistantEvent,
+    TextDeltaEvent,
+    ThinkingEvent,
+    ToolUseEvent,
+    ToolResultEvent,
+    SendMessageEvent,
+    ResultEvent,
     ErrorEvent,
 ]
 _EVENT_DECODER: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)

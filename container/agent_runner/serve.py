@@ -66,8 +66,7 @@ def _reap_children() -> None:
             return
 
 
-def serve(socket_path: Path, workspace: Path, idle_timeout_s: float, *,
-          first_timeout_s: float = 0.0) -> int:
+def serve(socket_path: Path, workspace: Path, idle_timeout_s: float, *, first_timeout_s: float = 0.0) -> int:
     """Serve runs until idle for ``idle_timeout_s``; the first run is waited for
     ``first_timeout_s`` (0: as long as the idle timeout)."""
 

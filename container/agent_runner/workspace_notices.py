@@ -45,7 +45,10 @@ def uncommitted_changes(workspace: Path) -> list[str]:
             # No fsmonitor hook: it only slows the status down (the agent's own
             # hook would run as the agent here, which is harmless but useless).
             [git, "-c", "core.fsmonitor=", "-C", str(workspace), "status", "--porcelain"],
-            capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False,
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT_S,
+            check=False,
             stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -71,8 +71,12 @@ def prom_duration(text: str) -> str:
 
 def promql(expr: str, *, rate_interval: str, step_s: float, range_s: float) -> str:
     """The target's expression with Grafana's interval variables replaced (longest names first)."""
-    for name, value in (("$__rate_interval", rate_interval), ("${__rate_interval}", rate_interval),
-                        ("$__interval", f"{max(1, round(step_s))}s"), ("$__range", f"{max(1, round(range_s))}s")):
+    for name, value in (
+        ("$__rate_interval", rate_interval),
+        ("${__rate_interval}", rate_interval),
+        ("$__interval", f"{max(1, round(step_s))}s"),
+        ("$__range", f"{max(1, round(range_s))}s"),
+    ):
         expr = expr.replace(name, value)
     if "$" in expr:
         raise RenderError(f"a variable this script does not know is left in {expr!r}")
@@ -119,7 +123,9 @@ def panel_series(panel: dict[str, Any], args: argparse.Namespace, start: float, 
         try:
             matrix = query_range(args.prometheus, expr, start, end, args.step)
         except RenderError as exc:
-            raise RenderError(f"panel {panel.get('title')!r}, target {target.get('refId')}: {exc}\n  query: {expr}") from exc
+            raise RenderError(
+                f"panel {panel.get('title')!r}, target {target.get('refId')}: {exc}\n  query: {expr}"
+            ) from exc
         for item in matrix:
             times = [float(t) for t, _ in item["values"]]
             # Prometheus writes NaN (a quantile of no observations) as the string "NaN": a gap.
@@ -171,8 +177,10 @@ def draw(dashboard: dict[str, Any], args: argparse.Namespace, start: float, end:
     data = {id(p): panel_series(p, args, start, end) for p in panels if p["type"] == "timeseries"}
 
     # Pixels, as Grafana lays a dashboard out: 24 columns over the width, 30 px per grid row.
-    span = (f"{datetime.fromtimestamp(start, UTC):%Y-%m-%d %H:%M}-{datetime.fromtimestamp(end, UTC):%H:%M} UTC, "
-            f"step {args.step:g} s, $__rate_interval = {args.rate_interval}")
+    span = (
+        f"{datetime.fromtimestamp(start, UTC):%Y-%m-%d %H:%M}-{datetime.fromtimestamp(end, UTC):%H:%M} UTC, "
+        f"step {args.step:g} s, $__rate_interval = {args.rate_interval}"
+    )
     width_px, unit_px, gutter, margin = args.width * DPI, 30.0, 8.0, 12.0
     # The caption wrapped to the width (about 7 px a character at 9 points, 100 dpi).
     lines = textwrap.wrap(f"{span}. {args.caption}" if args.caption else span, int((width_px - 2 * margin) / 7))
@@ -185,9 +193,16 @@ def draw(dashboard: dict[str, Any], args: argparse.Namespace, start: float, end:
         """A rectangle in pixels from the top left corner, as a figure fraction."""
         return left / width_px, 1 - (top + h) / height_px, w / width_px, h / height_px
 
-    fig.text(margin / width_px, 1 - 22 / height_px, f"{dashboard.get('title', 'dashboard')}: real Prometheus data, "
-             "drawn by deploy/grafana/render.py (a stand-in for a Grafana screenshot)",
-             color=TEXT, fontsize=14, weight="bold", va="center")
+    fig.text(
+        margin / width_px,
+        1 - 22 / height_px,
+        f"{dashboard.get('title', 'dashboard')}: real Prometheus data, "
+        "drawn by deploy/grafana/render.py (a stand-in for a Grafana screenshot)",
+        color=TEXT,
+        fontsize=14,
+        weight="bold",
+        va="center",
+    )
     for i, line in enumerate(lines):
         fig.text(margin / width_px, 1 - (46 + 16 * i) / height_px, line, color=MUTED, fontsize=9, va="center")
 
@@ -197,15 +212,37 @@ def draw(dashboard: dict[str, Any], args: argparse.Namespace, start: float, end:
         top = header_px + pos["y"] * unit_px + gutter / 2
         w, h = pos["w"] * column_px - gutter, pos["h"] * unit_px - gutter
         if panel["type"] == "row":
-            fig.text(left / width_px, 1 - (top + h / 2) / height_px, panel.get("title", ""),
-                     color=TEXT, fontsize=11, weight="bold", va="center")
+            fig.text(
+                left / width_px,
+                1 - (top + h / 2) / height_px,
+                panel.get("title", ""),
+                color=TEXT,
+                fontsize=11,
+                weight="bold",
+                va="center",
+            )
             continue
-        card = FancyBboxPatch(box(left, top, w, h)[:2], w / width_px, h / height_px, transform=fig.transFigure,
-                              boxstyle="round,pad=0,rounding_size=0.002", facecolor=PANEL, edgecolor=GRID, linewidth=0.6,
-                              zorder=-1)  # under the plot: axes are drawn at zorder 0
+        card = FancyBboxPatch(
+            box(left, top, w, h)[:2],
+            w / width_px,
+            h / height_px,
+            transform=fig.transFigure,
+            boxstyle="round,pad=0,rounding_size=0.002",
+            facecolor=PANEL,
+            edgecolor=GRID,
+            linewidth=0.6,
+            zorder=-1,
+        )  # under the plot: axes are drawn at zorder 0
         fig.patches.append(card)
-        fig.text((left + 8) / width_px, 1 - (top + 12) / height_px, panel.get("title", ""),
-                 color=TEXT, fontsize=9, weight="bold", va="center")
+        fig.text(
+            (left + 8) / width_px,
+            1 - (top + 12) / height_px,
+            panel.get("title", ""),
+            color=TEXT,
+            fontsize=9,
+            weight="bold",
+            va="center",
+        )
         # Inside the card: the title's line above, tick labels left and below.
         ax = fig.add_axes(box(left + 58, top + 26, w - 68, h - 26 - 22), facecolor=PANEL)
         unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "short")
@@ -239,8 +276,15 @@ def draw(dashboard: dict[str, Any], args: argparse.Namespace, start: float, end:
         # From zero, as Grafana's soft minimum does, with room above the lines for the
         # legend, which Grafana puts below the plot; a flat zero gets an axis to 1.
         ax.set_ylim(min(0.0, low), (high if high > 0 else 1.0) * (1.1 + 0.12 * len(series)))
-        ax.legend(loc="upper left", fontsize=6.5, frameon=False, labelcolor=TEXT, handlelength=1.2,
-                  borderaxespad=0.2, labelspacing=0.2)
+        ax.legend(
+            loc="upper left",
+            fontsize=6.5,
+            frameon=False,
+            labelcolor=TEXT,
+            handlelength=1.2,
+            borderaxespad=0.2,
+            labelspacing=0.2,
+        )
     return fig
 
 
@@ -263,7 +307,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--end", type=float, default=None, help="end of the range, Unix seconds (default: now)")
     ap.add_argument("--start", type=float, default=None, help="start of the range, Unix seconds (instead of --minutes)")
     ap.add_argument("--step", type=float, default=0.0, help="seconds between points (default: the range / 240)")
-    ap.add_argument("--rate-interval", type=prom_duration, default="1m", help="what $__rate_interval becomes (a PromQL duration)")
+    ap.add_argument(
+        "--rate-interval", type=prom_duration, default="1m", help="what $__rate_interval becomes (a PromQL duration)"
+    )
     ap.add_argument("--width", type=float, default=16.0, help="the picture's width in inches (100 dpi)")
     ap.add_argument("--caption", default="", help="a line under the title: what traffic the picture shows")
     return ap.parse_args(argv)

@@ -125,8 +125,7 @@ class SlackWeb:
         from slack_sdk import WebClient
 
         # No retry handlers: a retry is the deliveries ledger's to make (and to count).
-        self.client = WebClient(token=token, base_url=settings.slack_api_base, timeout=_TIMEOUT_S,
-                                retry_handlers=[])
+        self.client = WebClient(token=token, base_url=settings.slack_api_base, timeout=_TIMEOUT_S, retry_handlers=[])
         self._me: Identity | None = None
         self._lock = threading.Lock()
 
@@ -213,8 +212,9 @@ class SlackChannel(BaseChannel):
     def send(self, address: str, rendered: RenderedMessage) -> None:
         address = address.strip()
         if not self.owns(address):
-            raise ChannelError(f"the slack channel needs a conversation id (C..., G... or D...) as its address, "
-                               f"not {address!r}")
+            raise ChannelError(
+                f"the slack channel needs a conversation id (C..., G... or D...) as its address, not {address!r}"
+            )
         posts = slack_posts(rendered)
         thread = reply_thread(self.db, rendered, address)
         key = (address, rendered.chat_jid, rendered.seq)
@@ -223,13 +223,19 @@ class SlackChannel(BaseChannel):
         for i in range(done, len(posts)):
             post = posts[i]
             # unfurl off: a link in the agent's words does not fetch a preview on Slack's side.
-            self.web.call("chat.postMessage", channel=address, text=post.text, blocks=post.blocks,
-                          thread_ts=thread, unfurl_links=False, unfurl_media=False)
+            self.web.call(
+                "chat.postMessage",
+                channel=address,
+                text=post.text,
+                blocks=post.blocks,
+                thread_ts=thread,
+                unfurl_links=False,
+                unfurl_media=False,
+            )
             with self._lock:
                 self._progress[key] = i + 1
         with self._lock:
             self._progress.pop(key, None)
-
 
     def disconnect(self) -> None:
         with self._lock:

@@ -139,8 +139,11 @@ def message_pieces(rendered: RenderedMessage) -> list[tuple[Kind, str]]:
     name = rendered.sender_name or rendered.sender
     if kind == TOOL_CALL and isinstance(payload, ToolCallPayload) and rendered.message_type == "assistant":
         return _pieces("context", render_tool_call(payload))
-    if rendered.message_type in ("host", "system", "tool_result") or rendered.sender in (
-            SENDER_TOOL_USE, SENDER_THINKING) or kind == TOOL_CALL:
+    if (
+        rendered.message_type in ("host", "system", "tool_result")
+        or rendered.sender in (SENDER_TOOL_USE, SENDER_THINKING)
+        or kind == TOOL_CALL
+    ):
         return _pieces("context", rendered.text)
     said_by = "" if rendered.message_type == "assistant" else f"{name}: "
     if kind == CODE_EDIT and isinstance(payload, CodeEditPayload):
@@ -156,8 +159,11 @@ def message_pieces(rendered: RenderedMessage) -> list[tuple[Kind, str]]:
 
 def _fallback(rendered: RenderedMessage) -> str:
     kind, _ = _payload(rendered.metadata)
-    plain_reply = rendered.message_type == "assistant" and kind in (None, TEXT) and rendered.sender not in (
-        SENDER_TOOL_USE, SENDER_THINKING)
+    plain_reply = (
+        rendered.message_type == "assistant"
+        and kind in (None, TEXT)
+        and rendered.sender not in (SENDER_TOOL_USE, SENDER_THINKING)
+    )
     # A reply's notification is its words: the bot's name is on the post already.
     text = escape(rendered.content if plain_reply else rendered.text)
     if len(text) <= FALLBACK_LIMIT:

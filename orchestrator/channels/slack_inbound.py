@@ -145,8 +145,7 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 def signed_headers(secret: str, body: bytes, *, timestamp: float | None = None) -> dict[str, str]:
     """The headers Slack puts on ``body`` (now unless given): what the tests send."""
     stamp = str(int(time.time() if timestamp is None else timestamp))
-    return {TIMESTAMP_HEADER: stamp, SIGNATURE_HEADER: sign(secret, stamp, body),
-            "content-type": "application/json"}
+    return {TIMESTAMP_HEADER: stamp, SIGNATURE_HEADER: sign(secret, stamp, body), "content-type": "application/json"}
 
 
 def timestamp_refusal(timestamp: str | None, now: float) -> str | None:
@@ -159,8 +158,11 @@ def timestamp_refusal(timestamp: str | None, now: float) -> str | None:
 
 
 def verify(secret: str, timestamp: str, body: bytes, signature: str | None) -> bool:
-    return bool(secret) and signature is not None and hmac.compare_digest(
-        sign(secret, timestamp.strip(), body), signature.strip())
+    return (
+        bool(secret)
+        and signature is not None
+        and hmac.compare_digest(sign(secret, timestamp.strip(), body), signature.strip())
+    )
 
 
 # -- taking a message in --------------------------------------------------------------------
@@ -174,8 +176,13 @@ class SlackInbound:
     """Stores the people's messages of ``event_callback`` documents (see the module's doc)."""
 
     def __init__(
-        self, db: Database, settings: Settings, *, signal: Callable[[str], object] | None = None,
-        signal_delivery: Callable[[str], object] | None = None, web: SlackWeb | None = None,
+        self,
+        db: Database,
+        settings: Settings,
+        *,
+        signal: Callable[[str], object] | None = None,
+        signal_delivery: Callable[[str], object] | None = None,
+        web: SlackWeb | None = None,
         max_chars: int = 100_000,
     ) -> None:
         self.db, self.settings = db, settings
@@ -290,8 +297,7 @@ class SlackInbound:
             self._remember(callback.event_id)
             return None
         try:
-            result = ingest(self.db, self.settings, incoming, signal=self.signal,
-                            signal_delivery=self.signal_delivery)
+            result = ingest(self.db, self.settings, incoming, signal=self.signal, signal_delivery=self.signal_delivery)
         except RateLimited as exc:
             self._slow_down(callback.event, incoming, exc)
             result = None
@@ -304,8 +310,13 @@ class SlackInbound:
         """A sender over its rate: dropped, not stored; told once per wait (only they see it)."""
         key = (incoming.chat_jid, incoming.sender)
         now = time.monotonic()
-        log.info("slack: %s in %s is over the rate limit; message %s not stored (retry in %d s)",
-                 incoming.sender, incoming.chat_jid, incoming.id, exc.retry_after_s)
+        log.info(
+            "slack: %s in %s is over the rate limit; message %s not stored (retry in %d s)",
+            incoming.sender,
+            incoming.chat_jid,
+            incoming.id,
+            exc.retry_after_s,
+        )
         with self._lock:
             if self._told.get(key, 0.0) > now:
                 return
@@ -314,8 +325,13 @@ class SlackInbound:
         if self.web is None:
             return
         try:
-            self.web.call("chat.postEphemeral", channel=event.channel, user=event.user, thread_ts=event.thread_ts,
-                          text=escape(f"⏳ slow down: try again in {exc.retry_after_s} s (this message was not taken)"))
+            self.web.call(
+                "chat.postEphemeral",
+                channel=event.channel,
+                user=event.user,
+                thread_ts=event.thread_ts,
+                text=escape(f"⏳ slow down: try again in {exc.retry_after_s} s (this message was not taken)"),
+            )
         except ChannelError as err:  # a courtesy: taking messages goes on
             log.warning("slack: could not tell %s to slow down: %s", incoming.sender, err)
 
@@ -333,8 +349,12 @@ def _events_schema() -> dict[str, Any]:
     callback["title"] = "SlackEventCallback"
     verification = UrlVerification.model_json_schema()
     verification["title"] = "SlackUrlVerification"
-    other = {"title": "SlackOtherDocument", "type": "object", "required": ["type"],
-             "properties": {"type": {"type": "string", "not": {"enum": _KNOWN_TYPES}}}}
+    other = {
+        "title": "SlackOtherDocument",
+        "type": "object",
+        "required": ["type"],
+        "properties": {"type": {"type": "string", "not": {"enum": _KNOWN_TYPES}}},
+    }
     doc = json.loads(json.dumps({"anyOf": [verification, callback, other]}))
     # The models' own definitions, inlined: the document's schemas stay the API's.
     defs = doc["anyOf"][1].pop("$defs", {})
@@ -353,8 +373,13 @@ def _events_schema() -> dict[str, Any]:
 
 
 def add_slack_route(
-    api: FastAPI, db: Database, settings: Settings, *, signal: Callable[[str], object],
-    signal_delivery: Callable[[str], object] | None, max_chars: int,
+    api: FastAPI,
+    db: Database,
+    settings: Settings,
+    *,
+    signal: Callable[[str], object],
+    signal_delivery: Callable[[str], object] | None,
+    max_chars: int,
 ) -> None:
     secret = settings.slack_signing_secret
     off = "" if secret else "the Slack Events API is off (set ORCHESTRATOR_SLACK_SIGNING_SECRET)"
@@ -371,22 +396,41 @@ def add_slack_route(
                         web = SlackWeb(settings)
                     except ChannelError as exc:
                         log.warning("slack: no Web API for names and our bot's id (%s)", exc)
-                state["in"] = SlackInbound(db, settings, signal=signal, signal_delivery=signal_delivery,
-                                           web=web, max_chars=max_chars)
+                state["in"] = SlackInbound(
+                    db, settings, signal=signal, signal_delivery=signal_delivery, web=web, max_chars=max_chars
+                )
             return state["in"]
 
-    @api.post(EVENTS_PATH, tags=["slack"], openapi_extra={"requestBody": {
-        "required": True, "content": {"application/json": {"schema": _events_schema()}},
-    }}, responses={
-        200: {"description": "verified and taken (an event that stores nothing too); a `url_verification` "
-                             "is answered with its `challenge`",
-              "content": {"application/json": {"schema": {"type": "object", "properties": {
-                  "ok": {"type": "boolean"}, "challenge": {"type": "string"}}}}}},
-        400: {"description": "the body is not a Slack event document"},
-        401: {"description": f"missing or wrong {SIGNATURE_HEADER}, or {TIMESTAMP_HEADER} more than "
-                             f"{WINDOW_S} s from the server's clock"},
-        404: {"description": "the Slack Events API is off (no ORCHESTRATOR_SLACK_SIGNING_SECRET)"},
-    })
+    @api.post(
+        EVENTS_PATH,
+        tags=["slack"],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _events_schema()}},
+            }
+        },
+        responses={
+            200: {
+                "description": "verified and taken (an event that stores nothing too); a `url_verification` "
+                "is answered with its `challenge`",
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {"ok": {"type": "boolean"}, "challenge": {"type": "string"}},
+                        }
+                    }
+                },
+            },
+            400: {"description": "the body is not a Slack event document"},
+            401: {
+                "description": f"missing or wrong {SIGNATURE_HEADER}, or {TIMESTAMP_HEADER} more than "
+                f"{WINDOW_S} s from the server's clock"
+            },
+            404: {"description": "the Slack Events API is off (no ORCHESTRATOR_SLACK_SIGNING_SECRET)"},
+        },
+    )
     async def events(request: Request) -> JSONResponse:
         """Slack's Events API: a request signed with ORCHESTRATOR_SLACK_SIGNING_SECRET (see
         orchestrator/channels/slack_inbound.py)."""

@@ -79,8 +79,14 @@ class _Run:
 class WorkingMessages:
     """Posts, updates and deletes the "working..." messages (see the module's doc)."""
 
-    def __init__(self, db: Database, settings: Settings, web: SlackWeb | None = None, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        web: SlackWeb | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.db, self.settings = db, settings
         self.web = web or SlackWeb(settings)
         self.interval = settings.slack_progress_interval_s
@@ -94,26 +100,39 @@ class WorkingMessages:
     def _running(self) -> dict[str, _Run]:
         """The running runs (not replays) of the groups attached to Slack."""
         stmt = (
-            select(RunRow.id, RunRow.chat_jid, RunRow.cursor_to, GroupChannelRow.address,
-                   GroupChannelRow.chat_jid, GroupRow.assistant_name)
-            .join(GroupChannelRow, and_(GroupChannelRow.chat_jid == RunRow.chat_jid,
-                                        GroupChannelRow.channel == CHANNEL))
+            select(
+                RunRow.id,
+                RunRow.chat_jid,
+                RunRow.cursor_to,
+                GroupChannelRow.address,
+                GroupChannelRow.chat_jid,
+                GroupRow.assistant_name,
+            )
+            .join(
+                GroupChannelRow, and_(GroupChannelRow.chat_jid == RunRow.chat_jid, GroupChannelRow.channel == CHANNEL)
+            )
             .join(GroupRow, GroupRow.chat_jid == RunRow.chat_jid)
             .where(RunRow.state == "running", RunRow.replay_of.is_(None))
         )
         with self.db.read() as session:
             rows = session.execute(stmt).all()
-        return {r[0]: _Run(r[0], r[1], r[2], (r[3] or r[4]).strip(), r[5] or self.settings.assistant_name)
-                for r in rows}
+        return {
+            r[0]: _Run(r[0], r[1], r[2], (r[3] or r[4]).strip(), r[5] or self.settings.assistant_name) for r in rows
+        }
 
     def _answered(self, chat_jid: str, address: str, cursor_to: int) -> bool:
         """A reply of the run (the bot's, after its last input) has been posted on Slack."""
         stmt = (
             select(DeliveryRow.id)
             .join(MessageRow, MessageRow.seq == DeliveryRow.message_seq)
-            .where(DeliveryRow.chat_jid == chat_jid, DeliveryRow.channel == CHANNEL,
-                   DeliveryRow.address == address, DeliveryRow.state == SENT,
-                   DeliveryRow.message_seq > cursor_to, MessageRow.sender == SENDER_BOT)
+            .where(
+                DeliveryRow.chat_jid == chat_jid,
+                DeliveryRow.channel == CHANNEL,
+                DeliveryRow.address == address,
+                DeliveryRow.state == SENT,
+                DeliveryRow.message_seq > cursor_to,
+                MessageRow.sender == SENDER_BOT,
+            )
             .limit(1)
         )
         with self.db.read() as session:
@@ -144,8 +163,9 @@ class WorkingMessages:
 
     def _blocks(self, post: _Post, elapsed: float, draft: str) -> tuple[str, list[JsonObject]]:
         head = f"⏳ {post.assistant} is working… ({int(elapsed)} s)"
-        blocks: list[JsonObject] = [{"type": "context", "elements": [
-            {"type": "mrkdwn", "text": escape(head), "verbatim": True}]}]
+        blocks: list[JsonObject] = [
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": escape(head), "verbatim": True}]}
+        ]
         if draft.strip():
             tail = draft if len(draft) <= DRAFT_TAIL else "…" + draft[-DRAFT_TAIL:]
             blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": escape(tail), "verbatim": True}})
@@ -156,8 +176,16 @@ class WorkingMessages:
         post = _Post(run.chat_jid, run.address, "", thread, run.assistant, now)
         text, blocks = self._blocks(post, 0, "")
         try:
-            posted = self.web.ask(Posted, "chat.postMessage", channel=run.address, text=text, blocks=blocks,
-                                  thread_ts=thread, unfurl_links=False, unfurl_media=False)
+            posted = self.web.ask(
+                Posted,
+                "chat.postMessage",
+                channel=run.address,
+                text=text,
+                blocks=blocks,
+                thread_ts=thread,
+                unfurl_links=False,
+                unfurl_media=False,
+            )
         except ChannelError as exc:
             wait = exc.retry_after_s if isinstance(exc, ChannelRateLimited) else self.interval
             self._not_before[run.id] = now + wait
@@ -202,17 +230,31 @@ class WorkingMessages:
             return {}
         now = self.clock()
         posts: dict[str, _Post] = {}
-        for run_id, p in (doc.items() if isinstance(doc, dict) else ()):
+        for run_id, p in doc.items() if isinstance(doc, dict) else ():
             try:
-                posts[str(run_id)] = _Post(str(p["chat_jid"]), str(p["address"]), str(p["ts"]), p.get("thread"),
-                                           str(p.get("assistant") or self.settings.assistant_name), now)
+                posts[str(run_id)] = _Post(
+                    str(p["chat_jid"]),
+                    str(p["address"]),
+                    str(p["ts"]),
+                    p.get("thread"),
+                    str(p.get("assistant") or self.settings.assistant_name),
+                    now,
+                )
             except (KeyError, TypeError):
                 continue
         return posts
 
     def _save(self) -> None:
-        doc = {run_id: {"chat_jid": p.chat_jid, "address": p.address, "ts": p.ts, "thread": p.thread,
-                        "assistant": p.assistant} for run_id, p in self.posts.items()}
+        doc = {
+            run_id: {
+                "chat_jid": p.chat_jid,
+                "address": p.address,
+                "ts": p.ts,
+                "thread": p.thread,
+                "assistant": p.assistant,
+            }
+            for run_id, p in self.posts.items()
+        }
         path: Path = self.state_path
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

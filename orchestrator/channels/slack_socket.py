@@ -40,20 +40,27 @@ class SlackSocket:
     """One Socket Mode connection, its envelopes stored (see the module's doc)."""
 
     def __init__(
-        self, db: Database, settings: Settings, *, signal: Callable[[str], object] | None = None,
-        signal_delivery: Callable[[str], object] | None = None, web: SlackWeb | None = None,
+        self,
+        db: Database,
+        settings: Settings,
+        *,
+        signal: Callable[[str], object] | None = None,
+        signal_delivery: Callable[[str], object] | None = None,
+        web: SlackWeb | None = None,
     ) -> None:
         if not settings.slack_app_token:
-            raise ChannelError("set ORCHESTRATOR_SLACK_APP_TOKEN (an app-level token with connections:write) "
-                               "to use Socket Mode")
+            raise ChannelError(
+                "set ORCHESTRATOR_SLACK_APP_TOKEN (an app-level token with connections:write) to use Socket Mode"
+            )
         app_web = SlackWeb(settings, token=settings.slack_app_token)  # checks that slack_sdk is installed
         if web is None and settings.slack_bot_token:
             web = SlackWeb(settings)
         self.inbound = SlackInbound(db, settings, signal=signal, signal_delivery=signal_delivery, web=web)
         from slack_sdk.socket_mode.builtin import SocketModeClient
 
-        self.client = SocketModeClient(app_token=settings.slack_app_token, web_client=app_web.client,
-                                       auto_reconnect_enabled=True, logger=log)
+        self.client = SocketModeClient(
+            app_token=settings.slack_app_token, web_client=app_web.client, auto_reconnect_enabled=True, logger=log
+        )
         self.client.socket_mode_request_listeners.append(self._on_request)
         self.taken = 0  # envelopes stored or skipped and acknowledged (tests and the log read it)
         self.failed = 0  # envelopes left unacknowledged for Slack to send again
@@ -65,8 +72,11 @@ class SlackSocket:
             try:
                 self.inbound.take(request.payload)
             except ValidationError as exc:
-                log.warning("slack: envelope %s is no event callback (%s); acknowledged and dropped",
-                            request.envelope_id, exc.errors()[0]["msg"])
+                log.warning(
+                    "slack: envelope %s is no event callback (%s); acknowledged and dropped",
+                    request.envelope_id,
+                    exc.errors()[0]["msg"],
+                )
             except Exception:  # noqa: BLE001 - not acknowledged: Slack sends it again
                 self.failed += 1
                 log.exception("slack: envelope %s not stored; Slack will send it again", request.envelope_id)

@@ -112,8 +112,9 @@ def _require_ptb() -> Any:
     try:
         import telegram
     except ImportError as exc:  # the optional extra is not installed
-        raise ChannelError("the telegram channel needs python-telegram-bot: pip install 'agent-orchestrator"
-                           "[telegram]'") from exc
+        raise ChannelError(
+            "the telegram channel needs python-telegram-bot: pip install 'agent-orchestrator[telegram]'"
+        ) from exc
     return telegram
 
 
@@ -285,8 +286,13 @@ class TelegramPoller:
     """Long-polls ``getUpdates`` and ingests each text message (see the module's docs)."""
 
     def __init__(
-        self, db: Database, settings: Settings, *, signal: Callable[[str], object] | None = None,
-        signal_delivery: Callable[[str], object] | None = None, client: TelegramClient | None = None,
+        self,
+        db: Database,
+        settings: Settings,
+        *,
+        signal: Callable[[str], object] | None = None,
+        signal_delivery: Callable[[str], object] | None = None,
+        client: TelegramClient | None = None,
     ) -> None:
         self.db, self.settings = db, settings
         self.signal, self.signal_delivery = signal, signal_delivery
@@ -333,8 +339,9 @@ class TelegramPoller:
             if incoming is None:
                 continue
             try:
-                results.append(ingest(self.db, self.settings, incoming, signal=self.signal,
-                                      signal_delivery=self.signal_delivery))
+                results.append(
+                    ingest(self.db, self.settings, incoming, signal=self.signal, signal_delivery=self.signal_delivery)
+                )
             except RateLimited as exc:
                 self._slow_down(update.message, incoming, exc)
             except UnregisteredChatsFull:
@@ -348,8 +355,13 @@ class TelegramPoller:
         (in reply to it), once per wait, so a flood does not become a flood of replies."""
         key = (incoming.chat_jid, incoming.sender)
         now = time.monotonic()
-        log.info("telegram: %s in %s is over the rate limit; message %s not stored (retry in %d s)",
-                 incoming.sender, incoming.chat_jid, incoming.id, exc.retry_after_s)
+        log.info(
+            "telegram: %s in %s is over the rate limit; message %s not stored (retry in %d s)",
+            incoming.sender,
+            incoming.chat_jid,
+            incoming.id,
+            exc.retry_after_s,
+        )
         if self._told.get(key, 0.0) > now:
             return
         self._told = {k: until for k, until in self._told.items() if until > now}
@@ -359,8 +371,11 @@ class TelegramPoller:
         def reply(bot: Any) -> Any:
             from telegram import ReplyParameters
 
-            return bot.send_message(chat_id=msg.chat.id, text=text, reply_parameters=ReplyParameters(
-                message_id=msg.message_id, allow_sending_without_reply=True))
+            return bot.send_message(
+                chat_id=msg.chat.id,
+                text=text,
+                reply_parameters=ReplyParameters(message_id=msg.message_id, allow_sending_without_reply=True),
+            )
 
         try:
             self.client.call(reply)
@@ -407,9 +422,15 @@ class TelegramPoller:
             self.client.close()
 
 
-def poll_forever(db: Database, settings: Settings, *, once: bool = False, timeout: int = 30,
-                 signal: Callable[[str], object] | None = None,
-                 signal_delivery: Callable[[str], object] | None = None) -> int:
+def poll_forever(
+    db: Database,
+    settings: Settings,
+    *,
+    once: bool = False,
+    timeout: int = 30,
+    signal: Callable[[str], object] | None = None,
+    signal_delivery: Callable[[str], object] | None = None,
+) -> int:
     """What ``orchestrator telegram poll`` runs; returns how many messages it stored."""
     poller = TelegramPoller(db, settings, signal=signal, signal_delivery=signal_delivery)
     try:
@@ -419,5 +440,3 @@ def poll_forever(db: Database, settings: Settings, *, once: bool = False, timeou
         return 0
     finally:
         poller.close()
-
-

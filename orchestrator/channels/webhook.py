@@ -98,8 +98,9 @@ def sign_timestamped(secret: str, timestamp: str, body: bytes) -> str:
     return sign(secret, f"{timestamp}.".encode() + body)
 
 
-def verify_delivery(secret: str, body: bytes, timestamp: str | None, signature: str | None, *,
-                    now: float, window_s: float = 300.0) -> bool:
+def verify_delivery(
+    secret: str, body: bytes, timestamp: str | None, signature: str | None, *, now: float, window_s: float = 300.0
+) -> bool:
     """What a receiver of our deliveries checks (in Python; the same in any language): the
     timestamped signature is ours over this body and this time, and the time is within
     ``window_s`` of the receiver's ``now``, so a captured delivery replayed later is refused."""
@@ -116,8 +117,9 @@ def sign_inbound(secret: str, timestamp: str, nonce: str, body: bytes) -> str:
     return sign(secret, f"{timestamp}.{nonce}.".encode() + body)
 
 
-def inbound_headers(secret: str, body: bytes, *, timestamp: float | None = None,
-                    nonce: str | None = None) -> dict[str, str]:
+def inbound_headers(
+    secret: str, body: bytes, *, timestamp: float | None = None, nonce: str | None = None
+) -> dict[str, str]:
     """The headers a sender puts on ``body`` (now, and a fresh nonce, unless given)."""
     stamp = str(int(time.time() if timestamp is None else timestamp))
     nonce = nonce or secrets.token_urlsafe(24)
@@ -131,8 +133,10 @@ def header_refusal(settings: Settings, timestamp: str | None, nonce: str | None,
     if not _SECONDS.fullmatch(timestamp.strip()):  # ASCII digits only ("²" is a digit to str.isdigit)
         return f"{TIMESTAMP_HEADER} must be whole Unix seconds"
     if abs(now - int(timestamp)) > settings.webhook_inbound_window_s:
-        return (f"{TIMESTAMP_HEADER} is more than {settings.webhook_inbound_window_s:g} s from this server's clock "
-                "(a replay, or a sender's clock that is off; ORCHESTRATOR_WEBHOOK_INBOUND_WINDOW_S)")
+        return (
+            f"{TIMESTAMP_HEADER} is more than {settings.webhook_inbound_window_s:g} s from this server's clock "
+            "(a replay, or a sender's clock that is off; ORCHESTRATOR_WEBHOOK_INBOUND_WINDOW_S)"
+        )
     if not NONCE_PATTERN.fullmatch(nonce):
         return f"{NONCE_HEADER} must be 16-128 letters, digits, '-' or '_'"
     return None
@@ -163,8 +167,11 @@ def _inbound_schema() -> dict[str, object]:
     props["message_type"] = {"enum": ["user"], "default": "user", "type": "string", "title": "Message Type"}
     props["is_from_me"] = {"enum": [False], "default": False, "type": "boolean", "title": "Is From Me"}
     props["sender"]["not"] = {"enum": sorted(HARNESS_SENDERS)}
-    props["channel"] = {"anyOf": [{"enum": [CHANNEL], "type": "string"}, {"type": "null"}], "default": None,
-                        "title": "Channel"}
+    props["channel"] = {
+        "anyOf": [{"enum": [CHANNEL], "type": "string"}, {"type": "null"}],
+        "default": None,
+        "title": "Channel",
+    }
     schema["title"] = "InboundMessage"
     return dict(schema)
 
@@ -186,8 +193,9 @@ class WebhookChannel(BaseChannel):
     def send(self, address: str, rendered: RenderedMessage) -> None:
         if not self.owns(address):
             raise ChannelError(f"the webhook channel needs an http(s) URL as its address, not {address!r}")
-        body = json.dumps({"event": "message", "message": rendered.model_dump(mode="json")},
-                          ensure_ascii=False).encode()
+        body = json.dumps(
+            {"event": "message", "message": rendered.model_dump(mode="json")}, ensure_ascii=False
+        ).encode()
         headers = {"content-type": "application/json"}
         if self._secret:
             # The body's signature (receivers written before the timestamp keep working), and
@@ -210,8 +218,13 @@ class WebhookChannel(BaseChannel):
 
 
 def add_inbound_route(
-    api: FastAPI, db: Database, settings: Settings, *, signal: Callable[[str], object],
-    signal_delivery: Callable[[str], object] | None, max_chars: int,
+    api: FastAPI,
+    db: Database,
+    settings: Settings,
+    *,
+    signal: Callable[[str], object],
+    signal_delivery: Callable[[str], object] | None,
+    max_chars: int,
 ) -> None:
     secret = settings.webhook_inbound_secret
     if secret:
@@ -220,32 +233,53 @@ def add_inbound_route(
         # The old configuration signed inbound webhooks with the outbound secret.  Taking it for
         # inbound still would keep the hole open (every receiver holds it), and a silent 404 would
         # leave its senders guessing: refused, said at start and in every answer.
-        off = ("inbound webhooks are off: ORCHESTRATOR_WEBHOOK_SECRET signs outbound webhooks only; "
-               "give inbound ones a secret of their own, ORCHESTRATOR_WEBHOOK_INBOUND_SECRET, and have "
-               f"senders sign {TIMESTAMP_HEADER}.{NONCE_HEADER}.body with it")
+        off = (
+            "inbound webhooks are off: ORCHESTRATOR_WEBHOOK_SECRET signs outbound webhooks only; "
+            "give inbound ones a secret of their own, ORCHESTRATOR_WEBHOOK_INBOUND_SECRET, and have "
+            f"senders sign {TIMESTAMP_HEADER}.{NONCE_HEADER}.body with it"
+        )
         log.warning("%s", off)
     else:
         off = "inbound webhooks are off (set ORCHESTRATOR_WEBHOOK_INBOUND_SECRET)"
 
     # The body is read raw (the signature covers its bytes), so the document is told what it is.
-    @api.post(INBOUND_PATH, status_code=201, tags=["webhooks"], openapi_extra={"requestBody": {
-        "required": True, "content": {"application/json": {"schema": _inbound_schema()}},
-    }}, responses={
-        201: {"description": "stored, as POST /api/messages answers (a replay inside the window: "
-                             "the message it replays, `created: false`)",
-              "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PostedMessage"}}}},
-        400: {"description": "the body is not a valid message, or one another system may not send (not a "
-                             "person's `user` message, a harness sender, `is_from_me`, another channel); "
-                             "`field` names the offending one"},
-        401: {"description": f"missing or wrong {SIGNATURE_HEADER}, {TIMESTAMP_HEADER} outside the window, "
-                           f"or a malformed {NONCE_HEADER}"},
-        404: {"description": "inbound webhooks are off (no ORCHESTRATOR_WEBHOOK_INBOUND_SECRET), or the chat "
-                             "is not a registered group (when registration is required; else: a new chat past "
-                             "ORCHESTRATOR_UNREGISTERED_CHATS); nothing was stored"},
-        413: {"description": "content too long"},
-        429: {"description": "the sender is over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE; nothing was stored",
-              "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}},
-    })
+    @api.post(
+        INBOUND_PATH,
+        status_code=201,
+        tags=["webhooks"],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _inbound_schema()}},
+            }
+        },
+        responses={
+            201: {
+                "description": "stored, as POST /api/messages answers (a replay inside the window: "
+                "the message it replays, `created: false`)",
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PostedMessage"}}},
+            },
+            400: {
+                "description": "the body is not a valid message, or one another system may not send (not a "
+                "person's `user` message, a harness sender, `is_from_me`, another channel); "
+                "`field` names the offending one"
+            },
+            401: {
+                "description": f"missing or wrong {SIGNATURE_HEADER}, {TIMESTAMP_HEADER} outside the window, "
+                f"or a malformed {NONCE_HEADER}"
+            },
+            404: {
+                "description": "inbound webhooks are off (no ORCHESTRATOR_WEBHOOK_INBOUND_SECRET), or the chat "
+                "is not a registered group (when registration is required; else: a new chat past "
+                "ORCHESTRATOR_UNREGISTERED_CHATS); nothing was stored"
+            },
+            413: {"description": "content too long"},
+            429: {
+                "description": "the sender is over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE; nothing was stored",
+                "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}},
+            },
+        },
+    )
     async def inbound(request: Request) -> JSONResponse:
         """A person's message from another system, signed with ORCHESTRATOR_WEBHOOK_INBOUND_SECRET
         over timestamp, nonce and body (see orchestrator/channels/webhook.py)."""
@@ -257,8 +291,9 @@ def add_inbound_route(
             return JSONResponse({"detail": problem}, 401)
         body = await request.body()
         signature = request.headers.get(SIGNATURE_HEADER)
-        if signature is None or not hmac.compare_digest(sign_inbound(secret, timestamp.strip(), nonce, body),
-                                                        signature.strip()):
+        if signature is None or not hmac.compare_digest(
+            sign_inbound(secret, timestamp.strip(), nonce, body), signature.strip()
+        ):
             return JSONResponse({"detail": f"missing or wrong {SIGNATURE_HEADER}"}, 401)
         try:
             doc = json.loads(body)
@@ -275,21 +310,32 @@ def add_inbound_route(
         incoming = incoming.model_copy(update={"channel": CHANNEL, "id": incoming.id or NONCE_ID_PREFIX + nonce})
         if settings.api_require_registered_chat and not is_registered(db, incoming.chat_jid):
             # As POST /api/messages answers (the same body): a message no agent will ever see is not stored.
-            return JSONResponse({"detail": f"no registered group for chat {incoming.chat_jid!r} (register it "
-                                           "with POST /api/groups; ORCHESTRATOR_API_REQUIRE_REGISTERED_CHAT=false "
-                                           "accepts any chat)"}, 404)
+            return JSONResponse(
+                {
+                    "detail": f"no registered group for chat {incoming.chat_jid!r} (register it "
+                    "with POST /api/groups; ORCHESTRATOR_API_REQUIRE_REGISTERED_CHAT=false "
+                    "accepts any chat)"
+                },
+                404,
+            )
         try:
             result = ingest(db, settings, incoming, signal=signal, signal_delivery=signal_delivery)
         except RateLimited as exc:  # the sender is over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE
-            return JSONResponse({"detail": str(exc), "retry_after_s": exc.retry_after_s}, 429,
-                                headers={"Retry-After": str(exc.retry_after_s)})
+            return JSONResponse(
+                {"detail": str(exc), "retry_after_s": exc.retry_after_s},
+                429,
+                headers={"Retry-After": str(exc.retry_after_s)},
+            )
         except UnknownGroup as exc:  # an unregistered chat past ORCHESTRATOR_UNREGISTERED_CHATS
             return JSONResponse({"detail": str(exc)}, 404)
         except OrchestratorError as exc:
             bad_field = getattr(exc, "field", None)
             return JSONResponse({"detail": str(exc), **({"field": bad_field} if bad_field else {})}, 400)
         return JSONResponse(
-            {"message": result.message.model_dump(mode="json"), "created": result.created,
-             "triggered": result.triggered},
+            {
+                "message": result.message.model_dump(mode="json"),
+                "created": result.created,
+                "triggered": result.triggered,
+            },
             201,
         )

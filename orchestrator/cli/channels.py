@@ -18,7 +18,9 @@ from orchestrator.core.errors import OrchestratorError
 # (tests/host/test_entry_points.py checks the two agree).
 DELIVERY_STATES = ("pending", "sending", "sent", "failed", "cancelled")
 
-deliveries_app = typer.Typer(rich_markup_mode=None, help="Deliveries of stored messages to channels.", invoke_without_command=True)
+deliveries_app = typer.Typer(
+    rich_markup_mode=None, help="Deliveries of stored messages to channels.", invoke_without_command=True
+)
 
 
 def register(app: typer.Typer, groups_app: typer.Typer) -> None:
@@ -78,7 +80,9 @@ def groups_channels(
 @deliveries_app.callback()
 def deliveries_list(
     ctx: typer.Context,
-    group: Annotated[Optional[str], typer.Option("--chat-jid", "--group", help="Only this chat (--group: its older name).")] = None,
+    group: Annotated[
+        Optional[str], typer.Option("--chat-jid", "--group", help="Only this chat (--group: its older name).")
+    ] = None,
     state: Annotated[Optional[str], typer.Option(help=f"Only this state: {', '.join(DELIVERY_STATES)}.")] = None,
     limit: Annotated[int, typer.Option()] = 50,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -95,12 +99,18 @@ def deliveries_list(
         return
     for d in rows:
         when = f"sent {d.sent_at:%H:%M:%S}" if d.sent_at else f"next {d.next_attempt_at:%H:%M:%S}"
-        _echo(f"#{d.message_seq:<6} {d.chat_jid:24} {d.channel:12} {d.state:9} attempts {d.attempts}  "
-              f"{when}  {d.last_error or ''}")
+        _echo(
+            f"#{d.message_seq:<6} {d.chat_jid:24} {d.channel:12} {d.state:9} attempts {d.attempts}  "
+            f"{when}  {d.last_error or ''}"
+        )
 
 
 @deliveries_app.command("flush")
-def deliveries_flush(group: Annotated[Optional[str], typer.Option("--chat-jid", "--group", help="Only this chat (--group: its older name).")] = None) -> None:
+def deliveries_flush(
+    group: Annotated[
+        Optional[str], typer.Option("--chat-jid", "--group", help="Only this chat (--group: its older name).")
+    ] = None,
+) -> None:
     """Send due deliveries now, from this process (on the channels it knows)."""
     root = _setup()
     try:

@@ -44,8 +44,14 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.2
 BACKLOG = 20
-RUN_MARKS = {"queued": "⏳ queued", "running": "⚙️ running", "succeeded": "✔ done", "failed": "✖ failed",
-             "timed_out": "✖ timed out", "cancelled": "🛑 cancelled"}
+RUN_MARKS = {
+    "queued": "⏳ queued",
+    "running": "⚙️ running",
+    "succeeded": "✔ done",
+    "failed": "✖ failed",
+    "timed_out": "✖ timed out",
+    "cancelled": "🛑 cancelled",
+}
 HELP = "commands: /history  /edit #SEQ TEXT  /regenerate #SEQ  /quit"
 
 Print = Callable[[str], None]
@@ -70,8 +76,9 @@ class Follower:
         group = find_group(db, jid)
         if group is not None and group.assistant_name:
             self.assistant = group.assistant_name
-        self._run_states: dict[str, str] = {r.id: r.state
-                                            for r in list_runs(db, chat_jid=jid, limit=20, chat_runs_only=True)}
+        self._run_states: dict[str, str] = {
+            r.id: r.state for r in list_runs(db, chat_jid=jid, limit=20, chat_runs_only=True)
+        }
         self._drafts: dict[str, str] = {}  # run id -> the draft text printed so far
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="chat-follower", daemon=True)
@@ -100,7 +107,7 @@ class Follower:
         drafts = {d.run_id: d.text for d in chat_drafts(self.db, self.jid)}
         for run_id, text in drafts.items():
             seen = self._drafts.get(run_id, "")
-            new = text[len(seen):] if text.startswith(seen) else text
+            new = text[len(seen) :] if text.startswith(seen) else text
             self._drafts[run_id] = text
             if new.strip():
                 self.out(f"   ✎ {new.strip()}")
@@ -117,7 +124,14 @@ class Follower:
 
 
 def handle_line(
-    line: str, *, db: Database, settings: Settings, jid: str, sender: str, out: Print, signal: Signal,
+    line: str,
+    *,
+    db: Database,
+    settings: Settings,
+    jid: str,
+    sender: str,
+    out: Print,
+    signal: Signal,
 ) -> bool:
     """Act on one typed line; False means quit."""
     out = escaping(out)
@@ -146,8 +160,9 @@ def handle_line(
             else:
                 out(f"   [unknown command {cmd}; {HELP}]")
             return True
-        result = ingest(db, settings, IncomingMessage(chat_jid=jid, sender=sender, sender_name=sender, content=text),
-                        signal=signal)
+        result = ingest(
+            db, settings, IncomingMessage(chat_jid=jid, sender=sender, sender_name=sender, content=text), signal=signal
+        )
         if not result.triggered:
             out("   [stored; it does not wake the agent (no trigger, or not a registered group)]")
     except (OrchestratorError, ValueError) as exc:
@@ -164,13 +179,21 @@ def _idle(db: Database, jid: str) -> bool:
 
 
 def run_chat(
-    db: Database, settings: Settings, jid: str, sender: str, *, signal: Signal, linger_s: float = 0.0,
+    db: Database,
+    settings: Settings,
+    jid: str,
+    sender: str,
+    *,
+    signal: Signal,
+    linger_s: float = 0.0,
 ) -> int:
     """Chat until /quit or EOF; with piped input, keep following up to
     ``linger_s`` seconds after EOF until the agent has nothing left to do."""
     if find_group(db, jid) is None:
-        print(for_terminal(f"note: {jid} is not a registered group; messages are stored but never answered"),
-              file=sys.stderr)
+        print(
+            for_terminal(f"note: {jid} is not a registered group; messages are stored but never answered"),
+            file=sys.stderr,
+        )
     backlog = get_recent_messages(jid, BACKLOG, db=db)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     if interactive:
@@ -213,8 +236,7 @@ def run_chat(
     follower.start()
     try:
         for line in sys.stdin:
-            if not handle_line(line, db=db, settings=settings, jid=jid, sender=sender, out=out_locked,
-                               signal=signal):
+            if not handle_line(line, db=db, settings=settings, jid=jid, sender=sender, out=out_locked, signal=signal):
                 break
         deadline = time.monotonic() + linger_s
         time.sleep(min(linger_s, 2 * POLL_S))  # let a just-sent message reach a worker

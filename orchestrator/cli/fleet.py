@@ -44,7 +44,9 @@ def hosts(
     if not found:
         typer.echo("no hosts have registered yet (a worker registers its host when it starts)")
         return
-    rows: list[tuple[str, ...]] = [("HOST", "STATE", "ALIVE", "HEARTBEAT", "PID", "VERSION", "RUNS", "WARM", "PLACED", "GROUPS")]
+    rows: list[tuple[str, ...]] = [
+        ("HOST", "STATE", "ALIVE", "HEARTBEAT", "PID", "VERSION", "RUNS", "WARM", "PLACED", "GROUPS")
+    ]
     rows += [_row(h) for h in found]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
@@ -54,8 +56,16 @@ def hosts(
 def _row(h: Host) -> tuple[str, ...]:
     warm: Optional[int] = h.warm_containers
     return (
-        h.host_id, h.state, "yes" if h.alive else "no", f"{_age(h.heartbeat_age_s)} ago", str(h.pid), h.version,
-        str(len(h.runs)), "?" if warm is None else str(warm), _count(h.placed), ", ".join(h.groups) or "-",
+        h.host_id,
+        h.state,
+        "yes" if h.alive else "no",
+        f"{_age(h.heartbeat_age_s)} ago",
+        str(h.pid),
+        h.version,
+        str(len(h.runs)),
+        "?" if warm is None else str(warm),
+        _count(h.placed),
+        ", ".join(h.groups) or "-",
     )
 
 

@@ -122,8 +122,11 @@ def import_cmd(path: Annotated[Path, typer.Argument(help="A JSON file written by
         err=True,
     )
     if result.main_ignored:
-        echo(f"note: the file names {result.chat_jid} the main group; it was registered as an ordinary group "
-             "(an import never makes a main group)", err=True)
+        echo(
+            f"note: the file names {result.chat_jid} the main group; it was registered as an ordinary group "
+            "(an import never makes a main group)",
+            err=True,
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -25,7 +25,9 @@ from orchestrator.cli.support import fail as _fail
 from orchestrator.cli.support import setup as _setup
 from orchestrator.core.errors import ConfigError, OrchestratorError
 
-app = typer.Typer(rich_markup_mode=None, help="Task-queue agent orchestrator.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    rich_markup_mode=None, help="Task-queue agent orchestrator.", no_args_is_help=True, add_completion=False
+)
 groups_app = typer.Typer(rich_markup_mode=None, help="Registered groups.", no_args_is_help=True)
 runs_app = typer.Typer(rich_markup_mode=None, help="Agent runs.", invoke_without_command=True)
 image_app = typer.Typer(rich_markup_mode=None, help="The agent image.", no_args_is_help=True)
@@ -34,8 +36,6 @@ app.add_typer(tasks_app, name="tasks")
 app.add_typer(groups_app, name="groups")
 app.add_typer(runs_app, name="runs")
 app.add_typer(image_app, name="image")
-
-
 
 
 # -- processes ----------------------------------------------------------------
@@ -80,8 +80,11 @@ def up(
         # channels while every agent slot is busy.
         Child("worker", worker_argv(concurrency, settings.log_level, queues=("agent",), name="agent@%h")),
         # Its /metrics on the next port: two workers cannot serve one (orchestrator/core/metrics.py).
-        Child("deliverer", worker_argv(2, settings.log_level, queues=("delivery",), name="delivery@%h"),
-              env={"ORCHESTRATOR_METRICS_PORT": str(settings.metrics_port + 1)} if settings.metrics_port else {}),
+        Child(
+            "deliverer",
+            worker_argv(2, settings.log_level, queues=("delivery",), name="delivery@%h"),
+            env={"ORCHESTRATOR_METRICS_PORT": str(settings.metrics_port + 1)} if settings.metrics_port else {},
+        ),
         Child("beat", beat_argv(str(settings.data_dir / "celerybeat-schedule"), settings.log_level)),
     ]
     if port:
@@ -101,19 +104,29 @@ def up(
 @app.command()
 def worker(
     concurrency: Annotated[int, typer.Option(help="Parallel tasks in this worker (runs, for the agent queue).")] = 2,
-    queues: Annotated[str, typer.Option(
-        help="Comma-separated: agent (runs), delivery (sends to channels, the sweeper, schedules). "
-             "A worker for each keeps replies from waiting for a free agent slot.",
-    )] = "agent,delivery",
+    queues: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated: agent (runs), delivery (sends to channels, the sweeper, schedules). "
+            "A worker for each keeps replies from waiting for a free agent slot.",
+        ),
+    ] = "agent,delivery",
     name: Annotated[Optional[str], typer.Option(help="Celery node name, e.g. delivery@%h (default celery@%h).")] = None,
-    drain: Annotated[bool, typer.Option(
-        "--drain",
-        help="Start no worker: tell the running worker of this host (ORCHESTRATOR_HOST_ID, on this machine) to "
-             "drain, as SIGTERM does: it takes no new work, finishes its runs, its groups go to other hosts, "
-             "and it stops.",
-    )] = False,
-    wait: Annotated[float, typer.Option(
-        min=0.0, help="With --drain: wait up to this many seconds for the worker to stop (0: do not wait).")] = 0.0,
+    drain: Annotated[
+        bool,
+        typer.Option(
+            "--drain",
+            help="Start no worker: tell the running worker of this host (ORCHESTRATOR_HOST_ID, on this machine) to "
+            "drain, as SIGTERM does: it takes no new work, finishes its runs, its groups go to other hosts, "
+            "and it stops.",
+        ),
+    ] = False,
+    wait: Annotated[
+        float,
+        typer.Option(
+            min=0.0, help="With --drain: wait up to this many seconds for the worker to stop (0: do not wait)."
+        ),
+    ] = 0.0,
 ) -> None:
     """Run one Celery worker (what each fleet host runs), or drain this host's (--drain)."""
     from orchestrator.cli.supervisor import worker_argv
@@ -125,8 +138,9 @@ def worker(
     settings = root.settings
     _ensure_main_group(root)
     try:
-        argv = worker_argv(concurrency, settings.log_level,
-                           queues=tuple(q.strip() for q in queues.split(",") if q.strip()), name=name)
+        argv = worker_argv(
+            concurrency, settings.log_level, queues=tuple(q.strip() for q in queues.split(",") if q.strip()), name=name
+        )
     except ValueError as exc:
         raise _fail(exc) from exc
     os.execv(argv[0], argv)
@@ -147,17 +161,26 @@ def _drain_worker(wait_s: float) -> None:
     host_id = root.settings.effective_host_id
     found = get_host(root.db, host_id)
     if found is None or not found.alive:
-        raise _fail(OrchestratorError(f"no running worker of host {host_id!r} (see `orchestrator hosts`; "
-                                      "ORCHESTRATOR_HOST_ID names the host)"))
+        raise _fail(
+            OrchestratorError(
+                f"no running worker of host {host_id!r} (see `orchestrator hosts`; ORCHESTRATOR_HOST_ID names the host)"
+            )
+        )
     if found.hostname != socket.gethostname():
-        raise _fail(OrchestratorError(f"host {host_id!r}'s worker runs on {found.hostname}, not on this machine: "
-                                      f"run `orchestrator worker --drain` there (or send its pid {found.pid} SIGTERM)"))
+        raise _fail(
+            OrchestratorError(
+                f"host {host_id!r}'s worker runs on {found.hostname}, not on this machine: "
+                f"run `orchestrator worker --drain` there (or send its pid {found.pid} SIGTERM)"
+            )
+        )
     try:
         os.kill(found.pid, signal.SIGTERM)
     except OSError as exc:
         raise _fail(OrchestratorError(f"could not signal host {host_id!r}'s worker (pid {found.pid}): {exc}")) from exc
-    typer.echo(f"host {host_id}: worker pid {found.pid} drains: it finishes {len(found.runs)} run(s) and stops; "
-               f"its {len(found.groups)} group(s) with a lease and every group placed on it go to other hosts")
+    typer.echo(
+        f"host {host_id}: worker pid {found.pid} drains: it finishes {len(found.runs)} run(s) and stops; "
+        f"its {len(found.groups)} group(s) with a lease and every group placed on it go to other hosts"
+    )
     if wait_s <= 0:
         return
     deadline = time.monotonic() + wait_s
@@ -240,8 +263,13 @@ def sweep() -> None:
     except OrchestratorError as exc:
         _echo(f"warning: {exc}; containers not checked", fg=typer.colors.YELLOW, err=True)
         sandbox = None
-    report = run_sweep(root.db, signal=root.signals.group, sandbox=sandbox, signal_delivery=root.signals.delivery,
-                       resend_channels=root.channels.resent_after_crash())
+    report = run_sweep(
+        root.db,
+        signal=root.signals.group,
+        sandbox=sandbox,
+        signal_delivery=root.signals.delivery,
+        resend_channels=root.channels.resent_after_crash(),
+    )
     typer.echo(
         f"interrupted runs: {len(report.interrupted_runs)}, re-signalled groups: "
         f"{len(report.signalled_groups)}, removed containers: {report.removed_containers}, "
@@ -253,8 +281,9 @@ def sweep() -> None:
 @app.command()
 def flower(
     port: Annotated[int, typer.Option()] = 5555,
-    address: Annotated[str, typer.Option(help="Listen here (beyond loopback: ORCHESTRATOR_FLOWER_BASIC_AUTH).")]
-    = "127.0.0.1",
+    address: Annotated[
+        str, typer.Option(help="Listen here (beyond loopback: ORCHESTRATOR_FLOWER_BASIC_AUTH).")
+    ] = "127.0.0.1",
 ) -> None:
     """Run Flower (Celery monitoring) against this installation's broker."""
     settings = _setup().settings  # logging, the data dir
@@ -262,8 +291,12 @@ def flower(
 
     if not settings.flower_basic_auth and not is_loopback(address):
         # Flower shows every task's arguments and can stop workers: not without a login.
-        raise _fail(ConfigError(f"refusing to serve Flower on {address!r} without a login: set "
-                                "ORCHESTRATOR_FLOWER_BASIC_AUTH=user:password, or keep it on 127.0.0.1"))
+        raise _fail(
+            ConfigError(
+                f"refusing to serve Flower on {address!r} without a login: set "
+                "ORCHESTRATOR_FLOWER_BASIC_AUTH=user:password, or keep it on 127.0.0.1"
+            )
+        )
     argv = [sys.executable, "-m", "celery", "-A", "workers.app", "flower", f"--port={port}", f"--address={address}"]
     env = dict(os.environ)
     if settings.flower_basic_auth:
@@ -301,21 +334,32 @@ def groups_add(
 @groups_app.command("set")
 def groups_set(
     chat_jid: str,
-    container_config: Annotated[Optional[str], typer.Option(
-        "--container-config",
-        help='JSON: memory, cpus, pids, run_timeout_s, bash_timeout_s, workspace_quota, extra_mounts '
-             '([{"host_path": ..., "name": ..., "read_write": false}]); checked against the mount allowlist.',
-    )] = None,
+    container_config: Annotated[
+        Optional[str],
+        typer.Option(
+            "--container-config",
+            help="JSON: memory, cpus, pids, run_timeout_s, bash_timeout_s, workspace_quota, extra_mounts "
+            '([{"host_path": ..., "name": ..., "read_write": false}]); checked against the mount allowlist.',
+        ),
+    ] = None,
     clear: Annotated[bool, typer.Option("--clear-container-config", help="Back to the settings' defaults.")] = False,
-    runs_per_hour: Annotated[Optional[str], typer.Option(
-        "--runs-per-hour", metavar="N|default",
-        help="Runs the group may start per hour (0: no limit; 'default': ORCHESTRATOR_GROUP_RUNS_PER_HOUR).",
-    )] = None,
-    tokens_per_day: Annotated[Optional[str], typer.Option(
-        "--tokens-per-day", metavar="N|default",
-        help="Model tokens the group may spend per UTC day (0: no limit; 'default': "
-             "ORCHESTRATOR_GROUP_TOKENS_PER_DAY).",
-    )] = None,
+    runs_per_hour: Annotated[
+        Optional[str],
+        typer.Option(
+            "--runs-per-hour",
+            metavar="N|default",
+            help="Runs the group may start per hour (0: no limit; 'default': ORCHESTRATOR_GROUP_RUNS_PER_HOUR).",
+        ),
+    ] = None,
+    tokens_per_day: Annotated[
+        Optional[str],
+        typer.Option(
+            "--tokens-per-day",
+            metavar="N|default",
+            help="Model tokens the group may spend per UTC day (0: no limit; 'default': "
+            "ORCHESTRATOR_GROUP_TOKENS_PER_DAY).",
+        ),
+    ] = None,
 ) -> None:
     """Change a group's sandbox (limits and allowlisted extra mounts) or its quotas."""
     from orchestrator.sandbox.config import effective_limits, set_container_config, workspace_quota
@@ -325,14 +369,21 @@ def groups_set(
     if container_config is not None and clear:
         raise _fail(OrchestratorError("give one of --container-config JSON, --clear-container-config, not both"))
     try:
-        quotas = {k: _quota_option(k, v) for k, v in (("runs_per_hour", runs_per_hour),
-                                                         ("tokens_per_day", tokens_per_day)) if v is not None}
+        quotas = {
+            k: _quota_option(k, v)
+            for k, v in (("runs_per_hour", runs_per_hour), ("tokens_per_day", tokens_per_day))
+            if v is not None
+        }
     except OrchestratorError as exc:
         raise _fail(exc) from exc
     sandbox = container_config is not None or clear
     if not (sandbox or quotas):
-        raise _fail(OrchestratorError("nothing to change: give --container-config JSON, --clear-container-config, "
-                                      "--runs-per-hour or --tokens-per-day"))
+        raise _fail(
+            OrchestratorError(
+                "nothing to change: give --container-config JSON, --clear-container-config, "
+                "--runs-per-hour or --tokens-per-day"
+            )
+        )
     root = _setup()
     settings, db = root.settings, root.db
     try:
@@ -347,9 +398,11 @@ def groups_set(
         raise _fail(exc) from exc
     if sandbox:
         _echo(f"{g.chat_jid}: container_config {json.dumps(g.container_config or {})}")
-        typer.echo(f"  effective: memory {limits.memory}, cpus {limits.cpus:g}, pids {limits.pids}, "
-                   f"run timeout {limits.run_timeout_s:g}s, bash timeout {limits.bash_timeout_s:g}s, "
-                   f"workspace quota {human(quota) if quota else 'none'}")
+        typer.echo(
+            f"  effective: memory {limits.memory}, cpus {limits.cpus:g}, pids {limits.pids}, "
+            f"run timeout {limits.run_timeout_s:g}s, bash timeout {limits.bash_timeout_s:g}s, "
+            f"workspace quota {human(quota) if quota else 'none'}"
+        )
     if quotas:
         runs = _quota_text(g.runs_per_hour, settings.group_runs_per_hour)
         tokens = _quota_text(g.tokens_per_day, settings.group_tokens_per_day)
@@ -362,8 +415,9 @@ def _quota_option(name: str, value: str) -> int | None:
         return None
     # 2**31 - 1: store.groups.MAX_QUOTA (not imported: --help loads no store).
     if not (value.strip().isascii() and value.strip().isdigit()) or int(value) > 2**31 - 1:
-        raise OrchestratorError(f"--{name.replace('_', '-')}: {value!r} is not a whole number from 0 to "
-                                f"{2**31 - 1} or 'default'")
+        raise OrchestratorError(
+            f"--{name.replace('_', '-')}: {value!r} is not a whole number from 0 to {2**31 - 1} or 'default'"
+        )
     return int(value)
 
 
@@ -400,8 +454,10 @@ def groups_usage(chat_jid: str, as_json: Annotated[bool, typer.Option("--json")]
         typer.echo("  next run: now (no quota reached)")
     else:
         w = u.waiting
-        typer.echo(f"  next run: waits for {w.quota.replace('_', ' ')} ({w.used:,} of {w.limit:,}) until "
-                   f"{w.until:%Y-%m-%d %H:%M:%S} UTC, in {w.wait_s:.0f}s")
+        typer.echo(
+            f"  next run: waits for {w.quota.replace('_', ' ')} ({w.used:,} of {w.limit:,}) until "
+            f"{w.until:%Y-%m-%d %H:%M:%S} UTC, in {w.wait_s:.0f}s"
+        )
 
 
 @groups_app.command("list")
@@ -416,8 +472,10 @@ def groups_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> Non
         return
     for g in groups:
         flags = ("main " if g.is_main else "") + ("trigger" if g.requires_trigger else "no-trigger")
-        _echo(f"{g.chat_jid:30} {g.name:16} folder={g.folder:16} {flags} cursor={g.cursor_seq} "
-              f"host={g.placed_host or '-'}")
+        _echo(
+            f"{g.chat_jid:30} {g.name:16} folder={g.folder:16} {flags} cursor={g.cursor_seq} "
+            f"host={g.placed_host or '-'}"
+        )
 
 
 @groups_app.command("move")
@@ -562,7 +620,9 @@ def history(
 @runs_app.callback()
 def runs_list(
     ctx: typer.Context,
-    group: Annotated[Optional[str], typer.Option("--chat-jid", "--group", help="Only this chat (--group: its older name).")] = None,
+    group: Annotated[
+        Optional[str], typer.Option("--chat-jid", "--group", help="Only this chat (--group: its older name).")
+    ] = None,
     state: Annotated[Optional[str], typer.Option(help="Only runs in this state.")] = None,
     limit: Annotated[int, typer.Option()] = 50,
 ) -> None:
@@ -575,8 +635,10 @@ def runs_list(
     for r in list_runs(db, chat_jid=group, state=state, limit=limit):
         took = f"{r.duration_s:.2f}s" if r.duration_s is not None else "-"
         replay = f"  replay of {r.replay_of[:8]}" if r.replay_of else ""
-        _echo(f"{r.id[:8]}  {r.state:10} {r.chat_jid:24} msgs {r.cursor_from + 1}..{r.cursor_to}  {took}  "
-              f"{r.error or ''}{replay}")
+        _echo(
+            f"{r.id[:8]}  {r.state:10} {r.chat_jid:24} msgs {r.cursor_from + 1}..{r.cursor_to}  {took}  "
+            f"{r.error or ''}{replay}"
+        )
 
 
 @runs_app.command("waiting")
@@ -594,14 +656,15 @@ def runs_waiting(as_json: Annotated[bool, typer.Option("--json")] = False) -> No
     typer.echo(f"run slots: {slots.running:,} taken of {cap}; {len(slots.waiting):,} group(s) waiting")
     for w in slots.waiting:
         kind = w.lane + (", main" if w.is_main else "")
-        _echo(f"  {w.position:>3}. {w.chat_jid:30} {kind:16} waiting {w.waited_s:.0f}s "
-              f"(since {w.since:%H:%M:%S} UTC)")
+        _echo(f"  {w.position:>3}. {w.chat_jid:30} {kind:16} waiting {w.waited_s:.0f}s (since {w.since:%H:%M:%S} UTC)")
 
 
 @runs_app.command("show")
 def runs_show(
     run_id: str,
-    show_input: Annotated[bool, typer.Option("--input", help="Print the exact ContainerInput JSON the run sent.")] = False,
+    show_input: Annotated[
+        bool, typer.Option("--input", help="Print the exact ContainerInput JSON the run sent.")
+    ] = False,
     verify: Annotated[bool, typer.Option(help="Rebuild the input from the stored history and compare.")] = False,
 ) -> None:
     """Show one run (an id or a unique prefix)."""
@@ -627,15 +690,20 @@ def runs_show(
         if verify:
             rebuilt = rebuild_input(db, settings, run.id)
             if rebuilt == recorded:
-                typer.echo(f"verified: the stored history rebuilds the same {len(recorded)} bytes "
-                           f"(sha256 {run.input_sha256})", err=True)
+                typer.echo(
+                    f"verified: the stored history rebuilds the same {len(recorded)} bytes (sha256 {run.input_sha256})",
+                    err=True,
+                )
                 return
             diff = difflib.unified_diff(
                 _pretty(recorded), _pretty(rebuilt), "sent", "rebuilt from history now", lineterm=""
             )
             _echo("\n".join(diff), err=True)
-            typer.secho("the history changed since this run (edited, superseded or context files changed)",
-                        fg=typer.colors.YELLOW, err=True)
+            typer.secho(
+                "the history changed since this run (edited, superseded or context files changed)",
+                fg=typer.colors.YELLOW,
+                err=True,
+            )
             raise typer.Exit(code=2)
     except OrchestratorError as exc:
         raise _fail(exc) from exc
@@ -685,12 +753,16 @@ def tasks_add(
         task = add_task(db, chat_jid=chat_jid, prompt=prompt, kind=kind, spec=spec, context_mode=context)  # type: ignore[arg-type]
     except OrchestratorError as exc:
         raise _fail(exc) from exc
-    _echo(f"task {task.id[:8]} ({task.kind} {task.spec}, {task.context_mode}) next at {task.next_run_at:%Y-%m-%d %H:%M:%S} UTC")
+    _echo(
+        f"task {task.id[:8]} ({task.kind} {task.spec}, {task.context_mode}) next at {task.next_run_at:%Y-%m-%d %H:%M:%S} UTC"
+    )
 
 
 @tasks_app.command("list")
 def tasks_list(
-    group: Annotated[Optional[str], typer.Option("--chat-jid", "--group", help="Only this chat (--group: its older name).")] = None,
+    group: Annotated[
+        Optional[str], typer.Option("--chat-jid", "--group", help="Only this chat (--group: its older name).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """List scheduled tasks."""
@@ -703,7 +775,9 @@ def tasks_list(
         return
     for t in tasks:
         nxt = f"{t.next_run_at:%Y-%m-%d %H:%M:%S}" if t.next_run_at else "-"
-        _echo(f"{t.id[:8]}  {t.state:9} {t.chat_jid:20} {t.kind:8} {t.spec:16} {t.context_mode:8} next {nxt}  runs {t.runs}  {t.prompt[:40]}")
+        _echo(
+            f"{t.id[:8]}  {t.state:9} {t.chat_jid:20} {t.kind:8} {t.spec:16} {t.context_mode:8} next {nxt}  runs {t.runs}  {t.prompt[:40]}"
+        )
 
 
 def _task_action(task_id: str, action: str) -> None:
@@ -741,9 +815,12 @@ def tasks_cancel(task_id: str) -> None:
 @image_app.command("build")
 def image_build(
     force: Annotated[bool, typer.Option(help="Rebuild even if current.")] = False,
-    variant: Annotated[Optional[str], typer.Option(
-        help="Also build this variant on top (claude-code); default: the one ORCHESTRATOR_MODEL needs, if any.",
-    )] = None,
+    variant: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Also build this variant on top (claude-code); default: the one ORCHESTRATOR_MODEL needs, if any.",
+        ),
+    ] = None,
 ) -> None:
     """Build the agent image (and the local base image if missing), offline."""
     from orchestrator.sandbox.containers import docker_client

@@ -27,8 +27,13 @@ def register(runs_app: typer.Typer) -> None:
 
 def runs_replay(
     run_id: str,
-    model: Annotated[str, typer.Option(help="The model to ask: 'offline', 'anthropic:<model id>' or "
-                                            "'openai:<model id>', as ORCHESTRATOR_MODEL spells it.")],
+    model: Annotated[
+        str,
+        typer.Option(
+            help="The model to ask: 'offline', 'anthropic:<model id>' or "
+            "'openai:<model id>', as ORCHESTRATOR_MODEL spells it."
+        ),
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print the diff as JSON.")] = False,
 ) -> None:
     """Run a recorded run's exact input against another model, here and now, in a scratch copy of

@@ -123,10 +123,11 @@ _FINAL_STATES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 @click.argument("chat_jid", metavar="CHAT_JID")
 @click.argument("text")
 @click.option("--sender", default="cli-user", show_default=True, help="Sender name.")
-@click.option("--wait", type=float, default=0, show_default=True,
-              help="Seconds to wait for the run and print replies (0: don't).")
+@click.option(
+    "--wait", type=float, default=0, show_default=True, help="Seconds to wait for the run and print replies (0: don't)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print replies as JSON lines.")
-@click.option("--metadata", default=None, help='Metadata JSON object, e.g. \'{"context": [...]}\'.')
+@click.option("--metadata", default=None, help="Metadata JSON object, e.g. '{\"context\": [...]}'.")
 def send_command(chat_jid: str, text: str, sender: str, wait: float, as_json: bool, metadata: str | None) -> None:
     from orchestrator.core.settings import Settings
 
@@ -135,8 +136,13 @@ def send_command(chat_jid: str, text: str, sender: str, wait: float, as_json: bo
         meta = None if metadata is None else json.loads(metadata)
     except (OrchestratorError, ValueError) as exc:
         raise _fail(exc) from exc
-    body: _MessageBody = {"id": f"msg-{uuid.uuid4().hex}", "chat_jid": chat_jid, "sender": sender,
-                            "sender_name": sender, "content": text}
+    body: _MessageBody = {
+        "id": f"msg-{uuid.uuid4().hex}",
+        "chat_jid": chat_jid,
+        "sender": sender,
+        "sender_name": sender,
+        "content": text,
+    }
     if meta is not None:
         body["metadata"] = meta
     chat: _Chat
@@ -158,8 +164,10 @@ def send_command(chat_jid: str, text: str, sender: str, wait: float, as_json: bo
 
 def _said_stored(chat_jid: str, seq: int, triggered: bool, where: str) -> None:
     # Said once the message is committed, before any reply: on its own line.
-    click.echo(for_terminal(f"stored #{seq} in {chat_jid}{where}" + ("" if triggered else " (does not wake the agent)")),
-               err=True)
+    click.echo(
+        for_terminal(f"stored #{seq} in {chat_jid}{where}" + ("" if triggered else " (does not wake the agent)")),
+        err=True,
+    )
 
 
 def _send_to_api(settings: Settings, body: _MessageBody) -> tuple[ApiClient, int, bool] | None:
@@ -197,8 +205,12 @@ def _store_in_process(body: _MessageBody) -> tuple[Orchestrator, int, bool]:
 
     try:
         result = ingest(
-            root.db, root.settings, IncomingMessage(**body),
-            signal=root.signals.group, signal_delivery=root.signals.delivery, on_stored=stored,
+            root.db,
+            root.settings,
+            IncomingMessage(**body),
+            signal=root.signals.group,
+            signal_delivery=root.signals.delivery,
+            on_stored=stored,
         )
     except (OrchestratorError, ValueError) as exc:
         raise _fail(exc) from exc
@@ -232,8 +244,11 @@ def _print_replies(chat: _Chat, after: int, assistant: str, as_json: bool) -> in
         if not (m.is_from_me or m.message_type == "host"):
             continue  # other people's messages are not replies
         # JSON lines in ASCII (every control, C1 and bidi character a \u escape); text lines escaped.
-        click.echo(json.dumps(m.model_dump(mode="json")) if as_json
-                   else for_terminal(f"[{m.message_type}] {render_text(m, assistant)}"))
+        click.echo(
+            json.dumps(m.model_dump(mode="json"))
+            if as_json
+            else for_terminal(f"[{m.message_type}] {render_text(m, assistant)}")
+        )
     return after
 
 

@@ -15,8 +15,11 @@ from orchestrator.cli.support import fail as _fail
 from orchestrator.cli.support import setup as _setup
 from orchestrator.core.errors import OrchestratorError
 
-slack_app = typer.Typer(rich_markup_mode=None, no_args_is_help=True,
-                        help="Slack: messages in over Socket Mode (the channel sends them out).")
+slack_app = typer.Typer(
+    rich_markup_mode=None,
+    no_args_is_help=True,
+    help="Slack: messages in over Socket Mode (the channel sends them out).",
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -43,8 +46,7 @@ def socket(
     root = _setup()
     stop = _stop_on_signals()
     try:
-        listener = SlackSocket(root.db, root.settings, signal=root.signals.group,
-                               signal_delivery=root.signals.delivery)
+        listener = SlackSocket(root.db, root.settings, signal=root.signals.group, signal_delivery=root.signals.delivery)
         listener.connect()
         follower = WorkingMessages(root.db, root.settings, SlackWeb(root.settings)) if progress else None
     except OrchestratorError as exc:

@@ -95,9 +95,21 @@ def worker_argv(
     if unknown or not queues:
         raise ValueError(f"queues must be some of {', '.join(QUEUES)}, not {', '.join(unknown) or 'none'}")
     argv = [
-        sys.executable, "-m", "celery", "-A", "workers.app", "worker",
-        "-Q", ",".join(queues), "--concurrency", str(concurrency), "-l", loglevel,
-        "-E", "--without-gossip", "--without-mingle",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.app",
+        "worker",
+        "-Q",
+        ",".join(queues),
+        "--concurrency",
+        str(concurrency),
+        "-l",
+        loglevel,
+        "-E",
+        "--without-gossip",
+        "--without-mingle",
     ]
     return argv + ["-n", name] if name else argv
 
@@ -114,6 +126,21 @@ def api_argv(host: str, port: int, log_config: Path | None = None) -> list[str]:
     # httptools' parser and uvloop's event loop (both dependencies) rather than uvicorn's
     # pure-Python h11 on asyncio's loop: named here so that a missing one fails at start
     # instead of silently costing ~2x per request (docs/performance.md, "The HTTP path").
-    argv = [sys.executable, "-m", "uvicorn", "--factory", "orchestrator.http.api:serve_app", "--host", host,
-            "--port", str(port), "--timeout-graceful-shutdown", "3", "--http", "httptools", "--loop", "uvloop"]
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "orchestrator.http.api:serve_app",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--timeout-graceful-shutdown",
+        "3",
+        "--http",
+        "httptools",
+        "--loop",
+        "uvloop",
+    ]
     return argv + ["--log-config", str(log_config)] if log_config is not None else argv

@@ -11,7 +11,9 @@ from orchestrator.cli.support import fail as _fail
 from orchestrator.cli.support import setup as _setup
 from orchestrator.core.errors import OrchestratorError
 
-telegram_app = typer.Typer(rich_markup_mode=None, help="Telegram: messages in by long polling (the channel sends them out).")
+telegram_app = typer.Typer(
+    rich_markup_mode=None, help="Telegram: messages in by long polling (the channel sends them out)."
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -29,8 +31,9 @@ def poll(
     root = _setup()
     settings, db = root.settings, root.db
     try:
-        stored = poll_forever(db, settings, once=once, timeout=timeout, signal=root.signals.group,
-                              signal_delivery=root.signals.delivery)
+        stored = poll_forever(
+            db, settings, once=once, timeout=timeout, signal=root.signals.group, signal_delivery=root.signals.delivery
+        )
     except OrchestratorError as exc:
         raise _fail(exc) from exc
     except KeyboardInterrupt:

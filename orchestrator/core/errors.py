@@ -121,9 +121,11 @@ class UnregisteredChatsFull(UnknownGroup):
 
     def __init__(self, chat_jid: str, limit: int) -> None:
         super().__init__(chat_jid)
-        self.args = (f"no registered group for chat {chat_jid!r}, and {limit} unregistered chats are kept "
-                     "already (ORCHESTRATOR_UNREGISTERED_CHATS): the message was not stored; register the "
-                     "chat as a group to take its messages",)
+        self.args = (
+            f"no registered group for chat {chat_jid!r}, and {limit} unregistered chats are kept "
+            "already (ORCHESTRATOR_UNREGISTERED_CHATS): the message was not stored; register the "
+            "chat as a group to take its messages",
+        )
         self.limit = limit
 
 
@@ -138,8 +140,9 @@ class DatabaseUnavailable(StoreError):
     names no address, user or path of the database."""
 
     def __init__(self, reason: str, retry_after_s: int) -> None:
-        super().__init__(f"the database is unavailable for now: {reason}; nothing was stored, "
-                         f"try again in {retry_after_s} s")
+        super().__init__(
+            f"the database is unavailable for now: {reason}; nothing was stored, try again in {retry_after_s} s"
+        )
         self.reason = reason
         self.retry_after_s = retry_after_s
 

@@ -151,10 +151,17 @@ def dict_config(settings: Settings, level: str | int | None = None) -> JsonObjec
     """The ``logging.config.dictConfig`` of :func:`configure`; uvicorn reads it from a
     file (``--log-config``) for its own loggers too."""
     chosen = level if level is not None else settings.log_level
-    formatter = "orchestrator.core.logs.json_formatter" if settings.log_format == "json" else \
-        "orchestrator.core.logs.text_formatter"
-    handler: dict[str, Any] = {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
-                               "formatter": "line", "filters": ["context"]}
+    formatter = (
+        "orchestrator.core.logs.json_formatter"
+        if settings.log_format == "json"
+        else "orchestrator.core.logs.text_formatter"
+    )
+    handler: dict[str, Any] = {
+        "class": "logging.StreamHandler",
+        "stream": "ext://sys.stderr",
+        "formatter": "line",
+        "filters": ["context"],
+    }
     quiet = {"level": "WARNING"}
     return {
         "version": 1,

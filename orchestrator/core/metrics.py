@@ -75,36 +75,60 @@ log = logging.getLogger(__name__)
 RUN_STATES = ("succeeded", "failed", "timed_out", "cancelled")
 SWEEPER_ACTIONS_NAMES = ("interrupted_runs", "signalled_groups", "removed_containers", "abandoned_deliveries")
 
-MESSAGES_INGESTED = Counter("orchestrator_messages_ingested", "Messages stored by ingest (duplicates not counted), "
-                            "by whether they woke the agent.", ["wakes"])
-SENDER_REFUSALS = Counter("orchestrator_sender_refusals", "Messages refused: their sender was over "
-                          "ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE.")
-UNREGISTERED_DROPS = Counter("orchestrator_unregistered_messages_dropped", "Messages not stored: their chat is "
-                             "no registered group and ORCHESTRATOR_UNREGISTERED_CHATS such chats are kept already.")
+MESSAGES_INGESTED = Counter(
+    "orchestrator_messages_ingested",
+    "Messages stored by ingest (duplicates not counted), by whether they woke the agent.",
+    ["wakes"],
+)
+SENDER_REFUSALS = Counter(
+    "orchestrator_sender_refusals", "Messages refused: their sender was over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE."
+)
+UNREGISTERED_DROPS = Counter(
+    "orchestrator_unregistered_messages_dropped",
+    "Messages not stored: their chat is "
+    "no registered group and ORCHESTRATOR_UNREGISTERED_CHATS such chats are kept already.",
+)
 RUNS_STARTED = Counter("orchestrator_runs_started", "Agent runs created (one per run, not per attempt).")
 RUNS_FINISHED = Counter("orchestrator_runs_finished", "Agent runs ended, by their final state.", ["state"])
-RUN_DURATION = Histogram("orchestrator_run_duration_seconds", "A finished run's duration, from its creation to its "
-                         "end (the database's clock; retries included).",
-                         buckets=(1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600))
-RUN_FIRST_REPLY = Histogram("orchestrator_run_first_reply_seconds", "From a run's creation to its first stored "
-                            "assistant reply (the database's clock).",
-                            buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
-QUEUE_WAIT = Histogram("orchestrator_queue_wait_seconds", "From the oldest message a run answers being stored "
-                       "to the run's creation (the database's clock).",
-                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600))
-MESSAGE_FIRST_REPLY = Histogram("orchestrator_message_first_reply_seconds", "From the oldest message a run answers "
-                                "being stored to the run's first stored assistant reply (the database's clock).",
-                                buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800))
-CONTAINER_START = Histogram("orchestrator_container_start_seconds", "From asking the sandbox for the agent to "
-                            "having it: a new container (cold), a warm one reused, or a standby one adopted.", ["mode"],
-                            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-DELIVERIES = Counter("orchestrator_deliveries", "Delivery attempts ended: sent, retried (back to pending), "
-                     "failed (for good), cancelled (superseded).", ["channel", "state"])
+RUN_DURATION = Histogram(
+    "orchestrator_run_duration_seconds",
+    "A finished run's duration, from its creation to its end (the database's clock; retries included).",
+    buckets=(1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+)
+RUN_FIRST_REPLY = Histogram(
+    "orchestrator_run_first_reply_seconds",
+    "From a run's creation to its first stored assistant reply (the database's clock).",
+    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
+QUEUE_WAIT = Histogram(
+    "orchestrator_queue_wait_seconds",
+    "From the oldest message a run answers being stored to the run's creation (the database's clock).",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
+)
+MESSAGE_FIRST_REPLY = Histogram(
+    "orchestrator_message_first_reply_seconds",
+    "From the oldest message a run answers "
+    "being stored to the run's first stored assistant reply (the database's clock).",
+    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+)
+CONTAINER_START = Histogram(
+    "orchestrator_container_start_seconds",
+    "From asking the sandbox for the agent to "
+    "having it: a new container (cold), a warm one reused, or a standby one adopted.",
+    ["mode"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+DELIVERIES = Counter(
+    "orchestrator_deliveries",
+    "Delivery attempts ended: sent, retried (back to pending), failed (for good), cancelled (superseded).",
+    ["channel", "state"],
+)
 DELIVERY_SECONDS = Histogram("orchestrator_delivery_seconds", "A channel's send call.", ["channel"])
 LEASE_LOSSES = Counter("orchestrator_lease_losses", "Runs given up because another worker took the group's lease.")
 SWEEPER_ACTIONS = Counter("orchestrator_sweeper_actions", "What sweeps did.", ["action"])
-QUOTA_WAITS = Counter("orchestrator_quota_waits", "Steps that found their group over a quota and started nothing.",
-                      ["quota"])
+QUOTA_WAITS = Counter(
+    "orchestrator_quota_waits", "Steps that found their group over a quota and started nothing.", ["quota"]
+)
 
 # Label values known in advance start at 0, so a rate() has a series before the first event.
 for _state in RUN_STATES:
@@ -187,8 +211,13 @@ def serve_multiprocess(path: Path, host: str, port: int) -> WSGIServer | None:
     try:
         server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
-        log.error("metrics: cannot serve on %s:%d (%s); this worker goes on without a metrics endpoint "
-                  "(ORCHESTRATOR_METRICS_PORT: one port per worker on a machine)", host, port, exc)
+        log.error(
+            "metrics: cannot serve on %s:%d (%s); this worker goes on without a metrics endpoint "
+            "(ORCHESTRATOR_METRICS_PORT: one port per worker on a machine)",
+            host,
+            port,
+            exc,
+        )
         return None
     log.info("metrics: serving this worker's processes on http://%s:%d/metrics", host, port)
     return server

@@ -380,18 +380,23 @@ class Settings(msgspec.Struct, kw_only=True):
             raise SettingsError(
                 f"{ENV_PREFIX}THINKING_BUDGET={self.thinking_budget}: at least 1024 and below "
                 f"{ENV_PREFIX}MAX_TOKENS ({self.max_tokens}), which bounds thinking and answer together; "
-                "0 turns thinking off")
+                "0 turns thinking off"
+            )
         user, colon, password = self.flower_basic_auth.partition(":")
         if self.flower_basic_auth and not (user and colon and password and "," not in self.flower_basic_auth):
             raise SettingsError(f"{ENV_PREFIX}FLOWER_BASIC_AUTH must be user:password (one pair, both non-empty)")
         if self.webhook_inbound_secret and self.webhook_inbound_secret == self.webhook_secret:
             # Every receiver of our deliveries holds the outbound secret: shared, it lets any of them post as anyone.
-            raise SettingsError(f"{ENV_PREFIX}WEBHOOK_INBOUND_SECRET must differ from {ENV_PREFIX}WEBHOOK_SECRET "
-                                "(every receiver of the outbound webhooks holds that one)")
+            raise SettingsError(
+                f"{ENV_PREFIX}WEBHOOK_INBOUND_SECRET must differ from {ENV_PREFIX}WEBHOOK_SECRET "
+                "(every receiver of the outbound webhooks holds that one)"
+            )
         unknown = set(self.trace_exporters) - {"console", "otlp"}
         if unknown:
-            raise SettingsError(f"OTEL_TRACES_EXPORTER={self.otel_traces_exporter!r}: "
-                                f"use none, console, otlp or console,otlp (not {', '.join(sorted(unknown))})")
+            raise SettingsError(
+                f"OTEL_TRACES_EXPORTER={self.otel_traces_exporter!r}: "
+                f"use none, console, otlp or console,otlp (not {', '.join(sorted(unknown))})"
+            )
 
     @classmethod
     def load(
@@ -415,7 +420,7 @@ class Settings(msgspec.Struct, kw_only=True):
                 if value is not None and key.upper() in _OTEL_VARIABLES:
                     raw[key.lower()] = value  # the standard's own name, not ORCHESTRATOR_OTEL_...
                 elif value is not None and key.upper().startswith(ENV_PREFIX):
-                    name = key[len(ENV_PREFIX):].lower()
+                    name = key[len(ENV_PREFIX) :].lower()
                     if name in _FIELDS and name.upper() not in _OTEL_VARIABLES:
                         raw[name] = _BOOL_WORDS.get(value.strip().lower(), value) if name in _BOOL_FIELDS else value
         raw.update(values)
@@ -543,8 +548,18 @@ def private_dir(path: Path) -> Path:
 _FIELDS = frozenset(f.name for f in msgspec.structs.fields(Settings))
 _FIELDS_IN_ORDER = tuple(f.name for f in msgspec.structs.fields(Settings))
 # The settings that are secrets: masked in repr(), removed from log lines (Settings.secrets).
-SECRET_FIELDS = ("api_token", "flower_basic_auth", "webhook_secret", "webhook_inbound_secret", "anthropic_api_key",
-                 "openai_api_key", "telegram_bot_token", "slack_bot_token", "slack_signing_secret", "slack_app_token")
+SECRET_FIELDS = (
+    "api_token",
+    "flower_basic_auth",
+    "webhook_secret",
+    "webhook_inbound_secret",
+    "anthropic_api_key",
+    "openai_api_key",
+    "telegram_bot_token",
+    "slack_bot_token",
+    "slack_signing_secret",
+    "slack_app_token",
+)
 # URLs that may carry a password (postgresql://user:password@host/db, redis://:password@host).
 _URL_FIELDS = ("database_url", "broker_url")
 
@@ -556,6 +571,8 @@ def _without_password(url: str) -> str:
     netloc = parts.netloc.rpartition("@")
     user = netloc[0].partition(":")[0]
     return urlunsplit(parts._replace(netloc=f"{user}:********@{netloc[2]}"))
+
+
 # OpenTelemetry's standard variables this object reads (by their own names: an operator's
 # collector set-up uses them for every service).  The SDK reads the rest of the standard's
 # variables itself (OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT, _COMPRESSION, certificates,
@@ -580,4 +597,8 @@ def _config_problem(message: str, raw: Mapping[str, object]) -> str:
     if not field:
         return message
     what = what.replace("Expected", "expected", 1)
-    return f"{ENV_PREFIX}{field.upper()}={raw[field]!r}: {what}" if field in raw else f"{ENV_PREFIX}{field.upper()}: {what}"
+    return (
+        f"{ENV_PREFIX}{field.upper()}={raw[field]!r}: {what}"
+        if field in raw
+        else f"{ENV_PREFIX}{field.upper()}: {what}"
+    )

@@ -135,16 +135,20 @@ def _otlp_exporter(settings: Settings) -> SpanExporter:
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError as exc:
-        raise ConfigError("OTEL_TRACES_EXPORTER=otlp needs the OTLP exporter: "
-                          "pip install 'agent-orchestrator[otlp]'") from exc
+        raise ConfigError(
+            "OTEL_TRACES_EXPORTER=otlp needs the OTLP exporter: pip install 'agent-orchestrator[otlp]'"
+        ) from exc
     endpoint = settings.otel_exporter_otlp_traces_endpoint or (
-        settings.otel_exporter_otlp_endpoint.rstrip("/") + "/v1/traces" if settings.otel_exporter_otlp_endpoint
-        else None)  # None: the SDK's default, http://localhost:4318/v1/traces
+        settings.otel_exporter_otlp_endpoint.rstrip("/") + "/v1/traces"
+        if settings.otel_exporter_otlp_endpoint
+        else None
+    )  # None: the SDK's default, http://localhost:4318/v1/traces
     return OTLPSpanExporter(endpoint=endpoint)
 
 
-def install(exporter: SpanExporter, *, batch: bool = False, service_name: str = "agent-orchestrator",
-            host: str = "") -> None:
+def install(
+    exporter: SpanExporter, *, batch: bool = False, service_name: str = "agent-orchestrator", host: str = ""
+) -> None:
     """Export this process's spans to ``exporter`` from now on, whatever was configured
     (the tests' in-memory exporter); :func:`shutdown` takes it away."""
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -234,8 +238,13 @@ def span(
             if (other.trace_id, other.span_id) not in seen:
                 seen.add((other.trace_id, other.span_id))
                 links.append(trace.Link(other, {"orchestrator.link": "also answers"}))
-    with tracer.start_as_current_span(name, context=context, kind=SpanKind[kind.upper()], links=links,
-                                      attributes={k: v for k, v in (attributes or {}).items() if v is not None}):
+    with tracer.start_as_current_span(
+        name,
+        context=context,
+        kind=SpanKind[kind.upper()],
+        links=links,
+        attributes={k: v for k, v in (attributes or {}).items() if v is not None},
+    ):
         yield
 
 

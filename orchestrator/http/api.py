@@ -172,9 +172,13 @@ class NewGroup(BaseModel):
     assistant_name: str | None = Field(
         default=None, pattern=ASSISTANT_NAME_PATTERN, description="This group's assistant (default: the setting)."
     )
-    is_main: JsonBool = Field(default=False, description=(
-        "The main group: answers every message (no trigger) and its agent may post to other chats. "
-        "There is one; 409 if another group is main."))
+    is_main: JsonBool = Field(
+        default=False,
+        description=(
+            "The main group: answers every message (no trigger) and its agent may post to other chats. "
+            "There is one; 409 if another group is main."
+        ),
+    )
 
 
 def _no_default(schema: dict[str, Any]) -> None:
@@ -189,11 +193,12 @@ class GroupChanges(BaseModel):
 
     # Left out or given, never null (change_group refuses a null naming the field): None here only
     # means "not given", so the document states the given value alone, without that default.
-    name: Annotated[str | None, WithJsonSchema(
-        {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NO_NUL_PATTERN})] = Field(
-        default=None, min_length=1, max_length=200, pattern=NO_NUL_PATTERN, json_schema_extra=_no_default)
+    name: Annotated[
+        str | None, WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 200, "pattern": NO_NUL_PATTERN})
+    ] = Field(default=None, min_length=1, max_length=200, pattern=NO_NUL_PATTERN, json_schema_extra=_no_default)
     requires_trigger: Annotated[JsonBool | None, WithJsonSchema({"type": "boolean"})] = Field(
-        default=None, json_schema_extra=_no_default)
+        default=None, json_schema_extra=_no_default
+    )
     assistant_name: str | None = Field(default=None, pattern=ASSISTANT_NAME_PATTERN)
     container_config: ContainerConfig | None = Field(
         default=None,
@@ -215,16 +220,24 @@ class GroupChanges(BaseModel):
 class ReplayRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    model: str = Field(min_length=1, max_length=256, pattern=r"^(offline|(anthropic|openai):[^\x00\s]+)$",
-                       description="The model to replay the run with, as ORCHESTRATOR_MODEL spells it: `offline`, "
-                                   "`anthropic:<model id>` or `openai:<model id>`.")
+    model: str = Field(
+        min_length=1,
+        max_length=256,
+        pattern=r"^(offline|(anthropic|openai):[^\x00\s]+)$",
+        description="The model to replay the run with, as ORCHESTRATOR_MODEL spells it: `offline`, "
+        "`anthropic:<model id>` or `openai:<model id>`.",
+    )
 
 
 class MoveRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    host: str = Field(min_length=1, max_length=256, pattern=NO_NUL_PATTERN, description="The worker host (ORCHESTRATOR_HOST_ID) to place "
-                      "the group on; it must be up (GET /api/hosts).")
+    host: str = Field(
+        min_length=1,
+        max_length=256,
+        pattern=NO_NUL_PATTERN,
+        description="The worker host (ORCHESTRATOR_HOST_ID) to place the group on; it must be up (GET /api/hosts).",
+    )
 
 
 # The context items an edit may give, as the document states them; checked by
@@ -253,30 +266,41 @@ def _bad_request(field: str, message: str) -> JSONResponse:
 
 
 _STATUS: list[tuple[type[OrchestratorError], int]] = [
-    (UnknownGroup, 404), (MessageNotFound, 404), (GroupBusy, 409), (HostUnavailable, 409), (ChangeRefused, 409),
+    (UnknownGroup, 404),
+    (MessageNotFound, 404),
+    (GroupBusy, 409),
+    (HostUnavailable, 409),
+    (ChangeRefused, 409),
     (InvalidMessage, 400),
 ]
 
 
 def rate_limited_response(exc: RateLimited) -> JSONResponse:
     """429 with ``Retry-After`` (whole seconds) for a sender over its rate; nothing was stored."""
-    return JSONResponse(status_code=429, content={"detail": str(exc), "retry_after_s": exc.retry_after_s},
-                        headers={"Retry-After": str(exc.retry_after_s)})
+    return JSONResponse(
+        status_code=429,
+        content={"detail": str(exc), "retry_after_s": exc.retry_after_s},
+        headers={"Retry-After": str(exc.retry_after_s)},
+    )
 
 
 # What edit, regenerate and truncate may answer besides their 200 (and the shared 400 and 401).
 HISTORY_CHANGE_ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"description": "no such registered chat, or no such message in it"},
-    409: {"description": "the message's state does not allow the change (superseded; not a person's "
-                         "message to edit; not a reply to regenerate), or a run is in progress in the chat"},
+    409: {
+        "description": "the message's state does not allow the change (superseded; not a person's "
+        "message to edit; not a reply to regenerate), or a run is in progress in the chat"
+    },
 }
 
 # What POST /api/messages (and the inbound webhook) lists for a sender over its rate.
-RATE_LIMITED_DOC: dict[int | str, dict[str, Any]] = {429: {
-    "description": "the sender sent ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE messages into the chat in the last "
-                   "minute; nothing was stored. `Retry-After`: seconds until one more is taken",
-    "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}},
-}}
+RATE_LIMITED_DOC: dict[int | str, dict[str, Any]] = {
+    429: {
+        "description": "the sender sent ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE messages into the chat in the last "
+        "minute; nothing was stored. `Retry-After`: seconds until one more is taken",
+        "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}},
+    }
+}
 
 
 # Retry-After of a 503: a PostgreSQL restart takes seconds; a lock held elsewhere was
@@ -291,8 +315,11 @@ def _error_response(exc: OrchestratorError) -> JSONResponse:
     if isinstance(exc, RateLimited):
         return rate_limited_response(exc)
     if isinstance(exc, DatabaseUnavailable):
-        return JSONResponse(status_code=503, content={"detail": str(exc), "retry_after_s": exc.retry_after_s},
-                            headers={"Retry-After": str(exc.retry_after_s)})
+        return JSONResponse(
+            status_code=503,
+            content={"detail": str(exc), "retry_after_s": exc.retry_after_s},
+            headers={"Retry-After": str(exc.retry_after_s)},
+        )
     status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
     return JSONResponse(status_code=status, content={"detail": str(exc)})
 
@@ -319,8 +346,9 @@ def check_exposure(host: str, token: str) -> None:
 
 
 # The bearer token's scheme in the API's document; stateless, so one for every app.
-BEARER = HTTPBearer(auto_error=False,
-                    description="ORCHESTRATOR_API_TOKEN; required when the server listens beyond loopback.")
+BEARER = HTTPBearer(
+    auto_error=False, description="ORCHESTRATOR_API_TOKEN; required when the server listens beyond loopback."
+)
 
 
 def _token_check(settings: Settings) -> Callable[[HTTPAuthorizationCredentials | None], None]:
@@ -333,7 +361,8 @@ def _token_check(settings: Settings) -> Callable[[HTTPAuthorizationCredentials |
         given = credentials.credentials.encode() if credentials is not None else b""
         if not hmac.compare_digest(given, expected):
             raise HTTPException(
-                401, "missing or wrong bearer token" if given else "this API needs 'Authorization: Bearer <token>'",
+                401,
+                "missing or wrong bearer token" if given else "this API needs 'Authorization: Bearer <token>'",
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
@@ -397,13 +426,17 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     document_shared_errors(api)  # the 400, 401 and error bodies every route shares
     allow_every_method(api)
     require_token = _metrics_check(settings)
-    router = APIRouter(prefix="/api", dependencies=[Depends(_api_checks(settings))],
-                       responses={421: {"description": f"the request's {INSTALL_HEADER} names another installation"}})
+    router = APIRouter(
+        prefix="/api",
+        dependencies=[Depends(_api_checks(settings))],
+        responses={421: {"description": f"the request's {INSTALL_HEADER} names another installation"}},
+    )
     signal, signal_delivery = root.signals.group, root.signals.delivery
 
     def unregistered(chat_jid: str) -> HTTPException:
         return HTTPException(
-            404, f"no registered group for chat {chat_jid!r} (register it with POST /api/groups; "
+            404,
+            f"no registered group for chat {chat_jid!r} (register it with POST /api/groups; "
             "ORCHESTRATOR_API_REQUIRE_REGISTERED_CHAT=false accepts any chat)",
         )
 
@@ -416,8 +449,10 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         # 400 (not FastAPI's 422) with the first offending field, like every other bad input.
         err = exc.errors()[0]
         # As the other 400s name fields: dotted, list indexes in brackets (extra_mounts[0].name).
-        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.get("loc", ())
-                        if p != "body").lstrip(".") or "body"
+        field = (
+            "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.get("loc", ()) if p != "body").lstrip(".")
+            or "body"
+        )
         return _bad_request(field, f"{field}: {str(err.get('msg', 'invalid')).removeprefix('Value error, ')}")
 
     @api.exception_handler(OrchestratorError)
@@ -461,8 +496,12 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         database = database_health() if health_inline else await run_in_threadpool(database_health)
         return _json(Health(status="ok" if database == "ok" else "degraded", database=database, broker=broker_kind))
 
-    @api.get("/metrics", dependencies=[Depends(require_token)], response_class=PlainTextResponse,
-             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus' text format"}})
+    @api.get(
+        "/metrics",
+        dependencies=[Depends(require_token)],
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus' text format"}},
+    )
     def prometheus_metrics() -> Response:
         """This API process's Prometheus metrics (ingest) and the fleet's per-host gauges
         read from the database; the workers serve theirs on ORCHESTRATOR_METRICS_PORT.
@@ -473,14 +512,21 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     @router.get("/info", response_model=Info)
     def info() -> Info:
         return Info(
-            assistant_name=settings.assistant_name, trigger_names=settings.trigger_names,
-            require_registered_chat=settings.api_require_registered_chat, token_required=bool(settings.api_token),
+            assistant_name=settings.assistant_name,
+            trigger_names=settings.trigger_names,
+            require_registered_chat=settings.api_require_registered_chat,
+            token_required=bool(settings.api_token),
         )
 
     @router.post(
-        "/messages", status_code=201, response_model=PostedMessage,
-        responses={404: {"description": "the chat is not a registered group (when registration is required)"},
-                   413: {"description": "content too long"}, **RATE_LIMITED_DOC},
+        "/messages",
+        status_code=201,
+        response_model=PostedMessage,
+        responses={
+            404: {"description": "the chat is not a registered group (when registration is required)"},
+            413: {"description": "content too long"},
+            **RATE_LIMITED_DOC,
+        },
     )
     async def post_message(body: IncomingMessage) -> Response:
         if len(body.content) > MAX_CONTENT_CHARS:
@@ -496,15 +542,23 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
             except Exception as exc:  # noqa: BLE001 - the database's state: every post's answer
                 return [exc] * len(bodies)
             refused = {i: unregistered(body.chat_jid) for i, body in enumerate(bodies) if body.chat_jid not in known}
-        stored = iter(ingest_batch(db, settings, [b for i, b in enumerate(bodies) if i not in refused],
-                                   signal=signal, signal_delivery=signal_delivery))
+        stored = iter(
+            ingest_batch(
+                db,
+                settings,
+                [b for i, b in enumerate(bodies) if i not in refused],
+                signal=signal,
+                signal_delivery=signal_delivery,
+            )
+        )
         return [refused[i] if i in refused else _posted(next(stored)) for i in range(len(bodies))]
 
     def _posted(result: IngestResult | Exception) -> Response | Exception:
         if isinstance(result, Exception):
             return result
-        return _json(PostedMessage(message=result.message, created=result.created, triggered=result.triggered),
-                     status_code=201)
+        return _json(
+            PostedMessage(message=result.message, created=result.created, triggered=result.triggered), status_code=201
+        )
 
     # Posted messages are stored in the thread pool, those that arrive together in one
     # transaction (http/write_batches.py).  SQLite has one writer at a time, and a thread
@@ -513,7 +567,8 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     # posts that arrive meanwhile wait on the event loop for the next; PostgreSQL writes a
     # few batches at once, on the pool's connections.
     posts: WriteBatches[IncomingMessage, Response] = WriteBatches(
-        store_posted, writers=1 if db.is_sqlite else POSTGRES_WRITERS)
+        store_posted, writers=1 if db.is_sqlite else POSTGRES_WRITERS
+    )
 
     @router.get("/chats/{chat_jid}/messages", response_model=list[StoredMessage])
     def chat_messages(
@@ -527,9 +582,13 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     @router.get(
         "/chats/{chat_jid}/stream",
         response_class=EventSourceResponse,
-        responses={200: {"content": {"text/event-stream": {}},
-                         "description": "events `message` (id: seq), `run` and `reset`; see orchestrator/http/stream.py"},
-                   404: {"description": "the chat is not a registered group (when registration is required)"}},
+        responses={
+            200: {
+                "content": {"text/event-stream": {}},
+                "description": "events `message` (id: seq), `run` and `reset`; see orchestrator/http/stream.py",
+            },
+            404: {"description": "the chat is not a registered group (when registration is required)"},
+        },
     )
     async def stream(
         chat_jid: str,
@@ -540,28 +599,43 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         await run_in_threadpool(registered_or_404, chat_jid)
         return event_stream(db, chat_jid, max(after, last_event_id), settings.api_stream_poll_s)
 
-    @router.post("/chats/{chat_jid}/messages/{message_id}/edit", response_model=HistoryChange,
-                 responses=HISTORY_CHANGE_ERRORS)
+    @router.post(
+        "/chats/{chat_jid}/messages/{message_id}/edit", response_model=HistoryChange, responses=HISTORY_CHANGE_ERRORS
+    )
     def edit(chat_jid: str, message_id: str, body: EditRequest) -> HistoryChange:
         return edit_message(
             db, settings, chat_jid, message_id, body.content, context=body.context, rerun=body.rerun, signal=signal
         )
 
-    @router.post("/chats/{chat_jid}/messages/{message_id}/regenerate", response_model=HistoryChange,
-                 responses=HISTORY_CHANGE_ERRORS)
+    @router.post(
+        "/chats/{chat_jid}/messages/{message_id}/regenerate",
+        response_model=HistoryChange,
+        responses=HISTORY_CHANGE_ERRORS,
+    )
     def regenerate_reply(chat_jid: str, message_id: str) -> HistoryChange:
         return regenerate(db, settings, chat_jid, message_id, signal=signal)
 
-    @router.post("/chats/{chat_jid}/messages/{message_id}/truncate", response_model=HistoryChange,
-                 responses=HISTORY_CHANGE_ERRORS)
+    @router.post(
+        "/chats/{chat_jid}/messages/{message_id}/truncate",
+        response_model=HistoryChange,
+        responses=HISTORY_CHANGE_ERRORS,
+    )
     def truncate(chat_jid: str, message_id: str) -> HistoryChange:
         return truncate_after(db, settings, chat_jid, message_id)
 
-    @router.get("/chats/{chat_jid}/export", responses={200: {
-        "description": "`format=json`: the chat as JSON that `orchestrator import` reads back; "
-                       "`format=md`: as markdown",
-        "content": {"application/json": {"schema": {"type": "object"}},
-                    "text/markdown": {"schema": {"type": "string"}}}}})
+    @router.get(
+        "/chats/{chat_jid}/export",
+        responses={
+            200: {
+                "description": "`format=json`: the chat as JSON that `orchestrator import` reads back; "
+                "`format=md`: as markdown",
+                "content": {
+                    "application/json": {"schema": {"type": "object"}},
+                    "text/markdown": {"schema": {"type": "string"}},
+                },
+            }
+        },
+    )
     def export(chat_jid: str, format: Annotated[str, Query(pattern="^(md|json)$")] = "json") -> Response:
         if format == "json":
             return Response(export_json(db, chat_jid), media_type="application/json")
@@ -571,16 +645,26 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     def groups() -> list[Group]:
         return list_groups(db)
 
-    @router.post("/groups", status_code=201, response_model=Group,
-                 responses={409: {"description": "the chat or the folder is already registered, or "
-                                                 "is_main and another group is main"}})
+    @router.post(
+        "/groups",
+        status_code=201,
+        response_model=Group,
+        responses={
+            409: {"description": "the chat or the folder is already registered, or is_main and another group is main"}
+        },
+    )
     def register_group(body: NewGroup) -> Group | JSONResponse:
         """Register a chat as a group; with ``is_main`` the main group (``orchestrator up`` and
         ORCHESTRATOR_MAIN_GROUP make one on start)."""
         try:
             return add_group(
-                db, chat_jid=body.chat_jid, name=body.name, folder=body.folder, is_main=body.is_main,
-                requires_trigger=body.requires_trigger, assistant_name=body.assistant_name,
+                db,
+                chat_jid=body.chat_jid,
+                name=body.name,
+                folder=body.folder,
+                is_main=body.is_main,
+                requires_trigger=body.requires_trigger,
+                assistant_name=body.assistant_name,
             )
         except InvalidMessage as exc:
             return _bad_request("folder", str(exc))
@@ -607,8 +691,12 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         if "container_config" in given:
             try:
                 config = body.container_config
-                set_container_config(db, settings, chat_jid,
-                                     None if config is None else config.model_dump(mode="json", exclude_defaults=True))
+                set_container_config(
+                    db,
+                    settings,
+                    chat_jid,
+                    None if config is None else config.model_dump(mode="json", exclude_defaults=True),
+                )
             except ContainerConfigError as exc:
                 return _bad_request("container_config", str(exc))
             except MountRefused as exc:
@@ -616,9 +704,14 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         changes = {k: getattr(body, k) for k in given if k != "container_config"}
         return update_group(db, chat_jid, changes) if changes else get_group(db, chat_jid)
 
-    @router.post("/groups/{chat_jid}/move", response_model=Moved,
-                 responses={404: {"description": "no such group"},
-                            409: {"description": "the host is not up (dead, stopped, draining or unknown)"}})
+    @router.post(
+        "/groups/{chat_jid}/move",
+        response_model=Moved,
+        responses={
+            404: {"description": "no such group"},
+            409: {"description": "the host is not up (dead, stopped, draining or unknown)"},
+        },
+    )
     def move_group(chat_jid: str, body: MoveRequest) -> Moved:
         """Place the group on a worker host: its next runs go there (a run in progress finishes
         where it is; the old host stops the group's warm container).  Pending work is signalled there."""
@@ -631,8 +724,9 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
                 log.warning("could not signal %s on %s (%s); the sweeper will", chat_jid, body.host, exc)
         return moved
 
-    @router.get("/groups/{chat_jid}/usage", response_model=GroupUsage,
-                responses={404: {"description": "no such group"}})
+    @router.get(
+        "/groups/{chat_jid}/usage", response_model=GroupUsage, responses={404: {"description": "no such group"}}
+    )
     def usage(chat_jid: str) -> GroupUsage:
         """The group's runs in the last hour and tokens today against its quotas (by the database's
         clock), the sender rate limit, and, when a quota is reached, when the next run may start."""
@@ -643,7 +737,8 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
 
     @router.get("/runs", response_model=list[Run])
     def runs(
-        chat_jid: str | None = None, state: str | None = None,
+        chat_jid: str | None = None,
+        state: str | None = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
     ) -> list[Run]:
         return list_runs(db, chat_jid=chat_jid, state=state, limit=limit)
@@ -661,9 +756,13 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         except StoreError as exc:
             raise HTTPException(404, str(exc)) from exc
 
-    @router.get("/runs/{run_id}/input", responses={
-        200: {"description": "the ContainerInput JSON, byte for byte", "content": {"application/json": {}}},
-        404: {"description": "no such run, or it has no recorded input"}})
+    @router.get(
+        "/runs/{run_id}/input",
+        responses={
+            200: {"description": "the ContainerInput JSON, byte for byte", "content": {"application/json": {}}},
+            404: {"description": "no such run, or it has no recorded input"},
+        },
+    )
     def run_input(run_id: str) -> Response:
         """The exact ContainerInput JSON the run sent to its container."""
         try:
@@ -674,13 +773,21 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
             raise HTTPException(404, f"run {run_id} has no recorded input")
         return Response(data, media_type="application/json")
 
-    @router.post("/runs/{run_id}/replay", status_code=202, response_model=Run, responses={
-        404: {"description": "no such run"},
-        409: {"description": "the run has no recorded input that decodes: nothing to replay"},
-        429: {"description": "the group's quota (runs per hour, tokens per day) is spent: a replay counts "
-                             "against it. `Retry-After`: seconds until it frees",
-              "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}},
-        503: {"description": "the task queue did not take the replay; it was ended as failed"}})
+    @router.post(
+        "/runs/{run_id}/replay",
+        status_code=202,
+        response_model=Run,
+        responses={
+            404: {"description": "no such run"},
+            409: {"description": "the run has no recorded input that decodes: nothing to replay"},
+            429: {
+                "description": "the group's quota (runs per hour, tokens per day) is spent: a replay counts "
+                "against it. `Retry-After`: seconds until it frees",
+                "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}},
+            },
+            503: {"description": "the task queue did not take the replay; it was ended as failed"},
+        },
+    )
     def replay(run_id: str, body: ReplayRequest) -> Run | JSONResponse:
         """Replay the run's exact recorded input against ``model`` on a worker, in a scratch copy of
         the group's workspace; the chat, its workspace and its session are never touched, and what the
@@ -692,8 +799,11 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
             made = create_replay(db, settings, run_id, body.model)
         except ReplayLimited as exc:
             retry = max(1, math.ceil(exc.retry_after_s))
-            return JSONResponse(status_code=429, content={"detail": str(exc), "retry_after_s": retry},
-                                headers={"Retry-After": str(retry)})
+            return JSONResponse(
+                status_code=429,
+                content={"detail": str(exc), "retry_after_s": retry},
+                headers={"Retry-After": str(retry)},
+            )
         except ReplayRefused as exc:
             raise HTTPException(409, str(exc)) from exc
         except StoreError as exc:
@@ -707,8 +817,11 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
             raise HTTPException(503, failed.error or "the task queue did not take the replay") from exc
         return made
 
-    @router.get("/runs/{run_id}/diff/{other_id}", response_model=RunDiff,
-                responses={404: {"description": "no such run (either of them)"}})
+    @router.get(
+        "/runs/{run_id}/diff/{other_id}",
+        response_model=RunDiff,
+        responses={404: {"description": "no such run (either of them)"}},
+    )
     def run_diff(run_id: str, other_id: str) -> RunDiff:
         """Two runs side by side (an original and its replay, or two replays): replies, tool calls
         with their exit codes, tokens, cost estimate, duration, stop reason, turns."""
@@ -724,10 +837,8 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
         return list_hosts(db, window_s=window_s)
 
     api.include_router(router)
-    add_inbound_route(api, db, settings, signal=signal, signal_delivery=signal_delivery,
-                      max_chars=MAX_CONTENT_CHARS)
-    add_slack_route(api, db, settings, signal=signal, signal_delivery=signal_delivery,
-                    max_chars=MAX_CONTENT_CHARS)
+    add_inbound_route(api, db, settings, signal=signal, signal_delivery=signal_delivery, max_chars=MAX_CONTENT_CHARS)
+    add_slack_route(api, db, settings, signal=signal, signal_delivery=signal_delivery, max_chars=MAX_CONTENT_CHARS)
     _add_web_page(api)
     # Added last, so it is the outermost of the app's own layers: Host, cross-site requests,
     # token and size are checked before any other middleware or route sees the request.  The

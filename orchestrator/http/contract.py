@@ -66,24 +66,30 @@ class ErrorBody(BaseModel):
 
     detail: str = Field(description="What went wrong, for people.")
     field: str | None = Field(
-        default=None, description="Bad input (400): the offending field, dotted (`metadata.context[0].url`).")
+        default=None, description="Bad input (400): the offending field, dotted (`metadata.context[0].url`)."
+    )
     retry_after_s: int | None = Field(
-        default=None, description="Over a rate (429): whole seconds until one more is taken; the database "
-                                  "unavailable (503): seconds to wait before trying again (as `Retry-After`).")
+        default=None,
+        description="Over a rate (429): whole seconds until one more is taken; the database "
+        "unavailable (503): seconds to wait before trying again (as `Retry-After`).",
+    )
 
 
 BAD_INPUT = {"description": "bad input: `field` names the first offending field; nothing changed"}
-HOST_REFUSED = {"description": "no ORCHESTRATOR_API_TOKEN is set and the `Host` header is not a name of this "
-                               "machine (127.0.0.1, localhost, [::1], ORCHESTRATOR_API_ALLOWED_HOSTS): DNS "
-                               "rebinding; or, for a POST, PUT, PATCH or DELETE without a token set, the request "
-                               "lacks `X-Orchestrator-Client` (any value) or comes from another site's page "
-                               "(`Sec-Fetch-Site: cross-site` or `same-site`, an `Origin` not this API's)"}
-TOO_LARGE = {"description": "the request body is larger than ORCHESTRATOR_API_MAX_REQUEST_BYTES (refused before "
-                            "it is read)"}
+HOST_REFUSED = {
+    "description": "no ORCHESTRATOR_API_TOKEN is set and the `Host` header is not a name of this "
+    "machine (127.0.0.1, localhost, [::1], ORCHESTRATOR_API_ALLOWED_HOSTS): DNS "
+    "rebinding; or, for a POST, PUT, PATCH or DELETE without a token set, the request "
+    "lacks `X-Orchestrator-Client` (any value) or comes from another site's page "
+    "(`Sec-Fetch-Site: cross-site` or `same-site`, an `Origin` not this API's)"
+}
+TOO_LARGE = {
+    "description": "the request body is larger than ORCHESTRATOR_API_MAX_REQUEST_BYTES (refused before it is read)"
+}
 UNAVAILABLE = {
     "description": "the database cannot serve for now (restarting or unreachable, locked by another writer past "
-                   "ORCHESTRATOR_API_DB_WAIT_S, its disk full); nothing was stored: send the same request again "
-                   "after `Retry-After` seconds",
+    "ORCHESTRATOR_API_DB_WAIT_S, its disk full); nothing was stored: send the same request again "
+    "after `Retry-After` seconds",
     "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}},
 }
 UNAUTHORIZED = {
@@ -152,8 +158,9 @@ async def refuse_nul_parameters(request: Request) -> None:
     for where, values in (("path", request.path_params.items()), ("query", request.query_params.multi_items())):
         for name, value in values:
             if isinstance(value, str) and "\x00" in value:
-                raise RequestValidationError([{"loc": (where, name), "msg": "must not contain NUL characters",
-                                               "type": "value_error"}])
+                raise RequestValidationError(
+                    [{"loc": (where, name), "msg": "must not contain NUL characters", "type": "value_error"}]
+                )
 
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -166,8 +173,9 @@ def allow_every_method(api: FastAPI) -> None:
         # Each method asked of the app's routes as the router asks (included routers are routes
         # of their own, not copies); mounts take any method and answer for themselves.
         routes = [r for r in api.router.routes if not isinstance(r, Mount)]
-        allowed = [m for m in _METHODS
-                   if any(r.matches({**request.scope, "method": m})[0] == Match.FULL for r in routes)]
+        allowed = [
+            m for m in _METHODS if any(r.matches({**request.scope, "method": m})[0] == Match.FULL for r in routes)
+        ]
         headers = dict(exc.headers or {}) if isinstance(exc, HTTPException) else {}
         if allowed:
             headers["Allow"] = ", ".join(allowed)
@@ -189,8 +197,11 @@ def inline_json_schema(adapter: TypeAdapter[Any]) -> dict[str, Any]:
             if "$ref" in node:
                 return resolve(defs[node["$ref"].rsplit("/", 1)[-1]])
             # A discriminator's mapping points into $defs; the oneOf says the same without it.
-            return {k: resolve(v) for k, v in node.items()
-                    if not (k == "discriminator" and isinstance(v, dict) and "propertyName" in v)}
+            return {
+                k: resolve(v)
+                for k, v in node.items()
+                if not (k == "discriminator" and isinstance(v, dict) and "propertyName" in v)
+            }
         if isinstance(node, list):
             return [resolve(v) for v in node]
         return node

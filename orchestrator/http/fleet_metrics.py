@@ -27,14 +27,26 @@ class FleetCollector(Collector):
         self.db = db
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        up = GaugeMetricFamily("orchestrator_host_up", "1 while the host beats (its heartbeat is younger "
-                               "than the liveness window and it did not stop), else 0.", labels=["host"])
-        runs = GaugeMetricFamily("orchestrator_host_runs", "Runs owned by the host that are not final "
-                                 "(queued, parked for a retry or running).", labels=["host"])
-        warm = GaugeMetricFamily("orchestrator_host_warm_containers", "Warm agent containers the host "
-                                 "reported at its last heartbeat.", labels=["host"])
-        placed = GaugeMetricFamily("orchestrator_host_placed_groups", "Groups placed on the host "
-                                   "(their signals go to its queue).", labels=["host"])
+        up = GaugeMetricFamily(
+            "orchestrator_host_up",
+            "1 while the host beats (its heartbeat is younger than the liveness window and it did not stop), else 0.",
+            labels=["host"],
+        )
+        runs = GaugeMetricFamily(
+            "orchestrator_host_runs",
+            "Runs owned by the host that are not final (queued, parked for a retry or running).",
+            labels=["host"],
+        )
+        warm = GaugeMetricFamily(
+            "orchestrator_host_warm_containers",
+            "Warm agent containers the host reported at its last heartbeat.",
+            labels=["host"],
+        )
+        placed = GaugeMetricFamily(
+            "orchestrator_host_placed_groups",
+            "Groups placed on the host (their signals go to its queue).",
+            labels=["host"],
+        )
         leases = GaugeMetricFamily("orchestrator_host_leases", "Group leases the host holds now.", labels=["host"])
         for host in list_hosts(self.db):
             up.add_metric([host.host_id], 1.0 if host.alive else 0.0)

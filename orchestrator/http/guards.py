@@ -56,8 +56,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # The paths behind the token (the page, its files, /health and the signed webhook are not).
 TOKEN_PATHS = ("/api", "/metrics")
-HOST_REFUSED = ("this API serves this machine only while ORCHESTRATOR_API_TOKEN is unset: the Host header "
-                "must be 127.0.0.1, localhost or [::1] (or a name of ORCHESTRATOR_API_ALLOWED_HOSTS)")
+HOST_REFUSED = (
+    "this API serves this machine only while ORCHESTRATOR_API_TOKEN is unset: the Host header "
+    "must be 127.0.0.1, localhost or [::1] (or a name of ORCHESTRATOR_API_ALLOWED_HOSTS)"
+)
 
 
 def host_name(header: str) -> str:
@@ -71,8 +73,17 @@ def host_name(header: str) -> str:
 
 _LOCAL = frozenset({"localhost", "127.0.0.1", "::1"})  # the usual names, without parsing an address
 # The headers the guard reads (the others are not even decoded).
-_READ = frozenset({b"host", b"authorization", b"content-length", b"transfer-encoding", b"origin",
-                   b"sec-fetch-site", CLIENT_HEADER.lower().encode()})
+_READ = frozenset(
+    {
+        b"host",
+        b"authorization",
+        b"content-length",
+        b"transfer-encoding",
+        b"origin",
+        b"sec-fetch-site",
+        CLIENT_HEADER.lower().encode(),
+    }
+)
 # The methods that change nothing; the others, without a token, must come from this API's clients.
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -118,16 +129,22 @@ def cross_site_problem(headers: dict[str, str], scheme: str = "http") -> str | N
     page of another site (see the module's doc); None when it comes from this API's clients."""
     fetched_from = headers.get("sec-fetch-site", "").strip().lower()
     if fetched_from in ("cross-site", "same-site"):
-        return (f"refused: a request from another site's page (Sec-Fetch-Site: {fetched_from}); while "
-                "ORCHESTRATOR_API_TOKEN is unset only this API's own page and local clients may change anything")
+        return (
+            f"refused: a request from another site's page (Sec-Fetch-Site: {fetched_from}); while "
+            "ORCHESTRATOR_API_TOKEN is unset only this API's own page and local clients may change anything"
+        )
     origin = headers.get("origin")
     if origin is not None and not same_origin(origin, headers.get("host", ""), scheme):
-        return (f"refused: a request from another origin's page (Origin: {origin[:200]}); while "
-                "ORCHESTRATOR_API_TOKEN is unset only this API's own page and local clients may change anything")
+        return (
+            f"refused: a request from another origin's page (Origin: {origin[:200]}); while "
+            "ORCHESTRATOR_API_TOKEN is unset only this API's own page and local clients may change anything"
+        )
     if not headers.get(CLIENT_HEADER.lower(), "").strip():
-        return (f"missing header {CLIENT_HEADER} (any value): while ORCHESTRATOR_API_TOKEN is unset, a "
-                f"{'/'.join(('POST', 'PUT', 'PATCH', 'DELETE'))} needs it (the CLI and the web page send it; "
-                "a page of another site cannot)")
+        return (
+            f"missing header {CLIENT_HEADER} (any value): while ORCHESTRATOR_API_TOKEN is unset, a "
+            f"{'/'.join(('POST', 'PUT', 'PATCH', 'DELETE'))} needs it (the CLI and the web page send it; "
+            "a page of another site cannot)"
+        )
     return None
 
 
@@ -141,8 +158,11 @@ class RequestGuard:
         self.max_body = settings.api_max_request_bytes
         self.token = settings.api_token.encode()
         # None: no Host check (a token is set).
-        self.hosts: frozenset[str] | None = None if self.token else frozenset(
-            h.strip().lower() for h in settings.api_allowed_hosts.split(",") if h.strip())
+        self.hosts: frozenset[str] | None = (
+            None
+            if self.token
+            else frozenset(h.strip().lower() for h in settings.api_allowed_hosts.split(",") if h.strip())
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -153,8 +173,11 @@ class RequestGuard:
         if self.hosts is not None and not is_local_name(host_name(headers.get("host", "")), self.hosts):
             await _answer(send, 403, HOST_REFUSED)
             return
-        if self.hosts is not None and scope.get("method", "GET") not in SAFE_METHODS \
-                and not under(scope.get("path", ""), self.signed_paths):
+        if (
+            self.hosts is not None
+            and scope.get("method", "GET") not in SAFE_METHODS
+            and not under(scope.get("path", ""), self.signed_paths)
+        ):
             problem = cross_site_problem(headers, scope.get("scheme", "http"))
             if problem:
                 await _answer(send, 403, problem)
@@ -222,8 +245,9 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _answer(send: Send, status: int, detail: str, headers: dict[str, str] | None = None, *,
-                  close: bool = False) -> None:
+async def _answer(
+    send: Send, status: int, detail: str, headers: dict[str, str] | None = None, *, close: bool = False
+) -> None:
     body = json.dumps({"detail": detail}).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]

@@ -206,7 +206,9 @@ class ChatStream:
             cond.append(RunRow.created_at >= self._newest_run)
         stmt = select(RunRow.id, RunRow.state, RunRow.attempts, RunRow.created_at).where(
             # A replay is not the chat's run (orchestrator/run/replay.py): the page never shows it.
-            RunRow.chat_jid == self.chat_jid, RunRow.replay_of.is_(None), or_(*cond)
+            RunRow.chat_jid == self.chat_jid,
+            RunRow.replay_of.is_(None),
+            or_(*cond),
         )
         with self.db.read() as session:
             rows = session.execute(stmt).all()

@@ -35,8 +35,13 @@ class WriteBatches(Generic[Item, Result]):
     ``store`` gets a batch in arrival order and returns one outcome per item, in the
     same order: the item's result, or the exception to raise to its caller."""
 
-    def __init__(self, store: Callable[[Sequence[Item]], Sequence[Result | Exception]], *, writers: int,
-                 max_batch: int = MAX_BATCH) -> None:
+    def __init__(
+        self,
+        store: Callable[[Sequence[Item]], Sequence[Result | Exception]],
+        *,
+        writers: int,
+        max_batch: int = MAX_BATCH,
+    ) -> None:
         self._store = store
         self._writers = writers
         self._max_batch = max_batch
@@ -70,7 +75,8 @@ class WriteBatches(Generic[Item, Result]):
             batch = [self._waiting.popleft() for _ in range(min(self._max_batch, len(self._waiting)))]
             try:
                 outcomes: Sequence[Result | Exception] = await to_thread.run_sync(
-                    self._store, [item for item, _ in batch])
+                    self._store, [item for item, _ in batch]
+                )
                 if len(outcomes) != len(batch):
                     raise RuntimeError(f"{len(outcomes)} outcomes for a batch of {len(batch)}")
             except Exception as exc:  # noqa: BLE001 - a bug in store: every caller hears of it, none hangs

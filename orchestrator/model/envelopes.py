@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import msgspec
+
 from agent_runner.protocol import CODE_EDIT as CODE_EDIT
 from agent_runner.protocol import ENVELOPE_KEYS as ENVELOPE_KEYS
 from agent_runner.protocol import ENVELOPE_TYPES as ENVELOPE_TYPES
@@ -41,7 +42,6 @@ from agent_runner.protocol import TodoItem as TodoItem
 from agent_runner.protocol import TodoPayload as TodoPayload
 from agent_runner.protocol import TodoStatus as TodoStatus
 from agent_runner.protocol import ToolCallPayload as ToolCallPayload
-
 from orchestrator.core.errors import InvalidMessage
 from orchestrator.core.jsontypes import JsonObject
 
@@ -91,7 +91,7 @@ def _from_protocol_error(exc: ProtocolError, envelope_type: type) -> InvalidMess
     assert match is not None  # the pattern matches any text
     what, loc = match["what"], match["loc"] or "$"
     if loc.startswith(_KEY_IN):
-        return InvalidMessageMetadata("metadata" + loc[len(_KEY_IN):][1:], "keys must be strings")
+        return InvalidMessageMetadata("metadata" + loc[len(_KEY_IN) :][1:], "keys must be strings")
     path = "metadata" + loc[1:]
     choices = _literal_choices(envelope_type, loc)
     if choices is not None:

@@ -70,7 +70,7 @@ _RELEASE = re.compile(r"(?:-\d{8}|-\d{4}-\d{2}-\d{2}|-latest)?")
 def price_of(provider: str, model: str) -> Price | None:
     """The list price of ``model`` (None: not in the table)."""
     for (named, family), price in PRICES.items():
-        if named == provider and model.startswith(family) and _RELEASE.fullmatch(model[len(family):]):
+        if named == provider and model.startswith(family) and _RELEASE.fullmatch(model[len(family) :]):
             return price
     return None
 
@@ -82,6 +82,10 @@ def estimate_cost(provider: str, model: str, usage: Usage) -> float | None:
         return None
     cached = usage.cache_read_input_tokens + usage.cache_creation_input_tokens
     fresh = max(0, usage.input_tokens - cached)
-    dollars = (fresh * price.input + usage.cache_creation_input_tokens * price.cache_write
-               + usage.cache_read_input_tokens * price.cache_read + usage.output_tokens * price.output) / 1e6
+    dollars = (
+        fresh * price.input
+        + usage.cache_creation_input_tokens * price.cache_write
+        + usage.cache_read_input_tokens * price.cache_read
+        + usage.output_tokens * price.output
+    ) / 1e6
     return round(dollars, 6)

@@ -101,10 +101,12 @@ def _file_diff(edit: FileEdit) -> str:
     head, tail = _common_ends(old, new)
     lo = max(0, head - DIFF_CONTEXT)
     cut_tail = max(0, tail - DIFF_CONTEXT)
-    old_mid, new_mid = old[lo:len(old) - cut_tail], new[lo:len(new) - cut_tail]
+    old_mid, new_mid = old[lo : len(old) - cut_tail], new[lo : len(new) - cut_tail]
     if len(old_mid) * len(new_mid) > DIFF_MAX_CELLS:
-        return (f"--- {before}\n+++ {after}\n(lines {head + 1}-{len(old) - tail} of {len(old)} replaced by "
-                f"{len(new) - head - tail} lines; too large a change to show as a diff)")
+        return (
+            f"--- {before}\n+++ {after}\n(lines {head + 1}-{len(old) - tail} of {len(old)} replaced by "
+            f"{len(new) - head - tail} lines; too large a change to show as a diff)"
+        )
     diff = list(difflib.unified_diff(old_mid, new_mid, before, after, lineterm="", n=DIFF_CONTEXT))
     if not diff:
         return f"--- {before}\n+++ {after}\n(no changes)"
@@ -133,8 +135,7 @@ def _shift_hunk(line: str, by: int) -> str:
 
 def render_todos(payload: TodoPayload) -> str:
     return "\n".join(
-        f"{TODO_MARKS[t.status]} {struck(t.content) if t.status == 'completed' else t.content}"
-        for t in payload.todos
+        f"{TODO_MARKS[t.status]} {struck(t.content) if t.status == 'completed' else t.content}" for t in payload.todos
     )
 
 
@@ -203,9 +204,17 @@ def render(msg: StoredMessage, assistant_name: str) -> RenderedMessage:
         text = _said(msg.sender_name or msg.sender, text_body, structured)
     origin = (msg.metadata or {}).get(ORIGIN_CHANNEL_KEY)
     return RenderedMessage(
-        text=text, chat_jid=msg.chat_jid, seq=msg.seq, id=msg.id, message_type=msg.message_type,
-        structured_type=kind, sender=msg.sender, sender_name=msg.sender_name, content=msg.content,
-        origin_channel=origin if isinstance(origin, str) else None, metadata=msg.metadata,
+        text=text,
+        chat_jid=msg.chat_jid,
+        seq=msg.seq,
+        id=msg.id,
+        message_type=msg.message_type,
+        structured_type=kind,
+        sender=msg.sender,
+        sender_name=msg.sender_name,
+        content=msg.content,
+        origin_channel=origin if isinstance(origin, str) else None,
+        metadata=msg.metadata,
     )
 
 

@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from agent_runner.protocol import SdkMessage, SdkToolUse
-
 from orchestrator.model.messages import SENDER_TOOL_USE, StoredMessage
 
 REPLY_TO_KEY = "reply_to_seq"

@@ -21,9 +21,9 @@ import hashlib
 import zlib
 from dataclasses import dataclass
 
-from agent_runner.protocol import ContainerInput, Limits, ModelSettings, SdkMessage, decode_input
 from sqlalchemy import select
 
+from agent_runner.protocol import ContainerInput, Limits, ModelSettings, SdkMessage, decode_input
 from orchestrator.core.errors import StoreError
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
@@ -68,7 +68,9 @@ def plan_batch(new: list[StoredMessage]) -> Batch | int | None:
     return Batch(new if cut is None else new[:cut], isolated=False)
 
 
-def prior_messages(db: Database, settings: Settings, group: Group, batch: Batch, cursor_from: int) -> list[StoredMessage]:
+def prior_messages(
+    db: Database, settings: Settings, group: Group, batch: Batch, cursor_from: int
+) -> list[StoredMessage]:
     """The history shown before the batch (none for an isolated task): the last
     ``context_messages`` rows that may be in the model's view, read a page at a
     time so that rows it never shows (thinking, host notes) do not count."""
@@ -104,7 +106,9 @@ def history_view(settings: Settings, group: Group, prior: list[StoredMessage], b
     urls = UrlBudget(settings)  # one deadline for all the URL blocks of this input
     items = model_view([*prior, *batch.messages])
     return fit_budget(
-        items, {m.seq for m in batch.messages}, settings.context_tokens,
+        items,
+        {m.seq for m in batch.messages},
+        settings.context_tokens,
         # Expanded only if kept: an old turn's file and URL blocks are not read to be dropped.
         expand=lambda m: expand_content(m.content, m.metadata, workspace, settings, urls),
     )
@@ -143,8 +147,10 @@ def build_input(
         send_targets=send_targets or [],
         session_id=None if batch.isolated else group.session_id,
         model=model,
-        limits=Limits(max_turns=settings.max_turns,
-                      bash_timeout_s=effective_limits(settings, group.container_config).bash_timeout_s),
+        limits=Limits(
+            max_turns=settings.max_turns,
+            bash_timeout_s=effective_limits(settings, group.container_config).bash_timeout_s,
+        ),
     )
 
 
@@ -156,8 +162,10 @@ def input_bytes(payload: ContainerInput) -> bytes:
 def record_input(db: Database, run_id: str, data: bytes) -> str:
     digest = hashlib.sha256(data).hexdigest()
     # Once a run: fixed SQL on the driver (docs/performance.md, "The control plane").
-    db.write_fixed("UPDATE runs SET input_sha256 = :digest, input_json = :data WHERE id = :run_id",
-                   {"digest": digest, "data": zlib.compress(data), "run_id": run_id})
+    db.write_fixed(
+        "UPDATE runs SET input_sha256 = :digest, input_json = :data WHERE id = :run_id",
+        {"digest": digest, "data": zlib.compress(data), "run_id": run_id},
+    )
     return digest
 
 

@@ -98,13 +98,18 @@ def expand_url(item: UrlItem, settings: Settings, budget: UrlBudget | None = Non
 
 def expand_selection(item: SelectionItem) -> str:
     return _tag(
-        "selected_text", title=item.title, path=item.path,
-        start_line=item.start_line, end_line=item.end_line, content=item.text,
+        "selected_text",
+        title=item.title,
+        path=item.path,
+        start_line=item.start_line,
+        end_line=item.end_line,
+        content=item.text,
     )
 
 
-def expand_items(items: list[ContextItem], workspace: Path, settings: Settings,
-                 budget: UrlBudget | None = None) -> list[str]:
+def expand_items(
+    items: list[ContextItem], workspace: Path, settings: Settings, budget: UrlBudget | None = None
+) -> list[str]:
     blocks = []
     for item in items:
         if isinstance(item, FileItem):
@@ -116,8 +121,9 @@ def expand_items(items: list[ContextItem], workspace: Path, settings: Settings,
     return blocks
 
 
-def expand_content(content: str, metadata: JsonObject | None, workspace: Path, settings: Settings,
-                   budget: UrlBudget | None = None) -> str:
+def expand_content(
+    content: str, metadata: JsonObject | None, workspace: Path, settings: Settings, budget: UrlBudget | None = None
+) -> str:
     """What the model reads for one message: the typed text, then its context blocks (its URLs
     within ``budget``, the deadline of the run's input, when given)."""
     try:

@@ -100,8 +100,10 @@ def mark_pending(session: Session, chat_jid: str, seq: int) -> None:
 
 # The last column: the host the group is placed on while it takes groups (else NULL), where
 # its signal goes (orchestrator/store/placement.py): read here, the signal needs no look-up.
-_ROUTING = ("SELECT is_main, requires_trigger, assistant_name, pending_seq, cursor_seq, {place} "
-            "FROM groups WHERE chat_jid = :chat_jid")
+_ROUTING = (
+    "SELECT is_main, requires_trigger, assistant_name, pending_seq, cursor_seq, {place} "
+    "FROM groups WHERE chat_jid = :chat_jid"
+)
 _ROUTING_SQLITE = _ROUTING.format(place=place_sql(sqlite=True))
 # PostgreSQL: lock the group row until the commit, so that "was the group
 # idle?" is decided in the same order as the worker's cursor updates (which
@@ -139,8 +141,11 @@ _dropped_lock = threading.Lock()
 def rate_limited_sender(new: NewMessage) -> bool:
     """Whether ``ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE`` applies to ``new``: a person's
     message, not the harness's own (bot, host, system, deploy, ...) nor one marked as ours."""
-    return not new.is_from_me and new.sender not in HARNESS_SENDER_TYPES and not (
-        "\x00" in new.sender or "\x00" in new.chat_jid)  # refused by the store as they are
+    return (
+        not new.is_from_me
+        and new.sender not in HARNESS_SENDER_TYPES
+        and not ("\x00" in new.sender or "\x00" in new.chat_jid)
+    )  # refused by the store as they are
 
 
 def ingest(
@@ -183,14 +188,22 @@ def ingest(
     ``traceparent`` (``orchestrator/store/traces.py``): the trace its run joins.
     """
     if not tracing.enabled():
-        return _ingest(db, settings, incoming, signal=signal, wake=wake, signal_delivery=signal_delivery,
-                       on_stored=on_stored)
-    with tracing.span("ingest", attributes={"orchestrator.chat_jid": incoming.chat_jid,
-                                            "orchestrator.sender": incoming.sender}):
-        result = _ingest(db, settings, incoming, signal=signal, wake=wake, signal_delivery=signal_delivery,
-                         on_stored=on_stored)
-        tracing.annotate(message_id=result.message.id, seq=result.message.seq, created=result.created,
-                         triggered=result.triggered, signalled=result.signalled)
+        return _ingest(
+            db, settings, incoming, signal=signal, wake=wake, signal_delivery=signal_delivery, on_stored=on_stored
+        )
+    with tracing.span(
+        "ingest", attributes={"orchestrator.chat_jid": incoming.chat_jid, "orchestrator.sender": incoming.sender}
+    ):
+        result = _ingest(
+            db, settings, incoming, signal=signal, wake=wake, signal_delivery=signal_delivery, on_stored=on_stored
+        )
+        tracing.annotate(
+            message_id=result.message.id,
+            seq=result.message.seq,
+            created=result.created,
+            triggered=result.triggered,
+            signalled=result.signalled,
+        )
         return result
 
 
@@ -221,18 +234,26 @@ def ingest_batch(
     prepared = [_prepare(settings, m) for m in incoming]
     try:
         with db.engine.begin() as conn:
-            stored = [_store(conn, db, settings, m, new, rate, wake=None)
-                      for m, (new, rate) in zip(incoming, prepared, strict=True)]
+            stored = [
+                _store(conn, db, settings, m, new, rate, wake=None)
+                for m, (new, rate) in zip(incoming, prepared, strict=True)
+            ]
     except Exception as exc:  # noqa: BLE001 - each message again on its own: only the failing one fails
         if unavailable_reason(exc) is not None:
             return [exc] * len(incoming)  # the database's state, not a message's: each would wait again
         return _one_by_one(db, settings, incoming, signal=signal, signal_delivery=signal_delivery)
-    return [_announce(m, one, signal=signal, signal_delivery=signal_delivery, on_stored=None)
-            for m, one in zip(incoming, stored, strict=True)]
+    return [
+        _announce(m, one, signal=signal, signal_delivery=signal_delivery, on_stored=None)
+        for m, one in zip(incoming, stored, strict=True)
+    ]
 
 
 def _one_by_one(
-    db: Database, settings: Settings, incoming: Sequence[IncomingMessage], *, signal: Signal | None,
+    db: Database,
+    settings: Settings,
+    incoming: Sequence[IncomingMessage],
+    *,
+    signal: Signal | None,
     signal_delivery: Signal | None,
 ) -> list[IngestResult | Exception]:
     outcomes: list[IngestResult | Exception] = []
@@ -298,13 +319,20 @@ def _prepare(settings: Settings, incoming: IncomingMessage) -> tuple[NewMessage,
 
 
 def _store(
-    conn: Connection, db: Database, settings: Settings, incoming: IncomingMessage, new: NewMessage, rate: int,
-    *, wake: bool | None,
+    conn: Connection,
+    db: Database,
+    settings: Settings,
+    incoming: IncomingMessage,
+    new: NewMessage,
+    rate: int,
+    *,
+    wake: bool | None,
 ) -> _Stored:
     """One message's statements inside the caller's ingest transaction."""
     if rate:
-        retry_after = sender_retry_after(conn, db, chat_jid=new.chat_jid, sender=new.sender,
-                                         message_id=new.id, limit=rate)
+        retry_after = sender_retry_after(
+            conn, db, chat_jid=new.chat_jid, sender=new.sender, message_id=new.id, limit=rate
+        )
         if retry_after is not None:
             raise RateLimited(new.sender, rate, retry_after)  # rolls back: nothing stored
     msg, created = insert_message(conn, db, new)
@@ -322,8 +350,13 @@ def _store(
         _bound_unregistered(conn, settings, msg)
     elif wake is None:
         is_main, requires_trigger, assistant_name = group[0], group[1], group[2]
-        out.triggered = wakes(msg, is_main=bool(is_main), requires_trigger=bool(requires_trigger),
-                              assistant_name=assistant_name, names=settings.trigger_names)
+        out.triggered = wakes(
+            msg,
+            is_main=bool(is_main),
+            requires_trigger=bool(requires_trigger),
+            assistant_name=assistant_name,
+            names=settings.trigger_names,
+        )
     else:
         out.triggered = wake
     if out.triggered:
@@ -358,14 +391,21 @@ def _dropped(exc: UnregisteredChatsFull) -> None:
         _DROPPED_LOGGED[exc.chat_jid] = None
         while len(_DROPPED_LOGGED) > _DROPPED_LOGGED_MAX:
             _DROPPED_LOGGED.popitem(last=False)
-    log.warning("chat %r is no registered group and %d unregistered chats are kept already "
-                "(ORCHESTRATOR_UNREGISTERED_CHATS): its messages are not stored (logged once per chat; "
-                "counted in orchestrator_unregistered_messages_dropped_total); register it to take them",
-                exc.chat_jid, exc.limit)
+    log.warning(
+        "chat %r is no registered group and %d unregistered chats are kept already "
+        "(ORCHESTRATOR_UNREGISTERED_CHATS): its messages are not stored (logged once per chat; "
+        "counted in orchestrator_unregistered_messages_dropped_total); register it to take them",
+        exc.chat_jid,
+        exc.limit,
+    )
 
 
 def _announce(
-    incoming: IncomingMessage, stored: _Stored, *, signal: Signal | None, signal_delivery: Signal | None,
+    incoming: IncomingMessage,
+    stored: _Stored,
+    *,
+    signal: Signal | None,
+    signal_delivery: Signal | None,
     on_stored: Callable[[StoredMessage, bool], object] | None,
 ) -> IngestResult:
     """After the commit: the metrics, ``on_stored``, and the signals the message needs."""

@@ -48,9 +48,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from agent_runner.protocol import TextDeltaEvent
 from sqlalchemy.exc import SQLAlchemyError
 
+from agent_runner.protocol import TextDeltaEvent
 from orchestrator.store.db import Database
 from orchestrator.store.drafts import drop_draft, save_draft
 
@@ -147,8 +147,12 @@ class LiveDraft:
     def _write(self) -> None:
         if self.written + self._size > self.max_written:
             self.spent = True
-            log.info("run %s: its drafts wrote %d bytes (ORCHESTRATOR_MAX_RUN_STORED_BYTES): no live view for the "
-                     "rest of the attempt; its replies are stored as always", self.run_id, self.written)
+            log.info(
+                "run %s: its drafts wrote %d bytes (ORCHESTRATOR_MAX_RUN_STORED_BYTES): no live view for the "
+                "rest of the attempt; its replies are stored as always",
+                self.run_id,
+                self.written,
+            )
             return
         self._version += 1
         self._written_at = self._clock()

@@ -44,16 +44,23 @@ NoticeProvider = Callable[[NoticeContext], list[str]]
 
 # Both providers read on the driver: they run before every run (docs/performance.md,
 # "The control plane": the ORM's list_runs and list_tasks were a millisecond of each run's CPU).
-_RECENT_RUNS = ("SELECT state, error, finished_at FROM runs WHERE chat_jid = :chat_jid AND replay_of IS NULL "
-                "ORDER BY created_at DESC LIMIT 5")
-_ACTIVE_TASKS = ("SELECT prompt, next_run_at FROM scheduled_tasks WHERE chat_jid = :chat_jid "
-                 "AND state = 'active' AND next_run_at IS NOT NULL ORDER BY created_at")
+_RECENT_RUNS = (
+    "SELECT state, error, finished_at FROM runs WHERE chat_jid = :chat_jid AND replay_of IS NULL "
+    "ORDER BY created_at DESC LIMIT 5"
+)
+_ACTIVE_TASKS = (
+    "SELECT prompt, next_run_at FROM scheduled_tasks WHERE chat_jid = :chat_jid "
+    "AND state = 'active' AND next_run_at IS NOT NULL ORDER BY created_at"
+)
 
 
 def previous_run_failed(ctx: NoticeContext) -> list[str]:
     # The newest finished one of the chat's five newest runs (replays are not the chat's).
-    recent = [(state, error) for state, error, finished_at in
-              ctx.db.read_fixed(_RECENT_RUNS, {"chat_jid": ctx.group.chat_jid}) if finished_at is not None]
+    recent = [
+        (state, error)
+        for state, error, finished_at in ctx.db.read_fixed(_RECENT_RUNS, {"chat_jid": ctx.group.chat_jid})
+        if finished_at is not None
+    ]
     if recent and recent[0][0] in ("failed", "timed_out"):
         state, error = recent[0]
         why = (error or "unknown error").splitlines()[0][:200]

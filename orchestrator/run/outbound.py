@@ -134,8 +134,13 @@ class Deliverer:
     """
 
     def __init__(
-        self, db: Database, settings: Settings, registry: ChannelRegistry, *,
-        owner: str | None = None, only_known: bool = True,
+        self,
+        db: Database,
+        settings: Settings,
+        registry: ChannelRegistry,
+        *,
+        owner: str | None = None,
+        only_known: bool = True,
     ) -> None:
         self.db, self.settings, self.registry = db, settings, registry
         self.owner = owner or process_owner(settings.effective_host_id)
@@ -154,10 +159,17 @@ class Deliverer:
         while True:
             now = utc_now()
             with self.db.read() as session:
-                ids = list(session.scalars(self._scope(
-                    select(DeliveryRow.id).where(claimable(DeliveryRow, now))
-                    .order_by(DeliveryRow.message_seq).limit(100), chat_jid,
-                )))
+                ids = list(
+                    session.scalars(
+                        self._scope(
+                            select(DeliveryRow.id)
+                            .where(claimable(DeliveryRow, now))
+                            .order_by(DeliveryRow.message_seq)
+                            .limit(100),
+                            chat_jid,
+                        )
+                    )
+                )
             progressed = False
             for delivery_id in ids:
                 if self._claim(delivery_id):
@@ -166,10 +178,14 @@ class Deliverer:
             if not progressed:
                 break
         with self.db.read() as session:
-            nxt = session.scalar(self._scope(
-                select(func.min(DeliveryRow.next_attempt_at))
-                .where(DeliveryRow.state == PENDING, DeliveryRow.next_attempt_at > utc_now()), chat_jid,
-            ))
+            nxt = session.scalar(
+                self._scope(
+                    select(func.min(DeliveryRow.next_attempt_at)).where(
+                        DeliveryRow.state == PENDING, DeliveryRow.next_attempt_at > utc_now()
+                    ),
+                    chat_jid,
+                )
+            )
         if nxt is not None:
             report.retry_in = max(0.0, (nxt - utc_now()).total_seconds())
         return report
@@ -182,8 +198,7 @@ class Deliverer:
             done = session.execute(
                 update(DeliveryRow)
                 .where(DeliveryRow.id == delivery_id, claimable(DeliveryRow, utc_now()))
-                .values(state=SENDING, attempts=DeliveryRow.attempts + 1, claimed_by=self.owner,
-                        claimed_until=deadline)
+                .values(state=SENDING, attempts=DeliveryRow.attempts + 1, claimed_by=self.owner, claimed_until=deadline)
             )
             return changed_rows(done) == 1
 
@@ -207,7 +222,8 @@ class Deliverer:
             if not channel.owns(row.address):
                 raise ChannelError(f"channel {row.channel!r} cannot reach {row.address!r}")
             rendered = render(msg, assistant).model_copy(
-                update={"delivery_id": f"{self.settings.install_id}-{delivery_id}"})
+                update={"delivery_id": f"{self.settings.install_id}-{delivery_id}"}
+            )
             with metrics.DELIVERY_SECONDS.labels(row.channel).time():
                 channel.send(row.address, rendered)
         except Exception as exc:  # noqa: BLE001 - any channel failure is recorded and retried
@@ -218,22 +234,39 @@ class Deliverer:
             # attempt the claim counted, so a long rate limit delays a message, never drops it.
             retry_after = exc.retry_after_s if isinstance(exc, ChannelRateLimited) else None
             if retry_after is None and row.attempts >= self.settings.delivery_max_attempts:
-                log.warning("delivery of #%d to %s failed for good after %d attempts: %s",
-                            row.message_seq, row.channel, row.attempts, error)
+                log.warning(
+                    "delivery of #%d to %s failed for good after %d attempts: %s",
+                    row.message_seq,
+                    row.channel,
+                    row.attempts,
+                    error,
+                )
                 self._finish(delivery_id, state=FAILED, last_error=error)
                 metrics.delivery_ended(row.channel, "failed")
             else:
-                delay = backoff_delay(row.attempts, self.settings.delivery_retry_base_s,
-                                    self.settings.delivery_retry_max_s)
+                delay = backoff_delay(
+                    row.attempts, self.settings.delivery_retry_base_s, self.settings.delivery_retry_max_s
+                )
                 again: dict[str, Any] = {}
                 if retry_after is not None:
                     # The platform said when it takes sends again (429 Retry-After): not a moment early.
                     delay = max(delay, retry_after)
                     again["attempts"] = DeliveryRow.attempts - 1
-                log.info("delivery of #%d to %s failed (attempt %d: %s); retrying in %.1fs",
-                         row.message_seq, row.channel, row.attempts, error, delay)
-                self._finish(delivery_id, state=PENDING, last_error=error,
-                             next_attempt_at=utc_now() + timedelta(seconds=delay), **again)
+                log.info(
+                    "delivery of #%d to %s failed (attempt %d: %s); retrying in %.1fs",
+                    row.message_seq,
+                    row.channel,
+                    row.attempts,
+                    error,
+                    delay,
+                )
+                self._finish(
+                    delivery_id,
+                    state=PENDING,
+                    last_error=error,
+                    next_attempt_at=utc_now() + timedelta(seconds=delay),
+                    **again,
+                )
                 metrics.delivery_ended(row.channel, "retried")
             return
         report.sent += 1

@@ -30,9 +30,9 @@ from __future__ import annotations
 import json
 
 import msgspec
-from agent_runner.protocol import AssistantEvent, Event, ThinkingEvent, ToolResultEvent, ToolUseEvent
 from pydantic import BaseModel
 
+from agent_runner.protocol import AssistantEvent, Event, ThinkingEvent, ToolResultEvent, ToolUseEvent
 from orchestrator.core import secrets
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.envelopes import InvalidMessageMetadata, build_structured_envelope
@@ -65,7 +65,10 @@ def event_to_message(
         if not event.text.strip():
             return None
         return OutputMessage(
-            id=mid, sender=SENDER_BOT, sender_name=assistant_name, content=event.text,
+            id=mid,
+            sender=SENDER_BOT,
+            sender_name=assistant_name,
+            content=event.text,
             message_type="assistant",
         )
     if isinstance(event, ToolResultEvent):
@@ -74,20 +77,30 @@ def event_to_message(
         if original is not None:
             metadata = {**metadata, "output_bytes": original, "output_truncated": True}
         return OutputMessage(
-            id=mid, sender=SENDER_TOOL_RESULT, sender_name=event.name, content=output,
-            message_type="tool_result", metadata=metadata,
+            id=mid,
+            sender=SENDER_TOOL_RESULT,
+            sender_name=event.name,
+            content=output,
+            message_type="tool_result",
+            metadata=metadata,
         )
     if isinstance(event, ToolUseEvent):
         shown = event.input.get("command") if event.name == "bash" else None
         text = f"{event.name}: {shown}" if isinstance(shown, str) else f"{event.name} {json.dumps(event.input)}"
         return OutputMessage(
-            id=mid, sender=SENDER_TOOL_USE, sender_name=event.name, content=text,
+            id=mid,
+            sender=SENDER_TOOL_USE,
+            sender_name=event.name,
+            content=text,
             message_type="assistant",
             metadata={"tool_use_id": event.id, "tool": event.name, "input": event.input},
         )
     if isinstance(event, ThinkingEvent):
         return OutputMessage(
-            id=mid, sender=SENDER_THINKING, sender_name=assistant_name, content=event.text,
+            id=mid,
+            sender=SENDER_THINKING,
+            sender_name=assistant_name,
+            content=event.text,
             message_type="assistant",
         )
     return None
@@ -142,6 +155,5 @@ def host_message(*, run_id: str, text: str) -> OutputMessage:
     """An operational notice for people; never sent to the model.  The settings' secrets are taken
     out of ``text`` (it quotes errors, from anywhere)."""
     return OutputMessage(
-        id=f"{run_id}-host", sender=SENDER_HOST, sender_name="host", content=secrets.redact(text),
-        message_type="host"
+        id=f"{run_id}-host", sender=SENDER_HOST, sender_name="host", content=secrets.redact(text), message_type="host"
     )

@@ -26,6 +26,8 @@ from datetime import datetime, timedelta
 from typing import NamedTuple
 
 import msgspec
+from sqlalchemy import Connection, select
+
 from agent_runner.protocol import (
     AssistantEvent,
     ContainerInput,
@@ -39,8 +41,6 @@ from agent_runner.protocol import (
     decode_input,
     parse_event,
 )
-from sqlalchemy import Connection, select
-
 from orchestrator.core import metrics, tracing
 from orchestrator.core.backoff import backoff_delay
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
@@ -108,15 +108,22 @@ def model_settings(settings: Settings) -> ModelSettings:
     provider, _, model = spec.partition(":")
     if provider == "anthropic" and model:
         thinking = settings.thinking_budget or msgspec.UNSET  # unset: off, and left out of the input
-        return ModelSettings(provider="anthropic", model=model, max_tokens=settings.max_tokens,
-                             thinking_budget=thinking)
+        return ModelSettings(
+            provider="anthropic", model=model, max_tokens=settings.max_tokens, thinking_budget=thinking
+        )
     if provider == "openai" and model:
         return ModelSettings(provider="openai", model=model, max_tokens=settings.max_tokens)
     if provider == "claude-code" and model:
-        return ModelSettings(provider="claude-code", model=model, max_tokens=settings.max_tokens,
-                             thinking_budget=settings.thinking_budget or msgspec.UNSET)
-    raise ConfigError(f"ORCHESTRATOR_MODEL={spec!r}: use 'offline', 'anthropic:<model id>', "
-                      "'openai:<model id>' or 'claude-code:<model id>'")
+        return ModelSettings(
+            provider="claude-code",
+            model=model,
+            max_tokens=settings.max_tokens,
+            thinking_budget=settings.thinking_budget or msgspec.UNSET,
+        )
+    raise ConfigError(
+        f"ORCHESTRATOR_MODEL={spec!r}: use 'offline', 'anthropic:<model id>', "
+        "'openai:<model id>' or 'claude-code:<model id>'"
+    )
 
 
 @dataclass
@@ -270,8 +277,10 @@ class Pipeline:
             recovered = recover_group(self.db, chat_jid, self.owner, sandbox=self.sandbox, unfinished=unfinished)
             if recovered:
                 group = get_group(self.db, chat_jid)
-            with leases.Heartbeat(self.db, chat_jid, self.owner, ttl, clock=self.clock) as heartbeat, \
-                    log_context(chat_jid=chat_jid):
+            with (
+                leases.Heartbeat(self.db, chat_jid, self.owner, ttl, clock=self.clock) as heartbeat,
+                log_context(chat_jid=chat_jid),
+            ):
                 step = self._step_held(group, parked_of(unfinished), task_id, heartbeat.lost)
         finally:
             # A run's end let go of the lease in its own transaction; else it is let go of here.
@@ -286,7 +295,11 @@ class Pipeline:
         return step
 
     def _step_held(
-        self, group: Group, parked: Run | None, task_id: str | None, lease_lost: threading.Event,
+        self,
+        group: Group,
+        parked: Run | None,
+        task_id: str | None,
+        lease_lost: threading.Event,
     ) -> Step:
         """The step's work under the group's lease (see :meth:`step`); ``group`` as the lease's
         statement read it, ``parked`` the group's run waiting for its retry."""
@@ -379,8 +392,13 @@ class Pipeline:
         prior = prior_messages(self.db, self.settings, group, batch, group.cursor_seq)
         # The run row is the run's slot under ORCHESTRATOR_MAX_CONCURRENT_RUNS: none free, FleetFull.
         run = take_slot(
-            self.db, self.settings.max_concurrent_runs, chat_jid=group.chat_jid, cursor_from=group.cursor_seq,
-            cursor_to=batch.cursor_to, celery_task_id=task_id, owner=self.owner,
+            self.db,
+            self.settings.max_concurrent_runs,
+            chat_jid=group.chat_jid,
+            cursor_from=group.cursor_seq,
+            cursor_to=batch.cursor_to,
+            celery_task_id=task_id,
+            owner=self.owner,
         )
         since = waiting_since(self.db, group.chat_jid, group.cursor_seq, batch.cursor_to)
         metrics.run_created(run.created_at, since)
@@ -388,7 +406,12 @@ class Pipeline:
             return self._first_attempt(group, run, batch, prior, lease_lost, since)
 
     def _first_attempt(
-        self, group: Group, run: Run, batch: Batch, prior: list[StoredMessage], lease_lost: threading.Event | None,
+        self,
+        group: Group,
+        run: Run,
+        batch: Batch,
+        prior: list[StoredMessage],
+        lease_lost: threading.Event | None,
         waiting_since: datetime | None = None,
     ) -> RunOutcome:
         """A new run's input, built and recorded once, and its first attempt."""
@@ -397,9 +420,15 @@ class Pipeline:
         try:
             # The input is the same for every attempt: build and record it once.
             payload = build_input(
-                settings=self.settings, group=group, run_id=run.id, prior=prior, batch=batch,
-                assistant_name=assistant, notices=compute_notices(self.db, self.settings, group),
-                model=model_settings(self.settings), send_targets=send_targets(self.db, group),
+                settings=self.settings,
+                group=group,
+                run_id=run.id,
+                prior=prior,
+                batch=batch,
+                assistant_name=assistant,
+                notices=compute_notices(self.db, self.settings, group),
+                model=model_settings(self.settings),
+                send_targets=send_targets(self.db, group),
             )
             record_input(self.db, run.id, input_bytes(payload))
         except ConfigError as exc:
@@ -411,15 +440,14 @@ class Pipeline:
             result = self._attempt(group, run, payload, assistant, outcome, lease_lost, RunSpend())
         return self._conclude(group, outcome, result, batch.isolated)
 
-    def resume(
-        self, run: Run, *, task_id: str | None = None, lease_lost: threading.Event | None = None
-    ) -> RunOutcome:
+    def resume(self, run: Run, *, task_id: str | None = None, lease_lost: threading.Event | None = None) -> RunOutcome:
         """A parked run's next attempt (or its end, if it was cancelled while it waited)."""
         group = get_group(self.db, run.chat_jid)
         outcome = self._earlier_attempts(run)
         # The same batch as the first attempt: the messages up to its cursor.
-        batch = plan_batch([m for m in get_messages_after(run.chat_jid, run.cursor_from, db=self.db)
-                            if m.seq <= run.cursor_to])
+        batch = plan_batch(
+            [m for m in get_messages_after(run.chat_jid, run.cursor_from, db=self.db) if m.seq <= run.cursor_to]
+        )
         isolated = isinstance(batch, Batch) and batch.isolated
         spent = RunSpend(Usage(input_tokens=run.input_tokens, output_tokens=run.output_tokens))
         raw = stored_input(self.db, run.id)
@@ -439,20 +467,23 @@ class Pipeline:
         caps charged with them, since the caps are the run's and a retry does
         not start from zero (each stored output counts one line; lines that
         stored nothing were not kept)."""
-        outcome = RunOutcome(run=run, budget=OutputBudget(self.settings.max_run_events,
-                                                          self.settings.max_run_stored_bytes))
+        outcome = RunOutcome(
+            run=run, budget=OutputBudget(self.settings.max_run_events, self.settings.max_run_stored_bytes)
+        )
         assert outcome.budget is not None
         with self.db.read() as session:
             rows = session.execute(
-                select(MessageRow.seq, MessageRow.id, MessageRow.content, MessageRow.meta)
-                .where(MessageRow.id.like(f"{run.id}-%"))
+                select(MessageRow.seq, MessageRow.id, MessageRow.content, MessageRow.meta).where(
+                    MessageRow.id.like(f"{run.id}-%")
+                )
             ).all()
         for seq, mid, content, metadata in rows:
             outcome.stored.append(seq)
             outcome.budget.lines += 1
             outcome.budget.stored_bytes += len(content.encode("utf-8")) + (
-                len(msgspec.json.encode(metadata)) if metadata else 0)
-            number = mid[len(run.id) + 1:len(run.id) + 5]
+                len(msgspec.json.encode(metadata)) if metadata else 0
+            )
+            number = mid[len(run.id) + 1 : len(run.id) + 5]
             if number.isdigit():
                 outcome.indexed = max(outcome.indexed, int(number))
         return outcome
@@ -469,9 +500,13 @@ class Pipeline:
             delay = backoff_delay(run.attempts, self.settings.retry_base_s, self.settings.retry_max_s)
             log.warning("run %s attempt %d failed (%s); retrying in %.1fs", run.id, run.attempts, result.error, delay)
             outcome.run = park_run(
-                self.db, run.id, attempts=run.attempts + 1, error=result.error,
+                self.db,
+                run.id,
+                attempts=run.attempts + 1,
+                error=result.error,
                 retry_at=self.clock.now() + timedelta(seconds=delay),
-                input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens,
+                input_tokens=result.usage.input_tokens,
+                output_tokens=result.usage.output_tokens,
             )
             outcome.retry_in = delay
             tracing.annotate(run_state="parked", error=result.error, retry_in_s=round(delay, 3))
@@ -501,8 +536,13 @@ class Pipeline:
                 # and the run row before it (no one else locks a run row after the seq lock).
                 with self.db.transaction() as conn:
                     ended = finish_run(
-                        self.db, run.id, state=result.state, error=result.error,
-                        input_tokens=result.usage.input_tokens, output_tokens=result.usage.output_tokens, conn=conn,
+                        self.db,
+                        run.id,
+                        state=result.state,
+                        error=result.error,
+                        input_tokens=result.usage.input_tokens,
+                        output_tokens=result.usage.output_tokens,
+                        conn=conn,
                     )
                     stored = self._insert_output(conn, group, record, outcome, fenced=True)
                     released = _end_hold(conn, group, self.owner, run.cursor_to, session_id)
@@ -516,8 +556,14 @@ class Pipeline:
         tracing.annotate(run_state=outcome.run.state, error=outcome.run.error, outputs=len(outcome.stored))
         if outcome.run.state != "succeeded":
             tracing.failed(outcome.run.error or outcome.run.state)
-        log.info("run %s of %s ended %s after %d attempt(s), %d output(s) stored", run.id, group.chat_jid,
-                 outcome.run.state, outcome.run.attempts, len(outcome.stored))
+        log.info(
+            "run %s of %s ended %s after %d attempt(s), %d output(s) stored",
+            run.id,
+            group.chat_jid,
+            outcome.run.state,
+            outcome.run.attempts,
+            len(outcome.stored),
+        )
         return outcome
 
     def _stop_notice(self, group: Group, outcome: RunOutcome, result: Attempt) -> str | None:
@@ -525,8 +571,14 @@ class Pipeline:
         if result.limit is None:
             return None
         max_tokens = outcome.model.max_tokens if outcome.model is not None else self.settings.max_tokens
-        return stop_notice(result.limit, settings=self.settings, group=group, num_turns=result.num_turns,
-                           max_tokens=max_tokens, tokens_spent=result.usage.input_tokens + result.usage.output_tokens)
+        return stop_notice(
+            result.limit,
+            settings=self.settings,
+            group=group,
+            num_turns=result.num_turns,
+            max_tokens=max_tokens,
+            tokens_spent=result.usage.input_tokens + result.usage.output_tokens,
+        )
 
     def _result_meta(self, outcome: RunOutcome, result: Attempt) -> OutputMessage:
         """The run's ``result_meta`` record (orchestrator/run/result_meta.py)."""
@@ -542,8 +594,15 @@ class Pipeline:
             # The clock started_at was taken from, as finish_run's.
             duration = max(0.0, (self.db.now() - run.started_at).total_seconds())
         return result_meta_message(
-            run_id=run.id, provider=provider, model=model, state=result.state, stop_reason=result.stop_reason,
-            limit=result.limit, num_turns=result.num_turns, attempts=run.attempts, duration_s=duration,
+            run_id=run.id,
+            provider=provider,
+            model=model,
+            state=result.state,
+            stop_reason=result.stop_reason,
+            limit=result.limit,
+            num_turns=result.num_turns,
+            attempts=run.attempts,
+            duration_s=duration,
             usage=result.usage,
         )
 
@@ -553,8 +612,7 @@ class Pipeline:
         (``sweeper.recover_group``: a reply already stored moves the cursor on, none
         leaves the messages pending for the new run), or the sweeper does."""
         metrics.LEASE_LOSSES.inc()
-        log.warning("run %s of %s: %s; left to the group's new lease holder", outcome.run.id,
-                    outcome.run.chat_jid, why)
+        log.warning("run %s of %s: %s; left to the group's new lease holder", outcome.run.id, outcome.run.chat_jid, why)
         return outcome
 
     def _attempt(
@@ -575,8 +633,9 @@ class Pipeline:
         except self.deadline_exceptions:
             # The task queue's own time limit: the container is already
             # stopped (the sandbox context exits on the way out); no retry.
-            return Attempt("timed_out", "the worker's time limit for this task was reached", spend.usage,
-                           limit="task_time_limit")
+            return Attempt(
+                "timed_out", "the worker's time limit for this task was reached", spend.usage, limit="task_time_limit"
+            )
         except (ConfigError, MountRefused) as exc:
             # A bad container_config or a mount the allowlist refuses now: no retry helps.
             return Attempt("failed", str(exc), spend.usage)
@@ -611,8 +670,10 @@ class Pipeline:
             fence_s=self.settings.sandbox_fence_s,
             install_id=self.settings.install_id,
             # A provider that keeps its own transcript gets the group's session folder.
-            extra_mounts={**plan.read_write_mounts,
-                          **session_mount(self.settings, group.folder, payload.model.provider)},
+            extra_mounts={
+                **plan.read_write_mounts,
+                **session_mount(self.settings, group.folder, payload.model.provider),
+            },
             readonly_mounts=plan.read_only_mounts,
         )
         with contextlib.ExitStack() as cleanup:
@@ -634,24 +695,38 @@ class Pipeline:
                     cleanup.callback(shutil.rmtree, gw_dir, ignore_errors=True)
                     spec = replace(spec, readonly_mounts={**spec.readonly_mounts, str(gw_dir): GATEWAY_MOUNT})
                 # The run may ask for the model and output cap its recorded input names, no other.
-                gateway = cleanup.enter_context(ModelGateway.for_provider(
-                    gw_dir / GATEWAY_SOCKET, self.settings, payload.model.provider, spent=spend.usage,
-                    model=payload.model.model, max_tokens=payload.model.max_tokens,
-                ))
+                gateway = cleanup.enter_context(
+                    ModelGateway.for_provider(
+                        gw_dir / GATEWAY_SOCKET,
+                        self.settings,
+                        payload.model.provider,
+                        spent=spend.usage,
+                        model=payload.model.model,
+                        max_tokens=payload.model.max_tokens,
+                    )
+                )
                 socket_path = f"{GATEWAY_MOUNT}/{GATEWAY_SOCKET}"
                 payload = payload.replace(model=payload.model.replace(socket_path=socket_path))
             if spec.fence_s:  # the runner stops everything once this worker is gone (agent_runner/fence.py)
                 payload = payload.replace(host_fence_s=spec.fence_s)
             # The container's span: what it writes is stored under it; the runner gets its context.
-            with tracing.span("agent container", attributes={"orchestrator.run_id": run.id,
-                                                             "orchestrator.warm": self.warm}):
+            with tracing.span(
+                "agent container", attributes={"orchestrator.run_id": run.id, "orchestrator.warm": self.warm}
+            ):
                 if tracing.enabled():
                     payload = payload.replace(traceparent=tracing.traceparent())
                 return self._stream(group, run, payload, assistant, outcome, spec, gateway, lease_lost)
 
     def _stream(
-        self, group: Group, run: Run, payload: ContainerInput, assistant: str, outcome: RunOutcome,
-        spec: ContainerSpec, gateway: ModelGateway | None, lease_lost: threading.Event | None,
+        self,
+        group: Group,
+        run: Run,
+        payload: ContainerInput,
+        assistant: str,
+        outcome: RunOutcome,
+        spec: ContainerSpec,
+        gateway: ModelGateway | None,
+        lease_lost: threading.Event | None,
     ) -> Attempt:
         result: ResultEvent | None = None
         error: ErrorEvent | None = None
@@ -665,9 +740,15 @@ class Pipeline:
             outcome.budget = OutputBudget(settings.max_run_events, settings.max_run_stored_bytes)
         budget = outcome.budget
         # The reply as it is written, for the chat's live view; never stored (live_draft.py).
-        draft = LiveDraft(self.db, run.id, group.chat_jid, max_bytes=settings.max_event_line_bytes,
-                          free_lines=FREE_LINES_PER_EVENT * settings.max_run_events,
-                          free_bytes=settings.max_run_stored_bytes, max_written=settings.max_run_stored_bytes)
+        draft = LiveDraft(
+            self.db,
+            run.id,
+            group.chat_jid,
+            max_bytes=settings.max_event_line_bytes,
+            free_lines=FREE_LINES_PER_EVENT * settings.max_run_events,
+            free_bytes=settings.max_run_stored_bytes,
+            max_written=settings.max_run_stored_bytes,
+        )
         asked = time.perf_counter()
         with self.sandbox.start(spec, input_bytes(payload)) as container, contextlib.closing(draft):
             metrics.container_started(asked, container)
@@ -704,8 +785,13 @@ class Pipeline:
                             self._send_message(group, event, run.id, outcome.indexed, assistant, outcome)
                         else:
                             outcome.indexed += 1
-                            out = event_to_message(event, run_id=run.id, index=outcome.indexed, assistant_name=assistant,
-                                                   max_tool_result_bytes=settings.max_tool_result_bytes)
+                            out = event_to_message(
+                                event,
+                                run_id=run.id,
+                                index=outcome.indexed,
+                                assistant_name=assistant,
+                                max_tool_result_bytes=settings.max_tool_result_bytes,
+                            )
                             if out is not None:
                                 budget.store(stored_size(out))
                                 self._emit(group, out, outcome)
@@ -754,8 +840,15 @@ class Pipeline:
                 why += f": {tail[0][:300]}"
             # A crash is worth another try; the attempt loop decides if it may.
             return Attempt("failed", why, usage, retryable=True)
-        return Attempt("succeeded", None, usage, session_id=result.session_id, stop_reason=result.stop_reason,
-                       num_turns=result.num_turns, limit=STOP_REASON_LIMITS.get(result.stop_reason or ""))
+        return Attempt(
+            "succeeded",
+            None,
+            usage,
+            session_id=result.session_id,
+            stop_reason=result.stop_reason,
+            num_turns=result.num_turns,
+            limit=STOP_REASON_LIMITS.get(result.stop_reason or ""),
+        )
 
     # -- storage --------------------------------------------------------------
 
@@ -769,14 +862,22 @@ class Pipeline:
     @contextlib.contextmanager
     def _output_span(self, out: OutputMessage, outcome: RunOutcome) -> Iterator[None]:
         # Each stored output is a span of the run's trace (orchestrator/core/tracing.py).
-        with tracing.span(f"store {out.message_type}", attributes={"orchestrator.message_id": out.id,
-                                                                   "orchestrator.sender": out.sender}):
+        with tracing.span(
+            f"store {out.message_type}",
+            attributes={"orchestrator.message_id": out.id, "orchestrator.sender": out.sender},
+        ):
             before = len(outcome.stored)
             yield
             tracing.annotate(seq=outcome.stored[-1] if len(outcome.stored) > before else None)
 
     def _insert_output(
-        self, conn: Connection, group: Group, out: OutputMessage, outcome: RunOutcome, *, fenced: bool = False,
+        self,
+        conn: Connection,
+        group: Group,
+        out: OutputMessage,
+        outcome: RunOutcome,
+        *,
+        fenced: bool = False,
     ) -> StoredOutput:
         """Store ``out`` in the caller's transaction, if this worker still holds the group's lease
         (else :class:`LeaseLost`, and the caller's transaction stores nothing; ``fenced``: the
@@ -791,7 +892,9 @@ class Pipeline:
         # must see those replies first (see views.model_order).
         fields = out.model_dump()
         fields["metadata"] = {
-            **(fields["metadata"] or {}), REPLY_TO_KEY: outcome.run.cursor_to, RUN_ID_KEY: outcome.run.id,
+            **(fields["metadata"] or {}),
+            REPLY_TO_KEY: outcome.run.cursor_to,
+            RUN_ID_KEY: outcome.run.id,
         }
         if not fenced:
             leases.fence(conn, group.chat_jid, self.owner)  # nothing stored by a replaced holder
@@ -822,8 +925,9 @@ class Pipeline:
         refusal = send_refusal(self.db, group, event.chat_jid)
         if refusal is not None:
             log.warning("run %s: send_message refused: %s", run_id, refusal)
-            self._emit(group, host_message(run_id=f"{run_id}-{index:04d}", text=f"🚫 send_message refused: {refusal}"),
-                       outcome)
+            self._emit(
+                group, host_message(run_id=f"{run_id}-{index:04d}", text=f"🚫 send_message refused: {refusal}"), outcome
+            )
             return
         out = event_to_message(AssistantEvent(text=event.text), run_id=run_id, index=index, assistant_name=assistant)
         if out is None:
@@ -860,9 +964,11 @@ class Pipeline:
 
 def _end_hold_sql(session: bool) -> str:
     keep = ", session_id = :session_id" if session else ""
-    return ("UPDATE groups SET cursor_seq = CASE WHEN cursor_seq < :cursor_to THEN :cursor_to ELSE cursor_seq END"
-            f"{keep}, lease_owner = NULL, lease_expires_at = NULL WHERE chat_jid = :chat_jid AND lease_owner = :owner "
-            "RETURNING pending_seq, cursor_seq")
+    return (
+        "UPDATE groups SET cursor_seq = CASE WHEN cursor_seq < :cursor_to THEN :cursor_to ELSE cursor_seq END"
+        f"{keep}, lease_owner = NULL, lease_expires_at = NULL WHERE chat_jid = :chat_jid AND lease_owner = :owner "
+        "RETURNING pending_seq, cursor_seq"
+    )
 
 
 _END_HOLD = {session: _end_hold_sql(session) for session in (True, False)}
@@ -889,8 +995,10 @@ def _marks(group: Group) -> tuple[int, int]:
 
 # Fixed SQL on the driver, in the caller's transaction (the run's end: runs.finish_run's ``also``).
 _MOVE_CURSOR = "UPDATE groups SET cursor_seq = :cursor_to WHERE chat_jid = :chat_jid AND cursor_seq < :cursor_to"
-_MOVE_CURSOR_SESSION = ("UPDATE groups SET cursor_seq = :cursor_to, session_id = :session_id "
-                        "WHERE chat_jid = :chat_jid AND cursor_seq < :cursor_to")
+_MOVE_CURSOR_SESSION = (
+    "UPDATE groups SET cursor_seq = :cursor_to, session_id = :session_id "
+    "WHERE chat_jid = :chat_jid AND cursor_seq < :cursor_to"
+)
 
 
 def _move_cursor(conn: Connection, group: Group, cursor_to: int, session_id: str | None) -> None:

@@ -105,9 +105,14 @@ def make_celery(settings: Settings) -> Celery:
             DELIVER_TASK: {"queue": DELIVERY_QUEUE},
         },
         beat_schedule={
-            "sweep": {"task": SWEEP_TASK, "schedule": settings.sweep_interval_s, "options": {"expires": settings.sweep_interval_s}},
+            "sweep": {
+                "task": SWEEP_TASK,
+                "schedule": settings.sweep_interval_s,
+                "options": {"expires": settings.sweep_interval_s},
+            },
             "scheduled-tasks": {
-                "task": SCHEDULE_TASK, "schedule": settings.schedule_tick_s,
+                "task": SCHEDULE_TASK,
+                "schedule": settings.schedule_tick_s,
                 "options": {"expires": settings.schedule_tick_s},
             },
         },
@@ -170,7 +175,10 @@ class Signals:
     """
 
     def __init__(
-        self, make_app: Callable[[], Celery], *, monotonic: Callable[[], float] = time.monotonic,
+        self,
+        make_app: Callable[[], Celery],
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
         placement: Callable[[str], str | None] | None = None,
     ) -> None:
         self._make_app = make_app
@@ -228,12 +236,26 @@ class Signals:
         self._check_breaker()
         # With tracing on: a producer span, whose context the task's span continues from
         # the message's headers (workers/tasks.py); off: no span, no header.
-        with tracing.span(f"signal {task.rpartition('.')[2]}", kind="producer", attributes={
-                "messaging.system": "celery", "messaging.destination.name": queue,
-                "orchestrator.chat_jid": args[0] if args else None, "orchestrator.countdown_s": countdown}):
+        with tracing.span(
+            f"signal {task.rpartition('.')[2]}",
+            kind="producer",
+            attributes={
+                "messaging.system": "celery",
+                "messaging.destination.name": queue,
+                "orchestrator.chat_jid": args[0] if args else None,
+                "orchestrator.countdown_s": countdown,
+            },
+        ):
             try:
-                result = self.app.send_task(task, args=args, queue=queue, countdown=countdown,
-                                            retry=True, retry_policy=_RETRY_POLICY, headers=tracing.headers())
+                result = self.app.send_task(
+                    task,
+                    args=args,
+                    queue=queue,
+                    countdown=countdown,
+                    retry=True,
+                    retry_policy=_RETRY_POLICY,
+                    headers=tracing.headers(),
+                )
             except Exception:
                 self._broken_until = self._monotonic() + _BREAKER_S
                 raise

@@ -59,8 +59,11 @@ def dead_holders(db: Database, host_id: str) -> list[tuple[str, str]]:
             .where(GroupRow.lease_owner.is_not(None))
             .order_by(GroupRow.chat_jid)
         ).all()
-    return [(jid, holder) for jid, holder, gone in rows
-            if holder is not None and (gone or gone_from_this_host(holder, host_id))]
+    return [
+        (jid, holder)
+        for jid, holder, gone in rows
+        if holder is not None and (gone or gone_from_this_host(holder, host_id))
+    ]
 
 
 class RecoveryWatch:
@@ -71,8 +74,14 @@ class RecoveryWatch:
     """
 
     def __init__(
-        self, db: Database, *, host_id: str, signal: Callable[[str], object], interval_s: float,
-        resignal_s: float = 30.0, monotonic: Callable[[], float] = time.monotonic,
+        self,
+        db: Database,
+        *,
+        host_id: str,
+        signal: Callable[[str], object],
+        interval_s: float,
+        resignal_s: float = 30.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.db, self.host_id, self.interval_s, self.resignal_s = db, host_id, interval_s, resignal_s
         self._signal = signal
@@ -108,17 +117,22 @@ class RecoveryWatch:
             try:
                 self._signal(chat_jid)
             except Exception as exc:  # noqa: BLE001 - the broker away: next look
-                log.warning("could not signal %s, whose lease holder %s is gone (%s); trying again in %.0fs",
-                            chat_jid, holder, exc, self.interval_s)
+                log.warning(
+                    "could not signal %s, whose lease holder %s is gone (%s); trying again in %.0fs",
+                    chat_jid,
+                    holder,
+                    exc,
+                    self.interval_s,
+                )
                 break
             self._signalled[(chat_jid, holder)] = now
             signalled.append(chat_jid)
             if holder.startswith(PLACED_ON):
-                log.warning("%s is %s, which takes no groups now: signalled it on the shared queue",
-                            chat_jid, holder)
+                log.warning("%s is %s, which takes no groups now: signalled it on the shared queue", chat_jid, holder)
             else:
-                log.warning("the lease holder of %s (%s) is gone: signalled a worker to take the group over",
-                            chat_jid, holder)
+                log.warning(
+                    "the lease holder of %s (%s) is gone: signalled a worker to take the group over", chat_jid, holder
+                )
         return signalled
 
     def _run(self) -> None:
@@ -126,7 +140,8 @@ class RecoveryWatch:
             try:
                 self.check()
             except Exception:  # noqa: BLE001 - the database away: next look
-                log.warning("could not look for dead lease holders; trying again in %.0fs", self.interval_s,
-                            exc_info=True)
+                log.warning(
+                    "could not look for dead lease holders; trying again in %.0fs", self.interval_s, exc_info=True
+                )
             if self._stop.wait(self.interval_s):
                 return

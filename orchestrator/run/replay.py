@@ -52,6 +52,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from sqlalchemy import select, update
+
 from agent_runner.protocol import (
     AssistantEvent,
     ContainerInput,
@@ -65,8 +67,6 @@ from agent_runner.protocol import (
     decode_input,
     parse_event,
 )
-from sqlalchemy import select, update
-
 from orchestrator.core.errors import ConfigError, MountRefused, ReplayLimited, ReplayRefused, StoreError
 from orchestrator.core.settings import Settings
 from orchestrator.run.assembly import input_bytes, record_input, stored_input
@@ -131,8 +131,14 @@ class CopyReport:
             self.skipped.append(why)
 
     def as_json(self) -> dict[str, Any]:
-        return {"files": self.files, "folders": self.folders, "symlinks": self.symlinks, "bytes": self.bytes,
-                "skipped": self.skipped[:SKIPPED_KEPT], "skipped_count": self.skipped_count}
+        return {
+            "files": self.files,
+            "folders": self.folders,
+            "symlinks": self.symlinks,
+            "bytes": self.bytes,
+            "skipped": self.skipped[:SKIPPED_KEPT],
+            "skipped_count": self.skipped_count,
+        }
 
 
 def copy_workspace(source: Path, dest: Path, *, max_bytes: int, max_files: int) -> CopyReport:
@@ -156,8 +162,9 @@ def copy_workspace(source: Path, dest: Path, *, max_bytes: int, max_files: int) 
     return report
 
 
-def _copy_folder(src: int, dst: int, where: str, depth: int, report: CopyReport, max_bytes: int,
-                 max_files: int) -> None:
+def _copy_folder(
+    src: int, dst: int, where: str, depth: int, report: CopyReport, max_bytes: int, max_files: int
+) -> None:
     if depth > MAX_DEPTH:
         report.skip(f"{where}: more than {MAX_DEPTH} levels deep")
         return
@@ -166,14 +173,23 @@ def _copy_folder(src: int, dst: int, where: str, depth: int, report: CopyReport,
             _copy_entry(entry, src, dst, where, depth, report, max_bytes, max_files)
 
 
-def _copy_entry(entry: os.DirEntry[str], src: int, dst: int, where: str, depth: int, report: CopyReport,
-                max_bytes: int, max_files: int) -> None:
+def _copy_entry(
+    entry: os.DirEntry[str],
+    src: int,
+    dst: int,
+    where: str,
+    depth: int,
+    report: CopyReport,
+    max_bytes: int,
+    max_files: int,
+) -> None:
     name = entry.name
     path = f"{where}{name}"
     report.seen += 1
     if report.seen > max_files:
-        raise ReplayRefused(f"the workspace holds more than {max_files} entries "
-                            "(ORCHESTRATOR_REPLAY_MAX_FILES); nothing was replayed")
+        raise ReplayRefused(
+            f"the workspace holds more than {max_files} entries (ORCHESTRATOR_REPLAY_MAX_FILES); nothing was replayed"
+        )
     try:
         st = entry.stat(follow_symlinks=False)
     except OSError:
@@ -213,7 +229,7 @@ def _copy_entry(entry: os.DirEntry[str], src: int, dst: int, where: str, depth: 
     elif stat.S_ISREG(mode):
         _copy_file(src, dst, name, path, report, max_bytes)
     else:
-        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device")
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
         report.skip(f"{path}: {kind}, not copied")
 
 
@@ -248,7 +264,7 @@ def _copy_file(src: int, dst: int, name: str, path: str, report: CopyReport, max
                 report.bytes += len(chunk)
                 view = memoryview(chunk)
                 while view:
-                    view = view[os.write(out, view):]
+                    view = view[os.write(out, view) :]
             os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))  # `make`, git's index: times matter
         finally:
             os.close(out)
@@ -258,8 +274,7 @@ def _copy_file(src: int, dst: int, name: str, path: str, report: CopyReport, max
 
 
 def _too_big(max_bytes: int) -> str:
-    return (f"the workspace holds more than {max_bytes} bytes (ORCHESTRATOR_REPLAY_MAX_BYTES); "
-            "nothing was replayed")
+    return f"the workspace holds more than {max_bytes} bytes (ORCHESTRATOR_REPLAY_MAX_BYTES); nothing was replayed"
 
 
 # -- making and running a replay -------------------------------------------------------------
@@ -293,11 +308,22 @@ def create_replay(db: Database, settings: Settings, run_id: str, model: str) -> 
     payload = recorded.replace(run_id=replay_id, session_id=None, model=resolved, traceparent=msgspec.UNSET)
     with db.write() as session:
         now = db_now(session)
-        session.add(RunRow(
-            id=replay_id, chat_jid=original.chat_jid, state="queued", attempts=1,
-            cursor_from=original.cursor_from, cursor_to=original.cursor_to, celery_task_id=None, owner=None,
-            input_tokens=0, output_tokens=0, created_at=now, replay_of=original.id,
-        ))
+        session.add(
+            RunRow(
+                id=replay_id,
+                chat_jid=original.chat_jid,
+                state="queued",
+                attempts=1,
+                cursor_from=original.cursor_from,
+                cursor_to=original.cursor_to,
+                celery_task_id=None,
+                owner=None,
+                input_tokens=0,
+                output_tokens=0,
+                created_at=now,
+                replay_of=original.id,
+            )
+        )
         session.add(ReplayOutputRow(run_id=replay_id, model=model.strip()))
     record_input(db, replay_id, input_bytes(payload))
     return get_run(db, replay_id)
@@ -312,7 +338,9 @@ def check_quota(db: Database, settings: Settings, group: Group) -> None:
     spent = "runs in the last hour" if wait.quota == "runs_per_hour" else "model tokens today (UTC)"
     raise ReplayLimited(
         f"{group.chat_jid} has used {wait.used:,} of its {wait.limit:,} {spent}; a replay counts against the "
-        f"group's quotas: try again after {wait.until:%Y-%m-%d %H:%M:%S} UTC", wait.wait_s)
+        f"group's quotas: try again after {wait.until:%Y-%m-%d %H:%M:%S} UTC",
+        wait.wait_s,
+    )
 
 
 def fail_replay(db: Database, run_id: str, why: str) -> Run:
@@ -371,32 +399,65 @@ def execute_replay(db: Database, settings: Settings, sandbox: Sandbox, run_id: s
     with db.read() as session:
         started = session.scalar(select(RunRow.started_at).where(RunRow.id == run.id))
         duration = None if started is None else max(0.0, (db_now(session) - started).total_seconds())
-    outputs.append(result_meta_message(
-        run_id=run.id, provider=payload.model.provider, model=payload.model.model, state=ended.state,
-        stop_reason=ended.stop_reason, limit=ended.limit, num_turns=ended.num_turns, attempts=1,
-        duration_s=duration, usage=ended.usage,
-    ))
+    outputs.append(
+        result_meta_message(
+            run_id=run.id,
+            provider=payload.model.provider,
+            model=payload.model.model,
+            state=ended.state,
+            stop_reason=ended.stop_reason,
+            limit=ended.limit,
+            num_turns=ended.num_turns,
+            attempts=1,
+            duration_s=duration,
+            usage=ended.usage,
+        )
+    )
     data = msgspec.json.encode([o.model_dump() for o in outputs])
     with db.write() as session:
-        session.execute(update(ReplayOutputRow).where(ReplayOutputRow.run_id == run.id).values(
-            outputs_json=zlib.compress(data), copy_report=None if copy_report is None else copy_report.as_json()))
-    done = finish_run(db, run.id, state=ended.state, error=ended.error, input_tokens=ended.usage.input_tokens,
-                      output_tokens=ended.usage.output_tokens)
-    log.info("replay %s of run %s with %s:%s ended %s", run.id, run.replay_of, payload.model.provider,
-             payload.model.model, done.state)
+        session.execute(
+            update(ReplayOutputRow)
+            .where(ReplayOutputRow.run_id == run.id)
+            .values(
+                outputs_json=zlib.compress(data), copy_report=None if copy_report is None else copy_report.as_json()
+            )
+        )
+    done = finish_run(
+        db,
+        run.id,
+        state=ended.state,
+        error=ended.error,
+        input_tokens=ended.usage.input_tokens,
+        output_tokens=ended.usage.output_tokens,
+    )
+    log.info(
+        "replay %s of run %s with %s:%s ended %s",
+        run.id,
+        run.replay_of,
+        payload.model.provider,
+        payload.model.model,
+        done.state,
+    )
     return done
 
 
 def _run(
-    db: Database, settings: Settings, sandbox: Sandbox, run: Run, group: Group, payload: ContainerInput,
+    db: Database,
+    settings: Settings,
+    sandbox: Sandbox,
+    run: Run,
+    group: Group,
+    payload: ContainerInput,
     outputs: list[OutputMessage],
 ) -> tuple[_Ended, CopyReport]:
     workspace = group_workspace(settings, group.folder)
     volume = Volume.of(settings, group.folder, workspace)
     if volume.image.exists() and volume.mounted() != "ours":
         # Its files are in a volume not mounted here: the folder under it is not the workspace.
-        raise ReplayRefused(f"the workspace of {group.folder!r} lives in the volume {volume.image}, not mounted "
-                            "on this host; replay where the group's runs go")
+        raise ReplayRefused(
+            f"the workspace of {group.folder!r} lives in the volume {volume.image}, not mounted "
+            "on this host; replay where the group's runs go"
+        )
     cfg = parse_container_config(group.container_config)
     limits = effective_limits(settings, cfg)
     # The copy lives in a throw-away volume of the group's workspace quota where the host
@@ -408,20 +469,28 @@ def _run(
         cleanup.callback(shutil.rmtree, scratch_root, ignore_errors=True)
         scratch_root.mkdir(mode=0o700, parents=True, exist_ok=False)
         cleanup.enter_context(scratch_volume(settings, run.id, scratch_root, workspace_quota(settings, cfg)))
-        report = copy_workspace(workspace, scratch, max_bytes=settings.replay_max_bytes,
-                                max_files=settings.replay_max_files)
+        report = copy_workspace(
+            workspace, scratch, max_bytes=settings.replay_max_bytes, max_files=settings.replay_max_files
+        )
         # The group's extra folders, re-checked against the allowlist, and read-only
         # whatever the group's config says: a replay writes nothing that outlives it.
-        mounts = resolve_mounts(settings, cfg.extra_mounts, folder=group.folder, is_main=group.is_main,
-                                chat_jid=group.chat_jid)
+        mounts = resolve_mounts(
+            settings, cfg.extra_mounts, folder=group.folder, is_main=group.is_main, chat_jid=group.chat_jid
+        )
         prepare_mountpoints(scratch, mounts)
         spec = ContainerSpec(
             # The image the replayed model needs (claude-code: its variant; no session folder is
             # mounted, so Claude Code starts a throw-away session and resumes nothing).
             image=image_name(settings, model_variant(payload.model.provider)),
             name=f"orch-replay-{group.folder}-{run.id[:8]}-{uuid.uuid4().hex[:4]}",
-            workspace=scratch, run_id=run.id, group_folder=group.folder, memory=limits.memory, cpus=limits.cpus,
-            pids=limits.pids, timeout_s=limits.run_timeout_s, install_id=settings.install_id,
+            workspace=scratch,
+            run_id=run.id,
+            group_folder=group.folder,
+            memory=limits.memory,
+            cpus=limits.cpus,
+            pids=limits.pids,
+            timeout_s=limits.run_timeout_s,
+            install_id=settings.install_id,
             fence_s=settings.sandbox_fence_s,  # gone with its worker, as a chat run's (agent_runner/fence.py)
             extra_labels={"orchestrator.replay_of": run.replay_of or ""},
             readonly_mounts={str(m.host): m.container for m in mounts},
@@ -432,10 +501,16 @@ def _run(
             gw_dir = host_only_dir(settings.runs_dir / run.id)
             cleanup.callback(shutil.rmtree, gw_dir, ignore_errors=True)
             spec = replace(spec, readonly_mounts={**spec.readonly_mounts, str(gw_dir): GATEWAY_MOUNT})
-            gateway = cleanup.enter_context(ModelGateway.for_provider(
-                gw_dir / GATEWAY_SOCKET, settings, payload.model.provider, spent=Usage(),
-                model=payload.model.model, max_tokens=payload.model.max_tokens,
-            ))
+            gateway = cleanup.enter_context(
+                ModelGateway.for_provider(
+                    gw_dir / GATEWAY_SOCKET,
+                    settings,
+                    payload.model.provider,
+                    spent=Usage(),
+                    model=payload.model.model,
+                    max_tokens=payload.model.max_tokens,
+                )
+            )
             payload = payload.replace(model=payload.model.replace(socket_path=f"{GATEWAY_MOUNT}/{GATEWAY_SOCKET}"))
         if spec.fence_s:
             payload = payload.replace(host_fence_s=spec.fence_s)
@@ -444,8 +519,14 @@ def _run(
 
 
 def _stream(
-    db: Database, settings: Settings, sandbox: Sandbox, run: Run, spec: ContainerSpec, payload: ContainerInput,
-    gateway: ModelGateway | None, outputs: list[OutputMessage],
+    db: Database,
+    settings: Settings,
+    sandbox: Sandbox,
+    run: Run,
+    spec: ContainerSpec,
+    payload: ContainerInput,
+    gateway: ModelGateway | None,
+    outputs: list[OutputMessage],
 ) -> _Ended:
     """The container's events kept as the messages they would have been, none stored as one."""
     result: ResultEvent | None = None
@@ -484,15 +565,24 @@ def _stream(
                     index += 1
                     if isinstance(event, SendMessageEvent):
                         # Recorded with where it would have gone; never sent.
-                        out = event_to_message(AssistantEvent(text=event.text), run_id=run.id, index=index,
-                                               assistant_name=payload.assistant_name)
+                        out = event_to_message(
+                            AssistantEvent(text=event.text),
+                            run_id=run.id,
+                            index=index,
+                            assistant_name=payload.assistant_name,
+                        )
                         if out is not None:
-                            out = out.model_copy(update={"metadata": {"via": "send_message",
-                                                                      "to_chat": event.chat_jid}})
+                            out = out.model_copy(
+                                update={"metadata": {"via": "send_message", "to_chat": event.chat_jid}}
+                            )
                     else:
-                        out = event_to_message(event, run_id=run.id, index=index,
-                                               assistant_name=payload.assistant_name,
-                                               max_tool_result_bytes=settings.max_tool_result_bytes)
+                        out = event_to_message(
+                            event,
+                            run_id=run.id,
+                            index=index,
+                            assistant_name=payload.assistant_name,
+                            max_tool_result_bytes=settings.max_tool_result_bytes,
+                        )
                     if out is not None:
                         budget.store(stored_size(out))
                         outputs.append(out)
@@ -512,7 +602,16 @@ def _stream(
         return _Ended("failed", error.message[:2000], usage, limit=spent)
     if exit_.status_code != 0 or result is None:
         tail = (exit_.stderr_tail.strip().splitlines()[-1:] or [""])[0][:300]
-        return _Ended("failed", f"the agent container exited with status {exit_.status_code}"
-                      + (f": {tail}" if tail else ""), usage)
-    return _Ended("succeeded", None, usage, stop_reason=result.stop_reason, num_turns=result.num_turns,
-                  limit=STOP_REASON_LIMITS.get(result.stop_reason or ""))
+        return _Ended(
+            "failed",
+            f"the agent container exited with status {exit_.status_code}" + (f": {tail}" if tail else ""),
+            usage,
+        )
+    return _Ended(
+        "succeeded",
+        None,
+        usage,
+        stop_reason=result.stop_reason,
+        num_turns=result.num_turns,
+        limit=STOP_REASON_LIMITS.get(result.stop_reason or ""),
+    )

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import TypedDict
 
 from agent_runner.protocol import Usage
-
 from orchestrator.model.messages import SENDER_RESULT_META
 from orchestrator.model.pricing import PRICES_CHECKED, estimate_cost
 from orchestrator.run.outputs import OutputMessage
@@ -45,26 +44,46 @@ class ResultMeta(TypedDict):
 
 
 def result_meta_message(
-    *, run_id: str, provider: str, model: str, state: str, stop_reason: str | None, limit: str | None,
-    num_turns: int, attempts: int, duration_s: float | None, usage: Usage,
+    *,
+    run_id: str,
+    provider: str,
+    model: str,
+    state: str,
+    stop_reason: str | None,
+    limit: str | None,
+    num_turns: int,
+    attempts: int,
+    duration_s: float | None,
+    usage: Usage,
 ) -> OutputMessage:
     cost = estimate_cost(provider, model, usage)
     meta: ResultMeta = {
-        "provider": provider, "model": model, "state": state, "stop_reason": stop_reason,
-        "limit": limit, "num_turns": num_turns, "attempts": attempts,
+        "provider": provider,
+        "model": model,
+        "state": state,
+        "stop_reason": stop_reason,
+        "limit": limit,
+        "num_turns": num_turns,
+        "attempts": attempts,
         "duration_s": None if duration_s is None else round(duration_s, 3),
         "usage": {
-            "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
             "cache_read_input_tokens": usage.cache_read_input_tokens,
             "cache_creation_input_tokens": usage.cache_creation_input_tokens,
         },
         "cost_usd": cost,
-        "cost_basis": f"an estimate at list prices of {PRICES_CHECKED}" if cost is not None
+        "cost_basis": f"an estimate at list prices of {PRICES_CHECKED}"
+        if cost is not None
         else "no price known for this model",
     }
     return OutputMessage(
-        id=f"{run_id}-meta", sender=SENDER_RESULT_META, sender_name="result", content=summary(meta),
-        message_type="assistant", metadata=dict(meta),
+        id=f"{run_id}-meta",
+        sender=SENDER_RESULT_META,
+        sender_name="result",
+        content=summary(meta),
+        message_type="assistant",
+        metadata=dict(meta),
     )
 
 
@@ -78,8 +97,10 @@ def summary(meta: ResultMeta) -> str:
     parts.append(f"{turns} turn{'' if turns == 1 else 's'}")
     tokens = f"{usage['input_tokens']:,} in / {usage['output_tokens']:,} out tokens"
     if usage["cache_read_input_tokens"] or usage["cache_creation_input_tokens"]:
-        tokens += (f" ({usage['cache_read_input_tokens']:,} cache reads, "
-                   f"{usage['cache_creation_input_tokens']:,} cache writes)")
+        tokens += (
+            f" ({usage['cache_read_input_tokens']:,} cache reads, "
+            f"{usage['cache_creation_input_tokens']:,} cache writes)"
+        )
     parts.append(tokens)
     if meta["duration_s"] is not None:
         parts.append(f"{meta['duration_s']:.1f} s")

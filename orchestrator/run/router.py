@@ -23,7 +23,11 @@ def has_trigger(content: str, names: Sequence[str]) -> bool:
 
 
 def wakes(
-    message: StoredMessage, *, is_main: bool, requires_trigger: bool, assistant_name: str | None,
+    message: StoredMessage,
+    *,
+    is_main: bool,
+    requires_trigger: bool,
+    assistant_name: str | None,
     names: Sequence[str],
 ) -> bool:
     """True if ``message`` should start a run for the registered group whose

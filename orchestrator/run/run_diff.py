@@ -19,10 +19,10 @@ import zlib
 from typing import Any
 
 import msgspec
-from agent_runner.protocol import ContainerInput, ProtocolError, Usage, decode_input
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 
+from agent_runner.protocol import ContainerInput, ProtocolError, Usage, decode_input
 from orchestrator.model.messages import SENDER_BOT, SENDER_RESULT_META, SENDER_TOOL_RESULT, SENDER_TOOL_USE
 from orchestrator.model.pricing import estimate_cost
 from orchestrator.run.assembly import stored_input
@@ -77,12 +77,23 @@ def run_outputs(db: Database, run: Run) -> list[OutputMessage]:
         return [OutputMessage.model_validate(o) for o in msgspec.json.decode(zlib.decompress(data))]
     with db.read() as session:
         rows = session.execute(
-            select(MessageRow.id, MessageRow.sender, MessageRow.sender_name, MessageRow.content,
-                   MessageRow.message_type, MessageRow.meta)
-            .where(MessageRow.id.like(f"{run.id}-%")).order_by(MessageRow.seq)
+            select(
+                MessageRow.id,
+                MessageRow.sender,
+                MessageRow.sender_name,
+                MessageRow.content,
+                MessageRow.message_type,
+                MessageRow.meta,
+            )
+            .where(MessageRow.id.like(f"{run.id}-%"))
+            .order_by(MessageRow.seq)
         ).all()
-    return [OutputMessage.model_validate({"id": i, "sender": s, "sender_name": n, "content": c, "message_type": t,
-                                          "metadata": m}) for i, s, n, c, t, m in rows]
+    return [
+        OutputMessage.model_validate(
+            {"id": i, "sender": s, "sender_name": n, "content": c, "message_type": t, "metadata": m}
+        )
+        for i, s, n, c, t, m in rows
+    ]
 
 
 def _summary_of_input(text: Any) -> str:
@@ -109,9 +120,13 @@ def summarize(db: Database, run: Run) -> RunSummary:
         elif out.sender == SENDER_TOOL_USE:
             raw_input = meta.get("input")
             shown = raw_input.get("command") if isinstance(raw_input, dict) and meta.get("tool") == "bash" else None
-            calls.append(ToolCall(name=str(meta.get("tool") or out.sender_name),
-                                  input=_summary_of_input(shown if isinstance(shown, str) else raw_input),
-                                  exit_code=exit_codes.get(str(meta.get("tool_use_id")))))
+            calls.append(
+                ToolCall(
+                    name=str(meta.get("tool") or out.sender_name),
+                    input=_summary_of_input(shown if isinstance(shown, str) else raw_input),
+                    exit_code=exit_codes.get(str(meta.get("tool_use_id"))),
+                )
+            )
         elif out.sender == SENDER_RESULT_META:
             meta_record = dict(meta)
     usage = meta_record.get("usage") if isinstance(meta_record.get("usage"), dict) else None
@@ -119,14 +134,21 @@ def summarize(db: Database, run: Run) -> RunSummary:
     if usage is None:  # a run from before the result_meta record: its row's counts
         usage = {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens}
         provider, _, model_id = model.partition(":")
-        cost = estimate_cost(provider, model_id or provider, Usage(input_tokens=run.input_tokens,
-                                                                    output_tokens=run.output_tokens))
+        cost = estimate_cost(
+            provider, model_id or provider, Usage(input_tokens=run.input_tokens, output_tokens=run.output_tokens)
+        )
     else:
         cost = meta_record.get("cost_usd")
     return RunSummary(
-        run_id=run.id, replay_of=run.replay_of, model=model, state=run.state, error=run.error,
-        replies=replies, tool_calls=calls,
-        input_tokens=int(usage.get("input_tokens") or 0), output_tokens=int(usage.get("output_tokens") or 0),
+        run_id=run.id,
+        replay_of=run.replay_of,
+        model=model,
+        state=run.state,
+        error=run.error,
+        replies=replies,
+        tool_calls=calls,
+        input_tokens=int(usage.get("input_tokens") or 0),
+        output_tokens=int(usage.get("output_tokens") or 0),
         cache_read_input_tokens=int(usage.get("cache_read_input_tokens") or 0),
         cache_creation_input_tokens=int(usage.get("cache_creation_input_tokens") or 0),
         cost_usd=cost if isinstance(cost, (int, float)) else None,

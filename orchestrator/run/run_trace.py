@@ -28,8 +28,15 @@ def run_span(db: Database, run: Run) -> Iterator[None]:
         yield
         return
     joined = batch_traces(db, run.chat_jid, run.cursor_from, run.cursor_to)
-    with tracing.span("run", join=joined, attributes={
-            "orchestrator.chat_jid": run.chat_jid, "orchestrator.run_id": run.id,
-            "orchestrator.attempt": run.attempts, "orchestrator.cursor_from": run.cursor_from,
-            "orchestrator.cursor_to": run.cursor_to}):
+    with tracing.span(
+        "run",
+        join=joined,
+        attributes={
+            "orchestrator.chat_jid": run.chat_jid,
+            "orchestrator.run_id": run.id,
+            "orchestrator.attempt": run.attempts,
+            "orchestrator.cursor_from": run.cursor_from,
+            "orchestrator.cursor_to": run.cursor_to,
+        },
+    ):
         yield

@@ -123,8 +123,16 @@ def add_task(
     else:
         raise InvalidMessage(f"schedule kind {kind!r}: use cron, interval or once")
     row = ScheduledTaskRow(
-        id=str(uuid.uuid4()), chat_jid=chat_jid, prompt=prompt, kind=kind, spec=spec,
-        context_mode=context_mode, state="active", next_run_at=first, runs=0, created_at=now,
+        id=str(uuid.uuid4()),
+        chat_jid=chat_jid,
+        prompt=prompt,
+        kind=kind,
+        spec=spec,
+        context_mode=context_mode,
+        state="active",
+        next_run_at=first,
+        runs=0,
+        created_at=now,
     )
     with db.write() as session:
         session.add(row)
@@ -172,26 +180,25 @@ def change_state(db: Database, task_id: str, action: str, *, now: datetime | Non
     return get_task(db, task.id)
 
 
-def fire_due(
-    db: Database, *, signal: Callable[[str], object] | None, now: datetime | None = None
-) -> list[str]:
+def fire_due(db: Database, *, signal: Callable[[str], object] | None, now: datetime | None = None) -> list[str]:
     """Fire every active task that is due; returns the ids of the messages stored."""
     now = now or datetime.now(UTC)
     with db.read() as session:
         due = [
             ScheduledTask.model_validate(r)
             for r in session.scalars(
-                select(ScheduledTaskRow).where(
-                    ScheduledTaskRow.state == "active", ScheduledTaskRow.next_run_at <= now
-                )
+                select(ScheduledTaskRow).where(ScheduledTaskRow.state == "active", ScheduledTaskRow.next_run_at <= now)
             )
         ]
     fired: list[str] = []
     for task in due:
         # With tracing on, each firing is the trace of a message that wakes the agent,
         # like ingest's (orchestrator/core/tracing.py): kept with the message for its run.
-        with tracing.span("scheduled task", parent=tracing.ROOT, attributes={
-                "orchestrator.chat_jid": task.chat_jid, "orchestrator.task_id": task.id}):
+        with tracing.span(
+            "scheduled task",
+            parent=tracing.ROOT,
+            attributes={"orchestrator.chat_jid": task.chat_jid, "orchestrator.task_id": task.id},
+        ):
             stored = _fire(db, task, now, signal)
         if stored is not None:
             fired.append(stored)
@@ -203,23 +210,33 @@ def _fire(db: Database, task: ScheduledTask, now: datetime, signal: Callable[[st
     assert task.next_run_at is not None
     following = next_due(task.kind, task.spec, max(now, task.next_run_at))
     msg = NewMessage(
-        id=f"sched-{task.id}-{int(task.next_run_at.timestamp())}", chat_jid=task.chat_jid,
-        sender=SCHEDULER_SENDER, sender_name="scheduled task", content=task.prompt, timestamp=now_iso(),
-        metadata={"scheduled_task": task.id, "due": task.next_run_at.isoformat(),
-                  "context_mode": task.context_mode},
+        id=f"sched-{task.id}-{int(task.next_run_at.timestamp())}",
+        chat_jid=task.chat_jid,
+        sender=SCHEDULER_SENDER,
+        sender_name="scheduled task",
+        content=task.prompt,
+        timestamp=now_iso(),
+        metadata={"scheduled_task": task.id, "due": task.next_run_at.isoformat(), "context_mode": task.context_mode},
     )
     # Claim the due time, store its message and mark the group pending in
     # one transaction: a crash leaves either all of it or none.
     with db.write() as session:
-        claimed = changed_rows(session.execute(
-            update(ScheduledTaskRow)
-            .where(ScheduledTaskRow.id == task.id, ScheduledTaskRow.next_run_at == task.next_run_at,
-                   ScheduledTaskRow.state == "active")
-            .values(
-                next_run_at=following, last_run_at=now, runs=ScheduledTaskRow.runs + 1,
-                state="active" if following is not None else "done",
+        claimed = changed_rows(
+            session.execute(
+                update(ScheduledTaskRow)
+                .where(
+                    ScheduledTaskRow.id == task.id,
+                    ScheduledTaskRow.next_run_at == task.next_run_at,
+                    ScheduledTaskRow.state == "active",
+                )
+                .values(
+                    next_run_at=following,
+                    last_run_at=now,
+                    runs=ScheduledTaskRow.runs + 1,
+                    state="active" if following is not None else "done",
+                )
             )
-        ))
+        )
         if claimed != 1:
             return None  # another ticker fired this due time
         stored, created = insert_message(session, db, msg)
@@ -236,8 +253,9 @@ def _fire(db: Database, task: ScheduledTask, now: datetime, signal: Callable[[st
         try:
             signal(task.chat_jid)
         except Exception as exc:  # noqa: BLE001 - the sweeper re-signals pending groups
-            log.warning("could not signal a worker for task %s in %s (%s); the sweeper will",
-                        task.id[:8], task.chat_jid, exc)
+            log.warning(
+                "could not signal a worker for task %s in %s (%s); the sweeper will", task.id[:8], task.chat_jid, exc
+            )
     return stored.id
 
 

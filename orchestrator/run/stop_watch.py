@@ -32,8 +32,14 @@ class StopWatch:
     """
 
     def __init__(
-        self, db: Database, run_id: str, stop: Callable[[], None], lease_lost: threading.Event | None,
-        interval_s: float = 1.0, *, clock: Clock = SYSTEM_CLOCK,
+        self,
+        db: Database,
+        run_id: str,
+        stop: Callable[[], None],
+        lease_lost: threading.Event | None,
+        interval_s: float = 1.0,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._db, self._run_id, self._stop_fn = db, run_id, stop
         self._clock = clock
@@ -77,5 +83,9 @@ class StopWatch:
                     self._stop("cancelled")
                     return
             except Exception:  # noqa: BLE001 - a DB hiccup is not a cancel
-                log.warning("run %s: could not read its state; looking again in %.0fs",
-                            self._run_id, self._interval, exc_info=True)
+                log.warning(
+                    "run %s: could not read its state; looking again in %.0fs",
+                    self._run_id,
+                    self._interval,
+                    exc_info=True,
+                )

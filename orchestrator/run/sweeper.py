@@ -99,8 +99,13 @@ def sweep(
     # A replay (orchestrator/run/replay.py) holds no lease: one whose worker's host died
     # ends failed here, nothing else would end it (its container is then an orphan).
     with db.read() as session:
-        lost_replays = list(session.scalars(select(RunRow.id).where(
-            RunRow.replay_of.is_not(None), RunRow.finished_at.is_(None), on_dead_host(RunRow.owner, now))))
+        lost_replays = list(
+            session.scalars(
+                select(RunRow.id).where(
+                    RunRow.replay_of.is_not(None), RunRow.finished_at.is_(None), on_dead_host(RunRow.owner, now)
+                )
+            )
+        )
     for run_id in lost_replays:
         finish_run(db, run_id, state="failed", error="the worker running the replay is gone")
         report.interrupted_runs.append(run_id)
@@ -109,11 +114,13 @@ def sweep(
         pending = list(
             session.scalars(
                 select(GroupRow.chat_jid).where(
-                    GroupRow.pending_seq > GroupRow.cursor_seq, _lease_dead(now),
+                    GroupRow.pending_seq > GroupRow.cursor_seq,
+                    _lease_dead(now),
                     # Not before a parked run is due: its own signal has a countdown.
                     GroupRow.chat_jid.not_in(
                         select(RunRow.chat_jid).where(
-                            RunRow.retry_at > now, RunRow.state == "queued", RunRow.finished_at.is_(None))
+                            RunRow.retry_at > now, RunRow.state == "queued", RunRow.finished_at.is_(None)
+                        )
                     ),
                 )
             )
@@ -136,13 +143,19 @@ def sweep(
                 log.warning("could not signal a deliverer for %s (%s)", chat_jid, exc)
                 break
             report.delivery_signals.append(chat_jid)
-    metrics.swept(interrupted_runs=len(report.interrupted_runs), signalled_groups=len(report.signalled_groups),
-                  removed_containers=report.removed_containers, abandoned_deliveries=report.abandoned_deliveries)
+    metrics.swept(
+        interrupted_runs=len(report.interrupted_runs),
+        signalled_groups=len(report.signalled_groups),
+        removed_containers=report.removed_containers,
+        abandoned_deliveries=report.abandoned_deliveries,
+    )
     if report.interrupted_runs or report.signalled_groups or report.removed_containers or report.abandoned_deliveries:
         log.info(
             "sweep: %d interrupted run(s), %d group(s) re-signalled, %d container(s) removed, "
             "%d delivery claim(s) abandoned",
-            len(report.interrupted_runs), len(report.signalled_groups), report.removed_containers,
+            len(report.interrupted_runs),
+            len(report.signalled_groups),
+            report.removed_containers,
             report.abandoned_deliveries,
         )
     return report
@@ -156,17 +169,25 @@ def live_run_ids(db: Database) -> set[str]:
 
 def _close_interrupted(db: Database, run_id: str, chat_jid: str, cursor_to: int) -> StoredMessage | None:
     with db.read() as session:
-        outputs = session.scalar(
-            select(func.count()).select_from(MessageRow).where(
-                MessageRow.chat_jid == chat_jid,
-                MessageRow.id.like(f"{run_id}-%"),
-                MessageRow.sender == SENDER_BOT,
+        outputs = (
+            session.scalar(
+                select(func.count())
+                .select_from(MessageRow)
+                .where(
+                    MessageRow.chat_jid == chat_jid,
+                    MessageRow.id.like(f"{run_id}-%"),
+                    MessageRow.sender == SENDER_BOT,
+                )
             )
-        ) or 0
+            or 0
+        )
     if outputs:
         # A reply is already in the chat: close the run rather than replay
         # it (no duplicate replies), and tell people it was cut short.
-        note = host_message(run_id=run_id, text="⚠️ Agent error: the run was interrupted (its worker stopped) after it had started answering.")
+        note = host_message(
+            run_id=run_id,
+            text="⚠️ Agent error: the run was interrupted (its worker stopped) after it had started answering.",
+        )
         with db.write() as session:
             stored, created = insert_message(
                 session, db, NewMessage(chat_jid=chat_jid, timestamp=now_iso(), is_from_me=True, **note.model_dump())
@@ -174,7 +195,8 @@ def _close_interrupted(db: Database, run_id: str, chat_jid: str, cursor_to: int)
             if created:
                 record_deliveries(session, stored)  # sent when the sweep signals due deliveries
             session.execute(
-                update(GroupRow).where(GroupRow.chat_jid == chat_jid, GroupRow.cursor_seq < cursor_to)
+                update(GroupRow)
+                .where(GroupRow.chat_jid == chat_jid, GroupRow.cursor_seq < cursor_to)
                 .values(cursor_seq=cursor_to)
             )
         finish_run(db, run_id, state="failed", error="interrupted after output: its worker stopped")
@@ -186,7 +208,12 @@ def _close_interrupted(db: Database, run_id: str, chat_jid: str, cursor_to: int)
 
 
 def recover_group(
-    db: Database, chat_jid: str, owner: str, *, sandbox: Sandbox | None = None, unfinished: list[Run] | None = None,
+    db: Database,
+    chat_jid: str,
+    owner: str,
+    *,
+    sandbox: Sandbox | None = None,
+    unfinished: list[Run] | None = None,
 ) -> list[str]:
     """Close the runs a group's earlier lease holders left unfinished: what the
     pipeline calls right after ``owner`` took the group's lease, before it runs.
@@ -210,10 +237,15 @@ def recover_group(
     """
     if unfinished is None:
         unfinished = unfinished_runs(db, chat_jid)
-    left = [(run.id, run.cursor_to, run.owner) for run in unfinished
-            if run.state in ("queued", "running", "cancelled") and run.retry_at is None
-            # A replay is no run of the chat's: not this holder's to close.
-            and run.replay_of is None and run.owner != owner]
+    left = [
+        (run.id, run.cursor_to, run.owner)
+        for run in unfinished
+        if run.state in ("queued", "running", "cancelled")
+        and run.retry_at is None
+        # A replay is no run of the chat's: not this holder's to close.
+        and run.replay_of is None
+        and run.owner != owner
+    ]
     for run_id, cursor_to, gone in left:
         if isinstance(sandbox, DockerSandbox):
             try:
@@ -221,6 +253,10 @@ def recover_group(
             except Exception as exc:  # noqa: BLE001 - the sweeper removes it later
                 log.warning("could not remove the container(s) of interrupted run %s (%s)", run_id, exc)
         _close_interrupted(db, run_id, chat_jid, cursor_to)
-        log.warning("run %s of %s was left unfinished by %s, whose worker is gone; closed before the next run",
-                    run_id, chat_jid, gone)
+        log.warning(
+            "run %s of %s was left unfinished by %s, whose worker is gone; closed before the next run",
+            run_id,
+            chat_jid,
+            gone,
+        )
     return [run_id for run_id, _, _ in left]

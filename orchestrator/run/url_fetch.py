@@ -120,15 +120,17 @@ class Deadline:
         not finish in time."""
         if self.at - time.monotonic() <= 0:
             raise ContextUnavailable(
-                f"not fetched: the deadline for {self.what} had passed ({self.setting}, {self.seconds:g} s)")
+                f"not fetched: the deadline for {self.what} had passed ({self.setting}, {self.seconds:g} s)"
+            )
 
 
 class UrlBudget:
     """The deadline all the URL blocks of one run's input share (made when its assembly starts)."""
 
     def __init__(self, settings: Settings) -> None:
-        self.deadline = Deadline(settings.context_url_run_deadline_s, "fetching this run's URLs",
-                                 "ORCHESTRATOR_CONTEXT_URL_RUN_DEADLINE_S")
+        self.deadline = Deadline(
+            settings.context_url_run_deadline_s, "fetching this run's URLs", "ORCHESTRATOR_CONTEXT_URL_RUN_DEADLINE_S"
+        )
 
 
 def _bound(deadlines: Iterable[Deadline], timeout: float | None) -> float:
@@ -151,8 +153,9 @@ class _PinnedStream(httpcore.NetworkStream):
     def close(self) -> None:
         self._inner.close()
 
-    def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
-                  timeout: float | None = None) -> httpcore.NetworkStream:
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
         inner = self._inner.start_tls(ssl_context, server_hostname, _bound(self._deadlines, timeout))
         return _PinnedStream(inner, self._deadlines)
 
@@ -168,21 +171,29 @@ class _PinnedBackend(httpcore.NetworkBackend):
         self._addresses, self._deadlines = addresses, deadlines
         self._system = httpcore.SyncBackend()
 
-    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
-                    socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
         failure: Exception | None = None
         for address in self._addresses:
             try:
-                stream = self._system.connect_tcp(address.partition("%")[0], port, _bound(self._deadlines, timeout),
-                                                  local_address, socket_options)
+                stream = self._system.connect_tcp(
+                    address.partition("%")[0], port, _bound(self._deadlines, timeout), local_address, socket_options
+                )
             except httpcore.ConnectError as exc:
                 failure = exc
                 continue
             return _PinnedStream(stream, self._deadlines)
         raise failure or httpcore.ConnectError("no address to connect to")
 
-    def connect_unix_socket(self, path: str, timeout: float | None = None,
-                            socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
         raise ContextUnavailable("no unix sockets")
 
     def sleep(self, seconds: float) -> None:
@@ -223,8 +234,15 @@ def _resolve(host: str, port: int, resolver: Resolver, deadlines: list[Deadline]
     return answer
 
 
-def checked_addresses(host: str, port: int, settings: Settings, *, resolver: Resolver = system_resolver,
-                      allowed: AddressPolicy = is_public, deadlines: list[Deadline] | None = None) -> list[str]:
+def checked_addresses(
+    host: str,
+    port: int,
+    settings: Settings,
+    *,
+    resolver: Resolver = system_resolver,
+    allowed: AddressPolicy = is_public,
+    deadlines: list[Deadline] | None = None,
+) -> list[str]:
     """The addresses to connect to for ``host``: resolved once, every one of them allowed."""
     addresses = _resolve(host, port, resolver, deadlines or [])
     for text in addresses:
@@ -237,23 +255,37 @@ def checked_addresses(host: str, port: int, settings: Settings, *, resolver: Res
     return list(dict.fromkeys(addresses))
 
 
-def fetch_url(url: str, settings: Settings, *, budget: UrlBudget | None = None, resolver: Resolver = system_resolver,
-              allowed: AddressPolicy = is_public, tls: ssl.SSLContext | None = None) -> str:
+def fetch_url(
+    url: str,
+    settings: Settings,
+    *,
+    budget: UrlBudget | None = None,
+    resolver: Resolver = system_resolver,
+    allowed: AddressPolicy = is_public,
+    tls: ssl.SSLContext | None = None,
+) -> str:
     """GET ``url`` as text, following a few redirects, each hop resolved once, checked and
     connected to at the checked address; within the fetch's and the run's deadlines.
     ``resolver``, ``allowed`` and ``tls`` (the roots certificates are checked against) are
     the system's unless a test hands in its own."""
     if budget is not None:
         budget.deadline.before_starting()
-    deadlines = [Deadline(settings.context_url_fetch_deadline_s, "fetching the URL",
-                          "ORCHESTRATOR_CONTEXT_URL_FETCH_DEADLINE_S")]
+    deadlines = [
+        Deadline(settings.context_url_fetch_deadline_s, "fetching the URL", "ORCHESTRATOR_CONTEXT_URL_FETCH_DEADLINE_S")
+    ]
     if budget is not None:
         deadlines.append(budget.deadline)
     try:
         for _ in range(MAX_REDIRECTS + 1):
             target = _parse(url)
-            addresses = checked_addresses(target.host, target.port or (443 if target.scheme == "https" else 80),
-                                          settings, resolver=resolver, allowed=allowed, deadlines=deadlines)
+            addresses = checked_addresses(
+                target.host,
+                target.port or (443 if target.scheme == "https" else 80),
+                settings,
+                resolver=resolver,
+                allowed=allowed,
+                deadlines=deadlines,
+            )
             location, text = _get(target, addresses, settings, deadlines, tls or _tls())
             if location is None:
                 return text
@@ -265,8 +297,7 @@ def fetch_url(url: str, settings: Settings, *, budget: UrlBudget | None = None, 
         for deadline in deadlines:
             deadline.left()  # says which deadline, if one passed
         raise ContextUnavailable(f"no answer within {settings.context_url_timeout_s:g} s") from None
-    except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol, ssl.SSLError,
-            OSError) as exc:
+    except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol, ssl.SSLError, OSError) as exc:
         raise ContextUnavailable(f"{type(exc).__name__}: {exc}") from None
     raise ContextUnavailable("too many redirects")
 
@@ -284,20 +315,31 @@ def _parse(url: str) -> httpx.URL:
     return target
 
 
-def _get(target: httpx.URL, addresses: list[str], settings: Settings, deadlines: list[Deadline],
-         tls: ssl.SSLContext) -> tuple[str | None, str]:
+def _get(
+    target: httpx.URL, addresses: list[str], settings: Settings, deadlines: list[Deadline], tls: ssl.SSLContext
+) -> tuple[str | None, str]:
     """One GET of ``target`` at ``addresses``: (the redirect's location, "") or (None, the text)."""
     limit = settings.context_url_max_bytes
     timeout = settings.context_url_timeout_s
     netloc = target.netloc.decode("ascii")
-    headers = [(b"Host", netloc.encode()), (b"Accept", b"text/*, application/json"),
-               (b"Accept-Encoding", b"identity"), (b"User-Agent", b"agent-orchestrator (context block)")]
-    request_url = httpcore.URL(scheme=target.raw_scheme, host=target.raw_host, port=target.port,
-                               target=target.raw_path)
-    with httpcore.ConnectionPool(ssl_context=tls, max_connections=1, retries=0,
-                                 network_backend=_PinnedBackend(addresses, deadlines)) as pool, \
-            pool.stream("GET", request_url, headers=headers, extensions={"timeout": {
-                "connect": timeout, "read": timeout, "write": timeout, "pool": timeout}}) as resp:
+    headers = [
+        (b"Host", netloc.encode()),
+        (b"Accept", b"text/*, application/json"),
+        (b"Accept-Encoding", b"identity"),
+        (b"User-Agent", b"agent-orchestrator (context block)"),
+    ]
+    request_url = httpcore.URL(scheme=target.raw_scheme, host=target.raw_host, port=target.port, target=target.raw_path)
+    with (
+        httpcore.ConnectionPool(
+            ssl_context=tls, max_connections=1, retries=0, network_backend=_PinnedBackend(addresses, deadlines)
+        ) as pool,
+        pool.stream(
+            "GET",
+            request_url,
+            headers=headers,
+            extensions={"timeout": {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}},
+        ) as resp,
+    ):
         fields = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in resp.headers}
         if resp.status in (301, 302, 303, 307, 308) and "location" in fields:
             return fields["location"], ""

@@ -39,9 +39,7 @@ class OutputLimitExceeded(OrchestratorError):
         self.what = what
         self.limit = limit
         self.setting = setting
-        super().__init__(
-            f"output limit: {what} (ORCHESTRATOR_{setting.upper()}={limit}); the agent was stopped"
-        )
+        super().__init__(f"output limit: {what} (ORCHESTRATOR_{setting.upper()}={limit}); the agent was stopped")
 
 
 def line_too_long(limit: int) -> OutputLimitExceeded:
@@ -141,7 +139,7 @@ class TailBuffer:
         self.total += len(data)
         if len(data) >= self.cap:
             # A big chunk replaces everything: keep only its own end.
-            self._buf[:] = data[-self.cap:]
+            self._buf[:] = data[-self.cap :]
         else:
             self._buf += data
             if len(self._buf) >= 2 * self.cap:
@@ -154,7 +152,7 @@ class TailBuffer:
         return self.total - min(self.total, self.cap)
 
     def getvalue(self) -> bytes:
-        return bytes(self._buf[-self.cap:])
+        return bytes(self._buf[-self.cap :])
 
     def text(self) -> str:
         """The tail as text; a cut multi-byte character at its start is replaced."""
@@ -180,7 +178,8 @@ class OutputBudget:
         """Count ``size`` bytes about to be stored; raises (storing nothing) if they would pass the cap."""
         if self.stored_bytes + size > self.max_stored_bytes:
             raise OutputLimitExceeded(
-                f"more than {self.max_stored_bytes} bytes of output to store", self.max_stored_bytes,
+                f"more than {self.max_stored_bytes} bytes of output to store",
+                self.max_stored_bytes,
                 "max_run_stored_bytes",
             )
         self.stored_bytes += size

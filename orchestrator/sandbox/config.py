@@ -151,9 +151,7 @@ class EffectiveLimits:
     bash_timeout_s: float
 
 
-def effective_limits(
-    settings: Settings, group_config: ContainerConfig | Mapping[str, Any] | None
-) -> EffectiveLimits:
+def effective_limits(settings: Settings, group_config: ContainerConfig | Mapping[str, Any] | None) -> EffectiveLimits:
     """The settings' sandbox limits with the group's overrides applied."""
     cfg = group_config if isinstance(group_config, ContainerConfig) else parse_container_config(group_config)
     run_timeout = settings.run_timeout_s
@@ -211,9 +209,7 @@ def container_plan(settings: Settings, group: Group) -> ContainerPlan:
     return ContainerPlan(workspace, effective_limits(settings, cfg), mounts)
 
 
-def set_container_config(
-    db: Database, settings: Settings, chat_jid: str, raw: str | Mapping[str, Any] | None
-) -> Group:
+def set_container_config(db: Database, settings: Settings, chat_jid: str, raw: str | Mapping[str, Any] | None) -> Group:
     """Validate and store a group's container config (None or ``{}`` clears it).
 
     Refused here, before anything is stored: unknown keys, bad values, a
@@ -238,9 +234,9 @@ def set_container_config(
     resolve_mounts(settings, cfg.extra_mounts, folder=group.folder, is_main=group.is_main, chat_jid=group.chat_jid)
     stored = cfg.model_dump(mode="json", exclude_defaults=True) or None
     with db.write() as session:
-        updated = changed_rows(session.execute(
-            update(GroupRow).where(GroupRow.chat_jid == chat_jid).values(container_config=stored)
-        ))
+        updated = changed_rows(
+            session.execute(update(GroupRow).where(GroupRow.chat_jid == chat_jid).values(container_config=stored))
+        )
     if not updated:
         raise UnknownGroup(chat_jid)
     return get_group(db, chat_jid)

@@ -123,12 +123,19 @@ def engine_security_opt(client: docker.DockerClient) -> list[str]:
     else:
         host = APPARMOR_ENABLED.read_text().strip() if APPARMOR_ENABLED.exists() else "absent"
         level = logging.WARNING if host == "Y" else logging.INFO
-        log.log(level, "agent containers run without an AppArmor profile: the engine uses none (AppArmor on this "
-                "host: %s); seccomp, capabilities and no-new-privileges still confine them", host)
+        log.log(
+            level,
+            "agent containers run without an AppArmor profile: the engine uses none (AppArmor on this "
+            "host: %s); seccomp, capabilities and no-new-privileges still confine them",
+            host,
+        )
     seccomp = next((o for o in engine if o.startswith("name=seccomp")), None)
     if seccomp is None or "profile=default" not in seccomp and "profile=builtin" not in seccomp:
-        log.warning("the Docker engine reports %s: agent containers may not get Docker's default seccomp "
-                    "filter (see docs/architecture.md, 'Kernel walls')", seccomp or "no seccomp support")
+        log.warning(
+            "the Docker engine reports %s: agent containers may not get Docker's default seccomp "
+            "filter (see docs/architecture.md, 'Kernel walls')",
+            seccomp or "no seccomp support",
+        )
     with _engine_lock:
         _engine_security[key] = options
     return list(options)
@@ -147,8 +154,9 @@ def docker_client(settings: Settings) -> docker.DockerClient:
 LIST_ATTEMPTS = 5
 
 
-def list_containers(client: docker.DockerClient, *, filters: dict[str, str | list[str] | bool],
-                    all: bool = False, sparse: bool = False) -> list[Container]:  # noqa: A002 - the SDK's own name
+def list_containers(
+    client: docker.DockerClient, *, filters: dict[str, str | list[str] | bool], all: bool = False, sparse: bool = False
+) -> list[Container]:  # noqa: A002 - the SDK's own name
     """``containers.list``, whole: the SDK lists, then inspects each container, and a
     container removed in between (a warm one idling out, auto-removed) fails the
     whole listing with NotFound; list again, it will not be in the next one.
@@ -298,9 +306,7 @@ class StreamedRun(ABC):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         if self.exit is None:
             self.kill()
             self.finish()
@@ -336,7 +342,8 @@ class StreamedRun(ABC):
         def expire() -> None:
             self._timed_out.set()
             logging.getLogger(type(self).__module__).warning(
-                "%s hit its %.0fs limit; killing the container", what, timeout_s)
+                "%s hit its %.0fs limit; killing the container", what, timeout_s
+            )
             self.kill()
 
         self._watchdog = threading.Timer(timeout_s, expire)
@@ -373,12 +380,10 @@ class RunningContainer(StreamedRun):
         spec.workspace.mkdir(parents=True, exist_ok=True)
         try:
             self._container = client.containers.create(
-                stdin_open=True, **hardened_create_args(spec, prepare_folder(spec.workspace),
-                                                        engine_security_opt(client))
+                stdin_open=True,
+                **hardened_create_args(spec, prepare_folder(spec.workspace), engine_security_opt(client)),
             )
-            self._sock = client.api.attach_socket(
-                self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-            )
+            self._sock = client.api.attach_socket(self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             self._container.start()
         except DockerException as exc:
             self._remove()

@@ -86,8 +86,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
 import httpx
 import msgspec
-from agent_runner.protocol import Usage
 
+from agent_runner.protocol import Usage
 from orchestrator.core.errors import SandboxError
 
 if TYPE_CHECKING:
@@ -123,34 +123,94 @@ ModelPolicy = Literal["refuse", "rewrite"]
 # tests/integration/test_gateway_allowlist_sandbox.py proves that the CLI passes as it is.
 #
 # Request headers passed on; any other is dropped (the gateway sets the key and the framing).
-ANTHROPIC_HEADERS = frozenset({
-    "accept", "anthropic-beta", "anthropic-dangerous-direct-browser-access", "anthropic-version", "content-type",
-    "user-agent", "x-app", "x-claude-code-session-id", "x-stainless-arch", "x-stainless-async", "x-stainless-lang",
-    "x-stainless-os", "x-stainless-package-version", "x-stainless-raw-response", "x-stainless-read-timeout",
-    "x-stainless-retry-count", "x-stainless-runtime", "x-stainless-runtime-version", "x-stainless-timeout",
-})
+ANTHROPIC_HEADERS = frozenset(
+    {
+        "accept",
+        "anthropic-beta",
+        "anthropic-dangerous-direct-browser-access",
+        "anthropic-version",
+        "content-type",
+        "user-agent",
+        "x-app",
+        "x-claude-code-session-id",
+        "x-stainless-arch",
+        "x-stainless-async",
+        "x-stainless-lang",
+        "x-stainless-os",
+        "x-stainless-package-version",
+        "x-stainless-raw-response",
+        "x-stainless-read-timeout",
+        "x-stainless-retry-count",
+        "x-stainless-runtime",
+        "x-stainless-runtime-version",
+        "x-stainless-timeout",
+    }
+)
 OPENAI_HEADERS = frozenset({"accept", "content-type", "user-agent"})
 # anthropic-beta values: a beta turns on what reaches the network (mcp-client-*, web-fetch-*,
 # code-execution-*, files-api-*), so one not on the list is refused, not dropped.
-ANTHROPIC_BETAS = frozenset({
-    "claude-code-20250219", "context-management-2025-06-27", "effort-2025-11-24", "interleaved-thinking-2025-05-14",
-    "mid-conversation-tool-changes-2026-07-01", "thinking-display-updates-2026-08-18",
-    "thinking-token-count-2026-05-13",
-})
+ANTHROPIC_BETAS = frozenset(
+    {
+        "claude-code-20250219",
+        "context-management-2025-06-27",
+        "effort-2025-11-24",
+        "interleaved-thinking-2025-05-14",
+        "mid-conversation-tool-changes-2026-07-01",
+        "thinking-display-updates-2026-08-18",
+        "thinking-token-count-2026-05-13",
+    }
+)
 # Top-level fields: the recorded ones and the documented ones that reach neither the network nor
 # another model.  Left out: what reaches them (mcp_servers, container, fallbacks; models, route,
 # plugins, web_search_options on OpenAI-compatible servers), what changes what a token costs
 # (service_tier, speed, inference_geo, audio) and what keeps data at the provider (store).
-ANTHROPIC_FIELDS = frozenset({
-    "model", "messages", "max_tokens", "system", "stream", "metadata", "thinking", "tools", "tool_choice",
-    "temperature", "top_k", "top_p", "stop_sequences", "context_management", "output_config", "output_format",
-    "cache_control",
-})
-OPENAI_FIELDS = frozenset({
-    "model", "messages", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options", "tools",
-    "tool_choice", "parallel_tool_calls", "temperature", "top_p", "stop", "presence_penalty", "frequency_penalty",
-    "seed", "response_format", "logit_bias", "logprobs", "top_logprobs", "user", "reasoning_effort",
-})
+ANTHROPIC_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "system",
+        "stream",
+        "metadata",
+        "thinking",
+        "tools",
+        "tool_choice",
+        "temperature",
+        "top_k",
+        "top_p",
+        "stop_sequences",
+        "context_management",
+        "output_config",
+        "output_format",
+        "cache_control",
+    }
+)
+OPENAI_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "n",
+        "stream",
+        "stream_options",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "temperature",
+        "top_p",
+        "stop",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+        "response_format",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "user",
+        "reasoning_effort",
+    }
+)
 # Why the 403 of some fields says no (any other: it is not on the list).
 _REFUSED_FIELDS = {
     "mcp_servers": "the provider's servers would connect to MCP servers at any URL",
@@ -179,8 +239,21 @@ _GO_FOLDED = (b"\xe2\x84\xaa", b"\xc5\xbf")  # the two, in UTF-8
 # A key of a message's block (or part) that can name content kept elsewhere, for a server to
 # fetch: the Messages API's "source" (of an image, a document, ...), and the URLs, files and
 # audio of Chat Completions parts (OpenAI's, vLLM's, llama.cpp's, Mistral's, OpenRouter's).
-_SOURCE_KEYS = ("source", "url", "image_url", "audio_url", "video_url", "file_url", "document_url", "input_audio",
-                "file", "file_id", "file_data")
+_SOURCE_KEYS = (
+    "source",
+    "url",
+    "image_url",
+    "audio_url",
+    "video_url",
+    "file_url",
+    "document_url",
+    "input_audio",
+    "file",
+    "file_id",
+    "file_data",
+)
+
+
 # The policed keys (in every body) and the source keys (in the messages), quoted, counted in one
 # pass over the body lowered (four byte counts took four times as long as one pass): in any case,
 # as Go's encoding/json matches keys ignoring it.  The closing quote is only looked at, as a count
@@ -342,8 +415,9 @@ class _Wire:
     decoder: msgspec.json.Decoder[Any]
 
 
-def _wire(api: str, headers: frozenset[str], betas: frozenset[str], fields: frozenset[str],
-          tool_types: frozenset[str | None]) -> _Wire:
+def _wire(
+    api: str, headers: frozenset[str], betas: frozenset[str], fields: frozenset[str], tool_types: frozenset[str | None]
+) -> _Wire:
     listed = [(name, msgspec.Raw, msgspec.Raw()) for name in sorted(fields - _HEAD_FIELDS)]
     head = msgspec.defstruct(f"_{api.replace(' ', '')}Head", listed, bases=(_Head,), forbid_unknown_fields=True)
     return _Wire(api, headers, betas, fields, tool_types, msgspec.json.Decoder(head))
@@ -439,9 +513,11 @@ def _capped(keys: collections.Counter[bytes]) -> bool:
 
 
 def _respelled(data: bytes) -> bool:
-    return (_ESCAPED_NAME_CHAR.search(data) is not None
-            # The last byte alone first: a search for one byte is many times faster.
-            or any(char[-1:] in data and char in data for char in _GO_FOLDED))
+    return (
+        _ESCAPED_NAME_CHAR.search(data) is not None
+        # The last byte alone first: a search for one byte is many times faster.
+        or any(char[-1:] in data and char in data for char in _GO_FOLDED)
+    )
 
 
 def _estimate(n_bytes: int) -> int:
@@ -789,8 +865,14 @@ class ModelGateway:
 
     @classmethod
     def for_provider(
-        cls, socket_path: Path, settings: Settings, provider: str, *, spent: Usage | None = None,
-        model: str | None = None, max_tokens: int | None = None,
+        cls,
+        socket_path: Path,
+        settings: Settings,
+        provider: str,
+        *,
+        spent: Usage | None = None,
+        model: str | None = None,
+        max_tokens: int | None = None,
     ) -> ModelGateway:
         """The gateway for ``provider`` ("anthropic" or "openai") as ``settings`` configure it.
 
@@ -803,28 +885,38 @@ class ModelGateway:
             named, _, model_id = settings.model.strip().partition(":")
             model = model_id if named == provider and model_id else None
         limits: _Limits = {
-            "model": model, "max_tokens": settings.max_tokens if max_tokens is None else max_tokens,
+            "model": model,
+            "max_tokens": settings.max_tokens if max_tokens is None else max_tokens,
             "model_policy": settings.gateway_model_policy,
-            "token_budget": settings.run_token_budget, "spent": spent,
+            "token_budget": settings.run_token_budget,
+            "spent": spent,
             "max_request_bytes": settings.gateway_max_request_bytes,
             "max_connections": settings.gateway_max_connections,
             "read_timeout_s": settings.gateway_read_timeout_s,
         }
         if provider == "openai":
-            return cls(socket_path, upstream=settings.openai_base_url, api_key=settings.openai_api_key,
-                       allowed_paths=OPENAI_PATHS, auth="bearer", **limits)
+            return cls(
+                socket_path,
+                upstream=settings.openai_base_url,
+                api_key=settings.openai_api_key,
+                allowed_paths=OPENAI_PATHS,
+                auth="bearer",
+                **limits,
+            )
         if provider in ("anthropic", "claude-code"):  # Claude Code speaks the Messages API too
-            return cls(socket_path, upstream=settings.anthropic_base_url, api_key=settings.anthropic_api_key,
-                       **limits)
+            return cls(socket_path, upstream=settings.anthropic_base_url, api_key=settings.anthropic_api_key, **limits)
         raise ValueError(f"no model gateway for provider {provider!r}")
 
     @property
     def usage(self) -> Usage:
         """The run's tokens so far (``spent`` included)."""
         with self._lock:
-            return Usage(input_tokens=self.input_tokens, output_tokens=self.output_tokens,
-                         cache_read_input_tokens=self.cache_read_input_tokens,
-                         cache_creation_input_tokens=self.cache_creation_input_tokens)
+            return Usage(
+                input_tokens=self.input_tokens,
+                output_tokens=self.output_tokens,
+                cache_read_input_tokens=self.cache_read_input_tokens,
+                cache_creation_input_tokens=self.cache_creation_input_tokens,
+            )
 
     @property
     def dropped(self) -> int:
@@ -880,8 +972,9 @@ class ModelGateway:
         if len(values) > 1 or not (value.isascii() and value.isdigit()):
             raise _Refusal(400, "invalid_request_error", "Content-Length must be one non-negative number")
         if len(value) > 19 or int(value) > self.max_request_bytes:
-            raise _Refusal(413, "request_too_large",
-                           f"the request is over the gateway's limit of {self.max_request_bytes} bytes")
+            raise _Refusal(
+                413, "request_too_large", f"the request is over the gateway's limit of {self.max_request_bytes} bytes"
+            )
         return int(value)
 
     def _read_body(self, h: BaseHTTPRequestHandler, length: int) -> bytes:
@@ -927,8 +1020,11 @@ class ModelGateway:
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                     raise _Refusal(400, "invalid_request_error", f"stream_options: {exc}") from None
                 if not options.include_usage:
-                    raise _Refusal(400, "invalid_request_error",
-                                   "the gateway counts tokens: a stream needs stream_options.include_usage")
+                    raise _Refusal(
+                        400,
+                        "invalid_request_error",
+                        "the gateway counts tokens: a stream needs stream_options.include_usage",
+                    )
         if changed or strip or self._ambiguous(scan, head):
             return _rewritten(body, added, changed)
         if not added:
@@ -937,8 +1033,9 @@ class ModelGateway:
         # to blow up in memory): the added fields go in front of the others.
         rest = body.lstrip(b" \t\r\n")[1:]  # after the object's "{"
         comma = b"" if rest.lstrip(b" \t\r\n").startswith(b"}") else b","
-        fields = b",".join(msgspec.json.encode(name) + b":" + msgspec.json.encode(value)
-                           for name, value in added.items())
+        fields = b",".join(
+            msgspec.json.encode(name) + b":" + msgspec.json.encode(value) for name, value in added.items()
+        )
         return b"{" + fields + comma + rest
 
     def _hold_model(self, head: _Head, added: dict[str, object], changed: dict[str, object]) -> None:
@@ -950,10 +1047,13 @@ class ModelGateway:
         elif self.model_policy == "rewrite":
             changed["model"] = self.model
         else:
-            raise _Refusal(403, "model_not_allowed",
-                           f"this run may use the model {self.model!r} only, not {head.model!r} "
-                           "(ORCHESTRATOR_MODEL; with ORCHESTRATOR_GATEWAY_MODEL_POLICY=rewrite the gateway "
-                           "sends such a request with the run's model instead)")
+            raise _Refusal(
+                403,
+                "model_not_allowed",
+                f"this run may use the model {self.model!r} only, not {head.model!r} "
+                "(ORCHESTRATOR_MODEL; with ORCHESTRATOR_GATEWAY_MODEL_POLICY=rewrite the gateway "
+                "sends such a request with the run's model instead)",
+            )
 
     def _hold_output(self, head: _Head, added: dict[str, object], changed: dict[str, object]) -> None:
         """The output cap: at most ``max_tokens`` an answer, and within what is left of the budget."""
@@ -968,9 +1068,12 @@ class ModelGateway:
                 if value <= self.max_tokens:
                     continue
                 if self.model_policy != "rewrite":
-                    raise _Refusal(403, "max_tokens_not_allowed",
-                                   f"this run's answers are capped at {self.max_tokens} output tokens "
-                                   f"(ORCHESTRATOR_MAX_TOKENS); the request asks for {name}={value}")
+                    raise _Refusal(
+                        403,
+                        "max_tokens_not_allowed",
+                        f"this run's answers are capped at {self.max_tokens} output tokens "
+                        f"(ORCHESTRATOR_MAX_TOKENS); the request asks for {name}={value}",
+                    )
                 changed[name] = caps[name] = self.max_tokens
         choices = head.n if isinstance(head.n, int) and head.n > 1 else 1  # OpenAI: choices, each up to the cap
         cap = self.max_tokens
@@ -980,7 +1083,8 @@ class ModelGateway:
             if caps and (asked := max(caps.values()) * choices) > left:
                 raise self._budget_refusal(
                     f"this run has {left} of its {self.token_budget} tokens left; the request asks for "
-                    f"up to {asked} output tokens (ORCHESTRATOR_RUN_TOKEN_BUDGET)")
+                    f"up to {asked} output tokens (ORCHESTRATOR_RUN_TOKEN_BUDGET)"
+                )
             cap = max(1, left // choices) if cap is None else max(1, min(cap, left // choices))
         if not caps and cap is not None:
             added["max_tokens"] = cap
@@ -1038,8 +1142,10 @@ class ModelGateway:
                 spent = self.input_tokens + self.output_tokens
             try:
                 if self.token_budget and spent >= self.token_budget:
-                    raise self._budget_refusal(f"this run used {spent} tokens; its budget is {self.token_budget} "
-                                               "(ORCHESTRATOR_RUN_TOKEN_BUDGET)")
+                    raise self._budget_refusal(
+                        f"this run used {spent} tokens; its budget is {self.token_budget} "
+                        "(ORCHESTRATOR_RUN_TOKEN_BUDGET)"
+                    )
                 body = self._read_body(h, length)
                 # Checked once the body is read: a client that is still sending it
                 # would meet a closed connection instead of the refusal.
@@ -1161,17 +1267,23 @@ class ModelGateway:
 def _forwarded_headers(wire: _Wire, h: BaseHTTPRequestHandler) -> dict[str, str]:
     """The request's headers on ``wire``'s list (any other is dropped), its ``anthropic-beta``
     values all on the list, sent as one header (every line of it read, each value checked)."""
-    headers = {name.lower(): value for name, value in h.headers.items()
-               if name.lower() in wire.headers and name.lower() != "anthropic-beta"}
+    headers = {
+        name.lower(): value
+        for name, value in h.headers.items()
+        if name.lower() in wire.headers and name.lower() != "anthropic-beta"
+    }
     if "anthropic-beta" not in wire.headers:
         return headers
     betas = [beta.strip() for line in h.headers.get_all("anthropic-beta") or () for beta in line.split(",")]
     betas = [beta for beta in betas if beta]
     for beta in betas:
         if beta not in wire.betas:
-            raise _Refusal(403, "beta_not_allowed",
-                           f"the gateway does not forward the anthropic-beta value {beta!r}: a beta can have the "
-                           f"provider's servers reach the network (allowed: {', '.join(sorted(wire.betas))})")
+            raise _Refusal(
+                403,
+                "beta_not_allowed",
+                f"the gateway does not forward the anthropic-beta value {beta!r}: a beta can have the "
+                f"provider's servers reach the network (allowed: {', '.join(sorted(wire.betas))})",
+            )
     if betas:
         headers["anthropic-beta"] = ",".join(betas)
     return headers
@@ -1192,9 +1304,12 @@ def _read_head(wire: _Wire, body: bytes) -> tuple[_Head, bool]:
         raise _Refusal(400, "invalid_request_error", f"the gateway needs a JSON object: {exc}") from None
     if body.count(b":") > _MAX_REWRITE_COLONS:
         # Too many keys to go through, as for a rewrite (:func:`_rewritten`): msgspec named the first.
-        raise _Refusal(413, "request_too_large",
-                       f"{strict}: the gateway reads through (and rewrites) the fields of requests with at most "
-                       f"{_MAX_REWRITE_COLONS} keys, and forwards only the fields on its list")
+        raise _Refusal(
+            413,
+            "request_too_large",
+            f"{strict}: the gateway reads through (and rewrites) the fields of requests with at most "
+            f"{_MAX_REWRITE_COLONS} keys, and forwards only the fields on its list",
+        )
     for name in _TOP_LEVEL.decode(body):
         if name in wire.fields or name in _HEAD_FIELDS or name.casefold() in _POLICED:
             continue
@@ -1204,9 +1319,12 @@ def _read_head(wire: _Wire, body: bytes) -> tuple[_Head, bool]:
 
 def _field_refusal(wire: _Wire, name: str) -> _Refusal:
     why = _REFUSED_FIELDS.get(name, "it is not on the gateway's list")
-    return _Refusal(403, "field_not_allowed",
-                    f"the gateway does not forward the {wire.api} field {name!r}: {why} "
-                    f"(allowed: {', '.join(sorted(wire.fields))})")
+    return _Refusal(
+        403,
+        "field_not_allowed",
+        f"the gateway does not forward the {wire.api} field {name!r}: {why} "
+        f"(allowed: {', '.join(sorted(wire.fields))})",
+    )
 
 
 def _hold_head_fields(wire: _Wire, head: _Head) -> None:
@@ -1226,9 +1344,12 @@ def _hold_tools(wire: _Wire, raw: msgspec.Raw) -> None:
     if len(raw) > 3 * _MAX_TOOL_ITEMS:
         data = bytes(raw)  # (a Raw has no count)
         if data.count(b"{") + data.count(b":") > _MAX_TOOL_ITEMS:
-            raise _Refusal(413, "request_too_large",
-                           f"the gateway reads each tool's type, in requests whose tools have at most "
-                           f"{_MAX_TOOL_ITEMS} objects and keys in all")
+            raise _Refusal(
+                413,
+                "request_too_large",
+                f"the gateway reads each tool's type, in requests whose tools have at most "
+                f"{_MAX_TOOL_ITEMS} objects and keys in all",
+            )
     try:
         tools = _TOOLS.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -1237,19 +1358,25 @@ def _hold_tools(wire: _Wire, raw: msgspec.Raw) -> None:
         kind = _tool_type(tool, index)
         if kind not in wire.tool_types:
             allowed = " or ".join("no type" if t is None else repr(t) for t in sorted(wire.tool_types, key=str))
-            raise _Refusal(403, "tool_not_allowed",
-                           f"the gateway does not forward tools[{index}] of type {kind!r}: the provider would run "
-                           f"it on its own servers (web search, web fetch, code execution, MCP reach the network); "
-                           f"a tool the agent runs itself has {allowed}")
+            raise _Refusal(
+                403,
+                "tool_not_allowed",
+                f"the gateway does not forward tools[{index}] of type {kind!r}: the provider would run "
+                f"it on its own servers (web search, web fetch, code execution, MCP reach the network); "
+                f"a tool the agent runs itself has {allowed}",
+            )
 
 
 def _tool_type(tool: dict[str, msgspec.Raw], index: int) -> str | None:
     """A tool's type (None: it has none), from its one key that a case-blind reader takes for "type"."""
     for key in tool:
         if key != "type" and key.casefold() == "type":
-            raise _Refusal(403, "tool_not_allowed",
-                           f"tools[{index}] has a key {key!r}: a server that matches keys ignoring case would "
-                           "take it for the tool's type; spell it \"type\"")
+            raise _Refusal(
+                403,
+                "tool_not_allowed",
+                f"tools[{index}] has a key {key!r}: a server that matches keys ignoring case would "
+                'take it for the tool\'s type; spell it "type"',
+            )
     if "type" not in tool:
         return None
     try:
@@ -1313,11 +1440,15 @@ def _folded(messages: msgspec.Raw) -> bytes | bytearray:
     last = 0
     for seen, match in enumerate(_ESCAPED_NAME_CHAR.finditer(folded)):
         if seen == _MAX_COUNTED:
-            raise _Refusal(413, "request_too_large", f"the gateway reads messages with escaped letters (or text "
-                                                     f"that looks so) in requests with at most {_MAX_COUNTED} of them")
+            raise _Refusal(
+                413,
+                "request_too_large",
+                f"the gateway reads messages with escaped letters (or text "
+                f"that looks so) in requests with at most {_MAX_COUNTED} of them",
+            )
         if _backslashes_before(folded, match.start()) % 2:  # "\\u0041": a backslash, then the text "u0041"
             continue
-        out += view[last:match.start()]
+        out += view[last : match.start()]
         out += _UNESCAPED[match[0]]
         last = match.end()
     out += view[last:]
@@ -1335,7 +1466,7 @@ def _backslashes_before(data: bytes, end: int) -> int:
     count = 0
     size = 16
     while end > 0 and data[end - 1] == 0x5C:
-        block = data[max(0, end - size):end]
+        block = data[max(0, end - size) : end]
         run = len(block) - len(block.rstrip(b"\\"))
         count += run
         end -= run
@@ -1356,9 +1487,12 @@ def _bound_parts(body: bytes, keys: collections.Counter[bytes]) -> None:
 
 
 def _too_many_parts() -> _Refusal:
-    return _Refusal(413, "request_too_large",
-                    f"the gateway reads the blocks of messages that have source keys, in requests with at most "
-                    f"{_MAX_PARTS} objects and source keys")
+    return _Refusal(
+        413,
+        "request_too_large",
+        f"the gateway reads the blocks of messages that have source keys, in requests with at most "
+        f"{_MAX_PARTS} objects and source keys",
+    )
 
 
 _T = TypeVar("_T")
@@ -1368,8 +1502,11 @@ def _decoded(decoder: msgspec.json.Decoder[_T], data: bytes | bytearray | msgspe
     try:
         return decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise _Refusal(400, "invalid_request_error",
-                       f"{where}: {exc} (the gateway reads messages, and lists of blocks, as objects)") from None
+        raise _Refusal(
+            400,
+            "invalid_request_error",
+            f"{where}: {exc} (the gateway reads messages, and lists of blocks, as objects)",
+        ) from None
 
 
 def _hold_messages(messages: list[_Message], *, folded: bool) -> None:
@@ -1396,24 +1533,41 @@ def _hold_list(parts: list[_Part], where: str, depth: int, *, folded: bool) -> N
 
 def _names_a_source(part: _Part) -> bool:
     # One expression: a loop over the names took three times as long, and most parts have none.
-    return bool(part.source or part.url or part.image_url or part.audio_url or part.video_url or part.file_url
-                or part.document_url or part.input_audio or part.file or part.file_id or part.file_data)
+    return bool(
+        part.source
+        or part.url
+        or part.image_url
+        or part.audio_url
+        or part.video_url
+        or part.file_url
+        or part.document_url
+        or part.input_audio
+        or part.file
+        or part.file_id
+        or part.file_data
+    )
 
 
 def _hold_blocks_in(content: msgspec.Raw, where: str, depth: int, *, folded: bool) -> None:
     """A block's list of blocks (a tool_result's content, a document's content source)."""
     if depth == _MAX_SOURCE_DEPTH:
-        raise _Refusal(400, "invalid_request_error",
-                       f"{where} nests blocks deeper than the gateway reads ({_MAX_SOURCE_DEPTH} lists)")
+        raise _Refusal(
+            400,
+            "invalid_request_error",
+            f"{where} nests blocks deeper than the gateway reads ({_MAX_SOURCE_DEPTH} lists)",
+        )
     _hold_list(_decoded(_PARTS, content, where), where, depth + 1, folded=folded)
 
 
 def _hold_part(part: _Part, where: str, depth: int, *, folded: bool) -> None:
     """A block that has a source key: every such key holds inline content."""
+
     def refuse(why: str) -> _Refusal:
         if folded:  # not so as the keys are spelled: one differs from its name in case only
-            why += (" (read so by a server that matches keys ignoring case, as Go's encoding/json does: a key "
-                    "here differs from its name in case only)")
+            why += (
+                " (read so by a server that matches keys ignoring case, as Go's encoding/json does: a key "
+                "here differs from its name in case only)"
+            )
         return _Refusal(403, "source_not_allowed", f"the gateway does not forward {where}: {why}")
 
     lists = [("content", part.content)]
@@ -1432,8 +1586,10 @@ def _hold_part(part: _Part, where: str, depth: int, *, folded: bool) -> None:
             _hold_blocks_in(content, f"{where}.{key}", depth, folded=folded)
 
 
-_FILE_ID = ("its {key!r} names a file stored at the provider, which is not this run's (the gateway forwards "
-            "no upload); send the content inline")
+_FILE_ID = (
+    "its {key!r} names a file stored at the provider, which is not this run's (the gateway forwards "
+    "no upload); send the content inline"
+)
 
 
 def _hold_source(raw: msgspec.Raw, refuse: Callable[[str], _Refusal]) -> _Source | None:
@@ -1450,13 +1606,16 @@ def _hold_source(raw: msgspec.Raw, refuse: Callable[[str], _Refusal]) -> _Source
     except (msgspec.DecodeError, msgspec.ValidationError):
         raise refuse("its source's type is not a string") from None
     if kind not in _INLINE_SOURCE_TYPES:
-        why = {"url": "the provider would fetch it", "file": "it names a file stored at the provider, which is not "
-               "this run's (the gateway forwards no upload)"}.get(kind or "", "it is not on the gateway's list")
+        why = {
+            "url": "the provider would fetch it",
+            "file": "it names a file stored at the provider, which is not this run's (the gateway forwards no upload)",
+        }.get(kind or "", "it is not on the gateway's list")
         if kind == "url" and source.url:
             with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
                 why += f" ({_TOOL_TYPE.decode(source.url)[:200]!r})"
-        raise refuse(f"its source is of type {kind!r}: {why}; send the content inline (a base64, text or "
-                     "content source)")
+        raise refuse(
+            f"its source is of type {kind!r}: {why}; send the content inline (a base64, text or content source)"
+        )
     for name in (*_URL_KEYS, *_DATA_KEYS, "file_id", "source"):
         if getattr(source, name):
             raise refuse(f"its {kind} source has a {name!r} key, which a server could read instead")
@@ -1491,8 +1650,7 @@ def _hold_media(raw: msgspec.Raw, name: str, refuse: Callable[[str], _Refusal], 
         raise refuse(_FILE_ID.format(key=f"{name}.file_id"))
 
 
-_FETCHED = ("its {key!r} is {value!r}: the server would fetch it; send the content inline (a data: URL, or "
-            "base64 data)")
+_FETCHED = "its {key!r} is {value!r}: the server would fetch it; send the content inline (a data: URL, or base64 data)"
 
 
 def _remote(value: str, *, url: bool) -> bool:
@@ -1509,9 +1667,12 @@ def _rewritten(body: bytes, added: dict[str, object], changed: dict[str, object]
     and keys that only a case-blind reader takes for a policed one (``Model``) left out.
     Every value but those is passed on byte for byte (msgspec's Raw: never decoded)."""
     if body.count(b":") > _MAX_REWRITE_COLONS:
-        raise _Refusal(413, "request_too_large",
-                       f"the gateway must rewrite this request's fields, and does so for requests with at "
-                       f"most {_MAX_REWRITE_COLONS} keys; send the run's model and output cap as they are")
+        raise _Refusal(
+            413,
+            "request_too_large",
+            f"the gateway must rewrite this request's fields, and does so for requests with at "
+            f"most {_MAX_REWRITE_COLONS} keys; send the run's model and output cap as they are",
+        )
     try:
         top = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:

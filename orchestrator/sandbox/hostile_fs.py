@@ -224,8 +224,9 @@ def make_dirs(folder: Path, relative: str) -> None:
         os.close(_open_dirs(root, parts, relative, create=True))
 
 
-def chown_tree(folder: Path, uid: int, gid: int, *, max_entries: int | None = None,
-               max_depth: int | None = None) -> int:
+def chown_tree(
+    folder: Path, uid: int, gid: int, *, max_entries: int | None = None, max_depth: int | None = None
+) -> int:
     """lchown ``folder`` and everything below it to ``uid:gid``, touching only
     entries that are not theirs yet (a chown to the same owner still writes the
     inode).  Walks by descriptor: a folder swapped for a symlink mid-walk is
@@ -275,8 +276,11 @@ def chown_tree(folder: Path, uid: int, gid: int, *, max_entries: int | None = No
                 continue
             seen += 1
             if seen > max_entries:
-                raise HostileEntry(str(folder), f"holds more than {max_entries} entries "
-                                   "(hostile_fs.MAX_WALK_ENTRIES); not handed to the container's user")
+                raise HostileEntry(
+                    str(folder),
+                    f"holds more than {max_entries} entries "
+                    "(hostile_fs.MAX_WALK_ENTRIES); not handed to the container's user",
+                )
             try:
                 est = entry.stat(follow_symlinks=False)
                 if (est.st_uid, est.st_gid) != (uid, gid):
@@ -287,8 +291,11 @@ def chown_tree(folder: Path, uid: int, gid: int, *, max_entries: int | None = No
             except OSError:
                 continue  # gone or swapped since the listing
             if len(frames) > max_depth:  # this folder would be level len(frames)
-                raise HostileEntry(str(folder), f"folders nested deeper than {max_depth} levels "
-                                   "(hostile_fs.MAX_WALK_DEPTH); not handed to the container's user")
+                raise HostileEntry(
+                    str(folder),
+                    f"folders nested deeper than {max_depth} levels "
+                    "(hostile_fs.MAX_WALK_DEPTH); not handed to the container's user",
+                )
             try:
                 # O_NOFOLLOW: if it became a symlink since the stat, this fails.
                 sub = os.open(entry.name, _DIR_FLAGS, dir_fd=fd)

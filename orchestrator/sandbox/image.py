@@ -106,8 +106,10 @@ def ensure_base_image(client: docker.DockerClient, settings: Settings) -> str:
 
 def _base_python(client: docker.DockerClient, base: str) -> tuple[int, int]:
     out = client.containers.run(
-        base, ["python3", "-c", "import sys; print(*sys.version_info[:2])"],
-        network_mode="none", remove=True,
+        base,
+        ["python3", "-c", "import sys; print(*sys.version_info[:2])"],
+        network_mode="none",
+        remove=True,
     )
     major, minor = out.decode().split()
     return int(major), int(minor)
@@ -127,12 +129,30 @@ def _wheelhouse(settings: Settings, req: Path, py: tuple[int, int]) -> Path:
     tmp.mkdir(parents=True)
     tag = f"{py[0]}{py[1]}"
     cmd = [
-        sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-        "--python-version", tag, "--implementation", "cp", "--abi", f"cp{tag}",
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--only-binary=:all:",
+        "--python-version",
+        tag,
+        "--implementation",
+        "cp",
+        "--abi",
+        f"cp{tag}",
         # manylinux_2_17 is manylinux2014's other name; pip matches a wheel's tag by name.
-        "--platform", f"manylinux_2_28_{machine}", "--platform", f"manylinux2014_{machine}",
-        "--platform", f"manylinux_2_17_{machine}",
-        "-d", str(tmp), "-r", str(req), "pip",
+        "--platform",
+        f"manylinux_2_28_{machine}",
+        "--platform",
+        f"manylinux2014_{machine}",
+        "--platform",
+        f"manylinux_2_17_{machine}",
+        "-d",
+        str(tmp),
+        "-r",
+        str(req),
+        "pip",
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -162,12 +182,24 @@ def _current(client: docker.DockerClient, name: str, digest: str) -> str | None:
     return str(image.id) if (image.labels or {}).get(HASH_LABEL) == digest else None
 
 
-def _docker_build(client: docker.DockerClient, ctx: Path, tag: str, buildargs: dict[str, str], digest: str,
-                  dockerfile: str = "Dockerfile") -> str:
+def _docker_build(
+    client: docker.DockerClient,
+    ctx: Path,
+    tag: str,
+    buildargs: dict[str, str],
+    digest: str,
+    dockerfile: str = "Dockerfile",
+) -> str:
     try:
         image, _ = client.images.build(
-            path=str(ctx), dockerfile=dockerfile, tag=tag, rm=True, forcerm=True, network_mode="none",
-            buildargs=buildargs, labels={HASH_LABEL: digest},
+            path=str(ctx),
+            dockerfile=dockerfile,
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            network_mode="none",
+            buildargs=buildargs,
+            labels={HASH_LABEL: digest},
         )
     except (BuildError, DockerException) as exc:
         detail = "".join(str(c.get("stream", "")) for c in getattr(exc, "build_log", []) or [])
@@ -177,8 +209,7 @@ def _docker_build(client: docker.DockerClient, ctx: Path, tag: str, buildargs: d
     return str(image.id)
 
 
-def _ensure_variant(client: docker.DockerClient, settings: Settings, variant: str, base_id: str, *,
-                    force: bool) -> str:
+def _ensure_variant(client: docker.DockerClient, settings: Settings, variant: str, base_id: str, *, force: bool) -> str:
     tag = image_name(settings, variant)
     dockerfile, requirements = VARIANTS[variant]
     cdir = container_dir()

@@ -56,8 +56,12 @@ UMOUNT_NOFOLLOW = 0x8
 
 
 class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -77,15 +81,39 @@ def bind(source: Path, target: Path, *, read_only: bool = False) -> None:
     """Attach a copy of the mount at ``source`` on ``target`` (both directories),
     nosuid and nodev, and read-only from the start when ``read_only``.  A link
     at ``source`` itself is refused, not followed."""
-    fd = _check(_libc.syscall(ctypes.c_long(SYS_OPEN_TREE), ctypes.c_int(AT_FDCWD), os.fsencode(source),
-                              ctypes.c_uint(OPEN_TREE_CLONE | os.O_CLOEXEC | AT_SYMLINK_NOFOLLOW)),
-                f"open_tree {source}")
+    fd = _check(
+        _libc.syscall(
+            ctypes.c_long(SYS_OPEN_TREE),
+            ctypes.c_int(AT_FDCWD),
+            os.fsencode(source),
+            ctypes.c_uint(OPEN_TREE_CLONE | os.O_CLOEXEC | AT_SYMLINK_NOFOLLOW),
+        ),
+        f"open_tree {source}",
+    )
     try:
         attr = _MountAttr(MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_RDONLY if read_only else 0), 0, 0, 0)
-        _check(_libc.syscall(ctypes.c_long(SYS_MOUNT_SETATTR), ctypes.c_int(fd), b"", ctypes.c_uint(AT_EMPTY_PATH),
-                             ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr))), f"mount_setattr {source}")
-        _check(_libc.syscall(ctypes.c_long(SYS_MOVE_MOUNT), ctypes.c_int(fd), b"", ctypes.c_int(AT_FDCWD),
-                             os.fsencode(target), ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount {target}")
+        _check(
+            _libc.syscall(
+                ctypes.c_long(SYS_MOUNT_SETATTR),
+                ctypes.c_int(fd),
+                b"",
+                ctypes.c_uint(AT_EMPTY_PATH),
+                ctypes.byref(attr),
+                ctypes.c_size_t(ctypes.sizeof(attr)),
+            ),
+            f"mount_setattr {source}",
+        )
+        _check(
+            _libc.syscall(
+                ctypes.c_long(SYS_MOVE_MOUNT),
+                ctypes.c_int(fd),
+                b"",
+                ctypes.c_int(AT_FDCWD),
+                os.fsencode(target),
+                ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH),
+            ),
+            f"move_mount {target}",
+        )
     finally:
         os.close(fd)
 
@@ -94,8 +122,10 @@ def tmpfs(target: Path, *, size: str, uid: int, mode: int = 0o700) -> None:
     """A small tmpfs on ``target`` owned by ``uid``: the one place a standby
     runner writes (its socket), bounded, and on no disk."""
     options = f"size={size},mode={mode:o},uid={uid},gid={uid}".encode()
-    _check(_libc.mount(b"tmpfs", os.fsencode(target), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options),
-           f"tmpfs on {target}")
+    _check(
+        _libc.mount(b"tmpfs", os.fsencode(target), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options),
+        f"tmpfs on {target}",
+    )
 
 
 @dataclass(frozen=True)

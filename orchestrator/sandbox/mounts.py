@@ -66,10 +66,34 @@ EXTRA_DIR = "extra"  # the workspace folder the extra mounts land in
 # path, as given and after resolving symlinks.  The allowlist may add more,
 # never remove any.
 BLOCKED_PATTERNS: tuple[str, ...] = (
-    ".ssh", ".gnupg", ".gpg", ".aws", ".azure", ".gcloud", "gcloud", ".kube", ".docker",
-    ".env", ".env.*", ".netrc", ".npmrc", ".pypirc", ".pgpass", ".git-credentials",
-    "*credentials*", "*secret*", "private_key*", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*",
-    "*.pem", "*.key", "*.p12", "*.pfx", "*.sock",
+    ".ssh",
+    ".gnupg",
+    ".gpg",
+    ".aws",
+    ".azure",
+    ".gcloud",
+    "gcloud",
+    ".kube",
+    ".docker",
+    ".env",
+    ".env.*",
+    ".netrc",
+    ".npmrc",
+    ".pypirc",
+    ".pgpass",
+    ".git-credentials",
+    "*credentials*",
+    "*secret*",
+    "private_key*",
+    "id_rsa*",
+    "id_dsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "*.sock",
 )
 SYSTEM_PATHS: tuple[str, ...] = ("/proc", "/sys", "/dev", "/run", "/var/run", "/boot")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -287,9 +311,7 @@ def check_mount(
     roots = [(r, Path(r.path).expanduser().resolve()) for r in allowlist.roots]
     containing = [(r, rr) for r, rr in roots if _inside(real, rr)]
     if not containing:
-        raise MountRefused(
-            f"{label} refused: {real} is not inside any allowed root of {settings.mount_allowlist}"
-        )
+        raise MountRefused(f"{label} refused: {real} is not inside any allowed root of {settings.mount_allowlist}")
     open_to_group = [r for r, _ in containing if is_main or r.groups is None or _group_named(r, folder, chat_jid)]
     if not open_to_group:
         listed = ", ".join(r.path for r, _ in containing)

@@ -27,9 +27,9 @@ import shutil
 from pathlib import Path
 
 import docker
-from agent_runner.protocol import SESSION_MOUNT
 from sqlalchemy import update
 
+from agent_runner.protocol import SESSION_MOUNT
 from orchestrator.core.errors import HostileEntry, MountRefused
 from orchestrator.core.settings import Settings, private_dir
 from orchestrator.core.sizes import parse_quota
@@ -80,11 +80,14 @@ def session_mount(settings: Settings, folder: str, provider: str) -> dict[str, s
     except HostileEntry as exc:
         raise MountRefused(f"session folder refused: {exc}") from exc
     quota = session_quota_bytes(settings)
-    fix = (f"free space in {path} on the host (orchestrator groups reset forgets the session), "
-           "or raise ORCHESTRATOR_SESSION_QUOTA")
+    fix = (
+        f"free space in {path} on the host (orchestrator groups reset forgets the session), "
+        "or raise ORCHESTRATOR_SESSION_QUOTA"
+    )
     # Before the hand-over: a new volume's root takes the folder's owner and mode.
-    prepare_workspace(settings, folder, path, quota, volume=session_volume(settings, folder),
-                      what="session folder", fix=fix)
+    prepare_workspace(
+        settings, folder, path, quota, volume=session_volume(settings, folder), what="session folder", fix=fix
+    )
     if os.lstat(path).st_uid != CONTAINER_UID:
         prepare_folder(path)  # the container's user owns it, as it owns the workspace
     return {str(path): SESSION_MOUNT}

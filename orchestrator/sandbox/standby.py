@@ -141,16 +141,27 @@ def unavailable_reason(settings: Settings) -> str | None:
 
 def standby_key(client: docker.DockerClient, settings: Settings) -> str:
     """What a standby container is made with; a group whose run needs the same is served."""
-    doc = {"image": image_id(client, settings.agent_image), "memory": settings.container_memory, "cpus": settings.container_cpus,
-           "pids": settings.container_pids, "idle": settings.warm_idle_s, "layout": STANDBY_LAYOUT}
+    doc = {
+        "image": image_id(client, settings.agent_image),
+        "memory": settings.container_memory,
+        "cpus": settings.container_cpus,
+        "pids": settings.container_pids,
+        "idle": settings.warm_idle_s,
+        "layout": STANDBY_LAYOUT,
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def eligible(settings: Settings, spec: ContainerSpec) -> bool:
     """Whether ``spec`` asks for exactly what a standby container has."""
-    return (spec.image == settings.agent_image and spec.memory == settings.container_memory
-            and spec.cpus == settings.container_cpus and spec.pids == settings.container_pids
-            and not spec.extra_mounts and not spec.readonly_mounts)
+    return (
+        spec.image == settings.agent_image
+        and spec.memory == settings.container_memory
+        and spec.cpus == settings.container_cpus
+        and spec.pids == settings.container_pids
+        and not spec.extra_mounts
+        and not spec.readonly_mounts
+    )
 
 
 class StandbyPool:
@@ -218,8 +229,10 @@ class StandbyPool:
         except (KeyError, ValueError, OSError):
             seen = False
         if not seen:
-            reason = ("a folder bound after a container started is not seen inside it (this worker and the "
-                      "Docker engine do not share mounts, or its processes are not visible here)")
+            reason = (
+                "a folder bound after a container started is not seen inside it (this worker and the "
+                "Docker engine do not share mounts, or its processes are not visible here)"
+            )
             _probed[standby_root(self.settings)] = reason
             log.warning("standby sandboxes: off (%s); a quiet group's first run starts a container", reason)
             raise SandboxError(reason)
@@ -291,9 +304,15 @@ class StandbyPool:
             folder.mkdir(mode=0o755)
         late_mounts.tmpfs(slot.sockets, size=SOCKET_TMPFS_SIZE, uid=CONTAINER_UID)
         spec = ContainerSpec(
-            image=self.settings.agent_image, name=f"orch-standby-{slot.name}", workspace=slot.workspace,
-            run_id="", group_folder="", memory=self.settings.container_memory, cpus=self.settings.container_cpus,
-            pids=self.settings.container_pids, install_id=self.settings.install_id,
+            image=self.settings.agent_image,
+            name=f"orch-standby-{slot.name}",
+            workspace=slot.workspace,
+            run_id="",
+            group_folder="",
+            memory=self.settings.container_memory,
+            cpus=self.settings.container_cpus,
+            pids=self.settings.container_pids,
+            install_id=self.settings.install_id,
         )
         args = hardened_create_args(spec, f"{CONTAINER_UID}:{CONTAINER_UID}", engine_security_opt(self.client))
         args["volumes"] = {
@@ -301,14 +320,26 @@ class StandbyPool:
             str(slot.gateway): {"bind": GATEWAY_MOUNT, "mode": "ro,rslave"},
             str(slot.sockets): {"bind": SOCKET_MOUNT, "mode": "rw"},
         }
-        args["labels"] = {**args["labels"], LABEL_WARM: "1", self.host_label: self.host_id,
-                          LABEL_STANDBY: slot.name, LABEL_STANDBY_KEY: key}
+        args["labels"] = {
+            **args["labels"],
+            LABEL_WARM: "1",
+            self.host_label: self.host_id,
+            LABEL_STANDBY: slot.name,
+            LABEL_STANDBY_KEY: key,
+        }
         args["labels"].pop(LABEL_RUN, None)
         try:
             container = self.client.containers.create(
-                command=["--serve", f"{SOCKET_MOUNT}/{SOCKET_NAME}", "--standby", f"{STANDBY_WAIT_S:g}",
-                         "--idle-timeout", f"{self.settings.warm_idle_s:g}"],
-                auto_remove=True, **args,
+                command=[
+                    "--serve",
+                    f"{SOCKET_MOUNT}/{SOCKET_NAME}",
+                    "--standby",
+                    f"{STANDBY_WAIT_S:g}",
+                    "--idle-timeout",
+                    f"{self.settings.warm_idle_s:g}",
+                ],
+                auto_remove=True,
+                **args,
             )
         except DockerException as exc:
             self.release(slot)

@@ -165,8 +165,14 @@ def host_only_dir(path: Path) -> Path:
 
 def _config_hash(client: docker.DockerClient, spec: ContainerSpec, idle_s: float) -> str:
     doc = {
-        "image": image_id(client, spec.image), "memory": spec.memory, "cpus": spec.cpus, "pids": spec.pids, "idle": idle_s,
-        "workspace": str(spec.workspace), "rw": spec.extra_mounts, "ro": spec.readonly_mounts,
+        "image": image_id(client, spec.image),
+        "memory": spec.memory,
+        "cpus": spec.cpus,
+        "pids": spec.pids,
+        "idle": idle_s,
+        "workspace": str(spec.workspace),
+        "rw": spec.extra_mounts,
+        "ro": spec.readonly_mounts,
         # Containers of an older layout (sockets in a writable session folder) are replaced.
         "layout": WARM_LAYOUT,
     }
@@ -234,8 +240,11 @@ class WarmPool:
                 self.standby.release(Slot(standby_root(self.settings) / adoption.slot))
                 with contextlib.suppress(FileNotFoundError):
                     _adoption_file(self.settings, folder).unlink()
-            elif (c.labels.get(LABEL_STANDBY) == adoption.slot and c.labels.get(LABEL_INSTALL) == self.settings.install_id
-                  and (any_host or c.labels.get(LABEL_HOST) == self.host_id)):
+            elif (
+                c.labels.get(LABEL_STANDBY) == adoption.slot
+                and c.labels.get(LABEL_INSTALL) == self.settings.install_id
+                and (any_host or c.labels.get(LABEL_HOST) == self.host_id)
+            ):
                 found.append(c)
         return found
 
@@ -297,8 +306,9 @@ class WarmPool:
             return 0
         victims = sorted((c for c in running if not self._busy(c)), key=self._last_used)[:excess]
         for c in victims:
-            log.info("stopping warm container %s, the least recently used: this host keeps at most %d",
-                     name_of(c), keep)
+            log.info(
+                "stopping warm container %s, the least recently used: this host keeps at most %d", name_of(c), keep
+            )
             self.discard(c)
         return len(victims)
 
@@ -321,8 +331,11 @@ class WarmPool:
         (`up` ended, `compose down`) leaves no agent container behind.  A warm
         container is a cache: the next run starts one.  Returns how many."""
         with self._lock():
-            idle = [c for c in list_containers(self.client, all=True, filters={"label": self._labels()})
-                    if not self._busy(c)]
+            idle = [
+                c
+                for c in list_containers(self.client, all=True, filters={"label": self._labels()})
+                if not self._busy(c)
+            ]
             for c in idle:
                 self.discard(c)
         return len(idle)
@@ -359,8 +372,9 @@ class WarmPool:
             if folder not in gone or self._busy(c):
                 left.append(c)
                 continue  # still placed here, or a run of this host is on it right now
-            log.info("group folder %s is placed on another host now: stopping its warm container %s here",
-                     folder, name_of(c))
+            log.info(
+                "group folder %s is placed on another host now: stopping its warm container %s here", folder, name_of(c)
+            )
             self.discard(c)
             stopped += 1
         if len(left) > warm_cap(self.settings):
@@ -389,15 +403,19 @@ class WarmPool:
             return 0
         _reaped_at[self.host_id] = now
         labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}", LABEL_HOST]
-        foreign = [c for c in list_containers(self.client, all=True, filters={"label": labels}, sparse=True)
-                   if labels_of(c).get(LABEL_HOST) not in (None, self.host_id)]
+        foreign = [
+            c
+            for c in list_containers(self.client, all=True, filters={"label": labels}, sparse=True)
+            if labels_of(c).get(LABEL_HOST) not in (None, self.host_id)
+        ]
         gone = gone_for(db, {labels_of(c)[LABEL_HOST] for c in foreign}, after)
         removed = 0
         for c in foreign:
             host = labels_of(c)[LABEL_HOST]
             if host in gone:
-                log.warning("removing container %s of host %s, which has not beaten for %.0fs or more",
-                            name_of(c), host, after)
+                log.warning(
+                    "removing container %s of host %s, which has not beaten for %.0fs or more", name_of(c), host, after
+                )
                 self.discard(c)
                 removed += 1
         return removed
@@ -420,8 +438,12 @@ class WarmPool:
                 try:
                     self._attach(spec, container, slot)
                 except (OSError, SandboxError) as exc:
-                    log.warning("could not bind %s into standby container %s (%s); starting one for it",
-                                spec.group_folder, container.name, exc)
+                    log.warning(
+                        "could not bind %s into standby container %s (%s); starting one for it",
+                        spec.group_folder,
+                        container.name,
+                        exc,
+                    )
                     self.discard(container)
                     container = None
             if container is None:
@@ -520,7 +542,8 @@ class WarmPool:
         try:
             container = self.client.containers.create(
                 command=["--serve", f"{WORKSPACE_MOUNT}/{RUNNER_SOCKET}", "--idle-timeout", f"{idle:g}"],
-                auto_remove=True, **args,
+                auto_remove=True,
+                **args,
             )
         except DockerException as exc:
             raise SandboxError(f"cannot create a warm agent container: {exc}") from exc
@@ -566,8 +589,15 @@ class WarmRun(StreamedRun):
     """One run on a warm container; the same surface as ``sandbox.RunningContainer``."""
 
     def __init__(
-        self, container: Container, sock: socket.socket, spec: ContainerSpec,
-        payload: bytes, *, start_mode: StartMode, dirty_marker: Path, pool: WarmPool,
+        self,
+        container: Container,
+        sock: socket.socket,
+        spec: ContainerSpec,
+        payload: bytes,
+        *,
+        start_mode: StartMode,
+        dirty_marker: Path,
+        pool: WarmPool,
     ) -> None:
         self._container = container
         self._sock = sock
@@ -610,7 +640,12 @@ class WarmRun(StreamedRun):
         with contextlib.suppress(DockerException, OSError):
             # follow=False: streaming would otherwise follow a live container's log forever.
             stream = self._container.logs(
-                stdout=False, stderr=True, since=self._started, tail=LOG_TAIL_LINES, stream=True, follow=False,
+                stdout=False,
+                stderr=True,
+                since=self._started,
+                tail=LOG_TAIL_LINES,
+                stream=True,
+                follow=False,
             )
             try:
                 for chunk in stream:

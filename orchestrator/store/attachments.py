@@ -43,13 +43,19 @@ class Attachment(BaseModel):
 
 
 def _attachment(row: GroupChannelRow) -> Attachment:
-    return Attachment(chat_jid=row.chat_jid, channel=row.channel, address=row.address or row.chat_jid,
-                      config=row.config)
+    return Attachment(
+        chat_jid=row.chat_jid, channel=row.channel, address=row.address or row.chat_jid, config=row.config
+    )
 
 
 def attach_channel(
-    db: Database, chat_jid: str, channel: str, *, address: str | None = None,
-    config: JsonObject | None = None, registry: KnownChannels | None = None,
+    db: Database,
+    chat_jid: str,
+    channel: str,
+    *,
+    address: str | None = None,
+    config: JsonObject | None = None,
+    registry: KnownChannels | None = None,
 ) -> Attachment:
     """Show group ``chat_jid``'s messages on ``channel`` (again: changes its address/config).
 
@@ -82,9 +88,11 @@ def attach_channel(
 def detach_channel(db: Database, chat_jid: str, channel: str) -> bool:
     """Stop showing the group on ``channel``; its unsent deliveries there are cancelled."""
     with db.write() as session:
-        gone = changed_rows(session.execute(
-            delete(GroupChannelRow).where(GroupChannelRow.chat_jid == chat_jid, GroupChannelRow.channel == channel)
-        ))
+        gone = changed_rows(
+            session.execute(
+                delete(GroupChannelRow).where(GroupChannelRow.chat_jid == chat_jid, GroupChannelRow.channel == channel)
+            )
+        )
         cancel_pending(session, chat_jid=chat_jid, channel=channel, reason="the channel was detached")
     return bool(gone)
 

@@ -411,7 +411,9 @@ def _tune_sqlite(engine: Engine, busy_ms: Callable[[], int]) -> None:
         cur.close()
 
     @event.listens_for(engine, "checkout")
-    def _on_checkout(dbapi_conn: sqlite3.Connection, record: ConnectionPoolEntry, _proxy: PoolProxiedConnection) -> None:
+    def _on_checkout(
+        dbapi_conn: sqlite3.Connection, record: ConnectionPoolEntry, _proxy: PoolProxiedConnection
+    ) -> None:
         # A connection pooled before Database.limit_wait changed the wait: one PRAGMA, once.
         if record.info.get("busy_ms") != (wanted := busy_ms()):
             dbapi_conn.execute(f"PRAGMA busy_timeout={wanted:d}")
@@ -425,10 +427,12 @@ def _tune_sqlite(engine: Engine, busy_ms: Callable[[], int]) -> None:
 
 # What SQLite says when the state is passing: another writer holds the lock past the busy
 # timeout; the disk is full or failing (the transaction was rolled back, nothing half-written).
-_SQLITE_PASSING = (("locked", "the database is locked by another writer"),
-                   ("busy", "the database is locked by another writer"),
-                   ("full", "the database's disk is full"),
-                   ("disk i/o", "the database's disk could not be read or written"))
+_SQLITE_PASSING = (
+    ("locked", "the database is locked by another writer"),
+    ("busy", "the database is locked by another writer"),
+    ("full", "the database's disk is full"),
+    ("disk i/o", "the database's disk could not be read or written"),
+)
 
 
 def unavailable_reason(error: BaseException) -> str | None:

@@ -96,8 +96,10 @@ def claimable(d: type[DeliveryRow] | Any, now: datetime) -> Any:
     SQLite that the partial index holds the row)."""
     earlier = aliased(DeliveryRow)
     blocked = exists().where(
-        earlier.chat_jid == d.chat_jid, earlier.channel == d.channel,
-        earlier.message_seq < d.message_seq, _unfinished(earlier),
+        earlier.chat_jid == d.chat_jid,
+        earlier.channel == d.channel,
+        earlier.message_seq < d.message_seq,
+        _unfinished(earlier),
     )
     return and_(_unfinished(d), d.state == PENDING, d.next_attempt_at <= now, ~blocked)
 
@@ -128,7 +130,9 @@ def attached_channels(conn: Connection, chat_jid: str) -> list[tuple[str, str | 
 
 
 def record_deliveries(
-    session: Session | Connection, msg: StoredMessage, attached: list[tuple[str, str | None]] | None = None,
+    session: Session | Connection,
+    msg: StoredMessage,
+    attached: list[tuple[str, str | None]] | None = None,
 ) -> int:
     """Queue ``msg`` for every channel of its group but the one it came from,
     inside the caller's transaction (an ORM session or a Core connection);
@@ -144,9 +148,14 @@ def record_deliveries(
         attached = attached_channels(conn, msg.chat_jid)
     rows: list[_NewDelivery] = [
         {
-            "message_seq": msg.seq, "chat_jid": msg.chat_jid, "channel": channel,
-            "address": address or msg.chat_jid, "state": PENDING, "attempts": 0,
-            "next_attempt_at": now, "created_at": now,
+            "message_seq": msg.seq,
+            "chat_jid": msg.chat_jid,
+            "channel": channel,
+            "address": address or msg.chat_jid,
+            "state": PENDING,
+            "attempts": 0,
+            "next_attempt_at": now,
+            "created_at": now,
         }
         for channel, address in attached
         if channel != origin
@@ -157,8 +166,12 @@ def record_deliveries(
 
 
 def cancel_pending(
-    session: Session, *, chat_jid: str | None = None, channel: str | None = None,
-    seqs: list[int] | None = None, reason: str,
+    session: Session,
+    *,
+    chat_jid: str | None = None,
+    channel: str | None = None,
+    seqs: list[int] | None = None,
+    reason: str,
 ) -> int:
     """Cancel unsent (pending) deliveries in the caller's transaction."""
     q = update(DeliveryRow).where(DeliveryRow.state == PENDING)
@@ -175,13 +188,22 @@ def cancel_pending(
 
 
 def list_deliveries(
-    db: Database, *, chat_jid: str | None = None, state: str | None = None, channel: str | None = None,
-    message_seq: int | None = None, limit: int = 200,
+    db: Database,
+    *,
+    chat_jid: str | None = None,
+    state: str | None = None,
+    channel: str | None = None,
+    message_seq: int | None = None,
+    limit: int = 200,
 ) -> list[Delivery]:
     """Newest first."""
     q = select(DeliveryRow).order_by(DeliveryRow.message_seq.desc(), DeliveryRow.channel).limit(limit)
-    for col, value in ((DeliveryRow.chat_jid, chat_jid), (DeliveryRow.state, state),
-                       (DeliveryRow.channel, channel), (DeliveryRow.message_seq, message_seq)):
+    for col, value in (
+        (DeliveryRow.chat_jid, chat_jid),
+        (DeliveryRow.state, state),
+        (DeliveryRow.channel, channel),
+        (DeliveryRow.message_seq, message_seq),
+    ):
         if value is not None:
             q = q.where(col == value)
     with db.read() as session:
@@ -191,11 +213,13 @@ def list_deliveries(
 def due_chats(db: Database) -> list[str]:
     """Chats with a pending delivery that is due now."""
     with db.read() as session:
-        return list(session.scalars(
-            select(DeliveryRow.chat_jid)
-            .where(DeliveryRow.state == PENDING, DeliveryRow.next_attempt_at <= utc_now())
-            .distinct()
-        ))
+        return list(
+            session.scalars(
+                select(DeliveryRow.chat_jid)
+                .where(DeliveryRow.state == PENDING, DeliveryRow.next_attempt_at <= utc_now())
+                .distinct()
+            )
+        )
 
 
 def abandon_stale_claims(db: Database, resend: Collection[str] = ()) -> int:
@@ -206,16 +230,33 @@ def abandon_stale_claims(db: Database, resend: Collection[str] = ()) -> int:
     stale = and_(DeliveryRow.state == SENDING, DeliveryRow.claimed_until < now_sql(db))
     # Deadlines are written on the database's clock (run/outbound.py) and compared with it.
     with db.write() as session:
-        again = changed_rows(session.execute(
-            update(DeliveryRow).where(stale, DeliveryRow.channel.in_(list(resend)))
-            .values(state=PENDING, next_attempt_at=utc_now(), claimed_by=None, claimed_until=None,
-                    last_error="its deliverer stopped while sending; sent again with the same delivery id")
-        )) if resend else 0
-        given_up = changed_rows(session.execute(
-            update(DeliveryRow).where(stale)
-            .values(state=FAILED, last_error="its deliverer stopped while sending; not retried, "
-                                             "so that it is never sent twice")
-        ))
+        again = (
+            changed_rows(
+                session.execute(
+                    update(DeliveryRow)
+                    .where(stale, DeliveryRow.channel.in_(list(resend)))
+                    .values(
+                        state=PENDING,
+                        next_attempt_at=utc_now(),
+                        claimed_by=None,
+                        claimed_until=None,
+                        last_error="its deliverer stopped while sending; sent again with the same delivery id",
+                    )
+                )
+            )
+            if resend
+            else 0
+        )
+        given_up = changed_rows(
+            session.execute(
+                update(DeliveryRow)
+                .where(stale)
+                .values(
+                    state=FAILED,
+                    last_error="its deliverer stopped while sending; not retried, so that it is never sent twice",
+                )
+            )
+        )
     return (again or 0) + (given_up or 0)
 
 

@@ -59,8 +59,21 @@ def group_from_row(row: GroupRow) -> Group:
 
 
 # get_group as one fixed read on the driver: it runs twice in every run (docs/performance.md).
-GROUP_COLUMNS = ("chat_jid", "name", "folder", "is_main", "requires_trigger", "assistant_name", "cursor_seq",
-                  "pending_seq", "session_id", "container_config", "runs_per_hour", "tokens_per_day", "placed_host")
+GROUP_COLUMNS = (
+    "chat_jid",
+    "name",
+    "folder",
+    "is_main",
+    "requires_trigger",
+    "assistant_name",
+    "cursor_seq",
+    "pending_seq",
+    "session_id",
+    "container_config",
+    "runs_per_hour",
+    "tokens_per_day",
+    "placed_host",
+)
 _GET_GROUP = f"SELECT {', '.join(GROUP_COLUMNS)} FROM groups WHERE chat_jid = :chat_jid"
 
 
@@ -78,8 +91,7 @@ def validate_folder(folder: str) -> str:
     # fullmatch: "$" alone would let a trailing newline through.
     if not _SLUG.fullmatch(folder or ""):
         raise InvalidMessage(
-            f"group folder {folder!r} must be 1-64 letters, digits, '-' or '_' "
-            "(no slashes, dots or absolute paths)"
+            f"group folder {folder!r} must be 1-64 letters, digits, '-' or '_' (no slashes, dots or absolute paths)"
         )
     return folder
 
@@ -102,10 +114,15 @@ def add_group(
     if is_main and (other := main_group(db)) is not None:
         raise StoreError(f"the main group is {other.chat_jid!r} already; there is one")
     row = GroupRow(
-        chat_jid=chat_jid, name=name or chat_jid, folder=folder, is_main=is_main,
+        chat_jid=chat_jid,
+        name=name or chat_jid,
+        folder=folder,
+        is_main=is_main,
         # The main group answers every message; a trigger would only get in the way.
         requires_trigger=False if is_main else requires_trigger,
-        assistant_name=assistant_name, cursor_seq=0, pending_seq=0,
+        assistant_name=assistant_name,
+        cursor_seq=0,
+        pending_seq=0,
         created_at=datetime.now(UTC),
     )
     try:
@@ -181,8 +198,11 @@ def update_group(db: Database, chat_jid: str, changes: Mapping[str, object]) -> 
         raise InvalidMessage("a group's name must not be empty")
     for key in GROUP_QUOTAS:
         value = changes.get(key)
-        if key in changes and value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_QUOTA):
+        if (
+            key in changes
+            and value is not None
+            and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_QUOTA)
+        ):
             raise InvalidMessage(f"{key} must be a whole number from 0 (no limit) to {MAX_QUOTA}, or null")
     with db.write() as session:
         row = session.get(GroupRow, chat_jid)
@@ -204,13 +224,17 @@ def ensure_main_group(db: Database, chat_jid: str = MAIN_JID) -> Group:
     existing = next((g for g in groups if g.chat_jid == chat_jid), None)
     if existing is not None:
         if not existing.is_main:
-            raise ConfigError(f"{chat_jid!r} is registered as an ordinary group, not the main group; "
-                              "pick another ORCHESTRATOR_MAIN_GROUP or remove that group first")
+            raise ConfigError(
+                f"{chat_jid!r} is registered as an ordinary group, not the main group; "
+                "pick another ORCHESTRATOR_MAIN_GROUP or remove that group first"
+            )
         return existing
     other = next((g for g in groups if g.is_main), None)
     if other is not None:
-        raise ConfigError(f"the main group is {other.chat_jid!r} already, not {chat_jid!r} "
-                          "(ORCHESTRATOR_MAIN_GROUP names the one there is, or is left empty)")
+        raise ConfigError(
+            f"the main group is {other.chat_jid!r} already, not {chat_jid!r} "
+            "(ORCHESTRATOR_MAIN_GROUP names the one there is, or is left empty)"
+        )
     taken = {g.folder for g in groups}
     folder = "main" if "main" not in taken else f"main-{hashlib.sha256(chat_jid.encode()).hexdigest()[:8]}"
     try:

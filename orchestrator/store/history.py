@@ -157,8 +157,11 @@ def regenerate(
         first = session.scalar(
             select(MessageRow.seq)
             .where(
-                MessageRow.chat_jid == chat_jid, MessageRow.is_from_me.is_(True),
-                MessageRow.seq > answered, MessageRow.seq <= row.seq, MessageRow.superseded_at.is_(None),
+                MessageRow.chat_jid == chat_jid,
+                MessageRow.is_from_me.is_(True),
+                MessageRow.seq > answered,
+                MessageRow.seq <= row.seq,
+                MessageRow.superseded_at.is_(None),
             )
             .order_by(MessageRow.seq)
             .limit(1)
@@ -177,8 +180,10 @@ def _last_input_before(session: Session, chat_jid: str, seq: int) -> int:
     found = session.scalar(
         select(MessageRow.seq)
         .where(
-            MessageRow.chat_jid == chat_jid, MessageRow.seq < seq,
-            MessageRow.is_from_me.is_(False), MessageRow.superseded_at.is_(None),
+            MessageRow.chat_jid == chat_jid,
+            MessageRow.seq < seq,
+            MessageRow.is_from_me.is_(False),
+            MessageRow.superseded_at.is_(None),
         )
         .order_by(MessageRow.seq.desc())
         .limit(1)
@@ -209,8 +214,10 @@ def truncate_after(db: Database, settings: Settings, chat_jid: str, message_id: 
         group = session.get(GroupRow, chat_jid)
         if group is not None:
             _rewind(
-                session, chat_jid,
-                cursor_seq=min(group.cursor_seq, row.seq), pending_seq=min(group.pending_seq, row.seq),
+                session,
+                chat_jid,
+                cursor_seq=min(group.cursor_seq, row.seq),
+                pending_seq=min(group.pending_seq, row.seq),
             )
         message = to_stored(row)
     return HistoryChange(message=message, superseded=superseded, rerun=False)

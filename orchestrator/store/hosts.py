@@ -152,7 +152,8 @@ def on_dead_host(owner: Any, now: datetime) -> ColumnElement[bool]:
     rest = func.substr(owner, prefix + 1, type_=Text)
     return exists().where(
         func.substr(owner, 1, prefix, type_=Text) == HostRow.host_id + ":",
-        rest.like("%:%"), ~rest.like("%:%:%"),
+        rest.like("%:%"),
+        ~rest.like("%:%:%"),
         or_(HostRow.state == "stopped", HostRow.heartbeat_at < now - timedelta(seconds=ALIVE_WINDOW_S)),
     )
 
@@ -163,9 +164,11 @@ def dead_owner_sql(owner: str, *, sqlite: bool) -> str:
     for ``:window`` seconds by the database's now.  ``tests/host/test_leases.py`` holds
     the two forms to the same verdicts."""
     rest = f"substr({owner}, length(d.host_id) + 2)"
-    return (f"EXISTS (SELECT 1 FROM hosts d WHERE substr({owner}, 1, length(d.host_id) + 1) = d.host_id || ':' "
-            f"AND {rest} LIKE '%:%' AND {rest} NOT LIKE '%:%:%' "
-            f"AND (d.state = 'stopped' OR {age_text('d.heartbeat_at', sqlite=sqlite)} > :window))")
+    return (
+        f"EXISTS (SELECT 1 FROM hosts d WHERE substr({owner}, 1, length(d.host_id) + 1) = d.host_id || ':' "
+        f"AND {rest} LIKE '%:%' AND {rest} NOT LIKE '%:%:%' "
+        f"AND (d.state = 'stopped' OR {age_text('d.heartbeat_at', sqlite=sqlite)} > :window))"
+    )
 
 
 def up_and_beating(now: datetime | None = None, *, db: Database | None = None) -> ColumnElement[bool]:
@@ -196,8 +199,9 @@ def place_sql(*, sqlite: bool) -> str:
     read (orchestrator/run/ingest.py, no round trip of its own), ``placement.placed_on``
     and ``leases.take``'s placement."""
     age = age_text("h.heartbeat_at", sqlite=sqlite)
-    return (f"(SELECT h.host_id FROM hosts h WHERE h.host_id = groups.placed_host AND h.state = 'up' "
-            f"AND {age} < :window)")
+    return (
+        f"(SELECT h.host_id FROM hosts h WHERE h.host_id = groups.placed_host AND h.state = 'up' AND {age} < :window)"
+    )
 
 
 # -- processes of this host ------------------------------------------------------------
@@ -248,8 +252,15 @@ def gone_from_this_host(owner: str | None, host_id: str) -> bool:
 
 
 def register(
-    db: Database, *, host_id: str, instance: str, version: str, concurrency: int,
-    warm_containers: int | None = None, hostname: str | None = None, pid: int | None = None,
+    db: Database,
+    *,
+    host_id: str,
+    instance: str,
+    version: str,
+    concurrency: int,
+    warm_containers: int | None = None,
+    hostname: str | None = None,
+    pid: int | None = None,
     window_s: float = ALIVE_WINDOW_S,
 ) -> None:
     """Make (or take over) ``host_id``'s row for this process: ``up``, started and beaten now."""
@@ -257,30 +268,58 @@ def register(
 
     now = _db_now(db)
     values: dict[str, object] = {
-        "host_id": host_id, "instance": instance, "hostname": hostname or socket.gethostname(),
-        "pid": os.getpid() if pid is None else pid, "version": version, "concurrency": concurrency,
-        "state": "up", "warm_containers": warm_containers, "started_at": now, "heartbeat_at": now,
+        "host_id": host_id,
+        "instance": instance,
+        "hostname": hostname or socket.gethostname(),
+        "pid": os.getpid() if pid is None else pid,
+        "version": version,
+        "concurrency": concurrency,
+        "state": "up",
+        "warm_containers": warm_containers,
+        "started_at": now,
+        "heartbeat_at": now,
         "stopped_at": None,
     }
     insert = sqlite.insert(HostRow) if db.is_sqlite else postgresql.insert(HostRow)
     stmt = insert.values(**values)
     stmt = stmt.on_conflict_do_update(
-        index_elements=[HostRow.host_id], set_={k: stmt.excluded[k] for k in values if k != "host_id"})
+        index_elements=[HostRow.host_id], set_={k: stmt.excluded[k] for k in values if k != "host_id"}
+    )
     with db.write() as session:
         before = session.execute(
-            select(HostRow.instance, HostRow.pid, HostRow.hostname, HostRow.state,
-                   _age_s(db, HostRow.heartbeat_at).label("age")).where(HostRow.host_id == host_id)
+            select(
+                HostRow.instance,
+                HostRow.pid,
+                HostRow.hostname,
+                HostRow.state,
+                _age_s(db, HostRow.heartbeat_at).label("age"),
+            ).where(HostRow.host_id == host_id)
         ).one_or_none()
         session.execute(stmt)
-    if (before is not None and before.instance != instance and before.state != "stopped" and before.age < window_s
-            and not (before.hostname == socket.gethostname() and not pid_running(before.pid))):  # not a restart
-        log.warning("host id %r was held by a live process (pid %s on %s); this process (pid %s) takes it over: "
-                    "give each worker host its own ORCHESTRATOR_HOST_ID", host_id, before.pid, before.hostname,
-                    values["pid"])
+    if (
+        before is not None
+        and before.instance != instance
+        and before.state != "stopped"
+        and before.age < window_s
+        and not (before.hostname == socket.gethostname() and not pid_running(before.pid))
+    ):  # not a restart
+        log.warning(
+            "host id %r was held by a live process (pid %s on %s); this process (pid %s) takes it over: "
+            "give each worker host its own ORCHESTRATOR_HOST_ID",
+            host_id,
+            before.pid,
+            before.hostname,
+            values["pid"],
+        )
 
 
 def heartbeat(
-    db: Database, host_id: str, instance: str, *, warm_containers: int | None, draining: bool = False,
+    db: Database,
+    host_id: str,
+    instance: str,
+    *,
+    warm_containers: int | None,
+    draining: bool = False,
 ) -> bool:
     """Beat ``host_id``'s row for ``instance`` now; False if the row is not this process's (or stopped)."""
     values: dict[str, object] = {"heartbeat_at": _db_now(db), "warm_containers": warm_containers}
@@ -324,7 +363,8 @@ def list_hosts(db: Database, *, window_s: float = ALIVE_WINDOW_S) -> list[Host]:
         ).all()
         placements = session.execute(
             select(GroupRow.chat_jid, GroupRow.placed_host)
-            .where(GroupRow.placed_host.is_not(None)).order_by(GroupRow.chat_jid)
+            .where(GroupRow.placed_host.is_not(None))
+            .order_by(GroupRow.chat_jid)
         ).all()
     runs_of: dict[str, list[HostRun]] = {}
     for r in runs:
@@ -338,14 +378,28 @@ def list_hosts(db: Database, *, window_s: float = ALIVE_WINDOW_S) -> list[Host]:
     hosts = []
     for row, age_s in rows:
         age_s = max(0.0, float(age_s))
-        hosts.append(Host.model_validate({
-            "host_id": row.host_id, "state": row.state, "alive": row.state != "stopped" and age_s < window_s,
-            "heartbeat_age_s": round(age_s, 3), "hostname": row.hostname, "pid": row.pid, "instance": row.instance,
-            "version": row.version, "concurrency": row.concurrency, "warm_containers": row.warm_containers,
-            "started_at": row.started_at, "heartbeat_at": row.heartbeat_at, "stopped_at": row.stopped_at,
-            "runs": runs_of.get(row.host_id, []), "groups": groups_of.get(row.host_id, []),
-            "placed": placed_on.get(row.host_id, []),
-        }))
+        hosts.append(
+            Host.model_validate(
+                {
+                    "host_id": row.host_id,
+                    "state": row.state,
+                    "alive": row.state != "stopped" and age_s < window_s,
+                    "heartbeat_age_s": round(age_s, 3),
+                    "hostname": row.hostname,
+                    "pid": row.pid,
+                    "instance": row.instance,
+                    "version": row.version,
+                    "concurrency": row.concurrency,
+                    "warm_containers": row.warm_containers,
+                    "started_at": row.started_at,
+                    "heartbeat_at": row.heartbeat_at,
+                    "stopped_at": row.stopped_at,
+                    "runs": runs_of.get(row.host_id, []),
+                    "groups": groups_of.get(row.host_id, []),
+                    "placed": placed_on.get(row.host_id, []),
+                }
+            )
+        )
     return hosts
 
 
@@ -357,8 +411,9 @@ def gone_for(db: Database, host_ids: set[str], seconds: float) -> set[str]:
         return set()
     with db.read() as session:
         rows = session.execute(
-            select(HostRow.host_id, HostRow.state, _age_s(db, HostRow.heartbeat_at))
-            .where(HostRow.host_id.in_(sorted(host_ids)))
+            select(HostRow.host_id, HostRow.state, _age_s(db, HostRow.heartbeat_at)).where(
+                HostRow.host_id.in_(sorted(host_ids))
+            )
         ).all()
     beating = {host_id for host_id, state, age in rows if state != "stopped" and float(age) < seconds}
     return host_ids - beating
@@ -383,9 +438,15 @@ class HostHeartbeat:
     """
 
     def __init__(
-        self, db: Database, *, host_id: str, version: str, concurrency: int,
+        self,
+        db: Database,
+        *,
+        host_id: str,
+        version: str,
+        concurrency: int,
         warm_count: Callable[[], int | None] | None = None,
-        interval_s: float = HEARTBEAT_INTERVAL_S, window_s: float = ALIVE_WINDOW_S,
+        interval_s: float = HEARTBEAT_INTERVAL_S,
+        window_s: float = ALIVE_WINDOW_S,
     ) -> None:
         self.db, self.host_id, self.version, self.concurrency = db, host_id, version, concurrency
         self.instance = f"{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -436,21 +497,37 @@ class HostHeartbeat:
             self._taken_over = False
         else:
             current = get_host(self.db, self.host_id, window_s=self.window_s)
-            if current is None or current.instance == self.instance or not current.alive or (
-                # Its holder was a process of this machine that is gone (SIGKILLed): take the row
-                # back now, before it looks dead and takes this process's leases with it.
-                current.hostname == socket.gethostname() and not pid_running(current.pid)
+            if (
+                current is None
+                or current.instance == self.instance
+                or not current.alive
+                or (
+                    # Its holder was a process of this machine that is gone (SIGKILLed): take the row
+                    # back now, before it looks dead and takes this process's leases with it.
+                    current.hostname == socket.gethostname() and not pid_running(current.pid)
+                )
             ):
                 self._register()
             elif not self._taken_over:
                 self._taken_over = True
-                log.error("host id %r is held by another live process (pid %s on %s); not beating it until that "
-                          "one stops: give each worker host its own ORCHESTRATOR_HOST_ID",
-                          self.host_id, current.pid, current.hostname)
+                log.error(
+                    "host id %r is held by another live process (pid %s on %s); not beating it until that "
+                    "one stops: give each worker host its own ORCHESTRATOR_HOST_ID",
+                    self.host_id,
+                    current.pid,
+                    current.hostname,
+                )
 
     def _register(self) -> None:
-        register(self.db, host_id=self.host_id, instance=self.instance, version=self.version,
-                 concurrency=self.concurrency, warm_containers=self._warm, window_s=self.window_s)
+        register(
+            self.db,
+            host_id=self.host_id,
+            instance=self.instance,
+            version=self.version,
+            concurrency=self.concurrency,
+            warm_containers=self._warm,
+            window_s=self.window_s,
+        )
         if self._draining:
             heartbeat(self.db, self.host_id, self.instance, warm_containers=self._warm, draining=True)
 
@@ -476,5 +553,6 @@ class HostHeartbeat:
             try:
                 self.beat()
             except Exception:  # noqa: BLE001 - the database away: try again next beat
-                log.warning("heartbeat of host %s failed; trying again in %.0fs", self.host_id, self.interval_s,
-                            exc_info=True)
+                log.warning(
+                    "heartbeat of host %s failed; trying again in %.0fs", self.host_id, self.interval_s, exc_info=True
+                )

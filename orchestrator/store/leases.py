@@ -67,8 +67,7 @@ log = logging.getLogger(__name__)
 def holder_gone(now: datetime) -> ColumnElement[bool]:
     """SQL: the group's lease has no live holder at ``now`` (the database's time):
     none, expired, or held by a process of a host that is stopped or silent."""
-    return or_(GroupRow.lease_owner.is_(None), GroupRow.lease_expires_at < now,
-               on_dead_host(GroupRow.lease_owner, now))
+    return or_(GroupRow.lease_owner.is_(None), GroupRow.lease_expires_at < now, on_dead_host(GroupRow.lease_owner, now))
 
 
 def acquire(db: Database, chat_jid: str, owner: str, ttl_s: float, *, place: str | None = None) -> bool:
@@ -100,10 +99,12 @@ def take(db: Database, chat_jid: str, owner: str, ttl_s: float, *, place: str | 
 
 def _take_sql(*, sqlite: bool, place: bool) -> str:
     placed = f", placed_host = COALESCE({place_sql(sqlite=sqlite)}, :place)" if place else ""
-    return (f"UPDATE groups SET lease_owner = :owner, lease_expires_at = {later_text('ttl', sqlite=sqlite)}{placed} "
-            f"WHERE chat_jid = :chat_jid AND (lease_owner = :owner OR lease_owner IS NULL "
-            f"OR lease_expires_at < {now_text(sqlite=sqlite)} OR {dead_owner_sql('groups.lease_owner', sqlite=sqlite)}) "
-            f"RETURNING {', '.join(GROUP_COLUMNS)}")
+    return (
+        f"UPDATE groups SET lease_owner = :owner, lease_expires_at = {later_text('ttl', sqlite=sqlite)}{placed} "
+        f"WHERE chat_jid = :chat_jid AND (lease_owner = :owner OR lease_owner IS NULL "
+        f"OR lease_expires_at < {now_text(sqlite=sqlite)} OR {dead_owner_sql('groups.lease_owner', sqlite=sqlite)}) "
+        f"RETURNING {', '.join(GROUP_COLUMNS)}"
+    )
 
 
 # (SQLite?, placing?): the statement :func:`take` sends.
@@ -122,12 +123,11 @@ def _take_over(db: Database, chat_jid: str, owner: str, ttl_s: float, place: str
         now = db_now(session)
         values: dict[str, object] = {"lease_owner": owner, "lease_expires_at": now + timedelta(seconds=ttl_s)}
         if place is not None:
-            values["placed_host"] = case((takes_groups(GroupRow.placed_host, now), GroupRow.placed_host),
-                                         else_=literal(place))
+            values["placed_host"] = case(
+                (takes_groups(GroupRow.placed_host, now), GroupRow.placed_host), else_=literal(place)
+            )
         result = session.execute(
-            update(GroupRow)
-            .where(GroupRow.chat_jid == chat_jid, GroupRow.lease_owner == holder)
-            .values(**values)
+            update(GroupRow).where(GroupRow.chat_jid == chat_jid, GroupRow.lease_owner == holder).values(**values)
         )
         if changed_rows(result) != 1:
             return None
@@ -158,8 +158,10 @@ def fence(session: Session | Connection, chat_jid: str, owner: str) -> None:
         raise LeaseLost(f"{chat_jid}'s lease is {'free' if holder is None else 'held by ' + holder} now, not {owner}'s")
 
 
-_RELEASE = ("UPDATE groups SET lease_owner = NULL, lease_expires_at = NULL "
-            "WHERE chat_jid = :chat_jid AND lease_owner = :owner RETURNING pending_seq, cursor_seq")
+_RELEASE = (
+    "UPDATE groups SET lease_owner = NULL, lease_expires_at = NULL "
+    "WHERE chat_jid = :chat_jid AND lease_owner = :owner RETURNING pending_seq, cursor_seq"
+)
 _HOLDER = "SELECT lease_owner FROM groups WHERE chat_jid = :chat_jid"
 
 
@@ -225,7 +227,13 @@ class Heartbeat:
     """
 
     def __init__(
-        self, db: Database, chat_jid: str, owner: str, ttl_s: float, *, clock: Clock = SYSTEM_CLOCK,
+        self,
+        db: Database,
+        chat_jid: str,
+        owner: str,
+        ttl_s: float,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._db, self._jid, self._owner, self._ttl = db, chat_jid, owner, ttl_s
         self._clock = clock
@@ -261,7 +269,11 @@ class Heartbeat:
         while not self._stop.wait(0.2):
             silent = time.monotonic() - self._renewed
             if silent > UNSURE_AFTER_S:
-                log.error("the lease of %s was not renewed for %.1fs (the database is away?): giving the run up "
-                          "before another host may take the group", self._jid, silent)
+                log.error(
+                    "the lease of %s was not renewed for %.1fs (the database is away?): giving the run up "
+                    "before another host may take the group",
+                    self._jid,
+                    silent,
+                )
                 self.lost.set()
                 return

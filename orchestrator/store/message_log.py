@@ -69,9 +69,7 @@ def _validate(new: NewMessage) -> None:
     if new.sender in NEVER_STORED_SENDERS:
         raise InvalidMessage(f"sender {new.sender!r} is ephemeral and is never stored")
     if new.message_type not in MESSAGE_TYPES:
-        raise InvalidMessage(
-            f"message_type {new.message_type!r} is not one of {sorted(MESSAGE_TYPES)}"
-        )
+        raise InvalidMessage(f"message_type {new.message_type!r} is not one of {sorted(MESSAGE_TYPES)}")
     if problem := sender_type_problem(new.sender, new.message_type):
         raise InvalidMessage(problem)
     try:
@@ -94,8 +92,7 @@ def _without_nul(new: NewMessage) -> NewMessage:
     # PostgreSQL text cannot hold NUL (U+0000) and a command's output may
     # contain it; store U+FFFD instead, on every backend alike.
     # (JSON metadata is stored escaped and keeps it.)
-    bad = {k: v.replace("\x00", "\ufffd") for k in ("sender_name", "content")
-           if "\x00" in (v := getattr(new, k))}
+    bad = {k: v.replace("\x00", "\ufffd") for k in ("sender_name", "content") if "\x00" in (v := getattr(new, k))}
     return new.model_copy(update=bad) if bad else new
 
 
@@ -124,8 +121,20 @@ _INSERT = """INSERT INTO messages
 _INSERT_SQLITE = _INSERT.format(now="strftime('%Y-%m-%d %H:%M:%f', 'now')")
 _INSERT_PG = _INSERT.format(now="now()")
 _MESSAGES = MessageRow.__table__
-_STORED_FIELDS = ("seq", "id", "chat_jid", "sender", "sender_name", "content", "timestamp", "is_from_me",
-                  "message_type", "metadata", "superseded_at", "edited_at")
+_STORED_FIELDS = (
+    "seq",
+    "id",
+    "chat_jid",
+    "sender",
+    "sender_name",
+    "content",
+    "timestamp",
+    "is_from_me",
+    "message_type",
+    "metadata",
+    "superseded_at",
+    "edited_at",
+)
 _EXISTING = select(_MESSAGES).where(_MESSAGES.c.id == bindparam("id"), _MESSAGES.c.chat_jid == bindparam("chat_jid"))
 
 
@@ -190,7 +199,10 @@ def _read(db: Database, stmt: Any) -> list[StoredMessage]:
 
 
 def get_messages_since(
-    chat_jid: str, since_timestamp: str | None = None, *, include_superseded: bool = False,
+    chat_jid: str,
+    since_timestamp: str | None = None,
+    *,
+    include_superseded: bool = False,
     db: Database,
 ) -> list[StoredMessage]:
     """A chat's messages with a timestamp after ``since_timestamp``, in seq order.
@@ -237,8 +249,10 @@ def _seq_read(*, sqlite: bool, newest: bool, bounded: bool, include_superseded: 
     at most ``:limit`` rows."""
     live = "" if include_superseded else " AND superseded_at IS NULL"
     order = "chat_jid DESC, seq DESC" if newest else "chat_jid, seq"
-    return (f"SELECT {_COLUMNS} FROM messages WHERE {_of_chat(sqlite=sqlite)} AND seq {'<' if newest else '>'} :seq"
-            f"{live} ORDER BY {order}" + (" LIMIT :limit" if bounded else ""))
+    return (
+        f"SELECT {_COLUMNS} FROM messages WHERE {_of_chat(sqlite=sqlite)} AND seq {'<' if newest else '>'} :seq"
+        f"{live} ORDER BY {order}" + (" LIMIT :limit" if bounded else "")
+    )
 
 
 def _stored(values: tuple[Any, ...]) -> StoredMessage:
@@ -253,10 +267,12 @@ def _stored(values: tuple[Any, ...]) -> StoredMessage:
     return StoredMessage(**row)
 
 
-def _seq_rows(db: Database, chat_jid: str, seq: int, limit: int | None, *, newest: bool,
-              include_superseded: bool) -> list[StoredMessage]:
-    sql = _seq_read(sqlite=db.is_sqlite, newest=newest, bounded=limit is not None,
-                    include_superseded=include_superseded)
+def _seq_rows(
+    db: Database, chat_jid: str, seq: int, limit: int | None, *, newest: bool, include_superseded: bool
+) -> list[StoredMessage]:
+    sql = _seq_read(
+        sqlite=db.is_sqlite, newest=newest, bounded=limit is not None, include_superseded=include_superseded
+    )
     rows = db.read_fixed(sql, {"chat_jid": chat_jid, "seq": seq, "limit": limit})
     return [_stored(tuple(row)) for row in rows]
 
@@ -267,7 +283,11 @@ _PAGE = 500
 
 
 def get_messages_after(
-    chat_jid: str, after_seq: int = 0, *, limit: int | None = None, include_superseded: bool = False,
+    chat_jid: str,
+    after_seq: int = 0,
+    *,
+    limit: int | None = None,
+    include_superseded: bool = False,
     db: Database,
 ) -> list[StoredMessage]:
     """A chat's messages with ``seq > after_seq``, oldest first."""
@@ -284,21 +304,30 @@ def get_messages_after(
     return out
 
 
-_WAITING_SINCE = {sqlite: f"SELECT MIN(stored_at) FROM messages WHERE {_of_chat(sqlite=sqlite)} AND seq > :after_seq "
-                          "AND seq <= :upto_seq AND is_from_me = :false" for sqlite in (True, False)}
+_WAITING_SINCE = {
+    sqlite: f"SELECT MIN(stored_at) FROM messages WHERE {_of_chat(sqlite=sqlite)} AND seq > :after_seq "
+    "AND seq <= :upto_seq AND is_from_me = :false"
+    for sqlite in (True, False)
+}
 
 
 def waiting_since(db: Database, chat_jid: str, after_seq: int, upto_seq: int) -> datetime | None:
     """When the oldest message in ``(after_seq, upto_seq]`` not written by the assistant
     was stored (the database's clock): how long a run's batch waited.  None when
     none of them has a storing time (stored before revision 0012)."""
-    rows = db.read_fixed(_WAITING_SINCE[db.is_sqlite],
-                         {"chat_jid": chat_jid, "after_seq": after_seq, "upto_seq": upto_seq, "false": False})
+    rows = db.read_fixed(
+        _WAITING_SINCE[db.is_sqlite],
+        {"chat_jid": chat_jid, "after_seq": after_seq, "upto_seq": upto_seq, "false": False},
+    )
     return db_time(rows[0][0])
 
 
 def get_recent_messages(
-    chat_jid: str, limit: int, *, before_seq: int | None = None, include_superseded: bool = False,
+    chat_jid: str,
+    limit: int,
+    *,
+    before_seq: int | None = None,
+    include_superseded: bool = False,
     db: Database,
 ) -> list[StoredMessage]:
     """The newest ``limit`` messages of a chat (below ``before_seq`` if given), oldest first."""

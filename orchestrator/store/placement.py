@@ -41,8 +41,10 @@ class HostUnavailable(OrchestratorError):
 
     def __init__(self, host_id: str, live: list[str]) -> None:
         hosts = ", ".join(live) if live else "none"
-        super().__init__(f"host {host_id!r} does not take groups now (it is not up, or has not beaten within "
-                         f"{ALIVE_WINDOW_S:.0f} s, or is draining); hosts that do: {hosts}")
+        super().__init__(
+            f"host {host_id!r} does not take groups now (it is not up, or has not beaten within "
+            f"{ALIVE_WINDOW_S:.0f} s, or is draining); hosts that do: {hosts}"
+        )
         self.host_id = host_id
         self.live = live
 
@@ -71,8 +73,9 @@ def placed_on(db: Database, chat_jid: str) -> str | None:
     the driver (the group and its host, each by primary key) on the database's
     clock, no write lock.  Ingest reads the same in its own transaction instead."""
     with db.engine.connect() as conn:
-        row = driver_execute(conn, _PLACED_SQLITE if db.is_sqlite else _PLACED_PG,
-                             {"chat_jid": chat_jid, "window": ALIVE_WINDOW_S}).fetchone()
+        row = driver_execute(
+            conn, _PLACED_SQLITE if db.is_sqlite else _PLACED_PG, {"chat_jid": chat_jid, "window": ALIVE_WINDOW_S}
+        ).fetchone()
     return None if row is None or row[0] is None else str(row[0])
 
 
@@ -114,8 +117,12 @@ def stranded(db: Database) -> list[tuple[str, str]]:
         now = db_now(session)
         rows = session.execute(
             select(GroupRow.chat_jid, GroupRow.placed_host)
-            .where(GroupRow.placed_host.is_not(None), GroupRow.pending_seq > GroupRow.cursor_seq,
-                   holder_gone(now), ~takes_groups(GroupRow.placed_host, now))
+            .where(
+                GroupRow.placed_host.is_not(None),
+                GroupRow.pending_seq > GroupRow.cursor_seq,
+                holder_gone(now),
+                ~takes_groups(GroupRow.placed_host, now),
+            )
             .order_by(GroupRow.chat_jid)
         ).all()
     return [(jid, host) for jid, host in rows if host is not None]
@@ -129,8 +136,8 @@ def moved_away(db: Database, host_id: str, folders: list[str]) -> list[str]:
         return []
     with db.read() as session:
         rows = session.execute(
-            select(GroupRow.folder, GroupRow.lease_owner)
-            .where(GroupRow.folder.in_(folders),
-                   and_(GroupRow.placed_host.is_not(None), GroupRow.placed_host != host_id))
+            select(GroupRow.folder, GroupRow.lease_owner).where(
+                GroupRow.folder.in_(folders), and_(GroupRow.placed_host.is_not(None), GroupRow.placed_host != host_id)
+            )
         ).all()
     return [folder for folder, holder in rows if owner_host(holder) != host_id]

@@ -50,9 +50,27 @@ def _to_run(row: RunRow) -> Run:
 
 
 # A run's columns for the driver's fixed reads (never the recorded input, a blob).
-RUN_COLUMNS = ("id", "chat_jid", "state", "attempts", "cursor_from", "cursor_to", "celery_task_id", "owner",
-               "container_id", "input_tokens", "output_tokens", "error", "created_at", "started_at", "finished_at",
-               "duration_s", "input_sha256", "retry_at", "replay_of")
+RUN_COLUMNS = (
+    "id",
+    "chat_jid",
+    "state",
+    "attempts",
+    "cursor_from",
+    "cursor_to",
+    "celery_task_id",
+    "owner",
+    "container_id",
+    "input_tokens",
+    "output_tokens",
+    "error",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "duration_s",
+    "input_sha256",
+    "retry_at",
+    "replay_of",
+)
 _TIMES = ("created_at", "started_at", "finished_at", "retry_at")
 
 
@@ -64,8 +82,9 @@ def run_from_values(values: tuple[Any, ...]) -> Run:
     return Run.model_validate(row)
 
 
-_UNFINISHED = f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE chat_jid = :chat_jid AND finished_at IS NULL " \
-              "ORDER BY created_at"
+_UNFINISHED = (
+    f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE chat_jid = :chat_jid AND finished_at IS NULL ORDER BY created_at"
+)
 
 
 def unfinished_runs(db: Database, chat_jid: str) -> list[Run]:
@@ -95,23 +114,48 @@ def create_run(
     with no fleet cap: docs/performance.md, "The control plane")."""
     run_id = str(uuid.uuid4())
     with db.transaction() as conn:
-        created = driver_execute(conn, _CREATE[db.is_sqlite], {
-            "id": run_id, "chat_jid": chat_jid, "cursor_from": cursor_from, "cursor_to": cursor_to,
-            "celery_task_id": celery_task_id, "owner": owner,
-        }).fetchone()[0]
+        created = driver_execute(
+            conn,
+            _CREATE[db.is_sqlite],
+            {
+                "id": run_id,
+                "chat_jid": chat_jid,
+                "cursor_from": cursor_from,
+                "cursor_to": cursor_to,
+                "celery_task_id": celery_task_id,
+                "owner": owner,
+            },
+        ).fetchone()[0]
     at = db_time(created)
     assert at is not None  # a NOT NULL column, just written
-    return Run(id=run_id, chat_jid=chat_jid, state="queued", attempts=1, cursor_from=cursor_from,
-               cursor_to=cursor_to, celery_task_id=celery_task_id, owner=owner, container_id=None, input_tokens=0,
-               output_tokens=0, error=None, created_at=at, started_at=at, finished_at=None, duration_s=None)
+    return Run(
+        id=run_id,
+        chat_jid=chat_jid,
+        state="queued",
+        attempts=1,
+        cursor_from=cursor_from,
+        cursor_to=cursor_to,
+        celery_task_id=celery_task_id,
+        owner=owner,
+        container_id=None,
+        input_tokens=0,
+        output_tokens=0,
+        error=None,
+        created_at=at,
+        started_at=at,
+        finished_at=None,
+        duration_s=None,
+    )
 
 
 def _create_sql(*, sqlite: bool) -> str:
     now = now_text(sqlite=sqlite)
-    return ("INSERT INTO runs (id, chat_jid, state, attempts, cursor_from, cursor_to, celery_task_id, owner, "
-            "input_tokens, output_tokens, created_at, started_at) "
-            f"VALUES (:id, :chat_jid, 'queued', 1, :cursor_from, :cursor_to, :celery_task_id, :owner, 0, 0, {now}, {now}) "
-            "RETURNING created_at")
+    return (
+        "INSERT INTO runs (id, chat_jid, state, attempts, cursor_from, cursor_to, celery_task_id, owner, "
+        "input_tokens, output_tokens, created_at, started_at) "
+        f"VALUES (:id, :chat_jid, 'queued', 1, :cursor_from, :cursor_to, :celery_task_id, :owner, 0, 0, {now}, {now}) "
+        "RETURNING created_at"
+    )
 
 
 _CREATE = {sqlite: _create_sql(sqlite=sqlite) for sqlite in (True, False)}
@@ -132,9 +176,18 @@ def add_run(
     host made them (``store/usage.py``)."""
     now = db_now(session)
     row = RunRow(
-        id=str(uuid.uuid4()), chat_jid=chat_jid, state="queued", attempts=1,
-        cursor_from=cursor_from, cursor_to=cursor_to, celery_task_id=celery_task_id,
-        owner=owner, input_tokens=0, output_tokens=0, created_at=now, started_at=now,
+        id=str(uuid.uuid4()),
+        chat_jid=chat_jid,
+        state="queued",
+        attempts=1,
+        cursor_from=cursor_from,
+        cursor_to=cursor_to,
+        celery_task_id=celery_task_id,
+        owner=owner,
+        input_tokens=0,
+        output_tokens=0,
+        created_at=now,
+        started_at=now,
     )
     session.add(row)
     return _to_run(row)
@@ -149,13 +202,21 @@ def set_container(db: Database, run_id: str, container_id: str) -> None:
 
 
 # Once a run: fixed SQL on the driver (docs/performance.md, "The control plane").
-_SET_CONTAINER = ("UPDATE runs SET container_id = :container_id, "
-                  "state = CASE WHEN state = 'queued' THEN 'running' ELSE state END WHERE id = :run_id")
+_SET_CONTAINER = (
+    "UPDATE runs SET container_id = :container_id, "
+    "state = CASE WHEN state = 'queued' THEN 'running' ELSE state END WHERE id = :run_id"
+)
 
 
 def park_run(
-    db: Database, run_id: str, *, attempts: int, error: str | None, retry_at: datetime,
-    input_tokens: int, output_tokens: int,
+    db: Database,
+    run_id: str,
+    *,
+    attempts: int,
+    error: str | None,
+    retry_at: datetime,
+    input_tokens: int,
+    output_tokens: int,
 ) -> Run:
     """A failed attempt, to be retried at ``retry_at``: the run waits ``queued``,
     holding no lease and no worker slot, with what it has spent so far."""
@@ -177,8 +238,7 @@ def resume_run(db: Database, run_id: str, *, owner: str, celery_task_id: str | N
     """A parked run's next attempt starts: no longer waiting, owned by this pipeline."""
     with db.write() as session:
         session.execute(
-            update(RunRow).where(RunRow.id == run_id)
-            .values(retry_at=None, owner=owner, celery_task_id=celery_task_id)
+            update(RunRow).where(RunRow.id == run_id).values(retry_at=None, owner=owner, celery_task_id=celery_task_id)
         )
 
 
@@ -222,10 +282,16 @@ def finish_run(
     the clock (docs/performance.md, "The control plane")."""
     if conn is None:
         with db.transaction() as own:
-            return finish_run(db, run_id, state=state, error=error, input_tokens=input_tokens,
-                              output_tokens=output_tokens, conn=own)
-    params = {"run_id": run_id, "state": state, "error": secrets.redact(error) if error else error,
-              "input_tokens": input_tokens, "output_tokens": output_tokens}
+            return finish_run(
+                db, run_id, state=state, error=error, input_tokens=input_tokens, output_tokens=output_tokens, conn=own
+            )
+    params = {
+        "run_id": run_id,
+        "state": state,
+        "error": secrets.redact(error) if error else error,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+    }
     row = driver_execute(conn, _FINISH[db.is_sqlite], params).fetchone()
     if row is None:  # ended already, or no such run
         row = driver_execute(conn, _RUN_BY_ID, {"run_id": run_id}).fetchone()
@@ -236,11 +302,13 @@ def finish_run(
 
 def _finish_sql(*, sqlite: bool) -> str:
     now = now_text(sqlite=sqlite)
-    return (f"UPDATE runs SET state = CASE WHEN state = 'cancelled' THEN state ELSE :state END, "
-            f"error = CASE WHEN state = 'cancelled' THEN error ELSE :error END, "
-            f"input_tokens = :input_tokens, output_tokens = :output_tokens, retry_at = NULL, finished_at = {now}, "
-            f"duration_s = {age_text('started_at', sqlite=sqlite)} "
-            f"WHERE id = :run_id AND finished_at IS NULL RETURNING {', '.join(RUN_COLUMNS)}")
+    return (
+        f"UPDATE runs SET state = CASE WHEN state = 'cancelled' THEN state ELSE :state END, "
+        f"error = CASE WHEN state = 'cancelled' THEN error ELSE :error END, "
+        f"input_tokens = :input_tokens, output_tokens = :output_tokens, retry_at = NULL, finished_at = {now}, "
+        f"duration_s = {age_text('started_at', sqlite=sqlite)} "
+        f"WHERE id = :run_id AND finished_at IS NULL RETURNING {', '.join(RUN_COLUMNS)}"
+    )
 
 
 _FINISH = {sqlite: _finish_sql(sqlite=sqlite) for sqlite in (True, False)}
@@ -260,7 +328,11 @@ def get_run(db: Database, run_id: str) -> Run:
 
 
 def list_runs(
-    db: Database, *, chat_jid: str | None = None, state: str | None = None, limit: int = 50,
+    db: Database,
+    *,
+    chat_jid: str | None = None,
+    state: str | None = None,
+    limit: int = 50,
     chat_runs_only: bool = False,
 ) -> list[Run]:
     """The newest runs first; ``chat_runs_only``: without replays (orchestrator/run/replay.py),

@@ -100,8 +100,9 @@ class FleetFull(OrchestratorError):
     """The fleet runs its cap (or better-ranked groups wait for the free slots): the run did not start."""
 
     def __init__(self, wait: SlotWait, running: int, cap: int) -> None:
-        super().__init__(f"{running} of {cap} run slots taken; {wait.chat_jid} waits "
-                         f"({wait.lane}, position {wait.position})")
+        super().__init__(
+            f"{running} of {cap} run slots taken; {wait.chat_jid} waits ({wait.lane}, position {wait.position})"
+        )
         self.wait, self.running, self.cap = wait, running, cap
         self.retry_in = RECHECK_S
 
@@ -121,11 +122,15 @@ def _person_waiting() -> ColumnElement[bool]:
 
 def _running(session: Session) -> int:
     return session.execute(
-        select(func.count()).select_from(RunRow)
+        select(func.count())
+        .select_from(RunRow)
         # A replay (orchestrator/run/replay.py) holds a slot once a worker started it
         # (take_replay_slot), not while it is queued.
-        .where(RunRow.state.in_(_UNFINISHED), RunRow.finished_at.is_(None),
-               or_(RunRow.replay_of.is_(None), RunRow.owner.is_not(None)))
+        .where(
+            RunRow.state.in_(_UNFINISHED),
+            RunRow.finished_at.is_(None),
+            or_(RunRow.replay_of.is_(None), RunRow.owner.is_not(None)),
+        )
     ).scalar_one()
 
 
@@ -135,10 +140,18 @@ _Ranked = tuple[str, Lane, bool, datetime]
 def _line(session: Session, now: datetime, including: str | None = None) -> list[_Ranked]:
     """The waiting groups that count (and ``including``, waiting or not), best ranked first:
     (chat_jid, lane, is_main, since); a group not waiting yet waits from ``now``."""
-    has_run = exists().where(RunRow.chat_jid == GroupRow.chat_jid, RunRow.state.in_(_UNFINISHED),
-                             RunRow.finished_at.is_(None), RunRow.replay_of.is_(None))
-    counts = and_(RunWaitRow.chat_jid.is_not(None), RunWaitRow.seen_at > now - timedelta(seconds=STALE_S),
-                  GroupRow.pending_seq > GroupRow.cursor_seq, not_(has_run))
+    has_run = exists().where(
+        RunRow.chat_jid == GroupRow.chat_jid,
+        RunRow.state.in_(_UNFINISHED),
+        RunRow.finished_at.is_(None),
+        RunRow.replay_of.is_(None),
+    )
+    counts = and_(
+        RunWaitRow.chat_jid.is_not(None),
+        RunWaitRow.seen_at > now - timedelta(seconds=STALE_S),
+        GroupRow.pending_seq > GroupRow.cursor_seq,
+        not_(has_run),
+    )
     rows = session.execute(
         select(GroupRow.chat_jid, GroupRow.is_main, _person_waiting(), RunWaitRow.since)
         .select_from(GroupRow)
@@ -155,8 +168,14 @@ def _line(session: Session, now: datetime, including: str | None = None) -> list
 
 def _wait(ranked: _Ranked, position: int, now: datetime) -> SlotWait:
     jid, lane, is_main, since = ranked
-    return SlotWait(chat_jid=jid, lane=lane, is_main=is_main, since=since,
-                    waited_s=max(0.0, (now - since).total_seconds()), position=position)
+    return SlotWait(
+        chat_jid=jid,
+        lane=lane,
+        is_main=is_main,
+        since=since,
+        waited_s=max(0.0, (now - since).total_seconds()),
+        position=position,
+    )
 
 
 def take_slot(
@@ -177,8 +196,14 @@ def take_slot(
     no cap, the run is created as it always was.
     """
     if cap <= 0:
-        return create_run(db, chat_jid=chat_jid, cursor_from=cursor_from, cursor_to=cursor_to,
-                          celery_task_id=celery_task_id, owner=owner)
+        return create_run(
+            db,
+            chat_jid=chat_jid,
+            cursor_from=cursor_from,
+            cursor_to=cursor_to,
+            celery_task_id=celery_task_id,
+            owner=owner,
+        )
     with db.write() as session:
         if not db.is_sqlite:
             session.execute(text(_PG_ADMISSION_LOCK))
@@ -190,14 +215,27 @@ def take_slot(
         ahead = next(i for i, ranked in enumerate(line) if ranked[0] == chat_jid)
         if running + ahead < cap:
             session.execute(delete(RunWaitRow).where(RunWaitRow.chat_jid == chat_jid))
-            return add_run(session, chat_jid=chat_jid, cursor_from=cursor_from, cursor_to=cursor_to,
-                           celery_task_id=celery_task_id, owner=owner)
+            return add_run(
+                session,
+                chat_jid=chat_jid,
+                cursor_from=cursor_from,
+                cursor_to=cursor_to,
+                celery_task_id=celery_task_id,
+                owner=owner,
+            )
         wait = _wait(line[ahead], ahead + 1, now)
         asked = session.execute(update(RunWaitRow).where(RunWaitRow.chat_jid == chat_jid).values(seen_at=now))
         if changed_rows(asked) == 0:
             session.add(RunWaitRow(chat_jid=chat_jid, since=now, seen_at=now))
-    log.info("run slots: %d of %d taken; %s waits (%s%s, position %d)", running, cap, chat_jid, wait.lane,
-             ", main" if wait.is_main else "", wait.position)
+    log.info(
+        "run slots: %d of %d taken; %s waits (%s%s, position %d)",
+        running,
+        cap,
+        chat_jid,
+        wait.lane,
+        ", main" if wait.is_main else "",
+        wait.position,
+    )
     raise FleetFull(wait, running, cap)
 
 
@@ -213,8 +251,10 @@ def take_replay_slot(db: Database, cap: int, *, run_id: str, owner: str) -> bool
             session.execute(text(_PG_ADMISSION_LOCK))
         now = db_now(session)
         taken = session.execute(
-            update(RunRow).where(RunRow.id == run_id, RunRow.state == "queued", RunRow.owner.is_(None))
-            .values(owner=owner, started_at=now))
+            update(RunRow)
+            .where(RunRow.id == run_id, RunRow.state == "queued", RunRow.owner.is_(None))
+            .values(owner=owner, started_at=now)
+        )
         if changed_rows(taken) != 1:
             return False
         if cap > 0:
@@ -223,7 +263,8 @@ def take_replay_slot(db: Database, cap: int, *, run_id: str, owner: str) -> bool
                 full = ReplayLimited(
                     f"the fleet's run slots are taken ({running} of {cap} running, {waiting} group(s) waiting; "
                     "ORCHESTRATOR_MAX_CONCURRENT_RUNS): a replay waits behind the chats; try again later",
-                    RECHECK_S)
+                    RECHECK_S,
+                )
     if full is not None:
         raise full
     return True
@@ -257,5 +298,4 @@ def fleet_slots(db: Database, cap: int) -> FleetSlots:
         now = db_now(session)
         running = _running(session)
         line = _line(session, now) if cap > 0 else []
-    return FleetSlots(cap=cap, running=running,
-                      waiting=[_wait(ranked, i + 1, now) for i, ranked in enumerate(line)])
+    return FleetSlots(cap=cap, running=running, waiting=[_wait(ranked, i + 1, now) for i, ranked in enumerate(line)])

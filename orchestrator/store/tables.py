@@ -119,8 +119,9 @@ class GroupRow(Base):
     __table_args__ = (
         # At most one main group, whoever writes the row (revision 0017): its agent may
         # post into every chat, so a second one is refused by the database itself.
-        Index("uq_groups_one_main", "is_main", unique=True,
-              postgresql_where=text("is_main"), sqlite_where=text("is_main")),
+        Index(
+            "uq_groups_one_main", "is_main", unique=True, postgresql_where=text("is_main"), sqlite_where=text("is_main")
+        ),
     )
 
 
@@ -219,8 +220,14 @@ class DeliveryRow(Base):
         Index("idx_deliveries_line", "chat_jid", "channel", "message_seq"),
         # The unfinished rows of each line alone (revision 0016): ``claimable``'s
         # "no earlier unfinished row" is then one probe, not a read of the line's history.
-        Index("idx_deliveries_unfinished", "chat_jid", "channel", "message_seq",
-              postgresql_where=text(_UNFINISHED), sqlite_where=text(_UNFINISHED)),
+        Index(
+            "idx_deliveries_unfinished",
+            "chat_jid",
+            "channel",
+            "message_seq",
+            postgresql_where=text(_UNFINISHED),
+            sqlite_where=text(_UNFINISHED),
+        ),
     )
 
 

@@ -29,8 +29,10 @@ def batch_traces(db: Database, chat_jid: str, after_seq: int, upto_seq: int) -> 
     """The stored ``traceparent`` of ``chat_jid``'s messages in ``(after_seq, upto_seq]``
     (a run's batch), in seq order: the first is the trace the run joins."""
     c = MessageRow.__table__.c
-    stmt = (select(c.traceparent)
-            .where(c.chat_jid == chat_jid, c.seq > after_seq, c.seq <= upto_seq, c.traceparent.is_not(None))
-            .order_by(c.seq))
+    stmt = (
+        select(c.traceparent)
+        .where(c.chat_jid == chat_jid, c.seq > after_seq, c.seq <= upto_seq, c.traceparent.is_not(None))
+        .order_by(c.seq)
+    )
     with db.read() as session:
         return [row[0] for row in session.execute(stmt)]

@@ -130,10 +130,15 @@ def import_chat(db: Database, doc: ChatExport) -> ImportResult:
             validate_folder(doc.group.folder)
             # Never main, whatever the file says: the main group's agent posts into every chat.
             main_ignored = doc.group.is_main
-            session.add(GroupRow(
-                **doc.group.model_dump(exclude={"is_main"}), is_main=False,
-                cursor_seq=0, pending_seq=0, created_at=datetime.now(UTC),
-            ))
+            session.add(
+                GroupRow(
+                    **doc.group.model_dump(exclude={"is_main"}),
+                    is_main=False,
+                    cursor_seq=0,
+                    pending_seq=0,
+                    created_at=datetime.now(UTC),
+                )
+            )
             session.flush()
             created = True
         for m in doc.messages:
@@ -160,8 +165,9 @@ def import_chat(db: Database, doc: ChatExport) -> ImportResult:
                 .where(GroupRow.chat_jid == doc.chat_jid, GroupRow.cursor_seq < last_seq)
                 .values(cursor_seq=last_seq)
             )
-    return ImportResult(chat_jid=doc.chat_jid, imported=imported, skipped=skipped, group_created=created,
-                        main_ignored=main_ignored)
+    return ImportResult(
+        chat_jid=doc.chat_jid, imported=imported, skipped=skipped, group_created=created, main_ignored=main_ignored
+    )
 
 
 # -- markdown -------------------------------------------------------------------

@@ -114,22 +114,27 @@ def group_usage(db: Database, settings: Settings, group: Group) -> GroupUsage:
     with db.read() as session:
         runs = session.execute(select(func.count()).select_from(RunRow).where(*in_hour)).scalar_one()
         tokens = session.execute(
-            select(func.coalesce(func.sum(RunRow.input_tokens + RunRow.output_tokens), 0))
-            .where(of_group, RunRow.created_at >= day_start)
+            select(func.coalesce(func.sum(RunRow.input_tokens + RunRow.output_tokens), 0)).where(
+                of_group, RunRow.created_at >= day_start
+            )
         ).scalar_one()
         if runs_limit and runs >= runs_limit:
             # One run must leave the hour for each run over the limit, and one more to make room.
             oldest = session.execute(
-                select(RunRow.created_at).where(*in_hour).order_by(RunRow.created_at)
-                .offset(runs - runs_limit).limit(1)
+                select(RunRow.created_at).where(*in_hour).order_by(RunRow.created_at).offset(runs - runs_limit).limit(1)
             ).scalar_one()
             waits.append(_wait("runs_per_hour", runs_limit, runs, now, oldest + RUN_WINDOW))
     if tokens_limit and tokens >= tokens_limit:
         waits.append(_wait("tokens_per_day", tokens_limit, int(tokens), now, day_start + DAY))
     return GroupUsage(
-        chat_jid=group.chat_jid, now=now,
-        runs_last_hour=runs, runs_per_hour=runs_limit, runs_per_hour_override=group.runs_per_hour,
-        tokens_today=int(tokens), tokens_per_day=tokens_limit, tokens_per_day_override=group.tokens_per_day,
+        chat_jid=group.chat_jid,
+        now=now,
+        runs_last_hour=runs,
+        runs_per_hour=runs_limit,
+        runs_per_hour_override=group.runs_per_hour,
+        tokens_today=int(tokens),
+        tokens_per_day=tokens_limit,
+        tokens_per_day_override=group.tokens_per_day,
         sender_messages_per_minute=settings.sender_messages_per_minute,
         # Both quotas must free before a run starts: the later one decides.
         waiting=max(waits, key=lambda w: w.until) if waits else None,
@@ -137,8 +142,9 @@ def group_usage(db: Database, settings: Settings, group: Group) -> GroupUsage:
 
 
 def _wait(quota: QuotaName, limit: int, used: int, now: datetime, until: datetime) -> QuotaWait:
-    return QuotaWait(quota=quota, limit=limit, used=used, now=now, until=until,
-                     wait_s=max(0.0, (until - now).total_seconds()))
+    return QuotaWait(
+        quota=quota, limit=limit, used=used, now=now, until=until, wait_s=max(0.0, (until - now).total_seconds())
+    )
 
 
 def quota_wait(db: Database, settings: Settings, group: Group) -> QuotaWait | None:
@@ -174,8 +180,14 @@ def store_quota_notice(db: Database, chat_jid: str, wait: QuotaWait) -> StoredMe
     re-signal, the sweeper).  Never shown to the model (a host message).
     """
     new = NewMessage(
-        id=wait.notice_id, chat_jid=chat_jid, sender=SENDER_HOST, sender_name="host",
-        content=quota_message(wait), timestamp=wait.now.isoformat(), is_from_me=True, message_type="host",
+        id=wait.notice_id,
+        chat_jid=chat_jid,
+        sender=SENDER_HOST,
+        sender_name="host",
+        content=quota_message(wait),
+        timestamp=wait.now.isoformat(),
+        is_from_me=True,
+        message_type="host",
         metadata={"quota": wait.quota, "limit": wait.limit, "used": wait.used, "until": wait.until.isoformat()},
     )
     with db.write() as session:
@@ -215,7 +227,13 @@ _SQL: dict[bool, dict[str, str]] = {
 
 
 def sender_retry_after(
-    conn: Connection, db: Database, *, chat_jid: str, sender: str, message_id: str, limit: int,
+    conn: Connection,
+    db: Database,
+    *,
+    chat_jid: str,
+    sender: str,
+    message_id: str,
+    limit: int,
 ) -> int | None:
     """Inside ingest's transaction, before the insert: whole seconds until ``sender`` may send
     into ``chat_jid`` again, or None when the message may be stored now.

@@ -43,7 +43,8 @@ class VolumeHeldElsewhere(SandboxError):
         super().__init__(
             f"the volumes of {folder!r} are held by host {holder!r} (mounted on its machine): it unmounts them "
             f"once it sees the group moved, or they are taken over after it has been gone for "
-            f"{gone_after_s:.0f}s (ORCHESTRATOR_DEAD_HOST_S); mounting them here too would corrupt them")
+            f"{gone_after_s:.0f}s (ORCHESTRATOR_DEAD_HOST_S); mounting them here too would corrupt them"
+        )
         self.folder, self.holder = folder, holder
 
 
@@ -60,8 +61,11 @@ def claim(db: Database, folder: str, host_id: str, *, gone_after_s: float) -> No
     if held_by is None:
         insert = (sqlite.insert if db.is_sqlite else postgresql.insert)(VolumeHoldRow)
         with db.write() as session:
-            session.execute(insert.values(folder=folder, host_id=host_id, held_at=db_now(session))
-                            .on_conflict_do_nothing(index_elements=[VolumeHoldRow.folder]))
+            session.execute(
+                insert.values(folder=folder, host_id=host_id, held_at=db_now(session)).on_conflict_do_nothing(
+                    index_elements=[VolumeHoldRow.folder]
+                )
+            )
         held_by = holder(db, folder)
         if held_by == host_id:
             return
@@ -69,11 +73,14 @@ def claim(db: Database, folder: str, host_id: str, *, gone_after_s: float) -> No
     if gone_after_s > 0 and gone_for(db, {held_by}, gone_after_s):
         with db.write() as session:
             taken = session.execute(
-                update(VolumeHoldRow).where(VolumeHoldRow.folder == folder, VolumeHoldRow.host_id == held_by)
-                .values(host_id=host_id, held_at=db_now(session)))
+                update(VolumeHoldRow)
+                .where(VolumeHoldRow.folder == folder, VolumeHoldRow.host_id == held_by)
+                .values(host_id=host_id, held_at=db_now(session))
+            )
         if changed_rows(taken) == 1:
-            log.warning("took over the volumes of %s from host %s, gone for %.0fs or more", folder, held_by,
-                        gone_after_s)
+            log.warning(
+                "took over the volumes of %s from host %s, gone for %.0fs or more", folder, held_by, gone_after_s
+            )
             return
         return claim(db, folder, host_id, gone_after_s=gone_after_s)  # someone else moved first: look again
     raise VolumeHeldElsewhere(folder, held_by, gone_after_s)
@@ -82,8 +89,14 @@ def claim(db: Database, folder: str, host_id: str, *, gone_after_s: float) -> No
 def release(db: Database, folder: str, host_id: str) -> bool:
     """``host_id`` lets go of ``folder``'s volumes (call once they are unmounted on its machine)."""
     with db.write() as session:
-        return changed_rows(session.execute(
-            delete(VolumeHoldRow).where(VolumeHoldRow.folder == folder, VolumeHoldRow.host_id == host_id))) == 1
+        return (
+            changed_rows(
+                session.execute(
+                    delete(VolumeHoldRow).where(VolumeHoldRow.folder == folder, VolumeHoldRow.host_id == host_id)
+                )
+            )
+            == 1
+        )
 
 
 def held_but_moved(db: Database, host_id: str) -> list[str]:
@@ -96,5 +109,8 @@ def held_but_moved(db: Database, host_id: str) -> list[str]:
             .where(VolumeHoldRow.host_id == host_id)
         ).all()
     # A group removed since (no row): nothing will run it here again either.
-    return [held for held, group, placed, lease in rows
-            if group is None or (placed not in (None, host_id) and owner_host(lease) != host_id)]
+    return [
+        held
+        for held, group, placed, lease in rows
+        if group is None or (placed not in (None, host_id) and owner_host(lease) != host_id)
+    ]

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runner_harness import RunRunner, make_input
+
 from agent_runner.errors import InputError, ProviderError
 from agent_runner.loop import run_agent
 from agent_runner.one_run import run
@@ -31,8 +33,6 @@ from agent_runner.protocol import (
 from agent_runner.providers.anthropic import AnthropicProvider
 from agent_runner.providers.base import ProviderMessage, TextBlock
 from agent_runner.tools import tool_specs
-from runner_harness import RunRunner, make_input
-
 from tests.fakes.anthropic_api import (
     FakeAnthropic,
     UnixHTTPServer,
@@ -126,9 +126,7 @@ def test_tool_use_round_trip_over_http(serve_tcp: Any, workspace: Path) -> None:
     assert_tool_conversation(events, fake)
 
 
-def test_request_carries_tools_system_prompt_and_placeholder_key(
-    serve_tcp: Any, workspace: Path
-) -> None:
+def test_request_carries_tools_system_prompt_and_placeholder_key(serve_tcp: Any, workspace: Path) -> None:
     fake = FakeAnthropic(message([{"type": "text", "text": "hi"}], "end_turn"))
     provider = AnthropicProvider(settings(base_url=serve_tcp(fake)))
     run_with(provider, workspace, assistant_name="Bob", system_notices=["Reply in French today."])
@@ -150,7 +148,14 @@ def test_request_carries_tools_system_prompt_and_placeholder_key(
         for spec in specs
     ]
     assert [t["name"] for t in request["tools"]] == [
-        "bash", "read_file", "write_file", "edit_file", "glob", "grep", "todo_write", "send_message"
+        "bash",
+        "read_file",
+        "write_file",
+        "edit_file",
+        "glob",
+        "grep",
+        "todo_write",
+        "send_message",
     ]
     assert sent_key(fake.headers[0]) == "via-gateway"
 
@@ -224,9 +229,7 @@ def test_bad_request_becomes_an_error_event_and_exit_1(serve_tcp: Any, workspace
 
 def test_runner_process_talks_to_the_api(serve_tcp: Any, run_runner: RunRunner) -> None:
     fake = tool_then_text()
-    res = run_runner(
-        make_input("run echo please", model=json.loads(settings(base_url=serve_tcp(fake)).to_json()))
-    )
+    res = run_runner(make_input("run echo please", model=json.loads(settings(base_url=serve_tcp(fake)).to_json())))
 
     assert res.returncode == 0, res.stderr
     assert res.types == ["assistant", "tool_use", "tool_result", "assistant", "result"]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from agent_runner.claude_code.mapping import EventMapper, read_snapshot, tool_result_text
 from agent_runner.claude_code.prompt import build_prompt, session_file, since_last_answer
 from agent_runner.claude_code.relay import UnixRelay
@@ -102,8 +103,9 @@ def _call(mapper: EventMapper, tool_id: str, name: str, tool_input: dict[str, An
     mapper.feed(AssistantMessage([ToolUseBlock(tool_id, name, tool_input)]))
 
 
-def _result(mapper: EventMapper, events: list[Event], tool_id: str, content: Any = "ok",
-            is_error: bool = False) -> ToolResultEvent:
+def _result(
+    mapper: EventMapper, events: list[Event], tool_id: str, content: Any = "ok", is_error: bool = False
+) -> ToolResultEvent:
     mapper.feed(UserMessage([ToolResultBlock(tool_id, content, is_error)]))
     event = events[-1]
     assert isinstance(event, ToolResultEvent)
@@ -115,10 +117,21 @@ def _result(mapper: EventMapper, events: list[Event], tool_id: str, content: Any
 
 def test_text_thinking_and_tool_use_become_events(tmp_path: Path) -> None:
     mapper, events = _mapper(tmp_path)
-    mapper.feed(AssistantMessage([ThinkingBlock("let me see"), TextBlock("hello"), TextBlock("  "),
-                                  ToolUseBlock("t1", "Bash", {"command": "ls"})]))
-    assert events == [ThinkingEvent(text="let me see"), AssistantEvent(text="hello"),
-                      ToolUseEvent(id="t1", name="Bash", input={"command": "ls"})]
+    mapper.feed(
+        AssistantMessage(
+            [
+                ThinkingBlock("let me see"),
+                TextBlock("hello"),
+                TextBlock("  "),
+                ToolUseBlock("t1", "Bash", {"command": "ls"}),
+            ]
+        )
+    )
+    assert events == [
+        ThinkingEvent(text="let me see"),
+        AssistantEvent(text="hello"),
+        ToolUseEvent(id="t1", name="Bash", input={"command": "ls"}),
+    ]
 
 
 def test_a_write_is_a_code_edit_of_the_file_before_and_after(tmp_path: Path) -> None:
@@ -131,8 +144,7 @@ def test_a_write_is_a_code_edit_of_the_file_before_and_after(tmp_path: Path) -> 
     event = _result(mapper, events, "w1", "File created")
     assert event.envelope is not None and event.envelope["message_type"] == "CODE_EDIT"
     (edit,) = event.envelope["payload"]["edits"]
-    assert edit == {"file_path": "src/app.py", "old_content": None, "new_content": "print(1)\n",
-                    "language": "python"}
+    assert edit == {"file_path": "src/app.py", "old_content": None, "new_content": "print(1)\n", "language": "python"}
 
 
 def test_an_edit_keeps_the_old_text_and_a_failed_edit_is_a_tool_call(tmp_path: Path) -> None:
@@ -159,13 +171,17 @@ def test_an_edit_keeps_the_old_text_and_a_failed_edit_is_a_tool_call(tmp_path: P
 
 def test_todo_write_is_a_todo_list_and_other_tools_are_tool_calls(tmp_path: Path) -> None:
     mapper, events = _mapper(tmp_path)
-    todos = [{"content": "a", "status": "completed", "activeForm": "A"},
-             {"content": "b", "status": "in_progress", "activeForm": "B"}]
+    todos = [
+        {"content": "a", "status": "completed", "activeForm": "A"},
+        {"content": "b", "status": "in_progress", "activeForm": "B"},
+    ]
     _call(mapper, "td", "TodoWrite", {"todos": todos})
     todo = _result(mapper, events, "td", "Todos have been modified")
     assert todo.envelope is not None and todo.envelope["message_type"] == "TODO"
-    assert todo.envelope["payload"]["todos"] == [{"id": "1", "content": "a", "status": "completed"},
-                                                 {"id": "2", "content": "b", "status": "in_progress"}]
+    assert todo.envelope["payload"]["todos"] == [
+        {"id": "1", "content": "a", "status": "completed"},
+        {"id": "2", "content": "b", "status": "in_progress"},
+    ]
     # A list the TODO envelope cannot hold (an unknown status) is still recorded, as a call.
     _call(mapper, "td2", "TodoWrite", {"todos": [{"content": "x", "status": "someday"}]})
     assert _result(mapper, events, "td2").envelope["message_type"] == "TOOL_CALL"  # type: ignore[index]
@@ -183,21 +199,33 @@ def test_streamed_text_goes_out_as_deltas_before_the_whole_reply(tmp_path: Path)
     from agent_runner.text_stream import DeltaCoalescer
 
     events: list[Event] = []
-    mapper = EventMapper(emit=events.append, workspace=tmp_path,
-                         deltas=DeltaCoalescer(events.append, min_interval_s=0.0))
+    mapper = EventMapper(
+        emit=events.append, workspace=tmp_path, deltas=DeltaCoalescer(events.append, min_interval_s=0.0)
+    )
     mapper.feed(StreamEvent({"type": "message_start", "message": {}}))
     mapper.feed(StreamEvent({"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}))
     for piece in ("Hel", "lo"):
-        mapper.feed(StreamEvent({"type": "content_block_delta", "index": 0,
-                                 "delta": {"type": "text_delta", "text": piece}}))
-    mapper.feed(StreamEvent({"type": "content_block_delta", "index": 1,
-                             "delta": {"type": "input_json_delta", "partial_json": "{"}}))
-    mapper.feed(StreamEvent({"type": "content_block_delta", "index": 0,
-                             "delta": {"type": "text_delta", "text": "!"}}, parent_tool_use_id="task"))
+        mapper.feed(
+            StreamEvent({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": piece}})
+        )
+    mapper.feed(
+        StreamEvent(
+            {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{"}}
+        )
+    )
+    mapper.feed(
+        StreamEvent(
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "!"}},
+            parent_tool_use_id="task",
+        )
+    )
     mapper.feed(StreamEvent({"type": "message_stop"}))
     mapper.feed(AssistantMessage([TextBlock("Hello")]))
-    assert events == [TextDeltaEvent(block="1.0", text="Hel"), TextDeltaEvent(block="1.0", text="lo"),
-                      AssistantEvent(text="Hello")]
+    assert events == [
+        TextDeltaEvent(block="1.0", text="Hel"),
+        TextDeltaEvent(block="1.0", text="lo"),
+        AssistantEvent(text="Hello"),
+    ]
     # Without a sink (not streamed) the stream events are ignored.
     plain, quiet = _mapper(tmp_path)
     plain.feed(StreamEvent({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}}))
@@ -214,14 +242,31 @@ def test_a_subagents_inner_turns_are_not_the_chats(tmp_path: Path) -> None:
 
 def test_the_result_counts_every_prompt_token_and_names_the_limit(tmp_path: Path) -> None:
     mapper, _ = _mapper(tmp_path)
-    mapper.feed(ResultMessage(usage={"input_tokens": 5, "output_tokens": 7, "cache_read_input_tokens": 100,
-                                     "cache_creation_input_tokens": 20}, num_turns=3))
-    assert mapper.result == ResultEvent(usage=mapper.result.usage if mapper.result else None,  # type: ignore[arg-type]
-                                        session_id="sess-1", stop_reason="end_turn", num_turns=3)
+    mapper.feed(
+        ResultMessage(
+            usage={
+                "input_tokens": 5,
+                "output_tokens": 7,
+                "cache_read_input_tokens": 100,
+                "cache_creation_input_tokens": 20,
+            },
+            num_turns=3,
+        )
+    )
+    assert mapper.result == ResultEvent(
+        usage=mapper.result.usage if mapper.result else None,  # type: ignore[arg-type]
+        session_id="sess-1",
+        stop_reason="end_turn",
+        num_turns=3,
+    )
     assert mapper.result is not None
     usage = mapper.result.usage
-    assert (usage.input_tokens, usage.output_tokens, usage.cache_read_input_tokens,
-            usage.cache_creation_input_tokens) == (125, 7, 100, 20)
+    assert (
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.cache_read_input_tokens,
+        usage.cache_creation_input_tokens,
+    ) == (125, 7, 100, 20)
     mapper.feed(ResultMessage(subtype="error_max_turns", is_error=True, stop_reason=None))
     assert mapper.result.stop_reason == "max_turns"
 
@@ -261,8 +306,13 @@ def _m(role: str, content: str, sender: str | None = None) -> SdkMessage:
 
 
 def test_a_resumed_session_is_sent_only_what_is_new() -> None:
-    history = [_m("user", "first", "Ann"), _m("assistant", "answer"), _m("tool_result", "out"),
-               _m("user", "second", "Bob"), _m("user", "third", "Ann")]
+    history = [
+        _m("user", "first", "Ann"),
+        _m("assistant", "answer"),
+        _m("tool_result", "out"),
+        _m("user", "second", "Bob"),
+        _m("user", "third", "Ann"),
+    ]
     assert [m.content for m in since_last_answer(history)] == ["second", "third"]
     resumed = build_prompt(history, "Andy", resuming=True)
     assert "first" not in resumed and "Bob: second" in resumed and "Ann: third" in resumed
@@ -316,6 +366,7 @@ def test_the_relay_carries_both_ways_on_loopback_only(tmp_path: Path) -> None:
             assert relay.base_url == f"http://127.0.0.1:{relay.port}"
             payload = os.urandom(1_500_000)
             with socket.create_connection(("127.0.0.1", relay.port), timeout=10) as client:
+
                 def send() -> None:
                     client.sendall(payload)
                     client.shutdown(socket.SHUT_WR)

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from runner_harness import make_input
+
 from agent_runner.conversation import HISTORY_START, build_messages
 from agent_runner.loop import run_agent
 from agent_runner.protocol import Event, ModelSettings, SdkMessage, SdkToolUse, decode_input
@@ -16,8 +18,6 @@ from agent_runner.providers import anthropic as anthropic_wire
 from agent_runner.providers import openai_compat
 from agent_runner.providers.anthropic import AnthropicProvider
 from agent_runner.providers.base import ProviderMessage, ToolResultBlock, ToolUseBlock
-from runner_harness import make_input
-
 from tests.fakes.anthropic_api import FakeAnthropic, PromptCache, message, serve_tcp
 
 __all__ = ["serve_tcp"]  # a fixture, used by name

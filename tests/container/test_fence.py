@@ -11,8 +11,9 @@ import threading
 import time
 from pathlib import Path
 
-from agent_runner.fence import EXIT_FENCED, HostWatch
 from runner_harness import CONTAINER_DIR, make_input
+
+from agent_runner.fence import EXIT_FENCED, HostWatch
 
 
 def _watch(silence_s: float) -> tuple[HostWatch, int, list[str], threading.Event]:
@@ -61,10 +62,21 @@ def test_the_runner_stops_its_agent_when_stdin_ends_mid_run(workspace: Path) -> 
     stdin closes (what a SIGKILLed worker's does): the runner exits at once with its
     fence's code.  (Its pid-1 kill of the rest is the container's: test_sandbox_fence.py.)"""
     doc = make_input("$ sleep 3; echo late > late.txt", host_fence_s=30.0)
-    env = {**os.environ, "PYTHONPATH": str(CONTAINER_DIR), "AGENT_WORKSPACE": str(workspace),
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "agent_runner"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, cwd=workspace, start_new_session=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(CONTAINER_DIR),
+        "AGENT_WORKSPACE": str(workspace),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent_runner"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=workspace,
+        start_new_session=True,
+    )
     try:
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(json.dumps(doc).encode() + b"\n")
@@ -84,10 +96,20 @@ def test_the_runner_stops_its_agent_when_stdin_ends_mid_run(workspace: Path) -> 
 
 def test_a_run_that_ends_exits_normally_with_its_stream_still_open(workspace: Path) -> None:
     doc = make_input("$ echo fine", host_fence_s=30.0)
-    env = {**os.environ, "PYTHONPATH": str(CONTAINER_DIR), "AGENT_WORKSPACE": str(workspace),
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "agent_runner"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, cwd=workspace)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(CONTAINER_DIR),
+        "AGENT_WORKSPACE": str(workspace),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent_runner"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=workspace,
+    )
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(json.dumps(doc).encode() + b"\n\n\n")  # the input, then beats; stdin left open
     proc.stdin.flush()

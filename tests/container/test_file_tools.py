@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runner_harness import RunRunner, make_input
+
 from agent_runner import envelopes
 from agent_runner.loop import envelope_for
 from agent_runner.protocol import (
@@ -23,7 +25,6 @@ from agent_runner.protocol import (
 from agent_runner.providers.base import ToolSpec, ToolUseBlock
 from agent_runner.providers.offline import OfflineProvider, tool_requests_in
 from agent_runner.tools import REGISTRY, ToolContext, ToolOutcome, run_tool
-from runner_harness import RunRunner, make_input
 
 
 @pytest.fixture
@@ -50,7 +51,16 @@ def wire(envelope: KnownEnvelope | None) -> dict[str, Any]:
 
 
 def test_registry_lists_every_tool_with_an_object_schema() -> None:
-    assert list(REGISTRY) == ["bash", "read_file", "write_file", "edit_file", "glob", "grep", "todo_write", "send_message"]
+    assert list(REGISTRY) == [
+        "bash",
+        "read_file",
+        "write_file",
+        "edit_file",
+        "glob",
+        "grep",
+        "todo_write",
+        "send_message",
+    ]
     for name, tool in REGISTRY.items():
         assert tool.spec.name == name and tool.spec.description
         assert tool.spec.input_schema["type"] == "object"
@@ -310,7 +320,11 @@ def test_edit_file_keeps_crlf_line_endings(workspace: Path, ctx: ToolContext) ->
             1,
             "edit_file: nope.txt: no such file; use write_file to create it",
         ),
-        ({"path": "latin1.txt", "old_string": "a", "new_string": "b"}, 1, "edit_file: latin1.txt: not a UTF-8 text file"),
+        (
+            {"path": "latin1.txt", "old_string": "a", "new_string": "b"},
+            1,
+            "edit_file: latin1.txt: not a UTF-8 text file",
+        ),
         (
             {"path": "f.txt", "old_string": "", "new_string": "y"},
             2,
@@ -373,8 +387,16 @@ def test_glob_caps_the_listing(workspace: Path, ctx: ToolContext) -> None:
 @pytest.mark.parametrize(
     ("args", "exit_code", "message"),
     [
-        ({"pattern": "../*"}, 2, "glob: pattern must be relative and must not contain '..'; use 'path' to pick the directory"),
-        ({"pattern": "/etc/*"}, 2, "glob: pattern must be relative and must not contain '..'; use 'path' to pick the directory"),
+        (
+            {"pattern": "../*"},
+            2,
+            "glob: pattern must be relative and must not contain '..'; use 'path' to pick the directory",
+        ),
+        (
+            {"pattern": "/etc/*"},
+            2,
+            "glob: pattern must be relative and must not contain '..'; use 'path' to pick the directory",
+        ),
         ({}, 2, "glob: input needs a string 'pattern'"),
         ({"pattern": "*", "path": "a.py"}, 1, "glob: a.py: not a directory"),
     ],
@@ -393,7 +415,10 @@ def test_grep_reports_file_line_text(tree: Path, ctx: ToolContext) -> None:
 
     out = ok(run_tool("grep", {"pattern": r"^import \w+$"}, ctx))
     # .git and binary files are skipped; files in path order, dirs walked sorted
-    assert out == "a.py:2:import os\nb.py:2:import os\nsub/c.py:2:import os\nsub/d.txt:2:import os\nsub/deeper/e.py:2:import os"
+    assert (
+        out
+        == "a.py:2:import os\nb.py:2:import os\nsub/c.py:2:import os\nsub/d.txt:2:import os\nsub/deeper/e.py:2:import os"
+    )
     assert ok(run_tool("grep", {"pattern": "import", "glob": "*.md"}, ctx)) == "notes.md:2:import me too"
     assert ok(run_tool("grep", {"pattern": "#", "path": "sub", "glob": "sub/*.py"}, ctx)) == "sub/c.py:1:# sub/c.py"
     assert ok(run_tool("grep", {"pattern": "os", "path": "sub/d.txt"}, ctx)) == "sub/d.txt:2:import os"
@@ -435,8 +460,7 @@ def test_todo_write_keeps_the_list_for_the_run(ctx: ToolContext) -> None:
     out = run_tool("todo_write", {"todos": todos}, ctx)
 
     assert ok(out) == (
-        "Todo list updated: 1 completed, 1 in progress, 1 pending\n"
-        "[x] read the code\n[~] write tests\n[ ] ship"
+        "Todo list updated: 1 completed, 1 in progress, 1 pending\n[x] read the code\n[~] write tests\n[ ] ship"
     )
     assert ctx.state.todos == todos
     assert wire(out.envelope) == {"message_type": "TODO", "version": 1, "payload": {"todos": todos}}
@@ -456,7 +480,12 @@ def test_todo_write_empty_list_clears_and_falls_back_to_tool_call(ctx: ToolConte
     assert wire(envelope_for(call, out)) == {
         "message_type": "TOOL_CALL",
         "version": 1,
-        "payload": {"tool_name": "todo_write", "input": {"todos": []}, "output": "Cleared the todo list", "error": None},
+        "payload": {
+            "tool_name": "todo_write",
+            "input": {"todos": []},
+            "output": "Cleared the todo list",
+            "error": None,
+        },
     }
 
 
@@ -464,7 +493,10 @@ def test_todo_write_empty_list_clears_and_falls_back_to_tool_call(ctx: ToolConte
     ("todos", "message"),
     [
         ("do it", "todo_write: input needs a list 'todos'"),
-        ([{"id": "1", "content": "a", "status": "done"}], "todo_write: todos[0].status must be one of pending, in_progress, completed, got 'done'"),
+        (
+            [{"id": "1", "content": "a", "status": "done"}],
+            "todo_write: todos[0].status must be one of pending, in_progress, completed, got 'done'",
+        ),
         (
             [{"id": "1", "content": "a", "status": "pending"}, {"id": "1", "content": "b", "status": "pending"}],
             "todo_write: todos[1].id '1' is used twice",
@@ -666,7 +698,9 @@ def test_runner_runs_directives_and_emits_envelopes(run_runner: RunRunner, works
     assert write["envelope"] == {
         "message_type": "CODE_EDIT",
         "version": 1,
-        "payload": {"edits": [{"file_path": "src/app.py", "old_content": None, "new_content": "x = 1\n", "language": "python"}]},
+        "payload": {
+            "edits": [{"file_path": "src/app.py", "old_content": None, "new_content": "x = 1\n", "language": "python"}]
+        },
     }
     assert edit["envelope"]["message_type"] == "CODE_EDIT"
     assert edit["envelope"]["payload"]["edits"] == [
@@ -685,7 +719,12 @@ def test_runner_runs_directives_and_emits_envelopes(run_runner: RunRunner, works
     assert read["envelope"] == {
         "message_type": "TOOL_CALL",
         "version": 1,
-        "payload": {"tool_name": "read_file", "input": {"path": "src/app.py"}, "output": "     1\tx = 2\n", "error": None},
+        "payload": {
+            "tool_name": "read_file",
+            "input": {"path": "src/app.py"},
+            "output": "     1\tx = 2\n",
+            "error": None,
+        },
     }
     assert (bash["exit_code"], bash["is_error"], bash["output"]) == (3, False, "out\n")
     assert bash["envelope"] == {

@@ -6,6 +6,8 @@ import json
 import time
 from pathlib import Path
 
+from runner_harness import RunRunner, make_input
+
 from agent_runner.conversation import build_messages, build_system_prompt
 from agent_runner.loop import run_agent
 from agent_runner.one_run import run
@@ -22,7 +24,6 @@ from agent_runner.providers.base import (
 )
 from agent_runner.providers.offline import OfflineProvider
 from agent_runner.tools.bash import run_bash
-from runner_harness import RunRunner, make_input
 
 # --- the runner process --------------------------------------------------------
 
@@ -156,13 +157,15 @@ class RecordingOffline(OfflineProvider):
 
 
 def test_system_notices_are_appended_to_the_system_prompt(tmp_path: Path) -> None:
-    inp = decode_input(json.dumps(
-        make_input(
-            "hello",
-            assistant_name="Bob",
-            system_notices=["Notice one: the date is 2025-01-01.", "Notice two: be brief."],
+    inp = decode_input(
+        json.dumps(
+            make_input(
+                "hello",
+                assistant_name="Bob",
+                system_notices=["Notice one: the date is 2025-01-01.", "Notice two: be brief."],
+            )
         )
-    ))
+    )
     provider = RecordingOffline()
     events: list[Event] = []
     run_agent(inp, provider, events.append, workspace=tmp_path)
@@ -194,9 +197,7 @@ def test_history_roles_are_mapped_and_merged() -> None:
 
 
 def test_history_starting_with_assistant_gets_a_user_turn_first() -> None:
-    messages = build_messages(
-        [SdkMessage(role="assistant", content="hi"), SdkMessage(role="user", content="yo")]
-    )
+    messages = build_messages([SdkMessage(role="assistant", content="hi"), SdkMessage(role="user", content="yo")])
     assert [m.role for m in messages] == ["user", "assistant", "user"]
 
 
@@ -227,9 +228,7 @@ def test_unknown_tool_becomes_an_error_result(tmp_path: Path) -> None:
         ProviderResponse([TextBlock("sorry")], "end_turn", TokenUsage(5, 1)),
     )
     events: list[Event] = []
-    result = run_agent(
-        decode_input(json.dumps(make_input("go"))), provider, events.append, workspace=tmp_path
-    )
+    result = run_agent(decode_input(json.dumps(make_input("go"))), provider, events.append, workspace=tmp_path)
 
     assert [e.type for e in events] == ["tool_use", "tool_result", "assistant", "result"]
     tool_result = events[1]
@@ -269,9 +268,7 @@ def test_escaped_background_process_does_not_hang_the_call(tmp_path: Path) -> No
 
 
 def test_output_is_capped_with_a_note(tmp_path: Path) -> None:
-    output, code = run_bash(
-        "head -c 100000 /dev/zero | tr '\\0' x", cwd=tmp_path, timeout_s=10, output_cap_bytes=256
-    )
+    output, code = run_bash("head -c 100000 /dev/zero | tr '\\0' x", cwd=tmp_path, timeout_s=10, output_cap_bytes=256)
     assert code == 0
     assert output.startswith("x" * 256) and "x" * 257 not in output
     assert "truncated" in output and "100000 bytes" in output
@@ -279,9 +276,7 @@ def test_output_is_capped_with_a_note(tmp_path: Path) -> None:
 
 def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     started = time.monotonic()
-    output, code = run_bash(
-        "sleep 30 & echo $!; wait", cwd=tmp_path, timeout_s=0.5, output_cap_bytes=1000
-    )
+    output, code = run_bash("sleep 30 & echo $!; wait", cwd=tmp_path, timeout_s=0.5, output_cap_bytes=1000)
     assert code == 124
     # The background child holds the output pipe: only killing it ends the call.
     assert time.monotonic() - started < 3

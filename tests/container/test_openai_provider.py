@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runner_harness import RunRunner, make_input
+
 from agent_runner.errors import InputError, ProviderError
 from agent_runner.loop import run_agent
 from agent_runner.protocol import (
@@ -36,8 +38,6 @@ from agent_runner.providers import make_provider
 from agent_runner.providers.base import ProviderMessage, TextBlock
 from agent_runner.providers.openai_compat import OpenAICompatProvider
 from agent_runner.tools import tool_specs
-from runner_harness import RunRunner, make_input
-
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import Settings
 from orchestrator.run.pipeline import model_settings
@@ -177,14 +177,27 @@ def test_multi_step_tools_with_parallel_calls(serve: Any, workspace: Path) -> No
     (workspace / "notes.txt").write_text("alpha\nbeta\n")
     fake = FakeOpenAI(
         chat(None, [tool_call("call_r", "read_file", {"path": "notes.txt"})], n=1),
-        chat(None, [tool_call("call_w", "bash", {"command": "wc -l < notes.txt"}),
-                    tool_call("call_x", "bash", {"command": "exit 3"})], n=2),
+        chat(
+            None,
+            [
+                tool_call("call_w", "bash", {"command": "wc -l < notes.txt"}),
+                tool_call("call_x", "bash", {"command": "exit 3"}),
+            ],
+            n=2,
+        ),
         chat("notes.txt has 2 lines.", n=3),
     )
     events = run_with(serve(fake), workspace, "how long is notes.txt?")
 
     assert [e.type for e in events] == [
-        "tool_use", "tool_result", "tool_use", "tool_use", "tool_result", "tool_result", "assistant", "result"
+        "tool_use",
+        "tool_result",
+        "tool_use",
+        "tool_use",
+        "tool_result",
+        "tool_result",
+        "assistant",
+        "result",
     ]
     assert isinstance(events[-1], ResultEvent) and events[-1].num_turns == 3
     assert len(fake.requests) == 3
@@ -233,9 +246,7 @@ def test_unparsable_arguments_go_back_to_the_model(serve: Any, workspace: Path) 
     )
     events = run_with(serve(fake), workspace)
 
-    assert [e.type for e in events] == [
-        "tool_use", "tool_result", "tool_use", "tool_result", "assistant", "result"
-    ]
+    assert [e.type for e in events] == ["tool_use", "tool_result", "tool_use", "tool_result", "assistant", "result"]
     bad_use, bad_result = events[0], events[1]
     assert isinstance(bad_use, ToolUseEvent) and bad_use.input == {"_raw": broken}
     assert isinstance(bad_result, ToolResultEvent) and bad_result.is_error and bad_result.exit_code != 0
@@ -332,10 +343,16 @@ def test_connection_errors_are_retried_then_retryable(sleeps: Sleeps) -> None:
 @pytest.mark.parametrize(
     ("reply", "expected"),
     [
-        (raw(200, "<html><body>Welcome to nginx!</body></html>", "text/html"), "not JSON: <html><body>Welcome to nginx!"),
+        (
+            raw(200, "<html><body>Welcome to nginx!</body></html>", "text/html"),
+            "not JSON: <html><body>Welcome to nginx!",
+        ),
         (raw(200, '{"id": "chatcmpl-1", "choi'), 'not JSON: {"id": "chatcmpl-1", "choi'),
         ((200, {"id": "chatcmpl-1", "object": "chat.completion"}, {}), 'no choices: {"id": "chatcmpl-1"'),
-        ((200, {"error": {"message": "upstream overloaded"}}, {}), "no choices: {\"error\": {\"message\": \"upstream overloaded\""),
+        (
+            (200, {"error": {"message": "upstream overloaded"}}, {}),
+            'no choices: {"error": {"message": "upstream overloaded"',
+        ),
         ((200, {"choices": []}, {}), 'no choices: {"choices": []}'),
         ((200, {"choices": [{"index": 0, "finish_reason": "stop"}]}, {}), "choice has no message"),
     ],
@@ -449,9 +466,12 @@ def test_gateway_replaces_a_forged_key_and_refuses_other_routes(gateway_sock: Pa
     fake = FakeOpenAI(chat("ok"))
     with fake.serve() as upstream:
         host = Settings.load(openai_base_url=upstream, openai_api_key=KEY, env_file=None)
-        with ModelGateway.for_provider(gateway_sock, host, "openai") as gateway, httpx.Client(
-            transport=httpx.HTTPTransport(uds=str(gateway_sock)), base_url="http://gateway", timeout=10
-        ) as client:
+        with (
+            ModelGateway.for_provider(gateway_sock, host, "openai") as gateway,
+            httpx.Client(
+                transport=httpx.HTTPTransport(uds=str(gateway_sock)), base_url="http://gateway", timeout=10
+            ) as client,
+        ):
             forged = {"authorization": "Bearer sandbox-forged", "x-api-key": "sandbox-forged"}
             body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
             assert client.post("/v1/chat/completions", json=body, headers=forged).status_code == 200

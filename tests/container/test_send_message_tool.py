@@ -10,8 +10,9 @@ from agent_runner.tools import ToolContext, run_tool
 
 
 def _ctx(tmp_path: Path, sink: list, targets: frozenset[str] = frozenset()) -> ToolContext:
-    return ToolContext(workspace=tmp_path, limits=Limits(), chat_jid="team@g.us", send_targets=targets,
-                       emit=sink.append)
+    return ToolContext(
+        workspace=tmp_path, limits=Limits(), chat_jid="team@g.us", send_targets=targets, emit=sink.append
+    )
 
 
 def test_own_chat_by_default(tmp_path: Path) -> None:

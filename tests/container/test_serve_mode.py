@@ -36,7 +36,8 @@ def test_one_process_serves_runs_until_idle(tmp_path: Path) -> None:
     workspace.mkdir()
     proc = subprocess.Popen(
         [sys.executable, "-m", "agent_runner", "--serve", str(sock), "--idle-timeout", "1.5"],
-        env={"AGENT_WORKSPACE": str(workspace), "PATH": "/usr/bin:/bin"}, stderr=subprocess.PIPE,
+        env={"AGENT_WORKSPACE": str(workspace), "PATH": "/usr/bin:/bin"},
+        stderr=subprocess.PIPE,
     )
     try:
         _wait_for(sock)
@@ -68,7 +69,8 @@ def test_a_standby_waits_longer_for_its_first_run_then_idles_out(tmp_path: Path)
     workspace = tmp_path / "ws"
     proc = subprocess.Popen(
         [sys.executable, "-m", "agent_runner", "--serve", str(sock), "--standby", "60", "--idle-timeout", "1"],
-        env={"AGENT_WORKSPACE": str(workspace), "PATH": "/usr/bin:/bin"}, stderr=subprocess.PIPE,
+        env={"AGENT_WORKSPACE": str(workspace), "PATH": "/usr/bin:/bin"},
+        stderr=subprocess.PIPE,
     )
     try:
         _wait_for(sock)

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runner_harness import RunRunner, make_input
+
 from agent_runner.errors import ProviderError
 from agent_runner.loop import run_agent
 from agent_runner.protocol import AssistantEvent, Event, ModelSettings, TextDeltaEvent, decode_input
@@ -23,8 +25,6 @@ from agent_runner.providers.base import ProviderMessage, TextBlock, ThinkingBloc
 from agent_runner.providers.openai_compat import ChunkStream, OpenAICompatProvider
 from agent_runner.providers.sse import SseDecoder, SseError, SseEvent
 from agent_runner.text_stream import DeltaCoalescer
-from runner_harness import RunRunner, make_input
-
 from tests.fakes import openai_api
 from tests.fakes.anthropic_api import FakeAnthropic, message, message_events, paced, serve_tcp, sse
 from tests.fakes.openai_api import FakeOpenAI, chat, chunk_events, raw, tool_call

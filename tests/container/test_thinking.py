@@ -15,11 +15,11 @@ from typing import Any
 
 import msgspec
 import pytest
+from runner_harness import RunRunner, make_input
+
 from agent_runner.loop import run_agent
 from agent_runner.protocol import Event, ModelSettings, ResultEvent, TextDeltaEvent, ThinkingEvent, decode_input
 from agent_runner.providers.anthropic import AnthropicProvider
-from runner_harness import RunRunner, make_input
-
 from tests.fakes.anthropic_api import FakeAnthropic, message, serve_tcp
 
 __all__ = ["serve_tcp"]  # a fixture, used by name
@@ -31,15 +31,26 @@ REDACTED = "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIwxtE3rAFBa8cr3qpP"
 
 def thinking_then_text() -> FakeAnthropic:
     return FakeAnthropic(
-        message([
-            {"type": "thinking", "thinking": THOUGHT, "signature": SIGNATURE},
-            {"type": "redacted_thinking", "data": REDACTED},
-            {"type": "tool_use", "id": "toolu_t1", "name": "bash", "input": {"command": "echo today"}},
-        ], "tool_use", n=1, cache_creation=50, cache_read=0),
-        message([
-            {"type": "thinking", "thinking": "It printed today.", "signature": "sig2"},
-            {"type": "text", "text": "It is today."},
-        ], "end_turn", n=2, cache_read=50),
+        message(
+            [
+                {"type": "thinking", "thinking": THOUGHT, "signature": SIGNATURE},
+                {"type": "redacted_thinking", "data": REDACTED},
+                {"type": "tool_use", "id": "toolu_t1", "name": "bash", "input": {"command": "echo today"}},
+            ],
+            "tool_use",
+            n=1,
+            cache_creation=50,
+            cache_read=0,
+        ),
+        message(
+            [
+                {"type": "thinking", "thinking": "It printed today.", "signature": "sig2"},
+                {"type": "text", "text": "It is today."},
+            ],
+            "end_turn",
+            n=2,
+            cache_read=50,
+        ),
     )
 
 

@@ -48,9 +48,9 @@ def test_many_listed_and_both_kinds(tmp_path: Path) -> None:
             fh.truncate(LARGE_FILE_BYTES + i * 1024 * 1024)
     notices = workspace_notices(tmp_path)
     assert notices[0] == (
-        "Note: the workspace has 7 uncommitted change(s): big0.bin, big1.bin, big2.bin, big3.bin, big4.bin"
-        " and 2 more."
+        "Note: the workspace has 7 uncommitted change(s): big0.bin, big1.bin, big2.bin, big3.bin, big4.bin and 2 more."
     )
-    assert notices[1].startswith("Note: very large files in the workspace (read them in parts, not whole): "
-                                 "big6.bin (56 MiB), big5.bin (55 MiB)")
+    assert notices[1].startswith(
+        "Note: very large files in the workspace (read them in parts, not whole): big6.bin (56 MiB), big5.bin (55 MiB)"
+    )
     assert notices[1].endswith(" and 2 more.")

@@ -73,7 +73,11 @@ def sse(events: Iterable[dict[str, Any]]) -> bytes:
 
 
 def message_stream(
-    text: str, n: int = 1, *, cache_creation: int = 0, cache_read: int = 0,
+    text: str,
+    n: int = 1,
+    *,
+    cache_creation: int = 0,
+    cache_read: int = 0,
     hold: threading.Event | None = None,
 ) -> Reply:
     """A 200 streamed (``"stream": true``) text answer, as the Messages API sends it.
@@ -87,19 +91,29 @@ def message_stream(
     start: dict[str, Any] = {
         "type": "message_start",
         "message": {
-            "id": f"msg_fake_{n}", "type": "message", "role": "assistant", "model": "claude-fake",
-            "content": [], "stop_reason": None, "stop_sequence": None,
+            "id": f"msg_fake_{n}",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-fake",
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
             "usage": {**_usage(n, cache_creation, cache_read), "output_tokens": 1},
         },
     }
     rest: list[dict[str, Any]] = [
         {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
         {"type": "ping"},
-        *({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": word}}
-          for word in text.split(" ")),
+        *(
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": word}}
+            for word in text.split(" ")
+        ),
         {"type": "content_block_stop", "index": 0},
-        {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-         "usage": {"output_tokens": n}},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": n},
+        },
         {"type": "message_stop"},
     ]
 
@@ -135,10 +149,19 @@ def message_events(body: dict[str, Any]) -> list[dict[str, Any]]:
     the stop reason and the final output count, ``message_stop``.
     """
     usage = dict(body["usage"])
-    events: list[dict[str, Any]] = [{"type": "message_start", "message": {
-        **{k: v for k, v in body.items() if k not in ("content", "stop_reason", "usage")},
-        "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**usage, "output_tokens": 1}}},
-        {"type": "ping"}]
+    events: list[dict[str, Any]] = [
+        {
+            "type": "message_start",
+            "message": {
+                **{k: v for k, v in body.items() if k not in ("content", "stop_reason", "usage")},
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {**usage, "output_tokens": 1},
+            },
+        },
+        {"type": "ping"},
+    ]
     for index, block in enumerate(body["content"]):
         kind = block["type"]
         deltas: list[dict[str, Any]] = []
@@ -154,14 +177,19 @@ def message_events(body: dict[str, Any]) -> list[dict[str, Any]]:
         elif kind == "tool_use":
             start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
             raw = json.dumps(block["input"])
-            deltas = [{"type": "input_json_delta", "partial_json": raw[i:i + 7]} for i in range(0, len(raw), 7)]
+            deltas = [{"type": "input_json_delta", "partial_json": raw[i : i + 7]} for i in range(0, len(raw), 7)]
         else:  # redacted_thinking and anything else: whole in its start
             start = block
         events.append({"type": "content_block_start", "index": index, "content_block": start})
         events += [{"type": "content_block_delta", "index": index, "delta": d} for d in deltas]
         events.append({"type": "content_block_stop", "index": index})
-    events.append({"type": "message_delta", "delta": {"stop_reason": body["stop_reason"], "stop_sequence": None},
-                   "usage": {"output_tokens": usage["output_tokens"]}})
+    events.append(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": body["stop_reason"], "stop_sequence": None},
+            "usage": {"output_tokens": usage["output_tokens"]},
+        }
+    )
     events.append({"type": "message_stop"})
     return events
 
@@ -281,7 +309,9 @@ class FakeAnthropic:
     """
 
     def __init__(
-        self, *replies: Script, on_request: Callable[[Recorded], None] | None = None,
+        self,
+        *replies: Script,
+        on_request: Callable[[Recorded], None] | None = None,
         prompt_cache: PromptCache | None = None,
     ) -> None:
         self.replies: list[Script] = list(replies)

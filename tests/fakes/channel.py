@@ -87,4 +87,8 @@ def read_file_channel(settings: Settings, name: str) -> list[dict]:
 
 def plugin(settings: Settings) -> list[FileChannel]:
     folder = settings.data_dir / "channels"
-    return [FileChannel("mirror-a", folder), FileChannel("mirror-b", folder), FileChannel("flaky", folder, fail_times=2)]
+    return [
+        FileChannel("mirror-a", folder),
+        FileChannel("mirror-b", folder),
+        FileChannel("flaky", folder, fail_times=2),
+    ]

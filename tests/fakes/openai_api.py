@@ -31,7 +31,15 @@ from typing import Any, Union
 from tests.fakes.anthropic_api import Recorded, UnixHTTPServer, serving
 
 __all__ = [
-    "CHAT_PATH", "FakeOpenAI", "Recorded", "api_error", "chat", "chat_stream", "chunk_events", "paced", "raw",
+    "CHAT_PATH",
+    "FakeOpenAI",
+    "Recorded",
+    "api_error",
+    "chat",
+    "chat_stream",
+    "chunk_events",
+    "paced",
+    "raw",
     "tool_call",
 ]
 
@@ -94,18 +102,35 @@ def chat_stream(content: str, n: int = 1, *, cached: int = 0) -> Callable[[Recor
     def reply(rec: Recorded) -> Reply:
         options = (rec.body or {}).get("stream_options") or {}
         with_usage = options.get("include_usage") is True
-        base = {"id": f"chatcmpl-fake-{n}", "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": "fake-model", "system_fingerprint": "fp_fake"}
+        base = {
+            "id": f"chatcmpl-fake-{n}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": "fake-model",
+            "system_fingerprint": "fp_fake",
+        }
         null_usage = {"usage": None} if with_usage else {}
         deltas = [{"role": "assistant", "content": ""}, *({"content": word} for word in content.split(" "))]
-        chunks = [{**base, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": None}],
-                   **null_usage} for d in deltas]
-        chunks.append({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}],
-                       **null_usage})
+        chunks = [
+            {**base, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": None}], **null_usage}
+            for d in deltas
+        ]
+        chunks.append(
+            {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}], **null_usage}
+        )
         if with_usage:
-            chunks.append({**base, "choices": [], "usage": {
-                "prompt_tokens": 10 * n, "completion_tokens": n, "total_tokens": 11 * n,
-                "prompt_tokens_details": {"cached_tokens": cached}}})
+            chunks.append(
+                {
+                    **base,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": 10 * n,
+                        "completion_tokens": n,
+                        "total_tokens": 11 * n,
+                        "prompt_tokens_details": {"cached_tokens": cached},
+                    },
+                }
+            )
         data = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
         return raw(200, data, "text/event-stream")
 
@@ -134,15 +159,34 @@ def chunk_events(body: dict[str, Any], with_usage: bool) -> list[dict[str, Any]]
         words = message["content"].split(" ")
         deltas += [{"content": w if i == 0 else " " + w} for i, w in enumerate(words)]
     for index, call in enumerate(message.get("tool_calls") or []):
-        deltas.append({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
-                                       "function": {"name": call["function"]["name"], "arguments": ""}}]})
+        deltas.append(
+            {
+                "tool_calls": [
+                    {
+                        "index": index,
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": call["function"]["name"], "arguments": ""},
+                    }
+                ]
+            }
+        )
         args = call["function"]["arguments"]
-        deltas += [{"tool_calls": [{"index": index, "function": {"arguments": args[i:i + 7]}}]}
-                   for i in range(0, len(args), 7)]
-    chunks = [{**base, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": None}], **null_usage}
-              for d in deltas]
-    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                        "finish_reason": choice["finish_reason"]}], **null_usage})
+        deltas += [
+            {"tool_calls": [{"index": index, "function": {"arguments": args[i : i + 7]}}]}
+            for i in range(0, len(args), 7)
+        ]
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": None}], **null_usage}
+        for d in deltas
+    ]
+    chunks.append(
+        {
+            **base,
+            "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}],
+            **null_usage,
+        }
+    )
     if with_usage:
         chunks.append({**base, "choices": [], "usage": body["usage"]})
     return chunks
@@ -169,7 +213,9 @@ def _paced(chunks: list[dict[str, Any]], first_delay_s: float, chunk_delay_s: fl
     yield b"data: [DONE]\n\n"
 
 
-def api_error(status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> Reply:
+def api_error(
+    status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None
+) -> Reply:
     """OpenAI's error response ``{"error": {"message", "type", "param", "code"}}``."""
     return status, {"error": {"message": message, "type": kind, "param": None, "code": None}}, dict(headers or {})
 
@@ -261,8 +307,13 @@ class FakeOpenAI:
                 first_delay = float(headers.pop(FIRST_DELAY, 0))
                 chunk_delay = float(headers.pop(CHUNK_DELAY, 0))
                 request = rec.body if isinstance(rec.body, dict) else {}
-                if (request.get("stream") is True and status == 200 and isinstance(body, dict)
-                        and body.get("object") == "chat.completion" and body.get("choices")):
+                if (
+                    request.get("stream") is True
+                    and status == 200
+                    and isinstance(body, dict)
+                    and body.get("object") == "chat.completion"
+                    and body.get("choices")
+                ):
                     # A whole completion scripted, a stream asked for: sent as a streaming server would.
                     with_usage = (request.get("stream_options") or {}).get("include_usage") is True
                     self.send_response(status)

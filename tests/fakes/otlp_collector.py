@@ -74,14 +74,20 @@ class FakeCollector:
             resource = _attributes(resource_spans.resource.attributes)
             for scope_spans in resource_spans.scope_spans:
                 for s in scope_spans.spans:
-                    found.append(Span(
-                        name=s.name, trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
-                        parent_id=s.parent_span_id.hex(), kind=KINDS.get(s.kind, str(s.kind)),
-                        attributes=_attributes(s.attributes),
-                        links=[(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
-                        service=str(resource.get("service.name", "")), error=s.status.code == 2,
-                        resource=resource,
-                    ))
+                    found.append(
+                        Span(
+                            name=s.name,
+                            trace_id=s.trace_id.hex(),
+                            span_id=s.span_id.hex(),
+                            parent_id=s.parent_span_id.hex(),
+                            kind=KINDS.get(s.kind, str(s.kind)),
+                            attributes=_attributes(s.attributes),
+                            links=[(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
+                            service=str(resource.get("service.name", "")),
+                            error=s.status.code == 2,
+                            resource=resource,
+                        )
+                    )
         with self._lock:
             self.requests += 1
             self.spans.extend(found)

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from agent_runner.protocol import ContainerInput, Event, decode_input, dump_event
-
 from orchestrator.sandbox.containers import ContainerExit, ContainerSpec
 
 

@@ -100,8 +100,17 @@ class FakeSlack:
 
     # -- scripting ---------------------------------------------------------------
 
-    def fail(self, method: str, status: int = 500, *, times: int = 1, after: int = 0, retry_after: int = 1,
-             error: str | None = None, raw: str | None = None) -> None:
+    def fail(
+        self,
+        method: str,
+        status: int = 500,
+        *,
+        times: int = 1,
+        after: int = 0,
+        retry_after: int = 1,
+        error: str | None = None,
+        raw: str | None = None,
+    ) -> None:
         """The next ``times`` calls of ``method`` (after ``after`` good ones) fail with ``status``."""
         err = error or {429: "ratelimited", 500: "internal_error"}.get(status, "fatal_error")
         with self._lock:
@@ -122,42 +131,68 @@ class FakeSlack:
             self._ts += 100
             return f"{self._ts // 1_000_000}.{self._ts % 1_000_000:06d}"
 
-    def message_event(self, channel: str, user: str | None, text: str, *, ts: str | None = None,
-                      thread_ts: str | None = None, event_type: str = "message", event_id: str | None = None,
-                      **extra: Any) -> dict[str, Any]:
+    def message_event(
+        self,
+        channel: str,
+        user: str | None,
+        text: str,
+        *,
+        ts: str | None = None,
+        thread_ts: str | None = None,
+        event_type: str = "message",
+        event_id: str | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
         """An ``event_callback`` document for a message, as Slack sends it (text escaped)."""
-        event: dict[str, Any] = {"type": event_type, "channel": channel, "text": text, "ts": ts or self.next_ts(),
-                                 "event_ts": ts or "", "channel_type": "channel", **extra}
+        event: dict[str, Any] = {
+            "type": event_type,
+            "channel": channel,
+            "text": text,
+            "ts": ts or self.next_ts(),
+            "event_ts": ts or "",
+            "channel_type": "channel",
+            **extra,
+        }
         if user is not None:
             event["user"] = user
         if thread_ts:
             event["thread_ts"] = thread_ts
-        return {"token": "verification-token-unused", "team_id": self.team, "api_app_id": "A0000001",
-                "type": "event_callback", "event_id": event_id or f"Ev{uuid.uuid4().hex[:10].upper()}",
-                "event_time": int(time.time()), "event": event,
-                "authorizations": [{"team_id": self.team, "user_id": self.bot_user, "is_bot": True}]}
+        return {
+            "token": "verification-token-unused",
+            "team_id": self.team,
+            "api_app_id": "A0000001",
+            "type": "event_callback",
+            "event_id": event_id or f"Ev{uuid.uuid4().hex[:10].upper()}",
+            "event_time": int(time.time()),
+            "event": event,
+            "authorizations": [{"team_id": self.team, "user_id": self.bot_user, "is_bot": True}],
+        }
 
     # -- Socket Mode ---------------------------------------------------------------
 
     def push_event(self, callback: dict[str, Any]) -> str:
         """Queue an ``events_api`` envelope carrying ``callback``; returns its envelope id."""
-        envelope = {"envelope_id": str(uuid.uuid4()), "type": "events_api", "accepts_response_payload": False,
-                    "retry_attempt": 0, "retry_reason": "", "payload": callback}
+        envelope = {
+            "envelope_id": str(uuid.uuid4()),
+            "type": "events_api",
+            "accepts_response_payload": False,
+            "retry_attempt": 0,
+            "retry_reason": "",
+            "payload": callback,
+        }
         self._send(envelope)
         return str(envelope["envelope_id"])
 
     def push_disconnect(self) -> None:
         """Slack's "refresh your connection" message."""
-        self._send({"type": "disconnect", "reason": "refresh_requested", "debug_info": {"host": "fake"}},
-                   track=False)
+        self._send({"type": "disconnect", "reason": "refresh_requested", "debug_info": {"host": "fake"}}, track=False)
 
     def redeliver(self) -> None:
         """Send every unacknowledged envelope again (retry_attempt + 1)."""
         with self._lock:
             again = list(self._pending.values())
         for envelope in again:
-            self._send({**envelope, "retry_attempt": int(envelope["retry_attempt"]) + 1,
-                        "retry_reason": "timeout"})
+            self._send({**envelope, "retry_attempt": int(envelope["retry_attempt"]) + 1, "retry_reason": "timeout"})
 
     def resend(self, envelope_id: str) -> None:
         """Send an envelope again though it was acknowledged (Slack delivers at least once)."""
@@ -181,9 +216,16 @@ class FakeSlack:
                 self._queue.append(message)
 
     def _socket(self, conn: ServerConnection) -> None:
-        conn.send(json.dumps({"type": "hello", "num_connections": 1,
-                              "debug_info": {"host": "fake-socket-mode", "approximate_connection_time": 18060},
-                              "connection_info": {"app_id": "A0000001"}}))
+        conn.send(
+            json.dumps(
+                {
+                    "type": "hello",
+                    "num_connections": 1,
+                    "debug_info": {"host": "fake-socket-mode", "approximate_connection_time": 18060},
+                    "connection_info": {"app_id": "A0000001"},
+                }
+            )
+        )
         with self._lock:
             self.hellos += 1
             self.connections.append(conn)
@@ -242,32 +284,74 @@ class FakeSlack:
         if token != self.bot_token:
             return 200, {"ok": False, "error": "invalid_auth"}, None
         if method == "auth.test":
-            return 200, {"ok": True, "url": "https://fake.slack.com/", "team": "Fake", "user": "robo",
-                         "team_id": self.team, "user_id": self.bot_user, "bot_id": "B0000001"}, None
+            return (
+                200,
+                {
+                    "ok": True,
+                    "url": "https://fake.slack.com/",
+                    "team": "Fake",
+                    "user": "robo",
+                    "team_id": self.team,
+                    "user_id": self.bot_user,
+                    "bot_id": "B0000001",
+                },
+                None,
+            )
         if method == "users.info":
             user = str(params.get("user") or "")
             if user not in self.users:
                 return 200, {"ok": False, "error": "user_not_found"}, None
-            return 200, {"ok": True, "user": {"id": user, "name": user.lower(), "profile": {
-                "display_name": self.users[user], "real_name": self.users[user]}}}, None
+            return (
+                200,
+                {
+                    "ok": True,
+                    "user": {
+                        "id": user,
+                        "name": user.lower(),
+                        "profile": {"display_name": self.users[user], "real_name": self.users[user]},
+                    },
+                },
+                None,
+            )
         if method in ("chat.postMessage", "chat.postEphemeral", "chat.update"):
             problem = self._check_message(params)
             if problem:
                 return 200, {"ok": False, "error": problem}, None
         if method == "chat.postMessage":
-            post = Post(channel=str(params["channel"]), ts=self.next_ts(), text=str(params.get("text") or ""),
-                        blocks=list(params.get("blocks") or []), thread_ts=params.get("thread_ts"))
+            post = Post(
+                channel=str(params["channel"]),
+                ts=self.next_ts(),
+                text=str(params.get("text") or ""),
+                blocks=list(params.get("blocks") or []),
+                thread_ts=params.get("thread_ts"),
+            )
             with self._lock:
                 self.posts.append(post)
-            return 200, {"ok": True, "channel": post.channel, "ts": post.ts,
-                         "message": {"type": "message", "text": post.text, "ts": post.ts, "bot_id": "B0000001",
-                                     "user": self.bot_user}}, None
+            return (
+                200,
+                {
+                    "ok": True,
+                    "channel": post.channel,
+                    "ts": post.ts,
+                    "message": {
+                        "type": "message",
+                        "text": post.text,
+                        "ts": post.ts,
+                        "bot_id": "B0000001",
+                        "user": self.bot_user,
+                    },
+                },
+                None,
+            )
         if method == "chat.postEphemeral":
             return 200, {"ok": True, "message_ts": self.next_ts()}, None
         if method in ("chat.update", "chat.delete"):
             with self._lock:
-                found = [p for p in self.posts if p.channel == params.get("channel") and p.ts == params.get("ts")
-                         and not p.deleted]
+                found = [
+                    p
+                    for p in self.posts
+                    if p.channel == params.get("channel") and p.ts == params.get("ts") and not p.deleted
+                ]
                 if not found:
                     return 200, {"ok": False, "error": "message_not_found"}, None
                 if method == "chat.delete":
@@ -293,8 +377,11 @@ class FakeSlack:
             if len(blocks) > BLOCKS_LIMIT:
                 return "invalid_blocks"
             for block in blocks:
-                texts = [block["text"]["text"]] if block.get("type") == "section" else [
-                    e["text"] for e in block.get("elements", [])]
+                texts = (
+                    [block["text"]["text"]]
+                    if block.get("type") == "section"
+                    else [e["text"] for e in block.get("elements", [])]
+                )
                 if any(len(t) > SECTION_LIMIT or not t for t in texts):
                     return "invalid_blocks"
         if len(str(params.get("text") or "")) > 40_000:
@@ -324,16 +411,24 @@ class FakeSlack:
                 else:
                     status, doc, failure = fake._call(method, token, params)
                 with fake._lock:
-                    fake.requests.append(Request(method, params, token, status,
-                                                 None if doc.get("ok") else str(doc.get("error"))))
+                    fake.requests.append(
+                        Request(method, params, token, status, None if doc.get("ok") else str(doc.get("error")))
+                    )
                 headers = {}
                 if failure is not None and failure.retry_after is not None:
                     headers["Retry-After"] = str(failure.retry_after)
-                data = (failure.raw.encode() if failure is not None and failure.raw is not None
-                        else json.dumps(doc).encode())
+                data = (
+                    failure.raw.encode()
+                    if failure is not None and failure.raw is not None
+                    else json.dumps(doc).encode()
+                )
                 self.send_response(status)
-                self.send_header("content-type", "text/html" if failure is not None and failure.raw is not None
-                                 else "application/json; charset=utf-8")
+                self.send_header(
+                    "content-type",
+                    "text/html"
+                    if failure is not None and failure.raw is not None
+                    else "application/json; charset=utf-8",
+                )
                 for name, value in headers.items():
                     self.send_header(name, value)
                 self.send_header("content-length", str(len(data)))

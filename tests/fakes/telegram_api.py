@@ -63,16 +63,26 @@ class FakeTelegramAPI:
 
     # -- scripting ---------------------------------------------------------------
 
-    def fail(self, method: str, status: int = 500, *, times: int = 1, after: int = 0,
-             retry_after: int | None = None, description: str | None = None) -> None:
+    def fail(
+        self,
+        method: str,
+        status: int = 500,
+        *,
+        times: int = 1,
+        after: int = 0,
+        retry_after: int | None = None,
+        description: str | None = None,
+    ) -> None:
         """The next ``times`` calls of ``method`` (after ``after`` good ones) fail with ``status``."""
-        desc = description or (f"Too Many Requests: retry after {retry_after or 1}" if status == 429
-                               else "Internal Server Error")
+        desc = description or (
+            f"Too Many Requests: retry after {retry_after or 1}" if status == 429 else "Internal Server Error"
+        )
         with self._lock:
             script = self._failures.setdefault(method, [])
             script.extend([None] * after)
             script.extend(
-                _Failure(status, desc, retry_after if status != 429 else (retry_after or 1)) for _ in range(times))
+                _Failure(status, desc, retry_after if status != 429 else (retry_after or 1)) for _ in range(times)
+            )
 
     def push_update(self, update: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
@@ -83,8 +93,17 @@ class FakeTelegramAPI:
             self._lock.notify_all()
         return update
 
-    def push_text(self, chat_id: int, user_id: int, text: str, *, first_name: str = "Ann", last_name: str = "",
-                  chat_type: str = "group", message_id: int | None = None) -> dict[str, Any]:
+    def push_text(
+        self,
+        chat_id: int,
+        user_id: int,
+        text: str,
+        *,
+        first_name: str = "Ann",
+        last_name: str = "",
+        chat_type: str = "group",
+        message_id: int | None = None,
+    ) -> dict[str, Any]:
         """An incoming text message (a new update; ``message_id`` repeats one, as a redelivery would)."""
         with self._lock:
             if message_id is None:
@@ -98,8 +117,9 @@ class FakeTelegramAPI:
             chat["first_name"] = first_name
         else:
             chat["title"] = f"chat {chat_id}"
-        return self.push_update({"message": {"message_id": message_id, "date": int(time.time()), "chat": chat,
-                                             "from": user, "text": text}})
+        return self.push_update(
+            {"message": {"message_id": message_id, "date": int(time.time()), "chat": chat, "from": user, "text": text}}
+        )
 
     def calls(self, method: str, *, ok_only: bool = False) -> list[Request]:
         with self._lock:
@@ -124,8 +144,15 @@ class FakeTelegramAPI:
     # -- the API -----------------------------------------------------------------
 
     def _bot_user(self) -> dict[str, Any]:
-        return {"id": self.bot_id, "is_bot": True, "first_name": "Fake", "username": "fake_test_bot",
-                "can_join_groups": True, "can_read_all_group_messages": False, "supports_inline_queries": False}
+        return {
+            "id": self.bot_id,
+            "is_bot": True,
+            "first_name": "Fake",
+            "username": "fake_test_bot",
+            "can_join_groups": True,
+            "can_read_all_group_messages": False,
+            "supports_inline_queries": False,
+        }
 
     def _call(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         with self._lock:
@@ -155,8 +182,16 @@ class FakeTelegramAPI:
                 chat: dict[str, Any] = {"id": int(chat_id), "type": "group", "title": "chat"}
             except ValueError:
                 chat = {"id": -1001, "type": "channel", "title": str(chat_id), "username": str(chat_id).lstrip("@")}
-            return 200, {"ok": True, "result": {"message_id": mid, "date": int(time.time()), "chat": chat,
-                                                "from": self._bot_user(), "text": str(text)}}
+            return 200, {
+                "ok": True,
+                "result": {
+                    "message_id": mid,
+                    "date": int(time.time()),
+                    "chat": chat,
+                    "from": self._bot_user(),
+                    "text": str(text),
+                },
+            }
         if method == "getUpdates":
             offset = int(params.get("offset") or 0)
             timeout = float(params.get("timeout") or 0)

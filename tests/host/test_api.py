@@ -51,12 +51,17 @@ def test_post_stores_and_returns_201(client: TestClient, db: Database) -> None:
     [
         ([1, 2], "metadata"),
         ({"message_type": "TODO", "payload": {"todos": []}}, "metadata.payload.todos"),
-        ({"message_type": "CODE_EDIT", "payload": {"edits": [{"file_path": ""}]}}, "metadata.payload.edits[0].file_path"),
+        (
+            {"message_type": "CODE_EDIT", "payload": {"edits": [{"file_path": ""}]}},
+            "metadata.payload.edits[0].file_path",
+        ),
         ({"message_type": "TOOL_CALL", "version": 0, "payload": {"tool_name": "x"}}, "metadata.version"),
         ({"context": [{"type": "url", "url": "gopher://x"}]}, "metadata.context[0].url"),
     ],
 )
-def test_invalid_metadata_is_a_400_naming_the_field(client: TestClient, db: Database, metadata: object, field: str) -> None:
+def test_invalid_metadata_is_a_400_naming_the_field(
+    client: TestClient, db: Database, metadata: object, field: str
+) -> None:
     r = _post(client, content="x", metadata=metadata)
     assert r.status_code == 400, r.text
     assert r.json()["field"] == field
@@ -64,14 +69,21 @@ def test_invalid_metadata_is_a_400_naming_the_field(client: TestClient, db: Data
 
 
 def test_structured_message_gets_a_preview_and_keeps_extras(client: TestClient) -> None:
-    meta = {"message_type": "TODO", "payload": {"todos": [{"id": "1", "content": "ship", "status": "completed"}]},
-            "webhook_url": "https://example.com/hook"}
+    meta = {
+        "message_type": "TODO",
+        "payload": {"todos": [{"id": "1", "content": "ship", "status": "completed"}]},
+        "webhook_url": "https://example.com/hook",
+    }
     r = _post(client, content="", metadata=meta)
     assert r.status_code == 201, r.text
     msg = r.json()["message"]
     assert msg["content"] == "Todos 1/1 done"
-    assert msg["metadata"] == {"message_type": "TODO", "version": 1, "payload": meta["payload"],
-                               "webhook_url": "https://example.com/hook"}
+    assert msg["metadata"] == {
+        "message_type": "TODO",
+        "version": 1,
+        "payload": meta["payload"],
+        "webhook_url": "https://example.com/hook",
+    }
 
 
 def test_other_bad_input(client: TestClient) -> None:
@@ -87,8 +99,15 @@ def test_edit_regenerate_truncate_over_http(client: TestClient, db: Database, se
     u = _post(client, content="@Andy first", id="q1").json()["message"]
     run = create_run(db, chat_jid=JID, cursor_from=u["seq"] - 1, cursor_to=u["seq"], celery_task_id=None)
     reply = store_message_direct(
-        db=db, id="a1", chat_jid=JID, sender="bot", sender_name="Andy", content="answer",
-        timestamp="2026-11-26T12:00:00+00:00", is_from_me=True, message_type="assistant",
+        db=db,
+        id="a1",
+        chat_jid=JID,
+        sender="bot",
+        sender_name="Andy",
+        content="answer",
+        timestamp="2026-11-26T12:00:00+00:00",
+        is_from_me=True,
+        message_type="assistant",
         metadata={REPLY_TO_KEY: u["seq"], "run_id": run.id},
     )
     r = client.post(f"/api/chats/{JID}/messages/q1/edit", json={"content": "@Andy first, edited"})
@@ -149,8 +168,12 @@ def test_token_is_required_on_every_api_route(secured: TestClient) -> None:
     for template, ops in paths.items():
         path = template.replace("{chat_jid}", JID).replace("{message_id}", "m").replace("{run_id}", "r")
         for method in ops:
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
-                            {"Authorization": f"Bearer {TOKEN}x"}):
+            for headers in (
+                {},
+                {"Authorization": "Bearer wrong"},
+                {"Authorization": f"Basic {TOKEN}"},
+                {"Authorization": f"Bearer {TOKEN}x"},
+            ):
                 r = secured.request(method, path, headers=headers)
                 assert r.status_code == 401, (method, path, headers, r.text)
                 assert r.headers["www-authenticate"] == "Bearer"
@@ -215,11 +238,15 @@ def test_unknown_chat_is_a_404_unless_allowed(client: TestClient, db: Database, 
     # Bad input is still a 400 / 413 first, whatever the chat.
     bad = client.post("/api/messages", json={"chat_jid": "nobody@local", "content": "x"})
     assert bad.status_code == 400 and bad.json()["field"] == "sender"
-    big = client.post("/api/messages", json={"chat_jid": "nobody@local", "sender": "u", "content": "x" * (MAX_CONTENT_CHARS + 1)})
+    big = client.post(
+        "/api/messages", json={"chat_jid": "nobody@local", "sender": "u", "content": "x" * (MAX_CONTENT_CHARS + 1)}
+    )
     assert big.status_code == 413
 
-    with TestClient(create_app(Orchestrator(settings.replace(**{"api_require_registered_chat": False}))),
-                    headers={CLIENT_HEADER: "tests"}) as open_api:
+    with TestClient(
+        create_app(Orchestrator(settings.replace(**{"api_require_registered_chat": False}))),
+        headers={CLIENT_HEADER: "tests"},
+    ) as open_api:
         r = open_api.post("/api/messages", json={"chat_jid": "nobody@local", "sender": "u", "content": "hi"})
         assert r.status_code == 201 and not r.json()["triggered"]
         assert open_api.get("/api/info").json()["require_registered_chat"] is False
@@ -234,7 +261,12 @@ def test_register_list_and_change_groups(client: TestClient, db: Database) -> No
     assert r.status_code == 201, r.text
     g = r.json()
     assert (g["chat_jid"], g["name"], g["folder"], g["requires_trigger"], g["is_main"]) == (
-        "team@g.us", "Team", "team", True, False)
+        "team@g.us",
+        "Team",
+        "team",
+        True,
+        False,
+    )
     assert [x["chat_jid"] for x in client.get("/api/groups").json()] == ["team@g.us", JID]
     assert client.post("/api/groups", json=body).status_code == 409  # same chat
     assert client.post("/api/groups", json={**body, "chat_jid": "other@g.us"}).status_code == 409  # same folder
@@ -251,23 +283,34 @@ def test_register_list_and_change_groups(client: TestClient, db: Database) -> No
         r = client.post("/api/groups", json=bad)
         assert r.status_code == 400 and r.json()["field"] == field, (bad, r.text)
 
-    r = client.patch("/api/groups/team@g.us", json={"name": "The team", "requires_trigger": False, "assistant_name": "Bob"})
+    r = client.patch(
+        "/api/groups/team@g.us", json={"name": "The team", "requires_trigger": False, "assistant_name": "Bob"}
+    )
     assert r.status_code == 200, r.text
     assert (r.json()["name"], r.json()["requires_trigger"], r.json()["assistant_name"]) == ("The team", False, "Bob")
     r = client.patch("/api/groups/team@g.us", json={"assistant_name": None})
     assert r.status_code == 200 and r.json()["assistant_name"] is None and r.json()["name"] == "The team"
     assert client.patch("/api/groups/team@g.us", json={}).json()["name"] == "The team"
     assert client.patch("/api/groups/nobody@g.us", json={"name": "x"}).status_code == 404
-    for bad, field in [({"name": None}, "name"), ({"name": ""}, "name"), ({"requires_trigger": None}, "requires_trigger"),
-                       ({"folder": "other"}, "folder"), ({"assistant_name": "two words"}, "assistant_name")]:
+    for bad, field in [
+        ({"name": None}, "name"),
+        ({"name": ""}, "name"),
+        ({"requires_trigger": None}, "requires_trigger"),
+        ({"folder": "other"}, "folder"),
+        ({"assistant_name": "two words"}, "assistant_name"),
+    ]:
         r = client.patch("/api/groups/team@g.us", json=bad)
         assert r.status_code == 400 and r.json()["field"] == field, (bad, r.text)
 
     # The sandbox, checked by orchestrator/sandbox/config.py like the CLI's.
     r = client.patch("/api/groups/team@g.us", json={"container_config": {"memory": "256m", "pids": 64}})
     assert r.status_code == 200 and r.json()["container_config"] == {"memory": "256m", "pids": 64}
-    for bad in ({"network": "bridge"}, {"privileged": True}, {"run_timeout_s": 10**6},
-                {"extra_mounts": [{"host_path": "/etc", "name": "etc"}]}):
+    for bad in (
+        {"network": "bridge"},
+        {"privileged": True},
+        {"run_timeout_s": 10**6},
+        {"extra_mounts": [{"host_path": "/etc", "name": "etc"}]},
+    ):
         r = client.patch("/api/groups/team@g.us", json={"container_config": bad, "name": "not applied"})
         assert r.status_code == 400 and r.json()["field"].startswith("container_config"), (bad, r.text)
     assert client.get("/api/groups/team@g.us").json()["name"] == "The team"
@@ -276,12 +319,18 @@ def test_register_list_and_change_groups(client: TestClient, db: Database) -> No
 
 
 def test_a_registered_group_wakes_the_agent(client: TestClient) -> None:
-    client.post("/api/groups", json={"chat_jid": "solo@local", "name": "Solo", "folder": "solo", "requires_trigger": False})
+    client.post(
+        "/api/groups", json={"chat_jid": "solo@local", "name": "Solo", "folder": "solo", "requires_trigger": False}
+    )
     r = client.post("/api/messages", json={"chat_jid": "solo@local", "sender": "u", "content": "no trigger needed"})
     assert r.status_code == 201 and r.json()["triggered"]
     info = client.get("/api/info").json()
-    assert info == {"assistant_name": "Andy", "trigger_names": ["Andy"], "require_registered_chat": True,
-                    "token_required": False}
+    assert info == {
+        "assistant_name": "Andy",
+        "trigger_names": ["Andy"],
+        "require_registered_chat": True,
+        "token_required": False,
+    }
 
 
 def test_the_page_is_served_with_a_strict_policy(client: TestClient) -> None:
@@ -301,8 +350,11 @@ def test_query_numbers_past_what_the_database_holds_are_refused(client: TestClie
     # Found by schemathesis: a seq past BIGINT made SQLite raise OverflowError (a 500).
     _post(client, content="hi", id="q1")
     huge = 394597466618516761105144022564864
-    for path in (f"/api/chats/{JID}/messages?after={huge}", f"/api/chats/{JID}/messages?after={2**31}",
-                 f"/api/hosts?window_s={10.0**300}"):
+    for path in (
+        f"/api/chats/{JID}/messages?after={huge}",
+        f"/api/chats/{JID}/messages?after={2**31}",
+        f"/api/hosts?window_s={10.0**300}",
+    ):
         r = client.get(path)
         assert r.status_code == 400, (path, r.status_code, r.text)
     assert client.get(f"/api/chats/{JID}/messages?after={2**31 - 1}").json() == []

@@ -101,12 +101,15 @@ sensitive-markers = []
 [[operations]]
 include-path = "/api/chats/{{chat_jid}}/stream"
 request-timeout = 1
-""" + "".join(f"""
+""" + "".join(
+    f"""
 [[operations]]
 include-path = "{path}"
 include-method = "{method}"
 checks.positive_data_acceptance.expected-statuses = {json.dumps(ACCEPTED_POSITIVE + ["400"])}
-""" for path, method in WORDED_RULES)
+"""
+    for path, method in WORDED_RULES
+)
 
 
 def _conversation(db: Database) -> None:
@@ -114,20 +117,33 @@ def _conversation(db: Database) -> None:
     from orchestrator.store.runs import create_run, finish_run
 
     add_group(db, chat_jid=JID, name="Contract", folder="contract", requires_trigger=False)
-    asked = store_message_direct(db=db, id="q1", chat_jid=JID, sender="u1", sender_name="Ann",
-                                 content="hello", timestamp=now_iso())
+    asked = store_message_direct(
+        db=db, id="q1", chat_jid=JID, sender="u1", sender_name="Ann", content="hello", timestamp=now_iso()
+    )
     run = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=asked.seq, celery_task_id=None)
     record_input(db, run.id, b'{"messages": []}')
-    store_message_direct(db=db, id="a1", chat_jid=JID, sender="bot", sender_name="Andy", content="hi Ann",
-                         timestamp=now_iso(), is_from_me=True, message_type="assistant",
-                         metadata={REPLY_TO_KEY: asked.seq, "run_id": run.id})
+    store_message_direct(
+        db=db,
+        id="a1",
+        chat_jid=JID,
+        sender="bot",
+        sender_name="Andy",
+        content="hi Ann",
+        timestamp=now_iso(),
+        is_from_me=True,
+        message_type="assistant",
+        metadata={REPLY_TO_KEY: asked.seq, "run_id": run.id},
+    )
     finish_run(db, run.id, state="succeeded")
 
 
 def test_the_api_keeps_its_documented_contract(db: Database, settings: Settings, tmp_path: Path) -> None:
     _conversation(db)
-    app = create_app(Orchestrator(settings.replace(api_token=TOKEN, webhook_inbound_secret=WEBHOOK_SECRET,
-                                                   slack_signing_secret=SLACK_SECRET)))
+    app = create_app(
+        Orchestrator(
+            settings.replace(api_token=TOKEN, webhook_inbound_secret=WEBHOOK_SECRET, slack_signing_secret=SLACK_SECRET)
+        )
+    )
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG, encoding="utf-8")
     report = tmp_path / "report"
@@ -135,14 +151,34 @@ def test_the_api_keeps_its_documented_contract(db: Database, settings: Settings,
     started = time.monotonic()
     with serve(app) as base:
         done = subprocess.run(
-            [st, "--config-file", str(config), "run", f"{base}/openapi.json", "--checks", "all",
-             "--phases", "coverage,fuzzing,stateful", "--report", "ndjson", "--report-dir", str(report),
-             # Hypothesis's "too slow" times its own data generation, not the API: on a loaded
-             # 2-core machine it failed the run with no contract failure found.
-             "--suppress-health-check=too_slow"],
-            capture_output=True, text=True, cwd=tmp_path, timeout=600,
-            env={**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS), "CONTRACT_WEBHOOK_SECRET": WEBHOOK_SECRET,
-                 "CONTRACT_SLACK_SECRET": SLACK_SECRET},
+            [
+                st,
+                "--config-file",
+                str(config),
+                "run",
+                f"{base}/openapi.json",
+                "--checks",
+                "all",
+                "--phases",
+                "coverage,fuzzing,stateful",
+                "--report",
+                "ndjson",
+                "--report-dir",
+                str(report),
+                # Hypothesis's "too slow" times its own data generation, not the API: on a loaded
+                # 2-core machine it failed the run with no contract failure found.
+                "--suppress-health-check=too_slow",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=600,
+            env={
+                **os.environ,
+                "SCHEMATHESIS_HOOKS": str(HOOKS),
+                "CONTRACT_WEBHOOK_SECRET": WEBHOOK_SECRET,
+                "CONTRACT_SLACK_SECRET": SLACK_SECRET,
+            },
         )
     took = time.monotonic() - started
     out = done.stdout + done.stderr
@@ -156,20 +192,32 @@ def test_the_api_keeps_its_documented_contract(db: Database, settings: Settings,
     succeeded = {(m, p) for m, p, status in answers if 200 <= status < 300}
     assert MUST_SUCCEED <= succeeded, f"never succeeded: {sorted(MUST_SUCCEED - succeeded)}\n{out}"
     assert "Stateful" in out and "Scenarios:" in out, out
-    print(f"schemathesis: {len(documented)} operations, {sum(answers.values())} answers in {took:.0f}s\n"
-          f"{out[-1200:]}")
+    print(f"schemathesis: {len(documented)} operations, {sum(answers.values())} answers in {took:.0f}s\n{out[-1200:]}")
 
 
 # Reached with the seeded data and what the run itself creates; regenerate and move are
 # left out (they need a reply whose id only links carry, and a worker host that is up).
 MUST_SUCCEED = {
-    ("GET", "/health"), ("GET", "/metrics"), ("GET", "/api/info"), ("GET", "/api/groups"),
-    ("GET", "/api/groups/{chat_jid}"), ("GET", "/api/groups/{chat_jid}/usage"), ("POST", "/api/groups"),
-    ("PATCH", "/api/groups/{chat_jid}"), ("POST", "/api/messages"), ("POST", "/webhooks/inbound"),
-    ("POST", "/slack/events"), ("GET", "/api/chats/{chat_jid}/messages"), ("GET", "/api/chats/{chat_jid}/stream"),
-    ("GET", "/api/chats/{chat_jid}/export"), ("POST", "/api/chats/{chat_jid}/messages/{message_id}/edit"),
-    ("GET", "/api/runs"), ("GET", "/api/runs/waiting"), ("GET", "/api/runs/{run_id}"),
-    ("GET", "/api/runs/{run_id}/input"), ("GET", "/api/hosts"),
+    ("GET", "/health"),
+    ("GET", "/metrics"),
+    ("GET", "/api/info"),
+    ("GET", "/api/groups"),
+    ("GET", "/api/groups/{chat_jid}"),
+    ("GET", "/api/groups/{chat_jid}/usage"),
+    ("POST", "/api/groups"),
+    ("PATCH", "/api/groups/{chat_jid}"),
+    ("POST", "/api/messages"),
+    ("POST", "/webhooks/inbound"),
+    ("POST", "/slack/events"),
+    ("GET", "/api/chats/{chat_jid}/messages"),
+    ("GET", "/api/chats/{chat_jid}/stream"),
+    ("GET", "/api/chats/{chat_jid}/export"),
+    ("POST", "/api/chats/{chat_jid}/messages/{message_id}/edit"),
+    ("GET", "/api/runs"),
+    ("GET", "/api/runs/waiting"),
+    ("GET", "/api/runs/{run_id}"),
+    ("GET", "/api/runs/{run_id}/input"),
+    ("GET", "/api/hosts"),
 }
 
 
@@ -197,22 +245,30 @@ def _answers(report: Path) -> Counter[tuple[str, str, int]]:
 @pytest.fixture
 def client(db: Database, settings: Settings) -> Iterator[TestClient]:
     _conversation(db)
-    with TestClient(create_app(Orchestrator(settings.replace(api_token=TOKEN))),
-                    headers={"Authorization": f"Bearer {TOKEN}", CLIENT_HEADER: "tests"},
-                    raise_server_exceptions=False) as c:
+    with TestClient(
+        create_app(Orchestrator(settings.replace(api_token=TOKEN))),
+        headers={"Authorization": f"Bearer {TOKEN}", CLIENT_HEADER: "tests"},
+        raise_server_exceptions=False,
+    ) as c:
         yield c
 
 
 def test_a_nul_in_a_parameter_is_a_400_naming_it(client: TestClient) -> None:
     # PostgreSQL's text holds no NUL: these were 500s there (psycopg's DataError).
-    for path, field in [("/api/groups/a%00b", "path.chat_jid"), (f"/api/chats/{JID}%00/export", "path.chat_jid"),
-                        ("/api/runs/%00/input", "path.run_id"), ("/api/runs?state=%00", "query.state"),
-                        (f"/api/chats/{JID}/messages/q1%00/truncate", "path.message_id")]:
+    for path, field in [
+        ("/api/groups/a%00b", "path.chat_jid"),
+        (f"/api/chats/{JID}%00/export", "path.chat_jid"),
+        ("/api/runs/%00/input", "path.run_id"),
+        ("/api/runs?state=%00", "query.state"),
+        (f"/api/chats/{JID}/messages/q1%00/truncate", "path.message_id"),
+    ]:
         r = client.post(path) if path.endswith("truncate") else client.get(path)
         assert r.status_code == 400 and r.json()["field"] == field, (path, r.status_code, r.text)
-    for method, path, body, field in [("POST", "/api/groups", {"chat_jid": "n@l", "name": "x\x00", "folder": "n"}, "name"),
-                                      ("PATCH", f"/api/groups/{JID}", {"assistant_name": "a\x00"}, "assistant_name"),
-                                      ("POST", f"/api/groups/{JID}/move", {"host": "h\x00"}, "host")]:
+    for method, path, body, field in [
+        ("POST", "/api/groups", {"chat_jid": "n@l", "name": "x\x00", "folder": "n"}, "name"),
+        ("PATCH", f"/api/groups/{JID}", {"assistant_name": "a\x00"}, "assistant_name"),
+        ("POST", f"/api/groups/{JID}/move", {"host": "h\x00"}, "host"),
+    ]:
         r = client.request(method, path, json=body)
         assert r.status_code == 400 and r.json()["field"] == field, (path, r.status_code, r.text)
     # The token is still checked first: no parameter is looked at without it.
@@ -221,8 +277,12 @@ def test_a_nul_in_a_parameter_is_a_400_naming_it(client: TestClient) -> None:
 
 def test_a_405_lists_every_method_of_the_path(client: TestClient) -> None:
     # Starlette named only the first route that matched the path (GET /api/groups hid POST).
-    for path, allowed in [("/api/groups", "GET, POST"), (f"/api/groups/{JID}", "GET, PATCH"),
-                          ("/health", "GET"), ("/webhooks/inbound", "POST")]:
+    for path, allowed in [
+        ("/api/groups", "GET, POST"),
+        (f"/api/groups/{JID}", "GET, PATCH"),
+        ("/health", "GET"),
+        ("/webhooks/inbound", "POST"),
+    ]:
         r = client.request("PUT", path)
         assert r.status_code == 405 and r.headers["allow"] == allowed, (path, r.headers)
         assert r.json() == {"detail": "Method Not Allowed"}
@@ -231,9 +291,13 @@ def test_a_405_lists_every_method_of_the_path(client: TestClient) -> None:
 def test_request_bodies_take_json_types_as_they_are(client: TestClient) -> None:
     # 0/1 for booleans and "3" for integers were accepted (pydantic's lax mode), 3.0 refused.
     path = f"/api/groups/{JID}"
-    for bad, field in [({"requires_trigger": 0}, "requires_trigger"), ({"runs_per_hour": "3"}, "runs_per_hour"),
-                       ({"container_config": {"pids": "64"}}, "container_config.pids"),
-                       ({"requires_trigger": None}, "requires_trigger"), ({"name": None}, "name")]:
+    for bad, field in [
+        ({"requires_trigger": 0}, "requires_trigger"),
+        ({"runs_per_hour": "3"}, "runs_per_hour"),
+        ({"container_config": {"pids": "64"}}, "container_config.pids"),
+        ({"requires_trigger": None}, "requires_trigger"),
+        ({"name": None}, "name"),
+    ]:
         r = client.patch(path, json=bad)
         assert r.status_code == 400 and r.json()["field"] == field, (bad, r.text)
     r = client.patch(path, json={"runs_per_hour": 3.0, "container_config": {"pids": 64.0}})
@@ -260,13 +324,23 @@ def test_the_document_states_the_shared_answers(client: TestClient) -> None:
             for code, response in op["responses"].items():
                 if code[0] in "45":
                     assert response["content"]["application/json"]["schema"] == {
-                        "$ref": "#/components/schemas/ErrorBody"}, (method, path, code)
+                        "$ref": "#/components/schemas/ErrorBody"
+                    }, (method, path, code)
     export = doc["paths"]["/api/chats/{chat_jid}/export"]["get"]["responses"]["200"]["content"]
     assert set(export) == {"application/json", "text/markdown"}
     # Its 400: a NUL in a path parameter (the document's pattern says so); 403 (a Host not this
     # machine's while no token is set) and 413 (a body over the cap): the request guard's, on
     # every operation (orchestrator/http/guards.py).
     assert set(doc["paths"]["/api/chats/{chat_jid}/messages/{message_id}/regenerate"]["post"]["responses"]) == {
-        "200", "400", "401", "403", "404", "409", "413", "421", "503"}
+        "200",
+        "400",
+        "401",
+        "403",
+        "404",
+        "409",
+        "413",
+        "421",
+        "503",
+    }
     chat = doc["paths"]["/api/groups/{chat_jid}"]["get"]["parameters"][0]
     assert chat["in"] == "path" and chat["schema"]["pattern"] == r"^[^\x00]*$"

@@ -41,8 +41,9 @@ def _server(db: Database, settings: Settings, **changes: object) -> Iterator[str
     if JID not in {g.chat_jid for g in list_groups(db)}:
         add_group(db, chat_jid=JID, name="Guard", folder="guard", requires_trigger=True)
     # No extra Host names unless a test gives some (the fixture's "testserver" is TestClient's).
-    app = create_app(Orchestrator(settings.replace(**{"api_max_request_bytes": LIMIT, "api_allowed_hosts": "",
-                                                      **changes})))
+    app = create_app(
+        Orchestrator(settings.replace(**{"api_max_request_bytes": LIMIT, "api_allowed_hosts": "", **changes}))
+    )
     with serve(app) as base:
         yield base
 
@@ -79,19 +80,24 @@ def test_a_declared_length_over_the_cap_is_refused_before_the_body_is_read(db: D
     with _server(db, settings) as base:
         host = urlsplit(base).netloc
         # Ten megabytes announced, none sent: the answer comes at once.
-        status, headers, body = _raw(base, f"POST /api/messages HTTP/1.1\r\nHost: {host}\r\n{CLIENT_LINE}\r\n"
-                                           f"Content-Type: application/json\r\nContent-Length: {10 * 2**20}")
+        status, headers, body = _raw(
+            base,
+            f"POST /api/messages HTTP/1.1\r\nHost: {host}\r\n{CLIENT_LINE}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {10 * 2**20}",
+        )
         assert status == 413 and headers["connection"] == "close"
         assert str(LIMIT) in json.loads(body)["detail"]
         # The same on a route with no body at all, and on the signed webhook.
         # Not a number (\xb2 is "²", a digit to str.isdigit): refused, never a 500.
         for length in ("12x", "\xb2", "-1"):
-            status, _, _ = _raw(base, f"POST /api/messages HTTP/1.1\r\nHost: {host}\r\n{CLIENT_LINE}\r\n"
-                                      f"Content-Length: {length}")
+            status, _, _ = _raw(
+                base, f"POST /api/messages HTTP/1.1\r\nHost: {host}\r\n{CLIENT_LINE}\r\nContent-Length: {length}"
+            )
             assert status == 400, length
         for path in ("/api/info", "/webhooks/inbound", "/health"):
-            status, _, _ = _raw(base, f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{CLIENT_LINE}\r\n"
-                                      f"Content-Length: {LIMIT + 1}")
+            status, _, _ = _raw(
+                base, f"POST {path} HTTP/1.1\r\nHost: {host}\r\n{CLIENT_LINE}\r\nContent-Length: {LIMIT + 1}"
+            )
             assert status == 413, path
         # At the cap it is read and stored.
         padded = _message("x" * (LIMIT - len(_message("")) - 10))
@@ -101,15 +107,17 @@ def test_a_declared_length_over_the_cap_is_refused_before_the_body_is_read(db: D
 
 
 def _chunked(payload: bytes, size: int = 1000) -> bytes:
-    parts = [payload[i:i + size] for i in range(0, len(payload), size)]
+    parts = [payload[i : i + size] for i in range(0, len(payload), size)]
     return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
 
 
 def test_a_chunked_body_is_cut_off_at_the_cap(db: Database, settings: Settings) -> None:
     with _server(db, settings) as base:
         host = urlsplit(base).netloc
-        head = f"POST /api/messages HTTP/1.1\r\nHost: {host}\r\n{CLIENT_LINE}\r\nContent-Type: application/json\r\n" \
-               "Transfer-Encoding: chunked"
+        head = (
+            f"POST /api/messages HTTP/1.1\r\nHost: {host}\r\n{CLIENT_LINE}\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked"
+        )
         # Past the cap (with no end in sight: only the first chunks are ever sent): 413.
         big = _message("y" * (LIMIT * 4))
         status, headers, _ = _raw(base, head, _chunked(big)[: LIMIT + 4096])
@@ -131,11 +139,13 @@ def test_the_token_is_checked_before_the_body_is_read_or_parsed(db: Database, se
         # Not parsed: garbage is a 401, not the parser's 400; with the token it is the 400.
         garbage = {"content-type": "application/json"}
         assert httpx.post(f"{base}/api/messages", content=b"{not json", headers=garbage).status_code == 401
-        wrong = httpx.post(f"{base}/api/messages", content=b"{not json",
-                           headers={**garbage, "authorization": "Bearer nope"})
+        wrong = httpx.post(
+            f"{base}/api/messages", content=b"{not json", headers={**garbage, "authorization": "Bearer nope"}
+        )
         assert wrong.status_code == 401 and wrong.json() == {"detail": "missing or wrong bearer token"}
-        right = httpx.post(f"{base}/api/messages", content=b"{not json",
-                           headers={**garbage, "authorization": f"Bearer {TOKEN}"})
+        right = httpx.post(
+            f"{base}/api/messages", content=b"{not json", headers={**garbage, "authorization": f"Bearer {TOKEN}"}
+        )
         assert right.status_code == 400
         assert httpx.get(f"{base}/metrics").status_code == 401
         # What needs no token still answers without one.
@@ -147,11 +157,20 @@ def test_without_a_token_only_this_machines_names_are_served(db: Database, setti
     with the API in the victim's browser; the browser sends ``Host: evil.example:PORT``."""
     with _server(db, settings) as base:
         port = urlsplit(base).port
-        for evil in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}", f"localhost.:{port}",
-                     f"[::ffff:7f00:1]x:{port}", ""):
-            status, _, body = _raw(base, f"POST /api/messages HTTP/1.1\r\nHost: {evil}\r\n"
-                                         f"Content-Type: application/json\r\nContent-Length: {len(_message())}",
-                                   _message())
+        for evil in (
+            f"evil.example:{port}",
+            "evil.example",
+            f"127.0.0.1.evil.example:{port}",
+            f"localhost.:{port}",
+            f"[::ffff:7f00:1]x:{port}",
+            "",
+        ):
+            status, _, body = _raw(
+                base,
+                f"POST /api/messages HTTP/1.1\r\nHost: {evil}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(_message())}",
+                _message(),
+            )
             assert status == 403, (evil, body)
             assert "Host" in json.loads(body)["detail"]
             status, _, _ = _raw(base, f"GET /api/groups HTTP/1.1\r\nHost: {evil}")
@@ -173,17 +192,27 @@ def test_with_a_token_any_host_is_served(db: Database, settings: Settings) -> No
         assert status == 200
 
 
-@pytest.mark.parametrize(("header", "name", "local"), [
-    ("127.0.0.1:8000", "127.0.0.1", True), ("localhost", "localhost", True), ("[::1]:80", "::1", True),
-    ("Localhost:1", "localhost", True), ("10.0.0.1:80", "10.0.0.1", False), ("evil.example:80", "evil.example", False),
-    ("localhost:x", "localhost:x", False), ("[::1", "::1", True), ("", "", False),
-])
+@pytest.mark.parametrize(
+    ("header", "name", "local"),
+    [
+        ("127.0.0.1:8000", "127.0.0.1", True),
+        ("localhost", "localhost", True),
+        ("[::1]:80", "::1", True),
+        ("Localhost:1", "localhost", True),
+        ("10.0.0.1:80", "10.0.0.1", False),
+        ("evil.example:80", "evil.example", False),
+        ("localhost:x", "localhost:x", False),
+        ("[::1", "::1", True),
+        ("", "", False),
+    ],
+)
 def test_host_names(header: str, name: str, local: bool) -> None:
     assert host_name(header) == name
     assert is_local_name(host_name(header)) is local
 
 
 # -- cross-site requests (no token: loopback) -------------------------------------------------
+
 
 def _post_json(base: str, path: str, body: bytes | None = None, **headers: str) -> httpx.Response:
     sent = {"content-type": "application/json", **headers} if body is not None else headers
@@ -199,9 +228,13 @@ def test_without_a_token_another_sites_page_cannot_change_anything(db: Database,
         port = urlsplit(base).port
         evil = {"origin": "https://evil.example", **CLIENT}
         # A foreign Origin, with or without the header, with or without a JSON type.
-        for headers in (evil, {"origin": "https://evil.example"}, {"origin": "null", **CLIENT},
-                        {"origin": f"http://localhost:{port}", **CLIENT},  # another origin of this machine
-                        {"origin": f"http://127.0.0.1:{port + 1}", **CLIENT}):
+        for headers in (
+            evil,
+            {"origin": "https://evil.example"},
+            {"origin": "null", **CLIENT},
+            {"origin": f"http://localhost:{port}", **CLIENT},  # another origin of this machine
+            {"origin": f"http://127.0.0.1:{port + 1}", **CLIENT},
+        ):
             r = _post_json(base, "/api/messages", _message(), **headers)
             assert r.status_code == 403, (headers, r.text)
             assert "Origin" in r.json()["detail"] or "X-Orchestrator-Client" in r.json()["detail"], r.text
@@ -218,17 +251,24 @@ def test_without_a_token_another_sites_page_cannot_change_anything(db: Database,
         assert r.status_code == 403 and "missing header X-Orchestrator-Client" in r.json()["detail"], r.text
         host = urlsplit(base).netloc
         for blank in ("", " \t"):
-            status, _, body = _raw(base, f"POST /api/messages HTTP/1.1\r\nHost: {host}\r\nX-Orchestrator-Client:{blank}"
-                                         f"\r\nContent-Type: application/json\r\nContent-Length: {len(_message())}",
-                                   _message())
+            status, _, body = _raw(
+                base,
+                f"POST /api/messages HTTP/1.1\r\nHost: {host}\r\nX-Orchestrator-Client:{blank}"
+                f"\r\nContent-Type: application/json\r\nContent-Length: {len(_message())}",
+                _message(),
+            )
             assert status == 403, (blank, body)
         assert get_messages_after(JID, 0, db=db) == []
         # This API's clients: the header, from no page or from the API's own.
         assert _post_json(base, "/api/messages", _message("from the cli"), **CLIENT).status_code == 201
         own = {"origin": base, "sec-fetch-site": "same-origin", **CLIENT}
         assert _post_json(base, "/api/messages", _message("from the page"), **own).status_code == 201
-        assert _post_json(base, "/api/messages", _message("a bookmark"), **{"sec-fetch-site": "none", **CLIENT}
-                          ).status_code == 201
+        assert (
+            _post_json(
+                base, "/api/messages", _message("a bookmark"), **{"sec-fetch-site": "none", **CLIENT}
+            ).status_code
+            == 201
+        )
         # Reading needs none of it (a page of another site cannot read the answer anyway).
         assert httpx.get(f"{base}/api/groups", headers={"origin": "https://evil.example"}).status_code == 200
     assert [m.content for m in get_messages_after(JID, 0, db=db)] == ["from the cli", "from the page", "a bookmark"]
@@ -240,7 +280,11 @@ def test_regenerate_truncate_and_other_bodiless_changes_are_guarded_too(db: Data
         [q] = get_messages_after(JID, 0, db=db)
         for action in ("regenerate", "truncate"):
             path = f"/api/chats/{JID}/messages/{q.id}/{action}"
-            for headers in ({}, {"origin": "https://evil.example", **CLIENT}, {"sec-fetch-site": "cross-site", **CLIENT}):
+            for headers in (
+                {},
+                {"origin": "https://evil.example", **CLIENT},
+                {"sec-fetch-site": "cross-site", **CLIENT},
+            ):
                 r = httpx.post(f"{base}{path}", headers=headers)
                 assert r.status_code == 403, (action, headers, r.text)
             # With the header the route runs (a person's message cannot be regenerated: its 409).
@@ -249,8 +293,10 @@ def test_regenerate_truncate_and_other_bodiless_changes_are_guarded_too(db: Data
         r = httpx.patch(f"{base}/api/groups/{JID}", json={"name": "renamed"})
         assert r.status_code == 403
         assert httpx.patch(f"{base}/api/groups/{JID}", json={"name": "renamed"}, headers=CLIENT).status_code == 200
-        assert httpx.request("DELETE", f"{base}/api/groups/{JID}", headers={"origin": "https://evil.example"}
-                             ).status_code == 403
+        assert (
+            httpx.request("DELETE", f"{base}/api/groups/{JID}", headers={"origin": "https://evil.example"}).status_code
+            == 403
+        )
 
 
 def test_a_token_or_a_signature_stands_in_for_the_client_header(db: Database, settings: Settings) -> None:

@@ -151,7 +151,9 @@ def open_stream(base_url: str) -> Iterator[Callable[..., EventReader]]:
         r.close()
 
 
-def test_new_messages_and_run_states_arrive_live(db: Database, base_url: str, open_stream: Callable[..., EventReader]) -> None:
+def test_new_messages_and_run_states_arrive_live(
+    db: Database, base_url: str, open_stream: Callable[..., EventReader]
+) -> None:
     first = _msg(db, "m1", "before the stream opened")
     events = open_stream("?after=0")
     assert events.response.status_code == 200
@@ -166,8 +168,9 @@ def test_new_messages_and_run_states_arrive_live(db: Database, base_url: str, op
     assert events.next().json["state"] == "running"
 
     sent = time.monotonic()
-    posted = httpx.post(f"{base_url}/api/messages", json={"chat_jid": JID, "sender": "u2", "content": "over HTTP"},
-                        headers=CLIENT)
+    posted = httpx.post(
+        f"{base_url}/api/messages", json={"chat_jid": JID, "sender": "u2", "content": "over HTTP"}, headers=CLIENT
+    )
     assert posted.status_code == 201
     ev = events.next()
     latency = time.monotonic() - sent
@@ -178,11 +181,20 @@ def test_new_messages_and_run_states_arrive_live(db: Database, base_url: str, op
     host = _msg(db, "h1", "a note for people", sender="host", sender_name="host", is_from_me=True, message_type="host")
     got = [events.next(), events.next()]
     assert [(e.event, e.json["id"], e.json["message_type"]) for e in got] == [
-        ("message", "a1", "assistant"), ("message", "h1", "host")]
+        ("message", "a1", "assistant"),
+        ("message", "h1", "host"),
+    ]
     assert [int(e.id or 0) for e in got] == [reply.seq, host.seq]
 
-    park_run(db, run.id, attempts=2, error="model error, retrying", retry_at=datetime.now(UTC),
-             input_tokens=0, output_tokens=0)
+    park_run(
+        db,
+        run.id,
+        attempts=2,
+        error="model error, retrying",
+        retry_at=datetime.now(UTC),
+        input_tokens=0,
+        output_tokens=0,
+    )
     ev = events.next()
     assert (ev.json["state"], ev.json["attempts"]) == ("queued", 2)
     finish_run(db, run.id, state="succeeded", output_tokens=7)
@@ -217,8 +229,9 @@ def test_cursor_and_last_event_id(db: Database, open_stream: Callable[..., Event
     assert open_stream("", headers={"Last-Event-ID": "abc"}).response.status_code == 400
 
 
-def test_a_long_history_arrives_whole_a_page_at_a_time(db: Database, open_stream: Callable[..., EventReader],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_long_history_arrives_whole_a_page_at_a_time(
+    db: Database, open_stream: Callable[..., EventReader], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """More pages than one, and a message stored while the stream is still paging:
     every message once, in seq order, with no poll interval between pages."""
     monkeypatch.setattr(stream_module, "PAGE", 20)
@@ -233,14 +246,23 @@ def test_a_long_history_arrives_whole_a_page_at_a_time(db: Database, open_stream
 def test_history_changes_reset_the_view(db: Database, base_url: str, open_stream: Callable[..., EventReader]) -> None:
     q = _msg(db, "q1", "@Andy first")
     run = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=q.seq, celery_task_id=None)
-    a = _msg(db, "a1", "answer", sender="bot", sender_name="Andy", is_from_me=True, message_type="assistant",
-             metadata={REPLY_TO_KEY: q.seq, "run_id": run.id})
+    a = _msg(
+        db,
+        "a1",
+        "answer",
+        sender="bot",
+        sender_name="Andy",
+        is_from_me=True,
+        message_type="assistant",
+        metadata={REPLY_TO_KEY: q.seq, "run_id": run.id},
+    )
     finish_run(db, run.id, state="succeeded")
     events = open_stream()
     events.until(lambda e: e.event == "message" and e.json["id"] == "a1")
 
-    r = httpx.post(f"{base_url}/api/chats/{JID}/messages/q1/edit", json={"content": "@Andy first, edited"},
-                   headers=CLIENT)
+    r = httpx.post(
+        f"{base_url}/api/chats/{JID}/messages/q1/edit", json={"content": "@Andy first, edited"}, headers=CLIENT
+    )
     assert r.status_code == 200
     ev, _ = events.until(lambda e: e.event == "reset", timeout=5)
     assert ev.json == {"reason": "history changed"}
@@ -270,16 +292,18 @@ def test_stream_needs_the_token_when_one_is_set(db: Database, settings: Settings
             reader.close()
 
 
-def test_idle_stream_sends_keepalives(db: Database, open_stream: Callable[..., EventReader],
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_idle_stream_sends_keepalives(
+    db: Database, open_stream: Callable[..., EventReader], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(stream_module, "KEEPALIVE_S", 0.3)
     events = open_stream()
     time.sleep(1.2)
     assert events.comments and events.comments[0] == ": keepalive"
 
 
-def test_a_stream_stops_polling_when_its_client_goes(db: Database, base_url: str,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stream_stops_polling_when_its_client_goes(
+    db: Database, base_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ticks: list[float] = []
     poll = ChatStream.poll
     monkeypatch.setattr(ChatStream, "poll", lambda self: (ticks.append(time.monotonic()), poll(self))[1])
@@ -327,10 +351,19 @@ def test_open_streams_end_cleanly_when_the_server_stops(db: Database, settings: 
     the stream ends on its own, the response complete, well within uvicorn's 3 s graceful shutdown."""
     add_group(db, chat_jid=JID, name="Live", folder="live")
     _msg(db, "m1", "hello")
-    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
-           "ORCHESTRATOR_DATABASE_URL": settings.database_url}
-    server = subprocess.Popen(api_argv("127.0.0.1", 0), env=env, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+        "ORCHESTRATOR_DATABASE_URL": settings.database_url,
+    }
+    server = subprocess.Popen(
+        api_argv("127.0.0.1", 0),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     log_lines: list[str] = []
     started: queue.Queue[str] = queue.Queue()
 

@@ -12,8 +12,8 @@ import random
 from typing import Any
 
 import pytest
-from agent_runner.protocol import ToolResultEvent
 
+from agent_runner.protocol import ToolResultEvent
 from orchestrator.channels import telegram
 from orchestrator.channels.telegram import split_text
 from orchestrator.core.settings import Settings
@@ -50,7 +50,7 @@ def test_byte_by_byte_scans_each_byte_once() -> None:
     lines = [bytes([97 + i % 26]) * (i % 199 + 1) for i in range(200)]
     stream = b"\n".join(lines) + b"\n"
     reader = LineReader(200)
-    got = _feed_all(reader, [stream[i:i + 1] for i in range(len(stream))])
+    got = _feed_all(reader, [stream[i : i + 1] for i in range(len(stream))])
     assert got == lines
     assert reader.scanned == len(stream)  # every byte looked at exactly once
     assert reader.peak_buffered <= 200
@@ -122,7 +122,7 @@ def test_tail_keeps_only_the_end(size: int) -> None:
             written += chunk
         assert tail.peak_buffered < 2 * 64 * 1024
     assert tail.total == total
-    assert tail.getvalue() == bytes(written[-64 * 1024:])
+    assert tail.getvalue() == bytes(written[-64 * 1024 :])
     assert tail.dropped == total - 64 * 1024
 
 
@@ -186,14 +186,17 @@ def test_a_long_tool_result_is_cut_with_a_marker_and_its_size_kept() -> None:
 
 
 def test_an_oversized_envelope_is_dropped_with_the_reason() -> None:
-    env = {"message_type": "TOOL_CALL", "version": 1,
-           "payload": {"tool_name": "bash", "input": {"command": "x"}, "output": "o" * 5000}}
-    out = event_to_message(_result("o" * 10, env), run_id="r", index=1, assistant_name="A",
-                           max_tool_result_bytes=1000)
+    env = {
+        "message_type": "TOOL_CALL",
+        "version": 1,
+        "payload": {"tool_name": "bash", "input": {"command": "x"}, "output": "o" * 5000},
+    }
+    out = event_to_message(_result("o" * 10, env), run_id="r", index=1, assistant_name="A", max_tool_result_bytes=1000)
     assert out is not None and out.metadata is not None
     assert "message_type" not in out.metadata and "over the host's 1000-byte limit" in out.metadata["envelope_dropped"]
-    kept = event_to_message(_result("o" * 10, env), run_id="r", index=1, assistant_name="A",
-                            max_tool_result_bytes=100_000)
+    kept = event_to_message(
+        _result("o" * 10, env), run_id="r", index=1, assistant_name="A", max_tool_result_bytes=100_000
+    )
     assert kept is not None and kept.metadata is not None and kept.metadata["message_type"] == "TOOL_CALL"
 
 
@@ -230,11 +233,23 @@ def test_split_cuts_after_a_late_line_break() -> None:
 
 
 def _edit(old: str | None, new: str | None) -> StoredMessage:
-    meta = build_structured_envelope("CODE_EDIT", {"edits": [{"file_path": "f.txt", "old_content": old,
-                                                              "new_content": new}]}, extras={"exit_code": 0})
-    return StoredMessage(seq=1, id="m", chat_jid="c", sender="command_output", sender_name="edit_file", content="",
-                         timestamp="2026-11-27T10:00:00+00:00", is_from_me=True, message_type="tool_result",
-                         metadata=meta)
+    meta = build_structured_envelope(
+        "CODE_EDIT",
+        {"edits": [{"file_path": "f.txt", "old_content": old, "new_content": new}]},
+        extras={"exit_code": 0},
+    )
+    return StoredMessage(
+        seq=1,
+        id="m",
+        chat_jid="c",
+        sender="command_output",
+        sender_name="edit_file",
+        content="",
+        timestamp="2026-11-27T10:00:00+00:00",
+        is_from_me=True,
+        message_type="tool_result",
+        metadata=meta,
+    )
 
 
 def test_a_huge_adversarial_edit_is_summarised_not_diffed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -280,6 +295,15 @@ def test_an_edit_is_the_same_diff_as_before(seed: int) -> None:
 
 def test_render_of_a_10_mb_reply_is_the_text() -> None:
     big = "word " * 2_000_000
-    msg = StoredMessage(seq=1, id="m", chat_jid="c", sender="bot", sender_name="Andy", content=big,
-                        timestamp="2026-11-27T10:00:00+00:00", is_from_me=True, message_type="assistant")
+    msg = StoredMessage(
+        seq=1,
+        id="m",
+        chat_jid="c",
+        sender="bot",
+        sender_name="Andy",
+        content=big,
+        timestamp="2026-11-27T10:00:00+00:00",
+        is_from_me=True,
+        message_type="assistant",
+    )
     assert render.render_text(msg, "Andy") == "Andy: " + big

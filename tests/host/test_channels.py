@@ -45,26 +45,49 @@ def team(db: Database) -> Database:
     return db
 
 
-def _say(db: Database, settings: Settings, content: str = "", *, channel: str | None = None,
-         sender: str = "alice", **kw: object) -> StoredMessage:
+def _say(
+    db: Database,
+    settings: Settings,
+    content: str = "",
+    *,
+    channel: str | None = None,
+    sender: str = "alice",
+    **kw: object,
+) -> StoredMessage:
     fields = {"sender_name": sender.title(), "content": content, **kw}
-    return ingest(db, settings, IncomingMessage(chat_jid=JID, sender=sender, channel=channel, **fields),  # type: ignore[arg-type]
-                  signal=None).message
+    return ingest(
+        db,
+        settings,
+        IncomingMessage(chat_jid=JID, sender=sender, channel=channel, **fields),  # type: ignore[arg-type]
+        signal=None,
+    ).message
 
 
 def _conversation(db: Database, settings: Settings, *, origin: str | None) -> list[StoredMessage]:
     """A person's message (from ``origin``), then what a run would store."""
-    tool = build_structured_envelope("TOOL_CALL", {"tool_name": "bash", "input": {"command": "echo hi"},
-                                                   "output": "hi\n"}, extras={"exit_code": 0, "tool": "bash"})
+    tool = build_structured_envelope(
+        "TOOL_CALL",
+        {"tool_name": "bash", "input": {"command": "echo hi"}, "output": "hi\n"},
+        extras={"exit_code": 0, "tool": "bash"},
+    )
     return [
         _say(db, settings, "@Robo say hi", channel=origin),
         _say(db, settings, "bash: echo hi", sender="tool_use", message_type="assistant", is_from_me=True),
-        _say(db, settings, "hi\n", sender="command_output", sender_name="bash", message_type="tool_result",
-             is_from_me=True, metadata=tool),
+        _say(
+            db,
+            settings,
+            "hi\n",
+            sender="command_output",
+            sender_name="bash",
+            message_type="tool_result",
+            is_from_me=True,
+            metadata=tool,
+        ),
         _say(db, settings, "thinking about it", sender="thinking", message_type="assistant", is_from_me=True),
         _say(db, settings, "hi", sender="bot", sender_name="Robo", message_type="assistant", is_from_me=True),
-        _say(db, settings, "⚠️ something to know", sender="host", sender_name="host", message_type="host",
-             is_from_me=True),
+        _say(
+            db, settings, "⚠️ something to know", sender="host", sender_name="host", message_type="host", is_from_me=True
+        ),
     ]
 
 
@@ -95,8 +118,7 @@ def test_a_message_on_one_channel_shows_the_same_history_on_the_others(team: Dat
     assert channels["wall"].addresses == ["wall:room-7"] * 4 and channels["desk"].addresses == [JID] * 4
     # The rendered message names its source.
     first = channels["desk"].sent[0]
-    assert (first.seq, first.id, first.message_type, first.origin_channel) == (
-        msgs[0].seq, msgs[0].id, "user", "phone")
+    assert (first.seq, first.id, first.message_type, first.origin_channel) == (msgs[0].seq, msgs[0].id, "user", "phone")
     assert msgs[0].metadata == {"origin_channel": "phone"}
     rows = list_deliveries(team, message_seq=msgs[0].seq)
     assert sorted(d.channel for d in rows) == ["desk", "wall"]
@@ -151,9 +173,7 @@ def test_a_channel_that_fails_twice_gets_the_message_exactly_once(team: Database
     assert flaky.calls == 4  # never again
 
 
-def test_a_channel_that_keeps_failing_gives_up_and_the_next_message_goes_on(
-    team: Database, settings: Settings
-) -> None:
+def test_a_channel_that_keeps_failing_gives_up_and_the_next_message_goes_on(team: Database, settings: Settings) -> None:
     settings = _fast(settings, delivery_max_attempts=2, delivery_retry_base_s=0.0)
     down = RecordingChannel("down", fail_times=2)
     attach_channel(team, JID, "down")
@@ -234,9 +254,16 @@ def test_an_abandoned_send_is_never_retried_and_due_chats_are_signalled(team: Da
     cut = _say(team, settings, "cut off mid-send")
     _say(team, settings, "next")
     with team.write() as session:  # a deliverer claimed it, then died: its deadline passed (database's clock)
-        session.execute(update(DeliveryRow).where(DeliveryRow.message_seq == cut.seq).values(
-            state="sending", attempts=1, claimed_by="dead:1:x",
-            claimed_until=database_now(team) - timedelta(seconds=1)))
+        session.execute(
+            update(DeliveryRow)
+            .where(DeliveryRow.message_seq == cut.seq)
+            .values(
+                state="sending",
+                attempts=1,
+                claimed_by="dead:1:x",
+                claimed_until=database_now(team) - timedelta(seconds=1),
+            )
+        )
     signals: list[str] = []
     report = sweep(team, signal=None, signal_delivery=signals.append)
     assert report.abandoned_deliveries == 1
@@ -249,7 +276,10 @@ def test_an_abandoned_send_is_never_retried_and_due_chats_are_signalled(team: Da
 
 @pytest.mark.parametrize("skew_h", [-1, 1])
 def test_a_claims_deadline_is_on_the_databases_clock(
-    team: Database, settings: Settings, monkeypatch: pytest.MonkeyPatch, skew_h: int,
+    team: Database,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    skew_h: int,
 ) -> None:
     """A deliverer on a host whose clock is an hour off: its claim's deadline is still the
     database's now + delivery_claim_s, so a sweep during the send (on any host) leaves the
@@ -291,8 +321,9 @@ def test_stored_only_and_superseded_messages_are_not_delivered(team: Database, s
         assert list_deliveries(team, message_seq=m.seq) == []
     # No sender name: shown under the group's assistant name.
     keep = _say(team, settings, "answer", sender="bot", sender_name="", message_type="assistant", is_from_me=True)
-    dropped = _say(team, settings, "a reply that gets truncated", sender="bot", message_type="assistant",
-                   is_from_me=True)
+    dropped = _say(
+        team, settings, "a reply that gets truncated", sender="bot", message_type="assistant", is_from_me=True
+    )
     truncate_after(team, settings, JID, keep.id)
     report = Deliverer(team, settings, ChannelRegistry([rec])).deliver_due()
     assert rec.rendered == ["Alice: @Robo go", "Robo: answer"]
@@ -319,8 +350,9 @@ def test_channels_of_another_process_are_left_alone_unless_told(team: Database, 
     assert Deliverer(team, settings, ChannelRegistry([])).deliver_due().failed_attempts == 0
     assert list_deliveries(team, message_seq=m.seq)[0].attempts == 0
     # A worker owns every channel name: one it does not have is a failure (retried, then failed).
-    report = Deliverer(team, _fast(settings, delivery_max_attempts=1), ChannelRegistry([]),
-                       only_known=False).deliver_due()
+    report = Deliverer(
+        team, _fast(settings, delivery_max_attempts=1), ChannelRegistry([]), only_known=False
+    ).deliver_due()
     assert report.failed_attempts == 1
     [row] = list_deliveries(team, message_seq=m.seq)
     assert row.state == "failed" and "no channel named 'elsewhere'" in (row.last_error or "")
@@ -359,8 +391,9 @@ def test_registry_is_keyed_by_name_and_checks_addresses(team: Database, settings
     assert plugged.names == ["flaky", "log", "mirror-a", "mirror-b", "webhook"]
 
 
-def test_the_log_channel_writes_the_rendered_text(team: Database, settings: Settings,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_the_log_channel_writes_the_rendered_text(
+    team: Database, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
     attach_channel(team, JID, "log")
     m = _say(team, settings, "hello log")
     with caplog.at_level("INFO", logger="orchestrator.channel.log"):
@@ -369,10 +402,13 @@ def test_the_log_channel_writes_the_rendered_text(team: Database, settings: Sett
 
 
 def test_attach_detach_and_deliveries_from_the_cli(team: Database, settings: Settings) -> None:
-    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
-           "ORCHESTRATOR_DATABASE_URL": settings.database_url,
-           "ORCHESTRATOR_CHANNEL_PLUGINS": "tests.fakes.channel:plugin",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {
+        **os.environ,
+        "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+        "ORCHESTRATOR_DATABASE_URL": settings.database_url,
+        "ORCHESTRATOR_CHANNEL_PLUGINS": "tests.fakes.channel:plugin",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    }
     cli = str(Path(sys.executable).parent / "orchestrator")
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -393,7 +429,8 @@ def test_attach_detach_and_deliveries_from_the_cli(team: Database, settings: Set
     flushed = run("deliveries", "flush", "--chat-jid", JID)
     assert flushed.returncode == 0 and "sent 2" in flushed.stdout, flushed.stderr
     assert [(r["address"], r["text"]) for r in read_file_channel(settings, "mirror-a")] == [
-        ("desk-1", "cli-user: from the cli")]
+        ("desk-1", "cli-user: from the cli")
+    ]
 
     gone = run("groups", "detach", JID, "mirror-a")
     assert gone.returncode == 0 and "detached from mirror-a" in gone.stdout, gone.stderr
@@ -403,7 +440,9 @@ def test_attach_detach_and_deliveries_from_the_cli(team: Database, settings: Set
 
 
 def test_a_claim_reads_only_the_unfinished_rows_of_a_line_whatever_its_history(
-    team: Database, settings: Settings, db_backend: str,
+    team: Database,
+    settings: Settings,
+    db_backend: str,
 ) -> None:
     """The 30-minute PostgreSQL soak's deliverer slowed as the table grew: "no earlier
     unfinished row" read the line's whole history.  The claim's statements must find
@@ -415,8 +454,19 @@ def test_a_claim_reads_only_the_unfinished_rows_of_a_line_whatever_its_history(
 
     unfinished_reads = ("idx_deliveries_unfinished", "idx_deliveries_due", "PRIMARY KEY")
     now = utc_now()
-    history = [{"message_seq": seq, "chat_jid": JID, "channel": "rec", "address": JID, "state": "sent",
-                "attempts": 1, "next_attempt_at": now, "created_at": now} for seq in range(-300, 0)]
+    history = [
+        {
+            "message_seq": seq,
+            "chat_jid": JID,
+            "channel": "rec",
+            "address": JID,
+            "state": "sent",
+            "attempts": 1,
+            "next_attempt_at": now,
+            "created_at": now,
+        }
+        for seq in range(-300, 0)
+    ]
     with team.write() as session:
         session.execute(insert(DeliveryRow), history)
     attach_channel(team, JID, "rec")

@@ -43,7 +43,11 @@ def test_claude_code_models_run_in_the_variant_image(tmp_path: Path) -> None:
     settings = _settings(tmp_path, model="claude-code:claude-sonnet-4-5", max_tokens=2048, thinking_budget=1024)
     chosen = model_settings(settings)
     assert (chosen.provider, chosen.model, chosen.max_tokens, chosen.thinking_budget) == (
-        "claude-code", "claude-sonnet-4-5", 2048, 1024)
+        "claude-code",
+        "claude-sonnet-4-5",
+        2048,
+        1024,
+    )
     assert settings_variant(settings) == "claude-code"
     assert image_name(settings, model_variant(chosen.provider)) == "orchestrator-agent:claude-code"
     plain = _settings(tmp_path, model="anthropic:claude-sonnet-4-5", agent_image="registry:5000/team/agent:v3")
@@ -51,7 +55,8 @@ def test_claude_code_models_run_in_the_variant_image(tmp_path: Path) -> None:
     assert image_name(plain, None) == "registry:5000/team/agent:v3"
     assert image_name(plain, "claude-code") == "registry:5000/team/agent:claude-code"
     assert image_name(_settings(tmp_path, agent_image="registry:5000/agent"), "claude-code") == (
-        "registry:5000/agent:claude-code")
+        "registry:5000/agent:claude-code"
+    )
     with pytest.raises(ImageBuildError, match="no image variant 'gpu'"):
         image_name(plain, "gpu")
     no_thinking = model_settings(_settings(tmp_path, model="claude-code:m"))

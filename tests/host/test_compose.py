@@ -18,16 +18,30 @@ def test_compose_file_is_valid_and_complete() -> None:
     require_service(shutil.which("docker-compose") is not None, "docker-compose (apt-get install docker-compose)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCHESTRATOR_", "DOCKER_HOST"))}
     # Without a token compose stops before anything starts, saying what to set.
-    refused = subprocess.run(["docker-compose", "-f", str(ROOT / "compose.yaml"), "config"],
-                             capture_output=True, text=True, timeout=60, env=env)
+    refused = subprocess.run(
+        ["docker-compose", "-f", str(ROOT / "compose.yaml"), "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert refused.returncode != 0 and "set ORCHESTRATOR_API_TOKEN" in refused.stderr, refused.stderr
     # Nor without Flower's login: it listens on 0.0.0.0 in its container, and shows every task.
-    refused = subprocess.run(["docker-compose", "-f", str(ROOT / "compose.yaml"), "config"],
-                             capture_output=True, text=True, timeout=60, env=env | {"ORCHESTRATOR_API_TOKEN": "t0ken"})
+    refused = subprocess.run(
+        ["docker-compose", "-f", str(ROOT / "compose.yaml"), "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env | {"ORCHESTRATOR_API_TOKEN": "t0ken"},
+    )
     assert refused.returncode != 0 and "set ORCHESTRATOR_FLOWER_BASIC_AUTH" in refused.stderr, refused.stderr
-    res = subprocess.run(["docker-compose", "-f", str(ROOT / "compose.yaml"), "config"],
-                         capture_output=True, text=True, timeout=60,
-                         env=env | {"ORCHESTRATOR_API_TOKEN": "t0ken", "ORCHESTRATOR_FLOWER_BASIC_AUTH": "ops:l0gin"})
+    res = subprocess.run(
+        ["docker-compose", "-f", str(ROOT / "compose.yaml"), "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env | {"ORCHESTRATOR_API_TOKEN": "t0ken", "ORCHESTRATOR_FLOWER_BASIC_AUTH": "ops:l0gin"},
+    )
     assert res.returncode == 0, res.stderr
     config = yaml.safe_load(res.stdout)
     services = config["services"]
@@ -53,9 +67,15 @@ def test_compose_file_is_valid_and_complete() -> None:
     for name in ("api", "worker", "deliverer", "beat", "flower", "agent-image"):
         env_of = services[name]["environment"]
         assert env_of["ORCHESTRATOR_MAIN_GROUP"] == "main@local"
-        assert {"ORCHESTRATOR_MODEL", "ORCHESTRATOR_ANTHROPIC_API_KEY", "ORCHESTRATOR_ANTHROPIC_BASE_URL",
-                "ORCHESTRATOR_OPENAI_BASE_URL", "ORCHESTRATOR_OPENAI_API_KEY", "ORCHESTRATOR_MAX_TOKENS",
-                "ORCHESTRATOR_RUN_TOKEN_BUDGET"} <= set(env_of), name
+        assert {
+            "ORCHESTRATOR_MODEL",
+            "ORCHESTRATOR_ANTHROPIC_API_KEY",
+            "ORCHESTRATOR_ANTHROPIC_BASE_URL",
+            "ORCHESTRATOR_OPENAI_BASE_URL",
+            "ORCHESTRATOR_OPENAI_API_KEY",
+            "ORCHESTRATOR_MAX_TOKENS",
+            "ORCHESTRATOR_RUN_TOKEN_BUDGET",
+        } <= set(env_of), name
     # Each worker's /metrics inside the compose network, never published.
     for name in ("worker", "deliverer"):
         assert services[name]["environment"]["ORCHESTRATOR_METRICS_PORT"] == "9108"

@@ -23,8 +23,12 @@ from orchestrator.store.message_log import get_messages_after, store_message_dir
 
 PAGES: dict[str, tuple[int, str, bytes]] = {
     "/notes.txt": (200, "text/plain; charset=utf-8", "plain notes ✓".encode()),
-    "/page.html": (200, "text/html", b"<html><head><style>p{}</style><script>evil()</script></head>"
-                   b"<body><h1>Title</h1><p>Body text</p></body></html>"),
+    "/page.html": (
+        200,
+        "text/html",
+        b"<html><head><style>p{}</style><script>evil()</script></head>"
+        b"<body><h1>Title</h1><p>Body text</p></body></html>",
+    ),
     "/missing": (404, "text/plain", b"nope"),
     "/image.png": (200, "image/png", b"\x89PNG..."),
     "/big.txt": (200, "text/plain", b"x" * 5000),
@@ -73,8 +77,9 @@ def web() -> Iterator[str]:
 
 @pytest.fixture
 def loopback_ok(tmp_path: Path) -> Settings:
-    return Settings.load(data_dir=tmp_path / "d", context_url_allow_private=True, context_url_max_bytes=1000,
-                    env_file=None)
+    return Settings.load(
+        data_dir=tmp_path / "d", context_url_allow_private=True, context_url_max_bytes=1000, env_file=None
+    )
 
 
 @pytest.mark.parametrize(
@@ -86,8 +91,11 @@ def loopback_ok(tmp_path: Path) -> Settings:
         ([{"type": "file"}], "metadata.context[0].path", "Field required"),
         ([{"type": "file", "path": ""}], "metadata.context[0].path", "at least 1 character"),
         ([{"type": "file", "path": "a", "mode": "rw"}], "metadata.context[0].mode", "Extra inputs"),
-        ([{"type": "file", "path": "a"}, {"type": "url", "url": "file:///etc/passwd"}],
-         "metadata.context[1].url", "http:// or https://"),
+        (
+            [{"type": "file", "path": "a"}, {"type": "url", "url": "file:///etc/passwd"}],
+            "metadata.context[1].url",
+            "http:// or https://",
+        ),
         ([{"type": "selection", "text": "t", "start_line": 0}], "metadata.context[0].start_line", "greater than"),
         ([{"type": "file", "path": str(i)} for i in range(21)], "metadata.context", "at most 20"),
     ],
@@ -102,7 +110,12 @@ def test_bad_context_items_name_the_field(items: object, field: str, problem: st
 def test_a_message_with_bad_context_is_not_stored(db: Database) -> None:
     with pytest.raises(InvalidMessageMetadata, match=r"metadata\.context\[0\]\.url"):
         store_message_direct(
-            db=db, id="m1", chat_jid="c@l", sender="u", content="see", timestamp="2026-11-26T10:00:00+00:00",
+            db=db,
+            id="m1",
+            chat_jid="c@l",
+            sender="u",
+            content="see",
+            timestamp="2026-11-26T10:00:00+00:00",
             metadata={"context": [{"type": "url", "url": "not a url"}]},
         )
     assert get_messages_after("c@l", 0, db=db) == []
@@ -116,7 +129,9 @@ def test_file_block_reads_the_group_workspace_now(tmp_path: Path, loopback_ok: S
     assert block.startswith("<file_context>\n<path>notes/plan.md</path>\n<mtime>")
     assert block.endswith("<content>\nstep 1\nstep 2\n\n</content>\n</file_context>")
     note.write_text("changed")
-    assert "<content>\nchanged\n</content>" in expand_file(FileItem(type="file", path="notes/plan.md"), tmp_path, loopback_ok)
+    assert "<content>\nchanged\n</content>" in expand_file(
+        FileItem(type="file", path="notes/plan.md"), tmp_path, loopback_ok
+    )
 
 
 def test_unreadable_files_become_error_blocks(tmp_path: Path, loopback_ok: Settings) -> None:
@@ -150,7 +165,9 @@ def test_unreadable_files_become_error_blocks(tmp_path: Path, loopback_ok: Setti
         assert f"<error>[Error: {why}" in block, (path, block)
         assert "TOPSECRET" not in block
     sock.close()
-    assert "<content>\nfine\n</content>" in expand_file(FileItem(type="file", path="./dir//ok.txt"), tmp_path, loopback_ok)
+    assert "<content>\nfine\n</content>" in expand_file(
+        FileItem(type="file", path="./dir//ok.txt"), tmp_path, loopback_ok
+    )
 
 
 def test_large_files_are_cut(tmp_path: Path) -> None:
@@ -173,8 +190,13 @@ def test_url_blocks_fetch_text_and_html(web: str, loopback_ok: Settings) -> None
 
 @pytest.mark.parametrize(
     ("path", "why"),
-    [("/missing", "HTTP 404"), ("/image.png", "not a text document (image/png)"), ("/to-ftp", "redirected away from http"),
-     ("/to-bad-ipv6", "redirected to no URL: Invalid IPv6 URL"), ("/to-bad-idna", "not a URL: Malformed A-label")],
+    [
+        ("/missing", "HTTP 404"),
+        ("/image.png", "not a text document (image/png)"),
+        ("/to-ftp", "redirected away from http"),
+        ("/to-bad-ipv6", "redirected to no URL: Invalid IPv6 URL"),
+        ("/to-bad-idna", "not a URL: Malformed A-label"),
+    ],
 )
 def test_url_failures_become_error_blocks(web: str, loopback_ok: Settings, path: str, why: str) -> None:
     block = expand_url(UrlItem(type="url", url=f"{web}{path}"), loopback_ok)
@@ -189,13 +211,23 @@ def _html_parser_chokes_on_a_marked_section() -> bool:
     return False  # a later parser (HTML5's rules: a bogus comment) reads it
 
 
-@pytest.mark.parametrize(("path", "why"), [
-    ("/rot13.txt", "LookupError"), ("/idna.txt", "UnicodeError"),
-    pytest.param("/marked.html", "AssertionError", marks=pytest.mark.skipif(
-        not _html_parser_chokes_on_a_marked_section(), reason="this Python's html.parser reads <![ ]>")),
-])
-def test_a_page_that_cannot_be_turned_into_text_is_an_error_block(web: str, tmp_path: Path, loopback_ok: Settings,
-                                                                    path: str, why: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("/rot13.txt", "LookupError"),
+        ("/idna.txt", "UnicodeError"),
+        pytest.param(
+            "/marked.html",
+            "AssertionError",
+            marks=pytest.mark.skipif(
+                not _html_parser_chokes_on_a_marked_section(), reason="this Python's html.parser reads <![ ]>"
+            ),
+        ),
+    ],
+)
+def test_a_page_that_cannot_be_turned_into_text_is_an_error_block(
+    web: str, tmp_path: Path, loopback_ok: Settings, path: str, why: str
+) -> None:
     """History is expanded again for every run: an exception out of one page would fail every later
     run of the group, until the message left the window (issue 29)."""
     block = expand_url(UrlItem(type="url", url=f"{web}{path}"), loopback_ok)
@@ -213,9 +245,11 @@ def test_a_url_the_store_accepts_but_idna_refuses_is_an_error_block(loopback_ok:
     assert block.startswith("<url_context_error>") and "[Error: not a URL: " in block, block
 
 
-def test_an_unforeseen_failure_is_an_error_block_and_logged(loopback_ok: Settings, monkeypatch: pytest.MonkeyPatch,
-                                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unforeseen_failure_is_an_error_block_and_logged(
+    loopback_ok: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """The expansion's last line: whatever fetching raises, the run goes on (and the log has the traceback)."""
+
     def broken(*args: object, **kwargs: object) -> str:
         raise KeyError("a bug in the fetcher")
 
@@ -234,8 +268,9 @@ def test_private_addresses_are_refused_by_default(web: str, tmp_path: Path) -> N
 
 
 def test_selection_block() -> None:
-    item = SelectionItem(type="selection", text="def f():\n    return 1", title="a.py", path="src/a.py",
-                         start_line=3, end_line=4)
+    item = SelectionItem(
+        type="selection", text="def f():\n    return 1", title="a.py", path="src/a.py", start_line=3, end_line=4
+    )
     assert expand_selection(item) == (
         "<selected_text>\n<title>a.py</title>\n<path>src/a.py</path>\n<start_line>3</start_line>\n"
         "<end_line>4</end_line>\n<content>\ndef f():\n    return 1\n</content>\n</selected_text>"
@@ -244,11 +279,13 @@ def test_selection_block() -> None:
 
 def test_expanded_content_is_the_typed_text_then_the_blocks(tmp_path: Path, web: str, loopback_ok: Settings) -> None:
     (tmp_path / "a.txt").write_text("A")
-    meta = {"context": [
-        {"type": "file", "path": "a.txt"},
-        {"type": "url", "url": f"{web}/notes.txt"},
-        {"type": "selection", "text": "picked"},
-    ]}
+    meta = {
+        "context": [
+            {"type": "file", "path": "a.txt"},
+            {"type": "url", "url": f"{web}/notes.txt"},
+            {"type": "selection", "text": "picked"},
+        ]
+    }
     text = expand_content("summarise these", meta, tmp_path, loopback_ok)
     parts = text.split("\n\n")
     assert parts[0] == "summarise these"

@@ -10,6 +10,8 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from sqlalchemy import update
+
 from agent_runner.protocol import (
     AssistantEvent,
     ContainerInput,
@@ -20,8 +22,6 @@ from agent_runner.protocol import (
     ToolUseEvent,
     decode_input,
 )
-from sqlalchemy import update
-
 from orchestrator.core.settings import Settings
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY, format_messages_for_sdk
 from orchestrator.run.assembly import (

@@ -42,11 +42,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from agent_runner.protocol import AssistantEvent, ResultEvent
 from fastapi.testclient import TestClient
 from sqlalchemy import exc, text
 from sqlalchemy.engine import make_url
 
+from agent_runner.protocol import AssistantEvent, ResultEvent
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import DB_RETRY_AFTER_S, create_app
 from orchestrator.http.endpoint import CLIENT_HEADER
@@ -88,16 +88,35 @@ class PrivateCluster:
         subprocess.run([*prefix, *args], check=True, capture_output=True, timeout=60)
 
     def init(self) -> None:
-        self._run(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "orchestrator", "--auth=trust",
-                  "-E", "UTF8", "--no-sync")
+        self._run(
+            str(PG_BIN / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "orchestrator",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
         self.start()
-        self._run(str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "orchestrator",
-                  "orchestrator")
+        self._run(
+            str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "orchestrator", "orchestrator"
+        )
 
     def start(self) -> None:
         # fsync off: a test cluster; a stop "immediate" still loses nothing (the OS keeps the pages).
-        self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.base / "server.log"), "-w",
-                  "-o", f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+        self._run(
+            str(PG_BIN / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.base / "server.log"),
+            "-w",
+            "-o",
+            f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "start",
+        )
 
     def stop(self, mode: str) -> None:
         self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
@@ -105,7 +124,9 @@ class PrivateCluster:
 
 @pytest.fixture(scope="module")
 def private_pg() -> Iterator[PrivateCluster]:
-    require_service((PG_BIN / "initdb").exists(), f"PostgreSQL's server binaries in {PG_BIN} (ORCHESTRATOR_TEST_PG_BIN)")
+    require_service(
+        (PG_BIN / "initdb").exists(), f"PostgreSQL's server binaries in {PG_BIN} (ORCHESTRATOR_TEST_PG_BIN)"
+    )
     base = Path(tempfile.mkdtemp(prefix="orch-pg-"))
     if os.geteuid() == 0:
         shutil.chown(base, "postgres", "postgres")
@@ -180,8 +201,9 @@ def test_postgresql_restarted_during_ingest(private_pg: PrivateCluster, tmp_path
         private_pg.stop(mode)
         try:
             with httpx.Client(base_url=base, timeout=30, headers=CLIENT) as other:
-                _assert_unavailable(other.post("/api/messages", json=_message("during")),
-                                    "the database does not answer")
+                _assert_unavailable(
+                    other.post("/api/messages", json=_message("during")), "the database does not answer"
+                )
                 _assert_unavailable(other.get(f"/api/chats/{JID}/messages"), "the database")
                 _assert_unavailable(other.get("/api/groups"), "the database")
                 health = other.get("/health")
@@ -211,7 +233,8 @@ def test_postgresql_restarted_during_ingest(private_pg: PrivateCluster, tmp_path
 
 
 def test_pooled_connections_idle_through_a_restart_are_not_handed_out_dead(
-    private_pg: PrivateCluster, monkeypatch: pytest.MonkeyPatch,
+    private_pg: PrivateCluster,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Nothing used the database while it restarted: no statement met the outage, so no
     error dropped the pool, and its connections are dead sockets.  The first transactions
@@ -250,8 +273,9 @@ def test_pooled_connections_idle_through_a_restart_are_not_handed_out_dead(
     db.dispose()
 
 
-def test_a_run_interrupted_by_a_postgresql_restart_is_answered_after(private_pg: PrivateCluster,
-                                                                     tmp_path: Path) -> None:
+def test_a_run_interrupted_by_a_postgresql_restart_is_answered_after(
+    private_pg: PrivateCluster, tmp_path: Path
+) -> None:
     url = _fresh_database(private_pg, "run_restart")
     settings = Settings.load(data_dir=tmp_path / "data", database_url=url, env_file=None, lease_ttl_s=2)
     settings.ensure_dirs()
@@ -260,8 +284,9 @@ def test_a_run_interrupted_by_a_postgresql_restart_is_answered_after(private_pg:
     jid = ensure_main_group(db).chat_jid
     server_down = threading.Event()
     # The first agent writes its reply only once the server is down; the next one answers at once.
-    held = Script([AssistantEvent(text="lost"), ResultEvent()],
-                  before_event=lambda i: server_down.wait(30) if i == 0 else None)
+    held = Script(
+        [AssistantEvent(text="lost"), ResultEvent()], before_event=lambda i: server_down.wait(30) if i == 0 else None
+    )
     sandbox = FakeSandbox(held, Script([AssistantEvent(text="done"), ResultEvent()]))
     p = Pipeline(settings, db, ChannelRegistry([]), sandbox, clock=FakeClock())
     ingest(db, settings, IncomingMessage(chat_jid=jid, sender="u", content="hello"), signal=None)
@@ -303,17 +328,20 @@ def test_a_run_interrupted_by_a_postgresql_restart_is_answered_after(private_pg:
 
 
 def test_sqlite_locked_by_another_writer_is_a_bounded_wait_then_503(tmp_path: Path) -> None:
-    settings = Settings.load(data_dir=tmp_path / "data", env_file=None, api_db_wait_s=1.0,
-                             api_allowed_hosts="testserver")
+    settings = Settings.load(
+        data_dir=tmp_path / "data", env_file=None, api_db_wait_s=1.0, api_allowed_hosts="testserver"
+    )
     root = Orchestrator(settings)
     add_group(root.db, chat_jid=JID, name="Faults", folder="faults", requires_trigger=True)
     path = make_url(settings.effective_database_url).database
-    hold = ("import sqlite3, sys\n"
-            f"c = sqlite3.connect({path!r}, isolation_level=None)\n"
-            "c.execute('BEGIN IMMEDIATE')\n"
-            "print('locked', flush=True)\n"
-            "sys.stdin.readline()\n"
-            "c.execute('COMMIT')\n")
+    hold = (
+        "import sqlite3, sys\n"
+        f"c = sqlite3.connect({path!r}, isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE')\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "c.execute('COMMIT')\n"
+    )
     holder = subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdin is not None
@@ -402,9 +430,16 @@ def test_sqlite_disk_full_is_a_503_then_works_again(small_disk: Path) -> None:
         assert full is not None, "the disk never filled"
         _assert_unavailable(full, "disk is full")  # type: ignore[arg-type]  # TestClient's is httpx's
         # Not corrupted: SQLite rolled the failed transaction back.
-        check = subprocess.run([sys.executable, "-c", f"import sqlite3; print(sqlite3.connect({path!r})"
-                                ".execute('PRAGMA integrity_check').fetchone()[0])"],
-                               capture_output=True, text=True, timeout=60)
+        check = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"import sqlite3; print(sqlite3.connect({path!r}).execute('PRAGMA integrity_check').fetchone()[0])",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert check.stdout.strip() == "ok", check.stdout + check.stderr
         # Space comes back: the same API process stores again, the refused message included.
         filler.unlink()

@@ -15,9 +15,9 @@ import json
 import threading
 from typing import Any
 
-from agent_runner.protocol import AssistantEvent, Event, ResultEvent, TextDeltaEvent
 from sqlalchemy import event, func, select, update
 
+from agent_runner.protocol import AssistantEvent, Event, ResultEvent, TextDeltaEvent
 from orchestrator.cli.chat import Follower
 from orchestrator.core.settings import Settings
 from orchestrator.http.stream import ChatStream
@@ -103,8 +103,9 @@ class Ticks:
 def test_the_draft_is_written_at_most_every_interval_and_capped(db: Database) -> None:
     run_id = _running_run(db)
     clock = Ticks()
-    draft = LiveDraft(db, run_id, JID, max_bytes=1000, free_lines=10_000, free_bytes=10**6, max_written=10**9,
-                      clock=clock)
+    draft = LiveDraft(
+        db, run_id, JID, max_bytes=1000, free_lines=10_000, free_bytes=10**6, max_written=10**9, clock=clock
+    )
     for i in range(200):  # 200 pieces, 10 ms apart: 2 s of streaming
         clock.now += 0.01
         assert draft.add(TextDeltaEvent(block="1.0", text=f"w{i:03d} "))
@@ -163,9 +164,16 @@ class DraftWrites:
 
 
 def _as_the_pipeline_makes_it(db: Database, settings: Settings, run_id: str, clock: Ticks) -> LiveDraft:
-    return LiveDraft(db, run_id, JID, max_bytes=settings.max_event_line_bytes,
-                     free_lines=FREE_LINES_PER_EVENT * settings.max_run_events,
-                     free_bytes=settings.max_run_stored_bytes, max_written=settings.max_run_stored_bytes, clock=clock)
+    return LiveDraft(
+        db,
+        run_id,
+        JID,
+        max_bytes=settings.max_event_line_bytes,
+        free_lines=FREE_LINES_PER_EVENT * settings.max_run_events,
+        free_bytes=settings.max_run_stored_bytes,
+        max_written=settings.max_run_stored_bytes,
+        clock=clock,
+    )
 
 
 def test_a_huge_delta_then_a_byte_every_100_ms_writes_bounded_bytes(settings: Settings, db: Database) -> None:
@@ -209,8 +217,9 @@ def test_the_pace_keeps_a_readable_draft_live_and_slows_a_big_one(db: Database) 
     """What a person watching sees: a reply of a few KiB every 100 ms, as before; a 64 KiB
     draft about once a second; the pace holds across a stored reply."""
     clock = Ticks()
-    draft = LiveDraft(db, _running_run(db), JID, max_bytes=2**20, free_lines=10**6, free_bytes=10**9,
-                      max_written=10**9, clock=clock)
+    draft = LiveDraft(
+        db, _running_run(db), JID, max_bytes=2**20, free_lines=10**6, free_bytes=10**9, max_written=10**9, clock=clock
+    )
     for _ in range(60):  # 60 pieces of 100 bytes, 100 ms apart (and a hair, for the float sums): 6 KB
         clock.now += 0.101
         draft.add(TextDeltaEvent(block="1.0", text="w" * 100))
@@ -225,8 +234,9 @@ def test_the_pace_keeps_a_readable_draft_live_and_slows_a_big_one(db: Database) 
 
 def test_past_the_runs_budget_the_draft_stays_until_stored_and_no_new_one_is_written(db: Database) -> None:
     clock = Ticks()
-    draft = LiveDraft(db, _running_run(db), JID, max_bytes=2**20, free_lines=10**6, free_bytes=10**9,
-                      max_written=10_000, clock=clock)
+    draft = LiveDraft(
+        db, _running_run(db), JID, max_bytes=2**20, free_lines=10**6, free_bytes=10**9, max_written=10_000, clock=clock
+    )
     for i in range(10):  # 1 KB each 100 ms: writes of 1, 2, 3, 4 KB; the 5 KB one would pass 10 KB
         clock.now += 0.101
         draft.add(TextDeltaEvent(block="1.0", text=str(i) * 1000))

@@ -29,8 +29,9 @@ def _nothing_stored(db: Database) -> None:
 
 def test_store_message_direct(db: Database) -> None:
     with pytest.raises(InvalidMessageMetadata) as err:
-        store_message_direct(db=db, id="m", chat_jid=JID, sender="u", content="x",
-                             timestamp="2026-11-26T10:00:00+00:00", metadata=BAD)
+        store_message_direct(
+            db=db, id="m", chat_jid=JID, sender="u", content="x", timestamp="2026-11-26T10:00:00+00:00", metadata=BAD
+        )
     assert err.value.field == FIELD and "unknown field" in str(err.value)
     _nothing_stored(db)
 
@@ -39,8 +40,9 @@ def test_ingest(db: Database, settings: Settings) -> None:
     ensure_main_group(db)
     signals: list[str] = []
     with pytest.raises(InvalidMessageMetadata) as err:
-        ingest(db, settings, IncomingMessage(chat_jid=JID, sender="u", content="x", metadata=BAD),
-               signal=signals.append)
+        ingest(
+            db, settings, IncomingMessage(chat_jid=JID, sender="u", content="x", metadata=BAD), signal=signals.append
+        )
     assert err.value.field == FIELD
     assert signals == []
     _nothing_stored(db)
@@ -48,12 +50,16 @@ def test_ingest(db: Database, settings: Settings) -> None:
 
 def test_cli_send(db: Database, settings: Settings) -> None:
     ensure_main_group(db)
-    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
-           "ORCHESTRATOR_DATABASE_URL": settings.database_url}
+    env = {
+        **os.environ,
+        "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+        "ORCHESTRATOR_DATABASE_URL": settings.database_url,
+    }
     cli = str(Path(sys.executable).parent / "orchestrator")
     for metadata, expected in [(json.dumps(BAD), FIELD), ("{not json", "Expecting property name")]:
-        done = subprocess.run([cli, "send", JID, "hi", "--metadata", metadata], env=env,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [cli, "send", JID, "hi", "--metadata", metadata], env=env, capture_output=True, text=True, timeout=60
+        )
         assert done.returncode == 1, done.stderr
         assert expected in done.stderr
     _nothing_stored(db)

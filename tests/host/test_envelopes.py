@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 import pytest
+
 from agent_runner import envelopes as runner_envelopes
 from agent_runner import protocol
 from agent_runner.protocol import (
@@ -18,7 +19,6 @@ from agent_runner.protocol import (
     envelope_to_dict,
     parse_event,
 )
-
 from orchestrator.core.errors import InvalidMessage, OrchestratorError
 from orchestrator.model import messages
 from orchestrator.model.envelopes import (
@@ -213,7 +213,11 @@ def test_todo_is_kept_in_order() -> None:
             "must be one of pending, in_progress, completed",
         ),
         ({"todos": [{"id": "1", "content": "x"}]}, "metadata.payload.todos[0].status", "is required"),
-        ({"todos": [{"id": 1, "content": "x", "status": "pending"}]}, "metadata.payload.todos[0].id", "must be a string"),
+        (
+            {"todos": [{"id": 1, "content": "x", "status": "pending"}]},
+            "metadata.payload.todos[0].id",
+            "must be a string",
+        ),
         (
             {"todos": [{"id": "1", "content": "x", "status": "pending", "priority": "high"}]},
             "metadata.payload.todos[0].priority",
@@ -415,8 +419,12 @@ def _runner_envelopes() -> list[KnownEnvelope]:
     return [
         runner_envelopes.code_edit("src/app.py", None, "x = 1\n"),
         runner_envelopes.code_edit("notes.md", "old\n", "new\n"),
-        runner_envelopes.todo([{"id": "1", "content": "plan", "status": "completed"},
-                               {"id": "2", "content": "ship", "status": "in_progress"}]),
+        runner_envelopes.todo(
+            [
+                {"id": "1", "content": "plan", "status": "completed"},
+                {"id": "2", "content": "ship", "status": "in_progress"},
+            ]
+        ),
         runner_envelopes.tool_call("bash", {"command": "ls", "env": {"A": ["1", 2]}}, "out\n", is_error=False),
         runner_envelopes.tool_call("edit_file", {"path": "a.py"}, "edit_file: no such file", is_error=True),
     ]
@@ -432,9 +440,18 @@ def _tool_result(envelope: dict[str, Any] | None) -> ToolResultEvent:
 
 def test_the_host_validates_with_the_protocol_structs() -> None:
     assert (CodeEditPayload, FileEdit, TodoItem, TodoPayload, ToolCallPayload) == (
-        protocol.CodeEditPayload, protocol.FileEdit, protocol.TodoItem, protocol.TodoPayload, protocol.ToolCallPayload)
+        protocol.CodeEditPayload,
+        protocol.FileEdit,
+        protocol.TodoItem,
+        protocol.TodoPayload,
+        protocol.ToolCallPayload,
+    )
     assert (messages.CODE_EDIT, messages.TODO, messages.TOOL_CALL, messages.TEXT) == (
-        protocol.CODE_EDIT, protocol.TODO, protocol.TOOL_CALL, protocol.TEXT)
+        protocol.CODE_EDIT,
+        protocol.TODO,
+        protocol.TOOL_CALL,
+        protocol.TEXT,
+    )
 
 
 @pytest.mark.parametrize("built", _runner_envelopes(), ids=lambda e: e.message_type)
@@ -457,8 +474,10 @@ def test_a_runner_envelope_round_trips_through_the_host_unchanged(built: KnownEn
 
 def test_a_stored_row_from_before_the_shared_structs_reads_back_byte_for_byte() -> None:
     # A CODE_EDIT as the host stored it with its pydantic payload models.
-    row = ('{"message_type":"CODE_EDIT","version":1,"payload":{"edits":[{"file_path":"a.py","old_content":null,'
-           '"new_content":"x","language":"python"}]},"exit_code":0,"tool_use_id":"t1","tool":"write_file"}')
+    row = (
+        '{"message_type":"CODE_EDIT","version":1,"payload":{"edits":[{"file_path":"a.py","old_content":null,'
+        '"new_content":"x","language":"python"}]},"exit_code":0,"tool_use_id":"t1","tool":"write_file"}'
+    )
     assert msgspec.json.encode(normalize_message_metadata(json.loads(row))).decode() == row
 
 
@@ -478,33 +497,53 @@ def test_an_unknown_envelope_type_from_a_newer_runner_passes_through() -> None:
         # Structs are not validated when built in code: the host still checks what it receives.
         (runner_envelopes.code_edit("", None, "x"), "metadata.payload.edits[0].file_path", "must not be empty"),
         (runner_envelopes.todo([]), "metadata.payload.todos", "must not be empty"),
-        (runner_envelopes.todo([{"id": "1", "content": "x", "status": "done"}]),
-         "metadata.payload.todos[0].status", "must be one of pending, in_progress, completed"),
+        (
+            runner_envelopes.todo([{"id": "1", "content": "x", "status": "done"}]),
+            "metadata.payload.todos[0].status",
+            "must be one of pending, in_progress, completed",
+        ),
     ],
 )
-def test_a_malformed_runner_envelope_is_refused_naming_the_field(built: KnownEnvelope, field: str, problem: str) -> None:
+def test_a_malformed_runner_envelope_is_refused_naming_the_field(
+    built: KnownEnvelope, field: str, problem: str
+) -> None:
     wire = envelope_to_dict(built)
     assert_invalid(wire, field, problem)
     # from a tool result: the envelope is dropped with the reason, the result is kept
     out = event_to_message(_tool_result(wire), run_id="r", index=1, assistant_name="A")
     assert out is not None and out.content == "ok"
-    assert out.metadata == {"exit_code": 0, "tool_use_id": "t1", "tool": "some_tool",
-                            "invalid_envelope": f"{field}: {problem}"}
+    assert out.metadata == {
+        "exit_code": 0,
+        "tool_use_id": "t1",
+        "tool": "some_tool",
+        "invalid_envelope": f"{field}: {problem}",
+    }
 
 
 @pytest.mark.parametrize(
     ("wire", "field", "problem"),
     [
-        ({"message_type": "CODE_EDIT", "version": 1, "payload": {"edits": [{"path": "a.py"}]}},
-         "metadata.payload.edits[0].path", "unknown field"),
-        ({"message_type": "TOOL_CALL", "version": 1, "payload": {"input": {}}},
-         "metadata.payload.tool_name", "is required"),
+        (
+            {"message_type": "CODE_EDIT", "version": 1, "payload": {"edits": [{"path": "a.py"}]}},
+            "metadata.payload.edits[0].path",
+            "unknown field",
+        ),
+        (
+            {"message_type": "TOOL_CALL", "version": 1, "payload": {"input": {}}},
+            "metadata.payload.tool_name",
+            "is required",
+        ),
         ({"message_type": "TODO", "version": 1, "payload": "todos"}, "metadata.payload", "must be a JSON object"),
-        ({"message_type": "TOOL_CALL", "version": 0, "payload": {"tool_name": "x"}},
-         "metadata.version", "must be an integer >= 1"),
+        (
+            {"message_type": "TOOL_CALL", "version": 0, "payload": {"tool_name": "x"}},
+            "metadata.version",
+            "must be an integer >= 1",
+        ),
     ],
 )
-def test_a_malformed_envelope_on_the_wire_costs_only_the_envelope(wire: dict[str, Any], field: str, problem: str) -> None:
+def test_a_malformed_envelope_on_the_wire_costs_only_the_envelope(
+    wire: dict[str, Any], field: str, problem: str
+) -> None:
     out = event_to_message(_tool_result(wire), run_id="r", index=1, assistant_name="A")
     assert out is not None and out.metadata is not None
     assert out.metadata["invalid_envelope"] == f"{field}: {problem}"

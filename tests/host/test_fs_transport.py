@@ -20,10 +20,16 @@ CTX = mp.get_context("spawn")
 
 
 def _connection(folder: Path, transport: str = TRANSPORT) -> Connection:
-    return Connection("filesystem://", transport=transport, transport_options={
-        "data_folder_in": str(folder / "out"), "data_folder_out": str(folder / "out"),
-        "control_folder": str(folder / "control"), "store_processed": False,
-    })
+    return Connection(
+        "filesystem://",
+        transport=transport,
+        transport_options={
+            "data_folder_in": str(folder / "out"),
+            "data_folder_out": str(folder / "out"),
+            "control_folder": str(folder / "control"),
+            "store_processed": False,
+        },
+    )
 
 
 def _bind_many(folder: str, who: int, rounds: int, transport: str, barrier) -> None:  # type: ignore[no-untyped-def]

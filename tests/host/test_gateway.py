@@ -19,6 +19,7 @@ from pathlib import Path
 import anthropic
 import httpx
 import pytest
+
 from agent_runner.loop import run_agent
 from agent_runner.protocol import (
     ContainerInput,
@@ -31,7 +32,6 @@ from agent_runner.protocol import (
     Usage,
 )
 from agent_runner.providers.anthropic import AnthropicProvider, _unix_socket_client
-
 from orchestrator.core.settings import Settings
 from orchestrator.sandbox import gateway as gateway_module
 from orchestrator.sandbox.gateway import OPENAI_PATHS, GatewayError, ModelGateway, _chmod_socket
@@ -75,9 +75,9 @@ def test_forwards_messages_with_the_gateway_key_only(
 ) -> None:
     fake.replies.append(message([{"type": "text", "text": "hello"}], "end_turn"))
     resp = client.post(
-        "/v1/messages", json=REQUEST,
-        headers={"x-api-key": "via-gateway", "Authorization": "Bearer via-gateway",
-                 "anthropic-version": "2023-06-01"},
+        "/v1/messages",
+        json=REQUEST,
+        headers={"x-api-key": "via-gateway", "Authorization": "Bearer via-gateway", "anthropic-version": "2023-06-01"},
     )
 
     assert resp.status_code == 200, resp.text
@@ -92,9 +92,7 @@ def test_forwards_messages_with_the_gateway_key_only(
     assert gateway.requests == 1 and gateway.refused == 0
 
 
-def test_usage_is_summed_over_requests(
-    gateway: ModelGateway, client: httpx.Client, fake: FakeAnthropic
-) -> None:
+def test_usage_is_summed_over_requests(gateway: ModelGateway, client: httpx.Client, fake: FakeAnthropic) -> None:
     fake.replies.extend(message([{"type": "text", "text": f"r{n}"}], "end_turn", n=n) for n in (1, 2, 3))
     for _ in range(3):
         assert client.post("/v1/messages", json=REQUEST).status_code == 200
@@ -105,9 +103,16 @@ def test_usage_is_summed_over_requests(
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("GET", "/v1/models"), ("POST", "/v1/complete"), ("POST", "/admin"),
-     ("GET", "/v1/messages"), ("DELETE", "/v1/messages"), ("OPTIONS", "/v1/messages"),
-     ("POST", "/v1/messages/batches"), ("POST", "/v1/chat/completions")],
+    [
+        ("GET", "/v1/models"),
+        ("POST", "/v1/complete"),
+        ("POST", "/admin"),
+        ("GET", "/v1/messages"),
+        ("DELETE", "/v1/messages"),
+        ("OPTIONS", "/v1/messages"),
+        ("POST", "/v1/messages/batches"),
+        ("POST", "/v1/chat/completions"),
+    ],
 )
 def test_other_routes_are_refused(
     gateway: ModelGateway, client: httpx.Client, fake: FakeAnthropic, method: str, path: str
@@ -142,6 +147,7 @@ def test_socket_in_a_folder_with_a_long_path(tmp_path: Path, fake: FakeAnthropic
 
 
 # -- every run opens and closes a gateway: what that costs the worker ----------------
+
 
 def test_closing_does_not_wait_for_a_poll(sock: Path, fake: FakeAnthropic) -> None:
     # The accept loop is woken by close(); serve_forever's 0.1 s poll made
@@ -214,21 +220,29 @@ def test_rate_limit_passes_through_with_retry_after(
 def test_real_provider_completes_a_tool_conversation_through_the_gateway(
     gateway: ModelGateway, fake: FakeAnthropic, tmp_path: Path
 ) -> None:
-    fake.replies.extend([
-        message(
-            [{"type": "text", "text": "Let me check."},
-             {"type": "tool_use", "id": "toolu_01", "name": "bash", "input": {"command": "echo via-gw"}}],
-            "tool_use", n=1,
-        ),
-        message([{"type": "text", "text": "It printed via-gw."}], "end_turn", n=2),
-    ])
+    fake.replies.extend(
+        [
+            message(
+                [
+                    {"type": "text", "text": "Let me check."},
+                    {"type": "tool_use", "id": "toolu_01", "name": "bash", "input": {"command": "echo via-gw"}},
+                ],
+                "tool_use",
+                n=1,
+            ),
+            message([{"type": "text", "text": "It printed via-gw."}], "end_turn", n=2),
+        ]
+    )
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     provider = AnthropicProvider(
         ModelSettings(provider="anthropic", model="claude-fake", socket_path=str(gateway.socket_path))
     )
     inp = ContainerInput(
-        run_id="run-gw", chat_jid="chat@test", group_folder="test", assistant_name="Andy",
+        run_id="run-gw",
+        chat_jid="chat@test",
+        group_folder="test",
+        assistant_name="Andy",
         messages=[SdkMessage(role="user", content="run echo please")],
     )
     events: list[Event] = []
@@ -236,7 +250,9 @@ def test_real_provider_completes_a_tool_conversation_through_the_gateway(
 
     # The answers were streamed through the gateway: their text came as deltas first.
     deltas = [e for e in events if isinstance(e, TextDeltaEvent)]
-    assert [d.block for d in deltas][0] == "1.0" and "".join(d.text for d in deltas) == "Let me check.It printed via-gw."
+    assert [d.block for d in deltas][0] == "1.0" and "".join(
+        d.text for d in deltas
+    ) == "Let me check.It printed via-gw."
     events = [e for e in events if not isinstance(e, TextDeltaEvent)]
     assert [e.type for e in events] == ["assistant", "tool_use", "tool_result", "assistant", "result"]
     assert isinstance(events[2], ToolResultEvent) and events[2].output == "via-gw\n"
@@ -252,8 +268,11 @@ def test_real_provider_completes_a_tool_conversation_through_the_gateway(
 def test_the_token_budget_refuses_the_request_after_it_is_spent(sock: Path, fake: FakeAnthropic) -> None:
     # Each reply costs 10*n + n tokens (n = 5: 55); the budget of 100 allows two.
     fake.replies.extend(message([{"type": "text", "text": "r"}], "end_turn", n=5) for _ in range(3))
-    with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=KEY, token_budget=100) as gw, \
-            gateway_client(sock) as client:
+    with (
+        fake.serve() as upstream,
+        ModelGateway(sock, upstream=upstream, api_key=KEY, token_budget=100) as gw,
+        gateway_client(sock) as client,
+    ):
         assert client.post("/v1/messages", json=REQUEST).status_code == 200
         assert client.post("/v1/messages", json=REQUEST).status_code == 200
         refused = client.post("/v1/messages", json=REQUEST)
@@ -267,14 +286,21 @@ def test_the_token_budget_refuses_the_request_after_it_is_spent(sock: Path, fake
 def test_a_budget_error_fails_the_run_without_retries(sock: Path, fake: FakeAnthropic, tmp_path: Path) -> None:
     from agent_runner.errors import ProviderError
 
-    fake.replies.extend([message([{"type": "tool_use", "id": "t1", "name": "bash", "input": {"command": "true"}}],
-                                 "tool_use", n=5)])
+    fake.replies.extend(
+        [message([{"type": "tool_use", "id": "t1", "name": "bash", "input": {"command": "true"}}], "tool_use", n=5)]
+    )
     with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=KEY, token_budget=50):
         # max_tokens fits the budget: the request is sent, its answer crosses the budget.
-        provider = AnthropicProvider(ModelSettings(provider="anthropic", model="claude-fake", socket_path=str(sock),
-                                                   max_tokens=16))
-        inp = ContainerInput(run_id="r", chat_jid="c", group_folder="g", assistant_name="A",
-                             messages=[SdkMessage(role="user", content="go")])
+        provider = AnthropicProvider(
+            ModelSettings(provider="anthropic", model="claude-fake", socket_path=str(sock), max_tokens=16)
+        )
+        inp = ContainerInput(
+            run_id="r",
+            chat_jid="c",
+            group_folder="g",
+            assistant_name="A",
+            messages=[SdkMessage(role="user", content="go")],
+        )
         with pytest.raises(ProviderError) as err:
             run_agent(inp, provider, lambda e: None, workspace=tmp_path)
     assert not err.value.retryable and "budget" in str(err.value)
@@ -365,14 +391,15 @@ def test_the_request_size_limit_is_a_setting(sock: Path, fake: FakeAnthropic) ->
 
 def test_a_body_that_stops_arriving_is_given_up_on(sock: Path, fake: FakeAnthropic) -> None:
     with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=KEY, read_timeout_s=0.5) as gw:
-        got, body, took = exchange(sock, b"POST /v1/messages HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"mod")
+        got, body, took = exchange(sock, b'POST /v1/messages HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"mod')
     assert got == 408 and json.loads(body)["error"]["type"] == "request_timeout"
     assert 0.4 < took < 3
     assert fake.calls == [] and gw.requests == 0
 
 
 @pytest.mark.parametrize(
-    "payload", [b"not json", b"[1, 2]", b'{"max_tokens": "many"}', b"[" * 100_000, b'{"stream": "yes"}'],
+    "payload",
+    [b"not json", b"[1, 2]", b'{"max_tokens": "many"}', b"[" * 100_000, b'{"stream": "yes"}'],
 )
 def test_a_body_that_is_not_a_request_never_goes_upstream(
     gateway: ModelGateway, client: httpx.Client, fake: FakeAnthropic, payload: bytes
@@ -388,8 +415,9 @@ def test_malformed_http_gets_a_json_error(gateway: ModelGateway, fake: FakeAnthr
     assert got == 431 and json.loads(body)["type"] == "error"
     got, body, _ = exchange(gateway.socket_path, b"BREW /v1/messages HTTP/1.1\r\n\r\n")
     assert got == 501 and json.loads(body)["type"] == "error"
-    got, body, _ = exchange(gateway.socket_path, b"POST http://evil.example/v1/messages HTTP/1.1\r\n"
-                                                 b"Content-Length: 2\r\n\r\n{}")
+    got, body, _ = exchange(
+        gateway.socket_path, b"POST http://evil.example/v1/messages HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"
+    )
     assert got == 403
     assert fake.calls == []
 
@@ -420,8 +448,10 @@ def test_a_thousand_idle_connections_cost_at_most_the_cap_in_threads(
     fake.replies.append(message([{"type": "text", "text": "still here"}], "end_turn"))
     conns: list[socket.socket] = []
     try:
-        with fake.serve() as upstream, \
-                ModelGateway(sock, upstream=upstream, api_key=KEY, max_connections=16, read_timeout_s=3.0) as gw:
+        with (
+            fake.serve() as upstream,
+            ModelGateway(sock, upstream=upstream, api_key=KEY, max_connections=16, read_timeout_s=3.0) as gw,
+        ):
             stop = threading.Event()
             peak = [0]
 
@@ -474,20 +504,25 @@ def test_a_thousand_idle_connections_cost_at_most_the_cap_in_threads(
             conn.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     with capsys.disabled():
-        print(f"\n1000 connections: opened in {opened_s:.2f}s, {gw.dropped} closed at once; threads "
-              f"{base_threads} -> peak {peak[0]} (held {held_threads}); RSS {base_rss} -> {held_rss} KiB; "
-              f"all closed after {closed_s:.2f}s")
+        print(
+            f"\n1000 connections: opened in {opened_s:.2f}s, {gw.dropped} closed at once; threads "
+            f"{base_threads} -> peak {peak[0]} (held {held_threads}); RSS {base_rss} -> {held_rss} KiB; "
+            f"all closed after {closed_s:.2f}s"
+        )
 
 
-def test_streamed_anthropic_usage_is_counted_with_cache_tokens(
-    gateway: ModelGateway, fake: FakeAnthropic
-) -> None:
+def test_streamed_anthropic_usage_is_counted_with_cache_tokens(gateway: ModelGateway, fake: FakeAnthropic) -> None:
     fake.replies.append(message_stream("hello there world", n=4, cache_creation=100, cache_read=1000))
     # The real SDK's streaming client, on the socket the way the runner's provider connects.
-    sdk = anthropic.Anthropic(api_key="not-the-key", base_url="http://gateway", max_retries=0,
-                              http_client=_unix_socket_client(str(gateway.socket_path)))
-    with sdk.messages.stream(model="claude-fake", max_tokens=16, messages=[{"role": "user", "content": "hi"}]) \
-            as stream:
+    sdk = anthropic.Anthropic(
+        api_key="not-the-key",
+        base_url="http://gateway",
+        max_retries=0,
+        http_client=_unix_socket_client(str(gateway.socket_path)),
+    )
+    with sdk.messages.stream(
+        model="claude-fake", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
         final = stream.get_final_message()
 
     assert [b.text for b in final.content if b.type == "text"] == ["hellothereworld"]
@@ -539,8 +574,7 @@ def openai_fake() -> FakeOpenAI:
 
 
 def openai_gateway(sock: Path, upstream: str, **kw: object) -> ModelGateway:
-    return ModelGateway(sock, upstream=upstream, api_key=KEY, allowed_paths=OPENAI_PATHS, auth="bearer",
-                        **kw)  # type: ignore[arg-type]
+    return ModelGateway(sock, upstream=upstream, api_key=KEY, allowed_paths=OPENAI_PATHS, auth="bearer", **kw)  # type: ignore[arg-type]
 
 
 def test_streamed_openai_usage_is_asked_for_and_counted(sock: Path, openai_fake: FakeOpenAI) -> None:
@@ -580,8 +614,9 @@ def test_a_stream_that_declines_usage_is_refused(sock: Path, openai_fake: FakeOp
 
 
 def test_cache_tokens_of_answers_are_counted(gateway: ModelGateway, client: httpx.Client, fake: FakeAnthropic) -> None:
-    fake.replies.append(message([{"type": "text", "text": "cached"}], "end_turn", n=1,
-                                cache_creation=200, cache_read=3000))
+    fake.replies.append(
+        message([{"type": "text", "text": "cached"}], "end_turn", n=1, cache_creation=200, cache_read=3000)
+    )
     assert client.post("/v1/messages", json=REQUEST).status_code == 200
     assert (gateway.input_tokens, gateway.output_tokens) == (10 + 200 + 3000, 1)
 
@@ -599,8 +634,10 @@ def test_openai_cached_tokens_are_not_counted_twice(sock: Path, openai_fake: Fak
 def test_parallel_requests_cannot_overspend_the_budget(sock: Path) -> None:
     # Each answer costs 55 tokens; the budget allows one.  Slow answers: all
     # eight requests are in the gateway while the first is upstream.
-    fake = FakeAnthropic(*(message([{"type": "text", "text": "r"}], "end_turn", n=5) for _ in range(8)),
-                         on_request=lambda rec: time.sleep(0.3))
+    fake = FakeAnthropic(
+        *(message([{"type": "text", "text": "r"}], "end_turn", n=5) for _ in range(8)),
+        on_request=lambda rec: time.sleep(0.3),
+    )
     statuses: list[int] = []
     with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=KEY, token_budget=56) as gw:
         barrier = threading.Barrier(8)
@@ -621,8 +658,11 @@ def test_parallel_requests_cannot_overspend_the_budget(sock: Path) -> None:
 
 
 def test_a_request_whose_output_does_not_fit_the_budget_is_refused(sock: Path, fake: FakeAnthropic) -> None:
-    with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=KEY, token_budget=100) as gw, \
-            gateway_client(sock) as client:
+    with (
+        fake.serve() as upstream,
+        ModelGateway(sock, upstream=upstream, api_key=KEY, token_budget=100) as gw,
+        gateway_client(sock) as client,
+    ):
         resp = client.post("/v1/messages", json={**REQUEST, "max_tokens": 500})
     assert resp.status_code == 403 and resp.json()["error"]["type"] == "budget_exceeded"
     assert "100 of its 100 tokens left" in resp.json()["error"]["message"]
@@ -632,9 +672,11 @@ def test_a_request_whose_output_does_not_fit_the_budget_is_refused(sock: Path, f
 def test_a_request_without_an_output_cap_gets_what_is_left(sock: Path, openai_fake: FakeOpenAI) -> None:
     openai_fake.replies.append(chat("ok", n=1))
     request = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
-    with openai_fake.serve() as upstream, \
-            openai_gateway(sock, upstream, token_budget=1000, spent=Usage(input_tokens=300, output_tokens=50)), \
-            gateway_client(sock) as client:
+    with (
+        openai_fake.serve() as upstream,
+        openai_gateway(sock, upstream, token_budget=1000, spent=Usage(input_tokens=300, output_tokens=50)),
+        gateway_client(sock) as client,
+    ):
         assert client.post("/v1/chat/completions", json=request).status_code == 200
     assert openai_fake.calls[0].body == {"max_tokens": 650, **request}
 
@@ -643,20 +685,29 @@ def test_tokens_spent_by_earlier_attempts_count(sock: Path, fake: FakeAnthropic,
     fake.replies.append(message([{"type": "text", "text": "r"}], "end_turn", n=1))
     with fake.serve() as upstream:
         settings = Settings.load(
-            env_file=None, data_dir=tmp_path, run_token_budget=100,
-            anthropic_base_url=upstream, anthropic_api_key=KEY,
+            env_file=None,
+            data_dir=tmp_path,
+            run_token_budget=100,
+            anthropic_base_url=upstream,
+            anthropic_api_key=KEY,
         )
         # An earlier attempt spent the whole budget: refused at once.
-        with ModelGateway.for_provider(sock, settings, "anthropic", spent=Usage(input_tokens=90, output_tokens=10)) \
-                as gw, gateway_client(sock) as client:
+        with (
+            ModelGateway.for_provider(
+                sock, settings, "anthropic", spent=Usage(input_tokens=90, output_tokens=10)
+            ) as gw,
+            gateway_client(sock) as client,
+        ):
             resp = client.post("/v1/messages", json=REQUEST)
             assert resp.status_code == 403 and resp.json()["error"]["type"] == "budget_exceeded"
             assert "used 100 tokens; its budget is 100" in resp.json()["error"]["message"]
             assert gw.usage == Usage(input_tokens=90, output_tokens=10)
         assert fake.calls == []
         # Some left: the counts are the run's totals.
-        with ModelGateway.for_provider(sock, settings, "anthropic", spent=Usage(input_tokens=40, output_tokens=5)) \
-                as gw, gateway_client(sock) as client:
+        with (
+            ModelGateway.for_provider(sock, settings, "anthropic", spent=Usage(input_tokens=40, output_tokens=5)) as gw,
+            gateway_client(sock) as client,
+        ):
             assert client.post("/v1/messages", json=REQUEST).status_code == 200
             assert gw.usage == Usage(input_tokens=50, output_tokens=6)
 
@@ -703,8 +754,11 @@ def test_output_caps_are_read_as_the_upstream_reads_them(
     sock: Path, openai_fake: FakeOpenAI, extra: dict[str, object], status: int, kind: str
 ) -> None:
     request = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], **extra}
-    with openai_fake.serve() as upstream, openai_gateway(sock, upstream, token_budget=500) as gw, \
-            gateway_client(sock) as client:
+    with (
+        openai_fake.serve() as upstream,
+        openai_gateway(sock, upstream, token_budget=500) as gw,
+        gateway_client(sock) as client,
+    ):
         resp = client.post("/v1/chat/completions", json=request)
     assert (resp.status_code, resp.json()["error"]["type"]) == (status, kind)
     assert openai_fake.calls == [] and gw.requests == 0

@@ -35,15 +35,30 @@ class Chat:
     def user(self, text: str, **meta: object) -> StoredMessage:
         self.n += 1
         return store_message_direct(
-            db=self.db, id=f"u{self.n}", chat_jid=JID, sender="alice", sender_name="Alice", content=text,
-            timestamp=f"2026-11-26T10:00:{self.n:02d}+00:00", metadata=meta or None,
+            db=self.db,
+            id=f"u{self.n}",
+            chat_jid=JID,
+            sender="alice",
+            sender_name="Alice",
+            content=text,
+            timestamp=f"2026-11-26T10:00:{self.n:02d}+00:00",
+            metadata=meta or None,
         )
 
-    def output(self, run_id: str, answered: int, text: str, *, sender: str = "bot", kind: str = "assistant") -> StoredMessage:
+    def output(
+        self, run_id: str, answered: int, text: str, *, sender: str = "bot", kind: str = "assistant"
+    ) -> StoredMessage:
         self.n += 1
         return store_message_direct(
-            db=self.db, id=f"{run_id}-{self.n}", chat_jid=JID, sender=sender, sender_name="Andy", content=text,
-            timestamp=f"2026-11-26T10:00:{self.n:02d}+00:00", is_from_me=True, message_type=kind,
+            db=self.db,
+            id=f"{run_id}-{self.n}",
+            chat_jid=JID,
+            sender=sender,
+            sender_name="Andy",
+            content=text,
+            timestamp=f"2026-11-26T10:00:{self.n:02d}+00:00",
+            is_from_me=True,
+            message_type=kind,
             metadata={REPLY_TO_KEY: answered, RUN_ID_KEY: run_id},
         )
 
@@ -51,7 +66,9 @@ class Chat:
         """What a run over first..last leaves behind: a run record, a tool call, its result, a reply."""
         run = create_run(self.db, chat_jid=JID, cursor_from=first.seq - 1, cursor_to=last.seq, celery_task_id=None)
         with self.db.write() as s:
-            s.execute(update(GroupRow).where(GroupRow.chat_jid == JID).values(cursor_seq=last.seq, pending_seq=last.seq))
+            s.execute(
+                update(GroupRow).where(GroupRow.chat_jid == JID).values(cursor_seq=last.seq, pending_seq=last.seq)
+            )
         outs = [
             self.output(run.id, last.seq, "bash: ls", sender="tool_use"),
             self.output(run.id, last.seq, "a.txt", sender="command_output", kind="tool_result"),
@@ -126,7 +143,9 @@ def test_edit_with_rerun_supersedes_what_followed_and_asks_again(db: Database, s
     assert [m.id for m in get_messages_after(JID, group.cursor_seq, db=db)] == [u1.id]
 
 
-def test_regenerate_supersedes_the_reply_its_run_and_what_followed(db: Database, settings: Settings, chat: Chat) -> None:
+def test_regenerate_supersedes_the_reply_its_run_and_what_followed(
+    db: Database, settings: Settings, chat: Chat
+) -> None:
     u1 = chat.user("one")
     chat.answered(u1, u1, "reply one")
     u2 = chat.user("two")
@@ -153,8 +172,15 @@ def test_regenerate_supersedes_the_reply_its_run_and_what_followed(db: Database,
 def test_regenerate_without_a_run_record_answers_the_last_input(db: Database, settings: Settings, chat: Chat) -> None:
     u = chat.user("imported question")
     reply = store_message_direct(
-        db=db, id="r-imported", chat_jid=JID, sender="bot", sender_name="Andy", content="old answer",
-        timestamp="2026-11-26T11:00:00+00:00", is_from_me=True, message_type="assistant",
+        db=db,
+        id="r-imported",
+        chat_jid=JID,
+        sender="bot",
+        sender_name="Andy",
+        content="old answer",
+        timestamp="2026-11-26T11:00:00+00:00",
+        is_from_me=True,
+        message_type="assistant",
     )
     regenerate(db, settings, JID, reply.id)
     group = get_group(db, JID)

@@ -178,6 +178,7 @@ def test_chown_tree_walks_a_folder_of_many_hard_links_in_flat_memory(tmp_path: P
     ws = tmp_path / "ws"
     _hard_links(ws, 100_000)
     try:
+
         def listed() -> None:
             with os.scandir(ws) as it:
                 entries = list(it)
@@ -193,7 +194,8 @@ def test_chown_tree_walks_a_folder_of_many_hard_links_in_flat_memory(tmp_path: P
 
 
 def test_chown_tree_holds_two_descriptors_a_level_however_wide(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Depth first with one open folder and listing per level: a wide tree costs no more
     descriptors than its depth (it pushed one for every subfolder: 300 here, and past the
@@ -217,7 +219,8 @@ def test_chown_tree_holds_two_descriptors_a_level_however_wide(
 
 
 def test_chown_tree_out_of_descriptors_fails_rather_than_skips(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A subfolder it cannot open for want of descriptors is not skipped (as it was, in
     silence): the folder would be handed over in part."""

@@ -131,8 +131,11 @@ def test_every_time_is_the_databases_own(db: Database) -> None:
         if isinstance(params, dict):
             return list(params.values())
         assert isinstance(params, (list, tuple))
-        return [v for p in params for v in values(p)] if params and isinstance(params[0], (dict, list, tuple)) \
+        return (
+            [v for p in params for v in values(p)]
+            if params and isinstance(params[0], (dict, list, tuple))
             else list(params)
+        )
 
     clock_sql = "strftime" if db.is_sqlite else "now()"
     for statement, params in written:
@@ -168,8 +171,11 @@ def test_runs_and_groups_are_attributed_to_their_host(db: Database) -> None:
     # A lease that expired long ago (by the database's clock) is held by nobody.
     assert leases.acquire(db, "d@x", mine, 60)
     with db.write() as session:
-        session.execute(update(GroupRow).where(GroupRow.chat_jid == "d@x").values(
-            lease_expires_at=hosts.database_now(db) - timedelta(hours=1)))
+        session.execute(
+            update(GroupRow)
+            .where(GroupRow.chat_jid == "d@x")
+            .values(lease_expires_at=hosts.database_now(db) - timedelta(hours=1))
+        )
     rack, b = _host(db, "rack:1"), _host(db, "host-b")
     assert [(r.id, r.chat_jid, r.state) for r in rack.runs] == [(live.id, "a@x", "queued")]
     assert rack.groups == ["a@x"]
@@ -196,11 +202,25 @@ def test_the_cli_lists_hosts_with_their_placed_groups(db: Database, settings: Se
     _register(db)
     with db.write() as session:
         session.execute(update(GroupRow).where(GroupRow.chat_jid == "p@x").values(placed_host="host-a"))
-    env = {"ORCHESTRATOR_DATA_DIR": str(settings.data_dir), "ORCHESTRATOR_DATABASE_URL": settings.effective_database_url}
+    env = {
+        "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+        "ORCHESTRATOR_DATABASE_URL": settings.effective_database_url,
+    }
     table = CliRunner().invoke(app, ["hosts"], env=env)
     assert table.exit_code == 0, table.output
     header, row = table.output.splitlines()[:2]
-    assert header.split() == ["HOST", "STATE", "ALIVE", "HEARTBEAT", "PID", "VERSION", "RUNS", "WARM", "PLACED", "GROUPS"]
+    assert header.split() == [
+        "HOST",
+        "STATE",
+        "ALIVE",
+        "HEARTBEAT",
+        "PID",
+        "VERSION",
+        "RUNS",
+        "WARM",
+        "PLACED",
+        "GROUPS",
+    ]
     assert row.split()[0] == "host-a" and row.split()[-2:] == ["1", "-"]
     listed = CliRunner().invoke(app, ["hosts", "--json"], env=env)
     assert listed.exit_code == 0 and json.loads(listed.output)[0]["placed"] == ["p@x"]
@@ -230,8 +250,9 @@ def beats() -> Iterator[list[hosts.HostHeartbeat]]:
 
 def test_the_heartbeat_thread_registers_beats_drains_and_stops(db: Database, beats: list[hosts.HostHeartbeat]) -> None:
     warm = [2]
-    hb = hosts.HostHeartbeat(db, host_id="host-t", version=__version__, concurrency=4,
-                             warm_count=lambda: warm[0], interval_s=0.05)
+    hb = hosts.HostHeartbeat(
+        db, host_id="host-t", version=__version__, concurrency=4, warm_count=lambda: warm[0], interval_s=0.05
+    )
     beats.append(hb.start())
     h = _host(db, "host-t")
     assert (h.state, h.alive, h.instance, h.version, h.concurrency) == ("up", True, hb.instance, __version__, 4)
@@ -250,7 +271,9 @@ def test_the_heartbeat_thread_registers_beats_drains_and_stops(db: Database, bea
 
 
 def test_a_second_process_with_the_same_id_takes_the_row_and_the_first_gives_way(
-    db: Database, beats: list[hosts.HostHeartbeat], caplog: pytest.LogCaptureFixture,
+    db: Database,
+    beats: list[hosts.HostHeartbeat],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     first = hosts.HostHeartbeat(db, host_id="dup", version="1", concurrency=1, interval_s=0.05)
     beats.append(first.start())
@@ -265,12 +288,16 @@ def test_a_second_process_with_the_same_id_takes_the_row_and_the_first_gives_way
     assert _host(db, "dup").instance == second.instance and _host(db, "dup").alive
     # Once the second stops, the first (still running) registers again.
     second.stop()
-    wait_until(lambda: _host(db, "dup").instance == first.instance and _host(db, "dup").state == "up", 10,
-               "the first process back in its row")
+    wait_until(
+        lambda: _host(db, "dup").instance == first.instance and _host(db, "dup").state == "up",
+        10,
+        "the first process back in its row",
+    )
 
 
 def test_a_row_taken_by_a_process_of_this_machine_that_died_is_taken_back_at_once(
-    db: Database, beats: list[hosts.HostHeartbeat],
+    db: Database,
+    beats: list[hosts.HostHeartbeat],
 ) -> None:
     """Two workers of one host id on one machine: the one that took the row is SIGKILLed.
     The other takes the row back at its next beat, long before the row would look dead

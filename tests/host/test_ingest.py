@@ -89,8 +89,12 @@ def test_invalid_metadata_is_refused_and_nothing_signalled(db: Database, setting
     ensure_main_group(db)
     sig = Signals(db)
     with pytest.raises(InvalidMessage):
-        ingest(db, settings, IncomingMessage(chat_jid="main@local", sender="u", content="x",
-                                             timestamp="not a date"), signal=sig)
+        ingest(
+            db,
+            settings,
+            IncomingMessage(chat_jid="main@local", sender="u", content="x", timestamp="not a date"),
+            signal=sig,
+        )
     assert sig.calls == [] and get_messages_after("main@local", 0, db=db) == []
 
 
@@ -120,8 +124,9 @@ def test_only_an_idle_group_is_signalled(db: Database, settings: Settings) -> No
     sig = Signals(db)
 
     def send(text: str) -> bool:
-        return ingest(db, settings, IncomingMessage(chat_jid="main@local", sender="u", content=text),
-                      signal=sig).signalled
+        return ingest(
+            db, settings, IncomingMessage(chat_jid="main@local", sender="u", content=text), signal=sig
+        ).signalled
 
     # The first message wakes the group; the next ones find work already
     # pending, whose signal (or the worker draining it) covers them too.
@@ -161,8 +166,11 @@ def test_a_batch_is_one_transaction_and_a_bad_message_fails_alone(db: Database, 
         assert seqs == sorted(seqs) and len(set(seqs)) == 4
         assert [r.signalled for r in results] == [True, False, False, False]  # type: ignore[union-attr]
         # The same ids again (a client's retry) and one the store refuses, mid-batch.
-        again = [*batch[:2], IncomingMessage(chat_jid="main@local", sender="u", content="x", timestamp="no date"),
-                 IncomingMessage(id="b4", chat_jid="main@local", sender="u", content="m4")]
+        again = [
+            *batch[:2],
+            IncomingMessage(chat_jid="main@local", sender="u", content="x", timestamp="no date"),
+            IncomingMessage(id="b4", chat_jid="main@local", sender="u", content="m4"),
+        ]
         results = ingest_batch(db, settings, again, signal=signalled.append)
     finally:
         event.remove(db.engine, "commit", counted)
@@ -208,8 +216,12 @@ def test_no_message_waits_for_the_sweeper_when_signals_are_skipped(db: Database,
         for burst in range(50):  # bursts, and pauses about as long as a run
             for i in range(random.randint(1, 4)):
                 stored += 1
-                if ingest(db, settings, IncomingMessage(chat_jid="main@local", sender="u", content=f"m{burst}.{i}"),
-                          signal=signals.put).signalled:
+                if ingest(
+                    db,
+                    settings,
+                    IncomingMessage(chat_jid="main@local", sender="u", content=f"m{burst}.{i}"),
+                    signal=signals.put,
+                ).signalled:
                     sent += 1
                 time.sleep(random.uniform(0, 0.001))
             time.sleep(random.uniform(0, 0.008))
@@ -254,7 +266,8 @@ def _chat_rows(db: Database, chat_jid: str) -> list[str]:
 
 
 def test_unregistered_chats_are_capped_and_each_keeps_its_newest_messages(
-        db: Database, settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    db: Database, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
     """At most ``unregistered_chats`` chats without a group are kept, each with its
     ``unregistered_chat_messages`` newest messages; a new chat past the cap stores nothing
     (refused, counted, logged once per chat); registered chats are never touched, and a chat
@@ -324,8 +337,9 @@ def test_concurrent_first_messages_of_new_chats_never_pass_the_cap(db: Database,
 
     assert run_in_threads(first_message, 10) == []
     assert len(stored) == 3
-    assert all(_chat_rows(db, f"rush{i}-{tag}@x") == (["hi"] if f"rush{i}-{tag}@x" in stored else [])
-               for i in range(10))
+    assert all(
+        _chat_rows(db, f"rush{i}-{tag}@x") == (["hi"] if f"rush{i}-{tag}@x" in stored else []) for i in range(10)
+    )
 
 
 def test_a_batch_with_a_dropped_message_stores_the_others(db: Database, settings: Settings) -> None:

@@ -61,15 +61,38 @@ def test_a_recreated_database_keeps_the_data_dirs_marker(db: Database, settings:
     assert prove_data_dir(db, settings) == "f" * 32
 
 
-def test_a_real_worker_with_another_data_dir_refuses_to_start(db: Database, settings: Settings,
-                                                             tmp_path: Path) -> None:
+def test_a_real_worker_with_another_data_dir_refuses_to_start(db: Database, settings: Settings, tmp_path: Path) -> None:
     prove_data_dir(db, settings)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
-    env.update(ORCHESTRATOR_DATA_DIR=str(tmp_path / "elsewhere"), ORCHESTRATOR_DATABASE_URL=settings.effective_database_url,
-               ORCHESTRATOR_WORKSPACE_QUOTA="0", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "agent",
-                           "--concurrency", "1", "--without-gossip", "--without-mingle", "-l", "INFO"],
-                          env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    env.update(
+        ORCHESTRATOR_DATA_DIR=str(tmp_path / "elsewhere"),
+        ORCHESTRATOR_DATABASE_URL=settings.effective_database_url,
+        ORCHESTRATOR_WORKSPACE_QUOTA="0",
+        PYTHONPATH=str(ROOT),
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.app",
+            "worker",
+            "-Q",
+            "agent",
+            "--concurrency",
+            "1",
+            "--without-gossip",
+            "--without-mingle",
+            "-l",
+            "INFO",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert done.returncode != 0
     output = done.stdout + done.stderr
     assert "refusing to start: the data dir" in output and "is missing" in output, output[-3000:]

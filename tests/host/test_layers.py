@@ -50,7 +50,8 @@ def test_the_module_map_is_the_tree() -> None:
     # A folder row covers its files only below a room (migrations/, providers/,
     # tools/): a room's own modules each need a row of their own.
     rooms = {"orchestrator/", "workers/", "container/agent_runner/"} | {
-        f"orchestrator/{d.name}/" for d in (ROOT / "orchestrator").iterdir() if (d / "__init__.py").exists()}
+        f"orchestrator/{d.name}/" for d in (ROOT / "orchestrator").iterdir() if (d / "__init__.py").exists()
+    }
     folders = [p for p in mapped if p.endswith("/") and p not in rooms]
     unmapped = sorted(f for f in _code_files() if f not in mapped and not any(f.startswith(d) for d in folders))
     assert not unmapped, f"modules missing from docs/architecture.md: {unmapped}"

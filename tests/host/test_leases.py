@@ -11,9 +11,9 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from agent_runner.protocol import AssistantEvent, ResultEvent
 from sqlalchemy import literal, select, update
 
+from agent_runner.protocol import AssistantEvent, ResultEvent
 from orchestrator.core.clock import SystemClock
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -86,7 +86,10 @@ def test_a_heartbeat_keeps_the_lease_while_time_passes(db: Database) -> None:
 
 @pytest.mark.parametrize("skew_h", [1, -1])
 def test_a_host_clock_far_off_changes_no_lease_expiry(
-    db: Database, settings: Settings, monkeypatch: pytest.MonkeyPatch, skew_h: int,
+    db: Database,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    skew_h: int,
 ) -> None:
     """A worker whose clock is an hour ahead no longer steals a live lease, and one an
     hour behind no longer writes leases that are already expired: the expiry is the
@@ -124,7 +127,8 @@ def _dead_pid() -> int:
 
 
 def test_a_lease_of_a_dead_process_of_this_host_is_taken_over_at_once(
-    db: Database, caplog: pytest.LogCaptureFixture,
+    db: Database,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     ensure_main_group(db)
     dead = f"host-a:{_dead_pid()}:0badf00d"
@@ -210,8 +214,20 @@ def test_the_fixed_dead_owner_sql_agrees_with_the_expression(db: Database) -> No
     with db.write() as session:
         session.execute(update(HostRow).where(HostRow.host_id.in_(("rack", "quiet"))).values(heartbeat_at=then))
     hosts.mark_stopped(db, "down", "down:1")
-    owners = ["rack:1:ab", "rack:1:2:ab", "w_1:3:ab", "wx1:3:ab", "wy1:3:ab", "quiet:4:cd", "quiet:4",
-              "quiet:4:cd:ef", "down:9:aa", "history:abcd", "elsewhere:1:ab", "RACK:1:ab"]
+    owners = [
+        "rack:1:ab",
+        "rack:1:2:ab",
+        "w_1:3:ab",
+        "wx1:3:ab",
+        "wy1:3:ab",
+        "quiet:4:cd",
+        "quiet:4",
+        "quiet:4:cd:ef",
+        "down:9:aa",
+        "history:abcd",
+        "elsewhere:1:ab",
+        "RACK:1:ab",
+    ]
     fixed = f"SELECT {hosts.dead_owner_sql(':owner', sqlite=db.is_sqlite)}"
     verdicts = {}
     for owner in owners:

@@ -40,15 +40,37 @@ LEGACY_TABLES = {"chats", "router_state", "legacy_scheduled_tasks"}
 # (timestamp, rowid) order of the legacy rows: m04 was inserted before m03,
 # m07b before m07a at the same second, DM's m01 last but earliest.
 SEQ_ORDER = [
-    (DM, "m01"), (GROUP, "m01"), (GROUP, "m02"), (GROUP, "m03"), (GROUP, "m04"), (GROUP, "m05"), (DM, "m06"),
-    (GROUP, "m07b"), (GROUP, "m07a"), (DM, "m08"), (DM, "m09"), (DM, "m10"), (DM, "m11"), (DM, "m12"),
+    (DM, "m01"),
+    (GROUP, "m01"),
+    (GROUP, "m02"),
+    (GROUP, "m03"),
+    (GROUP, "m04"),
+    (GROUP, "m05"),
+    (DM, "m06"),
+    (GROUP, "m07b"),
+    (GROUP, "m07a"),
+    (DM, "m08"),
+    (DM, "m09"),
+    (DM, "m10"),
+    (DM, "m11"),
+    (DM, "m12"),
 ]
 # Backfilled from the sender: host/command_output/bot/system, anyone else a user.
 TYPES_V1 = {
-    (DM, "m01"): "user", (GROUP, "m01"): "user", (GROUP, "m02"): "assistant", (GROUP, "m03"): "host",
-    (GROUP, "m04"): "tool_result", (GROUP, "m05"): "system", (DM, "m06"): "user", (GROUP, "m07b"): "user",
-    (GROUP, "m07a"): "user", (DM, "m08"): "assistant", (DM, "m09"): "host", (DM, "m10"): "tool_result",
-    (DM, "m11"): "system", (DM, "m12"): "user",
+    (DM, "m01"): "user",
+    (GROUP, "m01"): "user",
+    (GROUP, "m02"): "assistant",
+    (GROUP, "m03"): "host",
+    (GROUP, "m04"): "tool_result",
+    (GROUP, "m05"): "system",
+    (DM, "m06"): "user",
+    (GROUP, "m07b"): "user",
+    (GROUP, "m07a"): "user",
+    (DM, "m08"): "assistant",
+    (DM, "m09"): "host",
+    (DM, "m10"): "tool_result",
+    (DM, "m11"): "system",
+    (DM, "m12"): "user",
 }
 # v2 rows keep a valid stored type (m11 was recorded as host, not system);
 # empty ones and the unknown "reaction" are backfilled.
@@ -154,12 +176,18 @@ def test_every_row_is_kept_with_its_content(upgraded: Database, original: dict[s
     for old in original["messages"]:
         m = got[(old["chat_jid"], old["id"])]
         assert (m.sender, m.sender_name, m.content, m.timestamp, m.is_from_me) == (
-            old["sender"], old["sender_name"] or "", old["content"] or "", old["timestamp"],
+            old["sender"],
+            old["sender_name"] or "",
+            old["content"] or "",
+            old["timestamp"],
             bool(old["is_from_me"]),
         ), old
     # The row with NULLs, and text that must survive byte for byte.
-    assert (got[(GROUP, "m07b")].sender_name, got[(GROUP, "m07b")].content,
-            got[(GROUP, "m07b")].is_from_me) == ("", "", False)
+    assert (got[(GROUP, "m07b")].sender_name, got[(GROUP, "m07b")].content, got[(GROUP, "m07b")].is_from_me) == (
+        "",
+        "",
+        False,
+    )
     assert got[(GROUP, "m04")].content == "$ uptime\n up 3 days"
     assert got[(DM, "m12")].content == "👍"
     assert got[(DM, "m01")].content == "same id, other chat"
@@ -189,8 +217,16 @@ def test_legacy_tables_are_kept_and_ours_created(upgraded: Database, original: d
     with upgraded.engine.connect() as conn:
         insp = inspect(conn)
         tables = set(insp.get_table_names())
-        assert {"chats", "router_state", "legacy_scheduled_tasks", "scheduled_tasks", "messages", "groups",
-                "runs", "alembic_version"} <= tables
+        assert {
+            "chats",
+            "router_state",
+            "legacy_scheduled_tasks",
+            "scheduled_tasks",
+            "messages",
+            "groups",
+            "runs",
+            "alembic_version",
+        } <= tables
         assert legacy.OLD_MESSAGES not in tables
         assert "idx_timestamp" not in {i["name"] for i in insp.get_indexes("messages")}
 
@@ -214,8 +250,12 @@ def test_the_store_and_the_model_view_read_upgraded_data(upgraded: Database, ver
 
     view = format_messages_for_sdk(get_messages_after(DM, 0, db=upgraded))
     # m09 (sender host) never reaches the model; in v2 neither does m11 (stored as host).
-    expected = [("user", "same id, other chat"), ("user", "hi in private"), ("assistant", "hello Alice"),
-                ("tool_result", "ls: cannot access 'x'")]
+    expected = [
+        ("user", "same id, other chat"),
+        ("user", "hi in private"),
+        ("assistant", "hello Alice"),
+        ("tool_result", "ls: cannot access 'x'"),
+    ]
     expected += [] if version == 2 else [("system", "Scheduled task ran")]
     expected += [("user", "👍")]
     assert [(m.role, m.content) for m in view] == expected
@@ -229,13 +269,21 @@ def test_the_store_and_the_model_view_read_upgraded_data(upgraded: Database, ver
 
 
 def test_a_new_message_gets_the_next_seq(upgraded: Database) -> None:
-    stored = store_message_direct(db=upgraded, id="new-1", chat_jid=DM, sender=DM, sender_name="Alice",
-                                  content="after the upgrade", timestamp="2024-03-02T08:00:00+00:00")
+    stored = store_message_direct(
+        db=upgraded,
+        id="new-1",
+        chat_jid=DM,
+        sender=DM,
+        sender_name="Alice",
+        content="after the upgrade",
+        timestamp="2024-03-02T08:00:00+00:00",
+    )
     assert stored.seq == len(SEQ_ORDER) + 1
     assert [m.id for m in get_messages_after(DM, len(SEQ_ORDER), db=upgraded)] == ["new-1"]
     # An id the legacy chat already had is still recognized (idempotent store).
-    again = store_message_direct(db=upgraded, id="m01", chat_jid=DM, sender=DM, content="dup",
-                                 timestamp="2024-03-02T08:00:00+00:00")
+    again = store_message_direct(
+        db=upgraded, id="m01", chat_jid=DM, sender=DM, content="dup", timestamp="2024-03-02T08:00:00+00:00"
+    )
     assert (again.seq, again.content) == (1, "same id, other chat")
 
 
@@ -330,11 +378,21 @@ def test_a_legacy_table_on_postgresql_upgrades_too() -> None:
                         conn.execute(text(statement))
                 for chat in _legacy_rows(DATA / "legacy_v2.db", "chats"):
                     conn.execute(text("INSERT INTO chats VALUES (:jid, :name, :last_message_time)"), chat)
-                conn.execute(text("INSERT INTO scheduled_tasks (id, group_folder, chat_jid, prompt, schedule_type, "
-                                  "schedule_value, created_at) VALUES ('task-1', 'family', :jid, 'p', 'cron', "
-                                  "'0 9 * * *', '2024-02-28')"), {"jid": GROUP})
-                conn.execute(text("INSERT INTO messages VALUES (:id, :chat_jid, :sender, :sender_name, :content, "
-                                  ":timestamp, :is_from_me, :message_type, :metadata)"), rows)
+                conn.execute(
+                    text(
+                        "INSERT INTO scheduled_tasks (id, group_folder, chat_jid, prompt, schedule_type, "
+                        "schedule_value, created_at) VALUES ('task-1', 'family', :jid, 'p', 'cron', "
+                        "'0 9 * * *', '2024-02-28')"
+                    ),
+                    {"jid": GROUP},
+                )
+                conn.execute(
+                    text(
+                        "INSERT INTO messages VALUES (:id, :chat_jid, :sender, :sender_name, :content, "
+                        ":timestamp, :is_from_me, :message_type, :metadata)"
+                    ),
+                    rows,
+                )
                 # A NULL type too (the column was nullable on some installs).
                 conn.execute(text("ALTER TABLE messages ALTER COLUMN message_type DROP NOT NULL"))
                 conn.execute(text("UPDATE messages SET message_type = NULL WHERE id = 'm04'"))
@@ -353,23 +411,37 @@ def test_a_legacy_table_on_postgresql_upgrades_too() -> None:
                 tables = set(insp.get_table_names())
                 # Our keys have the names a fresh database gives them (the legacy ones were renamed).
                 assert [insp.get_pk_constraint(t)["name"] for t in ("messages", "scheduled_tasks")] == [
-                    "messages_pkey", "scheduled_tasks_pkey"]
+                    "messages_pkey",
+                    "scheduled_tasks_pkey",
+                ]
                 assert LEGACY_TABLES | {"scheduled_tasks", "messages"} <= tables
                 assert conn.scalar(text("SELECT prompt FROM legacy_scheduled_tasks")) == "p"
-                ctx = MigrationContext.configure(conn, opts={
-                    "compare_type": True,
-                    "include_name": lambda name, type_, parent: not (type_ == "table" and name in LEGACY_TABLES)})
+                ctx = MigrationContext.configure(
+                    conn,
+                    opts={
+                        "compare_type": True,
+                        "include_name": lambda name, type_, parent: not (type_ == "table" and name in LEGACY_TABLES),
+                    },
+                )
                 assert compare_metadata(ctx, Base.metadata) == []
-            assert store_message_direct(db=db, id="new", chat_jid=DM, sender=DM,
-                                        timestamp="2024-03-02T08:00:00+00:00").seq == len(rows) + 1
+            assert (
+                store_message_direct(db=db, id="new", chat_jid=DM, sender=DM, timestamp="2024-03-02T08:00:00+00:00").seq
+                == len(rows) + 1
+            )
         finally:
             db.dispose()
 
 
 @pytest.mark.parametrize(
     ("sender", "stored", "expected"),
-    [("bot", "user", "assistant"), ("host", "user", "host"), ("alice", "user", "user"), ("bot", "assistant", "assistant"),
-     ("command_output", None, "tool_result"), ("alice", "system", "system")],
+    [
+        ("bot", "user", "assistant"),
+        ("host", "user", "host"),
+        ("alice", "user", "user"),
+        ("bot", "assistant", "assistant"),
+        ("command_output", None, "tool_result"),
+        ("alice", "system", "system"),
+    ],
 )
 def test_the_legacy_user_default_yields_to_a_harness_sender(sender: str, stored: str | None, expected: str) -> None:
     # Rows older than the legacy message_type column all got its DEFAULT 'user'.

@@ -39,8 +39,14 @@ except ValueError:
 
 def _run(tmp_path: Path, **env: str) -> str:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
-    done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          env=clean | {"ORCHESTRATOR_DATA_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)} | env)
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAM],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=clean | {"ORCHESTRATOR_DATA_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)} | env,
+    )
     assert done.returncode == 0, done.stderr
     return done.stderr
 
@@ -49,7 +55,11 @@ def test_json_lines_carry_the_context_of_the_work(tmp_path: Path) -> None:
     out = _run(tmp_path, ORCHESTRATOR_LOG_FORMAT="json", ORCHESTRATOR_HOST_ID="host-7")
     lines = [json.loads(line) for line in out.splitlines()]
     assert [(x["level"], x["message"]) for x in lines] == [
-        ("INFO", "outside"), ("WARNING", "inside both"), ("INFO", "only the chat"), ("ERROR", "it failed")]
+        ("INFO", "outside"),
+        ("WARNING", "inside both"),
+        ("INFO", "only the chat"),
+        ("ERROR", "it failed"),
+    ]
     outside, inside, chat, failed = lines
     assert (outside["chat_jid"], outside["run_id"]) == ("", "")
     assert (inside["chat_jid"], inside["run_id"], inside["host"]) == ("team@g.us", "r-1", "host-7")

@@ -66,13 +66,24 @@ def _free_port() -> int:
 
 def test_the_api_command_makes_the_main_group_before_it_serves(db: Database, settings: Settings) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
-    env.update(ORCHESTRATOR_DATA_DIR=str(settings.data_dir), ORCHESTRATOR_DATABASE_URL=settings.effective_database_url,
-               ORCHESTRATOR_MAIN_GROUP="ops@team")
-    api = subprocess.Popen([str(BIN / "orchestrator"), "api", "--port", str(_free_port())], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env.update(
+        ORCHESTRATOR_DATA_DIR=str(settings.data_dir),
+        ORCHESTRATOR_DATABASE_URL=settings.effective_database_url,
+        ORCHESTRATOR_MAIN_GROUP="ops@team",
+    )
+    api = subprocess.Popen(
+        [str(BIN / "orchestrator"), "api", "--port", str(_free_port())],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
-        wait_until(lambda: find_group(db, "ops@team") is not None, 30, "the main group",
-                   lambda: "exited" if api.poll() is not None else "")
+        wait_until(
+            lambda: find_group(db, "ops@team") is not None,
+            30,
+            "the main group",
+            lambda: "exited" if api.poll() is not None else "",
+        )
         assert find_group(db, "ops@team").is_main  # type: ignore[union-attr]
     finally:
         api.terminate()
@@ -80,6 +91,5 @@ def test_the_api_command_makes_the_main_group_before_it_serves(db: Database, set
     # A setting that names an ordinary group: the command stops at once, saying so.
     add_group(db, chat_jid="team@chat", name="team", folder="team")
     env["ORCHESTRATOR_MAIN_GROUP"] = "team@chat"
-    refused = subprocess.run([str(BIN / "orchestrator"), "worker"], env=env, capture_output=True, text=True,
-                             timeout=60)
+    refused = subprocess.run([str(BIN / "orchestrator"), "worker"], env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "ordinary group" in refused.stderr, refused.stderr

@@ -17,12 +17,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from agent_runner.protocol import AssistantEvent, ResultEvent
 from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select, update
 
+from agent_runner.protocol import AssistantEvent, ResultEvent
 from orchestrator.core.errors import RateLimited
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
@@ -71,12 +71,17 @@ def _pipeline(settings: Settings, db: Database, sandbox: FakeSandbox, **changes:
 
 
 def _say(p: Pipeline, text: str = "hello", **fields: object) -> None:
-    ingest(p.db, p.settings, IncomingMessage(chat_jid=JID, sender="u", content=text, **fields),  # type: ignore[arg-type]
-           signal=None)
+    ingest(
+        p.db,
+        p.settings,
+        IncomingMessage(chat_jid=JID, sender="u", content=text, **fields),  # type: ignore[arg-type]
+        signal=None,
+    )
 
 
 def test_a_run_counts_its_start_end_duration_container_first_reply_and_deliveries(
-        settings: Settings, db: Database) -> None:
+    settings: Settings, db: Database
+) -> None:
     p = _pipeline(settings, db, FakeSandbox(OK))
     counts = Counts(
         ("orchestrator_messages_ingested_total", {"wakes": "yes"}),
@@ -101,20 +106,23 @@ def test_a_run_counts_its_start_end_duration_container_first_reply_and_deliverie
 
 
 def test_the_queue_wait_and_the_wait_for_a_first_reply_start_when_the_message_was_stored(
-        settings: Settings, db: Database) -> None:
+    settings: Settings, db: Database
+) -> None:
     p = _pipeline(settings, db, FakeSandbox(OK))
     _say(p, "first")
     _say(p, "second")
     # The older message waited 40 s before any worker looked (moved back on the
     # database's clock); the newer one counts in no wait of its own.
     with db.write() as session:
-        stored = session.execute(select(MessageRow.seq, MessageRow.stored_at).where(MessageRow.chat_jid == JID)
-                                 .order_by(MessageRow.seq)).all()
+        stored = session.execute(
+            select(MessageRow.seq, MessageRow.stored_at).where(MessageRow.chat_jid == JID).order_by(MessageRow.seq)
+        ).all()
         assert [at is not None for _, at in stored] == [True, True]
         oldest = stored[0].stored_at - timedelta(seconds=40)
         session.execute(update(MessageRow).where(MessageRow.seq == stored[0].seq).values(stored_at=oldest))
-    counts = Counts(("orchestrator_queue_wait_seconds_count", {}),
-                    ("orchestrator_message_first_reply_seconds_count", {}))
+    counts = Counts(
+        ("orchestrator_queue_wait_seconds_count", {}), ("orchestrator_message_first_reply_seconds_count", {})
+    )
     waited = value("orchestrator_queue_wait_seconds_sum")
     to_reply = value("orchestrator_message_first_reply_seconds_sum")
     [outcome] = p.drain_group(JID)
@@ -122,20 +130,23 @@ def test_the_queue_wait_and_the_wait_for_a_first_reply_start_when_the_message_wa
     assert counts.delta() == [1, 1]
     created = get_run(db, outcome.run.id).created_at
     assert value("orchestrator_queue_wait_seconds_sum") - waited == pytest.approx(
-        (created - oldest).total_seconds(), abs=0.01)
+        (created - oldest).total_seconds(), abs=0.01
+    )
     reply_wait = value("orchestrator_message_first_reply_seconds_sum") - to_reply
     assert 40 <= (created - oldest).total_seconds() <= reply_wait < 70
 
 
-def test_messages_stored_before_their_storing_time_was_kept_count_in_no_wait(
-        settings: Settings, db: Database) -> None:
+def test_messages_stored_before_their_storing_time_was_kept_count_in_no_wait(settings: Settings, db: Database) -> None:
     p = _pipeline(settings, db, FakeSandbox(OK))
     _say(p)
     with db.write() as session:  # as every row stored before revision 0012
         session.execute(update(MessageRow).where(MessageRow.chat_jid == JID).values(stored_at=None))
-    counts = Counts(("orchestrator_runs_started_total", {}), ("orchestrator_queue_wait_seconds_count", {}),
-                    ("orchestrator_run_first_reply_seconds_count", {}),
-                    ("orchestrator_message_first_reply_seconds_count", {}))
+    counts = Counts(
+        ("orchestrator_runs_started_total", {}),
+        ("orchestrator_queue_wait_seconds_count", {}),
+        ("orchestrator_run_first_reply_seconds_count", {}),
+        ("orchestrator_message_first_reply_seconds_count", {}),
+    )
     [outcome] = p.drain_group(JID)
     assert outcome.run.state == "succeeded"
     assert counts.delta() == [1, 0, 1, 0]
@@ -177,8 +188,9 @@ def test_a_lost_lease_is_counted_and_the_closed_run_too(settings: Settings, db: 
 
 def test_a_group_over_its_quota_counts_a_quota_wait(settings: Settings, db: Database) -> None:
     p = _pipeline(settings, db, FakeSandbox(OK), group_runs_per_hour=1)
-    counts = Counts(("orchestrator_quota_waits_total", {"quota": "runs_per_hour"}),
-                    ("orchestrator_runs_started_total", {}))
+    counts = Counts(
+        ("orchestrator_quota_waits_total", {"quota": "runs_per_hour"}), ("orchestrator_runs_started_total", {})
+    )
     _say(p)
     p.drain_group(JID)
     _say(p, "again")
@@ -188,12 +200,15 @@ def test_a_group_over_its_quota_counts_a_quota_wait(settings: Settings, db: Data
 
 
 def test_ingest_counts_stored_messages_by_whether_they_wake_and_refused_senders(
-        settings: Settings, db: Database) -> None:
+    settings: Settings, db: Database
+) -> None:
     s = settings.replace(**{"sender_messages_per_minute": 1})
     ensure_main_group(db)
-    counts = Counts(("orchestrator_messages_ingested_total", {"wakes": "yes"}),
-                    ("orchestrator_messages_ingested_total", {"wakes": "no"}),
-                    ("orchestrator_sender_refusals_total", {}))
+    counts = Counts(
+        ("orchestrator_messages_ingested_total", {"wakes": "yes"}),
+        ("orchestrator_messages_ingested_total", {"wakes": "no"}),
+        ("orchestrator_sender_refusals_total", {}),
+    )
     ingest(db, s, IncomingMessage(chat_jid=JID, sender="u", content="hi", id="m1"), signal=None)
     ingest(db, s, IncomingMessage(chat_jid=JID, sender="u", content="hi", id="m1"), signal=None)  # a duplicate
     ingest(db, s, IncomingMessage(chat_jid="nobody@local", sender="v", content="hi"), signal=None)  # wakes no one
@@ -207,9 +222,13 @@ def test_deliveries_count_retries_and_sends_and_time_the_send(settings: Settings
     ensure_main_group(db)
     attach_channel(db, JID, "flaky")
     channel = RecordingChannel("flaky", fail_times=1)
-    counts = Counts(*[("orchestrator_deliveries_total", {"channel": "flaky", "state": st})
-                      for st in ("sent", "retried", "failed", "cancelled")],
-                    ("orchestrator_delivery_seconds_count", {"channel": "flaky"}))
+    counts = Counts(
+        *[
+            ("orchestrator_deliveries_total", {"channel": "flaky", "state": st})
+            for st in ("sent", "retried", "failed", "cancelled")
+        ],
+        ("orchestrator_delivery_seconds_count", {"channel": "flaky"}),
+    )
     ingest(db, s, IncomingMessage(chat_jid=JID, sender="u", content="hi"), signal=None)
     report = Deliverer(db, s, ChannelRegistry([channel])).deliver_due(JID)
     assert (report.sent, report.failed_attempts) == (1, 1)
@@ -220,8 +239,10 @@ def test_a_sweep_counts_what_it_did(settings: Settings, db: Database) -> None:
     ensure_main_group(db)
     # A run whose worker is gone: its group has no lease holder.
     run = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=0, celery_task_id=None, owner="gone:1:x")
-    counts = Counts(("orchestrator_sweeper_actions_total", {"action": "interrupted_runs"}),
-                    ("orchestrator_runs_finished_total", {"state": "failed"}))
+    counts = Counts(
+        ("orchestrator_sweeper_actions_total", {"action": "interrupted_runs"}),
+        ("orchestrator_runs_finished_total", {"state": "failed"}),
+    )
     report = sweep(db, signal=None)
     assert report.interrupted_runs == [run.id]
     assert counts.delta() == [1, 1]
@@ -231,8 +252,9 @@ def test_a_sweep_counts_what_it_did(settings: Settings, db: Database) -> None:
 def test_the_api_serves_its_metrics_behind_the_api_token(settings: Settings, db: Database, token: str) -> None:
     ensure_main_group(db)
     auth = {"Authorization": f"Bearer {token}"} if token else {}
-    with TestClient(create_app(Orchestrator(settings.replace(**{"api_token": token}))),
-                    headers={CLIENT_HEADER: "tests"}) as client:
+    with TestClient(
+        create_app(Orchestrator(settings.replace(**{"api_token": token}))), headers={CLIENT_HEADER: "tests"}
+    ) as client:
         before = value("orchestrator_messages_ingested_total", wakes="yes")
         r = client.post("/api/messages", json={"chat_jid": JID, "sender": "u", "content": "hi"}, headers=auth)
         assert r.status_code == 201, r.text
@@ -247,29 +269,36 @@ def test_the_api_serves_its_metrics_behind_the_api_token(settings: Settings, db:
 
 
 def _fleet_samples(text: str) -> dict[tuple[str, str], float]:
-    return {(sample.name, sample.labels["host"]): sample.value
-            for family in text_string_to_metric_families(text) if family.name.startswith("orchestrator_host_")
-            for sample in family.samples}
+    return {
+        (sample.name, sample.labels["host"]): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith("orchestrator_host_")
+        for sample in family.samples
+    }
 
 
 def test_the_api_serves_each_hosts_runs_warm_containers_and_groups_as_the_database_has_them(
-        settings: Settings, db: Database) -> None:
+    settings: Settings, db: Database
+) -> None:
     ensure_main_group(db)
     hosts.register(db, host_id="host-a", instance="ia", version="1", concurrency=2, warm_containers=3)
     hosts.register(db, host_id="host-b", instance="ib", version="1", concurrency=1, warm_containers=None)
     with db.write() as session:
         session.execute(update(GroupRow).where(GroupRow.chat_jid == JID).values(placed_host="host-a"))
-    create_run(db, chat_jid=JID, cursor_from=0, cursor_to=1, celery_task_id=None,
-               owner=hosts.process_owner("host-a"))
+    create_run(db, chat_jid=JID, cursor_from=0, cursor_to=1, celery_task_id=None, owner=hosts.process_owner("host-a"))
     with TestClient(create_app(Orchestrator(settings))) as client:
         first = _fleet_samples(client.get("/metrics").text)
         assert first == {
-            ("orchestrator_host_up", "host-a"): 1.0, ("orchestrator_host_up", "host-b"): 1.0,
-            ("orchestrator_host_runs", "host-a"): 1.0, ("orchestrator_host_runs", "host-b"): 0.0,
+            ("orchestrator_host_up", "host-a"): 1.0,
+            ("orchestrator_host_up", "host-b"): 1.0,
+            ("orchestrator_host_runs", "host-a"): 1.0,
+            ("orchestrator_host_runs", "host-b"): 0.0,
             # host-b's Docker did not answer: no sample rather than a made-up 0.
             ("orchestrator_host_warm_containers", "host-a"): 3.0,
-            ("orchestrator_host_placed_groups", "host-a"): 1.0, ("orchestrator_host_placed_groups", "host-b"): 0.0,
-            ("orchestrator_host_leases", "host-a"): 0.0, ("orchestrator_host_leases", "host-b"): 0.0,
+            ("orchestrator_host_placed_groups", "host-a"): 1.0,
+            ("orchestrator_host_placed_groups", "host-b"): 0.0,
+            ("orchestrator_host_leases", "host-a"): 0.0,
+            ("orchestrator_host_leases", "host-b"): 0.0,
         }
         # Read at each scrape: a host that stopped is down at once, a finished run is gone.
         hosts.mark_stopped(db, "host-a", "ia")

@@ -62,15 +62,29 @@ def test_a_new_database_is_migrated_to_the_head(settings: Settings) -> None:
 
 
 def _group_row(jid: str, *, is_main: bool, created_at: datetime | None = None) -> dict[str, object]:
-    return {"chat_jid": jid, "name": jid, "folder": jid.split("@")[0], "is_main": is_main, "requires_trigger": False,
-            "cursor_seq": 0, "pending_seq": 0, "created_at": created_at or datetime.now(UTC)}
+    return {
+        "chat_jid": jid,
+        "name": jid,
+        "folder": jid.split("@")[0],
+        "is_main": is_main,
+        "requires_trigger": False,
+        "cursor_seq": 0,
+        "pending_seq": 0,
+        "created_at": created_at or datetime.now(UTC),
+    }
 
 
 def test_the_database_refuses_a_second_main_group(db: Database) -> None:
     # Whoever writes the row (an import, a script, a race past add_group's look): the index refuses it.
     with db.write() as session:
-        session.execute(insert(GroupRow), [_group_row("one@x", is_main=True), _group_row("plain@x", is_main=False),
-                                           _group_row("other@x", is_main=False)])
+        session.execute(
+            insert(GroupRow),
+            [
+                _group_row("one@x", is_main=True),
+                _group_row("plain@x", is_main=False),
+                _group_row("other@x", is_main=False),
+            ],
+        )
     with pytest.raises(IntegrityError), db.write() as session:
         session.execute(insert(GroupRow), [_group_row("two@x", is_main=True)])
     with pytest.raises(IntegrityError), db.write() as session:
@@ -82,17 +96,24 @@ def test_migration_0017_keeps_the_oldest_main_group(db: Database, caplog: pytest
     alembic(db, "downgrade", "0016")
     start = datetime(2026, 1, 1, tzinfo=UTC)
     with db.write() as session:  # what a database could hold before: three main groups
-        session.execute(insert(GroupRow), [
-            _group_row("newer@x", is_main=True, created_at=start + timedelta(days=2)),
-            _group_row("oldest@x", is_main=True, created_at=start),
-            _group_row("plain@x", is_main=False, created_at=start - timedelta(days=1)),
-            _group_row("newest@x", is_main=True, created_at=start + timedelta(days=3)),
-        ])
+        session.execute(
+            insert(GroupRow),
+            [
+                _group_row("newer@x", is_main=True, created_at=start + timedelta(days=2)),
+                _group_row("oldest@x", is_main=True, created_at=start),
+                _group_row("plain@x", is_main=False, created_at=start - timedelta(days=1)),
+                _group_row("newest@x", is_main=True, created_at=start + timedelta(days=3)),
+            ],
+        )
     with caplog.at_level(logging.WARNING, logger="orchestrator.store.migrations"):
         alembic(db, "upgrade", "head")
     assert db.schema_revision() == SCHEMA_HEAD
     assert {g.chat_jid: g.is_main for g in list_groups(db)} == {
-        "newer@x": False, "newest@x": False, "oldest@x": True, "plain@x": False}
+        "newer@x": False,
+        "newest@x": False,
+        "oldest@x": True,
+        "plain@x": False,
+    }
     assert "kept the oldest, 'oldest@x'" in caplog.text and "'newer@x', 'newest@x'" in caplog.text
     assert "uq_groups_one_main" in {i["name"] for i in inspect(db.engine).get_indexes("groups")}
     with pytest.raises(IntegrityError), db.write() as session:

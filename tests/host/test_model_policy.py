@@ -19,11 +19,11 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+
 from agent_runner.errors import ProviderError
 from agent_runner.protocol import ModelSettings, Usage
 from agent_runner.providers.anthropic import AnthropicProvider
 from agent_runner.providers.base import ProviderMessage, TextBlock
-
 from orchestrator.core.settings import Settings
 from orchestrator.sandbox.gateway import _MAX_REWRITE_COLONS, OPENAI_PATHS, ModelGateway
 from tests.fakes.anthropic_api import FakeAnthropic, message
@@ -33,7 +33,7 @@ KEY = "sk-policy-key"
 MODEL = "claude-allowed-1"
 EXPENSIVE = "claude-expensive-9"
 CAP = 64
-MESSAGES = [{"role": "user", "content": "hi \u00e9 \"model\": {\"max_tokens\": 1}"}]
+MESSAGES = [{"role": "user", "content": 'hi \u00e9 "model": {"max_tokens": 1}'}]
 
 
 @pytest.fixture
@@ -53,8 +53,7 @@ def client_for(path: Path) -> httpx.Client:
 
 
 def held(sock: Path, upstream: str, policy: str = "refuse", **kw: Any) -> ModelGateway:
-    return ModelGateway(sock, upstream=upstream, api_key=KEY, model=MODEL, max_tokens=CAP,
-                        model_policy=policy, **kw)  # type: ignore[arg-type]
+    return ModelGateway(sock, upstream=upstream, api_key=KEY, model=MODEL, max_tokens=CAP, model_policy=policy, **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -103,7 +102,9 @@ def test_a_request_that_keeps_to_the_policy_goes_upstream_byte_for_byte(
     assert fake.calls[0].raw == body
 
 
-def test_a_missing_model_and_cap_are_the_hosts(refusing: tuple[ModelGateway, httpx.Client], fake: FakeAnthropic) -> None:
+def test_a_missing_model_and_cap_are_the_hosts(
+    refusing: tuple[ModelGateway, httpx.Client], fake: FakeAnthropic
+) -> None:
     ok(fake)
     assert post(refusing[1], {"messages": MESSAGES}).status_code == 200
     assert fake.requests[0] == {"model": MODEL, "max_tokens": CAP, "messages": MESSAGES}
@@ -144,10 +145,14 @@ def test_the_rewrite_policy_sends_the_hosts_model_and_cap(
         (b'{"model":"%s","max_tokens":8,"messages":[],"model":"%s"}' % (EXPENSIVE.encode(), MODEL.encode()), True),
         (b'{"model":"%s","max_tokens":8,"messages":[],"model":"%s"}' % (MODEL.encode(), EXPENSIVE.encode()), False),
         # A key spelled with escapes is the same key.
-        (b'{"mod\\u0065l":"%s","max_tokens":8,"messages":[],"model":"%s"}' % (EXPENSIVE.encode(), MODEL.encode()),
-         True),
-        (b'{"model":"%s","max_tokens":8,"messages":[],"mod\\u0065l":"%s"}' % (MODEL.encode(), EXPENSIVE.encode()),
-         False),
+        (
+            b'{"mod\\u0065l":"%s","max_tokens":8,"messages":[],"model":"%s"}' % (EXPENSIVE.encode(), MODEL.encode()),
+            True,
+        ),
+        (
+            b'{"model":"%s","max_tokens":8,"messages":[],"mod\\u0065l":"%s"}' % (MODEL.encode(), EXPENSIVE.encode()),
+            False,
+        ),
         (b'{"model":"%s","max_tokens":8,"max\\u005ftokens":100000,"messages":[]}' % MODEL.encode(), False),
     ],
 )
@@ -226,14 +231,24 @@ def test_the_budget_still_holds_under_the_cap(sock: Path, fake: FakeAnthropic) -
 
 def test_openai_requests_are_held_to_the_model_and_cap(sock: Path) -> None:
     fake = FakeOpenAI(chat("ok"))
-    with fake.serve() as upstream, ModelGateway(
-        sock, upstream=upstream, api_key="", allowed_paths=OPENAI_PATHS, auth="bearer",
-        model="llama3.1:8b", max_tokens=CAP,
-    ) as gw, client_for(sock) as client:
+    with (
+        fake.serve() as upstream,
+        ModelGateway(
+            sock,
+            upstream=upstream,
+            api_key="",
+            allowed_paths=OPENAI_PATHS,
+            auth="bearer",
+            model="llama3.1:8b",
+            max_tokens=CAP,
+        ) as gw,
+        client_for(sock) as client,
+    ):
         refused = post(client, {"model": "gpt-4o", "messages": MESSAGES}, "/v1/chat/completions")
         assert refused.status_code == 403 and "'llama3.1:8b' only" in refused.json()["error"]["message"]
-        over = post(client, {"model": "llama3.1:8b", "max_completion_tokens": 999, "messages": MESSAGES},
-                    "/v1/chat/completions")
+        over = post(
+            client, {"model": "llama3.1:8b", "max_completion_tokens": 999, "messages": MESSAGES}, "/v1/chat/completions"
+        )
         assert over.status_code == 403 and over.json()["error"]["type"] == "max_tokens_not_allowed"
         assert post(client, {"model": "llama3.1:8b", "messages": MESSAGES}, "/v1/chat/completions").status_code == 200
     assert fake.requests == [{"max_tokens": CAP, "model": "llama3.1:8b", "messages": MESSAGES}]
@@ -242,11 +257,17 @@ def test_openai_requests_are_held_to_the_model_and_cap(sock: Path) -> None:
 
 def test_the_settings_choose_the_model_cap_and_policy(sock: Path, fake: FakeAnthropic, tmp_path: Path) -> None:
     with fake.serve() as upstream:
-        settings = Settings.load(env_file=None, environ={
-            "ORCHESTRATOR_DATA_DIR": str(tmp_path), "ORCHESTRATOR_MODEL": f"anthropic:{MODEL}",
-            "ORCHESTRATOR_MAX_TOKENS": "200", "ORCHESTRATOR_GATEWAY_MODEL_POLICY": "rewrite",
-            "ORCHESTRATOR_ANTHROPIC_BASE_URL": upstream, "ORCHESTRATOR_ANTHROPIC_API_KEY": KEY,
-        })
+        settings = Settings.load(
+            env_file=None,
+            environ={
+                "ORCHESTRATOR_DATA_DIR": str(tmp_path),
+                "ORCHESTRATOR_MODEL": f"anthropic:{MODEL}",
+                "ORCHESTRATOR_MAX_TOKENS": "200",
+                "ORCHESTRATOR_GATEWAY_MODEL_POLICY": "rewrite",
+                "ORCHESTRATOR_ANTHROPIC_BASE_URL": upstream,
+                "ORCHESTRATOR_ANTHROPIC_API_KEY": KEY,
+            },
+        )
         with ModelGateway.for_provider(sock, settings, "anthropic") as gw:
             assert (gw.model, gw.max_tokens, gw.model_policy) == (MODEL, 200, "rewrite")
         # The pipeline passes the run's recorded model and cap, which win.
@@ -262,8 +283,9 @@ def test_the_settings_choose_the_model_cap_and_policy(sock: Path, fake: FakeAnth
 def test_the_real_sdk_asking_for_another_model_gets_a_clear_final_error(sock: Path, fake: FakeAnthropic) -> None:
     """What a container's runner sees: the Anthropic SDK through the socket, not retried."""
     with fake.serve() as upstream, held(sock, upstream):
-        provider = AnthropicProvider(ModelSettings(provider="anthropic", model=EXPENSIVE, max_tokens=16,
-                                                   socket_path=str(sock)))
+        provider = AnthropicProvider(
+            ModelSettings(provider="anthropic", model=EXPENSIVE, max_tokens=16, socket_path=str(sock))
+        )
         with pytest.raises(ProviderError) as raised:
             provider.complete("system", [ProviderMessage("user", [TextBlock("hi")])], [])
     assert raised.value.retryable is False and raised.value.status_code == 403
@@ -276,6 +298,7 @@ def test_cache_tokens_are_counted_apart_and_carried_over(sock: Path, fake: FakeA
     spent = Usage(input_tokens=5, output_tokens=1, cache_read_input_tokens=3)
     with fake.serve() as upstream, held(sock, upstream, spent=spent) as gw, client_for(sock) as client:
         assert post(client, {"model": MODEL, "max_tokens": 8, "messages": MESSAGES}).status_code == 200
-    assert gw.usage == Usage(input_tokens=5 + 20 + 7 + 30, output_tokens=1 + 2,
-                             cache_read_input_tokens=3 + 30, cache_creation_input_tokens=7)
+    assert gw.usage == Usage(
+        input_tokens=5 + 20 + 7 + 30, output_tokens=1 + 2, cache_read_input_tokens=3 + 30, cache_creation_input_tokens=7
+    )
     assert msgspec.json.decode(msgspec.json.encode(gw.usage), type=Usage) == gw.usage

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_runner.protocol import ContainerInput, ResultEvent, decode_input, dump_event
 
+from agent_runner.protocol import ContainerInput, ResultEvent, decode_input, dump_event
 from orchestrator.core.errors import ContainerConfigError, MountRefused, SandboxError
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -69,19 +69,26 @@ class Env:
         (self.shared / "docs").mkdir(parents=True)
         (self.shared / "docs" / "readme.txt").write_text("hello\n")
         self.allowlist = base / "config" / "mount-allowlist.json"
-        self.settings = Settings.load(
-            data_dir=base / "data", mount_allowlist=self.allowlist, env_file=None
-        )
+        self.settings = Settings.load(data_dir=base / "data", mount_allowlist=self.allowlist, env_file=None)
         self.settings.ensure_dirs()
 
     def allow(self, *roots: dict[str, Any], **extra: Any) -> None:
         _write(self.allowlist, {"roots": list(roots), **extra})
 
-    def check(self, host_path: str | Path, *, folder: str = "alpha", is_main: bool = False,
-              read_write: bool = False, name: str | None = None, jid: str | None = None) -> ResolvedMount:
+    def check(
+        self,
+        host_path: str | Path,
+        *,
+        folder: str = "alpha",
+        is_main: bool = False,
+        read_write: bool = False,
+        name: str | None = None,
+        jid: str | None = None,
+    ) -> ResolvedMount:
         request = MountRequest(host_path=str(host_path), read_write=read_write, name=name)
-        return check_mount(self.settings, load_allowlist(self.settings), request,
-                           folder=folder, is_main=is_main, chat_jid=jid)
+        return check_mount(
+            self.settings, load_allowlist(self.settings), request, folder=folder, is_main=is_main, chat_jid=jid
+        )
 
     def refused(self, host_path: str | Path, match: str, **kw: Any) -> str:
         with pytest.raises(MountRefused, match=match) as info:
@@ -172,9 +179,27 @@ def test_tilde_paths_are_expanded(env: Env, monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.mark.parametrize(
     "name",
-    [".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".env", ".env.local", "id_rsa", "id_ed25519",
-     "server.pem", "tls.key", "credentials", "gcp-credentials.json", ".netrc", ".git-credentials", ".SSH",
-     "my-secrets", "docker.sock"],
+    [
+        ".ssh",
+        ".gnupg",
+        ".aws",
+        ".azure",
+        ".kube",
+        ".docker",
+        ".env",
+        ".env.local",
+        "id_rsa",
+        "id_ed25519",
+        "server.pem",
+        "tls.key",
+        "credentials",
+        "gcp-credentials.json",
+        ".netrc",
+        ".git-credentials",
+        ".SSH",
+        "my-secrets",
+        "docker.sock",
+    ],
 )
 def test_blocked_names_are_refused_anywhere_in_the_path(env: Env, name: str) -> None:
     env.allow({"path": str(env.shared)})
@@ -184,8 +209,22 @@ def test_blocked_names_are_refused_anywhere_in_the_path(env: Env, name: str) -> 
 
 
 def test_builtin_blocked_list_covers_the_usual_secrets() -> None:
-    for must in (".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".env", "*.pem", "*.key", ".netrc",
-                 ".git-credentials", "*credentials*", "id_rsa*", "id_ed25519*"):
+    for must in (
+        ".ssh",
+        ".gnupg",
+        ".aws",
+        ".azure",
+        ".kube",
+        ".docker",
+        ".env",
+        "*.pem",
+        "*.key",
+        ".netrc",
+        ".git-credentials",
+        "*credentials*",
+        "id_rsa*",
+        "id_ed25519*",
+    ):
         assert must in BLOCKED_PATTERNS
 
 
@@ -236,9 +275,13 @@ def test_missing_path_and_plain_files_are_refused(env: Env) -> None:
 
 
 def test_relative_paths_and_bad_names_are_refused_at_config_time() -> None:
-    for bad in ({"host_path": "docs"}, {"host_path": "/srv/x", "name": "../up"},
-                {"host_path": "/srv/x", "name": "a/b"}, {"host_path": "/srv/x", "name": ".hidden"},
-                {"host_path": "/srv/x", "mode": "rw"}):
+    for bad in (
+        {"host_path": "docs"},
+        {"host_path": "/srv/x", "name": "../up"},
+        {"host_path": "/srv/x", "name": "a/b"},
+        {"host_path": "/srv/x", "name": ".hidden"},
+        {"host_path": "/srv/x", "mode": "rw"},
+    ):
         with pytest.raises(ContainerConfigError, match=r"container_config\.extra_mounts\.0"):
             parse_container_config({"extra_mounts": [bad]})
 
@@ -305,8 +348,12 @@ def test_root_with_a_groups_list_is_open_to_those_groups_and_main(env: Env) -> N
 def test_read_write_needs_the_root_and_for_non_main_a_named_group(env: Env) -> None:
     # A read-only root: read-write refused for everyone, main included.
     env.allow({"path": str(env.shared)})
-    env.refused(env.shared / "docs", "refused read-write: no allowed root containing it has read_write",
-                read_write=True, is_main=True)
+    env.refused(
+        env.shared / "docs",
+        "refused read-write: no allowed root containing it has read_write",
+        read_write=True,
+        is_main=True,
+    )
     # A read-write root without a groups list: main only.
     env.allow({"path": str(env.shared), "read_write": True})
     assert env.check(env.shared / "docs", is_main=True, folder="main", read_write=True).read_write
@@ -321,8 +368,15 @@ def test_read_write_needs_the_root_and_for_non_main_a_named_group(env: Env) -> N
 
 
 def test_a_read_write_root_inside_a_read_only_one(env: Env) -> None:
-    _write(env.allowlist, {"roots": [{"path": str(env.shared)},
-                                     {"path": str(env.shared / "docs"), "read_write": True, "groups": ["alpha"]}]})
+    _write(
+        env.allowlist,
+        {
+            "roots": [
+                {"path": str(env.shared)},
+                {"path": str(env.shared / "docs"), "read_write": True, "groups": ["alpha"]},
+            ]
+        },
+    )
     assert env.check(env.shared / "docs", read_write=True).read_write
     (env.shared / "other").mkdir()
     env.refused(env.shared / "other", "refused read-write", read_write=True)
@@ -332,14 +386,23 @@ def test_two_mounts_may_not_share_a_name_or_a_folder(env: Env) -> None:
     (env.shared / "b").mkdir()
     env.allow({"path": str(env.shared)})
     with pytest.raises(MountRefused, match="share a name"):
-        resolve_mounts(env.settings, [MountRequest(host_path=str(env.shared / "docs")),
-                                      MountRequest(host_path=str(env.shared / "b"), name="docs")],
-                       folder="alpha", is_main=False)
+        resolve_mounts(
+            env.settings,
+            [
+                MountRequest(host_path=str(env.shared / "docs")),
+                MountRequest(host_path=str(env.shared / "b"), name="docs"),
+            ],
+            folder="alpha",
+            is_main=False,
+        )
     (env.shared / "alias").symlink_to(env.shared / "docs")
     with pytest.raises(MountRefused, match="mounted twice"):
-        resolve_mounts(env.settings, [MountRequest(host_path=str(env.shared / "docs")),
-                                      MountRequest(host_path=str(env.shared / "alias"))],
-                       folder="alpha", is_main=False)
+        resolve_mounts(
+            env.settings,
+            [MountRequest(host_path=str(env.shared / "docs")), MountRequest(host_path=str(env.shared / "alias"))],
+            folder="alpha",
+            is_main=False,
+        )
     with pytest.raises(ContainerConfigError, match="names must be distinct"):
         parse_container_config({"extra_mounts": [{"host_path": "/a/x"}, {"host_path": "/b/x"}]})
 
@@ -399,13 +462,27 @@ def test_bad_container_config_is_refused_naming_the_field(raw: Any, match: str) 
 
 
 def test_effective_limits_apply_the_group_on_top_of_the_settings(env: Env) -> None:
-    s = env.settings.replace(**{"container_memory": "512m", "container_cpus": 1.0, "container_pids": 256,
-                                        "run_timeout_s": 300.0, "bash_timeout_s": 60.0})
+    s = env.settings.replace(
+        **{
+            "container_memory": "512m",
+            "container_cpus": 1.0,
+            "container_pids": 256,
+            "run_timeout_s": 300.0,
+            "bash_timeout_s": 60.0,
+        }
+    )
     assert effective_limits(s, None) == effective_limits(s, {}) == effective_limits(s, ContainerConfig())
     base = effective_limits(s, None)
     assert (base.memory, base.cpus, base.pids, base.run_timeout_s, base.bash_timeout_s) == ("512m", 1.0, 256, 300, 60)
-    cfg = {"memory": "2G", "cpus": 2, "pids": 64, "run_timeout_s": 30, "bash_timeout_s": 5,
-           "network": "none", "read_only_root": True}
+    cfg = {
+        "memory": "2G",
+        "cpus": 2,
+        "pids": 64,
+        "run_timeout_s": 30,
+        "bash_timeout_s": 5,
+        "network": "none",
+        "read_only_root": True,
+    }
     lim = effective_limits(s, cfg)
     assert (lim.memory, lim.cpus, lim.pids, lim.run_timeout_s, lim.bash_timeout_s) == ("2g", 2, 64, 30, 5)
     # run_timeout_s is only ever shortened (the worker's time limits derive from the setting).
@@ -428,15 +505,21 @@ def mounted(db: Database, settings: Settings, base: Path) -> Iterator[tuple[Data
 def test_set_container_config_validates_then_stores(mounted: tuple[Database, Env]) -> None:
     db, env = mounted
     env.allow({"path": str(env.shared)})
-    g = set_container_config(db, env.settings, "alpha@chat", json.dumps(
-        {"memory": "256M", "extra_mounts": [{"host_path": str(env.shared / "docs")}]}
-    ))
+    g = set_container_config(
+        db,
+        env.settings,
+        "alpha@chat",
+        json.dumps({"memory": "256M", "extra_mounts": [{"host_path": str(env.shared / "docs")}]}),
+    )
     assert g.container_config == {"memory": "256m", "extra_mounts": [{"host_path": str(env.shared / "docs")}]}
     assert get_group(db, "alpha@chat").container_config == g.container_config
     # Refused now -> nothing changes.
     for raw, err, match in [
-        ({"extra_mounts": [{"host_path": str(env.shared / "docs"), "read_write": True}]}, MountRefused,
-         "refused read-write"),
+        (
+            {"extra_mounts": [{"host_path": str(env.shared / "docs"), "read_write": True}]},
+            MountRefused,
+            "refused read-write",
+        ),
         ({"network": "bridge"}, ContainerConfigError, "never have a network"),
         ({"run_timeout_s": env.settings.run_timeout_s + 1}, ContainerConfigError, "may only shorten"),
     ]:
@@ -450,20 +533,28 @@ def test_set_container_config_validates_then_stores(mounted: tuple[Database, Env
 def test_cli_groups_set(mounted: tuple[Database, Env]) -> None:
     db, env = mounted
     env.allow({"path": str(env.shared)})
-    cli_env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(env.settings.data_dir),
-               "ORCHESTRATOR_DATABASE_URL": env.settings.database_url,
-               "ORCHESTRATOR_MOUNT_ALLOWLIST": str(env.allowlist)}
+    cli_env = {
+        **os.environ,
+        "ORCHESTRATOR_DATA_DIR": str(env.settings.data_dir),
+        "ORCHESTRATOR_DATABASE_URL": env.settings.database_url,
+        "ORCHESTRATOR_MOUNT_ALLOWLIST": str(env.allowlist),
+    }
     cli = str(Path(sys.executable).parent / "orchestrator")
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([cli, "groups", "set", *args], env=cli_env, capture_output=True, text=True, timeout=60)
 
-    ok = run("alpha@chat", "--container-config",
-             json.dumps({"pids": 64, "extra_mounts": [{"host_path": str(env.shared / "docs"), "name": "docs"}]}))
+    ok = run(
+        "alpha@chat",
+        "--container-config",
+        json.dumps({"pids": 64, "extra_mounts": [{"host_path": str(env.shared / "docs"), "name": "docs"}]}),
+    )
     assert ok.returncode == 0, ok.stderr
     assert "pids 64" in ok.stdout and "memory 512m" in ok.stdout
     assert get_group(db, "alpha@chat").container_config == {
-        "pids": 64, "extra_mounts": [{"host_path": str(env.shared / "docs"), "name": "docs"}]}
+        "pids": 64,
+        "extra_mounts": [{"host_path": str(env.shared / "docs"), "name": "docs"}],
+    }
     for cfg, match in [
         ({"extra_mounts": [{"host_path": str(env.base)}]}, "contains the mount allowlist"),
         ({"extra_mounts": [{"host_path": str(env.shared / "docs"), "read_write": True}]}, "refused read-write"),
@@ -531,11 +622,22 @@ def test_pipeline_builds_the_spec_from_the_group_config(mounted: tuple[Database,
     db, env = mounted
     (env.shared / "data-rw").mkdir()
     env.allow({"path": str(env.shared)}, {"path": str(env.shared / "data-rw"), "read_write": True, "groups": ["alpha"]})
-    set_container_config(db, env.settings, "alpha@chat", {
-        "memory": "300m", "cpus": 0.5, "pids": 48, "run_timeout_s": 7, "bash_timeout_s": 2,
-        "extra_mounts": [{"host_path": str(env.shared / "docs")},
-                         {"host_path": str(env.shared / "data-rw"), "name": "out", "read_write": True}],
-    })
+    set_container_config(
+        db,
+        env.settings,
+        "alpha@chat",
+        {
+            "memory": "300m",
+            "cpus": 0.5,
+            "pids": 48,
+            "run_timeout_s": 7,
+            "bash_timeout_s": 2,
+            "extra_mounts": [
+                {"host_path": str(env.shared / "docs")},
+                {"host_path": str(env.shared / "data-rw"), "name": "out", "read_write": True},
+            ],
+        },
+    )
     pipeline, sandbox, _ = _pipeline(db, env)
     _say(db, env)
     [outcome] = pipeline.drain_group("alpha@chat")
@@ -557,7 +659,11 @@ def test_pipeline_without_config_keeps_the_settings_defaults(mounted: tuple[Data
     [(spec, payload)] = sandbox.started
     s = env.settings
     assert (spec.memory, spec.cpus, spec.pids, spec.timeout_s) == (
-        s.container_memory, s.container_cpus, s.container_pids, s.run_timeout_s)
+        s.container_memory,
+        s.container_cpus,
+        s.container_pids,
+        s.run_timeout_s,
+    )
     assert spec.readonly_mounts == {} and spec.extra_mounts == {}
     assert payload.limits.bash_timeout_s == s.bash_timeout_s
     assert not (spec.workspace / "extra").exists()
@@ -594,8 +700,9 @@ def test_a_stored_config_that_no_longer_parses_fails_the_run(mounted: tuple[Data
 
     db, env = mounted
     with db.write() as session:
-        session.execute(update(GroupRow).where(GroupRow.chat_jid == "alpha@chat")
-                        .values(container_config={"network": "host"}))
+        session.execute(
+            update(GroupRow).where(GroupRow.chat_jid == "alpha@chat").values(container_config={"network": "host"})
+        )
     pipeline, sandbox, rec = _pipeline(db, env)
     _say(db, env)
     [outcome] = pipeline.drain_group("alpha@chat")

@@ -42,8 +42,9 @@ def group(db: Database, settings: Settings) -> Group:
     return get_group(db, JID)
 
 
-def test_the_host_runs_nothing_in_a_hostile_repository(db: Database, settings: Settings, group: Group,
-                                                       tmp_path: Path) -> None:
+def test_the_host_runs_nothing_in_a_hostile_repository(
+    db: Database, settings: Settings, group: Group, tmp_path: Path
+) -> None:
     """A workspace repository whose config makes git execute a command (fsmonitor
     on every status, a clean filter) and that has changes: computing the notices
     runs nothing on the host and says nothing about the workspace."""
@@ -51,7 +52,7 @@ def test_the_host_runs_nothing_in_a_hostile_repository(db: Database, settings: S
     marker = tmp_path / "escaped"
     subprocess.run(["git", "init", "-q", str(ws)], check=True)
     with open(ws / ".git" / "config", "a") as fh:
-        fh.write(f"[core]\n\tfsmonitor = touch {marker}\n[filter \"x\"]\n\tclean = touch {marker}\n")
+        fh.write(f'[core]\n\tfsmonitor = touch {marker}\n[filter "x"]\n\tclean = touch {marker}\n')
     (ws / ".gitattributes").write_text("* filter=x\n")
     (ws / "f").write_text("x")
     with open(ws / "dump.sql", "wb") as fh:
@@ -81,7 +82,9 @@ def test_due_tasks_notice(db: Database, settings: Settings, group: Group) -> Non
     ]
 
 
-def test_notices_are_never_stored_and_a_broken_provider_is_skipped(db: Database, settings: Settings, group: Group) -> None:
+def test_notices_are_never_stored_and_a_broken_provider_is_skipped(
+    db: Database, settings: Settings, group: Group
+) -> None:
     run = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=0, celery_task_id=None)
     finish_run(db, run.id, state="failed", error="model said no\nsecond line")
 
@@ -96,8 +99,16 @@ def test_notices_are_never_stored_and_a_broken_provider_is_skipped(db: Database,
 
 
 def _say(db: Database, mid: str, text: str, **meta: object) -> None:
-    store_message_direct(db=db, id=mid, chat_jid=JID, sender="ann", sender_name="Ann", content=text,
-                         timestamp=datetime.now(UTC).isoformat(), metadata=meta or None)
+    store_message_direct(
+        db=db,
+        id=mid,
+        chat_jid=JID,
+        sender="ann",
+        sender_name="Ann",
+        content=text,
+        timestamp=datetime.now(UTC).isoformat(),
+        metadata=meta or None,
+    )
 
 
 def _assemble(db: Database, settings: Settings) -> tuple[str, bytes]:
@@ -107,9 +118,14 @@ def _assemble(db: Database, settings: Settings) -> tuple[str, bytes]:
     assert isinstance(batch, Batch)
     run = create_run(db, chat_jid=JID, cursor_from=group.cursor_seq, cursor_to=batch.cursor_to, celery_task_id=None)
     payload = build_input(
-        settings=settings, group=group, run_id=run.id,
-        prior=prior_messages(db, settings, group, batch, group.cursor_seq), batch=batch,
-        assistant_name="Andy", notices=compute_notices(db, settings, group), model=model_settings(settings),
+        settings=settings,
+        group=group,
+        run_id=run.id,
+        prior=prior_messages(db, settings, group, batch, group.cursor_seq),
+        batch=batch,
+        assistant_name="Andy",
+        notices=compute_notices(db, settings, group),
+        model=model_settings(settings),
     )
     data = input_bytes(payload)
     record_input(db, run.id, data)
@@ -120,10 +136,23 @@ def test_recorded_input_rebuilds_to_the_same_bytes(db: Database, settings: Setti
     ws = settings.groups_dir / "dev"
     (ws / "spec.md").write_text("# Spec\nmust be fast\n")
     _say(db, "m1", "hello")
-    store_message_direct(db=db, id="h1", chat_jid=JID, sender="host", sender_name="host", content="⚠️ hidden",
-                         timestamp=datetime.now(UTC).isoformat(), is_from_me=True, message_type="host")
-    _say(db, "m2", "read the spec", context=[{"type": "file", "path": "spec.md"},
-                                             {"type": "selection", "text": "must be fast"}])
+    store_message_direct(
+        db=db,
+        id="h1",
+        chat_jid=JID,
+        sender="host",
+        sender_name="host",
+        content="⚠️ hidden",
+        timestamp=datetime.now(UTC).isoformat(),
+        is_from_me=True,
+        message_type="host",
+    )
+    _say(
+        db,
+        "m2",
+        "read the spec",
+        context=[{"type": "file", "path": "spec.md"}, {"type": "selection", "text": "must be fast"}],
+    )
     run_id, sent = _assemble(db, settings)
     assert stored_input(db, run_id) == sent
     doc = json.loads(sent)
@@ -147,8 +176,11 @@ def test_recorded_input_rebuilds_to_the_same_bytes(db: Database, settings: Setti
 def test_runs_show_input_and_verify(db: Database, settings: Settings, group: Group) -> None:
     _say(db, "m1", "hello")
     run_id, sent = _assemble(db, settings)
-    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
-           "ORCHESTRATOR_DATABASE_URL": settings.database_url}
+    env = {
+        **os.environ,
+        "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+        "ORCHESTRATOR_DATABASE_URL": settings.database_url,
+    }
     cli = [str(Path(sys.executable).parent / "orchestrator"), "runs", "show", run_id[:8]]
     shown = subprocess.run([*cli, "--input"], env=env, capture_output=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
@@ -162,7 +194,8 @@ def test_runs_show_input_and_verify(db: Database, settings: Settings, group: Gro
 
 
 def test_the_previous_run_notice_reads_the_chats_newest_finished_run_not_a_replay(
-        db: Database, settings: Settings, group: Group) -> None:
+    db: Database, settings: Settings, group: Group
+) -> None:
     from sqlalchemy import update
 
     from orchestrator.run.notices import previous_run_failed
@@ -177,8 +210,11 @@ def test_the_previous_run_notice_reads_the_chats_newest_finished_run_not_a_repla
         made += 1
         new = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=0, celery_task_id=None)
         with db.write() as session:
-            session.execute(update(RunRow).where(RunRow.id == new.id).values(
-                created_at=datetime.now(UTC) - timedelta(minutes=10 - made), **values))
+            session.execute(
+                update(RunRow)
+                .where(RunRow.id == new.id)
+                .values(created_at=datetime.now(UTC) - timedelta(minutes=10 - made), **values)
+            )
         return new.id
 
     failed = run()

@@ -12,9 +12,9 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime, timedelta
 
-from agent_runner.protocol import AssistantEvent, ErrorEvent, ResultEvent, ToolResultEvent
 from sqlalchemy import select, update
 
+from agent_runner.protocol import AssistantEvent, ErrorEvent, ResultEvent, ToolResultEvent
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
@@ -40,8 +40,13 @@ class Deadline(Exception):
     """Stands for Celery's SoftTimeLimitExceeded."""
 
 
-def _pipeline(settings: Settings, db: Database, sandbox: FakeSandbox, clock: Clock,
-              deadline_exceptions: tuple[type[BaseException], ...] = ()) -> Pipeline:
+def _pipeline(
+    settings: Settings,
+    db: Database,
+    sandbox: FakeSandbox,
+    clock: Clock,
+    deadline_exceptions: tuple[type[BaseException], ...] = (),
+) -> Pipeline:
     s = settings.replace(**{"max_attempts": 3, "retry_base_s": 10.0, "retry_max_s": 60.0})
     ensure_main_group(db)
     rec = attach_recorder(db, JID)
@@ -172,8 +177,13 @@ def test_a_replaced_holder_stores_nothing_more(settings: Settings, db: Database)
             with db.write() as session:
                 session.execute(update(GroupRow).where(GroupRow.chat_jid == JID).values(lease_owner="new-holder:1:x"))
 
-    sandbox = FakeSandbox(Script([AssistantEvent(text="first"), AssistantEvent(text="second"), ResultEvent()],
-                                 hang=True, before_event=taken_over))
+    sandbox = FakeSandbox(
+        Script(
+            [AssistantEvent(text="first"), AssistantEvent(text="second"), ResultEvent()],
+            hang=True,
+            before_event=taken_over,
+        )
+    )
     p = _pipeline(settings, db, sandbox, clock)
     _say(p)
     [outcome] = p.drain_group(JID)
@@ -184,7 +194,8 @@ def test_a_replaced_holder_stores_nothing_more(settings: Settings, db: Database)
 
 
 def test_a_holder_replaced_just_before_its_runs_end_commits_none_of_the_end(
-    settings: Settings, db: Database,
+    settings: Settings,
+    db: Database,
 ) -> None:
     """The run's end is one transaction, fenced by the statement that lets the lease go: taken
     over after the reply but before the end, the old holder stores no record, moves no
@@ -243,12 +254,11 @@ def test_a_group_is_drained_once_by_two_pipelines_at_once(settings: Settings, db
     assert _from(pipelines[0], "bot") == ["done"]
 
 
-def test_a_failed_attempt_parks_the_run_and_the_next_step_resumes_it_when_due(
-    settings: Settings, db: Database
-) -> None:
+def test_a_failed_attempt_parks_the_run_and_the_next_step_resumes_it_when_due(settings: Settings, db: Database) -> None:
     # The system clock: the sweeper judges "due" by it too.
-    sandbox = FakeSandbox(Script([ToolResultEvent(tool_use_id="t1", name="bash", output="ran", exit_code=0)],
-                                 exit_code=1), OK)
+    sandbox = FakeSandbox(
+        Script([ToolResultEvent(tool_use_id="t1", name="bash", output="ran", exit_code=0)], exit_code=1), OK
+    )
     p = _pipeline(settings, db, sandbox, SYSTEM_CLOCK)
     _say(p)
     first = p.step(JID)
@@ -265,8 +275,9 @@ def test_a_failed_attempt_parks_the_run_and_the_next_step_resumes_it_when_due(
     assert report.interrupted_runs == [] and signals == []
     # Due (its time set back): the sweeper signals the group, the next step resumes the same run.
     with db.write() as session:
-        session.execute(update(RunRow).where(RunRow.id == parked.id)
-                        .values(retry_at=datetime.now(UTC) - timedelta(seconds=1)))
+        session.execute(
+            update(RunRow).where(RunRow.id == parked.id).values(retry_at=datetime.now(UTC) - timedelta(seconds=1))
+        )
     assert sweep(db, signal=signals.append).interrupted_runs == [] and signals == [JID]
     second = p.step(JID)
     assert second.outcome is not None and second.outcome.run.id == parked.id
@@ -333,8 +344,9 @@ def test_a_group_over_its_quota_starts_nothing_and_is_told_once(settings: Settin
     assert get_group(db, JID).cursor_seq < later.seq  # "two" still waits for its run
     # The first run's hour has passed (on the database's clock): the next step runs it.
     with db.write() as session:
-        session.execute(update(RunRow).where(RunRow.chat_jid == JID)
-                        .values(created_at=datetime.now(UTC) - timedelta(hours=2)))
+        session.execute(
+            update(RunRow).where(RunRow.chat_jid == JID).values(created_at=datetime.now(UTC) - timedelta(hours=2))
+        )
     ran = p.step(JID)
     assert ran.outcome is not None and ran.outcome.run.state == "succeeded" and len(sandbox.started) == 2
     assert len(_from(p, "host")) == 1

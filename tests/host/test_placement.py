@@ -20,10 +20,10 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from agent_runner.protocol import AssistantEvent, ResultEvent
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
+from agent_runner.protocol import AssistantEvent, ResultEvent
 from orchestrator.core.errors import UnknownGroup
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
@@ -87,7 +87,8 @@ def test_a_hosts_queue_is_its_id_made_safe_and_never_shared() -> None:
 
 
 def test_a_group_is_signalled_on_its_hosts_queue_only_while_that_host_takes_groups(
-    db: Database, group: str,
+    db: Database,
+    group: str,
 ) -> None:
     assert placed_on(db, group) is None  # no place yet: the shared queue
     _register(db, "host-a")
@@ -203,8 +204,11 @@ def test_the_lease_taker_becomes_the_place_of_a_group_without_a_live_one(db: Dat
 
 
 def test_a_pipeline_step_places_the_group_on_its_host(db: Database, settings: Settings, group: str) -> None:
-    root = Orchestrator(settings.replace(**{"host_id": "host-p"}), migrate=False,
-                        sandbox=FakeSandbox(Script([AssistantEvent(text="done"), ResultEvent()])))
+    root = Orchestrator(
+        settings.replace(**{"host_id": "host-p"}),
+        migrate=False,
+        sandbox=FakeSandbox(Script([AssistantEvent(text="done"), ResultEvent()])),
+    )
     try:
         _say(db, settings)
         [outcome] = root.pipeline.drain_group(group)
@@ -274,8 +278,13 @@ def test_groups_move_over_the_api(db: Database, settings: Settings, group: str) 
         assert client.post(f"/api/groups/{group}/move", json={"host": ""}).json()["field"] == "host"
         r = client.post(f"/api/groups/{group}/move", json={"host": "host-a"})
         assert r.status_code == 200, r.text
-        assert r.json() == {"chat_jid": group, "host": "host-a", "previous_host": None, "pending": False,
-                            "signalled": False}
+        assert r.json() == {
+            "chat_jid": group,
+            "host": "host-a",
+            "previous_host": None,
+            "pending": False,
+            "signalled": False,
+        }
         _say(db, settings)
         r = client.post(f"/api/groups/{group}/move", json={"host": "host-a"})
         assert (r.json()["pending"], r.json()["signalled"], r.json()["previous_host"]) == (True, True, "host-a")
@@ -286,7 +295,9 @@ def test_groups_move_over_the_api(db: Database, settings: Settings, group: str) 
 
 
 def test_groups_stranded_on_a_host_that_takes_no_groups_are_signalled_again(
-    db: Database, settings: Settings, group: str,
+    db: Database,
+    settings: Settings,
+    group: str,
 ) -> None:
     add_group(db, chat_jid="idle@x", name="idle", folder="idle", requires_trigger=False)
     _register(db, "host-a")
@@ -303,8 +314,9 @@ def test_groups_stranded_on_a_host_that_takes_no_groups_are_signalled_again(
     leases.release(db, group, owner)
     clock = [0.0]
     signals: list[str] = []
-    watch = RecoveryWatch(db, host_id="host-b", signal=signals.append, interval_s=1, resignal_s=30,
-                          monotonic=lambda: clock[0])
+    watch = RecoveryWatch(
+        db, host_id="host-b", signal=signals.append, interval_s=1, resignal_s=30, monotonic=lambda: clock[0]
+    )
     assert watch.check() == [group] == signals
     assert watch.check() == []  # not again so soon
     # Draining and stopped hosts take no groups either; the group is signalled once more later.
@@ -344,18 +356,33 @@ def test_worker_drain_sends_this_hosts_worker_a_sigterm(db: Database, settings: 
     # A stand-in for the worker's main process: SIGTERM ends it.
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        hosts.register(db, host_id="host-d", instance="d:1", version="t", concurrency=1, pid=proc.pid,
-                       hostname=socket.gethostname())
-        hosts.register(db, host_id="host-far", instance="f:1", version="t", concurrency=1, pid=proc.pid,
-                       hostname="another-machine")
+        hosts.register(
+            db,
+            host_id="host-d",
+            instance="d:1",
+            version="t",
+            concurrency=1,
+            pid=proc.pid,
+            hostname=socket.gethostname(),
+        )
+        hosts.register(
+            db, host_id="host-far", instance="f:1", version="t", concurrency=1, pid=proc.pid, hostname="another-machine"
+        )
         far = _cli(settings, "worker", "--drain", ORCHESTRATOR_HOST_ID="host-far")
         assert far.returncode == 1 and "runs on another-machine, not on this machine" in far.stderr
         none = _cli(settings, "worker", "--drain", ORCHESTRATOR_HOST_ID="host-none")
         assert none.returncode == 1 and "no running worker of host 'host-none'" in none.stderr
         assert proc.poll() is None  # neither refusal signalled anything
         # Beaten again: alive 9 s from its last beat, and two CLI starts on a loaded machine take most of it.
-        hosts.register(db, host_id="host-d", instance="d:1", version="t", concurrency=1, pid=proc.pid,
-                       hostname=socket.gethostname())
+        hosts.register(
+            db,
+            host_id="host-d",
+            instance="d:1",
+            version="t",
+            concurrency=1,
+            pid=proc.pid,
+            hostname=socket.gethostname(),
+        )
         done = _cli(settings, "worker", "--drain", "--wait", "30", ORCHESTRATOR_HOST_ID="host-d")
         assert done.returncode == 0, done.stderr
         assert f"worker pid {proc.pid} drains" in done.stdout and "host host-d: stopped" in done.stdout

@@ -43,4 +43,3 @@ def test_as_root_everything_is_handed_over_and_symlinks_are_not_followed(tmp_pat
     before = {p: os.lstat(p).st_ctime_ns for p in paths}
     prepare_folder(root)
     assert {p: os.lstat(p).st_ctime_ns for p in paths} == before
-

@@ -92,9 +92,7 @@ def _write(settings: Settings) -> None:
     db.engine.dispose()
 
 
-def test_the_data_dir_and_the_database_are_made_for_this_user_alone(
-    open_root: Path, usual_umask: None
-) -> None:
+def test_the_data_dir_and_the_database_are_made_for_this_user_alone(open_root: Path, usual_umask: None) -> None:
     settings = _settings(open_root / "data")
     settings.ensure_dirs()
     db = open_database(settings)
@@ -102,7 +100,10 @@ def test_the_data_dir_and_the_database_are_made_for_this_user_alone(
     database = settings.data_dir / "orchestrator.db"
     with db.engine.connect():  # held open: the -wal and -shm files are there
         assert {p.name: _mode(p) for p in settings.data_dir.glob("orchestrator.db*")} == {
-            "orchestrator.db": 0o600, "orchestrator.db-wal": 0o600, "orchestrator.db-shm": 0o600}
+            "orchestrator.db": 0o600,
+            "orchestrator.db-wal": 0o600,
+            "orchestrator.db-shm": 0o600,
+        }
     db.engine.dispose()
     for folder in (settings.data_dir, settings.runs_dir, settings.sessions_dir):
         assert _mode(folder) == 0o700, folder
@@ -146,9 +147,21 @@ def test_modes_an_older_version_left_are_tightened_at_start(open_root: Path, usu
 def _as_other_user(targets: dict[str, Path]) -> dict[str, str]:
     python = shutil.which("python3", path="/usr/bin:/bin")  # the suite's own may be out of its reach
     assert python
-    done = subprocess.run(["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups",
-                           python, "-c", PROBE, json.dumps({k: str(v) for k, v in targets.items()})],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={OTHER_UID}",
+            f"--regid={OTHER_UID}",
+            "--clear-groups",
+            python,
+            "-c",
+            PROBE,
+            json.dumps({k: str(v) for k, v in targets.items()}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     answer: dict[str, str] = json.loads(done.stdout)
     return answer
@@ -156,8 +169,10 @@ def _as_other_user(targets: dict[str, Path]) -> dict[str, str]:
 
 def test_another_local_user_reads_no_chat_and_reaches_no_gateway(open_root: Path, usual_umask: None) -> None:
     # CI runs as root with util-linux: there, a missing one fails the test (require_service).
-    require_service(os.geteuid() == 0 and shutil.which("setpriv") is not None,
-                    "root and setpriv (util-linux), to act as another user")
+    require_service(
+        os.geteuid() == 0 and shutil.which("setpriv") is not None,
+        "root and setpriv (util-linux), to act as another user",
+    )
     settings = _settings(open_root / "data")
     settings.ensure_dirs()
     _write(settings)
@@ -169,17 +184,29 @@ def test_another_local_user_reads_no_chat_and_reaches_no_gateway(open_root: Path
     control = open_root / "control.sock"
     readable = open_root / "readable.txt"
     readable.write_text("x")
-    with ModelGateway(run_socket, upstream="http://127.0.0.1:9", api_key="sk-private") as gw1, \
-            ModelGateway(warm_socket, upstream="http://127.0.0.1:9", api_key="sk-private") as gw2, \
-            socket.socket(socket.AF_UNIX) as listener:
+    with (
+        ModelGateway(run_socket, upstream="http://127.0.0.1:9", api_key="sk-private") as gw1,
+        ModelGateway(warm_socket, upstream="http://127.0.0.1:9", api_key="sk-private") as gw2,
+        socket.socket(socket.AF_UNIX) as listener,
+    ):
         listener.bind(str(control))
         os.chmod(control, 0o666)
         listener.listen()
         assert _mode(run_socket) == _mode(warm_socket) == 0o666  # as the container needs them
-        answers = _as_other_user({
-            "database": settings.data_dir / "orchestrator.db", "control file": readable,
-            "socket of a run": run_socket, "socket of a warm group": warm_socket, "socket control": control,
-        })
+        answers = _as_other_user(
+            {
+                "database": settings.data_dir / "orchestrator.db",
+                "control file": readable,
+                "socket of a run": run_socket,
+                "socket of a warm group": warm_socket,
+                "socket control": control,
+            }
+        )
         assert gw1 and gw2
-    assert answers == {"database": "EACCES", "control file": "ok", "socket of a run": "EACCES",
-                       "socket of a warm group": "EACCES", "socket control": "ok"}, answers
+    assert answers == {
+        "database": "EACCES",
+        "control file": "ok",
+        "socket of a run": "EACCES",
+        "socket of a warm group": "EACCES",
+        "socket control": "ok",
+    }, answers

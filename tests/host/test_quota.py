@@ -87,12 +87,12 @@ def test_the_auto_default_is_a_volume_or_nothing(tmp_path: Path) -> None:
     assert mode == ("volume" if can_mount else "off"), why
     if not can_mount:
         assert "cannot loop-mount" in quota.describe_mode(auto)
-    checked = Settings.load(data_dir=tmp_path, workspace_quota="auto", workspace_quota_mode="checked",
-                       env_file=None)
+    checked = Settings.load(data_dir=tmp_path, workspace_quota="auto", workspace_quota_mode="checked", env_file=None)
     assert quota.workspace_quota_bytes(checked) == 0
-    assert "quota: off" in quota.describe_mode(checked) and "ORCHESTRATOR_WORKSPACE_QUOTA" in quota.describe_mode(checked)
-    explicit = Settings.load(data_dir=tmp_path, workspace_quota="3g", workspace_quota_mode="checked",
-                        env_file=None)
+    assert "quota: off" in quota.describe_mode(checked) and "ORCHESTRATOR_WORKSPACE_QUOTA" in quota.describe_mode(
+        checked
+    )
+    explicit = Settings.load(data_dir=tmp_path, workspace_quota="3g", workspace_quota_mode="checked", env_file=None)
     assert quota.workspace_quota_bytes(explicit) == 3 * 1024**3
 
 
@@ -128,7 +128,10 @@ def test_a_quota_below_the_volume_is_refused(db: Database, settings: Settings) -
 
 def _checked(tmp_path: Path, size: str = "16m") -> Settings:
     return Settings.load(
-        data_dir=tmp_path / "data", workspace_quota=size, workspace_quota_mode="checked", env_file=None,
+        data_dir=tmp_path / "data",
+        workspace_quota=size,
+        workspace_quota_mode="checked",
+        env_file=None,
     )
 
 
@@ -219,8 +222,11 @@ def test_a_volume_is_made_mounted_and_keeps_what_the_workspace_held(volume_setti
     assert len(mounts) == 1 and mounts[0].fstype == "ext4"
     image = quota.volumes_dir(settings) / "team.img"
     assert quota.loop_backing_file(mounts[0].source) == str(image)
-    options = next(line for line in Path("/proc/self/mountinfo").read_text().splitlines()
-                   if line.split()[4] == str(ws)).split()[5].split(",")
+    options = (
+        next(line for line in Path("/proc/self/mountinfo").read_text().splitlines() if line.split()[4] == str(ws))
+        .split()[5]
+        .split(",")
+    )
     assert "nosuid" in options and "nodev" in options and "noexec" not in options
     # The image: root's, 0600, sparse, in a 0700 folder beside (never inside) the groups.
     st = image.stat()
@@ -267,8 +273,12 @@ def test_preparing_at_once_from_threads_and_processes_mounts_once(volume_setting
         "s = Settings.load(data_dir=Path(sys.argv[1]), workspace_quota='64m', env_file=None); "
         "quota.prepare_workspace(s, 'team', s.groups_dir / 'team', quota.workspace_quota_bytes(s))"
     )
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(settings.data_dir)], cwd=ROOT,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(settings.data_dir)], cwd=ROOT, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
     errors = run_in_threads(
         lambda _: quota.prepare_workspace(settings, "team", ws, quota.workspace_quota_bytes(settings)), 6
     )
@@ -479,8 +489,12 @@ def test_a_killed_replays_scratch_volume_is_removed_by_the_next_one(volume_setti
     require_volumes()
     settings = volume_settings
     stale = settings.runs_dir / "killed.scratch"
-    holder = subprocess.Popen([sys.executable, "-c", KILLED_HOLDER, str(settings.data_dir), str(stale)],
-                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", KILLED_HOLDER, str(settings.data_dir), str(stale)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "mounted"
         assert _mounts_at(stale)
@@ -505,7 +519,8 @@ def test_a_killed_replays_scratch_volume_is_removed_by_the_next_one(volume_setti
 
 
 def test_a_volume_is_mounted_by_one_host_at_a_time_and_follows_its_group(
-    volume_settings: Settings, db: Database,
+    volume_settings: Settings,
+    db: Database,
 ) -> None:
     """Two hosts on one shared data dir: the group's volume is mounted only by the host that holds
     it, refused to the other, unmounted and let go when the group moves, then mounted by the new
@@ -556,12 +571,18 @@ def test_a_volume_is_mounted_by_one_host_at_a_time_and_follows_its_group(
     assert (plan.workspace / "notes.txt").read_text() == "written on host a\n"
     # Host b silent past ORCHESTRATOR_DEAD_HOST_S: another host takes the volume over.
     with db.write() as session:
-        session.execute(update(HostRow).where(HostRow.host_id == "host-b").values(
-            heartbeat_at=hosts.database_now(db) - timedelta(seconds=30)))
+        session.execute(
+            update(HostRow)
+            .where(HostRow.host_id == "host-b")
+            .values(heartbeat_at=hosts.database_now(db) - timedelta(seconds=30))
+        )
     with pytest.raises(VolumeHeldElsewhere):
         hold_for_attempt(db, a.replace(dead_host_s=60), group, "offline")
     with db.write() as session:
-        session.execute(update(HostRow).where(HostRow.host_id == "host-b").values(
-            heartbeat_at=hosts.database_now(db) - timedelta(seconds=90)))
+        session.execute(
+            update(HostRow)
+            .where(HostRow.host_id == "host-b")
+            .values(heartbeat_at=hosts.database_now(db) - timedelta(seconds=90))
+        )
     hold_for_attempt(db, a.replace(dead_host_s=60), group, "offline")
     assert holder(db, "team") == "host-a"

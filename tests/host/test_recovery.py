@@ -10,9 +10,9 @@ from __future__ import annotations
 import subprocess
 from datetime import UTC, datetime, timedelta
 
-from agent_runner.protocol import AssistantEvent, ResultEvent
 from sqlalchemy import update
 
+from agent_runner.protocol import AssistantEvent, ResultEvent
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -61,8 +61,17 @@ def _killed_mid_run(db: Database, settings: Settings, *, replied: bool) -> tuple
     run = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=msg.seq, celery_task_id=None, owner=dead)
     set_container(db, run.id, "c0ffee")
     if replied:
-        store_message_direct(db=db, id=f"{run.id}-0001", chat_jid=JID, sender="bot", sender_name="Andy",
-                             content="half an answer", timestamp=now_iso(), is_from_me=True, message_type="assistant")
+        store_message_direct(
+            db=db,
+            id=f"{run.id}-0001",
+            chat_jid=JID,
+            sender="bot",
+            sender_name="Andy",
+            content="half an answer",
+            timestamp=now_iso(),
+            is_from_me=True,
+            message_type="assistant",
+        )
     return dead, run.id, msg.seq
 
 
@@ -99,8 +108,15 @@ def test_recover_group_leaves_the_holders_own_and_parked_runs(settings: Settings
     assert leases.acquire(db, JID, me, 60)
     mine = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=msg.seq, celery_task_id=None, owner=me)
     parked = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=msg.seq, celery_task_id=None, owner="w:1:ab")
-    park_run(db, parked.id, attempts=2, error="crash", retry_at=datetime.now(UTC) + timedelta(minutes=1),
-             input_tokens=0, output_tokens=0)
+    park_run(
+        db,
+        parked.id,
+        attempts=2,
+        error="crash",
+        retry_at=datetime.now(UTC) + timedelta(minutes=1),
+        input_tokens=0,
+        output_tokens=0,
+    )
     orphan = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=msg.seq, celery_task_id=None, owner=None)
     assert recover_group(db, JID, me) == [orphan.id]
     assert get_run(db, mine.id).finished_at is None and get_run(db, parked.id).finished_at is None
@@ -139,15 +155,21 @@ def test_the_watch_signals_groups_whose_holder_is_gone(settings: Settings, db: D
     assert leases.acquire(db, "live@x", hosts.process_owner(me), 60)  # this very process
     assert leases.acquire(db, "expired@x", f"host-z:{_dead_pid()}:ab", 60)  # another host's, expired
     with db.write() as session:
-        session.execute(update(GroupRow).where(GroupRow.chat_jid == "expired@x").values(
-            lease_expires_at=hosts.database_now(db) - timedelta(seconds=1)))
-    assert dead_holders(db, me) == [("expired@x", f"host-z:{_pid_of(db, 'expired@x')}:ab"),
-                                    ("local@x", f"{me}:{_pid_of(db, 'local@x')}:ab")]
+        session.execute(
+            update(GroupRow)
+            .where(GroupRow.chat_jid == "expired@x")
+            .values(lease_expires_at=hosts.database_now(db) - timedelta(seconds=1))
+        )
+    assert dead_holders(db, me) == [
+        ("expired@x", f"host-z:{_pid_of(db, 'expired@x')}:ab"),
+        ("local@x", f"{me}:{_pid_of(db, 'local@x')}:ab"),
+    ]
     _silence(db, "host-b")
     clock = [0.0]
     signals: list[str] = []
-    watch = RecoveryWatch(db, host_id=me, signal=signals.append, interval_s=1, resignal_s=30,
-                          monotonic=lambda: clock[0])
+    watch = RecoveryWatch(
+        db, host_id=me, signal=signals.append, interval_s=1, resignal_s=30, monotonic=lambda: clock[0]
+    )
     assert watch.check() == ["expired@x", "local@x", "remote@x"] == signals
     assert watch.check() == []  # not again for the same holders so soon
     clock[0] = 31

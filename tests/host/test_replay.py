@@ -22,6 +22,9 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
 from agent_runner.protocol import (
     AssistantEvent,
     ResultEvent,
@@ -32,9 +35,6 @@ from agent_runner.protocol import (
     Usage,
     decode_input,
 )
-from fastapi.testclient import TestClient
-from typer.testing import CliRunner
-
 from orchestrator.core.errors import ConfigError, ReplayRefused
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
@@ -222,19 +222,23 @@ def test_the_copy_refuses_a_huge_folder_without_listing_it(tmp_path: Path) -> No
 # -- replays ---------------------------------------------------------------------------------
 
 
-ORIGINAL = Script([
-    ToolUseEvent(id="t1", name="bash", input={"command": "ls"}),
-    ToolResultEvent(tool_use_id="t1", name="bash", output="notes.txt\n", exit_code=0),
-    AssistantEvent(text="There is notes.txt."),
-    ResultEvent(usage=Usage(input_tokens=100, output_tokens=10), stop_reason="end_turn", num_turns=2),
-])
-REPLAYED = Script([
-    ToolUseEvent(id="r1", name="bash", input={"command": "cat notes.txt > copy.txt; false"}),
-    ToolResultEvent(tool_use_id="r1", name="bash", output="", exit_code=1),
-    SendMessageEvent(chat_jid=JID, text="a message it wanted to send"),
-    AssistantEvent(text="I copied it (or tried)."),
-    ResultEvent(usage=Usage(input_tokens=300, output_tokens=30), stop_reason="end_turn", num_turns=3),
-])
+ORIGINAL = Script(
+    [
+        ToolUseEvent(id="t1", name="bash", input={"command": "ls"}),
+        ToolResultEvent(tool_use_id="t1", name="bash", output="notes.txt\n", exit_code=0),
+        AssistantEvent(text="There is notes.txt."),
+        ResultEvent(usage=Usage(input_tokens=100, output_tokens=10), stop_reason="end_turn", num_turns=2),
+    ]
+)
+REPLAYED = Script(
+    [
+        ToolUseEvent(id="r1", name="bash", input={"command": "cat notes.txt > copy.txt; false"}),
+        ToolResultEvent(tool_use_id="r1", name="bash", output="", exit_code=1),
+        SendMessageEvent(chat_jid=JID, text="a message it wanted to send"),
+        AssistantEvent(text="I copied it (or tried)."),
+        ResultEvent(usage=Usage(input_tokens=300, output_tokens=30), stop_reason="end_turn", num_turns=3),
+    ]
+)
 
 
 def _chat(settings: Settings, db: Database, sandbox: FakeSandbox) -> tuple[Pipeline, str]:
@@ -287,14 +291,22 @@ def test_a_replay_runs_the_same_input_on_a_scratch_copy_and_touches_nothing_of_t
     # Nothing stored as a message, nothing delivered, no cursor, session or pending work moved.
     assert get_messages_after(JID, 0, db=db) == before
     after = get_group(db, JID)
-    assert (after.cursor_seq, after.pending_seq, after.session_id) == (group.cursor_seq, group.pending_seq,
-                                                                       group.session_id)
+    assert (after.cursor_seq, after.pending_seq, after.session_id) == (
+        group.cursor_seq,
+        group.pending_seq,
+        group.session_id,
+    )
 
     diff = diff_runs(db, original, replay.id)
     assert diff.same_input_messages
     a, b = diff.a, diff.b
     assert (a.run_id, a.model, a.replies, a.stop_reason, a.num_turns) == (
-        original, "offline", ["There is notes.txt."], "end_turn", 2)
+        original,
+        "offline",
+        ["There is notes.txt."],
+        "end_turn",
+        2,
+    )
     assert [(c.name, c.input, c.exit_code) for c in a.tool_calls] == [("bash", "ls", 0)]
     assert (a.input_tokens, a.output_tokens) == (100, 10)
     assert (b.run_id, b.replay_of, b.model, b.state) == (replay.id, original, "openai:gpt-test", "succeeded")
@@ -346,8 +358,9 @@ def test_a_workspace_over_the_bound_fails_the_replay_and_leaves_no_copy(settings
 def test_a_streamed_replay_keeps_no_draft_and_its_deltas_are_bounded(settings: Settings, db: Database) -> None:
     # Far more delta lines than ORCHESTRATOR_MAX_RUN_EVENTS: free up to the pipeline's allowance...
     deltas = [TextDeltaEvent(block="1.0", text=f"w{i} ") for i in range(200)]
-    streamed = Script([*deltas, AssistantEvent(text="streamed answer"),
-                       ResultEvent(usage=Usage(input_tokens=10, output_tokens=1))])
+    streamed = Script(
+        [*deltas, AssistantEvent(text="streamed answer"), ResultEvent(usage=Usage(input_tokens=10, output_tokens=1))]
+    )
     sandbox = FakeSandbox(ORIGINAL, streamed)
     _, original = _chat(settings, db, sandbox)
     replay = create_replay(db, settings, original, "offline")
@@ -375,8 +388,9 @@ def test_the_sweeper_ends_a_replay_whose_worker_host_died(settings: Settings, db
     for host, run in (("host-a", alive), ("host-b", dead)):
         register(db, host_id=host, instance=f"{host}-1", version="t", concurrency=1)
         with db.write() as session:  # taken by a worker of that host, as execute_replay takes it
-            session.execute(update(RunRow).where(RunRow.id == run.id).values(owner=f"{host}:1234:abcd",
-                                                                              state="running"))
+            session.execute(
+                update(RunRow).where(RunRow.id == run.id).values(owner=f"{host}:1234:abcd", state="running")
+            )
     mark_stopped(db, "host-b", "host-b-1")
     assert sweep(db, signal=None).interrupted_runs == [dead.id]
     assert (get_run(db, dead.id).state, get_run(db, alive.id).state) == ("failed", "running")
@@ -415,8 +429,17 @@ def test_the_cli_diffs_two_runs_side_by_side(settings: Settings, db: Database, m
     runner = CliRunner()
     shown = runner.invoke(app, ["runs", "diff", original[:8], replay.id])
     assert shown.exit_code == 0, shown.output
-    for text in ("There is notes.txt.", "I copied it (or tried).", "bash: ls  → exit 0", "→ exit 1",
-                 "100 in / 10 out", "300 in / 30 out", "end_turn", original[:8], replay.id[:8]):
+    for text in (
+        "There is notes.txt.",
+        "I copied it (or tried).",
+        "bash: ls  → exit 0",
+        "→ exit 1",
+        "100 in / 10 out",
+        "300 in / 30 out",
+        "end_turn",
+        original[:8],
+        replay.id[:8],
+    ):
         assert text in shown.output, (text, shown.output)
     as_json = runner.invoke(app, ["runs", "diff", original, replay.id, "--json"])
     assert as_json.exit_code == 0 and json.loads(as_json.output)["b"]["replay_of"] == original

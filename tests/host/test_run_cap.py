@@ -23,10 +23,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from agent_runner.protocol import AssistantEvent, ResultEvent
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
+from agent_runner.protocol import AssistantEvent, ResultEvent
 from orchestrator.core.clock import SYSTEM_CLOCK
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
@@ -69,8 +69,9 @@ def _schedule(db: Database, jids: list[str]) -> None:
     """A scheduled task fires in each group: its prompt stored as the scheduler's message."""
     now = datetime.now(UTC)
     for jid in jids:
-        add_task(db, chat_jid=jid, prompt="the daily report", kind="once",
-                 spec=(now + timedelta(minutes=1)).isoformat())
+        add_task(
+            db, chat_jid=jid, prompt="the daily report", kind="once", spec=(now + timedelta(minutes=1)).isoformat()
+        )
     assert len(fire_due(db, signal=None, now=now + timedelta(minutes=2))) == len(jids)
 
 
@@ -157,8 +158,12 @@ def test_the_cap_is_never_exceeded_and_the_groups_over_it_wait_in_line(settings:
     gate.set()
     for t in threads:
         t.join(30)
-    _serve([_pipeline(s, db, sandbox) for _ in range(4)], waiting, 2,
-           lambda: all(_replies(db, jid) == ["done"] for jid in jids))
+    _serve(
+        [_pipeline(s, db, sandbox) for _ in range(4)],
+        waiting,
+        2,
+        lambda: all(_replies(db, jid) == ["done"] for jid in jids),
+    )
     assert sandbox.peak == 2 and len(sandbox.started) == 6
     assert all(_replies(db, jid) == ["done"] for jid in jids)  # each answered once
     assert fleet_slots(db, 2).waiting == [] and fleet_slots(db, 2).running == 0
@@ -236,8 +241,11 @@ def test_the_rank_is_read_afresh_and_a_wait_that_stopped_asking_holds_no_one_bac
     assert [(w.chat_jid, w.lane) for w in fleet_slots(db, 1).waiting] == [(late, "person"), (early, "scheduled")]
     # A group that stopped asking (its signal lost, its steps failing) no longer holds others back.
     with db.write() as session:
-        session.execute(update(RunWaitRow).where(RunWaitRow.chat_jid == late)
-                        .values(seen_at=datetime.now(UTC) - timedelta(seconds=STALE_S + 5)))
+        session.execute(
+            update(RunWaitRow)
+            .where(RunWaitRow.chat_jid == late)
+            .values(seen_at=datetime.now(UTC) - timedelta(seconds=STALE_S + 5))
+        )
     assert [w.chat_jid for w in fleet_slots(db, 1).waiting] == [early]
     gate.set()
     running.join(30)
@@ -281,9 +289,15 @@ def test_the_line_over_http_and_on_the_command_line(settings: Settings, db: Data
     assert (body["cap"], body["running"]) == (1, 1)
     assert [(w["chat_jid"], w["lane"], w["position"]) for w in body["waiting"]] == [(other, "person", 1)]
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")} | TEST_ENV | {
-        "ORCHESTRATOR_DATA_DIR": str(s.data_dir), "ORCHESTRATOR_DATABASE_URL": s.database_url,
-        "ORCHESTRATOR_MAX_CONCURRENT_RUNS": "1"}
+    env = (
+        {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
+        | TEST_ENV
+        | {
+            "ORCHESTRATOR_DATA_DIR": str(s.data_dir),
+            "ORCHESTRATOR_DATABASE_URL": s.database_url,
+            "ORCHESTRATOR_MAX_CONCURRENT_RUNS": "1",
+        }
+    )
     cli = [str(Path(sys.executable).parent / "orchestrator"), "runs", "waiting"]
     shown = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
@@ -342,11 +356,24 @@ def test_closing_a_dead_holders_run_frees_its_slot_for_the_line(settings: Settin
     assert leases.acquire(db, dead, gone, 60)
     run = create_run(db, chat_jid=dead, cursor_from=0, cursor_to=pending, celery_task_id=None, owner=gone)
     with db.write() as session:
-        insert_message(session, db, NewMessage(id=f"{run.id}-0", chat_jid=dead, sender=SENDER_BOT, is_from_me=True,
-                                               content="half an answer", timestamp=datetime.now(UTC).isoformat(),
-                                               message_type="assistant"))
-        session.execute(update(GroupRow).where(GroupRow.chat_jid == dead)
-                        .values(lease_expires_at=datetime.now(UTC) - timedelta(minutes=5)))
+        insert_message(
+            session,
+            db,
+            NewMessage(
+                id=f"{run.id}-0",
+                chat_jid=dead,
+                sender=SENDER_BOT,
+                is_from_me=True,
+                content="half an answer",
+                timestamp=datetime.now(UTC).isoformat(),
+                message_type="assistant",
+            ),
+        )
+        session.execute(
+            update(GroupRow)
+            .where(GroupRow.chat_jid == dead)
+            .values(lease_expires_at=datetime.now(UTC) - timedelta(minutes=5))
+        )
     sandbox = FakeSandbox(Script(DONE))
     p = _pipeline(s, db, sandbox)
     _say(db, s, ann)

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_runner.protocol import AssistantEvent, ResultEvent, ThinkingEvent, ToolResultEvent, ToolUseEvent, Usage
 
+from agent_runner.protocol import AssistantEvent, ResultEvent, ThinkingEvent, ToolResultEvent, ToolUseEvent, Usage
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
 from orchestrator.root import Orchestrator
@@ -48,16 +48,22 @@ def test_thinking_and_the_runs_record_are_muted_the_tool_result_shown(
     db: Database, settings: Settings, base_url: str, page: Any, tmp_path: Path
 ) -> None:
     ensure_main_group(db)
-    script = Script([
-        ThinkingEvent(text="The user wants the files listed."),
-        ToolUseEvent(id="toolu_1", name="bash", input={"command": "ls"}),
-        ToolResultEvent(tool_use_id="toolu_1", name="bash", output="a.txt\n", exit_code=0),
-        AssistantEvent(text="There is a.txt."),
-        ResultEvent(usage=Usage(input_tokens=1234, output_tokens=56), stop_reason="max_turns", num_turns=50),
-    ])
+    script = Script(
+        [
+            ThinkingEvent(text="The user wants the files listed."),
+            ToolUseEvent(id="toolu_1", name="bash", input={"command": "ls"}),
+            ToolResultEvent(tool_use_id="toolu_1", name="bash", output="a.txt\n", exit_code=0),
+            AssistantEvent(text="There is a.txt."),
+            ResultEvent(usage=Usage(input_tokens=1234, output_tokens=56), stop_reason="max_turns", num_turns=50),
+        ]
+    )
     pipeline = Pipeline(settings, db, ChannelRegistry([]), FakeSandbox(script), clock=FakeClock())
-    ingest(db, settings, IncomingMessage(chat_jid=JID, sender="web:Ann", sender_name="Ann", content="list files"),
-           signal=None)
+    ingest(
+        db,
+        settings,
+        IncomingMessage(chat_jid=JID, sender="web:Ann", sender_name="Ann", content="list files"),
+        signal=None,
+    )
     pipeline.drain_group(JID)
     ids = {m.sender: m.id for m in get_messages_after(JID, 0, db=db)}
 

@@ -85,8 +85,9 @@ def test_concurrent_tickers_fire_one_due_time_once(db: Database, team: str) -> N
 
 
 def test_once_task_is_done_after_firing(db: Database, team: str) -> None:
-    task = add_task(db, chat_jid=team, prompt="p", kind="once", spec="2026-11-26T12:30:00Z", now=T0,
-                    context_mode="isolated")
+    task = add_task(
+        db, chat_jid=team, prompt="p", kind="once", spec="2026-11-26T12:30:00Z", now=T0, context_mode="isolated"
+    )
     [mid] = fire_due(db, signal=None, now=T0 + timedelta(hours=1))
     done = get_task(db, task.id)
     assert done.state == "done" and done.next_run_at is None and done.runs == 1

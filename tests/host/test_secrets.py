@@ -26,11 +26,14 @@ from tests.fakes.anthropic_api import FakeAnthropic, api_error
 
 # One canary per secret setting, and a database password: each unique, so a hit names its leak.
 # (Flower's login is user:password: the canary has that shape, the user a canary too.)
-CANARIES = {name: ("canary-user:" if name == "flower_basic_auth" else "") + f"canary-{name.replace('_', '-')}-7a41e"
-            for name in SECRET_FIELDS}
+CANARIES = {
+    name: ("canary-user:" if name == "flower_basic_auth" else "") + f"canary-{name.replace('_', '-')}-7a41e"
+    for name in SECRET_FIELDS
+}
 DB_PASSWORD = "canary-db-password-7a41e"
 ENVIRON = {f"ORCHESTRATOR_{name.upper()}": value for name, value in CANARIES.items()} | {
-    "ORCHESTRATOR_DATABASE_URL": f"postgresql://orchestrator:{DB_PASSWORD}@127.0.0.1:1/none"}
+    "ORCHESTRATOR_DATABASE_URL": f"postgresql://orchestrator:{DB_PASSWORD}@127.0.0.1:1/none"
+}
 
 
 def leaks(text: str) -> list[str]:
@@ -46,8 +49,11 @@ def test_every_secret_setting_is_a_canary(canary_settings: Settings) -> None:
     # A new secret setting must be added to SECRET_FIELDS (and so to this hunt).
     import msgspec
 
-    names = {f.name for f in msgspec.structs.fields(Settings)
-             if f.type is str and any(w in f.name for w in ("secret", "token", "key", "password"))}
+    names = {
+        f.name
+        for f in msgspec.structs.fields(Settings)
+        if f.type is str and any(w in f.name for w in ("secret", "token", "key", "password"))
+    }
     assert names <= set(SECRET_FIELDS), names - set(SECRET_FIELDS)
     # The database password where a URL carries it only: a bare common word is left alone.
     assert sorted(canary_settings.secrets()) == sorted([*CANARIES.values(), f":{DB_PASSWORD}@"])
@@ -90,10 +96,18 @@ log.info("a line with no secret")
 @pytest.mark.parametrize("log_format", ["text", "json"])
 def test_log_lines_of_a_real_process_carry_no_secret(tmp_path: Path, log_format: str) -> None:
     env = {**os.environ, **ENVIRON, "ORCHESTRATOR_LOG_FORMAT": log_format, "ORCHESTRATOR_DATA_DIR": str(tmp_path)}
-    env = {k: v for k, v in env.items() if not (k.startswith("ORCHESTRATOR_") and k not in ENVIRON
-                                                 and k not in ("ORCHESTRATOR_LOG_FORMAT", "ORCHESTRATOR_DATA_DIR"))}
-    done = subprocess.run([sys.executable, "-c", LOGGING_PROCESS], env=env, capture_output=True, text=True,
-                          timeout=60, cwd=tmp_path)
+    env = {
+        k: v
+        for k, v in env.items()
+        if not (
+            k.startswith("ORCHESTRATOR_")
+            and k not in ENVIRON
+            and k not in ("ORCHESTRATOR_LOG_FORMAT", "ORCHESTRATOR_DATA_DIR")
+        )
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", LOGGING_PROCESS], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     out = done.stdout + done.stderr
     assert leaks(out) == [], out
@@ -122,13 +136,19 @@ def test_run_errors_and_host_messages_carry_no_secret(db: Database, hidden: Sett
 
 def test_the_gateway_never_hands_the_container_its_key_in_an_upstream_error(tmp_path: Path) -> None:
     key = CANARIES["openai_api_key"]
-    for fake_error in (api_error(401, "authentication_error", f"Incorrect API key provided: {key}."),
-                       api_error(403, "permission_error", f"key {key} has no access to this model")):
+    for fake_error in (
+        api_error(401, "authentication_error", f"Incorrect API key provided: {key}."),
+        api_error(403, "permission_error", f"key {key} has no access to this model"),
+    ):
         fake = FakeAnthropic(fake_error)
         sock = tmp_path / f"g{fake_error[0]}.sock"
-        with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=key, timeout_s=10), \
-                httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://gateway") as client:
-            r = client.post("/v1/messages", json={"model": "m", "max_tokens": 8,
-                                                  "messages": [{"role": "user", "content": "hi"}]})
+        with (
+            fake.serve() as upstream,
+            ModelGateway(sock, upstream=upstream, api_key=key, timeout_s=10),
+            httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://gateway") as client,
+        ):
+            r = client.post(
+                "/v1/messages", json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+            )
         assert fake.calls[0].headers.get("x-api-key") == key  # it went upstream
         assert r.status_code == fake_error[0] and key not in r.text and "[redacted]" in r.text, r.text

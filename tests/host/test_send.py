@@ -38,14 +38,18 @@ def _free_port() -> int:
 
 def _env(settings: Settings, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
-    env.update(ORCHESTRATOR_DATA_DIR=str(settings.data_dir), ORCHESTRATOR_DATABASE_URL=settings.database_url,
-               ORCHESTRATOR_WORKSPACE_QUOTA="0", ORCHESTRATOR_LOG_LEVEL="WARNING", **extra)
+    env.update(
+        ORCHESTRATOR_DATA_DIR=str(settings.data_dir),
+        ORCHESTRATOR_DATABASE_URL=settings.database_url,
+        ORCHESTRATOR_WORKSPACE_QUOTA="0",
+        ORCHESTRATOR_LOG_LEVEL="WARNING",
+        **extra,
+    )
     return env
 
 
 def _send(settings: Settings, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([CLI, "send", *args], env=_env(settings, **extra), capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([CLI, "send", *args], env=_env(settings, **extra), capture_output=True, text=True, timeout=60)
 
 
 def _contents(db: Database, chat_jid: str = JID) -> list[str]:
@@ -57,8 +61,13 @@ def api_server(db: Database, settings: Settings) -> Iterator[str]:
     """``orchestrator api`` serving ``settings``' installation; yields its URL."""
     add_group(db, chat_jid=JID, name="send", folder="send", requires_trigger=False)
     port = _free_port()
-    proc = subprocess.Popen([CLI, "api", "--port", str(port)], env=_env(settings), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [CLI, "api", "--port", str(port)],
+        env=_env(settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:
@@ -148,14 +157,20 @@ def test_send_is_the_same_command_through_the_typer_app(db: Database, settings: 
     # entry, options and all.
     add_group(db, chat_jid=JID, name="send", folder="send", requires_trigger=False)
     typer_app = [sys.executable, "-c", "import sys; from orchestrator.cli.main import main; sys.argv[0] = 'x'; main()"]
-    done = subprocess.run([*typer_app, "send", JID, "forwarded", "--sender", "ann"],
-                          env=_env(settings), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [*typer_app, "send", JID, "forwarded", "--sender", "ann"],
+        env=_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "stored #1" in done.stderr
     [stored] = get_messages_after(JID, 0, db=db)
     assert (stored.content, stored.sender) == ("forwarded", "ann")
-    helped = subprocess.run([*typer_app, "send", "--help"],
-                            env=_env(settings), capture_output=True, text=True, timeout=60)
+    helped = subprocess.run(
+        [*typer_app, "send", "--help"], env=_env(settings), capture_output=True, text=True, timeout=60
+    )
     assert "Usage: orchestrator send [OPTIONS] CHAT_JID TEXT" in helped.stdout
 
 
@@ -186,8 +201,7 @@ def test_send_through_the_api_imports_no_store_no_typer_no_pydantic(
         " 'typer', 'httpx', 'docker') if m in sys.modules)\n"
         "print('HEAVY', heavy)\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], env=_env(settings), capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run([sys.executable, "-c", probe], env=_env(settings), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "via http://" in done.stderr
     assert "HEAVY []" in done.stdout, done.stdout

@@ -29,8 +29,16 @@ VOCABULARY = [
 
 
 def _store(db: Database, mid: str, sender: str, message_type: str) -> None:
-    store_message_direct(db=db, id=mid, chat_jid=JID, sender=sender, sender_name=sender, content=f"from {sender}",
-                         timestamp="2026-11-26T10:00:00+00:00", message_type=message_type)
+    store_message_direct(
+        db=db,
+        id=mid,
+        chat_jid=JID,
+        sender=sender,
+        sender_name=sender,
+        content=f"from {sender}",
+        timestamp="2026-11-26T10:00:00+00:00",
+        message_type=message_type,
+    )
 
 
 def test_who_the_model_sees(db: Database) -> None:

@@ -14,19 +14,22 @@ from orchestrator.core.settings import Settings
 
 
 def test_environment_strings_become_typed_values(tmp_path: Path) -> None:
-    s = Settings.load(env_file=None, environ={
-        "ORCHESTRATOR_DATA_DIR": str(tmp_path / "a" / ".." / "b"),
-        "ORCHESTRATOR_MAX_TOKENS": "77",
-        "ORCHESTRATOR_RUN_TIMEOUT_S": "12.5",
-        "ORCHESTRATOR_CONTEXT_URL_ALLOW_PRIVATE": "yes",
-        "ORCHESTRATOR_API_REQUIRE_REGISTERED_CHAT": "0",
-        "ORCHESTRATOR_WORKSPACE_QUOTA_MODE": "checked",
-        "ORCHESTRATOR_WORKSPACE_QUOTA": " 2G ",
-        "ORCHESTRATOR_OPENAI_BASE_URL": "https://api.openai.com/v1/",
-        "orchestrator_assistant_name": "Bo",  # names are case-insensitive
-        "ORCHESTRATOR_NOT_A_SETTING": "ignored",
-        "OTHER_MAX_TOKENS": "5",
-    })
+    s = Settings.load(
+        env_file=None,
+        environ={
+            "ORCHESTRATOR_DATA_DIR": str(tmp_path / "a" / ".." / "b"),
+            "ORCHESTRATOR_MAX_TOKENS": "77",
+            "ORCHESTRATOR_RUN_TIMEOUT_S": "12.5",
+            "ORCHESTRATOR_CONTEXT_URL_ALLOW_PRIVATE": "yes",
+            "ORCHESTRATOR_API_REQUIRE_REGISTERED_CHAT": "0",
+            "ORCHESTRATOR_WORKSPACE_QUOTA_MODE": "checked",
+            "ORCHESTRATOR_WORKSPACE_QUOTA": " 2G ",
+            "ORCHESTRATOR_OPENAI_BASE_URL": "https://api.openai.com/v1/",
+            "orchestrator_assistant_name": "Bo",  # names are case-insensitive
+            "ORCHESTRATOR_NOT_A_SETTING": "ignored",
+            "OTHER_MAX_TOKENS": "5",
+        },
+    )
     assert s.data_dir == (tmp_path / "b").resolve()
     assert (s.max_tokens, s.run_timeout_s) == (77, 12.5)
     assert s.context_url_allow_private is True and s.api_require_registered_chat is False
@@ -37,23 +40,28 @@ def test_environment_strings_become_typed_values(tmp_path: Path) -> None:
 
 def test_the_env_file_then_the_environment_then_code(tmp_path: Path) -> None:
     env_file = tmp_path / ".env"
-    env_file.write_text("ORCHESTRATOR_MAX_TOKENS=10\nORCHESTRATOR_MAX_TURNS=4\n# a comment\nORCHESTRATOR_LOG_LEVEL='DEBUG'\n")
+    env_file.write_text(
+        "ORCHESTRATOR_MAX_TOKENS=10\nORCHESTRATOR_MAX_TURNS=4\n# a comment\nORCHESTRATOR_LOG_LEVEL='DEBUG'\n"
+    )
     s = Settings.load(env_file=env_file, environ={"ORCHESTRATOR_MAX_TURNS": "6"}, max_attempts=9)
     assert (s.max_tokens, s.max_turns, s.max_attempts, s.log_level) == (10, 6, 9, "DEBUG")
     assert Settings.load(env_file=tmp_path / "missing.env", environ={}).max_tokens == 1024
 
 
-@pytest.mark.parametrize(("name", "value", "says"), [
-    ("ORCHESTRATOR_MAX_TOKENS", "zero", "ORCHESTRATOR_MAX_TOKENS='zero': expected `int`"),
-    ("ORCHESTRATOR_MAX_TOKENS", "0", "ORCHESTRATOR_MAX_TOKENS='0': expected `int` >= 1"),
-    ("ORCHESTRATOR_API_PORT", "70000", "ORCHESTRATOR_API_PORT='70000': expected `int` <= 65535"),
-    ("ORCHESTRATOR_WORKSPACE_QUOTA_MODE", "maybe", "ORCHESTRATOR_WORKSPACE_QUOTA_MODE='maybe'"),
-    ("ORCHESTRATOR_WORKSPACE_QUOTA", "lots", "ORCHESTRATOR_WORKSPACE_QUOTA: 'lots' is not a size"),
-    ("ORCHESTRATOR_CONTEXT_URL_ALLOW_PRIVATE", "perhaps", "ORCHESTRATOR_CONTEXT_URL_ALLOW_PRIVATE='perhaps'"),
-    ("ORCHESTRATOR_FLOWER_BASIC_AUTH", "ops", "ORCHESTRATOR_FLOWER_BASIC_AUTH must be user:password"),
-    ("ORCHESTRATOR_FLOWER_BASIC_AUTH", "ops:", "ORCHESTRATOR_FLOWER_BASIC_AUTH must be user:password"),
-    ("ORCHESTRATOR_FLOWER_BASIC_AUTH", "a:b,c:d", "ORCHESTRATOR_FLOWER_BASIC_AUTH must be user:password"),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("ORCHESTRATOR_MAX_TOKENS", "zero", "ORCHESTRATOR_MAX_TOKENS='zero': expected `int`"),
+        ("ORCHESTRATOR_MAX_TOKENS", "0", "ORCHESTRATOR_MAX_TOKENS='0': expected `int` >= 1"),
+        ("ORCHESTRATOR_API_PORT", "70000", "ORCHESTRATOR_API_PORT='70000': expected `int` <= 65535"),
+        ("ORCHESTRATOR_WORKSPACE_QUOTA_MODE", "maybe", "ORCHESTRATOR_WORKSPACE_QUOTA_MODE='maybe'"),
+        ("ORCHESTRATOR_WORKSPACE_QUOTA", "lots", "ORCHESTRATOR_WORKSPACE_QUOTA: 'lots' is not a size"),
+        ("ORCHESTRATOR_CONTEXT_URL_ALLOW_PRIVATE", "perhaps", "ORCHESTRATOR_CONTEXT_URL_ALLOW_PRIVATE='perhaps'"),
+        ("ORCHESTRATOR_FLOWER_BASIC_AUTH", "ops", "ORCHESTRATOR_FLOWER_BASIC_AUTH must be user:password"),
+        ("ORCHESTRATOR_FLOWER_BASIC_AUTH", "ops:", "ORCHESTRATOR_FLOWER_BASIC_AUTH must be user:password"),
+        ("ORCHESTRATOR_FLOWER_BASIC_AUTH", "a:b,c:d", "ORCHESTRATOR_FLOWER_BASIC_AUTH must be user:password"),
+    ],
+)
 def test_a_bad_value_names_the_variable(name: str, value: str, says: str) -> None:
     with pytest.raises(SettingsError) as err:
         Settings.load(env_file=None, environ={name: value})

@@ -91,7 +91,8 @@ def test_each_signal_lands_in_its_own_queue_only(settings: Settings, broker: str
 
 
 def test_a_redis_channel_sends_its_commands_through_one_client(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """kombu's Redis channel built a ``redis.Redis`` client for every command it sent
     (each task published, each event, each ack: more CPU than the command itself);

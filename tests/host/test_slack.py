@@ -57,10 +57,15 @@ THREAD_TS = "1700000000.000100"
 @pytest.fixture
 def sl(db: Database, settings: Settings, fake: FakeSlack) -> tuple[Database, Settings]:
     add_group(db, chat_jid=JID, name="Team", folder="team", requires_trigger=True, assistant_name="Robo")
-    return db, settings.replace(**{
-        "slack_bot_token": fake.bot_token, "slack_api_base": fake.base, "slack_signing_secret": SIGNING,
-        "delivery_retry_base_s": 0.05, "delivery_retry_max_s": 0.1,
-    })
+    return db, settings.replace(
+        **{
+            "slack_bot_token": fake.bot_token,
+            "slack_api_base": fake.base,
+            "slack_signing_secret": SIGNING,
+            "delivery_retry_base_s": 0.05,
+            "delivery_retry_max_s": 0.1,
+        }
+    )
 
 
 @pytest.fixture
@@ -77,8 +82,16 @@ def _say(db: Database, settings: Settings, content: str, **kw: Any) -> int:
 
 
 def _reply(db: Database, settings: Settings, content: str, *, metadata: dict[str, Any] | None = None) -> int:
-    return _say(db, settings, content, sender="bot", sender_name="Robo", is_from_me=True, message_type="assistant",
-                metadata=metadata)
+    return _say(
+        db,
+        settings,
+        content,
+        sender="bot",
+        sender_name="Robo",
+        is_from_me=True,
+        message_type="assistant",
+        metadata=metadata,
+    )
 
 
 def _deliver_until(deliverer: Deliverer, cond: Any, what: str, timeout: float = 10) -> None:
@@ -102,8 +115,9 @@ def _texts(post: Any) -> list[str]:
 # -- outbound -------------------------------------------------------------------------------
 
 
-def test_a_delivered_message_is_posted_as_block_kit(sl: tuple[Database, Settings], fake: FakeSlack,
-                                                    channel: SlackChannel) -> None:
+def test_a_delivered_message_is_posted_as_block_kit(
+    sl: tuple[Database, Settings], fake: FakeSlack, channel: SlackChannel
+) -> None:
     db, settings = sl
     registry = ChannelRegistry([channel])
     with pytest.raises(ChannelError, match="cannot reach"):  # the group's jid is no Slack channel id
@@ -121,8 +135,9 @@ def test_a_delivered_message_is_posted_as_block_kit(sl: tuple[Database, Settings
     assert (row.channel, row.address, row.state, row.attempts) == ("slack", SLACK_CHANNEL, "sent", 1)
 
 
-def test_429_and_500_are_retried_by_the_ledger_and_posted_once(sl: tuple[Database, Settings], fake: FakeSlack,
-                                                                channel: SlackChannel) -> None:
+def test_429_and_500_are_retried_by_the_ledger_and_posted_once(
+    sl: tuple[Database, Settings], fake: FakeSlack, channel: SlackChannel
+) -> None:
     db, settings = sl
     attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
     fake.fail("chat.postMessage", 500)
@@ -131,8 +146,9 @@ def test_429_and_500_are_retried_by_the_ledger_and_posted_once(sl: tuple[Databas
     seq = _say(db, settings, "persist")
     # A long backoff for the 500s (the test makes each retry due itself), so that one
     # deliver_due makes one attempt however slow the database is.
-    slow = Deliverer(db, settings.replace(delivery_retry_base_s=30.0, delivery_retry_max_s=60.0),
-                     ChannelRegistry([channel]))
+    slow = Deliverer(
+        db, settings.replace(delivery_retry_base_s=30.0, delivery_retry_max_s=60.0), ChannelRegistry([channel])
+    )
     slow.deliver_due()
     [row] = list_deliveries(db, message_seq=seq)
     assert (row.state, row.attempts) == ("pending", 1) and "internal_error" in (row.last_error or "")
@@ -160,7 +176,9 @@ def test_429_and_500_are_retried_by_the_ledger_and_posted_once(sl: tuple[Databas
 
 
 def test_a_long_reply_is_several_posts_and_a_failed_one_is_resent_alone(
-    sl: tuple[Database, Settings], fake: FakeSlack, channel: SlackChannel,
+    sl: tuple[Database, Settings],
+    fake: FakeSlack,
+    channel: SlackChannel,
 ) -> None:
     db, settings = sl
     attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
@@ -178,21 +196,29 @@ def test_a_long_reply_is_several_posts_and_a_failed_one_is_resent_alone(
     assert all(t.endswith("\n") for t in texts[:-1])  # cut at line breaks
 
 
-def test_structured_messages_are_drawn_as_blocks(sl: tuple[Database, Settings], fake: FakeSlack,
-                                                 channel: SlackChannel) -> None:
+def test_structured_messages_are_drawn_as_blocks(
+    sl: tuple[Database, Settings], fake: FakeSlack, channel: SlackChannel
+) -> None:
     db, settings = sl
     attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
-    edit = build_structured_envelope("CODE_EDIT", {"edits": [
-        {"file_path": "app.py", "old_content": "a = 1\n", "new_content": "a = 2\n```\n"}]})
-    todo = build_structured_envelope("TODO", {"todos": [
-        {"id": "1", "content": "plan", "status": "completed"}, {"id": "2", "content": "build", "status": "in_progress"},
-        {"id": "3", "content": "ship <it>", "status": "pending"}]})
+    edit = build_structured_envelope(
+        "CODE_EDIT", {"edits": [{"file_path": "app.py", "old_content": "a = 1\n", "new_content": "a = 2\n```\n"}]}
+    )
+    todo = build_structured_envelope(
+        "TODO",
+        {
+            "todos": [
+                {"id": "1", "content": "plan", "status": "completed"},
+                {"id": "2", "content": "build", "status": "in_progress"},
+                {"id": "3", "content": "ship <it>", "status": "pending"},
+            ]
+        },
+    )
     call = build_structured_envelope("TOOL_CALL", {"tool_name": "deploy", "input": {"env": "prod"}, "output": "ok"})
     _reply(db, settings, "edited app.py", metadata=edit)
     _reply(db, settings, "todo", metadata=todo)
     _reply(db, settings, "deploy", metadata=call)
-    _say(db, settings, "the build is green", sender="host", sender_name="host", message_type="host",
-         is_from_me=True)
+    _say(db, settings, "the build is green", sender="host", sender_name="host", message_type="host", is_from_me=True)
     _say(db, settings, "run failed", sender="system", sender_name="system", message_type="system", is_from_me=True)
     assert Deliverer(db, settings, ChannelRegistry([channel])).deliver_due().sent == 5
     diff, checklist, tool, host, system = fake.live_posts()
@@ -207,24 +233,46 @@ def test_structured_messages_are_drawn_as_blocks(sl: tuple[Database, Settings], 
     assert [b["type"] for b in system.blocks] == ["context"] and _texts(system) == ["⚙️ [system] run failed"]
 
 
-def test_a_reply_to_a_message_in_a_thread_goes_to_that_thread(sl: tuple[Database, Settings], fake: FakeSlack,
-                                                              channel: SlackChannel) -> None:
+def test_a_reply_to_a_message_in_a_thread_goes_to_that_thread(
+    sl: tuple[Database, Settings], fake: FakeSlack, channel: SlackChannel
+) -> None:
     db, settings = sl
     attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
     thread_ts = "1700000000.000100"
-    asked = _say(db, settings, "@Robo in the thread", sender="slack:UANN0001", channel="slack", metadata={
-        "slack_channel": SLACK_CHANNEL, "slack_ts": "1700000005.000200", "slack_thread_ts": thread_ts})
-    top = _say(db, settings, "@Robo at the top", sender="slack:UANN0001", channel="slack", metadata={
-        "slack_channel": SLACK_CHANNEL, "slack_ts": "1700000009.000300"})
+    asked = _say(
+        db,
+        settings,
+        "@Robo in the thread",
+        sender="slack:UANN0001",
+        channel="slack",
+        metadata={"slack_channel": SLACK_CHANNEL, "slack_ts": "1700000005.000200", "slack_thread_ts": thread_ts},
+    )
+    top = _say(
+        db,
+        settings,
+        "@Robo at the top",
+        sender="slack:UANN0001",
+        channel="slack",
+        metadata={"slack_channel": SLACK_CHANNEL, "slack_ts": "1700000009.000300"},
+    )
     _reply(db, settings, "threaded answer", metadata={REPLY_TO_KEY: asked, RUN_ID_KEY: "r1"})
     _reply(db, settings, "top answer", metadata={REPLY_TO_KEY: top, RUN_ID_KEY: "r2"})
     # A thread of another Slack channel is no thread here.
-    other = _say(db, settings, "elsewhere", sender="slack:UANN0001", channel="slack", metadata={
-        "slack_channel": "C0OTHER001", "slack_ts": "1700000010.000100", "slack_thread_ts": thread_ts})
+    other = _say(
+        db,
+        settings,
+        "elsewhere",
+        sender="slack:UANN0001",
+        channel="slack",
+        metadata={"slack_channel": "C0OTHER001", "slack_ts": "1700000010.000100", "slack_thread_ts": thread_ts},
+    )
     _reply(db, settings, "not threaded", metadata={REPLY_TO_KEY: other, RUN_ID_KEY: "r3"})
     assert Deliverer(db, settings, ChannelRegistry([channel])).deliver_due().sent == 3  # people's: not echoed
     assert [(p.text, p.thread_ts) for p in fake.live_posts()] == [
-        ("threaded answer", thread_ts), ("top answer", None), ("not threaded", None)]
+        ("threaded answer", thread_ts),
+        ("top answer", None),
+        ("not threaded", None),
+    ]
 
 
 def test_escaping_and_splitting() -> None:
@@ -240,8 +288,16 @@ def test_a_post_has_at_most_50_blocks() -> None:
     from orchestrator.model.render import RenderedMessage
 
     lines = "\n".join("z" * 2999 for _ in range(120))
-    rendered = RenderedMessage(text=lines, chat_jid=JID, seq=1, id="m", message_type="assistant", sender="bot",
-                               sender_name="Robo", content=lines)
+    rendered = RenderedMessage(
+        text=lines,
+        chat_jid=JID,
+        seq=1,
+        id="m",
+        message_type="assistant",
+        sender="bot",
+        sender_name="Robo",
+        content=lines,
+    )
     posts = slack_posts(rendered)
     assert all(len(p.blocks) <= 50 for p in posts) and len(posts) >= 30
     assert "".join(b["text"]["text"] for p in posts for b in p.blocks) == lines
@@ -263,15 +319,30 @@ def test_the_plugin_entry_adds_the_channel(sl: tuple[Database, Settings]) -> Non
 
 def test_groups_attach_takes_a_slack_channel_id(sl: tuple[Database, Settings], fake: FakeSlack) -> None:
     db, settings = sl
-    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
-           "ORCHESTRATOR_DATABASE_URL": settings.database_url, "ORCHESTRATOR_SLACK_BOT_TOKEN": fake.bot_token,
-           "ORCHESTRATOR_SLACK_API_BASE": fake.base, "ORCHESTRATOR_CHANNEL_PLUGINS": "orchestrator.channels.slack:channel"}
+    env = {
+        **os.environ,
+        "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+        "ORCHESTRATOR_DATABASE_URL": settings.database_url,
+        "ORCHESTRATOR_SLACK_BOT_TOKEN": fake.bot_token,
+        "ORCHESTRATOR_SLACK_API_BASE": fake.base,
+        "ORCHESTRATOR_CHANNEL_PLUGINS": "orchestrator.channels.slack:channel",
+    }
     cli = str(Path(sys.executable).parent / "orchestrator")
-    bad = subprocess.run([cli, "groups", "attach", JID, "slack", "--address", "#general"], env=env,
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [cli, "groups", "attach", JID, "slack", "--address", "#general"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 1 and "cannot reach" in bad.stderr
-    done = subprocess.run([cli, "groups", "attach", JID, "slack", "--address", SLACK_CHANNEL], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [cli, "groups", "attach", JID, "slack", "--address", SLACK_CHANNEL],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"{JID}: attached to slack at {SLACK_CHANNEL}"
     _say(db, settings, "attached from the CLI")
@@ -296,16 +367,25 @@ def client(sl: tuple[Database, Settings]) -> Iterator[TestClient]:
         yield c
 
 
-def _post(client: TestClient, doc: Any, *, secret: str = SIGNING, timestamp: float | None = None,
-          headers: dict[str, str] | None = None) -> Any:
+def _post(
+    client: TestClient,
+    doc: Any,
+    *,
+    secret: str = SIGNING,
+    timestamp: float | None = None,
+    headers: dict[str, str] | None = None,
+) -> Any:
     body = json.dumps(doc).encode()
-    return client.post(EVENTS_PATH, content=body,
-                       headers={**signed_headers(secret, body, timestamp=timestamp), **(headers or {})})
+    return client.post(
+        EVENTS_PATH, content=body, headers={**signed_headers(secret, body, timestamp=timestamp), **(headers or {})}
+    )
 
 
 def test_the_url_verification_challenge_is_answered(client: TestClient) -> None:
-    r = _post(client, {"token": "x", "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P",
-                       "type": "url_verification"})
+    r = _post(
+        client,
+        {"token": "x", "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P", "type": "url_verification"},
+    )
     assert r.status_code == 200 and r.json() == {"challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"}
 
 
@@ -331,22 +411,27 @@ def test_off_without_a_signing_secret(sl: tuple[Database, Settings], fake: FakeS
     assert r.status_code == 404 and "SLACK_SIGNING_SECRET" in r.json()["detail"]
 
 
-def test_an_event_becomes_a_message_of_the_attached_group(client: TestClient, sl: tuple[Database, Settings],
-                                                          fake: FakeSlack, channel: SlackChannel) -> None:
+def test_an_event_becomes_a_message_of_the_attached_group(
+    client: TestClient, sl: tuple[Database, Settings], fake: FakeSlack, channel: SlackChannel
+) -> None:
     db, settings = sl
     desk = RecordingChannel("desk")
     attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
     attach_channel(db, JID, "desk")
-    doc = fake.message_event(SLACK_CHANNEL, "UANN0001", f"<@{fake.bot_user}> what's &lt;up&gt; &amp; why?",
-                             thread_ts="1700000000.000100")
+    doc = fake.message_event(
+        SLACK_CHANNEL, "UANN0001", f"<@{fake.bot_user}> what's &lt;up&gt; &amp; why?", thread_ts="1700000000.000100"
+    )
     assert _post(client, doc).json() == {"ok": True}
     [stored] = get_messages_after(JID, 0, db=db)
     assert (stored.sender, stored.sender_name, stored.message_type) == ("slack:UANN0001", "Ann Lee", "user")
     assert stored.content == "@Robo what's <up> & why?"  # the bot's mention is the trigger word
     ts = doc["event"]["ts"]
     assert stored.id == f"slack-{SLACK_CHANNEL}-{ts}" and stored.metadata == {
-        "slack_channel": SLACK_CHANNEL, "slack_ts": ts, "slack_thread_ts": "1700000000.000100",
-        "origin_channel": "slack"}
+        "slack_channel": SLACK_CHANNEL,
+        "slack_ts": ts,
+        "slack_thread_ts": "1700000000.000100",
+        "origin_channel": "slack",
+    }
     # Mirrored to the group's other channel, not echoed back to Slack.
     assert [d.channel for d in list_deliveries(db, message_seq=stored.seq)] == ["desk"]
     Deliverer(db, settings, ChannelRegistry([channel, desk])).deliver_due()
@@ -380,8 +465,7 @@ def test_bots_and_our_own_messages_are_never_taken_in(client: TestClient, fake: 
         fake.message_event(SLACK_CHANNEL, "UANN0001", "@Robo joined", subtype="channel_join"),
         fake.message_event(SLACK_CHANNEL, "not-a-user", "@Robo forged"),
         fake.message_event("#general", "UANN0001", "@Robo bad channel"),
-        {**fake.message_event(SLACK_CHANNEL, "UANN0001", "x"), "event": {"type": "reaction_added",
-                                                                        "user": "UANN0001"}},
+        {**fake.message_event(SLACK_CHANNEL, "UANN0001", "x"), "event": {"type": "reaction_added", "user": "UANN0001"}},
     ]
     for doc in docs:
         assert _post(client, doc).status_code == 200
@@ -391,8 +475,16 @@ def test_bots_and_our_own_messages_are_never_taken_in(client: TestClient, fake: 
 def test_a_sender_chooses_only_the_text(client: TestClient, fake: FakeSlack, db: Database) -> None:
     """Whatever else the event says (a type, a sender, metadata), the message is a person's."""
     attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
-    doc = fake.message_event(SLACK_CHANNEL, "UANN0001", "hello", message_type="system", sender="bot",
-                             is_from_me=True, metadata={"origin_channel": "web"}, channel_type="im")
+    doc = fake.message_event(
+        SLACK_CHANNEL,
+        "UANN0001",
+        "hello",
+        message_type="system",
+        sender="bot",
+        is_from_me=True,
+        metadata={"origin_channel": "web"},
+        channel_type="im",
+    )
     assert _post(client, doc).status_code == 200
     [stored] = get_messages_after(JID, 0, db=db)
     assert (stored.message_type, stored.sender, stored.is_from_me) == ("user", "slack:UANN0001", False)
@@ -404,17 +496,19 @@ def test_retries_are_stored_once(client: TestClient, fake: FakeSlack, db: Databa
     doc = fake.message_event(SLACK_CHANNEL, "UANN0001", "@Robo once")
     assert _post(client, doc).status_code == 200
     for n in (1, 2):
-        assert _post(client, doc, headers={RETRY_HEADER: str(n), "X-Slack-Retry-Reason": "http_timeout"}
-                     ).status_code == 200
+        assert (
+            _post(client, doc, headers={RETRY_HEADER: str(n), "X-Slack-Retry-Reason": "http_timeout"}).status_code
+            == 200
+        )
     # The same message by another event (its app_mention twin) is the same message.
-    twin = fake.message_event(SLACK_CHANNEL, "UANN0001", "@Robo once", ts=doc["event"]["ts"],
-                              event_type="app_mention")
+    twin = fake.message_event(SLACK_CHANNEL, "UANN0001", "@Robo once", ts=doc["event"]["ts"], event_type="app_mention")
     assert _post(client, twin).status_code == 200
     assert [m.content for m in get_messages_after(JID, 0, db=db)] == ["@Robo once"]
 
 
-def test_an_unattached_channel_is_stored_but_never_wakes_the_agent(client: TestClient, fake: FakeSlack,
-                                                                   db: Database) -> None:
+def test_an_unattached_channel_is_stored_but_never_wakes_the_agent(
+    client: TestClient, fake: FakeSlack, db: Database
+) -> None:
     attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
     assert _post(client, fake.message_event("C0STRAY001", "UANN0001", "@Robo anyone?")).status_code == 200
     assert get_messages_after(JID, 0, db=db) == []
@@ -422,8 +516,9 @@ def test_an_unattached_channel_is_stored_but_never_wakes_the_agent(client: TestC
     assert stray.content == "@Robo anyone?" and list_deliveries(db) == []
 
 
-def test_unattached_channels_past_the_cap_are_dropped_and_answered_200(sl: tuple[Database, Settings],
-                                                                        fake: FakeSlack) -> None:
+def test_unattached_channels_past_the_cap_are_dropped_and_answered_200(
+    sl: tuple[Database, Settings], fake: FakeSlack
+) -> None:
     """Ingest's bounds on unregistered chats hold for Slack's: one unattached channel kept (its
     two newest messages), a second one's messages dropped yet answered 200 (Slack must not
     retry them), the attached group's taken."""
@@ -451,18 +546,24 @@ def test_a_body_that_is_no_event_is_a_400(client: TestClient) -> None:
     assert _post(client, {"type": "app_rate_limited", "minute_rate_limited": 1518467820}).json() == {"ok": True}
 
 
-def test_a_sender_over_the_rate_is_told_once_and_nothing_is_stored(sl: tuple[Database, Settings],
-                                                                   fake: FakeSlack) -> None:
+def test_a_sender_over_the_rate_is_told_once_and_nothing_is_stored(
+    sl: tuple[Database, Settings], fake: FakeSlack
+) -> None:
     db, settings = sl
     attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
     inbound = SlackInbound(db, settings.replace(sender_messages_per_minute=2), web=SlackWeb(settings))
-    results = [inbound.take(fake.message_event(SLACK_CHANNEL, "UANN0001", f"message {i}", thread_ts=THREAD_TS))
-               for i in range(5)]
+    results = [
+        inbound.take(fake.message_event(SLACK_CHANNEL, "UANN0001", f"message {i}", thread_ts=THREAD_TS))
+        for i in range(5)
+    ]
     assert [r is not None and r.created for r in results] == [True, True, False, False, False]
     assert [m.content for m in get_messages_after(JID, 0, db=db)] == ["message 0", "message 1"]
     [told] = fake.calls("chat.postEphemeral")  # once per wait, not once per message
     assert (told.params["channel"], told.params["user"], told.params["thread_ts"]) == (
-        SLACK_CHANNEL, "UANN0001", THREAD_TS)
+        SLACK_CHANNEL,
+        "UANN0001",
+        THREAD_TS,
+    )
     assert told.params["text"].startswith("⏳ slow down: try again in ")
     # Someone else in the channel is not limited by Ann's rate.
     other = inbound.take(fake.message_event(SLACK_CHANNEL, "UBOB0002", "me too"))
@@ -473,9 +574,13 @@ def test_slack_markup_is_read_as_people_read_it(sl: tuple[Database, Settings], f
     db, settings = sl
     attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
     inbound = SlackInbound(db, settings, web=SlackWeb(settings))
-    text = (f"<@{fake.bot_user}> ask <@UBOB0002> about <https://example.com/a?b=1&amp;c=2|the docs> "
-            "and <https://example.com/x> in <#C0TEAM0001|team>, <!here>; 1 &lt; 2 &amp;&amp; <@UNOBODY1>")
+    text = (
+        f"<@{fake.bot_user}> ask <@UBOB0002> about <https://example.com/a?b=1&amp;c=2|the docs> "
+        "and <https://example.com/x> in <#C0TEAM0001|team>, <!here>; 1 &lt; 2 &amp;&amp; <@UNOBODY1>"
+    )
     result = inbound.take(fake.message_event(SLACK_CHANNEL, "UANN0001", text))
     assert result is not None and result.triggered
-    assert result.message.content == ("@Robo ask @Bob about the docs (https://example.com/a?b=1&c=2) and "
-                                      "https://example.com/x in #team, @here; 1 < 2 && @UNOBODY1")
+    assert result.message.content == (
+        "@Robo ask @Bob about the docs (https://example.com/a?b=1&c=2) and "
+        "https://example.com/x in #team, @here; 1 < 2 && @UNOBODY1"
+    )

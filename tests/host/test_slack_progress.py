@@ -8,9 +8,9 @@ ended without one, kept across a restart of the follower, put off by a 429."""
 from __future__ import annotations
 
 import pytest
-from agent_runner.protocol import AssistantEvent, ResultEvent, TextDeltaEvent
 from sqlalchemy import update
 
+from agent_runner.protocol import AssistantEvent, ResultEvent, TextDeltaEvent
 from orchestrator.channels.slack import SlackChannel, SlackWeb
 from orchestrator.channels.slack_inbound import SlackInbound
 from orchestrator.channels.slack_progress import WorkingMessages
@@ -43,8 +43,9 @@ class Ticks:
 def sl(db: Database, settings: Settings, fake: FakeSlack) -> tuple[Database, Settings]:
     ensure_main_group(db)
     attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
-    return db, settings.replace(slack_bot_token=fake.bot_token, slack_api_base=fake.base, max_attempts=1,
-                                slack_progress_interval_s=2.0)
+    return db, settings.replace(
+        slack_bot_token=fake.bot_token, slack_api_base=fake.base, max_attempts=1, slack_progress_interval_s=2.0
+    )
 
 
 def _ask(db: Database, settings: Settings, fake: FakeSlack, text: str, *, thread: str | None = THREAD) -> int:
@@ -68,7 +69,8 @@ def _texts(post: Post) -> list[str]:
 
 
 def test_the_working_message_follows_the_run_and_gives_way_to_the_reply(
-    sl: tuple[Database, Settings], fake: FakeSlack,
+    sl: tuple[Database, Settings],
+    fake: FakeSlack,
 ) -> None:
     db, settings = sl
     ticks = Ticks()
@@ -81,11 +83,16 @@ def test_the_working_message_follows_the_run_and_gives_way_to_the_reply(
             follower.tick()
             seen[i] = [Post(**vars(p)) for p in fake.posts]
 
-    events = [TextDeltaEvent(block="1.0", text="Hello <!here> "), TextDeltaEvent(block="1.0", text="wor"),
-              AssistantEvent(text="Hello <!here> world"), ResultEvent(num_turns=1)]
+    events = [
+        TextDeltaEvent(block="1.0", text="Hello <!here> "),
+        TextDeltaEvent(block="1.0", text="wor"),
+        AssistantEvent(text="Hello <!here> world"),
+        ResultEvent(num_turns=1),
+    ]
     slack = SlackChannel(settings, db=db)
-    pipeline = Pipeline(settings, db, ChannelRegistry([slack]), FakeSandbox(Script(events, before_event=look)),
-                        clock=FakeClock())
+    pipeline = Pipeline(
+        settings, db, ChannelRegistry([slack]), FakeSandbox(Script(events, before_event=look)), clock=FakeClock()
+    )
     _ask(db, settings, fake, "@Andy say hello")
     pipeline.drain_group(JID)
 
@@ -103,7 +110,11 @@ def test_the_working_message_follows_the_run_and_gives_way_to_the_reply(
     reply = seen[3][1]
     assert reply.thread_ts == THREAD and _texts(reply) == ["Hello &lt;!here&gt; world"]
     assert [r.method for r in fake.requests if r.method.startswith("chat.")] == [
-        "chat.postMessage", "chat.update", "chat.postMessage", "chat.delete"]
+        "chat.postMessage",
+        "chat.update",
+        "chat.postMessage",
+        "chat.delete",
+    ]
     assert follower.posts == {}
     calls = len(fake.requests)
     follower.tick()  # nothing more to do once the run ended
@@ -124,8 +135,7 @@ def test_a_run_without_a_reply_leaves_no_working_message(sl: tuple[Database, Set
     assert fake.live_posts() == [] and follower.posts == {}
 
 
-def test_a_restarted_follower_finishes_what_the_last_one_posted(sl: tuple[Database, Settings],
-                                                                fake: FakeSlack) -> None:
+def test_a_restarted_follower_finishes_what_the_last_one_posted(sl: tuple[Database, Settings], fake: FakeSlack) -> None:
     db, settings = sl
     seq = _ask(db, settings, fake, "@Andy hello")
     run_id = _running(db, seq)

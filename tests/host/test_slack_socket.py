@@ -33,8 +33,9 @@ def sl(db: Database, settings: Settings, fake: FakeSlack) -> tuple[Database, Set
     add_group(db, chat_jid=JID, name="Team", folder="team", requires_trigger=True, assistant_name="Robo")
     attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
     attach_channel(db, JID, "desk")
-    return db, settings.replace(slack_bot_token=fake.bot_token, slack_app_token=fake.app_token,
-                                slack_api_base=fake.base)
+    return db, settings.replace(
+        slack_bot_token=fake.bot_token, slack_app_token=fake.app_token, slack_api_base=fake.base
+    )
 
 
 def _contents(db: Database) -> list[str]:
@@ -62,7 +63,8 @@ def test_envelopes_are_stored_and_acknowledged(sl: tuple[Database, Settings], fa
 
 
 def test_an_envelope_not_stored_is_not_acknowledged_and_is_stored_once_when_sent_again(
-    sl: tuple[Database, Settings], fake: FakeSlack,
+    sl: tuple[Database, Settings],
+    fake: FakeSlack,
 ) -> None:
     db, settings = sl
     # A database that cannot be reached: storing fails, so the envelope must not be acknowledged.
@@ -90,8 +92,9 @@ def test_an_envelope_not_stored_is_not_acknowledged_and_is_stored_once_when_sent
     assert _contents(db) == ["@Robo are you there?"]
 
 
-def test_a_disconnect_from_slack_is_a_new_connection_and_nothing_is_lost(sl: tuple[Database, Settings],
-                                                                        fake: FakeSlack) -> None:
+def test_a_disconnect_from_slack_is_a_new_connection_and_nothing_is_lost(
+    sl: tuple[Database, Settings], fake: FakeSlack
+) -> None:
     db, settings = sl
     listener = SlackSocket(db, settings)
     try:
@@ -123,12 +126,18 @@ def test_a_wrong_app_token_is_said(sl: tuple[Database, Settings], fake: FakeSlac
 def test_the_socket_command_stores_what_arrives(sl: tuple[Database, Settings], fake: FakeSlack) -> None:
     db, settings = sl
     fake.push_event(fake.message_event(SLACK_CHANNEL, "UANN0001", "via the CLI"))  # waits for a connection
-    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
-           "ORCHESTRATOR_DATABASE_URL": settings.database_url, "ORCHESTRATOR_SLACK_BOT_TOKEN": fake.bot_token,
-           "ORCHESTRATOR_SLACK_APP_TOKEN": fake.app_token, "ORCHESTRATOR_SLACK_API_BASE": fake.base}
+    env = {
+        **os.environ,
+        "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+        "ORCHESTRATOR_DATABASE_URL": settings.database_url,
+        "ORCHESTRATOR_SLACK_BOT_TOKEN": fake.bot_token,
+        "ORCHESTRATOR_SLACK_APP_TOKEN": fake.app_token,
+        "ORCHESTRATOR_SLACK_API_BASE": fake.base,
+    }
     cli = str(Path(sys.executable).parent / "orchestrator")
-    done = subprocess.run([cli, "slack", "socket", "--seconds", "3"], env=env, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [cli, "slack", "socket", "--seconds", "3"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert "slack: connected (Socket Mode)" in done.stdout and "1 envelope(s) taken" in done.stdout
     assert _contents(db) == ["via the CLI"] and len(fake.acks) == 1

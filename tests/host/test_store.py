@@ -16,8 +16,13 @@ from tests.conftest import run_in_threads
 
 def _store(db: Database, mid: str, chat: str = "chat@g.us", **kw: object):
     args = dict(
-        id=mid, chat_jid=chat, sender="u1", sender_name="Ann", content=f"text {mid}",
-        timestamp="2026-01-01T00:00:00+00:00", is_from_me=False,
+        id=mid,
+        chat_jid=chat,
+        sender="u1",
+        sender_name="Ann",
+        content=f"text {mid}",
+        timestamp="2026-01-01T00:00:00+00:00",
+        is_from_me=False,
     )
     args.update(kw)
     return store_message_direct(db=db, **args)  # type: ignore[arg-type]
@@ -26,8 +31,18 @@ def _store(db: Database, mid: str, chat: str = "chat@g.us", **kw: object):
 def test_schema_matches_reference(db: Database) -> None:
     insp = inspect(db.engine)
     cols = {c["name"]: c for c in insp.get_columns("messages")}
-    for name in ("id", "chat_jid", "sender", "sender_name", "content", "timestamp", "is_from_me",
-                 "message_type", "metadata", "seq"):
+    for name in (
+        "id",
+        "chat_jid",
+        "sender",
+        "sender_name",
+        "content",
+        "timestamp",
+        "is_from_me",
+        "message_type",
+        "metadata",
+        "seq",
+    ):
         assert name in cols, name
     assert cols["message_type"]["nullable"] is False
     assert "user" in str(cols["message_type"]["default"])
@@ -108,19 +123,36 @@ def test_bad_input_is_refused_and_nothing_stored(db: Database, bad: dict[str, ob
 
 def test_host_messages_never_reach_the_model(db: Database) -> None:
     _store(db, "u1", content="hello")
-    _store(db, "h1", sender="host", sender_name="host", content="⚠️ Agent error occurred",
-           is_from_me=True, message_type="host")
-    _store(db, "t1", sender="command_output", sender_name="command", content="ok",
-           is_from_me=True, message_type="tool_result", metadata={"exit_code": 0})
-    _store(db, "s1", sender="system", sender_name="system", content="Be brief.",
-           is_from_me=True, message_type="system")
-    _store(db, "tu", sender="tool_use", sender_name="bash", content="bash: ls",
-           is_from_me=True, message_type="assistant")
-    _store(db, "a1", sender="bot", sender_name="Andy", content="hi", is_from_me=True,
-           message_type="assistant")
+    _store(
+        db,
+        "h1",
+        sender="host",
+        sender_name="host",
+        content="⚠️ Agent error occurred",
+        is_from_me=True,
+        message_type="host",
+    )
+    _store(
+        db,
+        "t1",
+        sender="command_output",
+        sender_name="command",
+        content="ok",
+        is_from_me=True,
+        message_type="tool_result",
+        metadata={"exit_code": 0},
+    )
+    _store(db, "s1", sender="system", sender_name="system", content="Be brief.", is_from_me=True, message_type="system")
+    _store(
+        db, "tu", sender="tool_use", sender_name="bash", content="bash: ls", is_from_me=True, message_type="assistant"
+    )
+    _store(db, "a1", sender="bot", sender_name="Andy", content="hi", is_from_me=True, message_type="assistant")
     view = format_messages_for_sdk(get_messages_since("chat@g.us", None, db=db))
     assert [(m.role, m.content) for m in view] == [
-        ("user", "hello"), ("tool_result", "ok"), ("system", "Be brief."), ("assistant", "hi"),
+        ("user", "hello"),
+        ("tool_result", "ok"),
+        ("system", "Be brief."),
+        ("assistant", "hi"),
     ]
     assert view[1].metadata == {"exit_code": 0}
 
@@ -216,11 +248,27 @@ def test_seq_cursor_is_commit_ordered_under_concurrent_writers(db: Database) -> 
 def test_model_view_puts_a_runs_replies_before_messages_that_arrived_during_it(db: Database) -> None:
     q1 = _store(db, "q1", content="first question")
     # While the run answers q1, q2 arrives: its seq falls between the replies.
-    _store(db, "r1", sender="tool_use", sender_name="bash", content="bash: ls", is_from_me=True,
-           message_type="assistant", metadata={"reply_to_seq": q1.seq})
+    _store(
+        db,
+        "r1",
+        sender="tool_use",
+        sender_name="bash",
+        content="bash: ls",
+        is_from_me=True,
+        message_type="assistant",
+        metadata={"reply_to_seq": q1.seq},
+    )
     _store(db, "q2", content="second question")
-    _store(db, "r2", sender="bot", sender_name="Andy", content="first answer", is_from_me=True,
-           message_type="assistant", metadata={"reply_to_seq": q1.seq})
+    _store(
+        db,
+        "r2",
+        sender="bot",
+        sender_name="Andy",
+        content="first answer",
+        is_from_me=True,
+        message_type="assistant",
+        metadata={"reply_to_seq": q1.seq},
+    )
     view = format_messages_for_sdk(get_messages_after("chat@g.us", 0, db=db))
     assert [m.content for m in view] == ["first question", "first answer", "second question"]
 

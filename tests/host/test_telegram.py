@@ -42,10 +42,14 @@ def fake() -> Iterator[FakeTelegramAPI]:
 @pytest.fixture
 def tg(db: Database, settings: Settings, fake: FakeTelegramAPI) -> tuple[Database, Settings]:
     add_group(db, chat_jid=JID, name="Team", folder="team", requires_trigger=True, assistant_name="Robo")
-    return db, settings.replace(**{
-        "telegram_bot_token": fake.token, "telegram_api_base": fake.base,
-        "delivery_retry_base_s": 0.05, "delivery_retry_max_s": 0.1,
-    })
+    return db, settings.replace(
+        **{
+            "telegram_bot_token": fake.token,
+            "telegram_api_base": fake.base,
+            "delivery_retry_base_s": 0.05,
+            "delivery_retry_max_s": 0.1,
+        }
+    )
 
 
 @pytest.fixture
@@ -71,8 +75,9 @@ def _deliver_until(deliverer: Deliverer, cond: object, what: str) -> None:
 # -- outbound -----------------------------------------------------------------------------
 
 
-def test_a_delivered_message_reaches_the_telegram_chat(tg: tuple[Database, Settings], fake: FakeTelegramAPI,
-                                                       channel: TelegramChannel) -> None:
+def test_a_delivered_message_reaches_the_telegram_chat(
+    tg: tuple[Database, Settings], fake: FakeTelegramAPI, channel: TelegramChannel
+) -> None:
     db, settings = tg
     registry = ChannelRegistry([channel])
     with pytest.raises(ChannelError, match="cannot reach"):  # the group's jid is no Telegram chat id
@@ -87,8 +92,9 @@ def test_a_delivered_message_reaches_the_telegram_chat(tg: tuple[Database, Setti
     assert (row.channel, row.address, row.state, row.attempts) == ("telegram", str(TG_CHAT), "sent", 1)
 
 
-def test_a_send_that_fails_twice_arrives_once(tg: tuple[Database, Settings], fake: FakeTelegramAPI,
-                                              channel: TelegramChannel) -> None:
+def test_a_send_that_fails_twice_arrives_once(
+    tg: tuple[Database, Settings], fake: FakeTelegramAPI, channel: TelegramChannel
+) -> None:
     db, settings = tg
     attach_channel(db, JID, "telegram", address=str(TG_CHAT))
     fake.fail("sendMessage", 500)
@@ -105,8 +111,9 @@ def test_a_send_that_fails_twice_arrives_once(tg: tuple[Database, Settings], fak
     assert "rate limited (Flood control exceeded. Retry in 1 seconds)" in (row.last_error or "")
 
 
-def test_flood_control_is_waited_out(tg: tuple[Database, Settings], fake: FakeTelegramAPI,
-                                     channel: TelegramChannel) -> None:
+def test_flood_control_is_waited_out(
+    tg: tuple[Database, Settings], fake: FakeTelegramAPI, channel: TelegramChannel
+) -> None:
     """Telegram's 429 names when it takes sends again: the next attempt is not due before."""
     db, settings = tg
     attach_channel(db, JID, "telegram", address=str(TG_CHAT))
@@ -120,8 +127,9 @@ def test_flood_control_is_waited_out(tg: tuple[Database, Settings], fake: FakeTe
     assert row.next_attempt_at - before >= timedelta(seconds=4.99)
 
 
-def test_long_texts_are_split_at_4096(tg: tuple[Database, Settings], fake: FakeTelegramAPI,
-                                      channel: TelegramChannel) -> None:
+def test_long_texts_are_split_at_4096(
+    tg: tuple[Database, Settings], fake: FakeTelegramAPI, channel: TelegramChannel
+) -> None:
     db, settings = tg
     attach_channel(db, JID, "telegram", address=str(TG_CHAT))
     body = "\n".join(f"line {i:05d} " + "x" * 60 for i in range(150))  # ~10,500 characters
@@ -133,8 +141,9 @@ def test_long_texts_are_split_at_4096(tg: tuple[Database, Settings], fake: FakeT
     assert all(p.endswith("\n") for p in parts[:-1])  # cut at line breaks
 
 
-def test_a_failed_part_of_a_long_text_is_resent_alone(tg: tuple[Database, Settings], fake: FakeTelegramAPI,
-                                                       channel: TelegramChannel) -> None:
+def test_a_failed_part_of_a_long_text_is_resent_alone(
+    tg: tuple[Database, Settings], fake: FakeTelegramAPI, channel: TelegramChannel
+) -> None:
     db, settings = tg
     attach_channel(db, JID, "telegram", address=str(TG_CHAT))
     _say(db, settings, "y" * 5000)
@@ -158,8 +167,9 @@ def test_split_text_counts_utf16_units() -> None:
 # -- inbound ------------------------------------------------------------------------------
 
 
-def test_updates_become_messages_of_the_attached_group(tg: tuple[Database, Settings], fake: FakeTelegramAPI,
-                                                       channel: TelegramChannel) -> None:
+def test_updates_become_messages_of_the_attached_group(
+    tg: tuple[Database, Settings], fake: FakeTelegramAPI, channel: TelegramChannel
+) -> None:
     db, settings = tg
     desk = RecordingChannel("desk")
     attach_channel(db, JID, "telegram", address=str(TG_CHAT))
@@ -182,7 +192,8 @@ def test_updates_become_messages_of_the_attached_group(tg: tuple[Database, Setti
 
 
 def test_duplicate_updates_are_stored_once_and_the_offset_survives_a_restart(
-    tg: tuple[Database, Settings], fake: FakeTelegramAPI,
+    tg: tuple[Database, Settings],
+    fake: FakeTelegramAPI,
 ) -> None:
     db, settings = tg
     attach_channel(db, JID, "telegram", address=str(TG_CHAT))
@@ -212,8 +223,9 @@ def test_duplicate_updates_are_stored_once_and_the_offset_survives_a_restart(
     assert [m.content for m in get_messages_after(JID, 0, db=db)] == ["once", "after the restart"]
 
 
-def test_an_unattached_chat_is_stored_but_never_wakes_the_agent(tg: tuple[Database, Settings],
-                                                                fake: FakeTelegramAPI) -> None:
+def test_an_unattached_chat_is_stored_but_never_wakes_the_agent(
+    tg: tuple[Database, Settings], fake: FakeTelegramAPI
+) -> None:
     db, settings = tg
     attach_channel(db, JID, "telegram", address=str(TG_CHAT))
     signalled: list[str] = []
@@ -232,8 +244,9 @@ def test_an_unattached_chat_is_stored_but_never_wakes_the_agent(tg: tuple[Databa
     assert list_deliveries(db) == []
 
 
-def test_unattached_chats_past_the_cap_are_dropped_and_polling_goes_on(tg: tuple[Database, Settings],
-                                                                        fake: FakeTelegramAPI) -> None:
+def test_unattached_chats_past_the_cap_are_dropped_and_polling_goes_on(
+    tg: tuple[Database, Settings], fake: FakeTelegramAPI
+) -> None:
     """Ingest's bounds on unregistered chats hold for Telegram's: one unattached chat kept (its
     two newest messages), a second one's messages dropped, the attached group's taken, and the
     offset moves past them all (a dropped message is not fetched again and again)."""
@@ -275,12 +288,17 @@ def test_the_poll_command_stores_a_batch(tg: tuple[Database, Settings], fake: Fa
     db, settings = tg
     attach_channel(db, JID, "telegram", address=str(TG_CHAT))
     fake.push_text(TG_CHAT, 42, "via the CLI")
-    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
-           "ORCHESTRATOR_DATABASE_URL": settings.database_url, "ORCHESTRATOR_TELEGRAM_BOT_TOKEN": fake.token,
-           "ORCHESTRATOR_TELEGRAM_API_BASE": fake.base}
+    env = {
+        **os.environ,
+        "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+        "ORCHESTRATOR_DATABASE_URL": settings.database_url,
+        "ORCHESTRATOR_TELEGRAM_BOT_TOKEN": fake.token,
+        "ORCHESTRATOR_TELEGRAM_API_BASE": fake.base,
+    }
     cli = str(Path(sys.executable).parent / "orchestrator")
-    done = subprocess.run([cli, "telegram", "poll", "--once", "--timeout", "0"], env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [cli, "telegram", "poll", "--once", "--timeout", "0"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert "stored 1 message(s)" in done.stdout
     assert [m.content for m in get_messages_after(JID, 0, db=db)] == ["via the CLI"]
@@ -300,5 +318,6 @@ def test_the_plugin_entry_adds_the_channel(tg: tuple[Database, Settings]) -> Non
     finally:
         registry.close()
     with pytest.raises(ChannelError, match="TELEGRAM_BOT_TOKEN"):
-        build_registry(settings.replace(**{"channel_plugins": "orchestrator.channels.telegram:channel",
-                                                   "telegram_bot_token": ""}))
+        build_registry(
+            settings.replace(**{"channel_plugins": "orchestrator.channels.telegram:channel", "telegram_bot_token": ""})
+        )

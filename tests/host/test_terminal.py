@@ -46,13 +46,21 @@ def _raw_in(text: str) -> list[str]:
 
 def _env(settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")} | TEST_ENV
-    return env | {"ORCHESTRATOR_DATA_DIR": str(settings.data_dir), "ORCHESTRATOR_DATABASE_URL": settings.database_url,
-                  "ORCHESTRATOR_LOG_LEVEL": "WARNING"}
+    return env | {
+        "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+        "ORCHESTRATOR_DATABASE_URL": settings.database_url,
+        "ORCHESTRATOR_LOG_LEVEL": "WARNING",
+    }
 
 
 def _cli(settings: Settings, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([CLI, *args], env=_env(settings), capture_output=True, timeout=120,
-                          input=None if stdin is None else stdin.encode())
+    return subprocess.run(
+        [CLI, *args],
+        env=_env(settings),
+        capture_output=True,
+        timeout=120,
+        input=None if stdin is None else stdin.encode(),
+    )
 
 
 def _fill(db: Database) -> None:
@@ -61,19 +69,36 @@ def _fill(db: Database) -> None:
     ts = iter(f"2026-11-27T09:00:{i:02d}+00:00" for i in range(60))
 
     def put(mid: str, **kw: object) -> None:
-        base = dict(sender="eve", sender_name=f"Eve{CLIPBOARD}", content=HOSTILE, is_from_me=False,
-                    message_type="user")
+        base = dict(sender="eve", sender_name=f"Eve{CLIPBOARD}", content=HOSTILE, is_from_me=False, message_type="user")
         store_message_direct(db=db, id=mid, chat_jid=JID, timestamp=next(ts), **{**base, **kw})
 
     put("u1")
     put("r1", sender="bot", sender_name="Andy", is_from_me=True, message_type="assistant")
-    put("b1", sender="command_output", sender_name=f"bash{ERASE}", is_from_me=True, message_type="tool_result",
-        metadata=build_structured_envelope("TOOL_CALL", {"tool_name": "bash", "input": {"command": HOSTILE},
-                                                         "output": HOSTILE}, extras={"exit_code": 0}))
-    put("e1", sender="command_output", sender_name="edit_file", is_from_me=True, message_type="tool_result",
-        content="", metadata=build_structured_envelope("CODE_EDIT", {"edits": [
-            {"file_path": f"a{LINK}.py", "old_content": "x\n", "new_content": f"{HOSTILE}\n"}]},
-            extras={"exit_code": 0}))
+    put(
+        "b1",
+        sender="command_output",
+        sender_name=f"bash{ERASE}",
+        is_from_me=True,
+        message_type="tool_result",
+        metadata=build_structured_envelope(
+            "TOOL_CALL",
+            {"tool_name": "bash", "input": {"command": HOSTILE}, "output": HOSTILE},
+            extras={"exit_code": 0},
+        ),
+    )
+    put(
+        "e1",
+        sender="command_output",
+        sender_name="edit_file",
+        is_from_me=True,
+        message_type="tool_result",
+        content="",
+        metadata=build_structured_envelope(
+            "CODE_EDIT",
+            {"edits": [{"file_path": f"a{LINK}.py", "old_content": "x\n", "new_content": f"{HOSTILE}\n"}]},
+            extras={"exit_code": 0},
+        ),
+    )
 
 
 # -- the rule ---------------------------------------------------------------------------
@@ -126,17 +151,39 @@ def _send_waiting(settings: Settings, db: Database, *extra: str) -> subprocess.C
     """``send --wait``, stored in process; the test stands in for the worker: it stores the
     run's hostile replies after the message and ends the run."""
     before = len(get_messages_after(JID, 0, db=db))
-    proc = subprocess.Popen([CLI, "send", JID, "hi", "--wait", "60", *extra], env=_env(settings),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [CLI, "send", JID, "hi", "--wait", "60", *extra],
+        env=_env(settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_until(lambda: len(get_messages_after(JID, 0, db=db)) > before, 60, "the message to be stored")
         sent = get_messages_after(JID, 0, db=db)[-1]
         now = datetime.now(UTC).isoformat()
-        store_message_direct(db=db, id=f"reply-{sent.seq}", chat_jid=JID, sender="bot", sender_name="Andy",
-                             content=HOSTILE, timestamp=now, is_from_me=True, message_type="assistant")
-        store_message_direct(db=db, id=f"tool-{sent.seq}", chat_jid=JID, sender="command_output",
-                             sender_name=f"bash{ERASE}", content=HOSTILE, timestamp=now, is_from_me=True,
-                             message_type="tool_result", metadata={"exit_code": 0})
+        store_message_direct(
+            db=db,
+            id=f"reply-{sent.seq}",
+            chat_jid=JID,
+            sender="bot",
+            sender_name="Andy",
+            content=HOSTILE,
+            timestamp=now,
+            is_from_me=True,
+            message_type="assistant",
+        )
+        store_message_direct(
+            db=db,
+            id=f"tool-{sent.seq}",
+            chat_jid=JID,
+            sender="command_output",
+            sender_name=f"bash{ERASE}",
+            content=HOSTILE,
+            timestamp=now,
+            is_from_me=True,
+            message_type="tool_result",
+            metadata={"exit_code": 0},
+        )
         run = create_run(db, chat_jid=JID, cursor_from=sent.seq - 1, cursor_to=sent.seq, celery_task_id=None)
         finish_run(db, run.id, state="succeeded")
         out, err = proc.communicate(timeout=60)
@@ -178,8 +225,17 @@ def test_the_chat_follower_prints_new_messages_escaped(db: Database, settings: S
     add_group(db, chat_jid=JID, name="Term", folder="term", requires_trigger=False)
     printed: list[str] = []
     follower = Follower(db, settings, JID, printed.append, 0)
-    store_message_direct(db=db, id="r1", chat_jid=JID, sender="bot", sender_name="Andy", content=HOSTILE,
-                         timestamp=datetime.now(UTC).isoformat(), is_from_me=True, message_type="assistant")
+    store_message_direct(
+        db=db,
+        id="r1",
+        chat_jid=JID,
+        sender="bot",
+        sender_name="Andy",
+        content=HOSTILE,
+        timestamp=datetime.now(UTC).isoformat(),
+        is_from_me=True,
+        message_type="assistant",
+    )
     follower.poll()
     assert printed and all(_raw_in(line) == [] for line in printed), printed
     assert "\\x1b]52;c;ZXZpbA==\\x07" in printed[0]
@@ -204,8 +260,16 @@ def _log_lines(emit: object) -> list[str]:
 
 
 def test_the_log_channel_writes_one_escaped_line_per_message() -> None:
-    rendered = RenderedMessage(text=HOSTILE, chat_jid=JID, seq=7, id="m7", message_type="assistant", sender="bot",
-                               sender_name="Andy", content=HOSTILE)
+    rendered = RenderedMessage(
+        text=HOSTILE,
+        chat_jid=JID,
+        seq=7,
+        id="m7",
+        message_type="assistant",
+        sender="bot",
+        sender_name="Andy",
+        content=HOSTILE,
+    )
     lines = _log_lines(lambda logger: LogChannel(logger).send(f"addr{ERASE}\nINFO forged", rendered))
     assert len(lines) == 1, lines  # no line of its own for the message's newlines
     assert _raw_in(lines[0]) == [] and "[addr\\x1b[2K\\r\\nINFO forged #7]" in lines[0]

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_runner.protocol import AssistantEvent, ContainerInput, ResultEvent, decode_input
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from agent_runner.protocol import AssistantEvent, ContainerInput, ResultEvent, decode_input
 from orchestrator.core import tracing
 from orchestrator.core.errors import SettingsError
 from orchestrator.core.logs import ContextFilter, log_context
@@ -96,21 +96,23 @@ def _say(db: Database, settings: Settings, text: str, **kw: Any) -> Any:
 
 
 def test_a_messages_trace_runs_from_ingest_through_the_task_to_each_stored_output(
-        spans: InMemorySpanExporter, start: Any, db: Database) -> None:
+    spans: InMemorySpanExporter, start: Any, db: Database
+) -> None:
     ensure_main_group(db)
     recorder = RecordingChannel("recorder")
     attach_channel(db, JID, "recorder")
     sandbox = FakeSandbox(REPLY)
     w = start(sandbox, recorder)
-    ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="hello"),
-           signal=w.root.signals.group)
+    ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="hello"), signal=w.root.signals.group)
     w.log.wait(DRAIN_TASK)
     w.log.wait(DELIVER_TASK)
 
     ingested = _one(spans, "ingest")
     signal, task = _one(spans, "signal drain_group"), _one(spans, "task drain_group")
     run, container = _one(spans, "run"), _one(spans, "agent container")
-    [reply] = [s for s in _named(spans, "store assistant") if s.attributes and s.attributes["orchestrator.sender"] == "bot"]
+    [reply] = [
+        s for s in _named(spans, "store assistant") if s.attributes and s.attributes["orchestrator.sender"] == "bot"
+    ]
     # The chain, each span the child of the one before, across the broker's message headers.
     assert _parent(ingested) is None
     assert _parent(signal) == _ids(ingested) and signal.kind == SpanKind.PRODUCER
@@ -135,7 +137,8 @@ def test_a_messages_trace_runs_from_ingest_through_the_task_to_each_stored_outpu
 
 
 def test_a_run_started_by_another_trace_joins_the_trace_its_messages_stored(
-        spans: InMemorySpanExporter, settings: Settings, db: Database) -> None:
+    spans: InMemorySpanExporter, settings: Settings, db: Database
+) -> None:
     """The broker is no help: the messages were stored with no signal (the broker down),
     and a task of another trace (the sweeper's re-signal) runs the group."""
     ensure_main_group(db)
@@ -160,7 +163,8 @@ def test_a_run_started_by_another_trace_joins_the_trace_its_messages_stored(
 
 
 def test_each_attempt_of_a_retried_run_is_a_span_of_the_messages_trace(
-        spans: InMemorySpanExporter, settings: Settings, db: Database) -> None:
+    spans: InMemorySpanExporter, settings: Settings, db: Database
+) -> None:
     ensure_main_group(db)
     _say(db, settings, "try twice")
     ingested = _one(spans, "ingest")
@@ -248,9 +252,15 @@ def test_the_inputs_traceparent_is_optional_and_left_out_when_unset() -> None:
 
 
 def test_the_settings_read_the_standard_otel_variables() -> None:
-    s = Settings.load(environ={"OTEL_TRACES_EXPORTER": "console, otlp", "OTEL_SERVICE_NAME": "fleet-a",
-                               "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
-                               "ORCHESTRATOR_OTEL_SERVICE_NAME": "not this one"}, env_file=None)
+    s = Settings.load(
+        environ={
+            "OTEL_TRACES_EXPORTER": "console, otlp",
+            "OTEL_SERVICE_NAME": "fleet-a",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+            "ORCHESTRATOR_OTEL_SERVICE_NAME": "not this one",
+        },
+        env_file=None,
+    )
     assert (s.trace_exporters, s.otel_service_name) == (["console", "otlp"], "fleet-a")
     assert s.otel_exporter_otlp_endpoint == "http://collector:4318"
     assert Settings.load(environ={}, env_file=None).trace_exporters == []  # none by default
@@ -275,9 +285,14 @@ def _main_group(tmp_path: Path) -> Database:
 
 def test_send_with_the_console_exporter_prints_its_spans_on_stderr(tmp_path: Path) -> None:
     db = _main_group(tmp_path)
-    done = subprocess.run([str(Path(sys.executable).parent / "orchestrator"), "send", JID, "traced", "--json"],
-                          env=_cli_env(tmp_path, OTEL_TRACES_EXPORTER="console", OTEL_SERVICE_NAME="cli-test"),
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "orchestrator"), "send", JID, "traced", "--json"],
+        env=_cli_env(tmp_path, OTEL_TRACES_EXPORTER="console", OTEL_SERVICE_NAME="cli-test"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     assert "traceparent" not in done.stdout and "trace_id" not in done.stdout  # stdout stays the CLI's data
     printed = [json.loads(line) for line in done.stderr.splitlines() if line.startswith('{"name"')]
@@ -307,7 +322,8 @@ main()
 
 def test_with_tracing_off_send_imports_nothing_of_opentelemetry(tmp_path: Path) -> None:
     _main_group(tmp_path).dispose()
-    done = subprocess.run([sys.executable, "-c", OFF], env=_cli_env(tmp_path), capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", OFF], env=_cli_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr

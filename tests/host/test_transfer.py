@@ -32,19 +32,49 @@ def _fill(db: Database, settings: Settings) -> None:
         store_message_direct(db=db, id=mid, chat_jid=JID, timestamp=next(ts), **{**base, **kw})
 
     put("u1", content="please fix the greeting", metadata={"context": [{"type": "file", "path": "a.py"}]})
-    put("e1", sender="command_output", sender_name="edit_file", is_from_me=True, message_type="tool_result",
-        metadata=build_structured_envelope("CODE_EDIT", {"edits": [
-            {"file_path": "a.py", "old_content": "print('hi')\n", "new_content": "print('hello')\n"}]},
-            extras={"exit_code": 0}))
-    put("t1", sender="command_output", sender_name="todo_write", is_from_me=True, message_type="tool_result",
-        metadata=build_structured_envelope("TODO", {"todos": [
-            {"id": "1", "content": "fix greeting", "status": "completed"},
-            {"id": "2", "content": "add test", "status": "in_progress"},
-            {"id": "3", "content": "release", "status": "pending"}]}, extras={"exit_code": 0}))
-    put("b1", sender="command_output", sender_name="bash", is_from_me=True, message_type="tool_result",
-        content="boom", metadata=build_structured_envelope(
-            "TOOL_CALL", {"tool_name": "bash", "input": {"command": "make"}, "output": "boom", "error": "exit 2"},
-            extras={"exit_code": 2}))
+    put(
+        "e1",
+        sender="command_output",
+        sender_name="edit_file",
+        is_from_me=True,
+        message_type="tool_result",
+        metadata=build_structured_envelope(
+            "CODE_EDIT",
+            {"edits": [{"file_path": "a.py", "old_content": "print('hi')\n", "new_content": "print('hello')\n"}]},
+            extras={"exit_code": 0},
+        ),
+    )
+    put(
+        "t1",
+        sender="command_output",
+        sender_name="todo_write",
+        is_from_me=True,
+        message_type="tool_result",
+        metadata=build_structured_envelope(
+            "TODO",
+            {
+                "todos": [
+                    {"id": "1", "content": "fix greeting", "status": "completed"},
+                    {"id": "2", "content": "add test", "status": "in_progress"},
+                    {"id": "3", "content": "release", "status": "pending"},
+                ]
+            },
+            extras={"exit_code": 0},
+        ),
+    )
+    put(
+        "b1",
+        sender="command_output",
+        sender_name="bash",
+        is_from_me=True,
+        message_type="tool_result",
+        content="boom",
+        metadata=build_structured_envelope(
+            "TOOL_CALL",
+            {"tool_name": "bash", "input": {"command": "make"}, "output": "boom", "error": "exit 2"},
+            extras={"exit_code": 2},
+        ),
+    )
     put("r1", sender="bot", sender_name="Robo", is_from_me=True, message_type="assistant", content="Done ✓")
     put("h1", sender="host", sender_name="host", is_from_me=True, message_type="host", content="⚠️ note")
     put("s1", sender="system", sender_name="system", message_type="system", content="Be terse.")
@@ -118,12 +148,16 @@ def test_markdown_shows_the_display_view_richly(db: Database, settings: Settings
 
 def test_cli_export_and_import(db: Database, settings: Settings, tmp_path: Path) -> None:
     _fill(db, settings)
-    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
-           "ORCHESTRATOR_DATABASE_URL": settings.database_url}
+    env = {
+        **os.environ,
+        "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+        "ORCHESTRATOR_DATABASE_URL": settings.database_url,
+    }
     cli = [str(Path(sys.executable).parent / "orchestrator")]
     out = tmp_path / "chat.json"
-    done = subprocess.run([*cli, "export", JID, "--format", "json", "-o", str(out)], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [*cli, "export", JID, "--format", "json", "-o", str(out)], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     md = subprocess.run([*cli, "export", JID], env=env, capture_output=True, text=True, timeout=60)
     assert md.returncode == 0 and md.stdout.startswith("# Project")
@@ -145,12 +179,27 @@ def test_cli_export_and_import(db: Database, settings: Settings, tmp_path: Path)
 
 def _export_naming_main(jid: str, folder: str) -> str:
     """An export file that says its group is main (hand-made, or exported from another installation's main)."""
-    return json.dumps({
-        "format": "orchestrator-chat", "version": 1, "exported_at": "2026-11-27T09:00:00Z", "chat_jid": jid,
-        "group": {"chat_jid": jid, "name": "Evil", "folder": folder, "is_main": True, "requires_trigger": False},
-        "messages": [{"id": "x1", "chat_jid": jid, "sender": "eve", "sender_name": "Eve", "content": "hi",
-                      "timestamp": "2026-11-27T09:00:00+00:00", "is_from_me": False, "message_type": "user"}],
-    })
+    return json.dumps(
+        {
+            "format": "orchestrator-chat",
+            "version": 1,
+            "exported_at": "2026-11-27T09:00:00Z",
+            "chat_jid": jid,
+            "group": {"chat_jid": jid, "name": "Evil", "folder": folder, "is_main": True, "requires_trigger": False},
+            "messages": [
+                {
+                    "id": "x1",
+                    "chat_jid": jid,
+                    "sender": "eve",
+                    "sender_name": "Eve",
+                    "content": "hi",
+                    "timestamp": "2026-11-27T09:00:00+00:00",
+                    "is_from_me": False,
+                    "message_type": "user",
+                }
+            ],
+        }
+    )
 
 
 def test_an_imported_export_naming_is_main_leaves_one_main_group(db: Database) -> None:
@@ -177,10 +226,18 @@ def test_cli_import_says_the_group_is_not_main(db: Database, settings: Settings,
     ensure_main_group(db)
     doc = tmp_path / "evil.json"
     doc.write_text(_export_naming_main("evil@x", "evil"))
-    env = {**os.environ, "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
-           "ORCHESTRATOR_DATABASE_URL": settings.database_url}
-    imp = subprocess.run([str(Path(sys.executable).parent / "orchestrator"), "import", str(doc)], env=env,
-                         capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
+        "ORCHESTRATOR_DATABASE_URL": settings.database_url,
+    }
+    imp = subprocess.run(
+        [str(Path(sys.executable).parent / "orchestrator"), "import", str(doc)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert imp.returncode == 0, imp.stderr
     assert "(group registered)" in imp.stderr and "registered as an ordinary group" in imp.stderr
     assert main_group(db).chat_jid != "evil@x" and not get_group(db, "evil@x").is_main  # type: ignore[union-attr]

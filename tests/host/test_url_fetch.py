@@ -123,15 +123,19 @@ class Resolver:
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings.load(data_dir=tmp_path / "d", env_file=None, context_url_timeout_s=5.0,
-                         context_url_fetch_deadline_s=1.0, context_url_run_deadline_s=1.6)
+    return Settings.load(
+        data_dir=tmp_path / "d",
+        env_file=None,
+        context_url_timeout_s=5.0,
+        context_url_fetch_deadline_s=1.0,
+        context_url_run_deadline_s=1.6,
+    )
 
 
 def test_the_connection_goes_to_the_checked_address_not_a_second_answer(net: Net, settings: Settings) -> None:
     # Checked: public.  Asked again (as a second getaddrinfo would): internal.
     resolver = Resolver(rebind_test=[[PUBLIC], [INTERNAL]])
-    text = fetch_url(f"http://rebind.test:{net.port}/page", settings, resolver=resolver,
-                     allowed=only_public_loopback)
+    text = fetch_url(f"http://rebind.test:{net.port}/page", settings, resolver=resolver, allowed=only_public_loopback)
     assert text == "the public page"
     assert resolver.calls == ["rebind.test"]  # resolved once
     assert net.internal.hosts == []  # the second answer was never connected to
@@ -154,13 +158,21 @@ def test_one_private_address_in_the_answer_refuses_the_name(net: Net, settings: 
 def test_a_redirect_inward_is_checked_like_the_url(net: Net, settings: Settings, where: str) -> None:
     resolver = Resolver(site_test=[[PUBLIC]], internal_test=[[INTERNAL]])
     with pytest.raises(ContextUnavailable, match="non-public address"):
-        fetch_url(f"http://site.test:{net.port}/redirect-to/{where.format(port=net.port)}", settings,
-                  resolver=resolver, allowed=only_public_loopback)
+        fetch_url(
+            f"http://site.test:{net.port}/redirect-to/{where.format(port=net.port)}",
+            settings,
+            resolver=resolver,
+            allowed=only_public_loopback,
+        )
     assert net.public.hosts == [f"site.test:{net.port}"] and net.internal.hosts == []
     # A redirect to a public name is followed, resolved and pinned the same way.
     resolver = Resolver(site_test=[[PUBLIC]], other_test=[[PUBLIC], [INTERNAL]])
-    text = fetch_url(f"http://site.test:{net.port}/redirect-to/other.test:{net.port}/x", settings,
-                     resolver=resolver, allowed=only_public_loopback)
+    text = fetch_url(
+        f"http://site.test:{net.port}/redirect-to/other.test:{net.port}/x",
+        settings,
+        resolver=resolver,
+        allowed=only_public_loopback,
+    )
     assert text == "the public page" and net.internal.hosts == []
     assert resolver.calls == ["site.test", "other.test"]
 
@@ -205,8 +217,9 @@ def _new_resolver_threads(before: set[threading.Thread]) -> list[threading.Threa
     return [t for t in threading.enumerate() if t not in before and t.name == "url-resolve"]
 
 
-def test_nothing_is_started_once_the_runs_deadline_has_passed(settings: Settings, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nothing_is_started_once_the_runs_deadline_has_passed(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A URL met after the run's deadline is not fetched at all: no resolver thread (left to finish
     on its own, one per URL), no DNS question, no connection (issue 29)."""
     short = settings.replace(context_url_run_deadline_s=0.05)
@@ -305,8 +318,9 @@ def test_the_system_resolver_is_used_by_default(net: Net, settings: Settings) ->
     with pytest.raises(ContextUnavailable, match="non-public"):
         checked_addresses("localhost", net.port, settings)
     # Every address of the answer is checked; they are tried in order (::1 first, where nothing listens).
-    block = expand_url(UrlItem(type="url", url=f"http://localhost:{net.port}/page"),
-                       settings.replace(context_url_allow_private=True))
+    block = expand_url(
+        UrlItem(type="url", url=f"http://localhost:{net.port}/page"), settings.replace(context_url_allow_private=True)
+    )
     assert "<content>\nthe public page\n</content>" in block and net.public.hosts[-1] == f"localhost:{net.port}"
 
 
@@ -315,9 +329,29 @@ def tls_site(tmp_path: Path) -> Iterator[tuple[int, ssl.SSLContext, Site]]:
     """An HTTPS server on 127.0.0.1 whose certificate names ``pinned.test`` only, and a client
     context that trusts that certificate (made by openssl, no CA involved)."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=pinned.test",
-                    "-addext", "subjectAltName=DNS:pinned.test", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=pinned.test",
+            "-addext",
+            "subjectAltName=DNS:pinned.test",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     site = Site("tls")
     server = ThreadingHTTPServer((PUBLIC, 0), site.handler())
     server.daemon_threads = True
@@ -332,15 +366,18 @@ def tls_site(tmp_path: Path) -> Iterator[tuple[int, ssl.SSLContext, Site]]:
 
 
 def test_tls_checks_the_name_while_the_connection_goes_to_the_checked_address(
-        tls_site: tuple[int, ssl.SSLContext, Site], settings: Settings) -> None:
+    tls_site: tuple[int, ssl.SSLContext, Site], settings: Settings
+) -> None:
     port, client, site = tls_site
     resolver = Resolver(pinned_test=[[PUBLIC], [INTERNAL]], other_test=[[PUBLIC]])
-    text = fetch_url(f"https://pinned.test:{port}/page", settings, resolver=resolver, allowed=only_public_loopback,
-                     tls=client)
+    text = fetch_url(
+        f"https://pinned.test:{port}/page", settings, resolver=resolver, allowed=only_public_loopback, tls=client
+    )
     assert text == "the tls page" and site.hosts == [f"pinned.test:{port}"]
     # The same address under another name: the certificate (checked against the name, sent as
     # SNI) does not match, so nothing is read.
     with pytest.raises(ContextUnavailable, match="CERTIFICATE_VERIFY_FAILED|certificate"):
-        fetch_url(f"https://other.test:{port}/page", settings, resolver=resolver, allowed=only_public_loopback,
-                  tls=client)
+        fetch_url(
+            f"https://other.test:{port}/page", settings, resolver=resolver, allowed=only_public_loopback, tls=client
+        )
     assert site.hosts == [f"pinned.test:{port}"]

@@ -53,8 +53,14 @@ def group(db: Database) -> Group:
     return add_group(db, chat_jid=JID, name="Team", folder="team", requires_trigger=False)
 
 
-def _run(db: Database, age: timedelta | None = None, *, tokens: tuple[int, int] = (0, 0),
-         at: datetime | None = None, chat_jid: str = JID) -> str:
+def _run(
+    db: Database,
+    age: timedelta | None = None,
+    *,
+    tokens: tuple[int, int] = (0, 0),
+    at: datetime | None = None,
+    chat_jid: str = JID,
+) -> str:
     """A finished run of the group, started ``age`` ago by the database's clock (or ``at``)."""
     run = create_run(db, chat_jid=chat_jid, cursor_from=0, cursor_to=0, celery_task_id=None)
     finish_run(db, run.id, state="succeeded", input_tokens=tokens[0], output_tokens=tokens[1])
@@ -85,7 +91,8 @@ def _created(db: Database, run_id: str) -> datetime:
 
 
 def test_runs_are_counted_over_the_last_hour_on_the_databases_clock(
-        db: Database, settings: Settings, group: Group) -> None:
+    db: Database, settings: Settings, group: Group
+) -> None:
     _run(db, timedelta(minutes=61))
     _run(db, timedelta(minutes=59))
     _run(db)
@@ -116,8 +123,9 @@ def test_the_runs_quota_waits_for_the_oldest_run_of_the_hour(db: Database, setti
     assert 9 * 60 < wait.wait_s <= 10 * 60 + 5  # the 50-minute-old run leaves the hour in 10 minutes
     # Once that run is over an hour old, the next may start.
     with db.write() as session:
-        session.execute(update(RunRow).where(RunRow.id == first).values(
-            created_at=database_now(db) - timedelta(minutes=61)))
+        session.execute(
+            update(RunRow).where(RunRow.id == first).values(created_at=database_now(db) - timedelta(minutes=61))
+        )
     assert quota_wait(db, limited, group) is None
 
 
@@ -180,10 +188,14 @@ def test_the_host_message_says_which_quota_and_when(db: Database, settings: Sett
     assert wait is not None
     text_ = quota_message(wait)
     # Rounded up to the minute: never earlier than the run may start.
-    shown = (wait.until + timedelta(minutes=1)).replace(second=0, microsecond=0) \
-        if (wait.until.second, wait.until.microsecond) != (0, 0) else wait.until
-    assert text_.startswith("⏳ This group reached its quota of 1 run per hour; the next run starts at "
-                            f"{shown:%H:%M} UTC"), text_
+    shown = (
+        (wait.until + timedelta(minutes=1)).replace(second=0, microsecond=0)
+        if (wait.until.second, wait.until.microsecond) != (0, 0)
+        else wait.until
+    )
+    assert text_.startswith(
+        f"⏳ This group reached its quota of 1 run per hour; the next run starts at {shown:%H:%M} UTC"
+    ), text_
     _run(db, tokens=(70_000, 30_000))
     tokens = quota_wait(db, settings.replace(group_tokens_per_day=100_000), group)
     assert tokens is not None
@@ -219,12 +231,14 @@ def _age_hits(db: Database, seconds: float) -> None:
     """Move every sender hit ``seconds`` into the past (the database's clock)."""
     with db.write() as session:
         for hit_id, at in session.execute(select(SenderHitRow.id, SenderHitRow.at)).all():
-            session.execute(update(SenderHitRow).where(SenderHitRow.id == hit_id)
-                            .values(at=at - timedelta(seconds=seconds)))
+            session.execute(
+                update(SenderHitRow).where(SenderHitRow.id == hit_id).values(at=at - timedelta(seconds=seconds))
+            )
 
 
 def test_a_sender_over_its_rate_is_refused_and_nothing_is_stored(
-        db: Database, settings: Settings, group: Group) -> None:
+    db: Database, settings: Settings, group: Group
+) -> None:
     limited = settings.replace(sender_messages_per_minute=3)
     for _ in range(3):
         _say(db, limited)
@@ -247,8 +261,7 @@ def test_a_sender_over_its_rate_is_refused_and_nothing_is_stored(
     assert not again.created and again.message.seq == first.seq
 
 
-def test_the_window_is_the_last_minute_on_the_databases_clock(
-        db: Database, settings: Settings, group: Group) -> None:
+def test_the_window_is_the_last_minute_on_the_databases_clock(db: Database, settings: Settings, group: Group) -> None:
     limited = settings.replace(sender_messages_per_minute=2)
     _say(db, limited)
     _age_hits(db, 50)
@@ -273,8 +286,7 @@ def test_no_limit_writes_nothing(db: Database, settings: Settings, group: Group)
         assert session.execute(select(SenderHitRow.id)).first() is None
 
 
-def test_concurrent_messages_of_one_sender_never_pass_the_limit(
-        db: Database, settings: Settings, group: Group) -> None:
+def test_concurrent_messages_of_one_sender_never_pass_the_limit(db: Database, settings: Settings, group: Group) -> None:
     limited = settings.replace(sender_messages_per_minute=3)
     refused: list[RateLimited] = []
 
@@ -293,8 +305,9 @@ def test_concurrent_messages_of_one_sender_never_pass_the_limit(
 
 @pytest.fixture
 def client(db: Database, settings: Settings, group: Group) -> Iterator[TestClient]:
-    app_settings = settings.replace(sender_messages_per_minute=2, group_runs_per_hour=5,
-                                    webhook_inbound_secret="s3cret")
+    app_settings = settings.replace(
+        sender_messages_per_minute=2, group_runs_per_hour=5, webhook_inbound_secret="s3cret"
+    )
     with TestClient(create_app(Orchestrator(app_settings)), headers={CLIENT_HEADER: "tests"}) as c:
         yield c
 
@@ -317,8 +330,9 @@ def test_the_api_answers_429_with_retry_after(client: TestClient, db: Database) 
 def test_the_inbound_webhook_answers_429(client: TestClient, db: Database) -> None:
     def post() -> int:
         raw = json.dumps({"chat_jid": JID, "sender": "hook", "content": "ping"}).encode()
-        r = client.post(INBOUND_PATH, content=raw, headers={**inbound_headers("s3cret", raw),
-                                                            "content-type": "application/json"})
+        r = client.post(
+            INBOUND_PATH, content=raw, headers={**inbound_headers("s3cret", raw), "content-type": "application/json"}
+        )
         if r.status_code == 429:
             assert int(r.headers["retry-after"]) >= 1
         return r.status_code
@@ -329,14 +343,26 @@ def test_the_inbound_webhook_answers_429(client: TestClient, db: Database) -> No
 def test_usage_and_quotas_over_http(client: TestClient, db: Database) -> None:
     _run(db, tokens=(5, 7))
     u = client.get(f"/api/groups/{JID}/usage").json()
-    assert (u["runs_last_hour"], u["runs_per_hour"], u["runs_per_hour_override"], u["tokens_today"],
-            u["tokens_per_day"], u["sender_messages_per_minute"], u["waiting"]) == (1, 5, None, 12, 0, 2, None)
+    assert (
+        u["runs_last_hour"],
+        u["runs_per_hour"],
+        u["runs_per_hour_override"],
+        u["tokens_today"],
+        u["tokens_per_day"],
+        u["sender_messages_per_minute"],
+        u["waiting"],
+    ) == (1, 5, None, 12, 0, 2, None)
     r = client.patch(f"/api/groups/{JID}", json={"runs_per_hour": 1, "tokens_per_day": 1000})
     assert r.status_code == 200 and (r.json()["runs_per_hour"], r.json()["tokens_per_day"]) == (1, 1000)
     waiting = client.get(f"/api/groups/{JID}/usage").json()["waiting"]
     assert waiting["quota"] == "runs_per_hour" and waiting["limit"] == 1 and 3500 < waiting["wait_s"] <= 3600
-    for bad in ({"runs_per_hour": -1}, {"runs_per_hour": "3"}, {"runs_per_hour": True}, {"tokens_per_day": 1.5},
-                {"tokens_per_day": 2**31}):
+    for bad in (
+        {"runs_per_hour": -1},
+        {"runs_per_hour": "3"},
+        {"runs_per_hour": True},
+        {"tokens_per_day": 1.5},
+        {"tokens_per_day": 2**31},
+    ):
         r = client.patch(f"/api/groups/{JID}", json=bad)
         assert r.status_code == 400 and r.json()["field"] == next(iter(bad)), (bad, r.text)
     assert client.patch(f"/api/groups/{JID}", json={"runs_per_hour": None}).json()["runs_per_hour"] is None
@@ -377,8 +403,14 @@ def _cli(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProc
 
 def test_groups_usage_and_set_on_the_command_line(db: Database, settings: Settings, group: Group) -> None:
     _run(db, _today(db, timedelta(minutes=30)), tokens=(1200, 34))
-    shown = _cli(settings, "groups", "usage", JID, ORCHESTRATOR_GROUP_RUNS_PER_HOUR="10",
-                 ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE="20")
+    shown = _cli(
+        settings,
+        "groups",
+        "usage",
+        JID,
+        ORCHESTRATOR_GROUP_RUNS_PER_HOUR="10",
+        ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE="20",
+    )
     assert shown.returncode == 0, shown.stderr
     assert "runs in the last hour: 1 of 10 (the setting's)" in shown.stdout
     assert "tokens today (UTC):    1,234, no limit (the setting's)" in shown.stdout
@@ -421,9 +453,13 @@ def test_migration_0008_adds_the_quotas_and_the_senders_window(db: Database) -> 
     assert "sender_hits" not in names.get_table_names()
     assert "runs_per_hour" not in {c["name"] for c in names.get_columns("groups")}
     with db.engine.begin() as conn:
-        conn.execute(text("INSERT INTO groups (chat_jid, name, folder, is_main, requires_trigger, cursor_seq, "
-                          "pending_seq, created_at) VALUES ('old@chat', 'Old', 'old', false, true, 0, 0, "
-                          "CURRENT_TIMESTAMP)"))
+        conn.execute(
+            text(
+                "INSERT INTO groups (chat_jid, name, folder, is_main, requires_trigger, cursor_seq, "
+                "pending_seq, created_at) VALUES ('old@chat', 'Old', 'old', false, true, 0, 0, "
+                "CURRENT_TIMESTAMP)"
+            )
+        )
     alembic(db, "upgrade", "head")
     assert db.schema_revision() == SCHEMA_HEAD
     old = get_group(db, "old@chat")

@@ -48,31 +48,93 @@ def _store(db: Database, mid: str, **fields: Any) -> Any:
 
 def _tool(db: Database, mid: str, tool: str, content: str, exit_code: int, kind: str, payload: dict[str, Any]) -> Any:
     meta = build_structured_envelope(kind, payload, extras={"exit_code": exit_code, "tool": tool, "tool_use_id": mid})
-    return _store(db, mid, sender="command_output", sender_name=tool, content=content,
-                  message_type="tool_result", metadata=meta)
+    return _store(
+        db, mid, sender="command_output", sender_name=tool, content=content, message_type="tool_result", metadata=meta
+    )
 
 
 def _seed(db: Database) -> dict[str, Any]:
-    q = _store(db, "q1", sender="web:Ann", sender_name="Ann", is_from_me=False, message_type="user",
-               content=f"@Andy fix the greeting and plan the release {XSS}")
-    _store(db, "t1", sender="tool_use", sender_name="edit_file", message_type="assistant",
-           content='edit_file {"path": "src/app.py"}')
-    _tool(db, "r1", "edit_file", "edited src/app.py", 0, "CODE_EDIT", {"edits": [
-        {"file_path": "src/app.py", "old_content": OLD_PY, "new_content": NEW_PY, "language": "python"},
-        {"file_path": "docs/NEW.md", "old_content": None, "new_content": "# New\nsecond line\n"},
-    ]})
+    q = _store(
+        db,
+        "q1",
+        sender="web:Ann",
+        sender_name="Ann",
+        is_from_me=False,
+        message_type="user",
+        content=f"@Andy fix the greeting and plan the release {XSS}",
+    )
+    _store(
+        db,
+        "t1",
+        sender="tool_use",
+        sender_name="edit_file",
+        message_type="assistant",
+        content='edit_file {"path": "src/app.py"}',
+    )
+    _tool(
+        db,
+        "r1",
+        "edit_file",
+        "edited src/app.py",
+        0,
+        "CODE_EDIT",
+        {
+            "edits": [
+                {"file_path": "src/app.py", "old_content": OLD_PY, "new_content": NEW_PY, "language": "python"},
+                {"file_path": "docs/NEW.md", "old_content": None, "new_content": "# New\nsecond line\n"},
+            ]
+        },
+    )
     _tool(db, "r2", "todo_write", "3 todos", 0, "TODO", {"todos": TODOS})
-    _tool(db, "r3", "bash", "ls: cannot access 'dist'", 2, "TOOL_CALL", {
-        "tool_name": "bash", "input": BASH_INPUT, "output": "ls: cannot access 'dist': No such file or directory",
-        "error": "exit status 2"})
-    _tool(db, "r4", "glob", '["a.py", "b.py"]', 0, "TOOL_CALL", {
-        "tool_name": "glob", "input": {"pattern": "*.py"}, "output": ["a.py", "b.py"]})
-    _store(db, "r5", sender="command_output", sender_name="bash", content="plain output", message_type="tool_result",
-           metadata={"exit_code": 0})
-    a = _store(db, "a1", sender="bot", sender_name="Andy", message_type="assistant",
-               content=f"Done: the greeting is fixed. {XSS}", metadata={REPLY_TO_KEY: q.seq})
-    _store(db, "h1", sender="host", sender_name="host", message_type="host",
-           content="run 1234 failed: the container exited with 137 (out of memory)")
+    _tool(
+        db,
+        "r3",
+        "bash",
+        "ls: cannot access 'dist'",
+        2,
+        "TOOL_CALL",
+        {
+            "tool_name": "bash",
+            "input": BASH_INPUT,
+            "output": "ls: cannot access 'dist': No such file or directory",
+            "error": "exit status 2",
+        },
+    )
+    _tool(
+        db,
+        "r4",
+        "glob",
+        '["a.py", "b.py"]',
+        0,
+        "TOOL_CALL",
+        {"tool_name": "glob", "input": {"pattern": "*.py"}, "output": ["a.py", "b.py"]},
+    )
+    _store(
+        db,
+        "r5",
+        sender="command_output",
+        sender_name="bash",
+        content="plain output",
+        message_type="tool_result",
+        metadata={"exit_code": 0},
+    )
+    a = _store(
+        db,
+        "a1",
+        sender="bot",
+        sender_name="Andy",
+        message_type="assistant",
+        content=f"Done: the greeting is fixed. {XSS}",
+        metadata={REPLY_TO_KEY: q.seq},
+    )
+    _store(
+        db,
+        "h1",
+        sender="host",
+        sender_name="host",
+        message_type="host",
+        content="run 1234 failed: the container exited with 137 (out of memory)",
+    )
     _store(db, "s1", sender="system", sender_name="system", message_type="system", content="Answer briefly.")
     return {"q": q, "a": a}
 
@@ -129,10 +191,15 @@ def test_rich_rendering_live_updates_and_run_status(db: Database, open_server: A
     todo = page.locator("article[data-id='r2']")
     assert _texts(todo, ".todo-item .mark") == ["●", "◐", "○"]
     assert [todo.locator(".todo-item").nth(i).get_attribute("data-status") for i in range(3)] == [
-        "completed", "in_progress", "pending"]
+        "completed",
+        "in_progress",
+        "pending",
+    ]
     assert _texts(todo, ".todo-text")[1] == TODOS[1]["content"]  # the markup shows as text
     assert "line-through" in _style(page, "article[data-id='r2'] .todo-item.completed .todo-text", "textDecorationLine")
-    assert "line-through" not in _style(page, "article[data-id='r2'] .todo-item.pending .todo-text", "textDecorationLine")
+    assert "line-through" not in _style(
+        page, "article[data-id='r2'] .todo-item.pending .todo-text", "textDecorationLine"
+    )
     assert todo.locator(".todo-head").inner_text() == "Todos 1/3 done"
 
     # TOOL_CALL: collapsed; input and output as JSON; the error state.
@@ -151,7 +218,10 @@ def test_rich_rendering_live_updates_and_run_status(db: Database, open_server: A
     assert json.loads(ok.locator(".tool-output").inner_text()) == ["a.py", "b.py"]
     assert "error" not in (ok.locator("details").get_attribute("class") or "")
     plain = page.locator("article[data-id='r5']")
-    assert plain.locator("pre.output").inner_text() == "plain output" and plain.locator(".exit").inner_text() == "✅ exit 0"
+    assert (
+        plain.locator("pre.output").inner_text() == "plain output"
+        and plain.locator(".exit").inner_text() == "✅ exit 0"
+    )
 
     # Host and system messages set apart; the reply under the assistant's name; buttons.
     host = page.locator("article[data-id='h1']")
@@ -180,8 +250,14 @@ def test_rich_rendering_live_updates_and_run_status(db: Database, open_server: A
     screenshot(page, tmp_path, "web-chat-rich.png")
 
     # A new message shows up without a reload, then the run ends.
-    _store(db, "a2", sender="bot", sender_name="Andy", message_type="assistant",
-           content="One more thing:\n```python\nprint('<b>x</b>')\n```\nThat's all.")
+    _store(
+        db,
+        "a2",
+        sender="bot",
+        sender_name="Andy",
+        message_type="assistant",
+        content="One more thing:\n```python\nprint('<b>x</b>')\n```\nThat's all.",
+    )
     page.wait_for_selector("article[data-id='a2']")
     assert page.locator("article[data-id='a2'] pre.fenced").inner_text() == "print('<b>x</b>')"
     assert page.locator("article[data-id='a2'] .text").inner_text().endswith("That's all.")
@@ -226,14 +302,23 @@ def test_login_composer_edit_and_regenerate(db: Database, open_server: Any, page
     assert page.inner_text("#composer-note") == ""
     stored = get_messages_after(JID, 0, db=db)
     assert [(m.sender, m.sender_name, m.content) for m in stored] == [
-        ("web:Ann", "Ann", "just saying hi"), ("web:Ann", "Ann", "@Andy please answer\nwith two lines")]
+        ("web:Ann", "Ann", "just saying hi"),
+        ("web:Ann", "Ann", "@Andy please answer\nwith two lines"),
+    ]
     assert get_group(db, JID).pending_seq == stored[1].seq  # the second one woke the agent
 
     # Edit a person's message in place.
     question = stored[1]
     run = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=question.seq, celery_task_id=None)
-    reply = _store(db, "a1", sender="bot", sender_name="Andy", message_type="assistant", content="first answer",
-                   metadata={REPLY_TO_KEY: question.seq, "run_id": run.id})
+    reply = _store(
+        db,
+        "a1",
+        sender="bot",
+        sender_name="Andy",
+        message_type="assistant",
+        content="first answer",
+        metadata={REPLY_TO_KEY: question.seq, "run_id": run.id},
+    )
     finish_run(db, run.id, state="succeeded")
     page.wait_for_selector("article[data-id='a1']")
     page.click(f"article[data-id='{stored[0].id}'] button.edit")
@@ -294,30 +379,42 @@ def test_without_a_token_the_page_changes_things_and_another_sites_page_cannot(
     origin and go through.  A page of another site (localhost against 127.0.0.1: two sites to the
     browser) posting to the API by script (no-cors: no preflight) or by a form changes nothing."""
     add_group(db, chat_jid=JID, name="Web team", folder="web", requires_trigger=True)
-    q = _store(db, "q1", sender="web:Ann", sender_name="Ann", is_from_me=False, message_type="user",
-               content="@Andy hi")
+    q = _store(db, "q1", sender="web:Ann", sender_name="Ann", is_from_me=False, message_type="user", content="@Andy hi")
     run = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=q.seq, celery_task_id=None)
-    _store(db, "a1", sender="bot", sender_name="Andy", message_type="assistant", content="hello",
-           metadata={REPLY_TO_KEY: q.seq, "run_id": run.id})
+    _store(
+        db,
+        "a1",
+        sender="bot",
+        sender_name="Andy",
+        message_type="assistant",
+        content="hello",
+        metadata={REPLY_TO_KEY: q.seq, "run_id": run.id},
+    )
     finish_run(db, run.id, state="succeeded")
     base = open_server()
     api = f"{base}/api/chats/web%40local/messages"
 
     page.goto(f"http://localhost:{urlsplit(base).port}/health")  # another site's page, as far as the browser knows
-    page.evaluate("""async ([base, api]) => {
+    page.evaluate(
+        """async ([base, api]) => {
         const message = JSON.stringify({chat_jid: "web@local", sender: "evil", content: "@Andy run this"});
         await fetch(`${base}/api/messages`, {method: "POST", mode: "no-cors", body: new Blob([message])});
         await fetch(`${base}/api/messages`, {method: "POST", mode: "no-cors", body: message});
         await fetch(`${api}/a1/regenerate`, {method: "POST", mode: "no-cors"});
-    }""", [base, api])
+    }""",
+        [base, api],
+    )
     with page.expect_navigation():
-        page.evaluate("""(action) => {
+        page.evaluate(
+            """(action) => {
             const form = document.createElement("form");
             form.method = "POST";
             form.action = action;
             document.body.append(form);
             form.submit();
-        }""", f"{api}/q1/truncate")
+        }""",
+            f"{api}/q1/truncate",
+        )
     assert "refused" in page.inner_text("body")
     stored = get_messages_after(JID, 0, include_superseded=True, db=db)
     assert [(m.id, m.superseded_at) for m in stored] == [("q1", None), ("a1", None)]

@@ -51,9 +51,14 @@ INBOUND_SECRET = "s3cret-inbound"  # the inbound webhooks' own (tests/host/test_
 @pytest.fixture
 def hooked(db: Database, settings: Settings) -> tuple[Database, Settings]:
     add_group(db, chat_jid=JID, name="Hooks", folder="hooks", requires_trigger=True)
-    return db, settings.replace(**{"webhook_secret": SECRET, "webhook_inbound_secret": INBOUND_SECRET,
-                                   "delivery_retry_base_s": 0.05,
-                                           "delivery_retry_max_s": 0.1})
+    return db, settings.replace(
+        **{
+            "webhook_secret": SECRET,
+            "webhook_inbound_secret": INBOUND_SECRET,
+            "delivery_retry_base_s": 0.05,
+            "delivery_retry_max_s": 0.1,
+        }
+    )
 
 
 def _post(client: TestClient, body: bytes, secret: str | None, signed: bytes | None = None) -> object:
@@ -90,8 +95,14 @@ def test_inbound_needs_a_valid_signature(hooked: tuple[Database, Settings]) -> N
         assert stored.content == "build 42 is green" and stored.sender == "ci-bot"
         assert stored.metadata == {"origin_channel": "webhook"}
 
-        bad = json.dumps({"chat_jid": JID, "sender": "x", "content": "y",
-                          "metadata": {"message_type": "TODO", "payload": {"todos": []}}}).encode()
+        bad = json.dumps(
+            {
+                "chat_jid": JID,
+                "sender": "x",
+                "content": "y",
+                "metadata": {"message_type": "TODO", "payload": {"todos": []}},
+            }
+        ).encode()
         r = _post(client, bad, INBOUND_SECRET)
         assert r.status_code == 400 and r.json()["field"] == "metadata.payload.todos"
         garbage = b"{not json"
@@ -116,8 +127,9 @@ def test_inbound_takes_registered_chats_only_as_the_api_does(hooked: tuple[Datab
         assert r.status_code == 404 and "no registered group" in r.json()["detail"], r.text
         assert get_messages_after("stranger@x", 0, db=db) == []
         assert _post(client, body(JID), INBOUND_SECRET).status_code == 201
-    open_settings = settings.replace(**{"api_require_registered_chat": False, "unregistered_chats": 1,
-                                        "unregistered_chat_messages": 2})
+    open_settings = settings.replace(
+        **{"api_require_registered_chat": False, "unregistered_chats": 1, "unregistered_chat_messages": 2}
+    )
     with TestClient(create_app(Orchestrator(open_settings))) as client:
         for n in range(3):
             assert _post(client, body("stranger@x", f"m{n}"), INBOUND_SECRET).status_code == 201
@@ -153,8 +165,9 @@ class _Receiver:
                 status = 500 if receiver.calls <= receiver.fail else 204
                 if status == 204:
                     receiver.received.append((body, self.headers.get(SIGNATURE_HEADER)))
-                    receiver.stamped.append((self.headers.get(TIMESTAMP_HEADER),
-                                             self.headers.get(TIMESTAMPED_SIGNATURE_HEADER)))
+                    receiver.stamped.append(
+                        (self.headers.get(TIMESTAMP_HEADER), self.headers.get(TIMESTAMPED_SIGNATURE_HEADER))
+                    )
                 self.send_response(status)
                 self.send_header("content-length", "0")
                 self.end_headers()
@@ -179,12 +192,14 @@ def receiver() -> Iterator[_Receiver]:
         yield r
 
 
-def test_outbound_webhook_is_signed_retried_and_sent_once(hooked: tuple[Database, Settings],
-                                                          receiver: _Receiver) -> None:
+def test_outbound_webhook_is_signed_retried_and_sent_once(
+    hooked: tuple[Database, Settings], receiver: _Receiver
+) -> None:
     db, settings = hooked
     attach_channel(db, JID, "webhook", address=receiver.url)
-    msg = ingest(db, settings, IncomingMessage(chat_jid=JID, sender="ann", sender_name="Ann", content="hello hook"),
-                 signal=None).message
+    msg = ingest(
+        db, settings, IncomingMessage(chat_jid=JID, sender="ann", sender_name="Ann", content="hello hook"), signal=None
+    ).message
     channel = WebhookChannel(settings)
     deliverer = Deliverer(db, settings, ChannelRegistry([channel]))
 
@@ -222,7 +237,8 @@ def test_outbound_webhook_is_signed_retried_and_sent_once(hooked: tuple[Database
 
 
 def test_a_webhook_send_cut_short_by_a_dead_deliverer_is_sent_again_with_its_id(
-        hooked: tuple[Database, Settings]) -> None:
+    hooked: tuple[Database, Settings],
+) -> None:
     """At least once, deduplicable: the deliverer POSTed, then died before it could record
     the send.  Once its claim is past, the sweep puts the delivery back (the webhook's
     receivers deduplicate by the delivery id) and it goes out again with the same id.
@@ -242,8 +258,9 @@ def test_a_webhook_send_cut_short_by_a_dead_deliverer_is_sent_again_with_its_id(
     with _Receiver(fail=0) as receiver:
         attach_channel(db, JID, "webhook", address=receiver.url)
         attach_channel(db, JID, "rec")
-        msg = ingest(db, settings, IncomingMessage(chat_jid=JID, sender="ann", content="once, really"),
-                     signal=None).message
+        msg = ingest(
+            db, settings, IncomingMessage(chat_jid=JID, sender="ann", content="once, really"), signal=None
+        ).message
 
         class RecDies(RecordingChannel):
             def send(self, address: str, rendered: RenderedMessage) -> None:
@@ -256,7 +273,9 @@ def test_a_webhook_send_cut_short_by_a_dead_deliverer_is_sent_again_with_its_id(
         with pytest.raises(Dies):
             Deliverer(db, settings, ChannelRegistry([RecDies("rec")])).deliver_due()
         assert {d.channel: d.state for d in list_deliveries(db, message_seq=msg.seq)} == {
-            "webhook": "sending", "rec": "sending"}
+            "webhook": "sending",
+            "rec": "sending",
+        }
         with db.write() as session:  # their claims ran out (the database's clock)
             session.execute(update(DeliveryRow).values(claimed_until=database_now(db) - timedelta(seconds=1)))
         live = WebhookChannel(settings)

@@ -35,10 +35,10 @@ from typing import Any
 
 import msgspec
 import pytest
-from agent_runner.protocol import AssistantEvent, ResultEvent
 from celery.contrib.testing.worker import start_worker
 from celery.signals import task_postrun
 
+from agent_runner.protocol import AssistantEvent, ResultEvent
 from orchestrator.core.settings import Settings
 from orchestrator.root import Orchestrator
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -80,6 +80,7 @@ class TaskLog:
 
     def wait(self, name: str, count: int = 1, timeout: float = 30) -> list[Finished]:
         """The first ``count`` finished tasks named ``name`` (waiting for them)."""
+
         def named() -> list[Finished]:
             return [f for f in self.done if f.name == name]
 
@@ -135,8 +136,9 @@ def start(tasks_module: ModuleType, broker_settings: Settings, db: Database) -> 
             log = TaskLog()
             task_postrun.connect(log, weak=False)
             stack.callback(task_postrun.disconnect, log)
-            stack.enter_context(start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=30,
-                                             loglevel="WARNING"))
+            stack.enter_context(
+                start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=30, loglevel="WARNING")
+            )
             return Worker(root, tasks, log)
 
         yield starter
@@ -161,15 +163,24 @@ def test_drain_group_runs_the_pending_message_and_stores_the_reply(start: Any, d
     sandbox = FakeSandbox(REPLY)
     w = start(sandbox, recorder)
     # The channel's own message: not mirrored back to it; the drain signal goes through the broker.
-    ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="hello there", channel="recorder"),
-           signal=w.root.signals.group)
+    ingest(
+        db,
+        w.root.settings,
+        IncomingMessage(chat_jid=JID, sender="u", content="hello there", channel="recorder"),
+        signal=w.root.signals.group,
+    )
 
     [drained] = w.log.wait(DRAIN_TASK)
     assert drained.state == "SUCCESS", drained.retval
     [run] = list_runs(db, chat_jid=JID)
     # Two outputs: the reply and the run's result_meta record.
-    assert drained.retval == {"chat_jid": JID, "run": {"id": run.id, "state": "succeeded", "attempts": 1, "outputs": 2},
-                              "more": False, "retry_in": None, "busy": False}
+    assert drained.retval == {
+        "chat_jid": JID,
+        "run": {"id": run.id, "state": "succeeded", "attempts": 1, "outputs": 2},
+        "more": False,
+        "retry_in": None,
+        "busy": False,
+    }
     assert run.celery_task_id == drained.task_id  # the task's request id reached the run
     assert _bot(db) == ["done"]
     [(_, sent_input)] = sandbox.started
@@ -186,8 +197,13 @@ def test_deliver_sends_due_deliveries_and_reschedules_a_failed_one(start: Any, d
     for name in ("steady", "flaky"):
         attach_channel(db, JID, name)
     w = start(FakeSandbox(REPLY), steady, flaky)
-    msg = ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="to every channel"),
-                 signal=None, signal_delivery=w.root.signals.delivery).message
+    msg = ingest(
+        db,
+        w.root.settings,
+        IncomingMessage(chat_jid=JID, sender="u", content="to every channel"),
+        signal=None,
+        signal_delivery=w.root.signals.delivery,
+    ).message
 
     first, second = w.log.wait(DELIVER_TASK, count=2)
     assert first.state == "SUCCESS" and first.retval["chat_jid"] == JID
@@ -225,8 +241,13 @@ def test_sweep_returns_its_report(start: Any, db: Database) -> None:
     w.tasks.sweep.delay()
     [swept] = w.log.wait(SWEEP_TASK)
     assert swept.state == "SUCCESS"
-    assert swept.retval == {"interrupted_runs": [stale.id], "signalled_groups": [JID], "removed_containers": 2,
-                            "abandoned_deliveries": 0, "delivery_signals": []}
+    assert swept.retval == {
+        "interrupted_runs": [stale.id],
+        "signalled_groups": [JID],
+        "removed_containers": 2,
+        "abandoned_deliveries": 0,
+        "delivery_signals": [],
+    }
     assert get_run(db, stale.id).state == "failed" and orphans.live == [set()]
     # The group it signalled again is drained by the same worker: the message gets its answer.
     [drained] = w.log.wait(DRAIN_TASK)
@@ -246,8 +267,9 @@ def test_a_failed_attempt_is_retried_by_a_later_task_not_slept_in_this_one(
     sandbox = FakeSandbox(CRASH, REPLY)
     w = start(sandbox)
     w.root.settings = broker_settings.replace(retry_base_s=1.0, retry_max_s=1.0)  # a 0.5-1 s backoff
-    ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="try twice"),
-           signal=w.root.signals.group)
+    ingest(
+        db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="try twice"), signal=w.root.signals.group
+    )
 
     first, second = w.log.wait(DRAIN_TASK, count=2)
     [run] = list_runs(db, chat_jid=JID)
@@ -265,13 +287,11 @@ def test_one_task_runs_one_batch_and_signals_the_next(start: Any, db: Database) 
     ensure_main_group(db)
     gate = threading.Event()
     w = start(FakeSandbox(Script([AssistantEvent(text="first"), ResultEvent()], gate=gate), REPLY))
-    ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="one"),
-           signal=w.root.signals.group)
+    ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="one"), signal=w.root.signals.group)
     sandbox = w.root.pipeline.sandbox
     assert isinstance(sandbox, FakeSandbox) and sandbox.agent_started.wait(30)
     # A second message while the first run holds the lease: its signal bounces off the lease.
-    ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="two"),
-           signal=w.root.signals.group)
+    ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="two"), signal=w.root.signals.group)
     gate.set()
     drained = w.log.wait(DRAIN_TASK, count=2)
     runs = sorted(list_runs(db, chat_jid=JID), key=lambda r: r.created_at)

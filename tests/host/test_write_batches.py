@@ -20,6 +20,7 @@ T = TypeVar("T")
 def _run(main: Callable[[], Awaitable[T]]) -> T:
     """``main`` on an event loop of its own, in a thread of its own: the suite's other tests
     (a browser's, the API's) may have left a loop running in this one."""
+
     async def wrapped() -> T:
         return await main()
 
@@ -56,7 +57,16 @@ def test_posts_that_wait_are_written_together_in_order_each_with_its_outcome() -
     outcomes = _run(main)
     assert store.batches == [[0], [1, 2, 3, 4, 5, 6, 7, 8]]
     assert [o if isinstance(o, int) else str(o) for o in outcomes] == [
-        0, "odd 1", 20, "odd 3", 40, "odd 5", 60, "odd 7", 80]
+        0,
+        "odd 1",
+        20,
+        "odd 3",
+        40,
+        "odd 5",
+        60,
+        "odd 7",
+        80,
+    ]
 
 
 def test_a_failing_store_fails_every_caller_of_its_batch_and_the_next_batch_still_runs() -> None:

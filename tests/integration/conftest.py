@@ -106,19 +106,30 @@ class Stack:
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(BIN / "orchestrator"), *args], env=self.env, capture_output=True, text=True,
-            timeout=timeout, cwd=self.settings.data_dir.parent,
+            [str(BIN / "orchestrator"), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.settings.data_dir.parent,
         )
 
-    def start_worker(self, concurrency: int = 1, queues: tuple[str, ...] = QUEUES, *, name: str = "test",
-                     own_session: bool = False) -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, concurrency: int = 1, queues: tuple[str, ...] = QUEUES, *, name: str = "test", own_session: bool = False
+    ) -> subprocess.Popen[bytes]:
         """A worker as `orchestrator worker` starts it, consuming ``queues``; ``own_session``: in a
         session of its own, so that a test can SIGKILL all of it (``os.killpg``)."""
         log = self.settings.data_dir.parent / f"worker-{len(self.procs)}.log"
         argv = worker_argv(concurrency, queues=queues, name=f"{name}{len(self.procs)}@%h")
         with open(log, "wb") as fh:
-            proc = subprocess.Popen(argv, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
-                                    cwd=self.settings.data_dir.parent, start_new_session=own_session)
+            proc = subprocess.Popen(
+                argv,
+                env=self.env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                cwd=self.settings.data_dir.parent,
+                start_new_session=own_session,
+            )
         self.procs.append(proc)
         self.logs.append(log)
         return proc
@@ -144,9 +155,11 @@ def stack(request: pytest.FixtureRequest, tmp_path: Path, agent_image: str) -> I
             redis.Redis.from_url(url).flushdb()
             env["ORCHESTRATOR_BROKER_URL"] = url
         settings = Settings.load(
-            data_dir=data_dir, agent_image=agent_image,
+            data_dir=data_dir,
+            agent_image=agent_image,
             database_url=env.get("ORCHESTRATOR_DATABASE_URL", ""),
-            broker_url=env.get("ORCHESTRATOR_BROKER_URL", ""), env_file=None,
+            broker_url=env.get("ORCHESTRATOR_BROKER_URL", ""),
+            env_file=None,
         )
         yield from _run_stack(request, settings, env)
 
@@ -179,9 +192,18 @@ CLAIMS_ENV = "ORCHESTRATOR_TEST_CLAIMS"
 # The longest files first, so that two processes sharing the files end together
 # (the rest keep their order); measured in CI's --durations.
 LONGEST_FIRST = (
-    "test_worker_faults.py", "test_soak.py", "test_unprivileged_host.py", "test_bench.py", "test_placement.py",
-    "test_claude_code_sandbox.py", "test_compose_up.py", "test_run_cap.py", "test_end_to_end.py",
-    "test_hostile_sandbox.py", "test_output_bounds.py", "test_web_chat.py",
+    "test_worker_faults.py",
+    "test_soak.py",
+    "test_unprivileged_host.py",
+    "test_bench.py",
+    "test_placement.py",
+    "test_claude_code_sandbox.py",
+    "test_compose_up.py",
+    "test_run_cap.py",
+    "test_end_to_end.py",
+    "test_hostile_sandbox.py",
+    "test_output_bounds.py",
+    "test_web_chat.py",
 )
 _claims: dict[str, bool] = {}
 

@@ -58,18 +58,18 @@ class ContainerProbe:
             labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.install_id}"]
             for container in client.containers.list(filters={"label": labels}):
                 config = container.attrs["Config"]
-                code, output = container.exec_run(
-                    ["sh", "-c", "env; cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n'"]
+                code, output = container.exec_run(["sh", "-c", "env; cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n'"])
+                self.seen.append(
+                    {
+                        "name": container.name,
+                        "env": config.get("Env") or [],
+                        "cmd": config.get("Cmd") or [],
+                        "entrypoint": config.get("Entrypoint") or [],
+                        "args": container.attrs.get("Args") or [],
+                        "exec_code": code,
+                        "exec_output": output.decode("utf-8", "replace"),
+                    }
                 )
-                self.seen.append({
-                    "name": container.name,
-                    "env": config.get("Env") or [],
-                    "cmd": config.get("Cmd") or [],
-                    "entrypoint": config.get("Entrypoint") or [],
-                    "args": container.attrs.get("Args") or [],
-                    "exec_code": code,
-                    "exec_output": output.decode("utf-8", "replace"),
-                })
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
 
@@ -88,7 +88,8 @@ def test_anthropic_tool_conversation_through_the_gateway(stack: Stack) -> None:
     fake = FakeAnthropic(
         message(
             [{"type": "tool_use", "id": "toolu_fake_1", "name": "bash", "input": {"command": COMMAND}}],
-            "tool_use", n=1,
+            "tool_use",
+            n=1,
         ),
         _final_answer,
         on_request=probe,

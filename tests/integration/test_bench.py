@@ -23,8 +23,9 @@ BENCH_REDIS = re.sub(r"/\d+$", "", REDIS_URL) + "/13"
 
 
 def bench(module: str, *args: str, timeout: float = 600) -> str:
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, f"{module} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -59,8 +60,9 @@ def test_ingest_bench_measures_both_backends_against_the_floor(services: None) -
 
 
 def test_history_bench_assembles_every_size_and_reads_the_plans(services: None) -> None:
-    out = bench("bench.history", "--total", "3000", "--groups", "20", "--sizes", "200,500,1000", "--reps", "2",
-                "--pg", PG_URL)
+    out = bench(
+        "bench.history", "--total", "3000", "--groups", "20", "--sizes", "200,500,1000", "--reps", "2", "--pg", PG_URL
+    )
     for backend in ("sqlite", "postgresql"):
         section = out.split(f"{backend}: ", 1)[1]
         assert len(re.findall(r"-message group, table of +3,000 messages", section)) >= 3, section
@@ -95,8 +97,14 @@ def test_memory_bench_reads_the_worker_and_the_warm_container(docker_engine: Non
 
 def test_overhead_bench_measures_cold_warm_and_the_baselines(docker_engine: None) -> None:
     out = bench("bench.overhead", "--runs", "2")
-    for name in ("docker run --rm (floor)", "cold container", "warm session", "quiet group, no standby",
-                 "quiet group, standby", "2 s polling loop (model)"):
+    for name in (
+        "docker run --rm (floor)",
+        "cold container",
+        "warm session",
+        "quiet group, no standby",
+        "quiet group, standby",
+        "2 s polling loop (model)",
+    ):
         line = next(x for x in out.splitlines() if x.startswith(name))
         p50, p95 = numbers(r"(\d+)ms", line)
         assert 0 < p50 <= p95, line
@@ -114,7 +122,9 @@ def test_wakeup_bench_measures_both_broker_modes(docker_engine: None) -> None:
 
 
 def test_api_bench_measures_the_http_path_against_in_process_ingest(services: None) -> None:
-    out = bench("bench.api", "--requests", "40", "--clients", "4", "--rounds", "1", "--pg", PG_URL, "--redis", BENCH_REDIS)
+    out = bench(
+        "bench.api", "--requests", "40", "--clients", "4", "--rounds", "1", "--pg", PG_URL, "--redis", BENCH_REDIS
+    )
     lines = out.splitlines()
     for stack in ("sqlite + filesystem://", "postgresql + redis"):
         at = next(i for i, x in enumerate(lines) if x.startswith(stack))
@@ -126,8 +136,12 @@ def test_api_bench_measures_the_http_path_against_in_process_ingest(services: No
 
 def test_cli_bench_times_help_and_send_against_the_interpreter() -> None:
     out = bench("bench.cli", "--runs", "1", timeout=300)
-    for row in ("python -c pass", "orchestrator --help", "orchestrator send (in process)",
-                "orchestrator send (via the API)"):
+    for row in (
+        "python -c pass",
+        "orchestrator --help",
+        "orchestrator send (in process)",
+        "orchestrator send (via the API)",
+    ):
         line = next((x for x in out.splitlines() if x.startswith(row)), None)
         assert line is not None, out
         wall, cpu = numbers(r"(\d+)ms", line)
@@ -159,8 +173,23 @@ def test_recovery_bench_kills_a_worker_and_finds_the_answer_stored_once(docker_e
 
 
 def test_control_plane_bench_counts_what_each_run_sends_to_the_database(services: None) -> None:
-    out = bench("bench.control_plane", "--workers", "1,2", "--groups", "12", "--seconds", "4", "--warmup", "2",
-                "--noop", "60", "--pg", PG_URL, "--redis", BENCH_REDIS)
+    out = bench(
+        "bench.control_plane",
+        "--workers",
+        "1,2",
+        "--groups",
+        "12",
+        "--seconds",
+        "4",
+        "--warmup",
+        "2",
+        "--noop",
+        "60",
+        "--pg",
+        PG_URL,
+        "--redis",
+        BENCH_REDIS,
+    )
     sections = out.split("\n\n")
     for n in (1, 2):
         section = next(s for s in sections if s.startswith(f"{n} worker(s) x 2:"))
@@ -217,8 +246,10 @@ def test_continuity_bench_reports_tokens_and_cache_reads_per_run() -> None:
     out = bench("bench.continuity", "--turns", "4", "--small-budget", "2000", timeout=300)
     runs = [line for line in out.splitlines() if re.match(r"\s+\d+\s", line)]
     assert len(runs) == 4, out
-    totals = {m.group(1).strip(): (int(m.group(2)), float(m.group(3)))
-              for m in re.finditer(r"^\s*(.+?): input\s+(\d+) tokens,\s+([\d.]+)% read", out, re.M)}
+    totals = {
+        m.group(1).strip(): (int(m.group(2)), float(m.group(3)))
+        for m in re.finditer(r"^\s*(.+?): input\s+(\d+) tokens,\s+([\d.]+)% read", out, re.M)
+    }
     assert set(totals) == {"before", "text history, cached", "after", "after, budget 2000"}, out
     assert totals["before"][1] == 0 and totals["after"][1] > 0  # no cache before; read from it after
 

@@ -28,19 +28,25 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_message_from_one_channel_reaches_the_others_once_each(stack: Stack) -> None:
-    stack.env.update({
-        "ORCHESTRATOR_CHANNEL_PLUGINS": "tests.fakes.channel:plugin",
-        "ORCHESTRATOR_DELIVERY_RETRY_BASE_S": "0.3",
-        "PYTHONPATH": str(ROOT),
-    })
+    stack.env.update(
+        {
+            "ORCHESTRATOR_CHANNEL_PLUGINS": "tests.fakes.channel:plugin",
+            "ORCHESTRATOR_DELIVERY_RETRY_BASE_S": "0.3",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
     ensure_main_group(stack.db)
     for name in ("mirror-a", "mirror-b", "flaky"):
         attach_channel(stack.db, JID, name)
     stack.start_worker(concurrency=2)
     settings = stack.settings
-    sent = ingest(stack.db, settings, IncomingMessage(chat_jid=JID, sender="ann", sender_name="Ann",
-                                                      content="$ echo mirrored", channel="mirror-a"),
-                  signal=stack.signals.group, signal_delivery=stack.signals.delivery).message
+    sent = ingest(
+        stack.db,
+        settings,
+        IncomingMessage(chat_jid=JID, sender="ann", sender_name="Ann", content="$ echo mirrored", channel="mirror-a"),
+        signal=stack.signals.group,
+        signal_delivery=stack.signals.delivery,
+    ).message
 
     def shown() -> list[int]:
         # Stored-only records (tool_use, the run's result_meta) are never delivered.
@@ -50,8 +56,12 @@ def test_a_message_from_one_channel_reaches_the_others_once_each(stack: Stack) -
         rows = list_deliveries(stack.db, chat_jid=JID)
         return len(shown()) >= 3 and len(rows) == 3 * len(shown()) - 1 and all(d.state == "sent" for d in rows)
 
-    wait_until(all_sent, 120, "every displayed message on every other channel",
-               lambda: f"{list_deliveries(stack.db, chat_jid=JID)}\n{stack.worker_logs()}")
+    wait_until(
+        all_sent,
+        120,
+        "every displayed message on every other channel",
+        lambda: f"{list_deliveries(stack.db, chat_jid=JID)}\n{stack.worker_logs()}",
+    )
 
     a, b, flaky = (read_file_channel(settings, n) for n in ("mirror-a", "mirror-b", "flaky"))
     texts = [r["text"] for r in b]

@@ -41,9 +41,16 @@ NOTES = "/workspace/notes.md"
 # The model's moves, by the request's last message: a tool call answers the
 # result of the one before it; a fresh prompt starts its run's list.
 FIRST_RUN: list[tuple[str, str, dict[str, Any]]] = [
-    ("toolu_cc_todo", "TodoWrite", {"todos": [
-        {"content": "write the notes", "status": "in_progress", "activeForm": "Writing the notes"},
-        {"content": "check them", "status": "pending", "activeForm": "Checking them"}]}),
+    (
+        "toolu_cc_todo",
+        "TodoWrite",
+        {
+            "todos": [
+                {"content": "write the notes", "status": "in_progress", "activeForm": "Writing the notes"},
+                {"content": "check them", "status": "pending", "activeForm": "Checking them"},
+            ]
+        },
+    ),
     ("toolu_cc_write", "Write", {"file_path": NOTES, "content": "# Notes\nfirst draft\n"}),
     ("toolu_cc_bash", "Bash", {"command": "cat notes.md && id -u", "description": "Show the notes"}),
     ("toolu_cc_send", "mcp__chat__send_message", {"text": "progress: the notes are written"}),
@@ -88,8 +95,14 @@ class Model:
     @staticmethod
     def _call(move: tuple[str, str, dict[str, Any]], n: int) -> Reply:
         tool_id, name, tool_input = move
-        return message([{"type": "text", "text": f"calling {name}"},
-                        {"type": "tool_use", "id": tool_id, "name": name, "input": tool_input}], "tool_use", n)
+        return message(
+            [
+                {"type": "text", "text": f"calling {name}"},
+                {"type": "tool_use", "id": tool_id, "name": name, "input": tool_input},
+            ],
+            "tool_use",
+            n,
+        )
 
 
 class KeyProbe:
@@ -125,13 +138,15 @@ def test_claude_code_edits_files_keeps_a_todo_list_and_resumes_its_session(
     probe = KeyProbe(stack.settings.install_id)
     fake = FakeAnthropic(*([model] * 30), on_request=probe)
     with fake.serve() as base_url:
-        stack.env.update({
-            "ORCHESTRATOR_MODEL": f"claude-code:{MODEL}",
-            "ORCHESTRATOR_ANTHROPIC_BASE_URL": base_url,
-            "ORCHESTRATOR_ANTHROPIC_API_KEY": SECRET,
-            "ORCHESTRATOR_MAX_TOKENS": "4096",
-            "ORCHESTRATOR_CONTAINER_MEMORY": "1g",
-        })
+        stack.env.update(
+            {
+                "ORCHESTRATOR_MODEL": f"claude-code:{MODEL}",
+                "ORCHESTRATOR_ANTHROPIC_BASE_URL": base_url,
+                "ORCHESTRATOR_ANTHROPIC_API_KEY": SECRET,
+                "ORCHESTRATOR_MAX_TOKENS": "4096",
+                "ORCHESTRATOR_CONTAINER_MEMORY": "1g",
+            }
+        )
         stack.start_worker()
         ensure_main_group(stack.db)
         first = _send(stack, FIRST)
@@ -158,13 +173,18 @@ def test_claude_code_edits_files_keeps_a_todo_list_and_resumes_its_session(
     assert not tools & {"WebFetch", "WebSearch", "CronCreate"}, tools
 
     # The first run's tool results, stored with their envelopes.
-    results = {m.metadata["tool_use_id"]: m for m in stored
-               if m.message_type == "tool_result" and m.metadata and "tool_use_id" in m.metadata}
+    results = {
+        m.metadata["tool_use_id"]: m
+        for m in stored
+        if m.message_type == "tool_result" and m.metadata and "tool_use_id" in m.metadata
+    }
     assert all(m.sender == SENDER_TOOL_RESULT for m in results.values())
     todo = results["toolu_cc_todo"].metadata
     assert todo["message_type"] == "TODO", todo
     assert [(t["content"], t["status"]) for t in todo["payload"]["todos"]] == [
-        ("write the notes", "in_progress"), ("check them", "pending")]
+        ("write the notes", "in_progress"),
+        ("check them", "pending"),
+    ]
     write = results["toolu_cc_write"].metadata
     assert write["message_type"] == "CODE_EDIT", write
     (edit,) = write["payload"]["edits"]
@@ -205,8 +225,10 @@ def test_claude_code_edits_files_keeps_a_todo_list_and_resumes_its_session(
     assert not sessions.exists()
 
 
-FILL = ("dd if=/dev/zero of=/session/fill bs=1M count=64 2>&1 | grep -o 'No space left on device' | head -1; "
-        "rm -f /session/fill; df -k /session | tail -1")
+FILL = (
+    "dd if=/dev/zero of=/session/fill bs=1M count=64 2>&1 | grep -o 'No space left on device' | head -1; "
+    "rm -f /session/fill; df -k /session | tail -1"
+)
 
 
 @pytest.mark.parametrize("stack", ["embedded"], indirect=True)
@@ -221,26 +243,41 @@ def test_a_full_session_folder_is_enospc_inside_the_sandbox_not_a_full_host_disk
         answered = [b for b in _blocks(rec.body["messages"][-1]) if b.get("type") == "tool_result"]
         if answered:
             return message([{"type": "text", "text": "filled"}], "end_turn", 2)
-        return message([{"type": "tool_use", "id": "toolu_fill", "name": "Bash",
-                         "input": {"command": FILL, "description": "Fill the session folder"}}], "tool_use", 1)
+        return message(
+            [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_fill",
+                    "name": "Bash",
+                    "input": {"command": FILL, "description": "Fill the session folder"},
+                }
+            ],
+            "tool_use",
+            1,
+        )
 
     fake = FakeAnthropic(*([model] * 10))
     try:
         with fake.serve() as base_url:
-            stack.env.update({
-                "ORCHESTRATOR_MODEL": f"claude-code:{MODEL}",
-                "ORCHESTRATOR_ANTHROPIC_BASE_URL": base_url,
-                "ORCHESTRATOR_ANTHROPIC_API_KEY": SECRET,
-                "ORCHESTRATOR_CONTAINER_MEMORY": "1g",
-                "ORCHESTRATOR_SESSION_QUOTA": "16m",
-            })
+            stack.env.update(
+                {
+                    "ORCHESTRATOR_MODEL": f"claude-code:{MODEL}",
+                    "ORCHESTRATOR_ANTHROPIC_BASE_URL": base_url,
+                    "ORCHESTRATOR_ANTHROPIC_API_KEY": SECRET,
+                    "ORCHESTRATOR_CONTAINER_MEMORY": "1g",
+                    "ORCHESTRATOR_SESSION_QUOTA": "16m",
+                }
+            )
             stack.start_worker()
             ensure_main_group(stack.db)
             sent = _send(stack, "fill the session folder")
             assert sent.returncode == 0, sent.stdout + sent.stderr + stack.worker_logs()
         folder = get_group(stack.db, CHAT).folder
-        (result,) = [m for m in get_messages_after(CHAT, 0, db=stack.db)
-                     if m.message_type == "tool_result" and (m.metadata or {}).get("tool_use_id") == "toolu_fill"]
+        (result,) = [
+            m
+            for m in get_messages_after(CHAT, 0, db=stack.db)
+            if m.message_type == "tool_result" and (m.metadata or {}).get("tool_use_id") == "toolu_fill"
+        ]
         assert "No space left on device" in result.content, result.content
         total_kib = int(result.content.strip().splitlines()[-1].split()[1])
         assert total_kib <= 16 * 1024, result.content  # /session is the 16 MiB volume, not the host's disk

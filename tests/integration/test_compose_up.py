@@ -59,8 +59,13 @@ def compose_images(agent_image: str) -> Iterator[None]:
     image current (same runner files, same local base) and builds nothing."""
     require_service(_compose_available(), "docker-compose (apt-get install docker-compose)")
     require_service(docker_available(), "a running Docker engine")
-    res = subprocess.run(["bash", str(ROOT / "scripts" / "compose-standins.sh")], env=_clean_env(),
-                         capture_output=True, text=True, timeout=1800)
+    res = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "compose-standins.sh")],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert res.returncode == 0, f"building the stand-in images failed:\n{res.stderr[-4000:]}"
     yield
 
@@ -104,9 +109,18 @@ def test_the_local_override_keeps_every_service_on_loopback_of_the_hosts_network
     get compose's default bridge network (never here), its registry image, or the machine's own
     PostgreSQL and Redis."""
     require_service(_compose_available(), "docker-compose (apt-get install docker-compose)")
-    res = subprocess.run(["bash", str(COMPOSE), "config"], capture_output=True, text=True, timeout=60,
-                         env=_clean_env() | {"ORCHESTRATOR_API_TOKEN": "t0ken", "ORCHESTRATOR_FLOWER_BASIC_AUTH": "ops:pw",
-                                             "LOCAL_DATA_DIR": "/tmp/orch-x"})
+    res = subprocess.run(
+        ["bash", str(COMPOSE), "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_clean_env()
+        | {
+            "ORCHESTRATOR_API_TOKEN": "t0ken",
+            "ORCHESTRATOR_FLOWER_BASIC_AUTH": "ops:pw",
+            "LOCAL_DATA_DIR": "/tmp/orch-x",
+        },
+    )
     assert res.returncode == 0, res.stderr
     config = yaml.safe_load(res.stdout)
     assert not config.get("networks")
@@ -145,19 +159,37 @@ def test_the_compose_stack_starts_answers_and_leaves_nothing(compose_images: Non
     data.mkdir()
     token = secrets.token_hex(16)
     login = f"ops:{secrets.token_hex(8)}"  # Flower's
-    ports = {"LOCAL_PG_PORT": _free_port(), "LOCAL_REDIS_PORT": _free_port(),
-             "LOCAL_API_PORT": _free_port(), "LOCAL_FLOWER_PORT": _free_port()}
+    ports = {
+        "LOCAL_PG_PORT": _free_port(),
+        "LOCAL_REDIS_PORT": _free_port(),
+        "LOCAL_API_PORT": _free_port(),
+        "LOCAL_FLOWER_PORT": _free_port(),
+    }
     env_file = tmp_path / "compose.env"
-    env_file.write_text("".join(f"{k}={v}\n" for k, v in {
-        "ORCHESTRATOR_API_TOKEN": token, "ORCHESTRATOR_FLOWER_BASIC_AUTH": login, "ORCHESTRATOR_MODEL": "offline",
-        "LOCAL_DATA_DIR": str(data), **ports,
-    }.items()))
+    env_file.write_text(
+        "".join(
+            f"{k}={v}\n"
+            for k, v in {
+                "ORCHESTRATOR_API_TOKEN": token,
+                "ORCHESTRATOR_FLOWER_BASIC_AUTH": login,
+                "ORCHESTRATOR_MODEL": "offline",
+                "LOCAL_DATA_DIR": str(data),
+                **ports,
+            }.items()
+        )
+    )
     env = _clean_env()
     label = f"label=com.docker.compose.project={project}"
 
     def compose(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["bash", str(COMPOSE), "-p", project, "--env-file", str(env_file), *args],
-                              env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+        return subprocess.run(
+            ["bash", str(COMPOSE), "-p", project, "--env-file", str(env_file), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=tmp_path,
+        )
 
     api = f"http://127.0.0.1:{ports['LOCAL_API_PORT']}"
     flower = f"http://127.0.0.1:{ports['LOCAL_FLOWER_PORT']}"
@@ -170,8 +202,12 @@ def test_the_compose_stack_starts_answers_and_leaves_nothing(compose_images: Non
         timings["up -d"] = time.monotonic() - t0
         # Every service on the host's network: compose made no network at all.
         assert set(_docker_ids("network")) == networks_before
-        wait_until(lambda: _answers(f"{api}/health"), 120, "the api service to answer",
-                   lambda: compose("logs", "--no-color", "--tail", "30", "api").stdout)
+        wait_until(
+            lambda: _answers(f"{api}/health"),
+            120,
+            "the api service to answer",
+            lambda: compose("logs", "--no-color", "--tail", "30", "api").stdout,
+        )
         timings["api"] = time.monotonic() - t0
         # Both workers register as hosts of the fleet, each named by its container
         # (the override's replica id; on the host's network they share a hostname).
@@ -185,8 +221,12 @@ def test_the_compose_stack_starts_answers_and_leaves_nothing(compose_images: Non
                 return set()
             return {h["host_id"] for h in hosts if h["alive"] and h["state"] == "up"}
 
-        wait_until(lambda: live_hosts() == workers, 120, f"hosts {sorted(workers)} up",
-                   lambda: f"{live_hosts()}\n" + compose("logs", "--no-color", "--tail", "30", "worker").stdout)
+        wait_until(
+            lambda: live_hosts() == workers,
+            120,
+            f"hosts {sorted(workers)} up",
+            lambda: f"{live_hosts()}\n" + compose("logs", "--no-color", "--tail", "30", "worker").stdout,
+        )
         timings["hosts"] = time.monotonic() - t0
 
         # ... and as Celery nodes in Flower's API (listed before the message is sent, so
@@ -215,10 +255,18 @@ def test_the_compose_stack_starts_answers_and_leaves_nothing(compose_images: Non
         # A message through the api service, as `orchestrator send` sends it from anywhere.
         t1 = time.monotonic()
         marker = f"compose-{uuid.uuid4().hex[:8]}"
-        cli_env = env | {"ORCHESTRATOR_DATA_DIR": str(tmp_path / "cli"), "ORCHESTRATOR_API_URL": api,
-                         "ORCHESTRATOR_API_TOKEN": token}
-        sent = subprocess.run([str(BIN / "orchestrator"), "send", "main@local", f"$ echo {marker}", "--wait", "120",
-                               "--json"], env=cli_env, capture_output=True, text=True, timeout=180)
+        cli_env = env | {
+            "ORCHESTRATOR_DATA_DIR": str(tmp_path / "cli"),
+            "ORCHESTRATOR_API_URL": api,
+            "ORCHESTRATOR_API_TOKEN": token,
+        }
+        sent = subprocess.run(
+            [str(BIN / "orchestrator"), "send", "main@local", f"$ echo {marker}", "--wait", "120", "--json"],
+            env=cli_env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert sent.returncode == 0, sent.stdout + sent.stderr
         assert f"via {api}" in sent.stderr  # the api service took it: nothing was stored in process
         replies = [json.loads(line) for line in sent.stdout.splitlines()]
@@ -262,6 +310,9 @@ def test_the_compose_stack_starts_answers_and_leaves_nothing(compose_images: Non
     assert _docker_ids("volume", label) == []
     assert _docker_ids("network", label) == [] and set(_docker_ids("network")) == networks_before
     # The agent containers carry the installation's id (a hash of its database URL).
-    stack = Settings.load(data_dir=data, env_file=None, database_url=(
-        f"postgresql://orchestrator:orchestrator@127.0.0.1:{ports['LOCAL_PG_PORT']}/orchestrator"))
+    stack = Settings.load(
+        data_dir=data,
+        env_file=None,
+        database_url=(f"postgresql://orchestrator:orchestrator@127.0.0.1:{ports['LOCAL_PG_PORT']}/orchestrator"),
+    )
     assert _docker_ids("container", f"label=orchestrator.install={stack.install_id}") == []

@@ -14,7 +14,6 @@ import json
 from typing import Any
 
 from agent_runner.protocol import decode_input
-
 from orchestrator.run.assembly import stored_input
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.runs import list_runs

@@ -35,8 +35,13 @@ def test_a_delivery_goes_out_while_every_agent_slot_is_busy(stack: Stack) -> Non
     settings = stack.settings
 
     # The only agent slot: a run that sleeps.
-    ingest(stack.db, settings, IncomingMessage(chat_jid=BUSY, sender="ann", content="$ sleep 8"),
-           signal=stack.signals.group, signal_delivery=stack.signals.delivery)
+    ingest(
+        stack.db,
+        settings,
+        IncomingMessage(chat_jid=BUSY, sender="ann", content="$ sleep 8"),
+        signal=stack.signals.group,
+        signal_delivery=stack.signals.delivery,
+    )
 
     def busy_state() -> str | None:
         runs = list_runs(stack.db, chat_jid=BUSY, limit=1)
@@ -46,11 +51,14 @@ def test_a_delivery_goes_out_while_every_agent_slot_is_busy(stack: Stack) -> Non
 
     # A message that wakes nobody (no trigger) but is shown on the quiet group's channel.
     start = time.monotonic()
-    ingest(stack.db, settings, IncomingMessage(chat_jid=QUIET, sender="bob", sender_name="Bob",
-                                               content="just chatting", channel="mirror-a"),
-           signal=stack.signals.group, signal_delivery=stack.signals.delivery)
-    wait_until(lambda: bool(read_file_channel(settings, "mirror-b")), 30, "the delivery to mirror-b",
-               stack.worker_logs)
+    ingest(
+        stack.db,
+        settings,
+        IncomingMessage(chat_jid=QUIET, sender="bob", sender_name="Bob", content="just chatting", channel="mirror-a"),
+        signal=stack.signals.group,
+        signal_delivery=stack.signals.delivery,
+    )
+    wait_until(lambda: bool(read_file_channel(settings, "mirror-b")), 30, "the delivery to mirror-b", stack.worker_logs)
     latency = time.monotonic() - start
     assert busy_state() == "running", "the delivery waited for the run to end"
     assert [r["text"] for r in read_file_channel(settings, "mirror-b")] == ["Bob: just chatting"]

@@ -93,10 +93,15 @@ def test_a_busy_groups_series_of_runs_is_one_task_each(stack: Stack) -> None:
         sent = stack.cli("send", jid, command)
         assert sent.returncode == 0, sent.stderr
         if n < 4:  # the next message arrives while this one's run is going on
-            wait_until(lambda n=n: len(runs()) == n and runs()[-1].state == "running", 90,
-                       f"run {n} running", stack.worker_logs)
-    wait_until(lambda: len(runs()) == 4 and all(r.finished_at for r in runs()), 120, "four runs done",
-               stack.worker_logs)
+            wait_until(
+                lambda n=n: len(runs()) == n and runs()[-1].state == "running",
+                90,
+                f"run {n} running",
+                stack.worker_logs,
+            )
+    wait_until(
+        lambda: len(runs()) == 4 and all(r.finished_at for r in runs()), 120, "four runs done", stack.worker_logs
+    )
     done = runs()
     assert [r.state for r in done] == ["succeeded"] * 4, [(r.state, r.error) for r in done]
     tasks = [r.celery_task_id for r in done]
@@ -113,8 +118,9 @@ def test_a_worker_writes_json_lines_with_the_runs_context(stack: Stack) -> None:
     res = stack.cli("send", "main@local", "$ echo logged", "--wait", "90")
     assert res.returncode == 0, res.stderr + stack.worker_logs()
     [run] = list_runs(stack.db, chat_jid="main@local")
-    wait_until(lambda: f'"run_id": "{run.id}"' in stack.logs[0].read_text(), 30, "the run's end logged",
-               stack.worker_logs)
+    wait_until(
+        lambda: f'"run_id": "{run.id}"' in stack.logs[0].read_text(), 30, "the run's end logged", stack.worker_logs
+    )
     lines = [json.loads(x) for x in stack.logs[0].read_text().splitlines() if x.startswith("{")]
     assert any(x["logger"].startswith("celery") for x in lines)  # Celery's own lines, JSON too
     [ended] = [x for x in lines if x["run_id"] == run.id and "ended succeeded" in x["message"]]
@@ -143,8 +149,14 @@ def test_a_worker_serves_the_metrics_of_its_pool_children(stack: Stack) -> None:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             return r.read().decode().splitlines()
 
-    wanted = ['orchestrator_runs_finished_total{state="succeeded"} 1.0',
-              'orchestrator_container_start_seconds_count{mode="cold"} 1.0']
-    wait_until(lambda: all(w in scrape() for w in wanted), 30, f"{wanted} on /metrics",
-               lambda: "\n".join(scrape()) + stack.worker_logs())
-    assert 'orchestrator_runs_started_total 1.0' in scrape()
+    wanted = [
+        'orchestrator_runs_finished_total{state="succeeded"} 1.0',
+        'orchestrator_container_start_seconds_count{mode="cold"} 1.0',
+    ]
+    wait_until(
+        lambda: all(w in scrape() for w in wanted),
+        30,
+        f"{wanted} on /metrics",
+        lambda: "\n".join(scrape()) + stack.worker_logs(),
+    )
+    assert "orchestrator_runs_started_total 1.0" in scrape()

@@ -32,8 +32,7 @@ from tests.fakes.channel import RecordingChannel, attach_recorder
 
 @pytest.fixture
 def faulty(settings: Settings, db: Database, faulty_image: str) -> tuple[Pipeline, RecordingChannel]:
-    s = settings.replace(**{"agent_image": faulty_image, "run_timeout_s": 4.0, "retry_base_s": 0.05, "max_attempts": 3}
-    )
+    s = settings.replace(**{"agent_image": faulty_image, "run_timeout_s": 4.0, "retry_base_s": 0.05, "max_attempts": 3})
     s.ensure_dirs()
     ensure_main_group(db)
     rec = attach_recorder(db, "main@local")
@@ -41,7 +40,9 @@ def faulty(settings: Settings, db: Database, faulty_image: str) -> tuple[Pipelin
 
 
 def _say(p: Pipeline, text: str) -> StoredMessage:
-    return ingest(p.db, p.settings, IncomingMessage(chat_jid="main@local", sender="u", content=text), signal=None).message
+    return ingest(
+        p.db, p.settings, IncomingMessage(chat_jid="main@local", sender="u", content=text), signal=None
+    ).message
 
 
 def _no_containers_left(p: Pipeline) -> bool:
@@ -95,13 +96,19 @@ def test_the_token_budget_is_the_runs_across_its_retries(faulty: tuple[Pipeline,
     p, _ = faulty
     fake = FakeAnthropic(message([{"type": "text", "text": "spent"}], "end_turn", n=90))  # 900 in + 90 out
     with fake.serve() as base_url:
-        p.settings = p.settings.replace(**{
-            "model": "anthropic:claude-fake-1", "anthropic_base_url": base_url, "anthropic_api_key": "k",
-            "run_token_budget": 1000, "max_tokens": 16, "max_attempts": 2,
-            # The Anthropic SDK's import alone takes seconds of CPU on a loaded
-            # 2-core machine: the fixture's 4 s limit is for the hang tests.
-            "run_timeout_s": 60,
-        })
+        p.settings = p.settings.replace(
+            **{
+                "model": "anthropic:claude-fake-1",
+                "anthropic_base_url": base_url,
+                "anthropic_api_key": "k",
+                "run_token_budget": 1000,
+                "max_tokens": 16,
+                "max_attempts": 2,
+                # The Anthropic SDK's import alone takes seconds of CPU on a loaded
+                # 2-core machine: the fixture's 4 s limit is for the hang tests.
+                "run_timeout_s": 60,
+            }
+        )
         _say(p, "spend-crash")
         [outcome] = p.drain_group("main@local")
     run = outcome.run
@@ -169,7 +176,9 @@ def test_sweeper_closes_a_dead_workers_run(settings: Settings, db: Database) -> 
     # A run that died before replying: closed, and its message stays pending.
     msg = ingest(db, settings, IncomingMessage(chat_jid="main@local", sender="u", content="hi"), signal=None).message
     assert leases.acquire(db, "main@local", "dead-worker", 0.1)
-    quiet = create_run(db, chat_jid="main@local", cursor_from=0, cursor_to=msg.seq, celery_task_id=None, owner="dead-worker")
+    quiet = create_run(
+        db, chat_jid="main@local", cursor_from=0, cursor_to=msg.seq, celery_task_id=None, owner="dead-worker"
+    )
     time.sleep(0.2)
     report = sweep(db, signal=signals.append)
     assert report.interrupted_runs == [quiet.id] and signals == ["main@local"]
@@ -178,9 +187,20 @@ def test_sweeper_closes_a_dead_workers_run(settings: Settings, db: Database) -> 
 
     # A run that died after replying: closed, cursor moved on, host message.
     assert leases.acquire(db, "main@local", "dead-worker-2", 0.1)
-    loud = create_run(db, chat_jid="main@local", cursor_from=0, cursor_to=msg.seq, celery_task_id=None, owner="dead-worker-2")
-    store_message_direct(db=db, id=f"{loud.id}-0001", chat_jid="main@local", sender="bot", sender_name="Andy",
-                         content="partial", timestamp=now_iso(), is_from_me=True, message_type="assistant")
+    loud = create_run(
+        db, chat_jid="main@local", cursor_from=0, cursor_to=msg.seq, celery_task_id=None, owner="dead-worker-2"
+    )
+    store_message_direct(
+        db=db,
+        id=f"{loud.id}-0001",
+        chat_jid="main@local",
+        sender="bot",
+        sender_name="Andy",
+        content="partial",
+        timestamp=now_iso(),
+        is_from_me=True,
+        message_type="assistant",
+    )
     time.sleep(0.2)
     signals.clear()
     report = sweep(db, signal=signals.append)
@@ -192,6 +212,8 @@ def test_sweeper_closes_a_dead_workers_run(settings: Settings, db: Database) -> 
 
     # A live run (lease held and fresh) is left alone.
     assert leases.acquire(db, "main@local", "live-worker", 30)
-    live = create_run(db, chat_jid="main@local", cursor_from=msg.seq, cursor_to=msg.seq, celery_task_id=None, owner="live-worker")
+    live = create_run(
+        db, chat_jid="main@local", cursor_from=msg.seq, cursor_to=msg.seq, celery_task_id=None, owner="live-worker"
+    )
     assert sweep(db, signal=signals.append).interrupted_runs == []
     assert get_run(db, live.id).state == "queued"

@@ -34,10 +34,16 @@ def test_flower_sees_the_worker_and_its_tasks(stack: Stack) -> None:
     port = _free_port()
     log = stack.settings.data_dir.parent / "flower.log"
     with open(log, "wb") as fh:
-        flower = subprocess.Popen([str(BIN / "orchestrator"), "flower", "--port", str(port)], env=stack.env,
-                                  stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        flower = subprocess.Popen(
+            [str(BIN / "orchestrator"), "flower", "--port", str(port)],
+            env=stack.env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
+
         def workers() -> dict:  # type: ignore[type-arg]
             try:
                 return _get(f"{base}/api/workers?refresh=1")  # type: ignore[return-value]
@@ -58,8 +64,12 @@ def test_flower_sees_the_worker_and_its_tasks(stack: Stack) -> None:
             tasks = _get(f"{base}/api/tasks")
             return [t for t in tasks.values() if t["name"] == "workers.tasks.drain_group"]  # type: ignore[union-attr]
 
-        wait_until(lambda: any(t["state"] == "SUCCESS" for t in drain_tasks()), 30,
-                   "Flower to show the finished drain task", log.read_text)
+        wait_until(
+            lambda: any(t["state"] == "SUCCESS" for t in drain_tasks()),
+            30,
+            "Flower to show the finished drain task",
+            log.read_text,
+        )
         task = next(t for t in drain_tasks() if t["state"] == "SUCCESS")
         assert "main@local" in task["args"]
         assert any(name.startswith("test") for name in workers())
@@ -93,12 +103,18 @@ def test_flower_with_a_login_refuses_whoever_has_none(stack: Stack) -> None:
     log = stack.settings.data_dir.parent / "flower-login.log"
     env = {**stack.env, "ORCHESTRATOR_FLOWER_BASIC_AUTH": "ops:s3cret-word"}
     with open(log, "wb") as fh:
-        flower = subprocess.Popen([str(BIN / "orchestrator"), "flower", "--port", str(port)], env=env,
-                                  stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        flower = subprocess.Popen(
+            [str(BIN / "orchestrator"), "flower", "--port", str(port)],
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: _status(f"{base}/healthcheck", "ops:s3cret-word") == 200, 60, "Flower to answer",
-                   log.read_text)
+        wait_until(
+            lambda: _status(f"{base}/healthcheck", "ops:s3cret-word") == 200, 60, "Flower to answer", log.read_text
+        )
         assert "s3cret-word" not in " ".join(psutil.Process(flower.pid).cmdline())
         for path in ("/", "/api/workers", "/api/tasks"):
             assert _status(base + path) == 401, path

@@ -50,8 +50,9 @@ class Box:
 
     def ask(self, text: str, **settings: Any) -> tuple[RunOutcome, list[StoredMessage]]:
         pipeline = Pipeline(self.settings.replace(**settings), self.db, ChannelRegistry([RecordingChannel()]))
-        sent = ingest(self.db, self.settings, IncomingMessage(chat_jid=CHAT, sender="u", content=text),
-                      signal=None).message
+        sent = ingest(
+            self.db, self.settings, IncomingMessage(chat_jid=CHAT, sender="u", content=text), signal=None
+        ).message
         (outcome,) = pipeline.drain_group(CHAT)
         return outcome, get_messages_after(CHAT, sent.seq, db=self.db)
 
@@ -59,8 +60,9 @@ class Box:
 @pytest.fixture
 def box(tmp_path_factory: pytest.TempPathFactory, agent_image: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Box]:
     base = tmp_path_factory.mktemp("allow").resolve()
-    settings = Settings.load(data_dir=base / "data", agent_image=agent_image, run_timeout_s=180, max_attempts=1,
-                             env_file=None)
+    settings = Settings.load(
+        data_dir=base / "data", agent_image=agent_image, run_timeout_s=180, max_attempts=1, env_file=None
+    )
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
     db.migrate()
@@ -86,9 +88,15 @@ def _tool_results(outputs: list[StoredMessage]) -> list[str]:
 def test_the_pinned_claude_code_cli_passes_the_gateway(box: Box, claude_code_image: str, model: str) -> None:
     fake = FakeAnthropic(*([anthropic_model] * 20))
     with fake.serve() as upstream:
-        outcome, outputs = box.ask(PROMPT, model=f"claude-code:{model}", anthropic_base_url=upstream,
-                                   anthropic_api_key=KEY, max_tokens=4096, thinking_budget=1024,
-                                   container_memory="1g")
+        outcome, outputs = box.ask(
+            PROMPT,
+            model=f"claude-code:{model}",
+            anthropic_base_url=upstream,
+            anthropic_api_key=KEY,
+            max_tokens=4096,
+            thinking_budget=1024,
+            container_memory="1g",
+        )
 
     assert outcome.run.state == "succeeded", outcome.run.error
     assert box.refusals == []  # nothing the CLI sent was refused
@@ -130,26 +138,35 @@ EOF"""
 
 def _after_the_program(rec: Recorded) -> Reply:
     printed = next(b["content"] for b in rec.body["messages"][-1]["content"] if b["type"] == "tool_result")
-    return message([{"type": "text", "text": "said: " + " ".join(line.split("|")[0].strip()
-                                                                 for line in printed.splitlines())}], "end_turn", n=2)
+    return message(
+        [{"type": "text", "text": "said: " + " ".join(line.split("|")[0].strip() for line in printed.splitlines())}],
+        "end_turn",
+        n=2,
+    )
 
 
 def test_the_agents_own_requests_for_the_network_are_refused(box: Box) -> None:
     fake = FakeAnthropic(
-        message([{"type": "tool_use", "id": "toolu_a1", "name": "bash", "input": {"command": POST_ON_THE_SOCKET}}],
-                "tool_use", n=1),
+        message(
+            [{"type": "tool_use", "id": "toolu_a1", "name": "bash", "input": {"command": POST_ON_THE_SOCKET}}],
+            "tool_use",
+            n=1,
+        ),
         _after_the_program,
     )
     with fake.serve() as upstream:
-        outcome, outputs = box.ask("go", model="anthropic:claude-fake-1", anthropic_base_url=upstream,
-                                   anthropic_api_key=KEY, max_tokens=1024)
+        outcome, outputs = box.ask(
+            "go", model="anthropic:claude-fake-1", anthropic_base_url=upstream, anthropic_api_key=KEY, max_tokens=1024
+        )
 
     assert outcome.run.state == "succeeded", outcome.run.error
     (printed,) = _tool_results(outputs)
     said = {line.split()[0]: line.split("|")[0].split()[1:] for line in printed.splitlines() if "|" in line}
     assert said == {
-        "mcp_servers": ["403", "field_not_allowed"], "escaped": ["403", "field_not_allowed"],
-        "web_fetch": ["403", "tool_not_allowed"], "web_search": ["403", "tool_not_allowed"],
+        "mcp_servers": ["403", "field_not_allowed"],
+        "escaped": ["403", "field_not_allowed"],
+        "web_fetch": ["403", "tool_not_allowed"],
+        "web_search": ["403", "tool_not_allowed"],
         "beta": ["403", "beta_not_allowed"],
     }, printed
     assert "'mcp_servers'" in printed and "'web_fetch_20250910'" in printed and "'mcp-client-2025-04-04'" in printed
@@ -157,5 +174,10 @@ def test_the_agents_own_requests_for_the_network_are_refused(box: Box) -> None:
     assert len(fake.calls) == 2 and [c.path for c in fake.calls] == ["/v1/messages"] * 2
     assert all(set(c.body) <= {"model", "max_tokens", "messages", "system", "tools", "stream"} for c in fake.calls)
     assert not any("anthropic-beta" in c.headers for c in fake.calls)
-    assert [kind for _, kind, _ in box.refusals] == ["field_not_allowed", "field_not_allowed", "tool_not_allowed",
-                                                     "tool_not_allowed", "beta_not_allowed"]
+    assert [kind for _, kind, _ in box.refusals] == [
+        "field_not_allowed",
+        "field_not_allowed",
+        "tool_not_allowed",
+        "tool_not_allowed",
+        "beta_not_allowed",
+    ]

@@ -120,8 +120,9 @@ def _final_answer(rec: Recorded) -> Reply:
 def test_a_thousand_connections_from_the_sandbox_leave_the_host_bounded(stack: Stack) -> None:
     sampler = Sampler()
     fake = FakeAnthropic(
-        message([{"type": "tool_use", "id": "toolu_flood", "name": "bash", "input": {"command": COMMAND}}],
-                "tool_use", n=1),
+        message(
+            [{"type": "tool_use", "id": "toolu_flood", "name": "bash", "input": {"command": COMMAND}}], "tool_use", n=1
+        ),
         _final_answer,
         on_request=sampler.start,
     )
@@ -138,8 +139,10 @@ def test_a_thousand_connections_from_the_sandbox_leave_the_host_bounded(stack: S
     answers = [r["content"] for r in replies if r["message_type"] == "assistant" and r["sender"] == "bot"]
     assert len(answers) == 1 and answers[0].startswith("done: flood opened=1000"), (replies, logs)
     counts: dict[str, Any] = dict(kv.split("=") for kv in answers[0].split()[3:])
-    print(f"\nflood from the sandbox: {counts}; worker threads {sampler.base[0]} -> peak {sampler.peak[0]}, "
-          f"RSS {sampler.base[1]} -> peak {sampler.peak[1]} KiB")
+    print(
+        f"\nflood from the sandbox: {counts}; worker threads {sampler.base[0]} -> peak {sampler.peak[0]}, "
+        f"RSS {sampler.base[1]} -> peak {sampler.peak[1]} KiB"
+    )
 
     # The gateway answered those it served (400: a negative length) and
     # closed the rest at once; none reached the model API.

@@ -53,11 +53,15 @@ class Arena:
     def workspace(self) -> Path:
         return self.settings.groups_dir / "alpha"
 
-    def ask(self, text: str, metadata: dict[str, object] | None = None,
-            state: str = "succeeded") -> tuple[RunOutcome, list[StoredMessage]]:
-        sent = ingest(self.db, self.settings,
-                      IncomingMessage(chat_jid=JID, sender="u", content=text, metadata=metadata),
-                      signal=None).message
+    def ask(
+        self, text: str, metadata: dict[str, object] | None = None, state: str = "succeeded"
+    ) -> tuple[RunOutcome, list[StoredMessage]]:
+        sent = ingest(
+            self.db,
+            self.settings,
+            IncomingMessage(chat_jid=JID, sender="u", content=text, metadata=metadata),
+            signal=None,
+        ).message
         outcomes = self.pipeline.drain_group(JID)
         assert [o.run.state for o in outcomes] == [state], [o.run.error for o in outcomes]
         return outcomes[0], get_messages_after(JID, sent.seq, db=self.db)
@@ -69,8 +73,12 @@ class Arena:
 
 def _arena(base: Path, agent_image: str, warm_idle_s: float) -> Iterator[Arena]:
     settings = Settings.load(
-        data_dir=base / "data", agent_image=agent_image, run_timeout_s=60, max_attempts=1,
-        warm_idle_s=warm_idle_s, env_file=None,
+        data_dir=base / "data",
+        agent_image=agent_image,
+        run_timeout_s=60,
+        max_attempts=1,
+        warm_idle_s=warm_idle_s,
+        env_file=None,
     )
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
@@ -215,8 +223,7 @@ def test_a_symlink_at_the_runner_socket_does_not_redirect_the_host(warm: Arena) 
     listener.start()
     try:
         _, outputs = warm.ask(
-            f"$ rm -f .orchestrator/agent.sock; ln -sf {trap} .orchestrator/agent.sock; "
-            "ls -la .orchestrator/"
+            f"$ rm -f .orchestrator/agent.sock; ln -sf {trap} .orchestrator/agent.sock; ls -la .orchestrator/"
         )
         assert "agent.sock ->" in _tool_outputs(outputs)[0]
         _, outputs = warm.ask("second run with a secret word: swordfish")
@@ -234,16 +241,22 @@ def test_the_gateway_folder_is_read_only_for_the_agent(cold: Arena) -> None:
     target = cold.base / "host-file"
     target.write_text("host")
     os.chmod(target, 0o600)
-    probe = (f"ls -la /run/gateway; ln -s {target} /run/gateway/evil; rm -f /run/gateway/model.sock; "
-             "touch /run/gateway/x; test -S /run/gateway/model.sock && echo socket-intact")
+    probe = (
+        f"ls -la /run/gateway; ln -s {target} /run/gateway/evil; rm -f /run/gateway/model.sock; "
+        "touch /run/gateway/x; test -S /run/gateway/model.sock && echo socket-intact"
+    )
     fake = FakeAnthropic(
         message([{"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"command": probe}}], "tool_use", n=1),
         message([{"type": "text", "text": "done"}], "end_turn", n=2),
     )
     with fake.serve() as base_url:
-        cold.pipeline.settings = cold.settings.replace(**{
-            "model": "anthropic:claude-fake-1", "anthropic_base_url": base_url, "anthropic_api_key": "k",
-        })
+        cold.pipeline.settings = cold.settings.replace(
+            **{
+                "model": "anthropic:claude-fake-1",
+                "anthropic_base_url": base_url,
+                "anthropic_api_key": "k",
+            }
+        )
         _, outputs = cold.ask("probe the gateway folder")
     [out] = _tool_outputs(outputs)
     assert out.count("Read-only file system") >= 3, out
@@ -265,9 +278,13 @@ def test_a_symlink_where_the_gateway_socket_used_to_be_is_ignored(warm: Arena) -
     assert "Read-only file system" in _tool_outputs(outputs)[0]
     fake = FakeAnthropic(message([{"type": "text", "text": "hello through the gateway"}], "end_turn", n=1))
     with fake.serve() as base_url:
-        warm.pipeline.settings = warm.settings.replace(**{
-            "model": "anthropic:claude-fake-1", "anthropic_base_url": base_url, "anthropic_api_key": "k",
-        })
+        warm.pipeline.settings = warm.settings.replace(
+            **{
+                "model": "anthropic:claude-fake-1",
+                "anthropic_base_url": base_url,
+                "anthropic_api_key": "k",
+            }
+        )
         _, outputs = warm.ask("hi")
     assert "hello through the gateway" in _reply(outputs)
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o600
@@ -278,8 +295,9 @@ def test_a_symlink_where_the_gateway_socket_used_to_be_is_ignored(warm: Arena) -
 
 def test_a_fifo_as_a_context_file_does_not_hang_the_run(cold: Arena) -> None:
     cold.ask("$ mkfifo pipe && ln -s /etc/shadow shadow && echo made")
-    outcome, outputs = cold.ask("look", {"context": [{"type": "file", "path": "pipe"},
-                                                     {"type": "file", "path": "shadow"}]})
+    outcome, outputs = cold.ask(
+        "look", {"context": [{"type": "file", "path": "pipe"}, {"type": "file", "path": "shadow"}]}
+    )
     recorded = _model_view(cold, outcome)
     assert "<path>pipe</path>\n<error>[Error: is not a regular file (FIFO, socket or device)]" in recorded
     assert "<path>shadow</path>\n<error>[Error: a symlink (never followed)]" in recorded

@@ -50,8 +50,10 @@ def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stack]:
             redis.Redis.from_url(url).flushdb()
             env["ORCHESTRATOR_BROKER_URL"] = url
         settings = Settings.load(
-            data_dir=data_dir, database_url=env.get("ORCHESTRATOR_DATABASE_URL", ""),
-            broker_url=env.get("ORCHESTRATOR_BROKER_URL", ""), env_file=None,
+            data_dir=data_dir,
+            database_url=env.get("ORCHESTRATOR_DATABASE_URL", ""),
+            broker_url=env.get("ORCHESTRATOR_BROKER_URL", ""),
+            env_file=None,
         )
         yield from _run_stack(request, settings, env)
 
@@ -83,8 +85,9 @@ def test_a_worker_registers_beats_and_stops_its_host(fleet: Stack) -> None:
     assert (a["pid"], a["concurrency"], a["version"]) == (worker.pid, 2, __version__)
     assert a["stopped_at"] is None and a["heartbeat_age_s"] < 15
     # A few beats later (every 3 s): the beat moved on, still the same process's row.
-    wait_until(lambda: _hosts(fleet)["host-a"]["heartbeat_at"] != a["heartbeat_at"], 30, "a later heartbeat",
-               fleet.worker_logs)
+    wait_until(
+        lambda: _hosts(fleet)["host-a"]["heartbeat_at"] != a["heartbeat_at"], 30, "a later heartbeat", fleet.worker_logs
+    )
     later = _hosts(fleet)["host-a"]
     assert (later["instance"], later["pid"], later["started_at"]) == (a["instance"], worker.pid, a["started_at"])
     assert later["warm_containers"] == 0  # counted on this host's Docker engine: none of this install's
@@ -117,5 +120,9 @@ def test_a_killed_worker_is_dead_once_the_window_passes(fleet: Stack) -> None:
     assert dead["state"] == "up" and dead["heartbeat_age_s"] >= 2
     # Its restart (same id, a new process) takes the row at once.
     again = _start(fleet, "host-b")
-    wait_until(lambda: _hosts(fleet)["host-b"]["pid"] == again.pid and _alive(fleet, "host-b"), 90,
-               "host-b back", fleet.worker_logs)
+    wait_until(
+        lambda: _hosts(fleet)["host-b"]["pid"] == again.pid and _alive(fleet, "host-b"),
+        90,
+        "host-b back",
+        fleet.worker_logs,
+    )

@@ -54,14 +54,26 @@ def test_typed_history_and_what_the_model_saw(stack: Stack) -> None:
     (workspace / "seed.txt").write_text("seed facts\n")
     stack.start_worker()
 
-    replies = _send(stack, FIRST, {"context": [
-        {"type": "file", "path": "seed.txt"}, {"type": "selection", "text": "a picked line", "path": "x.py"}]})
+    replies = _send(
+        stack,
+        FIRST,
+        {
+            "context": [
+                {"type": "file", "path": "seed.txt"},
+                {"type": "selection", "text": "a picked line", "path": "x.py"},
+            ]
+        },
+    )
     results = [r for r in replies if r["message_type"] == "tool_result"]
     kinds = [(r["metadata"]["message_type"], r["metadata"]["exit_code"]) for r in results]
     assert kinds == [("CODE_EDIT", 0), ("TODO", 0), ("TOOL_CALL", 0)]
     edit = results[0]["metadata"]["payload"]["edits"][0]
     assert (edit["file_path"], edit["old_content"], edit["new_content"], edit["language"]) == (
-        "notes.md", None, "hello notes\n", "markdown")
+        "notes.md",
+        None,
+        "hello notes\n",
+        "markdown",
+    )
     assert [t["status"] for t in results[1]["metadata"]["payload"]["todos"]] == ["completed", "in_progress", "pending"]
     call = results[2]["metadata"]["payload"]
     assert call["tool_name"] == "bash" and call["input"] == {"command": "cat notes.md"}
@@ -69,9 +81,17 @@ def test_typed_history_and_what_the_model_saw(stack: Stack) -> None:
     assert (workspace / "notes.md").read_text() == "hello notes\n"  # the agent really wrote it
 
     # An operational message for people, between the runs.
-    store_message_direct(db=stack.db, id="host-1", chat_jid=JID, sender="host", sender_name="host",
-                         content="⚠️ maintenance at noon", timestamp=datetime.now(UTC).isoformat(),
-                         is_from_me=True, message_type="host")
+    store_message_direct(
+        db=stack.db,
+        id="host-1",
+        chat_jid=JID,
+        sender="host",
+        sender_name="host",
+        content="⚠️ maintenance at noon",
+        timestamp=datetime.now(UTC).isoformat(),
+        is_from_me=True,
+        message_type="host",
+    )
     _send(stack, "what is in the notes?", {"context": [{"type": "file", "path": "notes.md"}]})
 
     runs = list_runs(stack.db, chat_jid=JID)
@@ -104,8 +124,14 @@ def test_typed_history_and_what_the_model_saw(stack: Stack) -> None:
     assert regen.returncode == 0, regen.stderr
     from tests.conftest import wait_until
 
-    wait_until(lambda: len(list_runs(stack.db, chat_jid=JID)) == 3 and list_runs(stack.db, chat_jid=JID)[0].state
-               == "succeeded", 90, "the regenerated run", stack.worker_logs)
+    wait_until(
+        lambda: (
+            len(list_runs(stack.db, chat_jid=JID)) == 3 and list_runs(stack.db, chat_jid=JID)[0].state == "succeeded"
+        ),
+        90,
+        "the regenerated run",
+        stack.worker_logs,
+    )
     third = _input_of(stack, list_runs(stack.db, chat_jid=JID)[0].id)
     assert third["messages"] == second["messages"]
     shown = get_messages_after(JID, 0, db=stack.db)

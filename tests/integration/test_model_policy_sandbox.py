@@ -16,8 +16,8 @@ import json
 from typing import Any
 
 import pytest
-from agent_runner.protocol import SdkToolUse
 
+from agent_runner.protocol import SdkToolUse
 from orchestrator.model.views import format_messages_for_sdk
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
@@ -31,7 +31,7 @@ MODEL = "claude-fake-1"
 DEAR = "claude-opus-4-1"
 # Run inside the container: the agent's own request, on the socket its runner uses.
 ASK_FOR_ANOTHER_MODEL = (
-    "python3 -c \"import http.client,json,socket\n"
+    'python3 -c "import http.client,json,socket\n'
     "class C(http.client.HTTPConnection):\n"
     "    def connect(self):\n"
     "        self.sock = socket.socket(socket.AF_UNIX); self.sock.connect('/run/gateway/model.sock')\n"
@@ -47,24 +47,39 @@ ASK_FOR_ANOTHER_MODEL = (
 def _final(rec: Recorded) -> tuple[int, dict[str, Any], dict[str, str]]:
     printed = next(b["content"] for b in rec.body["messages"][-1]["content"] if b["type"] == "tool_result")
     said = next(line for line in printed.splitlines() if line.startswith("gateway said"))
-    return message([{"type": "thinking", "thinking": "Refused, as it should be.", "signature": "s2"},
-                    {"type": "text", "text": f"done: {said}"}], "end_turn", n=2)
+    return message(
+        [
+            {"type": "thinking", "thinking": "Refused, as it should be.", "signature": "s2"},
+            {"type": "text", "text": f"done: {said}"},
+        ],
+        "end_turn",
+        n=2,
+    )
 
 
 @pytest.mark.parametrize("stack", ["embedded"], indirect=True)
 def test_a_containers_request_for_another_model_is_refused(stack: Stack) -> None:
     fake = FakeAnthropic(
-        message([{"type": "thinking", "thinking": "Let me try the dearer model.", "signature": "s1"},
-                 {"type": "tool_use", "id": "toolu_p1", "name": "bash", "input": {"command": ASK_FOR_ANOTHER_MODEL}}],
-                "tool_use", n=1),
+        message(
+            [
+                {"type": "thinking", "thinking": "Let me try the dearer model.", "signature": "s1"},
+                {"type": "tool_use", "id": "toolu_p1", "name": "bash", "input": {"command": ASK_FOR_ANOTHER_MODEL}},
+            ],
+            "tool_use",
+            n=1,
+        ),
         _final,
     )
     with fake.serve() as base_url:
-        stack.env.update({
-            "ORCHESTRATOR_MODEL": f"anthropic:{MODEL}", "ORCHESTRATOR_ANTHROPIC_BASE_URL": base_url,
-            "ORCHESTRATOR_ANTHROPIC_API_KEY": "sk-policy-secret", "ORCHESTRATOR_MAX_TOKENS": "2048",
-            "ORCHESTRATOR_THINKING_BUDGET": "1024",
-        })
+        stack.env.update(
+            {
+                "ORCHESTRATOR_MODEL": f"anthropic:{MODEL}",
+                "ORCHESTRATOR_ANTHROPIC_BASE_URL": base_url,
+                "ORCHESTRATOR_ANTHROPIC_API_KEY": "sk-policy-secret",
+                "ORCHESTRATOR_MAX_TOKENS": "2048",
+                "ORCHESTRATOR_THINKING_BUDGET": "1024",
+            }
+        )
         stack.start_worker()
         ensure_main_group(stack.db)
         res = stack.cli("send", CHAT, "try another model", "--wait", "120", "--json")
@@ -86,14 +101,19 @@ def test_a_containers_request_for_another_model_is_refused(stack: Stack) -> None
 
     # Thinking stored, never delivered and never in the model's view; the run's record last.
     assert [m.content for m in history if m.sender == "thinking"] == [
-        "Let me try the dearer model.", "Refused, as it should be."]
+        "Let me try the dearer model.",
+        "Refused, as it should be.",
+    ]
     assert history[-1].sender == "result_meta"
     meta = history[-1].metadata or {}
     (run,) = list_runs(stack.db, chat_jid=CHAT)
     assert run.state == "succeeded", (run.error, logs)
     assert (meta["model"], meta["state"], meta["stop_reason"], meta["num_turns"]) == (MODEL, "succeeded", "end_turn", 2)
-    assert (meta["usage"]["input_tokens"], meta["usage"]["output_tokens"]) == fake.usage() == (
-        run.input_tokens, run.output_tokens)
+    assert (
+        (meta["usage"]["input_tokens"], meta["usage"]["output_tokens"])
+        == fake.usage()
+        == (run.input_tokens, run.output_tokens)
+    )
     assert meta["cost_usd"] is None  # no price for a fake model: no guess
     view = format_messages_for_sdk(history)
     # The tool call comes back as the model made it (continuity); no thinking, no record.

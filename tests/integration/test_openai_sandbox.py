@@ -46,15 +46,17 @@ class ContainerProbe:
             for container in docker.from_env().containers.list(filters={"label": labels}):
                 config = container.attrs["Config"]
                 code, output = container.exec_run(["sh", "-c", "env; tr '\\0' '\\n' < /proc/1/environ"])
-                self.seen.append({
-                    "name": container.name,
-                    "env": config.get("Env") or [],
-                    "cmd": config.get("Cmd") or [],
-                    "entrypoint": config.get("Entrypoint") or [],
-                    "args": container.attrs.get("Args") or [],
-                    "exec_code": code,
-                    "exec_output": output.decode("utf-8", "replace"),
-                })
+                self.seen.append(
+                    {
+                        "name": container.name,
+                        "env": config.get("Env") or [],
+                        "cmd": config.get("Cmd") or [],
+                        "entrypoint": config.get("Entrypoint") or [],
+                        "args": container.attrs.get("Args") or [],
+                        "exec_code": code,
+                        "exec_output": output.decode("utf-8", "replace"),
+                    }
+                )
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
 

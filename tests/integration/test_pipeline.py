@@ -9,8 +9,8 @@ from pathlib import Path
 
 import docker
 import pytest
-from agent_runner.protocol import ContainerInput
 
+from agent_runner.protocol import ContainerInput
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.model.views import format_messages_for_sdk
@@ -27,13 +27,14 @@ from tests.fakes.channel import RecordingChannel, attach_recorder
 
 
 @pytest.fixture
-def pipe(
-    tmp_path: Path, agent_image: str, database_url: str
-) -> Iterator[tuple[Pipeline, Database, RecordingChannel]]:
+def pipe(tmp_path: Path, agent_image: str, database_url: str) -> Iterator[tuple[Pipeline, Database, RecordingChannel]]:
     # database_url is parametrized (tests/conftest.py): SQLite or a fresh PostgreSQL database.
     settings = Settings.load(
-        data_dir=tmp_path / "data", agent_image=agent_image, run_timeout_s=4,
-        database_url=database_url, env_file=None,
+        data_dir=tmp_path / "data",
+        agent_image=agent_image,
+        run_timeout_s=4,
+        database_url=database_url,
+        env_file=None,
     )
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
@@ -45,8 +46,9 @@ def pipe(
 
 
 def _say(pipeline: Pipeline, db: Database, text: str) -> StoredMessage:
-    return ingest(db, pipeline.settings, IncomingMessage(chat_jid="main@local", sender="u", content=text),
-                  signal=None).message
+    return ingest(
+        db, pipeline.settings, IncomingMessage(chat_jid="main@local", sender="u", content=text), signal=None
+    ).message
 
 
 def _managed_containers(pipeline: Pipeline) -> list[object]:
@@ -64,7 +66,9 @@ def test_run_stores_and_delivers_in_order(pipe: tuple[Pipeline, Database, Record
     # The person's message, then every output but the stored-only records (tool_use, the
     # run's result_meta last), in order.
     assert stored[-1].sender == "result_meta"
-    assert [m.seq for m in rec.sent] == [sent.seq] + [m.seq for m in stored if m.sender not in ("tool_use", "result_meta")]
+    assert [m.seq for m in rec.sent] == [sent.seq] + [
+        m.seq for m in stored if m.sender not in ("tool_use", "result_meta")
+    ]
     rendered = rec.rendered
     assert rendered[0] == "u: $ printf 'a\\nb\\n'"
     assert rendered[1].startswith("🔧 ✅ exit 0 · bash") and "a\nb" in rendered[1]
@@ -147,10 +151,24 @@ def test_scheduled_tasks_run_as_ordinary_runs_in_their_context_mode(
     _say(pipeline, db, "remember: the answer is blue")
     pipeline.drain_group("main@local")
     now = datetime.now(UTC)
-    add_task(db, chat_jid="main@local", prompt="$ echo isolated-task", kind="interval", spec="1m",
-             context_mode="isolated", now=now - timedelta(minutes=2))
-    add_task(db, chat_jid="main@local", prompt="$ echo group-task", kind="interval", spec="1m",
-             context_mode="group", now=now - timedelta(minutes=2))
+    add_task(
+        db,
+        chat_jid="main@local",
+        prompt="$ echo isolated-task",
+        kind="interval",
+        spec="1m",
+        context_mode="isolated",
+        now=now - timedelta(minutes=2),
+    )
+    add_task(
+        db,
+        chat_jid="main@local",
+        prompt="$ echo group-task",
+        kind="interval",
+        spec="1m",
+        context_mode="group",
+        now=now - timedelta(minutes=2),
+    )
     assert len(fire_due(db, signal=None, now=now)) == 2
     outcomes = pipeline.drain_group("main@local")
     assert [o.run.state for o in outcomes] == ["succeeded", "succeeded"]  # one run each, same records

@@ -63,9 +63,14 @@ def _worker(stack: Stack, host: str) -> subprocess.Popen[bytes]:
     """A worker of ``host`` in its own session (a SIGKILL takes its pool too)."""
     log = stack.settings.data_dir.parent / f"worker-{host}-{len(stack.procs)}.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(worker_argv(2, name=f"{host}@%h"), env=stack.env | {"ORCHESTRATOR_HOST_ID": host},
-                                stdout=fh, stderr=subprocess.STDOUT, cwd=stack.settings.data_dir.parent,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            worker_argv(2, name=f"{host}@%h"),
+            env=stack.env | {"ORCHESTRATOR_HOST_ID": host},
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd=stack.settings.data_dir.parent,
+            start_new_session=True,
+        )
     stack.procs.append(proc)
     stack.logs.append(log)
     return proc
@@ -87,8 +92,9 @@ def _warm_hosts(stack: Stack, folder: str) -> list[str]:
 
 
 def _send(stack: Stack, root: Orchestrator, jid: str, text: str) -> int:
-    return ingest(stack.db, stack.settings, IncomingMessage(chat_jid=jid, sender="u", content=text),
-                  signal=root.signals.group).message.seq
+    return ingest(
+        stack.db, stack.settings, IncomingMessage(chat_jid=jid, sender="u", content=text), signal=root.signals.group
+    ).message.seq
 
 
 def _replies(stack: Stack, jid: str, after: int) -> list[str]:
@@ -103,8 +109,12 @@ def _answered(stack: Stack, jid: str, seq: int, timeout: float = 90) -> str:
 def _run_hosts(stack: Stack, jid: str) -> list[str]:
     """The host of every run of ``jid``, oldest first, once they all ended (a reply is
     stored before its run is)."""
-    wait_until(lambda: all(r.state in FINAL_STATES for r in list_runs(stack.db, chat_jid=jid, limit=100)), 30,
-               f"the runs of {jid} to end", stack.worker_logs)
+    wait_until(
+        lambda: all(r.state in FINAL_STATES for r in list_runs(stack.db, chat_jid=jid, limit=100)),
+        30,
+        f"the runs of {jid} to end",
+        stack.worker_logs,
+    )
     runs = list(reversed(list_runs(stack.db, chat_jid=jid, limit=100)))
     assert all(r.state == "succeeded" for r in runs), [(r.state, r.error) for r in runs]
     return [hosts.owner_host(r.owner) or "" for r in runs]
@@ -146,21 +156,32 @@ def test_a_groups_runs_stay_on_its_host_until_it_is_moved_or_its_host_drains(
     seq = _send(stack, root, jid, "$ echo moved")
     assert "moved" in _answered(stack, jid, seq)
     assert _run_hosts(stack, jid)[-1] == new and get_group(stack.db, jid).placed_host == new
-    wait_until(lambda: _warm_hosts(stack, folder) == [new], 20, f"{old}'s warm container of {folder} stopped",
-               stack.worker_logs)
+    wait_until(
+        lambda: _warm_hosts(stack, folder) == [new],
+        20,
+        f"{old}'s warm container of {folder} stopped",
+        stack.worker_logs,
+    )
 
     # worker --drain on the group's new host: it stops, and the other host answers the group.
-    drained = subprocess.run([str(BIN / "orchestrator"), "worker", "--drain", "--wait", "60"],
-                             env=stack.env | {"ORCHESTRATOR_HOST_ID": new}, capture_output=True, text=True,
-                             timeout=90, cwd=stack.settings.data_dir.parent)
+    drained = subprocess.run(
+        [str(BIN / "orchestrator"), "worker", "--drain", "--wait", "60"],
+        env=stack.env | {"ORCHESTRATOR_HOST_ID": new},
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=stack.settings.data_dir.parent,
+    )
     assert drained.returncode == 0 and f"host {new}: stopped" in drained.stdout, drained.stderr
     assert stack.procs[HOSTS.index(new)].wait(timeout=30) == 0
     assert not _up(stack, new)
     seq = _send(stack, root, jid, "$ echo after-drain")
     assert "after-drain" in _answered(stack, jid, seq)
     assert _run_hosts(stack, jid)[-1] == old and get_group(stack.db, jid).placed_host == old
-    print(f"PLACEMENT: 3 groups x 4 messages in {stuck:.1f} s, every group's runs on one host "
-          f"({sorted(places.values())}); moved, then drained, in {time.monotonic() - t0 - stuck:.1f} s")
+    print(
+        f"PLACEMENT: 3 groups x 4 messages in {stuck:.1f} s, every group's runs on one host "
+        f"({sorted(places.values())}); moved, then drained, in {time.monotonic() - t0 - stuck:.1f} s"
+    )
 
 
 @pytest.mark.parametrize("stack", ["fleet"], indirect=True)
@@ -191,5 +212,7 @@ def test_a_killed_hosts_group_is_answered_once_by_the_other_host_with_its_worksp
     assert _run_hosts(stack, jid) == [victim, survivor]
     assert get_group(stack.db, jid).placed_host == survivor
     assert "placed on place-a, which takes no groups now" in stack.worker_logs()
-    print(f"PLACEMENT: a SIGKILLed host's group answered by the other host {elapsed:.1f} s after the kill "
-          f"(the dead host's window is {hosts.ALIVE_WINDOW_S:.0f} s), workspace intact, once")
+    print(
+        f"PLACEMENT: a SIGKILLed host's group answered by the other host {elapsed:.1f} s after the kill "
+        f"(the dead host's window is {hosts.ALIVE_WINDOW_S:.0f} s), workspace intact, once"
+    )

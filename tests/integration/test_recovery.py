@@ -41,8 +41,9 @@ def _worker(stack: Stack) -> subprocess.Popen[bytes]:
 
 
 def _send(stack: Stack, text: str) -> int:
-    return ingest(stack.db, stack.settings, IncomingMessage(chat_jid=JID, sender="u", content=text),
-                  signal=stack.signals.group).message.seq
+    return ingest(
+        stack.db, stack.settings, IncomingMessage(chat_jid=JID, sender="u", content=text), signal=stack.signals.group
+    ).message.seq
 
 
 def _answers(stack: Stack, marker: str) -> int:
@@ -54,8 +55,11 @@ def _running(stack: Stack, seq: int) -> Run:
     found: list[Run] = []
 
     def started() -> bool:
-        found[:] = [r for r in list_runs(stack.db, chat_jid=JID, limit=5)
-                    if r.cursor_to >= seq and r.state == "running" and r.container_id]
+        found[:] = [
+            r
+            for r in list_runs(stack.db, chat_jid=JID, limit=5)
+            if r.cursor_to >= seq and r.state == "running" and r.container_id
+        ]
         return bool(found) and any(m.sender == "tool_use" for m in get_messages_after(JID, seq, db=stack.db))
 
     wait_until(started, 90, "the run to start its command", stack.worker_logs)
@@ -68,7 +72,9 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 
 def _containers_of(run_id: str) -> list[object]:
-    return docker.from_env().containers.list(all=True, filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_RUN}={run_id}"]})
+    return docker.from_env().containers.list(
+        all=True, filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_RUN}={run_id}"]}
+    )
 
 
 def _check_closed_once(stack: Stack, dead: Run, marker: str) -> None:
@@ -90,12 +96,15 @@ def test_a_new_worker_of_the_same_host_takes_a_killed_workers_group_at_once(stac
     _kill(first)
     t0 = time.monotonic()
     _worker(stack)  # same ORCHESTRATOR_HOST_ID: it may judge the dead pid
-    wait_until(lambda: _answers(stack, marker) >= 1, LEASE_TTL_S - 5, "the answer from the new worker",
-               stack.worker_logs)
+    wait_until(
+        lambda: _answers(stack, marker) >= 1, LEASE_TTL_S - 5, "the answer from the new worker", stack.worker_logs
+    )
     elapsed = time.monotonic() - t0
     time.sleep(2)  # nothing more comes
-    print(f"RECOVERY: new worker, same host id: answer stored {elapsed:.1f} s after the SIGKILL "
-          f"(lease TTL {LEASE_TTL_S:.0f} s, a 3 s command and the worker's start-up included)")
+    print(
+        f"RECOVERY: new worker, same host id: answer stored {elapsed:.1f} s after the SIGKILL "
+        f"(lease TTL {LEASE_TTL_S:.0f} s, a 3 s command and the worker's start-up included)"
+    )
     _check_closed_once(stack, dead, marker)
     assert elapsed < LEASE_TTL_S / 2
     logs = stack.worker_logs()
@@ -106,8 +115,12 @@ def test_the_other_worker_of_the_host_takes_a_killed_workers_group_at_once(stack
     stack.env["ORCHESTRATOR_HOST_ID"] = "recovery-host"
     ensure_main_group(stack.db)
     workers = [_worker(stack), _worker(stack)]
-    wait_until(lambda: all(Path(p).exists() and "ready" in Path(p).read_text(errors="replace")
-                           for p in stack.logs), 60, "both workers ready", stack.worker_logs)
+    wait_until(
+        lambda: all(Path(p).exists() and "ready" in Path(p).read_text(errors="replace") for p in stack.logs),
+        60,
+        "both workers ready",
+        stack.worker_logs,
+    )
     marker = "answered-by-the-survivor"
     seq = _send(stack, f"$ sleep 3 && echo {marker}")
     dead = _running(stack, seq)
@@ -115,11 +128,14 @@ def test_the_other_worker_of_the_host_takes_a_killed_workers_group_at_once(stack
     [victim] = [w for w in workers if pid in {c.pid for c in psutil.Process(w.pid).children(recursive=True)}]
     _kill(victim)
     t0 = time.monotonic()
-    wait_until(lambda: _answers(stack, marker) >= 1, LEASE_TTL_S - 5, "the answer from the other worker",
-               stack.worker_logs)
+    wait_until(
+        lambda: _answers(stack, marker) >= 1, LEASE_TTL_S - 5, "the answer from the other worker", stack.worker_logs
+    )
     elapsed = time.monotonic() - t0
     time.sleep(2)
-    print(f"RECOVERY: other live worker, same host id: answer stored {elapsed:.1f} s after the SIGKILL "
-          f"(lease TTL {LEASE_TTL_S:.0f} s, a 3 s command included)")
+    print(
+        f"RECOVERY: other live worker, same host id: answer stored {elapsed:.1f} s after the SIGKILL "
+        f"(lease TTL {LEASE_TTL_S:.0f} s, a 3 s command included)"
+    )
     _check_closed_once(stack, dead, marker)
     assert elapsed < LEASE_TTL_S / 3

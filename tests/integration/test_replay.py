@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from agent_runner.protocol import decode_input
 
+from agent_runner.protocol import decode_input
 from orchestrator.run.assembly import stored_input
 from orchestrator.store.groups import ensure_main_group, get_group
 from orchestrator.store.message_log import get_messages_after
@@ -61,7 +61,8 @@ def test_a_replay_against_another_model_and_its_diff(stack: Stack) -> None:
     first = fake.requests[0]
     assert first["model"] == "gpt-fake"
     assert [m["content"] for m in first["messages"] if m["role"] == "user"] == [
-        m.content for m in recorded.messages if m.role == "user"]
+        m.content for m in recorded.messages if m.role == "user"
+    ]
     assert recorded.messages[-1].content == "$ echo original > made-by-original.txt && ls"
     assert all(c.headers.get("authorization") == f"Bearer {SECRET}" for c in fake.calls)
 
@@ -78,7 +79,10 @@ def test_a_replay_against_another_model_and_its_diff(stack: Stack) -> None:
     assert get_messages_after(CHAT, 0, db=stack.db) == messages_before
     after = get_group(stack.db, CHAT)
     assert (after.cursor_seq, after.pending_seq, after.session_id) == (
-        group.cursor_seq, group.pending_seq, group.session_id)
+        group.cursor_seq,
+        group.pending_seq,
+        group.session_id,
+    )
     assert sorted(p.name for p in workspace.iterdir()) == files_before
     assert not (workspace / "replay-file.txt").exists()
     assert not any(p.name.startswith(b["run_id"]) for p in stack.settings.runs_dir.iterdir())
@@ -86,6 +90,11 @@ def test_a_replay_against_another_model_and_its_diff(stack: Stack) -> None:
     # The diff on the command line, as a table.
     shown = stack.cli("runs", "diff", original.id, b["run_id"])
     assert shown.returncode == 0, shown.stderr
-    for text in ("replayed: replay-file.txt written", REPLAY_COMMAND, "openai:gpt-fake", "offline",
-                 a["replies"][0].splitlines()[0][:40]):
+    for text in (
+        "replayed: replay-file.txt written",
+        REPLAY_COMMAND,
+        "openai:gpt-fake",
+        "offline",
+        a["replies"][0].splitlines()[0][:40],
+    ):
         assert text in shown.stdout, (text, shown.stdout)

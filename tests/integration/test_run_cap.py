@@ -49,8 +49,11 @@ def test_two_workers_never_run_more_containers_than_the_cap(stack: Stack) -> Non
         nonlocal peak, peak_waiting, samples
         while not stop.is_set():
             # The list call alone (no inspect per container: one may be gone by then).
-            running = [c for c in client.api.containers(filters={"label": labels, "status": "running"})
-                       if (c.get("Labels") or {}).get(LABEL_WARM) != "1"]
+            running = [
+                c
+                for c in client.api.containers(filters={"label": labels, "status": "running"})
+                if (c.get("Labels") or {}).get(LABEL_WARM) != "1"
+            ]
             peak = max(peak, len(running))
             peak_waiting = max(peak_waiting, len(fleet_slots(stack.db, CAP).waiting))
             samples += 1
@@ -61,13 +64,18 @@ def test_two_workers_never_run_more_containers_than_the_cap(stack: Stack) -> Non
     start = time.monotonic()
     try:
         for chat in GROUPS:  # all at once: ten groups for two slots
-            ingest(stack.db, stack.settings, IncomingMessage(chat_jid=chat, sender="ann", content="$ sleep 2"),
-                   signal=stack.signals.group)
+            ingest(
+                stack.db,
+                stack.settings,
+                IncomingMessage(chat_jid=chat, sender="ann", content="$ sleep 2"),
+                signal=stack.signals.group,
+            )
 
         def drained() -> bool:
             groups = [get_group(stack.db, chat) for chat in GROUPS]
-            return (all(g.pending_seq <= g.cursor_seq for g in groups)
-                    and all(r.finished_at is not None for r in list_runs(stack.db, limit=100)))
+            return all(g.pending_seq <= g.cursor_seq for g in groups) and all(
+                r.finished_at is not None for r in list_runs(stack.db, limit=100)
+            )
 
         wait_until(drained, 90, "every group answered", stack.worker_logs)
     finally:
@@ -77,11 +85,13 @@ def test_two_workers_never_run_more_containers_than_the_cap(stack: Stack) -> Non
     runs = list_runs(stack.db, limit=100)
     # A run that ends signals the next in line: its slot is taken again at once, not at a re-check.
     ends = sorted(r.finished_at for r in runs if r.finished_at is not None)
-    handovers = [min(r.created_at for r in runs if r.created_at > end) - end for end in ends[: -CAP]]
+    handovers = [min(r.created_at for r in runs if r.created_at > end) - end for end in ends[:-CAP]]
     slowest = max(h.total_seconds() for h in handovers)
-    print(f"RUN CAP: cap={CAP} workers=2x3 groups={len(GROUPS)} peak_containers={peak} "
-          f"peak_waiting={peak_waiting} samples={samples} runs={len(runs)} took={took:.1f}s "
-          f"slowest_handover={slowest:.2f}s")
+    print(
+        f"RUN CAP: cap={CAP} workers=2x3 groups={len(GROUPS)} peak_containers={peak} "
+        f"peak_waiting={peak_waiting} samples={samples} runs={len(runs)} took={took:.1f}s "
+        f"slowest_handover={slowest:.2f}s"
+    )
     assert peak <= CAP, f"{peak} run containers at once with a cap of {CAP}"
     assert peak == CAP  # the slots are used
     assert peak_waiting >= len(GROUPS) - CAP - 2  # the others were seen waiting in line

@@ -70,19 +70,31 @@ class Walls:
         workspace = self.settings.groups_dir / "walls"
         workspace.mkdir(parents=True, exist_ok=True)
         (workspace / "probe.py").write_text(PROBE)
-        sent = ingest(self.db, self.settings, IncomingMessage(
-            chat_jid=JID, sender="u", content="\n".join(f"$ {line}" for line in lines)), signal=None).message
+        sent = ingest(
+            self.db,
+            self.settings,
+            IncomingMessage(chat_jid=JID, sender="u", content="\n".join(f"$ {line}" for line in lines)),
+            signal=None,
+        ).message
         [outcome] = self.pipeline.drain_group(JID)
         outputs: list[StoredMessage] = get_messages_after(JID, sent.seq, db=self.db)
         return outcome, [m.content for m in outputs if m.message_type == "tool_result"]
 
 
 @pytest.fixture(params=["cold", "warm", "standby"])
-def walls(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, agent_image: str) -> Iterator[Walls]:
+def walls(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, agent_image: str
+) -> Iterator[Walls]:
     base = tmp_path_factory.mktemp("walls").resolve()
-    settings = Settings.load(data_dir=base / "data", agent_image=agent_image, run_timeout_s=60, max_attempts=1,
-                             warm_idle_s=0 if request.param == "cold" else 120,
-                             standby=1 if request.param == "standby" else 0, env_file=None)
+    settings = Settings.load(
+        data_dir=base / "data",
+        agent_image=agent_image,
+        run_timeout_s=60,
+        max_attempts=1,
+        warm_idle_s=0 if request.param == "cold" else 120,
+        standby=1 if request.param == "standby" else 0,
+        env_file=None,
+    )
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
     db.migrate()
@@ -124,10 +136,19 @@ def test_the_probe_goes_through_without_the_filter(agent_image: str) -> None:
     are seccomp's, not the capabilities'."""
     client = docker.from_env()
     out = client.containers.run(
-        agent_image, ["bash", "-c", f"{STATUS}\npython3 -c \"$PROBE\""], entrypoint=[], user="1000:1000",
-        environment={"PROBE": PROBE}, network_mode="none",
-        cap_drop=["ALL"], security_opt=["no-new-privileges", "seccomp=unconfined"], read_only=True,
-        tmpfs={"/tmp": "rw,nosuid,nodev,size=8m"}, remove=True, stdout=True, stderr=True,
+        agent_image,
+        ["bash", "-c", f'{STATUS}\npython3 -c "$PROBE"'],
+        entrypoint=[],
+        user="1000:1000",
+        environment={"PROBE": PROBE},
+        network_mode="none",
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges", "seccomp=unconfined"],
+        read_only=True,
+        tmpfs={"/tmp": "rw,nosuid,nodev,size=8m"},
+        remove=True,
+        stdout=True,
+        stderr=True,
     ).decode()
     assert "Seccomp:\t0" in out, out
     results = _lines(out)
@@ -139,12 +160,12 @@ def test_the_probe_goes_through_without_the_filter(agent_image: str) -> None:
 
 def _unprivileged_userns_allowed() -> bool:
     flag, limit = Path("/proc/sys/kernel/unprivileged_userns_clone"), Path("/proc/sys/user/max_user_namespaces")
-    return (not flag.exists() or flag.read_text().strip() != "0") and (
-        not limit.exists() or int(limit.read_text()) > 0)
+    return (not flag.exists() or flag.read_text().strip() != "0") and (not limit.exists() or int(limit.read_text()) > 0)
 
 
-def test_apparmor_is_named_exactly_when_the_engine_confines_with_it(walls: Walls,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_apparmor_is_named_exactly_when_the_engine_confines_with_it(
+    walls: Walls, caplog: pytest.LogCaptureFixture
+) -> None:
     client = docker.from_env()
     engine = [str(o) for o in client.info().get("SecurityOptions") or []]
     containers._engine_security.clear()  # asked again, so its log line is seen

@@ -45,8 +45,11 @@ def _worker(stack: Stack) -> subprocess.Popen[bytes]:
 
 def _running_containers(stack: Stack, folder: str) -> list[str]:
     # Sparse: a warm container removes itself as it stops, between a listing and an inspect.
-    found = list_containers(docker.from_env(), sparse=True, filters={"label": [
-        f"{LABEL_INSTALL}={stack.settings.install_id}", f"{LABEL_GROUP}={folder}"]})
+    found = list_containers(
+        docker.from_env(),
+        sparse=True,
+        filters={"label": [f"{LABEL_INSTALL}={stack.settings.install_id}", f"{LABEL_GROUP}={folder}"]},
+    )
     return [name_of(c) for c in found]
 
 
@@ -55,9 +58,12 @@ def _start_silent_command(stack: Stack) -> tuple[str, Path]:
     ensure_main_group(stack.db)
     folder = get_group(stack.db, JID).folder
     late = stack.settings.groups_dir / folder / "late.txt"
-    seq = ingest(stack.db, stack.settings,
-                 IncomingMessage(chat_jid=JID, sender="u", content=f"$ sleep {SLEEP_S}; echo late > late.txt"),
-                 signal=stack.signals.group).message.seq
+    seq = ingest(
+        stack.db,
+        stack.settings,
+        IncomingMessage(chat_jid=JID, sender="u", content=f"$ sleep {SLEEP_S}; echo late > late.txt"),
+        signal=stack.signals.group,
+    ).message.seq
 
     def started() -> bool:
         running = [r for r in list_runs(stack.db, chat_jid=JID, limit=5) if r.state == "running" and r.container_id]
@@ -87,8 +93,10 @@ def test_a_sandbox_stops_when_its_worker_is_killed(stack: Stack, warm: bool) -> 
     t0 = time.monotonic()
     # Nobody is left to remove the container: its runner must stop it itself.
     elapsed = _gone_within(stack, folder, t0, ALIVE_WINDOW_S, "the sandbox to stop itself")
-    print(f"FENCE: {'warm' if warm else 'cold'} sandbox stopped {elapsed:.2f} s after its worker's SIGKILL "
-          f"(fence {FENCE_S:g} s, another host may take the group after {ALIVE_WINDOW_S:g} s)")
+    print(
+        f"FENCE: {'warm' if warm else 'cold'} sandbox stopped {elapsed:.2f} s after its worker's SIGKILL "
+        f"(fence {FENCE_S:g} s, another host may take the group after {ALIVE_WINDOW_S:g} s)"
+    )
     time.sleep(max(0.0, SLEEP_S + 2 - (time.monotonic() - started)))
     assert not late.exists(), "the silent command outlived its worker and wrote into the workspace"
 
@@ -106,12 +114,16 @@ def test_a_worker_cut_off_from_its_database_stops_its_sandbox_at_once(stack: Sta
     with psycopg.connect(admin_url, autocommit=True) as admin:
         try:
             admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                          "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (name,),
+            )
             t0 = time.monotonic()
             elapsed = _gone_within(stack, folder, t0, ALIVE_WINDOW_S, "the worker to stop its sandbox")
-            print(f"FENCE: sandbox stopped {elapsed:.2f} s after its worker lost the database "
-                  f"(lease guard {UNSURE_AFTER_S:g} s; another host may take the group after {ALIVE_WINDOW_S:g} s)")
+            print(
+                f"FENCE: sandbox stopped {elapsed:.2f} s after its worker lost the database "
+                f"(lease guard {UNSURE_AFTER_S:g} s; another host may take the group after {ALIVE_WINDOW_S:g} s)"
+            )
             assert worker.poll() is None, "the worker stays up; only its run is given up"
             time.sleep(max(0.0, SLEEP_S + 2 - (time.monotonic() - started)))
             assert not late.exists(), "the silent command outlived its worker's lease"

@@ -61,8 +61,9 @@ class Box:
         return path
 
     def ask(self, jid: str, text: str) -> tuple[RunOutcome, list[StoredMessage]]:
-        sent = ingest(self.db, self.settings, IncomingMessage(chat_jid=jid, sender="u", content=text),
-                      signal=None).message
+        sent = ingest(
+            self.db, self.settings, IncomingMessage(chat_jid=jid, sender="u", content=text), signal=None
+        ).message
         outcomes = self.pipeline.drain_group(jid)
         assert len(outcomes) == 1, outcomes
         return outcomes[0], get_messages_after(jid, sent.seq, db=self.db)
@@ -78,8 +79,12 @@ def box(tmp_path_factory: pytest.TempPathFactory, agent_image: str) -> Iterator[
     # mount rules might refuse as a blocked name).
     base = tmp_path_factory.mktemp("sbx").resolve()
     settings = Settings.load(
-        data_dir=base / "data", agent_image=agent_image, run_timeout_s=60, max_attempts=1,
-        mount_allowlist=base / "config" / "mount-allowlist.json", env_file=None,
+        data_dir=base / "data",
+        agent_image=agent_image,
+        run_timeout_s=60,
+        max_attempts=1,
+        mount_allowlist=base / "config" / "mount-allowlist.json",
+        env_file=None,
     )
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
@@ -223,9 +228,9 @@ def test_the_sandbox_has_no_network(box: Box) -> None:
     (box.workspace("alpha") / "netprobe.py").write_text(NET_PROBE)
     targets = [lst.address for lst in listeners] + ["1.1.1.1:53", "8.8.8.8:443"]
     try:
-        outcome, outputs = box.ask(ALPHA, _commands(
-            "cat /proc/net/dev", "python3 /workspace/netprobe.py " + " ".join(targets)
-        ))
+        outcome, outputs = box.ask(
+            ALPHA, _commands("cat /proc/net/dev", "python3 /workspace/netprobe.py " + " ".join(targets))
+        )
     finally:
         for lst in listeners:
             lst.close()
@@ -259,8 +264,12 @@ def test_non_root_on_a_read_only_root_without_capabilities(box: Box) -> None:
     box.pipeline.sandbox.start = start  # type: ignore[method-assign]
     set_container_config(box.db, box.settings, ALPHA, {"memory": "200m", "cpus": 0.5, "pids": 64})
     lines = [
-        "id -u", "id -g",
-        "touch /usr/x", "touch /x", "touch /etc/passwd", "mkdir /opt/new",
+        "id -u",
+        "id -g",
+        "touch /usr/x",
+        "touch /x",
+        "touch /etc/passwd",
+        "mkdir /opt/new",
         "touch /tmp/ok && echo tmp-writable",
         "touch /workspace/ok && echo workspace-writable",
         "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status",
@@ -343,14 +352,19 @@ def test_no_api_key_anywhere_the_agent_can_look(box: Box) -> None:
     probe = KEY_PROBE.format(reversed=key[::-1])
     assert key not in probe
     fake = FakeAnthropic(
-        message([{"type": "tool_use", "id": "toolu_probe", "name": "bash", "input": {"command": probe}}],
-                "tool_use", n=1),
+        message(
+            [{"type": "tool_use", "id": "toolu_probe", "name": "bash", "input": {"command": probe}}], "tool_use", n=1
+        ),
         message([{"type": "text", "text": "probed"}], "end_turn", n=2),
     )
     with fake.serve() as base_url:
-        box.pipeline.settings = box.settings.replace(**{
-            "model": "anthropic:claude-fake-1", "anthropic_base_url": base_url, "anthropic_api_key": key,
-        })
+        box.pipeline.settings = box.settings.replace(
+            **{
+                "model": "anthropic:claude-fake-1",
+                "anthropic_base_url": base_url,
+                "anthropic_api_key": key,
+            }
+        )
         outcome, outputs = box.ask(ALPHA, "look for keys")
     assert outcome.run.state == "succeeded", outcome.run.error
     assert [c.headers.get("x-api-key") for c in fake.calls] == [key, key]  # a key was in play, upstream
@@ -448,21 +462,37 @@ def test_an_allowlisted_extra_mount_is_read_only_unless_allowed(box: Box) -> Non
         os.chown(shared / "out", 1000, 1000)
     allowlist = box.settings.mount_allowlist
     allowlist.parent.mkdir(parents=True, exist_ok=True)
-    allowlist.write_text(json.dumps({"roots": [
-        {"path": str(shared / "docs"), "read_write": True},  # read-write for the main group only
-        {"path": str(shared / "out"), "read_write": True, "groups": ["alpha"]},
-    ]}))
-    set_container_config(box.db, box.settings, ALPHA, {"extra_mounts": [
-        {"host_path": str(shared / "docs")},
-        {"host_path": str(shared / "out"), "name": "results", "read_write": True},
-    ]})
-    outcome, outputs = box.ask(ALPHA, _commands(
-        "cat /workspace/extra/docs/readme.txt",
-        "touch /workspace/extra/docs/new",
-        "echo x > /workspace/extra/docs/readme.txt",
-        "echo written > /workspace/extra/results/report.txt && echo wrote",
-        "grep ' /workspace/extra/' /proc/self/mountinfo",
-    ))
+    allowlist.write_text(
+        json.dumps(
+            {
+                "roots": [
+                    {"path": str(shared / "docs"), "read_write": True},  # read-write for the main group only
+                    {"path": str(shared / "out"), "read_write": True, "groups": ["alpha"]},
+                ]
+            }
+        )
+    )
+    set_container_config(
+        box.db,
+        box.settings,
+        ALPHA,
+        {
+            "extra_mounts": [
+                {"host_path": str(shared / "docs")},
+                {"host_path": str(shared / "out"), "name": "results", "read_write": True},
+            ]
+        },
+    )
+    outcome, outputs = box.ask(
+        ALPHA,
+        _commands(
+            "cat /workspace/extra/docs/readme.txt",
+            "touch /workspace/extra/docs/new",
+            "echo x > /workspace/extra/docs/readme.txt",
+            "echo written > /workspace/extra/results/report.txt && echo wrote",
+            "grep ' /workspace/extra/' /proc/self/mountinfo",
+        ),
+    )
     assert outcome.run.state == "succeeded", outcome.run.error
     (read, _), (touch, touch_code), (over, over_code), (wrote, wrote_code), (mountinfo, _) = _results(outputs)
     assert read.strip() == "shared-readme"
@@ -478,5 +508,6 @@ def test_an_allowlisted_extra_mount_is_read_only_unless_allowed(box: Box) -> Non
     from orchestrator.core.errors import MountRefused
 
     with pytest.raises(MountRefused, match="must name group 'alpha'"):
-        set_container_config(box.db, box.settings, ALPHA, {"extra_mounts": [
-            {"host_path": str(shared / "docs"), "read_write": True}]})
+        set_container_config(
+            box.db, box.settings, ALPHA, {"extra_mounts": [{"host_path": str(shared / "docs"), "read_write": True}]}
+        )

@@ -61,19 +61,22 @@ def test_no_secret_appears_anywhere(stack: Stack) -> None:
         ensure_main_group(stack.db)
         sent = stack.cli("send", CHAT, "hello, what is the key?", "--wait", "90", "--json")
     # The attack reached the gateway: the key went upstream and came back in the error.
-    assert fake.calls and all(c.headers.get("x-api-key") == CANARIES["ORCHESTRATOR_ANTHROPIC_API_KEY"]
-                              for c in fake.calls)
+    assert fake.calls and all(
+        c.headers.get("x-api-key") == CANARIES["ORCHESTRATOR_ANTHROPIC_API_KEY"] for c in fake.calls
+    )
     [run] = list_runs(stack.db, chat_jid=CHAT)
     assert run.state == "failed" and "invalid x-api-key" in (run.error or ""), run.error
     seen: dict[str, str] = {
         "send": sent.stdout + sent.stderr,
         "run.error": run.error or "",
     }
-    for name, args in {"history": ("history", CHAT, "--all", "--json"),
-                       "export json": ("export", CHAT, "--format", "json"),
-                       "export md": ("export", CHAT, "--format", "md"),
-                       "runs show": ("runs", "show", run.id, "--input"),
-                       "runs waiting": ("runs", "waiting", "--json")}.items():
+    for name, args in {
+        "history": ("history", CHAT, "--all", "--json"),
+        "export json": ("export", CHAT, "--format", "json"),
+        "export md": ("export", CHAT, "--format", "md"),
+        "runs show": ("runs", "show", run.id, "--input"),
+        "runs waiting": ("runs", "waiting", "--json"),
+    }.items():
         done = stack.cli(*args)
         assert done.returncode == 0, (name, done.stderr)
         seen[name] = done.stdout + done.stderr
@@ -86,10 +89,22 @@ def test_no_secret_appears_anywhere(stack: Stack) -> None:
         stream_text = _read_stream(f"{base}/api/chats/{CHAT}/stream", good)
         answers = {
             path: httpx.get(f"{base}{path}", headers=good, timeout=10)
-            for path in ["/health", "/metrics", "/openapi.json", "/api/info", "/api/groups", f"/api/groups/{CHAT}",
-                         f"/api/chats/{CHAT}/messages?include_superseded=true", f"/api/chats/{CHAT}/export",
-                         f"/api/chats/{CHAT}/export?format=md", "/api/runs", f"/api/runs/{run.id}",
-                         f"/api/runs/{run.id}/input", "/api/hosts", "/api/runs/waiting"]
+            for path in [
+                "/health",
+                "/metrics",
+                "/openapi.json",
+                "/api/info",
+                "/api/groups",
+                f"/api/groups/{CHAT}",
+                f"/api/chats/{CHAT}/messages?include_superseded=true",
+                f"/api/chats/{CHAT}/export",
+                f"/api/chats/{CHAT}/export?format=md",
+                "/api/runs",
+                f"/api/runs/{run.id}",
+                f"/api/runs/{run.id}/input",
+                "/api/hosts",
+                "/api/runs/waiting",
+            ]
         }
         for path, r in answers.items():
             assert r.status_code == 200, (path, r.status_code, r.text)
@@ -98,8 +113,10 @@ def test_no_secret_appears_anywhere(stack: Stack) -> None:
             "wrong token": httpx.get(f"{base}/api/groups", headers=wrong),
             "no token": httpx.post(f"{base}/api/messages", content=b"{}"),
             "webhook with the outbound secret": httpx.post(
-                f"{base}{INBOUND_PATH}", content=b'{"chat_jid":"main@local","sender":"x","content":"y"}',
-                headers=inbound_headers(CANARIES["ORCHESTRATOR_WEBHOOK_SECRET"], b"{}")),
+                f"{base}{INBOUND_PATH}",
+                content=b'{"chat_jid":"main@local","sender":"x","content":"y"}',
+                headers=inbound_headers(CANARIES["ORCHESTRATOR_WEBHOOK_SECRET"], b"{}"),
+            ),
             "bad body": httpx.post(f"{base}/api/messages", content=b"{not json", headers=good),
         }
         for name, r in refused.items():

@@ -67,8 +67,9 @@ def test_the_host_refuses_a_forged_send(settings: Settings, db: Database, faulty
     _run(p, TEAM, f"forge-send {target}")
     assert [m for m in get_messages_after(target, 0, db=db) if "forged" in m.content] == []
     hosts = [m.content for m in get_messages_after(TEAM, 0, db=db) if m.message_type == "host"]
-    assert hosts == [f"🚫 send_message refused: a non-main group may only post to its own chat ({TEAM}), "
-                     f"not {target!r}"]
+    assert hosts == [
+        f"🚫 send_message refused: a non-main group may only post to its own chat ({TEAM}), not {target!r}"
+    ]
 
 
 def test_main_cannot_post_to_an_unregistered_chat(settings: Settings, db: Database, faulty_image: str) -> None:

@@ -49,8 +49,12 @@ class Pool:
     warm: WarmPool
 
     def ask(self, jid: str, *lines: str) -> tuple[RunOutcome, list[str]]:
-        sent = ingest(self.db, self.settings, IncomingMessage(
-            chat_jid=jid, sender="u", content="\n".join(f"$ {line}" for line in lines)), signal=None).message
+        sent = ingest(
+            self.db,
+            self.settings,
+            IncomingMessage(chat_jid=jid, sender="u", content="\n".join(f"$ {line}" for line in lines)),
+            signal=None,
+        ).message
         [outcome] = self.pipeline.drain_group(jid)
         assert outcome.run.state == "succeeded", outcome.run.error
         outputs: list[StoredMessage] = get_messages_after(jid, sent.seq, db=self.db)
@@ -69,8 +73,15 @@ class Pool:
 @pytest.fixture
 def pool(tmp_path_factory: pytest.TempPathFactory, agent_image: str) -> Iterator[Pool]:
     base = tmp_path_factory.mktemp("standby").resolve()
-    settings = Settings.load(data_dir=base / "data", agent_image=agent_image, run_timeout_s=60, max_attempts=1,
-                             warm_idle_s=120, standby=1, env_file=None)
+    settings = Settings.load(
+        data_dir=base / "data",
+        agent_image=agent_image,
+        run_timeout_s=60,
+        max_attempts=1,
+        warm_idle_s=120,
+        standby=1,
+        env_file=None,
+    )
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
     db.migrate()
@@ -171,8 +182,11 @@ def test_a_gone_standbys_slot_is_released_mounts_and_all(pool: Pool) -> None:
     slot = Slot(standby_root(pool.settings) / docker.from_env().containers.get(standby).labels[LABEL_STANDBY])
     assert is_mount_point(slot.workspace) and is_mount_point(slot.gateway)
     docker.from_env().containers.get(standby).kill()
-    wait_until(lambda: not list_containers(docker.from_env(), all=True, filters={"id": standby}), 20,
-               "the killed container to be removed")
+    wait_until(
+        lambda: not list_containers(docker.from_env(), all=True, filters={"id": standby}),
+        20,
+        "the killed container to be removed",
+    )
     again, [kept] = pool.ask(ALPHA, "cat kept.txt")
     assert again.run.container_id != standby and kept.strip() == "kept"  # the group's files stayed
     assert not slot.root.exists() and not is_mount_point(slot.workspace)
@@ -190,8 +204,15 @@ def test_standby_is_off_where_folders_cannot_be_bound() -> None:
         shutil.copy(late_mounts.__file__, Path(tmp) / "late_mounts.py")
 
         def run(**kw: object) -> str:
-            return subprocess.run([python, "-c", probe, f"{tmp}/probe"], capture_output=True, text=True,
-                                  cwd=tmp, timeout=60, check=True, **kw).stdout.strip()  # type: ignore[call-overload]
+            return subprocess.run(
+                [python, "-c", probe, f"{tmp}/probe"],
+                capture_output=True,
+                text=True,
+                cwd=tmp,
+                timeout=60,
+                check=True,
+                **kw,
+            ).stdout.strip()  # type: ignore[call-overload]
 
         assert "not root" in run(user=65534)
         assert run() == "None"  # as root here: it can
@@ -220,9 +241,22 @@ def test_a_worker_whose_binds_the_engine_cannot_see_turns_standby_off(pool: Pool
         "except SandboxError as exc:\n"
         "    print('REFUSED', exc, '|', standby.unavailable_reason(settings))\n"
     )
-    out = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", script,
-                          str(pool.settings.data_dir), pool.settings.agent_image],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            sys.executable,
+            "-c",
+            script,
+            str(pool.settings.data_dir),
+            pool.settings.agent_image,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("REFUSED") and "not seen inside it" in out.stdout, out.stdout
     assert out.stdout.count("not seen inside it") == 2  # and standby is off in that process from then on
@@ -235,13 +269,17 @@ def test_an_adopted_standby_reaches_the_model_through_the_groups_gateway(pool: P
 
     [standby] = pool.fill(1)
     fake = FakeAnthropic(
-        message([{"type": "tool_use", "id": "toolu_sb_1", "name": "bash", "input": {"command": "echo via-standby"}}],
-                "tool_use", n=1),
+        message(
+            [{"type": "tool_use", "id": "toolu_sb_1", "name": "bash", "input": {"command": "echo via-standby"}}],
+            "tool_use",
+            n=1,
+        ),
         message([{"type": "text", "text": "done"}], "end_turn", n=2),
     )
     with fake.serve() as base_url:
-        pool.pipeline.settings = pool.settings.replace(**{
-            "model": "anthropic:claude-fake-1", "anthropic_base_url": base_url, "anthropic_api_key": "sk-standby-1"})
+        pool.pipeline.settings = pool.settings.replace(
+            **{"model": "anthropic:claude-fake-1", "anthropic_base_url": base_url, "anthropic_api_key": "sk-standby-1"}
+        )
         outcome, [output] = pool.ask(ALPHA, "please")
     assert outcome.run.container_id == standby
     assert "via-standby" in output and len(fake.calls) == 2
@@ -264,25 +302,45 @@ def test_a_dead_hosts_warm_and_standby_containers_are_removed_by_a_live_host(poo
     pool.ask(ALPHA, "echo hi")  # alpha takes the standby container: now its warm one
     pool.fill(1)  # and the pool is refilled
     dead_host = pool.settings.effective_host_id
-    mine = {str(c.id) for c in list_containers(pool.warm.client, all=True, filters={"label": [
-        f"orchestrator.install={pool.settings.install_id}", f"orchestrator.host={dead_host}"]})}
+    mine = {
+        str(c.id)
+        for c in list_containers(
+            pool.warm.client,
+            all=True,
+            filters={"label": [f"orchestrator.install={pool.settings.install_id}", f"orchestrator.host={dead_host}"]},
+        )
+    }
     assert len(mine) == 2, mine
     hosts.register(pool.db, host_id=dead_host, instance="gone", version="test", concurrency=1)
 
     def silent_for(seconds: float) -> None:
         with pool.db.write() as session:
-            session.execute(update(HostRow).where(HostRow.host_id == dead_host).values(
-                heartbeat_at=hosts.database_now(pool.db) - timedelta(seconds=seconds)))
+            session.execute(
+                update(HostRow)
+                .where(HostRow.host_id == dead_host)
+                .values(heartbeat_at=hosts.database_now(pool.db) - timedelta(seconds=seconds))
+            )
         warm_module._reaped_at.clear()  # looked at again at once, not REAP_EVERY_S later
 
-    live = Settings.load(data_dir=pool.settings.data_dir, agent_image=pool.settings.agent_image, warm_idle_s=120,
-                         standby=0, host_id="live-host", dead_host_s=60, env_file=None)
+    live = Settings.load(
+        data_dir=pool.settings.data_dir,
+        agent_image=pool.settings.agent_image,
+        warm_idle_s=120,
+        standby=0,
+        host_id="live-host",
+        dead_host_s=60,
+        env_file=None,
+    )
     other = WarmPool(live, pool.warm.client)
     silent_for(30)  # dead to the fleet (past the 9 s window), not yet for its containers
     assert other.remove_dead_hosts_containers(pool.db) == 0
     silent_for(90)
     assert other.remove_dead_hosts_containers(pool.db) == 2
-    left = {str(c.id) for c in list_containers(pool.warm.client, all=True, filters={"label": [
-        f"orchestrator.install={pool.settings.install_id}"]})}
+    left = {
+        str(c.id)
+        for c in list_containers(
+            pool.warm.client, all=True, filters={"label": [f"orchestrator.install={pool.settings.install_id}"]}
+        )
+    }
     assert not left & mine, left & mine
     assert not pool.warm.standby.containers(any_host=True, running_only=False)

@@ -87,8 +87,11 @@ def test_the_draft_reaches_the_event_stream_before_the_run_ends(
     stack, fake = streaming_stack
     log = SseLog(f"{api_url}/api/chats/{CHAT}/stream?after=0")
     try:
-        posted = httpx.post(f"{api_url}/api/messages", json={"chat_jid": CHAT, "sender": "u", "content": "talk"},
-                            headers={CLIENT_HEADER: "tests"})
+        posted = httpx.post(
+            f"{api_url}/api/messages",
+            json={"chat_jid": CHAT, "sender": "u", "content": "talk"},
+            headers={CLIENT_HEADER: "tests"},
+        )
         assert posted.status_code == 201, posted.text
         wait_until(
             lambda: any(e == "message" and d.get("sender") == "bot" for _, e, d in log.events),

@@ -37,11 +37,17 @@ def _bot_reply(fake: FakeCollector) -> list[Span]:
 
 
 def test_a_messages_trace_runs_from_the_cli_through_the_worker_to_the_stored_reply(
-        stack: Stack, collector: tuple[FakeCollector, str]) -> None:
+    stack: Stack, collector: tuple[FakeCollector, str]
+) -> None:
     fake, endpoint = collector
-    stack.env.update(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=endpoint,
-                     OTEL_SERVICE_NAME="traced", OTEL_BSP_SCHEDULE_DELAY="100",  # the SDK's own batching variable
-                     ORCHESTRATOR_LOG_FORMAT="json", ORCHESTRATOR_HOST_ID="traced-host")
+    stack.env.update(
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=endpoint,
+        OTEL_SERVICE_NAME="traced",
+        OTEL_BSP_SCHEDULE_DELAY="100",  # the SDK's own batching variable
+        ORCHESTRATOR_LOG_FORMAT="json",
+        ORCHESTRATOR_HOST_ID="traced-host",
+    )
     ensure_main_group(stack.db)
     stack.start_worker()
     # Ready first: a message stored before would be signalled by the worker's start-up sweep
@@ -49,8 +55,12 @@ def test_a_messages_trace_runs_from_the_cli_through_the_worker_to_the_stored_rep
     wait_until(lambda: " ready." in stack.worker_logs(), 60, "the worker ready", stack.worker_logs)
     res = stack.cli("send", "main@local", "$ echo traced", "--wait", "90", "--json")
     assert res.returncode == 0, res.stderr + stack.worker_logs()
-    wait_until(lambda: bool(_bot_reply(fake)) and bool(fake.named("ingest")), 30,
-               "the worker's spans at the collector", lambda: f"{[s.name for s in fake.spans]}\n{stack.worker_logs()}")
+    wait_until(
+        lambda: bool(_bot_reply(fake)) and bool(fake.named("ingest")),
+        30,
+        "the worker's spans at the collector",
+        lambda: f"{[s.name for s in fake.spans]}\n{stack.worker_logs()}",
+    )
 
     spans = fake.by_id()
     [ingested] = fake.named("ingest")

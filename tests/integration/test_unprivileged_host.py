@@ -76,14 +76,33 @@ def test_the_attacks_fail_against_a_non_root_host(work: Path, agent_image: str) 
     shutil.chown(work, UID, UID)
 
     env = {
-        "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(home),
-        "PYTHONDONTWRITEBYTECODE": "1", "CI": os.environ.get("CI", ""),
+        "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+        "HOME": str(home),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "CI": os.environ.get("CI", ""),
         "ORCHESTRATOR_AGENT_IMAGE": agent_image,
     }
     proc = subprocess.run(
-        ["runuser", "-u", user, "--", str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         f"--basetemp={basetemp}", "-x", *SUITES],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
+        [
+            "runuser",
+            "-u",
+            user,
+            "--",
+            str(venv / "bin" / "python"),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--basetemp={basetemp}",
+            "-x",
+            *SUITES,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
     )
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, tail

@@ -40,9 +40,15 @@ def test_up_restarts_a_dead_child_and_stops_on_ctrl_c(stack: Stack) -> None:
     port = _free_port()
     log = stack.settings.data_dir.parent / "up.log"
     with open(log, "wb") as fh:
-        up = subprocess.Popen([str(BIN / "orchestrator"), "up", "--port", str(port), "--concurrency", "1"],
-                              env=stack.env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        up = subprocess.Popen(
+            [str(BIN / "orchestrator"), "up", "--port", str(port), "--concurrency", "1"],
+            env=stack.env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
+
         def health() -> bool:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
@@ -53,15 +59,22 @@ def test_up_restarts_a_dead_child_and_stops_on_ctrl_c(stack: Stack) -> None:
         wait_until(health, 60, "the API to answer /health")
         # The agent worker and, apart, the delivery worker (replies never wait for an agent slot),
         # each up (or restarted by the supervisor) within a few seconds.
-        wait_until(lambda: sum(" worker " in a for a in _children(up.pid).values()) == 2, 30,
-                   "the agent worker and the delivery worker", lambda: f"{_children(up.pid)}\n{log.read_text()[-4000:]}")
+        wait_until(
+            lambda: sum(" worker " in a for a in _children(up.pid).values()) == 2,
+            30,
+            "the agent worker and the delivery worker",
+            lambda: f"{_children(up.pid)}\n{log.read_text()[-4000:]}",
+        )
         kids = _children(up.pid)
         workers = [p for p, a in kids.items() if " worker " in a and " -Q agent " in a]
         assert len(workers) == 1 and any(" beat " in a for a in kids.values()), kids
         assert any(" worker " in a and " -Q delivery " in a for a in kids.values()), kids
         os.kill(workers[0], signal.SIGKILL)
-        wait_until(lambda: any(" -Q agent " in a and p != workers[0] for p, a in _children(up.pid).items()), 30,
-                   "a new agent worker child")
+        wait_until(
+            lambda: any(" -Q agent " in a and p != workers[0] for p, a in _children(up.pid).items()),
+            30,
+            "a new agent worker child",
+        )
         res = stack.cli("send", "main@local", "$ echo after-restart", "--wait", "60")
         assert res.returncode == 0 and "after-restart" in res.stdout, res.stderr + log.read_text()
     finally:

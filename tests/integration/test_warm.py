@@ -37,7 +37,11 @@ JID = "main@local"
 @pytest.fixture
 def warm(tmp_path: Path, agent_image: str) -> Iterator[Pipeline]:
     settings = Settings.load(
-        data_dir=tmp_path / "data", agent_image=agent_image, run_timeout_s=20, warm_idle_s=60, env_file=None,
+        data_dir=tmp_path / "data",
+        agent_image=agent_image,
+        run_timeout_s=20,
+        warm_idle_s=60,
+        env_file=None,
     )
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)

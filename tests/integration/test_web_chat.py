@@ -43,8 +43,13 @@ def api_url(stack: Stack) -> Iterator[str]:
     port = _free_port()
     log = stack.settings.data_dir.parent / "api.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(BIN / "orchestrator"), "api", "--port", str(port)], env=stack.env,
-                                stdout=fh, stderr=subprocess.STDOUT, cwd=stack.settings.data_dir.parent)
+        proc = subprocess.Popen(
+            [str(BIN / "orchestrator"), "api", "--port", str(port)],
+            env=stack.env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd=stack.settings.data_dir.parent,
+        )
     url = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:

@@ -41,8 +41,14 @@ def _spawn(stack: Stack, argv: list[str], name: str) -> subprocess.Popen[bytes]:
     """Start a process in its own session, so a test can SIGKILL all of it."""
     log = stack.settings.data_dir.parent / f"{name}-{len(stack.procs)}.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(argv, env=stack.env, stdout=fh, stderr=subprocess.STDOUT,
-                                cwd=stack.settings.data_dir.parent, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            env=stack.env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd=stack.settings.data_dir.parent,
+            start_new_session=True,
+        )
     stack.procs.append(proc)
     stack.logs.append(log)
     return proc
@@ -54,8 +60,22 @@ def _worker(stack: Stack, concurrency: int = 1) -> subprocess.Popen[bytes]:
 
 
 def _beat(stack: Stack) -> subprocess.Popen[bytes]:
-    return _spawn(stack, [sys.executable, "-m", "celery", "-A", "workers.app", "beat", "-l", "INFO",
-                          "-s", str(stack.settings.data_dir / "beat-schedule")], "beat")
+    return _spawn(
+        stack,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.app",
+            "beat",
+            "-l",
+            "INFO",
+            "-s",
+            str(stack.settings.data_dir / "beat-schedule"),
+        ],
+        "beat",
+    )
 
 
 def _wait(cond: Callable[[], bool], timeout: float, what: str, stack: Stack) -> None:
@@ -64,8 +84,11 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str, stack: Stack) -> 
 
 def _managed(stack: Stack, **labels: str) -> list[object]:
     """This stack's installation's containers (another test process may have its own)."""
-    filters = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={stack.settings.install_id}",
-               *(f"{k}={v}" for k, v in labels.items())]
+    filters = [
+        f"{LABEL_MANAGED}=1",
+        f"{LABEL_INSTALL}={stack.settings.install_id}",
+        *(f"{k}={v}" for k, v in labels.items()),
+    ]
     return docker.from_env().containers.list(all=True, filters={"label": filters})
 
 
@@ -74,8 +97,9 @@ def _bot_replies(stack: Stack, chat: str) -> list[str]:
 
 
 def _send(stack: Stack, chat: str, text: str) -> int:
-    return ingest(stack.db, stack.settings, IncomingMessage(chat_jid=chat, sender="u", content=text),
-                  signal=stack.signals.group).message.seq
+    return ingest(
+        stack.db, stack.settings, IncomingMessage(chat_jid=chat, sender="u", content=text), signal=stack.signals.group
+    ).message.seq
 
 
 def test_sigkill_mid_run_loses_and_duplicates_nothing(stack: Stack) -> None:
@@ -90,27 +114,47 @@ def test_sigkill_mid_run_loses_and_duplicates_nothing(stack: Stack) -> None:
         seq = _send(stack, "main@local", f"$ sleep 1 && echo trial-{i}")
         # Kill once the run is under way: its container is up and a tool
         # record is already stored.
-        _wait(lambda: any(r.cursor_to >= seq and r.state == "running" and r.container_id
-                          for r in list_runs(stack.db, chat_jid="main@local", limit=5)),
-              60, f"trial {i} to start", stack)
-        _wait(lambda: any(m.sender == "tool_use" for m in get_messages_after("main@local", seq, db=stack.db)),
-              30, f"trial {i} tool call", stack)
+        _wait(
+            lambda: any(
+                r.cursor_to >= seq and r.state == "running" and r.container_id
+                for r in list_runs(stack.db, chat_jid="main@local", limit=5)
+            ),
+            60,
+            f"trial {i} to start",
+            stack,
+        )
+        _wait(
+            lambda: any(m.sender == "tool_use" for m in get_messages_after("main@local", seq, db=stack.db)),
+            30,
+            f"trial {i} tool call",
+            stack,
+        )
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
         killed_mid_run += 1
         worker = _worker(stack)
-        _wait(lambda: any(f"trial-{i}" in r for r in _bot_replies(stack, "main@local")), 90,
-              f"trial {i} to be answered after recovery", stack)
-    _wait(lambda: get_group(stack.db, "main@local").pending_seq <= get_group(stack.db, "main@local").cursor_seq,
-          60, "no pending work", stack)
+        _wait(
+            lambda: any(f"trial-{i}" in r for r in _bot_replies(stack, "main@local")),
+            90,
+            f"trial {i} to be answered after recovery",
+            stack,
+        )
+    _wait(
+        lambda: get_group(stack.db, "main@local").pending_seq <= get_group(stack.db, "main@local").cursor_seq,
+        60,
+        "no pending work",
+        stack,
+    )
     _wait(lambda: _managed(stack) == [], 60, "the sweeper to remove orphan containers", stack)
     replies = _bot_replies(stack, "main@local")
     answered = [sum(f"trial-{i}\n" in r for r in replies) for i in range(trials)]
     lost = answered.count(0)
     duplicated = sum(1 for n in answered if n > 1)
     interrupted = [r for r in list_runs(stack.db, chat_jid="main@local", limit=500) if "interrupted" in (r.error or "")]
-    print(f"FAULTS: sigkill trials={trials} killed_mid_run={killed_mid_run} interrupted_runs={len(interrupted)} "
-          f"lost={lost} duplicate_replies={duplicated} orphan_containers={len(_managed(stack))}")
+    print(
+        f"FAULTS: sigkill trials={trials} killed_mid_run={killed_mid_run} interrupted_runs={len(interrupted)} "
+        f"lost={lost} duplicate_replies={duplicated} orphan_containers={len(_managed(stack))}"
+    )
     assert killed_mid_run == trials and len(interrupted) == trials
     assert lost == 0 and duplicated == 0
 
@@ -129,8 +173,12 @@ def test_racing_workers_never_run_two_containers_for_one_group(stack: Stack) -> 
         nonlocal peak_total
         client = docker.from_env()
         while not stop.is_set():
-            running = client.containers.list(filters={
-                "label": [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={stack.settings.install_id}"], "status": "running"})
+            running = client.containers.list(
+                filters={
+                    "label": [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={stack.settings.install_id}"],
+                    "status": "running",
+                }
+            )
             per_group: dict[str, int] = {}
             for c in running:
                 g = c.labels.get(LABEL_GROUP, "?")
@@ -150,9 +198,15 @@ def test_racing_workers_never_run_two_containers_for_one_group(stack: Stack) -> 
                 stack.signals.group("main@local")
                 stack.signals.group("other@local")
         for chat in ("main@local", "other@local"):
-            _wait(lambda: get_group(stack.db, chat).pending_seq <= get_group(stack.db, chat).cursor_seq
-                  and not any(r.state == "running" for r in list_runs(stack.db, chat_jid=chat)),
-                  120, f"{chat} drained", stack)
+            _wait(
+                lambda: (
+                    get_group(stack.db, chat).pending_seq <= get_group(stack.db, chat).cursor_seq
+                    and not any(r.state == "running" for r in list_runs(stack.db, chat_jid=chat))
+                ),
+                120,
+                f"{chat} drained",
+                stack,
+            )
     finally:
         stop.set()
         watcher.join()
@@ -173,16 +227,31 @@ def _free_port() -> int:
 
 @pytest.mark.parametrize("stack", ["fleet"], indirect=True)
 def test_redis_outage_during_ingest_loses_nothing(stack: Stack, tmp_path: Path) -> None:
-    require_service(bool(subprocess.run(["which", "redis-server"], capture_output=True).returncode == 0),
-                    "redis-server")
+    require_service(
+        bool(subprocess.run(["which", "redis-server"], capture_output=True).returncode == 0), "redis-server"
+    )
     port = _free_port()
     redis_dir = tmp_path / "redis"
     redis_dir.mkdir()
 
     def start_redis() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                                 "--appendonly", "no", "--dir", str(redis_dir)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(redis_dir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         _wait(lambda: _port_open(port), 10, "redis to listen", stack)
         return proc
 
@@ -207,15 +276,21 @@ def test_redis_outage_during_ingest_loses_nothing(stack: Stack, tmp_path: Path) 
             stored += 1
         total = sum(len(get_messages_after(g, 0, db=stack.db)) for g in groups)
         assert total >= 200
-        _wait(lambda: all(g.pending_seq <= g.cursor_seq for g in list_groups(stack.db) if g.chat_jid in groups),
-              240, "every group processed after the outage", stack)
+        _wait(
+            lambda: all(g.pending_seq <= g.cursor_seq for g in list_groups(stack.db) if g.chat_jid in groups),
+            240,
+            "every group processed after the outage",
+            stack,
+        )
     finally:
         redis_proc.terminate()
         redis_proc.wait()
     users = sum(1 for g in groups for m in get_messages_after(g, 0, db=stack.db) if m.message_type == "user")
     unanswered = [g for g in groups if not _bot_replies(stack, g)]
-    print(f"FAULTS: redis outage ingested={stored} stored_user_messages={users} groups={len(groups)} "
-          f"unprocessed_groups={len(unanswered)}")
+    print(
+        f"FAULTS: redis outage ingested={stored} stored_user_messages={users} groups={len(groups)} "
+        f"unprocessed_groups={len(unanswered)}"
+    )
     assert users == 200 and unanswered == []
 
 

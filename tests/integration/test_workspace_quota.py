@@ -53,8 +53,9 @@ class Group:
         return self.settings.groups_dir / "main"
 
     def ask(self, text: str) -> tuple[RunOutcome, list[StoredMessage]]:
-        sent = ingest(self.db, self.settings, IncomingMessage(chat_jid=JID, sender="u", content=text),
-                      signal=None).message
+        sent = ingest(
+            self.db, self.settings, IncomingMessage(chat_jid=JID, sender="u", content=text), signal=None
+        ).message
         outcomes = self.pipeline.drain_group(JID)
         assert len(outcomes) == 1, outcomes
         return outcomes[0], get_messages_after(JID, sent.seq, db=self.db)
@@ -62,7 +63,11 @@ class Group:
 
 def _group(tmp_path: Path, agent_image: str, **fields: object) -> Iterator[Group]:
     settings = Settings.load(
-        data_dir=tmp_path / "data", agent_image=agent_image, run_timeout_s=60, env_file=None, **fields,
+        data_dir=tmp_path / "data",
+        agent_image=agent_image,
+        run_timeout_s=60,
+        env_file=None,
+        **fields,
     )
     settings.ensure_dirs()
     db = Database(settings.effective_database_url, lock_dir=settings.data_dir)
@@ -110,9 +115,11 @@ def test_filling_the_disk_stops_at_the_quota_inside_the_sandbox(volume_group: Gr
     took = time.monotonic() - started
     free_after = shutil.disk_usage(g.settings.data_dir).free
     image = quota.volumes_dir(g.settings) / "main.img"
-    print(f"\nattack run: {took:.2f}s; data dir free before {free_before / MiB:.0f} MiB, "
-          f"after {free_after / MiB:.0f} MiB (down {(free_before - free_after) / MiB:.0f} MiB); "
-          f"image allocated {image.stat().st_blocks * 512 / MiB:.1f} MiB of {image.stat().st_size / MiB:.0f} MiB")
+    print(
+        f"\nattack run: {took:.2f}s; data dir free before {free_before / MiB:.0f} MiB, "
+        f"after {free_after / MiB:.0f} MiB (down {(free_before - free_after) / MiB:.0f} MiB); "
+        f"image allocated {image.stat().st_blocks * 512 / MiB:.1f} MiB of {image.stat().st_size / MiB:.0f} MiB"
+    )
 
     assert outcome.run.state == "succeeded", outcome.run.error  # the agent saw the error; the host is fine
     output = _tool_output(outputs)
@@ -159,9 +166,7 @@ def test_the_checked_mode_refuses_the_run_after_the_workspace_went_over(checked_
     assert outcome.run.state == "succeeded" and "runs-again" in _tool_output(outputs)
 
 
-def test_turning_the_quota_on_moves_the_files_and_replaces_a_warm_container(
-    tmp_path: Path, agent_image: str
-) -> None:
+def test_turning_the_quota_on_moves_the_files_and_replaces_a_warm_container(tmp_path: Path, agent_image: str) -> None:
     require_volumes()
     groups = _group(tmp_path, agent_image, warm_idle_s=60.0)  # no quota yet
     g = next(groups)
@@ -187,8 +192,9 @@ def test_turning_the_quota_on_moves_the_files_and_replaces_a_warm_container(
 
 # The original run is spared (its workspace holds the marker); the replay's scratch copy
 # lacks it, so the replayed command is the attack.
-ATTACK_UNLESS_MARKED = ("$ test -f marker && echo spared || fallocate -l 3G big "
-                        "|| dd if=/dev/zero of=big bs=1M count=3000")
+ATTACK_UNLESS_MARKED = (
+    "$ test -f marker && echo spared || fallocate -l 3G big || dd if=/dev/zero of=big bs=1M count=3000"
+)
 
 
 @pytest.mark.parametrize("volume_group", ["cold"], indirect=True)

@@ -70,14 +70,21 @@ def cli_env(inp: ContainerInput, base_url: str, config_dir: Path) -> dict[str, s
         "ENABLE_TOOL_SEARCH": "false",
         "MAX_THINKING_TOKENS": str(inp.model.thinking_budget) if isinstance(inp.model.thinking_budget, int) else "0",
     }
-    for name in ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
-                 "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL"):
+    for name in (
+        "ANTHROPIC_MODEL",
+        "ANTHROPIC_SMALL_FAST_MODEL",
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+        "ANTHROPIC_DEFAULT_SONNET_MODEL",
+        "ANTHROPIC_DEFAULT_OPUS_MODEL",
+        "CLAUDE_CODE_SUBAGENT_MODEL",
+    ):
         env[name] = model
     return env
 
 
-def run_claude_code(inp: ContainerInput, emit: Emit, *, workspace: Path,
-                    session_root: Path = Path(SESSION_MOUNT)) -> ResultEvent:
+def run_claude_code(
+    inp: ContainerInput, emit: Emit, *, workspace: Path, session_root: Path = Path(SESSION_MOUNT)
+) -> ResultEvent:
     """Run the conversation with Claude Code; emit every event, the ``ResultEvent`` last."""
     if not inp.model.socket_path and not inp.model.base_url:
         raise InputError("the claude-code provider needs the gateway's socket_path (or a base_url)")
@@ -101,18 +108,23 @@ def run_claude_code(inp: ContainerInput, emit: Emit, *, workspace: Path,
     return result
 
 
-async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir: Path,
-                    base_url: str) -> ResultEvent:
+async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir: Path, base_url: str) -> ResultEvent:
     # Only in the claude-code image variant (not on the host, where mypy runs): typed as Any here.
     import claude_agent_sdk as sdk  # type: ignore[import-not-found,unused-ignore]
 
     resume = inp.session_id if inp.session_id and session_file(config_dir, inp.session_id) else None
     if inp.session_id and not resume:
         log.info("session %s is not in the session folder: starting a new one", inp.session_id)
-    mapper = EventMapper(emit=emit, workspace=workspace, deltas=DeltaCoalescer(emit),
-                         output_cap=inp.limits.output_cap_bytes)
-    ctx = ToolContext(workspace=workspace, limits=inp.limits, chat_jid=inp.chat_jid,
-                      send_targets=frozenset(inp.send_targets), emit=emit)
+    mapper = EventMapper(
+        emit=emit, workspace=workspace, deltas=DeltaCoalescer(emit), output_cap=inp.limits.output_cap_bytes
+    )
+    ctx = ToolContext(
+        workspace=workspace,
+        limits=inp.limits,
+        chat_jid=inp.chat_jid,
+        send_targets=frozenset(inp.send_targets),
+        emit=emit,
+    )
 
     @sdk.tool(SEND_SPEC.name, SEND_SPEC.description, SEND_SPEC.input_schema)  # type: ignore[untyped-decorator,unused-ignore]
     async def send_message(args: dict[str, Any]) -> dict[str, Any]:
@@ -133,8 +145,11 @@ async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir
         permission_mode="bypassPermissions",
         disallowed_tools=DISALLOWED_TOOLS,
         mcp_servers={MCP_SERVER: sdk.create_sdk_mcp_server(MCP_SERVER, tools=[send_message])},
-        system_prompt={"type": "preset", "preset": "claude_code",
-                       "append": build_system_prompt(inp, workspace, workspace_notices(workspace))},
+        system_prompt={
+            "type": "preset",
+            "preset": "claude_code",
+            "append": build_system_prompt(inp, workspace, workspace_notices(workspace)),
+        },
         env=cli_env(inp, base_url, config_dir),
         hooks={"PreToolUse": [sdk.HookMatcher(matcher="|".join(sorted(EDIT_TOOLS)), hooks=[before_edit])]},
         stderr=lambda line: log.info("claude: %s", line.rstrip()),

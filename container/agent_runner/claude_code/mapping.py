@@ -194,8 +194,9 @@ class EventMapper:
         error = getattr(message, "error", None)
         if error:
             text = " ".join(b.text for b in message.content if type(b).__name__ == "TextBlock")
-            raise ProviderError(f"the model call failed ({error}): {text}".strip(),
-                                retryable=str(error) in RETRYABLE_ERRORS)
+            raise ProviderError(
+                f"the model call failed ({error}): {text}".strip(), retryable=str(error) in RETRYABLE_ERRORS
+            )
         for block in message.content:
             kind = type(block).__name__
             if kind == "TextBlock" and block.text.strip():
@@ -218,21 +219,28 @@ class EventMapper:
         name, tool_input = self.calls.pop(block.tool_use_id, ("?", {}))
         output = envelopes.cap_text(tool_result_text(block.content), cap=self.output_cap)
         is_error = bool(block.is_error)
-        self.emit(ToolResultEvent(
-            tool_use_id=block.tool_use_id, name=name, output=output,
-            exit_code=1 if is_error else 0, is_error=is_error,
-            envelope=envelope_to_dict(self.envelope(block.tool_use_id, name, tool_input, output, is_error)),
-        ))
+        self.emit(
+            ToolResultEvent(
+                tool_use_id=block.tool_use_id,
+                name=name,
+                output=output,
+                exit_code=1 if is_error else 0,
+                is_error=is_error,
+                envelope=envelope_to_dict(self.envelope(block.tool_use_id, name, tool_input, output, is_error)),
+            )
+        )
 
-    def envelope(self, tool_use_id: str, name: str, tool_input: Mapping[str, Any], output: str,
-                 is_error: bool) -> KnownEnvelope:
+    def envelope(
+        self, tool_use_id: str, name: str, tool_input: Mapping[str, Any], output: str, is_error: bool
+    ) -> KnownEnvelope:
         before = self.before.pop(tool_use_id, None)
         if not is_error and name in EDIT_TOOLS and (path := self.file_path(tool_input)) is not None:
             after = read_snapshot(path)
             if after.text is not None:
                 old = before.text if before is not None else None
-                return envelopes.code_edit(self.shown_path(path), old, after.text,
-                                           old_total_bytes=before.size if before is not None else None)
+                return envelopes.code_edit(
+                    self.shown_path(path), old, after.text, old_total_bytes=before.size if before is not None else None
+                )
         if not is_error and name == TODO_TOOL and (items := _todo_items(tool_input)) is not None:
             return envelopes.todo(items)
         return envelopes.tool_call(name, tool_input, output, is_error=is_error)

@@ -23,7 +23,7 @@ _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,99}")
 def since_last_answer(history: list[SdkMessage]) -> list[SdkMessage]:
     """The messages after the last one the agent produced (all when it produced none)."""
     last = max((i for i, m in enumerate(history) if m.role in AGENT_ROLES), default=-1)
-    return history[last + 1:]
+    return history[last + 1 :]
 
 
 def _line(message: SdkMessage, assistant_name: str) -> str:
@@ -50,8 +50,10 @@ def build_prompt(history: list[SdkMessage], assistant_name: str, *, resuming: bo
     earlier, new = history[: len(history) - len(since_last_answer(history))], since_last_answer(history)
     if not earlier or not new:
         return transcript(history, assistant_name)
-    return (f"The conversation so far:\n\n{transcript(earlier, assistant_name)}\n\n"
-            f"New since your last answer:\n\n{transcript(new, assistant_name)}")
+    return (
+        f"The conversation so far:\n\n{transcript(earlier, assistant_name)}\n\n"
+        f"New since your last answer:\n\n{transcript(new, assistant_name)}"
+    )
 
 
 def session_file(config_dir: Path, session_id: str) -> Path | None:

@@ -220,8 +220,12 @@ def _usage_from_wire(usage: Any) -> TokenUsage:
     cache_read = _count(usage, "cache_read_input_tokens")
     cache_creation = _count(usage, "cache_creation_input_tokens")
     prompt = _count(usage, "input_tokens") + cache_read + cache_creation
-    return TokenUsage(input_tokens=prompt, output_tokens=_count(usage, "output_tokens"),
-                      cache_read_input_tokens=cache_read, cache_creation_input_tokens=cache_creation)
+    return TokenUsage(
+        input_tokens=prompt,
+        output_tokens=_count(usage, "output_tokens"),
+        cache_read_input_tokens=cache_read,
+        cache_creation_input_tokens=cache_creation,
+    )
 
 
 def _malformed(detail: str) -> ProviderError:
@@ -241,17 +245,18 @@ def response_from_json(raw: bytes) -> ProviderResponse:
     except (KeyError, TypeError, ValueError) as exc:
         raise _malformed(f"{exc!r} in {raw[:300]!r}") from exc
     stop = message.get("stop_reason")
-    return ProviderResponse(content=content, stop_reason=stop if isinstance(stop, str) else None,
-                            usage=_usage_from_wire(message.get("usage")))
+    return ProviderResponse(
+        content=content,
+        stop_reason=stop if isinstance(stop, str) else None,
+        usage=_usage_from_wire(message.get("usage")),
+    )
 
 
 def _provider_error(exc: anthropic.AnthropicError) -> ProviderError:
     if isinstance(exc, anthropic.APIStatusError):
         status = exc.status_code
         retryable = status in (408, 429) or status >= 500
-        return ProviderError(
-            f"Anthropic API error {status}: {exc.message}", retryable=retryable, status_code=status
-        )
+        return ProviderError(f"Anthropic API error {status}: {exc.message}", retryable=retryable, status_code=status)
     if isinstance(exc, anthropic.APIConnectionError):  # includes timeouts
         return ProviderError(f"cannot reach the Anthropic API: {exc}", retryable=True)
     return ProviderError(f"Anthropic SDK error: {exc}", retryable=False)
@@ -337,8 +342,10 @@ class MessageStream:
             found = payload.get("error")
             error: JsonObject = found if isinstance(found, dict) else {}
             err_type = str(error.get("type") or "error")
-            raise ProviderError(f"Anthropic API error mid-answer ({err_type}): {error.get('message', '')}",
-                                retryable=err_type in RETRYABLE_ERRORS)
+            raise ProviderError(
+                f"Anthropic API error mid-answer ({err_type}): {error.get('message', '')}",
+                retryable=err_type in RETRYABLE_ERRORS,
+            )
         if kind == "message_start":
             self.started = True
             usage = payload["message"].get("usage")
@@ -422,10 +429,7 @@ class AnthropicProvider:
         elif api_key:
             base_url = None  # the SDK's default endpoint, with a real key
         else:
-            raise InputError(
-                "the anthropic provider needs model.socket_path (key-injecting gateway) "
-                "or model.base_url"
-            )
+            raise InputError("the anthropic provider needs model.socket_path (key-injecting gateway) or model.base_url")
         http = _sdk_http_module()
         self._stream_errors: tuple[type[Exception], ...] = (http.HTTPError, http.StreamError)
         self._client = anthropic.Anthropic(
@@ -449,8 +453,7 @@ class AnthropicProvider:
             request["system"] = [{"type": "text", "text": system}]
         if tools:
             request["tools"] = [
-                {"name": t.name, "description": t.description, "input_schema": t.input_schema}
-                for t in tools
+                {"name": t.name, "description": t.description, "input_schema": t.input_schema} for t in tools
             ]
         budget = self.settings.thinking_budget
         if budget is not msgspec.UNSET:
@@ -461,9 +464,8 @@ class AnthropicProvider:
             # The SDK's retries and error mapping for the request; the event
             # stream is read here, as it arrives (:class:`MessageStream`).
             # The SDK names these shapes with its own *Param TypedDicts (see above).
-            with self._client.messages.with_streaming_response.create(
-                **request, stream=True  # type: ignore[arg-type]
-            ) as response:
+            create = self._client.messages.with_streaming_response.create
+            with create(**request, stream=True) as response:  # type: ignore[arg-type]
                 if not response.headers.get("content-type", "").startswith("text/event-stream"):
                     return response_from_json(response.read())  # a server that does not stream
                 stream = MessageStream(on_text)

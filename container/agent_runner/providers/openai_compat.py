@@ -311,9 +311,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(
-            p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
-        )
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return ""
 
 
@@ -364,9 +362,7 @@ def response_from_wire(raw: bytes) -> ProviderResponse:
         ) from None
     choices = body.get("choices") if isinstance(body, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise ProviderError(
-            f"the chat completions response has no choices: {_snippet(raw)}", retryable=False
-        )
+        raise ProviderError(f"the chat completions response has no choices: {_snippet(raw)}", retryable=False)
     choice = choices[0]
     message = choice.get("message")
     if not isinstance(message, dict):
@@ -398,8 +394,9 @@ def response_from_wire(raw: bytes) -> ProviderResponse:
 
 DONE = "[DONE]"
 # Error types a server names in an ``{"error": ...}`` event that another try may get past.
-RETRYABLE_STREAM_ERRORS = frozenset({"server_error", "overloaded_error", "api_error", "rate_limit_error",
-                                     "rate_limit_exceeded", "timeout"})
+RETRYABLE_STREAM_ERRORS = frozenset(
+    {"server_error", "overloaded_error", "api_error", "rate_limit_error", "rate_limit_exceeded", "timeout"}
+)
 
 
 class _CallParts:
@@ -456,11 +453,13 @@ class ChunkStream:
         try:
             chunk = json.loads(data)
         except ValueError:
-            raise ProviderError(f"the chat completions stream sent an event that is not JSON: {_snippet(data)}",
-                                retryable=False) from None
+            raise ProviderError(
+                f"the chat completions stream sent an event that is not JSON: {_snippet(data)}", retryable=False
+            ) from None
         if not isinstance(chunk, dict):
-            raise ProviderError(f"the chat completions stream sent an event that is not an object: "
-                                f"{_snippet(data)}", retryable=False)
+            raise ProviderError(
+                f"the chat completions stream sent an event that is not an object: {_snippet(data)}", retryable=False
+            )
         error = chunk.get("error")
         if error is not None:
             kind = error.get("type") or error.get("code") if isinstance(error, dict) else None
@@ -558,9 +557,7 @@ class OpenAICompatProvider:
         elif settings.base_url:
             base = server_root(settings.base_url)
         else:
-            raise InputError(
-                "the openai provider needs model.socket_path (key-injecting gateway) or model.base_url"
-            )
+            raise InputError("the openai provider needs model.socket_path (key-injecting gateway) or model.base_url")
         headers = {"content-type": "application/json", "accept": "application/json"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
@@ -649,8 +646,7 @@ class OpenAICompatProvider:
                 raise cut from exc
             return cut, None
         if not stream.complete:
-            cut = ProviderError("the chat completions stream ended before its finish_reason or [DONE]",
-                                retryable=True)
+            cut = ProviderError("the chat completions stream ended before its finish_reason or [DONE]", retryable=True)
             if stream.shown:
                 raise cut
             return cut, None

@@ -118,9 +118,7 @@ def run_bash(
 
     output = reader.text()
     if reader.total > output_cap_bytes:
-        output += (
-            f"\n[output truncated: showing the first {output_cap_bytes} of {reader.total} bytes]"
-        )
+        output += f"\n[output truncated: showing the first {output_cap_bytes} of {reader.total} bytes]"
     if timed_out:
         output += f"\n[timed out after {timeout_s:g}s; the command's process group was killed]"
         return output, TIMEOUT_EXIT_CODE

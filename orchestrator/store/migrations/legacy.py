@@ -53,8 +53,21 @@ def copy_messages(conn: sa.Connection) -> int:
     ``seq`` follows (timestamp, rowid): the legacy system's own read order.
     """
     columns = {c["name"] for c in sa.inspect(conn).get_columns(OLD_MESSAGES)}
-    read = [n for n in ("id", "chat_jid", "sender", "sender_name", "content", "timestamp", "is_from_me",
-                        "message_type", "metadata") if n in columns]
+    read = [
+        n
+        for n in (
+            "id",
+            "chat_jid",
+            "sender",
+            "sender_name",
+            "content",
+            "timestamp",
+            "is_from_me",
+            "message_type",
+            "metadata",
+        )
+        if n in columns
+    ]
     old = sa.table(OLD_MESSAGES, *(sa.column(n) for n in read))
     if conn.dialect.name == "sqlite":
         order: list[sa.ColumnElement[Any]] = [old.c.timestamp, sa.literal_column("rowid")]
@@ -63,15 +76,17 @@ def copy_messages(conn: sa.Connection) -> int:
         order = [old.c.timestamp.collate("C"), old.c.chat_jid, old.c.id]
     new = sa.table(
         "messages",
-        *(sa.column(n) for n in ("id", "chat_jid", "seq", "sender", "sender_name", "content", "timestamp",
-                                 "message_type")),
+        *(
+            sa.column(n)
+            for n in ("id", "chat_jid", "seq", "sender", "sender_name", "content", "timestamp", "message_type")
+        ),
         sa.column("is_from_me", sa.Boolean()),
         sa.column("metadata", sa.JSON(none_as_null=True)),
     )
     # Fetch everything before writing: one cursor at a time on the connection.
     rows = conn.execute(sa.select(*(old.c[n] for n in read)).order_by(*order)).mappings().all()
     for start in range(0, len(rows), _BATCH):
-        batch = rows[start:start + _BATCH]
+        batch = rows[start : start + _BATCH]
         conn.execute(new.insert(), [convert(row, seq) for seq, row in enumerate(batch, start + 1)])
     op.drop_table(OLD_MESSAGES)
     log.info("legacy upgrade: copied %d messages into the new messages table (seq 1..%d)", len(rows), len(rows))

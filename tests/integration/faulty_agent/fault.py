@@ -71,12 +71,15 @@ if "spend-crash" in words:
         open(marker, "w").close()
         import socket
 
-        body = json.dumps({"model": data["model"]["model"], "max_tokens": 16,
-                           "messages": [{"role": "user", "content": "spend"}]}).encode()
+        body = json.dumps(
+            {"model": data["model"]["model"], "max_tokens": 16, "messages": [{"role": "user", "content": "spend"}]}
+        ).encode()
         conn = socket.socket(socket.AF_UNIX)
         conn.connect(data["model"]["socket_path"])
-        conn.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
-                     b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        conn.sendall(
+            b"POST /v1/messages HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )
         while conn.recv(65536):
             pass
         print("fault: spent tokens, now crashing", file=sys.stderr)

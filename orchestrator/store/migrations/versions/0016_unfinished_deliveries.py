@@ -27,8 +27,11 @@ _UNFINISHED = "state IN ('pending', 'sending')"
 
 def upgrade() -> None:
     op.create_index(
-        "idx_deliveries_unfinished", "deliveries", ["chat_jid", "channel", "message_seq"],
-        postgresql_where=sa.text(_UNFINISHED), sqlite_where=sa.text(_UNFINISHED),
+        "idx_deliveries_unfinished",
+        "deliveries",
+        ["chat_jid", "channel", "message_seq"],
+        postgresql_where=sa.text(_UNFINISHED),
+        sqlite_where=sa.text(_UNFINISHED),
     )
 
 

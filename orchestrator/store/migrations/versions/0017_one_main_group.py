@@ -32,24 +32,37 @@ log = logging.getLogger("orchestrator.store.migrations")
 
 _MAIN = "is_main"
 _groups = sa.table(
-    "groups", sa.column("chat_jid", sa.Text()), sa.column("is_main", sa.Boolean()),
+    "groups",
+    sa.column("chat_jid", sa.Text()),
+    sa.column("is_main", sa.Boolean()),
     sa.column("created_at", sa.DateTime()),
 )
 
 
 def upgrade() -> None:
     conn = op.get_bind()
-    mains = conn.execute(
-        sa.select(_groups.c.chat_jid).where(_groups.c.is_main).order_by(_groups.c.created_at, _groups.c.chat_jid)
-    ).scalars().all()
+    mains = (
+        conn.execute(
+            sa.select(_groups.c.chat_jid).where(_groups.c.is_main).order_by(_groups.c.created_at, _groups.c.chat_jid)
+        )
+        .scalars()
+        .all()
+    )
     if len(mains) > 1:
         kept, demoted = mains[0], list(mains[1:])
         conn.execute(sa.update(_groups).where(_groups.c.chat_jid.in_(demoted)).values(is_main=False))
-        log.warning("more than one main group: kept the oldest, %r; made ordinary groups of %s",
-                    kept, ", ".join(repr(j) for j in demoted))
+        log.warning(
+            "more than one main group: kept the oldest, %r; made ordinary groups of %s",
+            kept,
+            ", ".join(repr(j) for j in demoted),
+        )
     op.create_index(
-        "uq_groups_one_main", "groups", ["is_main"], unique=True,
-        postgresql_where=sa.text(_MAIN), sqlite_where=sa.text(_MAIN),
+        "uq_groups_one_main",
+        "groups",
+        ["is_main"],
+        unique=True,
+        postgresql_where=sa.text(_MAIN),
+        sqlite_where=sa.text(_MAIN),
     )
 
 
