@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ColumnElement,
-    Connection,
     CursorResult,
     Engine,
     Float,
@@ -52,8 +51,14 @@ from sqlalchemy import (
     text,
     type_coerce,
 )
+
+# Connection and Session are re-exported: the transaction types callers outside the
+# store hold and pass back in (a store function runs in its caller's transaction),
+# so that no module outside orchestrator/store imports SQLAlchemy.
+from sqlalchemy import Connection as Connection
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session as Session
+from sqlalchemy.orm import sessionmaker
 
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import Settings
@@ -129,6 +134,9 @@ class Database:
             self.driver_errors = (psycopg.Error,)
         else:
             raise ConfigError(f"unsupported database URL {parsed.render_as_string()!r}: use sqlite or postgresql")
+        # Every exception type that means "the database said no" (SQLAlchemy's and the
+        # driver's own): what the API maps to 503 or 500 through unavailable_reason.
+        self.error_kinds: tuple[type[Exception], ...] = (exc.DBAPIError, exc.TimeoutError, *self.driver_errors)
         self._pid = os.getpid()
         _fork_safe(self.engine)
         if not self.is_sqlite:
@@ -456,6 +464,13 @@ def unavailable_reason(error: BaseException) -> str | None:
     if isinstance(error, (exc.OperationalError, exc.InterfaceError)) or _psycopg_passing(driver_error):
         return "the database does not answer (restarting, or unreachable)"
     return None
+
+
+def driver_message(error: BaseException) -> str:
+    """The driver's words for ``error``, not SQLAlchemy's text (which quotes the
+    statement's parameters): what a log line may carry."""
+    cause = error.orig if isinstance(error, exc.DBAPIError) else error
+    return str(cause).strip()
 
 
 def _psycopg_passing(error: BaseException | None) -> bool:
