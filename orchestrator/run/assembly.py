@@ -21,8 +21,6 @@ import hashlib
 import zlib
 from dataclasses import dataclass
 
-from sqlalchemy import select
-
 from agent_runner.protocol import ContainerInput, Limits, ModelSettings, SdkMessage, decode_input
 from orchestrator.core.errors import StoreError
 from orchestrator.core.settings import Settings
@@ -35,7 +33,7 @@ from orchestrator.sandbox.config import effective_limits
 from orchestrator.store.db import Database
 from orchestrator.store.groups import Group, get_group
 from orchestrator.store.message_log import get_messages_after, get_recent_messages
-from orchestrator.store.tables import RunRow
+from orchestrator.store.runs import recorded_input, run_cursors, save_input
 
 
 @dataclass(frozen=True)
@@ -161,20 +159,13 @@ def input_bytes(payload: ContainerInput) -> bytes:
 
 def record_input(db: Database, run_id: str, data: bytes) -> str:
     digest = hashlib.sha256(data).hexdigest()
-    # Once a run: fixed SQL on the driver (docs/performance.md, "The control plane").
-    db.write_fixed(
-        "UPDATE runs SET input_sha256 = :digest, input_json = :data WHERE id = :run_id",
-        {"digest": digest, "data": zlib.compress(data), "run_id": run_id},
-    )
+    save_input(db, run_id, digest, zlib.compress(data))
     return digest
 
 
 def stored_input(db: Database, run_id: str) -> bytes | None:
-    with db.read() as session:
-        row = session.execute(select(RunRow.input_json).where(RunRow.id == run_id)).first()
-    if row is None:
-        raise StoreError(f"no run {run_id!r}")
-    return None if row[0] is None else zlib.decompress(row[0])
+    compressed = recorded_input(db, run_id)
+    return None if compressed is None else zlib.decompress(compressed)
 
 
 def rebuild_input(db: Database, settings: Settings, run_id: str) -> bytes:
@@ -188,10 +179,7 @@ def rebuild_input(db: Database, settings: Settings, run_id: str) -> bytes:
     if recorded is None:
         raise StoreError(f"run {run_id} has no recorded input")
     original = decode_input(recorded)
-    with db.read() as session:
-        run = session.get(RunRow, run_id)
-        assert run is not None  # stored_input found it
-        cursor_from, cursor_to = run.cursor_from, run.cursor_to
+    cursor_from, cursor_to = run_cursors(db, run_id)
     group = get_group(db, original.chat_jid)
     new = [m for m in get_messages_after(group.chat_jid, cursor_from, db=db) if m.seq <= cursor_to]
     planned = plan_batch(new)

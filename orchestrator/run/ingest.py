@@ -34,8 +34,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Connection, update
-from sqlalchemy.orm import Session
 
 from orchestrator.core import metrics, tracing
 from orchestrator.core.errors import RateLimited, UnregisteredChatsFull
@@ -44,11 +42,11 @@ from orchestrator.core.settings import Settings
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, MessageType, NewMessage, StoredMessage
 from orchestrator.run.queue import signal_group
 from orchestrator.run.router import wakes
-from orchestrator.store.db import Database, driver_execute, unavailable_reason
+from orchestrator.store import unregistered
+from orchestrator.store.db import Connection, Database, unavailable_reason
 from orchestrator.store.deliveries import record_deliveries, with_origin
-from orchestrator.store.hosts import ALIVE_WINDOW_S, place_sql
+from orchestrator.store.groups import mark_pending, routing
 from orchestrator.store.message_log import insert_message, new_message_id, now_iso
-from orchestrator.store.tables import GroupRow
 from orchestrator.store.traces import record_trace
 from orchestrator.store.usage import record_sender_message, sender_retry_after
 
@@ -91,46 +89,6 @@ class IngestResult(BaseModel):
     signalled: bool
 
 
-def mark_pending(session: Session, chat_jid: str, seq: int) -> None:
-    """Record, inside the caller's transaction, that ``seq`` should wake the agent."""
-    session.execute(
-        update(GroupRow).where(GroupRow.chat_jid == chat_jid, GroupRow.pending_seq < seq).values(pending_seq=seq)
-    )
-
-
-# The last column: the host the group is placed on while it takes groups (else NULL), where
-# its signal goes (orchestrator/store/placement.py): read here, the signal needs no look-up.
-_ROUTING = (
-    "SELECT is_main, requires_trigger, assistant_name, pending_seq, cursor_seq, {place} "
-    "FROM groups WHERE chat_jid = :chat_jid"
-)
-_ROUTING_SQLITE = _ROUTING.format(place=place_sql(sqlite=True))
-# PostgreSQL: lock the group row until the commit, so that "was the group
-# idle?" is decided in the same order as the worker's cursor updates (which
-# lock the row too).  SQLite: the IMMEDIATE transaction already excludes them.
-_ROUTING_LOCKED = _ROUTING.format(place=place_sql(sqlite=False)) + " FOR UPDATE OF groups"
-_MARK_PENDING = "UPDATE groups SET pending_seq = :seq WHERE chat_jid = :chat_jid AND pending_seq < :seq"
-
-# Unregistered chats (see the module's doc).  Whether the chat had a message before this one
-# (an index probe on (chat_jid, seq)): if not, it is a chat not kept yet.
-_KEPT_BEFORE = "SELECT 1 FROM messages WHERE chat_jid = :chat_jid AND seq < :seq LIMIT 1"
-# The other chats with messages and no group, counted up to :limit.  The messages table
-# has no list of its chats: a loose index scan over (chat_jid, seq) walks them one probe
-# each (the chats of registered groups too), never the messages; it runs only for a new
-# unregistered chat's first message, and the cap bounds what it walks.
-_OTHER_UNREGISTERED = """WITH RECURSIVE chats(jid) AS (
-        SELECT MIN(chat_jid) FROM messages
-        UNION ALL
-        SELECT (SELECT MIN(m.chat_jid) FROM messages m WHERE m.chat_jid > chats.jid)
-        FROM chats WHERE chats.jid IS NOT NULL)
-    SELECT COUNT(*) FROM (
-        SELECT jid FROM chats
-        WHERE jid IS NOT NULL AND jid <> :chat_jid
-          AND NOT EXISTS (SELECT 1 FROM groups g WHERE g.chat_jid = chats.jid)
-        LIMIT :limit) AS kept"""
-# The chat's messages older than its :keep newest (none while it has fewer).
-_PRUNE = """DELETE FROM messages WHERE chat_jid = :chat_jid AND seq < (
-        SELECT seq FROM messages WHERE chat_jid = :chat_jid ORDER BY seq DESC LIMIT 1 OFFSET :older)"""
 # Chats already logged as dropped, per process (the newest ones; a flood of new chats
 # must not grow it nor flood the log).
 _DROPPED_LOGGED: OrderedDict[str, None] = OrderedDict()
@@ -342,30 +300,29 @@ def _store(
     if rate:
         record_sender_message(conn, db, chat_jid=new.chat_jid, sender=new.sender)
     out.queued = record_deliveries(conn, msg)
-    # Read the group inside the same transaction as the insert.
-    routing = _ROUTING_SQLITE if db.is_sqlite else _ROUTING_LOCKED
-    group = driver_execute(conn, routing, {"chat_jid": incoming.chat_jid, "window": ALIVE_WINDOW_S}).fetchone()
+    # Read the group inside the same transaction as the insert (its row locked on PostgreSQL).
+    group = routing(conn, incoming.chat_jid)
     if group is None:
         out.triggered = False
         _bound_unregistered(conn, settings, msg)
     elif wake is None:
-        is_main, requires_trigger, assistant_name = group[0], group[1], group[2]
         out.triggered = wakes(
             msg,
-            is_main=bool(is_main),
-            requires_trigger=bool(requires_trigger),
-            assistant_name=assistant_name,
+            is_main=group.is_main,
+            requires_trigger=group.requires_trigger,
+            assistant_name=group.assistant_name,
             names=settings.trigger_names,
         )
     else:
         out.triggered = wake
     if out.triggered:
-        driver_execute(conn, _MARK_PENDING, {"chat_jid": incoming.chat_jid, "seq": msg.seq})
+        assert group is not None  # only a registered group wakes the agent
+        mark_pending(conn, incoming.chat_jid, msg.seq)
         trace = tracing.traceparent()  # "" while tracing is off: no statement
         if trace:
             record_trace(conn, msg.seq, trace)
-        pending_seq, cursor_seq, out.place = group[3], group[4], group[5]
-        out.needs_signal = pending_seq <= cursor_seq
+        out.place = group.place
+        out.needs_signal = group.pending_seq <= group.cursor_seq
     return out
 
 
@@ -374,12 +331,11 @@ def _bound_unregistered(conn: Connection, settings: Settings, msg: StoredMessage
     inserted: refuse it if its chat is new and the cap is reached (the caller's transaction rolls
     back: nothing stored), else keep the chat's newest messages only (see the module's doc)."""
     cap, window = settings.unregistered_chats, settings.unregistered_chat_messages
-    if cap and driver_execute(conn, _KEPT_BEFORE, {"chat_jid": msg.chat_jid, "seq": msg.seq}).fetchone() is None:
-        others = driver_execute(conn, _OTHER_UNREGISTERED, {"chat_jid": msg.chat_jid, "limit": cap}).fetchone()[0]
-        if others >= cap:
+    if cap and not unregistered.kept_before(conn, msg.chat_jid, msg.seq):
+        if unregistered.other_unregistered_chats(conn, msg.chat_jid, cap) >= cap:
             raise UnregisteredChatsFull(msg.chat_jid, cap)
     if window:
-        driver_execute(conn, _PRUNE, {"chat_jid": msg.chat_jid, "older": window - 1})
+        unregistered.keep_newest(conn, msg.chat_jid, window)
 
 
 def _dropped(exc: UnregisteredChatsFull) -> None:

@@ -25,6 +25,8 @@ from datetime import UTC, datetime, timedelta
 from orchestrator.core.settings import Settings
 from orchestrator.store.db import Database
 from orchestrator.store.groups import Group
+from orchestrator.store.runs import recent_run_ends
+from orchestrator.store.schedules import active_due_times
 
 log = logging.getLogger(__name__)
 
@@ -42,25 +44,10 @@ class NoticeContext:
 NoticeProvider = Callable[[NoticeContext], list[str]]
 
 
-# Both providers read on the driver: they run before every run (docs/performance.md,
-# "The control plane": the ORM's list_runs and list_tasks were a millisecond of each run's CPU).
-_RECENT_RUNS = (
-    "SELECT state, error, finished_at FROM runs WHERE chat_jid = :chat_jid AND replay_of IS NULL "
-    "ORDER BY created_at DESC LIMIT 5"
-)
-_ACTIVE_TASKS = (
-    "SELECT prompt, next_run_at FROM scheduled_tasks WHERE chat_jid = :chat_jid "
-    "AND state = 'active' AND next_run_at IS NOT NULL ORDER BY created_at"
-)
-
-
 def previous_run_failed(ctx: NoticeContext) -> list[str]:
     # The newest finished one of the chat's five newest runs (replays are not the chat's).
-    recent = [
-        (state, error)
-        for state, error, finished_at in ctx.db.read_fixed(_RECENT_RUNS, {"chat_jid": ctx.group.chat_jid})
-        if finished_at is not None
-    ]
+    ends = recent_run_ends(ctx.db, ctx.group.chat_jid)
+    recent = [(state, error) for state, error, finished_at in ends if finished_at is not None]
     if recent and recent[0][0] in ("failed", "timed_out"):
         state, error = recent[0]
         why = (error or "unknown error").splitlines()[0][:200]
@@ -70,18 +57,12 @@ def previous_run_failed(ctx: NoticeContext) -> list[str]:
 
 def scheduled_tasks_due(ctx: NoticeContext) -> list[str]:
     now = datetime.now(UTC)
-    tasks = [(prompt, _utc(at)) for prompt, at in ctx.db.read_fixed(_ACTIVE_TASKS, {"chat_jid": ctx.group.chat_jid})]
+    tasks = active_due_times(ctx.db, ctx.group.chat_jid)
     due = sorted(((prompt, at) for prompt, at in tasks if at <= now + DUE_SOON), key=lambda t: t[1])
     if not due:
         return []
     parts = [f'"{prompt[:60]}" at {at:%H:%M} UTC' for prompt, at in due[:MAX_LISTED]]
     return [f"Note: scheduled tasks due within the hour: {'; '.join(parts)}."]
-
-
-def _utc(value: datetime | str) -> datetime:
-    """A timestamp as the driver gives it (SQLite: UTC text without a zone), aware in UTC."""
-    at = datetime.fromisoformat(value) if isinstance(value, str) else value
-    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
 
 
 DEFAULT_PROVIDERS: list[NoticeProvider] = [previous_run_failed, scheduled_tasks_due]

@@ -11,6 +11,8 @@ interval task once (for its latest missed time), not once per missed slot.
 
 Context modes: ``group`` runs with the group's history and session;
 ``isolated`` runs with the task's prompt alone and no session.
+
+The rows and their statements are ``orchestrator/store/schedules.py``'s.
 """
 
 from __future__ import annotations
@@ -20,48 +22,30 @@ import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Literal
 
 from croniter import croniter
-from pydantic import BaseModel, ConfigDict
-from sqlalchemy import select, update
 
 from orchestrator.core import tracing
 from orchestrator.core.errors import InvalidMessage, StoreError
 from orchestrator.model.messages import SENDER_SCHEDULER, NewMessage
-from orchestrator.run.ingest import mark_pending
-from orchestrator.store.db import Database, changed_rows
+from orchestrator.store.db import Database
 from orchestrator.store.deliveries import record_deliveries
-from orchestrator.store.groups import get_group
+from orchestrator.store.groups import get_group, mark_pending
 from orchestrator.store.message_log import insert_message, now_iso
-from orchestrator.store.tables import ScheduledTaskRow
+from orchestrator.store.schedules import ContextMode as ContextMode
+from orchestrator.store.schedules import ScheduledTask as ScheduledTask
+from orchestrator.store.schedules import ScheduleKind as ScheduleKind
+from orchestrator.store.schedules import TaskState as TaskState
+from orchestrator.store.schedules import claim_due_time, due_tasks, insert_task, set_task_state
+from orchestrator.store.schedules import get_task as get_task
+from orchestrator.store.schedules import list_tasks as list_tasks
 from orchestrator.store.traces import record_trace
 
 log = logging.getLogger(__name__)
 
-ScheduleKind = Literal["cron", "interval", "once"]
-ContextMode = Literal["group", "isolated"]
-TaskState = Literal["active", "paused", "cancelled", "done"]
-
 SCHEDULER_SENDER = SENDER_SCHEDULER
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-class ScheduledTask(BaseModel):
-    model_config = ConfigDict(frozen=True, from_attributes=True)
-
-    id: str
-    chat_jid: str
-    prompt: str
-    kind: ScheduleKind
-    spec: str
-    context_mode: ContextMode
-    state: TaskState
-    next_run_at: datetime | None
-    last_run_at: datetime | None
-    runs: int
-    created_at: datetime
 
 
 def parse_interval(text: str) -> float:
@@ -122,40 +106,20 @@ def add_task(
             raise InvalidMessage(f"time {spec!r} is in the past")
     else:
         raise InvalidMessage(f"schedule kind {kind!r}: use cron, interval or once")
-    row = ScheduledTaskRow(
-        id=str(uuid.uuid4()),
+    return insert_task(
+        db,
+        task_id=str(uuid.uuid4()),
         chat_jid=chat_jid,
         prompt=prompt,
         kind=kind,
         spec=spec,
         context_mode=context_mode,
-        state="active",
         next_run_at=first,
-        runs=0,
         created_at=now,
     )
-    with db.write() as session:
-        session.add(row)
-    return ScheduledTask.model_validate(row)
 
 
-def list_tasks(db: Database, *, chat_jid: str | None = None) -> list[ScheduledTask]:
-    stmt = select(ScheduledTaskRow).order_by(ScheduledTaskRow.created_at)
-    if chat_jid:
-        stmt = stmt.where(ScheduledTaskRow.chat_jid == chat_jid)
-    with db.read() as session:
-        return [ScheduledTask.model_validate(r) for r in session.scalars(stmt)]
-
-
-def get_task(db: Database, task_id: str) -> ScheduledTask:
-    with db.read() as session:
-        rows = list(session.scalars(select(ScheduledTaskRow).where(ScheduledTaskRow.id.like(f"{task_id}%")).limit(2)))
-    if len(rows) != 1:
-        raise StoreError(f"no scheduled task {task_id!r}" if not rows else f"task id {task_id!r} is ambiguous")
-    return ScheduledTask.model_validate(rows[0])
-
-
-_TRANSITIONS: dict[str, tuple[set[str], str]] = {
+_TRANSITIONS: dict[str, tuple[set[str], TaskState]] = {
     "pause": ({"active"}, "paused"),
     "resume": ({"paused"}, "active"),
     "cancel": ({"active", "paused"}, "cancelled"),
@@ -168,28 +132,21 @@ def change_state(db: Database, task_id: str, action: str, *, now: datetime | Non
     allowed, target = _TRANSITIONS[action]
     if task.state not in allowed:
         raise StoreError(f"task {task.id[:8]} is {task.state}; cannot {action} it")
-    values: dict[str, object] = {"state": target}
+    following = None
     if action == "resume":
         # Resuming does not fire everything that fell due while paused.
         now = now or datetime.now(UTC)
         nxt = task.next_run_at
         if task.kind != "once" and (nxt is None or nxt <= now):
-            values["next_run_at"] = next_due(task.kind, task.spec, now)
-    with db.write() as session:
-        session.execute(update(ScheduledTaskRow).where(ScheduledTaskRow.id == task.id).values(**values))
+            following = next_due(task.kind, task.spec, now)
+    set_task_state(db, task.id, target, next_run_at=following)
     return get_task(db, task.id)
 
 
 def fire_due(db: Database, *, signal: Callable[[str], object] | None, now: datetime | None = None) -> list[str]:
     """Fire every active task that is due; returns the ids of the messages stored."""
     now = now or datetime.now(UTC)
-    with db.read() as session:
-        due = [
-            ScheduledTask.model_validate(r)
-            for r in session.scalars(
-                select(ScheduledTaskRow).where(ScheduledTaskRow.state == "active", ScheduledTaskRow.next_run_at <= now)
-            )
-        ]
+    due = due_tasks(db, now)
     fired: list[str] = []
     for task in due:
         # With tracing on, each firing is the trace of a message that wakes the agent,
@@ -221,23 +178,7 @@ def _fire(db: Database, task: ScheduledTask, now: datetime, signal: Callable[[st
     # Claim the due time, store its message and mark the group pending in
     # one transaction: a crash leaves either all of it or none.
     with db.write() as session:
-        claimed = changed_rows(
-            session.execute(
-                update(ScheduledTaskRow)
-                .where(
-                    ScheduledTaskRow.id == task.id,
-                    ScheduledTaskRow.next_run_at == task.next_run_at,
-                    ScheduledTaskRow.state == "active",
-                )
-                .values(
-                    next_run_at=following,
-                    last_run_at=now,
-                    runs=ScheduledTaskRow.runs + 1,
-                    state="active" if following is not None else "done",
-                )
-            )
-        )
-        if claimed != 1:
+        if not claim_due_time(session, task, following=following, now=now):
             return None  # another ticker fired this due time
         stored, created = insert_message(session, db, msg)
         if created:

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from sqlalchemy import update
 
 from orchestrator.core.errors import ContainerConfigError, UnknownGroup
 from orchestrator.core.jsontypes import WHOLE_NUMBER
@@ -45,9 +44,8 @@ from orchestrator.sandbox.mounts import (
     resolve_mounts,
 )
 from orchestrator.sandbox.quota import Volume, human, prepare_workspace, workspace_quota_bytes
-from orchestrator.store.db import Database, changed_rows
-from orchestrator.store.groups import Group, get_group
-from orchestrator.store.tables import GroupRow
+from orchestrator.store.db import Database
+from orchestrator.store.groups import Group, get_group, store_container_config
 
 MIN_MEMORY_BYTES = 32 * 1024**2
 MAX_PIDS = 32768
@@ -233,10 +231,6 @@ def set_container_config(db: Database, settings: Settings, chat_jid: str, raw: s
             )
     resolve_mounts(settings, cfg.extra_mounts, folder=group.folder, is_main=group.is_main, chat_jid=group.chat_jid)
     stored = cfg.model_dump(mode="json", exclude_defaults=True) or None
-    with db.write() as session:
-        updated = changed_rows(
-            session.execute(update(GroupRow).where(GroupRow.chat_jid == chat_jid).values(container_config=stored))
-        )
-    if not updated:
+    if not store_container_config(db, chat_jid, stored):
         raise UnknownGroup(chat_jid)
     return get_group(db, chat_jid)

@@ -27,7 +27,6 @@ import shutil
 from pathlib import Path
 
 import docker
-from sqlalchemy import update
 
 from agent_runner.protocol import SESSION_MOUNT
 from orchestrator.core.errors import HostileEntry, MountRefused
@@ -38,8 +37,7 @@ from orchestrator.sandbox.hostile_fs import make_dirs
 from orchestrator.sandbox.quota import Volume, group_volumes, prepare_workspace
 from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store.db import Database
-from orchestrator.store.groups import get_group, validate_folder
-from orchestrator.store.tables import GroupRow
+from orchestrator.store.groups import clear_session, get_group, validate_folder
 
 # Providers whose container gets the session folder.
 SESSION_PROVIDERS = frozenset({"claude-code"})
@@ -122,8 +120,7 @@ def reset_session(db: Database, settings: Settings, chat_jid: str, client: docke
     Returns how many containers were stopped.
     """
     group = get_group(db, chat_jid)
-    with db.write() as session:
-        session.execute(update(GroupRow).where(GroupRow.chat_jid == chat_jid).values(session_id=None))
+    clear_session(db, chat_jid)
     stopped = WarmPool(settings, client or docker_client(settings)).stop(group.folder)
     forget_session(settings, group.folder)  # after the stop: no container writes into it any more
     return stopped

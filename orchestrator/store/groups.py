@@ -11,16 +11,19 @@ import hashlib
 import json
 import re
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import select
+from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from orchestrator.core.errors import ConfigError, InvalidMessage, StoreError, UnknownGroup
 from orchestrator.core.jsontypes import JsonObject
-from orchestrator.store.db import Database
+from orchestrator.store.db import Database, changed_rows, driver_execute
+from orchestrator.store.hosts import ALIVE_WINDOW_S, place_sql
 from orchestrator.store.tables import GroupRow
 
 # A folder name (also the API's schema pattern, orchestrator/http/api.py).
@@ -270,3 +273,80 @@ def send_refusal(db: Database, group: Group, target: str) -> str | None:
     if find_group(db, target) is None:
         return f"{target!r} is not a registered chat"
     return None
+
+
+# -- the run path's marks on a group (in the caller's transaction) ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """What ingest reads of a message's group, in its transaction (see :func:`routing`)."""
+
+    is_main: bool
+    requires_trigger: bool
+    assistant_name: str | None
+    pending_seq: int
+    cursor_seq: int
+    # The host the group is placed on while that host takes groups (else None): where its
+    # signal goes (orchestrator/store/placement.py), read here so the signal needs no look-up.
+    place: str | None
+
+
+_ROUTING = (
+    "SELECT is_main, requires_trigger, assistant_name, pending_seq, cursor_seq, {place} "
+    "FROM groups WHERE chat_jid = :chat_jid"
+)
+# PostgreSQL: lock the group row until the commit, so that "was the group idle?" is
+# decided in the same order as the worker's cursor updates (which lock the row too).
+# SQLite: the IMMEDIATE transaction already excludes them.
+_ROUTING_SQL = {
+    True: _ROUTING.format(place=place_sql(sqlite=True)),
+    False: _ROUTING.format(place=place_sql(sqlite=False)) + " FOR UPDATE OF groups",
+}
+
+
+def routing(conn: Connection, chat_jid: str) -> Routing | None:
+    """The group ``chat_jid`` as ingest decides on it, in the caller's transaction ``conn``
+    (None: no registered group).  One fixed read on the driver, the group's row locked to
+    the commit on PostgreSQL (ingest's hot path: docs/performance.md)."""
+    sql = _ROUTING_SQL[conn.dialect.name == "sqlite"]
+    row = driver_execute(conn, sql, {"chat_jid": chat_jid, "window": ALIVE_WINDOW_S}).fetchone()
+    if row is None:
+        return None
+    is_main, requires_trigger, assistant_name, pending_seq, cursor_seq, place = row
+    return Routing(bool(is_main), bool(requires_trigger), assistant_name, pending_seq, cursor_seq, place)
+
+
+_MARK_PENDING = "UPDATE groups SET pending_seq = :seq WHERE chat_jid = :chat_jid AND pending_seq < :seq"
+
+
+def mark_pending(session: Session | Connection, chat_jid: str, seq: int) -> None:
+    """Record, inside the caller's transaction (an ORM session or a Core connection), that
+    ``seq`` should wake the agent: the group's ``pending_seq`` rises to it (never falls)."""
+    conn = session.connection() if isinstance(session, Session) else session
+    driver_execute(conn, _MARK_PENDING, {"chat_jid": chat_jid, "seq": seq})
+
+
+def advance_cursor(session: Session, chat_jid: str, cursor_to: int) -> None:
+    """Move the group's cursor up to ``cursor_to`` (never back), in the caller's transaction."""
+    session.execute(
+        update(GroupRow)
+        .where(GroupRow.chat_jid == chat_jid, GroupRow.cursor_seq < cursor_to)
+        .values(cursor_seq=cursor_to)
+    )
+
+
+def clear_session(db: Database, chat_jid: str) -> None:
+    """Forget the group's model session: its next run starts a new one."""
+    with db.write() as session:
+        session.execute(update(GroupRow).where(GroupRow.chat_jid == chat_jid).values(session_id=None))
+
+
+def store_container_config(db: Database, chat_jid: str, config: JsonObject | None) -> bool:
+    """Store the group's container config as given (checked by ``sandbox/config.py``, a floor
+    above; None clears it); False when there is no such group."""
+    with db.write() as session:
+        updated = changed_rows(
+            session.execute(update(GroupRow).where(GroupRow.chat_jid == chat_jid).values(container_config=config))
+        )
+    return bool(updated)

@@ -347,3 +347,49 @@ def list_runs(
         stmt = stmt.where(RunRow.state == state)
     with db.read() as session:
         return [_to_run(r) for r in session.scalars(stmt)]
+
+
+# Read on the driver before every run (its notices, orchestrator/run/notices.py): the ORM's
+# list_runs was a millisecond of each run's CPU (docs/performance.md, "The control plane").
+_RECENT_ENDS = (
+    "SELECT state, error, finished_at FROM runs WHERE chat_jid = :chat_jid AND replay_of IS NULL "
+    "ORDER BY created_at DESC LIMIT :limit"
+)
+
+
+def recent_run_ends(db: Database, chat_jid: str, limit: int = 5) -> list[tuple[str, str | None, datetime | None]]:
+    """(state, error, finished_at) of the chat's ``limit`` newest runs (not replays), newest first:
+    one fixed read."""
+    rows = db.read_fixed(_RECENT_ENDS, {"chat_jid": chat_jid, "limit": limit})
+    return [(state, error, db_time(finished_at)) for state, error, finished_at in rows]
+
+
+# -- the input a run's container was given (exact bytes, zlib-compressed, and their SHA-256) ---
+
+# Once a run: fixed SQL on the driver (docs/performance.md, "The control plane").
+_SAVE_INPUT = "UPDATE runs SET input_sha256 = :digest, input_json = :data WHERE id = :run_id"
+
+
+def save_input(db: Database, run_id: str, digest: str, compressed: bytes) -> None:
+    """Record the run's input: ``compressed`` (the bytes, zlib-compressed) and ``digest``
+    (their SHA-256 before compression), in a transaction of its own."""
+    db.write_fixed(_SAVE_INPUT, {"digest": digest, "data": compressed, "run_id": run_id})
+
+
+def recorded_input(db: Database, run_id: str) -> bytes | None:
+    """The run's recorded input as stored (zlib-compressed; None: none recorded); StoreError
+    for no such run."""
+    with db.read() as session:
+        row = session.execute(select(RunRow.input_json).where(RunRow.id == run_id)).first()
+    if row is None:
+        raise StoreError(f"no run {run_id!r}")
+    return row[0]
+
+
+def run_cursors(db: Database, run_id: str) -> tuple[int, int]:
+    """The run's (cursor_from, cursor_to): the messages it answered; StoreError for no such run."""
+    with db.read() as session:
+        run = session.get(RunRow, run_id)
+        if run is None:
+            raise StoreError(f"no run {run_id!r}")
+        return run.cursor_from, run.cursor_to

@@ -1,0 +1,149 @@
+"""Scheduled tasks' rows: the ``scheduled_tasks`` table.
+
+What a task is and when it falls due (cron lines, intervals, a time once; the states a
+task may move between; firing) is ``orchestrator/run/schedules.py``'s; this module stores
+and reads the rows it decides on.  A task's due time is claimed by a conditional UPDATE
+(:func:`claim_due_time`, in the transaction that stores its message), so one due time
+fires once however many beat processes tick.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from orchestrator.core.errors import StoreError
+from orchestrator.store.db import Database, changed_rows, db_time
+from orchestrator.store.tables import ScheduledTaskRow
+
+ScheduleKind = Literal["cron", "interval", "once"]
+ContextMode = Literal["group", "isolated"]
+TaskState = Literal["active", "paused", "cancelled", "done"]
+
+
+class ScheduledTask(BaseModel):
+    model_config = ConfigDict(frozen=True, from_attributes=True)
+
+    id: str
+    chat_jid: str
+    prompt: str
+    kind: ScheduleKind
+    spec: str
+    context_mode: ContextMode
+    state: TaskState
+    next_run_at: datetime | None
+    last_run_at: datetime | None
+    runs: int
+    created_at: datetime
+
+
+def insert_task(
+    db: Database,
+    *,
+    task_id: str,
+    chat_jid: str,
+    prompt: str,
+    kind: ScheduleKind,
+    spec: str,
+    context_mode: ContextMode,
+    next_run_at: datetime | None,
+    created_at: datetime,
+) -> ScheduledTask:
+    """Store a new ``active`` task (checked by the caller) in a transaction of its own."""
+    row = ScheduledTaskRow(
+        id=task_id,
+        chat_jid=chat_jid,
+        prompt=prompt,
+        kind=kind,
+        spec=spec,
+        context_mode=context_mode,
+        state="active",
+        next_run_at=next_run_at,
+        runs=0,
+        created_at=created_at,
+    )
+    with db.write() as session:
+        session.add(row)
+    return ScheduledTask.model_validate(row)
+
+
+def list_tasks(db: Database, *, chat_jid: str | None = None) -> list[ScheduledTask]:
+    """Every task (of one chat), oldest first."""
+    stmt = select(ScheduledTaskRow).order_by(ScheduledTaskRow.created_at)
+    if chat_jid:
+        stmt = stmt.where(ScheduledTaskRow.chat_jid == chat_jid)
+    with db.read() as session:
+        return [ScheduledTask.model_validate(r) for r in session.scalars(stmt)]
+
+
+def get_task(db: Database, task_id: str) -> ScheduledTask:
+    """The task whose id is or starts with ``task_id``; StoreError for none or several."""
+    with db.read() as session:
+        rows = list(session.scalars(select(ScheduledTaskRow).where(ScheduledTaskRow.id.like(f"{task_id}%")).limit(2)))
+    if len(rows) != 1:
+        raise StoreError(f"no scheduled task {task_id!r}" if not rows else f"task id {task_id!r} is ambiguous")
+    return ScheduledTask.model_validate(rows[0])
+
+
+def set_task_state(db: Database, task_id: str, state: TaskState, *, next_run_at: datetime | None = None) -> None:
+    """The task is now in ``state`` (and due at ``next_run_at`` when given)."""
+    values: dict[str, object] = {"state": state}
+    if next_run_at is not None:
+        values["next_run_at"] = next_run_at
+    with db.write() as session:
+        session.execute(update(ScheduledTaskRow).where(ScheduledTaskRow.id == task_id).values(**values))
+
+
+def due_tasks(db: Database, now: datetime) -> list[ScheduledTask]:
+    """The active tasks due at ``now``."""
+    with db.read() as session:
+        return [
+            ScheduledTask.model_validate(r)
+            for r in session.scalars(
+                select(ScheduledTaskRow).where(ScheduledTaskRow.state == "active", ScheduledTaskRow.next_run_at <= now)
+            )
+        ]
+
+
+def claim_due_time(session: Session, task: ScheduledTask, *, following: datetime | None, now: datetime) -> bool:
+    """Claim ``task``'s due time (``task.next_run_at``) in the caller's transaction: it moves on
+    to ``following`` (None: the task is done).  False when another ticker claimed it first."""
+    claimed = changed_rows(
+        session.execute(
+            update(ScheduledTaskRow)
+            .where(
+                ScheduledTaskRow.id == task.id,
+                ScheduledTaskRow.next_run_at == task.next_run_at,
+                ScheduledTaskRow.state == "active",
+            )
+            .values(
+                next_run_at=following,
+                last_run_at=now,
+                runs=ScheduledTaskRow.runs + 1,
+                state="active" if following is not None else "done",
+            )
+        )
+    )
+    return claimed == 1
+
+
+# Read on the driver before every run (its notices): the ORM's list_tasks was a
+# millisecond of each run's CPU (docs/performance.md, "The control plane").
+_ACTIVE_TIMES = (
+    "SELECT prompt, next_run_at FROM scheduled_tasks WHERE chat_jid = :chat_jid "
+    "AND state = 'active' AND next_run_at IS NOT NULL ORDER BY created_at"
+)
+
+
+def active_due_times(db: Database, chat_jid: str) -> list[tuple[str, datetime]]:
+    """(prompt, next due time) of the chat's active tasks, oldest task first: one fixed read."""
+    found: list[tuple[str, datetime]] = []
+    for prompt, at in db.read_fixed(_ACTIVE_TIMES, {"chat_jid": chat_jid}):
+        due = db_time(at)
+        assert due is not None  # IS NOT NULL in the statement
+        found.append((prompt, due))
+    return found
