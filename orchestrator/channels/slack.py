@@ -32,7 +32,6 @@ import threading
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
-from sqlalchemy import select
 
 from orchestrator.channels.base import BaseChannel
 from orchestrator.channels.slack_blocks import slack_posts
@@ -41,8 +40,9 @@ from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.model.render import RenderedMessage
 from orchestrator.model.views import REPLY_TO_KEY
+from orchestrator.store.attachments import chats_on_with_assistant
 from orchestrator.store.db import Database, open_database
-from orchestrator.store.tables import GroupChannelRow, GroupRow, MessageRow
+from orchestrator.store.message_log import message_metadata
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +167,7 @@ class SlackWeb:
 def thread_of(db: Database, chat_jid: str, seq: int, address: str) -> str | None:
     """The Slack thread message ``seq`` of ``chat_jid`` was written in, when it came from
     the Slack conversation ``address`` in a thread (None: not from there, or not in a thread)."""
-    with db.read() as session:
-        meta = session.scalar(select(MessageRow.meta).where(MessageRow.chat_jid == chat_jid, MessageRow.seq == seq))
+    meta = message_metadata(db, chat_jid, seq)
     if not isinstance(meta, dict) or meta.get(CHANNEL_KEY) != address:
         return None
     thread = meta.get(THREAD_KEY)
@@ -252,14 +251,7 @@ def channel(settings: Settings) -> SlackChannel:
 def attached_groups(db: Database) -> dict[str, tuple[str, str | None]]:
     """Slack conversation id -> (the group attached to it, its assistant's name), the first
     group by chat id when several are."""
-    with db.read() as session:
-        rows = session.execute(
-            select(GroupChannelRow.chat_jid, GroupChannelRow.address, GroupRow.assistant_name)
-            .join(GroupRow, GroupRow.chat_jid == GroupChannelRow.chat_jid)
-            .where(GroupChannelRow.channel == CHANNEL)
-            .order_by(GroupChannelRow.chat_jid)
-        ).all()
     found: dict[str, tuple[str, str | None]] = {}
-    for chat_jid, address, assistant in rows:
+    for chat_jid, address, assistant in chats_on_with_assistant(db, CHANNEL):
         found.setdefault((address or chat_jid).strip(), (chat_jid, assistant))
     return found

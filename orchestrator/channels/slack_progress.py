@@ -36,18 +36,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import and_, select
-
 from orchestrator.channels.slack import CHANNEL, Posted, SlackWeb, thread_of
 from orchestrator.channels.slack_blocks import escape
 from orchestrator.core.errors import ChannelError, ChannelRateLimited
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
-from orchestrator.model.messages import SENDER_BOT
 from orchestrator.store.db import Database
-from orchestrator.store.deliveries import SENT
+from orchestrator.store.deliveries import bot_reply_sent
 from orchestrator.store.drafts import chat_drafts
-from orchestrator.store.tables import DeliveryRow, GroupChannelRow, GroupRow, MessageRow, RunRow
+from orchestrator.store.runs import running_on
 
 log = logging.getLogger(__name__)
 
@@ -99,44 +96,16 @@ class WorkingMessages:
 
     def _running(self) -> dict[str, _Run]:
         """The running runs (not replays) of the groups attached to Slack."""
-        stmt = (
-            select(
-                RunRow.id,
-                RunRow.chat_jid,
-                RunRow.cursor_to,
-                GroupChannelRow.address,
-                GroupChannelRow.chat_jid,
-                GroupRow.assistant_name,
-            )
-            .join(
-                GroupChannelRow, and_(GroupChannelRow.chat_jid == RunRow.chat_jid, GroupChannelRow.channel == CHANNEL)
-            )
-            .join(GroupRow, GroupRow.chat_jid == RunRow.chat_jid)
-            .where(RunRow.state == "running", RunRow.replay_of.is_(None))
-        )
-        with self.db.read() as session:
-            rows = session.execute(stmt).all()
         return {
-            r[0]: _Run(r[0], r[1], r[2], (r[3] or r[4]).strip(), r[5] or self.settings.assistant_name) for r in rows
+            r.run_id: _Run(
+                r.run_id, r.chat_jid, r.cursor_to, r.address.strip(), r.assistant_name or self.settings.assistant_name
+            )
+            for r in running_on(self.db, CHANNEL)
         }
 
     def _answered(self, chat_jid: str, address: str, cursor_to: int) -> bool:
         """A reply of the run (the bot's, after its last input) has been posted on Slack."""
-        stmt = (
-            select(DeliveryRow.id)
-            .join(MessageRow, MessageRow.seq == DeliveryRow.message_seq)
-            .where(
-                DeliveryRow.chat_jid == chat_jid,
-                DeliveryRow.channel == CHANNEL,
-                DeliveryRow.address == address,
-                DeliveryRow.state == SENT,
-                DeliveryRow.message_seq > cursor_to,
-                MessageRow.sender == SENDER_BOT,
-            )
-            .limit(1)
-        )
-        with self.db.read() as session:
-            return session.scalar(stmt) is not None
+        return bot_reply_sent(self.db, chat_jid, CHANNEL, address, cursor_to)
 
     # -- one look ----------------------------------------------------------------------
 

@@ -47,15 +47,13 @@ from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import select
-
 from orchestrator.channels.base import BaseChannel
 from orchestrator.core.errors import ChannelError, ChannelRateLimited, RateLimited, UnregisteredChatsFull
 from orchestrator.core.settings import Settings
 from orchestrator.model.render import RenderedMessage
 from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest
+from orchestrator.store.attachments import chats_on
 from orchestrator.store.db import Database
-from orchestrator.store.tables import GroupChannelRow
 
 log = logging.getLogger(__name__)
 
@@ -270,14 +268,8 @@ def channel(settings: Settings) -> TelegramChannel:
 
 def attached_groups(db: Database) -> dict[str, str]:
     """Telegram chat id -> the group attached to it (the first by chat id when several are)."""
-    with db.read() as session:
-        rows = session.execute(
-            select(GroupChannelRow.chat_jid, GroupChannelRow.address)
-            .where(GroupChannelRow.channel == CHANNEL)
-            .order_by(GroupChannelRow.chat_jid)
-        ).all()
     found: dict[str, str] = {}
-    for chat_jid, address in rows:
+    for chat_jid, address in chats_on(db, CHANNEL):
         found.setdefault((address or chat_jid).strip(), chat_jid)
     return found
 

@@ -56,19 +56,16 @@ from datetime import datetime
 from typing import Any
 
 import anyio
-from sqlalchemy import ColumnElement, func, or_, select
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from orchestrator.store.db import Database
 from orchestrator.store.drafts import chat_draft_versions, drafts_of
-from orchestrator.store.message_log import get_messages_after
-from orchestrator.store.runs import get_run, list_runs
-from orchestrator.store.tables import MessageRow, RunRow
+from orchestrator.store.message_log import change_marks, get_messages_after, latest_seq
+from orchestrator.store.runs import LIVE_STATES, get_run, list_runs, runs_changed
 
 log = logging.getLogger(__name__)
 
-LIVE_STATES = ("queued", "running")
 PAGE = 200
 KEEPALIVE_S = 15.0
 HISTORY_CHECK_S = 1.0
@@ -165,13 +162,7 @@ class ChatStream:
         return frames
 
     def _history_marks(self) -> tuple[Any, Any]:
-        with self.db.read() as session:
-            row = session.execute(
-                select(func.max(MessageRow.superseded_at), func.max(MessageRow.edited_at)).where(
-                    MessageRow.chat_jid == self.chat_jid
-                )
-            ).one()
-        return row[0], row[1]
+        return change_marks(self.db, self.chat_jid)
 
     def _new_messages(self) -> list[ServerSentEvent]:
         """At most one page of the display view past the cursor; ``behind`` says more
@@ -180,8 +171,7 @@ class ChatStream:
         whole history: built all at once, its frames grew the API's memory with every
         chat's length (the soak, docs/performance.md)."""
         if not self.behind:
-            with self.db.read() as session:
-                latest = session.scalar(select(func.max(MessageRow.seq)).where(MessageRow.chat_jid == self.chat_jid))
+            latest = latest_seq(self.db, self.chat_jid)
             if latest is None or latest <= self.cursor:
                 return []
             self._latest = latest
@@ -199,19 +189,7 @@ class ChatStream:
         return frames
 
     def _changed_runs(self) -> list[ServerSentEvent]:
-        cond: list[ColumnElement[bool]] = [RunRow.state.in_(LIVE_STATES)]
-        if self._live:
-            cond.append(RunRow.id.in_(self._live))
-        if self._newest_run is not None:
-            cond.append(RunRow.created_at >= self._newest_run)
-        stmt = select(RunRow.id, RunRow.state, RunRow.attempts, RunRow.created_at).where(
-            # A replay is not the chat's run (orchestrator/run/replay.py): the page never shows it.
-            RunRow.chat_jid == self.chat_jid,
-            RunRow.replay_of.is_(None),
-            or_(*cond),
-        )
-        with self.db.read() as session:
-            rows = session.execute(stmt).all()
+        rows = runs_changed(self.db, self.chat_jid, live=self._live, since=self._newest_run)
         frames = []
         for run_id, state, attempts, created_at in sorted(rows, key=lambda r: r[3]):
             if self._newest_run is None or created_at > self._newest_run:

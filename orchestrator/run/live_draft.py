@@ -48,8 +48,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from agent_runner.protocol import TextDeltaEvent
 from orchestrator.store.db import Database
 from orchestrator.store.drafts import drop_draft, save_draft
@@ -164,14 +162,14 @@ class LiveDraft:
             save_draft(self.db, self.run_id, self.chat_jid, self.text, self._version)
             self._published = True
             self.writes += 1
-        except SQLAlchemyError as exc:
+        except self.db.error_kinds as exc:
             self._failed("write", exc)
 
     def _drop(self) -> None:
         try:
             drop_draft(self.db, self.run_id)
             self._published = False
-        except SQLAlchemyError as exc:
+        except self.db.error_kinds as exc:
             self._failed("delete", exc)
 
     def _failed(self, what: str, exc: Exception) -> None:

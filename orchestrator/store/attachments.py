@@ -103,3 +103,27 @@ def list_attachments(db: Database, chat_jid: str | None = None) -> list[Attachme
         if chat_jid is not None:
             q = q.where(GroupChannelRow.chat_jid == chat_jid)
         return [_attachment(r) for r in session.scalars(q)]
+
+
+def chats_on(db: Database, channel: str) -> list[tuple[str, str | None]]:
+    """(group, address as stored: None for the group's chat id) of every group attached to
+    ``channel``, by chat id: what a channel's inbound side maps its conversations with."""
+    with db.read() as session:
+        rows = session.execute(
+            select(GroupChannelRow.chat_jid, GroupChannelRow.address)
+            .where(GroupChannelRow.channel == channel)
+            .order_by(GroupChannelRow.chat_jid)
+        ).all()
+    return [(chat_jid, address) for chat_jid, address in rows]
+
+
+def chats_on_with_assistant(db: Database, channel: str) -> list[tuple[str, str | None, str | None]]:
+    """As :func:`chats_on`, with each group's own assistant name (None: the settings')."""
+    with db.read() as session:
+        rows = session.execute(
+            select(GroupChannelRow.chat_jid, GroupChannelRow.address, GroupRow.assistant_name)
+            .join(GroupRow, GroupRow.chat_jid == GroupChannelRow.chat_jid)
+            .where(GroupChannelRow.channel == channel)
+            .order_by(GroupChannelRow.chat_jid)
+        ).all()
+    return [(chat_jid, address, assistant) for chat_jid, address, assistant in rows]

@@ -36,10 +36,10 @@ from sqlalchemy.orm import Session, aliased
 
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.jsontypes import JsonObject
-from orchestrator.model.messages import StoredMessage
+from orchestrator.model.messages import SENDER_BOT, StoredMessage
 from orchestrator.model.render import ORIGIN_CHANNEL_KEY, displayed
 from orchestrator.store.db import Database, changed_rows, driver_execute, now_sql
-from orchestrator.store.tables import DeliveryRow
+from orchestrator.store.tables import DeliveryRow, MessageRow
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +208,26 @@ def list_deliveries(
             q = q.where(col == value)
     with db.read() as session:
         return [_delivery(r) for r in session.scalars(q)]
+
+
+def bot_reply_sent(db: Database, chat_jid: str, channel: str, address: str, after_seq: int) -> bool:
+    """Whether a reply of the assistant's (``bot``) stored after ``after_seq`` has been sent
+    to ``address`` on ``channel``: a run's answer is out there."""
+    stmt = (
+        select(DeliveryRow.id)
+        .join(MessageRow, MessageRow.seq == DeliveryRow.message_seq)
+        .where(
+            DeliveryRow.chat_jid == chat_jid,
+            DeliveryRow.channel == channel,
+            DeliveryRow.address == address,
+            DeliveryRow.state == SENT,
+            DeliveryRow.message_seq > after_seq,
+            MessageRow.sender == SENDER_BOT,
+        )
+        .limit(1)
+    )
+    with db.read() as session:
+        return session.scalar(stmt) is not None
 
 
 def due_chats(db: Database) -> list[str]:

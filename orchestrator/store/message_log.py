@@ -14,10 +14,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, bindparam, select
+from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from orchestrator.core.errors import InvalidMessage, MessageNotFound
+from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.context import parse_context
 from orchestrator.model.envelopes import TEXT, normalize_message_metadata, preview_for
 from orchestrator.model.messages import (
@@ -350,3 +351,27 @@ def resolve_message(chat_jid: str, ref: str, *, db: Database) -> StoredMessage:
         if row is None:
             raise MessageNotFound(chat_jid, ref)
         return to_stored(row)
+
+
+def latest_seq(db: Database, chat_jid: str) -> int | None:
+    """The chat's newest seq (superseded messages too; None: no message): an index lookup."""
+    with db.read() as session:
+        return session.scalar(select(func.max(MessageRow.seq)).where(MessageRow.chat_jid == chat_jid))
+
+
+def change_marks(db: Database, chat_jid: str) -> tuple[datetime | None, datetime | None]:
+    """The chat's latest ``superseded_at`` and ``edited_at``: when either moves, its history
+    changed in place (an edit, a regenerate, a truncate)."""
+    with db.read() as session:
+        row = session.execute(
+            select(func.max(MessageRow.superseded_at), func.max(MessageRow.edited_at)).where(
+                MessageRow.chat_jid == chat_jid
+            )
+        ).one()
+    return row[0], row[1]
+
+
+def message_metadata(db: Database, chat_jid: str, seq: int) -> JsonObject | None:
+    """The metadata of message ``seq`` of ``chat_jid`` (None: none, or no such message)."""
+    with db.read() as session:
+        return session.scalar(select(MessageRow.meta).where(MessageRow.chat_jid == chat_jid, MessageRow.seq == seq))

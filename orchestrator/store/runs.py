@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Connection, select, update
+from sqlalchemy import ColumnElement, Connection, and_, or_, select, update
 from sqlalchemy.orm import Session, defer
 
 from orchestrator.core import secrets
 from orchestrator.core.errors import StoreError
 from orchestrator.store.db import Database, age_text, db_now, db_time, driver_execute, now_text
-from orchestrator.store.tables import RunRow
+from orchestrator.store.tables import GroupChannelRow, GroupRow, RunRow
 
 RunState = Literal["queued", "running", "succeeded", "failed", "timed_out", "cancelled"]
 FINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+# A run not ended yet: waiting for its container or retry, or running.
+LIVE_STATES = ("queued", "running")
 
 
 class Run(BaseModel):
@@ -393,3 +397,54 @@ def run_cursors(db: Database, run_id: str) -> tuple[int, int]:
         if run is None:
             raise StoreError(f"no run {run_id!r}")
         return run.cursor_from, run.cursor_to
+
+
+def runs_changed(
+    db: Database, chat_jid: str, *, live: Collection[str], since: datetime | None
+) -> list[tuple[str, str, int, datetime]]:
+    """(id, state, attempts, created_at) of the chat's runs (not replays: the page never shows
+    one) that are live now, or in ``live`` (live when last seen), or created at or after
+    ``since``: what the chat's event stream looks at on each tick (orchestrator/http/stream.py)."""
+    cond: list[ColumnElement[bool]] = [RunRow.state.in_(LIVE_STATES)]
+    if live:
+        cond.append(RunRow.id.in_(live))
+    if since is not None:
+        cond.append(RunRow.created_at >= since)
+    stmt = select(RunRow.id, RunRow.state, RunRow.attempts, RunRow.created_at).where(
+        RunRow.chat_jid == chat_jid,
+        RunRow.replay_of.is_(None),
+        or_(*cond),
+    )
+    with db.read() as session:
+        return [(run_id, state, attempts, created_at) for run_id, state, attempts, created_at in session.execute(stmt)]
+
+
+@dataclass(frozen=True, slots=True)
+class RunningOn:
+    """A running run of a group attached to a channel, with where the channel shows the group."""
+
+    run_id: str
+    chat_jid: str
+    cursor_to: int
+    address: str  # the attachment's address, or the group's chat id
+    assistant_name: str | None  # the group's own (None: the settings')
+
+
+def running_on(db: Database, channel: str) -> list[RunningOn]:
+    """The running runs (not replays) of the groups attached to ``channel``."""
+    stmt = (
+        select(
+            RunRow.id,
+            RunRow.chat_jid,
+            RunRow.cursor_to,
+            GroupChannelRow.address,
+            GroupChannelRow.chat_jid,
+            GroupRow.assistant_name,
+        )
+        .join(GroupChannelRow, and_(GroupChannelRow.chat_jid == RunRow.chat_jid, GroupChannelRow.channel == channel))
+        .join(GroupRow, GroupRow.chat_jid == RunRow.chat_jid)
+        .where(RunRow.state == "running", RunRow.replay_of.is_(None))
+    )
+    with db.read() as session:
+        rows = session.execute(stmt).all()
+    return [RunningOn(r[0], r[1], r[2], r[3] or r[4], r[5]) for r in rows]
