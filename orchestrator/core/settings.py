@@ -171,6 +171,10 @@ class Settings(msgspec.Struct, kw_only=True):
     # dead host's groups (store/hosts.py).  0: no fence (the runner reads its input to
     # the end of stdin, as runners before the fence did).
     sandbox_fence_s: Annotated[float, Meta(ge=0, le=8)] = 5.0
+    # The OCI runtime of agent containers (sandbox/runtime.py): runc, gVisor's runsc (a
+    # probe proves its limits hold before the first container, or the process stops),
+    # or auto (runsc when the engine has it and the probe passes, else runc).
+    sandbox_runtime: Literal["runc", "runsc", "auto"] = "runc"
     # A host that has not beaten for this long is gone for good: any live host on the
     # same Docker engine removes its warm and standby containers (sandbox/warm.py; a
     # worker SIGKILLed for good leaves them running otherwise), and another host may

@@ -40,6 +40,7 @@ from orchestrator.core.errors import SandboxError
 from orchestrator.core.settings import Settings
 from orchestrator.sandbox.bounded_io import DEFAULT_MAX_LINE_BYTES, TailBuffer, read_lines
 from orchestrator.sandbox.hostile_fs import chown_tree
+from orchestrator.sandbox.runtime import RUNC, Runtime, engine_runtime
 
 log = logging.getLogger(__name__)
 
@@ -231,15 +232,19 @@ class CreateArgs(TypedDict):
     memswap_limit: str
     nano_cpus: int
     pids_limit: int
+    runtime: str
     volumes: dict[str, dict[str, str]]  # host path -> {"bind": container path, "mode": "rw" | "ro"}
     environment: dict[str, str]
     log_config: LogConfig
     labels: dict[str, str]
 
 
-def hardened_create_args(spec: ContainerSpec, user: str, security_opt: list[str] | None = None) -> CreateArgs:
+def hardened_create_args(
+    spec: ContainerSpec, user: str, security_opt: list[str] | None = None, runtime: Runtime = RUNC
+) -> CreateArgs:
     """``containers.create`` keyword arguments shared by cold and warm containers
-    (``security_opt``: :func:`engine_security_opt` of the engine that creates it)."""
+    (``security_opt``: :func:`engine_security_opt` of the engine that creates it;
+    ``runtime``: :func:`~orchestrator.sandbox.runtime.engine_runtime`'s choice)."""
     return {
         "image": spec.image,
         "name": spec.name,
@@ -252,7 +257,8 @@ def hardened_create_args(spec: ContainerSpec, user: str, security_opt: list[str]
         "mem_limit": spec.memory,
         "memswap_limit": spec.memory,
         "nano_cpus": int(spec.cpus * 1e9),
-        "pids_limit": spec.pids,
+        "pids_limit": runtime.host_pids(spec.pids),
+        "runtime": runtime.name,
         "volumes": {
             str(spec.workspace): {"bind": WORKSPACE_MOUNT, "mode": "rw"},
             **{h: {"bind": c, "mode": "rw"} for h, c in spec.extra_mounts.items()},
@@ -371,7 +377,9 @@ class StreamedRun(ABC):
 class RunningContainer(StreamedRun):
     """A started run container; iterate :meth:`lines`, then read :attr:`exit`."""
 
-    def __init__(self, client: docker.DockerClient, spec: ContainerSpec, payload: bytes) -> None:
+    def __init__(
+        self, client: docker.DockerClient, spec: ContainerSpec, payload: bytes, runtime: Runtime = RUNC
+    ) -> None:
         self._client = client
         self.spec = spec
         self.exit = None
@@ -381,7 +389,7 @@ class RunningContainer(StreamedRun):
         try:
             self._container = client.containers.create(
                 stdin_open=True,
-                **hardened_create_args(spec, prepare_folder(spec.workspace), engine_security_opt(client)),
+                **hardened_create_args(spec, prepare_folder(spec.workspace), engine_security_opt(client), runtime),
             )
             self._sock = client.api.attach_socket(self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             self._container.start()
@@ -472,7 +480,7 @@ class DockerSandbox:
         self.client = client or docker_client(settings)
 
     def start(self, spec: ContainerSpec, payload: bytes) -> RunningContainer:
-        return RunningContainer(self.client, spec, payload)
+        return RunningContainer(self.client, spec, payload, engine_runtime(self.client, self.settings))
 
     def remove_run(self, run_id: str) -> int:
         """Remove this installation's container(s) of run ``run_id`` (a dead worker's run,

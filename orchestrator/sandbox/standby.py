@@ -67,6 +67,7 @@ from orchestrator.sandbox.containers import (
     labels_of,
     list_containers,
 )
+from orchestrator.sandbox.runtime import engine_runtime
 
 log = logging.getLogger(__name__)
 
@@ -125,13 +126,20 @@ class Slot:
             return None
 
 
-def unavailable_reason(settings: Settings) -> str | None:
+def unavailable_reason(settings: Settings, client: docker.DockerClient) -> str | None:
     """Why standby sandboxes are off here, or None when they are on."""
     if settings.standby <= 0:
         return "ORCHESTRATOR_STANDBY=0"
     if settings.warm_idle_s <= 0:
         return "warm sessions are off (ORCHESTRATOR_WARM_IDLE_S=0), and an adopted standby is a warm container"
     root = standby_root(settings)
+    if engine_runtime(client, settings).gvisor:
+        # gVisor's gofer serves a bind mount as it was at the container's start: a folder
+        # bound over it later is not seen inside (docs/sandbox.md, "gVisor").
+        if root not in _probed:
+            _probed[root] = "under gVisor (runsc) a folder bound into a running container is not seen inside it"
+            log.warning("standby sandboxes: off (%s); a quiet group's first run starts a container", _probed[root])
+        return _probed[root]
     if root not in _probed:
         _probed[root] = late_mounts.unavailable_reason(settings.data_dir / "warm")
         if _probed[root] is not None:
@@ -314,7 +322,12 @@ class StandbyPool:
             pids=self.settings.container_pids,
             install_id=self.settings.install_id,
         )
-        args = hardened_create_args(spec, f"{CONTAINER_UID}:{CONTAINER_UID}", engine_security_opt(self.client))
+        args = hardened_create_args(
+            spec,
+            f"{CONTAINER_UID}:{CONTAINER_UID}",
+            engine_security_opt(self.client),
+            engine_runtime(self.client, self.settings),
+        )
         args["volumes"] = {
             str(slot.workspace): {"bind": WORKSPACE_MOUNT, "mode": "rw,rslave"},
             str(slot.gateway): {"bind": GATEWAY_MOUNT, "mode": "ro,rslave"},

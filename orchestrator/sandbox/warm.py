@@ -79,6 +79,7 @@ from orchestrator.sandbox.containers import (
     prepare_folder,
 )
 from orchestrator.sandbox.hostile_fs import connect_unix, remove_entry
+from orchestrator.sandbox.runtime import engine_runtime
 from orchestrator.sandbox.standby import (
     LABEL_STANDBY,
     SOCKET_NAME,
@@ -380,7 +381,7 @@ class WarmPool:
         if len(left) > warm_cap(self.settings):
             with self._lock():
                 stopped += self._make_room(warm_cap(self.settings), left)
-        if standby_unavailable(self.settings) is None:
+        if standby_unavailable(self.settings, self.client) is None:
             try:
                 with self._lock():
                     missing = self.standby.prune(self.settings.standby)
@@ -465,7 +466,7 @@ class WarmPool:
         """A standby container for the group, recorded as its warm container and
         marked in use, or None (none ready, standby off, or the group needs other
         limits or mounts than a standby has).  Call with the lock held."""
-        if standby_unavailable(self.settings) is not None or not standby_eligible(self.settings, spec):
+        if standby_unavailable(self.settings, self.client) is not None or not standby_eligible(self.settings, spec):
             return None
         try:
             taken = self.standby.take(spec.group_folder)
@@ -533,7 +534,9 @@ class WarmPool:
         # folder): gone before the container starts, so the first connection
         # can only reach the new runner's socket.
         remove_entry(spec.workspace, RUNNER_SOCKET)
-        args = hardened_create_args(spec, user, engine_security_opt(self.client))
+        args = hardened_create_args(
+            spec, user, engine_security_opt(self.client), engine_runtime(self.client, self.settings)
+        )
         gateway = host_only_dir(gateway_dir(self.settings, spec.group_folder))
         args["volumes"][str(gateway)] = {"bind": GATEWAY_MOUNT, "mode": "ro"}
         args["labels"] = {**args["labels"], LABEL_WARM: "1", LABEL_WARM_CONFIG: config, LABEL_HOST: self.host_id}

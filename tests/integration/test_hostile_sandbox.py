@@ -37,6 +37,7 @@ from orchestrator.sandbox.warm import kill_all_but, state_dir
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
+from tests.conftest import require_service
 from tests.fakes.channel import RecordingChannel
 
 JID = "alpha@chat"
@@ -71,13 +72,14 @@ class Arena:
         return docker.from_env().containers.list(all=True, filters={"label": labels})
 
 
-def _arena(base: Path, agent_image: str, warm_idle_s: float) -> Iterator[Arena]:
+def _arena(base: Path, agent_image: str, warm_idle_s: float, runtime: str = "runc") -> Iterator[Arena]:
     settings = Settings.load(
         data_dir=base / "data",
         agent_image=agent_image,
         run_timeout_s=60,
         max_attempts=1,
         warm_idle_s=warm_idle_s,
+        sandbox_runtime=runtime,
         env_file=None,
     )
     settings.ensure_dirs()
@@ -101,6 +103,13 @@ def warm(tmp_path_factory: pytest.TempPathFactory, agent_image: str) -> Iterator
     yield from _arena(tmp_path_factory.mktemp("hostile").resolve(), agent_image, 120)
 
 
+@pytest.fixture
+def gvisor(tmp_path_factory: pytest.TempPathFactory, agent_image: str) -> Iterator[Arena]:
+    """Warm, under gVisor (registered by scripts/gvisor.sh)."""
+    require_service("runsc" in (docker.from_env().info().get("Runtimes") or {}), "gVisor (scripts/gvisor.sh)")
+    yield from _arena(tmp_path_factory.mktemp("hostile").resolve(), agent_image, 120, "runsc")
+
+
 def _tool_outputs(outputs: list[StoredMessage]) -> list[str]:
     return [m.content for m in outputs if m.message_type == "tool_result"]
 
@@ -119,7 +128,7 @@ def _model_view(arena: Arena, outcome: RunOutcome) -> str:
 # -- git ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["cold", "warm"])
+@pytest.mark.parametrize("mode", ["cold", "warm", "gvisor"])
 def test_a_planted_git_config_never_runs_on_the_host(mode: str, request: pytest.FixtureRequest) -> None:
     """The reproduced escape: the agent makes its workspace a repository whose
     config runs a command on ``git status`` (fsmonitor) and on hashing a file

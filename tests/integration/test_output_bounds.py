@@ -32,6 +32,7 @@ from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
+from tests.conftest import require_service
 from tests.fakes.channel import RecordingChannel, attach_recorder
 
 JID = "main@local"
@@ -46,12 +47,17 @@ FLOOD = 400_000_000
 def pipe(
     request: pytest.FixtureRequest, tmp_path: Path, agent_image: str
 ) -> Iterator[tuple[Pipeline, RecordingChannel]]:
+    if request.param == "gvisor":
+        require_service("runsc" in (docker.from_env().info().get("Runtimes") or {}), "gVisor (scripts/gvisor.sh)")
     settings = Settings.load(
         data_dir=tmp_path / "data",
         agent_image=agent_image,
         run_timeout_s=150,
         bash_timeout_s=120,
-        warm_idle_s=60 if request.param == "warm" else 0,
+        warm_idle_s=0 if request.param == "cold" else 60,
+        # "gvisor": warm, under gVisor (tests/integration/test_gvisor.py registers nothing:
+        # scripts/gvisor.sh does, in .ci/run).
+        sandbox_runtime="runsc" if request.param == "gvisor" else "runc",
         # The next run sees only its own message: the offline model would
         # otherwise answer the unanswered attack again, with it.
         context_messages=0,
@@ -141,6 +147,7 @@ def _next_run_works(pipeline: Pipeline) -> None:
 # -- floods ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("pipe", ["cold", "warm", "gvisor"], indirect=True)
 def test_a_stderr_flood_keeps_the_host_small(pipe: tuple[Pipeline, RecordingChannel]) -> None:
     pipeline, rec = pipe
     start = time.monotonic()

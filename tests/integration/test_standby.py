@@ -239,7 +239,7 @@ def test_a_worker_whose_binds_the_engine_cannot_see_turns_standby_off(pool: Pool
         "    pool.standby.attach(container, slot, ws, gw)\n"
         "    print('ATTACHED')\n"
         "except SandboxError as exc:\n"
-        "    print('REFUSED', exc, '|', standby.unavailable_reason(settings))\n"
+        "    print('REFUSED', exc, '|', standby.unavailable_reason(settings, pool.client))\n"
     )
     out = subprocess.run(
         [
