@@ -26,30 +26,29 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, Protocol, runtime_checkable
-
-from sqlalchemy import func, select, update
+from datetime import datetime, timedelta
+from typing import Protocol, runtime_checkable
 
 from orchestrator.core import metrics, secrets
 from orchestrator.core.backoff import backoff_delay
 from orchestrator.core.errors import ChannelError, ChannelRateLimited
 from orchestrator.core.settings import Settings
 from orchestrator.model.render import RenderedMessage, displayed, render
-from orchestrator.store.db import Database, changed_rows, db_now
+from orchestrator.store.db import Database
 from orchestrator.store.deliveries import (
     CANCELLED,
     FAILED,
     PENDING,
-    SENDING,
     SENT,
-    claimable,
+    claim,
+    claimable_ids,
+    finish_claim,
+    next_retry_at,
+    outgoing,
     utc_now,
     validate_channel_name,
 )
 from orchestrator.store.hosts import process_owner
-from orchestrator.store.message_log import to_stored
-from orchestrator.store.tables import DeliveryRow, GroupRow, MessageRow
 
 log = logging.getLogger(__name__)
 
@@ -146,75 +145,36 @@ class Deliverer:
         self.owner = owner or process_owner(settings.effective_host_id)
         self.only_known = only_known
 
-    def _scope(self, q: Any, chat_jid: str | None) -> Any:
-        if chat_jid is not None:
-            q = q.where(DeliveryRow.chat_jid == chat_jid)
-        if self.only_known:
-            q = q.where(DeliveryRow.channel.in_(self.registry.names))
-        return q
+    def _channels(self) -> list[str] | None:
+        # None: every channel (a worker's: a channel no worker has fails, with retries).
+        return self.registry.names if self.only_known else None
 
     def deliver_due(self, chat_jid: str | None = None) -> DeliveryReport:
         """Send everything due (of one chat, or all); returns what happened."""
         report = DeliveryReport()
         while True:
-            now = utc_now()
-            with self.db.read() as session:
-                ids = list(
-                    session.scalars(
-                        self._scope(
-                            select(DeliveryRow.id)
-                            .where(claimable(DeliveryRow, now))
-                            .order_by(DeliveryRow.message_seq)
-                            .limit(100),
-                            chat_jid,
-                        )
-                    )
-                )
+            ids = claimable_ids(self.db, chat_jid=chat_jid, channels=self._channels())
             progressed = False
             for delivery_id in ids:
-                if self._claim(delivery_id):
+                if claim(self.db, delivery_id, self.owner, self.settings.delivery_claim_s):
                     progressed = True
                     self._send(delivery_id, report)
             if not progressed:
                 break
-        with self.db.read() as session:
-            nxt = session.scalar(
-                self._scope(
-                    select(func.min(DeliveryRow.next_attempt_at)).where(
-                        DeliveryRow.state == PENDING, DeliveryRow.next_attempt_at > utc_now()
-                    ),
-                    chat_jid,
-                )
-            )
+        nxt = next_retry_at(self.db, chat_jid=chat_jid, channels=self._channels())
         if nxt is not None:
             report.retry_in = max(0.0, (nxt - utc_now()).total_seconds())
         return report
 
-    def _claim(self, delivery_id: int) -> bool:
-        with self.db.write() as session:
-            # The deadline is on the database's clock (the sweeper compares it with the same
-            # clock); when a row falls due stays on the hosts' clocks that wrote it.
-            deadline = db_now(session) + timedelta(seconds=self.settings.delivery_claim_s)
-            done = session.execute(
-                update(DeliveryRow)
-                .where(DeliveryRow.id == delivery_id, claimable(DeliveryRow, utc_now()))
-                .values(state=SENDING, attempts=DeliveryRow.attempts + 1, claimed_by=self.owner, claimed_until=deadline)
-            )
-            return changed_rows(done) == 1
-
     def _send(self, delivery_id: int, report: DeliveryReport) -> None:
-        with self.db.read() as session:
-            row = session.get(DeliveryRow, delivery_id)
-            assert row is not None
-            msg_row = session.scalar(select(MessageRow).where(MessageRow.seq == row.message_seq))
-            group = session.get(GroupRow, row.chat_jid)
-            msg = to_stored(msg_row) if msg_row is not None else None
+        out = outgoing(self.db, delivery_id)
+        row, msg = out.delivery, out.message
         if msg is None or not displayed(msg):
             report.cancelled += 1
             metrics.delivery_ended(row.channel, "cancelled")
             self._finish(delivery_id, state=CANCELLED, last_error="superseded before it was sent")
             return
-        assistant = (group.assistant_name if group else None) or self.settings.assistant_name
+        assistant = out.assistant_name or self.settings.assistant_name
         try:
             channel = self.registry.get(row.channel)
             if channel is None:
@@ -247,11 +207,9 @@ class Deliverer:
                 delay = backoff_delay(
                     row.attempts, self.settings.delivery_retry_base_s, self.settings.delivery_retry_max_s
                 )
-                again: dict[str, Any] = {}
                 if retry_after is not None:
                     # The platform said when it takes sends again (429 Retry-After): not a moment early.
                     delay = max(delay, retry_after)
-                    again["attempts"] = DeliveryRow.attempts - 1
                 log.info(
                     "delivery of #%d to %s failed (attempt %d: %s); retrying in %.1fs",
                     row.message_seq,
@@ -265,7 +223,7 @@ class Deliverer:
                     state=PENDING,
                     last_error=error,
                     next_attempt_at=utc_now() + timedelta(seconds=delay),
-                    **again,
+                    give_back_attempt=retry_after is not None,
                 )
                 metrics.delivery_ended(row.channel, "retried")
             return
@@ -273,15 +231,28 @@ class Deliverer:
         metrics.delivery_ended(row.channel, "sent")
         self._finish(delivery_id, state=SENT, sent_at=utc_now())
 
-    def _finish(self, delivery_id: int, **values: Any) -> None:
+    def _finish(
+        self,
+        delivery_id: int,
+        *,
+        state: str,
+        last_error: str | None = None,
+        next_attempt_at: datetime | None = None,
+        sent_at: datetime | None = None,
+        give_back_attempt: bool = False,
+    ) -> None:
         # Only the claim's holder ends it (the sweeper may have given up on
         # a slow send meanwhile; what really happened wins).
-        with self.db.write() as session:
-            session.execute(
-                update(DeliveryRow)
-                .where(DeliveryRow.id == delivery_id, DeliveryRow.claimed_by == self.owner)
-                .values(claimed_by=None, claimed_until=None, **values)
-            )
+        finish_claim(
+            self.db,
+            delivery_id,
+            self.owner,
+            state=state,
+            last_error=last_error,
+            next_attempt_at=next_attempt_at,
+            sent_at=sent_at,
+            give_back_attempt=give_back_attempt,
+        )
 
     def deliver_and_reschedule(
         self, chat_jid: str | None, resignal: Callable[[str | None, float], object]

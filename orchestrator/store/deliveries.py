@@ -27,19 +27,21 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Collection
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Connection, and_, exists, insert, literal_column, select, update
+from sqlalchemy import Connection, and_, exists, func, insert, literal_column, select, update
 from sqlalchemy.orm import Session, aliased
 
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.messages import SENDER_BOT, StoredMessage
 from orchestrator.model.render import ORIGIN_CHANNEL_KEY, displayed
-from orchestrator.store.db import Database, changed_rows, driver_execute, now_sql
-from orchestrator.store.tables import DeliveryRow, MessageRow
+from orchestrator.store.db import Database, changed_rows, db_now, driver_execute, now_sql
+from orchestrator.store.message_log import to_stored
+from orchestrator.store.tables import DeliveryRow, GroupRow, MessageRow
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +184,123 @@ def cancel_pending(
     if seqs is not None:
         q = q.where(DeliveryRow.message_seq.in_(seqs))
     return changed_rows(session.execute(q.values(state=CANCELLED, last_error=reason))) or 0
+
+
+# -- the deliverer's (orchestrator/run/outbound.py) -----------------------------------
+
+
+def _scoped(q: Any, chat_jid: str | None, channels: Collection[str] | None) -> Any:
+    if chat_jid is not None:
+        q = q.where(DeliveryRow.chat_jid == chat_jid)
+    if channels is not None:
+        q = q.where(DeliveryRow.channel.in_(channels))
+    return q
+
+
+def claimable_ids(
+    db: Database, *, chat_jid: str | None = None, channels: Collection[str] | None = None, limit: int = 100
+) -> list[int]:
+    """The ids of the rows :func:`claimable` now (of one chat, on some channels), in seq order."""
+    now = utc_now()
+    with db.read() as session:
+        return list(
+            session.scalars(
+                _scoped(
+                    select(DeliveryRow.id)
+                    .where(claimable(DeliveryRow, now))
+                    .order_by(DeliveryRow.message_seq)
+                    .limit(limit),
+                    chat_jid,
+                    channels,
+                )
+            )
+        )
+
+
+def next_retry_at(
+    db: Database, *, chat_jid: str | None = None, channels: Collection[str] | None = None
+) -> datetime | None:
+    """When the next pending row (of one chat, on some channels) that is not due yet falls due."""
+    with db.read() as session:
+        found: datetime | None = session.scalar(
+            _scoped(
+                select(func.min(DeliveryRow.next_attempt_at)).where(
+                    DeliveryRow.state == PENDING, DeliveryRow.next_attempt_at > utc_now()
+                ),
+                chat_jid,
+                channels,
+            )
+        )
+    return found
+
+
+def claim(db: Database, delivery_id: int, owner: str, claim_s: float) -> bool:
+    """Claim the row for ``owner`` if it is claimable (``pending`` and due -> ``sending``,
+    attempts + 1) until ``claim_s`` seconds from the database's now; whether it was."""
+    with db.write() as session:
+        # The deadline is on the database's clock (the sweeper compares it with the same
+        # clock); when a row falls due stays on the hosts' clocks that wrote it.
+        deadline = db_now(session) + timedelta(seconds=claim_s)
+        done = session.execute(
+            update(DeliveryRow)
+            .where(DeliveryRow.id == delivery_id, claimable(DeliveryRow, utc_now()))
+            .values(state=SENDING, attempts=DeliveryRow.attempts + 1, claimed_by=owner, claimed_until=deadline)
+        )
+        return changed_rows(done) == 1
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A claimed delivery with what sending it needs."""
+
+    delivery: Delivery
+    message: StoredMessage | None  # None: no such message any more
+    assistant_name: str | None  # the group's own (None: the settings', or no group)
+
+
+def outgoing(db: Database, delivery_id: int) -> Outgoing:
+    """The delivery ``delivery_id``, its message and its group's assistant name, in one read."""
+    with db.read() as session:
+        row = session.get(DeliveryRow, delivery_id)
+        assert row is not None  # claimed by the caller: rows are never deleted
+        msg_row = session.scalar(select(MessageRow).where(MessageRow.seq == row.message_seq))
+        group = session.get(GroupRow, row.chat_jid)
+        return Outgoing(
+            _delivery(row),
+            to_stored(msg_row) if msg_row is not None else None,
+            group.assistant_name if group is not None else None,
+        )
+
+
+def finish_claim(
+    db: Database,
+    delivery_id: int,
+    owner: str,
+    *,
+    state: str,
+    last_error: str | None = None,
+    next_attempt_at: datetime | None = None,
+    sent_at: datetime | None = None,
+    give_back_attempt: bool = False,
+) -> None:
+    """End ``owner``'s claim on the row: ``state``, with the fields given (``give_back_attempt``:
+    the claim's attempt is not counted).  Only the claim's holder ends it: the sweeper may have
+    given up on a slow send meanwhile, and what really happened wins."""
+    values: dict[str, Any] = {"state": state}
+    if last_error is not None:
+        values["last_error"] = last_error
+    if next_attempt_at is not None:
+        values["next_attempt_at"] = next_attempt_at
+    if sent_at is not None:
+        values["sent_at"] = sent_at
+    if give_back_attempt:
+        values["attempts"] = DeliveryRow.attempts - 1
+    with db.write() as session:
+        session.execute(
+            update(DeliveryRow)
+            .where(DeliveryRow.id == delivery_id, DeliveryRow.claimed_by == owner)
+            .values(claimed_by=None, claimed_until=None, **values)
+        )
 
 
 # -- reading ------------------------------------------------------------------------
