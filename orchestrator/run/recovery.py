@@ -35,13 +35,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from sqlalchemy import select
-
-from orchestrator.store.db import Database, db_now
+from orchestrator.store.db import Database
 from orchestrator.store.hosts import gone_from_this_host
-from orchestrator.store.leases import holder_gone
+from orchestrator.store.leftovers import held_leases
 from orchestrator.store.placement import stranded
-from orchestrator.store.tables import GroupRow
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +49,9 @@ PLACED_ON = "placed on "
 def dead_holders(db: Database, host_id: str) -> list[tuple[str, str]]:
     """(group, holder) of every held lease whose holder is gone, judged by the
     database's clock and, for processes of ``host_id`` (this machine), by their pids."""
-    with db.read() as session:
-        now = db_now(session)
-        rows = session.execute(
-            select(GroupRow.chat_jid, GroupRow.lease_owner, holder_gone(now).label("gone"))
-            .where(GroupRow.lease_owner.is_not(None))
-            .order_by(GroupRow.chat_jid)
-        ).all()
     return [
         (jid, holder)
-        for jid, holder, gone in rows
+        for jid, holder, gone in held_leases(db)
         if holder is not None and (gone or gone_from_this_host(holder, host_id))
     ]
 

@@ -34,22 +34,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from datetime import datetime
-
-from sqlalchemy import ColumnElement, and_, func, or_, select, update
 
 from orchestrator.core import metrics
-from orchestrator.model.messages import SENDER_BOT, NewMessage, StoredMessage
+from orchestrator.model.messages import NewMessage, StoredMessage
 from orchestrator.run.outputs import host_message
 from orchestrator.sandbox.containers import DockerSandbox
 from orchestrator.sandbox.port import Sandbox
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import abandon_stale_claims, due_chats, record_deliveries
-from orchestrator.store.hosts import database_now, on_dead_host
-from orchestrator.store.leases import holder_gone
-from orchestrator.store.message_log import insert_message, now_iso
+from orchestrator.store.groups import advance_cursor
+from orchestrator.store.hosts import database_now
+from orchestrator.store.leftovers import live_run_ids as live_run_ids
+from orchestrator.store.leftovers import lost_replays, stale_runs, unsignalled_groups
+from orchestrator.store.message_log import insert_message, now_iso, run_replies
 from orchestrator.store.runs import Run, finish_run, unfinished_runs
-from orchestrator.store.tables import GroupRow, MessageRow, RunRow
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +61,6 @@ class SweepReport:
     delivery_signals: list[str] = field(default_factory=list)
 
 
-def _lease_dead(now: datetime) -> ColumnElement[bool]:
-    # No holder, expired by the database's clock, or held on a host that stopped or went silent.
-    return holder_gone(now)
-
-
 def sweep(
     db: Database,
     *,
@@ -78,53 +71,16 @@ def sweep(
 ) -> SweepReport:
     report = SweepReport()
     now = database_now(db)  # the database's clock, as the leases' expiries are written
-    with db.read() as session:
-        stale = session.execute(
-            select(RunRow.id, RunRow.chat_jid, RunRow.cursor_to)
-            .join(GroupRow, GroupRow.chat_jid == RunRow.chat_jid)
-            .where(
-                RunRow.state.in_(("queued", "running", "cancelled")),
-                RunRow.finished_at.is_(None),
-                # A parked run waits for its retry holding no lease on purpose;
-                # its group's next step resumes (or ends) it.
-                RunRow.retry_at.is_(None),
-                # A replay holds no lease and moves no cursor (orchestrator/run/replay.py).
-                RunRow.replay_of.is_(None),
-                or_(_lease_dead(now), and_(RunRow.owner.is_not(None), GroupRow.lease_owner != RunRow.owner)),
-            )
-        ).all()
-    for run_id, chat_jid, cursor_to in stale:
+    for run_id, chat_jid, cursor_to in stale_runs(db, now):
         _close_interrupted(db, run_id, chat_jid, cursor_to)
         report.interrupted_runs.append(run_id)
     # A replay (orchestrator/run/replay.py) holds no lease: one whose worker's host died
     # ends failed here, nothing else would end it (its container is then an orphan).
-    with db.read() as session:
-        lost_replays = list(
-            session.scalars(
-                select(RunRow.id).where(
-                    RunRow.replay_of.is_not(None), RunRow.finished_at.is_(None), on_dead_host(RunRow.owner, now)
-                )
-            )
-        )
-    for run_id in lost_replays:
+    for run_id in lost_replays(db, now):
         finish_run(db, run_id, state="failed", error="the worker running the replay is gone")
         report.interrupted_runs.append(run_id)
 
-    with db.read() as session:
-        pending = list(
-            session.scalars(
-                select(GroupRow.chat_jid).where(
-                    GroupRow.pending_seq > GroupRow.cursor_seq,
-                    _lease_dead(now),
-                    # Not before a parked run is due: its own signal has a countdown.
-                    GroupRow.chat_jid.not_in(
-                        select(RunRow.chat_jid).where(
-                            RunRow.retry_at > now, RunRow.state == "queued", RunRow.finished_at.is_(None)
-                        )
-                    ),
-                )
-            )
-        )
+    pending = unsignalled_groups(db, now)
     if signal is not None:
         for chat_jid in pending:
             signal(chat_jid)
@@ -161,26 +117,8 @@ def sweep(
     return report
 
 
-def live_run_ids(db: Database) -> set[str]:
-    """Runs that have not finished: their containers must be left alone."""
-    with db.read() as session:
-        return set(session.scalars(select(RunRow.id).where(RunRow.finished_at.is_(None))))
-
-
 def _close_interrupted(db: Database, run_id: str, chat_jid: str, cursor_to: int) -> StoredMessage | None:
-    with db.read() as session:
-        outputs = (
-            session.scalar(
-                select(func.count())
-                .select_from(MessageRow)
-                .where(
-                    MessageRow.chat_jid == chat_jid,
-                    MessageRow.id.like(f"{run_id}-%"),
-                    MessageRow.sender == SENDER_BOT,
-                )
-            )
-            or 0
-        )
+    outputs = run_replies(db, chat_jid, run_id)
     if outputs:
         # A reply is already in the chat: close the run rather than replay
         # it (no duplicate replies), and tell people it was cut short.
@@ -194,11 +132,7 @@ def _close_interrupted(db: Database, run_id: str, chat_jid: str, cursor_to: int)
             )
             if created:
                 record_deliveries(session, stored)  # sent when the sweep signals due deliveries
-            session.execute(
-                update(GroupRow)
-                .where(GroupRow.chat_jid == chat_jid, GroupRow.cursor_seq < cursor_to)
-                .values(cursor_seq=cursor_to)
-            )
+            advance_cursor(session, chat_jid, cursor_to)
         finish_run(db, run_id, state="failed", error="interrupted after output: its worker stopped")
         metrics.run_finished("failed")
         return stored if created else None

@@ -24,6 +24,7 @@ from orchestrator.model.envelopes import TEXT, normalize_message_metadata, previ
 from orchestrator.model.messages import (
     MESSAGE_TYPES,
     NEVER_STORED_SENDERS,
+    SENDER_BOT,
     NewMessage,
     StoredMessage,
     sender_type_problem,
@@ -375,3 +376,15 @@ def message_metadata(db: Database, chat_jid: str, seq: int) -> JsonObject | None
     """The metadata of message ``seq`` of ``chat_jid`` (None: none, or no such message)."""
     with db.read() as session:
         return session.scalar(select(MessageRow.meta).where(MessageRow.chat_jid == chat_jid, MessageRow.seq == seq))
+
+
+def run_replies(db: Database, chat_jid: str, run_id: str) -> int:
+    """How many replies (``bot`` messages) run ``run_id`` stored in ``chat_jid``: a run's outputs
+    have ids ``<run id>-...``."""
+    with db.read() as session:
+        count = session.scalar(
+            select(func.count())
+            .select_from(MessageRow)
+            .where(MessageRow.chat_jid == chat_jid, MessageRow.id.like(f"{run_id}-%"), MessageRow.sender == SENDER_BOT)
+        )
+    return count or 0
