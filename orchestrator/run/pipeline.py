@@ -77,7 +77,7 @@ from orchestrator.sandbox.port import Sandbox
 from orchestrator.sandbox.sessions import session_mount
 from orchestrator.sandbox.warm import WarmPool, gateway_dir, host_only_dir
 from orchestrator.store import leases
-from orchestrator.store.db import Database, db_now, driver_execute
+from orchestrator.store.db import Database, db_now
 from orchestrator.store.deliveries import attached_channels, record_deliveries
 from orchestrator.store.groups import Group, get_group, send_refusal, send_targets
 from orchestrator.store.hosts import process_owner
@@ -290,7 +290,7 @@ class Pipeline:
         if step.retry_in is None and step.quota is None:  # a run ended, or there was nothing to run
             # Looked at in the release's own statement, so a message whose signal bounced
             # off our lease is not left waiting for the sweeper.
-            pending, cursor = released if released is not None else _marks(get_group(self.db, chat_jid))
+            pending, cursor = released if released is not None else leases.marks(self.db, chat_jid)
             step.more = pending > cursor
         return step
 
@@ -545,7 +545,7 @@ class Pipeline:
                         conn=conn,
                     )
                     stored = self._insert_output(conn, group, record, outcome, fenced=True)
-                    released = _end_hold(conn, group, self.owner, run.cursor_to, session_id)
+                    released = leases.end_hold(conn, group.chat_jid, self.owner, run.cursor_to, session_id)
                 # Committed: the run has ended and the lease is let go of (a LeaseLost above
                 # rolled all of it back, and the outcome still says the run is unfinished).
                 outcome.run, outcome.released = ended, released
@@ -959,51 +959,4 @@ class Pipeline:
 
     def _advance(self, group: Group, cursor_to: int, session_id: str | None) -> None:
         with self.db.transaction() as conn:
-            _move_cursor(conn, group, cursor_to, session_id)
-
-
-def _end_hold_sql(session: bool) -> str:
-    keep = ", session_id = :session_id" if session else ""
-    return (
-        "UPDATE groups SET cursor_seq = CASE WHEN cursor_seq < :cursor_to THEN :cursor_to ELSE cursor_seq END"
-        f"{keep}, lease_owner = NULL, lease_expires_at = NULL WHERE chat_jid = :chat_jid AND lease_owner = :owner "
-        "RETURNING pending_seq, cursor_seq"
-    )
-
-
-_END_HOLD = {session: _end_hold_sql(session) for session in (True, False)}
-
-
-def _end_hold(conn: Connection, group: Group, owner: str, cursor_to: int, session_id: str | None) -> tuple[int, int]:
-    """A run's end on the group row, in the caller's transaction: the cursor past ``cursor_to``
-    (never back) and the session kept, and ``owner``'s lease let go of, in one statement;
-    the pending mark and cursor it leaves.  :class:`LeaseLost` if the lease is not
-    ``owner``'s (the fence of the run's end: nothing of it is to be committed)."""
-    params: dict[str, object] = {"chat_jid": group.chat_jid, "owner": owner, "cursor_to": cursor_to}
-    if session_id:
-        params["session_id"] = session_id
-    row = driver_execute(conn, _END_HOLD[bool(session_id)], params).fetchone()
-    if row is None:
-        raise LeaseLost(f"{group.chat_jid}'s lease is no longer {owner}'s at its run's end")
-    return int(row[0]), int(row[1])
-
-
-def _marks(group: Group) -> tuple[int, int]:
-    """The group's pending mark and cursor."""
-    return group.pending_seq, group.cursor_seq
-
-
-# Fixed SQL on the driver, in the caller's transaction (the run's end: runs.finish_run's ``also``).
-_MOVE_CURSOR = "UPDATE groups SET cursor_seq = :cursor_to WHERE chat_jid = :chat_jid AND cursor_seq < :cursor_to"
-_MOVE_CURSOR_SESSION = (
-    "UPDATE groups SET cursor_seq = :cursor_to, session_id = :session_id "
-    "WHERE chat_jid = :chat_jid AND cursor_seq < :cursor_to"
-)
-
-
-def _move_cursor(conn: Connection, group: Group, cursor_to: int, session_id: str | None) -> None:
-    """Move ``group``'s cursor past ``cursor_to`` (never back), in the caller's transaction."""
-    params: dict[str, object] = {"chat_jid": group.chat_jid, "cursor_to": cursor_to}
-    if session_id:
-        params["session_id"] = session_id
-    driver_execute(conn, _MOVE_CURSOR_SESSION if session_id else _MOVE_CURSOR, params)
+            leases.move_cursor(conn, group.chat_jid, cursor_to, session_id)

@@ -175,6 +175,59 @@ def release(db: Database, chat_jid: str, owner: str) -> tuple[int, int] | None:
     return None if row is None else (int(row[0]), int(row[1]))
 
 
+def marks(db: Database, chat_jid: str) -> tuple[int, int]:
+    """``chat_jid``'s pending mark and cursor, read now (after a step whose release was not
+    this holder's to make: the run's end let go of the lease, or another took it)."""
+    group = get_group(db, chat_jid)
+    return group.pending_seq, group.cursor_seq
+
+
+# -- a run's end on the group row: fixed SQL on the driver, in the caller's transaction ------
+
+
+def _end_hold_sql(session: bool) -> str:
+    keep = ", session_id = :session_id" if session else ""
+    return (
+        "UPDATE groups SET cursor_seq = CASE WHEN cursor_seq < :cursor_to THEN :cursor_to ELSE cursor_seq END"
+        f"{keep}, lease_owner = NULL, lease_expires_at = NULL WHERE chat_jid = :chat_jid AND lease_owner = :owner "
+        "RETURNING pending_seq, cursor_seq"
+    )
+
+
+# Keeping the session?: the statement :func:`end_hold` sends.
+_END_HOLD = {session: _end_hold_sql(session) for session in (True, False)}
+
+
+def end_hold(conn: Connection, chat_jid: str, owner: str, cursor_to: int, session_id: str | None) -> tuple[int, int]:
+    """A run's end on the group row, in the caller's transaction: the cursor past ``cursor_to``
+    (never back) and the session kept, and ``owner``'s lease let go of, in one statement;
+    the pending mark and cursor it leaves.  :class:`LeaseLost` if the lease is not
+    ``owner``'s (the fence of the run's end: nothing of it is to be committed)."""
+    params: dict[str, object] = {"chat_jid": chat_jid, "owner": owner, "cursor_to": cursor_to}
+    if session_id:
+        params["session_id"] = session_id
+    row = driver_execute(conn, _END_HOLD[bool(session_id)], params).fetchone()
+    if row is None:
+        raise LeaseLost(f"{chat_jid}'s lease is no longer {owner}'s at its run's end")
+    return int(row[0]), int(row[1])
+
+
+_MOVE_CURSOR = "UPDATE groups SET cursor_seq = :cursor_to WHERE chat_jid = :chat_jid AND cursor_seq < :cursor_to"
+_MOVE_CURSOR_SESSION = (
+    "UPDATE groups SET cursor_seq = :cursor_to, session_id = :session_id "
+    "WHERE chat_jid = :chat_jid AND cursor_seq < :cursor_to"
+)
+
+
+def move_cursor(conn: Connection, chat_jid: str, cursor_to: int, session_id: str | None) -> None:
+    """Move ``chat_jid``'s cursor past ``cursor_to`` (never back), and keep ``session_id`` if
+    given, in the caller's transaction (the lease holder's, with nothing to run)."""
+    params: dict[str, object] = {"chat_jid": chat_jid, "cursor_to": cursor_to}
+    if session_id:
+        params["session_id"] = session_id
+    driver_execute(conn, _MOVE_CURSOR_SESSION if session_id else _MOVE_CURSOR, params)
+
+
 # A held lease is renewed this often (or every ttl/3, if sooner): a renewal is also
 # how the holder learns it still reaches the database.
 RENEW_EVERY_S = 1.5
