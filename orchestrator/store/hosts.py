@@ -196,7 +196,7 @@ def place_sql(*, sqlite: bool) -> str:
     placed on if that host takes groups now, else NULL; the same test as
     :func:`takes_groups` (``up``, a beat younger than ``:window`` seconds by the
     database's now), written out for the driver's fixed statements: ingest's routing
-    read (orchestrator/run/ingest.py, no round trip of its own), ``placement.placed_on``
+    read (``groups.routing``, no round trip of its own), ``placement.placed_on``
     and ``leases.take``'s placement."""
     age = age_text("h.heartbeat_at", sqlite=sqlite)
     return (
