@@ -26,7 +26,6 @@ from datetime import datetime, timedelta
 from typing import NamedTuple
 
 import msgspec
-from sqlalchemy import Connection, select
 
 from agent_runner.protocol import (
     AssistantEvent,
@@ -77,11 +76,12 @@ from orchestrator.sandbox.port import Sandbox
 from orchestrator.sandbox.sessions import session_mount
 from orchestrator.sandbox.warm import WarmPool, gateway_dir, host_only_dir
 from orchestrator.store import leases
-from orchestrator.store.db import Database, db_now
+from orchestrator.store.db import Connection, Database, db_now
 from orchestrator.store.deliveries import attached_channels, record_deliveries
 from orchestrator.store.groups import Group, get_group, send_refusal, send_targets
 from orchestrator.store.hosts import process_owner
 from orchestrator.store.message_log import get_messages_after, insert_message, now_iso, waiting_since
+from orchestrator.store.replays import run_messages
 from orchestrator.store.runs import (
     Run,
     RunState,
@@ -93,7 +93,6 @@ from orchestrator.store.runs import (
     unfinished_runs,
 )
 from orchestrator.store.slots import FleetFull, SlotWait, leave_line, take_slot, to_wake
-from orchestrator.store.tables import MessageRow
 from orchestrator.store.usage import QuotaWait, quota_wait, store_quota_notice
 
 log = logging.getLogger(__name__)
@@ -471,19 +470,13 @@ class Pipeline:
             run=run, budget=OutputBudget(self.settings.max_run_events, self.settings.max_run_stored_bytes)
         )
         assert outcome.budget is not None
-        with self.db.read() as session:
-            rows = session.execute(
-                select(MessageRow.seq, MessageRow.id, MessageRow.content, MessageRow.meta).where(
-                    MessageRow.id.like(f"{run.id}-%")
-                )
-            ).all()
-        for seq, mid, content, metadata in rows:
-            outcome.stored.append(seq)
+        for stored in run_messages(self.db, run.id):
+            outcome.stored.append(stored.seq)
             outcome.budget.lines += 1
-            outcome.budget.stored_bytes += len(content.encode("utf-8")) + (
-                len(msgspec.json.encode(metadata)) if metadata else 0
+            outcome.budget.stored_bytes += len(stored.content.encode("utf-8")) + (
+                len(msgspec.json.encode(stored.metadata)) if stored.metadata else 0
             )
-            number = mid[len(run.id) + 1 : len(run.id) + 5]
+            number = stored.id[len(run.id) + 1 : len(run.id) + 5]
             if number.isdigit():
                 outcome.indexed = max(outcome.indexed, int(number))
         return outcome

@@ -46,13 +46,11 @@ import os
 import shutil
 import stat
 import uuid
-import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import msgspec
-from sqlalchemy import select, update
 
 from agent_runner.protocol import (
     AssistantEvent,
@@ -86,12 +84,12 @@ from orchestrator.sandbox.mounts import group_workspace, prepare_mountpoints, re
 from orchestrator.sandbox.port import Sandbox
 from orchestrator.sandbox.quota import Volume, scratch_volume
 from orchestrator.sandbox.warm import host_only_dir
-from orchestrator.store.db import Database, db_now
+from orchestrator.store.db import Database
 from orchestrator.store.groups import Group, get_group
 from orchestrator.store.hosts import process_owner
+from orchestrator.store.replays import add_replay, save_outputs, seconds_running
 from orchestrator.store.runs import Run, RunState, finish_run, get_run, set_container
 from orchestrator.store.slots import take_replay_slot
-from orchestrator.store.tables import ReplayOutputRow, RunRow
 from orchestrator.store.usage import quota_wait
 
 log = logging.getLogger(__name__)
@@ -306,25 +304,7 @@ def create_replay(db: Database, settings: Settings, run_id: str, model: str) -> 
     # The same messages, notices, send targets and limits, byte for byte; another model;
     # no session (the original's is the chat's, and a replay must never resume it).
     payload = recorded.replace(run_id=replay_id, session_id=None, model=resolved, traceparent=msgspec.UNSET)
-    with db.write() as session:
-        now = db_now(session)
-        session.add(
-            RunRow(
-                id=replay_id,
-                chat_jid=original.chat_jid,
-                state="queued",
-                attempts=1,
-                cursor_from=original.cursor_from,
-                cursor_to=original.cursor_to,
-                celery_task_id=None,
-                owner=None,
-                input_tokens=0,
-                output_tokens=0,
-                created_at=now,
-                replay_of=original.id,
-            )
-        )
-        session.add(ReplayOutputRow(run_id=replay_id, model=model.strip()))
+    add_replay(db, replay_id=replay_id, original=original, model=model.strip())
     record_input(db, replay_id, input_bytes(payload))
     return get_run(db, replay_id)
 
@@ -396,9 +376,6 @@ def execute_replay(db: Database, settings: Settings, sandbox: Sandbox, run_id: s
         # the row must not stay unfinished (nothing else closes a replay).
         finish_run(db, run.id, state="failed", error="the replay was interrupted")
         raise
-    with db.read() as session:
-        started = session.scalar(select(RunRow.started_at).where(RunRow.id == run.id))
-        duration = None if started is None else max(0.0, (db_now(session) - started).total_seconds())
     outputs.append(
         result_meta_message(
             run_id=run.id,
@@ -409,19 +386,11 @@ def execute_replay(db: Database, settings: Settings, sandbox: Sandbox, run_id: s
             limit=ended.limit,
             num_turns=ended.num_turns,
             attempts=1,
-            duration_s=duration,
+            duration_s=seconds_running(db, run.id),
             usage=ended.usage,
         )
     )
-    data = msgspec.json.encode([o.model_dump() for o in outputs])
-    with db.write() as session:
-        session.execute(
-            update(ReplayOutputRow)
-            .where(ReplayOutputRow.run_id == run.id)
-            .values(
-                outputs_json=zlib.compress(data), copy_report=None if copy_report is None else copy_report.as_json()
-            )
-        )
+    save_outputs(db, run.id, [o.model_dump() for o in outputs], None if copy_report is None else copy_report.as_json())
     done = finish_run(
         db,
         run.id,

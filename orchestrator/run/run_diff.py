@@ -15,12 +15,9 @@ sandbox.
 from __future__ import annotations
 
 import json
-import zlib
 from typing import Any
 
-import msgspec
 from pydantic import BaseModel, Field
-from sqlalchemy import select
 
 from agent_runner.protocol import ContainerInput, ProtocolError, Usage, decode_input
 from orchestrator.model.messages import SENDER_BOT, SENDER_RESULT_META, SENDER_TOOL_RESULT, SENDER_TOOL_USE
@@ -28,8 +25,8 @@ from orchestrator.model.pricing import estimate_cost
 from orchestrator.run.assembly import stored_input
 from orchestrator.run.outputs import OutputMessage
 from orchestrator.store.db import Database
+from orchestrator.store.replays import replay_outputs, run_messages
 from orchestrator.store.runs import Run, get_run
-from orchestrator.store.tables import MessageRow, ReplayOutputRow
 
 
 class ToolCall(BaseModel):
@@ -70,29 +67,19 @@ def run_outputs(db: Database, run: Run) -> list[OutputMessage]:
     """What ``run`` said: a replay's from ``replay_outputs``, a chat run's from its stored messages
     (superseded ones included: the record of what that run said)."""
     if run.replay_of is not None:
-        with db.read() as session:
-            data = session.scalar(select(ReplayOutputRow.outputs_json).where(ReplayOutputRow.run_id == run.id))
-        if data is None:
-            return []
-        return [OutputMessage.model_validate(o) for o in msgspec.json.decode(zlib.decompress(data))]
-    with db.read() as session:
-        rows = session.execute(
-            select(
-                MessageRow.id,
-                MessageRow.sender,
-                MessageRow.sender_name,
-                MessageRow.content,
-                MessageRow.message_type,
-                MessageRow.meta,
-            )
-            .where(MessageRow.id.like(f"{run.id}-%"))
-            .order_by(MessageRow.seq)
-        ).all()
+        return [OutputMessage.model_validate(o) for o in replay_outputs(db, run.id)]
     return [
         OutputMessage.model_validate(
-            {"id": i, "sender": s, "sender_name": n, "content": c, "message_type": t, "metadata": m}
+            {
+                "id": m.id,
+                "sender": m.sender,
+                "sender_name": m.sender_name,
+                "content": m.content,
+                "message_type": m.message_type,
+                "metadata": m.metadata,
+            }
         )
-        for i, s, n, c, t, m in rows
+        for m in run_messages(db, run.id)
     ]
 
 
