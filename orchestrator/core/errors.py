@@ -17,7 +17,11 @@ the classes defined outside this module say where they live::
     │                          [channels.registry, channels.webhook, channels.telegram, run.outbound,
     │                          store.attachments, store.deliveries]
     ├── StoreError             the database refused or lacks something (a duplicate group, no such
-    │   │                      run or task) [store.groups, store.runs, run.assembly, run.schedules]
+    │   │                      run or task) [store.runs, run.assembly, run.schedules]
+    │   ├── NotFound           no such thing in the store, for one that has no class of its own (a run
+    │   │                      by id or prefix) (HTTP 404) [store.runs]
+    │   ├── Conflict           the change clashes with what is stored: a chat or folder registered
+    │   │                      already, a second main group (HTTP 409) [store.groups]
     │   ├── UnknownGroup       a chat id that is not a registered group
     │   │   │                  [store.groups, store.attachments, sandbox.config]
     │   │   └── UnregisteredChatsFull   a message of a chat that is no registered group, when
@@ -107,6 +111,17 @@ class ChannelRateLimited(ChannelError):
 
 class StoreError(OrchestratorError):
     pass
+
+
+class NotFound(StoreError, LookupError):
+    """The store holds no such thing (a run by its id or a unique prefix, say); the message
+    names what was looked for.  The kinds with a class of their own (``UnknownGroup``,
+    ``MessageNotFound``) are not under it: the API maps each of them to 404 too."""
+
+
+class Conflict(StoreError):
+    """A change the stored state does not allow: a chat or folder registered already, a
+    second main group (orchestrator.store.groups); nothing changed."""
 
 
 class UnknownGroup(StoreError, LookupError):

@@ -20,13 +20,13 @@ from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from orchestrator.core.errors import ConfigError, InvalidMessage, StoreError, UnknownGroup
+from orchestrator.core.errors import ConfigError, Conflict, InvalidMessage, StoreError, UnknownGroup
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.store.db import Database, changed_rows, driver_execute
 from orchestrator.store.hosts import ALIVE_WINDOW_S, place_sql
 from orchestrator.store.tables import GroupRow
 
-# A folder name (also the API's schema pattern, orchestrator/http/api.py).
+# A folder name (also the API's schema pattern, orchestrator/http/routes/groups.py).
 FOLDER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 _SLUG = re.compile(FOLDER_PATTERN)
 
@@ -109,13 +109,13 @@ def add_group(
     requires_trigger: bool = True,
     assistant_name: str | None = None,
 ) -> Group:
-    """Register a chat as a group; raises StoreError if the jid or folder is taken, or
+    """Register a chat as a group; raises Conflict (a StoreError) if the jid or folder is taken, or
     when ``is_main`` and another group is main (there is one main group)."""
     if not chat_jid:
         raise InvalidMessage("chat_jid must not be empty")
     validate_folder(folder)
     if is_main and (other := main_group(db)) is not None:
-        raise StoreError(f"the main group is {other.chat_jid!r} already; there is one")
+        raise Conflict(f"the main group is {other.chat_jid!r} already; there is one")
     row = GroupRow(
         chat_jid=chat_jid,
         name=name or chat_jid,
@@ -135,7 +135,7 @@ def add_group(
         # With is_main, also the database's own rule (revision 0017): another main group
         # written between our look and our insert.
         also = "; or another group is main (there is one)" if is_main else ""
-        raise StoreError(f"group {chat_jid!r} or folder {folder!r} is already registered{also}") from exc
+        raise Conflict(f"group {chat_jid!r} or folder {folder!r} is already registered{also}") from exc
     return group_from_row(row)
 
 

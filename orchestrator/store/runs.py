@@ -13,7 +13,7 @@ from sqlalchemy import ColumnElement, Connection, and_, or_, select, update
 from sqlalchemy.orm import Session, defer
 
 from orchestrator.core import secrets
-from orchestrator.core.errors import StoreError
+from orchestrator.core.errors import NotFound, StoreError
 from orchestrator.store.db import Database, age_text, db_now, db_time, driver_execute, now_text
 from orchestrator.store.tables import GroupChannelRow, GroupRow, RunRow
 
@@ -326,7 +326,7 @@ def get_run(db: Database, run_id: str) -> Run:
             # Let people paste a unique prefix of the id.
             rows = list(session.scalars(select(RunRow).where(RunRow.id.like(f"{run_id}%")).limit(2)))
             if len(rows) != 1:
-                raise StoreError(f"no run {run_id!r}")
+                raise NotFound(f"no run {run_id!r}")
             row = rows[0]
         return _to_run(row)
 
