@@ -1,4 +1,4 @@
-"""Slack messages in: what the Events API route and Socket Mode share, and the route.
+"""Slack messages in: what the Events API and Socket Mode share, and the Events API's checks.
 
 Both transports hand over the same ``event_callback`` document (the Events
 API POSTs it; Socket Mode wraps it in an ``events_api`` envelope);
@@ -29,7 +29,8 @@ API POSTs it; Socket Mode wraps it in an ``events_api`` envelope);
 * a sender over ``ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE`` gets an ephemeral
   "slow down" (once per wait) and the message is dropped.
 
-``POST /slack/events`` (:func:`add_slack_route`) checks Slack's signature
+``POST /slack/events`` (mounted by the HTTP API, ``orchestrator/http/routes/slack.py``,
+with :class:`SlackEvents` and :func:`read_document`) checks Slack's signature
 before it reads anything else: ``X-Slack-Signature: v0=<hex>``, the HMAC-SHA256
 with ``ORCHESTRATOR_SLACK_SIGNING_SECRET`` of ``v0:<X-Slack-Request-Timestamp>:<raw
 body>``, the timestamp within 5 minutes of this host's clock (older: a replay,
@@ -54,10 +55,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
-from starlette.concurrency import run_in_threadpool
 
 from orchestrator.channels.slack import (
     ADDRESS,
@@ -72,7 +70,7 @@ from orchestrator.channels.slack import (
     attached_groups,
 )
 from orchestrator.channels.slack_blocks import escape, unescape
-from orchestrator.core.errors import ChannelError, RateLimited, UnregisteredChatsFull
+from orchestrator.core.errors import ChannelError, InvalidMessage, RateLimited, UnregisteredChatsFull
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest
 from orchestrator.store.db import Database
@@ -336,13 +334,13 @@ class SlackInbound:
             log.warning("slack: could not tell %s to slow down: %s", incoming.sender, err)
 
 
-# -- the Events API route -------------------------------------------------------------------
+# -- the Events API (its route: orchestrator/http/routes/slack.py) -------------------------
 
 
 _KNOWN_TYPES = ["url_verification", "event_callback"]
 
 
-def _events_schema() -> dict[str, Any]:
+def events_schema() -> dict[str, Any]:
     """The request body as the document states it: the two documents read, or any other
     typed one (answered 200 and left alone)."""
     callback = EventCallback.model_json_schema()
@@ -372,98 +370,80 @@ def _events_schema() -> dict[str, Any]:
     return dict(inline(doc))
 
 
-def add_slack_route(
-    api: FastAPI,
-    db: Database,
-    settings: Settings,
-    *,
-    signal: Callable[[str], object],
-    signal_delivery: Callable[[str], object] | None,
-    max_chars: int,
-) -> None:
-    secret = settings.slack_signing_secret
-    off = "" if secret else "the Slack Events API is off (set ORCHESTRATOR_SLACK_SIGNING_SECRET)"
-    state: dict[str, SlackInbound] = {}
-    lock = threading.Lock()
+def read_document(body: bytes) -> UrlVerification | dict[str, Any] | None:
+    """What a verified Events API body is: a ``url_verification`` (answered with its
+    challenge), an ``event_callback`` document (for :meth:`SlackEvents.take`), or None:
+    another typed document (``app_rate_limited`` and the like), nothing to do.  Raises
+    :class:`InvalidMessage` for a body that is no Slack document."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        raise InvalidMessage("the body is not JSON") from None
+    kind = doc.get("type") if isinstance(doc, dict) else None
+    if kind == "url_verification":
+        try:
+            return UrlVerification.model_validate(doc)
+        except ValidationError as exc:
+            raise InvalidMessage(f"url_verification: {exc.errors()[0]['msg']}") from None
+    if kind != "event_callback":
+        if not isinstance(kind, str):
+            raise InvalidMessage("the body is not a Slack event document (no type)")
+        return None
+    assert isinstance(doc, dict)  # a "type" was read from it
+    return doc
 
-    def inbound() -> SlackInbound:
-        # Made on first use: the bot token (for names) is optional, slack_sdk too until then.
-        with lock:
-            if "in" not in state:
+
+class SlackEvents:
+    """The Events API's side of the channel: whether it is on, the request's signature,
+    and the :class:`SlackInbound` that takes its events, made on first use (the bot token,
+    for names, is optional, and slack_sdk too until then)."""
+
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        *,
+        signal: Callable[[str], object],
+        signal_delivery: Callable[[str], object] | None,
+        max_chars: int,
+    ) -> None:
+        self.db, self.settings = db, settings
+        self.signal, self.signal_delivery = signal, signal_delivery
+        self.max_chars = max_chars
+        self._secret = settings.slack_signing_secret
+        self.off = "" if self._secret else "the Slack Events API is off (set ORCHESTRATOR_SLACK_SIGNING_SECRET)"
+        self._inbound: SlackInbound | None = None
+        self._lock = threading.Lock()
+
+    def signed(self, timestamp: str, body: bytes, signature: str | None) -> bool:
+        """The request's v0 signature is Slack's over ``timestamp`` and ``body`` (constant time)."""
+        return verify(self._secret, timestamp, body, signature)
+
+    def inbound(self) -> SlackInbound:
+        with self._lock:
+            if self._inbound is None:
                 web = None
-                if settings.slack_bot_token:
+                if self.settings.slack_bot_token:
                     try:
-                        web = SlackWeb(settings)
+                        web = SlackWeb(self.settings)
                     except ChannelError as exc:
                         log.warning("slack: no Web API for names and our bot's id (%s)", exc)
-                state["in"] = SlackInbound(
-                    db, settings, signal=signal, signal_delivery=signal_delivery, web=web, max_chars=max_chars
+                self._inbound = SlackInbound(
+                    self.db,
+                    self.settings,
+                    signal=self.signal,
+                    signal_delivery=self.signal_delivery,
+                    web=web,
+                    max_chars=self.max_chars,
                 )
-            return state["in"]
+            return self._inbound
 
-    @api.post(
-        EVENTS_PATH,
-        tags=["slack"],
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": _events_schema()}},
-            }
-        },
-        responses={
-            200: {
-                "description": "verified and taken (an event that stores nothing too); a `url_verification` "
-                "is answered with its `challenge`",
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "type": "object",
-                            "properties": {"ok": {"type": "boolean"}, "challenge": {"type": "string"}},
-                        }
-                    }
-                },
-            },
-            400: {"description": "the body is not a Slack event document"},
-            401: {
-                "description": f"missing or wrong {SIGNATURE_HEADER}, or {TIMESTAMP_HEADER} more than "
-                f"{WINDOW_S} s from the server's clock"
-            },
-            404: {"description": "the Slack Events API is off (no ORCHESTRATOR_SLACK_SIGNING_SECRET)"},
-        },
-    )
-    async def events(request: Request) -> JSONResponse:
-        """Slack's Events API: a request signed with ORCHESTRATOR_SLACK_SIGNING_SECRET (see
-        orchestrator/channels/slack_inbound.py)."""
-        if off:
-            return JSONResponse({"detail": off}, 404)
-        timestamp = request.headers.get(TIMESTAMP_HEADER)
-        problem = timestamp_refusal(timestamp, time.time())
-        if problem or timestamp is None:  # on the headers, before the body is read
-            return JSONResponse({"detail": problem}, 401)
-        body = await request.body()
-        if not verify(secret, timestamp, body, request.headers.get(SIGNATURE_HEADER)):
-            return JSONResponse({"detail": f"missing or wrong {SIGNATURE_HEADER}"}, 401)
+    def take(self, document: dict[str, Any]) -> IngestResult | None:
+        """:meth:`SlackInbound.take`, a document that is no event callback refused with
+        :class:`InvalidMessage` naming where.  Blocks on the store: call it off the event loop."""
         try:
-            doc = json.loads(body)
-        except ValueError:
-            return JSONResponse({"detail": "the body is not JSON"}, 400)
-        kind = doc.get("type") if isinstance(doc, dict) else None
-        if kind == "url_verification":
-            try:
-                return JSONResponse({"challenge": UrlVerification.model_validate(doc).challenge}, 200)
-            except ValidationError as exc:
-                return JSONResponse({"detail": f"url_verification: {exc.errors()[0]['msg']}"}, 400)
-        if kind != "event_callback":
-            if not isinstance(kind, str):
-                return JSONResponse({"detail": "the body is not a Slack event document (no type)"}, 400)
-            return JSONResponse({"ok": True}, 200)  # app_rate_limited and the like: nothing to do
-        taker = inbound()
-        try:
-            if request.headers.get(RETRY_HEADER) and taker.seen(doc.get("event_id")):
-                return JSONResponse({"ok": True}, 200)  # a retry of what this process took
-            await run_in_threadpool(taker.take, doc)  # the store's calls block: off the event loop
+            return self.inbound().take(document)
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
-            return JSONResponse({"detail": f"{where}: {err['msg']}"}, 400)
-        return JSONResponse({"ok": True}, 200)
+            raise InvalidMessage(f"{where}: {err['msg']}") from exc

@@ -21,6 +21,9 @@
   ``ORCHESTRATOR_API_REQUIRE_REGISTERED_CHAT=false`` any chat is taken, within
   ingest's bounds on unregistered chats (``ORCHESTRATOR_UNREGISTERED_CHATS``,
   ``ORCHESTRATOR_UNREGISTERED_CHAT_MESSAGES``); a new chat past them is a 404 too.
+  The HTTP API mounts the route (``orchestrator/http/routes/webhooks.py``); its
+  checks and the taking of the message are here (:class:`InboundWebhook`,
+  :func:`read_inbound`, :func:`inbound_refusal`).
 * **Outbound**: the built-in ``webhook`` channel POSTs each delivered
   message as JSON to the attached address (``orchestrator groups attach JID
   webhook --address https://...``), signed with ``ORCHESTRATOR_WEBHOOK_SECRET``
@@ -52,18 +55,15 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from orchestrator.channels.base import BaseChannel
-from orchestrator.core.errors import ChannelError, OrchestratorError, RateLimited, UnknownGroup
+from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, NEVER_STORED_SENDERS, SENDER_SCHEDULER
 from orchestrator.model.render import RenderedMessage
-from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest
 from orchestrator.store.db import Database
-from orchestrator.store.groups import is_registered
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def inbound_refusal(incoming: IncomingMessage) -> tuple[str, str] | None:
     return None
 
 
-def _inbound_schema() -> dict[str, object]:
+def inbound_schema() -> dict[str, object]:
     """The request body as the document states it: ``IncomingMessage``, held to what
     :func:`inbound_refusal` lets through (written in place, the document's own)."""
     schema = json.loads(json.dumps(IncomingMessage.model_json_schema()))
@@ -217,19 +217,71 @@ class WebhookChannel(BaseChannel):
         self._client.close()
 
 
-def add_inbound_route(
-    api: FastAPI,
-    db: Database,
-    settings: Settings,
-    *,
-    signal: Callable[[str], object],
-    signal_delivery: Callable[[str], object] | None,
-    max_chars: int,
-) -> None:
-    secret = settings.webhook_inbound_secret
-    if secret:
-        off = ""
-    elif settings.webhook_secret:
+class InboundWebhook:
+    """The inbound webhook's side of the channel (see the module's doc): whether it is on,
+    the checks of a request's headers and signature, the message its body carries, and
+    taking that message in.  The HTTP route (``orchestrator/http/routes/webhooks.py``)
+    calls these in order and answers for each refusal."""
+
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        *,
+        signal: Callable[[str], object],
+        signal_delivery: Callable[[str], object] | None,
+        max_chars: int,
+    ) -> None:
+        self.db, self.settings = db, settings
+        self.signal, self.signal_delivery = signal, signal_delivery
+        self.max_chars = max_chars
+        self._secret = settings.webhook_inbound_secret
+        self.off = _off_reason(settings)
+
+    def header_refusal(self, timestamp: str | None, nonce: str | None, now: float) -> str | None:
+        """Why a request's timestamp or nonce is refused, before its body is read (None: it is not)."""
+        return header_refusal(self.settings, timestamp, nonce, now)
+
+    def signed(self, timestamp: str, nonce: str, body: bytes, signature: str | None) -> bool:
+        """The request's signature is ours over ``<timestamp>.<nonce>.<body>`` (constant time)."""
+        return (
+            bool(self._secret)
+            and signature is not None
+            and hmac.compare_digest(sign_inbound(self._secret, timestamp.strip(), nonce, body), signature.strip())
+        )
+
+    def too_long(self, incoming: IncomingMessage) -> str | None:
+        """Why ``incoming``'s content is refused for its length (None: it is not)."""
+        if len(incoming.content) > self.max_chars:
+            return f"content is longer than {self.max_chars} characters"
+        return None
+
+    def take(self, incoming: IncomingMessage, nonce: str) -> IngestResult:
+        """Store ``incoming`` as this channel's, its id the nonce's unless the body names one (a
+        replay inside the window is the duplicate of what it replays).  Raises what ingest
+        raises: ``RateLimited``, ``UnknownGroup`` (an unregistered chat past
+        ORCHESTRATOR_UNREGISTERED_CHATS), ``InvalidMessage``."""
+        incoming = incoming.model_copy(update={"channel": CHANNEL, "id": incoming.id or NONCE_ID_PREFIX + nonce})
+        return ingest(self.db, self.settings, incoming, signal=self.signal, signal_delivery=self.signal_delivery)
+
+
+def read_inbound(body: bytes) -> IncomingMessage | tuple[str, str]:
+    """The message an inbound body carries, or the field at fault and why (the body is no
+    JSON, or not a message: the first error pydantic names)."""
+    try:
+        return IncomingMessage.model_validate(json.loads(body))
+    except ValueError as exc:  # JSONDecodeError and ValidationError both
+        err = exc.errors()[0] if isinstance(exc, ValidationError) else None
+        field = ".".join(str(p) for p in err["loc"]) if err else "body"
+        return field, f"{field}: {err['msg'] if err else exc}"
+
+
+def _off_reason(settings: Settings) -> str:
+    """Why inbound webhooks are off ("": they are on); said in the log at start when a setting
+    that used to turn them on is all there is."""
+    if settings.webhook_inbound_secret:
+        return ""
+    if settings.webhook_secret:
         # The old configuration signed inbound webhooks with the outbound secret.  Taking it for
         # inbound still would keep the hole open (every receiver holds it), and a silent 404 would
         # leave its senders guessing: refused, said at start and in every answer.
@@ -239,103 +291,5 @@ def add_inbound_route(
             f"senders sign {TIMESTAMP_HEADER}.{NONCE_HEADER}.body with it"
         )
         log.warning("%s", off)
-    else:
-        off = "inbound webhooks are off (set ORCHESTRATOR_WEBHOOK_INBOUND_SECRET)"
-
-    # The body is read raw (the signature covers its bytes), so the document is told what it is.
-    @api.post(
-        INBOUND_PATH,
-        status_code=201,
-        tags=["webhooks"],
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": _inbound_schema()}},
-            }
-        },
-        responses={
-            201: {
-                "description": "stored, as POST /api/messages answers (a replay inside the window: "
-                "the message it replays, `created: false`)",
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PostedMessage"}}},
-            },
-            400: {
-                "description": "the body is not a valid message, or one another system may not send (not a "
-                "person's `user` message, a harness sender, `is_from_me`, another channel); "
-                "`field` names the offending one"
-            },
-            401: {
-                "description": f"missing or wrong {SIGNATURE_HEADER}, {TIMESTAMP_HEADER} outside the window, "
-                f"or a malformed {NONCE_HEADER}"
-            },
-            404: {
-                "description": "inbound webhooks are off (no ORCHESTRATOR_WEBHOOK_INBOUND_SECRET), or the chat "
-                "is not a registered group (when registration is required; else: a new chat past "
-                "ORCHESTRATOR_UNREGISTERED_CHATS); nothing was stored"
-            },
-            413: {"description": "content too long"},
-            429: {
-                "description": "the sender is over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE; nothing was stored",
-                "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}},
-            },
-        },
-    )
-    async def inbound(request: Request) -> JSONResponse:
-        """A person's message from another system, signed with ORCHESTRATOR_WEBHOOK_INBOUND_SECRET
-        over timestamp, nonce and body (see orchestrator/channels/webhook.py)."""
-        if off:
-            return JSONResponse({"detail": off}, 404)
-        timestamp, nonce = request.headers.get(TIMESTAMP_HEADER), request.headers.get(NONCE_HEADER)
-        problem = header_refusal(settings, timestamp, nonce, time.time())
-        if problem or timestamp is None or nonce is None:  # checked on the headers, before the body is read
-            return JSONResponse({"detail": problem}, 401)
-        body = await request.body()
-        signature = request.headers.get(SIGNATURE_HEADER)
-        if signature is None or not hmac.compare_digest(
-            sign_inbound(secret, timestamp.strip(), nonce, body), signature.strip()
-        ):
-            return JSONResponse({"detail": f"missing or wrong {SIGNATURE_HEADER}"}, 401)
-        try:
-            doc = json.loads(body)
-            incoming = IncomingMessage.model_validate(doc)
-        except ValueError as exc:  # JSONDecodeError and ValidationError both
-            err = exc.errors()[0] if isinstance(exc, ValidationError) else None
-            field = ".".join(str(p) for p in err["loc"]) if err else "body"
-            return JSONResponse({"detail": f"{field}: {err['msg'] if err else exc}", "field": field}, 400)
-        refused = inbound_refusal(incoming)
-        if refused:
-            return JSONResponse({"detail": refused[1], "field": refused[0]}, 400)
-        if len(incoming.content) > max_chars:
-            return JSONResponse({"detail": f"content is longer than {max_chars} characters"}, 413)
-        incoming = incoming.model_copy(update={"channel": CHANNEL, "id": incoming.id or NONCE_ID_PREFIX + nonce})
-        if settings.api_require_registered_chat and not is_registered(db, incoming.chat_jid):
-            # As POST /api/messages answers (the same body): a message no agent will ever see is not stored.
-            return JSONResponse(
-                {
-                    "detail": f"no registered group for chat {incoming.chat_jid!r} (register it "
-                    "with POST /api/groups; ORCHESTRATOR_API_REQUIRE_REGISTERED_CHAT=false "
-                    "accepts any chat)"
-                },
-                404,
-            )
-        try:
-            result = ingest(db, settings, incoming, signal=signal, signal_delivery=signal_delivery)
-        except RateLimited as exc:  # the sender is over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE
-            return JSONResponse(
-                {"detail": str(exc), "retry_after_s": exc.retry_after_s},
-                429,
-                headers={"Retry-After": str(exc.retry_after_s)},
-            )
-        except UnknownGroup as exc:  # an unregistered chat past ORCHESTRATOR_UNREGISTERED_CHATS
-            return JSONResponse({"detail": str(exc)}, 404)
-        except OrchestratorError as exc:
-            bad_field = getattr(exc, "field", None)
-            return JSONResponse({"detail": str(exc), **({"field": bad_field} if bad_field else {})}, 400)
-        return JSONResponse(
-            {
-                "message": result.message.model_dump(mode="json"),
-                "created": result.created,
-                "triggered": result.triggered,
-            },
-            201,
-        )
+        return off
+    return "inbound webhooks are off (set ORCHESTRATOR_WEBHOOK_INBOUND_SECRET)"

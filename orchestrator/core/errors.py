@@ -19,7 +19,8 @@ the classes defined outside this module say where they live::
     ├── StoreError             the database refused or lacks something (a duplicate group, no such
     │   │                      run or task) [store.runs, run.assembly, run.schedules]
     │   ├── NotFound           no such thing in the store, for one that has no class of its own (a run
-    │   │                      by id or prefix) (HTTP 404) [store.runs]
+    │   │                      by id or prefix; a chat the API requires registered) (HTTP 404)
+    │   │                      [store.runs, http.routes]
     │   ├── Conflict           the change clashes with what is stored: a chat or folder registered
     │   │                      already, a second main group (HTTP 409) [store.groups]
     │   ├── UnknownGroup       a chat id that is not a registered group
@@ -30,7 +31,7 @@ the classes defined outside this module say where they live::
     │   ├── MessageNotFound    no such (message id, chat) in the store [store.message_log, store.history]
     │   └── DatabaseUnavailable   the database cannot serve for now (a lock held elsewhere past the wait, a
     │                          server restarting or unreachable, a full disk); carries retry_after_s
-    │                          (HTTP 503 + Retry-After) [http.api, from store.db.unavailable_reason]
+    │                          (HTTP 503 + Retry-After) [http.errors, from store.db.unavailable_reason]
     ├── GroupBusy              a run holds the group; edit/regenerate must wait [store.history]
     ├── LeaseLost              another worker took the group over: a run's output is not stored, the
     │                          run is left to the new holder [store.leases]
@@ -40,6 +41,8 @@ the classes defined outside this module say where they live::
     │   ├── InvalidMessageMetadata   metadata that is no valid envelope or context item; names the
     │   │                      field (defined in model.envelopes) [model.envelopes, model.context,
     │   │                      store.transfer]
+    │   ├── BadInput           a request's input a route refuses, naming the field (HTTP 400 with
+    │   │                      ``field``) (defined in http.errors) [http.routes]
     │   └── ChangeRefused      a history change the message's state does not allow: superseded, not a
     │                          person's message to edit, not a reply to regenerate (HTTP 409) [store.history]
     ├── SandboxError           Docker could not start or talk to a container [sandbox.containers, sandbox.warm]

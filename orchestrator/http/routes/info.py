@@ -1,0 +1,30 @@
+"""``GET /api/info``: what a client (the web page) needs to know about this server."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel
+
+from orchestrator.http.state import api_state
+
+router = APIRouter()
+
+
+class Info(BaseModel):
+    """What the web page needs to know about this server."""
+
+    assistant_name: str
+    trigger_names: list[str]
+    require_registered_chat: bool
+    token_required: bool
+
+
+@router.get("/info", response_model=Info)
+def info(request: Request) -> Info:
+    settings = api_state(request).settings
+    return Info(
+        assistant_name=settings.assistant_name,
+        trigger_names=settings.trigger_names,
+        require_registered_chat=settings.api_require_registered_chat,
+        token_required=bool(settings.api_token),
+    )

@@ -1,0 +1,89 @@
+"""``POST /slack/events``: Slack's Events API, a request signed with
+``ORCHESTRATOR_SLACK_SIGNING_SECRET``.
+
+The channel's side (the signature, the documents, taking an event in) is
+``orchestrator/channels/slack_inbound.py``; this route checks the timestamp on the
+headers before it reads the body, then the signature, and answers: the
+``url_verification`` challenge, 200 for anything verified and understood (an
+event that stores nothing too, so Slack does not retry it), and a retry
+(``X-Slack-Retry-Num``) of an event this process took without doing it again.
+Like the inbound webhook it needs no bearer token (the request guard exempts it).
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from orchestrator.channels.slack_inbound import (
+    EVENTS_PATH,
+    RETRY_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    WINDOW_S,
+    UrlVerification,
+    events_schema,
+    read_document,
+    timestamp_refusal,
+)
+from orchestrator.http.state import api_state
+
+router = APIRouter()
+
+
+@router.post(
+    EVENTS_PATH,
+    tags=["slack"],
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": events_schema()}},
+        }
+    },
+    responses={
+        200: {
+            "description": "verified and taken (an event that stores nothing too); a `url_verification` "
+            "is answered with its `challenge`",
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {"ok": {"type": "boolean"}, "challenge": {"type": "string"}},
+                    }
+                }
+            },
+        },
+        400: {"description": "the body is not a Slack event document"},
+        401: {
+            "description": f"missing or wrong {SIGNATURE_HEADER}, or {TIMESTAMP_HEADER} more than "
+            f"{WINDOW_S} s from the server's clock"
+        },
+        404: {"description": "the Slack Events API is off (no ORCHESTRATOR_SLACK_SIGNING_SECRET)"},
+    },
+)
+async def events(request: Request) -> JSONResponse:
+    """Slack's Events API: a request signed with ORCHESTRATOR_SLACK_SIGNING_SECRET (see
+    orchestrator/channels/slack_inbound.py)."""
+    slack = api_state(request).slack
+    if slack.off:
+        return JSONResponse({"detail": slack.off}, 404)
+    timestamp = request.headers.get(TIMESTAMP_HEADER)
+    problem = timestamp_refusal(timestamp, time.time())
+    if problem or timestamp is None:  # on the headers, before the body is read
+        return JSONResponse({"detail": problem}, 401)
+    body = await request.body()
+    if not slack.signed(timestamp, body, request.headers.get(SIGNATURE_HEADER)):
+        return JSONResponse({"detail": f"missing or wrong {SIGNATURE_HEADER}"}, 401)
+    # A body that is no Slack document raises InvalidMessage: a 400 (orchestrator/http/errors.py).
+    doc = read_document(body)
+    if isinstance(doc, UrlVerification):
+        return JSONResponse({"challenge": doc.challenge}, 200)
+    if doc is None:
+        return JSONResponse({"ok": True}, 200)  # app_rate_limited and the like: nothing to do
+    if request.headers.get(RETRY_HEADER) and slack.inbound().seen(doc.get("event_id")):
+        return JSONResponse({"ok": True}, 200)  # a retry of what this process took
+    await run_in_threadpool(slack.take, doc)  # the store's calls block: off the event loop
+    return JSONResponse({"ok": True}, 200)
