@@ -4,12 +4,11 @@ sandbox that answers at once.  Run as::
     celery -A bench.instant_app worker -Q agent,delivery
 
 Everything but the sandbox is the product's: this module imports ``workers.app``
-(its composition root, its Celery app and signal receivers, and through the app's
-``include`` the same tasks of ``workers/tasks.py``) and hands that root, before any
-run, a sandbox whose agent writes one assistant event and one result event and
-exits 0.  No Docker, no model: what a run costs here is the control plane's own
-work (the database, the broker, the pipeline's code), which is what the benchmark
-measures.
+(its composition root, its Celery app with the same tasks of ``workers/tasks.py``,
+and its signal receivers) and hands that root, before any run, a sandbox whose
+agent writes one assistant event and one result event and exits 0.  No Docker,
+no model: what a run costs here is the control plane's own work (the database,
+the broker, the pipeline's code), which is what the benchmark measures.
 
 Every process of the worker (the main one and each pool child) counts what it
 sends to PostgreSQL (``bench/query_counts.py``) into ``<data dir>/query-counts``.
@@ -30,7 +29,7 @@ from celery.signals import worker_process_shutdown
 from agent_runner.protocol import AssistantEvent, ResultEvent, Usage, dump_event
 from bench import query_counts
 from orchestrator.sandbox.containers import ContainerExit, ContainerSpec
-from workers.app import app, orchestrator
+from workers.app import app, worker_root
 
 __all__ = ["app"]
 
@@ -66,10 +65,11 @@ class InstantSandbox:
 
 # A cached_property of the root, filled before the pipeline (made on a pool child's
 # first task) reads it: every run of this worker goes here.
-orchestrator.sandbox = InstantSandbox()
+root = worker_root()
+root.sandbox = InstantSandbox()
 
 query_counts.install()
-query_counts.write_to(orchestrator.settings.data_dir / query_counts.FOLDER)
+query_counts.write_to(root.settings.data_dir / query_counts.FOLDER)
 atexit.register(query_counts.write)
 
 
@@ -82,7 +82,7 @@ def _last_counts(**_: object) -> None:
 def noop() -> None:
     """The baseline's task: nothing but being received, run and acknowledged, once the
     benchmark has opened the gate (its whole backlog queued)."""
-    gate = orchestrator.settings.data_dir / query_counts.NOOP_GATE
+    gate = root.settings.data_dir / query_counts.NOOP_GATE
     while not gate.exists():
         time.sleep(0.01)
     query_counts.count(query_counts.NOOP_TASK, 0.0)

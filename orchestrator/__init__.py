@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from orchestrator.model.views import format_messages_for_sdk
     from orchestrator.store.message_log import get_messages_after, get_messages_since, store_message_direct
 
+# Imports by name, which import-linter cannot see: tests/host/test_layers.py reads this
+# table and holds each module to the floors (tests/host/loaded_by_name.py).
 _LAZY = {
     "MessageType": ".model.messages",
     "StoredMessage": ".model.messages",

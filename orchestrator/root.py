@@ -10,6 +10,11 @@ test, a benchmark) can hold two installations side by side.
 
 Tests swap a part by passing it in: a fake sandbox, a clock that jumps, a
 channel registry of recorders.
+
+Building a root from its settings does nothing to the process: it opens and
+makes nothing until a part is first used, and sets no process-wide state.  The secrets kept out of log lines and the
+trace exporters are the process's, set by its entry point
+(``orchestrator/core/process.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,6 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.core import secrets, tracing
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.settings import Settings
 
@@ -51,13 +55,7 @@ class Orchestrator:
         deadline_exceptions: tuple[type[BaseException], ...] = (),
     ) -> None:
         self.settings = settings
-        # No log line, run error or delivery error of this process shows them (the API's
-        # process logs through uvicorn's config file, which holds no secret: registered here).
-        secrets.hide(settings.secrets())
         self.clock = clock
-        # This process's trace exporters (OTEL_TRACES_EXPORTER), set by its first root;
-        # "none", the default, imports nothing (orchestrator/core/tracing.py).
-        tracing.configure(settings)
         # What the task queue raises when a task is out of time (the worker's
         # Celery soft limit): the pipeline ends such a run timed_out, no retry.
         self.deadline_exceptions = deadline_exceptions

@@ -7,9 +7,16 @@ A worker that takes runs (``agent``) also consumes its host's own queue
 (``agent.<host id>``, ``run/queue.py``'s ``host_queue``), where the signals of
 the groups placed on its host go (``orchestrator/store/placement.py``).
 
-``orchestrator`` is this process's composition root
-(``orchestrator/root.py``): the tasks take the database, the pipeline and
-the signals from it.
+Importing this module builds nothing: no settings read, no folder made, no
+root.  The worker's composition root (``orchestrator/root.py``; the tasks take
+the database, the pipeline and the signals from it) is built on first use, by
+:func:`worker_root`, which also registers the tasks of ``workers/tasks.py`` on
+its Celery app.  ``app``, the name ``celery -A workers.app`` looks up, is that
+app, built when first read (PEP 562): as the worker, beat or Flower starts.
+
+The process-wide set-up (log lines, the secrets kept out of what the process
+writes, trace exporters: ``orchestrator/core/process.py``) is made on Celery's
+``setup_logging``, in the main process of a worker or beat, before the pool forks.
 
 Metrics (``orchestrator/core/metrics.py``): with ``ORCHESTRATOR_METRICS_PORT``
 set, a worker's main process serves ``/metrics`` for itself and its pool
@@ -23,8 +30,9 @@ import os
 import re
 import shutil
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIServer
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -36,6 +44,7 @@ from celery.signals import (
     worker_process_shutdown,
     worker_ready,
     worker_shutdown,
+    worker_shutting_down,
 )
 from kombu import Exchange, Queue
 
@@ -44,9 +53,49 @@ from orchestrator.core.settings import Settings
 from orchestrator.root import Orchestrator
 from orchestrator.run.queue import AGENT_QUEUE, host_queue
 
-orchestrator = Orchestrator.from_environment(deadline_exceptions=(SoftTimeLimitExceeded,))
-app = orchestrator.celery
+if TYPE_CHECKING:
+    from celery import Celery
+
+    app: Celery  # the worker root's app, made when first read (__getattr__)
+
 log = logging.getLogger("workers")
+
+_lock = threading.Lock()
+_root: Orchestrator | None = None
+_metrics_dir: Path | None = None
+_metrics_pid = 0  # the worker's main process, the metrics folder's owner
+_metrics_server: WSGIServer | None = None
+
+
+def worker_root() -> Orchestrator:
+    """This process's worker root, built from the environment on first use, its app holding
+    the tasks of ``workers/tasks.py``."""
+    global _root, _metrics_dir, _metrics_pid
+    with _lock:
+        if _root is None:
+            settings = Settings.load()
+            # Before the tasks' modules are imported: they bring orchestrator/core/metrics.py.
+            _metrics_dir, _metrics_pid = _multiprocess_metrics(settings, sys.argv), os.getpid()
+            root = Orchestrator(settings, deadline_exceptions=(SoftTimeLimitExceeded,))
+            from workers.tasks import register
+
+            register(root.celery, root)
+            _root = root
+        return _root
+
+
+def __getattr__(name: str) -> Any:
+    # ``app`` is read by Celery's -A (and by modules that run this app's worker), not at import.
+    if name == "app":
+        return worker_root().celery
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _ours(sender: Any) -> Orchestrator | None:
+    """The worker root when ``sender`` (a worker, a consumer) runs its app; None for another app's
+    worker in this process (a test's embedded one)."""
+    root = _root
+    return root if root is not None and getattr(sender, "app", None) is root.celery else None
 
 
 def _multiprocess_metrics(settings: Settings, argv: list[str]) -> Path | None:
@@ -59,13 +108,12 @@ def _multiprocess_metrics(settings: Settings, argv: list[str]) -> Path | None:
     and it decides by this variable alone.  The ``celery`` command has imported it
     already (Flower's plugin to that command line does), so its choice is made again
     here, before any of our metrics exists: orchestrator/core/metrics.py is imported
-    later (Celery loads ``workers.tasks`` through the app's ``include``: the run
-    path).  Pool children are forked with this environment, so every process of
+    later (:func:`worker_root` imports ``workers/tasks.py``, the run path, after this).  Pool children are forked with this environment, so every process of
     this worker writes its counts there and the main process serves their sum
     (``_serve_metrics``).  A folder per worker process (``<host id>-<pid>``), emptied
     now and removed at exit: the counts of an earlier worker are never added to this
     one's.  Other commands that load this app (beat, flower) and processes that
-    import it (tests) are left alone.
+    build its root without running a worker (tests) are left alone.
     """
     if not settings.metrics_port or "worker" not in argv[1:]:
         return None
@@ -87,18 +135,21 @@ def _multiprocess_metrics(settings: Settings, argv: list[str]) -> Path | None:
     return folder
 
 
-_metrics_dir = _multiprocess_metrics(orchestrator.settings, sys.argv)
-_metrics_pid = os.getpid()  # the worker's main process, the folder's owner
-_metrics_server: WSGIServer | None = None
-
-
 @setup_logging.connect
-def _logging(loglevel: object = None, **_: object) -> None:
-    # Ours instead of Celery's (a receiver here turns Celery's off): the same lines as
-    # every other process, text or JSON with the run's context (orchestrator/core/logs.py).
+def _set_up_process(loglevel: object = None, **_: object) -> None:
+    # Ours instead of Celery's logging (a receiver here turns Celery's off): the same lines
+    # as every other process, text or JSON with the run's context (orchestrator/core/logs.py).
+    # Then the rest of the process-wide set-up, in the worker's (or beat's) main process
+    # before the pool forks, so its children inherit it: the secrets kept out of what they
+    # write, the trace exporters.  The entry point's to make, not the root's (core/process.py).
+    root = _root
+    if root is None:
+        return  # not a process of this app (Celery asks for its root as it starts)
     from orchestrator.core.logs import configure
+    from orchestrator.core.process import set_up_process
 
-    configure(orchestrator.settings, loglevel if isinstance(loglevel, (str, int)) and loglevel else None)
+    configure(root.settings, loglevel if isinstance(loglevel, (str, int)) and loglevel else None)
+    set_up_process(root.settings)
 
 
 @worker_init.connect
@@ -106,21 +157,22 @@ def _prove_data_dir(sender: object = None, **_: object) -> None:
     # Before this worker takes any work: it must see the installation's data
     # dir, or a group's runs here and elsewhere would see two workspaces
     # (orchestrator/store/installation.py).  Refusing is better than splitting.
-    if getattr(sender, "app", None) is not app:
+    root = _ours(sender)
+    if root is None:
         return  # another app's worker in this process (a test's embedded one)
     from orchestrator.store.installation import DataDirNotShared, prove_data_dir
 
     try:
-        prove_data_dir(orchestrator.db, orchestrator.settings)
+        prove_data_dir(root.db, root.settings)
     except DataDirNotShared as exc:
         log.critical("refusing to start: %s", exc)
         raise SystemExit(f"refusing to start: {exc}") from exc
 
 
-def consumes_runs(celery: Any = None) -> bool:
-    """Whether this worker takes agent runs (its ``-Q`` has the shared agent queue,
+def consumes_runs(celery: Any) -> bool:
+    """Whether a worker of ``celery`` takes agent runs (its ``-Q`` has the shared agent queue,
     or it has no ``-Q``): such a worker is a host of the fleet, groups are placed on it."""
-    return AGENT_QUEUE in (celery or app).amqp.queues.consume_from
+    return AGENT_QUEUE in celery.amqp.queues.consume_from
 
 
 @celeryd_after_setup.connect
@@ -128,30 +180,36 @@ def _consume_host_queue(sender: object = None, instance: Any = None, **_: object
     # A worker that takes runs also takes those of the groups placed on its host
     # (orchestrator/store/placement.py): its host's own queue, besides the shared one,
     # whatever -Q said.  Here, not on the command line, so the queue is always the
-    # one of the host id this process registers and beats (workers/tasks.py).
-    celery = getattr(instance, "app", None)
-    if celery is not app or not consumes_runs(celery):
+    # one of the host id this process registers and beats (workers/host.py).
+    root = _ours(instance)
+    if root is None or not consumes_runs(root.celery):
         return
-    name = host_queue(orchestrator.settings.effective_host_id)
-    celery.amqp.queues.select_add(Queue(name, Exchange(name), routing_key=name))
+    name = host_queue(root.settings.effective_host_id)
+    root.celery.amqp.queues.select_add(Queue(name, Exchange(name), routing_key=name))
     log.info("taking runs from the shared queue %s and from this host's own, %s", AGENT_QUEUE, name)
 
 
 @worker_process_init.connect
 def _fresh_connections(**_: object) -> None:
     # A forked pool child must not share the parent's database connections.
-    orchestrator.after_fork()
-    logging.getLogger("orchestrator").setLevel(orchestrator.settings.log_level)
+    root = _root
+    if root is None:
+        return
+    root.after_fork()
+    logging.getLogger("orchestrator").setLevel(root.settings.log_level)
     # What the child inherited and built lives as long as it: never scanned again (core/heap.py).
     heap.settle()
 
 
 @worker_ready.connect
-def _log_quota_mode(**_: object) -> None:
+def _log_quota_mode(sender: Any = None, **_: object) -> None:
     # Which way workspaces are kept under their quota here (orchestrator/sandbox/quota.py).
+    root = _ours(sender)
+    if root is None:
+        return
     from orchestrator.sandbox.quota import describe_mode
 
-    line = describe_mode(orchestrator.settings)
+    line = describe_mode(root.settings)
     (log.warning if "quota: off" in line else log.info)("%s", line)
 
 
@@ -160,12 +218,58 @@ def _serve_metrics(sender: Any = None, **_: object) -> None:
     # The main process serves /metrics from a thread: the sum of its pool children's
     # counts (and its own: the start-up sweep's).  A taken port is logged, not fatal.
     global _metrics_server
-    if _metrics_dir is None or _metrics_server is not None or getattr(sender, "app", None) is not app:
+    root = _ours(sender)
+    if root is None or _metrics_dir is None or _metrics_server is not None:
         return
     from orchestrator.core.metrics import serve_multiprocess
 
-    settings = orchestrator.settings
+    settings = root.settings
     _metrics_server = serve_multiprocess(_metrics_dir, settings.metrics_host, settings.metrics_port)
+
+
+# This worker as its host (workers/host.py): registered and beaten from the main process
+# only (worker_ready and worker_shutdown are sent there, never in a pool child).  Connected
+# before the start-up sweep: the host is registered first.
+@worker_ready.connect
+def _register_host(sender: Any = None, **_: object) -> None:
+    root = _ours(sender)
+    if root is None:
+        return  # another app's worker in this process (a test's embedded one)
+    if not consumes_runs(root.celery):
+        # A worker of deliveries alone (`up`'s deliverer, compose's) is no host: groups are
+        # placed on hosts (store/placement.py), and its row would be taken from the host's
+        # agent worker by the shared host id.
+        log.info("this worker takes no agent runs: no host row, no recovery watch")
+        return
+    from workers import host
+
+    host.start(root.settings, concurrency=host.concurrency(sender))
+
+
+@worker_ready.connect
+def _sweep_at_start(sender: Any = None, **_: object) -> None:
+    root = _ours(sender)
+    if root is not None:
+        from workers import host
+
+        host.sweep_at_start(root.settings)
+
+
+@worker_shutting_down.connect
+def _host_draining(**_: object) -> None:
+    # In Celery's signal handler: only flags are set (workers/host.py).
+    if _root is not None:
+        from workers import host
+
+        host.draining()
+
+
+@worker_shutdown.connect
+def _host_stopped(sender: Any = None, **_: object) -> None:
+    if _ours(sender) is not None:
+        from workers import host
+
+        host.stop()
 
 
 @worker_process_shutdown.connect

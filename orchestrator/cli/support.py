@@ -1,8 +1,10 @@
 """What every CLI command shares: the composition root, error exits, printing.
 
-``setup`` builds the :class:`~orchestrator.root.Orchestrator`; its parts (the
-database with SQLAlchemy and Alembic, Celery, Docker) are made when a command
-first touches them, so ``orchestrator --help`` pays for none of them.
+``setup`` builds the :class:`~orchestrator.root.Orchestrator` and sets up the
+command's process (its log lines, the secrets kept out of them, its trace
+exporters); the root's parts (the database with SQLAlchemy and Alembic, Celery,
+Docker) are made when a command first touches them, so ``orchestrator --help``
+pays for none of them.
 
 Lines for people go out through :func:`echo` (and errors through :func:`fail`):
 what they carry from outside (a message, a tool's output, a chat's or a file's
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 
 def setup() -> Orchestrator:
     from orchestrator.core.logs import configure as configure_logging
+    from orchestrator.core.process import set_up_process
     from orchestrator.root import Orchestrator
 
     try:
@@ -34,6 +37,9 @@ def setup() -> Orchestrator:
         raise fail(exc) from exc
     settings = root.settings
     configure_logging(settings)
+    # The command's process: its secrets kept out of what it writes, its trace exporters
+    # (orchestrator/core/process.py); the entry point's to set, not the root's.
+    set_up_process(settings)
     settings.ensure_dirs()
     return root
 

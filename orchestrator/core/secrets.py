@@ -7,14 +7,16 @@ passwords) are never put into a log line, an error or an answer on purpose;
 this is the net under that rule, for text made by code that does not know
 them: a library logging a URL with the bot token in its path, an exception
 whose message quotes a connection string, an upstream's error that echoes a
-key.  Each process's composition root (and its logging set-up) registers the
-values with :func:`hide`; :func:`redact` replaces them in log lines
-(``orchestrator/core/logs.py``), run errors (``orchestrator/store/runs.py``)
-and delivery errors (``orchestrator/run/outbound.py``).
+key.  Each process's entry point registers its settings' values with
+:func:`hide` (``orchestrator/core/process.py``; the logging set-up,
+``orchestrator/core/logs.py``, does too); :func:`redact` replaces them in log
+lines (``orchestrator/core/logs.py``), run errors (``orchestrator/store/runs.py``),
+🏠 messages (``orchestrator/run/outputs.py``) and delivery errors
+(``orchestrator/run/outbound.py``).
 
-A process-wide registry, because log records are formatted far from any
-settings object; values are only ever added (a process with two roots, as
-the tests make, hides both sets).
+A process-wide registry, because log records are cleaned far from any settings
+object, and the store and run code that cleans errors is handed no root to ask;
+values are only ever added.  Building a composition root registers nothing.
 """
 
 from __future__ import annotations

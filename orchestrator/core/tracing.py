@@ -98,8 +98,8 @@ def enabled() -> bool:
 
 def configure(settings: Settings) -> None:
     """Set this process's exporters from ``settings`` (``OTEL_TRACES_EXPORTER``), once: the
-    first composition root of a process decides (every root of one process has the same
-    environment), later calls return at once.  With ``none`` nothing is imported."""
+    process's entry point decides (``orchestrator/core/process.py``; never a composition
+    root), later calls return at once.  With ``none`` nothing is imported."""
     with _lock:
         if _state.configured:
             return
