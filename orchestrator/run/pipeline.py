@@ -14,40 +14,21 @@ for callers without a task queue.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import shutil
 import threading
-import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
-from typing import NamedTuple
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
 
 import msgspec
 
-from agent_runner.protocol import (
-    AssistantEvent,
-    ContainerInput,
-    ErrorEvent,
-    ModelSettings,
-    ProtocolError,
-    ResultEvent,
-    SendMessageEvent,
-    TextDeltaEvent,
-    Usage,
-    decode_input,
-    parse_event,
-)
-from orchestrator.core import metrics, tracing
-from orchestrator.core.backoff import backoff_delay
+from agent_runner.protocol import ContainerInput, Usage, decode_input
+from orchestrator.core import metrics
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
-from orchestrator.core.errors import ConfigError, LeaseLost, MountRefused
+from orchestrator.core.errors import ConfigError
 from orchestrator.core.logs import log_context
 from orchestrator.core.settings import Settings
-from orchestrator.model.messages import SENDER_BOT, STORED_ONLY_SENDERS, NewMessage, StoredMessage
-from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
+from orchestrator.model.messages import StoredMessage
 from orchestrator.run.assembly import (
     Batch,
     build_input,
@@ -57,102 +38,34 @@ from orchestrator.run.assembly import (
     record_input,
     stored_input,
 )
+from orchestrator.run.attempt import AttemptContext, Mounts, Verdict, run_attempt
+from orchestrator.run.chat_outputs import ChatOutputs
+from orchestrator.run.conclusion import conclude
 from orchestrator.run.live_draft import FREE_LINES_PER_EVENT, LiveDraft
+from orchestrator.run.model_choice import model_settings
 from orchestrator.run.notices import compute_notices
 from orchestrator.run.outbound import ChannelRegistry, Deliverer
-from orchestrator.run.outputs import OutputMessage, event_to_message, host_message, stored_size
-from orchestrator.run.result_meta import result_meta_message
+from orchestrator.run.outcome import RunOutcome
 from orchestrator.run.run_trace import run_span
-from orchestrator.run.stop_notice import STOP_REASON_LIMITS, Limit, stop_notice
-from orchestrator.run.stop_watch import StopWatch
 from orchestrator.run.sweeper import recover_group
-from orchestrator.sandbox.bounded_io import OutputBudget, OutputLimitExceeded
+from orchestrator.sandbox.bounded_io import OutputBudget
 from orchestrator.sandbox.config import container_plan
-from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerSpec, DockerSandbox
+from orchestrator.sandbox.containers import DockerSandbox
 from orchestrator.sandbox.fencing import hold_for_attempt
-from orchestrator.sandbox.gateway import ModelGateway
-from orchestrator.sandbox.image import image_name, model_variant
 from orchestrator.sandbox.port import Sandbox
 from orchestrator.sandbox.sessions import session_mount
-from orchestrator.sandbox.warm import WarmPool, gateway_dir, host_only_dir
+from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store import leases
-from orchestrator.store.db import Connection, Database, db_now
-from orchestrator.store.deliveries import attached_channels, record_deliveries
-from orchestrator.store.groups import Group, get_group, send_refusal, send_targets
+from orchestrator.store.db import Database
+from orchestrator.store.groups import Group, get_group, send_targets
 from orchestrator.store.hosts import process_owner
-from orchestrator.store.message_log import get_messages_after, insert_message, now_iso, waiting_since
+from orchestrator.store.message_log import get_messages_after, waiting_since
 from orchestrator.store.replays import run_messages
-from orchestrator.store.runs import (
-    Run,
-    RunState,
-    finish_run,
-    park_run,
-    parked_of,
-    resume_run,
-    set_container,
-    unfinished_runs,
-)
+from orchestrator.store.runs import Run, parked_of, resume_run, unfinished_runs
 from orchestrator.store.slots import FleetFull, SlotWait, leave_line, take_slot, to_wake
 from orchestrator.store.usage import QuotaWait, quota_wait, store_quota_notice
 
 log = logging.getLogger(__name__)
-
-GATEWAY_SOCKET = "model.sock"
-
-
-def model_settings(settings: Settings) -> ModelSettings:
-    spec = settings.model.strip()
-    if spec == "offline":
-        return ModelSettings(provider="offline", model="offline", max_tokens=settings.max_tokens)
-    provider, _, model = spec.partition(":")
-    if provider == "anthropic" and model:
-        thinking = settings.thinking_budget or msgspec.UNSET  # unset: off, and left out of the input
-        return ModelSettings(
-            provider="anthropic", model=model, max_tokens=settings.max_tokens, thinking_budget=thinking
-        )
-    if provider == "openai" and model:
-        return ModelSettings(provider="openai", model=model, max_tokens=settings.max_tokens)
-    if provider == "claude-code" and model:
-        return ModelSettings(
-            provider="claude-code",
-            model=model,
-            max_tokens=settings.max_tokens,
-            thinking_budget=settings.thinking_budget or msgspec.UNSET,
-        )
-    raise ConfigError(
-        f"ORCHESTRATOR_MODEL={spec!r}: use 'offline', 'anthropic:<model id>', "
-        "'openai:<model id>' or 'claude-code:<model id>'"
-    )
-
-
-@dataclass
-class Attempt:
-    """How one attempt at a run ended."""
-
-    state: RunState
-    error: str | None = None
-    usage: Usage = field(default_factory=Usage)
-    retryable: bool = False
-    session_id: str | None = None
-    # Another worker took the group over (store/leases.py): this one neither ends
-    # the run nor says anything; the new holder closes it (sweeper.recover_group).
-    lease_lost: bool = False
-    # How the model's side ended (the runner's result), and the limit that stopped
-    # the run, if one did (orchestrator/run/stop_notice.py): the chat is told.
-    stop_reason: str | None = None
-    num_turns: int = 0
-    limit: Limit | None = None
-
-
-@dataclass
-class RunSpend:
-    """What a run has spent through the model gateway, across its attempts."""
-
-    usage: Usage = field(default_factory=Usage)
-
-    def record(self, gateway: ModelGateway | None) -> None:
-        if gateway is not None:
-            self.usage = gateway.usage
 
 
 @dataclass
@@ -176,36 +89,6 @@ class Step:
         (``store.slots.to_wake``), not at their next re-check."""
         ended = self.outcome is not None and self.outcome.retry_in is None and self.outcome.run.finished_at is not None
         return bool(self.recovered) or ended
-
-
-@dataclass
-class RunOutcome:
-    run: Run
-    stored: list[int] = field(default_factory=list)  # seqs of stored outputs
-    replied: bool = False  # an assistant reply reached the chat
-    # The run's output caps, shared by its attempts (orchestrator/sandbox/bounded_io.py).
-    budget: OutputBudget | None = None
-    # Set when this attempt parked the run: its next attempt is due in this many seconds.
-    retry_in: float | None = None
-    # Outputs are numbered across the run's attempts (their ids, run_id-NNNN,
-    # must never repeat): the last number given.
-    indexed: int = 0
-    # When the oldest message the run answers was stored (the database's clock; metrics).
-    waiting_since: datetime | None = None
-    # The model the run's input names (its result_meta record says which answered).
-    model: ModelSettings | None = None
-    # The run's end let go of the group's lease: the pending mark and cursor it left
-    # (None: it did not, or the run has not ended).
-    released: tuple[int, int] | None = None
-
-
-class StoredOutput(NamedTuple):
-    """An output stored in a run's transaction, for what follows its commit."""
-
-    message: StoredMessage
-    created: bool  # False: its id was stored already (the first copy stands)
-    queued: int  # deliveries queued for the group's channels
-    first_reply_at: datetime | None  # the run's first reply: when (the database's clock)
 
 
 class Pipeline:
@@ -415,7 +298,7 @@ class Pipeline:
     ) -> RunOutcome:
         """A new run's input, built and recorded once, and its first attempt."""
         assistant = group.assistant_name or self.settings.assistant_name
-        outcome = RunOutcome(run=run, waiting_since=waiting_since)
+        outputs = self._outputs(group, RunOutcome(run=run, waiting_since=waiting_since))
         try:
             # The input is the same for every attempt: build and record it once.
             payload = build_input(
@@ -431,34 +314,34 @@ class Pipeline:
             )
             record_input(self.db, run.id, input_bytes(payload))
         except ConfigError as exc:
-            result = Attempt("failed", str(exc))
+            verdict = Verdict("failed", str(exc))
         except Exception as exc:  # noqa: BLE001 - the run still ends cleanly, with a host message
             log.exception("could not assemble the input of run %s", run.id)
-            result = Attempt("failed", f"{type(exc).__name__}: {exc}")
+            verdict = Verdict("failed", f"{type(exc).__name__}: {exc}")
         else:
-            result = self._attempt(group, run, payload, assistant, outcome, lease_lost, RunSpend())
-        return self._conclude(group, outcome, result, batch.isolated)
+            verdict = self._attempt(outputs, payload, assistant, lease_lost, Usage())
+        return self._conclude(outputs, verdict, batch.isolated)
 
     def resume(self, run: Run, *, task_id: str | None = None, lease_lost: threading.Event | None = None) -> RunOutcome:
         """A parked run's next attempt (or its end, if it was cancelled while it waited)."""
         group = get_group(self.db, run.chat_jid)
-        outcome = self._earlier_attempts(run)
+        outputs = self._outputs(group, self._earlier_attempts(run))
         # The same batch as the first attempt: the messages up to its cursor.
         batch = plan_batch(
             [m for m in get_messages_after(run.chat_jid, run.cursor_from, db=self.db) if m.seq <= run.cursor_to]
         )
         isolated = isinstance(batch, Batch) and batch.isolated
-        spent = RunSpend(Usage(input_tokens=run.input_tokens, output_tokens=run.output_tokens))
+        spent = Usage(input_tokens=run.input_tokens, output_tokens=run.output_tokens)
         raw = stored_input(self.db, run.id)
         if run.state == "cancelled":
-            result = Attempt("cancelled", "cancelled by request", spent.usage)
+            verdict = Verdict("cancelled", "cancelled by request", spent)
         elif raw is None:
-            result = Attempt("failed", "the run's recorded input is missing", spent.usage)
+            verdict = Verdict("failed", "the run's recorded input is missing", spent)
         else:
             resume_run(self.db, run.id, owner=self.owner, celery_task_id=task_id)
             assistant = group.assistant_name or self.settings.assistant_name
-            result = self._attempt(group, run, decode_input(raw), assistant, outcome, lease_lost, spent)
-        return self._conclude(group, outcome, result, isolated)
+            verdict = self._attempt(outputs, decode_input(raw), assistant, lease_lost, spent)
+        return self._conclude(outputs, verdict, isolated)
 
     def _earlier_attempts(self, run: Run) -> RunOutcome:
         """A parked run's outcome as its earlier attempts left it: the outputs
@@ -481,257 +364,30 @@ class Pipeline:
                 outcome.indexed = max(outcome.indexed, int(number))
         return outcome
 
-    def _conclude(self, group: Group, outcome: RunOutcome, result: Attempt, isolated: bool) -> RunOutcome:
-        """Park the run for a retry, or end it: the host message, the cursor, the run row."""
-        run = outcome.run
-        if result.lease_lost:
-            return self._taken_over(outcome, result.error)
-        # A run that already answered is never replayed from the start (no
-        # duplicate replies). Tool records of a failed attempt stay: those
-        # commands did run.
-        if result.retryable and not outcome.replied and run.attempts < self.settings.max_attempts:
-            delay = backoff_delay(run.attempts, self.settings.retry_base_s, self.settings.retry_max_s)
-            log.warning("run %s attempt %d failed (%s); retrying in %.1fs", run.id, run.attempts, result.error, delay)
-            outcome.run = park_run(
-                self.db,
-                run.id,
-                attempts=run.attempts + 1,
-                error=result.error,
-                retry_at=self.clock.now() + timedelta(seconds=delay),
-                input_tokens=result.usage.input_tokens,
-                output_tokens=result.usage.output_tokens,
-            )
-            outcome.retry_in = delay
-            tracing.annotate(run_state="parked", error=result.error, retry_in_s=round(delay, 3))
-            return outcome
-        try:
-            notice = self._stop_notice(group, outcome, result)
-            if result.state == "cancelled":
-                self._emit(group, host_message(run_id=run.id, text="🛑 Run cancelled."), outcome)
-            elif notice is not None:
-                # A limit stopped it: say which, and how to raise it.
-                self._emit(group, host_message(run_id=run.id, text=notice), outcome)
-            elif result.state != "succeeded":
-                self._emit(group, host_message(run_id=run.id, text=f"⚠️ Agent error: {result.error}"), outcome)
-            record = self._result_meta(outcome, result)
-        except LeaseLost as lost:
-            return self._taken_over(outcome, str(lost))
-        session_id = None if isolated else result.session_id
-        try:
-            with self._output_span(record, outcome):
-                # The run's end is one transaction: the run row's end; its record (stored only,
-                # for people and tools, never the model); the cursor past its batch and the
-                # lease let go of, in one statement that also proves the lease still ours (the
-                # fence: else LeaseLost, and nothing of the end is committed).  The pending mark
-                # and cursor the release leaves say whether work is left (Pipeline.step).  In
-                # this order: the record's insert takes the message-seq lock and ingest takes
-                # it before the group's row, so the row comes after it here too (no deadlock),
-                # and the run row before it (no one else locks a run row after the seq lock).
-                with self.db.transaction() as conn:
-                    ended = finish_run(
-                        self.db,
-                        run.id,
-                        state=result.state,
-                        error=result.error,
-                        input_tokens=result.usage.input_tokens,
-                        output_tokens=result.usage.output_tokens,
-                        conn=conn,
-                    )
-                    stored = self._insert_output(conn, group, record, outcome, fenced=True)
-                    released = leases.end_hold(conn, group.chat_jid, self.owner, run.cursor_to, session_id)
-                # Committed: the run has ended and the lease is let go of (a LeaseLost above
-                # rolled all of it back, and the outcome still says the run is unfinished).
-                outcome.run, outcome.released = ended, released
-                self._stored(group, outcome, stored)
-        except LeaseLost as lost:
-            return self._taken_over(outcome, str(lost))
-        metrics.run_finished(outcome.run.state, outcome.run.duration_s)
-        tracing.annotate(run_state=outcome.run.state, error=outcome.run.error, outputs=len(outcome.stored))
-        if outcome.run.state != "succeeded":
-            tracing.failed(outcome.run.error or outcome.run.state)
-        log.info(
-            "run %s of %s ended %s after %d attempt(s), %d output(s) stored",
-            run.id,
-            group.chat_jid,
-            outcome.run.state,
-            outcome.run.attempts,
-            len(outcome.stored),
-        )
-        return outcome
+    def _outputs(self, group: Group, outcome: RunOutcome) -> ChatOutputs:
+        return ChatOutputs(self.db, group, outcome, owner=self.owner, deliver=self._deliver)
 
-    def _stop_notice(self, group: Group, outcome: RunOutcome, result: Attempt) -> str | None:
-        """The chat's message when a limit stopped the run (orchestrator/run/stop_notice.py), else None."""
-        if result.limit is None:
-            return None
-        max_tokens = outcome.model.max_tokens if outcome.model is not None else self.settings.max_tokens
-        return stop_notice(
-            result.limit,
-            settings=self.settings,
-            group=group,
-            num_turns=result.num_turns,
-            max_tokens=max_tokens,
-            tokens_spent=result.usage.input_tokens + result.usage.output_tokens,
-        )
-
-    def _result_meta(self, outcome: RunOutcome, result: Attempt) -> OutputMessage:
-        """The run's ``result_meta`` record (orchestrator/run/result_meta.py)."""
-        run = outcome.run
-        provider: str
-        if outcome.model is not None:
-            provider, model = outcome.model.provider, outcome.model.model
-        else:  # the input was never built (a bad ORCHESTRATOR_MODEL among the reasons)
-            provider, _, model = self.settings.model.strip().partition(":")
-            model = model or provider
-        duration = None
-        if run.started_at is not None:
-            # The clock started_at was taken from, as finish_run's.
-            duration = max(0.0, (self.db.now() - run.started_at).total_seconds())
-        return result_meta_message(
-            run_id=run.id,
-            provider=provider,
-            model=model,
-            state=result.state,
-            stop_reason=result.stop_reason,
-            limit=result.limit,
-            num_turns=result.num_turns,
-            attempts=run.attempts,
-            duration_s=duration,
-            usage=result.usage,
-        )
-
-    def _taken_over(self, outcome: RunOutcome, why: str | None) -> RunOutcome:
-        """The group's lease went to another worker during this run: stop here, store
-        nothing more, leave the run as it is.  Its new holder closes it before it runs
-        (``sweeper.recover_group``: a reply already stored moves the cursor on, none
-        leaves the messages pending for the new run), or the sweeper does."""
-        metrics.LEASE_LOSSES.inc()
-        log.warning("run %s of %s: %s; left to the group's new lease holder", outcome.run.id, outcome.run.chat_jid, why)
-        return outcome
+    def _conclude(self, outputs: ChatOutputs, verdict: Verdict, isolated: bool) -> RunOutcome:
+        return conclude(outputs, verdict, settings=self.settings, clock=self.clock, isolated=isolated)
 
     def _attempt(
         self,
-        group: Group,
-        run: Run,
+        outputs: ChatOutputs,
         payload: ContainerInput,
         assistant: str,
-        outcome: RunOutcome,
         lease_lost: threading.Event | None,
-        spend: RunSpend,
-    ) -> Attempt:
-        """One attempt at the run in its container; ``spend`` carries the earlier attempts' tokens
-        (the budget is the run's: a retry must not start from zero)."""
+        spent: Usage,
+    ) -> Verdict:
+        """One attempt at the run in its container (``orchestrator/run/attempt.py``); ``spent``
+        carries the earlier attempts' tokens (the budget is the run's: a retry must not start
+        from zero).  Its outputs are stored in the chat as they arrive, its streamed text is the
+        chat's live draft, and its container gets the group's workspace under this host's
+        volume hold."""
+        group, outcome, settings = outputs.group, outputs.outcome, self.settings
+        run = outcome.run
         outcome.model = payload.model
-        try:
-            return self._execute(group, run, payload, assistant, outcome, lease_lost, spend)
-        except self.deadline_exceptions:
-            # The task queue's own time limit: the container is already
-            # stopped (the sandbox context exits on the way out); no retry.
-            return Attempt(
-                "timed_out", "the worker's time limit for this task was reached", spend.usage, limit="task_time_limit"
-            )
-        except (ConfigError, MountRefused) as exc:
-            # A bad container_config or a mount the allowlist refuses now: no retry helps.
-            return Attempt("failed", str(exc), spend.usage)
-        except Exception as exc:  # noqa: BLE001 - every failure ends the attempt cleanly
-            log.exception("run %s for %s failed", run.id, group.chat_jid)
-            return Attempt("failed", f"{type(exc).__name__}: {exc}", spend.usage, retryable=True)
-
-    def _execute(
-        self,
-        group: Group,
-        run: Run,
-        payload: ContainerInput,
-        assistant: str,
-        outcome: RunOutcome,
-        lease_lost: threading.Event | None,
-        spend: RunSpend,
-    ) -> Attempt:
-        # Its volumes are mounted on one machine at a time (a fleet shares the data dir).
-        hold_for_attempt(self.db, self.settings, group, payload.model.provider)
-        # The group's limits and mounts, checked against the allowlist as it is now.
-        plan = container_plan(self.settings, group)
-        spec = ContainerSpec(
-            image=image_name(self.settings, model_variant(payload.model.provider)),
-            name=f"orch-{group.folder}-{run.id[:8]}-{uuid.uuid4().hex[:4]}",
-            workspace=plan.workspace,
-            run_id=run.id,
-            group_folder=group.folder,
-            memory=plan.limits.memory,
-            cpus=plan.limits.cpus,
-            pids=plan.limits.pids,
-            timeout_s=plan.limits.run_timeout_s,
-            fence_s=self.settings.sandbox_fence_s,
-            install_id=self.settings.install_id,
-            # A provider that keeps its own transcript gets the group's session folder.
-            extra_mounts={
-                **plan.read_write_mounts,
-                **session_mount(self.settings, group.folder, payload.model.provider),
-            },
-            readonly_mounts=plan.read_only_mounts,
-        )
-        with contextlib.ExitStack() as cleanup:
-            gateway: ModelGateway | None = None
-            # Runs last, after the gateway closed (it waits for a request in
-            # flight): the final count, kept when the attempt raised.
-            cleanup.push(lambda *_: spend.record(gateway))
-            if payload.model.provider != "offline":
-                # The container has no network: its only way to the model is
-                # the gateway socket, bound in a host-only folder that is
-                # mounted read-only (the run's own folder; for a warm
-                # container, the group's gateway folder, mounted for good),
-                # so the container can connect but never plant a symlink
-                # where the host binds, chmods or cleans up.
-                if self.warm:
-                    gw_dir = host_only_dir(gateway_dir(self.settings, group.folder))
-                else:
-                    gw_dir = host_only_dir(self.settings.runs_dir / run.id)
-                    cleanup.callback(shutil.rmtree, gw_dir, ignore_errors=True)
-                    spec = replace(spec, readonly_mounts={**spec.readonly_mounts, str(gw_dir): GATEWAY_MOUNT})
-                # The run may ask for the model and output cap its recorded input names, no other.
-                gateway = cleanup.enter_context(
-                    ModelGateway.for_provider(
-                        gw_dir / GATEWAY_SOCKET,
-                        self.settings,
-                        payload.model.provider,
-                        spent=spend.usage,
-                        model=payload.model.model,
-                        max_tokens=payload.model.max_tokens,
-                    )
-                )
-                socket_path = f"{GATEWAY_MOUNT}/{GATEWAY_SOCKET}"
-                payload = payload.replace(model=payload.model.replace(socket_path=socket_path))
-            if spec.fence_s:  # the runner stops everything once this worker is gone (agent_runner/fence.py)
-                payload = payload.replace(host_fence_s=spec.fence_s)
-            # The container's span: what it writes is stored under it; the runner gets its context.
-            with tracing.span(
-                "agent container", attributes={"orchestrator.run_id": run.id, "orchestrator.warm": self.warm}
-            ):
-                if tracing.enabled():
-                    payload = payload.replace(traceparent=tracing.traceparent())
-                return self._stream(group, run, payload, assistant, outcome, spec, gateway, lease_lost)
-
-    def _stream(
-        self,
-        group: Group,
-        run: Run,
-        payload: ContainerInput,
-        assistant: str,
-        outcome: RunOutcome,
-        spec: ContainerSpec,
-        gateway: ModelGateway | None,
-        lease_lost: threading.Event | None,
-    ) -> Attempt:
-        result: ResultEvent | None = None
-        error: ErrorEvent | None = None
-        limit: OutputLimitExceeded | None = None
-        fenced: LeaseLost | None = None
-        garbage = 0
-        settings = self.settings
-        # Everything the container writes is hostile: its lines, their number
-        # and what they would store are bounded (orchestrator/sandbox/bounded_io.py).
         if outcome.budget is None:
             outcome.budget = OutputBudget(settings.max_run_events, settings.max_run_stored_bytes)
-        budget = outcome.budget
         # The reply as it is written, for the chat's live view; never stored (live_draft.py).
         draft = LiveDraft(
             self.db,
@@ -742,203 +398,39 @@ class Pipeline:
             free_bytes=settings.max_run_stored_bytes,
             max_written=settings.max_run_stored_bytes,
         )
-        asked = time.perf_counter()
-        with self.sandbox.start(spec, input_bytes(payload)) as container, contextlib.closing(draft):
-            metrics.container_started(asked, container)
-            set_container(self.db, run.id, container.id)
-            tracing.annotate(container_id=container.id, cold=getattr(container, "cold", True))
-            with StopWatch(self.db, run.id, container.kill, lease_lost, clock=self.clock) as stop:
-                try:
-                    for line in container.lines(settings.max_event_line_bytes):
-                        if not line.strip():
-                            budget.line()
-                            continue
-                        try:
-                            event = parse_event(line)
-                        except ProtocolError:
-                            budget.line()
-                            garbage += 1
-                            if garbage <= 5:  # a flood of garbage must not flood the worker's log
-                                log.warning("run %s: ignoring a line that is not an event: %.200r", run.id, line)
-                            continue
-                        if isinstance(event, TextDeltaEvent):
-                            # Shown, not stored: bounded by the draft's own allowance, past
-                            # which each delta line counts like any other line.
-                            if not draft.add(event):
-                                budget.line()
-                            continue
-                        budget.line()
-                        if isinstance(event, ResultEvent):
-                            result = event
-                        elif isinstance(event, ErrorEvent):
-                            error = event
-                        elif isinstance(event, SendMessageEvent):
-                            budget.store(len(event.text.encode("utf-8")))
-                            outcome.indexed += 1
-                            self._send_message(group, event, run.id, outcome.indexed, assistant, outcome)
-                        else:
-                            outcome.indexed += 1
-                            out = event_to_message(
-                                event,
-                                run_id=run.id,
-                                index=outcome.indexed,
-                                assistant_name=assistant,
-                                max_tool_result_bytes=settings.max_tool_result_bytes,
-                            )
-                            if out is not None:
-                                budget.store(stored_size(out))
-                                self._emit(group, out, outcome)
-                                if isinstance(event, AssistantEvent):
-                                    draft.stored()  # the stored reply takes the draft's place
-                except OutputLimitExceeded as exc:
-                    # Stop reading and stop the agent: whatever it writes next is not read.
-                    limit = exc
-                    log.warning("run %s: %s", run.id, exc)
-                    container.kill()
-                except LeaseLost as exc:
-                    # Taken over (a pause or partition made this host look dead): the
-                    # output was not stored, and the agent must not go on beside the new run.
-                    fenced = exc
-                    container.kill()
-                exit_ = container.finish()
-        tracing.annotate(exit_code=exit_.status_code, timed_out=exit_.timed_out, unreadable_lines=garbage)
-        if garbage > 5:
-            log.warning("run %s: %d lines that are not events in all", run.id, garbage)
-        usage = result.usage if result else Usage()
-        if gateway is not None:
-            # Count what the gateway saw, not what the sandbox claims.
-            usage = gateway.usage
-        if stop.reason == "cancelled":
-            return Attempt("cancelled", "cancelled by request", usage)
-        if fenced is not None or stop.reason == "lease_lost":
-            why = str(fenced) if fenced is not None else "this worker lost the group's lease"
-            return Attempt("failed", f"{why}; the run was stopped", usage, lease_lost=True)
-        if limit is not None:
-            # The agent would break it again: no retry.
-            return Attempt("failed", str(limit), usage, retryable=False)
-        if exit_.timed_out:
-            return Attempt("timed_out", f"the run exceeded its {spec.timeout_s:.0f}s limit", usage, limit="timeout")
-        spent_budget: Limit | None = "token_budget" if gateway is not None and gateway.budget_refusals else None
-        if error is not None:
-            # The container's words become a host message: keep them short.
-            return Attempt("failed", error.message[:2000], usage, retryable=error.retryable, limit=spent_budget)
-        if exit_.status_code != 0 or result is None:
-            tail = exit_.stderr_tail.strip().splitlines()[-1:] or [""]
-            why = f"the agent container exited with status {exit_.status_code}"
-            if exit_.status_code == 137:
-                why += " (killed: out of memory or stopped)"
-            if garbage:
-                why += f" after {garbage} unreadable output line(s)"
-            if tail[0]:
-                why += f": {tail[0][:300]}"
-            # A crash is worth another try; the attempt loop decides if it may.
-            return Attempt("failed", why, usage, retryable=True)
-        return Attempt(
-            "succeeded",
-            None,
-            usage,
-            session_id=result.session_id,
-            stop_reason=result.stop_reason,
-            num_turns=result.num_turns,
-            limit=STOP_REASON_LIMITS.get(result.stop_reason or ""),
+        ctx = AttemptContext(
+            db=self.db,
+            settings=settings,
+            sandbox=self.sandbox,
+            group=group,
+            run=run,
+            payload=payload,
+            assistant=assistant,
+            mounts=lambda: self._mounts(group, payload.model.provider),
+            outputs=outputs,
+            draft=draft,
+            budget=outcome.budget,
+            warm=self.warm,
+            indexed=outcome.indexed,
+            spent=spent,
+            lease_lost=lease_lost,
+            clock=self.clock,
+            deadline_exceptions=self.deadline_exceptions,
         )
+        try:
+            return run_attempt(ctx)
+        finally:
+            outcome.indexed = ctx.indexed  # a retry numbers on from here
 
-    # -- storage --------------------------------------------------------------
-
-    def _emit(self, group: Group, out: OutputMessage, outcome: RunOutcome) -> None:
-        """Store ``out`` in a transaction of its own (fixed statements on the driver)."""
-        with self._output_span(out, outcome):
-            with self.db.transaction() as conn:
-                stored = self._insert_output(conn, group, out, outcome)
-            self._stored(group, outcome, stored)
-
-    @contextlib.contextmanager
-    def _output_span(self, out: OutputMessage, outcome: RunOutcome) -> Iterator[None]:
-        # Each stored output is a span of the run's trace (orchestrator/core/tracing.py).
-        with tracing.span(
-            f"store {out.message_type}",
-            attributes={"orchestrator.message_id": out.id, "orchestrator.sender": out.sender},
-        ):
-            before = len(outcome.stored)
-            yield
-            tracing.annotate(seq=outcome.stored[-1] if len(outcome.stored) > before else None)
-
-    def _insert_output(
-        self,
-        conn: Connection,
-        group: Group,
-        out: OutputMessage,
-        outcome: RunOutcome,
-        *,
-        fenced: bool = False,
-    ) -> StoredOutput:
-        """Store ``out`` in the caller's transaction, if this worker still holds the group's lease
-        (else :class:`LeaseLost`, and the caller's transaction stores nothing; ``fenced``: the
-        caller's transaction made sure of it already).
-
-        What can be read before the message is inserted is (the lease, the group's channels,
-        the clock): the insert takes the lock that orders every message's seq and holds it to
-        the commit, so every statement after it holds back every other writer of messages
-        (``bench/db_reach.py``: the lock is where one database saturates)."""
-        # Outputs remember the last input their run saw: messages that arrive
-        # during a run get later seqs than the run's replies, but the model
-        # must see those replies first (see views.model_order).
-        fields = out.model_dump()
-        fields["metadata"] = {
-            **(fields["metadata"] or {}),
-            REPLY_TO_KEY: outcome.run.cursor_to,
-            RUN_ID_KEY: outcome.run.id,
-        }
-        if not fenced:
-            leases.fence(conn, group.chat_jid, self.owner)  # nothing stored by a replaced holder
-        attached = attached_channels(conn, group.chat_jid) if out.sender not in STORED_ONLY_SENDERS else []
-        # The run's first reply: when, on the clock its creation was taken from (metrics).
-        first_reply = out.sender == SENDER_BOT and not outcome.replied
-        now = db_now(conn) if first_reply else None
-        new = NewMessage(chat_jid=group.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
-        msg, created = insert_message(conn, self.db, new)
-        queued = record_deliveries(conn, msg, attached) if created else 0
-        return StoredOutput(msg, created, queued, now if created else None)
-
-    def _stored(self, group: Group, outcome: RunOutcome, stored: StoredOutput) -> None:
-        """What follows an output's commit: the run's record of it, metrics, the delivery signal."""
-        if stored.first_reply_at is not None:
-            metrics.first_reply(outcome.run.created_at, stored.first_reply_at, outcome.waiting_since)
-        if stored.created:
-            outcome.stored.append(stored.message.seq)
-            if stored.message.sender == SENDER_BOT:
-                outcome.replied = True
-        if stored.queued:
-            self._deliver(group.chat_jid)
-
-    def _send_message(
-        self, group: Group, event: SendMessageEvent, run_id: str, index: int, assistant: str, outcome: RunOutcome
-    ) -> None:
-        """Post the agent's message where it asked, if this group may post there."""
-        refusal = send_refusal(self.db, group, event.chat_jid)
-        if refusal is not None:
-            log.warning("run %s: send_message refused: %s", run_id, refusal)
-            self._emit(
-                group, host_message(run_id=f"{run_id}-{index:04d}", text=f"🚫 send_message refused: {refusal}"), outcome
-            )
-            return
-        out = event_to_message(AssistantEvent(text=event.text), run_id=run_id, index=index, assistant_name=assistant)
-        if out is None:
-            return
-        if event.chat_jid == group.chat_jid:
-            self._emit(group, out, outcome)
-            return
-        # Another chat (main group only): stored there as our message; it
-        # does not wake that chat's agent and is not this run's reply.
-        meta = {**(out.metadata or {}), "via": "send_message", "from_chat": group.chat_jid, RUN_ID_KEY: run_id}
-        with self.db.write() as session:
-            leases.fence(session, group.chat_jid, self.owner)
-            fields = {**out.model_dump(), "metadata": meta}
-            new = NewMessage(chat_jid=event.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
-            msg, created = insert_message(session, self.db, new)
-            queued = record_deliveries(session, msg) if created else 0
-        if queued:
-            self._deliver(event.chat_jid)
+    def _mounts(self, group: Group, provider: str) -> Mounts:
+        """The group's workspace and mounts for an attempt with ``provider``."""
+        # Its volumes are mounted on one machine at a time (a fleet shares the data dir).
+        hold_for_attempt(self.db, self.settings, group, provider)
+        # The group's limits and mounts, checked against the allowlist as it is now.
+        plan = container_plan(self.settings, group)
+        # A provider that keeps its own transcript gets the group's session folder.
+        read_write = {**plan.read_write_mounts, **session_mount(self.settings, group.folder, provider)}
+        return Mounts(plan.workspace, plan.limits, read_write, plan.read_only_mounts)
 
     def _deliver(self, chat_jid: str) -> None:
         """Off the run's path: signal a deliverer, or (no queue) send here; never raises."""

@@ -68,9 +68,10 @@ from agent_runner.protocol import (
 from orchestrator.core.errors import ConfigError, MountRefused, ReplayLimited, ReplayRefused, StoreError
 from orchestrator.core.settings import Settings
 from orchestrator.run.assembly import input_bytes, record_input, stored_input
+from orchestrator.run.attempt import GATEWAY_SOCKET
 from orchestrator.run.live_draft import FREE_LINES_PER_EVENT
+from orchestrator.run.model_choice import model_settings
 from orchestrator.run.outputs import OutputMessage, event_to_message, stored_size
-from orchestrator.run.pipeline import GATEWAY_SOCKET, model_settings
 from orchestrator.run.result_meta import result_meta_message
 from orchestrator.run.stop_notice import STOP_REASON_LIMITS, Limit
 from orchestrator.run.stop_watch import StopWatch

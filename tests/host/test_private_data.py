@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.settings import Settings
-from orchestrator.run.pipeline import GATEWAY_SOCKET
+from orchestrator.run.attempt import GATEWAY_SOCKET
 from orchestrator.sandbox.gateway import ModelGateway
 from orchestrator.sandbox.warm import gateway_dir, host_only_dir
 from orchestrator.store.db import open_database

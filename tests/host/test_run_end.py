@@ -39,9 +39,10 @@ from orchestrator.model.pricing import estimate_cost, price_of
 from orchestrator.model.render import displayed, render
 from orchestrator.model.views import format_messages_for_sdk
 from orchestrator.run.assembly import rebuild_input, stored_input
+from orchestrator.run.attempt import GATEWAY_SOCKET
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
-from orchestrator.run.pipeline import GATEWAY_SOCKET, Pipeline
+from orchestrator.run.pipeline import Pipeline
 from orchestrator.sandbox.config import set_container_config
 from orchestrator.sandbox.containers import GATEWAY_MOUNT
 from orchestrator.store import leases

@@ -141,13 +141,13 @@ def test_scheduled_tasks_run_as_ordinary_runs_in_their_context_mode(
 
     pipeline, db, rec = pipe
     seen: list[ContainerInput] = []
-    real = pipeline._execute
+    real = pipeline._attempt
 
-    def capture(group, run, payload, *args):  # type: ignore[no-untyped-def]
+    def capture(outputs, payload, *args):  # type: ignore[no-untyped-def]
         seen.append(payload)
-        return real(group, run, payload, *args)
+        return real(outputs, payload, *args)
 
-    monkeypatch.setattr(pipeline, "_execute", capture)
+    monkeypatch.setattr(pipeline, "_attempt", capture)
     _say(pipeline, db, "remember: the answer is blue")
     pipeline.drain_group("main@local")
     now = datetime.now(UTC)

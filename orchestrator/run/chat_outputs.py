@@ -1,0 +1,143 @@
+"""A chat run's outputs, stored as they arrive: the pipeline's
+:class:`~orchestrator.run.attempt.RunOutputs`, and what the run's end stores with them.
+
+Each output is a message of the chat, stored in a transaction of its own with its
+pending deliveries, and only while this worker still holds the group's lease (the
+fence: ``store/leases.py``), so a holder that was replaced stores nothing; after the
+commit a deliverer is signalled.  A ``send_message`` to another chat (the main group's)
+is stored there as our message, where the group may post.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import NamedTuple
+
+from orchestrator.core import metrics, tracing
+from orchestrator.model.messages import SENDER_BOT, STORED_ONLY_SENDERS, NewMessage, StoredMessage
+from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
+from orchestrator.run.outcome import RunOutcome
+from orchestrator.run.outputs import OutputMessage, host_message
+from orchestrator.store import leases
+from orchestrator.store.db import Connection, Database, db_now
+from orchestrator.store.deliveries import attached_channels, record_deliveries
+from orchestrator.store.groups import Group, send_refusal
+from orchestrator.store.message_log import insert_message, now_iso
+
+log = logging.getLogger(__name__)
+
+
+class StoredOutput(NamedTuple):
+    """An output stored in a run's transaction, for what follows its commit."""
+
+    message: StoredMessage
+    created: bool  # False: its id was stored already (the first copy stands)
+    queued: int  # deliveries queued for the group's channels
+    first_reply_at: datetime | None  # the run's first reply: when (the database's clock)
+
+
+class ChatOutputs:
+    """Stores the outputs of ``outcome``'s run in ``group``'s chat, as ``owner`` (the lease
+    holder); ``deliver`` signals a deliverer for a chat (off the run's path, never raises)."""
+
+    def __init__(
+        self, db: Database, group: Group, outcome: RunOutcome, *, owner: str, deliver: Callable[[str], None]
+    ) -> None:
+        self.db, self.group, self.outcome, self.owner = db, group, outcome, owner
+        self._deliver = deliver
+
+    # -- RunOutputs ---------------------------------------------------------------
+
+    def output(self, out: OutputMessage) -> None:
+        self.emit(out)
+
+    def send_message(self, chat_jid: str, out: OutputMessage | None, index: int) -> None:
+        """Post the agent's message where it asked, if this group may post there."""
+        group, run_id = self.group, self.outcome.run.id
+        refusal = send_refusal(self.db, group, chat_jid)
+        if refusal is not None:
+            log.warning("run %s: send_message refused: %s", run_id, refusal)
+            self.emit(host_message(run_id=f"{run_id}-{index:04d}", text=f"🚫 send_message refused: {refusal}"))
+            return
+        if out is None:
+            return
+        if chat_jid == group.chat_jid:
+            self.emit(out)
+            return
+        # Another chat (main group only): stored there as our message; it
+        # does not wake that chat's agent and is not this run's reply.
+        meta = {**(out.metadata or {}), "via": "send_message", "from_chat": group.chat_jid, RUN_ID_KEY: run_id}
+        with self.db.write() as session:
+            leases.fence(session, group.chat_jid, self.owner)
+            fields = {**out.model_dump(), "metadata": meta}
+            new = NewMessage(chat_jid=chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
+            msg, created = insert_message(session, self.db, new)
+            queued = record_deliveries(session, msg) if created else 0
+        if queued:
+            self._deliver(chat_jid)
+
+    # -- storing ------------------------------------------------------------------
+
+    def emit(self, out: OutputMessage) -> None:
+        """Store ``out`` in a transaction of its own (fixed statements on the driver)."""
+        with self.span(out):
+            with self.db.transaction() as conn:
+                stored = self.insert(conn, out)
+            self.stored(stored)
+
+    @contextlib.contextmanager
+    def span(self, out: OutputMessage) -> Iterator[None]:
+        """Each stored output is a span of the run's trace (orchestrator/core/tracing.py)."""
+        with tracing.span(
+            f"store {out.message_type}",
+            attributes={"orchestrator.message_id": out.id, "orchestrator.sender": out.sender},
+        ):
+            before = len(self.outcome.stored)
+            yield
+            stored = self.outcome.stored
+            tracing.annotate(seq=stored[-1] if len(stored) > before else None)
+
+    def insert(self, conn: Connection, out: OutputMessage, *, fenced: bool = False) -> StoredOutput:
+        """Store ``out`` in the caller's transaction, if this worker still holds the group's lease
+        (else :class:`LeaseLost`, and the caller's transaction stores nothing; ``fenced``: the
+        caller's transaction made sure of it already).
+
+        What can be read before the message is inserted is (the lease, the group's channels,
+        the clock): the insert takes the lock that orders every message's seq and holds it to
+        the commit, so every statement after it holds back every other writer of messages
+        (``bench/db_reach.py``: the lock is where one database saturates)."""
+        group, outcome = self.group, self.outcome
+        # Outputs remember the last input their run saw: messages that arrive
+        # during a run get later seqs than the run's replies, but the model
+        # must see those replies first (see views.model_order).
+        fields = out.model_dump()
+        fields["metadata"] = {
+            **(fields["metadata"] or {}),
+            REPLY_TO_KEY: outcome.run.cursor_to,
+            RUN_ID_KEY: outcome.run.id,
+        }
+        if not fenced:
+            leases.fence(conn, group.chat_jid, self.owner)  # nothing stored by a replaced holder
+        attached = attached_channels(conn, group.chat_jid) if out.sender not in STORED_ONLY_SENDERS else []
+        # The run's first reply: when, on the clock its creation was taken from (metrics).
+        first_reply = out.sender == SENDER_BOT and not outcome.replied
+        now = db_now(conn) if first_reply else None
+        new = NewMessage(chat_jid=group.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
+        msg, created = insert_message(conn, self.db, new)
+        queued = record_deliveries(conn, msg, attached) if created else 0
+        return StoredOutput(msg, created, queued, now if created else None)
+
+    def stored(self, stored: StoredOutput) -> None:
+        """What follows an output's commit: the run's record of it, metrics, the delivery signal."""
+        outcome = self.outcome
+        if stored.first_reply_at is not None:
+            metrics.first_reply(outcome.run.created_at, stored.first_reply_at, outcome.waiting_since)
+        if stored.created:
+            outcome.stored.append(stored.message.seq)
+            if stored.message.sender == SENDER_BOT:
+                outcome.replied = True
+        if stored.queued:
+            self._deliver(self.group.chat_jid)
