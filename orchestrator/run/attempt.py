@@ -57,9 +57,9 @@ from orchestrator.sandbox.gateway import ModelGateway
 from orchestrator.sandbox.image import image_name, model_variant
 from orchestrator.sandbox.port import AgentProcess, Sandbox
 from orchestrator.sandbox.warm import gateway_dir, host_only_dir
-from orchestrator.store.db import Database
+from orchestrator.store.db import Connection, Database
 from orchestrator.store.groups import Group
-from orchestrator.store.runs import Run, RunState, set_container
+from orchestrator.store.runs import Run, RunState, finish_run, set_container
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,18 @@ class Verdict:
     stop_reason: str | None = None
     num_turns: int = 0
     limit: Limit | None = None
+
+    def end_run(self, db: Database, run_id: str, conn: Connection | None = None) -> Run:
+        """End the run's row as this verdict says (in the caller's transaction ``conn``, if given)."""
+        return finish_run(
+            db,
+            run_id,
+            state=self.state,
+            error=self.error,
+            input_tokens=self.usage.input_tokens,
+            output_tokens=self.usage.output_tokens,
+            conn=conn,
+        )
 
 
 class RunOutputs(Protocol):
@@ -183,7 +195,7 @@ def run_attempt(ctx: AttemptContext) -> Verdict:
         return Verdict("failed", f"{type(exc).__name__}: {exc}", ctx.spent, retryable=True)
 
 
-def container_spec(ctx: AttemptContext, mounts: Mounts) -> ContainerSpec:
+def _container_spec(ctx: AttemptContext, mounts: Mounts) -> ContainerSpec:
     """The run container for ``ctx``: the image its model needs, ``mounts`` and their limits."""
     return ContainerSpec(
         image=image_name(ctx.settings, model_variant(ctx.payload.model.provider)),
@@ -205,7 +217,7 @@ def container_spec(ctx: AttemptContext, mounts: Mounts) -> ContainerSpec:
 
 
 def _contained(ctx: AttemptContext) -> Verdict:
-    spec = container_spec(ctx, ctx.mounts())
+    spec = _container_spec(ctx, ctx.mounts())
     payload = ctx.payload
     with contextlib.ExitStack() as cleanup:
         gateway: ModelGateway | None = None

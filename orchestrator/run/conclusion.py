@@ -25,7 +25,7 @@ from orchestrator.run.outputs import OutputMessage, host_message
 from orchestrator.run.result_meta import result_meta_message
 from orchestrator.run.stop_notice import stop_notice
 from orchestrator.store import leases
-from orchestrator.store.runs import finish_run, park_run
+from orchestrator.store.runs import park_run
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +79,7 @@ def conclude(outputs: ChatOutputs, verdict: Verdict, *, settings: Settings, cloc
             # it before the group's row, so the row comes after it here too (no deadlock),
             # and the run row before it (no one else locks a run row after the seq lock).
             with db.transaction() as conn:
-                ended = finish_run(
-                    db,
-                    run.id,
-                    state=verdict.state,
-                    error=verdict.error,
-                    input_tokens=verdict.usage.input_tokens,
-                    output_tokens=verdict.usage.output_tokens,
-                    conn=conn,
-                )
+                ended = verdict.end_run(db, run.id, conn)
                 stored = outputs.insert(conn, record, fenced=True)
                 released = leases.end_hold(conn, group.chat_jid, outputs.owner, run.cursor_to, session_id)
             # Committed: the run has ended and the lease is let go of (a LeaseLost above

@@ -10,6 +10,13 @@ its run (``queued``, ``retry_at``, no lease held) instead of sleeping in the
 worker's slot; the task signals the group again with a countdown for it,
 and at once when more work is pending.  ``drain_group`` loops over steps
 for callers without a task queue.
+
+The attempt itself, in its container, is ``run/attempt.py``'s (shared with
+replays); here it gets what a chat run adds: its outputs stored and delivered
+as they arrive (``run/chat_outputs.py``), its live draft, the group's
+workspace under this host's volume hold, the lease's stop signal.  What
+follows an attempt (parked, or ended in one transaction) is
+``run/conclusion.py``'s.
 """
 
 from __future__ import annotations

@@ -16,9 +16,11 @@ page's event stream never shows it.  It does take one of
 ``ORCHESTRATOR_MAX_CONCURRENT_RUNS``'s slots while it runs, behind every
 group that waits for one (``slots.take_replay_slot``): a fleet that is full
 refuses it when a worker would start it, and a group whose quota is spent
-refuses it when it is made (:class:`ReplayLimited`).  What it says is stored in ``replay_outputs`` as
-the messages it would have been (the pipeline's own ``event_to_message``),
-never in ``messages``: no view, model input or channel ever sees it, and a
+refuses it when it is made (:class:`ReplayLimited`).  It runs as an attempt
+of a chat run does (``run/attempt.py``: the same container spec, gateway,
+output caps and verdicts).  What it says is stored in ``replay_outputs`` as
+the messages it would have been (:class:`KeptOutputs`), never in
+``messages``: no view, model input or channel ever sees it, and a
 ``send_message`` it asks for is recorded, not sent.  It and its tokens count
 against the group's quotas (runs per hour, tokens per day): they are spent on
 the group's behalf, at the same price.
@@ -46,50 +48,33 @@ import os
 import shutil
 import stat
 import uuid
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from agent_runner.protocol import (
-    AssistantEvent,
-    ContainerInput,
-    ErrorEvent,
-    ModelSettings,
-    ProtocolError,
-    ResultEvent,
-    SendMessageEvent,
-    TextDeltaEvent,
-    Usage,
-    decode_input,
-    parse_event,
-)
+from agent_runner.protocol import ModelSettings, ProtocolError, TextDeltaEvent, decode_input
 from orchestrator.core.errors import ConfigError, MountRefused, ReplayLimited, ReplayRefused, StoreError
 from orchestrator.core.settings import Settings
 from orchestrator.run.assembly import input_bytes, record_input, stored_input
-from orchestrator.run.attempt import GATEWAY_SOCKET
+from orchestrator.run.attempt import AttemptContext, Mounts, Verdict, run_attempt
 from orchestrator.run.live_draft import FREE_LINES_PER_EVENT
 from orchestrator.run.model_choice import model_settings
-from orchestrator.run.outputs import OutputMessage, event_to_message, stored_size
+from orchestrator.run.outputs import OutputMessage
 from orchestrator.run.result_meta import result_meta_message
-from orchestrator.run.stop_notice import STOP_REASON_LIMITS, Limit
-from orchestrator.run.stop_watch import StopWatch
-from orchestrator.sandbox.bounded_io import OutputBudget, OutputLimitExceeded
+from orchestrator.sandbox.bounded_io import OutputBudget
 from orchestrator.sandbox.config import effective_limits, parse_container_config, workspace_quota
-from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerSpec
-from orchestrator.sandbox.gateway import ModelGateway
 from orchestrator.sandbox.hostile_fs import MAX_DEPTH, opened_root
-from orchestrator.sandbox.image import image_name, model_variant
 from orchestrator.sandbox.mounts import group_workspace, prepare_mountpoints, resolve_mounts
 from orchestrator.sandbox.port import Sandbox
 from orchestrator.sandbox.quota import Volume, scratch_volume
-from orchestrator.sandbox.warm import host_only_dir
 from orchestrator.store.db import Database
 from orchestrator.store.groups import Group, get_group
 from orchestrator.store.hosts import process_owner
 from orchestrator.store.replays import add_replay, save_outputs, seconds_running
-from orchestrator.store.runs import Run, RunState, finish_run, get_run, set_container
+from orchestrator.store.runs import Run, finish_run, get_run
 from orchestrator.store.slots import take_replay_slot
 from orchestrator.store.usage import quota_wait
 
@@ -329,14 +314,43 @@ def fail_replay(db: Database, run_id: str, why: str) -> Run:
     return finish_run(db, run_id, state="failed", error=why)
 
 
-@dataclass
-class _Ended:
-    state: RunState
-    error: str | None = None
-    usage: Usage = field(default_factory=Usage)
-    stop_reason: str | None = None
-    num_turns: int = 0
-    limit: Limit | None = None
+class KeptOutputs:
+    """A replay's outputs (its :class:`~orchestrator.run.attempt.RunOutputs`): kept for
+    ``replay_outputs`` as the messages they would have been, none stored as one; a
+    ``send_message`` is recorded with where it would have gone, never sent."""
+
+    def __init__(self) -> None:
+        self.kept: list[OutputMessage] = []
+
+    def output(self, out: OutputMessage) -> None:
+        self.kept.append(out)
+
+    def send_message(self, chat_jid: str, out: OutputMessage | None, index: int) -> None:
+        if out is not None:
+            self.kept.append(out.model_copy(update={"metadata": {"via": "send_message", "to_chat": chat_jid}}))
+
+
+class UnshownDraft:
+    """A replay's streamed text (its :class:`~orchestrator.run.attempt.Draft`): neither shown
+    (a replay has no chat) nor kept; as in a chat run, free up to the live draft's allowance
+    (``run/live_draft.py``), past which each delta line counts."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.free_lines = FREE_LINES_PER_EVENT * settings.max_run_events
+        self.free_bytes = settings.max_run_stored_bytes
+        self.lines = 0
+        self.bytes = 0
+
+    def add(self, event: TextDeltaEvent) -> bool:
+        self.lines += 1
+        self.bytes += len(event.text.encode("utf-8"))
+        return self.lines <= self.free_lines and self.bytes <= self.free_bytes
+
+    def stored(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def execute_replay(db: Database, settings: Settings, sandbox: Sandbox, run_id: str) -> Run:
@@ -359,47 +373,61 @@ def execute_replay(db: Database, settings: Settings, sandbox: Sandbox, run_id: s
             return finish_run(db, run.id, state="cancelled", error=run.error)
         return run
     run = get_run(db, run.id)
-    outputs: list[OutputMessage] = []
+    outputs = KeptOutputs()
     raw = stored_input(db, run.id)
     assert raw is not None  # create_replay recorded it
     payload = decode_input(raw)
     copy_report: CopyReport | None = None
     try:
         group = get_group(db, run.chat_jid)
-        ended, copy_report = _run(db, settings, sandbox, run, group, payload, outputs)
+        with scratch_workspace(settings, run, group) as (mounts, copy_report):
+            # A cold container on the image the replayed model needs (claude-code: its variant; no
+            # session folder is mounted, so Claude Code starts a throw-away session and resumes nothing).
+            verdict = run_attempt(
+                AttemptContext(
+                    db=db,
+                    settings=settings,
+                    sandbox=sandbox,
+                    group=group,
+                    run=run,
+                    payload=payload,
+                    assistant=payload.assistant_name,
+                    mounts=lambda: mounts,
+                    outputs=outputs,
+                    draft=UnshownDraft(settings),
+                    budget=OutputBudget(settings.max_run_events, settings.max_run_stored_bytes),
+                    name_prefix="orch-replay",
+                    labels={"orchestrator.replay_of": run.replay_of or ""},
+                )
+            )
     except (ConfigError, MountRefused, ReplayRefused, StoreError) as exc:
-        ended = _Ended("failed", str(exc))
+        verdict = Verdict("failed", str(exc))
     except Exception as exc:  # noqa: BLE001 - the replay still ends, saying why
         log.exception("replay %s failed", run.id)
-        ended = _Ended("failed", f"{type(exc).__name__}: {exc}")
+        verdict = Verdict("failed", f"{type(exc).__name__}: {exc}")
     except BaseException:
         # Ctrl-C in the CLI, the worker's hard stop: the container is gone with the context;
         # the row must not stay unfinished (nothing else closes a replay).
         finish_run(db, run.id, state="failed", error="the replay was interrupted")
         raise
-    outputs.append(
+    outputs.kept.append(
         result_meta_message(
             run_id=run.id,
             provider=payload.model.provider,
             model=payload.model.model,
-            state=ended.state,
-            stop_reason=ended.stop_reason,
-            limit=ended.limit,
-            num_turns=ended.num_turns,
+            state=verdict.state,
+            stop_reason=verdict.stop_reason,
+            limit=verdict.limit,
+            num_turns=verdict.num_turns,
             attempts=1,
             duration_s=seconds_running(db, run.id),
-            usage=ended.usage,
+            usage=verdict.usage,
         )
     )
-    save_outputs(db, run.id, [o.model_dump() for o in outputs], None if copy_report is None else copy_report.as_json())
-    done = finish_run(
-        db,
-        run.id,
-        state=ended.state,
-        error=ended.error,
-        input_tokens=ended.usage.input_tokens,
-        output_tokens=ended.usage.output_tokens,
+    save_outputs(
+        db, run.id, [o.model_dump() for o in outputs.kept], None if copy_report is None else copy_report.as_json()
     )
+    done = verdict.end_run(db, run.id)
     log.info(
         "replay %s of run %s with %s:%s ended %s",
         run.id,
@@ -411,15 +439,10 @@ def execute_replay(db: Database, settings: Settings, sandbox: Sandbox, run_id: s
     return done
 
 
-def _run(
-    db: Database,
-    settings: Settings,
-    sandbox: Sandbox,
-    run: Run,
-    group: Group,
-    payload: ContainerInput,
-    outputs: list[OutputMessage],
-) -> tuple[_Ended, CopyReport]:
+@contextlib.contextmanager
+def scratch_workspace(settings: Settings, run: Run, group: Group) -> Iterator[tuple[Mounts, CopyReport]]:
+    """What the replay ``run``'s container mounts: a scratch copy of ``group``'s workspace (removed
+    on the way out) and the group's extra folders, all read-only; with the copy's report."""
     workspace = group_workspace(settings, group.folder)
     volume = Volume.of(settings, group.folder, workspace)
     if volume.image.exists() and volume.mounted() != "ours":
@@ -448,140 +471,4 @@ def _run(
             settings, cfg.extra_mounts, folder=group.folder, is_main=group.is_main, chat_jid=group.chat_jid
         )
         prepare_mountpoints(scratch, mounts)
-        spec = ContainerSpec(
-            # The image the replayed model needs (claude-code: its variant; no session folder is
-            # mounted, so Claude Code starts a throw-away session and resumes nothing).
-            image=image_name(settings, model_variant(payload.model.provider)),
-            name=f"orch-replay-{group.folder}-{run.id[:8]}-{uuid.uuid4().hex[:4]}",
-            workspace=scratch,
-            run_id=run.id,
-            group_folder=group.folder,
-            memory=limits.memory,
-            cpus=limits.cpus,
-            pids=limits.pids,
-            timeout_s=limits.run_timeout_s,
-            install_id=settings.install_id,
-            fence_s=settings.sandbox_fence_s,  # gone with its worker, as a chat run's (agent_runner/fence.py)
-            extra_labels={"orchestrator.replay_of": run.replay_of or ""},
-            readonly_mounts={str(m.host): m.container for m in mounts},
-        )
-        gateway: ModelGateway | None = None
-        if payload.model.provider != "offline":
-            # As the pipeline's cold run: the socket in a host-only folder mounted read-only.
-            gw_dir = host_only_dir(settings.runs_dir / run.id)
-            cleanup.callback(shutil.rmtree, gw_dir, ignore_errors=True)
-            spec = replace(spec, readonly_mounts={**spec.readonly_mounts, str(gw_dir): GATEWAY_MOUNT})
-            gateway = cleanup.enter_context(
-                ModelGateway.for_provider(
-                    gw_dir / GATEWAY_SOCKET,
-                    settings,
-                    payload.model.provider,
-                    spent=Usage(),
-                    model=payload.model.model,
-                    max_tokens=payload.model.max_tokens,
-                )
-            )
-            payload = payload.replace(model=payload.model.replace(socket_path=f"{GATEWAY_MOUNT}/{GATEWAY_SOCKET}"))
-        if spec.fence_s:
-            payload = payload.replace(host_fence_s=spec.fence_s)
-        ended = _stream(db, settings, sandbox, run, spec, payload, gateway, outputs)
-    return ended, report
-
-
-def _stream(
-    db: Database,
-    settings: Settings,
-    sandbox: Sandbox,
-    run: Run,
-    spec: ContainerSpec,
-    payload: ContainerInput,
-    gateway: ModelGateway | None,
-    outputs: list[OutputMessage],
-) -> _Ended:
-    """The container's events kept as the messages they would have been, none stored as one."""
-    result: ResultEvent | None = None
-    error: ErrorEvent | None = None
-    limit: OutputLimitExceeded | None = None
-    budget = OutputBudget(settings.max_run_events, settings.max_run_stored_bytes)
-    index = 0
-    # Streamed text is neither shown (a replay has no chat) nor kept: as in the
-    # pipeline, free up to the draft's allowance, then each line counts.
-    free_deltas = FREE_LINES_PER_EVENT * settings.max_run_events
-    with sandbox.start(spec, input_bytes(payload)) as container:
-        set_container(db, run.id, container.id)
-        with StopWatch(db, run.id, container.kill, None) as stop:
-            try:
-                for line in container.lines(settings.max_event_line_bytes):
-                    if not line.strip():
-                        budget.line()
-                        continue
-                    try:
-                        event = parse_event(line)
-                    except ProtocolError:
-                        budget.line()
-                        continue
-                    if isinstance(event, TextDeltaEvent):
-                        free_deltas -= 1
-                        if free_deltas < 0:
-                            budget.line()
-                        continue
-                    budget.line()
-                    if isinstance(event, ResultEvent):
-                        result = event
-                        continue
-                    if isinstance(event, ErrorEvent):
-                        error = event
-                        continue
-                    index += 1
-                    if isinstance(event, SendMessageEvent):
-                        # Recorded with where it would have gone; never sent.
-                        out = event_to_message(
-                            AssistantEvent(text=event.text),
-                            run_id=run.id,
-                            index=index,
-                            assistant_name=payload.assistant_name,
-                        )
-                        if out is not None:
-                            out = out.model_copy(
-                                update={"metadata": {"via": "send_message", "to_chat": event.chat_jid}}
-                            )
-                    else:
-                        out = event_to_message(
-                            event,
-                            run_id=run.id,
-                            index=index,
-                            assistant_name=payload.assistant_name,
-                            max_tool_result_bytes=settings.max_tool_result_bytes,
-                        )
-                    if out is not None:
-                        budget.store(stored_size(out))
-                        outputs.append(out)
-            except OutputLimitExceeded as exc:
-                limit = exc
-                container.kill()
-            exit_ = container.finish()
-    usage = gateway.usage if gateway is not None else (result.usage if result else Usage())
-    if stop.reason == "cancelled":
-        return _Ended("cancelled", "cancelled by request", usage)
-    if limit is not None:
-        return _Ended("failed", str(limit), usage)
-    if exit_.timed_out:
-        return _Ended("timed_out", f"the run exceeded its {spec.timeout_s:.0f}s limit", usage, limit="timeout")
-    spent: Limit | None = "token_budget" if gateway is not None and gateway.budget_refusals else None
-    if error is not None:
-        return _Ended("failed", error.message[:2000], usage, limit=spent)
-    if exit_.status_code != 0 or result is None:
-        tail = (exit_.stderr_tail.strip().splitlines()[-1:] or [""])[0][:300]
-        return _Ended(
-            "failed",
-            f"the agent container exited with status {exit_.status_code}" + (f": {tail}" if tail else ""),
-            usage,
-        )
-    return _Ended(
-        "succeeded",
-        None,
-        usage,
-        stop_reason=result.stop_reason,
-        num_turns=result.num_turns,
-        limit=STOP_REASON_LIMITS.get(result.stop_reason or ""),
-    )
+        yield Mounts(scratch, limits, read_only={str(m.host): m.container for m in mounts}), report
