@@ -193,9 +193,13 @@ class SlackInbound:
         self._lock = threading.Lock()
 
     # event ids: a retry of an event this process took is not taken again
-    def seen(self, event_id: str | None) -> bool:
+    def seen(self, event_id: object) -> bool:
+        """Whether the event ``event_id`` was taken already; anything but a string (the
+        signed body says what it likes there) is an event never seen."""
+        if not isinstance(event_id, str):
+            return False
         with self._lock:
-            return event_id is not None and event_id in self._seen
+            return event_id in self._seen
 
     def _remember(self, event_id: str | None) -> None:
         if event_id is None:

@@ -506,6 +506,19 @@ def test_retries_are_stored_once(client: TestClient, fake: FakeSlack, db: Databa
     assert [m.content for m in get_messages_after(JID, 0, db=db)] == ["@Robo once"]
 
 
+@pytest.mark.parametrize("event_id", [["Ev1"], {"a": 1}, 7, None])
+def test_a_signed_retry_with_a_strange_event_id_is_answered_not_a_500(
+    client: TestClient, fake: FakeSlack, db: Database, event_id: object
+) -> None:
+    """The signed body says what it likes in ``event_id``: a list or an object there
+    is an event never seen (not an unhashable key that answers 500)."""
+    attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
+    doc = fake.message_event(SLACK_CHANNEL, "UANN0001", "@Robo odd")
+    doc["event_id"] = event_id
+    response = _post(client, doc, headers={RETRY_HEADER: "1", "X-Slack-Retry-Reason": "http_timeout"})
+    assert response.status_code < 500, response.text
+
+
 def test_an_unattached_channel_is_stored_but_never_wakes_the_agent(
     client: TestClient, fake: FakeSlack, db: Database
 ) -> None:
