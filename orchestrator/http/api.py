@@ -31,6 +31,7 @@ from orchestrator.channels.slack_inbound import EVENTS_PATH, SlackEvents
 from orchestrator.channels.webhook import INBOUND_PATH, InboundWebhook
 from orchestrator.core import heap
 from orchestrator.core.errors import ConfigError
+from orchestrator.core.process import set_up_process
 from orchestrator.http.auth import WRONG_INSTALL, api_checks
 from orchestrator.http.contract import allow_every_method, document_shared_errors
 from orchestrator.http.errors import DB_RETRY_AFTER_S, add_error_handlers
@@ -132,6 +133,10 @@ def serve_app() -> FastAPI:
     orchestrator.http.api:serve_app``): :func:`create_app` from the environment, built once
     for the process's life, then the heap settled (orchestrator/core/heap.py): what start-up
     built is never scanned by the garbage collector again."""
-    app = create_app()
+    root = Orchestrator.from_environment()
+    # The server's process: its secrets hidden in every log line, its trace exporters
+    # (a root sets nothing process-wide: orchestrator/core/process.py).
+    set_up_process(root.settings)
+    app = create_app(root)
     heap.settle()
     return app

@@ -151,6 +151,10 @@ if sys.argv[1] == "cli":
     from orchestrator.cli.support import setup
     seen["built"] = process_state()
     setup()
+elif sys.argv[1] == "api":
+    from orchestrator.http.api import serve_app
+    seen["built"] = process_state()
+    serve_app()  # what uvicorn --factory calls
 else:
     from celery.signals import setup_logging
     import workers.app
@@ -164,7 +168,7 @@ print(json.dumps(seen))
 """
 
 
-@pytest.mark.parametrize("entry_point", ["cli", "worker"])
+@pytest.mark.parametrize("entry_point", ["cli", "api", "worker"])
 def test_each_entry_point_sets_up_its_process(tmp_path: Path, entry_point: str) -> None:
     env = {
         "ORCHESTRATOR_DATA_DIR": str(tmp_path / "data"),
