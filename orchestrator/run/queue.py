@@ -81,7 +81,8 @@ def make_celery(settings: Settings) -> Celery:
         )
     elif broker.startswith(("sqla+", "sqlalchemy")):
         transport_options["polling_interval"] = settings.broker_polling_interval
-    app = Celery("orchestrator", broker=broker, include=["workers.tasks"])
+    # No include=: workers/app.py registers the tasks on the worker's app as it builds it.
+    app = Celery("orchestrator", broker=broker)
     app.conf.update(
         broker_transport=_transport(broker),
         broker_transport_options=transport_options,

@@ -62,9 +62,9 @@ def image_name(settings: Settings, variant: str | None) -> str:
 
 def container_dir() -> Path:
     """The ``container/`` folder of the source tree (Dockerfile, runner, scripts)."""
-    import agent_runner
+    from agent_runner import protocol  # the host reads only the runner's protocol
 
-    path = Path(agent_runner.__file__).resolve().parent.parent
+    path = Path(protocol.__file__).resolve().parent.parent
     if not (path / "Dockerfile").is_file():
         raise ImageBuildError(
             f"no Dockerfile next to the agent runner ({path}); build the image from a "

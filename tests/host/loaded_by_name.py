@@ -66,17 +66,6 @@ LOADED_BY_NAME: tuple[LoadedByName, ...] = (
         targets=("orchestrator.run.fs_transport:Transport", "orchestrator.run.redis_transport:Transport"),
     ),
     LoadedByName(
-        where="orchestrator/run/queue.py",
-        how="Celery's include=, imported by a worker of an app make_celery built as it starts",
-        loader="orchestrator.run.queue",
-        targets=("workers.tasks",),
-        exception=(
-            "the run room names a module of the floor above it.  workers/app.py registers the tasks "
-            "on the worker's app as it builds it, so the include is redundant: dropping "
-            'include=["workers.tasks"] from make_celery ends this exception'
-        ),
-    ),
-    LoadedByName(
         where="orchestrator/core/logs.py",
         how="logging.config's '()' factories, in dict_config and uvicorn's --log-config file",
         loader="orchestrator.core.logs",
