@@ -152,6 +152,12 @@ class Database:
         read_options = {"sqlite_deferred": True} if self.is_sqlite else {"isolation_level": "AUTOCOMMIT"}
         self._read_sessions = sessionmaker(self.engine.execution_options(**read_options), expire_on_commit=False)
 
+    def ping(self) -> None:
+        """A ``SELECT 1`` on the driver, outside a transaction (SQLAlchemy's would begin
+        one: on SQLite ``BEGIN IMMEDIATE``, the write lock); raises what the database says."""
+        with self.engine.connect() as conn:
+            driver_execute(conn, "SELECT 1").fetchone()
+
     def limit_wait(self, seconds: float) -> None:
         """Wait at most ``seconds`` for SQLite's write lock from now on, in this process (the
         API: a caller is waiting, and hears 503 sooner rather than hang for the workers' 60 s).

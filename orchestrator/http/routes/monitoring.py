@@ -21,7 +21,7 @@ from orchestrator.http.auth import require_token
 from orchestrator.http.fleet_metrics import fleet_exposition
 from orchestrator.http.responses import model_response
 from orchestrator.http.state import api_state
-from orchestrator.store.db import Database, driver_execute
+from orchestrator.store.db import Database
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,7 @@ class Health(BaseModel):
 def database_health(db: Database) -> str:
     """ "ok", or the error the database answered a ``SELECT 1`` with."""
     try:
-        # On the driver, outside a transaction: SQLAlchemy's would begin one (on SQLite
-        # BEGIN IMMEDIATE, the write lock: orchestrator/store/db.py).
-        with db.engine.connect() as conn:
-            driver_execute(conn, "SELECT 1").fetchone()
+        db.ping()
         return "ok"
     except Exception as exc:  # noqa: BLE001 - a health check reports the failure, it does not raise it
         log.warning("health: the database does not answer: %s", exc)
