@@ -122,8 +122,12 @@ class _Peak(threading.Thread):
 
 def host(spec: str, upstream: str, folder: Path) -> None:
     """The gateway's side: commands on stdin, one JSON answer a line on stdout."""
-    import workers.app  # noqa: F401 - what a worker's pool child holds before its first run
+    import workers.app
     from orchestrator.core.settings import Settings
+
+    # What a worker's pool child holds before its first run: its root, built on first use.
+    os.environ["ORCHESTRATOR_DATA_DIR"] = str(folder / "data")
+    workers.app.worker_root()
 
     settings = Settings.load(
         env_file=None, data_dir=folder / "data", anthropic_base_url=upstream, anthropic_api_key=KEY

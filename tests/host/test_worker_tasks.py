@@ -99,8 +99,8 @@ class Worker:
 
 @pytest.fixture(scope="module")
 def tasks_module(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    """``workers.tasks``.  Importing it builds the worker process's own root from the
-    environment (never used here): point its data dir at a scratch folder, not ./data."""
+    """``workers.tasks``, imported with the data dir at a scratch folder, not ./data
+    (importing builds nothing; a root built from the environment would use it)."""
     if "workers.tasks" not in sys.modules:
         with pytest.MonkeyPatch.context() as env:
             env.setenv("ORCHESTRATOR_DATA_DIR", str(tmp_path_factory.mktemp("environment-root")))
