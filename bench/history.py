@@ -36,7 +36,7 @@ from sqlalchemy import Connection, update
 from bench.common import fresh_pg_database
 from orchestrator.core.settings import Settings
 from orchestrator.run.assembly import build_input, input_bytes, plan_batch, prior_messages
-from orchestrator.run.pipeline import model_settings
+from orchestrator.run.model_choice import model_settings
 from orchestrator.store import db as store_db
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, get_group

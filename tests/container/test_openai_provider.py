@@ -40,7 +40,7 @@ from agent_runner.providers.openai_compat import OpenAICompatProvider
 from agent_runner.tools import tool_specs
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import Settings
-from orchestrator.run.pipeline import model_settings
+from orchestrator.run.model_choice import model_settings
 from orchestrator.sandbox.gateway import ModelGateway
 from tests.fakes.openai_api import FakeOpenAI, Recorded, api_error, chat, raw, tool_call
 

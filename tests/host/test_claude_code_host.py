@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.core.errors import ConfigError, ImageBuildError, MountRefused, WorkspaceQuotaError
 from orchestrator.core.settings import Settings, SettingsError
-from orchestrator.run.pipeline import model_settings
+from orchestrator.run.model_choice import model_settings
 from orchestrator.sandbox import quota
 from orchestrator.sandbox.image import image_name, model_variant, settings_variant
 from orchestrator.sandbox.sessions import (

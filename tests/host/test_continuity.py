@@ -34,8 +34,8 @@ from orchestrator.run.assembly import (
     record_input,
     stored_input,
 )
+from orchestrator.run.model_choice import model_settings
 from orchestrator.run.outputs import event_to_message
-from orchestrator.run.pipeline import model_settings
 from orchestrator.store.db import Database
 from orchestrator.store.groups import Group, add_group, get_group
 from orchestrator.store.message_log import get_messages_after, store_message_direct

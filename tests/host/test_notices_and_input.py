@@ -23,8 +23,8 @@ from orchestrator.run.assembly import (
     record_input,
     stored_input,
 )
+from orchestrator.run.model_choice import model_settings
 from orchestrator.run.notices import NoticeContext, compute_notices, scheduled_tasks_due
-from orchestrator.run.pipeline import model_settings
 from orchestrator.run.schedules import add_task
 from orchestrator.store.db import Database
 from orchestrator.store.groups import Group, add_group, get_group

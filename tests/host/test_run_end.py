@@ -366,7 +366,7 @@ def test_a_thinking_budget_reaches_the_input_of_anthropic_runs_only(settings: Se
     _say(p)
     p.drain_group(JID)
     assert b"thinking_budget" not in (stored_input(db, sandbox.started[0][1].run_id) or b"")  # offline: ignored
-    from orchestrator.run.pipeline import model_settings
+    from orchestrator.run.model_choice import model_settings
 
     assert model_settings(p.settings.replace(model="anthropic:claude-x")).thinking_budget == 1024
     assert (
