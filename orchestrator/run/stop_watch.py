@@ -3,8 +3,8 @@
 A cancel may come from any process on any host (the database says so), and
 the group's lease may be lost (``store/leases.py``: another holder, or no
 renewal for ``leases.UNSURE_AFTER_S``); either kills the run's container at
-once, not at the run's next output.  Used by the pipeline's attempt and by
-replays (``run/replay.py``).
+once, not at the run's next output.  Used by the run attempt
+(``run/attempt.py``), for chat runs and replays alike.
 """
 
 from __future__ import annotations
