@@ -18,17 +18,16 @@ the classes defined outside this module say where they live::
     │                          store.attachments, store.deliveries]
     ├── StoreError             the database refused or lacks something (a duplicate group, no such
     │   │                      run or task) [store.runs, run.assembly, run.schedules]
-    │   ├── NotFound           no such thing in the store, for one that has no class of its own (a run
-    │   │                      by id or prefix; a chat the API requires registered) (HTTP 404)
-    │   │                      [store.runs, http.routes]
+    │   ├── NotFound           no such thing in the store (also a LookupError; HTTP 404): a run by id or
+    │   │   │                  prefix, a chat the API requires registered [store.runs, http.routes]
+    │   │   ├── UnknownGroup   a chat id that is not a registered group
+    │   │   │   │              [store.groups, store.attachments, sandbox.config]
+    │   │   │   └── UnregisteredChatsFull   a message of a chat that is no registered group, when
+    │   │   │                  ORCHESTRATOR_UNREGISTERED_CHATS such chats are kept already: not
+    │   │   │                  stored (HTTP 404, as for any unregistered chat) [run.ingest]
+    │   │   └── MessageNotFound   no such (message id, chat) in the store [store.message_log, store.history]
     │   ├── Conflict           the change clashes with what is stored: a chat or folder registered
     │   │                      already, a second main group (HTTP 409) [store.groups]
-    │   ├── UnknownGroup       a chat id that is not a registered group
-    │   │   │                  [store.groups, store.attachments, sandbox.config]
-    │   │   └── UnregisteredChatsFull   a message of a chat that is no registered group, when
-    │   │                      ORCHESTRATOR_UNREGISTERED_CHATS such chats are kept already: not
-    │   │                      stored (HTTP 404, as for any unregistered chat) [run.ingest]
-    │   ├── MessageNotFound    no such (message id, chat) in the store [store.message_log, store.history]
     │   └── DatabaseUnavailable   the database cannot serve for now (a lock held elsewhere past the wait, a
     │                          server restarting or unreachable, a full disk); carries retry_after_s
     │                          (HTTP 503 + Retry-After) [http.errors, from store.db.unavailable_reason]
@@ -119,7 +118,7 @@ class StoreError(OrchestratorError):
 class NotFound(StoreError, LookupError):
     """The store holds no such thing (a run by its id or a unique prefix, say); the message
     names what was looked for.  The kinds with a class of their own (``UnknownGroup``,
-    ``MessageNotFound``) are not under it: the API maps each of them to 404 too."""
+    ``MessageNotFound``) are under it: the API answers 404 for every one."""
 
 
 class Conflict(StoreError):
@@ -127,7 +126,7 @@ class Conflict(StoreError):
     second main group (orchestrator.store.groups); nothing changed."""
 
 
-class UnknownGroup(StoreError, LookupError):
+class UnknownGroup(NotFound):
     def __init__(self, chat_jid: str) -> None:
         super().__init__(f"no registered group for chat {chat_jid!r}")
         self.chat_jid = chat_jid
@@ -147,7 +146,7 @@ class UnregisteredChatsFull(UnknownGroup):
         self.limit = limit
 
 
-class MessageNotFound(StoreError, LookupError):
+class MessageNotFound(NotFound):
     def __init__(self, chat_jid: str, message_id: str) -> None:
         super().__init__(f"no message {message_id!r} in chat {chat_jid!r}")
 

@@ -37,13 +37,11 @@ from orchestrator.core.errors import (
     DatabaseUnavailable,
     GroupBusy,
     InvalidMessage,
-    MessageNotFound,
     NotFound,
     OrchestratorError,
     RateLimited,
     ReplayLimited,
     ReplayRefused,
-    UnknownGroup,
 )
 from orchestrator.store.db import Database, driver_message, unavailable_reason
 from orchestrator.store.placement import HostUnavailable
@@ -66,9 +64,7 @@ class BadInput(InvalidMessage):
 
 STATUS: dict[type[OrchestratorError], int] = {
     InvalidMessage: 400,  # bad input; its field when the exception names one
-    UnknownGroup: 404,  # UnregisteredChatsFull too: as for any unregistered chat
-    MessageNotFound: 404,
-    NotFound: 404,
+    NotFound: 404,  # UnknownGroup (UnregisteredChatsFull too: as for any unregistered chat), MessageNotFound
     ChangeRefused: 409,  # an InvalidMessage, but well-formed: the history does not allow it
     Conflict: 409,
     GroupBusy: 409,
