@@ -67,6 +67,9 @@ the classes defined outside this module say where they live::
     │   └── ReplayLimited      the group's quota is spent or the fleet's run slots are taken: the replay
     │                          did not start; carries retry_after_s (HTTP 429 + Retry-After)
     │                          [run.replay, store.slots]
+    ├── FileTooLarge           a file over ORCHESTRATOR_FILE_MAX_BYTES, or one that would take its group
+    │                          past ORCHESTRATOR_GROUP_FILES_MAX_BYTES: nothing stored; carries the
+    │                          limit and the setting (HTTP 413 later) [store.files]
     └── OutputLimitExceeded    a run's output broke a host bound; the pipeline stops the run
                                (defined in sandbox.bounded_io) [sandbox.bounded_io]
 
@@ -233,3 +236,15 @@ class HostileEntry(SandboxError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class FileTooLarge(OrchestratorError):
+    """A file over the per-file limit, or one its group's files have no room left for
+    (orchestrator/store/files.py): nothing was stored.  ``limit`` is in bytes, ``setting``
+    names the variable that raises it."""
+
+    def __init__(self, what: str, limit: int, setting: str) -> None:
+        super().__init__(f"{what}: the limit is {limit} bytes (ORCHESTRATOR_{setting.upper()})")
+        self.what = what
+        self.limit = limit
+        self.setting = setting

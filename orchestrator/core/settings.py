@@ -292,6 +292,14 @@ class Settings(msgspec.Struct, kw_only=True):
     # own, or a check before each run), by the same mode.
     session_quota: str = "auto"
 
+    # Files people send and agents hand back (orchestrator/store/files.py), stored once by
+    # content under <data_dir>/files.  The largest one file may be: an upload is counted as
+    # it streams in and stopped past it, nothing kept.
+    file_max_bytes: Annotated[int, Meta(ge=1)] = 25 * 1024 * 1024
+    # The bytes of all the files a group stored first (a file another group stored before
+    # costs nothing more); a file that would take the group past it is refused.
+    group_files_max_bytes: Annotated[int, Meta(ge=1)] = 1024 * 1024 * 1024
+
     # The API the CLI's ``send`` talks to (e.g. http://10.0.0.5:8000 for a
     # fleet's API).  Empty: the one ``orchestrator up``/``api`` announced in
     # the data dir (orchestrator/http/endpoint.py), else the CLI stores in process.
@@ -516,6 +524,11 @@ class Settings(msgspec.Struct, kw_only=True):
     @property
     def sessions_dir(self) -> Path:
         return self.data_dir / "sessions"
+
+    @property
+    def files_dir(self) -> Path:
+        """Where stored files live, once each by content (orchestrator/store/files.py)."""
+        return self.data_dir / "files"
 
     @property
     def build_dir(self) -> Path:

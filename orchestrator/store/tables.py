@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Dialect,
@@ -332,3 +333,26 @@ class InstallationRow(Base):
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class FileRow(Base):
+    """A file a chat stored (``orchestrator/store/files.py``; revision 0019): one row per
+    reference, the bytes once per content under ``<data_dir>/files`` by their SHA-256.
+    ``owner_jid`` is the chat that stored the content first, on every row of that content:
+    the bytes count against its group's ``ORCHESTRATOR_GROUP_FILES_MAX_BYTES`` alone."""
+
+    __tablename__ = "files"
+
+    # Opaque and unguessable (secrets.token_urlsafe): the id a message's metadata names.
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    chat_jid: Mapped[str] = mapped_column(Text, nullable=False)
+    sha256: Mapped[str] = mapped_column(String(64), nullable=False, index=True)
+    size: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    # Sniffed from the bytes (store/files.py: sniff), never the sender's word.
+    mime: Mapped[str] = mapped_column(Text, nullable=False)
+    # The sender's name made safe (store/files.py: safe_name).
+    name: Mapped[str] = mapped_column(Text, nullable=False)
+    owner_jid: Mapped[str] = mapped_column(Text, nullable=False, index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+
+    __table_args__ = (Index("idx_files_chat_created", "chat_jid", "created_at"),)
