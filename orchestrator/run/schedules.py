@@ -23,10 +23,10 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from orchestrator.core import tracing
-from orchestrator.core.errors import InvalidMessage, StoreError
+from orchestrator.core.errors import Conflict, InvalidMessage
 from orchestrator.model.messages import SENDER_SCHEDULER, NewMessage
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import record_deliveries
@@ -46,31 +46,40 @@ log = logging.getLogger(__name__)
 SCHEDULER_SENDER = SENDER_SCHEDULER
 _INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+# The longest interval: a year (a longer one overflowed the date-times it is added to).
+MAX_INTERVAL_S = 366 * 86400
 
 
 def parse_interval(text: str) -> float:
-    """``90``, ``45s``, ``30m``, ``2h``, ``1d`` -> seconds (at least 1)."""
+    """``90``, ``45s``, ``30m``, ``2h``, ``1d`` -> seconds (at least 1, at most a year)."""
     m = _INTERVAL.match(text)
     if not m:
         raise InvalidMessage(f"interval {text!r}: use a number with an optional unit s, m, h or d (e.g. 30m)")
     seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
     if seconds < 1:
         raise InvalidMessage(f"interval {text!r} is shorter than one second")
+    if seconds > MAX_INTERVAL_S:
+        raise InvalidMessage(f"interval {text!r} is longer than a year (366d); use a cron line or a time once")
     return seconds
 
 
 def _parse_once(text: str) -> datetime:
     try:
         at = datetime.fromisoformat(text)
+        return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
     except ValueError:
         raise InvalidMessage(f"time {text!r} is not an ISO-8601 date-time") from None
-    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+    except OverflowError:  # in UTC, past the year 9999
+        raise InvalidMessage(f"time {text!r} is out of range") from None
 
 
 def next_due(kind: str, spec: str, after: datetime) -> datetime | None:
     """The first due time strictly after ``after`` (None: never again)."""
     if kind == "cron":
-        return croniter(spec, after).get_next(datetime).astimezone(UTC)
+        try:
+            return croniter(spec, after).get_next(datetime).astimezone(UTC)
+        except CroniterBadDateError:  # a day that never comes (31 February), a year gone by
+            return None
     if kind == "interval":
         return after + timedelta(seconds=parse_interval(spec))
     at = _parse_once(spec)
@@ -98,6 +107,8 @@ def add_task(
         if not croniter.is_valid(spec):
             raise InvalidMessage(f"cron line {spec!r} is not valid (five fields: minute hour day month weekday)")
         first = next_due(kind, spec, now)
+        if first is None:
+            raise InvalidMessage(f"cron line {spec!r} never falls due")
     elif kind == "interval":
         first = now + timedelta(seconds=parse_interval(spec))
     elif kind == "once":
@@ -127,11 +138,12 @@ _TRANSITIONS: dict[str, tuple[set[str], TaskState]] = {
 
 
 def change_state(db: Database, task_id: str, action: str, *, now: datetime | None = None) -> ScheduledTask:
-    """pause / resume / cancel a task; an impossible change raises StoreError."""
+    """pause / resume / cancel a task; NotFound for no such task, Conflict for a change its
+    state does not allow."""
     task = get_task(db, task_id)
     allowed, target = _TRANSITIONS[action]
     if task.state not in allowed:
-        raise StoreError(f"task {task.id[:8]} is {task.state}; cannot {action} it")
+        raise Conflict(f"task {task.id[:8]} is {task.state}; cannot {action} it")
     following = None
     if action == "resume":
         # Resuming does not fire everything that fell due while paused.

@@ -13,10 +13,10 @@ from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from orchestrator.core.errors import StoreError
+from orchestrator.core.errors import NotFound
 from orchestrator.store.db import Database, changed_rows, db_time
 from orchestrator.store.tables import ScheduledTaskRow
 
@@ -81,12 +81,40 @@ def list_tasks(db: Database, *, chat_jid: str | None = None) -> list[ScheduledTa
 
 
 def get_task(db: Database, task_id: str) -> ScheduledTask:
-    """The task whose id is or starts with ``task_id``; StoreError for none or several."""
+    """The task whose id is or starts with ``task_id`` (its ``%`` and ``_`` taken as they
+    are); NotFound for none or several."""
     with db.read() as session:
-        rows = list(session.scalars(select(ScheduledTaskRow).where(ScheduledTaskRow.id.like(f"{task_id}%")).limit(2)))
+        rows = list(
+            session.scalars(
+                select(ScheduledTaskRow).where(ScheduledTaskRow.id.startswith(task_id, autoescape=True)).limit(2)
+            )
+        )
     if len(rows) != 1:
-        raise StoreError(f"no scheduled task {task_id!r}" if not rows else f"task id {task_id!r} is ambiguous")
+        raise NotFound(f"no scheduled task {task_id!r}" if not rows else f"task id {task_id!r} is ambiguous")
     return ScheduledTask.model_validate(rows[0])
+
+
+class TaskCounts(BaseModel):
+    """A group's scheduled tasks by state."""
+
+    model_config = ConfigDict(frozen=True)
+
+    active: int = 0
+    paused: int = 0
+    done: int = 0
+    cancelled: int = 0
+
+
+def count_tasks(db: Database, chat_jid: str) -> TaskCounts:
+    """How many of the chat's tasks are in each state."""
+    stmt = (
+        select(ScheduledTaskRow.state, func.count())
+        .where(ScheduledTaskRow.chat_jid == chat_jid)
+        .group_by(ScheduledTaskRow.state)
+    )
+    with db.read() as session:
+        counted = {state: int(n) for state, n in session.execute(stmt)}
+    return TaskCounts(**{state: n for state, n in counted.items() if state in TaskCounts.model_fields})
 
 
 def set_task_state(db: Database, task_id: str, state: TaskState, *, next_run_at: datetime | None = None) -> None:
