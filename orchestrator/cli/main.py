@@ -460,6 +460,46 @@ def groups_usage(chat_jid: str, as_json: Annotated[bool, typer.Option("--json")]
         )
 
 
+@groups_app.command("show")
+def groups_show(chat_jid: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """A group's profile: its registration, its sandbox and quotas (and the limits in effect),
+    and its scheduled tasks by state (``GET /api/groups/{chat_jid}``; --json prints its answer)."""
+    from orchestrator.sandbox.config import effective_limits, workspace_quota
+    from orchestrator.sandbox.quota import human
+    from orchestrator.store.groups import group_profile
+
+    root = _setup()
+    settings = root.settings
+    try:
+        p = group_profile(root.db, chat_jid)
+        limits = effective_limits(settings, p.container_config)
+        quota = workspace_quota(settings, p.container_config)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        typer.echo(json.dumps(p.model_dump(mode="json"), indent=2))
+        return
+    name = p.assistant_name or settings.assistant_name
+    trigger = f"messages starting with @{name}" if p.requires_trigger else "every message"
+    _echo(f"{p.chat_jid}: {p.name}{' (main group)' if p.is_main else ''}")
+    _echo(f"  folder:      {p.folder}")
+    _echo(f"  wakes on:    {trigger}")
+    _echo(f"  assistant:   {name}{'' if p.assistant_name else ' (the setting)'}")
+    _echo(f"  placed on:   {p.placed_host or '-'}")
+    _echo(f"  messages:    cursor {p.cursor_seq}, pending up to {p.pending_seq}")
+    _echo(f"  session:     {p.session_id or '-'}")
+    _echo(f"  sandbox:     {json.dumps(p.container_config) if p.container_config else 'the settings'}")
+    typer.echo(
+        f"    in effect: memory {limits.memory}, cpus {limits.cpus:g}, pids {limits.pids}, "
+        f"run timeout {limits.run_timeout_s:g}s, bash timeout {limits.bash_timeout_s:g}s, "
+        f"workspace quota {human(quota) if quota else 'none'}"
+    )
+    _echo(f"  runs/hour:   {_quota_text(p.runs_per_hour, settings.group_runs_per_hour)}")
+    _echo(f"  tokens/day:  {_quota_text(p.tokens_per_day, settings.group_tokens_per_day)}")
+    t = p.tasks
+    _echo(f"  tasks:       {t.active} active, {t.paused} paused, {t.done} done, {t.cancelled} cancelled")
+
+
 @groups_app.command("list")
 def groups_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List registered groups."""

@@ -3,7 +3,7 @@
 :func:`create_app` builds the app of an installation and composes it: the
 shared parts on the app's state (``orchestrator/http/state.py``), the routers
 of ``orchestrator/http/routes/`` (a module per topic: health and metrics, info,
-messages, the event stream, history and export, groups, runs, replays, hosts,
+messages, the event stream, history and export, groups, runs, replays, scheduled tasks, hosts,
 the signed channel routes, the page), the exception handlers that map the
 exception tree to statuses (``orchestrator/http/errors.py``) and the request
 guard.  What each route answers is in its module and in the OpenAPI document
@@ -48,6 +48,7 @@ from orchestrator.http.routes import (
     replays,
     runs,
     slack,
+    tasks,
     webhooks,
 )
 from orchestrator.http.routes.messages import MAX_CONTENT_CHARS
@@ -58,7 +59,7 @@ __all__ = ["DB_RETRY_AFTER_S", "MAX_CONTENT_CHARS", "check_exposure", "create_ap
 
 # The /api routers, in the order of the document's paths (and of matching: /runs/waiting
 # before /runs/{run_id}).
-API_ROUTERS = (info, messages, chat_stream, history, groups, runs, replays, hosts)
+API_ROUTERS = (info, messages, chat_stream, history, groups, runs, replays, tasks, hosts)
 
 
 def is_loopback(host: str) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -24,6 +24,7 @@ from orchestrator.core.errors import ConfigError, Conflict, InvalidMessage, Stor
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.store.db import Database, changed_rows, driver_execute
 from orchestrator.store.hosts import ALIVE_WINDOW_S, place_sql
+from orchestrator.store.schedules import TaskCounts, count_tasks
 from orchestrator.store.tables import GroupRow
 
 # A folder name (also the API's schema pattern, orchestrator/http/routes/groups.py).
@@ -144,6 +145,19 @@ def get_group(db: Database, chat_jid: str) -> Group:
     if not rows:
         raise UnknownGroup(chat_jid)
     return group_from_values(tuple(rows[0]))
+
+
+class GroupProfile(Group):
+    """What a group is, in one view (``orchestrator groups show``, ``GET /api/groups/{chat_jid}``):
+    its registration, its sandbox and quotas as stored, and its scheduled tasks counted."""
+
+    tasks: TaskCounts = Field(description="The group's scheduled tasks by state.")
+
+
+def group_profile(db: Database, chat_jid: str) -> GroupProfile:
+    """The group's profile; UnknownGroup for a chat that is not a registered group."""
+    group = get_group(db, chat_jid)
+    return GroupProfile(**group.model_dump(), tasks=count_tasks(db, chat_jid))
 
 
 def find_group(db: Database, chat_jid: str) -> Group | None:

@@ -61,8 +61,15 @@ STATEFUL_STEPS = 8
 #   mount names that clash: tests/host/test_api.py, tests/host/test_mounts.py);
 # * POST /api/messages and /webhooks/inbound (the same body): a sender reserved for the harness ("bot", "system", ...) with another
 #   type, and metadata that is no valid envelope or context item (tests/host/test_api.py,
-#   tests/host/test_envelopes.py).
-WORDED_RULES = ("/api/groups/{chat_jid}", "PATCH"), ("/api/messages", "POST"), ("/webhooks/inbound", "POST")
+#   tests/host/test_envelopes.py);
+# * POST /api/tasks: a spec its kind does not read (a cron line that is none or never falls due, an
+#   interval out of its bounds, a time once that is past: tests/host/test_api_tasks.py).
+WORDED_RULES = (
+    ("/api/groups/{chat_jid}", "PATCH"),
+    ("/api/messages", "POST"),
+    ("/webhooks/inbound", "POST"),
+    ("/api/tasks", "POST"),
+)
 ACCEPTED_POSITIVE = ["2xx", "401", "403", "404", "409", "429"]
 
 CONFIG = f"""
@@ -113,7 +120,9 @@ checks.positive_data_acceptance.expected-statuses = {json.dumps(ACCEPTED_POSITIV
 
 
 def _conversation(db: Database) -> None:
-    """A group with a person's message, a run that answered it (its input recorded) and the reply."""
+    """A group with a person's message, a run that answered it (its input recorded) and the
+    reply, and scheduled tasks, one of them paused."""
+    from orchestrator.run.schedules import add_task, change_state
     from orchestrator.store.runs import create_run, finish_run
 
     add_group(db, chat_jid=JID, name="Contract", folder="contract", requires_trigger=False)
@@ -135,6 +144,9 @@ def _conversation(db: Database) -> None:
         metadata={REPLY_TO_KEY: asked.seq, "run_id": run.id},
     )
     finish_run(db, run.id, state="succeeded")
+    add_task(db, chat_jid=JID, prompt="check the build", kind="interval", spec="1h")
+    add_task(db, chat_jid=JID, prompt="weekly report", kind="cron", spec="0 9 * * 1")
+    change_state(db, add_task(db, chat_jid=JID, prompt="tidy up", kind="interval", spec="1d").id, "pause")
 
 
 def test_the_api_keeps_its_documented_contract(db: Database, settings: Settings, tmp_path: Path) -> None:
@@ -195,8 +207,9 @@ def test_the_api_keeps_its_documented_contract(db: Database, settings: Settings,
     print(f"schemathesis: {len(documented)} operations, {sum(answers.values())} answers in {took:.0f}s\n{out[-1200:]}")
 
 
-# Reached with the seeded data and what the run itself creates; regenerate and move are
-# left out (they need a reply whose id only links carry, and a worker host that is up).
+# Reached with the seeded data and what the run itself creates; regenerate, move and creating
+# a task are left out (they need a reply whose id only links carry, a worker host that is up,
+# and a registered chat with a spec its kind reads, which generated bodies seldom hold).
 MUST_SUCCEED = {
     ("GET", "/health"),
     ("GET", "/metrics"),
@@ -218,6 +231,11 @@ MUST_SUCCEED = {
     ("GET", "/api/runs/{run_id}"),
     ("GET", "/api/runs/{run_id}/input"),
     ("GET", "/api/hosts"),
+    ("GET", "/api/tasks"),
+    ("GET", "/api/tasks/{task_id}"),
+    ("POST", "/api/tasks/{task_id}/pause"),
+    ("POST", "/api/tasks/{task_id}/resume"),
+    ("POST", "/api/tasks/{task_id}/cancel"),
 }
 
 
@@ -260,6 +278,8 @@ def test_a_nul_in_a_parameter_is_a_400_naming_it(client: TestClient) -> None:
         (f"/api/chats/{JID}%00/export", "path.chat_jid"),
         ("/api/runs/%00/input", "path.run_id"),
         ("/api/runs?state=%00", "query.state"),
+        ("/api/tasks/%00", "path.task_id"),
+        ("/api/tasks?chat_jid=%00", "query.chat_jid"),
         (f"/api/chats/{JID}/messages/q1%00/truncate", "path.message_id"),
     ]:
         r = client.post(path) if path.endswith("truncate") else client.get(path)

@@ -1,5 +1,6 @@
 """Groups: register, list, read and change them (name, trigger rule, assistant, sandbox,
-quotas), move one to a worker host, and read its use of its quotas.
+quotas), move one to a worker host, and read its use of its quotas.  Reading one gives its
+profile: the group with its scheduled tasks counted by state.
 
 A chat or folder registered already, or a second main group, is a 409; a host
 that is not up a 409 (``orchestrator/store/placement.py``).
@@ -19,7 +20,17 @@ from orchestrator.http.contract import NO_NUL_PATTERN
 from orchestrator.http.errors import BadInput, bad_input_in
 from orchestrator.http.state import api_state
 from orchestrator.sandbox.config import ContainerConfig
-from orchestrator.store.groups import FOLDER_PATTERN, MAX_QUOTA, Group, add_group, get_group, list_groups, update_group
+from orchestrator.store.groups import (
+    FOLDER_PATTERN,
+    MAX_QUOTA,
+    Group,
+    GroupProfile,
+    add_group,
+    get_group,
+    group_profile,
+    list_groups,
+    update_group,
+)
 from orchestrator.store.placement import Moved, move
 from orchestrator.store.usage import GroupUsage, group_usage
 
@@ -30,11 +41,11 @@ router = APIRouter()
 # No whitespace or control character, spelled out: "\s" is another set in JSON Schema's ECMA
 # regexes than in Python's and pydantic's Rust ones (U+0085, U+FEFF), so a client (or a fuzzer)
 # reading the document would send what the server refuses.
-_SPACE_OR_CONTROL = r"\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+SPACE_OR_CONTROL = r"\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 # A chat id: no whitespace or control characters.
-JID_PATTERN = rf"^[^{_SPACE_OR_CONTROL}]+$"
+JID_PATTERN = rf"^[^{SPACE_OR_CONTROL}]+$"
 # An assistant name is the trigger word after "@": no spaces or control characters, no "@".
-ASSISTANT_NAME_PATTERN = rf"^[^@{_SPACE_OR_CONTROL}]{{1,64}}$"
+ASSISTANT_NAME_PATTERN = rf"^[^@{SPACE_OR_CONTROL}]{{1,64}}$"
 _NO_GROUP: dict[int | str, dict[str, Any]] = {404: {"description": "no such group"}}
 
 
@@ -134,9 +145,11 @@ def register_group(request: Request, body: NewGroup) -> Group:
         )
 
 
-@router.get("/groups/{chat_jid}", response_model=Group, responses=_NO_GROUP)
-def group(request: Request, chat_jid: str) -> Group:
-    return get_group(api_state(request).db, chat_jid)
+@router.get("/groups/{chat_jid}", response_model=GroupProfile, responses=_NO_GROUP)
+def group(request: Request, chat_jid: str) -> GroupProfile:
+    """The group's profile: its registration, its sandbox (``container_config``) and quotas as
+    stored (null: the settings'), and its scheduled tasks counted by state."""
+    return group_profile(api_state(request).db, chat_jid)
 
 
 @router.patch("/groups/{chat_jid}", response_model=Group, responses=_NO_GROUP)
