@@ -4,6 +4,7 @@ bytes, names made safe, limits per file and per group that leave nothing behind.
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 import threading
 from collections.abc import Iterator
@@ -136,6 +137,18 @@ def test_a_group_over_its_limit_stores_nothing_more(db: Database, settings: Sett
     # And bytes another group stored first cost this one nothing.
     assert store.store_bytes("main@local", b"c" * 1000, "c.txt").owner_jid == "other@local"
     assert store.group_bytes("main@local") == 2000
+
+
+def test_a_failed_insert_leaves_no_new_bytes(db: Database, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = make_store(db, settings)
+    first = store.store_bytes("main@local", b"first", "first.txt")
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda _n: first.id)  # the insert's id clashes
+    with pytest.raises(Exception, match="(?i)unique|duplicate"):
+        store.store_bytes("main@local", b"second", "second.txt")
+    assert content_files(store) == [store.path_of(first.sha256)] and row_count(db) == 1
+    with pytest.raises(Exception, match="(?i)unique|duplicate"):
+        store.store_bytes("main@local", b"first", "again.txt")  # bytes that were there stay
+    assert content_files(store) == [store.path_of(first.sha256)] and store.read_bytes(first) == b"first"
 
 
 def test_uploads_at_once_never_pass_the_group_limit(db: Database, settings: Settings) -> None:
