@@ -214,6 +214,10 @@ def test_the_sniffer_sees_utf8_across_chunks_and_bad_bytes_late() -> None:
     for i in range(len(text.encode())):
         sniffer.feed(text.encode()[i : i + 1])  # each two-byte character split in two
     assert sniffer.result() == "text/plain"
+    png = Sniffer()
+    for byte in HEADERS["image/png"]:
+        png.feed(bytes([byte]))  # the magic number arrives a byte at a time
+    assert png.result() == "image/png"
     late = Sniffer()
     late.feed(b"a" * 5000)
     late.feed(b"\xc3\x28")
