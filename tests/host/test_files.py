@@ -309,3 +309,19 @@ def test_the_content_path_takes_only_a_digest(tmp_path: Path) -> None:
             store.path_of(bad)
     assert store.path_of("ab" * 32) == tmp_path / "ab" / ("ab" * 32)
     assert not os.listdir(tmp_path)
+
+
+def test_the_limits_come_from_the_environment(tmp_path: Path) -> None:
+    loaded = Settings.load(
+        environ={"ORCHESTRATOR_FILE_MAX_BYTES": "1000", "ORCHESTRATOR_GROUP_FILES_MAX_BYTES": "5000"},
+        env_file=None,
+        data_dir=tmp_path,
+    )
+    store = FileStore.from_settings(None, loaded)  # type: ignore[arg-type]
+    assert (store.max_bytes, store.group_max_bytes, store.root) == (1000, 5000, tmp_path / "files")
+    defaults = Settings.load(environ={}, env_file=None)
+    assert (defaults.file_max_bytes, defaults.group_files_max_bytes) == (25 << 20, 1 << 30)
+    from orchestrator.core.errors import SettingsError
+
+    with pytest.raises(SettingsError, match="ORCHESTRATOR_FILE_MAX_BYTES"):
+        Settings.load(environ={"ORCHESTRATOR_FILE_MAX_BYTES": "0"}, env_file=None)
