@@ -323,8 +323,8 @@ def get_run(db: Database, run_id: str) -> Run:
     with db.read() as session:
         row = session.get(RunRow, run_id)
         if row is None:
-            # Let people paste a unique prefix of the id.
-            rows = list(session.scalars(select(RunRow).where(RunRow.id.like(f"{run_id}%")).limit(2)))
+            # Let people paste a unique prefix of the id (% and _ in it are taken literally).
+            rows = list(session.scalars(select(RunRow).where(RunRow.id.startswith(run_id, autoescape=True)).limit(2)))
             if len(rows) != 1:
                 raise NotFound(f"no run {run_id!r}")
             row = rows[0]

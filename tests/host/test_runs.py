@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 
 import pytest
 
-from orchestrator.core.errors import StoreError
+from orchestrator.core.errors import NotFound, StoreError
 from orchestrator.store.db import Database
 from orchestrator.store.runs import (
     cancel_run,
@@ -45,6 +45,10 @@ def test_states_from_queued_to_done(db: Database) -> None:
     # The first verdict stands: a late second finish changes nothing.
     assert finish_run(db, run.id, state="failed", error="late").state == "succeeded"
     assert get_run(db, run.id[:8]).id == run.id  # a unique prefix is enough
+    # A prefix is taken literally: a wildcard in it matches no run (the only one here).
+    for wild in ("%", "_" + run.id[1:8]):
+        with pytest.raises(NotFound):
+            get_run(db, wild)
     assert [r.id for r in list_runs(db, chat_jid="c", state="succeeded")] == [run.id]
 
 
