@@ -160,7 +160,8 @@ def _prove_data_dir(sender: object = None, **_: object) -> None:
     root = _ours(sender)
     if root is None:
         return  # another app's worker in this process (a test's embedded one)
-    from orchestrator.store.installation import DataDirNotShared, prove_data_dir
+    from orchestrator.core.errors import DataDirNotShared
+    from orchestrator.store.installation import prove_data_dir
 
     try:
         prove_data_dir(root.db, root.settings)

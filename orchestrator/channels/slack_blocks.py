@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.core.errors import InvalidMessageMetadata
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.envelopes import (
     CODE_EDIT,
@@ -38,7 +39,6 @@ from orchestrator.model.envelopes import (
     TODO,
     TOOL_CALL,
     CodeEditPayload,
-    InvalidMessageMetadata,
     TodoPayload,
     ToolCallPayload,
     parse_message_metadata,

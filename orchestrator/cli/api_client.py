@@ -13,21 +13,8 @@ import json
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.errors import ApiRefused, ApiUnreachable
 from orchestrator.http.endpoint import CLIENT_HEADER, INSTALL_HEADER, Endpoint
-
-
-class ApiUnreachable(OrchestratorError):
-    """Nothing answers at the endpoint (refused, unknown host, timed out before a reply)."""
-
-
-class ApiRefused(OrchestratorError):
-    """The API answered with an error status; ``detail`` is its explanation."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(f"the API answered {status}: {detail}")
-        self.status = status
-        self.detail = detail
 
 
 class ApiClient:

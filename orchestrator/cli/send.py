@@ -172,7 +172,8 @@ def _said_stored(chat_jid: str, seq: int, triggered: bool, where: str) -> None:
 
 def _send_to_api(settings: Settings, body: _MessageBody) -> tuple[ApiClient, int, bool] | None:
     """POST the message to the installation's API; None: store it in process instead."""
-    from orchestrator.cli.api_client import ApiClient, ApiRefused, ApiUnreachable
+    from orchestrator.cli.api_client import ApiClient
+    from orchestrator.core.errors import ApiRefused, ApiUnreachable
     from orchestrator.http.endpoint import find
 
     endpoint = find(settings)

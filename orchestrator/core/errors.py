@@ -1,87 +1,106 @@
 """The exception tree.  Every error the orchestrator raises on purpose is an
-``OrchestratorError``, so callers (CLI, API, Celery tasks) catch one root.
-Each class with what it means and (in brackets) the modules that raise it;
-the classes defined outside this module say where they live::
+``OrchestratorError``, so callers (CLI, API, Celery tasks) catch one root;
+every class of the tree is defined here.  Each class with what it means and
+(in brackets) the modules that raise it (tests/host/test_errors.py holds the
+drawing to the classes)::
 
     OrchestratorError
     ├── ConfigError            settings that cannot work: an unsupported database URL, an unknown
     │   │                      ORCHESTRATOR_MODEL, the API beyond loopback without a token,
-    │   │                      OTEL_TRACES_EXPORTER=otlp without the otlp extra
-    │   │                      [store.db, run.pipeline, http.api, core.tracing]
+    │   │                      OTEL_TRACES_EXPORTER=otlp without the otlp extra, Flower beyond
+    │   │                      loopback without a login, an ORCHESTRATOR_MAIN_GROUP that is not the main group
+    │   │                      [store.db, store.groups, run.model_choice, http.api, core.tracing, cli.main]
     │   ├── SettingsError      an ORCHESTRATOR_* (or OTEL_*) variable that does not convert or is out of bounds;
     │   │                      names the variable (also a ValueError) [core.settings]
     │   ├── DataDirNotShared   a worker's data dir is not the installation's (its marker is missing or
-    │   │                      another's) (defined in store.installation) [store.installation]
+    │   │                      another's) [store.installation]
     │   ├── ContainerConfigError   a group's container_config is invalid; names the field [sandbox.config]
     │   └── ChannelError       an unknown channel, a bad name, address or plugin, a send that failed
-    │                          [channels.registry, channels.webhook, channels.telegram, run.outbound,
-    │                          store.attachments, store.deliveries]
+    │       │                  (also a ValueError) [channels.registry, channels.webhook, channels.telegram,
+    │       │                  channels.slack, channels.slack_socket, run.outbound, run.fs_transport,
+    │       │                  store.attachments, store.deliveries]
+    │       └── ChannelRateLimited   the platform refused a send for now (HTTP 429) and said when to
+    │                          come back; carries retry_after_s, which the deliverer waits out
+    │                          [channels.telegram, channels.slack]
     ├── StoreError             the database refused or lacks something (a duplicate group, no such
-    │   │                      run or task) [store.runs, run.assembly, run.schedules]
-    │   ├── NotFound           no such thing in the store (also a LookupError; HTTP 404): a run by id or
-    │   │   │                  prefix, a chat the API requires registered [store.runs, http.routes]
+    │   │                      run or recorded input) [store.runs, run.assembly]
+    │   ├── NotFound           no such thing in the store (also a LookupError; HTTP 404): a run or a
+    │   │   │                  scheduled task by id or prefix, its recorded input, a chat the API
+    │   │   │                  requires registered [store.runs, store.schedules, http.routes.runs,
+    │   │   │                  http.routes.messages]
     │   │   ├── UnknownGroup   a chat id that is not a registered group
-    │   │   │   │              [store.groups, store.attachments, sandbox.config]
+    │   │   │   │              [store.groups, store.history, store.placement, store.attachments,
+    │   │   │   │              sandbox.config]
     │   │   │   └── UnregisteredChatsFull   a message of a chat that is no registered group, when
     │   │   │                  ORCHESTRATOR_UNREGISTERED_CHATS such chats are kept already: not
     │   │   │                  stored (HTTP 404, as for any unregistered chat) [run.ingest]
     │   │   └── MessageNotFound   no such (message id, chat) in the store [store.message_log, store.history]
     │   ├── Conflict           the change clashes with what is stored: a chat or folder registered
-    │   │                      already, a second main group (HTTP 409) [store.groups]
+    │   │                      already, a second main group, a task's state that does not allow the
+    │   │                      pause, resume or cancel (HTTP 409) [store.groups, run.schedules]
     │   └── DatabaseUnavailable   the database cannot serve for now (a lock held elsewhere past the wait, a
-    │                          server restarting or unreachable, a full disk); carries retry_after_s
-    │                          (HTTP 503 + Retry-After) [http.errors, from store.db.unavailable_reason]
-    ├── GroupBusy              a run holds the group; edit/regenerate must wait [store.history]
+    │                          server restarting or unreachable, a full disk, as store.db.unavailable_reason
+    │                          tells); carries retry_after_s (HTTP 503 + Retry-After) [http.errors]
+    ├── GroupBusy              a run holds the group; edit/regenerate must wait (HTTP 409) [store.history]
     ├── LeaseLost              another worker took the group over: a run's output is not stored, the
     │                          run is left to the new holder [store.leases]
-    ├── InvalidMessage         bad input: a message, an edit, a group, a schedule, an import
-    │   │                      (also a ValueError) [store.message_log, store.groups, store.history,
-    │   │                      store.transfer, run.schedules]
+    ├── InvalidMessage         bad input: a message, an edit, a group, a schedule, an import, a Slack
+    │   │                      event (also a ValueError; HTTP 400) [store.message_log, store.groups,
+    │   │                      store.history, store.transfer, run.schedules, channels.slack_inbound]
     │   ├── InvalidMessageMetadata   metadata that is no valid envelope or context item; names the
-    │   │                      field (defined in model.envelopes) [model.envelopes, model.context,
-    │   │                      store.transfer]
+    │   │                      field [model.envelopes, model.context, store.transfer]
     │   ├── BadInput           a request's input a route refuses, naming the field (HTTP 400 with
-    │   │                      ``field``) (defined in http.errors) [http.routes]
+    │   │                      ``field``) [http.errors, http.routes.groups, http.routes.webhooks]
     │   └── ChangeRefused      a history change the message's state does not allow: superseded, not a
     │                          person's message to edit, not a reply to regenerate (HTTP 409) [store.history]
-    ├── SandboxError           Docker could not start or talk to a container [sandbox.containers, sandbox.warm]
+    ├── SandboxError           Docker could not start or talk to a container, or the sandbox runtime
+    │   │                      cannot be used [sandbox.containers, sandbox.warm, sandbox.standby,
+    │   │                      sandbox.runtime]
     │   ├── ImageBuildError    the base or agent image could not be built or pulled [sandbox.image]
-    │   ├── MountRefused       a workspace or extra mount the rules refuse; names the reason [sandbox.mounts]
+    │   ├── MountRefused       a workspace, session folder or extra mount the rules refuse; names the
+    │   │   │                  reason [sandbox.mounts, sandbox.sessions]
     │   │   └── WorkspaceQuotaError   the workspace (or session folder) is over its quota, or its volume
     │   │                      cannot be set up [sandbox.quota]
     │   ├── HostileEntry       an entry of an agent-writable folder the host will not use
     │   │                      (a symlink, FIFO, '..') [sandbox.hostile_fs]
-    │   └── GatewayError       the model gateway's socket cannot be set up safely
-    │                          (defined in sandbox.gateway) [sandbox.gateway]
-    ├── BrokerUnavailable      the broker failed moments ago, so a signal is left to the sweeper
-    │                          (defined in run.queue) [run.queue]
+    │   ├── GatewayError       the model gateway's socket cannot be set up safely [sandbox.gateway]
+    │   └── VolumeHeldElsewhere   another host holds the group's volumes (mounted on its machine): the
+    │                          attempt cannot mount them now and is retried [store.volume_holds]
+    ├── BrokerUnavailable      the broker failed moments ago, so a signal is left to the sweeper [run.queue]
     ├── RateLimited            a sender went over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE; nothing is
     │                          stored; carries retry_after_s (HTTP 429 + Retry-After) [run.ingest]
     ├── FleetFull              ORCHESTRATOR_MAX_CONCURRENT_RUNS runs are unfinished (or better-ranked
     │                          groups wait for the free slots): the run did not start, its group waits
-    │                          (defined in store.slots) [store.slots]
+    │                          [store.slots]
     ├── HostUnavailable        a group cannot be placed on a host that is not up and beating (HTTP 409)
-    │                          (defined in store.placement) [store.placement]
+    │                          [store.placement]
     ├── ReplayRefused          a replay that cannot be made: no recorded input, a workspace over the
     │   │                      copy's bounds (HTTP 409) [run.replay]
     │   └── ReplayLimited      the group's quota is spent or the fleet's run slots are taken: the replay
     │                          did not start; carries retry_after_s (HTTP 429 + Retry-After)
     │                          [run.replay, store.slots]
+    ├── OutputLimitExceeded    a run's output broke a host bound; the pipeline stops the run
+    │                          [sandbox.bounded_io]
     ├── FileTooLarge           a file over ORCHESTRATOR_FILE_MAX_BYTES, or one that would take its group
     │                          past ORCHESTRATOR_GROUP_FILES_MAX_BYTES: nothing stored; carries the
     │                          limit and the setting (HTTP 413 later) [store.files]
-    └── OutputLimitExceeded    a run's output broke a host bound; the pipeline stops the run
-                               (defined in sandbox.bounded_io) [sandbox.bounded_io]
+    ├── ApiUnreachable         the command line finds no API answering at the endpoint (refused, unknown
+    │                          host, no reply in time, not an http(s) URL) [cli.api_client]
+    └── ApiRefused             the API answered the command line with an error status; carries status
+                               and detail [cli.api_client, cli.send]
 
-The exceptions that are not ``OrchestratorError`` are one module's own, which
-turns them into something else: ``ContextUnavailable`` (run.expand: an error
-note in place of the context item), ``_Refusal`` (sandbox.gateway: an HTTP
-error answer), ``_WalkStopped`` (sandbox.quota: a partial usage count) and
-``VolumeUnavailable`` (sandbox.quota: a ``WorkspaceQuotaError`` or the
-checked-mode fallback).
+The exceptions that are not ``OrchestratorError`` are one module's own (or,
+for ``ContextUnavailable``, two modules' of one room), which turns them into
+something else: ``ContextUnavailable`` (defined in run.url_fetch, raised there
+and in run.expand, which writes an error note in place of the context item),
+``_Refusal`` (sandbox.gateway: an HTTP error answer), ``_WalkStopped``
+(sandbox.quota: a partial usage count) and ``VolumeUnavailable``
+(sandbox.quota: a ``WorkspaceQuotaError`` or the checked-mode fallback).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class OrchestratorError(Exception):
@@ -94,6 +113,10 @@ class ConfigError(OrchestratorError):
 
 class SettingsError(ConfigError, ValueError):
     pass
+
+
+class DataDirNotShared(ConfigError):
+    """This process's data dir is not the installation's (the marker is missing or another's)."""
 
 
 class ContainerConfigError(ConfigError, ValueError):
@@ -179,6 +202,24 @@ class InvalidMessage(OrchestratorError, ValueError):
     pass
 
 
+class InvalidMessageMetadata(InvalidMessage, ValueError):
+    """Metadata that cannot be stored; ``field`` is the offending path (for API error bodies)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class BadInput(InvalidMessage):
+    """A request's input a route refuses: ``field`` names it, dotted as the other 400s name
+    fields (``container_config.extra_mounts``); ``detail`` is the answer's text as it is."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(detail)
+        self.field = field
+
+
 class ChangeRefused(InvalidMessage):
     """A well-formed edit, regenerate or truncate that the message's current state does not
     allow (a conflict with the history, not bad input: the API answers 409)."""
@@ -195,6 +236,39 @@ class RateLimited(OrchestratorError):
         self.sender = sender
         self.limit = limit
         self.retry_after_s = retry_after_s
+
+
+class BrokerUnavailable(OrchestratorError):
+    """The broker refused a signal recently; the sweeper will re-send it."""
+
+
+class FleetFull(OrchestratorError):
+    """The fleet runs its cap (or better-ranked groups wait for the free slots): the run did not start.
+
+    ``wait`` is the group's place in line, an ``orchestrator.store.slots.SlotWait`` (typed
+    ``Any``: this floor imports no room; read are its ``chat_jid``, ``lane`` and
+    ``position``); ``retry_in``: seconds until the group asks again."""
+
+    def __init__(self, wait: Any, running: int, cap: int, retry_in: float) -> None:
+        super().__init__(
+            f"{running} of {cap} run slots taken; {wait.chat_jid} waits ({wait.lane}, position {wait.position})"
+        )
+        self.wait, self.running, self.cap = wait, running, cap
+        self.retry_in = retry_in
+
+
+class HostUnavailable(OrchestratorError):
+    """A group cannot be placed on a host that is not up and beating (HTTP 409); ``live``: the
+    hosts that take groups, ``alive_window_s``: the beat window they are judged by."""
+
+    def __init__(self, host_id: str, live: list[str], alive_window_s: float) -> None:
+        hosts = ", ".join(live) if live else "none"
+        super().__init__(
+            f"host {host_id!r} does not take groups now (it is not up, or has not beaten within "
+            f"{alive_window_s:.0f} s, or is draining); hosts that do: {hosts}"
+        )
+        self.host_id = host_id
+        self.live = live
 
 
 class ReplayRefused(OrchestratorError):
@@ -238,6 +312,33 @@ class HostileEntry(SandboxError):
         self.reason = reason
 
 
+class GatewayError(SandboxError):
+    """The gateway's socket could not be set up safely."""
+
+
+class VolumeHeldElsewhere(SandboxError):
+    """Another host holds the group's volumes (mounted on its machine): this attempt cannot mount
+    them now; retried, as the holder unmounts once it sees the group moved."""
+
+    def __init__(self, folder: str, holder: str, gone_after_s: float) -> None:
+        super().__init__(
+            f"the volumes of {folder!r} are held by host {holder!r} (mounted on its machine): it unmounts them "
+            f"once it sees the group moved, or they are taken over after it has been gone for "
+            f"{gone_after_s:.0f}s (ORCHESTRATOR_DEAD_HOST_S); mounting them here too would corrupt them"
+        )
+        self.folder, self.holder = folder, holder
+
+
+class OutputLimitExceeded(OrchestratorError):
+    """A run's output broke one of the host's bounds; ``setting`` names the knob."""
+
+    def __init__(self, what: str, limit: int, setting: str) -> None:
+        self.what = what
+        self.limit = limit
+        self.setting = setting
+        super().__init__(f"output limit: {what} (ORCHESTRATOR_{setting.upper()}={limit}); the agent was stopped")
+
+
 class FileTooLarge(OrchestratorError):
     """A file over the per-file limit, or one its group's files have no room left for
     (orchestrator/store/files.py): nothing was stored.  ``limit`` is in bytes, ``setting``
@@ -248,3 +349,16 @@ class FileTooLarge(OrchestratorError):
         self.what = what
         self.limit = limit
         self.setting = setting
+
+
+class ApiUnreachable(OrchestratorError):
+    """Nothing answers at the endpoint (refused, unknown host, timed out before a reply)."""
+
+
+class ApiRefused(OrchestratorError):
+    """The API answered with an error status; ``detail`` is its explanation."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"the API answered {status}: {detail}")
+        self.status = status
+        self.detail = detail

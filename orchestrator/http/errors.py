@@ -8,11 +8,11 @@ a ``ChangeRefused`` is an ``InvalidMessage``: 409, not 400); an
 :func:`add_error_handlers` installs apply it, so a route raises and never turns
 an exception into a status itself.  Every answer is an ``ErrorBody``
 (``orchestrator/http/contract.py``): ``detail``; ``field`` on a 400 whose
-exception names one (``InvalidMessageMetadata``, :class:`BadInput`);
+exception names one (``InvalidMessageMetadata``, ``BadInput``);
 ``retry_after_s`` and ``Retry-After`` (whole seconds, at least 1) on a 429 or
 503.
 
-Also here: bad input a route names the field of (:class:`BadInput`, raised
+Also here: bad input a route names the field of (``BadInput``, raised
 directly or by :func:`bad_input_in` around a call whose errors are about one
 field), the 400 for what FastAPI's validation refuses (naming the field, in
 place of its 422), and the 503 for a database that cannot serve for now (a
@@ -32,10 +32,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from orchestrator.core.errors import (
+    BadInput,
     ChangeRefused,
     Conflict,
     DatabaseUnavailable,
     GroupBusy,
+    HostUnavailable,
     InvalidMessage,
     NotFound,
     OrchestratorError,
@@ -44,22 +46,12 @@ from orchestrator.core.errors import (
     ReplayRefused,
 )
 from orchestrator.store.db import Database, driver_message, unavailable_reason
-from orchestrator.store.placement import HostUnavailable
 
 log = logging.getLogger(__name__)
 
 # Retry-After of a 503: a PostgreSQL restart takes seconds; a lock held elsewhere was
 # already waited for (ORCHESTRATOR_API_DB_WAIT_S) before the 503.
 DB_RETRY_AFTER_S = 5
-
-
-class BadInput(InvalidMessage):
-    """A request's input a route refuses: ``field`` names it, dotted as the other 400s name
-    fields (``container_config.extra_mounts``); ``detail`` is the answer's text as it is."""
-
-    def __init__(self, field: str, detail: str) -> None:
-        super().__init__(detail)
-        self.field = field
 
 
 STATUS: dict[type[OrchestratorError], int] = {
@@ -100,7 +92,7 @@ def error_response(exc: OrchestratorError) -> JSONResponse:
 @contextmanager
 def bad_input_in(field: str, *kinds: type[Exception], prefix: str = "") -> Iterator[None]:
     """Inside, an exception of ``kinds`` is bad input in the request's ``field``: raised on as
-    :class:`BadInput` (``prefix`` before its text), which answers 400 naming that field.  For a
+    ``BadInput`` (``prefix`` before its text), which answers 400 naming that field.  For a
     call whose errors are all about one field of the request, which only the route knows."""
     try:
         yield

@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from orchestrator.core.errors import InvalidMessageMetadata
 from orchestrator.core.jsontypes import WHOLE_NUMBER, JsonObject
-from orchestrator.model.envelopes import InvalidMessageMetadata
 
 CONTEXT_KEY = "context"
 MAX_ITEMS = 20

@@ -42,18 +42,8 @@ from agent_runner.protocol import TodoItem as TodoItem
 from agent_runner.protocol import TodoPayload as TodoPayload
 from agent_runner.protocol import TodoStatus as TodoStatus
 from agent_runner.protocol import ToolCallPayload as ToolCallPayload
-from orchestrator.core.errors import InvalidMessage
+from orchestrator.core.errors import InvalidMessageMetadata
 from orchestrator.core.jsontypes import JsonObject
-
-
-class InvalidMessageMetadata(InvalidMessage, ValueError):
-    """Metadata that cannot be stored; ``field`` is the offending path (for API error bodies)."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field = field
-        self.problem = problem
-
 
 # msgspec's validation errors are one line: "<what> - at `$.payload.edits[0]`"
 # ("$" is the envelope); they are turned into the host's field paths and words.

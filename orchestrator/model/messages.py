@@ -43,7 +43,6 @@ from orchestrator.model.envelopes import TODO as TODO
 from orchestrator.model.envelopes import TOOL_CALL as TOOL_CALL
 from orchestrator.model.envelopes import CodeEditPayload as CodeEditPayload
 from orchestrator.model.envelopes import FileEdit as FileEdit
-from orchestrator.model.envelopes import InvalidMessageMetadata as InvalidMessageMetadata
 from orchestrator.model.envelopes import ParsedMessageMetadata as ParsedMessageMetadata
 from orchestrator.model.envelopes import TodoItem as TodoItem
 from orchestrator.model.envelopes import TodoPayload as TodoPayload

@@ -27,12 +27,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.core.errors import InvalidMessageMetadata
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.envelopes import (
     TEXT,
     CodeEditPayload,
     FileEdit,
-    InvalidMessageMetadata,
     TodoPayload,
     ToolCallPayload,
     parse_message_metadata,

@@ -18,11 +18,10 @@ from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
 
-from orchestrator.core.errors import HostileEntry
+from orchestrator.core.errors import HostileEntry, InvalidMessageMetadata
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.model.context import ContextItem, FileItem, SelectionItem, UrlItem, parse_context
-from orchestrator.model.envelopes import InvalidMessageMetadata
 from orchestrator.run.url_fetch import ContextUnavailable, UrlBudget, fetch_url
 from orchestrator.sandbox.hostile_fs import read_regular
 

@@ -34,8 +34,9 @@ from pydantic import BaseModel
 
 from agent_runner.protocol import AssistantEvent, Event, ThinkingEvent, ToolResultEvent, ToolUseEvent
 from orchestrator.core import secrets
+from orchestrator.core.errors import InvalidMessageMetadata
 from orchestrator.core.jsontypes import JsonObject
-from orchestrator.model.envelopes import InvalidMessageMetadata, build_structured_envelope
+from orchestrator.model.envelopes import build_structured_envelope
 from orchestrator.model.messages import (
     SENDER_BOT,
     SENDER_HOST,

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
 from orchestrator.core import tracing
-from orchestrator.core.errors import OrchestratorError
+from orchestrator.core.errors import BrokerUnavailable
 from orchestrator.core.settings import Settings
 
 AGENT_QUEUE = "agent"
@@ -138,10 +138,6 @@ def _transport(broker: str) -> str | None:
     if broker.startswith("redis://"):  # not rediss:// (TLS) nor sentinel: kombu's own parse them
         return "orchestrator.run.redis_transport:Transport"
     return None
-
-
-class BrokerUnavailable(OrchestratorError):
-    """The broker refused a signal recently; the sweeper will re-send it."""
 
 
 # After a failed publish, stop trying for a few seconds: with the broker down,

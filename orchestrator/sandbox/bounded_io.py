@@ -26,20 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from orchestrator.core.errors import OrchestratorError
+# Re-exported (``X as X``) for run/attempt.py, which imports it from here until it is switched.
+from orchestrator.core.errors import OutputLimitExceeded as OutputLimitExceeded
 
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024
 DEFAULT_TAIL_BYTES = 64 * 1024
-
-
-class OutputLimitExceeded(OrchestratorError):
-    """A run's output broke one of the host's bounds; ``setting`` names the knob."""
-
-    def __init__(self, what: str, limit: int, setting: str) -> None:
-        self.what = what
-        self.limit = limit
-        self.setting = setting
-        super().__init__(f"output limit: {what} (ORCHESTRATOR_{setting.upper()}={limit}); the agent was stopped")
 
 
 def line_too_long(limit: int) -> OutputLimitExceeded:

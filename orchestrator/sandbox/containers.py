@@ -359,7 +359,7 @@ class StreamedRun(ABC):
     def lines(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
         """The run's stdout, one line at a time, until it closes.
 
-        Raises :class:`~orchestrator.sandbox.bounded_io.OutputLimitExceeded` on a line
+        Raises :class:`~orchestrator.core.errors.OutputLimitExceeded` on a line
         longer than ``max_line_bytes`` (the caller kills the container).
         """
         for line in read_lines(self._chunks(), max_line_bytes):

@@ -88,7 +88,7 @@ import httpx
 import msgspec
 
 from agent_runner.protocol import Usage
-from orchestrator.core.errors import SandboxError
+from orchestrator.core.errors import GatewayError
 
 if TYPE_CHECKING:
     from orchestrator.core.settings import Settings
@@ -302,10 +302,6 @@ _MAX_TOOL_ITEMS = 50_000
 
 _INPUT_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")  # Anthropic
 _OUTPUT_KEYS = ("output_tokens", "completion_tokens")
-
-
-class GatewayError(SandboxError):
-    """The gateway's socket could not be set up safely."""
 
 
 @functools.cache

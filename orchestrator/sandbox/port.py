@@ -24,7 +24,7 @@ class AgentProcess(Protocol):
 
     def lines(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
         """Its stdout, one line at a time, each at most ``max_line_bytes``
-        (:class:`~orchestrator.sandbox.bounded_io.OutputLimitExceeded` beyond)."""
+        (:class:`~orchestrator.core.errors.OutputLimitExceeded` beyond)."""
         ...
 
     def kill(self) -> None:

@@ -19,17 +19,13 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from orchestrator.core.errors import ConfigError
+from orchestrator.core.errors import DataDirNotShared
 from orchestrator.core.settings import Settings
 from orchestrator.store.db import Database
 from orchestrator.store.tables import InstallationRow
 
 MARKER_FILE = ".orchestrator-installation"
 _MARKER_KEY = "data_dir_marker"
-
-
-class DataDirNotShared(ConfigError):
-    """This process's data dir is not the installation's (the marker is missing or another's)."""
 
 
 def prove_data_dir(db: Database, settings: Settings) -> str:

@@ -29,24 +29,11 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import and_, select, update
 from sqlalchemy.orm import Session
 
-from orchestrator.core.errors import OrchestratorError, UnknownGroup
+from orchestrator.core.errors import HostUnavailable, UnknownGroup
 from orchestrator.store.db import Database, db_now, driver_execute
 from orchestrator.store.hosts import ALIVE_WINDOW_S, owner_host, place_sql, takes_groups, up_and_beating
 from orchestrator.store.leases import holder_gone
 from orchestrator.store.tables import GroupRow, HostRow
-
-
-class HostUnavailable(OrchestratorError):
-    """A group cannot be placed on a host that is not up and beating (HTTP 409)."""
-
-    def __init__(self, host_id: str, live: list[str]) -> None:
-        hosts = ", ".join(live) if live else "none"
-        super().__init__(
-            f"host {host_id!r} does not take groups now (it is not up, or has not beaten within "
-            f"{ALIVE_WINDOW_S:.0f} s, or is draining); hosts that do: {hosts}"
-        )
-        self.host_id = host_id
-        self.live = live
 
 
 class Moved(BaseModel):
@@ -102,7 +89,7 @@ def move(db: Database, chat_jid: str, host_id: str) -> Moved:
             raise UnknownGroup(chat_jid)
         live = _live(session)
         if host_id not in live:
-            raise HostUnavailable(host_id, live)
+            raise HostUnavailable(host_id, live, ALIVE_WINDOW_S)
         previous, pending = row.placed_host, row.pending_seq > row.cursor_seq
         session.execute(update(GroupRow).where(GroupRow.chat_jid == chat_jid).values(placed_host=host_id))
     return Moved(chat_jid=chat_jid, host=host_id, previous_host=previous, pending=pending)

@@ -44,7 +44,9 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import ColumnElement, and_, delete, exists, false, func, not_, or_, select, text, update
 from sqlalchemy.orm import Session
 
-from orchestrator.core.errors import OrchestratorError, ReplayLimited
+# FleetFull re-exported (``X as X``) for run/pipeline.py, which imports it from here until it is switched.
+from orchestrator.core.errors import FleetFull as FleetFull
+from orchestrator.core.errors import ReplayLimited
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, SENDER_SCHEDULER
 from orchestrator.store.db import Database, changed_rows, db_now
 from orchestrator.store.runs import Run, add_run, create_run
@@ -94,17 +96,6 @@ class FleetSlots(BaseModel):
     running: int
     # The waiting groups, best ranked first.
     waiting: list[SlotWait]
-
-
-class FleetFull(OrchestratorError):
-    """The fleet runs its cap (or better-ranked groups wait for the free slots): the run did not start."""
-
-    def __init__(self, wait: SlotWait, running: int, cap: int) -> None:
-        super().__init__(
-            f"{running} of {cap} run slots taken; {wait.chat_jid} waits ({wait.lane}, position {wait.position})"
-        )
-        self.wait, self.running, self.cap = wait, running, cap
-        self.retry_in = RECHECK_S
 
 
 def _person_waiting() -> ColumnElement[bool]:
@@ -236,7 +227,7 @@ def take_slot(
         ", main" if wait.is_main else "",
         wait.position,
     )
-    raise FleetFull(wait, running, cap)
+    raise FleetFull(wait, running, cap, RECHECK_S)
 
 
 def take_replay_slot(db: Database, cap: int, *, run_id: str, owner: str) -> bool:

@@ -23,15 +23,9 @@ from typing import Final, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy import update
 
-from orchestrator.core.errors import InvalidMessage
+from orchestrator.core.errors import InvalidMessage, InvalidMessageMetadata
 from orchestrator.core.jsontypes import JsonObject
-from orchestrator.model.envelopes import (
-    CodeEditPayload,
-    InvalidMessageMetadata,
-    TodoPayload,
-    ToolCallPayload,
-    parse_message_metadata,
-)
+from orchestrator.model.envelopes import CodeEditPayload, TodoPayload, ToolCallPayload, parse_message_metadata
 from orchestrator.model.messages import NewMessage, StoredMessage
 from orchestrator.model.render import render_text
 from orchestrator.store.db import Database

@@ -27,25 +27,12 @@ import logging
 from sqlalchemy import delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from orchestrator.core.errors import SandboxError
+from orchestrator.core.errors import VolumeHeldElsewhere
 from orchestrator.store.db import Database, changed_rows, db_now
 from orchestrator.store.hosts import gone_for, owner_host
 from orchestrator.store.tables import GroupRow, VolumeHoldRow
 
 log = logging.getLogger(__name__)
-
-
-class VolumeHeldElsewhere(SandboxError):
-    """Another host holds the group's volumes (mounted on its machine): this attempt cannot mount
-    them now; retried, as the holder unmounts once it sees the group moved."""
-
-    def __init__(self, folder: str, holder: str, gone_after_s: float) -> None:
-        super().__init__(
-            f"the volumes of {folder!r} are held by host {holder!r} (mounted on its machine): it unmounts them "
-            f"once it sees the group moved, or they are taken over after it has been gone for "
-            f"{gone_after_s:.0f}s (ORCHESTRATOR_DEAD_HOST_S); mounting them here too would corrupt them"
-        )
-        self.folder, self.holder = folder, holder
 
 
 def holder(db: Database, folder: str) -> str | None:

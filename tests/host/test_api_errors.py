@@ -8,13 +8,16 @@ import json
 import pytest
 
 from orchestrator.core.errors import (
+    BadInput,
     ChangeRefused,
     ConfigError,
     Conflict,
     ContainerConfigError,
     DatabaseUnavailable,
     GroupBusy,
+    HostUnavailable,
     InvalidMessage,
+    InvalidMessageMetadata,
     MessageNotFound,
     NotFound,
     OrchestratorError,
@@ -25,9 +28,7 @@ from orchestrator.core.errors import (
     UnknownGroup,
     UnregisteredChatsFull,
 )
-from orchestrator.http.errors import BadInput, bad_input_in, error_response, status_of
-from orchestrator.model.envelopes import InvalidMessageMetadata
-from orchestrator.store.placement import HostUnavailable
+from orchestrator.http.errors import bad_input_in, error_response, status_of
 
 
 @pytest.mark.parametrize(
@@ -43,7 +44,7 @@ from orchestrator.store.placement import HostUnavailable
         (NotFound("no run 'r'"), 404),
         (Conflict("already registered"), 409),
         (GroupBusy("a run holds the group"), 409),
-        (HostUnavailable("h1", []), 409),
+        (HostUnavailable("h1", [], 9.0), 409),
         (ReplayRefused("no recorded input"), 409),
         (ReplayLimited("quota spent", 2.5), 429),  # a ReplayRefused, but the subclass wins
         (RateLimited("ann", 5, 12), 429),

@@ -16,12 +16,13 @@ import pytest
 from agent_runner.protocol import ToolResultEvent
 from orchestrator.channels import telegram
 from orchestrator.channels.telegram import split_text
+from orchestrator.core.errors import OutputLimitExceeded
 from orchestrator.core.settings import Settings
 from orchestrator.model import render
 from orchestrator.model.envelopes import build_structured_envelope
 from orchestrator.model.messages import StoredMessage
 from orchestrator.run.outputs import cap_output, event_to_message, stored_size
-from orchestrator.sandbox.bounded_io import LineReader, OutputBudget, OutputLimitExceeded, TailBuffer, read_lines
+from orchestrator.sandbox.bounded_io import LineReader, OutputBudget, TailBuffer, read_lines
 
 # -- LineReader ------------------------------------------------------------------------
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.errors import InvalidMessageMetadata
 from orchestrator.core.settings import Settings
 from orchestrator.model.context import FileItem, SelectionItem, UrlItem, parse_context
-from orchestrator.model.messages import InvalidMessageMetadata
 from orchestrator.run import expand
 from orchestrator.run.expand import expand_content, expand_file, expand_selection, expand_url
 from orchestrator.store.db import Database

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.errors import InvalidMessageMetadata
 from orchestrator.core.settings import Settings
-from orchestrator.model.messages import InvalidMessageMetadata
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group

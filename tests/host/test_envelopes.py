@@ -19,12 +19,11 @@ from agent_runner.protocol import (
     envelope_to_dict,
     parse_event,
 )
-from orchestrator.core.errors import InvalidMessage, OrchestratorError
+from orchestrator.core.errors import InvalidMessage, InvalidMessageMetadata, OrchestratorError
 from orchestrator.model import messages
 from orchestrator.model.envelopes import (
     CodeEditPayload,
     FileEdit,
-    InvalidMessageMetadata,
     ParsedMessageMetadata,
     TodoItem,
     TodoPayload,
@@ -76,7 +75,6 @@ def test_public_api_is_reexported_from_messages() -> None:
     assert messages.parse_message_metadata is parse_message_metadata
     assert messages.build_structured_envelope is build_structured_envelope
     assert messages.preview_for is preview_for
-    assert messages.InvalidMessageMetadata is InvalidMessageMetadata
     assert messages.ParsedMessageMetadata is ParsedMessageMetadata
 
 

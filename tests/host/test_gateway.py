@@ -32,9 +32,10 @@ from agent_runner.protocol import (
     Usage,
 )
 from agent_runner.providers.anthropic import AnthropicProvider, _unix_socket_client
+from orchestrator.core.errors import GatewayError
 from orchestrator.core.settings import Settings
 from orchestrator.sandbox import gateway as gateway_module
-from orchestrator.sandbox.gateway import OPENAI_PATHS, GatewayError, ModelGateway, _chmod_socket
+from orchestrator.sandbox.gateway import OPENAI_PATHS, ModelGateway, _chmod_socket
 from tests.fakes.anthropic_api import FakeAnthropic, api_error, message, message_stream
 from tests.fakes.openai_api import FakeOpenAI, chat, chat_stream, raw
 

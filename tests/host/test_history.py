@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import pytest
 from sqlalchemy import update
 
-from orchestrator.core.errors import GroupBusy, InvalidMessage, MessageNotFound
+from orchestrator.core.errors import GroupBusy, InvalidMessage, InvalidMessageMetadata, MessageNotFound
 from orchestrator.core.settings import Settings
-from orchestrator.model.messages import InvalidMessageMetadata, StoredMessage
+from orchestrator.model.messages import StoredMessage
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY, format_messages_for_sdk
 from orchestrator.store import leases
 from orchestrator.store.db import Database

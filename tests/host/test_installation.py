@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.errors import ConfigError
+from orchestrator.core.errors import ConfigError, DataDirNotShared
 from orchestrator.core.settings import Settings
 from orchestrator.store.db import Database
-from orchestrator.store.installation import MARKER_FILE, DataDirNotShared, prove_data_dir
+from orchestrator.store.installation import MARKER_FILE, prove_data_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from agent_runner.protocol import AssistantEvent, ResultEvent
-from orchestrator.core.errors import UnknownGroup
+from orchestrator.core.errors import HostUnavailable, UnknownGroup
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
 from orchestrator.http.endpoint import CLIENT_HEADER
@@ -35,7 +35,7 @@ from orchestrator.run.recovery import RecoveryWatch
 from orchestrator.store import hosts, leases
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, get_group
-from orchestrator.store.placement import HostUnavailable, live_hosts, move, moved_away, placed_on, stranded
+from orchestrator.store.placement import live_hosts, move, moved_away, placed_on, stranded
 from orchestrator.store.tables import GroupRow, HostRow
 from tests.conftest import TEST_ENV
 from tests.fakes.sandbox import FakeSandbox, Script

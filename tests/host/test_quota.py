@@ -530,13 +530,14 @@ def test_a_volume_is_mounted_by_one_host_at_a_time_and_follows_its_group(
     import docker
     from sqlalchemy import update
 
+    from orchestrator.core.errors import VolumeHeldElsewhere
     from orchestrator.sandbox.config import container_plan
     from orchestrator.sandbox.fencing import hold_for_attempt, release_moved
     from orchestrator.sandbox.warm import WarmPool
     from orchestrator.store import hosts
     from orchestrator.store.groups import get_group
     from orchestrator.store.tables import GroupRow, HostRow
-    from orchestrator.store.volume_holds import VolumeHeldElsewhere, holder
+    from orchestrator.store.volume_holds import holder
 
     require_volumes()
     a, b = volume_settings.replace(host_id="host-a"), volume_settings.replace(host_id="host-b", dead_host_s=60)

@@ -28,6 +28,7 @@ from sqlalchemy import update
 
 from agent_runner.protocol import AssistantEvent, ResultEvent
 from orchestrator.core.clock import SYSTEM_CLOCK
+from orchestrator.core.errors import FleetFull
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
 from orchestrator.root import Orchestrator
@@ -39,7 +40,7 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import MAIN_JID, add_group, ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
-from orchestrator.store.slots import RECHECK_S, STALE_S, FleetFull, fleet_slots, take_slot, to_wake
+from orchestrator.store.slots import RECHECK_S, STALE_S, fleet_slots, take_slot, to_wake
 from orchestrator.store.tables import RunWaitRow
 from tests.conftest import TEST_ENV, run_in_threads, wait_until
 from tests.fakes.sandbox import FakeSandbox, Script

@@ -16,8 +16,9 @@ import pytest
 from celery import Celery
 from kombu.exceptions import OperationalError
 
+from orchestrator.core.errors import BrokerUnavailable
 from orchestrator.core.settings import Settings
-from orchestrator.run.queue import BrokerUnavailable, Signals, host_queue, make_celery
+from orchestrator.run.queue import Signals, host_queue, make_celery
 from tests.conftest import REDIS_URL, redis_available, require_service
 
 

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.errors import InvalidMessage
+from orchestrator.core.errors import InvalidMessage, InvalidMessageMetadata
 from orchestrator.core.settings import Settings
 from orchestrator.model.envelopes import build_structured_envelope
-from orchestrator.model.messages import InvalidMessageMetadata
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, get_group
 from orchestrator.store.history import edit_message, truncate_after

@@ -14,10 +14,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from orchestrator.core.errors import ContainerConfigError, InvalidMessage, MountRefused
+from orchestrator.core.errors import BadInput, ContainerConfigError, InvalidMessage, MountRefused
 from orchestrator.core.jsontypes import WHOLE_NUMBER, JsonBool
 from orchestrator.http.contract import NO_NUL_PATTERN
-from orchestrator.http.errors import BadInput, bad_input_in
+from orchestrator.http.errors import bad_input_in
 from orchestrator.http.state import api_state
 from orchestrator.sandbox.config import ContainerConfig
 from orchestrator.store.groups import (

@@ -24,7 +24,7 @@ from orchestrator.channels.webhook import (
     inbound_schema,
     read_inbound,
 )
-from orchestrator.http.errors import BadInput
+from orchestrator.core.errors import BadInput
 from orchestrator.http.routes.messages import require_registered
 from orchestrator.http.state import api_state
 
