@@ -44,13 +44,13 @@ from agent_runner.protocol import (
 )
 from orchestrator.core import metrics, tracing
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
-from orchestrator.core.errors import ConfigError, LeaseLost, MountRefused
+from orchestrator.core.errors import ConfigError, LeaseLost, MountRefused, OutputLimitExceeded
 from orchestrator.core.settings import Settings
 from orchestrator.run.assembly import input_bytes
 from orchestrator.run.outputs import OutputMessage, event_to_message, stored_size
 from orchestrator.run.stop_notice import STOP_REASON_LIMITS, Limit
 from orchestrator.run.stop_watch import StopWatch
-from orchestrator.sandbox.bounded_io import OutputBudget, OutputLimitExceeded
+from orchestrator.sandbox.bounded_io import OutputBudget
 from orchestrator.sandbox.config import EffectiveLimits
 from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerExit, ContainerSpec
 from orchestrator.sandbox.gateway import ModelGateway

@@ -32,7 +32,7 @@ import msgspec
 from agent_runner.protocol import ContainerInput, Usage, decode_input
 from orchestrator.core import metrics
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
-from orchestrator.core.errors import ConfigError
+from orchestrator.core.errors import ConfigError, FleetFull
 from orchestrator.core.logs import log_context
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
@@ -69,7 +69,7 @@ from orchestrator.store.hosts import process_owner
 from orchestrator.store.message_log import get_messages_after, waiting_since
 from orchestrator.store.replays import run_messages
 from orchestrator.store.runs import Run, parked_of, resume_run, unfinished_runs
-from orchestrator.store.slots import FleetFull, SlotWait, leave_line, take_slot, to_wake
+from orchestrator.store.slots import SlotWait, leave_line, take_slot, to_wake
 from orchestrator.store.usage import QuotaWait, quota_wait, store_quota_notice
 
 log = logging.getLogger(__name__)

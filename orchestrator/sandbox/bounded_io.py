@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 # Re-exported (``X as X``) for run/attempt.py, which imports it from here until it is switched.
-from orchestrator.core.errors import OutputLimitExceeded as OutputLimitExceeded
+from orchestrator.core.errors import OutputLimitExceeded
 
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024
 DEFAULT_TAIL_BYTES = 64 * 1024

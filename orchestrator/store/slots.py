@@ -44,9 +44,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import ColumnElement, and_, delete, exists, false, func, not_, or_, select, text, update
 from sqlalchemy.orm import Session
 
-# FleetFull re-exported (``X as X``) for run/pipeline.py, which imports it from here until it is switched.
-from orchestrator.core.errors import FleetFull as FleetFull
-from orchestrator.core.errors import ReplayLimited
+from orchestrator.core.errors import FleetFull, ReplayLimited
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, SENDER_SCHEDULER
 from orchestrator.store.db import Database, changed_rows, db_now
 from orchestrator.store.runs import Run, add_run, create_run
