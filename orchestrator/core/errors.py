@@ -22,11 +22,11 @@ drawing to the classes)::
     │       └── ChannelRateLimited   the platform refused a send for now (HTTP 429) and said when to
     │                          come back; carries retry_after_s, which the deliverer waits out
     │                          [channels.telegram, channels.slack]
-    ├── StoreError             the database refused or lacks something (a duplicate group, no such
-    │   │                      run or recorded input) [store.runs, run.assembly]
+    ├── StoreError             the store refused or lacks something: a file's content missing or
+    │   │                      cut short, no free name [store.files, sandbox.inbox]
     │   ├── NotFound           no such thing in the store (also a LookupError; HTTP 404): a run or a
     │   │   │                  scheduled task by id or prefix, its recorded input, a chat the API
-    │   │   │                  requires registered [store.runs, store.schedules, http.routes.runs,
+    │   │   │                  requires registered [store.runs, store.schedules, run.assembly, http.routes.runs,
     │   │   │                  http.routes.messages]
     │   │   ├── UnknownGroup   a chat id that is not a registered group
     │   │   │   │              [store.groups, store.history, store.placement, store.attachments,

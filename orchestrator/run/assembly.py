@@ -22,7 +22,7 @@ import zlib
 from dataclasses import dataclass
 
 from agent_runner.protocol import ContainerInput, Limits, ModelSettings, SdkMessage, decode_input
-from orchestrator.core.errors import StoreError
+from orchestrator.core.errors import NotFound
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.model.views import Fitted, counts_in_view, fit_budget, model_view
@@ -177,7 +177,7 @@ def rebuild_input(db: Database, settings: Settings, run_id: str) -> bytes:
     """
     recorded = stored_input(db, run_id)
     if recorded is None:
-        raise StoreError(f"run {run_id} has no recorded input")
+        raise NotFound(f"run {run_id} has no recorded input")
     original = decode_input(recorded)
     cursor_from, cursor_to = run_cursors(db, run_id)
     group = get_group(db, original.chat_jid)

@@ -13,7 +13,7 @@ from sqlalchemy import ColumnElement, Connection, and_, or_, select, update
 from sqlalchemy.orm import Session, defer
 
 from orchestrator.core import secrets
-from orchestrator.core.errors import NotFound, StoreError
+from orchestrator.core.errors import NotFound
 from orchestrator.store.db import Database, age_text, db_now, db_time, driver_execute, now_text
 from orchestrator.store.tables import GroupChannelRow, GroupRow, RunRow
 
@@ -227,7 +227,7 @@ def park_run(
     with db.write() as session:
         row = session.get(RunRow, run_id)
         if row is None:
-            raise StoreError(f"no run {run_id!r}")
+            raise NotFound(f"no run {run_id!r}")
         row.attempts = attempts
         row.error = secrets.redact(error) if error else error  # an error's text may quote anything
         row.container_id = None
@@ -249,7 +249,7 @@ def resume_run(db: Database, run_id: str, *, owner: str, celery_task_id: str | N
 def cancel_run(db: Database, run_id: str) -> Run:
     """Mark a run cancelled; its worker sees this and stops the container.
 
-    Raises StoreError for an unknown run; a run that already ended keeps its
+    Raises NotFound for an unknown run; a run that already ended keeps its
     state (the returned run says which).
     """
     run = get_run(db, run_id)
@@ -300,7 +300,7 @@ def finish_run(
     if row is None:  # ended already, or no such run
         row = driver_execute(conn, _RUN_BY_ID, {"run_id": run_id}).fetchone()
         if row is None:
-            raise StoreError(f"no run {run_id!r}")
+            raise NotFound(f"no run {run_id!r}")
     return run_from_values(tuple(row))
 
 
@@ -381,21 +381,21 @@ def save_input(db: Database, run_id: str, digest: str, compressed: bytes) -> Non
 
 
 def recorded_input(db: Database, run_id: str) -> bytes | None:
-    """The run's recorded input as stored (zlib-compressed; None: none recorded); StoreError
+    """The run's recorded input as stored (zlib-compressed; None: none recorded); NotFound
     for no such run."""
     with db.read() as session:
         row = session.execute(select(RunRow.input_json).where(RunRow.id == run_id)).first()
     if row is None:
-        raise StoreError(f"no run {run_id!r}")
+        raise NotFound(f"no run {run_id!r}")
     return row[0]
 
 
 def run_cursors(db: Database, run_id: str) -> tuple[int, int]:
-    """The run's (cursor_from, cursor_to): the messages it answered; StoreError for no such run."""
+    """The run's (cursor_from, cursor_to): the messages it answered; NotFound for no such run."""
     with db.read() as session:
         run = session.get(RunRow, run_id)
         if run is None:
-            raise StoreError(f"no run {run_id!r}")
+            raise NotFound(f"no run {run_id!r}")
         return run.cursor_from, run.cursor_to
 
 
