@@ -14,9 +14,12 @@ messages is data (``orchestrator/store/attachments.py``); delivery itself
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
+from orchestrator.core.settings import Settings
 from orchestrator.core.terminal import for_log
 from orchestrator.model.render import RenderedMessage
+from orchestrator.store.db import Database
 
 
 class BaseChannel:
@@ -53,3 +56,26 @@ class LogChannel(BaseChannel):
 
     def send(self, address: str, rendered: RenderedMessage) -> None:
         self._log.info("[%s #%d] %s", for_log(address), rendered.seq, for_log(rendered.text))
+
+
+class InboundDoor:
+    """What a channel's inbound side (an HTTP route's, or a socket's) takes a message in
+    with: the store, the settings, the signals that wake the group and the deliverer,
+    and the longest message it stores."""
+
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        *,
+        signal: Callable[[str], object],
+        signal_delivery: Callable[[str], object] | None,
+        max_chars: int,
+    ) -> None:
+        self.db, self.settings = db, settings
+        self.signal, self.signal_delivery = signal, signal_delivery
+        self.max_chars = max_chars
+        self._open()
+
+    def _open(self) -> None:
+        """What a channel's door sets up from the settings, once its fields are set."""

@@ -57,6 +57,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from orchestrator.channels.base import InboundDoor
 from orchestrator.channels.slack import (
     ADDRESS,
     CHANNEL,
@@ -397,24 +398,13 @@ def read_document(body: bytes) -> UrlVerification | dict[str, Any] | None:
     return doc
 
 
-class SlackEvents:
+class SlackEvents(InboundDoor):
     """The Events API's side of the channel: whether it is on, the request's signature,
     and the :class:`SlackInbound` that takes its events, made on first use (the bot token,
     for names, is optional, and slack_sdk too until then)."""
 
-    def __init__(
-        self,
-        db: Database,
-        settings: Settings,
-        *,
-        signal: Callable[[str], object],
-        signal_delivery: Callable[[str], object] | None,
-        max_chars: int,
-    ) -> None:
-        self.db, self.settings = db, settings
-        self.signal, self.signal_delivery = signal, signal_delivery
-        self.max_chars = max_chars
-        self._secret = settings.slack_signing_secret
+    def _open(self) -> None:
+        self._secret = self.settings.slack_signing_secret
         self.off = "" if self._secret else "the Slack Events API is off (set ORCHESTRATOR_SLACK_SIGNING_SECRET)"
         self._inbound: SlackInbound | None = None
         self._lock = threading.Lock()

@@ -51,19 +51,17 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httpx
 from pydantic import ValidationError
 
-from orchestrator.channels.base import BaseChannel
+from orchestrator.channels.base import BaseChannel, InboundDoor
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, NEVER_STORED_SENDERS, SENDER_SCHEDULER
 from orchestrator.model.render import RenderedMessage
 from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest
-from orchestrator.store.db import Database
 
 log = logging.getLogger(__name__)
 
@@ -217,26 +215,15 @@ class WebhookChannel(BaseChannel):
         self._client.close()
 
 
-class InboundWebhook:
+class InboundWebhook(InboundDoor):
     """The inbound webhook's side of the channel (see the module's doc): whether it is on,
     the checks of a request's headers and signature, the message its body carries, and
     taking that message in.  The HTTP route (``orchestrator/http/routes/webhooks.py``)
     calls these in order and answers for each refusal."""
 
-    def __init__(
-        self,
-        db: Database,
-        settings: Settings,
-        *,
-        signal: Callable[[str], object],
-        signal_delivery: Callable[[str], object] | None,
-        max_chars: int,
-    ) -> None:
-        self.db, self.settings = db, settings
-        self.signal, self.signal_delivery = signal, signal_delivery
-        self.max_chars = max_chars
-        self._secret = settings.webhook_inbound_secret
-        self.off = _off_reason(settings)
+    def _open(self) -> None:
+        self._secret = self.settings.webhook_inbound_secret
+        self.off = _off_reason(self.settings)
 
     def header_refusal(self, timestamp: str | None, nonce: str | None, now: float) -> str | None:
         """Why a request's timestamp or nonce is refused, before its body is read (None: it is not)."""
