@@ -14,6 +14,7 @@ import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from orchestrator.channels.webhook import (
     INBOUND_PATH,
@@ -26,7 +27,8 @@ from orchestrator.channels.webhook import (
 )
 from orchestrator.core.errors import BadInput
 from orchestrator.http.routes.messages import require_registered
-from orchestrator.http.state import api_state
+from orchestrator.http.state import ApiState, api_state
+from orchestrator.run.ingest import IncomingMessage, IngestResult
 
 router = APIRouter()
 
@@ -92,11 +94,10 @@ async def inbound(request: Request) -> JSONResponse:
     too_long = hook.too_long(incoming)
     if too_long:
         return JSONResponse({"detail": too_long}, 413)
-    # As POST /api/messages answers (the same body): a message no agent will ever see is not stored.
-    require_registered(state.db, state.settings, incoming.chat_jid)
     # What ingest refuses (a sender over its rate, an unregistered chat past the cap, bad
-    # metadata) is answered by the exception handlers (orchestrator/http/errors.py).
-    result = hook.take(incoming, nonce)
+    # metadata) is answered by the exception handlers (orchestrator/http/errors.py).  The
+    # database's work waits in the thread pool, never on the event loop that serves the rest.
+    result = await run_in_threadpool(_take, state, incoming, nonce)
     return JSONResponse(
         {
             "message": result.message.model_dump(mode="json"),
@@ -105,3 +106,9 @@ async def inbound(request: Request) -> JSONResponse:
         },
         201,
     )
+
+
+def _take(state: ApiState, incoming: IncomingMessage, nonce: str) -> IngestResult:
+    # As POST /api/messages answers (the same body): a message no agent will ever see is not stored.
+    require_registered(state.db, state.settings, incoming.chat_jid)
+    return state.webhook.take(incoming, nonce)
