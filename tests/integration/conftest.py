@@ -182,8 +182,23 @@ def _run_stack(request: pytest.FixtureRequest, settings: Settings, env: dict[str
             proc.wait()
     if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
         print(st.worker_logs())
+    _remove_containers_of(settings)
     db.dispose()
     shutil.rmtree(data_dir / "groups", ignore_errors=True)
+
+
+def _remove_containers_of(settings: Settings) -> None:
+    """What the stack's installation leaves on the engine: a test that kills its worker
+    leaves the fenced run's container exited, and no later worker of it comes to remove it."""
+    import docker
+
+    from orchestrator.sandbox.containers import LABEL_INSTALL
+
+    with contextlib.suppress(docker.errors.DockerException):
+        client = docker.from_env()
+        for c in client.containers.list(all=True, filters={"label": [f"{LABEL_INSTALL}={settings.install_id}"]}):
+            with contextlib.suppress(docker.errors.NotFound):
+                c.remove(force=True)
 
 
 # Each integration process's own Redis database (flushed by its fleet stacks).
