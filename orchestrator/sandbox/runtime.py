@@ -82,14 +82,13 @@ class Runtime:
 
     name: str  # the engine's name for it
     gvisor: bool
-    why: str
 
     def host_pids(self, pids: int) -> int:
         """The engine's pid cap for a container whose agent may run ``pids`` processes."""
         return GVISOR_BASE_PIDS + pids * GVISOR_PIDS_PER_PROCESS if self.gvisor else pids
 
 
-RUNC = Runtime("runc", False, "ORCHESTRATOR_SANDBOX_RUNTIME=runc")
+RUNC = Runtime("runc", False)
 # Per engine (its API's address) and setting: chosen (and probed) once per process.
 _chosen: dict[tuple[str, str, str], Runtime] = {}
 _lock = threading.Lock()
@@ -113,11 +112,11 @@ def _choose(client: docker.DockerClient, settings: Settings, gvisor: str) -> Run
     problem = gvisor_problem(client, settings.agent_image, runtime=gvisor)
     if problem is None:
         log.info("agent containers run under gVisor (%s): its probe passed on this engine", gvisor)
-        return Runtime(gvisor, True, f"ORCHESTRATOR_SANDBOX_RUNTIME={wanted}, and the probe passed")
+        return Runtime(gvisor, True)
     if wanted == "runsc":
         raise SandboxError(f"ORCHESTRATOR_SANDBOX_RUNTIME=runsc, but gVisor cannot be used here: {problem}")
     log.warning("agent containers run under runc, not gVisor: %s", problem)
-    return Runtime("runc", False, f"ORCHESTRATOR_SANDBOX_RUNTIME=auto, and gVisor cannot be used: {problem}")
+    return RUNC
 
 
 def gvisor_problem(client: docker.DockerClient, image: str, pids: int = 16, runtime: str = GVISOR) -> str | None:
@@ -142,10 +141,14 @@ def gvisor_problem(client: docker.DockerClient, image: str, pids: int = 16, runt
             memory = _run_probe(client, runtime, image, folder, pids, ["memory"])
         finally:
             listener.close()
-        problem = _judge_memory(*memory)
-        if problem is not None:
-            return problem
-        return _judge_pids(*_run_probe(client, runtime, image, folder, pids, ["pids", str(pids * 4)]), pids)
+        return _judge_memory(*memory) or pid_cap_problem(client, image, pids, runtime)
+
+
+def pid_cap_problem(client: docker.DockerClient, image: str, pids: int = 16, runtime: str = GVISOR) -> str | None:
+    """Why ``runtime`` does not hold a container to ``pids`` processes (None: past the cap a
+    fork is refused, or the sandbox killed): the probe starts four times as many."""
+    with tempfile.TemporaryDirectory(prefix="orchestrator-gvisor-") as tmp:
+        return _judge_pids(*_run_probe(client, runtime, image, Path(tmp), pids, ["pids", str(pids * 4)]), pids)
 
 
 def _answer_once(listener: socket.socket) -> None:
@@ -175,7 +178,7 @@ def _run_probe(
             read_only=True,
             mem_limit=PROBE_MEMORY,
             memswap_limit=PROBE_MEMORY,
-            pids_limit=Runtime(runtime, True, "probe").host_pids(pids),
+            pids_limit=Runtime(runtime, True).host_pids(pids),
             volumes={str(folder): {"bind": "/probe", "mode": "ro"}},
             labels={"orchestrator.probe": "gvisor"},
         )

@@ -133,15 +133,13 @@ def unavailable_reason(settings: Settings, client: docker.DockerClient) -> str |
     if settings.warm_idle_s <= 0:
         return "warm sessions are off (ORCHESTRATOR_WARM_IDLE_S=0), and an adopted standby is a warm container"
     root = standby_root(settings)
-    if engine_runtime(client, settings).gvisor:
-        # gVisor's gofer serves a bind mount as it was at the container's start: a folder
-        # bound over it later is not seen inside (docs/sandbox.md, "gVisor").
-        if root not in _probed:
-            _probed[root] = "under gVisor (runsc) a folder bound into a running container is not seen inside it"
-            log.warning("standby sandboxes: off (%s); a quiet group's first run starts a container", _probed[root])
-        return _probed[root]
     if root not in _probed:
-        _probed[root] = late_mounts.unavailable_reason(settings.data_dir / "warm")
+        if engine_runtime(client, settings).gvisor:
+            # gVisor's gofer serves a bind mount as it was at the container's start: a folder
+            # bound over it later is not seen inside (docs/sandbox.md, "gVisor").
+            _probed[root] = "under gVisor (runsc) a folder bound into a running container is not seen inside it"
+        else:
+            _probed[root] = late_mounts.unavailable_reason(settings.data_dir / "warm")
         if _probed[root] is not None:
             log.warning("standby sandboxes: off (%s); a quiet group's first run starts a container", _probed[root])
     return _probed[root]

@@ -111,6 +111,9 @@ def test_the_probe_passes_runsc_and_refuses_it_without_cgroups_or_host_sockets(a
         runtimes.gvisor_problem(client, agent_image, runtime="runsc-nocgroups") or ""
     )
     assert "--host-uds=all" in (runtimes.gvisor_problem(client, agent_image, runtime="runsc-nouds") or "")
+    # The pid cap on its own: held under runsc, not without cgroups (64 sleeping processes).
+    assert runtimes.pid_cap_problem(client, agent_image) is None
+    assert "pid cap is not enforced" in (runtimes.pid_cap_problem(client, agent_image, runtime="runsc-nocgroups") or "")
     assert "no runtime named" in (runtimes.gvisor_problem(client, agent_image, runtime="runsc-absent") or "")
 
 
