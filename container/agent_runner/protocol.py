@@ -192,6 +192,11 @@ TEXT = "TEXT"
 CODE_EDIT = "CODE_EDIT"
 TODO = "TODO"
 TOOL_CALL = "TOOL_CALL"
+# Files a message carries (a person's attachments, or what the agent sent with send_file):
+# each named by the host's file id; the bytes live in the host's file store.
+FILE = "FILE"
+# The files one message may carry.
+MAX_FILES_PER_MESSAGE = 20
 
 
 class _Payload(_FrozenModel, frozen=True):
@@ -231,6 +236,23 @@ class ToolCallPayload(_Payload, frozen=True):
     error: str | None = None
 
 
+class FileRef(_Payload, frozen=True):
+    """One file of a message: the host's id for it, and what the host sniffed and counted
+    (a sender's or an import's name, type and size are replaced by the stored ones)."""
+
+    id: Annotated[str, Meta(min_length=1, max_length=64)]
+    name: Annotated[str, Meta(min_length=1)]
+    mime: Annotated[str, Meta(min_length=1)]
+    size: Annotated[int, Meta(ge=0)]
+    # Raster images: the picture's size in pixels, read from its header (a preview's shape).
+    width: Annotated[int, Meta(ge=1)] | None = None
+    height: Annotated[int, Meta(ge=1)] | None = None
+
+
+class FilePayload(_Payload, frozen=True):
+    files: Annotated[list[FileRef], Meta(min_length=1, max_length=MAX_FILES_PER_MESSAGE)]
+
+
 class _Envelope(_FrozenModel, tag_field="message_type", frozen=True):
     # The type is the struct's tag, written first as "message_type".
 
@@ -260,6 +282,13 @@ class ToolCallEnvelope(_Envelope, tag=TOOL_CALL, kw_only=True, frozen=True):
     payload: ToolCallPayload
 
 
+class FileEnvelope(_Envelope, tag=FILE, kw_only=True, frozen=True):
+    """A message's files (its words stay in the message's content, as TEXT's do)."""
+
+    version: Annotated[int, Meta(ge=1)] = ENVELOPE_VERSION
+    payload: FilePayload
+
+
 class OtherEnvelope(_FrozenModel, frozen=True):
     """An envelope of a type this side does not know (or TEXT): its payload unchecked."""
 
@@ -268,12 +297,13 @@ class OtherEnvelope(_FrozenModel, frozen=True):
     payload: Any = field(default_factory=dict)
 
 
-KnownEnvelope = Union[CodeEditEnvelope, TodoEnvelope, ToolCallEnvelope]
-Envelope = Union[CodeEditEnvelope, TodoEnvelope, ToolCallEnvelope, OtherEnvelope]
-ENVELOPE_TYPES: dict[str, type[CodeEditEnvelope] | type[TodoEnvelope] | type[ToolCallEnvelope]] = {
+KnownEnvelope = Union[CodeEditEnvelope, TodoEnvelope, ToolCallEnvelope, FileEnvelope]
+Envelope = Union[CodeEditEnvelope, TodoEnvelope, ToolCallEnvelope, FileEnvelope, OtherEnvelope]
+ENVELOPE_TYPES: dict[str, type[CodeEditEnvelope] | type[TodoEnvelope] | type[ToolCallEnvelope] | type[FileEnvelope]] = {
     CODE_EDIT: CodeEditEnvelope,
     TODO: TodoEnvelope,
     TOOL_CALL: ToolCallEnvelope,
+    FILE: FileEnvelope,
 }
 
 
@@ -373,6 +403,15 @@ class SendMessageEvent(_Event, tag="send_message"):
     text: str
 
 
+class SendFileEvent(_Event, tag="send_file"):
+    """The agent hands its chat the workspace file at ``path`` (relative to the workspace),
+    with an optional ``caption``.  The host reads the file by its hostile-folder rules (no
+    link followed, a regular file, bounded), stores it and posts it as a FILE message."""
+
+    path: Annotated[str, Meta(min_length=1, max_length=4096)]
+    caption: str = ""
+
+
 class ResultEvent(_Event, tag="result"):
     """Always the last event of a successful run."""
 
@@ -396,6 +435,7 @@ Event = Union[
     ToolUseEvent,
     ToolResultEvent,
     SendMessageEvent,
+    SendFileEvent,
     ResultEvent,
     ErrorEvent,
 ]

@@ -362,8 +362,8 @@ def groups_set(
     ] = None,
 ) -> None:
     """Change a group's sandbox (limits and allowlisted extra mounts) or its quotas."""
+    from orchestrator.core.sizes import human_size as human
     from orchestrator.sandbox.config import effective_limits, set_container_config, workspace_quota
-    from orchestrator.sandbox.quota import human
     from orchestrator.store.groups import get_group, update_group
 
     if container_config is not None and clear:
@@ -464,8 +464,8 @@ def groups_usage(chat_jid: str, as_json: Annotated[bool, typer.Option("--json")]
 def groups_show(chat_jid: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """A group's profile: its registration, its sandbox and quotas (and the limits in effect),
     and its scheduled tasks by state (``GET /api/groups/{chat_jid}``; --json prints its answer)."""
+    from orchestrator.core.sizes import human_size as human
     from orchestrator.sandbox.config import effective_limits, workspace_quota
-    from orchestrator.sandbox.quota import human
     from orchestrator.store.groups import group_profile
 
     root = _setup()
@@ -559,8 +559,9 @@ def groups_quota(jid: str, as_json: Annotated[bool, typer.Option("--json")] = Fa
     """A group's workspace disk usage against its quota, and how the quota is kept."""
     from dataclasses import asdict
 
+    from orchestrator.core.sizes import human_size as human
     from orchestrator.sandbox.config import workspace_quota
-    from orchestrator.sandbox.quota import human, report
+    from orchestrator.sandbox.quota import report
     from orchestrator.store.groups import get_group
 
     root = _setup()

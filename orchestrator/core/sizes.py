@@ -44,3 +44,13 @@ def parse_quota(value: str | int) -> int:
     if size > MAX_QUOTA_BYTES:
         raise ValueError(f"{value!r} is above the 16t maximum")
     return size
+
+
+def human_size(n: int) -> str:
+    """Bytes as people read them (``64.0 MiB``, ``12 B``)."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"

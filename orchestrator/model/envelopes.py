@@ -30,12 +30,15 @@ import msgspec
 from agent_runner.protocol import CODE_EDIT as CODE_EDIT
 from agent_runner.protocol import ENVELOPE_KEYS as ENVELOPE_KEYS
 from agent_runner.protocol import ENVELOPE_TYPES as ENVELOPE_TYPES
+from agent_runner.protocol import FILE as FILE
 from agent_runner.protocol import TEXT as TEXT
 from agent_runner.protocol import TODO as TODO
 from agent_runner.protocol import TOOL_CALL as TOOL_CALL
 from agent_runner.protocol import CodeEditPayload as CodeEditPayload
 from agent_runner.protocol import Envelope as Envelope
 from agent_runner.protocol import FileEdit as FileEdit
+from agent_runner.protocol import FilePayload as FilePayload
+from agent_runner.protocol import FileRef as FileRef
 from agent_runner.protocol import OtherEnvelope as OtherEnvelope
 from agent_runner.protocol import ProtocolError, envelope_from_dict
 from agent_runner.protocol import TodoItem as TodoItem
@@ -44,6 +47,7 @@ from agent_runner.protocol import TodoStatus as TodoStatus
 from agent_runner.protocol import ToolCallPayload as ToolCallPayload
 from orchestrator.core.errors import InvalidMessageMetadata
 from orchestrator.core.jsontypes import JsonObject
+from orchestrator.core.sizes import human_size
 
 # msgspec's validation errors are one line: "<what> - at `$.payload.edits[0]`"
 # ("$" is the envelope); they are turned into the host's field paths and words.
@@ -158,7 +162,7 @@ class ParsedMessageMetadata:
 
     message_type: str
     version: int
-    payload: CodeEditPayload | TodoPayload | ToolCallPayload | Any
+    payload: CodeEditPayload | TodoPayload | ToolCallPayload | FilePayload | Any
     extras: JsonObject
     is_legacy: bool
 
@@ -212,6 +216,16 @@ def _preview_code_edit(payload: CodeEditPayload) -> str:
     return f"Edited {len(paths)} files: {named}" + (f", +{more} more" if more > 0 else "")
 
 
+def file_label(ref: FileRef) -> str:
+    """``notes.txt (text/plain, 1.2 KB)``: one file as people and the model read it."""
+    return f"{ref.name} ({ref.mime}, {human_size(ref.size)})"
+
+
+def file_line(payload: FilePayload) -> str:
+    """One line naming a message's files."""
+    return "📎 " + ", ".join(file_label(f) for f in payload.files)
+
+
 def preview_for(metadata_envelope: JsonObject | None) -> str:
     """One-line text to show when a structured message's ``content`` is empty."""
     parsed = parse_message_metadata(metadata_envelope)
@@ -223,6 +237,8 @@ def preview_for(metadata_envelope: JsonObject | None) -> str:
         current = next((t for t in payload.todos if t.status == "in_progress"), None)
         now = f" · now: {_clip(current.content)}" if current else ""
         return f"Todos {done}/{len(payload.todos)} done{now}"
+    if isinstance(payload, FilePayload):
+        return file_line(payload)
     if isinstance(payload, ToolCallPayload):
         return f"Called {payload.tool_name}" + (f" (error: {_clip(payload.error)})" if payload.error else "")
     return "" if parsed.message_type == TEXT else f"[{parsed.message_type} message]"

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from orchestrator.core.errors import ContainerConfigError, UnknownGroup
 from orchestrator.core.jsontypes import WHOLE_NUMBER
 from orchestrator.core.settings import Settings
-from orchestrator.core.sizes import memory_bytes, parse_quota
+from orchestrator.core.sizes import human_size, memory_bytes, parse_quota
 from orchestrator.sandbox.mounts import (
     MountRequest,
     ResolvedMount,
@@ -43,7 +43,7 @@ from orchestrator.sandbox.mounts import (
     prepare_mountpoints,
     resolve_mounts,
 )
-from orchestrator.sandbox.quota import Volume, human, prepare_workspace, workspace_quota_bytes
+from orchestrator.sandbox.quota import Volume, prepare_workspace, workspace_quota_bytes
 from orchestrator.store.db import Database
 from orchestrator.store.groups import Group, get_group, store_container_config
 
@@ -227,7 +227,7 @@ def set_container_config(db: Database, settings: Settings, chat_jid: str, raw: s
         if quota and quota < volume.size():
             raise ContainerConfigError(
                 f"container_config.workspace_quota: {cfg.workspace_quota} is below the size of the group's "
-                f"workspace volume ({human(volume.size())}, {volume.image}); volumes only grow"
+                f"workspace volume ({human_size(volume.size())}, {volume.image}); volumes only grow"
             )
     resolve_mounts(settings, cfg.extra_mounts, folder=group.folder, is_main=group.is_main, chat_jid=group.chat_jid)
     stored = cfg.model_dump(mode="json", exclude_defaults=True) or None

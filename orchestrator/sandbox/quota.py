@@ -58,7 +58,7 @@ from typing import Literal
 
 from orchestrator.core.errors import WorkspaceQuotaError
 from orchestrator.core.settings import Settings
-from orchestrator.core.sizes import parse_quota
+from orchestrator.core.sizes import human_size, parse_quota
 from orchestrator.sandbox.late_mounts import MountEntry, mount_entries
 
 log = logging.getLogger(__name__)
@@ -98,16 +98,6 @@ def default_quota(settings: Settings) -> int:
         return 0
     mode, _ = quota_mode(settings, AUTO_QUOTA_BYTES)
     return AUTO_QUOTA_BYTES if mode == "volume" else 0
-
-
-def human(n: int) -> str:
-    """Bytes as people read them (``64.0 MiB``)."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"
 
 
 # -- the mode ---------------------------------------------------------------------
@@ -178,7 +168,7 @@ def describe_mode(settings: Settings) -> str:
             f"workspace quota: off ({why}): an agent can fill the disk that holds the database and "
             "the broker; set ORCHESTRATOR_WORKSPACE_QUOTA (e.g. 2g)"
         )
-    size = human(workspace_quota_bytes(settings))
+    size = human_size(workspace_quota_bytes(settings))
     if mode == "volume":
         return f"workspace quota: {size} per group, {why}"
     return (
@@ -369,7 +359,7 @@ def check_usage(
     log.debug(
         "workspace %s: %s in %d entries, measured in %.3fs",
         workspace,
-        human(usage.bytes),
+        human_size(usage.bytes),
         usage.entries,
         time.monotonic() - started,
     )
@@ -381,12 +371,12 @@ def check_usage(
     if not usage.complete:
         raise WorkspaceQuotaError(
             f"{what} quota: the {what} of {name!r} cannot be measured ({usage.why}; "
-            f"{human(usage.bytes)} counted so far, quota {human(quota)}); the run was not started: {fix}"
+            f"{human_size(usage.bytes)} counted so far, quota {human_size(quota)}); the run was not started: {fix}"
         )
     if usage.bytes > quota:
         raise WorkspaceQuotaError(
-            f"{what} quota exceeded: the {what} of {name!r} uses {human(usage.bytes)} of its "
-            f"{human(quota)} quota; the run was not started: {fix}"
+            f"{what} quota exceeded: the {what} of {name!r} uses {human_size(usage.bytes)} of its "
+            f"{human_size(quota)} quota; the run was not started: {fix}"
         )
     return usage
 
@@ -548,8 +538,8 @@ class Volume:
                 log.warning(
                     "workspace volume %s is %s, above its quota %s: volumes are not shrunk",
                     self.image,
-                    human(self.size()),
-                    human(quota),
+                    human_size(self.size()),
+                    human_size(quota),
                 )
             moved: list[bool] = []
             try:
@@ -577,7 +567,7 @@ class Volume:
             log.info(
                 "workspace volume %s (%s) mounted at %s in %.3fs",
                 self.image,
-                human(self.size()),
+                human_size(self.size()),
                 self.workspace,
                 time.monotonic() - started,
             )
@@ -590,8 +580,8 @@ class Volume:
             log.warning(
                 "the data dir's filesystem has %s free, less than the workspace quota %s of %s: "
                 "a full workspace could still fill it",
-                human(free),
-                human(quota),
+                human_size(free),
+                human_size(quota),
                 self.folder,
             )
         tmp = self.image.with_name(self.image.name + ".new")
@@ -681,7 +671,7 @@ class Volume:
         room = os.statvfs(dst)
         free = room.f_bavail * room.f_frsize
         if not usage.complete or usage.bytes > free:
-            what = usage.why if not usage.complete else f"{human(usage.bytes)} do not fit in {human(free)}"
+            what = usage.why if not usage.complete else f"{human_size(usage.bytes)} do not fit in {human_size(free)}"
             raise WorkspaceQuotaError(
                 f"workspace quota: the files of {self.folder!r} cannot move into its volume ({what}); "
                 f"free space in {self.workspace} or raise the group's workspace_quota"
@@ -720,14 +710,16 @@ class Volume:
         try:
             if _still_attached(self.image):
                 # Held in another mount namespace: never resize a live filesystem.
-                log.warning("workspace volume %s is in use elsewhere; it stays at %s for now", self.image, human(old))
+                log.warning(
+                    "workspace volume %s is in use elsewhere; it stays at %s for now", self.image, human_size(old)
+                )
                 return
             try:
                 # resize2fs wants a freshly checked filesystem; 1: e2fsck fixed something
                 # (it recreates the lost+found that new volumes go without).
                 _run(["e2fsck", "-f", "-p", str(self.image)], ok=(0, 1))
             except VolumeUnavailable as exc:
-                log.warning("workspace volume %s stays at %s: %s", self.image, human(old), exc)
+                log.warning("workspace volume %s stays at %s: %s", self.image, human_size(old), exc)
                 return
             _set_length(self.image, quota)
             _run(["resize2fs", str(self.image)])
@@ -739,8 +731,8 @@ class Volume:
         log.info(
             "workspace volume %s grown from %s to %s in %.3fs",
             self.image,
-            human(old),
-            human(quota),
+            human_size(old),
+            human_size(quota),
             time.monotonic() - started,
         )
 
@@ -761,7 +753,7 @@ class Volume:
                 with contextlib.suppress(VolumeUnavailable):
                     _run(["losetup", "-c", dev])
             return False
-        log.info("workspace volume %s grown online from %s to %s", self.image, human(old), human(quota))
+        log.info("workspace volume %s grown online from %s to %s", self.image, human_size(old), human_size(quota))
         return True
 
     def unmount(self) -> bool:
@@ -936,7 +928,7 @@ def report(settings: Settings, folder: str, quota: int) -> QuotaReport:
         used = usage.bytes
         note = "" if usage.complete else f"measured partly: {usage.why}"
     if vol.image.exists() and quota and quota < vol.size():
-        note = (note + "; " if note else "") + f"the volume stays at {human(vol.size())}: volumes are not shrunk"
+        note = (note + "; " if note else "") + f"the volume stays at {human_size(vol.size())}: volumes are not shrunk"
     if not note:
         note = why
     return QuotaReport(
