@@ -226,6 +226,26 @@ def file_line(payload: FilePayload) -> str:
     return "📎 " + ", ".join(file_label(f) for f in payload.files)
 
 
+def files_of(meta: Any) -> FilePayload | None:
+    """The files a message's metadata carries (its FILE envelope), or None: no envelope, another
+    type, or metadata that no longer validates (a legacy row shows its text alone)."""
+    if not isinstance(meta, dict) or meta.get("message_type") != FILE:
+        return None
+    try:
+        payload = parse_message_metadata(meta).payload
+    except InvalidMessageMetadata:
+        return None
+    return payload if isinstance(payload, FilePayload) else None
+
+
+def with_file_line(content: str, meta: Any) -> str:
+    """``content`` followed by the line naming the message's files, if it carries any."""
+    files = files_of(meta)
+    if files is None:
+        return content
+    return f"{content}\n{file_line(files)}" if content else file_line(files)
+
+
 def preview_for(metadata_envelope: JsonObject | None) -> str:
     """One-line text to show when a structured message's ``content`` is empty."""
     parsed = parse_message_metadata(metadata_envelope)

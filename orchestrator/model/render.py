@@ -30,12 +30,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchestrator.core.errors import InvalidMessageMetadata
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.envelopes import (
+    FILE,
     TEXT,
     CodeEditPayload,
     FileEdit,
+    FilePayload,
     TodoPayload,
     ToolCallPayload,
     parse_message_metadata,
+    with_file_line,
 )
 from orchestrator.model.messages import SENDER_THINKING, SENDER_TOOL_USE, STORED_ONLY_SENDERS, StoredMessage
 
@@ -167,6 +170,8 @@ def _structured(msg: StoredMessage, *, in_tool_result: bool) -> tuple[str, str |
         return parsed.message_type, render_todos(payload)
     if isinstance(payload, ToolCallPayload):
         return parsed.message_type, render_tool_call(payload, with_name=not in_tool_result)
+    if isinstance(payload, FilePayload):
+        return parsed.message_type, with_file_line(msg.content, msg.metadata)
     return parsed.message_type, None
 
 
@@ -186,7 +191,8 @@ def _said(name: str, body: str, structured: bool) -> str:
 
 def render(msg: StoredMessage, assistant_name: str) -> RenderedMessage:
     kind, body = _structured(msg, in_tool_result=msg.message_type == "tool_result")
-    structured = body is not None
+    # Words with their files under them read as words: they start on the name's line.
+    structured = body is not None and kind != FILE
     text_body = body if body is not None else msg.content
     if msg.message_type == "host":
         text = f"🏠 {msg.content}"

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from agent_runner.protocol import SdkMessage, SdkToolUse
+from orchestrator.model.envelopes import with_file_line
 from orchestrator.model.messages import SENDER_TOOL_USE, StoredMessage
 
 REPLY_TO_KEY = "reply_to_seq"
@@ -139,7 +140,8 @@ def model_view(
             continue
         message = SdkMessage(
             role=m.message_type,  # type: ignore[arg-type]  # host was filtered above
-            content=expand(m) if expand and m.message_type == "user" else m.content,
+            # A message's files are named after its words (where they are is the run's notice).
+            content=with_file_line(expand(m) if expand and m.message_type == "user" else m.content, m.metadata),
             sender_name=m.sender_name or None,
             timestamp=m.timestamp,
         )

@@ -45,6 +45,7 @@ from orchestrator.run.router import wakes
 from orchestrator.store import unregistered
 from orchestrator.store.db import Connection, Database, unavailable_reason
 from orchestrator.store.deliveries import record_deliveries, with_origin
+from orchestrator.store.files import checked_files
 from orchestrator.store.groups import mark_pending, routing
 from orchestrator.store.message_log import insert_message, new_message_id, now_iso
 from orchestrator.store.traces import record_trace
@@ -293,6 +294,10 @@ def _store(
         )
         if retry_after is not None:
             raise RateLimited(new.sender, rate, retry_after)  # rolls back: nothing stored
+    # A message's files must be its chat's own; what it says of them is replaced by the store's.
+    checked = checked_files(conn, new.chat_jid, new.metadata)
+    if checked is not new.metadata:
+        new = new.model_copy(update={"metadata": checked})
     msg, created = insert_message(conn, db, new)
     out = _Stored(msg, created)
     if not created:

@@ -25,10 +25,18 @@ from sqlalchemy import update
 
 from orchestrator.core.errors import InvalidMessage, InvalidMessageMetadata
 from orchestrator.core.jsontypes import JsonObject
-from orchestrator.model.envelopes import CodeEditPayload, TodoPayload, ToolCallPayload, parse_message_metadata
+from orchestrator.model.envelopes import (
+    CodeEditPayload,
+    FilePayload,
+    TodoPayload,
+    ToolCallPayload,
+    file_label,
+    parse_message_metadata,
+)
 from orchestrator.model.messages import NewMessage, StoredMessage
 from orchestrator.model.render import render_text
 from orchestrator.store.db import Database
+from orchestrator.store.files import checked_files
 from orchestrator.store.groups import find_group, validate_folder
 from orchestrator.store.message_log import get_messages_after, insert_message
 from orchestrator.store.tables import GroupRow, MessageRow
@@ -138,6 +146,8 @@ def import_chat(db: Database, doc: ChatExport) -> ImportResult:
         for m in doc.messages:
             fields = m.model_dump(exclude={"seq", "superseded_at", "edited_at"})
             try:
+                # An export names files by id: only files this chat stored here may be named.
+                fields["metadata"] = checked_files(session.connection(), doc.chat_jid, fields["metadata"])
                 stored, new = insert_message(session, db, NewMessage(**fields))
             except InvalidMessageMetadata as exc:
                 raise InvalidMessageMetadata(f"messages[{m.id}].{exc.field}", exc.problem) from None
@@ -191,6 +201,9 @@ def _structured_markdown(msg: StoredMessage) -> str | None:
             f"{marks[t.status]} {'~~' + t.content + '~~' if t.status == 'completed' else t.content}"
             for t in payload.todos
         )
+    if isinstance(payload, FilePayload):
+        listed = "\n".join(f"- 📎 {file_label(f)} (file `{f.id}`)" for f in payload.files)
+        return f"{msg.content}\n\n{listed}" if msg.content else listed
     if isinstance(payload, ToolCallPayload):
         p = payload
         body = f"`{p.tool_name}`\n\n{_fence(json.dumps(p.input, indent=2, ensure_ascii=False), 'json')}"

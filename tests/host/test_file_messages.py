@@ -1,0 +1,137 @@
+"""Messages that carry files (FILE envelopes): a message may name only its own chat's files,
+and what it says of them is the store's word; history, the model's view, export and import
+keep them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.core.errors import InvalidMessageMetadata
+from orchestrator.core.settings import Settings
+from orchestrator.model.envelopes import FILE, FilePayload, files_of, with_file_line
+from orchestrator.model.render import render_text
+from orchestrator.model.views import format_messages_for_sdk
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.store.db import Database
+from orchestrator.store.files import FileStore, StoredFile, file_envelope
+from orchestrator.store.groups import add_group
+from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.transfer import export_chat, export_markdown, import_chat
+
+CHAT = "files@test"
+OTHER = "other@test"
+
+
+@pytest.fixture
+def store(db: Database, settings: Settings) -> FileStore:
+    add_group(db, chat_jid=CHAT, name="Files", folder="files", requires_trigger=False)
+    add_group(db, chat_jid=OTHER, name="Other", folder="other", requires_trigger=False)
+    return FileStore.from_settings(db, settings)
+
+
+def file_meta(*refs: dict[str, Any]) -> dict[str, Any]:
+    return {"message_type": FILE, "version": 1, "payload": {"files": list(refs)}}
+
+
+def ref(stored: StoredFile, **lies: Any) -> dict[str, Any]:
+    return {"id": stored.id, "name": stored.name, "mime": stored.mime, "size": stored.size, **lies}
+
+
+def send(db: Database, settings: Settings, meta: dict[str, Any], *, chat: str = CHAT, text: str = "see") -> Any:
+    return ingest(db, settings, IncomingMessage(chat_jid=chat, sender="ann", content=text, metadata=meta), signal=None)
+
+
+def test_a_message_names_its_chats_file_and_the_store_has_the_last_word(
+    db: Database, settings: Settings, store: FileStore
+) -> None:
+    notes = store.store_bytes(CHAT, b"line one\n", "notes.txt")
+    # The sender claims another name, type and size: the stored row's are kept.
+    result = send(db, settings, file_meta(ref(notes, name="evil.exe", mime="text/html", size=1)))
+    (stored,) = get_messages_after(CHAT, 0, db=db)
+    assert stored.id == result.message.id
+    files = files_of(stored.metadata)
+    assert files is not None
+    assert [(f.id, f.name, f.mime, f.size) for f in files.files] == [(notes.id, "notes.txt", "text/plain", 9)]
+    assert stored.content == "see"
+
+
+@pytest.mark.parametrize("whose", ["another chat's", "never stored"])
+def test_a_forged_reference_is_refused_and_nothing_is_stored(
+    db: Database, settings: Settings, store: FileStore, whose: str
+) -> None:
+    theirs = store.store_bytes(OTHER, b"secret", "secret.txt")
+    forged = ref(theirs) if whose == "another chat's" else {**ref(theirs), "id": "no-such-file"}
+    with pytest.raises(InvalidMessageMetadata) as caught:
+        send(db, settings, file_meta(forged))
+    assert caught.value.field == "metadata.payload.files[0].id"
+    assert CHAT in caught.value.problem
+    assert get_messages_after(CHAT, 0, db=db) == []
+
+
+def test_one_file_named_twice_is_refused(db: Database, settings: Settings, store: FileStore) -> None:
+    notes = store.store_bytes(CHAT, b"x", "x.txt")
+    with pytest.raises(InvalidMessageMetadata) as caught:
+        send(db, settings, file_meta(ref(notes), ref(notes)))
+    assert caught.value.field == "metadata.payload.files[1].id"
+    assert get_messages_after(CHAT, 0, db=db) == []
+
+
+def test_the_same_bytes_stored_by_another_chat_are_still_not_this_chats_file(
+    db: Database, settings: Settings, store: FileStore
+) -> None:
+    theirs = store.store_bytes(OTHER, b"same bytes", "a.txt")
+    mine = store.store_bytes(CHAT, b"same bytes", "b.txt")
+    assert theirs.sha256 == mine.sha256 and theirs.id != mine.id
+    with pytest.raises(InvalidMessageMetadata):
+        send(db, settings, file_meta(ref(theirs)))
+    send(db, settings, file_meta(ref(mine)))
+    (stored,) = get_messages_after(CHAT, 0, db=db)
+    files = files_of(stored.metadata)
+    assert files is not None and files.files[0].id == mine.id
+
+
+def test_people_and_the_model_read_the_files_after_the_words(
+    db: Database, settings: Settings, store: FileStore
+) -> None:
+    notes = store.store_bytes(CHAT, b"a" * 2048, "notes.txt")
+    send(db, settings, file_meta(ref(notes)), text="what is in it?")
+    (stored,) = get_messages_after(CHAT, 0, db=db)
+    assert render_text(stored, "Andy") == "ann: what is in it?\n📎 notes.txt (text/plain, 2.0 KiB)"
+    (seen,) = format_messages_for_sdk([stored])
+    assert seen.content == "what is in it?\n📎 notes.txt (text/plain, 2.0 KiB)"
+    # A file alone: the line is the whole text.
+    assert with_file_line("", stored.metadata) == "📎 notes.txt (text/plain, 2.0 KiB)"
+
+
+def test_export_and_import_keep_files_by_id_and_refuse_forged_ones(
+    db: Database, settings: Settings, store: FileStore
+) -> None:
+    notes = store.store_bytes(CHAT, b"kept", "kept.txt")
+    send(db, settings, file_meta(ref(notes)))
+    doc = export_chat(db, CHAT)
+    assert f"(file `{notes.id}`)" in export_markdown(db, CHAT, "Andy")
+    # Imported again (nothing new), its files are still named by id.
+    assert import_chat(db, doc).skipped == 1
+    # An export for the other chat naming this chat's file: refused, nothing stored.
+    forged = doc.model_copy(
+        update={
+            "chat_jid": OTHER,
+            "group": None,
+            "messages": [m.model_copy(update={"chat_jid": OTHER, "id": "forged-1"}) for m in doc.messages],
+        }
+    )
+    with pytest.raises(InvalidMessageMetadata) as caught:
+        import_chat(db, forged)
+    assert caught.value.field == "messages[forged-1].metadata.payload.files[0].id"
+    assert get_messages_after(OTHER, 0, db=db) == []
+
+
+def test_a_file_envelope_is_built_from_stored_rows(db: Database, settings: Settings, store: FileStore) -> None:
+    a = store.store_bytes(CHAT, b"\x89PNG\r\n\x1a\n" + b"\0" * 8, "../../pic.png")
+    meta = file_envelope([a], extras={"via": "send_file"})
+    assert meta["via"] == "send_file"
+    files = files_of(meta)
+    assert isinstance(files, FilePayload)
+    assert (files.files[0].name, files.files[0].mime) == ("pic.png", "image/png")
