@@ -112,6 +112,12 @@ class ViewItem:
     message: SdkMessage
 
 
+def _words(m: StoredMessage, expand: Callable[[StoredMessage], str] | None) -> str:
+    """What the model reads of ``m``: its text (expanded, if ``expand``), then its files
+    named on a line of their own (where they are is the run's notice: run/run_files.py)."""
+    return with_file_line(expand(m) if expand is not None else m.content, m.metadata)
+
+
 def model_view(
     messages: Iterable[StoredMessage], *, expand: Callable[[StoredMessage], str] | None = None
 ) -> list[ViewItem]:
@@ -140,8 +146,7 @@ def model_view(
             continue
         message = SdkMessage(
             role=m.message_type,  # type: ignore[arg-type]  # host was filtered above
-            # A message's files are named after its words (where they are is the run's notice).
-            content=with_file_line(expand(m) if expand and m.message_type == "user" else m.content, m.metadata),
+            content=_words(m, expand if m.message_type == "user" else None),
             sender_name=m.sender_name or None,
             timestamp=m.timestamp,
         )
@@ -211,7 +216,7 @@ def fit_budget(
 
     def cost(i: int) -> int:
         if expand is not None and messages[i].role == "user":
-            messages[i] = messages[i].replace(content=expand(items[i].source))
+            messages[i] = messages[i].replace(content=_words(items[i].source, expand))
         return estimate_tokens(messages[i])
 
     first_kept = next((i for i, item in enumerate(items) if item.source.seq in keep_seqs), len(items))

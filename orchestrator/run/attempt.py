@@ -37,6 +37,7 @@ from agent_runner.protocol import (
     ErrorEvent,
     ProtocolError,
     ResultEvent,
+    SendFileEvent,
     SendMessageEvent,
     TextDeltaEvent,
     Usage,
@@ -47,7 +48,8 @@ from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.errors import ConfigError, LeaseLost, MountRefused, OutputLimitExceeded
 from orchestrator.core.settings import Settings
 from orchestrator.run.assembly import input_bytes
-from orchestrator.run.outputs import OutputMessage, event_to_message, stored_size
+from orchestrator.run.outputs import OutputMessage, event_to_message, sent_file_message, stored_size
+from orchestrator.run.run_files import place_run_files
 from orchestrator.run.stop_notice import STOP_REASON_LIMITS, Limit
 from orchestrator.run.stop_watch import StopWatch
 from orchestrator.sandbox.bounded_io import OutputBudget
@@ -58,6 +60,7 @@ from orchestrator.sandbox.image import image_name, model_variant
 from orchestrator.sandbox.port import AgentProcess, Sandbox
 from orchestrator.sandbox.warm import gateway_dir, host_only_dir
 from orchestrator.store.db import Connection, Database
+from orchestrator.store.files import FileStore, StoredFile
 from orchestrator.store.groups import Group
 from orchestrator.store.runs import Run, RunState, finish_run, set_container
 
@@ -110,6 +113,11 @@ class RunOutputs(Protocol):
     def send_message(self, chat_jid: str, out: OutputMessage | None, index: int) -> None:
         """The agent asked to post ``out`` (None: nothing to post) in ``chat_jid``; ``index``
         is the number it was given."""
+        ...
+
+    def send_file(self, workspace: Path, path: str, out: OutputMessage) -> None:
+        """The agent asked to hand its chat the file at ``path`` below ``workspace`` (hostile),
+        with ``out`` (its caption) as the message that carries it."""
         ...
 
 
@@ -170,6 +178,10 @@ class AttemptContext:
     clock: Clock = SYSTEM_CLOCK
     # Exceptions that mean "out of time" (Celery's soft time limit).
     deadline_exceptions: tuple[type[BaseException], ...] = ()
+    # The files of the messages the run answers, placed under the workspace's inbox/ once
+    # it is held (run/run_files.py), from this store.
+    files: list[StoredFile] = field(default_factory=list)
+    file_store: FileStore | None = None
 
     def record(self, gateway: ModelGateway | None) -> None:
         """What the gateway counted (not what the sandbox claims) is what the run spent."""
@@ -217,8 +229,13 @@ def _container_spec(ctx: AttemptContext, mounts: Mounts) -> ContainerSpec:
 
 
 def _contained(ctx: AttemptContext) -> Verdict:
-    spec = _container_spec(ctx, ctx.mounts())
+    mounts = ctx.mounts()
+    spec = _container_spec(ctx, mounts)
     payload = ctx.payload
+    if ctx.files and ctx.file_store is not None:
+        # Where they went is this attempt's to say: the recorded input stays as it was built.
+        placed = place_run_files(mounts.workspace, ctx.files, ctx.file_store)
+        payload = payload.replace(system_notices=[*payload.system_notices, *placed])
     with contextlib.ExitStack() as cleanup:
         gateway: ModelGateway | None = None
         # Runs last, after the gateway closed (it waits for a request in
@@ -281,7 +298,7 @@ def _stream(ctx: AttemptContext, spec: ContainerSpec, payload: ContainerInput, g
         tracing.annotate(container_id=container.id, cold=getattr(container, "cold", True))
         with StopWatch(ctx.db, ctx.run.id, container.kill, ctx.lease_lost, clock=ctx.clock) as stop:
             try:
-                _read(ctx, container, heard)
+                _read(ctx, container, heard, spec.workspace)
             except OutputLimitExceeded as exc:
                 # Stop reading and stop the agent: whatever it writes next is not read.
                 heard.limit = exc
@@ -299,7 +316,7 @@ def _stream(ctx: AttemptContext, spec: ContainerSpec, payload: ContainerInput, g
     return _verdict(heard, exit_, stop.reason, spec, gateway)
 
 
-def _read(ctx: AttemptContext, container: AgentProcess, heard: _Heard) -> None:
+def _read(ctx: AttemptContext, container: AgentProcess, heard: _Heard, workspace: Path) -> None:
     """The container's events, each line charged to the run's budget, until it ends."""
     budget = ctx.budget
     for line in container.lines(ctx.settings.max_event_line_bytes):
@@ -332,6 +349,13 @@ def _read(ctx: AttemptContext, container: AgentProcess, heard: _Heard) -> None:
                 AssistantEvent(text=event.text), run_id=ctx.run.id, index=ctx.indexed, assistant_name=ctx.assistant
             )
             ctx.outputs.send_message(event.chat_jid, sent, ctx.indexed)
+        elif isinstance(event, SendFileEvent):
+            budget.store(len(event.caption.encode("utf-8")) + len(event.path.encode("utf-8")))
+            ctx.indexed += 1
+            carrier = sent_file_message(
+                run_id=ctx.run.id, index=ctx.indexed, assistant_name=ctx.assistant, caption=event.caption
+            )
+            ctx.outputs.send_file(workspace, event.path, carrier)
         else:
             ctx.indexed += 1
             out = event_to_message(

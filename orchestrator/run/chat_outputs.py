@@ -5,7 +5,9 @@ Each output is a message of the chat, stored in a transaction of its own with it
 pending deliveries, and only while this worker still holds the group's lease (the
 fence: ``store/leases.py``), so a holder that was replaced stores nothing; after the
 commit a deliverer is signalled.  A ``send_message`` to another chat (the main group's)
-is stored there as our message, where the group may post.
+is stored there as our message, where the group may post.  A ``send_file`` stores the
+workspace's file in the file store (``sandbox/outbox.py``) and posts it as an assistant
+message with a FILE envelope.
 """
 
 from __future__ import annotations
@@ -14,16 +16,20 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import NamedTuple
 
 from orchestrator.core import metrics, tracing
+from orchestrator.core.errors import FileTooLarge, HostileEntry
 from orchestrator.model.messages import SENDER_BOT, STORED_ONLY_SENDERS, NewMessage, StoredMessage
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
 from orchestrator.run.outcome import RunOutcome
 from orchestrator.run.outputs import OutputMessage, host_message
+from orchestrator.sandbox.outbox import take_file
 from orchestrator.store import leases
 from orchestrator.store.db import Connection, Database, db_now
 from orchestrator.store.deliveries import attached_channels, record_deliveries
+from orchestrator.store.files import FileStore, file_envelope
 from orchestrator.store.groups import Group, send_refusal
 from orchestrator.store.message_log import insert_message, now_iso
 
@@ -44,10 +50,18 @@ class ChatOutputs:
     holder); ``deliver`` signals a deliverer for a chat (off the run's path, never raises)."""
 
     def __init__(
-        self, db: Database, group: Group, outcome: RunOutcome, *, owner: str, deliver: Callable[[str], None]
+        self,
+        db: Database,
+        group: Group,
+        outcome: RunOutcome,
+        *,
+        owner: str,
+        deliver: Callable[[str], None],
+        files: FileStore | None = None,
     ) -> None:
         self.db, self.group, self.outcome, self.owner = db, group, outcome, owner
         self._deliver = deliver
+        self.files = files
 
     # -- RunOutputs ---------------------------------------------------------------
 
@@ -78,6 +92,20 @@ class ChatOutputs:
             queued = record_deliveries(session, msg) if created else 0
         if queued:
             self._deliver(chat_jid)
+
+    def send_file(self, workspace: Path, path: str, out: OutputMessage) -> None:
+        """Store the workspace's file at ``path`` (by the hostile-folder rules: ``sandbox/outbox.py``)
+        and post it in the chat with ``out``'s caption; a refusal is said in the chat instead."""
+        run_id = self.outcome.run.id
+        try:
+            if self.files is None:
+                raise HostileEntry(path, "this worker keeps no files")
+            stored = take_file(workspace, path, self.files, self.group.chat_jid)
+        except (HostileEntry, FileTooLarge) as exc:
+            log.warning("run %s: send_file refused: %s", run_id, exc)
+            self.emit(host_message(run_id=out.id, text=f"🚫 send_file refused: {exc}"))
+            return
+        self.emit(out.model_copy(update={"metadata": file_envelope([stored], extras={"via": "send_file"})}))
 
     # -- storing ------------------------------------------------------------------
 

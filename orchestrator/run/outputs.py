@@ -7,6 +7,7 @@ assistant          assistant       bot               -
 tool_result        tool_result     tool_result       envelope + exit_code, tool_use_id, tool
 tool_use           assistant       tool_use          tool_use_id, tool, input
 thinking           assistant       thinking          -
+send_file          assistant       bot               FILE envelope (the stored file)
 =================  ==============  ================  ==============================
 
 ``thinking`` is stored for the record, never shown to the model again;
@@ -105,6 +106,18 @@ def event_to_message(
             message_type="assistant",
         )
     return None
+
+
+def sent_file_message(*, run_id: str, index: int, assistant_name: str, caption: str) -> OutputMessage:
+    """The assistant message a ``send_file`` becomes: its caption as the words; the FILE
+    envelope naming the stored file is added once the file is stored."""
+    return OutputMessage(
+        id=f"{run_id}-{index:04d}",
+        sender=SENDER_BOT,
+        sender_name=assistant_name,
+        content=caption,
+        message_type="assistant",
+    )
 
 
 def cap_output(text: str, cap: int | None) -> tuple[str, int | None]:

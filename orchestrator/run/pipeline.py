@@ -53,6 +53,7 @@ from orchestrator.run.model_choice import model_settings
 from orchestrator.run.notices import compute_notices
 from orchestrator.run.outbound import ChannelRegistry, Deliverer
 from orchestrator.run.outcome import RunOutcome
+from orchestrator.run.run_files import batch_files
 from orchestrator.run.run_trace import run_span
 from orchestrator.run.sweeper import recover_group
 from orchestrator.sandbox.bounded_io import OutputBudget
@@ -64,6 +65,7 @@ from orchestrator.sandbox.sessions import session_mount
 from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store import leases
 from orchestrator.store.db import Database
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import Group, get_group, send_targets
 from orchestrator.store.hosts import process_owner
 from orchestrator.store.message_log import get_messages_after, waiting_since
@@ -123,6 +125,8 @@ class Pipeline:
         self.owner = process_owner(settings.effective_host_id)
         # Exceptions that mean "out of time" (Celery's soft time limit); set by the worker.
         self.deadline_exceptions = deadline_exceptions
+        # Files people send and the agent hands back (store/files.py); nothing read until used.
+        self.files = FileStore.from_settings(db, settings)
 
     @property
     def sandbox(self) -> Sandbox:
@@ -326,7 +330,7 @@ class Pipeline:
             log.exception("could not assemble the input of run %s", run.id)
             verdict = Verdict("failed", f"{type(exc).__name__}: {exc}")
         else:
-            verdict = self._attempt(outputs, payload, assistant, lease_lost, Usage())
+            verdict = self._attempt(outputs, payload, assistant, lease_lost, Usage(), batch)
         return self._conclude(outputs, verdict, batch.isolated)
 
     def resume(self, run: Run, *, task_id: str | None = None, lease_lost: threading.Event | None = None) -> RunOutcome:
@@ -347,7 +351,9 @@ class Pipeline:
         else:
             resume_run(self.db, run.id, owner=self.owner, celery_task_id=task_id)
             assistant = group.assistant_name or self.settings.assistant_name
-            verdict = self._attempt(outputs, decode_input(raw), assistant, lease_lost, spent)
+            verdict = self._attempt(
+                outputs, decode_input(raw), assistant, lease_lost, spent, batch if isinstance(batch, Batch) else None
+            )
         return self._conclude(outputs, verdict, isolated)
 
     def _earlier_attempts(self, run: Run) -> RunOutcome:
@@ -372,7 +378,7 @@ class Pipeline:
         return outcome
 
     def _outputs(self, group: Group, outcome: RunOutcome) -> ChatOutputs:
-        return ChatOutputs(self.db, group, outcome, owner=self.owner, deliver=self._deliver)
+        return ChatOutputs(self.db, group, outcome, owner=self.owner, deliver=self._deliver, files=self.files)
 
     def _conclude(self, outputs: ChatOutputs, verdict: Verdict, isolated: bool) -> RunOutcome:
         return conclude(outputs, verdict, settings=self.settings, clock=self.clock, isolated=isolated)
@@ -384,6 +390,7 @@ class Pipeline:
         assistant: str,
         lease_lost: threading.Event | None,
         spent: Usage,
+        batch: Batch | None,
     ) -> Verdict:
         """One attempt at the run in its container (``orchestrator/run/attempt.py``); ``spent``
         carries the earlier attempts' tokens (the budget is the run's: a retry must not start
@@ -423,6 +430,8 @@ class Pipeline:
             lease_lost=lease_lost,
             clock=self.clock,
             deadline_exceptions=self.deadline_exceptions,
+            files=batch_files(self.files, batch.messages) if batch is not None else [],
+            file_store=self.files,
         )
         try:
             return run_attempt(ctx)

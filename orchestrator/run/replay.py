@@ -329,6 +329,10 @@ class KeptOutputs:
         if out is not None:
             self.kept.append(out.model_copy(update={"metadata": {"via": "send_message", "to_chat": chat_jid}}))
 
+    def send_file(self, workspace: Path, path: str, out: OutputMessage) -> None:
+        # A replay stores no file (its workspace is a scratch copy): where it would have come from.
+        self.kept.append(out.model_copy(update={"metadata": {"via": "send_file", "path": path}}))
+
 
 class UnshownDraft:
     """A replay's streamed text (its :class:`~orchestrator.run.attempt.Draft`): neither shown

@@ -7,7 +7,8 @@ made if missing and opened with ``O_NOFOLLOW | O_DIRECTORY`` relative to it (a s
 FIFO or a file there is refused with :class:`HostileEntry`, and nothing is placed), and each
 file created relative to that descriptor with ``O_CREAT | O_EXCL | O_NOFOLLOW``, which never
 follows a link and never opens what is there: a name taken by anything (a file, a symlink,
-a FIFO) is left alone and the next name is tried.
+a FIFO) is left alone and the next name is tried, unless it is a regular file holding
+exactly the file's bytes (an earlier attempt of the same run placed it): that one is reused.
 
 **The naming scheme**: ``inbox/<name>``, where ``<name>`` is the sender's name made safe
 (``store.files.safe_name``: no directories, no control characters, no leading dot, at most
@@ -27,6 +28,7 @@ the ones this call created are removed again: a run sees all its files or none.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ from orchestrator.store.files import CHUNK_BYTES, FileStore, StoredFile, numbere
 
 INBOX = "inbox"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _FILE_MODE = 0o644
 _DIR_MODE = 0o755
@@ -139,27 +142,51 @@ def _inbox_refusal(root: int, exc: OSError) -> str:
 
 
 def _place(inbox: int, stored: StoredFile, source: int, uid: int, gid: int, created: list[str]) -> str:
-    name, fd = _create(inbox, safe_name(stored.name))
-    created.append(name)
-    try:
-        _copy(source, fd, stored)
-        os.fchown(fd, uid, gid)
-    finally:
-        os.close(fd)
-    return name
-
-
-def _create(inbox: int, name: str) -> tuple[str, int]:
-    for candidate in numbered_names(name, MAX_NAME_TRIES):
+    for candidate in numbered_names(safe_name(stored.name), MAX_NAME_TRIES):
         try:
-            return candidate, os.open(candidate, _NEW_FILE_FLAGS, _FILE_MODE, dir_fd=inbox)
+            fd = os.open(candidate, _NEW_FILE_FLAGS, _FILE_MODE, dir_fd=inbox)
         except FileExistsError:
-            continue  # taken by anything at all (a symlink too: O_EXCL never follows one)
+            # Taken by anything at all (a symlink too: O_EXCL never follows one).  The same
+            # bytes already there (an earlier attempt of this run placed them) are reused.
+            if _holds(inbox, candidate, stored):
+                return candidate
+            continue
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 continue
             raise HostileEntry(f"{INBOX}/{candidate}", f"cannot be created ({exc.strerror})") from None
-    raise HostileEntry(f"{INBOX}/{name}", f"{MAX_NAME_TRIES} names taken; not placed")
+        created.append(candidate)
+        try:
+            _copy(source, fd, stored)
+            os.fchown(fd, uid, gid)
+        finally:
+            os.close(fd)
+        return candidate
+    raise HostileEntry(f"{INBOX}/{stored.name}", f"{MAX_NAME_TRIES} names taken; not placed")
+
+
+def _holds(inbox: int, name: str, stored: StoredFile) -> bool:
+    """Whether ``inbox/name`` is a regular file (reached without a link) with exactly
+    ``stored``'s bytes: its size by ``fstat`` first, then its SHA-256, reading no more."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=inbox)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != stored.size:
+            return False
+        digest = hashlib.sha256()
+        offset = 0
+        while offset < stored.size:
+            chunk = os.pread(fd, min(CHUNK_BYTES, stored.size - offset), offset)
+            if not chunk:
+                return False
+            digest.update(chunk)
+            offset += len(chunk)
+        return digest.hexdigest() == stored.sha256
+    finally:
+        os.close(fd)
 
 
 def _copy(source: int, target: int, stored: StoredFile) -> None:

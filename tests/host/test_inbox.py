@@ -52,12 +52,28 @@ def test_files_are_placed_under_inbox_with_safe_names(store: FileStore, workspac
     assert place_files(workspace, [], store) == []
 
 
-def test_the_same_name_twice_gets_a_number(store: FileStore, workspace: Path) -> None:
+def test_the_same_name_twice_gets_a_number_and_the_same_bytes_are_reused(store: FileStore, workspace: Path) -> None:
     a = put(store, b"one", "report.txt")
     b = put(store, b"two", "report.txt")
     placed = place_files(workspace, [a, b, a], store)
-    assert [p.name for p in placed] == ["report.txt", "report (2).txt", "report (3).txt"]
+    assert [p.name for p in placed] == ["report.txt", "report (2).txt", "report.txt"]
     assert (workspace / "inbox" / "report (2).txt").read_bytes() == b"two"
+    # Placed again (a retried attempt): no copy is added.
+    assert [p.name for p in place_files(workspace, [b], store)] == ["report (2).txt"]
+    assert sorted(os.listdir(workspace / "inbox")) == ["report (2).txt", "report.txt"]
+
+
+def test_a_planted_symlink_or_fifo_is_never_taken_for_the_same_bytes(
+    store: FileStore, workspace: Path, tmp_path: Path
+) -> None:
+    twin = tmp_path / "twin.txt"
+    twin.write_bytes(b"same")
+    (workspace / "inbox").mkdir()
+    (workspace / "inbox" / "same.txt").symlink_to(twin)  # a link to the very bytes
+    os.mkfifo(workspace / "inbox" / "same (2).txt")  # would hang a blocking reader
+    placed = place_files(workspace, [put(store, b"same", "same.txt")], store)
+    assert placed[0].name == "same (3).txt"
+    assert (workspace / "inbox" / "same (3).txt").read_bytes() == b"same"
 
 
 def test_an_existing_file_is_kept_and_the_new_one_numbered(store: FileStore, workspace: Path) -> None:
