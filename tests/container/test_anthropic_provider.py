@@ -156,6 +156,7 @@ def test_request_carries_tools_system_prompt_and_placeholder_key(serve_tcp: Any,
         "grep",
         "todo_write",
         "send_message",
+        "send_file",
     ]
     assert sent_key(fake.headers[0]) == "via-gateway"
 

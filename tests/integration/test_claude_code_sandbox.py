@@ -169,7 +169,7 @@ def test_claude_code_edits_files_keeps_a_todo_list_and_resumes_its_session(
     assert all(c.body.get("stream") is True for c in fake.calls)
     assert all(c.body["max_tokens"] <= 4096 for c in fake.calls)
     tools = {t["name"] for t in fake.calls[0].body["tools"]}
-    assert {"Bash", "Write", "Edit", "TodoWrite", "mcp__chat__send_message"} <= tools, tools
+    assert {"Bash", "Write", "Edit", "TodoWrite", "mcp__chat__send_message", "mcp__chat__send_file"} <= tools, tools
     assert not tools & {"WebFetch", "WebSearch", "CronCreate"}, tools
 
     # The first run's tool results, stored with their envelopes.

@@ -10,12 +10,13 @@ its output cap to the run's, so the gateway's policy holds without
 rewriting; the CLI's nonessential traffic, telemetry, error reports and
 update checks are off.
 
-Our ``send_message`` tool is offered as an in-process MCP tool
-(``mcp__chat__send_message``): the same code and the same host-side
-authorization as in our own loop.  The session (the CLI's transcript) lives
-in the group's session folder, mounted at ``SESSION_MOUNT``; its id goes
-back to the host in the ``ResultEvent`` and comes back as
-``ContainerInput.session_id`` to be resumed.
+Our chat tools, ``send_message`` and ``send_file``, are offered as in-process
+MCP tools (``mcp__chat__send_message``, ``mcp__chat__send_file``): the same
+code (``tools.run_tool``) and the same host-side checks as in our own loop.
+The session (the CLI's transcript) lives in the group's session folder,
+mounted at ``SESSION_MOUNT``; its id goes back to the host in the
+``ResultEvent`` and comes back as ``ContainerInput.session_id`` to be
+resumed.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from typing import Any
 from ..conversation import build_system_prompt
 from ..errors import InputError, ProviderError
 from ..protocol import SESSION_MOUNT, ContainerInput, ResultEvent
+from ..providers.base import ToolSpec
 from ..text_stream import DeltaCoalescer
 from ..tools import ToolContext, run_tool
-from ..tools.send_message import SPEC as SEND_SPEC
+from ..tools.send_file import SPEC as SEND_FILE_SPEC
+from ..tools.send_message import SPEC as SEND_MESSAGE_SPEC
 from ..workspace_notices import workspace_notices
 from .mapping import EDIT_TOOLS, Emit, EventMapper
 from .prompt import build_prompt, session_file
@@ -41,6 +44,8 @@ log = logging.getLogger(__name__)
 
 PLACEHOLDER_API_KEY = "via-gateway"
 MCP_SERVER = "chat"
+# Our tools offered to the CLI on that server (as mcp__chat__<name>).
+CHAT_TOOLS = (SEND_MESSAGE_SPEC, SEND_FILE_SPEC)
 # Tools that need a network the container does not have (offered, they would
 # only fail), and the CLI's own schedulers, which die with the run (the host
 # schedules: the scheduled tasks of the chat).
@@ -66,7 +71,7 @@ def cli_env(inp: ContainerInput, base_url: str, config_dir: Path) -> dict[str, s
         # than the task tools' one item at a time.
         "CLAUDE_CODE_ENABLE_TASKS": "0",
         # Every tool's schema up front: no ToolSearch round trip before a tool
-        # (ours, send_message, included) can be called.
+        # (ours, send_message and send_file, included) can be called.
         "ENABLE_TOOL_SEARCH": "false",
         "MAX_THINKING_TOKENS": str(inp.model.thinking_budget) if isinstance(inp.model.thinking_budget, int) else "0",
     }
@@ -126,10 +131,13 @@ async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir
         emit=emit,
     )
 
-    @sdk.tool(SEND_SPEC.name, SEND_SPEC.description, SEND_SPEC.input_schema)  # type: ignore[untyped-decorator,unused-ignore]
-    async def send_message(args: dict[str, Any]) -> dict[str, Any]:
-        outcome = run_tool(SEND_SPEC.name, args, ctx)
-        return {"content": [{"type": "text", "text": outcome.output}], "is_error": outcome.is_error}
+    def chat_tool(spec: ToolSpec) -> Any:
+        @sdk.tool(spec.name, spec.description, spec.input_schema)  # type: ignore[untyped-decorator,unused-ignore]
+        async def call(args: dict[str, Any]) -> dict[str, Any]:
+            outcome = run_tool(spec.name, args, ctx)
+            return {"content": [{"type": "text", "text": outcome.output}], "is_error": outcome.is_error}
+
+        return call
 
     async def before_edit(data: Any, tool_use_id: str | None, _context: Any) -> dict[str, Any]:
         if tool_use_id and isinstance(data, dict):
@@ -144,7 +152,7 @@ async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir
         # The container is the sandbox: nobody is there to approve a tool call.
         permission_mode="bypassPermissions",
         disallowed_tools=DISALLOWED_TOOLS,
-        mcp_servers={MCP_SERVER: sdk.create_sdk_mcp_server(MCP_SERVER, tools=[send_message])},
+        mcp_servers={MCP_SERVER: sdk.create_sdk_mcp_server(MCP_SERVER, tools=[chat_tool(s) for s in CHAT_TOOLS])},
         system_prompt={
             "type": "preset",
             "preset": "claude_code",

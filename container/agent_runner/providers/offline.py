@@ -19,6 +19,8 @@ Tool requests are lines of the newest user message, starting in column 0::
     /read PATH           read_file {"path": PATH}
     /send TEXT           send_message {"text": TEXT} (this chat)
     /send-to JID TEXT    send_message {"chat_jid": JID, "text": TEXT}
+    /send-file PATH [C]  send_file {"path": PATH, "caption": C} (PATH ends at
+                         the first space; without C, no caption)
     /write PATH          write_file {"path": PATH, "content": the lines up to
     line 1               /end, each ending in a newline}
     /end
@@ -115,6 +117,12 @@ def tool_requests_in(text: str) -> list[tuple[str, JsonObject]]:
         elif (rest := _directive(line, "/send-to")) is not None and " " in rest:
             target, text = rest.split(" ", 1)
             requests.append(("send_message", {"chat_jid": target, "text": text}))
+        elif (rest := _directive(line, "/send-file")) is not None:
+            file_path, _, caption = rest.partition(" ")
+            send: JsonObject = {"path": file_path}
+            if caption.strip():
+                send["caption"] = caption.strip()
+            requests.append(("send_file", send))
         elif (path := _directive(line, "/read")) is not None:
             requests.append(("read_file", {"path": path}))
         elif (path := _directive(line, "/write")) is not None:

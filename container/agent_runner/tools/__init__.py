@@ -8,9 +8,11 @@ Tools (one module each):
 * ``edit_file`` - replace a unique (or every) occurrence of a string (``edit_file.py``);
 * ``glob`` - workspace files matching a pattern such as ``**/*.py`` (``glob_tool.py``);
 * ``grep`` - lines matching a Python regex, as ``file:line:text`` (``grep_tool.py``);
-* ``todo_write`` - the model's task list for the run (``todo_write.py``).
+* ``todo_write`` - the model's task list for the run (``todo_write.py``);
 * ``send_message`` - post into the chat (or, for the main group, another
-  registered chat) during the run; the host authorizes (``send_message.py``).
+  registered chat) during the run; the host authorizes (``send_message.py``);
+* ``send_file`` - hand the chat a regular file of the workspace, with an
+  optional caption; the host reads and checks it again (``send_file.py``).
 
 File tools only touch paths inside the workspace (``paths.py``).  Shared
 types live in ``base.py`` and are re-exported here.
@@ -47,6 +49,8 @@ from .grep_tool import SPEC as GREP_SPEC
 from .grep_tool import grep_files
 from .read_file import SPEC as READ_FILE_SPEC
 from .read_file import read_file
+from .send_file import SPEC as SEND_FILE_SPEC
+from .send_file import send_file
 from .send_message import SPEC as SEND_MESSAGE_SPEC
 from .send_message import send_message
 from .todo_write import SPEC as TODO_WRITE_SPEC
@@ -96,6 +100,7 @@ REGISTRY: dict[str, Tool] = {
         Tool(GREP_SPEC, grep_files),
         Tool(TODO_WRITE_SPEC, todo_write),
         Tool(SEND_MESSAGE_SPEC, send_message),
+        Tool(SEND_FILE_SPEC, send_file),
     )
 }
 

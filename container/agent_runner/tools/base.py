@@ -37,7 +37,7 @@ class ToolContext:
     limits: Limits
     state: RunState = field(default_factory=RunState)
     # For send_message: this run's chat, the other chats it may post to, and
-    # the event sink (None outside a run: the tool then refuses).
+    # the event sink (None outside a run: the tool then refuses; send_file too).
     chat_jid: str = ""
     send_targets: frozenset[str] = frozenset()
     emit: Callable[[Any], None] | None = None
