@@ -10,6 +10,8 @@ user message for a keyword; anything else is handed to the real runner.
   flaky N         crash on the first N attempts (counted in /workspace), then behave
   memhog          allocate memory until the container's limit stops it
   forge-send JID  claim a send_message to JID (bypassing the runner's own check), then finish
+  forge-send-file plant a symlink to /etc/passwd and a FIFO in /workspace, claim send_file of
+                  each and of ../../etc/passwd (bypassing the runner's own check), then finish
   spend-crash     first attempt: one request through the model gateway, then exit 3; later: the runner
 """
 
@@ -52,6 +54,14 @@ if "forge-send" in words:
     raw_words = text.split()  # chat ids keep their "@"
     target = raw_words[raw_words.index("forge-send") + 1]
     emit({"type": "send_message", "chat_jid": target, "text": "forged announcement"})
+    emit({"type": "assistant", "text": "I tried"})
+    emit({"type": "result"})
+    sys.exit(0)
+if "forge-send-file" in words:
+    os.symlink("/etc/passwd", "/workspace/leak")
+    os.mkfifo("/workspace/pipe")
+    for path in ("leak", "pipe", "../../etc/passwd"):
+        emit({"type": "send_file", "path": path, "caption": "forged"})
     emit({"type": "assistant", "text": "I tried"})
     emit({"type": "result"})
     sys.exit(0)
