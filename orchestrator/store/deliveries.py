@@ -9,7 +9,8 @@ Messages channels do not show (superseded, stored-only records such as
 
 After the commit the writer signals a deliverer, which claims, sends and
 finishes the rows (``orchestrator/run/outbound.py``); the states are
-``pending``, ``sending``, ``sent``, ``failed`` and ``cancelled``.
+:data:`DeliveryState`: ``pending``, ``sending``, ``sent``, ``failed`` and
+``cancelled``, checked as a row is read (``store/stored_literals.py``).
 
 Per (chat, channel) the oldest unfinished row goes first (a later one is not
 claimable while an earlier one is pending or sending), so each channel shows
@@ -29,7 +30,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypedDict
+from typing import Annotated, Any, Final, Literal, TypedDict, get_args
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Connection, and_, exists, func, insert, literal_column, select, update
@@ -41,12 +42,18 @@ from orchestrator.model.messages import SENDER_BOT, StoredMessage
 from orchestrator.model.render import ORIGIN_CHANNEL_KEY, displayed
 from orchestrator.store.db import Database, changed_rows, db_now, driver_execute, now_sql
 from orchestrator.store.message_log import to_stored
+from orchestrator.store.stored_literals import column_check
 from orchestrator.store.tables import DeliveryRow, GroupRow, MessageRow
 
 log = logging.getLogger(__name__)
 
-PENDING, SENDING, SENT, FAILED, CANCELLED = "pending", "sending", "sent", "failed", "cancelled"
-STATES = (PENDING, SENDING, SENT, FAILED, CANCELLED)
+DeliveryState = Literal["pending", "sending", "sent", "failed", "cancelled"]
+STATES: tuple[DeliveryState, ...] = get_args(DeliveryState)
+PENDING: Final = "pending"
+SENDING: Final = "sending"
+SENT: Final = "sent"
+FAILED: Final = "failed"
+CANCELLED: Final = "cancelled"
 
 
 def utc_now() -> datetime:
@@ -61,7 +68,7 @@ class Delivery(BaseModel):
     chat_jid: str
     channel: str
     address: str
-    state: str
+    state: Annotated[DeliveryState, column_check(STATES, "deliveries.state")]
     attempts: int
     next_attempt_at: datetime
     last_error: str | None
@@ -119,7 +126,7 @@ class _NewDelivery(TypedDict):
     chat_jid: str
     channel: str
     address: str
-    state: str
+    state: DeliveryState
     attempts: int
     next_attempt_at: datetime
     created_at: datetime
@@ -277,7 +284,7 @@ def finish_claim(
     delivery_id: int,
     owner: str,
     *,
-    state: str,
+    state: DeliveryState,
     last_error: str | None = None,
     next_attempt_at: datetime | None = None,
     sent_at: datetime | None = None,

@@ -49,13 +49,14 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import ColumnElement, Text, and_, exists, func, or_, select, update
 
 from orchestrator.store.db import Database, age_sql, age_text, changed_rows, now_sql
-from orchestrator.store.runs import FINAL_STATES
+from orchestrator.store.runs import FINAL_STATES, RUN_STATES, RunState
+from orchestrator.store.stored_literals import checked, column_check
 from orchestrator.store.tables import GroupRow, HostRow, RunRow
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ HEARTBEAT_INTERVAL_S = 3.0
 ALIVE_WINDOW_S = 9.0
 
 HostState = Literal["up", "draining", "stopped"]
-STATES: tuple[str, ...] = ("up", "draining", "stopped")
+STATES: tuple[HostState, ...] = get_args(HostState)
 
 
 class HostRun(BaseModel):
@@ -79,7 +80,7 @@ class HostRun(BaseModel):
 
     id: str
     chat_jid: str
-    state: str
+    state: Annotated[RunState, column_check(RUN_STATES, "runs.state")]
 
 
 class Host(BaseModel):
@@ -88,7 +89,7 @@ class Host(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     host_id: str
-    state: HostState
+    state: Annotated[HostState, column_check(STATES, "hosts.state")]
     alive: bool
     # Seconds since its last heartbeat, by the database's clock.
     heartbeat_age_s: float
@@ -415,7 +416,11 @@ def gone_for(db: Database, host_ids: set[str], seconds: float) -> set[str]:
                 HostRow.host_id.in_(sorted(host_ids))
             )
         ).all()
-    beating = {host_id for host_id, state, age in rows if state != "stopped" and float(age) < seconds}
+    beating = {
+        host_id
+        for host_id, state, age in rows
+        if checked(STATES, state, "hosts.state") != "stopped" and float(age) < seconds
+    }
     return host_ids - beating
 
 

@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import ColumnElement, Connection, and_, or_, select, update
@@ -15,12 +15,14 @@ from sqlalchemy.orm import Session, defer
 from orchestrator.core import secrets
 from orchestrator.core.errors import NotFound
 from orchestrator.store.db import Database, age_text, db_now, db_time, driver_execute, now_text
+from orchestrator.store.stored_literals import checked, column_check
 from orchestrator.store.tables import GroupChannelRow, GroupRow, RunRow
 
 RunState = Literal["queued", "running", "succeeded", "failed", "timed_out", "cancelled"]
-FINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+RUN_STATES: tuple[RunState, ...] = get_args(RunState)
+FINAL_STATES: frozenset[RunState] = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 # A run not ended yet: waiting for its container or retry, or running.
-LIVE_STATES = ("queued", "running")
+LIVE_STATES: tuple[RunState, ...] = ("queued", "running")
 
 
 class Run(BaseModel):
@@ -28,7 +30,7 @@ class Run(BaseModel):
 
     id: str
     chat_jid: str
-    state: RunState
+    state: Annotated[RunState, column_check(RUN_STATES, "runs.state")]
     attempts: int
     cursor_from: int
     cursor_to: int
@@ -262,9 +264,11 @@ def cancel_run(db: Database, run_id: str) -> Run:
     return get_run(db, run.id)
 
 
-def run_state(db: Database, run_id: str) -> str | None:
+def run_state(db: Database, run_id: str) -> RunState | None:
+    """The run's state (None: no such run)."""
     with db.read() as session:
-        return session.scalar(select(RunRow.state).where(RunRow.id == run_id))
+        state = session.scalar(select(RunRow.state).where(RunRow.id == run_id))
+    return None if state is None else checked(RUN_STATES, state, "runs.state")
 
 
 def finish_run(
@@ -361,11 +365,13 @@ _RECENT_ENDS = (
 )
 
 
-def recent_run_ends(db: Database, chat_jid: str, limit: int = 5) -> list[tuple[str, str | None, datetime | None]]:
+def recent_run_ends(db: Database, chat_jid: str, limit: int = 5) -> list[tuple[RunState, str | None, datetime | None]]:
     """(state, error, finished_at) of the chat's ``limit`` newest runs (not replays), newest first:
     one fixed read."""
     rows = db.read_fixed(_RECENT_ENDS, {"chat_jid": chat_jid, "limit": limit})
-    return [(state, error, db_time(finished_at)) for state, error, finished_at in rows]
+    return [
+        (checked(RUN_STATES, state, "runs.state"), error, db_time(finished_at)) for state, error, finished_at in rows
+    ]
 
 
 # -- the input a run's container was given (exact bytes, zlib-compressed, and their SHA-256) ---
@@ -401,7 +407,7 @@ def run_cursors(db: Database, run_id: str) -> tuple[int, int]:
 
 def runs_changed(
     db: Database, chat_jid: str, *, live: Collection[str], since: datetime | None
-) -> list[tuple[str, str, int, datetime]]:
+) -> list[tuple[str, RunState, int, datetime]]:
     """(id, state, attempts, created_at) of the chat's runs (not replays: the page never shows
     one) that are live now, or in ``live`` (live when last seen), or created at or after
     ``since``: what the chat's event stream looks at on each tick (orchestrator/http/stream.py)."""
@@ -416,7 +422,11 @@ def runs_changed(
         or_(*cond),
     )
     with db.read() as session:
-        return [(run_id, state, attempts, created_at) for run_id, state, attempts, created_at in session.execute(stmt)]
+        rows = session.execute(stmt).all()
+    return [
+        (run_id, checked(RUN_STATES, state, "runs.state"), attempts, created_at)
+        for run_id, state, attempts, created_at in rows
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ fires once however many beat processes tick.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import func, select, update
@@ -18,11 +18,15 @@ from sqlalchemy.orm import Session
 
 from orchestrator.core.errors import NotFound
 from orchestrator.store.db import Database, changed_rows, db_time
+from orchestrator.store.stored_literals import checked, column_check
 from orchestrator.store.tables import ScheduledTaskRow
 
 ScheduleKind = Literal["cron", "interval", "once"]
 ContextMode = Literal["group", "isolated"]
 TaskState = Literal["active", "paused", "cancelled", "done"]
+KINDS: tuple[ScheduleKind, ...] = get_args(ScheduleKind)
+CONTEXT_MODES: tuple[ContextMode, ...] = get_args(ContextMode)
+TASK_STATES: tuple[TaskState, ...] = get_args(TaskState)
 
 
 class ScheduledTask(BaseModel):
@@ -31,10 +35,10 @@ class ScheduledTask(BaseModel):
     id: str
     chat_jid: str
     prompt: str
-    kind: ScheduleKind
+    kind: Annotated[ScheduleKind, column_check(KINDS, "scheduled_tasks.kind")]
     spec: str
-    context_mode: ContextMode
-    state: TaskState
+    context_mode: Annotated[ContextMode, column_check(CONTEXT_MODES, "scheduled_tasks.context_mode")]
+    state: Annotated[TaskState, column_check(TASK_STATES, "scheduled_tasks.state")]
     next_run_at: datetime | None
     last_run_at: datetime | None
     runs: int
@@ -113,8 +117,8 @@ def count_tasks(db: Database, chat_jid: str) -> TaskCounts:
         .group_by(ScheduledTaskRow.state)
     )
     with db.read() as session:
-        counted = {state: int(n) for state, n in session.execute(stmt)}
-    return TaskCounts(**{state: n for state, n in counted.items() if state in TaskCounts.model_fields})
+        rows = session.execute(stmt).all()
+    return TaskCounts(**{checked(TASK_STATES, state, "scheduled_tasks.state"): int(n) for state, n in rows})
 
 
 def set_task_state(db: Database, task_id: str, state: TaskState, *, next_run_at: datetime | None = None) -> None:
