@@ -16,7 +16,7 @@ import msgspec
 
 from .errors import InputError, ProviderError, RunnerError
 from .fence import HostWatch
-from .loop import Emit, run_agent
+from .loop import Emit
 from .protocol import (
     PROTOCOL_VERSION,
     ContainerInput,
@@ -27,7 +27,7 @@ from .protocol import (
     decode_input,
     dump_event,
 )
-from .providers import make_provider
+from .provider_registry import PROVIDERS
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -84,15 +84,7 @@ def run(raw: bytes, emit: Emit, workspace: Path, *, host_fd: int | None = None) 
             host_fd = None
             emit = _marking_the_end(emit, watch)
         log.info("run %s: %d messages, provider %s", inp.run_id, len(inp.messages), inp.model.provider)
-        if inp.model.provider == "claude-code":
-            # Claude Code brings its own turn loop (imported only here: the SDK
-            # is in the claude-code image variant only).
-            from .claude_code.agent import run_claude_code
-
-            run_claude_code(inp, emit, workspace=workspace)
-            return EXIT_OK
-        provider = make_provider(inp.model, assistant_name=inp.assistant_name)
-        run_agent(inp, provider, emit, workspace=workspace)
+        PROVIDERS[inp.model.provider].run(inp, emit, workspace)
         return EXIT_OK
     except InputError as exc:
         log.error("%s", exc)

@@ -24,6 +24,7 @@ from orchestrator.run.outcome import RunOutcome
 from orchestrator.run.outputs import OutputMessage, host_message
 from orchestrator.run.result_meta import result_meta_message
 from orchestrator.run.stop_notice import stop_notice
+from orchestrator.sandbox.providers import split_spec
 from orchestrator.store import leases
 from orchestrator.store.runs import park_run
 
@@ -125,7 +126,7 @@ def _result_meta(outputs: ChatOutputs, verdict: Verdict, settings: Settings) -> 
     if chosen is not None:
         provider, model = chosen.provider, chosen.model
     else:  # the input was never built (a bad ORCHESTRATOR_MODEL among the reasons)
-        provider, _, model = settings.model.strip().partition(":")
+        provider, model = split_spec(settings.model)
         model = model or provider
     duration = None
     if run.started_at is not None:

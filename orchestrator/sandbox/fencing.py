@@ -21,7 +21,7 @@ import logging
 from orchestrator.core.settings import Settings
 from orchestrator.sandbox.config import parse_container_config, workspace_quota
 from orchestrator.sandbox.quota import group_volumes, unmount_group, volume_problem
-from orchestrator.sandbox.sessions import SESSION_PROVIDERS, session_quota_bytes
+from orchestrator.sandbox.sessions import keeps_session, session_quota_bytes
 from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store.db import Database
 from orchestrator.store.groups import Group
@@ -40,7 +40,7 @@ def may_mount(settings: Settings, group: Group, provider: str) -> bool:
         return False
     if workspace_quota(settings, parse_container_config(group.container_config)) > 0:
         return True
-    return provider in SESSION_PROVIDERS and session_quota_bytes(settings) > 0
+    return keeps_session(provider) and session_quota_bytes(settings) > 0
 
 
 def hold_for_attempt(db: Database, settings: Settings, group: Group, provider: str) -> None:

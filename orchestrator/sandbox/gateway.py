@@ -31,8 +31,9 @@ finds a source key in them, as their readers read them: as they are and, if a
 key is spelled in another case, as a reader that matches keys ignoring case
 (Go's encoding/json) reads them.
 
-Two upstreams (:meth:`ModelGateway.for_provider`): Anthropic (``POST /v1/messages``, key
-in ``x-api-key``) and an OpenAI-compatible server (``POST
+Two upstreams (:data:`UPSTREAMS`, the route of a provider's row in
+``sandbox/providers.py``; :meth:`ModelGateway.for_provider`): Anthropic (``POST
+/v1/messages``, key in ``x-api-key``) and an OpenAI-compatible server (``POST
 /v1/chat/completions``, key as ``Authorization: Bearer``, none when no key
 is configured, as for a local Ollama).  Token counts are read from either
 usage shape, streamed (SSE) or not, cache tokens included.
@@ -78,7 +79,7 @@ import ssl
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -89,6 +90,7 @@ import msgspec
 
 from agent_runner.protocol import Usage
 from orchestrator.core.errors import GatewayError
+from orchestrator.sandbox.providers import GatewayRoute, facts_of, split_spec
 
 if TYPE_CHECKING:
     from orchestrator.core.settings import Settings
@@ -109,6 +111,24 @@ ANTHROPIC_PATHS = frozenset({"/v1/messages"})
 OPENAI_PATHS = frozenset({"/v1/chat/completions"})
 Auth = Literal["x-api-key", "bearer"]
 ModelPolicy = Literal["refuse", "rewrite"]
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """An API the gateway forwards to: the paths it serves, how its key is sent, and the
+    settings that name its server and its key."""
+
+    paths: frozenset[str]
+    auth: Auth
+    base_url: Callable[[Settings], str]
+    api_key: Callable[[Settings], str]
+
+
+# A provider's gateway route (sandbox/providers.py) -> the API it forwards to.
+UPSTREAMS: Mapping[GatewayRoute, Upstream] = {
+    "anthropic": Upstream(ANTHROPIC_PATHS, "x-api-key", lambda s: s.anthropic_base_url, lambda s: s.anthropic_api_key),
+    "openai": Upstream(OPENAI_PATHS, "bearer", lambda s: s.openai_base_url, lambda s: s.openai_api_key),
+}
 
 # -- what a request may carry ------------------------------------------------------------------
 #
@@ -870,15 +890,20 @@ class ModelGateway:
         model: str | None = None,
         max_tokens: int | None = None,
     ) -> ModelGateway:
-        """The gateway for ``provider`` ("anthropic" or "openai") as ``settings`` configure it.
+        """The gateway for ``provider`` (one whose row in ``sandbox/providers.py`` has a gateway
+        route) as ``settings`` configure it.
 
         ``spent``: what earlier attempts of the same run used (counted against the budget).
         ``model`` and ``max_tokens``: what the run may ask for (the pipeline passes its
         recorded input's); by default ``ORCHESTRATOR_MODEL``'s model when it names
         ``provider``, and ``ORCHESTRATOR_MAX_TOKENS``.
         """
+        facts = facts_of(provider)
+        if facts is None or facts.gateway is None:
+            raise ValueError(f"no model gateway for provider {provider!r}")
+        upstream = UPSTREAMS[facts.gateway]
         if model is None:
-            named, _, model_id = settings.model.strip().partition(":")
+            named, model_id = split_spec(settings.model)
             model = model_id if named == provider and model_id else None
         limits: _Limits = {
             "model": model,
@@ -890,18 +915,14 @@ class ModelGateway:
             "max_connections": settings.gateway_max_connections,
             "read_timeout_s": settings.gateway_read_timeout_s,
         }
-        if provider == "openai":
-            return cls(
-                socket_path,
-                upstream=settings.openai_base_url,
-                api_key=settings.openai_api_key,
-                allowed_paths=OPENAI_PATHS,
-                auth="bearer",
-                **limits,
-            )
-        if provider in ("anthropic", "claude-code"):  # Claude Code speaks the Messages API too
-            return cls(socket_path, upstream=settings.anthropic_base_url, api_key=settings.anthropic_api_key, **limits)
-        raise ValueError(f"no model gateway for provider {provider!r}")
+        return cls(
+            socket_path,
+            upstream=upstream.base_url(settings),
+            api_key=upstream.api_key(settings),
+            allowed_paths=upstream.paths,
+            auth=upstream.auth,
+            **limits,
+        )
 
     @property
     def usage(self) -> Usage:

@@ -10,7 +10,8 @@
    image), so a changed runner rebuilds and an unchanged one is reused.
 
 A variant is the agent image plus a provider's heavy dependencies, built on
-top of it the same way, and only when that provider is chosen: ``claude-code``
+top of it the same way, and only when that provider is chosen (the
+``image_variant`` of its row in ``sandbox/providers.py``): ``claude-code``
 (``container/Dockerfile.claude-code``, the Claude Agent SDK with its bundled
 CLI, about 400 MB) is tagged ``<agent image repository>:claude-code``.
 """
@@ -30,6 +31,7 @@ from docker.errors import BuildError, DockerException, ImageNotFound
 
 from orchestrator.core.errors import ImageBuildError
 from orchestrator.core.settings import Settings
+from orchestrator.sandbox.providers import facts_of, split_spec
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +42,14 @@ VARIANTS: dict[str, tuple[str, str]] = {"claude-code": ("Dockerfile.claude-code"
 
 
 def model_variant(provider: str) -> str | None:
-    """The image variant a model provider needs (None: the agent image itself)."""
-    return provider if provider in VARIANTS else None
+    """The image variant a model provider needs (None: the agent image itself, or no such provider)."""
+    facts = facts_of(provider)
+    return None if facts is None else facts.image_variant
 
 
 def settings_variant(settings: Settings) -> str | None:
     """The variant ``ORCHESTRATOR_MODEL`` needs (its provider is the part before ``:``)."""
-    return model_variant(settings.model.strip().partition(":")[0])
+    return model_variant(split_spec(settings.model)[0])
 
 
 def image_name(settings: Settings, variant: str | None) -> str:

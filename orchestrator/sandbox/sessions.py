@@ -2,8 +2,9 @@
 
 ``<data>/sessions/<folder>`` is mounted read-write at ``SESSION_MOUNT``
 (``/session``) in the group's run containers when the provider keeps a
-session of its own (``claude-code``: the CLI's transcripts, resumed by the
-session id the host stores on the group).  Like the workspace, the folder is
+session of its own (``keeps_session`` in its row of ``sandbox/providers.py``;
+``claude-code``: the CLI's transcripts, resumed by the session id the host
+stores on the group).  Like the workspace, the folder is
 the agent's: the host never reads what is in it, creates it without
 following a link, hands it to the container's user, and only ever removes it
 whole (``groups reset``), with a removal that never follows a symlink.
@@ -34,13 +35,12 @@ from orchestrator.core.settings import Settings, private_dir
 from orchestrator.core.sizes import parse_quota
 from orchestrator.sandbox.containers import CONTAINER_UID, docker_client, prepare_folder
 from orchestrator.sandbox.hostile_fs import make_dirs
+from orchestrator.sandbox.providers import facts_of
 from orchestrator.sandbox.quota import Volume, group_volumes, prepare_workspace
 from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store.db import Database
 from orchestrator.store.groups import clear_session, get_group, validate_folder
 
-# Providers whose container gets the session folder.
-SESSION_PROVIDERS = frozenset({"claude-code"})
 SESSIONS = "sessions"
 # ORCHESTRATOR_SESSION_QUOTA=auto: transcripts are text; a long-lived group's fit many times over.
 AUTO_SESSION_QUOTA_BYTES = 512 * 1024**2
@@ -64,9 +64,15 @@ def session_volume(settings: Settings, folder: str) -> Volume:
     return group_volumes(settings, folder)[1]
 
 
+def keeps_session(provider: str) -> bool:
+    """Whether ``provider``'s containers get the group's session folder."""
+    facts = facts_of(provider)
+    return facts is not None and facts.keeps_session
+
+
 def session_mount(settings: Settings, folder: str, provider: str) -> dict[str, str]:
     """host path -> ``SESSION_MOUNT`` for a provider that keeps a session, made if missing; else {}."""
-    if provider not in SESSION_PROVIDERS:
+    if not keeps_session(provider):
         return {}
     path = session_dir(settings, folder)
     # The host's own, and no other user's (the container reaches its folder through the

@@ -34,7 +34,7 @@ from agent_runner.protocol import (
     ToolUseEvent,
     decode_input,
 )
-from agent_runner.providers import make_provider
+from agent_runner.provider_registry import make_provider
 from agent_runner.providers.base import ProviderMessage, TextBlock
 from agent_runner.providers.openai_compat import OpenAICompatProvider
 from agent_runner.tools import tool_specs
