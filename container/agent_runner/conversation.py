@@ -23,8 +23,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from .errors import InputError
+from .images import image_block
 from .protocol import ContainerInput, JsonObject, SdkMessage, SdkToolUse
-from .providers.base import ContentBlock, ProviderMessage, Role, TextBlock, ToolResultBlock, ToolUseBlock
+from .providers.base import (
+    ContentBlock,
+    ImageBlock,
+    ProviderMessage,
+    Role,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 
 BASE_PROMPT = (
     "You are {name}, an assistant taking part in a chat. You run inside a "
@@ -78,6 +87,16 @@ def _as_block(message: SdkMessage) -> tuple[Role, ContentBlock]:
     return "user", TextBlock(message.content)
 
 
+def _as_blocks(message: SdkMessage, workspace: Path | None) -> tuple[Role, list[ContentBlock]]:
+    """``message``'s role and blocks: one block, then a user message's images after its text."""
+    role, block = _as_block(message)
+    if role != "user" or not isinstance(message.images, list) or not message.images:
+        return role, [block]
+    if workspace is None:
+        return role, [block, *(TextBlock(f"[image {i.file_id} is not shown]") for i in message.images)]
+    return role, [block, *(image_block(workspace, ref) for ref in message.images)]
+
+
 def _result_as_text(block: ToolResultBlock) -> TextBlock:
     code = "" if block.exit_code is None else f" exit_code={block.exit_code}"
     return TextBlock(f"[tool_result{code}]\n{block.content}")
@@ -85,12 +104,13 @@ def _result_as_text(block: ToolResultBlock) -> TextBlock:
 
 def _turn(role: Role, blocks: list[ContentBlock]) -> ProviderMessage:
     """One provider message: tool results first (the API wants them right
-    after the calls), then the text as one block, then the calls."""
+    after the calls), then the text as one block, then the images, then the calls."""
     results = [b for b in blocks if isinstance(b, ToolResultBlock)]
     calls = [b for b in blocks if isinstance(b, ToolUseBlock)]
+    images = [b for b in blocks if isinstance(b, ImageBlock)]
     texts = [b.text for b in blocks if isinstance(b, TextBlock)]
     text: list[ContentBlock] = [TextBlock("\n\n".join(texts))] if texts else []
-    return ProviderMessage(role, [*results, *text, *calls])
+    return ProviderMessage(role, [*results, *text, *images, *calls])
 
 
 def _grouped(pieces: list[tuple[Role, list[ContentBlock]]]) -> list[tuple[Role, list[ContentBlock]]]:
@@ -146,9 +166,10 @@ def _unique(call_id: str, used: set[str]) -> str:
     return new
 
 
-def build_messages(history: list[SdkMessage]) -> list[ProviderMessage]:
+def build_messages(history: list[SdkMessage], workspace: Path | None = None) -> list[ProviderMessage]:
     """Provider messages from the host's history: roles mapped, earlier tool calls
-    as tool blocks, same-role runs merged, every call paired with its result.
+    as tool blocks, same-role runs merged, every call paired with its result; a
+    user message's images read from ``workspace`` as image blocks after its text.
 
     Raises :class:`InputError` when there is nothing for the model to answer.
     """
@@ -156,8 +177,7 @@ def build_messages(history: list[SdkMessage]) -> list[ProviderMessage]:
         raise InputError("ContainerInput.messages is empty: nothing to answer")
     pieces: list[tuple[Role, list[ContentBlock]]] = []
     for message in history:
-        role, block = _as_block(message)
-        pieces.append((role, [block]))
+        pieces.append(_as_blocks(message, workspace))
     messages = [_turn(role, blocks) for role, blocks in _grouped(_paired(_grouped(pieces)))]
     if messages[0].role == "assistant":
         messages.insert(0, ProviderMessage("user", [TextBlock(HISTORY_START)]))

@@ -90,7 +90,7 @@ def run_agent(inp: ContainerInput, provider: Provider, emit: Emit, *, workspace:
     tool failures do not (they become error tool results for the model).
     """
     system = build_system_prompt(inp, workspace, workspace_notices(workspace))
-    messages = build_messages(inp.messages)
+    messages = build_messages(inp.messages, workspace)
     tools = tool_specs()
     ctx = ToolContext(
         workspace=workspace,

@@ -84,6 +84,16 @@ class SdkToolUse(_Model):
     input: JsonObject
 
 
+class ImageRef(_Model):
+    """An image a person's message brought, for a model that sees images: the host's file id,
+    its sniffed type, and where the attempt placed it below the workspace (unset: it could
+    not be placed; the model is told so in its place)."""
+
+    file_id: str
+    mime: str
+    path: str | msgspec.UnsetType = msgspec.UNSET
+
+
 class SdkMessage(_Model):
     """One message of the model's view of the chat (host messages never appear)."""
 
@@ -99,6 +109,11 @@ class SdkMessage(_Model):
     # JSON, so a recorded input that predates them reads and rebuilds the same.
     tool_use: SdkToolUse | msgspec.UnsetType = msgspec.UNSET
     tool_use_id: str | msgspec.UnsetType = msgspec.UNSET
+    # The images this user message brought, sent to a model that sees images as image
+    # blocks (agent_runner/images.py), the runner reading each from the workspace by its
+    # path: never inline here.  Only the run's own new messages carry them; older ones
+    # name their files in their text.  Unset for every other message.
+    images: list[ImageRef] | msgspec.UnsetType = msgspec.UNSET
 
 
 class ModelSettings(_Model):

@@ -27,6 +27,7 @@ from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.model.views import Fitted, counts_in_view, fit_budget, model_view
 from orchestrator.run.expand import expand_content
+from orchestrator.run.run_files import sees_images, with_images
 from orchestrator.run.schedules import is_isolated
 from orchestrator.run.url_fetch import UrlBudget
 from orchestrator.sandbox.config import effective_limits
@@ -97,12 +98,17 @@ def prior_messages(
     return picked[first:]
 
 
-def history_view(settings: Settings, group: Group, prior: list[StoredMessage], batch: Batch) -> Fitted:
+def history_view(
+    settings: Settings, group: Group, prior: list[StoredMessage], batch: Batch, *, images: bool = False
+) -> Fitted:
     """The model's view of ``prior`` and the batch, user messages' context blocks
-    expanded now, within ``settings.context_tokens``."""
+    expanded now, within ``settings.context_tokens``; with ``images`` (a model that sees
+    them), the batch's messages name their images for the runner (``run/run_files.py``)."""
     workspace = settings.groups_dir / group.folder
     urls = UrlBudget(settings)  # one deadline for all the URL blocks of this input
     items = model_view([*prior, *batch.messages])
+    if images:
+        items = with_images(items, {m.seq for m in batch.messages})
     return fit_budget(
         items,
         {m.seq for m in batch.messages},
@@ -134,7 +140,7 @@ def build_input(
     model: ModelSettings,
     send_targets: list[str] | None = None,
 ) -> ContainerInput:
-    fitted = history_view(settings, group, prior, batch)
+    fitted = history_view(settings, group, prior, batch, images=sees_images(settings, model))
     return ContainerInput(
         run_id=run_id,
         chat_jid=group.chat_jid,
@@ -187,5 +193,5 @@ def rebuild_input(db: Database, settings: Settings, run_id: str) -> bytes:
         messages: list[SdkMessage] = []
     else:
         prior = prior_messages(db, settings, group, planned, cursor_from)
-        messages = history_view(settings, group, prior, planned).messages
+        messages = history_view(settings, group, prior, planned, images=sees_images(settings, original.model)).messages
     return input_bytes(original.replace(messages=messages))

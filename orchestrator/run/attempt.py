@@ -234,8 +234,7 @@ def _contained(ctx: AttemptContext) -> Verdict:
     payload = ctx.payload
     if ctx.files and ctx.file_store is not None:
         # Where they went is this attempt's to say: the recorded input stays as it was built.
-        placed = place_run_files(mounts.workspace, ctx.files, ctx.file_store)
-        payload = payload.replace(system_notices=[*payload.system_notices, *placed])
+        payload = place_run_files(mounts.workspace, ctx.files, ctx.file_store, payload)
     with contextlib.ExitStack() as cleanup:
         gateway: ModelGateway | None = None
         # Runs last, after the gateway closed (it waits for a request in

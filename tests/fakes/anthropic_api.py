@@ -20,6 +20,7 @@ each recorded request, in the server's thread, before the reply is sent.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import socketserver
@@ -202,6 +203,33 @@ def _paced(events: list[dict[str, Any]], first_delay_s: float, chunk_delay_s: fl
         yield sse([event])
 
 
+IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
+
+def image_problem(body: Any) -> str | None:
+    """What the Messages API would refuse in ``body``'s image blocks, as it documents them:
+    ``{"type": "image", "source": {"type": "base64", "media_type": one of IMAGE_TYPES,
+    "data": base64}}``, in user turns only (None: nothing wrong)."""
+    for i, message in enumerate((body or {}).get("messages") or [] if isinstance(body, dict) else []):
+        content = message.get("content")
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            if not isinstance(block, dict) or block.get("type") != "image":
+                continue
+            where = f"messages.{i}.content.{j}"
+            if message.get("role") != "user":
+                return f"{where}: image blocks are allowed in user messages only"
+            source = block.get("source")
+            if not isinstance(source, dict) or set(source) != {"type", "media_type", "data"}:
+                return f"{where}.source: expected type, media_type and data"
+            if source["type"] != "base64" or source["media_type"] not in IMAGE_TYPES:
+                return f"{where}.source: unsupported image source {source['type']!r} {source['media_type']!r}"
+            try:
+                base64.b64decode(source["data"], validate=True)
+            except (ValueError, TypeError):
+                return f"{where}.source.data: not base64"
+    return None
+
+
 def api_error(status: int, kind: str, text: str, headers: dict[str, str] | None = None) -> Reply:
     """An API error response ``{"type": "error", "error": {"type": kind, "message": text}}``."""
     # retry-after-ms keeps the SDK's retry backoff short in tests.
@@ -357,6 +385,9 @@ class FakeAnthropic:
     def _next_reply(self, rec: Recorded) -> Reply:
         if rec.method != "POST" or rec.path.split("?")[0] != MESSAGES_PATH:
             return 404, {"type": "error", "error": {"type": "not_found_error", "message": rec.path}}, {}
+        wrong = image_problem(rec.body)
+        if wrong is not None:
+            return api_error(400, "invalid_request_error", wrong)
         with self._lock:
             script = self.replies.pop(0) if self.replies else None
         if script is None:

@@ -20,6 +20,7 @@ as a streaming server sends it (:func:`chunk_events`), paced by
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -213,6 +214,34 @@ def _paced(chunks: list[dict[str, Any]], first_delay_s: float, chunk_delay_s: fl
     yield b"data: [DONE]\n\n"
 
 
+def image_problem(body: Any) -> str | None:
+    """What Chat Completions would refuse in ``body``'s content parts, as OpenAI documents
+    them: a user message's ``content`` may be a list of ``{"type": "text", "text"}`` and
+    ``{"type": "image_url", "image_url": {"url"}}`` parts, the url an http(s) one or a
+    ``data:image/...;base64,...`` one (None: nothing wrong)."""
+    for i, message in enumerate((body or {}).get("messages") or [] if isinstance(body, dict) else []):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        if message.get("role") not in ("user", "system"):
+            return f"messages[{i}].content: parts are not accepted in a {message.get('role')} message here"
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                continue
+            url = part.get("image_url", {}).get("url") if kind == "image_url" else None
+            if not isinstance(url, str):
+                return f"messages[{i}].content[{j}]: expected a text or image_url part"
+            head, comma, data = url.partition(",")
+            if not (head.startswith("data:image/") and head.endswith(";base64") and comma):
+                return f"messages[{i}].content[{j}].image_url.url: expected a data:image/...;base64 URL"
+            try:
+                base64.b64decode(data, validate=True)
+            except (ValueError, TypeError):
+                return f"messages[{i}].content[{j}].image_url.url: not base64"
+    return None
+
+
 def api_error(
     status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None
 ) -> Reply:
@@ -284,6 +313,9 @@ class FakeOpenAI:
     def _next_reply(self, rec: Recorded) -> Reply:
         if rec.method != "POST" or rec.path.split("?")[0] != CHAT_PATH:
             return api_error(404, f"no route {rec.method} {rec.path}", "not_found")
+        wrong = image_problem(rec.body)
+        if wrong is not None:
+            return api_error(400, wrong)
         with self._lock:
             script = self.replies.pop(0) if self.replies else None
         if script is None:

@@ -9,11 +9,13 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from agent_runner.protocol import AssistantEvent, Event, ResultEvent, SendFileEvent, Usage
+from agent_runner.protocol import AssistantEvent, Event, ImageRef, ResultEvent, SendFileEvent, Usage
 from orchestrator.core.settings import Settings
 from orchestrator.model.envelopes import FILE, files_of
+from orchestrator.run.assembly import rebuild_input, stored_input
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
@@ -39,7 +41,7 @@ def run(
     events: list[Event],
     *,
     files: list[StoredFile] = (),  # type: ignore[assignment]
-    before: Callable[[Path], None] | None = None,
+    before: Callable[[Path], object] | None = None,
 ) -> FakeSandbox:
     """One message (with ``files``) of the main group answered by one run playing ``events``;
     ``before`` is given the run's workspace before the agent's first event."""
@@ -194,3 +196,57 @@ def test_a_replay_keeps_send_file_without_storing_a_file(settings: Settings, db:
     kept = [o for o in run_outputs(db, replay) if o.content == "c"]
     assert [o.metadata for o in kept] == [{"via": "send_file", "path": "r.txt"}]
     assert store.list_chat(JID) == before
+
+
+def png(size: int = 100) -> bytes:
+    return b"\x89PNG\r\n\x1a\n" + b"\0" * size
+
+
+def test_a_model_that_sees_images_is_sent_the_runs_own_images_by_path(
+    settings: Settings, db: Database, store: FileStore
+) -> None:
+    pic = store.store_bytes(JID, png(), "cat.png")
+    notes = store.store_bytes(JID, b"text", "notes.txt")
+    sandbox = run(settings, db, done(), files=[pic, notes])
+    _, sent = sandbox.started[-1]
+    assert sent.messages[-1].images == [ImageRef(file_id=pic.id, mime="image/png", path="inbox/cat.png")]
+    # The next run: the older message names its files in its text, no image is sent again.
+    sandbox = run(settings, db, done())
+    _, later = sandbox.started[-1]
+    older = [m for m in later.messages if m.content.startswith("look\n📎 cat.png")]
+    assert len(older) == 1 and older[0].images is msgspec.UNSET
+
+
+def test_a_model_that_does_not_see_images_gets_their_names_only(
+    settings: Settings, db: Database, store: FileStore
+) -> None:
+    settings = settings.replace(vision_models="gpt-4o*")  # the offline model is not among them
+    pic = store.store_bytes(JID, png(), "cat.png")
+    sandbox = run(settings, db, done(), files=[pic])
+    _, sent = sandbox.started[-1]
+    assert sent.messages[-1].images is msgspec.UNSET
+    assert sent.messages[-1].content == "look\n📎 cat.png (image/png, 108 B)"
+    assert "inbox/cat.png (image/png, 108 B)" in sent.system_notices[-1]
+
+
+def test_an_image_that_could_not_be_placed_keeps_no_path(
+    settings: Settings, db: Database, store: FileStore, tmp_path: Path
+) -> None:
+    first = run(settings, db, done())
+    workspace = first.started[0][0].workspace
+    workspace.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(workspace / "inbox")
+    pic = store.store_bytes(JID, png(), "cat.png")
+    _, sent = run(settings, db, done(), files=[pic]).started[-1]
+    assert sent.messages[-1].images == [ImageRef(file_id=pic.id, mime="image/png")]
+    assert "could not be placed" in sent.system_notices[-1]
+
+
+def test_a_recorded_input_with_images_rebuilds_the_same(settings: Settings, db: Database, store: FileStore) -> None:
+    pic = store.store_bytes(JID, png(), "cat.png")
+    sandbox = run(settings, db, done(), files=[pic])
+    run_id = sandbox.started[-1][0].run_id
+    recorded = stored_input(db, run_id)
+    assert recorded is not None
+    assert b'"images":[{"file_id"' in recorded  # by id: where it goes is the attempt's
+    assert rebuild_input(db, settings, run_id) == recorded

@@ -28,6 +28,7 @@ from ..errors import InputError, ProviderError
 from ..protocol import JsonObject, ModelSettings
 from .base import (
     ContentBlock,
+    ImageBlock,
     ProviderMessage,
     ProviderResponse,
     Role,
@@ -114,7 +115,18 @@ class RedactedThinkingWire(TypedDict):
     data: str
 
 
-WireBlock = Union[TextWire, ToolUseWire, ToolResultWire, ThinkingWire, RedactedThinkingWire]
+class ImageSourceWire(TypedDict):
+    type: Literal["base64"]
+    media_type: str
+    data: str
+
+
+class ImageWire(TypedDict):
+    type: Literal["image"]
+    source: ImageSourceWire
+
+
+WireBlock = Union[TextWire, ToolUseWire, ToolResultWire, ThinkingWire, RedactedThinkingWire, ImageWire]
 
 
 class WireMessage(TypedDict):
@@ -148,6 +160,8 @@ def _block_to_wire(block: ContentBlock) -> WireBlock | None:
         return {"type": "text", "text": block.text}
     if isinstance(block, ToolUseBlock):
         return {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+    if isinstance(block, ImageBlock):
+        return {"type": "image", "source": {"type": "base64", "media_type": block.media_type, "data": block.data}}
     if isinstance(block, ToolResultBlock):
         return {
             "type": "tool_result",

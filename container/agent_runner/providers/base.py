@@ -49,7 +49,18 @@ class ToolResultBlock:
     type: Literal["tool_result"] = "tool_result"
 
 
-ContentBlock = TextBlock | ThinkingBlock | ToolUseBlock | ToolResultBlock
+@dataclass(frozen=True)
+class ImageBlock:
+    """An image a person sent, scaled and encoded for the model (``agent_runner/images.py``)."""
+
+    media_type: str  # image/png or image/jpeg
+    data: str  # base64
+    width: int
+    height: int
+    type: Literal["image"] = "image"
+
+
+ContentBlock = TextBlock | ThinkingBlock | ToolUseBlock | ToolResultBlock | ImageBlock
 Role = Literal["user", "assistant"]
 
 

@@ -11,6 +11,9 @@ drives the real agent loop, tool execution included:
   ``Ran `write_file src/a.py` (exit 0):`` for other tools);
 * the newest user message is exactly ``/system`` -> the system prompt this
   run was given (the base prompt and every system notice), verbatim;
+* the newest user message is ``/images`` (its files named after it) -> one line per
+  image block it carries (``image/png 40x30``), and the text of any image that is
+  not shown;
 * otherwise -> a short text quoting the newest user message.
 
 Tool requests are lines of the newest user message, starting in column 0::
@@ -48,6 +51,7 @@ import re
 
 from ..protocol import JsonObject
 from .base import (
+    ImageBlock,
     ProviderMessage,
     ProviderResponse,
     TextBlock,
@@ -60,6 +64,7 @@ from .base import (
 
 COMMAND_PREFIX = "$ "
 SHOW_SYSTEM = "/system"
+SHOW_IMAGES = "/images"
 MAX_QUOTE_CHARS = 200
 END, WITH = "/end", "/with"
 TODO_STATUS_BY_MARK = {"[ ]": "pending", "[~]": "in_progress", "[x]": "completed"}
@@ -165,6 +170,8 @@ class OfflineProvider:
 
         if newest.text().strip() == SHOW_SYSTEM:
             return self._text(system, usage_in)
+        if newest.text().strip().split("\n", 1)[0] == SHOW_IMAGES:
+            return self._text(_images(newest), usage_in)
 
         offered = {t.name for t in tools}
         requests = [(name, args) for name, args in tool_requests_in(newest.text()) if name in offered]
@@ -191,6 +198,13 @@ class OfflineProvider:
             stop_reason="end_turn",
             usage=TokenUsage(input_tokens=usage_in, output_tokens=_approx_tokens(text)),
         )
+
+
+def _images(message: ProviderMessage) -> str:
+    """What ``/images`` answers: each image block's type and size, and each image not shown."""
+    lines = [f"{b.media_type} {b.width}x{b.height}" for b in message.content if isinstance(b, ImageBlock)]
+    lines += [line for line in message.text().splitlines() if line.startswith("[image ")]
+    return "\n".join(lines) or "(no images)"
 
 
 def _message_text(message: ProviderMessage) -> str:

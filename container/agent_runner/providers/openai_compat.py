@@ -71,6 +71,7 @@ from ..errors import InputError, ProviderError
 from ..protocol import JsonObject, ModelSettings
 from .base import (
     ContentBlock,
+    ImageBlock,
     ProviderMessage,
     ProviderResponse,
     TextBlock,
@@ -181,9 +182,24 @@ class SystemWire(TypedDict):
     content: str
 
 
+class TextPartWire(TypedDict):
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrlWire(TypedDict):
+    url: str  # a data: URL (the image inline, base64)
+
+
+class ImagePartWire(TypedDict):
+    type: Literal["image_url"]
+    image_url: ImageUrlWire
+
+
 class UserWire(TypedDict):
     role: Literal["user"]
-    content: str
+    # Plain text, or parts when the turn carries images (the vision form of the API).
+    content: str | list[TextPartWire | ImagePartWire]
 
 
 class FunctionCallWire(TypedDict):
@@ -286,7 +302,14 @@ def messages_to_wire(system: str, messages: list[ProviderMessage]) -> list[WireM
         # Tool results first: they must directly follow the calls they answer.
         wire.extend(_tool_message(b, invalid) for b in message.content if isinstance(b, ToolResultBlock))
         text = message.text()
-        if text:
+        images = [b for b in message.content if isinstance(b, ImageBlock)]
+        if images:
+            parts: list[TextPartWire | ImagePartWire] = [{"type": "text", "text": text}] if text else []
+            parts.extend(
+                {"type": "image_url", "image_url": {"url": f"data:{b.media_type};base64,{b.data}"}} for b in images
+            )
+            wire.append({"role": "user", "content": parts})
+        elif text:
             wire.append({"role": "user", "content": text})
     return wire
 
