@@ -7,17 +7,25 @@ how long it took and what that cost at list price (an estimate:
 ``orchestrator/model/pricing.py``; None for a model without a price).  A
 stored-only sender: never part of the model's view, never delivered to a
 channel; the page shows it muted under the run.  The content is the same
-facts on one line, for ``orchestrator history``.
+facts on one line, for ``orchestrator history``.  A stored record is read
+back through :func:`read_result_meta`, which checks it against
+:class:`ResultMeta` (its state a ``RunState``, its limit a ``Limit``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TypedDict
 
+import msgspec
+
 from agent_runner.protocol import Usage
+from orchestrator.core.errors import StoreError
 from orchestrator.model.messages import SENDER_RESULT_META
 from orchestrator.model.pricing import PRICES_CHECKED, estimate_cost
 from orchestrator.run.outputs import OutputMessage
+from orchestrator.run.stop_notice import Limit
+from orchestrator.store.runs import RunState
 
 
 class UsageFacts(TypedDict):
@@ -30,11 +38,13 @@ class UsageFacts(TypedDict):
 class ResultMeta(TypedDict):
     """The ``result_meta`` message's metadata (the pipeline adds the run's id and cursor)."""
 
+    # The run's provider: ModelSettings.provider, or ORCHESTRATOR_MODEL's first word when the
+    # run's input was never built (a value that names no provider among the reasons).
     provider: str
     model: str
-    state: str  # succeeded, failed, timed_out, cancelled
+    state: RunState  # how the run ended: succeeded, failed, timed_out, cancelled
     stop_reason: str | None  # the model's last stop reason ("end_turn", "max_turns", ...); None if it did not end
-    limit: str | None  # the limit that stopped the run (orchestrator/run/stop_notice.py), if one did
+    limit: Limit | None  # the limit that stopped the run (orchestrator/run/stop_notice.py), if one did
     num_turns: int
     attempts: int
     duration_s: float | None
@@ -48,9 +58,9 @@ def result_meta_message(
     run_id: str,
     provider: str,
     model: str,
-    state: str,
+    state: RunState,
     stop_reason: str | None,
-    limit: str | None,
+    limit: Limit | None,
     num_turns: int,
     attempts: int,
     duration_s: float | None,
@@ -85,6 +95,16 @@ def result_meta_message(
         message_type="assistant",
         metadata=dict(meta),
     )
+
+
+def read_result_meta(metadata: Mapping[str, object] | None) -> ResultMeta:
+    """A stored ``result_meta`` message's metadata as its record (the run's id and cursor the
+    pipeline adds are left out); :class:`StoreError` naming the field and the value that do
+    not fit (a state or limit this version does not know, a field missing)."""
+    try:
+        return msgspec.convert(metadata, ResultMeta)
+    except msgspec.ValidationError as exc:
+        raise StoreError(f"a result_meta record this version cannot read: {exc}") from None
 
 
 def summary(meta: ResultMeta) -> str:

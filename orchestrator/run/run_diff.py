@@ -7,7 +7,8 @@ superseded ones included: the record of what that run said); a replay's are in
 ``replay_outputs``.  Both are the same records (``run/outputs.py``), so one reading
 serves both: the replies (assistant text), the tool calls (name and input, with
 their results' exit codes), and the ``result_meta`` record's tokens, cost estimate,
-stop reason and turns (a run from before that record: its row's token counts).
+stop reason and turns (read with ``result_meta.read_result_meta``, which refuses a
+record it cannot read; a run from before that record: its row's token counts).
 Kept apart from the replay itself so the API reads runs without importing the
 sandbox.
 """
@@ -24,9 +25,11 @@ from orchestrator.model.messages import SENDER_BOT, SENDER_RESULT_META, SENDER_T
 from orchestrator.model.pricing import estimate_cost
 from orchestrator.run.assembly import stored_input
 from orchestrator.run.outputs import OutputMessage
+from orchestrator.run.result_meta import ResultMeta, read_result_meta
+from orchestrator.sandbox.providers import model_spec, split_spec
 from orchestrator.store.db import Database
 from orchestrator.store.replays import replay_outputs, run_messages
-from orchestrator.store.runs import Run, get_run
+from orchestrator.store.runs import Run, RunState, get_run
 
 
 class ToolCall(BaseModel):
@@ -41,7 +44,7 @@ class RunSummary(BaseModel):
     run_id: str
     replay_of: str | None
     model: str = Field(description="`provider:model` (`offline` for the offline model).")
-    state: str
+    state: RunState
     error: str | None
     replies: list[str] = Field(description="The assistant's texts, in order.")
     tool_calls: list[ToolCall]
@@ -97,7 +100,7 @@ def summarize(db: Database, run: Run) -> RunSummary:
             exit_codes[str(meta.get("tool_use_id"))] = code if isinstance(code, int) else None
     replies: list[str] = []
     calls: list[ToolCall] = []
-    meta_record: dict[str, Any] = {}
+    meta_record: ResultMeta | None = None
     for out in outputs:
         meta = out.metadata or {}
         if out.sender == SENDER_BOT and out.message_type == "assistant":
@@ -115,17 +118,24 @@ def summarize(db: Database, run: Run) -> RunSummary:
                 )
             )
         elif out.sender == SENDER_RESULT_META:
-            meta_record = dict(meta)
-    usage = meta_record.get("usage") if isinstance(meta_record.get("usage"), dict) else None
+            meta_record = read_result_meta(meta)
     model = _model_of(db, run, meta_record)
-    if usage is None:  # a run from before the result_meta record: its row's counts
-        usage = {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens}
-        provider, _, model_id = model.partition(":")
-        cost = estimate_cost(
-            provider, model_id or provider, Usage(input_tokens=run.input_tokens, output_tokens=run.output_tokens)
-        )
+    if meta_record is None:  # a run from before the result_meta record: its row's counts
+        provider, model_id = split_spec(model)
+        usage = Usage(input_tokens=run.input_tokens, output_tokens=run.output_tokens)
+        cost = estimate_cost(provider, model_id or provider, usage)
+        duration_s, stop_reason, num_turns = run.duration_s, None, None
     else:
-        cost = meta_record.get("cost_usd")
+        facts = meta_record["usage"]
+        usage = Usage(
+            input_tokens=facts["input_tokens"],
+            output_tokens=facts["output_tokens"],
+            cache_read_input_tokens=facts["cache_read_input_tokens"],
+            cache_creation_input_tokens=facts["cache_creation_input_tokens"],
+        )
+        cost = meta_record["cost_usd"]
+        duration_s = run.duration_s if run.duration_s is not None else meta_record["duration_s"]
+        stop_reason, num_turns = meta_record["stop_reason"], meta_record["num_turns"]
     return RunSummary(
         run_id=run.id,
         replay_of=run.replay_of,
@@ -134,26 +144,26 @@ def summarize(db: Database, run: Run) -> RunSummary:
         error=run.error,
         replies=replies,
         tool_calls=calls,
-        input_tokens=int(usage.get("input_tokens") or 0),
-        output_tokens=int(usage.get("output_tokens") or 0),
-        cache_read_input_tokens=int(usage.get("cache_read_input_tokens") or 0),
-        cache_creation_input_tokens=int(usage.get("cache_creation_input_tokens") or 0),
-        cost_usd=cost if isinstance(cost, (int, float)) else None,
-        duration_s=run.duration_s if run.duration_s is not None else meta_record.get("duration_s"),
-        stop_reason=meta_record.get("stop_reason"),
-        num_turns=meta_record.get("num_turns") if isinstance(meta_record.get("num_turns"), int) else None,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cache_read_input_tokens=usage.cache_read_input_tokens,
+        cache_creation_input_tokens=usage.cache_creation_input_tokens,
+        cost_usd=cost,
+        duration_s=duration_s,
+        stop_reason=stop_reason,
+        num_turns=num_turns,
     )
 
 
-def _model_of(db: Database, run: Run, meta_record: dict[str, Any]) -> str:
-    if meta_record.get("provider"):
-        provider, model = str(meta_record["provider"]), str(meta_record.get("model") or "")
+def _model_of(db: Database, run: Run, meta_record: ResultMeta | None) -> str:
+    if meta_record is not None and meta_record["provider"]:
+        provider, model = meta_record["provider"], meta_record["model"]
     else:
         recorded = _recorded(db, run)
         if recorded is None:
             return "unknown"
         provider, model = recorded.model.provider, recorded.model.model
-    return provider if provider == "offline" else f"{provider}:{model}"
+    return model_spec(provider, model)
 
 
 def _recorded(db: Database, run: Run) -> ContainerInput | None:
