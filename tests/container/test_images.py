@@ -8,9 +8,7 @@ import base64
 import io
 import json
 import os
-import struct
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from agent_runner.providers.offline import OfflineProvider
 from tests.fakes import anthropic_api as fake_anthropic
 from tests.fakes import openai_api as fake_openai
 from tests.fakes.anthropic_api import serve_tcp
+from tests.image_bombs import png_claiming
 
 __all__ = ["serve_tcp"]  # a fixture, used by name
 
@@ -37,18 +36,6 @@ def save(path: Path, size: tuple[int, int], mode: str = "RGB", fmt: str = "PNG")
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.new(mode, size, (200, 30, 30, 128) if mode == "RGBA" else (200, 30, 30)).save(path, fmt)
     return path
-
-
-def png_claiming(width: int, height: int) -> bytes:
-    """A PNG whose header claims ``width`` x ``height`` pixels, with almost no data: a bomb's shape."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
-    )
 
 
 def decoded(block: ImageBlock) -> Image.Image:

@@ -4,9 +4,13 @@ against a front end that forges it past the runner (a symlink to the host's /etc
 FIFO, a path out of the workspace).
 
 Real Docker, the real agent image (the offline model's ``/read``, ``/write`` and
-``/send-file``) and the faulty image (``forge-send-file``)."""
+``/send-file``, ``/images``) and the faulty image (``forge-send-file``)."""
 
 from __future__ import annotations
+
+import io
+
+from PIL import Image
 
 from orchestrator.core.settings import Settings
 from orchestrator.model.envelopes import FILE, files_of
@@ -17,6 +21,7 @@ from orchestrator.store.db import Database
 from orchestrator.store.files import FileStore
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
+from tests.image_bombs import png_claiming
 
 JID = "main@local"
 
@@ -63,3 +68,23 @@ def test_the_host_refuses_a_forged_send_file(settings: Settings, db: Database, f
     assert "'..' is not allowed" in refusals[2]
     assert not any(files_of(m.metadata) for m in messages)
     assert FileStore.from_settings(db, p.settings).list_chat(JID) == []
+
+
+def test_a_sent_image_reaches_the_model_scaled_in_the_sandbox(
+    settings: Settings, db: Database, agent_image: str
+) -> None:
+    p = _pipeline(settings, db, agent_image)
+    store = FileStore.from_settings(db, p.settings)
+    picture = io.BytesIO()
+    Image.new("RGB", (2400, 1200), (10, 120, 200)).save(picture, "PNG")
+    bomb = png_claiming(100_000, 100_000)
+    refs = []
+    for data, name in ((picture.getvalue(), "sky.png"), (bomb, "bomb.png")):
+        f = store.store_bytes(JID, data, name)
+        refs.append({"id": f.id, "name": f.name, "mime": f.mime, "size": f.size})
+    _run(p, "/images", {"message_type": FILE, "payload": {"files": refs}})
+    replies = [m.content for m in get_messages_after(JID, 0, db=db) if m.sender == "bot"]
+    assert replies[-1].splitlines() == [
+        "image/jpeg 1568x784",
+        "[image inbox/bomb.png is not shown: it has more than 50000000 pixels, more than are ever decoded]",
+    ]
