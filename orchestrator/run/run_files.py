@@ -33,6 +33,7 @@ from orchestrator.model.envelopes import files_of
 from orchestrator.model.messages import StoredMessage
 from orchestrator.model.views import ViewItem
 from orchestrator.sandbox.inbox import PlacedFile, place_files
+from orchestrator.sandbox.providers import PROVIDERS
 from orchestrator.store.files import INLINE_IMAGE_TYPES, FileStore, StoredFile
 
 log = logging.getLogger(__name__)
@@ -56,14 +57,10 @@ def batch_files(store: FileStore, messages: Iterable[StoredMessage]) -> list[Sto
     return list(found.values())
 
 
-# The providers whose wire format takes image blocks from the runner (Claude Code reads
-# images itself, with its Read tool, from the paths the notice names).
-_IMAGE_BLOCK_PROVIDERS = frozenset({"anthropic", "openai", "offline"})
-
-
 def sees_images(settings: Settings, model: ModelSettings) -> bool:
     """Whether ``model`` is sent a message's images (``ORCHESTRATOR_VISION_MODELS``)."""
-    if model.provider not in _IMAGE_BLOCK_PROVIDERS:
+    # A provider that takes no image blocks reads the images itself (sandbox/providers.py).
+    if not PROVIDERS[model.provider].image_blocks:
         return False
     patterns = [p.strip().lower() for p in settings.vision_models.split(",") if p.strip()]
     return any(fnmatch.fnmatchcase(model.model.lower(), p) for p in patterns)

@@ -5,8 +5,9 @@ and ``ORCHESTRATOR_MODEL`` spells it (``offline``, ``anthropic:<model id>``).  W
 host does differently for a provider is read from its row in :data:`PROVIDERS`, never
 from a comparison of names: whether the run gets a model gateway and which upstream API
 it forwards to (``sandbox/gateway.py``), which image variant its container runs
-(``sandbox/image.py``), whether it keeps a session folder (``sandbox/sessions.py``), and
-how ``ORCHESTRATOR_MODEL`` names its model (``run/model_choice.py``).
+(``sandbox/image.py``), whether it keeps a session folder (``sandbox/sessions.py``),
+whether it is sent image blocks (``run/run_files.py``), and how ``ORCHESTRATOR_MODEL``
+names its model (``run/model_choice.py``).
 
 Adding a provider is one row here and one in the runner's table
 (``container/agent_runner/provider_registry.py``), with its name in
@@ -43,6 +44,9 @@ class ProviderFacts:
     image_variant: str | None = None
     # It keeps a transcript of its own, in the group's session folder (``/session``).
     keeps_session: bool = False
+    # Its wire format takes image blocks from the runner (``run/run_files.py``); False:
+    # it reads images itself, from the paths the notice names (Claude Code's Read tool).
+    image_blocks: bool = True
 
 
 PROVIDERS: Mapping[ProviderName, ProviderFacts] = MappingProxyType(
@@ -52,7 +56,9 @@ PROVIDERS: Mapping[ProviderName, ProviderFacts] = MappingProxyType(
         # Any OpenAI-compatible Chat Completions server.
         "openai": ProviderFacts(gateway="openai"),
         # Claude Code speaks the Messages API too; its SDK and CLI are in an image variant.
-        "claude-code": ProviderFacts(gateway="anthropic", thinks=True, image_variant="claude-code", keeps_session=True),
+        "claude-code": ProviderFacts(
+            gateway="anthropic", thinks=True, image_variant="claude-code", keeps_session=True, image_blocks=False
+        ),
     }
 )
 

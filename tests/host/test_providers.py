@@ -3,8 +3,8 @@ and the runner's builders (container/agent_runner/provider_registry.py).
 
 Every name the protocol allows (``ModelSettings.provider``) has exactly one row on each
 side, and what the host does for a provider follows its row: how ``ORCHESTRATOR_MODEL``
-spells it, whether it thinks, which gateway upstream it gets, its image variant and its
-session folder.  On the runner's side, a turn-loop row builds its provider, an
+spells it, whether it thinks, which gateway upstream it gets, its image variant, its
+session folder and whether images go to it as blocks.  On the runner's side, a turn-loop row builds its provider, an
 own-loop row is no provider of the built-in loop, and a run goes to its row.
 """
 
@@ -22,6 +22,7 @@ from agent_runner.protocol import ErrorEvent, Event, ModelSettings
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import Settings
 from orchestrator.run.model_choice import model_settings
+from orchestrator.run.run_files import sees_images
 from orchestrator.sandbox import providers as host
 from orchestrator.sandbox.gateway import UPSTREAMS, ModelGateway
 from orchestrator.sandbox.image import VARIANTS, model_variant, settings_variant
@@ -138,3 +139,10 @@ def test_a_run_goes_to_its_providers_row(tmp_path: Path) -> None:
     assert code == one_run.EXIT_BAD_INPUT
     [error] = events
     assert isinstance(error, ErrorEvent) and "the claude-code provider needs the gateway's socket_path" in error.message
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_images_go_as_blocks_to_the_providers_whose_row_takes_them(tmp_path: Path, name: str) -> None:
+    chosen = ModelSettings(provider=name, model="m-1")  # type: ignore[arg-type]
+    assert sees_images(_settings(tmp_path, vision_models="m-*"), chosen) is host.PROVIDERS[name].image_blocks
+    assert not sees_images(_settings(tmp_path, vision_models="other-*"), chosen)
