@@ -13,15 +13,31 @@ cannot store it twice (ingest is idempotent on the id).
 ``orchestrator send`` is routed here by :func:`orchestrator.cli.main.main`
 before typer is imported; typer's app has a forwarding ``send`` entry so
 the command is listed in ``--help`` and works through typer too.
+
+**Files** (issue 31).  ``--file PATH`` (repeatable): every path is opened and checked
+first (it exists, is a regular file, can be read; at most the files one message may
+carry), so a wrong one is an error before anything is sent.  Then the files are uploaded
+to the chat in one request (``POST /api/chats/{chat_jid}/files``, streamed; refused
+whole, nothing kept, when one is over a limit) or, without an API, stored in process
+(and taken back if the message is refused), and the message carries them as a FILE
+envelope (beside ``--metadata``'s keys, which may then not be an envelope of their own).
+With ``--wait``, the files of a reply are saved in ``--downloads`` (``./downloads``),
+each under its name made safe (``store/files.py``: ``safe_name``), numbered when taken
+(``name (2).ext``; created with ``O_EXCL``, never replacing a file, never following a
+link), and each saved path is printed.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, NotRequired, Protocol, TypedDict
 
 import click
 
@@ -29,10 +45,12 @@ from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.terminal import for_terminal
 
 if TYPE_CHECKING:
-    from orchestrator.cli.api_client import ApiClient
+    from orchestrator.cli.api_client import ApiClient, Upload
     from orchestrator.core.settings import Settings
+    from orchestrator.model.envelopes import FileRef
     from orchestrator.model.messages import StoredMessage
     from orchestrator.root import Orchestrator
+    from orchestrator.store.files import StoredFile
 
 # Exit codes of --wait (documented in the command's help).
 EXIT_RUN_FAILED = 3
@@ -61,6 +79,10 @@ class _Chat(Protocol):
         """(run id, state, seconds) of the finished run that took message ``seq``."""
         ...
 
+    def download(self, file_id: str, write: Callable[[bytes], object]) -> int:
+        """Hand the bytes of the chat's file ``file_id`` to ``write``; how many there were."""
+        ...
+
 
 class _LocalChat:
     def __init__(self, root: Orchestrator, chat_jid: str) -> None:
@@ -84,6 +106,21 @@ class _LocalChat:
                 return r.id, r.state, r.duration_s or 0.0
         return None
 
+    def download(self, file_id: str, write: Callable[[bytes], object]) -> int:
+        from orchestrator.store.files import CHUNK_BYTES, FileStore
+
+        files = FileStore.from_settings(self.root.db, self.root.settings)
+        stored = files.get(file_id, self.chat_jid)
+        fd = files.open_content(stored)
+        try:
+            left = stored.size
+            while left > 0 and (chunk := os.read(fd, min(left, CHUNK_BYTES))):
+                write(chunk)
+                left -= len(chunk)
+        finally:
+            os.close(fd)
+        return stored.size - left
+
 
 class _ApiChat:
     def __init__(self, client: ApiClient, settings: Settings, chat_jid: str) -> None:
@@ -106,6 +143,9 @@ class _ApiChat:
                 return str(r["id"]), str(r["state"]), float(r.get("duration_s") or 0.0)
         return None
 
+    def download(self, file_id: str, write: Callable[[bytes], object]) -> int:
+        return self.client.download(f"/api/files/{self.client.quote(file_id)}", write)
+
 
 # The run states that end a run (store.runs.FINAL_STATES; not imported here:
 # that module pulls SQLAlchemy).  tests/host/test_send.py holds the two equal.
@@ -118,7 +158,8 @@ _FINAL_STATES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
     "With a running installation's API (announced by `orchestrator up`/`api` in the data dir, or "
     "ORCHESTRATOR_API_URL) the message goes through it; otherwise it is stored in process. "
     f"--wait exits 0 when the run succeeded, {EXIT_RUN_FAILED} when it did not, "
-    f"{EXIT_NO_RUN} when no run finished in time.",
+    f"{EXIT_NO_RUN} when no run finished in time. --file sends files with the message (repeat it for "
+    "several); with --wait, the files of the replies are saved in --downloads.",
 )
 @click.argument("chat_jid", metavar="CHAT_JID")
 @click.argument("text")
@@ -128,7 +169,30 @@ _FINAL_STATES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 )
 @click.option("--json", "as_json", is_flag=True, help="Print replies as JSON lines.")
 @click.option("--metadata", default=None, help="Metadata JSON object, e.g. '{\"context\": [...]}'.")
-def send_command(chat_jid: str, text: str, sender: str, wait: float, as_json: bool, metadata: str | None) -> None:
+@click.option(
+    "--file",
+    "file_paths",
+    multiple=True,
+    metavar="PATH",
+    help="A file to send with the message (repeatable); checked before anything is sent.",
+)
+@click.option(
+    "--downloads",
+    default="downloads",
+    show_default=True,
+    metavar="DIR",
+    help="With --wait: where the replies' files are saved (made if missing; never overwriting).",
+)
+def send_command(
+    chat_jid: str,
+    text: str,
+    sender: str,
+    wait: float,
+    as_json: bool,
+    metadata: str | None,
+    file_paths: tuple[str, ...],
+    downloads: str,
+) -> None:
     from orchestrator.core.settings import Settings
 
     try:
@@ -136,6 +200,7 @@ def send_command(chat_jid: str, text: str, sender: str, wait: float, as_json: bo
         meta = None if metadata is None else json.loads(metadata)
     except (OrchestratorError, ValueError) as exc:
         raise _fail(exc) from exc
+    uploads = _open_files(file_paths, meta) if file_paths else []
     body: _MessageBody = {
         "id": f"msg-{uuid.uuid4().hex}",
         "chat_jid": chat_jid,
@@ -146,20 +211,71 @@ def send_command(chat_jid: str, text: str, sender: str, wait: float, as_json: bo
     if meta is not None:
         body["metadata"] = meta
     chat: _Chat
-    sent = _send_to_api(settings, body)
-    if sent is not None:
-        client, seq, triggered = sent
-        chat = _ApiChat(client, settings, chat_jid)
-    else:
-        root, seq, triggered = _store_in_process(body)
-        chat = _LocalChat(root, chat_jid)
+    try:
+        sent = _send_to_api(settings, body, uploads)
+        if sent is not None:
+            client, seq, triggered = sent
+            chat = _ApiChat(client, settings, chat_jid)
+        else:
+            root, seq, triggered = _store_in_process(body, uploads)
+            chat = _LocalChat(root, chat_jid)
+    finally:
+        for upload in uploads:
+            upload.file.close()
     if wait <= 0 or not triggered:
         return
     try:
-        code = _wait_for_replies(chat, seq, wait, as_json)
+        code = _wait_for_replies(chat, seq, wait, as_json, Path(downloads))
     except OrchestratorError as exc:
         raise _fail(exc) from exc
     sys.exit(code)
+
+
+def _open_files(paths: Sequence[str], meta: Any) -> list[Upload]:
+    """Every ``--file``, opened and checked before anything is sent (see the module's doc)."""
+    from agent_runner.protocol import MAX_FILES_PER_MESSAGE
+    from orchestrator.cli.api_client import Upload
+
+    if len(paths) > MAX_FILES_PER_MESSAGE:
+        raise _fail(ValueError(f"{len(paths)} files: a message carries at most {MAX_FILES_PER_MESSAGE}"))
+    if meta is not None and (not isinstance(meta, dict) or {"message_type", "version", "payload"} & set(meta)):
+        raise _fail(ValueError("with --file, --metadata is an object of extra keys, not an envelope of its own"))
+    opened: list[Upload] = []
+    try:
+        for path in paths:
+            opened.append(_open_file(path, Upload))
+    except BaseException:
+        for upload in opened:
+            upload.file.close()
+        raise
+    return opened
+
+
+def _open_file(path: str, upload: type[Upload]) -> Upload:
+    try:
+        # O_NONBLOCK: a FIFO (or a device) is refused below, not waited on.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _fail(ValueError(f"--file {path}: {exc.strerror or exc}; nothing was sent")) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise _fail(ValueError(f"--file {path}: not a regular file; nothing was sent"))
+    os.set_blocking(fd, True)
+    file: BinaryIO = os.fdopen(fd, "rb")
+    try:
+        file.read(0)
+    except OSError as exc:
+        file.close()
+        raise _fail(ValueError(f"--file {path}: {exc.strerror or exc}; nothing was sent")) from None
+    return upload(name=os.path.basename(path.rstrip("/")) or "file", file=file, size=st.st_size)
+
+
+def _file_metadata(files: Sequence[dict[str, Any]], meta: Any) -> dict[str, Any]:
+    """The message's metadata naming ``files`` (the store's answers) in a FILE envelope, beside
+    ``meta``'s keys.  Ingest checks that each is the chat's and takes their details from the store."""
+    refs = [{"id": f["id"], "name": f["name"], "mime": f["mime"], "size": f["size"]} for f in files]
+    return {**(meta or {}), "message_type": "FILE", "version": 1, "payload": {"files": refs}}
 
 
 def _said_stored(chat_jid: str, seq: int, triggered: bool, where: str) -> None:
@@ -170,8 +286,11 @@ def _said_stored(chat_jid: str, seq: int, triggered: bool, where: str) -> None:
     )
 
 
-def _send_to_api(settings: Settings, body: _MessageBody) -> tuple[ApiClient, int, bool] | None:
-    """POST the message to the installation's API; None: store it in process instead."""
+def _send_to_api(
+    settings: Settings, body: _MessageBody, uploads: Sequence[Upload] = ()
+) -> tuple[ApiClient, int, bool] | None:
+    """Upload the files and POST the message to the installation's API; None: store them
+    in process instead."""
     from orchestrator.cli.api_client import ApiClient
     from orchestrator.core.errors import ApiRefused, ApiUnreachable
     from orchestrator.http.endpoint import find
@@ -181,6 +300,9 @@ def _send_to_api(settings: Settings, body: _MessageBody) -> tuple[ApiClient, int
         return None
     client = ApiClient(endpoint)
     try:
+        if uploads:
+            files = client.upload(f"/api/chats/{client.quote(body['chat_jid'])}/files", uploads)
+            body["metadata"] = _file_metadata(files, body.get("metadata"))
         posted = client.post("/api/messages", body)
     except ApiUnreachable as exc:
         if not endpoint.announced:
@@ -195,7 +317,7 @@ def _send_to_api(settings: Settings, body: _MessageBody) -> tuple[ApiClient, int
     return client, int(message["seq"]), bool(posted["triggered"])
 
 
-def _store_in_process(body: _MessageBody) -> tuple[Orchestrator, int, bool]:
+def _store_in_process(body: _MessageBody, uploads: Sequence[Upload] = ()) -> tuple[Orchestrator, int, bool]:
     from orchestrator.cli.support import setup
     from orchestrator.run.ingest import IncomingMessage, ingest
 
@@ -204,7 +326,12 @@ def _store_in_process(body: _MessageBody) -> tuple[Orchestrator, int, bool]:
     def stored(msg: StoredMessage, wakes: bool) -> None:
         _said_stored(msg.chat_jid, msg.seq, wakes, "")
 
+    kept: list[StoredFile] = []
     try:
+        if uploads:
+            kept = _store_files(root, body["chat_jid"], uploads)
+            files = [{"id": f.id, "name": f.name, "mime": f.mime, "size": f.size} for f in kept]
+            body["metadata"] = _file_metadata(files, body.get("metadata"))
         result = ingest(
             root.db,
             root.settings,
@@ -214,20 +341,46 @@ def _store_in_process(body: _MessageBody) -> tuple[Orchestrator, int, bool]:
             on_stored=stored,
         )
     except (OrchestratorError, ValueError) as exc:
+        if kept:
+            from orchestrator.store.files import FileStore
+
+            FileStore.from_settings(root.db, root.settings).discard(kept)  # no message names them
         raise _fail(exc) from exc
     return root, result.message.seq, result.triggered
 
 
-def _wait_for_replies(chat: _Chat, sent_seq: int, wait: float, as_json: bool) -> int:
-    """Print what the run stores after message ``sent_seq``; 0 if the run succeeded."""
+def _store_files(root: Orchestrator, chat_jid: str, uploads: Sequence[Upload]) -> list[StoredFile]:
+    """Store the files in the file store of ``root``, as the upload route does: the chat must
+    be a registered group's, and a file over a limit keeps none of them."""
+    from orchestrator.core.errors import UnknownGroup
+    from orchestrator.store.files import FileStore, chunks_of
+    from orchestrator.store.groups import is_registered
+
+    if not is_registered(root.db, chat_jid):
+        raise UnknownGroup(chat_jid)
+    files = FileStore.from_settings(root.db, root.settings)
+    kept: list[StoredFile] = []
+    try:
+        for upload in uploads:
+            upload.file.seek(0)
+            kept.append(files.store(chat_jid, chunks_of(upload.file), upload.name))
+    except BaseException:
+        files.discard(kept)
+        raise
+    return kept
+
+
+def _wait_for_replies(chat: _Chat, sent_seq: int, wait: float, as_json: bool, downloads: Path) -> int:
+    """Print what the run stores after message ``sent_seq`` (saving its files in ``downloads``);
+    0 if the run succeeded."""
     assistant = chat.assistant_name()
     deadline = time.monotonic() + wait
     after = sent_seq
     while time.monotonic() < deadline:
-        after = _print_replies(chat, after, assistant, as_json)
+        after = _print_replies(chat, after, assistant, as_json, downloads)
         done = chat.finished_run(sent_seq)
         if done:
-            _print_replies(chat, after, assistant, as_json)
+            _print_replies(chat, after, assistant, as_json, downloads)
             run_id, state, seconds = done
             click.echo(f"run {run_id[:8]} {state} in {seconds:.2f}s", err=True)
             return 0 if state == "succeeded" else EXIT_RUN_FAILED
@@ -236,8 +389,9 @@ def _wait_for_replies(chat: _Chat, sent_seq: int, wait: float, as_json: bool) ->
     return EXIT_NO_RUN
 
 
-def _print_replies(chat: _Chat, after: int, assistant: str, as_json: bool) -> int:
-    """Print the agent's and the host's messages after ``after``; the last seq seen."""
+def _print_replies(chat: _Chat, after: int, assistant: str, as_json: bool, downloads: Path | None = None) -> int:
+    """Print the agent's and the host's messages after ``after`` (and save their files in
+    ``downloads``); the last seq seen."""
     from orchestrator.model.render import render_text
 
     for m in chat.messages_after(after):
@@ -250,7 +404,79 @@ def _print_replies(chat: _Chat, after: int, assistant: str, as_json: bool) -> in
             if as_json
             else for_terminal(f"[{m.message_type}] {render_text(m, assistant)}")
         )
+        if downloads is not None:
+            for ref in files_of_message(m.metadata):
+                _save_reply_file(chat, ref, downloads, as_json)
     return after
+
+
+def files_of_message(metadata: Any) -> list[FileRef]:
+    """The files a message's metadata names (its FILE envelope's), or none."""
+    from orchestrator.core.errors import InvalidMessageMetadata
+    from orchestrator.model.envelopes import FilePayload, parse_message_metadata
+
+    if not isinstance(metadata, dict) or metadata.get("message_type") != "FILE":
+        return []
+    try:
+        payload = parse_message_metadata(metadata).payload
+    except InvalidMessageMetadata:
+        return []
+    return list(payload.files) if isinstance(payload, FilePayload) else []
+
+
+def _save_reply_file(chat: _Chat, ref: FileRef, downloads: Path, as_json: bool) -> None:
+    """Save a reply's file in ``downloads`` and say where (a failure is said, and the rest goes on)."""
+    from orchestrator.core.errors import ApiRefused, ApiUnreachable, NotFound, StoreError
+    from orchestrator.core.sizes import human_size
+
+    def fetch(write: Callable[[bytes], object]) -> int:
+        got = chat.download(ref.id, write)
+        if got != ref.size:
+            raise OSError(f"{got} bytes came, not the {ref.size} stored")
+        return got
+
+    try:
+        path = save_download(downloads, ref.name, fetch)
+    except (OSError, ApiRefused, ApiUnreachable, NotFound, StoreError) as exc:
+        click.secho(for_terminal(f"could not save {ref.name}: {exc}"), fg="yellow", err=True)
+        return
+    click.echo(for_terminal(f"[file] saved {ref.name} ({ref.mime}, {human_size(ref.size)}) to {path}"), err=as_json)
+
+
+def save_download(folder: Path, name: str, fetch: Callable[[Callable[[bytes], object]], int]) -> Path:
+    """Create a file for ``name`` in ``folder`` (made if missing) and fill it with what
+    ``fetch`` hands its writer; the path.  The name is made safe (``safe_name``: no folders, no
+    leading dot, no control characters), so the file is always directly in ``folder``; it is
+    created with ``O_EXCL`` and ``O_NOFOLLOW`` relative to the folder's descriptor, taking the
+    first free one of ``numbered_names``: nothing there is replaced, no link is followed.  A
+    failed download leaves no file."""
+    from orchestrator.store.files import numbered_names, safe_name
+
+    folder.mkdir(parents=True, exist_ok=True)
+    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for candidate in numbered_names(safe_name(name)):
+            try:
+                fd = os.open(
+                    candidate,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o666,
+                    dir_fd=dir_fd,
+                )
+            except FileExistsError:
+                continue
+            break
+        else:
+            raise FileExistsError(f"every numbered name for {name!r} is taken in {folder}")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                fetch(out.write)
+        except BaseException:
+            os.unlink(candidate, dir_fd=dir_fd)
+            raise
+    finally:
+        os.close(dir_fd)
+    return folder / candidate
 
 
 def _fail(exc: Exception) -> click.exceptions.Exit:

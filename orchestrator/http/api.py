@@ -3,7 +3,7 @@
 :func:`create_app` builds the app of an installation and composes it: the
 shared parts on the app's state (``orchestrator/http/state.py``), the routers
 of ``orchestrator/http/routes/`` (a module per topic: health and metrics, info,
-messages, the event stream, history and export, groups, runs, replays, scheduled tasks, hosts,
+messages, the event stream, history and export, files, groups, runs, replays, scheduled tasks, hosts,
 the signed channel routes, the page), the exception handlers that map the
 exception tree to statuses (``orchestrator/http/errors.py``) and the request
 guard.  What each route answers is in its module and in the OpenAPI document
@@ -38,6 +38,7 @@ from orchestrator.http.errors import DB_RETRY_AFTER_S, add_error_handlers
 from orchestrator.http.guards import RequestGuard
 from orchestrator.http.routes import (
     chat_stream,
+    files,
     groups,
     history,
     hosts,
@@ -59,7 +60,7 @@ __all__ = ["DB_RETRY_AFTER_S", "MAX_CONTENT_CHARS", "check_exposure", "create_ap
 
 # The /api routers, in the order of the document's paths (and of matching: /runs/waiting
 # before /runs/{run_id}).
-API_ROUTERS = (info, messages, chat_stream, history, groups, runs, replays, tasks, hosts)
+API_ROUTERS = (info, messages, chat_stream, history, files, groups, runs, replays, tasks, hosts)
 
 
 def is_loopback(host: str) -> bool:
@@ -125,7 +126,13 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     # Added last, so it is the outermost of the app's own layers: Host, cross-site requests,
     # token and size are checked before any other middleware or route sees the request.  The
     # signed routes check their own signatures: their senders are other systems, not pages.
-    api.add_middleware(RequestGuard, settings=settings, signed_paths=(INBOUND_PATH, EVENTS_PATH))
+    # The file upload streams its body, with a limit of its own (orchestrator/http/routes/files.py).
+    api.add_middleware(
+        RequestGuard,
+        settings=settings,
+        signed_paths=(INBOUND_PATH, EVENTS_PATH),
+        streamed=(files.upload_body_limit(settings),),
+    )
     return api
 
 

@@ -17,7 +17,8 @@ being repeated route by route:
   (``orchestrator/http/guards.py``) answers them before any route, for a
   ``Host`` that is not this machine's or a change requested without
   ``X-Orchestrator-Client`` or from another site while no token is set, and
-  for a body over ``ORCHESTRATOR_API_MAX_REQUEST_BYTES``;
+  for a body over ``ORCHESTRATOR_API_MAX_REQUEST_BYTES`` (a route with a limit of
+  its own, the file upload, documents its own 413 instead);
 * **503** (with ``Retry-After``) on every operation: the database cannot serve for now
   (PostgreSQL restarting or unreachable, SQLite's lock held elsewhere past
   ``ORCHESTRATOR_API_DB_WAIT_S``, a full disk); nothing was stored, and the same

@@ -36,6 +36,7 @@ from orchestrator.core.errors import (
     ChangeRefused,
     Conflict,
     DatabaseUnavailable,
+    FileTooLarge,
     GroupBusy,
     HostUnavailable,
     InvalidMessage,
@@ -64,6 +65,7 @@ STATUS: dict[type[OrchestratorError], int] = {
     ReplayRefused: 409,
     RateLimited: 429,
     ReplayLimited: 429,
+    FileTooLarge: 413,  # past ORCHESTRATOR_FILE_MAX_BYTES or the group's ORCHESTRATOR_GROUP_FILES_MAX_BYTES
     DatabaseUnavailable: 503,
 }
 

@@ -34,6 +34,12 @@ like every other error answer:
   ``ORCHESTRATOR_API_MAX_REQUEST_BYTES`` is a 413 before the body is read; a
   chunked body (no length) is read here up to that size and handed on, or
   refused with 413 at the first byte past it, so no route ever holds more.
+  A route that streams its body has a limit of its own (a :class:`BodyLimit`:
+  the file upload's, ``orchestrator/http/routes/files.py``, is the per-file
+  limit times the files one message may carry, and a little for the parts'
+  headers): a ``Content-Length`` over it is a 413 here; a chunked body is
+  handed on unread, and the route counts it as it streams (never whole in
+  memory, here or there).
 """
 
 from __future__ import annotations
@@ -41,7 +47,9 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -148,13 +156,36 @@ def cross_site_problem(headers: dict[str, str], scheme: str = "http") -> str | N
     return None
 
 
+@dataclass(frozen=True)
+class BodyLimit:
+    """The body limit of a route that streams its body and counts it itself (in place of
+    ``ORCHESTRATOR_API_MAX_REQUEST_BYTES``): its method, its path (a whole match), the limit,
+    and the limit as the 413 names it."""
+
+    method: str
+    path: re.Pattern[str]
+    max_bytes: int
+    described: str
+
+    def applies(self, scope: Scope) -> bool:
+        return scope.get("method") == self.method and self.path.fullmatch(scope.get("path", "")) is not None
+
+
 class RequestGuard:
     """The ASGI middleware of the module's doc, for the API of ``settings``."""
 
-    def __init__(self, app: ASGIApp, settings: Settings, signed_paths: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        settings: Settings,
+        signed_paths: tuple[str, ...] = (),
+        streamed: tuple[BodyLimit, ...] = (),
+    ) -> None:
         self.app = app
         # Routes that check their own signatures: no cross-site check (their senders are other systems).
         self.signed_paths = signed_paths
+        # Routes that stream their bodies, each with its own limit.
+        self.streamed = streamed
         self.max_body = settings.api_max_request_bytes
         self.token = settings.api_token.encode()
         # None: no Host check (a token is set).
@@ -188,13 +219,20 @@ class RequestGuard:
                 await _answer(send, 401, problem, {"www-authenticate": "Bearer"})
                 return
         length = headers.get("content-length")
+        own = next((limit for limit in self.streamed if limit.applies(scope)), None)
         if length is not None:
             if not (length.strip().isascii() and length.strip().isdigit()):  # "²" is a digit to isdigit
                 await _answer(send, 400, "Content-Length is not a number", close=True)
                 return
-            if int(length) > self.max_body:
+            if own is not None:
+                if int(length) > own.max_bytes:
+                    await _answer(send, 413, _body_over(own.max_bytes, own.described), close=True)
+                    return
+            elif int(length) > self.max_body:
                 await _answer(send, 413, self._too_large(), close=True)
                 return
+        elif own is not None:
+            pass  # streamed: the route counts the body as it reads it
         elif "chunked" in headers.get("transfer-encoding", "").lower():
             body = await self._read_capped(receive)
             if body is None:
@@ -211,7 +249,7 @@ class RequestGuard:
         return "missing or wrong bearer token" if given else "this API needs 'Authorization: Bearer <token>'"
 
     def _too_large(self) -> str:
-        return f"the request body is larger than {self.max_body} bytes (ORCHESTRATOR_API_MAX_REQUEST_BYTES)"
+        return _body_over(self.max_body, "ORCHESTRATOR_API_MAX_REQUEST_BYTES")
 
     async def _read_capped(self, receive: Receive) -> bytes | None:
         """The whole body of a chunked request, or None at the first byte past the cap."""
@@ -229,6 +267,10 @@ class RequestGuard:
             if not message.get("more_body", False):
                 break
         return b"".join(chunks)
+
+
+def _body_over(max_bytes: int, described: str) -> str:
+    return f"the request body is larger than {max_bytes} bytes ({described})"
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -286,6 +286,49 @@ class FileStore:
     def store_bytes(self, chat_jid: str, data: bytes, name: str) -> StoredFile:
         return self.store(chat_jid, [data], name)
 
+    def discard(self, files: Iterable[StoredFile]) -> None:
+        """Take back files just stored that their request cannot keep (an upload of several
+        refused at a later one: orchestrator/http/routes/files.py): each row goes, and so do
+        the bytes no other row refers to.  Content that another chat's row still names stays,
+        and counts from now on against the first chat that still refers to it.  Under the
+        lock :meth:`store` takes, so an upload of the same bytes meanwhile either finds them
+        in place with its row in, or stores them again."""
+        for stored in files:
+            self._discard(stored)
+
+    def _discard(self, stored: StoredFile) -> None:
+        path = self.path_of(stored.sha256)
+        aside: Path | None = None
+        try:
+            with self.db.transaction() as conn:
+                if not self.db.is_sqlite:
+                    driver_execute(conn, _PG_FILES_LOCK)
+                driver_execute(conn, "DELETE FROM files WHERE id = :id", {"id": stored.id})
+                left = driver_execute(
+                    conn,
+                    "SELECT chat_jid, owner_jid FROM files WHERE sha256 = :sha256 ORDER BY created_at, id",
+                    {"sha256": stored.sha256},
+                ).fetchall()
+                if not left:
+                    # Moved aside, not unlinked, until the delete commits: a failed commit puts it back.
+                    if os.path.lexists(path):
+                        aside = private_dir(self.root / "tmp") / f".discard-{secrets.token_hex(12)}"
+                        os.rename(path, aside)
+                elif all(str(owner) == stored.chat_jid for _, owner in left) and stored.chat_jid not in {
+                    str(chat) for chat, _ in left
+                }:
+                    driver_execute(
+                        conn,
+                        "UPDATE files SET owner_jid = :owner WHERE sha256 = :sha256",
+                        {"owner": str(left[0][0]), "sha256": stored.sha256},
+                    )
+        except BaseException:
+            if aside is not None:
+                os.rename(aside, path)
+            raise
+        if aside is not None:
+            _unlink(aside)
+
     def _stream(self, fd: int, chunks: Iterable[bytes]) -> tuple[str, int, str]:
         digest = hashlib.sha256()
         sniffer = Sniffer()
