@@ -58,6 +58,7 @@ from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerExit, Contai
 from orchestrator.sandbox.gateway import ModelGateway
 from orchestrator.sandbox.image import image_name, model_variant
 from orchestrator.sandbox.port import AgentProcess, Sandbox
+from orchestrator.sandbox.providers import PROVIDERS
 from orchestrator.sandbox.warm import gateway_dir, host_only_dir
 from orchestrator.store.db import Connection, Database
 from orchestrator.store.files import FileStore, StoredFile
@@ -240,7 +241,7 @@ def _contained(ctx: AttemptContext) -> Verdict:
         # Runs last, after the gateway closed (it waits for a request in
         # flight): the final count, kept when the attempt raised.
         cleanup.push(lambda *_: ctx.record(gateway))
-        if payload.model.provider != "offline":
+        if PROVIDERS[payload.model.provider].gateway is not None:
             # The container has no network: its only way to the model is
             # the gateway socket, bound in a host-only folder that is
             # mounted read-only (the run's own folder; for a warm
