@@ -142,8 +142,10 @@ class Orchestrator:
         return Deliverer(self.db, self.settings, self.channels, only_known=only_known)
 
     def sweep(self) -> SweepReport:
-        """Close what dead workers left: runs, signals, containers, delivery claims."""
+        """Close what dead workers left: runs, signals, containers, delivery claims; free the
+        files no message names."""
         from orchestrator.run.sweeper import sweep
+        from orchestrator.store.files import FileStore
 
         return sweep(
             self.db,
@@ -151,6 +153,8 @@ class Orchestrator:
             sandbox=self.docker,
             signal_delivery=self.signals.delivery,
             resend_channels=self.channels.resent_after_crash(),
+            files=FileStore.from_settings(self.db, self.settings),
+            file_grace_s=self.settings.file_unreferenced_grace_s,
         )
 
     def host_heartbeat(self, *, concurrency: int) -> HostHeartbeat:

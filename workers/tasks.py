@@ -47,6 +47,7 @@ def sweep_report(report: SweepReport) -> dict[str, object]:
         "removed_containers": report.removed_containers,
         "abandoned_deliveries": report.abandoned_deliveries,
         "delivery_signals": report.delivery_signals,
+        "freed_files": report.freed_files,
     }
 
 

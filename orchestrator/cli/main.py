@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from orchestrator.cli import channels as cli_channels
+from orchestrator.cli import files as cli_files
 from orchestrator.cli import fleet as cli_fleet
 from orchestrator.cli import history as cli_history
 from orchestrator.cli import runs as cli_runs
@@ -256,6 +257,7 @@ def beat() -> None:
 def sweep() -> None:
     """Run the sweeper once now (re-signal pending groups, close dead runs, remove orphans)."""
     from orchestrator.run.sweeper import sweep as run_sweep
+    from orchestrator.store.files import FileStore
 
     root = _setup()
     try:
@@ -269,12 +271,15 @@ def sweep() -> None:
         sandbox=sandbox,
         signal_delivery=root.signals.delivery,
         resend_channels=root.channels.resent_after_crash(),
+        files=FileStore.from_settings(root.db, root.settings),
+        file_grace_s=root.settings.file_unreferenced_grace_s,
     )
     typer.echo(
         f"interrupted runs: {len(report.interrupted_runs)}, re-signalled groups: "
         f"{len(report.signalled_groups)}, removed containers: {report.removed_containers}, "
         f"chats with due deliveries: {len(report.delivery_signals)}, "
-        f"abandoned delivery claims: {report.abandoned_deliveries}"
+        f"abandoned delivery claims: {report.abandoned_deliveries}, "
+        f"unreferenced files freed: {report.freed_files}"
     )
 
 
@@ -878,6 +883,7 @@ def image_build(
 
 
 cli_history.register(app)
+cli_files.register(app)
 cli_runs.register(runs_app)
 cli_channels.register(app, groups_app)
 cli_fleet.register(app)

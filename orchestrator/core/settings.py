@@ -307,6 +307,14 @@ class Settings(msgspec.Struct, kw_only=True):
     api_host: str = "127.0.0.1"
     api_port: Annotated[int, Meta(ge=0, le=65535)] = 8000
     # Bearer token of every /api route (``Authorization: Bearer <token>``).
+    # How long a stored file no live message names is kept before the sweeper frees it: an
+    # upload's message comes after it; a truncated history's files go after this long.
+    file_unreferenced_grace_s: Annotated[float, Meta(ge=0)] = 86400.0
+    # The models that see images (comma-separated shell patterns, matched against the model
+    # id without its provider, case-insensitive): a person's images go to them as image
+    # blocks, scaled in the sandbox (agent_runner/images.py); any other model reads the
+    # images' names and paths only.  "offline" reports what it was shown (/images).
+    vision_models: str = "claude-*,gpt-4o*,gpt-4.1*,gpt-5*,offline"
     # The models that see images (comma-separated shell patterns, matched against the model
     # id without its provider, case-insensitive): a person's images go to them as image
     # blocks, scaled in the sandbox (agent_runner/images.py); any other model reads the

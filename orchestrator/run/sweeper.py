@@ -42,6 +42,7 @@ from orchestrator.sandbox.containers import DockerSandbox
 from orchestrator.sandbox.port import Sandbox
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import abandon_stale_claims, due_chats, record_deliveries
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import advance_cursor
 from orchestrator.store.hosts import database_now
 from orchestrator.store.leftovers import live_run_ids as live_run_ids
@@ -59,6 +60,7 @@ class SweepReport:
     removed_containers: int = 0
     abandoned_deliveries: int = 0
     delivery_signals: list[str] = field(default_factory=list)
+    freed_files: int = 0
 
 
 def sweep(
@@ -68,6 +70,8 @@ def sweep(
     sandbox: DockerSandbox | None = None,
     signal_delivery: Callable[[str], object] | None = None,
     resend_channels: Collection[str] = (),
+    files: FileStore | None = None,
+    file_grace_s: float = 86400.0,
 ) -> SweepReport:
     report = SweepReport()
     now = database_now(db)  # the database's clock, as the leases' expiries are written
@@ -99,20 +103,30 @@ def sweep(
                 log.warning("could not signal a deliverer for %s (%s)", chat_jid, exc)
                 break
             report.delivery_signals.append(chat_jid)
+    if files is not None:
+        # Files no live message names, past their grace (an upload whose message is to come).
+        report.freed_files = len(files.prune(file_grace_s))
     metrics.swept(
         interrupted_runs=len(report.interrupted_runs),
         signalled_groups=len(report.signalled_groups),
         removed_containers=report.removed_containers,
         abandoned_deliveries=report.abandoned_deliveries,
     )
-    if report.interrupted_runs or report.signalled_groups or report.removed_containers or report.abandoned_deliveries:
+    if (
+        report.interrupted_runs
+        or report.signalled_groups
+        or report.removed_containers
+        or report.abandoned_deliveries
+        or report.freed_files
+    ):
         log.info(
             "sweep: %d interrupted run(s), %d group(s) re-signalled, %d container(s) removed, "
-            "%d delivery claim(s) abandoned",
+            "%d delivery claim(s) abandoned, %d unreferenced file(s) freed",
             len(report.interrupted_runs),
             len(report.signalled_groups),
             report.removed_containers,
             report.abandoned_deliveries,
+            report.freed_files,
         )
     return report
 

@@ -40,10 +40,11 @@ import hashlib
 import os
 import secrets
 import stat
+import time
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -207,6 +208,14 @@ _PRIVATE_FILE = 0o600
 # and the bytes are on disk before the lock is taken).  SQLite: the write lock already is.
 _PG_FILES_LOCK = "SELECT pg_advisory_xact_lock(726935)"
 _COLUMNS = "id, chat_jid, sha256, size, mime, name, owner_jid, created_at"
+# A file no live message names: none, or only superseded or deleted ones (message_files
+# rows outlive the messages an unregistered chat's window deletes).
+_UNREFERENCED = (
+    "SELECT f.id, f.chat_jid, f.sha256, f.size, f.mime, f.name, f.owner_jid, f.created_at FROM files f "
+    "WHERE f.created_at < :cutoff {chat} AND NOT EXISTS (SELECT 1 FROM message_files mf "
+    "JOIN messages m ON m.chat_jid = mf.chat_jid AND m.id = mf.message_id "
+    "WHERE mf.file_id = f.id AND m.superseded_at IS NULL) ORDER BY f.created_at, f.id LIMIT :limit"
+)
 
 
 @dataclass(frozen=True)
@@ -285,6 +294,48 @@ class FileStore:
 
     def store_bytes(self, chat_jid: str, data: bytes, name: str) -> StoredFile:
         return self.store(chat_jid, [data], name)
+
+    # -- keeping ----------------------------------------------------------------------
+
+    def unreferenced(self, grace_s: float, *, chat_jid: str | None = None, limit: int = 500) -> list[StoredFile]:
+        """Files stored more than ``grace_s`` ago (by the database's clock) that no live
+        message names (none, or only superseded or deleted ones), oldest first: what
+        :meth:`prune` frees.  The grace covers an upload whose message is still to come."""
+        with self.db.engine.connect() as conn:
+            cutoff = _db_value(conn, db_now(conn) - timedelta(seconds=grace_s))
+            sql = _UNREFERENCED.format(chat="AND f.chat_jid = :chat_jid" if chat_jid is not None else "")
+            params: dict[str, object] = {"cutoff": cutoff, "limit": limit}
+            if chat_jid is not None:
+                params["chat_jid"] = chat_jid
+            return [_row(r) for r in driver_execute(conn, sql, params).fetchall()]
+
+    def prune(self, grace_s: float, *, chat_jid: str | None = None) -> list[StoredFile]:
+        """Free the :meth:`unreferenced` files (their rows, and their bytes once no row is
+        left), and uploads cut off mid-way (``tmp/``) older than ``grace_s``; returns the
+        files freed.  Bounded per call: a sweep calls it again."""
+        freed = self.unreferenced(grace_s, chat_jid=chat_jid)
+        self.discard(freed)
+        self._prune_tmp(grace_s)
+        return freed
+
+    def remove(self, chat_jid: str, file_id: str) -> StoredFile:
+        """Free the file ``file_id`` of ``chat_jid`` now, named by messages or not (they keep
+        naming it; serving it is then a 404).  Raises :class:`NotFound`."""
+        stored = self.get(file_id, chat_jid)
+        self.discard([stored])
+        return stored
+
+    def _prune_tmp(self, grace_s: float) -> None:
+        tmp = self.root / "tmp"
+        try:
+            entries = list(os.scandir(tmp))
+        except FileNotFoundError:
+            return
+        # This host's clock: a partial upload's file is this host's own, written by its process.
+        cutoff = time.time() - grace_s
+        for entry in entries:
+            if entry.name.startswith((".upload-", ".discard-")) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                _unlink(Path(entry.path))
 
     def discard(self, files: Iterable[StoredFile]) -> None:
         """Take back files just stored that their request cannot keep (an upload of several

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from orchestrator.core.errors import InvalidMessage, MessageNotFound
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.context import parse_context
-from orchestrator.model.envelopes import TEXT, normalize_message_metadata, preview_for
+from orchestrator.model.envelopes import TEXT, files_of, normalize_message_metadata, preview_for
 from orchestrator.model.messages import (
     MESSAGE_TYPES,
     NEVER_STORED_SENDERS,
@@ -122,6 +122,7 @@ _INSERT = """INSERT INTO messages
 # ``stored_at``: the database's clock, as ``db.now_sql`` writes it on each backend.
 _INSERT_SQLITE = _INSERT.format(now="strftime('%Y-%m-%d %H:%M:%f', 'now')")
 _INSERT_PG = _INSERT.format(now="now()")
+_NAME_FILE = "INSERT INTO message_files (chat_jid, message_id, file_id) VALUES (:chat_jid, :message_id, :file_id)"
 _MESSAGES = MessageRow.__table__
 _STORED_FIELDS = (
     "seq",
@@ -162,6 +163,11 @@ def insert_message(session: Session | Connection, db: Database, new: NewMessage)
     if row is None:  # (id, chat_jid) is already stored: the first copy stands
         existing = conn.execute(_EXISTING, {"id": new.id, "chat_jid": new.chat_jid}).mappings().one()
         return StoredMessage(**{k: existing[k] for k in _STORED_FIELDS}), False
+    files = files_of(new.metadata)
+    if files is not None:
+        # Which files it names, for retention (store/files.py: FileStore.prune).
+        for file_id in dict.fromkeys(f.id for f in files.files):
+            driver_execute(conn, _NAME_FILE, {"chat_jid": new.chat_jid, "message_id": new.id, "file_id": file_id})
     return StoredMessage(seq=row[0], **fields), True
 
 

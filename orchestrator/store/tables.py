@@ -356,3 +356,14 @@ class FileRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
 
     __table_args__ = (Index("idx_files_chat_created", "chat_jid", "created_at"),)
+
+
+class MessageFileRow(Base):
+    """A message naming a file in its FILE envelope (``orchestrator/store/files.py``; revision
+    0020), written with the message: a file no live message names is freed after a grace."""
+
+    __tablename__ = "message_files"
+
+    chat_jid: Mapped[str] = mapped_column(Text, primary_key=True)
+    message_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    file_id: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
