@@ -9,11 +9,17 @@
   a network error) raises :class:`~orchestrator.core.errors.ChannelError`,
   so the deliveries table retries it (flood control, 429, raises
   :class:`~orchestrator.core.errors.ChannelRateLimited`: retried after its
-  ``retry_after``, no attempt counted); the parts of a long message already
-  sent are not sent again by a retry in the same process.
+  ``retry_after``, no attempt counted).  A message that carries files (a FILE
+  envelope) is its words, then each file with ``sendPhoto`` or ``sendDocument``
+  (``channels/telegram_files.py``).  The parts of a long message and the files
+  already sent are not sent again by a retry in the same process.
 * **Inbound**: :class:`TelegramPoller` long-polls ``getUpdates`` (``orchestrator
   telegram poll``) and ingests each text message with ``channel="telegram"``
-  (mirrored to the group's other channels, not back).  The chat is the group
+  (mirrored to the group's other channels, not back), and each document or
+  photo with its caption as the words and its file fetched into the file store
+  (``channels/telegram_files.py``: only for a registered group, within
+  ``ORCHESTRATOR_FILE_MAX_BYTES`` and ``ORCHESTRATOR_TELEGRAM_FILE_TIMEOUT_S``;
+  a file not taken leaves a line in the words saying why).  The chat is the group
   whose ``telegram`` attachment address is the Telegram chat id; a chat no
   group is attached to is stored under ``tg:<chat id>`` and never wakes an
   agent, like any unregistered chat, within ingest's bounds on them (how many such
@@ -48,12 +54,33 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from orchestrator.channels.base import BaseChannel
-from orchestrator.core.errors import ChannelError, ChannelRateLimited, RateLimited, UnregisteredChatsFull
+from orchestrator.channels.telegram_files import (
+    Attachment,
+    FileFetcher,
+    attachment_of,
+    not_taken,
+    too_large_reason,
+    upload,
+)
+from orchestrator.core.errors import (
+    ChannelError,
+    ChannelRateLimited,
+    FileTooLarge,
+    MessageNotFound,
+    NotFound,
+    RateLimited,
+    UnregisteredChatsFull,
+)
 from orchestrator.core.settings import Settings
+from orchestrator.model.envelopes import FileRef, files_of
 from orchestrator.model.render import RenderedMessage
 from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest
 from orchestrator.store.attachments import chats_on
-from orchestrator.store.db import Database
+from orchestrator.store.db import Database, open_database
+from orchestrator.store.files import FileStore, StoredFile, file_envelope
+from orchestrator.store.groups import registered_chats
+from orchestrator.store.message_log import resolve_message
+from orchestrator.store.usage import sender_retry_after
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +162,12 @@ class TelegramClient:
         self._thread: threading.Thread | None = None
         self._bot: Any = None
 
+    def file_url(self, file_path: str) -> str:
+        """The Bot API's download URL of ``file_path`` (a checked ``getFile`` path) on the
+        configured API: ``<api base>/file/bot<token>/<file_path>``.  It holds the token:
+        never logged, never shown."""
+        return f"{self._base}/file/bot{self._token}/{file_path}"
+
     @property
     def bot_key(self) -> str:
         """A short stable name of the bot (for the offset file), not the token."""
@@ -212,15 +245,29 @@ def _channel_error(address: str, exc: Exception) -> ChannelError:
 
 
 class TelegramChannel(BaseChannel):
-    """Sends each delivered message to a Telegram chat (the attachment's address: its chat id)."""
+    """Sends each delivered message to a Telegram chat (the attachment's address: its chat id),
+    its words first, then each file it carries (``channels/telegram_files.py``)."""
 
     name = CHANNEL
 
-    def __init__(self, settings: Settings, client: TelegramClient | None = None) -> None:
+    def __init__(self, settings: Settings, client: TelegramClient | None = None, db: Database | None = None) -> None:
+        self.settings = settings
         self.client = client or TelegramClient(settings)
-        # Parts of a long message already sent, by (address, chat, seq): a retry resumes.
+        self._db = db
+        self._own_db = db is None
+        # Steps of a message already sent (its text's parts, then its files), by (address,
+        # chat, seq): a retry resumes after them.
         self._progress: dict[tuple[str, str, int], int] = {}
         self._progress_lock = threading.Lock()
+
+    @property
+    def db(self) -> Database:
+        # Made on first use, by the first message with files: a process that only builds the
+        # registry (the CLI), or sends only words, never opens it.
+        with self._progress_lock:
+            if self._db is None:
+                self._db = open_database(self.settings, migrate=False)
+            return self._db
 
     def owns(self, address: str) -> bool:
         return bool(_ADDRESS.match(address.strip()))
@@ -231,20 +278,19 @@ class TelegramChannel(BaseChannel):
             raise ChannelError(f"the telegram channel needs a chat id as its address, not {address!r}")
         target: int | str = int(address) if address.lstrip("-").isdigit() else address
         parts = split_text(rendered.text)
+        files = files_of(rendered.metadata)
+        refs = files.files if files is not None else []
         key = (address, rendered.chat_jid, rendered.seq)
         with self._progress_lock:
             done = self._progress.get(key, 0)
         from telegram.error import TelegramError
 
-        for i in range(done, len(parts)):
-            text = parts[i]
-
-            # A def, not a lambda: mypy cannot type a lambda with a default argument.
-            def send_part(bot: Any, text: str = text) -> Any:
-                return bot.send_message(chat_id=target, text=text)
-
+        for i in range(done, len(parts) + len(refs)):
             try:
-                self.client.call(send_part)
+                if i < len(parts):
+                    self._send_text(target, parts[i])
+                else:
+                    self._send_file(target, rendered.chat_jid, refs[i - len(parts)])
             except ChannelError:
                 raise
             except (TelegramError, Exception) as exc:  # noqa: BLE001 - any failure is a failed send, retried
@@ -254,8 +300,26 @@ class TelegramChannel(BaseChannel):
         with self._progress_lock:
             self._progress.pop(key, None)
 
+    def _send_text(self, target: int | str, text: str) -> None:
+        self.client.call(lambda bot: bot.send_message(chat_id=target, text=text))
+
+    def _send_file(self, target: int | str, chat_jid: str, ref: FileRef) -> None:
+        store = FileStore.from_settings(self.db, self.settings)
+        try:
+            # The message's own chat's file only (ingest made sure it names no other).
+            stored = store.get(ref.id, chat_jid=chat_jid)
+        except NotFound:
+            # Freed since (its messages removed): no retry brings it back; the chat is told.
+            self._send_text(target, f"📎 {ref.name}: no longer stored")
+            return
+        upload(self.client, store, target, stored)
+
     def disconnect(self) -> None:
         self.client.close()
+        with self._progress_lock:
+            db, self._db = (self._db, None) if self._own_db else (None, self._db)
+        if db is not None:
+            db.engine.dispose()
 
 
 def channel(settings: Settings) -> TelegramChannel:
@@ -275,7 +339,8 @@ def attached_groups(db: Database) -> dict[str, str]:
 
 
 class TelegramPoller:
-    """Long-polls ``getUpdates`` and ingests each text message (see the module's docs)."""
+    """Long-polls ``getUpdates`` and ingests each text message, and each document or photo
+    with its file (see the module's docs)."""
 
     def __init__(
         self,
@@ -290,6 +355,7 @@ class TelegramPoller:
         self.signal, self.signal_delivery = signal, signal_delivery
         self._own_client = client is None
         self.client = client or TelegramClient(settings)
+        self.files = FileFetcher(settings, FileStore.from_settings(db, settings), self.client)
         self.offset_path = settings.data_dir / CHANNEL / f"offset-{self.client.bot_key}"
         self.offset = self._read_offset()
         # (chat, sender) -> monotonic time until which a rate-limited sender was told to wait.
@@ -325,22 +391,86 @@ class TelegramPoller:
         if not updates:
             return []
         groups = attached_groups(self.db)
+        taken = [(u, incoming) for u in updates if (incoming := self._incoming(u, groups)) is not None]
+        # Files are fetched for registered groups only: asked once for the batch, before any request.
+        with_files = {incoming.chat_jid for u, incoming in taken if self._attachment(u.message) is not None}
+        registered = registered_chats(self.db, with_files)
         results = []
-        for update in updates:
-            incoming = self._incoming(update, groups)
-            if incoming is None:
-                continue
+        for update, incoming in taken:
+            attachment = self._attachment(update.message)
+            fetched: StoredFile | None = None
+            if attachment is not None:
+                incoming, fetched = self._with_file(incoming, attachment, registered=incoming.chat_jid in registered)
             try:
-                results.append(
-                    ingest(self.db, self.settings, incoming, signal=self.signal, signal_delivery=self.signal_delivery)
+                result = ingest(
+                    self.db, self.settings, incoming, signal=self.signal, signal_delivery=self.signal_delivery
                 )
             except RateLimited as exc:
+                self._unused(fetched)
                 self._slow_down(update.message, incoming, exc)
+                continue
             except UnregisteredChatsFull:
-                pass  # an unattached chat past the cap: dropped (ingest counted and logged it)
+                self._unused(fetched)
+                continue  # an unattached chat past the cap: dropped (ingest counted and logged it)
+            except BaseException:
+                self._unused(fetched)
+                raise
+            if not result.created:
+                self._unused(fetched)  # stored meanwhile (a redelivery raced in): its first copy stands
+            results.append(result)
         # Only after the batch is stored: a crash before this re-reads it, and the ids dedupe it.
         self._write_offset(max(u.update_id for u in updates) + 1)
         return results
+
+    def _attachment(self, msg: Any) -> Attachment | None:
+        return attachment_of(msg, self.settings.file_max_bytes)
+
+    def _with_file(
+        self, incoming: IncomingMessage, attachment: Attachment, *, registered: bool
+    ) -> tuple[IncomingMessage, StoredFile | None]:
+        """``incoming`` with its file stored and named in a FILE envelope (and the stored
+        file), or with a line in its words saying why the file was not taken.  Nothing is
+        asked of Telegram for a chat that is no registered group, nor for a message already
+        stored (a redelivered update: ingest answers it as the duplicate it is), nor for a
+        sender over its rate (ingest refuses the message)."""
+        if not registered:
+            return _noted(incoming, not_taken(attachment.name, "this chat is no registered group")), None
+        if self._stored_already(incoming) or self._over_rate(incoming):
+            return incoming, None
+        try:
+            stored = self.files.fetch(incoming.chat_jid, attachment)
+        except FileTooLarge as exc:
+            return _noted(incoming, not_taken(attachment.name, too_large_reason(exc))), None
+        except ChannelError as exc:
+            log.warning("telegram: the file of %s was not taken: %s", incoming.id, exc)
+            return _noted(incoming, not_taken(attachment.name, str(exc))), None
+        return incoming.model_copy(update={"metadata": file_envelope([stored])}), stored
+
+    def _unused(self, fetched: StoredFile | None) -> None:
+        """Take back a file its message was not stored with: no message would ever name it,
+        and it would count against its group's limit."""
+        if fetched is not None:
+            self.files.store.discard([fetched])
+
+    def _stored_already(self, incoming: IncomingMessage) -> bool:
+        assert incoming.id is not None  # the poller names every message it takes
+        try:
+            resolve_message(incoming.chat_jid, incoming.id, db=self.db)
+        except MessageNotFound:
+            return False
+        return True
+
+    def _over_rate(self, incoming: IncomingMessage) -> bool:
+        """Whether ingest would refuse ``incoming``'s sender for its rate now (read, not counted)."""
+        limit = self.settings.sender_messages_per_minute
+        if not limit:
+            return False
+        assert incoming.id is not None
+        with self.db.engine.begin() as conn:
+            wait = sender_retry_after(
+                conn, self.db, chat_jid=incoming.chat_jid, sender=incoming.sender, message_id=incoming.id, limit=limit
+            )
+        return wait is not None
 
     def _slow_down(self, msg: Any, incoming: IncomingMessage, exc: RateLimited) -> None:
         """A sender over its rate: the message is dropped, not stored; the sender is told
@@ -377,8 +507,8 @@ class TelegramPoller:
     @staticmethod
     def _incoming(update: Any, groups: dict[str, str]) -> IncomingMessage | None:
         msg = update.message
-        if msg is None or not msg.text:
-            return None  # only text messages (edits, joins, photos, ... are skipped)
+        if msg is None or not (msg.text or msg.document or msg.photo):
+            return None  # text, documents and photos only (edits, joins, stickers, videos, ... are skipped)
         chat_id = str(msg.chat.id)
         user = msg.from_user
         if user is not None:
@@ -391,7 +521,7 @@ class TelegramPoller:
             chat_jid=groups.get(chat_id, f"{UNATTACHED_PREFIX}{chat_id}"),
             sender=sender,
             sender_name=name,
-            content=msg.text,
+            content=msg.text or msg.caption or "",  # a file's caption is its message's words
             id=f"tg-{chat_id}-{msg.message_id}",
             timestamp=msg.date.isoformat() if msg.date else None,
             channel=CHANNEL,
@@ -410,8 +540,15 @@ class TelegramPoller:
                 stop.wait(error_pause_s)
 
     def close(self) -> None:
+        self.files.close()
         if self._own_client:
             self.client.close()
+
+
+def _noted(incoming: IncomingMessage, line: str) -> IncomingMessage:
+    """``incoming`` with ``line`` under its words."""
+    content = f"{incoming.content}\n{line}" if incoming.content else line
+    return incoming.model_copy(update={"content": content})
 
 
 def poll_forever(

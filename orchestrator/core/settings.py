@@ -213,6 +213,10 @@ class Settings(msgspec.Struct, kw_only=True):
     # it at a fake).
     telegram_bot_token: str = ""
     telegram_api_base: str = "https://api.telegram.org"
+    # How long a file sent to the bot may take to come in (getFile, then the download,
+    # orchestrator/channels/telegram_files.py): one still coming past it is stopped and
+    # its message says so, so one slow file cannot hold the poller.
+    telegram_file_timeout_s: Annotated[float, Meta(gt=0)] = 60.0
     # Slack (orchestrator/channels/slack.py, the optional "slack" extra): the bot
     # token (xoxb-, chat.postMessage and the rest of the Web API), the signing
     # secret POST /slack/events checks (empty: that route answers 404), the

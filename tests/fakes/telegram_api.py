@@ -1,16 +1,26 @@
 """A fake Telegram Bot API on loopback, speaking the real wire format.
 
 ``POST``/``GET`` ``/bot<token>/<method>`` with parameters as a query string,
-a form (what python-telegram-bot sends) or JSON; answers
+a form (what python-telegram-bot sends), JSON, or ``multipart/form-data`` (an
+upload: each field a part, the file a part with a ``filename``); answers
 ``{"ok": true, "result": ...}`` or ``{"ok": false, "error_code": ...,
 "description": ..., "parameters": {"retry_after": n}}``.  Methods:
 ``getMe``, ``sendMessage`` (rejects text over 4096 UTF-16 units, as the real
 one does), ``getUpdates`` (``offset`` confirms earlier updates, ``timeout``
-long-polls), ``close``/``logOut`` (for shutdown).  A wrong token is a 401.
+long-polls), ``getFile`` (a ``File``: ``file_id``, ``file_unique_id``,
+``file_size``, ``file_path``), ``sendPhoto`` and ``sendDocument`` (a multipart
+upload of the ``photo`` or ``document`` part; a photo over 10 MB is refused, as
+the real one refuses it), ``close``/``logOut`` (for shutdown).  ``GET
+/file/bot<token>/<file_path>`` is the download of a file ``getFile`` named
+(recorded as the method ``file``).  A wrong token is a 401.
 
 Tests script it: :meth:`FakeTelegramAPI.fail` makes the next calls of a
-method fail (500, or 429 with ``retry_after``), :meth:`push_text` queues an
-incoming text message; every request is kept in ``requests``.
+method fail (500, or 429 with ``retry_after``), :meth:`push_text`,
+:meth:`push_document` and :meth:`push_photo` queue incoming messages (a
+document's or photo's bytes are then served by ``getFile`` and the download;
+:meth:`FakeFile` fields may be changed to lie about its size or path, and
+``delay_s`` drips the download); every request is kept in ``requests``, an
+upload's file part as an :class:`Upload`.
 """
 
 from __future__ import annotations
@@ -18,12 +28,17 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from python_multipart.multipart import MultipartParser, parse_options_header
 
 TEXT_LIMIT = 4096
+PHOTO_MAX_BYTES = 10 * 1000 * 1000
+DOWNLOAD_CHUNK = 4096
 
 
 def utf16_len(text: str) -> int:
@@ -36,6 +51,29 @@ class Request:
     http_method: str
     params: dict[str, Any]
     status: int = 200
+
+
+@dataclass
+class Upload:
+    """A file part of a multipart request, as it arrived."""
+
+    filename: str
+    content_type: str
+    data: bytes
+
+
+@dataclass
+class FakeFile:
+    """A file the fake holds: what getFile says of it and the bytes its download serves."""
+
+    file_id: str
+    file_unique_id: str
+    file_path: str  # what getFile answers (a test may make it hostile)
+    data: bytes
+    file_size: int | None  # what the message and getFile declare (a test may make it lie)
+    delay_s: float = 0.0  # between chunks of the download
+    content_encoding: str | None = None  # the download's Content-Encoding header, if any
+    on_download: Callable[[], object] | None = None  # called as the download starts (a race, scripted)
 
 
 @dataclass
@@ -57,6 +95,8 @@ class FakeTelegramAPI:
         self._failures: dict[str, list[_Failure | None]] = {}
         self._next_update_id = 1000
         self._next_message_id = 1
+        self._next_file = 1
+        self.files: dict[str, FakeFile] = {}
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -105,6 +145,108 @@ class FakeTelegramAPI:
         message_id: int | None = None,
     ) -> dict[str, Any]:
         """An incoming text message (a new update; ``message_id`` repeats one, as a redelivery would)."""
+        return self._push_message(
+            chat_id,
+            user_id,
+            {"text": text},
+            first_name=first_name,
+            last_name=last_name,
+            chat_type=chat_type,
+            message_id=message_id,
+        )
+
+    def add_file(self, data: bytes, *, folder: str = "documents", ext: str = "bin") -> FakeFile:
+        """A file the Bot API holds, as a message carrying it makes one (its path as Telegram
+        names them: ``documents/file_3.pdf``, ``photos/file_4.jpg``)."""
+        with self._lock:
+            n = self._next_file
+            self._next_file += 1
+        found = FakeFile(f"FILE-{n}", f"U{n}", f"{folder}/file_{n}.{ext}", data, len(data))
+        with self._lock:
+            self.files[found.file_id] = found
+        return found
+
+    def push_document(
+        self,
+        chat_id: int,
+        user_id: int,
+        data: bytes,
+        *,
+        file_name: str | None = "notes.txt",
+        caption: str | None = None,
+        mime_type: str = "text/plain",
+        declared: int | None = -1,
+        chat_type: str = "group",
+        message_id: int | None = None,
+    ) -> tuple[dict[str, Any], FakeFile]:
+        """An incoming message with a document (a Document object: file_id, file_unique_id,
+        file_name, mime_type, file_size) and its file; ``declared`` is the size the message
+        and getFile declare (-1: its true size; None: none)."""
+        ext = "".join(c for c in (file_name or "").rpartition(".")[2] if c.isascii() and c.isalnum())[:8]
+        held = self.add_file(data, ext=ext or "bin")
+        if declared != -1:
+            held.file_size = declared
+        document: dict[str, Any] = {
+            "file_id": held.file_id,
+            "file_unique_id": held.file_unique_id,
+            "mime_type": mime_type,
+        }
+        if held.file_size is not None:
+            document["file_size"] = held.file_size
+        if file_name is not None:
+            document["file_name"] = file_name
+        fields: dict[str, Any] = {"document": document}
+        if caption is not None:
+            fields["caption"] = caption
+        update = self._push_message(chat_id, user_id, fields, chat_type=chat_type, message_id=message_id)
+        return update, held
+
+    def push_photo(
+        self,
+        chat_id: int,
+        user_id: int,
+        sizes: list[tuple[int, int, bytes]],
+        *,
+        caption: str | None = None,
+        media_group_id: str | None = None,
+        declared: list[int | None] | None = None,
+        chat_type: str = "group",
+    ) -> tuple[dict[str, Any], list[FakeFile]]:
+        """An incoming photo: one PhotoSize (file_id, file_unique_id, width, height,
+        file_size) per (width, height, bytes) of ``sizes``, smallest first as Telegram
+        lists them; ``declared`` replaces the sizes they declare."""
+        held = [self.add_file(data, folder="photos", ext="jpg") for _, _, data in sizes]
+        photo = []
+        for i, ((width, height, _), f) in enumerate(zip(sizes, held, strict=True)):
+            size = f.file_size if declared is None else declared[i]
+            f.file_size = size
+            entry: dict[str, Any] = {
+                "file_id": f.file_id,
+                "file_unique_id": f.file_unique_id,
+                "width": width,
+                "height": height,
+            }
+            if size is not None:
+                entry["file_size"] = size
+            photo.append(entry)
+        fields: dict[str, Any] = {"photo": photo}
+        if caption is not None:
+            fields["caption"] = caption
+        if media_group_id is not None:
+            fields["media_group_id"] = media_group_id
+        return self._push_message(chat_id, user_id, fields, chat_type=chat_type), held
+
+    def _push_message(
+        self,
+        chat_id: int,
+        user_id: int,
+        fields: dict[str, Any],
+        *,
+        first_name: str = "Ann",
+        last_name: str = "",
+        chat_type: str = "group",
+        message_id: int | None = None,
+    ) -> dict[str, Any]:
         with self._lock:
             if message_id is None:
                 message_id = self._next_message_id
@@ -118,7 +260,7 @@ class FakeTelegramAPI:
         else:
             chat["title"] = f"chat {chat_id}"
         return self.push_update(
-            {"message": {"message_id": message_id, "date": int(time.time()), "chat": chat, "from": user, "text": text}}
+            {"message": {"message_id": message_id, "date": int(time.time()), "chat": chat, "from": user, **fields}}
         )
 
     def calls(self, method: str, *, ok_only: bool = False) -> list[Request]:
@@ -128,6 +270,16 @@ class FakeTelegramAPI:
     def sent(self) -> list[tuple[str, str]]:
         """(chat_id, text) of every accepted sendMessage, in order."""
         return [(str(r.params["chat_id"]), str(r.params["text"])) for r in self.calls("sendMessage", ok_only=True)]
+
+    def uploads(self) -> list[tuple[str, str, Upload]]:
+        """(method, chat_id, file) of every accepted sendPhoto and sendDocument, in order."""
+        with self._lock:
+            done = [r for r in self.requests if r.method in ("sendPhoto", "sendDocument") and r.status == 200]
+        return [(r.method, str(r.params["chat_id"]), r.params[_UPLOAD_FIELD[r.method]]) for r in done]
+
+    def downloads(self) -> list[str]:
+        """The file paths of every download asked for, in order."""
+        return [str(r.params["file_path"]) for r in self.calls("file")]
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -192,6 +344,21 @@ class FakeTelegramAPI:
                     "text": str(text),
                 },
             }
+        if method == "getFile":
+            with self._lock:
+                held = self.files.get(str(params.get("file_id") or ""))
+            if held is None:
+                return 400, {"ok": False, "error_code": 400, "description": "Bad Request: invalid file_id"}
+            result: dict[str, Any] = {
+                "file_id": held.file_id,
+                "file_unique_id": held.file_unique_id,
+                "file_path": held.file_path,
+            }
+            if held.file_size is not None:
+                result["file_size"] = held.file_size
+            return 200, {"ok": True, "result": result}
+        if method in _UPLOAD_FIELD:
+            return self._upload(method, params)
         if method == "getUpdates":
             offset = int(params.get("offset") or 0)
             timeout = float(params.get("timeout") or 0)
@@ -207,6 +374,80 @@ class FakeTelegramAPI:
                 return 200, {"ok": True, "result": list(self.updates[:limit])}
         return 404, {"ok": False, "error_code": 404, "description": "Not Found"}
 
+    def _upload(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """sendPhoto / sendDocument: the file must come as a multipart part (an upload)."""
+        chat_id, part = params.get("chat_id"), params.get(_UPLOAD_FIELD[method])
+        if chat_id in (None, ""):
+            return 400, {"ok": False, "error_code": 400, "description": "Bad Request: chat_id is empty"}
+        if not isinstance(part, Upload):
+            return 400, {"ok": False, "error_code": 400, "description": "Bad Request: there is no file in the request"}
+        if method == "sendPhoto" and len(part.data) > PHOTO_MAX_BYTES:
+            return 400, {"ok": False, "error_code": 400, "description": "Bad Request: PHOTO_SAVE_FILE_INVALID"}
+        with self._lock:
+            mid = self._next_message_id
+            self._next_message_id += 1
+        held = self.add_file(part.data, folder="photos" if method == "sendPhoto" else "documents")
+        if method == "sendPhoto":
+            media: dict[str, Any] = {
+                "photo": [
+                    {
+                        "file_id": held.file_id,
+                        "file_unique_id": held.file_unique_id,
+                        "width": 1,
+                        "height": 1,
+                        "file_size": len(part.data),
+                    }
+                ]
+            }
+        else:
+            media = {
+                "document": {
+                    "file_id": held.file_id,
+                    "file_unique_id": held.file_unique_id,
+                    "file_name": part.filename,
+                    "mime_type": part.content_type,
+                    "file_size": len(part.data),
+                }
+            }
+        chat = {"id": int(chat_id), "type": "group", "title": "chat"}
+        return 200, {
+            "ok": True,
+            "result": {"message_id": mid, "date": int(time.time()), "chat": chat, "from": self._bot_user(), **media},
+        }
+
+    def _download(self, handler: BaseHTTPRequestHandler, token_and_path: str) -> None:
+        """``GET /file/bot<token>/<file_path>``: the bytes of the file getFile named there."""
+        prefix, _, path = token_and_path.partition("/")
+        path = unquote(path)
+        with self._lock:
+            held = next((f for f in self.files.values() if f.file_path == path), None)
+        status = 200 if prefix == f"bot{self.token}" and held is not None else 404
+        with self._lock:
+            self.requests.append(Request("file", handler.command, {"file_path": path}, status))
+        if held is None or status != 200:
+            data = b"Not Found"
+            handler.send_response(404)
+            handler.send_header("content-length", str(len(data)))
+            handler.end_headers()
+            handler.wfile.write(data)
+            return
+        if held.on_download is not None:
+            held.on_download()
+        handler.send_response(200)
+        handler.send_header("content-type", "application/octet-stream")
+        if held.content_encoding:
+            handler.send_header("content-encoding", held.content_encoding)
+        handler.send_header("content-length", str(len(held.data)))
+        handler.end_headers()
+        try:
+            for start in range(0, len(held.data), DOWNLOAD_CHUNK):
+                handler.wfile.write(held.data[start : start + DOWNLOAD_CHUNK])
+                handler.wfile.flush()
+                if held.delay_s:
+                    time.sleep(held.delay_s)
+        except OSError:
+            handler.close_connection = True  # the client went away (a timeout): nothing more to send
+
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         fake = self
 
@@ -216,15 +457,17 @@ class FakeTelegramAPI:
             def _serve(self) -> None:
                 url = urlsplit(self.path)
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                if url.path.startswith("/file/"):
+                    fake._download(self, url.path[len("/file/") :])
+                    return
                 params: dict[str, Any] = dict(parse_qsl(url.query))
                 ctype = (self.headers.get("content-type") or "").split(";")[0].strip()
                 if body and ctype == "application/json":
                     params.update(json.loads(body))
                 elif body and ctype == "application/x-www-form-urlencoded":
                     params.update(parse_qsl(body.decode()))
-                elif body and ctype.startswith("multipart/"):
-                    self._reply(400, {"ok": False, "error_code": 400, "description": "multipart not supported"})
-                    return
+                elif body and ctype == "multipart/form-data":
+                    params.update(_multipart(body, self.headers.get("content-type") or ""))
                 prefix, _, method = url.path.lstrip("/").partition("/")
                 if prefix != f"bot{fake.token}":
                     status, doc = 401, {"ok": False, "error_code": 401, "description": "Unauthorized"}
@@ -248,3 +491,53 @@ class FakeTelegramAPI:
                 pass
 
         return Handler
+
+
+_UPLOAD_FIELD = {"sendPhoto": "photo", "sendDocument": "document"}
+
+
+def _multipart(body: bytes, content_type: str) -> dict[str, Any]:
+    """The fields of a multipart/form-data body: a part with a filename as an :class:`Upload`,
+    any other as its text."""
+    _, options = parse_options_header(content_type)
+    parts: list[tuple[dict[bytes, bytes], bytearray]] = []
+    header = [b"", b""]
+
+    def on_part_begin() -> None:
+        parts.append(({}, bytearray()))
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        header[0] += data[start:end]
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        header[1] += data[start:end]
+
+    def on_header_end() -> None:
+        parts[-1][0][header[0].strip().lower()] = header[1]
+        header[0], header[1] = b"", b""
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        parts[-1][1].extend(data[start:end])
+
+    parser = MultipartParser(
+        options[b"boundary"],
+        {
+            "on_part_begin": on_part_begin,
+            "on_header_field": on_header_field,
+            "on_header_value": on_header_value,
+            "on_header_end": on_header_end,
+            "on_part_data": on_part_data,
+        },
+    )
+    parser.write(body)
+    parser.finalize()
+    fields: dict[str, Any] = {}
+    for headers, data in parts:
+        _, disposition = parse_options_header(headers.get(b"content-disposition", b""))
+        name = disposition[b"name"].decode()
+        if b"filename" in disposition:
+            ctype = headers.get(b"content-type", b"application/octet-stream").decode()
+            fields[name] = Upload(disposition[b"filename"].decode(), ctype, bytes(data))
+        else:
+            fields[name] = bytes(data).decode()
+    return fields
