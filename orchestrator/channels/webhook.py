@@ -39,7 +39,9 @@
   id in ``X-Orchestrator-Delivery`` (and the body's ``message.delivery_id``), the
   same on every attempt: a send cut short by a deliverer's death is sent again
   with it, so a receiver that keeps the ids it has seen gets each message
-  exactly once.
+  exactly once.  A message that carries files (a FILE envelope) names them in
+  ``message.files``, each by its id with its name, type and size
+  (``{"id", "name", "mime", "size"}``); the payload holds no file's bytes.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from pydantic import ValidationError
 from orchestrator.channels.base import BaseChannel, InboundDoor
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
+from orchestrator.model.envelopes import files_of
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, NEVER_STORED_SENDERS, SENDER_SCHEDULER
 from orchestrator.model.render import RenderedMessage
 from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest
@@ -191,9 +194,7 @@ class WebhookChannel(BaseChannel):
     def send(self, address: str, rendered: RenderedMessage) -> None:
         if not self.owns(address):
             raise ChannelError(f"the webhook channel needs an http(s) URL as its address, not {address!r}")
-        body = json.dumps(
-            {"event": "message", "message": rendered.model_dump(mode="json")}, ensure_ascii=False
-        ).encode()
+        body = json.dumps({"event": "message", "message": _payload(rendered)}, ensure_ascii=False).encode()
         headers = {"content-type": "application/json"}
         if self._secret:
             # The body's signature (receivers written before the timestamp keep working), and
@@ -213,6 +214,15 @@ class WebhookChannel(BaseChannel):
 
     def disconnect(self) -> None:
         self._client.close()
+
+
+def _payload(rendered: RenderedMessage) -> dict[str, object]:
+    """The body's ``message``: the rendered message, and the files it carries, by id."""
+    message: dict[str, object] = rendered.model_dump(mode="json")
+    files = files_of(rendered.metadata)
+    if files is not None:
+        message["files"] = [{"id": f.id, "name": f.name, "mime": f.mime, "size": f.size} for f in files.files]
+    return message
 
 
 class InboundWebhook(InboundDoor):

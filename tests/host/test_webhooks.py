@@ -37,6 +37,7 @@ from orchestrator.run.outbound import ChannelRegistry, Deliverer
 from orchestrator.store.attachments import attach_channel
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import list_deliveries
+from orchestrator.store.files import FileStore, file_envelope
 from orchestrator.store.groups import add_group
 from orchestrator.store.hosts import database_now
 from orchestrator.store.message_log import get_messages_after
@@ -234,6 +235,33 @@ def test_outbound_webhook_is_signed_retried_and_sent_once(
     assert receiver.delivery_ids == [f"{settings.install_id}-{row.id}"] * 3
     assert doc["message"]["delivery_id"] == receiver.delivery_ids[0]
     channel.disconnect()
+
+
+def test_a_file_message_names_its_files_by_id(hooked: tuple[Database, Settings]) -> None:
+    """A FILE message's payload names each file (id, name, type, size) in ``message.files``,
+    the store's word on each, and carries no bytes; a message without files has no ``files``."""
+    db, settings = hooked
+    store = FileStore.from_settings(db, settings)
+    chart = store.store_bytes(JID, b"\x89PNG\r\n\x1a\n" + bytes(100), "chart.png")
+    notes = store.store_bytes(JID, b"secret notes\n", "notes.txt")
+    with _Receiver(fail=0) as receiver:
+        attach_channel(db, JID, "webhook", address=receiver.url)
+        meta = file_envelope([chart, notes])
+        meta["payload"]["files"][0]["name"] = "evil.exe"  # what a sender says of it: the store's name wins
+        ingest(db, settings, IncomingMessage(chat_jid=JID, sender="ann", content="see", metadata=meta), signal=None)
+        ingest(db, settings, IncomingMessage(chat_jid=JID, sender="ann", content="no files"), signal=None)
+        channel = WebhookChannel(settings)
+        try:
+            assert Deliverer(db, settings, ChannelRegistry([channel])).deliver_due().sent == 2
+        finally:
+            channel.disconnect()
+    with_files, without = (json.loads(body)["message"] for body, _ in receiver.received)
+    assert with_files["files"] == [
+        {"id": chart.id, "name": "chart.png", "mime": "image/png", "size": 108},
+        {"id": notes.id, "name": "notes.txt", "mime": "text/plain", "size": 13},
+    ]
+    assert with_files["content"] == "see" and b"secret notes" not in receiver.received[0][0]
+    assert "files" not in without and without["content"] == "no files"
 
 
 def test_a_webhook_send_cut_short_by_a_dead_deliverer_is_sent_again_with_its_id(
