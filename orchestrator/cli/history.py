@@ -89,15 +89,24 @@ def export(
     chat_jid: str,
     fmt: Annotated[str, typer.Option("--format", help="md (for people) or json (for import).")] = "md",
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File to write (default: stdout).")] = None,
+    with_files: Annotated[
+        bool, typer.Option("--with-files", help="JSON only: carry the files the messages name, not just their ids.")
+    ] = False,
 ) -> None:
     """Write a chat's history as markdown or as JSON that `import` reads back."""
+    from orchestrator.store.files import FileStore
     from orchestrator.store.transfer import export_json, export_markdown
 
     root = setup()
     settings, db = root.settings, root.db
     if fmt not in ("md", "json"):
         raise fail(ValueError(f"--format must be md or json, not {fmt!r}"))
-    text = export_json(db, chat_jid) if fmt == "json" else export_markdown(db, chat_jid, settings.assistant_name)
+    if with_files and fmt != "json":
+        raise fail(ValueError("--with-files needs --format json"))
+    if fmt == "json":
+        text = export_json(db, chat_jid, files=FileStore.from_settings(db, settings) if with_files else None)
+    else:
+        text = export_markdown(db, chat_jid, settings.assistant_name)
     if output is None:
         # The markdown carries the messages as they are: escaped for the terminal (the
         # JSON is ASCII, every other character escaped by its encoder: store/transfer.py).
@@ -109,11 +118,14 @@ def export(
 
 def import_cmd(path: Annotated[Path, typer.Argument(help="A JSON file written by `export --format json`.")]) -> None:
     """Import a chat exported as JSON (idempotent; never wakes the agent)."""
+    from orchestrator.store.files import FileStore
     from orchestrator.store.transfer import import_chat, parse_export
 
-    db = setup().db
+    root = setup()
+    db = root.db
     try:
-        result = import_chat(db, parse_export(path.read_text(encoding="utf-8")))
+        doc = parse_export(path.read_text(encoding="utf-8"))
+        result = import_chat(db, doc, files=FileStore.from_settings(db, root.settings))
     except (OrchestratorError, OSError) as exc:
         raise fail(exc) from exc
     echo(

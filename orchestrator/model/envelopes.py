@@ -257,8 +257,6 @@ def preview_for(metadata_envelope: JsonObject | None) -> str:
         current = next((t for t in payload.todos if t.status == "in_progress"), None)
         now = f" · now: {_clip(current.content)}" if current else ""
         return f"Todos {done}/{len(payload.todos)} done{now}"
-    if isinstance(payload, FilePayload):
-        return file_line(payload)
     if isinstance(payload, ToolCallPayload):
         return f"Called {payload.tool_name}" + (f" (error: {_clip(payload.error)})" if payload.error else "")
     return "" if parsed.message_type == TEXT else f"[{parsed.message_type} message]"

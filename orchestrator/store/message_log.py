@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from orchestrator.core.errors import InvalidMessage, MessageNotFound
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.context import parse_context
-from orchestrator.model.envelopes import TEXT, files_of, normalize_message_metadata, preview_for
+from orchestrator.model.envelopes import FILE, TEXT, files_of, normalize_message_metadata, preview_for
 from orchestrator.model.messages import (
     MESSAGE_TYPES,
     NEVER_STORED_SENDERS,
@@ -85,7 +85,8 @@ def _normalized(new: NewMessage) -> NewMessage:
     structured message a readable preview, so every channel has text to show."""
     meta = normalize_message_metadata(new.metadata)
     parse_context(meta)
-    if not new.content.strip() and meta and meta.get("message_type") not in (None, TEXT):
+    # A FILE message's words may be none: its files are drawn after them wherever it is read.
+    if not new.content.strip() and meta and meta.get("message_type") not in (None, TEXT, FILE):
         return new.model_copy(update={"metadata": meta, "content": preview_for(meta)})
     return new.model_copy(update={"metadata": meta})
 

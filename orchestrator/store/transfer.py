@@ -11,19 +11,28 @@ group's agent may post into every chat.  The group an import registers is an
 ordinary one whatever the file's ``is_main`` says (``ImportResult.main_ignored``
 tells the caller); the database holds at most one main group in any case
 (revision 0017).
+
+Files: the messages name them by id, and an export names them only so, unless it
+carries them (``export --with-files``: each file the messages name that is still
+stored, its bytes in base64).  An import stores the files it carries again, as
+its chat's own and within the chat's limits, and makes the messages name them by
+their new ids; a message naming a file the import neither carries nor finds among
+its chat's files is refused, as a forged reference is everywhere.
 """
 
 from __future__ import annotations
 
+import base64
 import difflib
 import json
 from datetime import UTC, datetime
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+import msgspec
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import update
 
-from orchestrator.core.errors import InvalidMessage, InvalidMessageMetadata
+from orchestrator.core.errors import FileTooLarge, InvalidMessage, InvalidMessageMetadata, NotFound
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.envelopes import (
     CodeEditPayload,
@@ -31,12 +40,13 @@ from orchestrator.model.envelopes import (
     TodoPayload,
     ToolCallPayload,
     file_label,
+    files_of,
     parse_message_metadata,
 )
 from orchestrator.model.messages import NewMessage, StoredMessage
 from orchestrator.model.render import render_text
 from orchestrator.store.db import Database
-from orchestrator.store.files import checked_files
+from orchestrator.store.files import FileStore, StoredFile, checked_files
 from orchestrator.store.groups import find_group, validate_folder
 from orchestrator.store.message_log import get_messages_after, insert_message
 from orchestrator.store.tables import GroupRow, MessageRow
@@ -73,6 +83,16 @@ class ExportedMessage(BaseModel):
     edited_at: datetime | None = None
 
 
+class ExportedFile(BaseModel):
+    """A file the exported messages name, carried whole (``export --with-files``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str  # as the messages name it; an import stores the bytes again and renames it
+    name: str
+    data: str  # the bytes, base64
+
+
 class ChatExport(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -82,9 +102,13 @@ class ChatExport(BaseModel):
     chat_jid: str
     group: ExportedGroup | None
     messages: list[ExportedMessage]
+    # Empty unless the export carries its files: messages name files by id either way.
+    files: list[ExportedFile] = Field(default_factory=list)
 
 
-def export_chat(db: Database, chat_jid: str) -> ChatExport:
+def export_chat(db: Database, chat_jid: str, *, files: FileStore | None = None) -> ChatExport:
+    """The chat's messages (superseded ones too); with ``files``, the files they name that
+    are still stored, carried whole."""
     group = find_group(db, chat_jid)
     messages = get_messages_after(chat_jid, 0, include_superseded=True, db=db)
     return ChatExport(
@@ -92,13 +116,27 @@ def export_chat(db: Database, chat_jid: str) -> ChatExport:
         chat_jid=chat_jid,
         group=None if group is None else ExportedGroup.model_validate(group, from_attributes=True),
         messages=[ExportedMessage.model_validate(m.model_dump()) for m in messages],
+        files=_carried(files, chat_jid, messages) if files is not None else [],
     )
 
 
-def export_json(db: Database, chat_jid: str) -> str:
+def _carried(store: FileStore, chat_jid: str, messages: list[StoredMessage]) -> list[ExportedFile]:
+    named = dict.fromkeys(ref.id for m in messages if (p := files_of(m.metadata)) for ref in p.files)
+    out = []
+    for file_id in named:
+        try:
+            stored = store.get(file_id, chat_jid)
+        except NotFound:
+            continue  # freed since: the messages still name it
+        data = base64.b64encode(store.read_bytes(stored)).decode("ascii")
+        out.append(ExportedFile(id=file_id, name=stored.name, data=data))
+    return out
+
+
+def export_json(db: Database, chat_jid: str, *, files: FileStore | None = None) -> str:
     """The export as JSON text, ASCII only: every other character escaped (``\\u001b``,
     ``\\u202e``), so the file is safe to show on a terminal as it is."""
-    return json.dumps(export_chat(db, chat_jid).model_dump(mode="json"), indent=2)
+    return json.dumps(export_chat(db, chat_jid, files=files).model_dump(mode="json"), indent=2)
 
 
 class ImportResult(BaseModel):
@@ -119,11 +157,47 @@ def parse_export(text: str) -> ChatExport:
         raise InvalidMessage(f"not an orchestrator chat export: {where}: {err['msg']}") from None
 
 
-def import_chat(db: Database, doc: ChatExport) -> ImportResult:
-    """Store an export's messages (validated like any other) in one transaction."""
+def import_chat(db: Database, doc: ChatExport, *, files: FileStore | None = None) -> ImportResult:
+    """Store an export's messages (validated like any other) in one transaction.  Files it
+    carries are stored first as the chat's own (within its limits), and its messages are
+    made to name them by their new ids; if the import fails they are taken back."""
     for m in doc.messages:
         if m.chat_jid != doc.chat_jid:
             raise InvalidMessage(f"message {m.id!r} belongs to {m.chat_jid!r}, not {doc.chat_jid!r}")
+    if not doc.files:
+        return _import(db, doc, {})
+    if files is None:
+        raise InvalidMessage("the export carries files; import it where they can be stored")
+    stored: list[StoredFile] = []
+    try:
+        for carried in doc.files:
+            stored.append(files.store_bytes(doc.chat_jid, _decoded(carried, files.max_bytes), carried.name))
+        return _import(db, doc, {c.id: s.id for c, s in zip(doc.files, stored, strict=True)})
+    except BaseException:
+        files.discard(stored)
+        raise
+
+
+def _decoded(carried: ExportedFile, max_bytes: int) -> bytes:
+    if len(carried.data) // 4 * 3 > max_bytes + 2:  # refused before decoding: base64 is 4 characters a 3 bytes
+        raise FileTooLarge(f"file {carried.id!r} of the export", max_bytes, "file_max_bytes")
+    try:
+        return base64.b64decode(carried.data, validate=True)
+    except (ValueError, TypeError):
+        raise InvalidMessage(f"files[{carried.id}].data is not base64") from None
+
+
+def _renamed(metadata: JsonObject | None, renamed: dict[str, str]) -> JsonObject | None:
+    """``metadata`` with its FILE envelope's ids as the import stored them."""
+    files = files_of(metadata)
+    if files is None or not renamed:
+        return metadata
+    assert metadata is not None
+    refs = [{**msgspec.to_builtins(ref), "id": renamed.get(ref.id, ref.id)} for ref in files.files]
+    return {**metadata, "payload": {**metadata["payload"], "files": refs}}
+
+
+def _import(db: Database, doc: ChatExport, renamed: dict[str, str]) -> ImportResult:
     imported = skipped = 0
     created = main_ignored = False
     last_seq = 0
@@ -147,7 +221,8 @@ def import_chat(db: Database, doc: ChatExport) -> ImportResult:
             fields = m.model_dump(exclude={"seq", "superseded_at", "edited_at"})
             try:
                 # An export names files by id: only files this chat stored here may be named.
-                fields["metadata"] = checked_files(session.connection(), doc.chat_jid, fields["metadata"])
+                metadata = _renamed(fields["metadata"], renamed)
+                fields["metadata"] = checked_files(session.connection(), doc.chat_jid, metadata)
                 stored, new = insert_message(session, db, NewMessage(**fields))
             except InvalidMessageMetadata as exc:
                 raise InvalidMessageMetadata(f"messages[{m.id}].{exc.field}", exc.problem) from None

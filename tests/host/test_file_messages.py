@@ -4,11 +4,15 @@ keep them."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orchestrator.core.errors import InvalidMessageMetadata
+from orchestrator.core.errors import FileTooLarge, InvalidMessage, InvalidMessageMetadata
 from orchestrator.core.settings import Settings
 from orchestrator.model.envelopes import FILE, FilePayload, files_of, with_file_line
 from orchestrator.model.render import render_text
@@ -18,7 +22,8 @@ from orchestrator.store.db import Database
 from orchestrator.store.files import FileStore, StoredFile, file_envelope
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
-from orchestrator.store.transfer import export_chat, export_markdown, import_chat
+from orchestrator.store.transfer import export_chat, export_markdown, import_chat, parse_export
+from tests.conftest import fresh_pg_database
 
 CHAT = "files@test"
 OTHER = "other@test"
@@ -105,6 +110,16 @@ def test_people_and_the_model_read_the_files_after_the_words(
     assert with_file_line("", stored.metadata) == "📎 notes.txt (text/plain, 2.0 KiB)"
 
 
+def test_a_file_without_words_is_named_once(db: Database, settings: Settings, store: FileStore) -> None:
+    pic = store.store_bytes(CHAT, b"\x89PNG\r\n\x1a\n" + b"\0" * 8, "photo.png")
+    send(db, settings, file_meta(ref(pic)), text="")
+    (stored,) = get_messages_after(CHAT, 0, db=db)
+    assert stored.content == ""
+    assert render_text(stored, "Andy") == "ann: 📎 photo.png (image/png, 16 B)"
+    (seen,) = format_messages_for_sdk([stored])
+    assert seen.content == "📎 photo.png (image/png, 16 B)"
+
+
 def test_export_and_import_keep_files_by_id_and_refuse_forged_ones(
     db: Database, settings: Settings, store: FileStore
 ) -> None:
@@ -135,3 +150,78 @@ def test_a_file_envelope_is_built_from_stored_rows(db: Database, settings: Setti
     files = files_of(meta)
     assert isinstance(files, FilePayload)
     assert (files.files[0].name, files.files[0].mime) == ("pic.png", "image/png")
+
+
+@contextlib.contextmanager
+def another_installation(settings: Settings, db_backend: str, folder: Path) -> Iterator[tuple[Settings, Database]]:
+    """A second installation: its own data dir and its own database of the same backend."""
+    with contextlib.ExitStack() as stack:
+        url = "" if db_backend == "sqlite" else stack.enter_context(fresh_pg_database(migrated=True))
+        there = settings.replace(data_dir=folder, database_url=url)
+        there.ensure_dirs()
+        database = Database(there.effective_database_url, lock_dir=there.data_dir)
+        database.migrate()
+        stack.callback(database.dispose)
+        yield there, database
+
+
+def test_an_export_with_files_carries_them_into_another_installation(
+    db: Database, settings: Settings, store: FileStore, tmp_path: Path, db_backend: str
+) -> None:
+    notes = store.store_bytes(CHAT, b"carried bytes", "notes.txt")
+    send(db, settings, file_meta(ref(notes)))
+    doc = export_chat(db, CHAT, files=store)
+    assert [(f.id, f.name) for f in doc.files] == [(notes.id, "notes.txt")]
+    assert base64.b64decode(doc.files[0].data) == b"carried bytes"
+
+    # Another installation (a fresh data dir and database) takes it in.
+    with another_installation(settings, db_backend, tmp_path / "elsewhere") as (other_settings, other):
+        there = FileStore.from_settings(other, other_settings)
+        result = import_chat(other, parse_export(doc.model_dump_json()), files=there)
+        assert result.imported == 1
+        (message,) = get_messages_after(CHAT, 0, db=other)
+        files = files_of(message.metadata)
+        assert files is not None
+        (renamed,) = files.files
+        assert renamed.id != notes.id  # stored again, under its own id
+        assert there.read_bytes(there.get(renamed.id, CHAT)) == b"carried bytes"
+
+
+def test_an_import_carrying_files_over_the_limit_keeps_nothing(
+    db: Database, settings: Settings, store: FileStore
+) -> None:
+    notes = store.store_bytes(CHAT, b"x" * 64, "notes.txt")
+    send(db, settings, file_meta(ref(notes)))
+    doc = export_chat(db, CHAT, files=store)
+    forged = doc.model_copy(
+        update={
+            "chat_jid": OTHER,
+            "group": None,
+            "messages": [m.model_copy(update={"chat_jid": OTHER}) for m in doc.messages],
+        }
+    )
+    small = FileStore.from_settings(db, settings.replace(file_max_bytes=32))
+    with pytest.raises(FileTooLarge):
+        import_chat(db, forged, files=small)
+    assert small.list_chat(OTHER) == [] and get_messages_after(OTHER, 0, db=db) == []
+    # A carried file that is fine, a message that fails: the file is taken back too.
+    bad = forged.model_copy(
+        update={
+            "messages": [
+                *forged.messages,
+                forged.messages[0].model_copy(update={"id": "x", "metadata": {"message_type": 7}}),
+            ]
+        }
+    )
+    with pytest.raises(InvalidMessageMetadata):
+        import_chat(db, bad, files=store)
+    assert store.list_chat(OTHER) == [] and get_messages_after(OTHER, 0, db=db) == []
+
+
+def test_an_export_that_carries_files_needs_a_store_to_import(
+    db: Database, settings: Settings, store: FileStore
+) -> None:
+    send(db, settings, file_meta(ref(store.store_bytes(CHAT, b"x", "x.txt"))))
+    doc = export_chat(db, CHAT, files=store)
+    with pytest.raises(InvalidMessage, match="carries files"):
+        import_chat(db, doc)

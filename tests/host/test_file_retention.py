@@ -126,7 +126,8 @@ def test_files_rm_frees_a_named_file_now(db: Database, settings: Settings, store
     missing = CliRunner().invoke(app, ["files", "rm", OTHER, notes.id], env=env)
     assert missing.exit_code != 0 and "no file" in missing.output
     # The message still names it, and reads as before.
-    assert "notes.txt" in get_messages_after(CHAT, 0, db=db)[0].metadata["payload"]["files"][0]["name"]
+    (message,) = get_messages_after(CHAT, 0, db=db)
+    assert message.metadata is not None and message.metadata["payload"]["files"][0]["name"] == "notes.txt"
 
 
 def test_the_sweeper_and_files_prune_free_what_no_message_names(
