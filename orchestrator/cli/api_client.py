@@ -17,23 +17,18 @@ import http.client
 import json
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
+from orchestrator.cli.local_files import LocalFile
 from orchestrator.core.errors import ApiRefused, ApiUnreachable
 from orchestrator.http.endpoint import CLIENT_HEADER, INSTALL_HEADER, Endpoint
 
 CHUNK_BYTES = 1 << 16
 
 
-@dataclass(frozen=True)
-class Upload:
-    """A file to upload: the name to send, an open file at its start, and its size."""
-
-    name: str
-    file: BinaryIO
-    size: int
+# A file to upload: the name to send, an open file at its start, and its size.
+Upload = LocalFile
 
 
 def _part_head(boundary: str, name: str) -> bytes:

@@ -12,7 +12,10 @@ exactly what every other channel sees.
 On a terminal the prompt stays at the bottom while messages print above it
 (prompt_toolkit); with piped stdin it reads lines until EOF, for scripts.
 Lines starting with ``/`` are commands: ``/quit``, ``/history``, ``/edit
-#SEQ TEXT``, ``/regenerate #SEQ``, ``/help``.
+#SEQ TEXT``, ``/regenerate #SEQ``, ``/file PATH [TEXT]`` (send a file of this
+machine with the words after it; a path with spaces in quotes), ``/help``.  A file
+the agent sends is saved in the downloads folder (``--downloads``, ``./downloads``:
+names made safe, nothing replaced) and the line says where.
 
 Every line printed has its control characters shown as escapes
 (``orchestrator/core/terminal.py``): a message, a draft or an error naming
@@ -21,20 +24,28 @@ them cannot write the clipboard, erase lines or reorder text on the terminal.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
+import shlex
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+from orchestrator.cli.local_files import open_local_file, save_download
 from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.settings import Settings
+from orchestrator.core.sizes import human_size
 from orchestrator.core.terminal import for_terminal
+from orchestrator.model.envelopes import files_of
 from orchestrator.model.messages import STORED_ONLY_SENDERS, StoredMessage
 from orchestrator.model.render import render_text
 from orchestrator.run.ingest import IncomingMessage, Signal, ingest
 from orchestrator.store.db import Database
 from orchestrator.store.drafts import chat_drafts
+from orchestrator.store.files import CHUNK_BYTES, FileStore, StoredFile, chunks_of, file_envelope
 from orchestrator.store.groups import find_group
 from orchestrator.store.history import edit_message, regenerate
 from orchestrator.store.message_log import get_messages_after, get_recent_messages, resolve_message
@@ -52,7 +63,7 @@ RUN_MARKS = {
     "timed_out": "✖ timed out",
     "cancelled": "🛑 cancelled",
 }
-HELP = "commands: /history  /edit #SEQ TEXT  /regenerate #SEQ  /quit"
+HELP = "commands: /history  /edit #SEQ TEXT  /regenerate #SEQ  /file PATH [TEXT]  /quit"
 
 Print = Callable[[str], None]
 
@@ -69,9 +80,12 @@ def escaping(out: Print) -> Print:
 class Follower:
     """Prints what the chat gains, and run state changes, from a background thread."""
 
-    def __init__(self, db: Database, settings: Settings, jid: str, out: Print, after: int) -> None:
+    def __init__(
+        self, db: Database, settings: Settings, jid: str, out: Print, after: int, downloads: Path | None = None
+    ) -> None:
         self.db, self.settings, self.jid, self.out = db, settings, jid, escaping(out)
         self.after = after
+        self.downloads = downloads
         self.assistant = settings.assistant_name
         group = find_group(db, jid)
         if group is not None and group.assistant_name:
@@ -95,12 +109,29 @@ class Follower:
             self.after = m.seq
             if m.sender not in STORED_ONLY_SENDERS:
                 self.out(format_line(m, self.assistant))
+                if m.is_from_me and self.downloads is not None:
+                    self._save_files(m)
         for run in reversed(list_runs(self.db, chat_jid=self.jid, limit=5, chat_runs_only=True)):
             if self._run_states.get(run.id) != run.state:
                 self._run_states[run.id] = run.state
                 self.out(f"   [{RUN_MARKS.get(run.state, run.state)} · run {run.id[:8]}]")
         if "running" in self._run_states.values() or self._drafts:
             self._print_drafts()
+
+    def _save_files(self, m: StoredMessage) -> None:
+        """The files the agent's message carries, saved in the downloads folder."""
+        files = files_of(m.metadata)
+        if files is None or self.downloads is None:
+            return
+        store = FileStore.from_settings(self.db, self.settings)
+        for ref in files.files:
+            try:
+                stored = store.get(ref.id, self.jid)
+                path = save_download(self.downloads, stored.name, functools.partial(_copy, store, stored))
+            except (OrchestratorError, OSError) as exc:
+                self.out(f"   [could not save {ref.name}: {exc}]")
+                continue
+            self.out(f"   [saved {ref.name} ({ref.mime}, {human_size(ref.size)}) to {path}]")
 
     def _print_drafts(self) -> None:
         """What the running runs' drafts gained since the last poll (a new draft: all of it)."""
@@ -153,6 +184,8 @@ def handle_line(
                 msg = resolve_message(jid, ref, db=db)
                 edit_message(db, settings, jid, msg.id, new_text, rerun=True, signal=signal)
                 out(f"   [edited #{msg.seq}; the agent answers again]")
+            elif cmd == "/file":
+                send_file(db, settings, jid, sender, rest, signal=signal, out=out)
             elif cmd == "/regenerate":
                 msg = resolve_message(jid, rest.strip(), db=db)
                 regenerate(db, settings, jid, msg.id, signal=signal)
@@ -168,6 +201,49 @@ def handle_line(
     except (OrchestratorError, ValueError) as exc:
         out(f"   [error: {exc}]")
     return True
+
+
+def send_file(
+    db: Database, settings: Settings, jid: str, sender: str, rest: str, *, signal: Signal, out: Print
+) -> None:
+    """``/file PATH [TEXT]``: the file stored for the chat, then a message naming it with the
+    words; if the message is refused, the file is taken back."""
+    words = shlex.split(rest)
+    if not words:
+        raise ValueError("/file needs a path: /file PATH [TEXT]")
+    local = open_local_file(words[0])
+    store = FileStore.from_settings(db, settings)
+    with local.file:
+        stored = store.store(jid, chunks_of(local.file), local.name)
+    try:
+        result = ingest(
+            db,
+            settings,
+            IncomingMessage(
+                chat_jid=jid,
+                sender=sender,
+                sender_name=sender,
+                content=" ".join(words[1:]),
+                metadata=file_envelope([stored]),
+            ),
+            signal=signal,
+        )
+    except BaseException:
+        store.discard([stored])
+        raise
+    out(f"   [sent {stored.name} ({stored.mime}, {human_size(stored.size)}) as #{result.message.seq}]")
+
+
+def _copy(store: FileStore, stored: StoredFile, write: Callable[[bytes], object]) -> int:
+    fd = store.open_content(stored)
+    try:
+        left = stored.size
+        while left > 0 and (chunk := os.read(fd, min(left, CHUNK_BYTES))):
+            write(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    return stored.size - left
 
 
 def _idle(db: Database, jid: str) -> bool:
@@ -186,6 +262,7 @@ def run_chat(
     *,
     signal: Signal,
     linger_s: float = 0.0,
+    downloads: Path | None = None,
 ) -> int:
     """Chat until /quit or EOF; with piped input, keep following up to
     ``linger_s`` seconds after EOF until the agent has nothing left to do."""
@@ -205,7 +282,7 @@ def run_chat(
 
         for m in backlog:
             out(format_line(m, settings.assistant_name))
-        follower = Follower(db, settings, jid, out, backlog[-1].seq if backlog else 0)
+        follower = Follower(db, settings, jid, out, backlog[-1].seq if backlog else 0, downloads)
         session: PromptSession[str] = PromptSession(f"{sender}> ")
         with patch_stdout(raw=True):
             follower.start()
@@ -232,7 +309,7 @@ def run_chat(
 
     for m in backlog:
         out_locked(format_line(m, settings.assistant_name))
-    follower = Follower(db, settings, jid, out_locked, backlog[-1].seq if backlog else 0)
+    follower = Follower(db, settings, jid, out_locked, backlog[-1].seq if backlog else 0, downloads)
     follower.start()
     try:
         for line in sys.stdin:

@@ -6,6 +6,7 @@ import difflib
 import json
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -628,13 +629,16 @@ def chat(
     chat_jid: str,
     sender: Annotated[str, typer.Option(help="Your name in the chat.")] = "cli-user",
     linger: Annotated[float, typer.Option(help="Piped input: keep following this many seconds after EOF.")] = 60.0,
+    downloads: Annotated[Path, typer.Option(help="Where the files the agent sends are saved.")] = Path("downloads"),
 ) -> None:
     """Chat with the agent in chat CHAT_JID from this terminal (live replies; /help for commands)."""
     from orchestrator.cli.chat import run_chat
 
     root = _setup()
     settings, db = root.settings, root.db
-    raise typer.Exit(run_chat(db, settings, chat_jid, sender, signal=root.signals.group, linger_s=linger))
+    raise typer.Exit(
+        run_chat(db, settings, chat_jid, sender, signal=root.signals.group, linger_s=linger, downloads=downloads)
+    )
 
 
 @app.command()

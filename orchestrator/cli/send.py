@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, NotRequired, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 import click
 
@@ -234,7 +233,6 @@ def send_command(
 def _open_files(paths: Sequence[str], meta: Any) -> list[Upload]:
     """Every ``--file``, opened and checked before anything is sent (see the module's doc)."""
     from agent_runner.protocol import MAX_FILES_PER_MESSAGE
-    from orchestrator.cli.api_client import Upload
 
     if len(paths) > MAX_FILES_PER_MESSAGE:
         raise _fail(ValueError(f"{len(paths)} files: a message carries at most {MAX_FILES_PER_MESSAGE}"))
@@ -243,7 +241,7 @@ def _open_files(paths: Sequence[str], meta: Any) -> list[Upload]:
     opened: list[Upload] = []
     try:
         for path in paths:
-            opened.append(_open_file(path, Upload))
+            opened.append(_open_file(path))
     except BaseException:
         for upload in opened:
             upload.file.close()
@@ -251,24 +249,13 @@ def _open_files(paths: Sequence[str], meta: Any) -> list[Upload]:
     return opened
 
 
-def _open_file(path: str, upload: type[Upload]) -> Upload:
+def _open_file(path: str) -> Upload:
+    from orchestrator.cli.local_files import open_local_file
+
     try:
-        # O_NONBLOCK: a FIFO (or a device) is refused below, not waited on.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise _fail(ValueError(f"--file {path}: {exc.strerror or exc}; nothing was sent")) from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise _fail(ValueError(f"--file {path}: not a regular file; nothing was sent"))
-    os.set_blocking(fd, True)
-    file: BinaryIO = os.fdopen(fd, "rb")
-    try:
-        file.read(0)
-    except OSError as exc:
-        file.close()
-        raise _fail(ValueError(f"--file {path}: {exc.strerror or exc}; nothing was sent")) from None
-    return upload(name=os.path.basename(path.rstrip("/")) or "file", file=file, size=st.st_size)
+        return open_local_file(path)
+    except ValueError as exc:
+        raise _fail(ValueError(f"--file {exc}; nothing was sent")) from None
 
 
 def _file_metadata(files: Sequence[dict[str, Any]], meta: Any) -> dict[str, Any]:
@@ -392,6 +379,7 @@ def _wait_for_replies(chat: _Chat, sent_seq: int, wait: float, as_json: bool, do
 def _print_replies(chat: _Chat, after: int, assistant: str, as_json: bool, downloads: Path | None = None) -> int:
     """Print the agent's and the host's messages after ``after`` (and save their files in
     ``downloads``); the last seq seen."""
+    from orchestrator.model.envelopes import files_of
     from orchestrator.model.render import render_text
 
     for m in chat.messages_after(after):
@@ -405,23 +393,10 @@ def _print_replies(chat: _Chat, after: int, assistant: str, as_json: bool, downl
             else for_terminal(f"[{m.message_type}] {render_text(m, assistant)}")
         )
         if downloads is not None:
-            for ref in files_of_message(m.metadata):
+            files = files_of(m.metadata)
+            for ref in files.files if files is not None else ():
                 _save_reply_file(chat, ref, downloads, as_json)
     return after
-
-
-def files_of_message(metadata: Any) -> list[FileRef]:
-    """The files a message's metadata names (its FILE envelope's), or none."""
-    from orchestrator.core.errors import InvalidMessageMetadata
-    from orchestrator.model.envelopes import FilePayload, parse_message_metadata
-
-    if not isinstance(metadata, dict) or metadata.get("message_type") != "FILE":
-        return []
-    try:
-        payload = parse_message_metadata(metadata).payload
-    except InvalidMessageMetadata:
-        return []
-    return list(payload.files) if isinstance(payload, FilePayload) else []
 
 
 def _save_reply_file(chat: _Chat, ref: FileRef, downloads: Path, as_json: bool) -> None:
@@ -435,48 +410,14 @@ def _save_reply_file(chat: _Chat, ref: FileRef, downloads: Path, as_json: bool) 
             raise OSError(f"{got} bytes came, not the {ref.size} stored")
         return got
 
+    from orchestrator.cli.local_files import save_download
+
     try:
         path = save_download(downloads, ref.name, fetch)
     except (OSError, ApiRefused, ApiUnreachable, NotFound, StoreError) as exc:
         click.secho(for_terminal(f"could not save {ref.name}: {exc}"), fg="yellow", err=True)
         return
     click.echo(for_terminal(f"[file] saved {ref.name} ({ref.mime}, {human_size(ref.size)}) to {path}"), err=as_json)
-
-
-def save_download(folder: Path, name: str, fetch: Callable[[Callable[[bytes], object]], int]) -> Path:
-    """Create a file for ``name`` in ``folder`` (made if missing) and fill it with what
-    ``fetch`` hands its writer; the path.  The name is made safe (``safe_name``: no folders, no
-    leading dot, no control characters), so the file is always directly in ``folder``; it is
-    created with ``O_EXCL`` and ``O_NOFOLLOW`` relative to the folder's descriptor, taking the
-    first free one of ``numbered_names``: nothing there is replaced, no link is followed.  A
-    failed download leaves no file."""
-    from orchestrator.store.files import numbered_names, safe_name
-
-    folder.mkdir(parents=True, exist_ok=True)
-    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for candidate in numbered_names(safe_name(name)):
-            try:
-                fd = os.open(
-                    candidate,
-                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o666,
-                    dir_fd=dir_fd,
-                )
-            except FileExistsError:
-                continue
-            break
-        else:
-            raise FileExistsError(f"every numbered name for {name!r} is taken in {folder}")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                fetch(out.write)
-        except BaseException:
-            os.unlink(candidate, dir_fd=dir_fd)
-            raise
-    finally:
-        os.close(dir_fd)
-    return folder / candidate
 
 
 def _fail(exc: Exception) -> click.exceptions.Exit:

@@ -19,9 +19,10 @@ import httpx
 import pytest
 
 from agent_runner.protocol import MAX_FILES_PER_MESSAGE
-from orchestrator.cli.send import files_of_message, save_download
+from orchestrator.cli.local_files import save_download
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
+from orchestrator.model.envelopes import files_of
 from orchestrator.root import Orchestrator
 from orchestrator.store.db import Database
 from orchestrator.store.files import FileStore, StoredFile
@@ -118,7 +119,9 @@ def test_send_carries_its_files_in_a_file_envelope(
         assert message.content == "what is in them?"
         meta = message.metadata or {}
         assert meta["message_type"] == "FILE" and meta["source"] == "test"
-        refs = files_of_message(meta)
+        payload = files_of(meta)
+        assert payload is not None
+        refs = payload.files
         assert [(r.name, r.mime) for r in refs] == [("notes.txt", "text/plain"), ("photo.png", "image/png")]
         store = FileStore.from_settings(db, settings)
         assert [store.read_bytes(store.get(r.id, JID)) for r in refs] == [b"what is in it\n", PNG]
@@ -308,4 +311,5 @@ def test_send_with_files_through_the_api_imports_no_store(
     assert done.returncode == 0, done.stderr
     assert "HEAVY []" in done.stdout, done.stdout
     [message] = get_messages_after(JID, 0, db=db)
-    assert [r.name for r in files_of_message(message.metadata)] == ["a.txt"]
+    payload = files_of(message.metadata)
+    assert payload is not None and [r.name for r in payload.files] == ["a.txt"]
