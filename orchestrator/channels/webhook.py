@@ -41,7 +41,9 @@
   with it, so a receiver that keeps the ids it has seen gets each message
   exactly once.  A message that carries files (a FILE envelope) names them in
   ``message.files``, each by its id with its name, type and size
-  (``{"id", "name", "mime", "size"}``); the payload holds no file's bytes.
+  (``{"id", "name", "mime", "size"}``), and, with ``ORCHESTRATOR_PUBLIC_BASE_URL`` set, a
+  signed ``url`` that fetches it without a token until it expires
+  (``orchestrator/core/file_links.py``); the payload holds no file's bytes.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from pydantic import ValidationError
 
 from orchestrator.channels.base import BaseChannel, InboundDoor
 from orchestrator.core.errors import ChannelError
+from orchestrator.core.file_links import file_link
 from orchestrator.core.settings import Settings
 from orchestrator.model.envelopes import files_of
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, NEVER_STORED_SENDERS, SENDER_SCHEDULER
@@ -184,6 +187,7 @@ class WebhookChannel(BaseChannel):
     resend_after_crash = True  # the receiver deduplicates by DELIVERY_HEADER
 
     def __init__(self, settings: Settings, client: httpx.Client | None = None) -> None:
+        self._settings = settings
         self._secret = settings.webhook_secret
         self._client = client or httpx.Client(timeout=settings.webhook_timeout_s)
 
@@ -194,7 +198,8 @@ class WebhookChannel(BaseChannel):
     def send(self, address: str, rendered: RenderedMessage) -> None:
         if not self.owns(address):
             raise ChannelError(f"the webhook channel needs an http(s) URL as its address, not {address!r}")
-        body = json.dumps({"event": "message", "message": _payload(rendered)}, ensure_ascii=False).encode()
+        message = _payload(rendered, self._settings, time.time())
+        body = json.dumps({"event": "message", "message": message}, ensure_ascii=False).encode()
         headers = {"content-type": "application/json"}
         if self._secret:
             # The body's signature (receivers written before the timestamp keep working), and
@@ -216,12 +221,17 @@ class WebhookChannel(BaseChannel):
         self._client.close()
 
 
-def _payload(rendered: RenderedMessage) -> dict[str, object]:
-    """The body's ``message``: the rendered message, and the files it carries, by id."""
+def _payload(rendered: RenderedMessage, settings: Settings, now: float) -> dict[str, object]:
+    """The body's ``message``: the rendered message, and the files it carries, by id (with a
+    signed link each when links are on)."""
     message: dict[str, object] = rendered.model_dump(mode="json")
     files = files_of(rendered.metadata)
     if files is not None:
-        message["files"] = [{"id": f.id, "name": f.name, "mime": f.mime, "size": f.size} for f in files.files]
+        message["files"] = [
+            {"id": f.id, "name": f.name, "mime": f.mime, "size": f.size}
+            | ({"url": url} if (url := file_link(settings, f.id, now)) else {})
+            for f in files.files
+        ]
     return message
 
 

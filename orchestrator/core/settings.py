@@ -198,6 +198,11 @@ class Settings(msgspec.Struct, kw_only=True):
     # Secret the outbound webhooks are signed with (HMAC-SHA256): every receiver
     # holds it, so it signs nothing we accept.
     webhook_secret: str = ""
+    # The address people and other systems reach this installation's API at (e.g.
+    # https://orchestrator.example.com): an outbound webhook names a message's files with
+    # signed links under it (orchestrator/core/file_links.py), each good this long.
+    public_base_url: str = ""
+    file_link_ttl_s: Annotated[float, Meta(gt=0)] = 86400.0
     # Secret inbound webhooks (POST /webhooks/inbound) must be signed with, over
     # timestamp, nonce and body (orchestrator/channels/webhook.py); empty: inbound
     # webhooks are off.  Its own, not the outbound one: a receiver of our

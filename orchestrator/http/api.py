@@ -120,6 +120,7 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     for topic in API_ROUTERS:  # each behind the token, the install header and the NUL check
         api.include_router(topic.router, prefix="/api", dependencies=[Depends(api_checks)], responses=WRONG_INSTALL)
     api.include_router(webhooks.router)
+    api.include_router(files.link_router)
     api.include_router(slack.router)
     api.include_router(page.router)
     page.mount_static(api)

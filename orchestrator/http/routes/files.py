@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -51,7 +52,7 @@ from urllib.parse import quote
 import anyio.from_thread
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
@@ -59,6 +60,7 @@ from starlette.requests import ClientDisconnect
 
 from agent_runner.protocol import MAX_FILES_PER_MESSAGE
 from orchestrator.core.errors import BadInput, UnknownGroup
+from orchestrator.core.file_links import link_refusal
 from orchestrator.core.settings import Settings
 from orchestrator.http.guards import BodyLimit
 from orchestrator.http.state import api_state
@@ -400,6 +402,33 @@ def download(
     ] = False,
 ) -> Response:
     """A stored file's bytes, as a download (see the module's doc)."""
+    return _serve(request, file_id, inline=inline)
+
+
+# Signed links (orchestrator/core/file_links.py): outside /api, no token; the signature is the key.
+link_router = APIRouter()
+
+
+@link_router.get(
+    "/files/{file_id}",
+    response_class=Response,
+    responses={**_DOWNLOAD_DOC, 403: {"description": "the link's signature does not match, or it has expired"}},
+)
+def linked_download(
+    request: Request,
+    file_id: str,
+    expires: Annotated[int, Query(ge=0, le=2**53, description="Unix seconds the link is good until.")],
+    sig: Annotated[str, Query(max_length=128, description="The link's HMAC-SHA256, hex.")],
+) -> Response:
+    """A stored file's bytes through a signed link an outbound webhook carried (always an attachment)."""
+    state = api_state(request)
+    refusal = link_refusal(state.settings, file_id, expires, sig, time.time())
+    if refusal is not None:
+        return JSONResponse({"detail": refusal}, 403)
+    return _serve(request, file_id, inline=False)
+
+
+def _serve(request: Request, file_id: str, *, inline: bool) -> Response:
     state = api_state(request)
     files = FileStore.from_settings(state.db, state.settings)
     stored = files.get(file_id)
