@@ -1,26 +1,33 @@
 """The web chat page in headless Chromium, against the API on a real uvicorn
 server (loopback) and a real database: rich rendering of every message kind,
 live updates over the event stream, run status, the token login, the
-composer, edit and regenerate.  (The page with a real worker and agent
-container: tests/integration/test_web_chat.py.)"""
+composer, edit and regenerate, files (dropped or chosen, sent, previewed,
+downloaded; refused; hostile names and types).  (The page with a real worker
+and agent container: tests/integration/test_web_chat.py.)"""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
+from PIL import Image
 
 from orchestrator.core.settings import Settings
+from orchestrator.core.sizes import human_size
 from orchestrator.http.api import create_app
 from orchestrator.model.envelopes import build_structured_envelope
 from orchestrator.model.views import REPLY_TO_KEY
 from orchestrator.root import Orchestrator
 from orchestrator.store import leases
 from orchestrator.store.db import Database
+from orchestrator.store.files import FileStore, file_envelope
 from orchestrator.store.groups import add_group, get_group
 from orchestrator.store.message_log import get_messages_after, now_iso, store_message_direct
 from orchestrator.store.runs import create_run, finish_run, set_container
@@ -294,7 +301,8 @@ def test_login_composer_edit_and_regenerate(db: Database, open_server: Any, page
     page.fill("#composer-text", "just saying hi")
     page.press("#composer-text", "Enter")
     page.wait_for_selector("#messages article.msg-user >> text=just saying hi")
-    assert "does not wake the agent" in page.inner_text("#composer-note")
+    # The stream may show the message before the POST's answer sets the note.
+    page.wait_for_selector("#composer-note >> text=does not wake the agent")
     assert page.input_value("#composer-text") == ""
     page.fill("#composer-text", "@Andy please answer\nwith two lines")
     page.click("#send")
@@ -430,3 +438,317 @@ def test_without_a_token_the_page_changes_things_and_another_sites_page_cannot(
     stored = get_messages_after(JID, 0, include_superseded=True, db=db)
     assert [m.content for m in stored if m.superseded_at is None] == ["@Andy hi", "from the page"]
     assert [m.id for m in stored if m.superseded_at] == ["a1"]
+
+
+# --- files ---------------------------------------------------------------------------------
+
+HOSTILE_NAME = "<img src=x onerror=alert(1)>.png"
+SVG = b'<svg xmlns="http://www.w3.org/2000/svg" onload="alert(2)"><script>alert(3)</script></svg>'
+
+
+def _png(width: int, height: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 60, 40)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _transfer(page: Any, files: list[tuple[str, str, bytes]]) -> Any:
+    """A DataTransfer in the page carrying ``files`` (name, type, bytes), as a drag from the desktop does."""
+    return page.evaluate_handle(
+        """(files) => {
+        const transfer = new DataTransfer();
+        for (const [name, type, data] of files) {
+            const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
+            transfer.items.add(new File([bytes], name, { type }));
+        }
+        return transfer;
+    }""",
+        [[name, mime, base64.b64encode(data).decode()] for name, mime, data in files],
+    )
+
+
+def _drop(page: Any, files: list[tuple[str, str, bytes]]) -> None:
+    transfer = _transfer(page, files)
+    for event in ("dragenter", "dragover", "drop"):
+        page.dispatch_event("#composer-text", event, {"dataTransfer": transfer})
+
+
+def _envelope(message: Any) -> dict[str, Any]:
+    """A stored message's FILE envelope."""
+    meta = message.metadata
+    assert isinstance(meta, dict) and meta["message_type"] == "FILE", meta
+    return meta
+
+
+def _sent_files(message: Any) -> list[str]:
+    """The names of the files a stored message carries."""
+    return [ref["name"] for ref in _envelope(message)["payload"]["files"]]
+
+
+def _download(page: Any, link: Any) -> tuple[str, bytes]:
+    with page.expect_download() as download:
+        link.click()
+    return download.value.suggested_filename, Path(download.value.path()).read_bytes()
+
+
+def _image_sizes(img: Any) -> list[int]:
+    """An <img>'s natural size and the size it takes on the page (its border included)."""
+    return list(img.evaluate("i => [i.naturalWidth, i.naturalHeight, i.offsetWidth, i.offsetHeight]"))
+
+
+def test_files_dropped_on_the_composer_are_sent_previewed_and_downloaded(
+    db: Database, settings: Settings, open_server: Any, page: Any, tmp_path: Path
+) -> None:
+    add_group(db, chat_jid=JID, name="Web team", folder="web", requires_trigger=True)
+    picture = _png(640, 480)
+    notes = b"line one\nline two\n" * 100
+    base = open_server()
+    page.goto(f"{base}/#chat_jid={JID}")
+    page.wait_for_selector("#conn[data-state='live']")
+    composer = page.locator("#composer")
+
+    # Files dragged over the composer show where they will go; dragged away, that goes.
+    transfer = _transfer(page, [("photo.png", "image/png", picture), ("notes.txt", "text/plain", notes)])
+    page.dispatch_event("#composer-text", "dragenter", {"dataTransfer": transfer})
+    assert "dropping" in (composer.get_attribute("class") or "")
+    assert page.locator("#composer .drop-hint").is_visible()
+    page.dispatch_event("#composer", "dragleave", {"dataTransfer": transfer})
+    assert "dropping" not in (composer.get_attribute("class") or "")
+    assert page.locator("#composer .drop-hint").is_hidden()
+
+    # Dropped: each listed with its name and size; the image with a thumbnail from its bytes.
+    for event in ("dragenter", "dragover", "drop"):
+        page.dispatch_event("#composer-text", event, {"dataTransfer": transfer})
+    page.wait_for_selector("#attachments .pending-file >> nth=1")
+    assert "dropping" not in (composer.get_attribute("class") or "")
+    assert _texts(page, "#attachments .file-name") == ["photo.png", "notes.txt"]
+    assert _texts(page, "#attachments .file-size") == [human_size(len(picture)), human_size(len(notes))]
+    thumb = page.locator("#attachments .pending-thumb")
+    assert thumb.count() == 1
+    page.wait_for_function("() => document.querySelector('#attachments .pending-thumb').naturalWidth === 640")
+    assert (thumb.get_attribute("src") or "").startswith("blob:")
+    assert page.locator("#messages article").count() == 0  # nothing is sent before Send
+
+    # A drop beside the composer is refused (the browser would open the file in place of the page).
+    prevented = page.evaluate(
+        """(transfer) => {
+        const event = new DragEvent("drop", { dataTransfer: transfer, bubbles: true, cancelable: true });
+        document.getElementById("messages").dispatchEvent(event);
+        return event.defaultPrevented;
+    }""",
+        transfer,
+    )
+    assert prevented is True
+    assert page.locator("#attachments .pending-file").count() == 2
+
+    # The paperclip chooses files too; × takes one back.
+    with page.expect_file_chooser() as chooser:
+        page.click("#attach")
+    assert chooser.value.is_multiple()
+    chooser.value.set_files([{"name": "extra.bin", "mimeType": "application/octet-stream", "buffer": b"\0" * 10}])
+    page.wait_for_selector("#attachments .pending-file >> nth=2")
+    assert _texts(page, "#attachments .file-name") == ["photo.png", "notes.txt", "extra.bin"]
+    page.click("#attachments .pending-file:has-text('extra.bin') button.remove")
+    page.wait_for_function("() => document.querySelectorAll('#attachments .pending-file').length === 2")
+    page.fill("#composer-text", "here are the files")
+    screenshot(page, tmp_path, "web-files-composer.png")
+
+    # Sent: uploaded, then the message names them in its FILE envelope.
+    page.press("#composer-text", "Enter")
+    page.wait_for_selector("#messages article.msg-user .files")
+    page.wait_for_selector("#attachments", state="hidden")  # (the stream may show the message first)
+    assert page.input_value("#composer-text") == ""
+    stored = get_messages_after(JID, 0, db=db)
+    files = FileStore.from_settings(db, settings).list_chat(JID)
+    assert [(f.name, f.mime, f.size) for f in files] == [
+        ("photo.png", "image/png", len(picture)),
+        ("notes.txt", "text/plain", len(notes)),
+    ]
+    assert [(m.sender, m.content, _sent_files(m)) for m in stored] == [
+        ("web:web", "here are the files", [f.name for f in files])
+    ]
+    assert [ref["id"] for ref in _envelope(stored[0])["payload"]["files"]] == [f.id for f in files]
+
+    # Shown: the words, the image as a bounded preview from a blob: URL, every file as a link.
+    article = page.locator(f"article[data-id='{stored[0].id}']")
+    assert article.locator(".text").inner_text() == "here are the files"
+    article.locator(".file-preview[data-state='shown']").wait_for()
+    preview = article.locator("img.file-image")
+    assert preview.count() == 1 and (preview.get_attribute("src") or "").startswith("blob:")
+    natural_w, natural_h, shown_w, shown_h = _image_sizes(preview)
+    assert (natural_w, natural_h) == (640, 480)
+    assert 300 < shown_w <= 320 and abs(shown_h / shown_w - 0.75) < 0.02  # bounded, the shape kept
+    assert _texts(article, ".file-download .file-name") == ["photo.png", "notes.txt"]
+    assert _texts(article, ".file-download .file-size") == [human_size(len(picture)), human_size(len(notes))]
+    screenshot(page, tmp_path, "web-files-message.png")
+
+    # Downloads: the right bytes under the file's name.
+    assert _download(page, article.locator(".file-download:has-text('notes.txt')")) == ("notes.txt", notes)
+    assert _download(page, article.locator(".file-download:has-text('photo.png')")) == ("photo.png", picture)
+
+    # Files alone, without a word, are a message too.
+    _drop(page, [("only.txt", "text/plain", b"just a file")])
+    page.wait_for_selector("#attachments .pending-file")
+    page.click("#send")
+    page.wait_for_function("() => document.querySelectorAll('#messages article.msg-user').length === 2")
+    last = get_messages_after(JID, stored[0].seq, db=db)
+    assert [(m.content, _sent_files(m)) for m in last] == [("", ["only.txt"])]
+    only = page.locator(f"article[data-id='{last[0].id}']")
+    assert only.locator(".text").count() == 0
+    assert _texts(only, ".file-download .file-name") == ["only.txt"]
+
+
+def test_a_refused_upload_is_shown_and_keeps_the_text_and_the_files(
+    db: Database, settings: Settings, open_server: Any, page: Any
+) -> None:
+    add_group(db, chat_jid=JID, name="Web team", folder="web", requires_trigger=True)
+    base = open_server(file_max_bytes=1000)
+    page.goto(f"{base}/#chat_jid={JID}")
+    page.wait_for_selector("#conn[data-state='live']")
+    _drop(page, [("big.txt", "text/plain", b"x" * 5000), ("small.txt", "text/plain", b"small")])
+    page.wait_for_selector("#attachments .pending-file >> nth=1")
+    page.fill("#composer-text", "please read these")
+    page.click("#send")
+
+    # The 413 is said, by the composer too; nothing stored, nothing lost.
+    page.wait_for_selector("#composer-note.refused")
+    assert "the limit is 1000 bytes (ORCHESTRATOR_FILE_MAX_BYTES)" in page.inner_text("#error")
+    assert page.inner_text("#composer-note").startswith("Not sent: ")
+    assert "ORCHESTRATOR_FILE_MAX_BYTES" in page.inner_text("#composer-note")
+    assert page.input_value("#composer-text") == "please read these"
+    assert _texts(page, "#attachments .file-name") == ["big.txt", "small.txt"]
+    assert get_messages_after(JID, 0, db=db) == []
+    assert FileStore.from_settings(db, settings).list_chat(JID) == []
+    assert page.locator("#messages article").count() == 0
+    assert page.locator("#send").is_enabled()
+
+    # A body past the upload's own limit (20 files at the limit, and their headers) is refused
+    # before it is read: said the same way.
+    _drop(page, [("huge.bin", "application/octet-stream", b"\0" * 300_000)])
+    page.wait_for_selector("#attachments .pending-file >> nth=2")
+    page.click("#send")
+    page.wait_for_selector("#composer-note.refused >> text=the upload's limit")
+    assert page.input_value("#composer-text") == "please read these"
+    assert _texts(page, "#attachments .file-name") == ["big.txt", "small.txt", "huge.bin"]
+    assert get_messages_after(JID, 0, db=db) == []
+    assert FileStore.from_settings(db, settings).list_chat(JID) == []
+
+    # Without the big ones, the same message goes.
+    page.click("#attachments .pending-file:has-text('huge.bin') button.remove")
+    page.click("#attachments .pending-file:has-text('big.txt') button.remove")
+    page.click("#send")
+    page.wait_for_selector("#messages article.msg-user .file-download")
+    assert "refused" not in (page.get_attribute("#composer-note", "class") or "")
+    page.wait_for_selector("#attachments", state="hidden")  # (the stream may show the message first)
+    assert page.input_value("#composer-text") == ""
+    stored = get_messages_after(JID, 0, db=db)
+    assert [(m.content, _sent_files(m)) for m in stored] == [("please read these", ["small.txt"])]
+
+
+def test_hostile_file_names_and_types_stay_text_and_images_load_with_the_token(
+    db: Database, settings: Settings, open_server: Any, page: Any
+) -> None:
+    add_group(db, chat_jid=JID, name="Web team", folder="web", requires_trigger=True)
+    base = open_server(api_token=TOKEN)
+    dialogs: list[str] = []
+
+    def on_dialog(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", on_dialog)
+    page.goto(f"{base}/#chat_jid={JID}")
+    page.fill("#login-token", TOKEN)
+    page.click("#login-form button")
+    page.wait_for_selector("#conn[data-state='live']")
+
+    # A name that is markup, and an SVG (it runs script when shown as a document).
+    picture = _png(64, 40)
+    _drop(page, [(HOSTILE_NAME, "image/png", picture), ("drawing.svg", "image/svg+xml", SVG)])
+    page.wait_for_selector("#attachments .pending-file >> nth=1")
+    assert _texts(page, "#attachments .file-name") == [HOSTILE_NAME, "drawing.svg"]
+    assert page.locator("#attachments .pending-thumb").count() == 1  # the SVG gets no thumbnail
+    page.press("#composer-text", "Enter")
+    page.wait_for_selector("#messages article.msg-user .file-preview[data-state='shown']")
+    sent = page.locator("#messages article.msg-user")
+    assert _texts(sent, ".file-download .file-name") == [HOSTILE_NAME, "drawing.svg"]
+    assert sent.locator(".file-download").first.get_attribute("download") == HOSTILE_NAME
+    # The preview came with the token: the same URL without it is refused.
+    image = sent.locator("img.file-image")
+    assert image.count() == 1 and _image_sizes(image)[:2] == [64, 40]
+    files = FileStore.from_settings(db, settings).list_chat(JID)
+    assert [(f.name, f.mime) for f in files] == [(HOSTILE_NAME, "image/png"), ("drawing.svg", "text/plain")]
+    assert httpx.get(f"{base}/api/files/{files[0].id}?inline=true").status_code == 401
+    # The SVG is a download only, its bytes as sent.
+    name, data = _download(page, sent.locator(".file-download:has-text('drawing.svg')"))
+    assert (name, data) == ("drawing.svg", SVG)
+
+    # An agent's reply with a file (send_file) shows it the same way, under the reply's words.
+    chart = FileStore.from_settings(db, settings).store_bytes(JID, _png(30, 20), "chart.png")
+    _store(
+        db,
+        "a1",
+        sender="bot",
+        sender_name="Andy",
+        message_type="assistant",
+        content="Here is the chart.",
+        metadata=file_envelope([chart], extras={"via": "send_file"}),
+    )
+    reply = page.locator("article[data-id='a1']")
+    reply.locator(".file-preview[data-state='shown']").wait_for()
+    assert reply.locator(".text").inner_text() == "Here is the chart."
+    assert _image_sizes(reply.locator("img.file-image"))[:2] == [30, 20]
+    assert _download(page, reply.locator(".file-download")) == ("chart.png", _png(30, 20))
+
+    # An envelope that lies (stored without the API's check): an SVG called a PNG is asked
+    # for, served as text, and never shown; one that says SVG or HTML is not even asked for;
+    # a picture said to be 100 megapixels is not fetched to be decoded; one of a sane size
+    # is shown in the box its size gives, bounded.
+    svg_file = files[1]
+    forged = [
+        {"id": svg_file.id, "name": "trust-me.png", "mime": "image/png", "size": svg_file.size},
+        {"id": svg_file.id, "name": "drawing.svg", "mime": "image/svg+xml", "size": svg_file.size},
+        {"id": svg_file.id, "name": "page.html", "mime": "text/html", "size": svg_file.size},
+        {
+            "id": chart.id,
+            "name": "bomb.png",
+            "mime": "image/png",
+            "size": chart.size,
+            "width": 10_000,
+            "height": 10_000,
+        },
+        {"id": chart.id, "name": "wide.png", "mime": "image/png", "size": chart.size, "width": 3000, "height": 2000},
+    ]
+    _store(
+        db,
+        "f1",
+        sender="bot",
+        sender_name="Andy",
+        message_type="assistant",
+        content="",
+        metadata={"message_type": "FILE", "version": 1, "payload": {"files": forged}},
+    )
+    lie = page.locator("article[data-id='f1']")
+    lie.locator(".file-preview[data-state='failed']").wait_for(state="attached")
+    lie.locator(".file-preview[data-state='shown']").wait_for()
+    assert lie.locator(".file-preview").count() == 2
+    assert lie.locator(".file[data-mime='image/png'] .file-preview").count() == 2  # not bomb.png's
+    failed = lie.locator(".file-preview[data-state='failed']")
+    assert failed.locator("img").get_attribute("src") is None
+    # Refused on the server's own type, before any decoding was tried.
+    assert failed.get_attribute("title") == "No preview: not an image to show (text/plain)"
+    wide = lie.locator(".file-preview[data-state='shown'] img")
+    assert (wide.get_attribute("width"), wide.get_attribute("height")) == ("320", "213")
+    natural_w, natural_h, shown_w, shown_h = _image_sizes(wide)
+    assert (natural_w, natural_h, shown_w) == (30, 20, 320) and abs(shown_h - 213) <= 1
+    assert _texts(lie, ".file-download .file-name") == [
+        "trust-me.png",
+        "drawing.svg",
+        "page.html",
+        "bomb.png",
+        "wide.png",
+    ]
+
+    # Nothing any of it named became an element, and nothing ran.
+    assert page.locator("img[src='x'], #messages svg, #messages script, #messages iframe").count() == 0
+    assert dialogs == []

@@ -18,10 +18,12 @@ from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import MutableHeaders
 
 WEB_DIR = Path(__file__).parent.parent / "web"
-# The page runs only its own files: no inline script, nothing from elsewhere.
+# The page runs only its own files: no inline script, nothing from elsewhere.  Images may
+# also be blob: URLs: a file's preview is fetched with the token and shown from its bytes
+# (an <img src> cannot send the Authorization header); only the page can make those.
 PAGE_HEADERS = {
     "Content-Security-Policy": (
-        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
         "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
     ),
     "X-Content-Type-Options": "nosniff",

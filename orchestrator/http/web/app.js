@@ -9,6 +9,18 @@
   const NAME_KEY = "orchestrator.sender_name";
   const CONTEXT_LINES = 3;
   const MAX_DIFF_CELLS = 2_000_000;
+  // Files (issue 31).  A message carries at most MAX_FILES (the API's limit).  Only these
+  // raster types are ever shown in place: never SVG or HTML, whatever a message claims.
+  const MAX_FILES = 20;
+  const INLINE_TYPES = new Set(["image/png", "image/jpeg", "image/gif", "image/webp"]);
+  // A preview is fetched whole into memory and decoded by the browser: past these, the
+  // file is a download link only (a preview is not worth 25 MiB, nor a 40-megapixel decode).
+  const PREVIEW_MAX_BYTES = 10 * 1024 * 1024;
+  const PREVIEW_MAX_PIXELS = 40_000_000;
+  const PREVIEW_BOX = 320;
+  // Fetched previews, by file id (a file's bytes never change): a message shown again (the
+  // stream's copy of one just sent, a reset after an edit) does not fetch them again.
+  const PREVIEW_CACHE_BYTES = 32 * 1024 * 1024;
 
   const state = {
     token: sessionStorage.getItem(TOKEN_KEY) || "",
@@ -19,6 +31,8 @@
     shown: new Map(),   // seq -> article element
     drafts: new Map(),  // run id -> article element: a reply being written, until it is stored
     run: null,
+    pending: [],        // files chosen for the next message: { file, node }
+    sending: false,
   };
 
   const $ = (id) => document.getElementById(id);
@@ -76,9 +90,12 @@
     return headers;
   }
 
+  // A JSON body, or a FormData one (an upload: the browser writes its multipart boundary).
   async function api(method, path, body) {
-    const init = { method, headers: authHeaders(body === undefined ? {} : { "Content-Type": "application/json" }) };
-    if (body !== undefined) init.body = JSON.stringify(body);
+    const form = body instanceof FormData;
+    const json = body !== undefined && !form;
+    const init = { method, headers: authHeaders(json ? { "Content-Type": "application/json" } : {}) };
+    if (body !== undefined) init.body = form ? body : JSON.stringify(body);
     const response = await fetch(`api/${path}`, init);
     let data = null;
     try {
@@ -89,11 +106,29 @@
     if (response.status === 401) {
       showLogin(state.token ? "That token was not accepted." : "");
     }
-    if (!response.ok) {
-      const detail = data && typeof data.detail === "string" ? data.detail : `HTTP ${response.status}`;
-      throw new ApiError(response.status, detail, data && data.field);
-    }
+    if (!response.ok) throw apiError(response.status, data);
     return data;
+  }
+
+  function apiError(status, data) {
+    const detail = data && typeof data.detail === "string" ? data.detail : `HTTP ${status}`;
+    return new ApiError(status, detail, data && data.field);
+  }
+
+  // A stored file's bytes, with the token (an <img src> or a plain link could not send it).
+  async function fetchFile(id, inline) {
+    const response = await fetch(`api/files/${enc(id)}${inline ? "?inline=true" : ""}`, { headers: authHeaders({ Accept: "*/*" }) });
+    if (response.status === 401) showLogin(state.token ? "That token was not accepted." : "");
+    if (!response.ok) {
+      let data = null;
+      try {
+        data = await response.json();
+      } catch {
+        data = null;
+      }
+      throw apiError(response.status, data);
+    }
+    return response;
   }
 
   const enc = encodeURIComponent;
@@ -180,7 +215,8 @@
     $("chat-jid").textContent = group.chat_jid;
     const text = $("composer-text");
     text.disabled = false;
-    $("send").disabled = false;
+    $("send").disabled = state.sending;
+    $("attach").disabled = false;
     const trigger = group.requires_trigger && !group.is_main;
     text.placeholder = trigger ? `Message (start with @${assistantName()} to wake the agent)` : `Message ${assistantName()}`;
     $("composer-note").textContent = "";
@@ -373,14 +409,21 @@
     state.drafts.delete(runId);
   }
 
+  const rendered = new WeakMap(); // article -> the message it shows, as JSON
+
   function showMessage(message) {
     // The stored reply takes the place of its run's draft.
     const runId = message.metadata && message.metadata.run_id;
     if (runId && message.sender === "bot") removeDraft(runId);
+    const old = state.shown.get(message.seq);
+    // The same message again (the stream's copy of one this page just sent): kept as it is
+    // shown, its previews not fetched a second time.
+    const seen = JSON.stringify(message);
+    if (old && rendered.get(old) === seen) return;
     const stick = nearBottom();
     const node = renderMessage(message);
+    rendered.set(node, seen);
     const box = $("messages");
-    const old = state.shown.get(message.seq);
     if (old) {
       old.replaceWith(node);
     } else {
@@ -520,11 +563,199 @@
       body.append(textBlock(m.content, "result-line"));
       return body;
     }
-    body.append(kind === "assistant" ? richText(m.content) : textBlock(m.content));
+    const files = type === "FILE" && env.payload && Array.isArray(env.payload.files) ? env.payload.files : null;
+    if (m.content || !files) body.append(kind === "assistant" ? richText(m.content) : textBlock(m.content));
+    if (files) {
+      body.append(renderFiles(files));
+      return body;
+    }
     if (type && type !== "TEXT" && !["CODE_EDIT", "TODO", "TOOL_CALL"].includes(type)) {
       body.append(el("details", {}, el("summary", { text: `${type} message` }), el("pre", { className: "json", text: formatJson(env.payload) })));
     }
     return body;
+  }
+
+  // -- FILE: previews and downloads ---------------------------------------------------
+  // A file's name, type and size come from the message: shown as text, never trusted to
+  // decide what runs.  An image is shown only when the server's own Content-Type (sniffed
+  // from the bytes) is one of INLINE_TYPES, as a blob: URL made from those bytes.
+
+  function humanSize(n) {
+    let size = Number(n);
+    if (!Number.isFinite(size) || size < 0) return "";
+    for (const unit of ["B", "KiB", "MiB", "GiB"]) {
+      if (size < 1024) return unit === "B" ? `${Math.round(size)} B` : `${size.toFixed(1)} ${unit}`;
+      size /= 1024;
+    }
+    return `${size.toFixed(1)} TiB`;
+  }
+
+  function dimension(value) {
+    return Number.isInteger(value) && value > 0 ? value : null;
+  }
+
+  function renderFiles(files) {
+    const list = el("ul", { className: "files" });
+    for (const f of files.slice(0, MAX_FILES)) {
+      if (!f || typeof f !== "object" || typeof f.id !== "string" || !f.id) continue;
+      const name = typeof f.name === "string" && f.name ? f.name : "file";
+      const mime = typeof f.mime === "string" ? f.mime : "";
+      const item = el("li", { className: "file", dataset: { fileId: f.id, mime } });
+      const width = dimension(f.width);
+      const height = dimension(f.height);
+      const small = Number(f.size) <= PREVIEW_MAX_BYTES && (!width || !height || width * height <= PREVIEW_MAX_PIXELS);
+      if (INLINE_TYPES.has(mime) && small) item.append(renderPreview(f.id, name, width, height));
+      const link = el(
+        "a", { className: "file-download", href: `api/files/${enc(f.id)}`, download: name, title: `Download ${name}` },
+        el("span", { className: "file-icon", text: "📎", "aria-hidden": "true" }),
+        el("span", { className: "file-name", text: name }),
+        el("span", { className: "file-size muted", text: humanSize(f.size) }),
+      );
+      link.addEventListener("click", (event) => {
+        event.preventDefault();
+        downloadFile(f.id, name, link);
+      });
+      item.append(link);
+      list.append(item);
+    }
+    return list;
+  }
+
+  function renderPreview(id, name, width, height) {
+    const img = el("img", { className: "file-image", alt: name, decoding: "async", dataset: { fileId: id } });
+    if (width && height) {
+      // The box it will take, reserved before the bytes arrive (the list does not jump).
+      const scale = Math.min(1, PREVIEW_BOX / width, PREVIEW_BOX / height);
+      img.width = Math.max(1, Math.round(width * scale));
+      img.height = Math.max(1, Math.round(height * scale));
+    }
+    const box = el("div", { className: "file-preview", dataset: { state: "waiting" } }, img);
+    if (width && height) {
+      box.style.width = `${img.width}px`;
+      box.style.height = `${img.height}px`;
+    }
+    previewObserver.observe(box);
+    return box;
+  }
+
+  // Previews are fetched when they come near the visible part of the list, not all at once.
+  const previewObserver = new IntersectionObserver((entries) => {
+    for (const entry of entries) {
+      if (!entry.isIntersecting) continue;
+      previewObserver.unobserve(entry.target);
+      if (entry.target.isConnected) loadPreview(entry.target);
+    }
+  }, { root: $("messages"), rootMargin: "400px 0px" });
+
+  const previewCache = new Map(); // file id -> { blob: Promise<Blob>, bytes }, oldest first
+
+  function previewBlob(id) {
+    const hit = previewCache.get(id);
+    if (hit) {
+      previewCache.delete(id);
+      previewCache.set(id, hit); // the newest again
+      return hit.blob;
+    }
+    const entry = { blob: fetchPreview(id), bytes: 0 };
+    previewCache.set(id, entry);
+    entry.blob.then(
+      (blob) => {
+        entry.bytes = blob.size;
+        trimPreviewCache();
+      },
+      () => {
+        if (previewCache.get(id) === entry) previewCache.delete(id); // a later showing tries again
+      },
+    );
+    return entry.blob;
+  }
+
+  function trimPreviewCache() {
+    let total = 0;
+    for (const entry of previewCache.values()) total += entry.bytes;
+    for (const [id, entry] of previewCache) {
+      if (total <= PREVIEW_CACHE_BYTES || previewCache.size <= 1) break;
+      previewCache.delete(id);
+      total -= entry.bytes;
+    }
+  }
+
+  async function fetchPreview(id) {
+    const response = await fetchFile(id, true);
+    const type = (response.headers.get("Content-Type") || "").split(";")[0].trim().toLowerCase();
+    if (!INLINE_TYPES.has(type)) {
+      response.body.cancel();
+      throw new Error(`not an image to show (${type || "no type"})`);
+    }
+    const bytes = await readAtMost(response, PREVIEW_MAX_BYTES);
+    return new Blob(bytes, { type });
+  }
+
+  // The response's body, refused past `limit` bytes (whatever its Content-Length said).
+  async function readAtMost(response, limit) {
+    const reader = response.body.getReader();
+    const chunks = [];
+    let total = 0;
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return chunks;
+      total += value.byteLength;
+      if (total > limit) {
+        reader.cancel();
+        throw new Error(`larger than ${humanSize(limit)}`);
+      }
+      chunks.push(value);
+    }
+  }
+
+  async function loadPreview(box) {
+    const img = box.querySelector("img");
+    box.dataset.state = "loading";
+    let url = null;
+    try {
+      const blob = await previewBlob(img.dataset.fileId);
+      if (!box.isConnected) return; // gone meanwhile (the chat changed, a reset)
+      const stick = nearBottom();
+      url = URL.createObjectURL(blob);
+      await new Promise((resolve, reject) => {
+        img.addEventListener("load", resolve, { once: true });
+        img.addEventListener("error", () => reject(new Error("the image could not be decoded")), { once: true });
+        img.src = url;
+      });
+      box.dataset.state = "shown";
+      box.style.removeProperty("width");
+      box.style.removeProperty("height");
+      if (stick) scrollDown(true);
+    } catch (error) {
+      box.dataset.state = "failed";
+      box.title = `No preview: ${error.message}`;
+      img.removeAttribute("src");
+    } finally {
+      // The <img> keeps the decoded picture; the URL is not needed once it has loaded.
+      if (url) URL.revokeObjectURL(url);
+    }
+  }
+
+  // A download with the token: the bytes fetched, then saved through a blob: URL under the
+  // file's name (typed application/octet-stream, so the browser saves it and shows nothing).
+  async function downloadFile(id, name, link) {
+    if (link.getAttribute("aria-busy") === "true") return;
+    link.setAttribute("aria-busy", "true");
+    try {
+      const response = await fetchFile(id, false);
+      const blob = await response.blob();
+      const url = URL.createObjectURL(new Blob([blob], { type: "application/octet-stream" }));
+      const save = el("a", { href: url, download: name, hidden: true });
+      document.body.append(save);
+      save.click();
+      save.remove();
+      // The download has started from the URL well before this.
+      setTimeout(() => URL.revokeObjectURL(url), 10_000);
+    } catch (error) {
+      showError(`${name} could not be downloaded: ${error.message}`);
+    } finally {
+      link.removeAttribute("aria-busy");
+    }
   }
 
   // -- CODE_EDIT: a line diff with the file path ------------------------------------
@@ -691,26 +922,134 @@
   nameBox.value = localStorage.getItem(NAME_KEY) || "web";
   nameBox.addEventListener("change", () => localStorage.setItem(NAME_KEY, nameBox.value.trim() || "web"));
 
-  $("composer").addEventListener("submit", async (event) => {
+  // Files chosen for the next message: the paperclip (a hidden <input type=file>) or a drop
+  // onto the composer.  Each is listed (name, size, ×; a thumbnail for a raster image) until
+  // the message is sent; a refused send keeps them, and the text.
+
+  function addFiles(list) {
+    const files = Array.from(list || []);
+    const room = Math.max(0, MAX_FILES - state.pending.length);
+    if (files.length > room) showError(`A message carries at most ${MAX_FILES} files: ${files.length - room} not added.`);
+    for (const file of files.slice(0, room)) state.pending.push({ file, node: pendingNode(file) });
+    renderPending();
+  }
+
+  function pendingNode(file) {
+    const entry = el("li", { className: "pending-file", title: `${file.name} (${humanSize(file.size)})` });
+    // The sender's own file, in this browser: shown only as one of the raster types.
+    if (INLINE_TYPES.has(file.type) && file.size <= PREVIEW_MAX_BYTES) {
+      const url = URL.createObjectURL(file);
+      const thumb = el("img", { className: "pending-thumb", alt: "" });
+      const done = () => URL.revokeObjectURL(url);
+      thumb.addEventListener("load", done, { once: true });
+      thumb.addEventListener("error", () => { done(); thumb.remove(); }, { once: true });
+      thumb.src = url;
+      entry.append(thumb);
+    }
+    entry.append(
+      el("span", { className: "file-name", text: file.name }),
+      el("span", { className: "file-size muted", text: humanSize(file.size) }),
+      el("button", {
+        type: "button", className: "remove", text: "×", title: `Remove ${file.name}`, "aria-label": `Remove ${file.name}`,
+        onclick: () => {
+          state.pending = state.pending.filter((p) => p.file !== file);
+          renderPending();
+          $("composer-text").focus();
+        },
+      }),
+    );
+    return entry;
+  }
+
+  function renderPending() {
+    const list = $("attachments");
+    list.replaceChildren(...state.pending.map((p) => p.node));
+    list.hidden = !state.pending.length;
+  }
+
+  $("attach").addEventListener("click", () => $("file-input").click());
+  $("file-input").addEventListener("change", (event) => {
+    addFiles(event.target.files);
+    event.target.value = ""; // the same file may be chosen again later
+  });
+
+  const composer = $("composer");
+  const carriesFiles = (event) => Boolean(event.dataTransfer) && Array.from(event.dataTransfer.types || []).includes("Files");
+  for (const name of ["dragenter", "dragover"]) {
+    composer.addEventListener(name, (event) => {
+      if (!carriesFiles(event) || !state.current) return;
+      event.preventDefault(); // this element takes the drop
+      event.dataTransfer.dropEffect = "copy";
+      composer.classList.add("dropping");
+    });
+  }
+  composer.addEventListener("dragleave", (event) => {
+    if (!composer.contains(event.relatedTarget)) composer.classList.remove("dropping");
+  });
+  composer.addEventListener("drop", (event) => {
+    if (!carriesFiles(event)) return;
+    event.preventDefault();
+    composer.classList.remove("dropping");
+    if (state.current) addFiles(event.dataTransfer.files);
+    $("composer-text").focus();
+  });
+  // A file dropped anywhere else would make the browser open it in place of the page (and
+  // lose what was typed): refused there.
+  for (const name of ["dragover", "drop"]) {
+    window.addEventListener(name, (event) => {
+      if (!carriesFiles(event) || composer.contains(event.target)) return;
+      event.preventDefault();
+      event.dataTransfer.dropEffect = "none";
+    });
+  }
+
+  function fileEnvelope(stored) {
+    const files = stored.map((f) => ({ id: f.id, name: f.name, mime: f.mime, size: f.size }));
+    return { message_type: "FILE", version: 1, payload: { files } };
+  }
+
+  function setSending(sending) {
+    state.sending = sending;
+    $("send").disabled = sending || !state.current;
+    composer.classList.toggle("sending", sending);
+  }
+
+  composer.addEventListener("submit", async (event) => {
     event.preventDefault();
     const text = $("composer-text");
     const content = text.value;
-    if (!content.trim() || !state.current) return;
+    const chosen = state.pending.slice();
+    if (state.sending || !state.current || (!content.trim() && !chosen.length)) return;
+    const jid = state.current.chat_jid;
     const name = nameBox.value.trim() || "web";
-    $("send").disabled = true;
+    const note = $("composer-note");
+    setSending(true);
+    note.classList.remove("refused");
+    note.textContent = ""; // what it said of the previous message
     try {
-      const posted = await api("POST", "messages", {
-        chat_jid: state.current.chat_jid, sender: `web:${name}`, sender_name: name, content,
-      });
+      const message = { chat_jid: jid, sender: `web:${name}`, sender_name: name, content };
+      if (chosen.length) {
+        const total = chosen.reduce((sum, p) => sum + p.file.size, 0);
+        note.textContent = `Sending ${chosen.length} file${chosen.length === 1 ? "" : "s"} (${humanSize(total)})…`;
+        const form = new FormData();
+        for (const p of chosen) form.append("file", p.file, p.file.name);
+        message.metadata = fileEnvelope(await api("POST", `chats/${enc(jid)}/files`, form));
+      }
+      const posted = await api("POST", "messages", message);
       text.value = "";
-      showMessage(posted.message);
-      $("composer-note").textContent = posted.triggered
+      state.pending = state.pending.filter((p) => !chosen.includes(p));
+      renderPending();
+      if (state.current && state.current.chat_jid === jid) showMessage(posted.message);
+      note.textContent = posted.triggered
         ? ""
         : `Stored; it does not wake the agent (start a message with @${assistantName()}).`;
     } catch (error) {
       showError(error);
+      // Nothing is lost: the text and the files stay in the composer for another try.
+      note.textContent = `Not sent: ${error.message}`;
+      note.classList.add("refused");
     } finally {
-      $("send").disabled = false;
+      setSending(false);
       text.focus();
     }
   });
