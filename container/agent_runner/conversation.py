@@ -48,10 +48,22 @@ BASE_PROMPT = (
 HISTORY_START = "[earlier conversation omitted]"
 
 
+MEMORY_HEADER = (
+    "## Your memory\n"
+    "This is MEMORY.md in your workspace, as it was when this run started. Keep it up to date: "
+    "write there what you should remember in later conversations (it is shown to you every time)."
+)
+
+
 def build_system_prompt(inp: ContainerInput, workspace: Path, extra_notices: list[str] | None = None) -> str:
-    """The base prompt, then each system notice (ephemeral context for this run only):
-    the host's, then the runner's own about the workspace (``workspace_notices``)."""
+    """The base prompt, the instructions (the installation's and the group's), the group's
+    memory, then each system notice (ephemeral context for this run only): the host's, then
+    the runner's own about the workspace (``workspace_notices``)."""
     parts = [BASE_PROMPT.format(name=inp.assistant_name, workspace=workspace)]
+    if isinstance(inp.instructions, str) and inp.instructions.strip():
+        parts.append(inp.instructions.strip())
+    if isinstance(inp.memory, str) and inp.memory.strip():
+        parts.append(f"{MEMORY_HEADER}\n\n{inp.memory.strip()}")
     notices = [*inp.system_notices, *(extra_notices or [])]
     parts.extend(notice.strip() for notice in notices if notice.strip())
     return "\n\n".join(parts)

@@ -173,6 +173,11 @@ class ContainerInput(_Model, kw_only=True):
     # process of the container and exits (agent_runner/fence.py).  Unset: no watch, and
     # the input may end at the end of the stream, as before the field.
     host_fence_s: Annotated[float, Meta(gt=0)] | msgspec.UnsetType = msgspec.UNSET
+    # The installation's and the group's instructions (host-owned), and the group's memory
+    # (MEMORY.md, which the agent keeps in its workspace), appended to the system prompt
+    # (agent_runner/conversation.py).  Unset when there are none: left out of the JSON.
+    instructions: str | msgspec.UnsetType = msgspec.UNSET
+    memory: str | msgspec.UnsetType = msgspec.UNSET
 
 
 _INPUT_DECODER = msgspec.json.Decoder(ContainerInput)

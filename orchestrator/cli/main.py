@@ -15,6 +15,7 @@ from orchestrator.cli import channels as cli_channels
 from orchestrator.cli import files as cli_files
 from orchestrator.cli import fleet as cli_fleet
 from orchestrator.cli import history as cli_history
+from orchestrator.cli import instructions as cli_instructions
 from orchestrator.cli import runs as cli_runs
 from orchestrator.cli import slack as cli_slack
 from orchestrator.cli import telegram as cli_telegram
@@ -888,6 +889,7 @@ def image_build(
 
 cli_history.register(app)
 cli_files.register(app)
+cli_instructions.register(app, groups_app)
 cli_runs.register(runs_app)
 cli_channels.register(app, groups_app)
 cli_fleet.register(app)

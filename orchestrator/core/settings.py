@@ -308,14 +308,11 @@ class Settings(msgspec.Struct, kw_only=True):
     # The bytes of all the files a group stored first (a file another group stored before
     # costs nothing more); a file that would take the group past it is refused.
     group_files_max_bytes: Annotated[int, Meta(ge=1)] = 1024 * 1024 * 1024
-
-    # The API the CLI's ``send`` talks to (e.g. http://10.0.0.5:8000 for a
-    # fleet's API).  Empty: the one ``orchestrator up``/``api`` announced in
-    # the data dir (orchestrator/http/endpoint.py), else the CLI stores in process.
-    api_url: str = ""
-    api_host: str = "127.0.0.1"
-    api_port: Annotated[int, Meta(ge=0, le=65535)] = 8000
-    # Bearer token of every /api route (``Authorization: Bearer <token>``).
+    # The longest instructions file (the installation's, a group's: orchestrator/run/instructions.py)
+    # and the part of a group's MEMORY.md a run's system prompt carries (a longer one is cut,
+    # and the run's notice says so).
+    instructions_max_bytes: Annotated[int, Meta(ge=1)] = 32 * 1024
+    memory_max_bytes: Annotated[int, Meta(ge=1)] = 16 * 1024
     # How long a stored file no live message names is kept before the sweeper frees it: an
     # upload's message comes after it; a truncated history's files go after this long.
     file_unreferenced_grace_s: Annotated[float, Meta(ge=0)] = 86400.0

@@ -21,12 +21,15 @@ import hashlib
 import zlib
 from dataclasses import dataclass
 
+import msgspec
+
 from agent_runner.protocol import ContainerInput, Limits, ModelSettings, SdkMessage, decode_input
 from orchestrator.core.errors import NotFound
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.model.views import Fitted, counts_in_view, fit_budget, model_view
 from orchestrator.run.expand import expand_content
+from orchestrator.run.instructions import group_instructions, read_memory
 from orchestrator.run.run_files import sees_images, with_images
 from orchestrator.run.schedules import is_isolated
 from orchestrator.run.url_fetch import UrlBudget
@@ -141,13 +144,17 @@ def build_input(
     send_targets: list[str] | None = None,
 ) -> ContainerInput:
     fitted = history_view(settings, group, prior, batch, images=sees_images(settings, model))
+    instructions = group_instructions(settings, group)
+    memory, memory_notice = read_memory(settings, settings.groups_dir / group.folder)
     return ContainerInput(
         run_id=run_id,
         chat_jid=group.chat_jid,
         group_folder=group.folder,
         assistant_name=assistant_name,
         messages=fitted.messages,
-        system_notices=[*notices, *left_out_notice(fitted)],
+        system_notices=[*notices, *left_out_notice(fitted), *([memory_notice] if memory_notice else [])],
+        instructions=instructions or msgspec.UNSET,
+        memory=memory or msgspec.UNSET,
         send_targets=send_targets or [],
         session_id=None if batch.isolated else group.session_id,
         model=model,
