@@ -330,6 +330,7 @@ def test_a_registered_group_wakes_the_agent(client: TestClient) -> None:
         "trigger_names": ["Andy"],
         "require_registered_chat": True,
         "token_required": False,
+        "file_max_bytes": 25 * 1024 * 1024,
     }
 
 

@@ -17,6 +17,8 @@ class Info(BaseModel):
     trigger_names: list[str]
     require_registered_chat: bool
     token_required: bool
+    # The largest file an upload takes (ORCHESTRATOR_FILE_MAX_BYTES): the page says so before sending.
+    file_max_bytes: int
 
 
 @router.get("/info", response_model=Info)
@@ -27,4 +29,5 @@ def info(request: Request) -> Info:
         trigger_names=settings.trigger_names,
         require_registered_chat=settings.api_require_registered_chat,
         token_required=bool(settings.api_token),
+        file_max_bytes=settings.file_max_bytes,
     )

@@ -927,7 +927,14 @@
   // the message is sent; a refused send keeps them, and the text.
 
   function addFiles(list) {
-    const files = Array.from(list || []);
+    // A file past the server's per-file limit is said at once, not after its upload.
+    const limit = state.info && state.info.file_max_bytes;
+    const all = Array.from(list || []);
+    const files = limit ? all.filter((f) => f.size <= limit) : all;
+    if (files.length < all.length) {
+      const big = all.filter((f) => !files.includes(f)).map((f) => f.name);
+      showError(`Not added: ${big.join(", ")} (a file may be at most ${humanSize(limit)}).`);
+    }
     const room = Math.max(0, MAX_FILES - state.pending.length);
     if (files.length > room) showError(`A message carries at most ${MAX_FILES} files: ${files.length - room} not added.`);
     for (const file of files.slice(0, room)) state.pending.push({ file, node: pendingNode(file) });
