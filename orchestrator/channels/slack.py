@@ -13,6 +13,20 @@
   slack_sdk's own retry handlers are off: every retry is the ledger's, so a
   message is never posted twice.  The posts of a long message already made are
   not made again by a retry in the same process.
+* **Files**: a message that carries files (a FILE envelope: what the agent sent
+  with ``send_file``, or a person's upload on another channel) is posted as any
+  other (its words, and the line naming its files), then each file is uploaded
+  to the same conversation and thread with Slack's external upload flow, as
+  Slack documents it: ``files.getUploadURLExternal`` (``filename``, ``length``,
+  as a form), the bytes POSTed to the ``upload_url`` it answers (only one on
+  Slack's hosts: ``orchestrator/channels/slack_files.py``), then
+  ``files.completeUploadExternal`` (``files=[{id, title}]``, ``channel_id``,
+  ``thread_ts`` when the message goes to a thread).  The bytes are read from
+  the file store, only a file of the message's own chat.  The posts and the
+  uploads are one sequence of steps: a retry in the same process resumes at
+  the first step not done, so no file is shared twice.  An empty file is not
+  uploaded (Slack takes no file of 0 bytes); a file that is gone from the store
+  fails the delivery.
 * **Inbound**: ``orchestrator/channels/slack_inbound.py`` (the Events API route
   and what both transports share) and ``orchestrator/channels/slack_socket.py``
   (Socket Mode).
@@ -26,6 +40,7 @@ deliverer calls it from any thread.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -35,13 +50,16 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from orchestrator.channels.base import BaseChannel
 from orchestrator.channels.slack_blocks import slack_posts
-from orchestrator.core.errors import ChannelError, ChannelRateLimited
+from orchestrator.channels.slack_files import send_upload, slack_origins
+from orchestrator.core.errors import ChannelError, ChannelRateLimited, StoreError
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
+from orchestrator.model.envelopes import FileRef, files_of
 from orchestrator.model.render import RenderedMessage
 from orchestrator.model.views import REPLY_TO_KEY
 from orchestrator.store.attachments import chats_on_with_assistant
 from orchestrator.store.db import Database, open_database
+from orchestrator.store.files import FileStore
 from orchestrator.store.message_log import message_metadata
 
 log = logging.getLogger(__name__)
@@ -68,6 +86,13 @@ class Posted(_Answer):
     """``chat.postMessage``: the new message's ts (what ``chat.update``/``chat.delete`` name)."""
 
     ts: str
+
+
+class UploadTicket(_Answer):
+    """``files.getUploadURLExternal``: where to POST a file's bytes, and the file's id."""
+
+    upload_url: str
+    file_id: str
 
 
 class Identity(_Answer):
@@ -129,11 +154,18 @@ class SlackWeb:
         self._me: Identity | None = None
         self._lock = threading.Lock()
 
-    def call(self, method: str, **params: Any) -> JsonObject:
+    def call(self, method: str, *, form: bool = False, **params: Any) -> JsonObject:
+        """``method`` with ``params`` as a JSON body, or as a form (``form``: what slack_sdk's
+        own methods send, and what a method that takes no JSON needs, such as
+        ``files.getUploadURLExternal``); None values are left out."""
         from slack_sdk.errors import SlackApiError
 
+        given = {k: v for k, v in params.items() if v is not None}
         try:
-            response = self.client.api_call(method, json={k: v for k, v in params.items() if v is not None})
+            if form:
+                response = self.client.api_call(method, params=given)
+            else:
+                response = self.client.api_call(method, json=given)
         except SlackApiError as exc:
             status = exc.response.status_code
             error = (exc.response.data or {}).get("error") if isinstance(exc.response.data, dict) else None
@@ -148,9 +180,9 @@ class SlackWeb:
             raise ChannelError(f"slack {method}: an answer that is not a JSON object")
         return data
 
-    def ask(self, answer: type[A], method: str, **params: Any) -> A:
+    def ask(self, answer: type[A], method: str, *, form: bool = False, **params: Any) -> A:
         """:meth:`call`, its answer read as ``answer`` (one that is not: a failed call)."""
-        data = self.call(method, **params)
+        data = self.call(method, form=form, **params)
         try:
             return answer.model_validate(data)
         except ValidationError as exc:
@@ -193,9 +225,12 @@ class SlackChannel(BaseChannel):
         self.web = web or SlackWeb(settings)
         self._db = db
         self._own_db = db is None
-        # Posts of a long message already made, by (address, chat, seq): a retry resumes.
+        # Steps of a message already made (its posts, then its files' uploads), by
+        # (address, chat, seq): a retry resumes at the first step not done.
         self._progress: dict[tuple[str, str, int], int] = {}
         self._lock = threading.Lock()
+        self._files: FileStore | None = None
+        self._origins = slack_origins(settings.slack_api_base)
 
     @property
     def db(self) -> Database:
@@ -215,26 +250,61 @@ class SlackChannel(BaseChannel):
                 f"the slack channel needs a conversation id (C..., G... or D...) as its address, not {address!r}"
             )
         posts = slack_posts(rendered)
+        carried = files_of(rendered.metadata)
+        files = list(carried.files) if carried is not None else []
         thread = reply_thread(self.db, rendered, address)
         key = (address, rendered.chat_jid, rendered.seq)
         with self._lock:
             done = self._progress.get(key, 0)
-        for i in range(done, len(posts)):
-            post = posts[i]
-            # unfurl off: a link in the agent's words does not fetch a preview on Slack's side.
-            self.web.call(
-                "chat.postMessage",
-                channel=address,
-                text=post.text,
-                blocks=post.blocks,
-                thread_ts=thread,
-                unfurl_links=False,
-                unfurl_media=False,
-            )
+        for i in range(done, len(posts) + len(files)):
+            if i < len(posts):
+                post = posts[i]
+                # unfurl off: a link in the agent's words does not fetch a preview on Slack's side.
+                self.web.call(
+                    "chat.postMessage",
+                    channel=address,
+                    text=post.text,
+                    blocks=post.blocks,
+                    thread_ts=thread,
+                    unfurl_links=False,
+                    unfurl_media=False,
+                )
+            else:
+                self._upload(address, thread, rendered.chat_jid, files[i - len(posts)])
             with self._lock:
                 self._progress[key] = i + 1
         with self._lock:
             self._progress.pop(key, None)
+
+    def _file_store(self) -> FileStore:
+        db = self.db  # before the lock: self.db takes it too
+        with self._lock:
+            if self._files is None:
+                self._files = FileStore.from_settings(db, self.settings)
+            return self._files
+
+    def _upload(self, address: str, thread: str | None, chat_jid: str, ref: FileRef) -> None:
+        """One file of ``chat_jid``'s message shared in ``address`` (and ``thread``)."""
+        store = self._file_store()
+        try:
+            stored = store.get(ref.id, chat_jid=chat_jid)
+            data = store.read_bytes(stored)
+        except StoreError as exc:
+            raise ChannelError(f"slack: file {ref.id} of {chat_jid} cannot be read: {exc}") from exc
+        if not data:
+            log.info("slack: file %s of %s is empty; not uploaded", ref.id, chat_jid)
+            return
+        ticket = self.web.ask(
+            UploadTicket, "files.getUploadURLExternal", form=True, filename=stored.name, length=len(data)
+        )
+        send_upload(ticket.upload_url, data, origins=self._origins, timeout_s=self.settings.slack_file_timeout_s)
+        self.web.call(
+            "files.completeUploadExternal",
+            form=True,
+            files=json.dumps([{"id": ticket.file_id, "title": stored.name}]),
+            channel_id=address,
+            thread_ts=thread,
+        )
 
     def disconnect(self) -> None:
         with self._lock:

@@ -17,6 +17,13 @@ API POSTs it; Socket Mode wraps it in an ``events_api`` envelope);
   the agent as the trigger word does (``app_mention`` events are such
   messages), other mentions ``@name``, channels ``#name``, links ``label
   (url)``, and Slack's escapes undone (``&lt;`` is ``<``);
+* the files a message shares (``file_share``, or any message with ``files``) are
+  downloaded with the bot token into the file store under the message's chat and named by
+  its FILE envelope (``orchestrator/channels/slack_files.py``: only from Slack's hosts,
+  within the size limits and a timeout); each one not taken is a line of the text saying
+  why.  Nothing is downloaded for a channel no registered group is attached to, for a
+  message stored already, or for a sender over the rate; a retry that comes while the
+  first take still downloads waits for it;
 * the id is ``slack-<channel>-<ts>``: the same message seen twice (a retry,
   both transports, its ``message`` and ``app_mention`` events) is stored once;
   the channel, ts and thread ts are kept in the metadata (a reply goes to the
@@ -51,7 +58,8 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -71,10 +79,21 @@ from orchestrator.channels.slack import (
     attached_groups,
 )
 from orchestrator.channels.slack_blocks import escape, unescape
-from orchestrator.core.errors import ChannelError, InvalidMessage, RateLimited, UnregisteredChatsFull
+from orchestrator.channels.slack_files import FileShares, Intake, not_taken
+from orchestrator.core.errors import (
+    ChannelError,
+    InvalidMessage,
+    MessageNotFound,
+    RateLimited,
+    UnregisteredChatsFull,
+)
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest
 from orchestrator.store.db import Database
+from orchestrator.store.files import StoredFile, file_envelope
+from orchestrator.store.groups import is_registered
+from orchestrator.store.message_log import resolve_message
+from orchestrator.store.usage import sender_retry_after
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +126,9 @@ class SlackEvent(BaseModel):
     text: str | None = None
     ts: str | None = None
     thread_ts: str | None = None
+    # The files a message shares (file_share, or any message with some): each read by
+    # orchestrator/channels/slack_files.py, one that is not understood noted, not fatal.
+    files: list[Any] | None = None
 
 
 class Authorization(BaseModel):
@@ -192,6 +214,11 @@ class SlackInbound:
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._told: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
+        self._shares: FileShares | None = None
+        # Messages whose files are being taken, by id (with how many takes wait on each): a
+        # retry that comes while the first take still downloads waits for it, then finds the
+        # message stored and downloads nothing.
+        self._taking: dict[str, tuple[threading.Lock, int]] = {}
 
     # event ids: a retry of an event this process took is not taken again
     def seen(self, event_id: object) -> bool:
@@ -272,7 +299,7 @@ class SlackInbound:
         chat_jid, assistant = groups.get(event.channel, (f"{UNATTACHED_PREFIX}{event.channel}", None))
         trigger = "@" + (assistant or self.settings.assistant_name)
         text = self.readable(event.text or "", bot, trigger).replace("\x00", "")[: self.max_chars]  # no NUL kept
-        if not text.strip():
+        if not text.strip() and not event.files:
             return None
         meta: dict[str, Any] = {CHANNEL_KEY: event.channel, TS_KEY: event.ts}
         if event.thread_ts and TS.match(event.thread_ts):
@@ -299,15 +326,104 @@ class SlackInbound:
         if incoming is None:
             self._remember(callback.event_id)
             return None
+        files = callback.event.files or []
+        stored: list[StoredFile] = []
         try:
-            result = ingest(self.db, self.settings, incoming, signal=self.signal, signal_delivery=self.signal_delivery)
+            if files:
+                assert incoming.id is not None  # incoming() names every message
+                with self._taking_files(incoming.id):
+                    incoming, stored = self._with_files(incoming, files)
+                    result = ingest(
+                        self.db, self.settings, incoming, signal=self.signal, signal_delivery=self.signal_delivery
+                    )
+            else:
+                result = ingest(
+                    self.db, self.settings, incoming, signal=self.signal, signal_delivery=self.signal_delivery
+                )
         except RateLimited as exc:
+            self._unused(stored)
             self._slow_down(callback.event, incoming, exc)
             result = None
         except UnregisteredChatsFull:
             result = None  # an unattached channel past the cap: dropped (ingest counted and logged it)
+        except BaseException:
+            self._unused(stored)
+            raise
+        if result is not None and not result.created:
+            self._unused(stored)  # stored meanwhile by another process: its first copy stands
         self._remember(callback.event_id)  # only once stored: a failure is retried by Slack
         return result
+
+    # -- files shared with a message --------------------------------------------------------
+
+    @contextmanager
+    def _taking_files(self, message_id: str) -> Iterator[None]:
+        """One take of a message's files at a time (see ``_taking``)."""
+        with self._lock:
+            gate, waiting = self._taking.get(message_id, (threading.Lock(), 0))
+            self._taking[message_id] = (gate, waiting + 1)
+        try:
+            with gate:
+                yield
+        finally:
+            with self._lock:
+                gate, waiting = self._taking[message_id]
+                if waiting == 1:
+                    del self._taking[message_id]
+                else:
+                    self._taking[message_id] = (gate, waiting - 1)
+
+    def _with_files(self, incoming: IncomingMessage, files: list[Any]) -> tuple[IncomingMessage, list[StoredFile]]:
+        """``incoming`` with the files it shares: downloaded into the store and named by a FILE
+        envelope, each one not taken noted in its text; and the files stored.  Nothing is
+        downloaded for a chat that is no registered group, for a message stored already (a
+        retry), or for a sender over the rate (:class:`RateLimited`, as ingest would refuse
+        the message itself)."""
+        assert incoming.id is not None
+        if not is_registered(self.db, incoming.chat_jid):
+            why = "this Slack channel is no registered group's"
+            intake = Intake(notes=[not_taken(f"{len(files)} shared file(s)", why)])
+        elif self._stored_already(incoming.chat_jid, incoming.id):
+            return incoming, []  # ingest answers it as the duplicate it is
+        else:
+            self._check_rate(incoming)
+            intake = self._file_shares().take(incoming.chat_jid, files)
+        content = "\n".join(part for part in (incoming.content, *intake.notes) if part.strip())
+        metadata = file_envelope(intake.stored, extras=incoming.metadata) if intake.stored else incoming.metadata
+        return incoming.model_copy(update={"content": content, "metadata": metadata}), intake.stored
+
+    def _unused(self, stored: list[StoredFile]) -> None:
+        """Take back files whose message was not stored with them: no message would ever
+        name them, and they would count against the group's limit."""
+        if stored:
+            self._file_shares().store.discard(stored)
+
+    def _file_shares(self) -> FileShares:
+        with self._lock:
+            if self._shares is None:
+                self._shares = FileShares(self.db, self.settings)
+            return self._shares
+
+    def _stored_already(self, chat_jid: str, message_id: str) -> bool:
+        try:
+            resolve_message(chat_jid, message_id, db=self.db)
+        except MessageNotFound:
+            return False
+        return True
+
+    def _check_rate(self, incoming: IncomingMessage) -> None:
+        """Raise :class:`RateLimited` for a sender that ingest would refuse now, before any
+        file of theirs is downloaded (ingest decides again when it stores the message)."""
+        rate = self.settings.sender_messages_per_minute
+        if not rate:
+            return
+        assert incoming.id is not None
+        with self.db.engine.connect() as conn:
+            wait = sender_retry_after(
+                conn, self.db, chat_jid=incoming.chat_jid, sender=incoming.sender, message_id=incoming.id, limit=rate
+            )
+        if wait is not None:
+            raise RateLimited(incoming.sender, rate, wait)
 
     def _slow_down(self, event: SlackEvent, incoming: IncomingMessage, exc: RateLimited) -> None:
         """A sender over its rate: dropped, not stored; told once per wait (only they see it)."""

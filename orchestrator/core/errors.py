@@ -15,13 +15,14 @@ drawing to the classes)::
     │   ├── DataDirNotShared   a worker's data dir is not the installation's (its marker is missing or
     │   │                      another's) [store.installation]
     │   ├── ContainerConfigError   a group's container_config is invalid; names the field [sandbox.config]
-    │   └── ChannelError       an unknown channel, a bad name, address or plugin, a send that failed
-    │       │                  (also a ValueError) [channels.registry, channels.webhook, channels.telegram,
-    │       │                  channels.slack, channels.slack_socket, run.outbound, run.fs_transport,
+    │   └── ChannelError       an unknown channel, a bad name, address or plugin, a send that failed,
+    │       │                  a file a channel's message shares that is not taken (also a ValueError)
+    │       │                  [channels.registry, channels.webhook, channels.telegram, channels.slack,
+    │       │                  channels.slack_socket, channels.slack_files, run.outbound, run.fs_transport,
     │       │                  store.attachments, store.deliveries]
     │       └── ChannelRateLimited   the platform refused a send for now (HTTP 429) and said when to
     │                          come back; carries retry_after_s, which the deliverer waits out
-    │                          [channels.telegram, channels.slack]
+    │                          [channels.telegram, channels.slack, channels.slack_files]
     ├── StoreError             the store refused or lacks something: a file's content missing or
     │   │                      cut short, no free name [store.files, sandbox.inbox]
     │   ├── NotFound           no such thing in the store (also a LookupError; HTTP 404): a run or a

@@ -234,6 +234,10 @@ class Settings(msgspec.Struct, kw_only=True):
     slack_app_token: str = ""
     slack_api_base: str = "https://slack.com/api/"
     slack_progress_interval_s: Annotated[float, Meta(gt=0)] = 2.0
+    # The longest one file's transfer to or from Slack may take, all of it (a file share
+    # downloaded, a reply's file uploaded: orchestrator/channels/slack_files.py); a server
+    # that sends a byte now and then is cut off here, not when it pleases.
+    slack_file_timeout_s: Annotated[float, Meta(gt=0)] = 60.0
     # How often Celery beat runs the sweeper.
     sweep_interval_s: Annotated[float, Meta(gt=0)] = 15.0
     # How often each worker looks for groups whose lease holder is gone (a

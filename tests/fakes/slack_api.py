@@ -10,9 +10,27 @@ as the real one), ``chat.update``, ``chat.delete``, ``chat.postEphemeral``,
 and ``apps.connections.open`` (the app-level token only), which answers the
 ``ws://127.0.0.1:<port>/link/?ticket=...`` of the fake Socket Mode server.
 
+**Files**: :meth:`FakeSlack.host_file` serves bytes at ``/files-pri/<team>-<id>/...``
+(``url_private``, and ``.../download/<name>``: ``url_private_download``) and returns the
+file object a ``file_share`` event carries; a download needs ``Authorization: Bearer``
+with the bot token (without it: a 302 to the workspace's sign-in page, as Slack answers),
+and each one is logged in ``downloads``.  A hosted file can lie about its size (the file
+object's ``size``, ``Content-Length`` left out), redirect elsewhere, answer an HTML page or
+send its bytes slowly.  The external upload flow: ``files.getUploadURLExternal`` (a form:
+``filename``, ``length``; ``missing_argument`` for a length of 0) answers an ``upload_url``
+on this server and a ``file_id``; ``POST /upload/v1/<ticket>`` takes the raw bytes (no
+token: the URL is the credential; the length must be the one announced) and answers
+``OK - <length>``; ``files.completeUploadExternal`` (a form: ``files`` a JSON array of
+``{id, title}``, ``channel_id``, ``thread_ts``, ``initial_comment``) shares uploaded
+files, once each (``file_not_found`` for a file not uploaded or already shared).  Every
+upload is kept in ``uploads``; :attr:`FakeSlack.upload_base` can point the answered URLs
+elsewhere.
+
 Tests script it: :meth:`FakeSlack.fail` makes the next calls of a method fail
 (HTTP 429 with ``Retry-After`` and ``{"ok": false, "error": "ratelimited"}``,
-or a 500, or any error answer); every request is kept in ``requests``.
+or a 500, or any error answer; ``upload`` names the upload POST); every request
+is kept in ``requests`` (a download as method ``download``, an upload's bytes as
+``upload``).
 
 **Socket Mode**: a websocket server (the ``websockets`` library) that sends
 ``{"type": "hello", ...}`` to each connection, then the ``events_api``
@@ -26,6 +44,7 @@ connect), as Slack does.
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 import uuid
@@ -33,7 +52,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -72,6 +91,41 @@ class Post:
 
 
 @dataclass
+class HostedFile:
+    """A file served at ``path`` (and ``path`` + ``download/``) as the script says."""
+
+    id: str
+    name: str
+    data: bytes
+    content_type: str
+    content_length: bool = True  # False: no Content-Length header (the size is learnt by reading)
+    redirect: str | None = None  # answer 302 to this Location instead of the bytes
+    drip_s: float = 0.0  # a pause before each 1 KiB piece
+
+
+@dataclass
+class Download:
+    path: str
+    token: str
+    status: int
+
+
+@dataclass
+class Upload:
+    """One files.getUploadURLExternal ticket and what became of it."""
+
+    file_id: str
+    filename: str
+    length: int
+    ticket: str
+    data: bytes | None = None  # the bytes POSTed to its upload_url
+    channel: str | None = None  # shared by files.completeUploadExternal: where
+    thread_ts: str | None = None
+    title: str | None = None
+    initial_comment: str | None = None
+
+
+@dataclass
 class FakeSlack:
     bot_token: str = "xoxb-fake-bot-token"
     app_token: str = "xapp-fake-app-token"
@@ -80,6 +134,8 @@ class FakeSlack:
     requests: list[Request] = field(default_factory=list)
     posts: list[Post] = field(default_factory=list)
     users: dict[str, str] = field(default_factory=lambda: {"UANN0001": "Ann Lee", "UBOB0002": "Bob"})
+    downloads: list[Download] = field(default_factory=list)
+    uploads: list[Upload] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
@@ -87,7 +143,11 @@ class FakeSlack:
         self._ts = int(time.time()) * 1_000_000
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}/api/"
+        self.root = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.base = f"{self.root}/api/"
+        self.upload_base = f"{self.root}/upload/v1/"  # where upload_url points (a test may move it)
+        self.hosted: dict[str, HostedFile] = {}  # by path
+        self._file_seq = 0
         # Socket Mode
         self.acks: list[str] = []
         self.hellos = 0
@@ -167,6 +227,154 @@ class FakeSlack:
             "event": event,
             "authorizations": [{"team_id": self.team, "user_id": self.bot_user, "is_bot": True}],
         }
+
+    # -- files ---------------------------------------------------------------------
+
+    def host_file(
+        self,
+        name: str,
+        data: bytes,
+        *,
+        mimetype: str = "text/plain",
+        size: int | None = None,
+        content_type: str | None = None,
+        content_length: bool = True,
+        redirect: str | None = None,
+        drip_s: float = 0.0,
+        root: str | None = None,
+    ) -> dict[str, Any]:
+        """Serve ``data`` as a Slack file named ``name``; returns the file object a message
+        event carries (``size``: what it declares, the true size unless given; ``root``: the
+        origin its URLs name, this server unless given)."""
+        with self._lock:
+            self._file_seq += 1
+            file_id = f"F{self._file_seq:08d}"
+        path = f"/files-pri/{self.team}-{file_id}/{quote(name, safe='')}"
+        hosted = HostedFile(file_id, name, data, content_type or mimetype, content_length, redirect, drip_s)
+        with self._lock:
+            self.hosted[path] = hosted
+            self.hosted[f"/files-pri/{self.team}-{file_id}/download/{quote(name, safe='')}"] = hosted
+        where = root or self.root
+        return {
+            "id": file_id,
+            "created": int(time.time()),
+            "timestamp": int(time.time()),
+            "name": name,
+            "title": name,
+            "mimetype": mimetype,
+            "filetype": "text",
+            "pretty_type": "Plain Text",
+            "user": "UANN0001",
+            "user_team": self.team,
+            "editable": False,
+            "size": len(data) if size is None else size,
+            "mode": "hosted",
+            "is_external": False,
+            "external_type": "",
+            "is_public": False,
+            "public_url_shared": False,
+            "display_as_bot": False,
+            "username": "",
+            "url_private": f"{where}{path}",
+            "url_private_download": f"{where}/files-pri/{self.team}-{file_id}/download/{quote(name, safe='')}",
+            "permalink": f"https://fake.slack.com/files/UANN0001/{file_id}/{quote(name, safe='')}",
+            "is_starred": False,
+            "has_rich_preview": False,
+            "file_access": "visible",
+        }
+
+    def shared(self, channel: str | None = None) -> list[Upload]:
+        """The uploads completed (shared), in order, in ``channel`` if given."""
+        with self._lock:
+            return [u for u in self.uploads if u.channel is not None and (channel is None or u.channel == channel)]
+
+    def _serve_file(self, handler: BaseHTTPRequestHandler, token: str) -> None:
+        path = urlsplit(handler.path).path
+        with self._lock:
+            hosted = self.hosted.get(path)
+        status = 200 if hosted is not None and token == self.bot_token else 404 if hosted is None else 302
+        if hosted is not None and hosted.redirect is not None and status == 200:
+            status = 302
+        with self._lock:
+            self.downloads.append(Download(path, token, status))
+            self.requests.append(Request("download", {"path": path}, token, status))
+        if status == 404:
+            _answer(handler, 404, b"Not Found", "text/plain")
+            return
+        if status == 302:
+            assert hosted is not None
+            # Slack sends a request without a good token to the workspace's sign-in page.
+            location = hosted.redirect if token == self.bot_token else f"https://fake.slack.com/?redir={quote(path)}"
+            _answer(handler, 302, b"", "text/plain", {"Location": str(location)})
+            return
+        assert hosted is not None
+        handler.send_response(200)
+        handler.send_header("content-type", hosted.content_type)
+        if hosted.content_length:
+            handler.send_header("content-length", str(len(hosted.data)))
+        else:
+            handler.send_header("connection", "close")
+        handler.end_headers()
+        try:
+            for start in range(0, len(hosted.data), 1024):
+                if hosted.drip_s:
+                    time.sleep(hosted.drip_s)
+                handler.wfile.write(hosted.data[start : start + 1024])
+                handler.wfile.flush()
+        except OSError:  # the client went away (it stopped reading: too large, too slow)
+            pass
+        if not hosted.content_length:
+            handler.close_connection = True
+
+    def _take_upload(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        ticket = urlsplit(handler.path).path.removeprefix("/upload/v1/")
+        with self._lock:
+            queue = self._failures.get("upload")
+            failure = queue.pop(0) if queue else None
+            found = [u for u in self.uploads if u.ticket == ticket and u.data is None]
+        status = failure.status if failure is not None else 200 if found else 404
+        if status == 200 and len(body) != found[0].length:
+            status = 400  # not the length files.getUploadURLExternal was told
+        with self._lock:
+            if status == 200:
+                found[0].data = body
+            self.requests.append(Request("upload", {"ticket": ticket, "bytes": len(body)}, "", status))
+        text = f"OK - {len(body)}" if status == 200 else "Bad request" if status == 400 else "Not Found"
+        _answer(handler, status, text.encode(), "text/plain")
+
+    def _get_upload_url(self, params: dict[str, Any]) -> tuple[int, dict[str, Any], None]:
+        filename = str(params.get("filename") or "")
+        length = str(params.get("length") or "")
+        if not filename or not length.isdigit() or int(length) == 0:
+            return 200, {"ok": False, "error": "missing_argument"}, None
+        with self._lock:
+            self._file_seq += 1
+            upload = Upload(f"F{self._file_seq:08d}", filename, int(length), secrets.token_urlsafe(16))
+            self.uploads.append(upload)
+        return 200, {"ok": True, "upload_url": f"{self.upload_base}{upload.ticket}", "file_id": upload.file_id}, None
+
+    def _complete_upload(self, params: dict[str, Any]) -> tuple[int, dict[str, Any], None]:
+        try:
+            files = json.loads(str(params.get("files") or ""))
+        except ValueError:
+            return 200, {"ok": False, "error": "invalid_arguments"}, None
+        if not isinstance(files, list) or not files or not all(isinstance(f, dict) and f.get("id") for f in files):
+            return 200, {"ok": False, "error": "invalid_arguments"}, None
+        channel = params.get("channel_id")
+        if params.get("thread_ts") and not channel:
+            return 200, {"ok": False, "error": "invalid_arguments"}, None
+        with self._lock:
+            by_id = {u.file_id: u for u in self.uploads}
+            chosen = [by_id.get(str(f["id"])) for f in files]
+            if any(u is None or u.data is None or u.channel is not None for u in chosen):
+                return 200, {"ok": False, "error": "file_not_found"}, None
+            for f, u in zip(files, chosen, strict=True):
+                assert u is not None
+                u.channel = str(channel or "")
+                u.thread_ts = params.get("thread_ts") or None
+                u.title = f.get("title") or u.filename
+                u.initial_comment = params.get("initial_comment") or None
+        return 200, {"ok": True, "files": [{"id": f["id"], "title": f.get("title") or ""} for f in files]}, None
 
     # -- Socket Mode ---------------------------------------------------------------
 
@@ -345,6 +553,10 @@ class FakeSlack:
             )
         if method == "chat.postEphemeral":
             return 200, {"ok": True, "message_ts": self.next_ts()}, None
+        if method == "files.getUploadURLExternal":
+            return self._get_upload_url(params)
+        if method == "files.completeUploadExternal":
+            return self._complete_upload(params)
         if method in ("chat.update", "chat.delete"):
             with self._lock:
                 found = [
@@ -394,9 +606,21 @@ class FakeSlack:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                auth = self.headers.get("authorization") or ""
+                if urlsplit(self.path).path.startswith("/files-pri/"):
+                    fake._serve_file(self, auth.removeprefix("Bearer ").strip())
+                    return
+                with fake._lock:
+                    fake.requests.append(Request("GET " + urlsplit(self.path).path, {}, "", 404))
+                _answer(self, 404, b"Not Found", "text/plain")
+
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 url = urlsplit(self.path)
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                if url.path.startswith("/upload/v1/"):
+                    fake._take_upload(self, body)
+                    return
                 params: dict[str, Any] = dict(parse_qsl(url.query))
                 ctype = (self.headers.get("content-type") or "").split(";")[0].strip()
                 if body and ctype == "application/json":
@@ -439,6 +663,18 @@ class FakeSlack:
                 pass
 
         return Handler
+
+
+def _answer(
+    handler: BaseHTTPRequestHandler, status: int, body: bytes, ctype: str, headers: dict[str, str] | None = None
+) -> None:
+    handler.send_response(status)
+    handler.send_header("content-type", ctype)
+    for name, value in (headers or {}).items():
+        handler.send_header(name, value)
+    handler.send_header("content-length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
 @pytest.fixture(name="fake")
