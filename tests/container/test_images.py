@@ -167,6 +167,12 @@ def test_the_fakes_take_our_image_blocks_and_refuse_malformed_ones(tmp_path: Pat
         "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///etc/x"}}]}]
     }
     assert "data:image" in str(fake_openai.image_problem(not_data))
+    not_base64 = {
+        "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,%%"}}]}
+        ]
+    }
+    assert "not base64" in str(fake_openai.image_problem(not_base64))
 
 
 def test_an_anthropic_run_sends_the_image_over_http(serve_tcp: Any, tmp_path: Path) -> None:

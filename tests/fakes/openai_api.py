@@ -214,10 +214,13 @@ def _paced(chunks: list[dict[str, Any]], first_delay_s: float, chunk_delay_s: fl
     yield b"data: [DONE]\n\n"
 
 
+_PART_TYPES = ("text", "image_url", "input_audio", "file")
+
+
 def image_problem(body: Any) -> str | None:
     """What Chat Completions would refuse in ``body``'s content parts, as OpenAI documents
-    them: a user message's ``content`` may be a list of ``{"type": "text", "text"}`` and
-    ``{"type": "image_url", "image_url": {"url"}}`` parts, the url an http(s) one or a
+    them: a user message's ``content`` may be a list of parts (``text``, ``image_url``,
+    ``input_audio``, ``file``); an ``image_url``'s ``url`` is an http(s) URL or a
     ``data:image/...;base64,...`` one (None: nothing wrong)."""
     for i, message in enumerate((body or {}).get("messages") or [] if isinstance(body, dict) else []):
         content = message.get("content")
@@ -227,14 +230,18 @@ def image_problem(body: Any) -> str | None:
             return f"messages[{i}].content: parts are not accepted in a {message.get('role')} message here"
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind == "text" and isinstance(part.get("text"), str):
+            if kind not in _PART_TYPES:
+                return f"messages[{i}].content[{j}]: unknown part type {kind!r}"
+            if kind != "image_url":
                 continue
-            url = part.get("image_url", {}).get("url") if kind == "image_url" else None
+            url = part.get("image_url", {}).get("url")
             if not isinstance(url, str):
-                return f"messages[{i}].content[{j}]: expected a text or image_url part"
-            head, comma, data = url.partition(",")
-            if not (head.startswith("data:image/") and head.endswith(";base64") and comma):
-                return f"messages[{i}].content[{j}].image_url.url: expected a data:image/...;base64 URL"
+                return f"messages[{i}].content[{j}].image_url.url: expected a string"
+            head, comma, data = url.strip().partition(",")
+            if head.lower().startswith(("http://", "https://")):
+                continue
+            if not (head.lower().startswith("data:image/") and head.lower().endswith(";base64") and comma):
+                return f"messages[{i}].content[{j}].image_url.url: expected an http(s) or data:image/...;base64 URL"
             try:
                 base64.b64decode(data, validate=True)
             except (ValueError, TypeError):
