@@ -325,3 +325,25 @@ def test_the_limits_come_from_the_environment(tmp_path: Path) -> None:
 
     with pytest.raises(SettingsError, match="ORCHESTRATOR_FILE_MAX_BYTES"):
         Settings.load(environ={"ORCHESTRATOR_FILE_MAX_BYTES": "0"}, env_file=None)
+
+
+def test_a_zip_bomb_is_stored_and_placed_as_the_bytes_it_is(db: Database, settings: Settings, tmp_path: Path) -> None:
+    # 200 MB of zeros in a zip of a few hundred kilobytes: the host never unpacks it.
+    import io
+    import zipfile
+
+    from orchestrator.sandbox.inbox import place_files
+
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("zeros.bin", "w", force_zip64=True) as member:
+            for _ in range(200):
+                member.write(b"\0" * (1 << 20))
+    data = packed.getvalue()
+    assert len(data) < 1 << 20
+    store = make_store(db, settings)
+    stored = store.store_bytes("bomb@test", data, "archive.zip")
+    assert (stored.mime, stored.size) == ("application/zip", len(data))
+    (placed,) = place_files(tmp_path, [stored], store, owner=(os.getuid(), os.getgid()))
+    assert (tmp_path / placed.path).read_bytes() == data
+    assert sorted(p.name for p in (tmp_path / "inbox").iterdir()) == ["archive.zip"]
