@@ -37,7 +37,7 @@ from .providers.base import (
     ToolUseBlock,
 )
 from .text_stream import DeltaCoalescer
-from .tools import ToolContext, ToolOutcome, run_tool, tool_specs
+from .tools import ToolContext, ToolOutcome, disabled_tools, run_tool, tool_specs
 from .workspace_notices import workspace_notices
 
 log = logging.getLogger(__name__)
@@ -91,14 +91,15 @@ def run_agent(inp: ContainerInput, provider: Provider, emit: Emit, *, workspace:
     """
     system = build_system_prompt(inp, workspace, workspace_notices(workspace))
     messages = build_messages(inp.messages, workspace)
-    tools = tool_specs()
     ctx = ToolContext(
         workspace=workspace,
         limits=inp.limits,
         chat_jid=inp.chat_jid,
         send_targets=frozenset(inp.send_targets),
         emit=emit,
+        disabled=disabled_tools(inp.tools),
     )
+    tools = tool_specs(ctx.disabled)
 
     usage = Usage()
     stop_reason: str | None = None

@@ -18,7 +18,7 @@ docs/performance.md).  Structs validate when decoded (:func:`decode_input`,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypeAlias, TypeVar, Union
+from typing import Annotated, Any, Final, Literal, TypeAlias, TypeVar, Union
 
 import msgspec
 from msgspec import Meta, field
@@ -148,6 +148,12 @@ class Limits(_Model):
     output_cap_bytes: Annotated[int, Meta(ge=256)] = 16_000
 
 
+# The tools a group may go without (``ContainerInput.tools``; the host's profile of a group,
+# orchestrator/run/profile.py, is checked against this list): every other tool of the
+# registry (agent_runner/tools) is always offered.
+OPTIONAL_TOOLS: Final = ("send_message", "send_file")
+
+
 class ContainerInput(_Model, kw_only=True):
     protocol_version: int = PROTOCOL_VERSION
     run_id: str
@@ -159,6 +165,10 @@ class ContainerInput(_Model, kw_only=True):
     # Other chats this run's send_message may post to (the host decides and
     # checks again; this only lets the tool refuse early and say why).
     send_targets: list[str] = field(default_factory=list)
+    # The optional tools (OPTIONAL_TOOLS) this run's agent is offered; the others of that list
+    # are refused like an unknown tool.  Unset: all of them, and left out of the JSON, so a
+    # recorded input that predates the field reads and rebuilds the same.
+    tools: list[str] | msgspec.UnsetType = msgspec.UNSET
     session_id: str | None = None
     model: ModelSettings = field(default_factory=ModelSettings)
     limits: Limits = field(default_factory=Limits)

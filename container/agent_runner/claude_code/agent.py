@@ -12,7 +12,9 @@ update checks are off.
 
 Our chat tools, ``send_message`` and ``send_file``, are offered as in-process
 MCP tools (``mcp__chat__send_message``, ``mcp__chat__send_file``): the same
-code (``tools.run_tool``) and the same host-side checks as in our own loop.
+code (``tools.run_tool``) and the same host-side checks as in our own loop, and
+only those of them the group's profile enables (``ContainerInput.tools``; none
+enabled: no MCP server at all).
 The session (the CLI's transcript) lives in the group's session folder,
 mounted at ``SESSION_MOUNT``; its id goes back to the host in the
 ``ResultEvent`` and comes back as ``ContainerInput.session_id`` to be
@@ -32,7 +34,7 @@ from ..errors import InputError, ProviderError
 from ..protocol import SESSION_MOUNT, ContainerInput, ResultEvent
 from ..providers.base import ToolSpec
 from ..text_stream import DeltaCoalescer
-from ..tools import ToolContext, run_tool
+from ..tools import ToolContext, disabled_tools, run_tool
 from ..tools.send_file import SPEC as SEND_FILE_SPEC
 from ..tools.send_message import SPEC as SEND_MESSAGE_SPEC
 from ..workspace_notices import workspace_notices
@@ -50,6 +52,11 @@ CHAT_TOOLS = (SEND_MESSAGE_SPEC, SEND_FILE_SPEC)
 # only fail), and the CLI's own schedulers, which die with the run (the host
 # schedules: the scheduled tasks of the chat).
 DISALLOWED_TOOLS = ["WebFetch", "WebSearch", "CronCreate", "CronDelete", "CronList", "ScheduleWakeup"]
+
+
+def chat_tools(disabled: frozenset[str]) -> list[ToolSpec]:
+    """Our chat tools the run offers the CLI: ``CHAT_TOOLS`` but the ``disabled`` ones."""
+    return [spec for spec in CHAT_TOOLS if spec.name not in disabled]
 
 
 def cli_env(inp: ContainerInput, base_url: str, config_dir: Path) -> dict[str, str]:
@@ -129,6 +136,7 @@ async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir
         chat_jid=inp.chat_jid,
         send_targets=frozenset(inp.send_targets),
         emit=emit,
+        disabled=disabled_tools(inp.tools),
     )
 
     def chat_tool(spec: ToolSpec) -> Any:
@@ -144,6 +152,7 @@ async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir
             mapper.snapshot_before(tool_use_id, str(data.get("tool_name", "")), data.get("tool_input") or {})
         return {}
 
+    offered = [chat_tool(spec) for spec in chat_tools(ctx.disabled)]
     options = sdk.ClaudeAgentOptions(
         model=inp.model.model,
         cwd=str(workspace),
@@ -152,7 +161,7 @@ async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir
         # The container is the sandbox: nobody is there to approve a tool call.
         permission_mode="bypassPermissions",
         disallowed_tools=DISALLOWED_TOOLS,
-        mcp_servers={MCP_SERVER: sdk.create_sdk_mcp_server(MCP_SERVER, tools=[chat_tool(s) for s in CHAT_TOOLS])},
+        mcp_servers={MCP_SERVER: sdk.create_sdk_mcp_server(MCP_SERVER, tools=offered)} if offered else {},
         system_prompt={
             "type": "preset",
             "preset": "claude_code",

@@ -17,6 +17,11 @@ Tools (one module each):
 File tools only touch paths inside the workspace (``paths.py``).  Shared
 types live in ``base.py`` and are re-exported here.
 
+The chat tools are optional (``protocol.OPTIONAL_TOOLS``): a group's profile on the
+host names the ones its agent has (``ContainerInput.tools``), and a run is offered
+only those (:func:`disabled_tools`, :func:`tool_specs`); a call to another is refused
+like an unknown tool.  The host refuses their events again: this is the courtesy.
+
 :func:`run_tool` never raises for a bad call: an unknown tool name, a
 malformed input or a refused path becomes an ``is_error`` result that the
 model can read and correct, rather than a crash of the whole run.
@@ -28,6 +33,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
+from ..protocol import OPTIONAL_TOOLS
 from ..providers.base import ToolSpec
 from .base import (
     EXIT_BAD_INPUT,
@@ -69,6 +77,7 @@ __all__ = [
     "ToolContext",
     "ToolFn",
     "ToolOutcome",
+    "disabled_tools",
     "run_tool",
     "tool_specs",
 ]
@@ -105,15 +114,23 @@ REGISTRY: dict[str, Tool] = {
 }
 
 
-def tool_specs() -> list[ToolSpec]:
-    return [tool.spec for tool in REGISTRY.values()]
+def disabled_tools(enabled: list[str] | msgspec.UnsetType) -> frozenset[str]:
+    """The optional tools a run is not offered, from ``ContainerInput.tools`` (unset: none)."""
+    if enabled is msgspec.UNSET:
+        return frozenset()
+    return frozenset(OPTIONAL_TOOLS) - set(enabled)
+
+
+def tool_specs(disabled: frozenset[str] = frozenset()) -> list[ToolSpec]:
+    """The specs of the tools a run is offered: the registry's but ``disabled``."""
+    return [tool.spec for name, tool in REGISTRY.items() if name not in disabled]
 
 
 def run_tool(name: str, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
     """Run one tool call from the model; failures become error outcomes."""
-    tool = REGISTRY.get(name)
+    tool = None if name in ctx.disabled else REGISTRY.get(name)
     if tool is None:
-        known = ", ".join(sorted(REGISTRY))
+        known = ", ".join(sorted(n for n in REGISTRY if n not in ctx.disabled))
         return ToolOutcome(f"unknown tool {name!r}; available: {known}", EXIT_UNKNOWN_TOOL, True)
     if not isinstance(args, Mapping):
         return ToolOutcome(f"{name}: input must be a JSON object", EXIT_BAD_INPUT, True)

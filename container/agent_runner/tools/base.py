@@ -41,6 +41,9 @@ class ToolContext:
     chat_jid: str = ""
     send_targets: frozenset[str] = frozenset()
     emit: Callable[[Any], None] | None = None
+    # The optional tools (protocol.OPTIONAL_TOOLS) this run is not offered: refused like
+    # an unknown tool (``tools.offered`` makes it from ContainerInput.tools).
+    disabled: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
