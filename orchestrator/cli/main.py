@@ -16,6 +16,7 @@ from orchestrator.cli import files as cli_files
 from orchestrator.cli import fleet as cli_fleet
 from orchestrator.cli import history as cli_history
 from orchestrator.cli import instructions as cli_instructions
+from orchestrator.cli import profile as cli_profile
 from orchestrator.cli import runs as cli_runs
 from orchestrator.cli import slack as cli_slack
 from orchestrator.cli import telegram as cli_telegram
@@ -23,6 +24,7 @@ from orchestrator.cli import telegram as cli_telegram
 if TYPE_CHECKING:
     from orchestrator.core.settings import Settings
     from orchestrator.root import Orchestrator
+from orchestrator.cli.profile import quota_text
 from orchestrator.cli.support import echo as _echo
 from orchestrator.cli.support import fail as _fail
 from orchestrator.cli.support import setup as _setup
@@ -338,101 +340,6 @@ def groups_add(
     _echo(f"registered {g.chat_jid} ({g.name}, folder {g.folder}, trigger {'on' if g.requires_trigger else 'off'})")
 
 
-@groups_app.command("set")
-def groups_set(
-    chat_jid: str,
-    container_config: Annotated[
-        Optional[str],
-        typer.Option(
-            "--container-config",
-            help="JSON: memory, cpus, pids, run_timeout_s, bash_timeout_s, workspace_quota, extra_mounts "
-            '([{"host_path": ..., "name": ..., "read_write": false}]); checked against the mount allowlist.',
-        ),
-    ] = None,
-    clear: Annotated[bool, typer.Option("--clear-container-config", help="Back to the settings' defaults.")] = False,
-    runs_per_hour: Annotated[
-        Optional[str],
-        typer.Option(
-            "--runs-per-hour",
-            metavar="N|default",
-            help="Runs the group may start per hour (0: no limit; 'default': ORCHESTRATOR_GROUP_RUNS_PER_HOUR).",
-        ),
-    ] = None,
-    tokens_per_day: Annotated[
-        Optional[str],
-        typer.Option(
-            "--tokens-per-day",
-            metavar="N|default",
-            help="Model tokens the group may spend per UTC day (0: no limit; 'default': "
-            "ORCHESTRATOR_GROUP_TOKENS_PER_DAY).",
-        ),
-    ] = None,
-) -> None:
-    """Change a group's sandbox (limits and allowlisted extra mounts) or its quotas."""
-    from orchestrator.core.sizes import human_size as human
-    from orchestrator.sandbox.config import effective_limits, set_container_config, workspace_quota
-    from orchestrator.store.groups import get_group, update_group
-
-    if container_config is not None and clear:
-        raise _fail(OrchestratorError("give one of --container-config JSON, --clear-container-config, not both"))
-    try:
-        quotas = {
-            k: _quota_option(k, v)
-            for k, v in (("runs_per_hour", runs_per_hour), ("tokens_per_day", tokens_per_day))
-            if v is not None
-        }
-    except OrchestratorError as exc:
-        raise _fail(exc) from exc
-    sandbox = container_config is not None or clear
-    if not (sandbox or quotas):
-        raise _fail(
-            OrchestratorError(
-                "nothing to change: give --container-config JSON, --clear-container-config, "
-                "--runs-per-hour or --tokens-per-day"
-            )
-        )
-    root = _setup()
-    settings, db = root.settings, root.db
-    try:
-        g = get_group(db, chat_jid)  # an unknown group changes nothing
-        if sandbox:
-            g = set_container_config(db, settings, chat_jid, None if clear else container_config)
-        if quotas:  # checked above: cannot fail once the sandbox changed
-            g = update_group(db, chat_jid, quotas)
-        limits = effective_limits(settings, g.container_config)
-        quota = workspace_quota(settings, g.container_config)
-    except OrchestratorError as exc:
-        raise _fail(exc) from exc
-    if sandbox:
-        _echo(f"{g.chat_jid}: container_config {json.dumps(g.container_config or {})}")
-        typer.echo(
-            f"  effective: memory {limits.memory}, cpus {limits.cpus:g}, pids {limits.pids}, "
-            f"run timeout {limits.run_timeout_s:g}s, bash timeout {limits.bash_timeout_s:g}s, "
-            f"workspace quota {human(quota) if quota else 'none'}"
-        )
-    if quotas:
-        runs = _quota_text(g.runs_per_hour, settings.group_runs_per_hour)
-        tokens = _quota_text(g.tokens_per_day, settings.group_tokens_per_day)
-        _echo(f"{g.chat_jid}: runs per hour {runs}, tokens per day {tokens}")
-
-
-def _quota_option(name: str, value: str) -> int | None:
-    """``--runs-per-hour``'s and ``--tokens-per-day``'s value: a count >= 0, or None for 'default'."""
-    if value.strip().lower() == "default":
-        return None
-    # 2**31 - 1: store.groups.MAX_QUOTA (not imported: --help loads no store).
-    if not (value.strip().isascii() and value.strip().isdigit()) or int(value) > 2**31 - 1:
-        raise OrchestratorError(
-            f"--{name.replace('_', '-')}: {value!r} is not a whole number from 0 to {2**31 - 1} or 'default'"
-        )
-    return int(value)
-
-
-def _quota_text(own: int | None, setting: int) -> str:
-    limit = setting if own is None else own
-    return (f"{limit:,}" if limit else "no limit") + (" (the setting's)" if own is None else "")
-
-
 @groups_app.command("usage")
 def groups_usage(chat_jid: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """A group's runs in the last hour and model tokens today against its quotas (by the
@@ -450,7 +357,7 @@ def groups_usage(chat_jid: str, as_json: Annotated[bool, typer.Option("--json")]
         return
 
     def of(used: int, limit: int, own: int | None) -> str:
-        return f"{used:,} of {_quota_text(own, limit)}" if limit else f"{used:,}, {_quota_text(own, limit)}"
+        return f"{used:,} of {quota_text(own, limit)}" if limit else f"{used:,}, {quota_text(own, limit)}"
 
     _echo(f"{u.chat_jid} at {u.now:%Y-%m-%d %H:%M:%S} UTC (the database's clock)")
     typer.echo(f"  runs in the last hour: {of(u.runs_last_hour, u.runs_per_hour, u.runs_per_hour_override)}")
@@ -465,46 +372,6 @@ def groups_usage(chat_jid: str, as_json: Annotated[bool, typer.Option("--json")]
             f"  next run: waits for {w.quota.replace('_', ' ')} ({w.used:,} of {w.limit:,}) until "
             f"{w.until:%Y-%m-%d %H:%M:%S} UTC, in {w.wait_s:.0f}s"
         )
-
-
-@groups_app.command("show")
-def groups_show(chat_jid: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """A group's profile: its registration, its sandbox and quotas (and the limits in effect),
-    and its scheduled tasks by state (``GET /api/groups/{chat_jid}``; --json prints its answer)."""
-    from orchestrator.core.sizes import human_size as human
-    from orchestrator.sandbox.config import effective_limits, workspace_quota
-    from orchestrator.store.groups import group_profile
-
-    root = _setup()
-    settings = root.settings
-    try:
-        p = group_profile(root.db, chat_jid)
-        limits = effective_limits(settings, p.container_config)
-        quota = workspace_quota(settings, p.container_config)
-    except OrchestratorError as exc:
-        raise _fail(exc) from exc
-    if as_json:
-        typer.echo(json.dumps(p.model_dump(mode="json"), indent=2))
-        return
-    name = p.assistant_name or settings.assistant_name
-    trigger = f"messages starting with @{name}" if p.requires_trigger else "every message"
-    _echo(f"{p.chat_jid}: {p.name}{' (main group)' if p.is_main else ''}")
-    _echo(f"  folder:      {p.folder}")
-    _echo(f"  wakes on:    {trigger}")
-    _echo(f"  assistant:   {name}{'' if p.assistant_name else ' (the setting)'}")
-    _echo(f"  placed on:   {p.placed_host or '-'}")
-    _echo(f"  messages:    cursor {p.cursor_seq}, pending up to {p.pending_seq}")
-    _echo(f"  session:     {p.session_id or '-'}")
-    _echo(f"  sandbox:     {json.dumps(p.container_config) if p.container_config else 'the settings'}")
-    typer.echo(
-        f"    in effect: memory {limits.memory}, cpus {limits.cpus:g}, pids {limits.pids}, "
-        f"run timeout {limits.run_timeout_s:g}s, bash timeout {limits.bash_timeout_s:g}s, "
-        f"workspace quota {human(quota) if quota else 'none'}"
-    )
-    _echo(f"  runs/hour:   {_quota_text(p.runs_per_hour, settings.group_runs_per_hour)}")
-    _echo(f"  tokens/day:  {_quota_text(p.tokens_per_day, settings.group_tokens_per_day)}")
-    t = p.tasks
-    _echo(f"  tasks:       {t.active} active, {t.paused} paused, {t.done} done, {t.cancelled} cancelled")
 
 
 @groups_app.command("list")
@@ -890,6 +757,7 @@ def image_build(
 cli_history.register(app)
 cli_files.register(app)
 cli_instructions.register(app, groups_app)
+cli_profile.register(groups_app)
 cli_runs.register(runs_app)
 cli_channels.register(app, groups_app)
 cli_fleet.register(app)

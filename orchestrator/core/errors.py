@@ -50,8 +50,9 @@ drawing to the classes)::
     │   │                      store.history, store.transfer, run.schedules, channels.slack_inbound]
     │   ├── InvalidMessageMetadata   metadata that is no valid envelope or context item; names the
     │   │                      field [model.envelopes, model.context, store.transfer]
-    │   ├── BadInput           a request's input a route refuses, naming the field (HTTP 400 with
-    │   │                      ``field``) [http.errors, http.routes.groups, http.routes.webhooks]
+    │   ├── BadInput           a request's input a route refuses, or a change of a group's profile,
+    │   │                      naming the field (HTTP 400 with ``field``) [http.errors,
+    │   │                      http.routes.groups, http.routes.webhooks, run.profile]
     │   └── ChangeRefused      a history change the message's state does not allow: superseded, not a
     │                          person's message to edit, not a reply to regenerate (HTTP 409) [store.history]
     ├── SandboxError           Docker could not start or talk to a container, or the sandbox runtime

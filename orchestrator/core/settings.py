@@ -137,7 +137,10 @@ class Settings(msgspec.Struct, kw_only=True):
     # chats): made on start by `up`, `api` and `worker` when missing, so a fleet
     # started by compose has one.  Empty: `up` makes "main@local".
     main_group: str = ""
-    # Extra names that also trigger the agent (comma separated).
+    # Extra names that also trigger the agent (comma separated), besides assistant_name:
+    # "@Name" at the start of a message wakes a group that requires the trigger.  A group
+    # with trigger names of its own (`orchestrator groups set JID --trigger-name NAME`)
+    # answers to those instead of these two (and to its own assistant name).
     trigger_aliases: str = ""
     # How many earlier messages a run shows the model besides the new ones
     # (messages of the model's view: earlier tool calls and results count,

@@ -7,7 +7,8 @@ fence: ``store/leases.py``), so a holder that was replaced stores nothing; after
 commit a deliverer is signalled.  A ``send_message`` to another chat (the main group's)
 is stored there as our message, where the group may post.  A ``send_file`` stores the
 workspace's file in the file store (``sandbox/outbox.py``) and posts it as an assistant
-message with a FILE envelope.
+message with a FILE envelope.  Either is refused, with a host message, when it is not
+among the group's tools (its profile: ``store/groups.py``, ``tool_refusal``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from orchestrator.store import leases
 from orchestrator.store.db import Connection, Database, db_now
 from orchestrator.store.deliveries import attached_channels, record_deliveries
 from orchestrator.store.files import FileStore, file_envelope
-from orchestrator.store.groups import Group, send_refusal
+from orchestrator.store.groups import Group, send_refusal, tool_refusal
 from orchestrator.store.message_log import insert_message, now_iso
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class ChatOutputs:
     def send_message(self, chat_jid: str, out: OutputMessage | None, index: int) -> None:
         """Post the agent's message where it asked, if this group may post there."""
         group, run_id = self.group, self.outcome.run.id
-        refusal = send_refusal(self.db, group, chat_jid)
+        refusal = tool_refusal(group, "send_message") or send_refusal(self.db, group, chat_jid)
         if refusal is not None:
             log.warning("run %s: send_message refused: %s", run_id, refusal)
             self.emit(host_message(run_id=f"{run_id}-{index:04d}", text=f"🚫 send_message refused: {refusal}"))
@@ -97,6 +98,11 @@ class ChatOutputs:
         """Store the workspace's file at ``path`` (by the hostile-folder rules: ``sandbox/outbox.py``)
         and post it in the chat with ``out``'s caption; a refusal is said in the chat instead."""
         run_id = self.outcome.run.id
+        refusal = tool_refusal(self.group, "send_file")
+        if refusal is not None:
+            log.warning("run %s: send_file refused: %s", run_id, refusal)
+            self.emit(host_message(run_id=out.id, text=f"🚫 send_file refused: {refusal}"))
+            return
         try:
             if self.files is None:
                 raise HostileEntry(path, "this worker keeps no files")

@@ -41,7 +41,7 @@ from orchestrator.core.jsontypes import JsonBool, JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, MessageType, NewMessage, StoredMessage
 from orchestrator.run.queue import signal_group
-from orchestrator.run.router import wakes
+from orchestrator.run.router import group_names, wakes
 from orchestrator.store import unregistered
 from orchestrator.store.db import Connection, Database, unavailable_reason
 from orchestrator.store.deliveries import record_deliveries, with_origin
@@ -315,8 +315,8 @@ def _store(
             msg,
             is_main=group.is_main,
             requires_trigger=group.requires_trigger,
-            assistant_name=group.assistant_name,
-            names=settings.trigger_names,
+            # A group's own trigger names replace the installation's.
+            names=group_names(settings.trigger_names, group.assistant_name, group.trigger_names),
         )
     else:
         out.triggered = wake

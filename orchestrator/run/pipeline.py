@@ -320,9 +320,12 @@ class Pipeline:
                 batch=batch,
                 assistant_name=assistant,
                 notices=compute_notices(self.db, self.settings, group),
-                model=model_settings(self.settings),
+                model=model_settings(self.settings, group),
                 send_targets=send_targets(self.db, group),
             )
+            if group.tools is not None:
+                # The optional tools the group's agent has (unset: all of them).
+                payload = payload.replace(tools=group.tools)
             record_input(self.db, run.id, input_bytes(payload))
         except ConfigError as exc:
             verdict = Verdict("failed", str(exc))

@@ -1,7 +1,11 @@
 """Routing: which stored messages wake the agent.
 
 The trigger is ``@Name`` at the very start of a message, case-insensitive,
-for the assistant's name and each alias.  ``Hey @Andy`` does not trigger.
+for each of the group's names (:func:`group_names`): its own assistant name, if it
+has one, and its own trigger names (``groups.trigger_names``, set with ``orchestrator
+groups set --trigger-name``), or, when it has none of its own, the installation's
+(``ORCHESTRATOR_ASSISTANT_NAME`` and ``ORCHESTRATOR_TRIGGER_ALIASES``).  ``Hey @Andy``
+does not trigger.
 """
 
 from __future__ import annotations
@@ -22,16 +26,23 @@ def has_trigger(content: str, names: Sequence[str]) -> bool:
     return bool(names) and trigger_pattern(names).match(content) is not None
 
 
+def group_names(installation: Sequence[str], assistant_name: str | None, own: Sequence[str] | None) -> list[str]:
+    """The names that wake a group that requires the trigger: its assistant name, then its
+    own trigger names, which replace the ``installation``'s (None: it has none of its own)."""
+    names = [*([assistant_name] if assistant_name else []), *(installation if own is None else own)]
+    return list(dict.fromkeys(names))
+
+
 def wakes(
     message: StoredMessage,
     *,
     is_main: bool,
     requires_trigger: bool,
-    assistant_name: str | None,
     names: Sequence[str],
 ) -> bool:
     """True if ``message`` should start a run for the registered group whose
-    columns are given (the ingest path reads just those).
+    columns are given (the ingest path reads just those); ``names``: the group's
+    (:func:`group_names`).
 
     Only user messages wake the agent (messages of unregistered chats never
     get here); a group that requires the trigger (never the main group) needs
@@ -41,6 +52,5 @@ def wakes(
     if message.message_type != "user" or message.is_from_me:
         return False
     if requires_trigger and not is_main:
-        own = [assistant_name] if assistant_name else []
-        return has_trigger(message.content, [*own, *names])
+        return has_trigger(message.content, names)
     return True

@@ -33,7 +33,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from orchestrator.core.errors import ContainerConfigError, UnknownGroup
-from orchestrator.core.jsontypes import WHOLE_NUMBER
+from orchestrator.core.jsontypes import WHOLE_NUMBER, JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.core.sizes import human_size, memory_bytes, parse_quota
 from orchestrator.sandbox.mounts import (
@@ -215,6 +215,15 @@ def set_container_config(db: Database, settings: Settings, chat_jid: str, raw: s
     not allow right now.
     """
     group = get_group(db, chat_jid)
+    stored = check_container_config(settings, group, raw)
+    if not store_container_config(db, chat_jid, stored):
+        raise UnknownGroup(chat_jid)
+    return get_group(db, chat_jid)
+
+
+def check_container_config(settings: Settings, group: Group, raw: str | Mapping[str, Any] | None) -> JsonObject | None:
+    """``group``'s container config as it is stored (None: cleared), checked as
+    :func:`set_container_config` checks it; raises ContainerConfigError or MountRefused."""
     cfg = parse_container_config(raw)
     if cfg.run_timeout_s is not None and cfg.run_timeout_s > settings.run_timeout_s:
         raise ContainerConfigError(
@@ -230,7 +239,4 @@ def set_container_config(db: Database, settings: Settings, chat_jid: str, raw: s
                 f"workspace volume ({human_size(volume.size())}, {volume.image}); volumes only grow"
             )
     resolve_mounts(settings, cfg.extra_mounts, folder=group.folder, is_main=group.is_main, chat_jid=group.chat_jid)
-    stored = cfg.model_dump(mode="json", exclude_defaults=True) or None
-    if not store_container_config(db, chat_jid, stored):
-        raise UnknownGroup(chat_jid)
-    return get_group(db, chat_jid)
+    return cfg.model_dump(mode="json", exclude_defaults=True) or None

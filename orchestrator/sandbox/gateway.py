@@ -122,13 +122,36 @@ class Upstream:
     auth: Auth
     base_url: Callable[[Settings], str]
     api_key: Callable[[Settings], str]
+    # The setting it cannot be used without, by name (for a refusal's text) and as read: a
+    # group's choice of model is refused while it is empty (run/profile.py).  Anthropic's
+    # API needs a key; an OpenAI-compatible server often needs none, but an address.
+    required: tuple[str, Callable[[Settings], str]]
 
 
 # A provider's gateway route (sandbox/providers.py) -> the API it forwards to.
 UPSTREAMS: Mapping[GatewayRoute, Upstream] = {
-    "anthropic": Upstream(ANTHROPIC_PATHS, "x-api-key", lambda s: s.anthropic_base_url, lambda s: s.anthropic_api_key),
-    "openai": Upstream(OPENAI_PATHS, "bearer", lambda s: s.openai_base_url, lambda s: s.openai_api_key),
+    "anthropic": Upstream(
+        ANTHROPIC_PATHS,
+        "x-api-key",
+        lambda s: s.anthropic_base_url,
+        lambda s: s.anthropic_api_key,
+        ("ORCHESTRATOR_ANTHROPIC_API_KEY", lambda s: s.anthropic_api_key),
+    ),
+    "openai": Upstream(
+        OPENAI_PATHS,
+        "bearer",
+        lambda s: s.openai_base_url,
+        lambda s: s.openai_api_key,
+        ("ORCHESTRATOR_OPENAI_BASE_URL", lambda s: s.openai_base_url),
+    ),
 }
+
+
+def missing_setting(settings: Settings, route: GatewayRoute) -> str | None:
+    """The setting ``route``'s upstream needs that ``settings`` leave empty (None: it is configured)."""
+    name, read = UPSTREAMS[route].required
+    return None if read(settings).strip() else name
+
 
 # -- what a request may carry ------------------------------------------------------------------
 #

@@ -63,6 +63,16 @@ def image_name(settings: Settings, variant: str | None) -> str:
     return f"{repository}:{variant}"
 
 
+def image_present(client: docker.DockerClient, settings: Settings, variant: str | None) -> bool:
+    """Whether the engine behind ``client`` has the agent image of ``variant`` (nothing is
+    built or pulled: a group's choice of model asks, and building is the operator's)."""
+    try:
+        client.images.get(image_name(settings, variant))
+    except ImageNotFound:
+        return False
+    return True
+
+
 def container_dir() -> Path:
     """The ``container/`` folder of the source tree (Dockerfile, runner, scripts)."""
     from agent_runner import protocol  # the host reads only the runner's protocol

@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Collection, Mapping
+import uuid
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -22,8 +23,11 @@ from sqlalchemy.orm import Session
 
 from orchestrator.core.errors import ConfigError, Conflict, InvalidMessage, StoreError, UnknownGroup
 from orchestrator.core.jsontypes import JsonObject
+from orchestrator.model.messages import SENDER_HOST, NewMessage, StoredMessage
 from orchestrator.store.db import Database, changed_rows, driver_execute
+from orchestrator.store.deliveries import record_deliveries
 from orchestrator.store.hosts import ALIVE_WINDOW_S, place_sql
+from orchestrator.store.message_log import insert_message, now_iso
 from orchestrator.store.schedules import TaskCounts, count_tasks
 from orchestrator.store.tables import GroupRow
 
@@ -56,6 +60,18 @@ class Group(BaseModel):
     # The host the group is placed on (orchestrator/store/placement.py); None: no place yet.
     # Signals follow it only while that host is up and beating.
     placed_host: str | None = None
+    # The group's own profile (orchestrator/run/profile.py checks and changes it), each None
+    # for the installation's setting: the model ("provider:model" as ORCHESTRATOR_MODEL
+    # spells it), the output cap and thinking budget (ORCHESTRATOR_MAX_TOKENS,
+    # ORCHESTRATOR_THINKING_BUDGET), the trigger names that replace the installation's
+    # (ORCHESTRATOR_ASSISTANT_NAME and ORCHESTRATOR_TRIGGER_ALIASES; the group's
+    # assistant_name wakes it either way), and the optional tools its agent has
+    # (agent_runner.protocol.OPTIONAL_TOOLS; None: all of them).
+    model: str | None = None
+    max_tokens: int | None = None
+    thinking_budget: int | None = None
+    trigger_names: list[str] | None = None
+    tools: list[str] | None = None
 
 
 def group_from_row(row: GroupRow) -> Group:
@@ -77,15 +93,23 @@ GROUP_COLUMNS = (
     "runs_per_hour",
     "tokens_per_day",
     "placed_host",
+    "model",
+    "max_tokens",
+    "thinking_budget",
+    "trigger_names",
+    "tools",
 )
+# The JSON columns: the driver's own read gives their text on SQLite.
+_JSON_COLUMNS = ("container_config", "trigger_names", "tools")
 _GET_GROUP = f"SELECT {', '.join(GROUP_COLUMNS)} FROM groups WHERE chat_jid = :chat_jid"
 
 
 def group_from_values(values: tuple[Any, ...]) -> Group:
     row = dict(zip(GROUP_COLUMNS, values, strict=True))
-    # An ORM row's values, or the driver's own: SQLite gives 0/1 for a boolean and the JSON column's text.
-    config = row["container_config"]
-    row["container_config"] = json.loads(config) if isinstance(config, str) else config
+    # An ORM row's values, or the driver's own: SQLite gives 0/1 for a boolean and the JSON columns' text.
+    for column in _JSON_COLUMNS:
+        value = row[column]
+        row[column] = json.loads(value) if isinstance(value, str) else value
     row["is_main"] = bool(row["is_main"])
     row["requires_trigger"] = bool(row["requires_trigger"]) and not row["is_main"]
     return Group(**row)
@@ -231,6 +255,77 @@ def update_group(db: Database, chat_jid: str, changes: Mapping[str, object]) -> 
         return group_from_row(row)
 
 
+# A group's own settings over the installation's (None: the installation's); an import never
+# sets them (store/transfer.py).
+OWN_SETTINGS = ("model", "max_tokens", "thinking_budget", "trigger_names", "tools")
+# What a change of a group's profile may set (orchestrator/run/profile.py checks the values).
+PROFILE_COLUMNS = GROUP_SETTINGS | {"container_config", *OWN_SETTINGS}
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileNote:
+    """What a change of a group's profile tells its chat, decided from the group before
+    and after the change (see :func:`store_profile`)."""
+
+    # The host message's text; None: nothing changed, and nothing is stored.
+    text: str | None
+    # The group's model changed: its session is forgotten with the change.
+    forget_session: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileStored:
+    group: Group  # as changed
+    note: ProfileNote
+    # The host message stored with the change (None: nothing changed); its deliveries are
+    # queued, and a deliverer is the caller's to signal.
+    message: StoredMessage | None
+
+
+def store_profile(
+    db: Database, chat_jid: str, changes: Mapping[str, object], *, note: Callable[[Group, Group], ProfileNote]
+) -> ProfileStored:
+    """Change the group's profile as given (values checked by the caller: orchestrator/run/profile.py)
+    and store ``note``'s host message in its chat with its deliveries, in one transaction.
+
+    The group's row is locked to the commit (on PostgreSQL; SQLite's write transaction
+    excludes other writers), so the message says what this change did to what was there.
+    Raises UnknownGroup, or InvalidMessage for a column that is no part of a profile.
+    """
+    unknown = sorted(set(changes) - PROFILE_COLUMNS)
+    if unknown:
+        raise InvalidMessage(f"cannot change {', '.join(unknown)} of a group")
+    with db.write() as session:
+        row = session.get(GroupRow, chat_jid, with_for_update=True)
+        if row is None:
+            raise UnknownGroup(chat_jid)
+        before = group_from_row(row)
+        for key, value in changes.items():
+            setattr(row, key, value)
+        session.flush()
+        after = group_from_row(row)
+        told = note(before, after)
+        if told.forget_session:
+            row.session_id = None
+            session.flush()
+            after = group_from_row(row)
+        if told.text is None:
+            return ProfileStored(after, told, None)
+        new = NewMessage(
+            id=f"profile-{uuid.uuid4().hex}",
+            chat_jid=chat_jid,
+            sender=SENDER_HOST,
+            sender_name="host",
+            content=told.text,
+            timestamp=now_iso(),
+            is_from_me=True,
+            message_type="host",
+        )
+        message, _ = insert_message(session, db, new)
+        record_deliveries(session, message)
+    return ProfileStored(after, told, message)
+
+
 def ensure_main_group(db: Database, chat_jid: str = MAIN_JID) -> Group:
     """Create the main group (``chat_jid``) on first start; the one there is otherwise.
 
@@ -289,6 +384,15 @@ def send_refusal(db: Database, group: Group, target: str) -> str | None:
     return None
 
 
+def tool_refusal(group: Group, tool: str) -> str | None:
+    """Why ``group``'s agent may not use the optional ``tool`` (None: it may).  Decided here,
+    on the host, from the group's profile: the runner offers only the group's tools, but what
+    the sandbox writes is not to be trusted."""
+    if group.tools is None or tool in group.tools:
+        return None
+    return f"{tool} is not among this group's tools (orchestrator groups set --tools)"
+
+
 # -- the run path's marks on a group (in the caller's transaction) ---------------------------
 
 
@@ -299,6 +403,8 @@ class Routing:
     is_main: bool
     requires_trigger: bool
     assistant_name: str | None
+    # The group's own trigger names (None: the installation's).
+    trigger_names: list[str] | None
     pending_seq: int
     cursor_seq: int
     # The host the group is placed on while that host takes groups (else None): where its
@@ -307,7 +413,7 @@ class Routing:
 
 
 _ROUTING = (
-    "SELECT is_main, requires_trigger, assistant_name, pending_seq, cursor_seq, {place} "
+    "SELECT is_main, requires_trigger, assistant_name, trigger_names, pending_seq, cursor_seq, {place} "
     "FROM groups WHERE chat_jid = :chat_jid"
 )
 # PostgreSQL: lock the group row until the commit, so that "was the group idle?" is
@@ -327,8 +433,10 @@ def routing(conn: Connection, chat_jid: str) -> Routing | None:
     row = driver_execute(conn, sql, {"chat_jid": chat_jid, "window": ALIVE_WINDOW_S}).fetchone()
     if row is None:
         return None
-    is_main, requires_trigger, assistant_name, pending_seq, cursor_seq, place = row
-    return Routing(bool(is_main), bool(requires_trigger), assistant_name, pending_seq, cursor_seq, place)
+    is_main, requires_trigger, assistant_name, names, pending_seq, cursor_seq, place = row
+    # The JSON column as the driver gives it: its text on SQLite, the list on PostgreSQL.
+    names = json.loads(names) if isinstance(names, str) else names
+    return Routing(bool(is_main), bool(requires_trigger), assistant_name, names, pending_seq, cursor_seq, place)
 
 
 _MARK_PENDING = "UPDATE groups SET pending_seq = :seq WHERE chat_jid = :chat_jid AND pending_seq < :seq"

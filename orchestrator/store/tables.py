@@ -105,6 +105,15 @@ class GroupRow(Base):
     # The group's own quotas (orchestrator/store/usage.py); NULL: the settings', 0: no limit.
     runs_per_hour: Mapped[int | None] = mapped_column(Integer, nullable=True)
     tokens_per_day: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The group's own profile (revision 0021; orchestrator/run/profile.py), each NULL for the
+    # installation's: its model ("provider:model" as ORCHESTRATOR_MODEL spells it), output
+    # cap and thinking budget, the trigger names that replace the installation's, and the
+    # optional tools its agent has (agent_runner.protocol.OPTIONAL_TOOLS).
+    model: Mapped[str | None] = mapped_column(Text, nullable=True)
+    max_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    thinking_budget: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    trigger_names: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    tools: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     # Seq of the last message a run has consumed.
     cursor_seq: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     # Highest seq of a message that should wake the agent (0: none pending).

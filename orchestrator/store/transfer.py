@@ -10,7 +10,9 @@ An import never makes a main group: a file is data from anywhere, and the main
 group's agent may post into every chat.  The group an import registers is an
 ordinary one whatever the file's ``is_main`` says (``ImportResult.main_ignored``
 tells the caller); the database holds at most one main group in any case
-(revision 0017).
+(revision 0017).  Nor does it set a group's own model, output cap, thinking budget,
+trigger names or tools (its profile: ``orchestrator groups set``): an export never
+carries them, and a file that names them is refused whole.
 
 Files: the messages name them by id, and an export names them only so, unless it
 carries them (``export --with-files``: each file the messages name that is still
@@ -47,7 +49,7 @@ from orchestrator.model.messages import NewMessage, StoredMessage
 from orchestrator.model.render import render_text
 from orchestrator.store.db import Database
 from orchestrator.store.files import FileStore, StoredFile, checked_files
-from orchestrator.store.groups import find_group, validate_folder
+from orchestrator.store.groups import OWN_SETTINGS, find_group, validate_folder
 from orchestrator.store.message_log import get_messages_after, insert_message
 from orchestrator.store.tables import GroupRow, MessageRow
 
@@ -154,6 +156,12 @@ def parse_export(text: str) -> ChatExport:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "document"
+        if err["type"] == "extra_forbidden" and len(err["loc"]) == 2 and err["loc"][0] == "group":
+            if err["loc"][1] in OWN_SETTINGS:
+                raise InvalidMessage(
+                    f"not an orchestrator chat export: {where}: a group's profile is never imported; "
+                    "set it with `orchestrator groups set`"
+                ) from None
         raise InvalidMessage(f"not an orchestrator chat export: {where}: {err['msg']}") from None
 
 

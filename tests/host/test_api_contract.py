@@ -58,7 +58,10 @@ STATEFUL_STEPS = 8
 # field named), each proven by the API's own tests:
 # * PATCH /api/groups/{chat_jid}: a container_config beyond what the installation allows (a
 #   run_timeout_s above ORCHESTRATOR_RUN_TIMEOUT_S, a mount the allowlist does not allow,
-#   mount names that clash: tests/host/test_api.py, tests/host/test_mounts.py);
+#   mount names that clash: tests/host/test_api.py, tests/host/test_mounts.py); a model of a
+#   provider the installation is not configured for, or spelled as ORCHESTRATOR_MODEL is not,
+#   a thinking budget the max tokens in effect leave no room for, a tool that is no optional
+#   tool (tests/host/test_group_profile.py);
 # * POST /api/messages and /webhooks/inbound (the same body): a sender reserved for the harness ("bot", "system", ...) with another
 #   type, and metadata that is no valid envelope or context item (tests/host/test_api.py,
 #   tests/host/test_envelopes.py);

@@ -1,6 +1,9 @@
 """Groups: register, list, read and change them (name, trigger rule, assistant, sandbox,
-quotas), move one to a worker host, and read its use of its quotas.  Reading one gives its
-profile: the group with its scheduled tasks counted by state.
+quotas, and the group's own model, output cap, thinking budget, trigger names and optional
+tools), move one to a worker host, and read its use of its quotas.  Reading one gives its
+profile: the group as stored, what is in effect, and its scheduled tasks counted by state.
+A change is checked and made by ``orchestrator/run/profile.py``, as the command line's,
+with a host message in the chat saying what changed.
 
 A chat or folder registered already, or a second main group, is a 409; a host
 that is not up a 409 (``orchestrator/store/placement.py``).
@@ -14,22 +17,30 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from orchestrator.core.errors import BadInput, ContainerConfigError, InvalidMessage, MountRefused
+from agent_runner.protocol import OPTIONAL_TOOLS
+from orchestrator.core.errors import BadInput, InvalidMessage
 from orchestrator.core.jsontypes import WHOLE_NUMBER, JsonBool
 from orchestrator.http.contract import NO_NUL_PATTERN
 from orchestrator.http.errors import bad_input_in
 from orchestrator.http.state import api_state
+from orchestrator.run.model_choice import MIN_THINKING_BUDGET
+from orchestrator.run.profile import (
+    MAX_TRIGGER_NAMES,
+    MODEL_PATTERN,
+    NAME_PATTERN,
+    SPACE_OR_CONTROL,
+    ProfileView,
+    change_profile,
+    profile_view,
+)
 from orchestrator.sandbox.config import ContainerConfig
 from orchestrator.store.groups import (
     FOLDER_PATTERN,
     MAX_QUOTA,
     Group,
-    GroupProfile,
     add_group,
     get_group,
-    group_profile,
     list_groups,
-    update_group,
 )
 from orchestrator.store.placement import Moved, move
 from orchestrator.store.usage import GroupUsage, group_usage
@@ -38,14 +49,10 @@ log = logging.getLogger(__name__)
 
 router = APIRouter()
 
-# No whitespace or control character, spelled out: "\s" is another set in JSON Schema's ECMA
-# regexes than in Python's and pydantic's Rust ones (U+0085, U+FEFF), so a client (or a fuzzer)
-# reading the document would send what the server refuses.
-SPACE_OR_CONTROL = r"\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
-# A chat id: no whitespace or control characters.
+# A chat id: no whitespace or control characters (SPACE_OR_CONTROL: spelled out for JSON Schema).
 JID_PATTERN = rf"^[^{SPACE_OR_CONTROL}]+$"
 # An assistant name is the trigger word after "@": no spaces or control characters, no "@".
-ASSISTANT_NAME_PATTERN = rf"^[^@{SPACE_OR_CONTROL}]{{1,64}}$"
+ASSISTANT_NAME_PATTERN = NAME_PATTERN
 _NO_GROUP: dict[int | str, dict[str, Any]] = {404: {"description": "no such group"}}
 
 
@@ -74,8 +81,10 @@ def _no_default(schema: dict[str, Any]) -> None:
 
 
 class GroupChanges(BaseModel):
-    """Only the fields given change; ``assistant_name: null`` goes back to the
-    setting, ``container_config: null`` back to the settings' limits."""
+    """Only the fields given change; ``null`` goes back to the installation's setting
+    (``assistant_name``, ``container_config``, the quotas and the profile's own model,
+    ``max_tokens``, ``thinking_budget``, ``trigger_names`` and ``tools``).  A change is
+    stated in the group's chat as a host message (old -> new)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -102,6 +111,37 @@ class GroupChanges(BaseModel):
     tokens_per_day: Annotated[int, Field(ge=0, le=MAX_QUOTA), WHOLE_NUMBER] | None = Field(
         default=None,
         description="The group's model tokens per UTC day (0: no limit; null: ORCHESTRATOR_GROUP_TOKENS_PER_DAY).",
+    )
+    model: str | None = Field(
+        default=None,
+        pattern=MODEL_PATTERN,
+        description="The group's model, spelled as ORCHESTRATOR_MODEL ('offline', 'anthropic:<model id>', "
+        "'openai:<model id>', 'claude-code:<model id>'); null: ORCHESTRATOR_MODEL.  Refused (400) for a provider "
+        "this installation is not configured for (ORCHESTRATOR_ANTHROPIC_API_KEY for anthropic and claude-code, "
+        "ORCHESTRATOR_OPENAI_BASE_URL for openai) and, for claude-code, while its image is not built on the "
+        "API's host (`orchestrator image build --variant claude-code`).  A change of model starts the group's "
+        "session afresh.",
+    )
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_QUOTA), WHOLE_NUMBER] | None = Field(
+        default=None, description="Output tokens of one model answer; null: ORCHESTRATOR_MAX_TOKENS."
+    )
+    thinking_budget: Annotated[int, Field(ge=0, le=MAX_QUOTA), WHOLE_NUMBER] | None = Field(
+        default=None,
+        description=f"Tokens each answer may think with, for a model that thinks (anthropic, claude-code): 0 (off), "
+        f"or at least {MIN_THINKING_BUDGET} and below the max tokens in effect (else 400); null: "
+        "ORCHESTRATOR_THINKING_BUDGET.",
+    )
+    trigger_names: (
+        Annotated[list[Annotated[str, Field(pattern=NAME_PATTERN)]], Field(min_length=1, max_length=MAX_TRIGGER_NAMES)]
+        | None
+    ) = Field(
+        default=None,
+        description="The names whose @Name wakes the group (besides its assistant_name), replacing the "
+        "installation's (ORCHESTRATOR_ASSISTANT_NAME and ORCHESTRATOR_TRIGGER_ALIASES); null: the installation's.",
+    )
+    tools: list[Annotated[str, Field(json_schema_extra={"enum": list(OPTIONAL_TOOLS)})]] | None = Field(
+        default=None,
+        description=f"The optional tools the group's agent has (of {', '.join(OPTIONAL_TOOLS)}); null: all of them.",
     )
 
 
@@ -145,39 +185,30 @@ def register_group(request: Request, body: NewGroup) -> Group:
         )
 
 
-@router.get("/groups/{chat_jid}", response_model=GroupProfile, responses=_NO_GROUP)
-def group(request: Request, chat_jid: str) -> GroupProfile:
-    """The group's profile: its registration, its sandbox (``container_config``) and quotas as
-    stored (null: the settings'), and its scheduled tasks counted by state."""
-    return group_profile(api_state(request).db, chat_jid)
+@router.get("/groups/{chat_jid}", response_model=ProfileView, responses=_NO_GROUP)
+def group(request: Request, chat_jid: str) -> ProfileView:
+    """The group's profile: its registration, its sandbox (``container_config``), quotas, model,
+    output cap, thinking budget, trigger names and tools as stored (null: the installation's),
+    what its runs get (``in_effect``), and its scheduled tasks counted by state."""
+    state = api_state(request)
+    return profile_view(state.db, state.settings, chat_jid)
 
 
 @router.patch("/groups/{chat_jid}", response_model=Group, responses=_NO_GROUP)
 def change_group(request: Request, chat_jid: str, body: GroupChanges) -> Group:
-    """Change a group's name, trigger rule, assistant name, sandbox or quotas; only the fields given."""
-    from orchestrator.sandbox.config import set_container_config
-
+    """Change a group's name, trigger rule, assistant name, sandbox, quotas, model, output cap,
+    thinking budget, trigger names or tools; only the fields given, all or none of them.  What
+    changed is stated in the group's chat as a host message; a change of model starts the
+    group's session afresh (as ``orchestrator groups reset``)."""
     state = api_state(request)
-    db = state.db
     given = body.model_fields_set
     for key in ("name", "requires_trigger"):
         if key in given and getattr(body, key) is None:
             raise BadInput(key, f"{key}: must not be null")
-    get_group(db, chat_jid)  # 404 before anything changes
-    if "container_config" in given:
-        config = body.container_config
-        with (
-            bad_input_in("container_config", ContainerConfigError),
-            bad_input_in("container_config.extra_mounts", MountRefused),
-        ):
-            set_container_config(
-                db,
-                state.settings,
-                chat_jid,
-                None if config is None else config.model_dump(mode="json", exclude_defaults=True),
-            )
-    changes = {k: getattr(body, k) for k in given if k != "container_config"}
-    return update_group(db, chat_jid, changes) if changes else get_group(db, chat_jid)
+    changes: dict[str, object] = {k: getattr(body, k) for k in given}
+    if body.container_config is not None:
+        changes["container_config"] = body.container_config.model_dump(mode="json", exclude_defaults=True)
+    return change_profile(state.db, state.settings, chat_jid, changes, signal_delivery=state.signal_delivery).group
 
 
 @router.post(

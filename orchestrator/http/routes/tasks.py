@@ -20,9 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchestrator.core.errors import InvalidMessage
 from orchestrator.http.contract import NO_NUL_PATTERN
 from orchestrator.http.errors import bad_input_in
-from orchestrator.http.routes.groups import JID_PATTERN, SPACE_OR_CONTROL
+from orchestrator.http.routes.groups import JID_PATTERN
 from orchestrator.http.routes.messages import MAX_CONTENT_CHARS
 from orchestrator.http.state import api_state
+from orchestrator.run.profile import SPACE_OR_CONTROL
 from orchestrator.run.schedules import ScheduledTask, add_task, change_state, get_task, list_tasks
 from orchestrator.store.schedules import ContextMode, ScheduleKind
 
