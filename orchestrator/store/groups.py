@@ -172,8 +172,10 @@ def get_group(db: Database, chat_jid: str) -> Group:
 
 
 class GroupProfile(Group):
-    """What a group is, in one view (``orchestrator groups show``, ``GET /api/groups/{chat_jid}``):
-    its registration, its sandbox and quotas as stored, and its scheduled tasks counted."""
+    """What a group is, in one view: its registration, its sandbox, quotas, model, output cap,
+    thinking budget, trigger names and tools as stored (None: the installation's), and its
+    scheduled tasks counted.  ``orchestrator groups show`` and ``GET /api/groups/{chat_jid}``
+    show it with what is in effect (``orchestrator/run/profile.py``: ``ProfileView``)."""
 
     tasks: TaskCounts = Field(description="The group's scheduled tasks by state.")
 
