@@ -118,12 +118,17 @@ def chats_on(db: Database, channel: str) -> list[tuple[str, str | None]]:
 
 
 def chats_on_with_assistant(db: Database, channel: str) -> list[tuple[str, str | None, str | None]]:
-    """As :func:`chats_on`, with each group's own assistant name (None: the settings')."""
+    """As :func:`chats_on`, with the name each group answers to first: its own assistant name,
+    else the first of its own trigger names (None: the settings' assistant name), so a
+    platform's mention of the bot can be stored as a trigger the group wakes on."""
     with db.read() as session:
         rows = session.execute(
-            select(GroupChannelRow.chat_jid, GroupChannelRow.address, GroupRow.assistant_name)
+            select(GroupChannelRow.chat_jid, GroupChannelRow.address, GroupRow.assistant_name, GroupRow.trigger_names)
             .join(GroupRow, GroupRow.chat_jid == GroupChannelRow.chat_jid)
             .where(GroupChannelRow.channel == channel)
             .order_by(GroupChannelRow.chat_jid)
         ).all()
-    return [(chat_jid, address, assistant) for chat_jid, address, assistant in rows]
+    return [
+        (chat_jid, address, assistant or (names[0] if isinstance(names, list) and names else None))
+        for chat_jid, address, assistant, names in rows
+    ]

@@ -455,6 +455,20 @@ def test_the_trigger_word_and_the_mention_wake_the_agent(sl: tuple[Database, Set
     assert signalled == [JID]  # one signal: the group had pending work after the first
 
 
+def test_a_mention_wakes_a_group_with_trigger_names_of_its_own(sl: tuple[Database, Settings], fake: FakeSlack) -> None:
+    from orchestrator.run.profile import change_profile
+
+    db, settings = sl
+    attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
+    change_profile(db, settings, JID, {"assistant_name": None, "trigger_names": ["Scout"]}, image_exists=lambda _: True)
+    inbound = SlackInbound(db, settings, signal=lambda _: None, web=SlackWeb(settings))
+    mention = inbound.take(fake.message_event(SLACK_CHANNEL, "UANN0001", f"<@{fake.bot_user}> look"))
+    assert mention is not None and mention.message.content == "@Scout look" and mention.triggered
+    # The installation's name no longer wakes it.
+    word = inbound.take(fake.message_event(SLACK_CHANNEL, "UANN0001", f"@{settings.assistant_name} look"))
+    assert word is not None and not word.triggered
+
+
 def test_bots_and_our_own_messages_are_never_taken_in(client: TestClient, fake: FakeSlack, db: Database) -> None:
     attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
     docs = [
