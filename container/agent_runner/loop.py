@@ -98,6 +98,7 @@ def run_agent(inp: ContainerInput, provider: Provider, emit: Emit, *, workspace:
         send_targets=frozenset(inp.send_targets),
         emit=emit,
         disabled=disabled_tools(inp.tools),
+        tasks=tuple(inp.tasks) if isinstance(inp.tasks, list) else (),
     )
     tools = tool_specs(ctx.disabled)
 

@@ -150,8 +150,31 @@ class Limits(_Model):
 
 # The tools a group may go without (``ContainerInput.tools``; the host's profile of a group,
 # orchestrator/run/profile.py, is checked against this list): every other tool of the
-# registry (agent_runner/tools) is always offered.
-OPTIONAL_TOOLS: Final = ("send_message", "send_file")
+# registry (agent_runner/tools) is always offered.  Each names the tools it brings.
+OPTIONAL_TOOL_NAMES: Final[dict[str, tuple[str, ...]]] = {
+    "send_message": ("send_message",),
+    "send_file": ("send_file",),
+    "schedules": ("schedule_task", "list_tasks", "update_task", "pause_task", "resume_task", "cancel_task"),
+}
+OPTIONAL_TOOLS: Final = tuple(OPTIONAL_TOOL_NAMES)
+
+ScheduleKind = Literal["cron", "interval", "once"]
+ContextMode = Literal["group", "isolated"]
+TaskAction = Literal["create", "update", "pause", "resume", "cancel"]
+
+
+class TaskInfo(_Model):
+    """A scheduled task as a run sees it (``ContainerInput.tasks``): what ``list_tasks`` answers."""
+
+    id: str
+    chat_jid: str
+    prompt: str
+    kind: ScheduleKind
+    spec: str
+    context_mode: ContextMode
+    state: Literal["active", "paused", "cancelled", "done"]
+    next_run_at: str | None = None
+    made_by_agent: bool = False
 
 
 class ContainerInput(_Model, kw_only=True):
@@ -169,6 +192,10 @@ class ContainerInput(_Model, kw_only=True):
     # are refused like an unknown tool.  Unset: all of them, and left out of the JSON, so a
     # recorded input that predates the field reads and rebuilds the same.
     tools: list[str] | msgspec.UnsetType = msgspec.UNSET
+    # The scheduled tasks this run's agent may manage (its group's; the main group's: every
+    # group's), as they were when the run started: what its list_tasks answers.  Unset: left
+    # out of the JSON (no schedule tools, or a runner's input that predates them).
+    tasks: list[TaskInfo] | msgspec.UnsetType = msgspec.UNSET
     session_id: str | None = None
     model: ModelSettings = field(default_factory=ModelSettings)
     limits: Limits = field(default_factory=Limits)
@@ -442,6 +469,20 @@ class SendFileEvent(_Event, tag="send_file"):
     caption: str = ""
 
 
+class TaskEvent(_Event, tag="task"):
+    """The agent asks the host to create, change, pause, resume or cancel a scheduled task.
+    The host decides (its group's tasks only, the main group's any group's; the schedule
+    checked; the group's cap and the minimum interval) and says in the chat what it did."""
+
+    action: TaskAction
+    task_id: str | None = None  # update, pause, resume, cancel: the task (an id or its prefix)
+    chat_jid: str | None = None  # create: the group it is for (None: the run's own)
+    prompt: str | None = None
+    kind: ScheduleKind | None = None
+    spec: str | None = None
+    context_mode: ContextMode | None = None
+
+
 class ResultEvent(_Event, tag="result"):
     """Always the last event of a successful run."""
 
@@ -466,6 +507,7 @@ Event = Union[
     ToolResultEvent,
     SendMessageEvent,
     SendFileEvent,
+    TaskEvent,
     ResultEvent,
     ErrorEvent,
 ]

@@ -693,8 +693,10 @@ def tasks_list(
         return
     for t in tasks:
         nxt = f"{t.next_run_at:%Y-%m-%d %H:%M:%S}" if t.next_run_at else "-"
+        by = "agent" if t.made_by_agent else "operator"
         _echo(
-            f"{t.id[:8]}  {t.state:9} {t.chat_jid:20} {t.kind:8} {t.spec:16} {t.context_mode:8} next {nxt}  runs {t.runs}  {t.prompt[:40]}"
+            f"{t.id[:8]}  {t.state:9} {t.chat_jid:20} {t.kind:8} {t.spec:16} {t.context_mode:8} next {nxt}  "
+            f"runs {t.runs}  by {by:8}  {t.prompt[:40]}"
         )
 
 

@@ -241,6 +241,10 @@ class Settings(msgspec.Struct, kw_only=True):
     # downloaded, a reply's file uploaded: orchestrator/channels/slack_files.py); a server
     # that sends a byte now and then is cut off here, not when it pleases.
     slack_file_timeout_s: Annotated[float, Meta(gt=0)] = 60.0
+    # The agent's schedule tools (orchestrator/run/agent_tasks.py): the live tasks it may have
+    # made per group, and the shortest interval it may schedule.
+    agent_tasks_max: Annotated[int, Meta(ge=0)] = 20
+    agent_task_min_interval_s: Annotated[float, Meta(ge=1)] = 60.0
     # How often Celery beat runs the sweeper.
     sweep_interval_s: Annotated[float, Meta(gt=0)] = 15.0
     # How often each worker looks for groups whose lease holder is gone (a

@@ -39,6 +39,7 @@ from agent_runner.protocol import (
     ResultEvent,
     SendFileEvent,
     SendMessageEvent,
+    TaskEvent,
     TextDeltaEvent,
     Usage,
     parse_event,
@@ -119,6 +120,11 @@ class RunOutputs(Protocol):
     def send_file(self, workspace: Path, path: str, out: OutputMessage) -> None:
         """The agent asked to hand its chat the file at ``path`` below ``workspace`` (hostile),
         with ``out`` (its caption) as the message that carries it."""
+        ...
+
+    def task(self, event: TaskEvent, index: int) -> None:
+        """The agent asked to make or change a scheduled task; ``index`` is the number its
+        answer in the chat was given."""
         ...
 
 
@@ -356,6 +362,10 @@ def _read(ctx: AttemptContext, container: AgentProcess, heard: _Heard, workspace
                 run_id=ctx.run.id, index=ctx.indexed, assistant_name=ctx.assistant, caption=event.caption
             )
             ctx.outputs.send_file(workspace, event.path, carrier)
+        elif isinstance(event, TaskEvent):
+            budget.store(len(event.prompt.encode("utf-8")) if event.prompt else 0)
+            ctx.indexed += 1
+            ctx.outputs.task(event, ctx.indexed)
         else:
             ctx.indexed += 1
             out = event_to_message(

@@ -20,10 +20,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
 
+from agent_runner.protocol import TaskEvent
 from orchestrator.core import metrics, tracing
 from orchestrator.core.errors import FileTooLarge, HostileEntry
+from orchestrator.core.settings import Settings
 from orchestrator.model.messages import SENDER_BOT, STORED_ONLY_SENDERS, NewMessage, StoredMessage
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
+from orchestrator.run import agent_tasks
 from orchestrator.run.outcome import RunOutcome
 from orchestrator.run.outputs import OutputMessage, host_message
 from orchestrator.sandbox.outbox import take_file
@@ -59,10 +62,12 @@ class ChatOutputs:
         owner: str,
         deliver: Callable[[str], None],
         files: FileStore | None = None,
+        settings: Settings | None = None,
     ) -> None:
         self.db, self.group, self.outcome, self.owner = db, group, outcome, owner
         self._deliver = deliver
         self.files = files
+        self.settings = settings
 
     # -- RunOutputs ---------------------------------------------------------------
 
@@ -112,6 +117,19 @@ class ChatOutputs:
             self.emit(host_message(run_id=out.id, text=f"🚫 send_file refused: {exc}"))
             return
         self.emit(out.model_copy(update={"metadata": file_envelope([stored], extras={"via": "send_file"})}))
+
+    def task(self, event: TaskEvent, index: int) -> None:
+        """Make or change a scheduled task as the agent asked, if it may (``run/agent_tasks.py``);
+        what was done, or why not, is said in the chat."""
+        run_id = self.outcome.run.id
+        refusal = tool_refusal(self.group, "schedules") or (None if self.settings else "this worker has no settings")
+        if refusal is not None or self.settings is None:
+            said = f"🚫 {agent_tasks.tool_of(event)} refused: {refusal}"
+        else:
+            said = agent_tasks.handle(self.db, self.settings, self.group, event)
+        if said.startswith("🚫"):
+            log.warning("run %s: %s", run_id, said)
+        self.emit(host_message(run_id=f"{run_id}-{index:04d}", text=said))
 
     # -- storing ------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from orchestrator.core.errors import ConfigError, FleetFull
 from orchestrator.core.logs import log_context
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
+from orchestrator.run.agent_tasks import run_tasks
 from orchestrator.run.assembly import (
     Batch,
     build_input,
@@ -326,6 +327,9 @@ class Pipeline:
             if group.tools is not None:
                 # The optional tools the group's agent has (unset: all of them).
                 payload = payload.replace(tools=group.tools)
+            if group.tools is None or "schedules" in group.tools:
+                # What the agent's list_tasks answers (orchestrator/run/agent_tasks.py).
+                payload = payload.replace(tasks=run_tasks(self.db, group))
             record_input(self.db, run.id, input_bytes(payload))
         except ConfigError as exc:
             verdict = Verdict("failed", str(exc))
@@ -381,7 +385,9 @@ class Pipeline:
         return outcome
 
     def _outputs(self, group: Group, outcome: RunOutcome) -> ChatOutputs:
-        return ChatOutputs(self.db, group, outcome, owner=self.owner, deliver=self._deliver, files=self.files)
+        return ChatOutputs(
+            self.db, group, outcome, owner=self.owner, deliver=self._deliver, files=self.files, settings=self.settings
+        )
 
     def _conclude(self, outputs: ChatOutputs, verdict: Verdict, isolated: bool) -> RunOutcome:
         return conclude(outputs, verdict, settings=self.settings, clock=self.clock, isolated=isolated)

@@ -55,14 +55,14 @@ from typing import Any
 
 import msgspec
 
-from agent_runner.protocol import ModelSettings, ProtocolError, TextDeltaEvent, decode_input
+from agent_runner.protocol import ModelSettings, ProtocolError, TaskEvent, TextDeltaEvent, decode_input
 from orchestrator.core.errors import ConfigError, MountRefused, ReplayLimited, ReplayRefused, StoreError
 from orchestrator.core.settings import Settings
 from orchestrator.run.assembly import input_bytes, record_input, stored_input
 from orchestrator.run.attempt import AttemptContext, Mounts, Verdict, run_attempt
 from orchestrator.run.live_draft import FREE_LINES_PER_EVENT
 from orchestrator.run.model_choice import model_settings
-from orchestrator.run.outputs import OutputMessage
+from orchestrator.run.outputs import OutputMessage, host_message
 from orchestrator.run.result_meta import result_meta_message
 from orchestrator.sandbox.bounded_io import OutputBudget
 from orchestrator.sandbox.config import effective_limits, parse_container_config, workspace_quota
@@ -328,6 +328,11 @@ class KeptOutputs:
     def send_message(self, chat_jid: str, out: OutputMessage | None, index: int) -> None:
         if out is not None:
             self.kept.append(out.model_copy(update={"metadata": {"via": "send_message", "to_chat": chat_jid}}))
+
+    def task(self, event: TaskEvent, index: int) -> None:
+        # A replay schedules nothing: the request is kept as the host message it would have been.
+        said = f"🗓 (replay) the agent asked to {event.action} a task: {event.kind or ''} {event.spec or ''} {event.prompt or ''}"
+        self.kept.append(host_message(run_id=f"task-{index:04d}", text=said.strip()))
 
     def send_file(self, workspace: Path, path: str, out: OutputMessage) -> None:
         # A replay stores no file (its workspace is a scratch copy): where it would have come from.

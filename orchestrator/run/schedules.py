@@ -36,7 +36,7 @@ from orchestrator.store.schedules import ContextMode as ContextMode
 from orchestrator.store.schedules import ScheduledTask as ScheduledTask
 from orchestrator.store.schedules import ScheduleKind as ScheduleKind
 from orchestrator.store.schedules import TaskState as TaskState
-from orchestrator.store.schedules import claim_due_time, due_tasks, insert_task, set_task_state
+from orchestrator.store.schedules import claim_due_time, due_tasks, insert_task, rewrite_task, set_task_state
 from orchestrator.store.schedules import get_task as get_task
 from orchestrator.store.schedules import list_tasks as list_tasks
 from orchestrator.store.traces import record_trace
@@ -95,6 +95,7 @@ def add_task(
     spec: str,
     context_mode: ContextMode = "group",
     now: datetime | None = None,
+    made_by_agent: bool = False,
 ) -> ScheduledTask:
     """Validate and store a task; bad input raises InvalidMessage, unknown groups UnknownGroup."""
     get_group(db, chat_jid)
@@ -103,20 +104,7 @@ def add_task(
     if context_mode not in ("group", "isolated"):
         raise InvalidMessage(f"context mode {context_mode!r}: use 'group' or 'isolated'")
     now = now or datetime.now(UTC)
-    if kind == "cron":
-        if not croniter.is_valid(spec):
-            raise InvalidMessage(f"cron line {spec!r} is not valid (five fields: minute hour day month weekday)")
-        first = next_due(kind, spec, now)
-        if first is None:
-            raise InvalidMessage(f"cron line {spec!r} never falls due")
-    elif kind == "interval":
-        first = now + timedelta(seconds=parse_interval(spec))
-    elif kind == "once":
-        first = _parse_once(spec)
-        if first <= now:
-            raise InvalidMessage(f"time {spec!r} is in the past")
-    else:
-        raise InvalidMessage(f"schedule kind {kind!r}: use cron, interval or once")
+    first = first_due(kind, spec, now)
     return insert_task(
         db,
         task_id=str(uuid.uuid4()),
@@ -127,7 +115,60 @@ def add_task(
         context_mode=context_mode,
         next_run_at=first,
         created_at=now,
+        made_by_agent=made_by_agent,
     )
+
+
+def first_due(kind: str, spec: str, now: datetime) -> datetime:
+    """A new schedule's first due time after ``now``; InvalidMessage for one that is no
+    schedule or never falls due."""
+    if kind == "cron":
+        if not croniter.is_valid(spec):
+            raise InvalidMessage(f"cron line {spec!r} is not valid (five fields: minute hour day month weekday)")
+        first = next_due(kind, spec, now)
+        if first is None:
+            raise InvalidMessage(f"cron line {spec!r} never falls due")
+        return first
+    if kind == "interval":
+        return now + timedelta(seconds=parse_interval(spec))
+    if kind == "once":
+        at = _parse_once(spec)
+        if at <= now:
+            raise InvalidMessage(f"time {spec!r} is in the past")
+        return at
+    raise InvalidMessage(f"schedule kind {kind!r}: use cron, interval or once")
+
+
+def change_task(
+    db: Database,
+    task_id: str,
+    *,
+    prompt: str | None = None,
+    kind: ScheduleKind | None = None,
+    spec: str | None = None,
+    now: datetime | None = None,
+) -> ScheduledTask:
+    """A task's new prompt and/or schedule (kind and spec together); a cancelled or done task
+    is a Conflict, bad input InvalidMessage (nothing changed)."""
+    task = get_task(db, task_id)
+    if task.state not in ("active", "paused"):
+        raise Conflict(f"task {task.id[:8]} is {task.state}; it cannot change")
+    if prompt is not None and not prompt.strip():
+        raise InvalidMessage("a scheduled task needs a prompt")
+    if (kind is None) != (spec is None):
+        raise InvalidMessage("a new schedule needs its kind and its spec together")
+    following = task.next_run_at
+    if kind is not None and spec is not None:
+        following = first_due(kind, spec, now or datetime.now(UTC))
+    rewrite_task(
+        db,
+        task.id,
+        prompt=prompt if prompt is not None else task.prompt,
+        kind=kind or task.kind,
+        spec=spec if spec is not None else task.spec,
+        next_run_at=following,
+    )
+    return get_task(db, task.id)
 
 
 _TRANSITIONS: dict[str, tuple[set[str], TaskState]] = {

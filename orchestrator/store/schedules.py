@@ -43,6 +43,7 @@ class ScheduledTask(BaseModel):
     last_run_at: datetime | None
     runs: int
     created_at: datetime
+    made_by_agent: bool = False
 
 
 def insert_task(
@@ -56,6 +57,7 @@ def insert_task(
     context_mode: ContextMode,
     next_run_at: datetime | None,
     created_at: datetime,
+    made_by_agent: bool = False,
 ) -> ScheduledTask:
     """Store a new ``active`` task (checked by the caller) in a transaction of its own."""
     row = ScheduledTaskRow(
@@ -69,10 +71,40 @@ def insert_task(
         next_run_at=next_run_at,
         runs=0,
         created_at=created_at,
+        made_by_agent=made_by_agent,
     )
     with db.write() as session:
         session.add(row)
     return ScheduledTask.model_validate(row)
+
+
+def agent_task_count(db: Database, chat_jid: str) -> int:
+    """The group's tasks the agent made that are still active or paused."""
+    with db.read() as session:
+        return int(
+            session.scalar(
+                select(func.count())
+                .select_from(ScheduledTaskRow)
+                .where(
+                    ScheduledTaskRow.chat_jid == chat_jid,
+                    ScheduledTaskRow.made_by_agent.is_(True),
+                    ScheduledTaskRow.state.in_(("active", "paused")),
+                )
+            )
+            or 0
+        )
+
+
+def rewrite_task(
+    db: Database, task_id: str, *, prompt: str, kind: ScheduleKind, spec: str, next_run_at: datetime | None
+) -> None:
+    """A task's prompt and schedule (checked by the caller), with its next due time."""
+    with db.write() as session:
+        session.execute(
+            update(ScheduledTaskRow)
+            .where(ScheduledTaskRow.id == task_id)
+            .values(prompt=prompt, kind=kind, spec=spec, next_run_at=next_run_at)
+        )
 
 
 def list_tasks(db: Database, *, chat_jid: str | None = None) -> list[ScheduledTask]:

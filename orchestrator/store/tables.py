@@ -25,6 +25,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -184,6 +185,8 @@ class ScheduledTaskRow(Base):
     last_run_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     runs: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    # Scheduled by the agent through its tools (revision 0022), not by an operator.
+    made_by_agent: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False, server_default=false())
 
 
 class GroupChannelRow(Base):

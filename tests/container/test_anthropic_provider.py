@@ -157,6 +157,12 @@ def test_request_carries_tools_system_prompt_and_placeholder_key(serve_tcp: Any,
         "todo_write",
         "send_message",
         "send_file",
+        "schedule_task",
+        "list_tasks",
+        "update_task",
+        "pause_task",
+        "resume_task",
+        "cancel_task",
     ]
     assert sent_key(fake.headers[0]) == "via-gateway"
 

@@ -61,6 +61,12 @@ def test_registry_lists_every_tool_with_an_object_schema() -> None:
         "todo_write",
         "send_message",
         "send_file",
+        "schedule_task",
+        "list_tasks",
+        "update_task",
+        "pause_task",
+        "resume_task",
+        "cancel_task",
     ]
     for name, tool in REGISTRY.items():
         assert tool.spec.name == name and tool.spec.description
@@ -763,6 +769,6 @@ def test_unknown_tool_gets_a_tool_call_envelope(tmp_path: Path) -> None:
     assert env.payload.tool_name == "teleport" and env.payload.input == {"to": "mars"}
     assert env.payload.output == ""
     assert env.payload.error == (
-        "unknown tool 'teleport'; available: bash, edit_file, glob, grep, read_file, send_file, send_message, "
-        "todo_write, write_file"
+        "unknown tool 'teleport'; available: bash, cancel_task, edit_file, glob, grep, list_tasks, pause_task, "
+        "read_file, resume_task, schedule_task, send_file, send_message, todo_write, update_task, write_file"
     )

@@ -20,6 +20,7 @@ from runner_harness import RunRunner, make_input
 from agent_runner.claude_code import agent as claude_agent
 from agent_runner.loop import run_agent
 from agent_runner.protocol import (
+    OPTIONAL_TOOL_NAMES,
     OPTIONAL_TOOLS,
     ContainerInput,
     Event,
@@ -46,10 +47,14 @@ def _input(**fields: Any) -> ContainerInput:
 
 
 def test_the_optional_tools_are_tools_of_the_registry() -> None:
-    assert set(OPTIONAL_TOOLS) <= set(REGISTRY) and OPTIONAL_TOOLS == ("send_message", "send_file")
+    assert OPTIONAL_TOOLS == ("send_message", "send_file", "schedules")
+    assert tuple(OPTIONAL_TOOL_NAMES) == OPTIONAL_TOOLS
+    every = {name for names in OPTIONAL_TOOL_NAMES.values() for name in names}
+    assert every <= set(REGISTRY)
     assert disabled_tools(msgspec.UNSET) == frozenset()
-    assert disabled_tools([]) == frozenset(OPTIONAL_TOOLS)
-    assert disabled_tools(["send_file"]) == {"send_message"}
+    assert disabled_tools([]) == frozenset(every)
+    assert disabled_tools(["send_file", "schedules"]) == {"send_message"}
+    assert disabled_tools(["send_file", "send_message"]) == set(OPTIONAL_TOOL_NAMES["schedules"])
     # Unset, the field is left out of the input; set, it is there.
     assert b'"tools"' not in _input().to_json()
     assert _input(tools=["send_file"]).tools == ["send_file"]
@@ -207,9 +212,9 @@ def test_claude_codes_mcp_server_offers_only_the_enabled_tools(monkeypatch: pyte
     assert name == claude_agent.MCP_SERVER and [t.name for t in tools] == ["send_file"]
     assert sdk.replies == [] and not [e for e in events if isinstance(e, SendMessageEvent)]
 
-    sdk, events = _claude_code(monkeypatch, tmp_path)  # unset: both
+    sdk, events = _claude_code(monkeypatch, tmp_path)  # unset: all of them
     ((_, tools),) = sdk.servers
-    assert [t.name for t in tools] == ["send_message", "send_file"]
+    assert [t.name for t in tools] == ["send_message", "send_file", *OPTIONAL_TOOL_NAMES["schedules"]]
     assert sdk.replies == [{"content": [{"type": "text", "text": "Message sent to team@g.us."}], "is_error": False}]
     assert [e for e in events if isinstance(e, SendMessageEvent)] == [
         SendMessageEvent(chat_jid="team@g.us", text="from claude")

@@ -35,6 +35,7 @@ from ..protocol import SESSION_MOUNT, ContainerInput, ResultEvent
 from ..providers.base import ToolSpec
 from ..text_stream import DeltaCoalescer
 from ..tools import ToolContext, disabled_tools, run_tool
+from ..tools.schedule_tools import SPECS as SCHEDULE_SPECS
 from ..tools.send_file import SPEC as SEND_FILE_SPEC
 from ..tools.send_message import SPEC as SEND_MESSAGE_SPEC
 from ..workspace_notices import workspace_notices
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 PLACEHOLDER_API_KEY = "via-gateway"
 MCP_SERVER = "chat"
 # Our tools offered to the CLI on that server (as mcp__chat__<name>).
-CHAT_TOOLS = (SEND_MESSAGE_SPEC, SEND_FILE_SPEC)
+CHAT_TOOLS = (SEND_MESSAGE_SPEC, SEND_FILE_SPEC, *SCHEDULE_SPECS.values())
 # Tools that need a network the container does not have (offered, they would
 # only fail), and the CLI's own schedulers, which die with the run (the host
 # schedules: the scheduled tasks of the chat).
@@ -137,6 +138,7 @@ async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir
         send_targets=frozenset(inp.send_targets),
         emit=emit,
         disabled=disabled_tools(inp.tools),
+        tasks=tuple(inp.tasks) if isinstance(inp.tasks, list) else (),
     )
 
     def chat_tool(spec: ToolSpec) -> Any:

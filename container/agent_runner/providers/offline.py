@@ -24,6 +24,11 @@ Tool requests are lines of the newest user message, starting in column 0::
     /send-to JID TEXT    send_message {"chat_jid": JID, "text": TEXT}
     /send-file PATH [C]  send_file {"path": PATH, "caption": C} (PATH ends at
                          the first space; without C, no caption)
+    /schedule every 60s: TEXT    schedule_task {"prompt": TEXT, "kind":
+    /schedule cron 0 9 * * 1-5: TEXT   "interval" | "cron" | "once", "spec": ...}
+    /schedule once 2026-12-01T09:00Z: TEXT
+    /tasks               list_tasks {}
+    /pause-task ID       pause_task {"task_id": ID} (also /resume-task, /cancel-task)
     /write PATH          write_file {"path": PATH, "content": the lines up to
     line 1               /end, each ending in a newline}
     /end
@@ -108,6 +113,19 @@ def _todos(body: list[str]) -> list[dict[str, str]]:
     return todos
 
 
+_WHEN_WORDS = {"every": "interval", "cron": "cron", "once": "once"}
+
+
+def _schedule(rest: str) -> JsonObject | None:
+    """``every 60s: TEXT``, ``cron 0 9 * * 1-5: TEXT``, ``once 2026-12-01T09:00Z: TEXT`` -> the
+    schedule_task input (None: not that shape)."""
+    when, sep, prompt = rest.partition(": ")
+    word, _, spec = when.strip().partition(" ")
+    if not sep or word not in _WHEN_WORDS or not spec.strip() or not prompt.strip():
+        return None
+    return {"prompt": prompt.strip(), "kind": _WHEN_WORDS[word], "spec": spec.strip()}
+
+
 def tool_requests_in(text: str) -> list[tuple[str, JsonObject]]:
     """The (tool name, input) pairs requested by a message, in order (see module docstring)."""
     lines = text.splitlines()
@@ -128,6 +146,16 @@ def tool_requests_in(text: str) -> list[tuple[str, JsonObject]]:
             if caption.strip():
                 send["caption"] = caption.strip()
             requests.append(("send_file", send))
+        elif (rest := _directive(line, "/schedule")) is not None and (task := _schedule(rest)) is not None:
+            requests.append(("schedule_task", task))
+        elif line.rstrip() == "/tasks":
+            requests.append(("list_tasks", {}))
+        elif (rest := _directive(line, "/pause-task")) is not None:
+            requests.append(("pause_task", {"task_id": rest}))
+        elif (rest := _directive(line, "/resume-task")) is not None:
+            requests.append(("resume_task", {"task_id": rest}))
+        elif (rest := _directive(line, "/cancel-task")) is not None:
+            requests.append(("cancel_task", {"task_id": rest}))
         elif (path := _directive(line, "/read")) is not None:
             requests.append(("read_file", {"path": path}))
         elif (path := _directive(line, "/write")) is not None:

@@ -12,12 +12,15 @@ Tools (one module each):
 * ``send_message`` - post into the chat (or, for the main group, another
   registered chat) during the run; the host authorizes (``send_message.py``);
 * ``send_file`` - hand the chat a regular file of the workspace, with an
-  optional caption; the host reads and checks it again (``send_file.py``).
+  optional caption; the host reads and checks it again (``send_file.py``);
+* ``schedule_task``, ``list_tasks``, ``update_task``, ``pause_task``,
+  ``resume_task``, ``cancel_task`` - the group's scheduled tasks; the host
+  decides and says in the chat what it did (``schedule_tools.py``).
 
 File tools only touch paths inside the workspace (``paths.py``).  Shared
 types live in ``base.py`` and are re-exported here.
 
-The chat tools are optional (``protocol.OPTIONAL_TOOLS``): a group's profile on the
+The chat tools are optional (``protocol.OPTIONAL_TOOL_NAMES``): a group's profile on the
 host names the ones its agent has (``ContainerInput.tools``), and a run is offered
 only those (:func:`disabled_tools`, :func:`tool_specs`); a call to another is refused
 like an unknown tool.  The host refuses their events again: this is the courtesy.
@@ -35,7 +38,7 @@ from typing import Any
 
 import msgspec
 
-from ..protocol import OPTIONAL_TOOLS
+from ..protocol import OPTIONAL_TOOL_NAMES
 from ..providers.base import ToolSpec
 from .base import (
     EXIT_BAD_INPUT,
@@ -57,6 +60,8 @@ from .grep_tool import SPEC as GREP_SPEC
 from .grep_tool import grep_files
 from .read_file import SPEC as READ_FILE_SPEC
 from .read_file import read_file
+from .schedule_tools import SPECS as SCHEDULE_SPECS
+from .schedule_tools import cancel_task, list_tasks, pause_task, resume_task, schedule_task, update_task
 from .send_file import SPEC as SEND_FILE_SPEC
 from .send_file import send_file
 from .send_message import SPEC as SEND_MESSAGE_SPEC
@@ -110,6 +115,12 @@ REGISTRY: dict[str, Tool] = {
         Tool(TODO_WRITE_SPEC, todo_write),
         Tool(SEND_MESSAGE_SPEC, send_message),
         Tool(SEND_FILE_SPEC, send_file),
+        Tool(SCHEDULE_SPECS["schedule_task"], schedule_task),
+        Tool(SCHEDULE_SPECS["list_tasks"], list_tasks),
+        Tool(SCHEDULE_SPECS["update_task"], update_task),
+        Tool(SCHEDULE_SPECS["pause_task"], pause_task),
+        Tool(SCHEDULE_SPECS["resume_task"], resume_task),
+        Tool(SCHEDULE_SPECS["cancel_task"], cancel_task),
     )
 }
 
@@ -118,7 +129,7 @@ def disabled_tools(enabled: list[str] | msgspec.UnsetType) -> frozenset[str]:
     """The optional tools a run is not offered, from ``ContainerInput.tools`` (unset: none)."""
     if enabled is msgspec.UNSET:
         return frozenset()
-    return frozenset(OPTIONAL_TOOLS) - set(enabled)
+    return frozenset(name for key, names in OPTIONAL_TOOL_NAMES.items() if key not in enabled for name in names)
 
 
 def tool_specs(disabled: frozenset[str] = frozenset()) -> list[ToolSpec]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..protocol import KnownEnvelope, Limits
+from ..protocol import KnownEnvelope, Limits, TaskInfo
 from ..providers.base import ToolSpec
 
 # Exit codes for calls that never ran or failed, borrowed from shell conventions.
@@ -44,6 +44,8 @@ class ToolContext:
     # The optional tools (protocol.OPTIONAL_TOOLS) this run is not offered: refused like
     # an unknown tool (``tools.offered`` makes it from ContainerInput.tools).
     disabled: frozenset[str] = frozenset()
+    # The scheduled tasks this run may manage, as the host gave them (list_tasks answers them).
+    tasks: tuple[TaskInfo, ...] = ()
 
 
 @dataclass(frozen=True)
