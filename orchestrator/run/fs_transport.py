@@ -25,12 +25,13 @@ by polling, so an idle worker heard of a message up to a polling interval
 (``ORCHESTRATOR_BROKER_POLLING_INTERVAL``, 50 ms) late and spent about 1 % of
 a core looking.  Here :meth:`Transport.drain_events` sleeps on an inotify
 watch of the message folder instead and wakes when a ``*.msg`` file is
-renamed (or, from kombu's own writer, closed) into it; a slow poll
-(:data:`SAFETY_POLL_S`) stays underneath, for an event the kernel dropped
-(queue overflow) or a folder shared over a network filesystem, where
-inotify sees only this machine's writes.  Where inotify cannot be had (not
-Linux, the per-user instance or watch limit reached) the transport polls
-as kombu does and logs a warning; ``ORCHESTRATOR_BROKER_WAKEUP=poll``
+renamed (or, from kombu's own writer, closed) into it (the watch,
+``orchestrator/core/folder_watch.py``, is shared with the chat streams'
+wake-ups); a slow poll (:data:`SAFETY_POLL_S`) stays underneath, for an
+event the kernel dropped (queue overflow) or a folder shared over a network
+filesystem, where inotify sees only this machine's writes.  Where inotify
+cannot be had (not Linux, the per-user instance or watch limit reached) the
+transport polls as kombu does and logs a warning; ``ORCHESTRATOR_BROKER_WAKEUP=poll``
 chooses that on purpose.
 
 Others have met the two races upstream: treeverse/dvc-task#73 (the pidbox exchange
@@ -58,6 +59,8 @@ from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
+
+from orchestrator.core.folder_watch import FolderWatch
 
 log = logging.getLogger(__name__)
 
@@ -159,42 +162,6 @@ def _flock(fd: int, *, shared: bool) -> None:
     fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
 
 
-class _FolderWatch:
-    """An inotify watch of the message folder: :meth:`wait` returns when a
-    message file may have arrived since the watch was made or last waited on.
-
-    The kernel queues every event from the moment the watch exists, so a
-    file that lands between a look at the folder and the wait that follows
-    is already queued when the wait starts, and the wait returns at once:
-    no wake-up is lost as long as the watch is made before the first look.
-    """
-
-    def __init__(self, folder: str) -> None:
-        from inotify_simple import INotify, flags  # type: ignore[import-untyped]
-
-        self._flags = flags
-        self._inotify = INotify()
-        try:
-            # MOVED_TO: our writer renames a finished file into place; CLOSE_WRITE:
-            # kombu's own writer (another process on the same folder) writes in place.
-            self._inotify.add_watch(folder, flags.MOVED_TO | flags.CLOSE_WRITE)
-        except BaseException:
-            self._inotify.close()
-            raise
-        self.pid = os.getpid()
-        self.gone = False  # the folder was removed or unmounted: the watch is dead
-
-    def wait(self, timeout_s: float) -> None:
-        """Until a message file may be there, or ``timeout_s``."""
-        events = self._inotify.read(timeout=max(0, int(timeout_s * 1000)))
-        for event in events:
-            if event.mask & self._flags.IGNORED:
-                self.gone = True
-
-    def close(self) -> None:
-        self._inotify.close()
-
-
 class Transport(filesystem.Transport):
     Channel = Channel
 
@@ -206,9 +173,9 @@ class Transport(filesystem.Transport):
         # (the baseline of bench/wakeup.py, and the way a platform without inotify works).
         self._wakeup: str = options.get("wakeup", "inotify")
         self._safety_poll_s = float(options.get("safety_poll_interval", SAFETY_POLL_S))
-        self._watch: _FolderWatch | None = None
+        self._watch: FolderWatch | None = None
 
-    def _folder_watch(self) -> _FolderWatch | None:
+    def _folder_watch(self) -> FolderWatch | None:
         """The folder's watch, made on first use; None: poll as kombu does."""
         watch = self._watch
         if watch is not None and (watch.gone or watch.pid != os.getpid()):
@@ -218,7 +185,9 @@ class Transport(filesystem.Transport):
             watch = self._watch = None
         if watch is None and self._wakeup == "inotify":
             try:
-                watch = self._watch = _FolderWatch(self._folder)
+                # Moved in: our writer renames a finished file into place; closed: kombu's
+                # own writer (another process on the same folder) writes in place.
+                watch = self._watch = FolderWatch(self._folder, closed=True, moved_in=True)
             except (ImportError, OSError) as exc:
                 log.warning(
                     "filesystem broker: no inotify on %s (%s); polling every %.3f s instead",
