@@ -5,9 +5,12 @@ display view gains (replies, tool results, host messages, other people's
 messages from other channels) is printed as it is stored, rendered by type,
 with the run's state (queued, running, done, failed) as it changes.  While
 a run's model writes its reply, the new text is printed as it comes
-(``✎`` lines, from the run's draft: orchestrator/store/drafts.py); the
-stored reply follows whole.  The terminal reads the database, so it sees
-exactly what every other channel sees.
+(``✎`` lines: what the run's draft grew by, orchestrator/store/draft_feed.py;
+a draft that starts over is printed whole); the stored reply follows whole.
+The terminal reads the database, so it sees exactly what every other channel
+sees; it reads when the chat's wake-up comes (orchestrator/store/chat_listener.py,
+as the API's event stream does) and at the latest every
+``ORCHESTRATOR_STREAM_SAFETY_POLL_S``.
 
 On a terminal the prompt stays at the bottom while messages print above it
 (prompt_toolkit); with piped stdin it reads lines until EOF, for scripts.
@@ -43,8 +46,9 @@ from orchestrator.model.envelopes import files_of
 from orchestrator.model.messages import STORED_ONLY_SENDERS, StoredMessage
 from orchestrator.model.render import render_text
 from orchestrator.run.ingest import IncomingMessage, Signal, ingest
+from orchestrator.store.chat_listener import Subscription, listen
 from orchestrator.store.db import Database
-from orchestrator.store.drafts import chat_drafts
+from orchestrator.store.draft_feed import DraftFeed
 from orchestrator.store.files import CHUNK_BYTES, FileStore, StoredFile, chunks_of, file_envelope
 from orchestrator.store.groups import find_group
 from orchestrator.store.history import edit_message, regenerate
@@ -53,7 +57,8 @@ from orchestrator.store.runs import FINAL_STATES, list_runs
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.2
+# How often a piped chat looks whether the agent is done, after its input ended.
+LINGER_POLL_S = 0.2
 BACKLOG = 20
 RUN_MARKS = {
     "queued": "⏳ queued",
@@ -78,7 +83,9 @@ def escaping(out: Print) -> Print:
 
 
 class Follower:
-    """Prints what the chat gains, and run state changes, from a background thread."""
+    """Prints what the chat gains, and run state changes, from a background thread: when
+    the chat's wake-up comes (``ORCHESTRATOR_STREAM_WAKEUP=push``), and at the latest every
+    ``ORCHESTRATOR_STREAM_SAFETY_POLL_S``."""
 
     def __init__(
         self, db: Database, settings: Settings, jid: str, out: Print, after: int, downloads: Path | None = None
@@ -93,16 +100,25 @@ class Follower:
         self._run_states: dict[str, str] = {
             r.id: r.state for r in list_runs(db, chat_jid=jid, limit=20, chat_runs_only=True)
         }
-        self._drafts: dict[str, str] = {}  # run id -> the draft text printed so far
+        self._drafts = DraftFeed(db, jid, "append")
         self._stop = threading.Event()
+        self._woken = threading.Event()
+        self._subscription: Subscription | None = None
         self._thread = threading.Thread(target=self._loop, name="chat-follower", daemon=True)
 
     def start(self) -> None:
+        if self.settings.stream_wakeup == "push":
+            # Before the first look: a change committed after it wakes the follower.
+            self._subscription = listen(self.db, self.jid, self._woken.set)
+        self._woken.set()  # a first look at once
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._woken.set()
         self._thread.join(timeout=2)
+        if self._subscription is not None:
+            self._subscription.close()
 
     def poll(self) -> None:
         for m in get_messages_after(self.jid, self.after, db=self.db):
@@ -115,7 +131,7 @@ class Follower:
             if self._run_states.get(run.id) != run.state:
                 self._run_states[run.id] = run.state
                 self.out(f"   [{RUN_MARKS.get(run.state, run.state)} · run {run.id[:8]}]")
-        if "running" in self._run_states.values() or self._drafts:
+        if "running" in self._run_states.values() or self._drafts.following:
             self._print_drafts()
 
     def _save_files(self, m: StoredMessage) -> None:
@@ -134,19 +150,18 @@ class Follower:
             self.out(f"   [saved {ref.name} ({ref.mime}, {human_size(ref.size)}) to {path}]")
 
     def _print_drafts(self) -> None:
-        """What the running runs' drafts gained since the last poll (a new draft: all of it)."""
-        drafts = {d.run_id: d.text for d in chat_drafts(self.db, self.jid)}
-        for run_id, text in drafts.items():
-            seen = self._drafts.get(run_id, "")
-            new = text[len(seen) :] if text.startswith(seen) else text
-            self._drafts[run_id] = text
-            if new.strip():
-                self.out(f"   ✎ {new.strip()}")
-        for run_id in [r for r in self._drafts if r not in drafts]:
-            del self._drafts[run_id]
+        """What the running runs' drafts gained since the last look (a new draft, or one that
+        starts over: all of it)."""
+        for piece in self._drafts.changes():
+            if piece.text.strip():
+                self.out(f"   ✎ {piece.text.strip()}")
 
     def _loop(self) -> None:
-        while not self._stop.wait(POLL_S):
+        while True:
+            self._woken.wait(self.settings.stream_safety_poll_s)
+            self._woken.clear()  # a wake-up during the look makes one more
+            if self._stop.is_set():
+                return
             try:
                 self.poll()
             except Exception as exc:  # noqa: BLE001 - keep following; say what happened
@@ -316,9 +331,9 @@ def run_chat(
             if not handle_line(line, db=db, settings=settings, jid=jid, sender=sender, out=out_locked, signal=signal):
                 break
         deadline = time.monotonic() + linger_s
-        time.sleep(min(linger_s, 2 * POLL_S))  # let a just-sent message reach a worker
+        time.sleep(min(linger_s, 2 * LINGER_POLL_S))  # let a just-sent message reach a worker
         while time.monotonic() < deadline and not _idle(db, jid):
-            time.sleep(POLL_S)
+            time.sleep(LINGER_POLL_S)
     finally:
         follower.stop()
     follower.poll()  # anything stored in the last moments

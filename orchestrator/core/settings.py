@@ -358,8 +358,17 @@ class Settings(msgspec.Struct, kw_only=True):
     # not drive the agent from a browser.  Further names (comma separated) that
     # reach this API on loopback, e.g. one from /etc/hosts.
     api_allowed_hosts: str = ""
-    # How often a chat's event stream (SSE) looks for new messages and runs.
-    api_stream_poll_s: Annotated[float, Meta(gt=0, le=5)] = 0.2
+    # How a chat's open readers (the API's event streams, `orchestrator chat`) hear that the
+    # chat changed (a message stored, a draft written, a run's state): "push" is a wake-up
+    # (PostgreSQL LISTEN/NOTIFY; SQLite: an inotify watch of the wake-up files beside the
+    # database, orchestrator/store/chat_listener.py), "poll" only the safety poll below:
+    # for a PostgreSQL behind a pooler that cannot LISTEN (PgBouncer's transaction mode),
+    # and the baseline of bench/stream_push.py.
+    stream_wakeup: Literal["push", "poll"] = "push"
+    # How often an open reader looks without being woken: at most what a lost wake-up costs
+    # (and, with stream_wakeup=poll, how late a change is seen).  An idle stream's look is
+    # three indexed reads: at 2 s, about 1.5 a second (0.2 s before streams were woken).
+    stream_safety_poll_s: Annotated[float, Meta(gt=0, le=300)] = 2.0
     # How long an API request waits for SQLite's write lock (another process holding
     # it: a worker's long transaction, a backup, a stray sqlite3 shell) before it
     # answers 503 with Retry-After.  Workers wait 60 s (they have no caller waiting);

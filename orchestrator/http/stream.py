@@ -1,6 +1,6 @@
 """A chat's live event stream: server-sent events for the HTTP API and the web page.
 
-``GET /api/chats/{chat_jid}/stream?after=SEQ`` sends, as they are committed:
+``GET /api/chats/{chat_jid}/stream?after=SEQ&drafts=whole|append`` sends, as they are committed:
 
 * ``event: message`` (``id:`` the seq) with the :class:`StoredMessage` JSON of
   each new message of the display view (superseded ones are left out, host
@@ -8,26 +8,40 @@
 * ``event: run`` with the :class:`Run` JSON of the chat's newest run when the
   stream opens, then of every run that appears or changes state or attempt;
 * ``event: reset`` when the history changed in place (an edit, a regenerate,
-  a truncate): the client drops what it shows and the stream sends the whole
-  display view again from seq 0 on the same connection;
-* ``event: draft`` with ``{"run_id", "text"}``: the reply a running run's
-  model is writing, the whole text so far, each time it grew
-  (orchestrator/store/drafts.py; the worker writes it at most every 100 ms, less
-  often as it grows: about 64 KiB a second per run at most, and a bounded total,
-  orchestrator/run/live_draft.py; the stream sends each version once, so no more).
-  It is never a message: when the reply is stored it arrives as a
-  ``message`` (its ``metadata.run_id`` names the run) and the client shows
-  that instead; ``"text": ""`` says the draft is gone (stored, or the run
-  ended) and whatever the client showed for it goes.
+  a truncate): the client drops what it shows (drafts too) and the stream sends
+  the whole display view again from seq 0 on the same connection, and the
+  drafts whole;
+* ``event: draft`` with ``{"run_id", "offset", "text"}`` (a
+  :class:`~orchestrator.store.draft_feed.DraftPiece`): the reply a running run's
+  model is writing (orchestrator/store/drafts.py; the worker writes it at most every
+  100 ms, less often as it grows, orchestrator/run/live_draft.py).  The client keeps
+  the first ``offset`` characters (Unicode code points) of what it shows for the run
+  and puts ``text`` after them: with ``drafts=append`` the stream sends what the draft
+  grew by, at the length the client has, and the whole text at offset 0 when the
+  draft starts (or starts over: a reply stored and the next begun, a new attempt);
+  with ``drafts=whole`` (the default, for a client that reads only ``text``) every
+  event is the whole text at offset 0.  It is never a message: when the reply is
+  stored it arrives as a ``message`` (its ``metadata.run_id`` names the run) and the
+  client shows that instead; offset 0 with ``"text": ""`` says the draft is gone
+  (stored, or the run ended) and whatever the client showed for it goes.
+
+The stream looks when it is woken (``ORCHESTRATOR_STREAM_WAKEUP=push``, the default): a
+stored message, a draft written or dropped, a run created or changed, a history change
+wakes the chat's open streams once committed (orchestrator/store/chat_wakeups.py, heard
+by the process's one listener, orchestrator/store/chat_listener.py), and at the latest
+every ``ORCHESTRATOR_STREAM_SAFETY_POLL_S`` (2 s), which catches a wake-up that was lost.
+Wake-ups that come while it looks make one more look, and it looks at most every
+:data:`MIN_LOOK_S`, however many come.
 
 The seq cursor is the one the pipeline uses (commit order, never a timestamp),
-so nothing is skipped or sent twice.  Each tick is a few short read
+so nothing is skipped or sent twice.  Each look is a few short read
 transactions (no transaction stays open while the stream waits): ``max(seq)``
 of the chat (an index lookup on ``(chat_jid, seq)``) and the chat's live runs;
 messages are read only when ``max(seq)`` moved; drafts (by primary key and
 the chat's index) only while the chat has a live run, their versions on each
-tick and a draft's text only when its version moved.  In-place changes are looked
-for less often (``max(superseded_at)``, ``max(edited_at)`` of the chat).  A
+look and a draft's text only when its version moved.  In-place changes are looked
+for at most once a second (``max(superseded_at)``, ``max(edited_at)`` of the chat),
+and at once after a wake-up that nothing else explained.  A
 comment line (``: keepalive``) every 15 s keeps proxies from closing an idle
 stream; a browser's ``EventSource`` reconnects by itself with
 ``Last-Event-ID`` (the last seq), after the ``retry:`` the stream opens with.
@@ -48,7 +62,7 @@ cancels the loop at once (no polling of ``request.is_disconnected``).
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -59,8 +73,9 @@ import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
+from orchestrator.store.chat_listener import listen
 from orchestrator.store.db import Database
-from orchestrator.store.drafts import chat_draft_versions, drafts_of
+from orchestrator.store.draft_feed import DraftFeed, DraftMode
 from orchestrator.store.message_log import change_marks, get_messages_after, latest_seq
 from orchestrator.store.runs import LIVE_STATES, get_run, list_runs, runs_changed
 
@@ -71,6 +86,9 @@ KEEPALIVE_S = 15.0
 HISTORY_CHECK_S = 1.0
 RETRY_MS = 2000
 ERROR_PAUSE_S = 1.0
+# The shortest time from one look to the next, however many wake-ups come: a chat with
+# several runs writing drafts costs each open stream at most 50 looks a second.
+MIN_LOOK_S = 0.02
 # After the server starts to exit: how long the stream may take to end by
 # itself before sse-starlette cancels it.  It ends at once (the wait below
 # wakes on the shutdown event); well under uvicorn's 3 s timeout.
@@ -87,13 +105,21 @@ def _keepalive() -> ServerSentEvent:
     return ServerSentEvent(comment="keepalive", sep=SEP)
 
 
-def event_stream(db: Database, chat_jid: str, after: int, poll_s: float) -> EventSourceResponse:
+def event_stream(
+    db: Database,
+    chat_jid: str,
+    after: int,
+    *,
+    safety_poll_s: float,
+    push: bool,
+    drafts: DraftMode = "whole",
+) -> EventSourceResponse:
     """The response of ``GET /api/chats/{jid}/stream`` for a checked chat and cursor.
 
     Called in the request's event loop (the shutdown event belongs to it)."""
     shutdown = anyio.Event()
     return EventSourceResponse(
-        ChatStream(db, chat_jid, after).events(poll_s, shutdown),
+        ChatStream(db, chat_jid, after, drafts=drafts).events(shutdown, safety_poll_s=safety_poll_s, push=push),
         ping=KEEPALIVE_S,  # read per response: tests shorten it
         ping_message_factory=_keepalive,
         sep=SEP,
@@ -102,10 +128,43 @@ def event_stream(db: Database, chat_jid: str, after: int, poll_s: float) -> Even
     )
 
 
-class ChatStream:
-    """The state of one client's stream: cursor, runs seen, history baseline."""
+class _Bell:
+    """What the stream's loop waits on: a wake-up of its chat (rung from the listener's
+    thread) or the server's shutdown."""
 
-    def __init__(self, db: Database, chat_jid: str, after: int) -> None:
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+
+    def ring(self) -> None:
+        self._event.set()
+
+    def ring_threadsafe(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._event.set)
+        except RuntimeError:
+            pass  # the loop is closed: the stream is over
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Whether it rang within ``timeout_s``."""
+        with anyio.move_on_after(timeout_s):
+            await self._event.wait()
+            return True
+        return False
+
+
+async def _ring_on(shutdown: anyio.Event, bell: _Bell) -> None:
+    await shutdown.wait()
+    bell.ring()
+
+
+class ChatStream:
+    """The state of one client's stream: cursor, runs seen, history baseline, drafts sent."""
+
+    def __init__(self, db: Database, chat_jid: str, after: int, *, drafts: DraftMode = "whole") -> None:
         self.db = db
         self.chat_jid = chat_jid
         self.cursor = after
@@ -115,58 +174,61 @@ class ChatStream:
         self._history: tuple[Any, Any] | None = None
         self._history_checked = 0.0
         self._started = False
-        self._drafts: dict[str, int] = {}  # run id -> draft version last sent
+        self._drafts = DraftFeed(db, chat_jid, drafts)
         # Messages past the cursor wait beyond the page just sent (up to ``_latest``).
         self.behind = False
         self._latest = after
 
-    # -- one tick (synchronous: runs in a worker thread) -------------------
+    # -- one look (synchronous: runs in a worker thread) -------------------
 
-    def poll(self) -> list[ServerSentEvent]:
+    def poll(self, woken: bool = False) -> list[ServerSentEvent]:
+        """What changed since the last look.  ``woken``: a wake-up came for the chat; if
+        nothing else changed, it was a change of the history in place, looked for at once."""
         frames: list[ServerSentEvent] = []
+        history_checked = False
         if not self._started:
             self._started = True
             self._history = self._history_marks()
             self._history_checked = time.monotonic()
+            history_checked = True
             newest = list_runs(self.db, chat_jid=self.chat_jid, limit=1)
             if newest:
                 frames.append(self._run_frame(newest[0].id))
         elif time.monotonic() - self._history_checked >= HISTORY_CHECK_S:
-            self._history_checked = time.monotonic()
-            marks = self._history_marks()
-            if marks != self._history:
-                self._history = marks
-                self.cursor, self.behind = 0, False
-                frames.append(sse("reset", '{"reason": "history changed"}'))
+            frames += self._history_reset()
+            history_checked = True
         frames += self._new_messages()
         frames += self._changed_runs()
         frames += self._draft_changes()
+        if woken and not frames and not history_checked:
+            reset = self._history_reset()
+            if reset:
+                frames = reset + self._new_messages() + self._draft_changes()
         return frames
 
+    def _history_reset(self) -> list[ServerSentEvent]:
+        """A ``reset`` when the history changed in place since the last check (the client
+        then drops what it shows: the messages follow from seq 0, the drafts whole)."""
+        self._history_checked = time.monotonic()
+        marks = self._history_marks()
+        if marks == self._history:
+            return []
+        self._history = marks
+        self.cursor, self.behind = 0, False
+        self._drafts.forget()
+        return [sse("reset", '{"reason": "history changed"}')]
+
     def _draft_changes(self) -> list[ServerSentEvent]:
-        if not self._live and not self._drafts:
+        if not self._live and not self._drafts.following:
             return []  # no run writes a reply now: no read
-        current = chat_draft_versions(self.db, self.chat_jid)
-        changed = [run_id for run_id, version in current.items() if self._drafts.get(run_id) != version]
-        texts = drafts_of(self.db, changed)  # the text only of what changed: a big draft is not read each tick
-        frames = []
-        for run_id in changed:
-            draft = texts.get(run_id)
-            if draft is None:
-                continue  # gone since the versions were read: the next tick says so
-            self._drafts[run_id] = draft.version
-            frames.append(sse("draft", json.dumps({"run_id": run_id, "text": draft.text})))
-        for run_id in [r for r in self._drafts if r not in current]:
-            del self._drafts[run_id]
-            frames.append(sse("draft", json.dumps({"run_id": run_id, "text": ""})))
-        return frames
+        return [sse("draft", piece.model_dump_json()) for piece in self._drafts.changes()]
 
     def _history_marks(self) -> tuple[Any, Any]:
         return change_marks(self.db, self.chat_jid)
 
     def _new_messages(self) -> list[ServerSentEvent]:
         """At most one page of the display view past the cursor; ``behind`` says more
-        is waiting, and the next tick follows at once.  A stream opened at seq 0 of a
+        is waiting, and the next look follows at once.  A stream opened at seq 0 of a
         long chat (any client may ask for one) so holds one page in memory, never the
         whole history: built all at once, its frames grew the API's memory with every
         chat's length (the soak, docs/performance.md)."""
@@ -213,20 +275,40 @@ class ChatStream:
 
     # -- the response body ----------------------------------------------------
 
-    async def events(self, poll_s: float, shutdown: anyio.Event) -> AsyncIterator[ServerSentEvent]:
+    async def events(
+        self, shutdown: anyio.Event, *, safety_poll_s: float, push: bool
+    ) -> AsyncIterator[ServerSentEvent]:
         """The stream's events until ``shutdown`` is set; a client's disconnect
-        cancels it (at a wait, or after the tick's thread is done)."""
+        cancels it (at a wait, or after the look's thread is done).  With ``push`` it
+        looks when woken, else (and at the latest) every ``safety_poll_s``."""
         yield ServerSentEvent(retry=RETRY_MS, sep=SEP)
-        while not shutdown.is_set():
-            pause = poll_s
-            try:
-                frames = await run_in_threadpool(self.poll)
-                if self.behind:
-                    pause = 0  # the next page of a long history at once (each page a tick)
-            except Exception as exc:  # noqa: BLE001 - the database may be briefly away; keep the stream
-                log.warning("stream of %s: %s", self.chat_jid, exc)
-                frames, pause = [], max(poll_s, ERROR_PAUSE_S)
-            for frame in frames:
-                yield frame
-            with anyio.move_on_after(pause):
-                await shutdown.wait()
+        bell = _Bell()
+        subscription = None
+        ringer = asyncio.ensure_future(_ring_on(shutdown, bell))
+        try:
+            # Subscribed before the first look: a change committed after it wakes the stream.
+            subscription = listen(self.db, self.chat_jid, bell.ring_threadsafe) if push else None
+            woken = False
+            while not shutdown.is_set():
+                bell.clear()  # a wake-up during the look makes one more
+                began = time.monotonic()
+                pause = safety_poll_s
+                try:
+                    frames = await run_in_threadpool(self.poll, woken)
+                    if self.behind:
+                        pause = 0  # the next page of a long history at once (each page a look)
+                except Exception as exc:  # noqa: BLE001 - the database may be briefly away; keep the stream
+                    log.warning("stream of %s: %s", self.chat_jid, exc)
+                    frames = []
+                    with anyio.move_on_after(ERROR_PAUSE_S):
+                        await shutdown.wait()  # wake-ups do not hurry a look at a database that failed
+                    pause = 0
+                for frame in frames:
+                    yield frame
+                woken = pause > 0 and await bell.wait(pause)
+                if woken and (rest := MIN_LOOK_S - (time.monotonic() - began)) > 0:
+                    await anyio.sleep(rest)
+        finally:
+            if subscription is not None:
+                subscription.close()
+            ringer.cancel()

@@ -8,10 +8,11 @@ writes it to ``run_drafts`` (orchestrator/store/drafts.py) in place, so the chat
 stream in another process can show it; the row is deleted when the reply is stored
 (:meth:`stored`) and when the attempt ends (:meth:`close`).
 
-Each write is the whole text so far, and every open page's event stream gets each
-version whole, so what a draft costs is the bytes it writes, not the bytes it adds: one
-1 MiB delta and then a byte every 100 ms would rewrite 1 MiB ten times a second for the
-whole run.  So the writes are bounded in bytes, not only in number:
+Each write is the whole text so far, and every open page's event stream reads each
+version whole (it sends only what the draft grew by, orchestrator/store/draft_feed.py,
+but reads the text to know it), so what a draft costs is the bytes it writes, not the
+bytes it adds: one 1 MiB delta and then a byte every 100 ms would rewrite 1 MiB ten
+times a second for the whole run.  So the writes are bounded in bytes, not only in number:
 
 * after a write of ``n`` bytes the next waits ``max(interval_s, n / rate)``
   (``WRITE_RATE``, 64 KiB/s): a draft up to 6.4 KiB (a model answer at the default

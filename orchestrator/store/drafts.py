@@ -3,11 +3,13 @@
 The worker that runs the agent writes the text so far (orchestrator/run/live_draft.py,
 at most every ~100 ms, less often as it grows, bounded in bytes per run); the chat's
 event stream, in the API process and maybe on another host, reads it
-(orchestrator/http/stream.py): the versions on every tick (:func:`chat_draft_versions`,
-no text), the text of a draft only when its version moved (:func:`drafts_of`).  The database is the only
+(orchestrator/http/stream.py, through orchestrator/store/draft_feed.py): the versions
+on every look (:func:`chat_draft_versions`, no text), the text of a draft only when its
+version moved (:func:`drafts_of`), and sends what it grew by.  The database is the only
 thing both share, so the draft goes through it: one row per run, **updated in place**
 (never a row per piece of text), deleted when the reply is stored as a message or the
-run ends.  Drafts are for watching only: nothing reads them back into a conversation,
+run ends; each write and each removal wakes the chat's open streams (store/chat_wakeups.py).
+Drafts are for watching only: nothing reads them back into a conversation,
 a delivery or a model's input.
 
 ``version`` grows by one with each write, so a reader compares one integer to see a
@@ -18,13 +20,12 @@ could delete its row) are never listed, and the run's next attempt overwrites it
 from __future__ import annotations
 
 from collections.abc import Collection
-from datetime import UTC, datetime
 
 from pydantic import BaseModel
-from sqlalchemy import delete, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import TextClause, select, text
 
-from orchestrator.store.db import Database
+from orchestrator.store.chat_wakeups import NOTIFY_RETURNING, chat_changed
+from orchestrator.store.db import Database, now_text
 from orchestrator.store.tables import RunDraftRow, RunRow
 
 
@@ -35,24 +36,46 @@ class Draft(BaseModel):
 
 
 def save_draft(db: Database, run_id: str, chat_jid: str, text: str, version: int) -> None:
-    """The run's draft is now ``text`` (written in place; the first write creates the row)."""
-    values = {"text": text, "version": version, "updated_at": datetime.now(UTC), "chat_jid": chat_jid}
-    with db.write() as session:
-        updated = session.execute(update(RunDraftRow).where(RunDraftRow.run_id == run_id).values(**values))
-        if updated.rowcount:  # type: ignore[attr-defined]  # a CursorResult for an UPDATE
-            return
-    try:
-        with db.write() as session:
-            session.add(RunDraftRow(run_id=run_id, **values))
-    except IntegrityError:  # created meanwhile (an earlier attempt's worker, still closing)
-        with db.write() as session:
-            session.execute(update(RunDraftRow).where(RunDraftRow.run_id == run_id).values(**values))
+    """The run's draft is ``text`` (written in place; the first write creates the row), and
+    the chat's open streams are woken when it commits (store/chat_wakeups.py).
+
+    One statement, an upsert: the row made by an earlier attempt's worker, still closing,
+    is written over."""
+    params = {"run_id": run_id, "chat_jid": chat_jid, "text": text, "version": version}
+    with db.transaction() as conn:
+        conn.execute(_SAVE[db.is_sqlite], params)
+        if db.is_sqlite:
+            chat_changed(conn, chat_jid)  # PostgreSQL's is in the statement
 
 
 def drop_draft(db: Database, run_id: str) -> None:
-    """No draft for the run any more (its reply is stored, or it ended)."""
-    with db.write() as session:
-        session.execute(delete(RunDraftRow).where(RunDraftRow.run_id == run_id))
+    """No draft for the run any more (its reply is stored, or it ended); a row that was there
+    wakes its chat's open streams."""
+    with db.transaction() as conn:
+        rows = conn.execute(_DROP[db.is_sqlite], {"run_id": run_id}).all()
+        if db.is_sqlite and rows:
+            chat_changed(conn, rows[0][0])
+
+
+def _save_sql(*, sqlite: bool) -> TextClause:
+    return text(
+        "INSERT INTO run_drafts (run_id, chat_jid, text, version, updated_at) "
+        f"VALUES (:run_id, :chat_jid, :text, :version, {now_text(sqlite=sqlite)}) "
+        "ON CONFLICT (run_id) DO UPDATE SET chat_jid = excluded.chat_jid, text = excluded.text, "
+        "version = excluded.version, updated_at = excluded.updated_at"
+        + ("" if sqlite else f" RETURNING {NOTIFY_RETURNING}")
+    )
+
+
+# SQLAlchemy's text(), not the driver's own call: tests/host/test_drafts.py counts the bytes
+# every draft write carries through SQLAlchemy's cursor events.
+_SAVE = {sqlite: _save_sql(sqlite=sqlite) for sqlite in (True, False)}
+_DROP = {
+    sqlite: text(
+        f"DELETE FROM run_drafts WHERE run_id = :run_id RETURNING {'chat_jid' if sqlite else NOTIFY_RETURNING}"
+    )
+    for sqlite in (True, False)
+}
 
 
 def chat_drafts(db: Database, chat_jid: str) -> list[Draft]:
@@ -70,7 +93,7 @@ def chat_drafts(db: Database, chat_jid: str) -> list[Draft]:
 
 def chat_draft_versions(db: Database, chat_jid: str) -> dict[str, int]:
     """Run id -> draft version of the chat's running runs, oldest run first, without their
-    text: what a reader polls, so an unchanged draft of a megabyte is not read again each tick."""
+    text: what a reader polls, so an unchanged draft of a megabyte is not read again each look."""
     stmt = (
         select(RunDraftRow.run_id, RunDraftRow.version)
         .join(RunRow, RunRow.id == RunDraftRow.run_id)

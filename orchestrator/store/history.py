@@ -7,7 +7,8 @@ text in the message's metadata (``edit_history``).
 
 Operations that move the group's cursor take the group's lease first, like a
 run does, so they never interleave with a run writing to the same chat; if a
-run holds it they raise :class:`GroupBusy` (cancel the run or wait).
+run holds it they raise :class:`GroupBusy` (cancel the run or wait).  Each change
+wakes the chat's open streams (store/chat_wakeups.py), which then reset their view.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from orchestrator.model.context import CONTEXT_KEY, parse_context
 from orchestrator.model.messages import STORED_ONLY_SENDERS, StoredMessage
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
 from orchestrator.store import leases
+from orchestrator.store.chat_wakeups import chat_changed
 from orchestrator.store.db import Database
 from orchestrator.store.message_log import to_stored
 from orchestrator.store.tables import GroupRow, MessageRow, RunRow
@@ -133,6 +135,7 @@ def edit_message(
             _rewind(session, chat_jid, cursor_seq=cursor, pending_seq=row.seq)
         session.flush()
         message = to_stored(row)
+        chat_changed(session, chat_jid)  # the open streams reset their view
     if rerun and signal is not None:
         signal(chat_jid)
     return HistoryChange(message=message, superseded=superseded, rerun=rerun)
@@ -171,6 +174,7 @@ def regenerate(
         _rewind(session, chat_jid, cursor_seq=start, pending_seq=answered)
         session.flush()
         message = to_stored(row)
+        chat_changed(session, chat_jid)
     if signal is not None:
         signal(chat_jid)
     return HistoryChange(message=message, superseded=superseded, rerun=True)
@@ -220,4 +224,5 @@ def truncate_after(db: Database, settings: Settings, chat_jid: str, message_id: 
                 pending_seq=min(group.pending_seq, row.seq),
             )
         message = to_stored(row)
+        chat_changed(session, chat_jid)
     return HistoryChange(message=message, superseded=superseded, rerun=False)

@@ -29,6 +29,7 @@ from orchestrator.model.messages import (
     StoredMessage,
     sender_type_problem,
 )
+from orchestrator.store.chat_wakeups import NOTIFY_RETURNING, chat_changed
 from orchestrator.store.db import Database, db_time, driver_execute
 from orchestrator.store.tables import MessageRow
 
@@ -119,10 +120,12 @@ _INSERT = """INSERT INTO messages
     (seq, id, chat_jid, sender, sender_name, content, "timestamp", is_from_me, message_type, "metadata", stored_at)
     VALUES (COALESCE((SELECT MAX(seq) FROM messages), 0) + 1, :id, :chat_jid, :sender, :sender_name,
             :content, :timestamp, :is_from_me, :message_type, :metadata, {now})
-    ON CONFLICT (id, chat_jid) DO NOTHING RETURNING seq"""
-# ``stored_at``: the database's clock, as ``db.now_sql`` writes it on each backend.
-_INSERT_SQLITE = _INSERT.format(now="strftime('%Y-%m-%d %H:%M:%f', 'now')")
-_INSERT_PG = _INSERT.format(now="now()")
+    ON CONFLICT (id, chat_jid) DO NOTHING RETURNING seq{wake}"""
+# ``stored_at``: the database's clock, as ``db.now_sql`` writes it on each backend.  On
+# PostgreSQL the chat's wake-up goes in the same statement (store/chat_wakeups.py), only
+# for a row stored; on SQLite it is noted on the connection for after the commit.
+_INSERT_SQLITE = _INSERT.format(now="strftime('%Y-%m-%d %H:%M:%f', 'now')", wake="")
+_INSERT_PG = _INSERT.format(now="now()", wake=f", {NOTIFY_RETURNING}")
 _NAME_FILE = "INSERT INTO message_files (chat_jid, message_id, file_id) VALUES (:chat_jid, :message_id, :file_id)"
 _MESSAGES = MessageRow.__table__
 _STORED_FIELDS = (
@@ -144,7 +147,8 @@ _EXISTING = select(_MESSAGES).where(_MESSAGES.c.id == bindparam("id"), _MESSAGES
 
 def insert_message(session: Session | Connection, db: Database, new: NewMessage) -> tuple[StoredMessage, bool]:
     """Insert inside the caller's transaction (an ORM session or a Core
-    connection); returns (message, created)."""
+    connection); returns (message, created).  A stored message wakes the chat's
+    open streams when the transaction commits (store/chat_wakeups.py)."""
     _validate(new)
     new = _without_nul(_normalized(new))
     if isinstance(session, Session):
@@ -164,6 +168,8 @@ def insert_message(session: Session | Connection, db: Database, new: NewMessage)
     if row is None:  # (id, chat_jid) is already stored: the first copy stands
         existing = conn.execute(_EXISTING, {"id": new.id, "chat_jid": new.chat_jid}).mappings().one()
         return StoredMessage(**{k: existing[k] for k in _STORED_FIELDS}), False
+    if db.is_sqlite:
+        chat_changed(conn, new.chat_jid)  # PostgreSQL's is in the INSERT
     files = files_of(new.metadata)
     if files is not None:
         # Which files it names, for retention (store/files.py: FileStore.prune).

@@ -1,4 +1,8 @@
-"""Agent run records: one row per run, with state, timings and usage."""
+"""Agent run records: one row per run, with state, timings and usage.
+
+A run created, or its state or attempt changed, wakes its chat's open streams when the
+change commits (store/chat_wakeups.py): on PostgreSQL in the fixed statements' own
+``RETURNING``, no round trip of its own."""
 
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ from sqlalchemy.orm import Session, defer
 
 from orchestrator.core import secrets
 from orchestrator.core.errors import NotFound
-from orchestrator.store.db import Database, age_text, db_now, db_time, driver_execute, now_text
+from orchestrator.store.chat_wakeups import NOTIFY_RETURNING, chat_changed
+from orchestrator.store.db import Database, age_text, changed_rows, db_now, db_time, driver_execute, now_text
 from orchestrator.store.stored_literals import checked, column_check
 from orchestrator.store.tables import GroupChannelRow, GroupRow, RunRow
 
@@ -132,6 +137,8 @@ def create_run(
                 "owner": owner,
             },
         ).fetchone()[0]
+        if db.is_sqlite:
+            chat_changed(conn, chat_jid)
     at = db_time(created)
     assert at is not None  # a NOT NULL column, just written
     return Run(
@@ -160,7 +167,7 @@ def _create_sql(*, sqlite: bool) -> str:
         "INSERT INTO runs (id, chat_jid, state, attempts, cursor_from, cursor_to, celery_task_id, owner, "
         "input_tokens, output_tokens, created_at, started_at) "
         f"VALUES (:id, :chat_jid, 'queued', 1, :cursor_from, :cursor_to, :celery_task_id, :owner, 0, 0, {now}, {now}) "
-        "RETURNING created_at"
+        "RETURNING created_at" + ("" if sqlite else f", {NOTIFY_RETURNING}")
     )
 
 
@@ -196,6 +203,7 @@ def add_run(
         started_at=now,
     )
     session.add(row)
+    chat_changed(session, chat_jid)
     return _to_run(row)
 
 
@@ -204,14 +212,20 @@ def set_container(db: Database, run_id: str, container_id: str) -> None:
 
     One UPDATE, no read first: a round trip less per run (bench/control_plane.py), and a
     cancel committed between a read and the write could not be written over."""
-    db.write_fixed(_SET_CONTAINER, {"run_id": run_id, "container_id": container_id})
+    with db.transaction() as conn:
+        row = driver_execute(conn, _SET_CONTAINER[db.is_sqlite], {"run_id": run_id, "container_id": container_id})
+        found = row.fetchone()
+        if db.is_sqlite and found is not None:
+            chat_changed(conn, found[0])
 
 
 # Once a run: fixed SQL on the driver (docs/performance.md, "The control plane").
-_SET_CONTAINER = (
-    "UPDATE runs SET container_id = :container_id, "
-    "state = CASE WHEN state = 'queued' THEN 'running' ELSE state END WHERE id = :run_id"
-)
+_SET_CONTAINER = {
+    sqlite: "UPDATE runs SET container_id = :container_id, "
+    "state = CASE WHEN state = 'queued' THEN 'running' ELSE state END WHERE id = :run_id "
+    f"RETURNING {'chat_jid' if sqlite else NOTIFY_RETURNING}"
+    for sqlite in (True, False)
+}
 
 
 def park_run(
@@ -237,6 +251,7 @@ def park_run(
         row.input_tokens, row.output_tokens = input_tokens, output_tokens
         if row.state == "running":
             row.state = "queued"  # a cancel that came meanwhile stays
+        chat_changed(session, row.chat_jid)
         return _to_run(row)
 
 
@@ -256,11 +271,13 @@ def cancel_run(db: Database, run_id: str) -> Run:
     """
     run = get_run(db, run_id)
     with db.write() as session:
-        session.execute(
+        cancelled = session.execute(
             update(RunRow)
             .where(RunRow.id == run.id, RunRow.state.in_(("queued", "running")))
             .values(state="cancelled", error="cancelled by request")
         )
+        if changed_rows(cancelled):
+            chat_changed(session, run.chat_jid)
     return get_run(db, run.id)
 
 
@@ -305,7 +322,11 @@ def finish_run(
         row = driver_execute(conn, _RUN_BY_ID, {"run_id": run_id}).fetchone()
         if row is None:
             raise NotFound(f"no run {run_id!r}")
-    return run_from_values(tuple(row))
+        return run_from_values(tuple(row))
+    run = run_from_values(tuple(row)[: len(RUN_COLUMNS)])  # PostgreSQL's wake-up after the columns
+    if db.is_sqlite:
+        chat_changed(conn, run.chat_jid)
+    return run
 
 
 def _finish_sql(*, sqlite: bool) -> str:
@@ -316,6 +337,7 @@ def _finish_sql(*, sqlite: bool) -> str:
         f"input_tokens = :input_tokens, output_tokens = :output_tokens, retry_at = NULL, finished_at = {now}, "
         f"duration_s = {age_text('started_at', sqlite=sqlite)} "
         f"WHERE id = :run_id AND finished_at IS NULL RETURNING {', '.join(RUN_COLUMNS)}"
+        + ("" if sqlite else f", {NOTIFY_RETURNING}")
     )
 
 

@@ -302,11 +302,20 @@ def test_idle_stream_sends_keepalives(
 
 
 def test_a_stream_stops_polling_when_its_client_goes(
-    db: Database, base_url: str, monkeypatch: pytest.MonkeyPatch
+    db: Database, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ticks: list[float] = []
     poll = ChatStream.poll
-    monkeypatch.setattr(ChatStream, "poll", lambda self: (ticks.append(time.monotonic()), poll(self))[1])
+    monkeypatch.setattr(
+        ChatStream, "poll", lambda self, woken=False: (ticks.append(time.monotonic()), poll(self, woken))[1]
+    )
+    add_group(db, chat_jid=JID, name="Live", folder="live", requires_trigger=False)
+    # Looks every 0.2 s with nothing to wake it: a second without one after the client went says it stopped.
+    with serve(create_app(Orchestrator(settings.replace(stream_safety_poll_s=0.2)))) as base_url:
+        _stops_when_the_client_goes(base_url, ticks)
+
+
+def _stops_when_the_client_goes(base_url: str, ticks: list[float]) -> None:
     # A raw client, so that going away is a real FIN (a socket closed under a thread blocked in recv is not).
     host, port = base_url.removeprefix("http://").split(":")
     client = socket.create_connection((host, int(port)), timeout=10)

@@ -275,13 +275,13 @@ def test_a_streamed_reply_shows_as_a_draft_and_is_stored_once(settings: Settings
         [draft] = seen["drafts"]
         assert draft.text and "".join(words).startswith(draft.text)  # the text so far, in one row
         drafts = [json.loads(f.data) for f in seen["frames"] if f.event == "draft"]
-        assert drafts == [{"run_id": draft.run_id, "text": draft.text}]
+        assert drafts == [{"run_id": draft.run_id, "offset": 0, "text": draft.text}]
         wait_until(lambda: not chat_drafts(db, JID), 10, "the draft to go when the reply is stored")
         # The stream says the draft is gone, after the stored reply.
         frames = stream.poll()
         kinds = [f.event for f in frames]
         assert kinds.index("message") < kinds.index("draft")
-        assert json.loads(frames[kinds.index("draft")].data) == {"run_id": draft.run_id, "text": ""}
+        assert json.loads(frames[kinds.index("draft")].data) == {"run_id": draft.run_id, "offset": 0, "text": ""}
     finally:
         gate.set()
         worker.join(10)

@@ -29,7 +29,7 @@
     current: null,      // the selected group
     stream: null,       // { close() }
     shown: new Map(),   // seq -> article element
-    drafts: new Map(),  // run id -> article element: a reply being written, until it is stored
+    drafts: new Map(),  // run id -> {node, chars}: a reply being written (its length in code points), until it is stored
     run: null,
     pending: [],        // files chosen for the next message: { file, node }
     sending: false,
@@ -230,7 +230,8 @@
 
   function openStream(jid) {
     if (state.stream) state.stream.close();
-    const url = `api/chats/${enc(jid)}/stream?after=0`;
+    // drafts=append: each draft event carries what the reply grew by, not the whole text.
+    const url = `api/chats/${enc(jid)}/stream?after=0&drafts=append`;
     const handlers = {
       message: (data) => showMessage(JSON.parse(data)),
       run: (data) => setRun(JSON.parse(data)),
@@ -379,17 +380,20 @@
     if (force || nearBottom()) box.scrollTop = box.scrollHeight;
   }
 
-  // A reply as the model writes it (the stream's "draft" events): plain text,
-  // replaced by the stored message when it arrives (or dropped when the run ends).
+  // A reply as the model writes it (the stream's "draft" events): plain text, replaced by
+  // the stored message when it arrives (or dropped when the run ends).  Each event says
+  // to keep the first `offset` characters (code points) shown and put `text` after them:
+  // offset 0 starts the draft over, and with no text the draft is gone.
   function showDraft(draft) {
-    if (!draft.text) {
+    if (!draft.offset && !draft.text) {
       removeDraft(draft.run_id);
       return;
     }
     const stick = nearBottom();
-    let node = state.drafts.get(draft.run_id);
-    if (!node) {
-      node = el("article", { className: "msg msg-assistant msg-draft", dataset: { run: draft.run_id } },
+    let shown = state.drafts.get(draft.run_id);
+    if (!shown) {
+      if (draft.offset) return;  // the stream never continues a draft it did not start on this page
+      const node = el("article", { className: "msg msg-assistant msg-draft", dataset: { run: draft.run_id } },
         el("header", { className: "msg-head" }, el("span", { className: "who", text: assistantName() }),
           el("span", { className: "muted", text: "writing…" })),
         el("div", { className: "text" }));
@@ -397,15 +401,24 @@
       const typing = box.querySelector(".typing");
       if (typing) box.insertBefore(node, typing);
       else box.append(node);
-      state.drafts.set(draft.run_id, node);
+      shown = { node, chars: 0 };
+      state.drafts.set(draft.run_id, shown);
     }
-    node.querySelector(".text").textContent = draft.text;
+    const text = shown.node.querySelector(".text");
+    const offset = draft.offset || 0;
+    if (offset === shown.chars && offset > 0) {
+      text.append(draft.text);  // what it grew by: a text node more, nothing rewritten
+    } else {
+      const kept = offset > 0 ? Array.from(text.textContent).slice(0, offset).join("") : "";
+      text.textContent = kept + draft.text;
+    }
+    shown.chars = Math.min(offset, shown.chars) + Array.from(draft.text).length;
     if (stick) scrollDown(true);
   }
 
   function removeDraft(runId) {
-    const node = state.drafts.get(runId);
-    if (node) node.remove();
+    const shown = state.drafts.get(runId);
+    if (shown) shown.node.remove();
     state.drafts.delete(runId);
   }
 
