@@ -261,3 +261,18 @@ def test_streaming_bench_sees_text_before_the_stored_reply(docker_engine: None) 
     # 15 words 0.1 s apart: the first text shows about 1.4 s before the reply is stored.
     assert 0 < first < stored, out
     assert numbers(r"median draft events per reply: (\d+)", out)[0] >= 2, out
+
+
+def test_stream_push_bench_times_both_modes_on_both_databases() -> None:
+    require_service(pg_available(), "PostgreSQL")
+    out = bench("bench.stream_push", "--deltas", "4", "--interval", "0.05", "--idle-s", "1", "--pg", PG_URL)
+    for backend in ("sqlite", "postgresql"):
+        for mode in ("poll every 0.2 s (baseline)", "push (2 s safety poll)"):
+            line = next((x for x in out.splitlines() if x.startswith(backend) and mode in x), None)
+            assert line is not None, out
+            draft_p50, draft_p95, message_p50, message_p95 = numbers(r"([\d.]+)ms", line)
+            assert 0 < draft_p50 <= draft_p95 and 0 < message_p50 <= message_p95, line
+            # The baseline's stream looked at least every 0.2 s: its queries were counted.
+            stream_qps = numbers(r"idle stream +([\d.]+) q/s", line)[0]
+            assert stream_qps > 0 if "baseline" in mode else stream_qps >= 0, line
+        assert len(numbers(r"\b([\d.]+)x", next(x for x in out.splitlines() if x.startswith(f"{backend}: ")))) == 4
