@@ -18,6 +18,12 @@ timed from the moment the call returned (committed) to the arrival of its event 
 draft's ``offset`` + text reaching the new length, with ``drafts=append``; the message's
 id) on the HTTP stream, read in a thread as a browser would.
 
+The page: the same draft deltas shown by the web page (``orchestrator/http/web/app.js``)
+in headless Chromium (the system's, driven by Playwright, as tests/host/test_web_page.py
+does; skipped with a note where there is none, or with ``--no-browser``), timed from the
+commit to the page's DOM holding the new text (a MutationObserver's time, on the same
+clock as this process's; the paint follows within a frame).
+
 Idle: the statements the API process sends to the database in ``--idle-s`` seconds, with
 no stream open and then with one stream open on a quiet chat (SQLite: every statement
 the driver runs, BEGIN and COMMIT included, by its trace callback; PostgreSQL: every
@@ -249,11 +255,69 @@ def latencies(db: Database, url: str, chat: str, n: int, interval: float) -> tup
     return drafts, messages
 
 
+_OBSERVE = """() => {
+  window.__seen = [];
+  new MutationObserver(() => {
+    const t = document.querySelector("article.msg-draft .text");
+    if (t) window.__seen.push([performance.timeOrigin + performance.now(), t.textContent.length]);
+  }).observe(document.getElementById("messages"), {subtree: true, childList: true, characterData: true});
+}"""
+
+
+def page_latencies(page: Any, db: Database, url: str, chat: str, n: int, interval: float) -> list[float]:
+    """Seconds from a draft delta stored to the web page's DOM showing it, ``n`` deltas."""
+    rng = random.Random(38)
+    add_group(db, chat_jid=chat, name=chat, folder=chat.split("@")[0], requires_trigger=False)
+    page.goto(f"{url}/#chat_jid={chat}")
+    page.wait_for_selector("#conn[data-state='live']")
+    page.evaluate(_OBSERVE)
+    run = create_run(db, chat_jid=chat, cursor_from=0, cursor_to=0, celery_task_id=None)
+    set_container(db, run.id, "bench")
+    page.wait_for_selector("#run-status[data-state='running']")
+    text, seen = "", []
+    for version in range(1, n + 1):
+        time.sleep(rng.uniform(0.5, 1.5) * interval)
+        text += f"word{version} "  # ASCII: the DOM's UTF-16 length is the text's
+        save_draft(db, run.id, chat, text, version)
+        stored = time.time()
+        shown = page.wait_for_function(
+            "n => (window.__seen.find(([, len]) => len >= n) || [null])[0]", arg=len(text), polling=2, timeout=30_000
+        ).json_value()
+        seen.append(shown / 1000 - stored)
+    finish_run(db, run.id, state="succeeded")
+    return seen
+
+
+@contextlib.contextmanager
+def chromium(wanted: bool) -> Iterator[Any]:
+    """A headless Chromium page (None: not wanted, or no Chromium or Playwright here)."""
+    from tests.web_browser import chromium_path
+
+    path = chromium_path() if wanted else None
+    if path is None:
+        if wanted:
+            print("(no Chromium here: the page is not timed)")
+        yield None
+        return
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        print("(no Playwright here: the page is not timed)")
+        yield None
+        return
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=path, chromium_sandbox=False)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:7.1f}ms"
 
 
-def measure(backend: str, database_url: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+def measure(backend: str, database_url: str, args: argparse.Namespace, browser: Any) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-stream-push-") as tmp:
         settings = Settings.load(data_dir=Path(tmp) / "data", database_url=database_url, env_file=None)
@@ -265,7 +329,21 @@ def measure(backend: str, database_url: str, args: argparse.Namespace) -> dict[s
                 with api_process(settings, mode) as (url, counts):
                     alone, with_stream = idle_rates(db, url, counts, f"idle-{mode}@local", args.idle_s)
                     drafts, messages = latencies(db, url, f"live-{mode}@local", args.deltas, args.interval)
-                results[mode] = {"alone": alone, "stream": with_stream, "drafts": drafts, "messages": messages}
+                    shown: list[float] = []
+                    if browser is not None:
+                        context = browser.new_context()
+                        try:
+                            page = context.new_page()
+                            shown = page_latencies(page, db, url, f"page-{mode}@local", args.deltas, args.interval)
+                        finally:
+                            context.close()
+                results[mode] = {
+                    "alone": alone,
+                    "stream": with_stream,
+                    "drafts": drafts,
+                    "messages": messages,
+                    "page": shown,
+                }
                 r = results[mode]
                 name = "poll every 0.2 s (baseline)" if mode == "poll" else "push (2 s safety poll)"
                 print(
@@ -274,6 +352,12 @@ def measure(backend: str, database_url: str, args: argparse.Namespace) -> dict[s
                     f"idle stream {r['stream'] - r['alone']:6.2f} q/s (API alone {r['alone']:.2f} q/s)",
                     flush=True,
                 )
+                if shown:
+                    print(
+                        f"{'':<11} {'  the page (Chromium DOM)':<29} draft p50 {_ms(pct(shown, 50))} "
+                        f"p95 {_ms(pct(shown, 95))}",
+                        flush=True,
+                    )
         finally:
             db.dispose()
     poll, push = results["poll"], results["push"]
@@ -282,7 +366,12 @@ def measure(backend: str, database_url: str, args: argparse.Namespace) -> dict[s
         f"{backend}: poll / push: draft p50 {pct(poll['drafts'], 50) / pct(push['drafts'], 50):.1f}x, "
         f"p95 {pct(poll['drafts'], 95) / pct(push['drafts'], 95):.1f}x; "
         f"message p50 {pct(poll['messages'], 50) / pct(push['messages'], 50):.1f}x; "
-        f"idle stream queries {idle_poll / max(idle_push, 1e-9):.1f}x",
+        + (
+            f"idle stream queries {idle_poll / idle_push:.1f}x"
+            if idle_push > 0
+            else f"idle stream queries {idle_poll:.2f}/s against none counted in {args.idle_s:g} s"
+        )
+        + (f"; the page's draft p50 {pct(poll['page'], 50) / pct(push['page'], 50):.1f}x" if push["page"] else ""),
         flush=True,
     )
     return results
@@ -293,6 +382,7 @@ def main() -> None:
     parser.add_argument("--deltas", type=int, default=200, help="draft deltas (and messages) timed per mode")
     parser.add_argument("--interval", type=float, default=0.1, help="mean seconds between two of them")
     parser.add_argument("--idle-s", type=float, default=10.0, help="seconds an idle stream is counted")
+    parser.add_argument("--no-browser", action="store_true", help="do not time the web page in Chromium")
     parser.add_argument("--pg", default="", help="a PostgreSQL server (a role that may create databases)")
     parser.add_argument("--serve-api", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--counts", default="", help=argparse.SUPPRESS)
@@ -309,10 +399,11 @@ def main() -> None:
         f"one every ~{args.interval:g} s; idle: statements a second the API sends for one open quiet stream "
         f"({args.idle_s:g} s)"
     )
-    measure("sqlite", "", args)
-    if args.pg:
-        with fresh_pg_database(args.pg) as url:
-            measure("postgresql", url, args)
+    with chromium(not args.no_browser) as browser:
+        measure("sqlite", "", args, browser)
+        if args.pg:
+            with fresh_pg_database(args.pg) as url:
+                measure("postgresql", url, args, browser)
 
 
 def _cpu_model() -> str:
