@@ -332,11 +332,14 @@ class Settings(msgspec.Struct, kw_only=True):
     # blocks, scaled in the sandbox (agent_runner/images.py); any other model reads the
     # images' names and paths only.  "offline" reports what it was shown (/images).
     vision_models: str = "claude-*,gpt-4o*,gpt-4.1*,gpt-5*,offline"
-    # The models that see images (comma-separated shell patterns, matched against the model
-    # id without its provider, case-insensitive): a person's images go to them as image
-    # blocks, scaled in the sandbox (agent_runner/images.py); any other model reads the
-    # images' names and paths only.  "offline" reports what it was shown (/images).
-    vision_models: str = "claude-*,gpt-4o*,gpt-4.1*,gpt-5*,offline"
+
+    # The API the CLI's ``send`` talks to (e.g. http://10.0.0.5:8000 for a
+    # fleet's API).  Empty: the one ``orchestrator up``/``api`` announced in
+    # the data dir (orchestrator/http/endpoint.py), else the CLI stores in process.
+    api_url: str = ""
+    api_host: str = "127.0.0.1"
+    api_port: Annotated[int, Meta(ge=0, le=65535)] = 8000
+    # Bearer token of every /api route (``Authorization: Bearer <token>``).
     # Required when the API listens beyond loopback (it refuses to start
     # without one); optional on loopback, and enforced there too when set.
     api_token: str = ""
