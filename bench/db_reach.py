@@ -74,10 +74,12 @@ SHAPE = [
     # the run row
     "INSERT INTO runs",
     "COMMIT",
-    # reads: how long the batch waited, the notices
+    # reads: how long the batch waited, the notices, the tasks the agent may manage
     "SELECT MIN(stored_at)",
     "SELECT state,",
     "SELECT prompt,",
+    "SELECT scheduled_tasks.id,",
+    "COMMIT",
     # the recorded input; the container's id
     "UPDATE runs SET input_sha256",
     "COMMIT",

@@ -14,12 +14,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 CONTAINER_DIR = Path(__file__).resolve().parents[2] / "container"
 
@@ -91,3 +94,25 @@ def run_runner(workspace: Path) -> RunRunner:
         return RunnerResult(proc.returncode, events, proc.stderr.decode())
 
     return run
+
+
+def in_own_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` in a thread of its own, its exception raised here: code that
+    calls ``asyncio.run`` (the Claude Code runner) needs a thread with no event loop running,
+    and a session-wide fixture (Playwright's) may keep one running in the tests' own thread."""
+    result: list[T] = []
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            result.append(fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=call, name="own-loop")
+    thread.start()
+    thread.join(120)
+    if errors:
+        raise errors[0]
+    assert result, "the call did not end within 120 s"
+    return result[0]

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from runner_harness import RunRunner, make_input
+from runner_harness import RunRunner, in_own_thread, make_input
 
 from agent_runner.claude_code import agent as claude_agent
 from agent_runner.loop import run_agent
@@ -201,7 +201,7 @@ def _claude_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **fields: Any)
     workspace.mkdir(exist_ok=True)
     session.mkdir(exist_ok=True)
     events: list[Event] = []
-    claude_agent.run_claude_code(inp, events.append, workspace=workspace, session_root=session)
+    in_own_thread(claude_agent.run_claude_code, inp, events.append, workspace=workspace, session_root=session)
     assert isinstance(events[-1], ResultEvent)
     return sdk, events
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runner_harness import RunRunner, make_input
+from runner_harness import RunRunner, in_own_thread, make_input
 
 from agent_runner.claude_code import agent as claude_agent
 from agent_runner.protocol import (
@@ -315,7 +315,9 @@ def test_claude_code_is_offered_send_file_next_to_send_message(
     )
     (tmp_path / "session").mkdir()
     events: list[Event] = []
-    claude_agent.run_claude_code(inp, events.append, workspace=workspace, session_root=tmp_path / "session")
+    in_own_thread(
+        claude_agent.run_claude_code, inp, events.append, workspace=workspace, session_root=tmp_path / "session"
+    )
 
     server = sdk.options.mcp_servers[claude_agent.MCP_SERVER]
     assert claude_agent.MCP_SERVER == "chat"  # the CLI names them mcp__chat__send_message, mcp__chat__send_file
