@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import shlex
 import sys
 import threading
@@ -49,7 +48,7 @@ from orchestrator.run.ingest import IncomingMessage, Signal, ingest
 from orchestrator.store.chat_listener import Subscription, listen
 from orchestrator.store.db import Database
 from orchestrator.store.draft_feed import DraftFeed
-from orchestrator.store.files import CHUNK_BYTES, FileStore, StoredFile, chunks_of, file_envelope
+from orchestrator.store.files import FileStore, chunks_of, file_envelope
 from orchestrator.store.groups import find_group
 from orchestrator.store.history import edit_message, regenerate
 from orchestrator.store.message_log import get_messages_after, get_recent_messages, resolve_message
@@ -143,7 +142,7 @@ class Follower:
         for ref in files.files:
             try:
                 stored = store.get(ref.id, self.jid)
-                path = save_download(self.downloads, stored.name, functools.partial(_copy, store, stored))
+                path = save_download(self.downloads, stored.name, functools.partial(store.write_to, stored))
             except (OrchestratorError, OSError) as exc:
                 self.out(f"   [could not save {ref.name}: {exc}]")
                 continue
@@ -247,18 +246,6 @@ def send_file(
         store.discard([stored])
         raise
     out(f"   [sent {stored.name} ({stored.mime}, {human_size(stored.size)}) as #{result.message.seq}]")
-
-
-def _copy(store: FileStore, stored: StoredFile, write: Callable[[bytes], object]) -> int:
-    fd = store.open_content(stored)
-    try:
-        left = stored.size
-        while left > 0 and (chunk := os.read(fd, min(left, CHUNK_BYTES))):
-            write(chunk)
-            left -= len(chunk)
-    finally:
-        os.close(fd)
-    return stored.size - left
 
 
 def _idle(db: Database, jid: str) -> bool:

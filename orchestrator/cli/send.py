@@ -30,7 +30,6 @@ link), and each saved path is printed.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import uuid
@@ -106,19 +105,10 @@ class _LocalChat:
         return None
 
     def download(self, file_id: str, write: Callable[[bytes], object]) -> int:
-        from orchestrator.store.files import CHUNK_BYTES, FileStore
+        from orchestrator.store.files import FileStore
 
         files = FileStore.from_settings(self.root.db, self.root.settings)
-        stored = files.get(file_id, self.chat_jid)
-        fd = files.open_content(stored)
-        try:
-            left = stored.size
-            while left > 0 and (chunk := os.read(fd, min(left, CHUNK_BYTES))):
-                write(chunk)
-                left -= len(chunk)
-        finally:
-            os.close(fd)
-        return stored.size - left
+        return files.write_to(files.get(file_id, self.chat_jid), write)
 
 
 class _ApiChat:

@@ -42,7 +42,7 @@ import secrets
 import stat
 import time
 import unicodedata
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -487,6 +487,19 @@ class FileStore:
                 f"file {stored.id}: its content is {st.st_size} bytes, not the {stored.size} stored; not read"
             )
         return fd
+
+    def write_to(self, stored: StoredFile, write: Callable[[bytes], object]) -> int:
+        """Hand ``stored``'s bytes to ``write`` a chunk at a time (never whole in memory); the
+        bytes handed (fewer than its size only if its content ended early)."""
+        fd = self.open_content(stored)
+        try:
+            left = stored.size
+            while left > 0 and (chunk := os.read(fd, min(left, CHUNK_BYTES))):
+                write(chunk)
+                left -= len(chunk)
+        finally:
+            os.close(fd)
+        return stored.size - left
 
     def read_bytes(self, stored: StoredFile) -> bytes:
         """The whole of a stored file (bounded: its recorded size, itself within the limit)."""
