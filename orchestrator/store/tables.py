@@ -126,6 +126,10 @@ class GroupRow(Base):
     # that host's own queue while it is up; NULL: no place yet, the shared queue.
     placed_host: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    # The group's open question (revision 0023; orchestrator/run/questions.py), at most one,
+    # read with the group by ingest; and who may answer (NULL: anyone in the chat).
+    open_question: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    approvers: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
 
     __table_args__ = (
         # At most one main group, whoever writes the row (revision 0017): its agent may
@@ -187,6 +191,43 @@ class ScheduledTaskRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
     # Scheduled by the agent through its tools (revision 0022), not by an operator.
     made_by_agent: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False, server_default=false())
+
+
+class QuestionRow(Base):
+    """A question the agent asked its group (``ask_user``; revision 0023): open -> answered | expired."""
+
+    __tablename__ = "questions"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    chat_jid: Mapped[str] = mapped_column(Text, nullable=False)
+    # The run and the tool call that asked: the answer is stored as that call's result.
+    run_id: Mapped[str] = mapped_column(String(36), nullable=False)
+    tool_use_id: Mapped[str] = mapped_column(Text, nullable=False)
+    # The stored message that shows it, and the input its run answered (the answer sits after it).
+    message_seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    reply_to_seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    question: Mapped[str] = mapped_column(Text, nullable=False)
+    options: Mapped[list[str]] = mapped_column(JSON, nullable=False)
+    multiple: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    allow_other: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False)
+    asked_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # {"options": [...], "text": ...}: what was chosen (and the free text, if allowed).
+    answer: Mapped[JsonObject | None] = mapped_column(JSON, nullable=True)
+    answered_by: Mapped[str | None] = mapped_column(Text, nullable=True)
+    answered_by_name: Mapped[str | None] = mapped_column(Text, nullable=True)
+    answered_via: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # The stored tool result that closed it (the answer, or why it expired).
+    answer_seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    closed_why: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    __table_args__ = (
+        Index("idx_questions_chat", "chat_jid", "asked_at"),
+        # The sweeper's look for open questions past their time.
+        Index("idx_questions_due", "state", "expires_at"),
+    )
 
 
 class GroupChannelRow(Base):
