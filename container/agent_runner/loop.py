@@ -2,7 +2,8 @@
 
 Every step is reported as a protocol event through ``emit`` as soon as it
 happens, so the host can stream progress into the chat.  The loop stops
-when the model answers without calling a tool, or after
+when the model answers without calling a tool, when it asks its chat a
+question (``ask_user``: ``stop_reason="asked_user"``), or after
 ``limits.max_turns`` model calls (``stop_reason="max_turns"``).
 """
 
@@ -12,6 +13,8 @@ import logging
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+
+import msgspec
 
 from . import envelopes
 from .conversation import build_messages, build_system_prompt
@@ -44,6 +47,8 @@ log = logging.getLogger(__name__)
 
 Emit = Callable[[Event], None]
 MAX_TURNS_STOP_REASON = "max_turns"
+# The run ended by asking its chat a question (``ask_user``).
+ASKED_STOP_REASON = "asked_user"
 
 
 def _emit_content(block: ContentBlock, emit: Emit) -> None:
@@ -62,9 +67,14 @@ def envelope_for(call: ToolUseBlock, outcome: ToolOutcome) -> KnownEnvelope:
     return envelopes.tool_call(call.name, call.input, outcome.output, is_error=outcome.is_error)
 
 
-def _run_tool_call(call: ToolUseBlock, ctx: ToolContext, emit: Emit) -> ToolResultBlock:
+def _run_tool_call(call: ToolUseBlock, ctx: ToolContext, emit: Emit) -> ToolResultBlock | None:
+    """Run one call and emit its result; None for a question asked (``ask_user``): the
+    question goes out instead, and its answer is the call's result, in a later run."""
     log.info("tool %s (%s)", call.name, call.id)
     outcome = run_tool(call.name, call.input, ctx)
+    if outcome.question is not None:
+        emit(msgspec.structs.replace(outcome.question, tool_use_id=call.id))
+        return None
     emit(
         ToolResultEvent(
             tool_use_id=call.id,
@@ -128,8 +138,13 @@ def run_agent(inp: ContainerInput, provider: Provider, emit: Emit, *, workspace:
             break
         # Run the calls even on the last allowed turn: the model asked for
         # their side effects; it just will not see the results.
-        results: list[ToolResultBlock] = [_run_tool_call(c, ctx, emit) for c in calls]
+        ran = [_run_tool_call(c, ctx, emit) for c in calls]
+        results: list[ToolResultBlock] = [r for r in ran if r is not None]
         messages.append(ProviderMessage("user", list(results)))
+        if len(results) < len(ran):
+            # A question was asked: the run ends; its answer comes in a later run.
+            stop_reason = ASKED_STOP_REASON
+            break
         if turns >= inp.limits.max_turns:
             log.warning("stopping after max_turns=%d with tool results pending", turns)
             stop_reason = MAX_TURNS_STOP_REASON

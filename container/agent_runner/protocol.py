@@ -155,6 +155,7 @@ OPTIONAL_TOOL_NAMES: Final[dict[str, tuple[str, ...]]] = {
     "send_message": ("send_message",),
     "send_file": ("send_file",),
     "schedules": ("schedule_task", "list_tasks", "update_task", "pause_task", "resume_task", "cancel_task"),
+    "questions": ("ask_user",),
 }
 OPTIONAL_TOOLS: Final = tuple(OPTIONAL_TOOL_NAMES)
 
@@ -254,6 +255,15 @@ TOOL_CALL = "TOOL_CALL"
 FILE = "FILE"
 # The files one message may carry.
 MAX_FILES_PER_MESSAGE = 20
+# A question the agent asked its group, with its options (``ask_user``).  Only the host
+# writes APPROVAL envelopes: a sender or an import posting one is refused.
+APPROVAL = "APPROVAL"
+# A question's options: at least two, at most ten; each a button's label, within Slack's
+# 75 characters.  The question itself within a Slack section's text and then some room.
+MIN_OPTIONS = 2
+MAX_OPTIONS = 10
+MAX_OPTION_CHARS = 75
+MAX_QUESTION_CHARS = 2000
 
 
 class _Payload(_FrozenModel, frozen=True):
@@ -310,6 +320,19 @@ class FilePayload(_Payload, frozen=True):
     files: Annotated[list[FileRef], Meta(min_length=1, max_length=MAX_FILES_PER_MESSAGE)]
 
 
+class ApprovalPayload(_Payload, frozen=True):
+    """A question with options: single or multiple choice, with free text or without."""
+
+    question_id: Annotated[str, Meta(min_length=1, max_length=16)]
+    question: Annotated[str, Meta(min_length=1, max_length=MAX_QUESTION_CHARS)]
+    options: Annotated[
+        list[Annotated[str, Meta(min_length=1, max_length=MAX_OPTION_CHARS)]],
+        Meta(min_length=MIN_OPTIONS, max_length=MAX_OPTIONS),
+    ]
+    multiple: bool = False
+    allow_other: bool = False
+
+
 class _Envelope(_FrozenModel, tag_field="message_type", frozen=True):
     # The type is the struct's tag, written first as "message_type".
 
@@ -346,6 +369,13 @@ class FileEnvelope(_Envelope, tag=FILE, kw_only=True, frozen=True):
     payload: FilePayload
 
 
+class ApprovalEnvelope(_Envelope, tag=APPROVAL, kw_only=True, frozen=True):
+    """The agent's question to its group (stored by the host alone; orchestrator/run/questions.py)."""
+
+    version: Annotated[int, Meta(ge=1)] = ENVELOPE_VERSION
+    payload: ApprovalPayload
+
+
 class OtherEnvelope(_FrozenModel, frozen=True):
     """An envelope of a type this side does not know (or TEXT): its payload unchecked."""
 
@@ -354,13 +384,17 @@ class OtherEnvelope(_FrozenModel, frozen=True):
     payload: Any = field(default_factory=dict)
 
 
-KnownEnvelope = Union[CodeEditEnvelope, TodoEnvelope, ToolCallEnvelope, FileEnvelope]
-Envelope = Union[CodeEditEnvelope, TodoEnvelope, ToolCallEnvelope, FileEnvelope, OtherEnvelope]
-ENVELOPE_TYPES: dict[str, type[CodeEditEnvelope] | type[TodoEnvelope] | type[ToolCallEnvelope] | type[FileEnvelope]] = {
+KnownEnvelope = Union[CodeEditEnvelope, TodoEnvelope, ToolCallEnvelope, FileEnvelope, ApprovalEnvelope]
+Envelope = Union[CodeEditEnvelope, TodoEnvelope, ToolCallEnvelope, FileEnvelope, ApprovalEnvelope, OtherEnvelope]
+ENVELOPE_TYPES: dict[
+    str,
+    type[CodeEditEnvelope] | type[TodoEnvelope] | type[ToolCallEnvelope] | type[FileEnvelope] | type[ApprovalEnvelope],
+] = {
     CODE_EDIT: CodeEditEnvelope,
     TODO: TodoEnvelope,
     TOOL_CALL: ToolCallEnvelope,
     FILE: FileEnvelope,
+    APPROVAL: ApprovalEnvelope,
 }
 
 
@@ -483,6 +517,18 @@ class TaskEvent(_Event, tag="task"):
     context_mode: ContextMode | None = None
 
 
+class QuestionEvent(_Event, tag="question"):
+    """The agent asks its group (``ask_user``) and its run ends: the answer comes back as the
+    result of the call ``tool_use_id`` (the built-in loop's next run), or as the next message
+    (Claude Code).  The host checks the question and its options again (the limits above)."""
+
+    tool_use_id: str
+    question: str
+    options: list[str]
+    multiple: bool = False
+    allow_other: bool = False
+
+
 class ResultEvent(_Event, tag="result"):
     """Always the last event of a successful run."""
 
@@ -508,6 +554,7 @@ Event = Union[
     SendMessageEvent,
     SendFileEvent,
     TaskEvent,
+    QuestionEvent,
     ResultEvent,
     ErrorEvent,
 ]

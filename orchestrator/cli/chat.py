@@ -63,6 +63,7 @@ RUN_MARKS = {
     "queued": "⏳ queued",
     "running": "⚙️ running",
     "succeeded": "✔ done",
+    "awaiting_answer": "❓ awaiting an answer",
     "failed": "✖ failed",
     "timed_out": "✖ timed out",
     "cancelled": "🛑 cancelled",

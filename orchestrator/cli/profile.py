@@ -101,10 +101,22 @@ def groups_set(
         typer.Option(
             "--tools",
             metavar="TOOL,...|all|none",
-            help="The optional tools the group's agent has (send_message, send_file), comma separated; "
-            "'all': every one, 'none': none of them.",
+            help="The optional tools the group's agent has (send_message, send_file, schedules, questions), "
+            "comma separated; 'all': every one, 'none': none of them.",
         ),
     ] = None,
+    approvers: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--approver",
+            metavar="ID",
+            help="Who may answer the agent's questions: a sender id as its channel gives it (a Slack user id, "
+            "a Telegram user id); repeat it for more.  The API and this command line answer as the operator.",
+        ),
+    ] = None,
+    anyone_answers: Annotated[
+        bool, typer.Option("--anyone-answers", help="Anyone in the chat may answer the agent's questions.")
+    ] = False,
 ) -> None:
     """Change a group's profile: its sandbox (limits and allowlisted extra mounts), quotas,
     model, output cap, thinking budget, trigger names and optional tools.  What changed is
@@ -124,6 +136,8 @@ def groups_set(
             trigger_names=trigger_names,
             default_trigger_names=default_trigger_names,
             tools=tools,
+            approvers=approvers,
+            anyone_answers=anyone_answers,
         )
     except OrchestratorError as exc:
         raise fail(exc) from exc
@@ -143,7 +157,7 @@ def groups_set(
         runs = quota_text(g.runs_per_hour, settings.group_runs_per_hour)
         tokens = quota_text(g.tokens_per_day, settings.group_tokens_per_day)
         echo(f"{g.chat_jid}: runs per hour {runs}, tokens per day {tokens}")
-    if {"model", "max_tokens", "thinking_budget", "trigger_names", "tools"} & set(changes):
+    if {"model", "max_tokens", "thinking_budget", "trigger_names", "tools", "approvers"} & set(changes):
         echo(f"{g.chat_jid}:")
         for line in _profile_lines(g, in_effect(settings, g)):
             echo(line)
@@ -168,12 +182,16 @@ def _changes(
     trigger_names: list[str] | None,
     default_trigger_names: bool,
     tools: str | None,
+    approvers: list[str] | None = None,
+    anyone_answers: bool = False,
 ) -> dict[str, object]:
     """The options as a change of the profile (its values checked by run/profile.py)."""
     if container_config is not None and clear:
         raise OrchestratorError("give one of --container-config JSON, --clear-container-config, not both")
     if trigger_names and default_trigger_names:
         raise OrchestratorError("give one of --trigger-name NAME, --default-trigger-names, not both")
+    if approvers and anyone_answers:
+        raise OrchestratorError("give one of --approver ID, --anyone-answers, not both")
     changes: dict[str, object] = {}
     if container_config is not None or clear:
         changes["container_config"] = None if clear else container_config
@@ -194,11 +212,15 @@ def _changes(
     if tools is not None:
         word = tools.strip().lower()
         changes["tools"] = None if word == "all" else [] if word == "none" else [t.strip() for t in tools.split(",")]
+    if approvers:
+        changes["approvers"] = list(approvers)
+    elif anyone_answers:
+        changes["approvers"] = None
     if not changes:
         raise OrchestratorError(
             "nothing to change: give --container-config JSON, --clear-container-config, --runs-per-hour, "
-            "--tokens-per-day, --model, --max-tokens, --thinking-budget, --trigger-name, --default-trigger-names "
-            "or --tools"
+            "--tokens-per-day, --model, --max-tokens, --thinking-budget, --trigger-name, --default-trigger-names, "
+            "--tools, --approver or --anyone-answers"
         )
     return changes
 
@@ -233,6 +255,7 @@ def _profile_lines(group: Group, effect: InEffect) -> list[str]:
         f"  thinking:    {thinking}{_whose(group.thinking_budget)}",
         f"  names:       {names}{_whose(group.trigger_names)}",
         f"  tools:       {', '.join(effect.tools) or 'none'}{' (all of them)' if group.tools is None else ''}",
+        f"  answers:     {', '.join(group.approvers) if group.approvers else 'anyone in the chat'}",
     ]
 
 

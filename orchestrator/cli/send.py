@@ -138,7 +138,7 @@ class _ApiChat:
 
 # The run states that end a run (store.runs.FINAL_STATES; not imported here:
 # that module pulls SQLAlchemy).  tests/host/test_send.py holds the two equal.
-_FINAL_STATES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+_FINAL_STATES = frozenset({"succeeded", "awaiting_answer", "failed", "timed_out", "cancelled"})
 
 
 @click.command(
@@ -360,7 +360,8 @@ def _wait_for_replies(chat: _Chat, sent_seq: int, wait: float, as_json: bool, do
             _print_replies(chat, after, assistant, as_json, downloads)
             run_id, state, seconds = done
             click.echo(f"run {run_id[:8]} {state} in {seconds:.2f}s", err=True)
-            return 0 if state == "succeeded" else EXIT_RUN_FAILED
+            # A question asked is an answer of the run's: the question was printed above.
+            return 0 if state in ("succeeded", "awaiting_answer") else EXIT_RUN_FAILED
         time.sleep(0.1)
     click.secho(f"no finished run after {wait:.0f}s (is a worker running?)", fg="yellow", err=True)
     return EXIT_NO_RUN

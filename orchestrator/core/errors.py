@@ -38,7 +38,8 @@ drawing to the classes)::
     │   │   └── MessageNotFound   no such (message id, chat) in the store [store.message_log, store.history]
     │   ├── Conflict           the change clashes with what is stored: a chat or folder registered
     │   │                      already, a second main group, a task's state that does not allow the
-    │   │                      pause, resume or cancel (HTTP 409) [store.groups, run.schedules]
+    │   │                      pause, resume or cancel, a question answered or expired already
+    │   │                      (HTTP 409) [store.groups, run.schedules, run.questions]
     │   └── DatabaseUnavailable   the database cannot serve for now (a lock held elsewhere past the wait, a
     │                          server restarting or unreachable, a full disk, as store.db.unavailable_reason
     │                          tells); carries retry_after_s (HTTP 503 + Retry-After) [http.errors]
@@ -68,6 +69,8 @@ drawing to the classes)::
     │   ├── GatewayError       the model gateway's socket cannot be set up safely [sandbox.gateway]
     │   └── VolumeHeldElsewhere   another host holds the group's volumes (mounted on its machine): the
     │                          attempt cannot mount them now and is retried [store.volume_holds]
+    ├── NotAllowed             someone the group does not allow: an answer to its question from one
+    │                          not among its approvers (HTTP 403) [run.questions]
     ├── BrokerUnavailable      the broker failed moments ago, so a signal is left to the sweeper [run.queue]
     ├── RateLimited            a sender went over ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE; nothing is
     │                          stored; carries retry_after_s (HTTP 429 + Retry-After) [run.ingest]
@@ -220,6 +223,11 @@ class BadInput(InvalidMessage):
     def __init__(self, field: str, detail: str) -> None:
         super().__init__(detail)
         self.field = field
+
+
+class NotAllowed(OrchestratorError):
+    """Someone the group does not allow to do what they tried (answer its question, when the
+    group names its approvers): nothing changed (HTTP 403)."""
 
 
 class ChangeRefused(InvalidMessage):

@@ -72,7 +72,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 log = logging.getLogger(__name__)
 
-RUN_STATES = ("succeeded", "failed", "timed_out", "cancelled")
+RUN_STATES = ("succeeded", "awaiting_answer", "failed", "timed_out", "cancelled")
 SWEEPER_ACTIONS_NAMES = ("interrupted_runs", "signalled_groups", "removed_containers", "abandoned_deliveries")
 
 MESSAGES_INGESTED = Counter(

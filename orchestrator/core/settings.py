@@ -245,6 +245,9 @@ class Settings(msgspec.Struct, kw_only=True):
     # made per group, and the shortest interval it may schedule.
     agent_tasks_max: Annotated[int, Meta(ge=0)] = 20
     agent_task_min_interval_s: Annotated[float, Meta(ge=1)] = 60.0
+    # How long a question the agent asked (ask_user) stays open before it expires unanswered
+    # (orchestrator/run/questions.py); the sweeper expires it.
+    question_ttl_s: Annotated[float, Meta(ge=60)] = 86400.0
     # How often Celery beat runs the sweeper.
     sweep_interval_s: Annotated[float, Meta(gt=0)] = 15.0
     # How often each worker looks for groups whose lease holder is gone (a

@@ -40,6 +40,7 @@ from orchestrator.core.errors import (
     GroupBusy,
     HostUnavailable,
     InvalidMessage,
+    NotAllowed,
     NotFound,
     OrchestratorError,
     RateLimited,
@@ -60,6 +61,7 @@ STATUS: dict[type[OrchestratorError], int] = {
     NotFound: 404,  # UnknownGroup (UnregisteredChatsFull too: as for any unregistered chat), MessageNotFound
     ChangeRefused: 409,  # an InvalidMessage, but well-formed: the history does not allow it
     Conflict: 409,
+    NotAllowed: 403,
     GroupBusy: 409,
     HostUnavailable: 409,
     ReplayRefused: 409,

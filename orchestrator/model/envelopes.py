@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 import msgspec
 
+from agent_runner.protocol import APPROVAL as APPROVAL
 from agent_runner.protocol import CODE_EDIT as CODE_EDIT
 from agent_runner.protocol import ENVELOPE_KEYS as ENVELOPE_KEYS
 from agent_runner.protocol import ENVELOPE_TYPES as ENVELOPE_TYPES
@@ -142,6 +143,16 @@ def _dump(envelope: Envelope, extras: JsonObject) -> JsonObject:
     # An unknown type's payload is stored as it came, not re-encoded.
     payload = envelope.payload if isinstance(envelope, OtherEnvelope) else msgspec.to_builtins(envelope.payload)
     return {"message_type": envelope.message_type, "version": envelope.version, "payload": payload, **extras}
+
+
+def refuse_host_envelope(meta: Any) -> None:
+    """A sender's or an import's message may not carry an APPROVAL envelope (only the host
+    stores one, for a question the agent asked: orchestrator/run/questions.py): a forged one
+    would put a question in the agent's mouth, with buttons that answer it."""
+    if isinstance(meta, dict) and meta.get("message_type") == APPROVAL:
+        raise InvalidMessageMetadata(
+            "metadata.message_type", "APPROVAL envelopes are the host's own (the agent asks with its ask_user tool)"
+        )
 
 
 def normalize_message_metadata(meta: Any) -> JsonObject | None:

@@ -36,6 +36,7 @@ from agent_runner.protocol import (
     ContainerInput,
     ErrorEvent,
     ProtocolError,
+    QuestionEvent,
     ResultEvent,
     SendFileEvent,
     SendMessageEvent,
@@ -125,6 +126,12 @@ class RunOutputs(Protocol):
     def task(self, event: TaskEvent, index: int) -> None:
         """The agent asked to make or change a scheduled task; ``index`` is the number its
         answer in the chat was given."""
+        ...
+
+    def question(self, event: QuestionEvent, index: int) -> bool:
+        """The agent asked its group a question (``ask_user``) and its run ends; ``index`` is
+        the number the question's message was given.  True when it was asked (the run then
+        ends ``awaiting_answer``), False when the host refused it (and said why)."""
         ...
 
 
@@ -293,6 +300,7 @@ class _Heard:
     limit: OutputLimitExceeded | None = None
     fenced: LeaseLost | None = None
     garbage: int = 0  # lines that are not events
+    asked: bool = False  # a question was asked: the run ends awaiting its answer
 
 
 def _stream(ctx: AttemptContext, spec: ContainerSpec, payload: ContainerInput, gateway: ModelGateway | None) -> Verdict:
@@ -366,6 +374,14 @@ def _read(ctx: AttemptContext, container: AgentProcess, heard: _Heard, workspace
             budget.store(len(event.prompt.encode("utf-8")) if event.prompt else 0)
             ctx.indexed += 1
             ctx.outputs.task(event, ctx.indexed)
+        elif isinstance(event, QuestionEvent):
+            budget.store(len(event.question.encode("utf-8")) + sum(len(o.encode("utf-8")) for o in event.options))
+            ctx.indexed += 1
+            if heard.asked:
+                # One question per run: the runner ends the run at the first (a second is hostile).
+                log.warning("run %s: a second question ignored", ctx.run.id)
+                continue
+            heard.asked = ctx.outputs.question(event, ctx.indexed)
         else:
             ctx.indexed += 1
             out = event_to_message(
@@ -417,7 +433,7 @@ def _verdict(
         # A crash is worth another try; the caller decides if it may.
         return Verdict("failed", why, usage, retryable=True)
     return Verdict(
-        "succeeded",
+        "awaiting_answer" if heard.asked else "succeeded",
         None,
         usage,
         session_id=result.session_id,

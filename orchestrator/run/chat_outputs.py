@@ -20,13 +20,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
 
-from agent_runner.protocol import TaskEvent
+from agent_runner.protocol import QuestionEvent, TaskEvent
 from orchestrator.core import metrics, tracing
 from orchestrator.core.errors import FileTooLarge, HostileEntry
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import SENDER_BOT, STORED_ONLY_SENDERS, NewMessage, StoredMessage
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
-from orchestrator.run import agent_tasks
+from orchestrator.run import agent_tasks, questions
 from orchestrator.run.outcome import RunOutcome
 from orchestrator.run.outputs import OutputMessage, host_message
 from orchestrator.sandbox.outbox import take_file
@@ -36,6 +36,7 @@ from orchestrator.store.deliveries import attached_channels, record_deliveries
 from orchestrator.store.files import FileStore, file_envelope
 from orchestrator.store.groups import Group, send_refusal, tool_refusal
 from orchestrator.store.message_log import insert_message, now_iso
+from orchestrator.store.questions import AnswerAs, insert_question, open_question_of, set_message_seq
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,51 @@ class ChatOutputs:
         if said.startswith("🚫"):
             log.warning("run %s: %s", run_id, said)
         self.emit(host_message(run_id=f"{run_id}-{index:04d}", text=said))
+
+    def question(self, event: QuestionEvent, index: int) -> bool:
+        """Ask the group ``event``'s question, if the group's agent may and the question is one
+        the host takes (``run/questions.py``): the question's row, the group's open question
+        (an earlier one open expires), and the agent's message with an APPROVAL envelope, in
+        one transaction.  A refusal is said in the chat; the run then ends as any other."""
+        run_id = self.outcome.run.id
+        refusal = tool_refusal(self.group, "questions") or questions.question_refusal(event)
+        if refusal is None and self.settings is None:
+            refusal = "this worker has no settings"
+        if refusal is not None or self.settings is None:
+            log.warning("run %s: ask_user refused: %s", run_id, refusal)
+            self.emit(host_message(run_id=f"{run_id}-{index:04d}", text=f"🚫 ask_user refused: {refusal}"))
+            return False
+        model = self.outcome.model
+        answer_as: AnswerAs = "message" if model is not None and model.provider == "claude-code" else "tool_result"
+        out = OutputMessage(
+            id=f"{run_id}-{index:04d}",
+            sender=SENDER_BOT,
+            sender_name=self.group.assistant_name or self.settings.assistant_name,
+            content=questions.question_text(
+                event.question, event.options, multiple=event.multiple, allow_other=event.allow_other
+            ),
+            message_type="assistant",
+        )
+        with self.span(out), self.db.transaction() as conn:
+            leases.fence(conn, self.group.chat_jid, self.owner)
+            earlier = open_question_of(conn, self.group.chat_jid)
+            if earlier is not None:
+                questions.expire_in(conn, self.db, earlier, "a newer question was asked")
+            asked = questions.new_question(
+                chat_jid=self.group.chat_jid,
+                run_id=run_id,
+                reply_to_seq=self.outcome.run.cursor_to,
+                event=event,
+                answer_as=answer_as,
+                asked_at=db_now(conn),
+                ttl_s=self.settings.question_ttl_s,
+            )
+            insert_question(conn, asked)
+            out = out.model_copy(update={"metadata": questions.approval_envelope(asked)})
+            stored = self.insert(conn, out, fenced=True)
+            set_message_seq(conn, asked.id, stored.message.seq)
+        self.stored(stored)
+        return True
 
     # -- storing ------------------------------------------------------------------
 

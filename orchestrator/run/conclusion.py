@@ -26,7 +26,7 @@ from orchestrator.run.result_meta import result_meta_message
 from orchestrator.run.stop_notice import stop_notice
 from orchestrator.sandbox.providers import split_spec
 from orchestrator.store import leases
-from orchestrator.store.runs import park_run
+from orchestrator.store.runs import GOOD_ENDS, park_run
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def conclude(outputs: ChatOutputs, verdict: Verdict, *, settings: Settings, cloc
         elif notice is not None:
             # A limit stopped it: say which, and how to raise it.
             outputs.emit(host_message(run_id=run.id, text=notice))
-        elif verdict.state != "succeeded":
+        elif verdict.state not in GOOD_ENDS:
             outputs.emit(host_message(run_id=run.id, text=f"⚠️ Agent error: {verdict.error}"))
         record = _result_meta(outputs, verdict, settings)
     except LeaseLost as lost:
@@ -91,7 +91,7 @@ def conclude(outputs: ChatOutputs, verdict: Verdict, *, settings: Settings, cloc
         return _taken_over(outcome, str(lost))
     metrics.run_finished(outcome.run.state, outcome.run.duration_s)
     tracing.annotate(run_state=outcome.run.state, error=outcome.run.error, outputs=len(outcome.stored))
-    if outcome.run.state != "succeeded":
+    if outcome.run.state not in GOOD_ENDS:
         tracing.failed(outcome.run.error or outcome.run.state)
     log.info(
         "run %s of %s ended %s after %d attempt(s), %d output(s) stored",

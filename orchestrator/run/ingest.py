@@ -39,15 +39,18 @@ from orchestrator.core import metrics, tracing
 from orchestrator.core.errors import RateLimited, UnregisteredChatsFull
 from orchestrator.core.jsontypes import JsonBool, JsonObject
 from orchestrator.core.settings import Settings
+from orchestrator.model.envelopes import refuse_host_envelope
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, MessageType, NewMessage, StoredMessage
+from orchestrator.run import questions
 from orchestrator.run.queue import signal_group
-from orchestrator.run.router import group_names, wakes
+from orchestrator.run.router import group_names, trigger_pattern, wakes
 from orchestrator.store import unregistered
 from orchestrator.store.db import Connection, Database, unavailable_reason
 from orchestrator.store.deliveries import record_deliveries, with_origin
 from orchestrator.store.files import checked_files
-from orchestrator.store.groups import mark_pending, routing
+from orchestrator.store.groups import Routing, mark_pending, routing
 from orchestrator.store.message_log import insert_message, new_message_id, now_iso
+from orchestrator.store.questions import open_question_of
 from orchestrator.store.traces import record_trace
 from orchestrator.store.usage import record_sender_message, sender_retry_after
 
@@ -294,7 +297,9 @@ def _store(
         )
         if retry_after is not None:
             raise RateLimited(new.sender, rate, retry_after)  # rolls back: nothing stored
-    # A message's files must be its chat's own; what it says of them is replaced by the store's.
+    # Only the host asks questions; a message's files must be its chat's own (what it says of
+    # them is replaced by the store's).
+    refuse_host_envelope(new.metadata)
     checked = checked_files(conn, new.chat_jid, new.metadata)
     if checked is not new.metadata:
         new = new.model_copy(update={"metadata": checked})
@@ -320,6 +325,8 @@ def _store(
         )
     else:
         out.triggered = wake
+    if group is not None and group.open_question is not None and _a_persons(msg):
+        _meet_question(conn, db, settings, group, msg, incoming.channel, out)
     if out.triggered:
         assert group is not None  # only a registered group wakes the agent
         mark_pending(conn, incoming.chat_jid, msg.seq)
@@ -329,6 +336,48 @@ def _store(
         out.place = group.place
         out.needs_signal = group.pending_seq <= group.cursor_seq
     return out
+
+
+def _a_persons(msg: StoredMessage) -> bool:
+    """A person's message (not the agent's, the host's, or the scheduler's)."""
+    return msg.message_type == "user" and not msg.is_from_me and msg.sender not in HARNESS_SENDER_TYPES
+
+
+def _meet_question(
+    conn: Connection,
+    db: Database,
+    settings: Settings,
+    group: Routing,
+    msg: StoredMessage,
+    channel: str | None,
+    out: _Stored,
+) -> None:
+    """A person's message while the group has an open question: an answer when it names an
+    option and its sender may answer (it wakes the group), else, when it wakes the group
+    anyway, the question expires (``run/questions.py``)."""
+    question = open_question_of(conn, msg.chat_jid)
+    if question is None:
+        return
+    names = group_names(settings.trigger_names, group.assistant_name, group.trigger_names)
+    said = trigger_pattern(names).sub("", msg.content, count=1) if names else msg.content
+    choice = questions.parse_choice(question, said)
+    if choice is not None and questions.may_answer(group.approvers, msg.sender):
+        answered = questions.answer_in(
+            conn,
+            db,
+            question,
+            choice,
+            by=msg.sender,
+            by_name=msg.sender_name,
+            via=channel or "reply",
+            approvers=group.approvers,
+        )
+        out.queued += answered.queued
+        out.triggered = True
+    elif out.triggered:
+        expired = questions.expire_in(conn, db, question, "a newer message came before an answer")
+        if expired is not None:
+            out.queued += expired[1]
 
 
 def _bound_unregistered(conn: Connection, settings: Settings, msg: StoredMessage) -> None:

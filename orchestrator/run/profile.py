@@ -79,6 +79,10 @@ MAX_NAME_CHARS = 200
 # The trigger names a group may have of its own.
 MAX_TRIGGER_NAMES = 16
 _NAME = re.compile(NAME_PATTERN)
+# Who may answer a group's questions: sender ids as channels give them.
+MAX_APPROVERS = 64
+IDENTITY_PATTERN = rf"^[^{SPACE_OR_CONTROL}]{{1,256}}$"
+_IDENTITY = re.compile(IDENTITY_PATTERN)
 _MODEL = re.compile(MODEL_PATTERN)
 
 # How a change's host message names each field, in the order it lists them.
@@ -91,6 +95,7 @@ _LABELS = {
     "max_tokens": "max tokens",
     "thinking_budget": "thinking budget",
     "tools": "tools",
+    "approvers": "approvers",
     "container_config": "sandbox",
     "runs_per_hour": "runs per hour",
     "tokens_per_day": "tokens per day",
@@ -198,6 +203,8 @@ def _checked(settings: Settings, group: Group, key: str, value: object, image_ex
         return _whole(key, value, 0, "0 (off)")
     if key == "trigger_names":
         return _trigger_names(value)
+    if key == "approvers":
+        return _approvers(value)
     assert key == "tools"
     return _tools(value)
 
@@ -236,6 +243,22 @@ def _trigger_names(value: object) -> list[str]:
         # The trigger ignores case: "Bee" and "bee" are one name, kept as first written.
         names.setdefault(_name("trigger_names", name).casefold(), name)
     return list(names.values())
+
+
+def _approvers(value: object) -> list[str]:
+    """Who may answer the group's questions: platform identities (the sender ids its channels
+    give, such as a Slack user id or a Telegram user id), each once."""
+    if (
+        not isinstance(value, list)
+        or not 1 <= len(value) <= MAX_APPROVERS
+        or not all(isinstance(v, str) and _IDENTITY.fullmatch(v) for v in value)
+    ):
+        raise BadInput(
+            "approvers",
+            f"approvers: a list of 1 to {MAX_APPROVERS} sender ids (no spaces or control characters), "
+            "or null for anyone in the chat",
+        )
+    return list(dict.fromkeys(value))
 
 
 def _tools(value: object) -> list[str]:
@@ -306,6 +329,7 @@ def _installation(settings: Settings, key: str) -> str:
         "max_tokens": settings.max_tokens,
         "thinking_budget": settings.thinking_budget,
         "tools": list(OPTIONAL_TOOLS),
+        "approvers": "anyone in the chat",
         "container_config": None,
         "runs_per_hour": settings.group_runs_per_hour,
         "tokens_per_day": settings.group_tokens_per_day,
@@ -320,7 +344,7 @@ def _shown(key: str, value: object) -> str:
         return "yes" if value else "no"
     if key == "trigger_names" and isinstance(value, list):
         return ", ".join(f"@{name}" for name in value) or "none"
-    if key == "tools" and isinstance(value, list):
+    if key in ("tools", "approvers") and isinstance(value, list):
         return ", ".join(str(t) for t in value) or "none"
     if key in GROUP_QUOTAS and value == 0:
         return "no limit"

@@ -55,14 +55,16 @@ from typing import Any
 
 import msgspec
 
-from agent_runner.protocol import ModelSettings, ProtocolError, TaskEvent, TextDeltaEvent, decode_input
+from agent_runner.protocol import ModelSettings, ProtocolError, QuestionEvent, TaskEvent, TextDeltaEvent, decode_input
 from orchestrator.core.errors import ConfigError, MountRefused, ReplayLimited, ReplayRefused, StoreError
 from orchestrator.core.settings import Settings
+from orchestrator.model.messages import SENDER_BOT
 from orchestrator.run.assembly import input_bytes, record_input, stored_input
 from orchestrator.run.attempt import AttemptContext, Mounts, Verdict, run_attempt
 from orchestrator.run.live_draft import FREE_LINES_PER_EVENT
 from orchestrator.run.model_choice import model_settings
 from orchestrator.run.outputs import OutputMessage, host_message
+from orchestrator.run.questions import question_text
 from orchestrator.run.result_meta import result_meta_message
 from orchestrator.sandbox.bounded_io import OutputBudget
 from orchestrator.sandbox.config import effective_limits, parse_container_config, workspace_quota
@@ -333,6 +335,22 @@ class KeptOutputs:
         # A replay schedules nothing: the request is kept as the host message it would have been.
         said = f"🗓 (replay) the agent asked to {event.action} a task: {event.kind or ''} {event.spec or ''} {event.prompt or ''}"
         self.kept.append(host_message(run_id=f"task-{index:04d}", text=said.strip()))
+
+    def question(self, event: QuestionEvent, index: int) -> bool:
+        # A replay asks nobody: the question is kept as the message it would have been, and
+        # the replay ends as the run would have (awaiting an answer).
+        text = question_text(event.question, event.options, multiple=event.multiple, allow_other=event.allow_other)
+        self.kept.append(
+            OutputMessage(
+                id=f"question-{index:04d}",
+                sender=SENDER_BOT,
+                sender_name="agent",
+                content=text,
+                message_type="assistant",
+                metadata={"via": "ask_user"},
+            )
+        )
+        return True
 
     def send_file(self, workspace: Path, path: str, out: OutputMessage) -> None:
         # A replay stores no file (its workspace is a scratch copy): where it would have come from.

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from orchestrator.core import metrics
 from orchestrator.model.messages import NewMessage, StoredMessage
 from orchestrator.run.outputs import host_message
+from orchestrator.run.questions import expire_due
 from orchestrator.sandbox.containers import DockerSandbox
 from orchestrator.sandbox.port import Sandbox
 from orchestrator.store.db import Database
@@ -61,6 +62,7 @@ class SweepReport:
     abandoned_deliveries: int = 0
     delivery_signals: list[str] = field(default_factory=list)
     freed_files: int = 0
+    expired_questions: list[str] = field(default_factory=list)
 
 
 def sweep(
@@ -84,6 +86,10 @@ def sweep(
         finish_run(db, run_id, state="failed", error="the worker running the replay is gone")
         report.interrupted_runs.append(run_id)
 
+    # Questions nobody answered in time: the agent is told so (nothing wakes), and the chat.
+    expired = expire_due(db, now)
+    report.expired_questions = [q.id for q in expired]
+
     pending = unsignalled_groups(db, now)
     if signal is not None:
         for chat_jid in pending:
@@ -96,7 +102,8 @@ def sweep(
     # A send cut short: again on the channels whose receivers deduplicate, else given up.
     report.abandoned_deliveries = abandon_stale_claims(db, resend_channels)
     if signal_delivery is not None:
-        for chat_jid in due_chats(db):
+        # The expired questions' notes are due: their chats first.
+        for chat_jid in dict.fromkeys([*(q.chat_jid for q in expired), *due_chats(db)]):
             try:
                 signal_delivery(chat_jid)
             except Exception as exc:  # noqa: BLE001 - next sweep
@@ -118,15 +125,17 @@ def sweep(
         or report.removed_containers
         or report.abandoned_deliveries
         or report.freed_files
+        or report.expired_questions
     ):
         log.info(
             "sweep: %d interrupted run(s), %d group(s) re-signalled, %d container(s) removed, "
-            "%d delivery claim(s) abandoned, %d unreferenced file(s) freed",
+            "%d delivery claim(s) abandoned, %d unreferenced file(s) freed, %d question(s) expired",
             len(report.interrupted_runs),
             len(report.signalled_groups),
             report.removed_containers,
             report.abandoned_deliveries,
             report.freed_files,
+            len(report.expired_questions),
         )
     return report
 

@@ -72,6 +72,9 @@ class Group(BaseModel):
     thinking_budget: int | None = None
     trigger_names: list[str] | None = None
     tools: list[str] | None = None
+    # Who may answer the agent's questions (platform identities: the sender ids its channels
+    # give; orchestrator/run/questions.py); None: anyone in the chat.
+    approvers: list[str] | None = None
 
 
 def group_from_row(row: GroupRow) -> Group:
@@ -98,9 +101,10 @@ GROUP_COLUMNS = (
     "thinking_budget",
     "trigger_names",
     "tools",
+    "approvers",
 )
 # The JSON columns: the driver's own read gives their text on SQLite.
-_JSON_COLUMNS = ("container_config", "trigger_names", "tools")
+_JSON_COLUMNS = ("container_config", "trigger_names", "tools", "approvers")
 _GET_GROUP = f"SELECT {', '.join(GROUP_COLUMNS)} FROM groups WHERE chat_jid = :chat_jid"
 
 
@@ -259,7 +263,7 @@ def update_group(db: Database, chat_jid: str, changes: Mapping[str, object]) -> 
 
 # A group's own settings over the installation's (None: the installation's); an import never
 # sets them (store/transfer.py).
-OWN_SETTINGS = ("model", "max_tokens", "thinking_budget", "trigger_names", "tools")
+OWN_SETTINGS = ("model", "max_tokens", "thinking_budget", "trigger_names", "tools", "approvers")
 # What a change of a group's profile may set (orchestrator/run/profile.py checks the values).
 PROFILE_COLUMNS = GROUP_SETTINGS | {"container_config", *OWN_SETTINGS}
 
@@ -412,10 +416,15 @@ class Routing:
     # The host the group is placed on while that host takes groups (else None): where its
     # signal goes (orchestrator/store/placement.py), read here so the signal needs no look-up.
     place: str | None
+    # The group's open question (orchestrator/run/questions.py): a reply may answer it, a
+    # trigger expires it; and who may answer (None: anyone in the chat).
+    open_question: str | None = None
+    approvers: list[str] | None = None
 
 
 _ROUTING = (
-    "SELECT is_main, requires_trigger, assistant_name, trigger_names, pending_seq, cursor_seq, {place} "
+    "SELECT is_main, requires_trigger, assistant_name, trigger_names, pending_seq, cursor_seq, {place}, "
+    "open_question, approvers "
     "FROM groups WHERE chat_jid = :chat_jid"
 )
 # PostgreSQL: lock the group row until the commit, so that "was the group idle?" is
@@ -435,10 +444,21 @@ def routing(conn: Connection, chat_jid: str) -> Routing | None:
     row = driver_execute(conn, sql, {"chat_jid": chat_jid, "window": ALIVE_WINDOW_S}).fetchone()
     if row is None:
         return None
-    is_main, requires_trigger, assistant_name, names, pending_seq, cursor_seq, place = row
-    # The JSON column as the driver gives it: its text on SQLite, the list on PostgreSQL.
+    is_main, requires_trigger, assistant_name, names, pending_seq, cursor_seq, place, question, approvers = row
+    # The JSON columns as the driver gives them: their text on SQLite, the list on PostgreSQL.
     names = json.loads(names) if isinstance(names, str) else names
-    return Routing(bool(is_main), bool(requires_trigger), assistant_name, names, pending_seq, cursor_seq, place)
+    approvers = json.loads(approvers) if isinstance(approvers, str) else approvers
+    return Routing(
+        bool(is_main),
+        bool(requires_trigger),
+        assistant_name,
+        names,
+        pending_seq,
+        cursor_seq,
+        place,
+        question,
+        approvers,
+    )
 
 
 _MARK_PENDING = "UPDATE groups SET pending_seq = :seq WHERE chat_jid = :chat_jid AND pending_seq < :seq"

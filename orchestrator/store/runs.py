@@ -23,9 +23,13 @@ from orchestrator.store.db import Database, age_text, changed_rows, db_now, db_t
 from orchestrator.store.stored_literals import checked, column_check
 from orchestrator.store.tables import GroupChannelRow, GroupRow, RunRow
 
-RunState = Literal["queued", "running", "succeeded", "failed", "timed_out", "cancelled"]
+# "awaiting_answer": the run ended by asking its group a question (orchestrator/run/questions.py);
+# final like the others (its slot and lease let go of), the question open on the group.
+RunState = Literal["queued", "running", "succeeded", "awaiting_answer", "failed", "timed_out", "cancelled"]
 RUN_STATES: tuple[RunState, ...] = get_args(RunState)
-FINAL_STATES: frozenset[RunState] = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+FINAL_STATES: frozenset[RunState] = frozenset({"succeeded", "awaiting_answer", "failed", "timed_out", "cancelled"})
+# The ends of a run that did what it was asked: no error to tell the chat.
+GOOD_ENDS: frozenset[RunState] = frozenset({"succeeded", "awaiting_answer"})
 # A run not ended yet: waiting for its container or retry, or running.
 LIVE_STATES: tuple[RunState, ...] = ("queued", "running")
 

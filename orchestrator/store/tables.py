@@ -210,6 +210,9 @@ class QuestionRow(Base):
     options: Mapped[list[str]] = mapped_column(JSON, nullable=False)
     multiple: Mapped[bool] = mapped_column(Boolean, nullable=False)
     allow_other: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    # How the answer goes back: "tool_result" (the call's result: the built-in loop) or
+    # "message" (the next user message: Claude Code, whose call has had its result).
+    answer_as: Mapped[str] = mapped_column(String(16), nullable=False)
     state: Mapped[str] = mapped_column(String(16), nullable=False)
     asked_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)

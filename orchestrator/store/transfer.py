@@ -44,6 +44,7 @@ from orchestrator.model.envelopes import (
     file_label,
     files_of,
     parse_message_metadata,
+    refuse_host_envelope,
 )
 from orchestrator.model.messages import NewMessage, StoredMessage
 from orchestrator.model.render import render_text
@@ -230,6 +231,8 @@ def _import(db: Database, doc: ChatExport, renamed: dict[str, str]) -> ImportRes
             try:
                 # An export names files by id: only files this chat stored here may be named.
                 metadata = _renamed(fields["metadata"], renamed)
+                # A question (APPROVAL) is the host's own, asked by a run here: never imported.
+                refuse_host_envelope(metadata)
                 fields["metadata"] = checked_files(session.connection(), doc.chat_jid, metadata)
                 stored, new = insert_message(session, db, NewMessage(**fields))
             except InvalidMessageMetadata as exc:

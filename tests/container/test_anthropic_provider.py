@@ -163,6 +163,7 @@ def test_request_carries_tools_system_prompt_and_placeholder_key(serve_tcp: Any,
         "pause_task",
         "resume_task",
         "cancel_task",
+        "ask_user",
     ]
     assert sent_key(fake.headers[0]) == "via-gateway"
 

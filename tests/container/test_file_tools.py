@@ -67,6 +67,7 @@ def test_registry_lists_every_tool_with_an_object_schema() -> None:
         "pause_task",
         "resume_task",
         "cancel_task",
+        "ask_user",
     ]
     for name, tool in REGISTRY.items():
         assert tool.spec.name == name and tool.spec.description
@@ -769,6 +770,6 @@ def test_unknown_tool_gets_a_tool_call_envelope(tmp_path: Path) -> None:
     assert env.payload.tool_name == "teleport" and env.payload.input == {"to": "mars"}
     assert env.payload.output == ""
     assert env.payload.error == (
-        "unknown tool 'teleport'; available: bash, cancel_task, edit_file, glob, grep, list_tasks, pause_task, "
+        "unknown tool 'teleport'; available: ask_user, bash, cancel_task, edit_file, glob, grep, list_tasks, pause_task, "
         "read_file, resume_task, schedule_task, send_file, send_message, todo_write, update_task, write_file"
     )

@@ -151,7 +151,7 @@ def test_the_profile_is_changed_shown_and_given_back_to_the_installation(client:
         "max_tokens": 1024,
         "thinking_budget": 0,
         "trigger_names": ["Andy"],
-        "tools": ["send_message", "send_file", "schedules"],
+        "tools": ["send_message", "send_file", "schedules", "questions"],
     }
     body = {
         "model": "anthropic:claude-test",
@@ -297,7 +297,7 @@ def test_each_change_is_told_in_the_chat_and_its_channels_deliver_it(db: Databas
         ({"max_tokens": 4096}, "max tokens the installation's (1,024) -> 4,096"),
         ({"model": "anthropic:claude-x", "thinking_budget": 2048}, "thinking budget the installation's (off) -> 2,048"),
         ({"trigger_names": ["Bee", "Bo"]}, "trigger names the installation's (@Andy, @Robo) -> @Bee, @Bo"),
-        ({"tools": ["send_file"]}, "tools the installation's (send_message, send_file, schedules) -> send_file"),
+        ({"tools": ["send_file"]}, "tools the installation's (send_message, send_file, schedules, questions) -> send_file"),
         ({"tools": []}, "tools send_file -> none"),
         ({"name": "The team"}, 'name "Team" -> "The team"'),
         ({"requires_trigger": False}, "trigger required yes -> no"),
@@ -520,7 +520,7 @@ def test_groups_set_takes_every_profile_option(db: Database, settings: Settings)
     assert (g.max_tokens, g.trigger_names, g.tools) == (None, None, None)
     shown = _cli(settings, "groups", "show", JID).stdout.splitlines()
     assert "  wakes on:    messages starting with @Andy" in shown
-    assert "  tools:       send_message, send_file, schedules (all of them)" in shown
+    assert "  tools:       send_message, send_file, schedules, questions (all of them)" in shown
     assert "  thinking:    off (the installation's)" in shown
     for bad, words in [
         (["--trigger-name", "Bee", "--default-trigger-names"], "give one of --trigger-name NAME"),

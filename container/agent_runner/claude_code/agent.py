@@ -10,8 +10,8 @@ its output cap to the run's, so the gateway's policy holds without
 rewriting; the CLI's nonessential traffic, telemetry, error reports and
 update checks are off.
 
-Our chat tools, ``send_message`` and ``send_file``, are offered as in-process
-MCP tools (``mcp__chat__send_message``, ``mcp__chat__send_file``): the same
+Our chat tools, ``send_message``, ``send_file``, the schedule tools and ``ask_user``,
+are offered as in-process MCP tools (``mcp__chat__send_message``, ...): the same
 code (``tools.run_tool``) and the same host-side checks as in our own loop, and
 only those of them the group's profile enables (``ContainerInput.tools``; none
 enabled: no MCP server at all).
@@ -35,6 +35,7 @@ from ..protocol import SESSION_MOUNT, ContainerInput, ResultEvent
 from ..providers.base import ToolSpec
 from ..text_stream import DeltaCoalescer
 from ..tools import ToolContext, disabled_tools, run_tool
+from ..tools.ask_user import SPEC as ASK_USER_SPEC
 from ..tools.schedule_tools import SPECS as SCHEDULE_SPECS
 from ..tools.send_file import SPEC as SEND_FILE_SPEC
 from ..tools.send_message import SPEC as SEND_MESSAGE_SPEC
@@ -48,11 +49,20 @@ log = logging.getLogger(__name__)
 PLACEHOLDER_API_KEY = "via-gateway"
 MCP_SERVER = "chat"
 # Our tools offered to the CLI on that server (as mcp__chat__<name>).
-CHAT_TOOLS = (SEND_MESSAGE_SPEC, SEND_FILE_SPEC, *SCHEDULE_SPECS.values())
+CHAT_TOOLS = (SEND_MESSAGE_SPEC, SEND_FILE_SPEC, *SCHEDULE_SPECS.values(), ASK_USER_SPEC)
 # Tools that need a network the container does not have (offered, they would
 # only fail), and the CLI's own schedulers, which die with the run (the host
-# schedules: the scheduled tasks of the chat).
-DISALLOWED_TOOLS = ["WebFetch", "WebSearch", "CronCreate", "CronDelete", "CronList", "ScheduleWakeup"]
+# schedules: the scheduled tasks of the chat), and its own question tool, which waits in
+# the run for an answer nobody could give (ours, ask_user, ends the run and asks the chat).
+DISALLOWED_TOOLS = [
+    "WebFetch",
+    "WebSearch",
+    "CronCreate",
+    "CronDelete",
+    "CronList",
+    "ScheduleWakeup",
+    "AskUserQuestion",
+]
 
 
 def chat_tools(disabled: frozenset[str]) -> list[ToolSpec]:
@@ -145,6 +155,10 @@ async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir
         @sdk.tool(spec.name, spec.description, spec.input_schema)  # type: ignore[untyped-decorator,unused-ignore]
         async def call(args: dict[str, Any]) -> dict[str, Any]:
             outcome = run_tool(spec.name, args, ctx)
+            if outcome.question is not None:
+                # The CLI cannot be handed this call's result across a resumed session: the
+                # answer comes as the next message (the host stores it so), and the turn ends.
+                emit(outcome.question)
             return {"content": [{"type": "text", "text": outcome.output}], "is_error": outcome.is_error}
 
         return call

@@ -13,6 +13,8 @@ Tools (one module each):
   registered chat) during the run; the host authorizes (``send_message.py``);
 * ``send_file`` - hand the chat a regular file of the workspace, with an
   optional caption; the host reads and checks it again (``send_file.py``);
+* ``ask_user`` - ask the chat a question with options; the run ends, the
+  answer comes back in a later run (``ask_user.py``);
 * ``schedule_task``, ``list_tasks``, ``update_task``, ``pause_task``,
   ``resume_task``, ``cancel_task`` - the group's scheduled tasks; the host
   decides and says in the chat what it did (``schedule_tools.py``).
@@ -40,6 +42,8 @@ import msgspec
 
 from ..protocol import OPTIONAL_TOOL_NAMES
 from ..providers.base import ToolSpec
+from .ask_user import SPEC as ASK_USER_SPEC
+from .ask_user import ask_user
 from .base import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -121,6 +125,7 @@ REGISTRY: dict[str, Tool] = {
         Tool(SCHEDULE_SPECS["pause_task"], pause_task),
         Tool(SCHEDULE_SPECS["resume_task"], resume_task),
         Tool(SCHEDULE_SPECS["cancel_task"], cancel_task),
+        Tool(ASK_USER_SPEC, ask_user),
     )
 }
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..protocol import KnownEnvelope, Limits, TaskInfo
+from ..protocol import KnownEnvelope, Limits, QuestionEvent, TaskInfo
 from ..providers.base import ToolSpec
 
 # Exit codes for calls that never ran or failed, borrowed from shell conventions.
@@ -27,6 +27,8 @@ class RunState:
 
     # The latest list given to ``todo_write``: dicts with id, content, status.
     todos: list[dict[str, str]] = field(default_factory=list)
+    # ``ask_user`` asked its question: one per run (the run ends with it).
+    asked: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,9 @@ class ToolOutcome:
     # A structured envelope for the host (built by ``agent_runner.envelopes``);
     # None lets the loop fall back to a TOOL_CALL envelope.
     envelope: KnownEnvelope | None = None
+    # ``ask_user``'s question (its ``tool_use_id`` filled in by the caller, which knows the
+    # call): emitted instead of a result, and the run ends; the answer comes in a later run.
+    question: QuestionEvent | None = None
 
 
 ToolFn = Callable[[Mapping[str, Any], ToolContext], ToolOutcome]

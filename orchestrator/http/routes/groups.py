@@ -25,6 +25,8 @@ from orchestrator.http.errors import bad_input_in
 from orchestrator.http.state import api_state
 from orchestrator.run.model_choice import MIN_THINKING_BUDGET
 from orchestrator.run.profile import (
+    IDENTITY_PATTERN,
+    MAX_APPROVERS,
     MAX_TRIGGER_NAMES,
     MODEL_PATTERN,
     NAME_PATTERN,
@@ -142,6 +144,14 @@ class GroupChanges(BaseModel):
     tools: list[Annotated[str, Field(json_schema_extra={"enum": list(OPTIONAL_TOOLS)})]] | None = Field(
         default=None,
         description=f"The optional tools the group's agent has (of {', '.join(OPTIONAL_TOOLS)}); null: all of them.",
+    )
+    approvers: (
+        Annotated[list[Annotated[str, Field(pattern=IDENTITY_PATTERN)]], Field(min_length=1, max_length=MAX_APPROVERS)]
+        | None
+    ) = Field(
+        default=None,
+        description="Who may answer the agent's questions: sender ids as the group's channels give them (a Slack "
+        "user id, a Telegram user id); null: anyone in the chat.  The API answers as the operator.",
     )
 
 

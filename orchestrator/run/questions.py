@@ -1,0 +1,426 @@
+"""Questions the agent asks its group (``ask_user``), and their answers.
+
+A run that asks ends (``awaiting_answer``: a final state, its slot and lease let go of);
+the question stays open on the group, as a ``questions`` row and the group's
+``open_question`` mark (``store/questions.py``), shown in the chat as the agent's message
+with an APPROVAL envelope (only the host stores one:
+``model/envelopes.py``, :func:`~orchestrator.model.envelopes.refuse_host_envelope`).
+
+It is closed once, by the first of:
+
+* **an answer**: a button on a channel or the page, ``orchestrator answer``, the API, or a
+  person's reply that names an option (its text or its number, case-insensitive; for a
+  multiple choice several, separated by commas).  Who may answer: anyone in the chat, or
+  the group's approvers (platform identities: the sender ids its channels give); the API
+  and the command line answer as the operator.  The answer wakes the group.
+* **a newer trigger** in the group (a message that wakes it and names no option): the
+  question expires and that message is answered as usual;
+* **its time** (``ORCHESTRATOR_QUESTION_TTL_S``): the sweeper expires it; nothing wakes.
+
+What closes it is stored in the chat in the same transaction, for the model as the
+asking run's agent will read it: for the built-in loop (``answer_as`` "tool_result") the
+result of the ``ask_user`` call, placed right after the call in the model's view (it
+carries the asking run's ``reply_to_seq``: ``model/views.py``); for Claude Code, whose
+call had its result already ("message"), a user message in the answerer's name.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets as random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from agent_runner.protocol import (
+    MAX_OPTION_CHARS,
+    MAX_OPTIONS,
+    MAX_QUESTION_CHARS,
+    MIN_OPTIONS,
+    ApprovalPayload,
+    QuestionEvent,
+    envelope_to_dict,
+)
+from agent_runner.protocol import ApprovalEnvelope as ApprovalEnvelope
+from orchestrator.core.errors import BadInput, Conflict, NotAllowed, NotFound
+from orchestrator.core.jsontypes import JsonObject
+from orchestrator.model.messages import SENDER_SYSTEM, SENDER_TOOL_RESULT, NewMessage, StoredMessage
+from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
+from orchestrator.store.db import Connection, Database, db_now
+from orchestrator.store.deliveries import record_deliveries
+from orchestrator.store.groups import mark_pending, routing
+from orchestrator.store.message_log import insert_message, now_iso
+from orchestrator.store.questions import (
+    AnswerAs,
+    Question,
+    close_question,
+    due_questions,
+    get_question,
+    open_question_of,
+    set_answer_seq,
+)
+
+log = logging.getLogger(__name__)
+
+ASK_TOOL = "ask_user"
+# Who answers through the API or the command line: they hold the token.
+OPERATOR = "operator"
+QUESTION_ID_KEY = "question_id"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_NUMBER = re.compile(r"^\s*#?(\d{1,2})[.)]?\s*$")
+
+
+# -- asking ---------------------------------------------------------------------------------
+
+
+def question_refusal(event: QuestionEvent) -> str | None:
+    """Why the host will not ask ``event``'s question (None: it will).  The runner checks the
+    same, as a courtesy; what the sandbox writes is checked here."""
+    question = event.question.strip()
+    if not question:
+        return "the question is empty"
+    if len(question) > MAX_QUESTION_CHARS:
+        return f"the question is {len(question)} characters; the limit is {MAX_QUESTION_CHARS}"
+    options = [o.strip() for o in event.options]
+    if not MIN_OPTIONS <= len(options) <= MAX_OPTIONS:
+        return f"a question has {MIN_OPTIONS} to {MAX_OPTIONS} options, not {len(options)}"
+    seen: set[str] = set()
+    for i, option in enumerate(options, 1):
+        if not option:
+            return f"option {i} is empty"
+        if len(option) > MAX_OPTION_CHARS:
+            return f"option {i} is {len(option)} characters; the limit is {MAX_OPTION_CHARS} (a button's label)"
+        if _CONTROL.search(option):
+            return f"option {i} holds a line break or control character"
+        if option.casefold() in seen:
+            return f"option {i} ({option!r}) is given twice"
+        if _NUMBER.match(option):
+            return f"option {i} ({option!r}) is a bare number, which replies use to pick an option by its place"
+        seen.add(option.casefold())
+    return None
+
+
+def question_text(question: str, options: Sequence[str], *, multiple: bool, allow_other: bool) -> str:
+    """The question as text channels show it: the words, then the options numbered."""
+    lines = [question.strip(), ""]
+    lines += [f"{i}. {option}" for i, option in enumerate(options, 1)]
+    how = (
+        "Reply with the numbers or the options, separated by commas."
+        if multiple
+        else "Reply with a number or the option."
+    )
+    if allow_other:
+        how += " Another answer is welcome through the page or `orchestrator answer --text`."
+    return "\n".join([*lines, "", how])
+
+
+def new_question(
+    *,
+    chat_jid: str,
+    run_id: str,
+    reply_to_seq: int,
+    event: QuestionEvent,
+    answer_as: AnswerAs,
+    asked_at: datetime,
+    ttl_s: float,
+) -> Question:
+    """The row for ``event`` (checked already with :func:`question_refusal`)."""
+    return Question(
+        id=random.token_hex(6),
+        chat_jid=chat_jid,
+        run_id=run_id,
+        tool_use_id=event.tool_use_id,
+        message_seq=None,
+        reply_to_seq=reply_to_seq,
+        question=event.question.strip(),
+        options=[o.strip() for o in event.options],
+        multiple=event.multiple,
+        allow_other=event.allow_other,
+        answer_as=answer_as,
+        state="open",
+        asked_at=asked_at,
+        expires_at=asked_at + timedelta(seconds=ttl_s),
+    )
+
+
+def approval_envelope(question: Question) -> JsonObject:
+    """The APPROVAL envelope of the message that shows ``question``."""
+    payload = ApprovalPayload(
+        question_id=question.id,
+        question=question.question,
+        options=list(question.options),
+        multiple=question.multiple,
+        allow_other=question.allow_other,
+    )
+    return envelope_to_dict(ApprovalEnvelope(payload=payload))
+
+
+# -- answering ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What an answer picks: options by their place (0-based) and, if allowed, free text."""
+
+    picked: tuple[int, ...] = ()
+    text: str | None = None
+
+
+def parse_choice(question: Question, said: str) -> Choice | None:
+    """The options ``said`` names (their text or number, case-insensitive; for a multiple
+    choice, several separated by commas), or None when it names none or anything else."""
+    parts = [p.strip() for p in said.split(",")] if question.multiple else [said.strip()]
+    folded = [o.casefold() for o in question.options]
+    picked: list[int] = []
+    for part in parts:
+        if not part:
+            return None
+        number = _NUMBER.match(part)
+        if number and 1 <= int(number[1]) <= len(question.options):
+            index = int(number[1]) - 1
+        elif part.casefold() in folded:
+            index = folded.index(part.casefold())
+        else:
+            return None
+        if index not in picked:
+            picked.append(index)
+    return Choice(tuple(picked)) if picked else None
+
+
+def may_answer(approvers: Sequence[str] | None, sender: str) -> bool:
+    """Whether ``sender`` may answer the group's questions (``approvers`` None: anyone in the chat)."""
+    return approvers is None or sender == OPERATOR or sender in approvers
+
+
+def _answer_words(question: Question, choice: Choice) -> str:
+    words = [question.options[i] for i in choice.picked]
+    if choice.text:
+        words.append(choice.text)
+    return ", ".join(words)
+
+
+def _answer_json(question: Question, choice: Choice) -> JsonObject:
+    return {
+        "options": [question.options[i] for i in choice.picked],
+        "indexes": list(choice.picked),
+        "text": choice.text,
+    }
+
+
+def check_choice(question: Question, choice: Choice) -> None:
+    """Refuse (:class:`BadInput`) a choice the question does not allow."""
+    if choice.text is not None and not question.allow_other:
+        raise BadInput("text", "this question takes one of its options, not free text")
+    if choice.text is not None and not choice.text.strip():
+        raise BadInput("text", "the answer's text is empty")
+    if not choice.picked and choice.text is None:
+        raise BadInput("option", "name an option (its text or its number)")
+    if len(choice.picked) > 1 and not question.multiple:
+        raise BadInput("option", "this question takes one option")
+    if any(not 0 <= i < len(question.options) for i in choice.picked):
+        raise BadInput("option", f"the question has options 1 to {len(question.options)}")
+
+
+def _closing_message(
+    question: Question, *, content: str, sender: str, sender_name: str, extra: JsonObject, stamp: str
+) -> NewMessage:
+    """What closes ``question`` in the chat, as its agent will read it (see the module's doc)."""
+    meta: JsonObject = {QUESTION_ID_KEY: question.id, **extra}
+    if question.answer_as == "tool_result":
+        # The call's result, where the model's view puts it: right after the call.
+        meta.update({RUN_ID_KEY: question.run_id, "tool_use_id": question.tool_use_id, "tool": ASK_TOOL})
+        meta["exit_code"] = 0
+        if question.reply_to_seq is not None:
+            meta[REPLY_TO_KEY] = question.reply_to_seq
+        return NewMessage(
+            id=f"{question.id}-closed",
+            chat_jid=question.chat_jid,
+            sender=SENDER_TOOL_RESULT,
+            sender_name=ASK_TOOL,
+            content=content,
+            timestamp=stamp,
+            message_type="tool_result",
+            metadata=meta,
+        )
+    return NewMessage(
+        id=f"{question.id}-closed",
+        chat_jid=question.chat_jid,
+        sender=sender,
+        sender_name=sender_name,
+        content=content,
+        timestamp=stamp,
+        message_type="user",
+        metadata=meta,
+    )
+
+
+def _close(
+    conn: Connection,
+    db: Database,
+    question: Question,
+    new: NewMessage,
+    *,
+    state: str,
+    why: str,
+    wake: bool,
+    answer: JsonObject | None = None,
+    by: str | None = None,
+    by_name: str | None = None,
+    via: str | None = None,
+) -> tuple[StoredMessage, int] | None:
+    """Close ``question`` and store ``new`` in the caller's transaction; None if it was closed already."""
+    closed = close_question(
+        conn,
+        question,
+        state="answered" if state == "answered" else "expired",
+        closed_at=db_now(conn),
+        why=why,
+        answer=answer,
+        by=by,
+        by_name=by_name,
+        via=via,
+    )
+    if not closed:
+        return None
+    msg, created = insert_message(conn, db, new)
+    set_answer_seq(conn, question.id, msg.seq)
+    queued = record_deliveries(conn, msg) if created else 0
+    if wake:
+        mark_pending(conn, question.chat_jid, msg.seq)
+    return msg, queued
+
+
+@dataclass(frozen=True)
+class Answered:
+    """An answer taken: the question as it was, what was stored, deliveries queued."""
+
+    question: Question
+    message: StoredMessage
+    queued: int
+    answer: str
+
+
+def answer_in(
+    conn: Connection,
+    db: Database,
+    question: Question,
+    choice: Choice,
+    *,
+    by: str,
+    by_name: str,
+    via: str,
+    approvers: Sequence[str] | None,
+) -> Answered:
+    """Take ``choice`` as the answer to ``question`` in the caller's transaction (it wakes
+    the group).  :class:`NotAllowed` for someone not among the approvers, :class:`BadInput`
+    for a choice the question does not take, :class:`Conflict` once it is closed."""
+    if not may_answer(approvers, by):
+        raise NotAllowed(f"{by_name or by} is not among this group's approvers; the question stays open")
+    check_choice(question, choice)
+    if question.state != "open":
+        raise Conflict(_closed_words(question))
+    words = _answer_words(question, choice)
+    stamp = now_iso()
+    if question.answer_as == "tool_result":
+        content = f"The group answered: {words}\n(by {by_name or by} via {via}, {stamp})"
+    else:
+        content = f'Answer to your question "{question.question}": {words}'
+    new = _closing_message(
+        question,
+        content=content,
+        sender=by,
+        sender_name=by_name or by,
+        extra={"answer": {**_answer_json(question, choice), "by": by, "by_name": by_name, "via": via}},
+        stamp=stamp,
+    )
+    done = _close(
+        conn,
+        db,
+        question,
+        new,
+        state="answered",
+        why=f"answered by {by_name or by} via {via}",
+        wake=True,
+        answer=_answer_json(question, choice),
+        by=by,
+        by_name=by_name,
+        via=via,
+    )
+    if done is None:
+        fresh = get_question(conn, question.id)
+        raise Conflict(_closed_words(fresh or question))
+    return Answered(question, done[0], done[1], words)
+
+
+def _closed_words(question: Question) -> str:
+    if question.state == "answered":
+        who = question.answered_by_name or question.answered_by or "someone"
+        picked = ", ".join((question.answer or {}).get("options") or []) or (question.answer or {}).get("text")
+        return f"the question was answered already ({picked!s} by {who})"
+    return f"the question is closed ({question.closed_why or question.state})"
+
+
+def answer_question(
+    db: Database,
+    chat_jid: str,
+    choice: Choice | str,
+    *,
+    by: str = OPERATOR,
+    by_name: str = OPERATOR,
+    via: str,
+    question_id: str | None = None,
+) -> Answered:
+    """Answer the chat's open question (or ``question_id``): ``choice`` as a :class:`Choice`
+    or as words naming options.  :class:`NotFound` when there is none open (or no such
+    question in the chat), else as :func:`answer_in`."""
+    with db.transaction() as conn:
+        group = routing(conn, chat_jid)  # the group's approvers, its row locked (PostgreSQL)
+        if group is None:
+            raise NotFound(f"no registered group for chat {chat_jid!r}")
+        question = get_question(conn, question_id) if question_id else open_question_of(conn, chat_jid)
+        if question is None or question.chat_jid != chat_jid:
+            raise NotFound(
+                f"no question {question_id!r} in chat {chat_jid!r}"
+                if question_id
+                else f"no open question in {chat_jid!r}"
+            )
+        if isinstance(choice, str):
+            parsed = parse_choice(question, choice)
+            if parsed is None:
+                if not question.allow_other:
+                    numbered = ", ".join(f"{i}. {o}" for i, o in enumerate(question.options, 1))
+                    raise BadInput("option", f"{choice!r} names no option of the question ({numbered})")
+                parsed = Choice(text=choice.strip())
+            choice = parsed
+        return answer_in(conn, db, question, choice, by=by, by_name=by_name, via=via, approvers=group.approvers)
+
+
+# -- expiring -------------------------------------------------------------------------------
+
+
+def expire_in(conn: Connection, db: Database, question: Question, why: str) -> tuple[StoredMessage, int] | None:
+    """Expire ``question`` in the caller's transaction: the agent is told why, nothing wakes."""
+    new = _closing_message(
+        question,
+        content=f"No answer: the question expired ({why}).",
+        sender=SENDER_SYSTEM,
+        sender_name="system",
+        extra={"expired": why},
+        stamp=now_iso(),
+    )
+    if question.answer_as == "message":
+        # Claude Code reads it with the next run's messages: the system's words, nobody's.
+        new = new.model_copy(update={"sender": SENDER_SYSTEM, "sender_name": "system", "message_type": "system"})
+    return _close(conn, db, question, new, state="expired", why=why, wake=False)
+
+
+def expire_due(db: Database, now: datetime) -> list[Question]:
+    """Expire the open questions whose time is up (the sweeper's); the ones expired."""
+    expired: list[Question] = []
+    for question in due_questions(db, now):
+        hours = (question.expires_at - question.asked_at).total_seconds() / 3600
+        with db.transaction() as conn:
+            if expire_in(conn, db, question, f"no answer within {hours:g} h") is not None:
+                expired.append(question)
+    return expired
