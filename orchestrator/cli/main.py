@@ -17,6 +17,7 @@ from orchestrator.cli import fleet as cli_fleet
 from orchestrator.cli import history as cli_history
 from orchestrator.cli import instructions as cli_instructions
 from orchestrator.cli import profile as cli_profile
+from orchestrator.cli import questions as cli_questions
 from orchestrator.cli import runs as cli_runs
 from orchestrator.cli import slack as cli_slack
 from orchestrator.cli import telegram as cli_telegram
@@ -765,6 +766,7 @@ cli_channels.register(app, groups_app)
 cli_fleet.register(app)
 cli_telegram.register(app)
 cli_slack.register(app)
+cli_questions.register(app)
 
 
 def main() -> None:

@@ -3,7 +3,8 @@
 :func:`create_app` builds the app of an installation and composes it: the
 shared parts on the app's state (``orchestrator/http/state.py``), the routers
 of ``orchestrator/http/routes/`` (a module per topic: health and metrics, info,
-messages, the event stream, history and export, files, groups, runs, replays, scheduled tasks, hosts,
+messages, the event stream, history and export, files, groups, runs, replays, scheduled tasks, questions,
+hosts,
 the signed channel routes, the page), the exception handlers that map the
 exception tree to statuses (``orchestrator/http/errors.py``) and the request
 guard.  What each route answers is in its module and in the OpenAPI document
@@ -46,6 +47,7 @@ from orchestrator.http.routes import (
     messages,
     monitoring,
     page,
+    questions,
     replays,
     runs,
     slack,
@@ -60,7 +62,7 @@ __all__ = ["DB_RETRY_AFTER_S", "MAX_CONTENT_CHARS", "check_exposure", "create_ap
 
 # The /api routers, in the order of the document's paths (and of matching: /runs/waiting
 # before /runs/{run_id}).
-API_ROUTERS = (info, messages, chat_stream, history, files, groups, runs, replays, tasks, hosts)
+API_ROUTERS = (info, messages, chat_stream, history, files, groups, runs, replays, tasks, questions, hosts)
 
 
 def is_loopback(host: str) -> bool:

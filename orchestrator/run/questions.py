@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets as random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -424,3 +424,31 @@ def expire_due(db: Database, now: datetime) -> list[Question]:
             if expire_in(conn, db, question, f"no answer within {hours:g} h") is not None:
                 expired.append(question)
     return expired
+
+
+def choice_of(question: Question, options: Sequence[str], text: str | None) -> Choice:
+    """The :class:`Choice` that ``options`` (each an option's text or number) and ``text``
+    (free words) make; :class:`BadInput` naming an option the question does not have."""
+    picked: list[int] = []
+    for said in options:
+        one = parse_choice(question.model_copy(update={"multiple": False}), said)
+        if one is None:
+            numbered = ", ".join(f"{i}. {o}" for i, o in enumerate(question.options, 1))
+            raise BadInput("option", f"{said!r} names no option of the question ({numbered})")
+        picked.extend(i for i in one.picked if i not in picked)
+    return Choice(tuple(picked), text)
+
+
+def announce(
+    answered: Answered, *, signal: Callable[[str], object] | None, signal_delivery: Callable[[str], object] | None
+) -> None:
+    """After the answer's commit: wake the group and its deliveries (a signal that cannot be
+    sent is left to the sweeper: the pending mark and the deliveries are stored)."""
+    jid = answered.question.chat_jid
+    for send, what in ((signal, "a worker"), (signal_delivery if answered.queued else None, "a deliverer")):
+        if send is None:
+            continue
+        try:
+            send(jid)
+        except Exception as exc:  # noqa: BLE001 - stored; the sweeper re-signals
+            log.warning("could not signal %s for %s (%s); the sweeper will", what, jid, exc)

@@ -297,7 +297,10 @@ def test_each_change_is_told_in_the_chat_and_its_channels_deliver_it(db: Databas
         ({"max_tokens": 4096}, "max tokens the installation's (1,024) -> 4,096"),
         ({"model": "anthropic:claude-x", "thinking_budget": 2048}, "thinking budget the installation's (off) -> 2,048"),
         ({"trigger_names": ["Bee", "Bo"]}, "trigger names the installation's (@Andy, @Robo) -> @Bee, @Bo"),
-        ({"tools": ["send_file"]}, "tools the installation's (send_message, send_file, schedules, questions) -> send_file"),
+        (
+            {"tools": ["send_file"]},
+            "tools the installation's (send_message, send_file, schedules, questions) -> send_file",
+        ),
         ({"tools": []}, "tools send_file -> none"),
         ({"name": "The team"}, 'name "Team" -> "The team"'),
         ({"requires_trigger": False}, "trigger required yes -> no"),
