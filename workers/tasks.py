@@ -48,6 +48,7 @@ def sweep_report(report: SweepReport) -> dict[str, object]:
         "abandoned_deliveries": report.abandoned_deliveries,
         "delivery_signals": report.delivery_signals,
         "freed_files": report.freed_files,
+        "expired_questions": report.expired_questions,
     }
 
 

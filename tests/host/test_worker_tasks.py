@@ -248,6 +248,7 @@ def test_sweep_returns_its_report(start: Any, db: Database) -> None:
         "abandoned_deliveries": 0,
         "delivery_signals": [],
         "freed_files": 0,
+        "expired_questions": [],
     }
     assert get_run(db, stale.id).state == "failed" and orphans.live == [set()]
     # The group it signalled again is drained by the same worker: the message gets its answer.
