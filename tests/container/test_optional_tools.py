@@ -25,6 +25,7 @@ from agent_runner.protocol import (
     ContainerInput,
     Event,
     Limits,
+    QuestionEvent,
     ResultEvent,
     SendMessageEvent,
     ToolResultEvent,
@@ -151,6 +152,8 @@ class FakeSdk(types.ModuleType):
         self.options: Any = None
         self.servers: list[tuple[str, list[SdkTool]]] = []
         self.replies: list[dict[str, Any]] = []
+        # What the fake CLI calls, of the tools the MCP server offers it.
+        self.calls: dict[str, dict[str, Any]] = {"send_message": {"text": "from claude"}}
         self.ClaudeSDKError = type("ClaudeSDKError", (Exception,), {})
         sdk = self
 
@@ -171,8 +174,8 @@ class FakeSdk(types.ModuleType):
                 # The CLI calls what the MCP server offers it, and nothing else.
                 for server in sdk.options.mcp_servers.values():
                     for tool in server["tools"]:
-                        if tool.name == "send_message":
-                            sdk.replies.append(await tool.handler({"text": "from claude"}))
+                        if tool.name in sdk.calls:
+                            sdk.replies.append(await tool.handler(sdk.calls[tool.name]))
                 yield ResultMessage()
 
         self.ClaudeSDKClient = Client
@@ -193,8 +196,12 @@ class FakeSdk(types.ModuleType):
         return types.SimpleNamespace(**kwargs)
 
 
-def _claude_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **fields: Any) -> tuple[FakeSdk, list[Event]]:
+def _claude_code(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, calls: dict[str, dict[str, Any]] | None = None, **fields: Any
+) -> tuple[FakeSdk, list[Event]]:
     sdk = FakeSdk()
+    if calls is not None:
+        sdk.calls = calls
     monkeypatch.setitem(sys.modules, "claude_agent_sdk", sdk)
     model = {"provider": "claude-code", "model": "claude-sonnet-4-5", "base_url": "http://127.0.0.1:9"}
     inp = _input(model=model, **fields)
@@ -223,3 +230,18 @@ def test_claude_codes_mcp_server_offers_only_the_enabled_tools(monkeypatch: pyte
 
     sdk, _ = _claude_code(monkeypatch, tmp_path, tools=[])  # none: no server at all
     assert sdk.servers == [] and sdk.options.mcp_servers == {}
+
+
+def test_claude_codes_ask_user_posts_the_question_and_says_the_answer_comes_next(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    sdk, events = _claude_code(
+        monkeypatch, tmp_path, calls={"ask_user": {"question": "Ship it?", "options": ["yes", "no"]}}
+    )
+    (reply,) = sdk.replies
+    assert reply["is_error"] is False and "the answer will come as the next message" in reply["content"][0]["text"]
+    assert [e for e in events if isinstance(e, QuestionEvent)] == [
+        QuestionEvent(tool_use_id="", question="Ship it?", options=["yes", "no"])
+    ]
+    # The CLI's own question tool waits in the run for nobody: it is not offered.
+    assert "AskUserQuestion" in sdk.options.disallowed_tools

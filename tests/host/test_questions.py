@@ -270,3 +270,20 @@ def test_a_run_that_asks_again_expires_the_earlier_question(settings: Settings, 
     second = group_open_question(db, TEAM)
     assert second is not None and second.id != first
     assert get_run(db, second.run_id).state == "awaiting_answer"
+
+
+def test_claude_codes_answer_comes_as_the_next_message(settings: Settings, db: Database) -> None:
+    claude = settings.replace(model="claude-code:claude-sonnet-4-5", anthropic_api_key="sk-test")
+    say(db, claude, TEAM, "go")
+    # Claude Code's MCP tool has its result already (stored like any) and sends no call id.
+    pipe, _ = pipeline(claude, db, QuestionEvent(tool_use_id="", question="Ship it?", options=["yes", "no"]))
+    (outcome,) = pipe.drain_group(TEAM)
+    assert outcome.run.state == "awaiting_answer"
+    question = group_open_question(db, TEAM)
+    assert question is not None and question.answer_as == "message"
+    answered = answer_question(db, TEAM, "yes", by="U1", by_name="Ann", via="slack")
+    m = answered.message
+    assert (m.message_type, m.sender, m.sender_name) == ("user", "U1", "Ann")
+    assert m.content == 'Answer to your question "Ship it?": yes' and m.metadata["question_id"] == question.id  # type: ignore[index]
+    seen = next_input(claude, db)
+    assert seen[-1] == ("user", 'Answer to your question "Ship it?": yes', None)
