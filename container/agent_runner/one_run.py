@@ -14,6 +14,7 @@ from typing import TextIO
 
 import msgspec
 
+from .egress import egress_env
 from .errors import InputError, ProviderError, RunnerError
 from .fence import HostWatch
 from .loop import Emit
@@ -84,7 +85,8 @@ def run(raw: bytes, emit: Emit, workspace: Path, *, host_fd: int | None = None) 
             host_fd = None
             emit = _marking_the_end(emit, watch)
         log.info("run %s: %d messages, provider %s", inp.run_id, len(inp.messages), inp.model.provider)
-        PROVIDERS[inp.model.provider].run(inp, emit, workspace)
+        with egress_env(inp):
+            PROVIDERS[inp.model.provider].run(inp, emit, workspace)
         return EXIT_OK
     except InputError as exc:
         log.error("%s", exc)

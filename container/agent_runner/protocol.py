@@ -198,6 +198,10 @@ class ContainerInput(_Model, kw_only=True):
     # out of the JSON (no schedule tools, or a runner's input that predates them).
     tasks: list[TaskInfo] | msgspec.UnsetType = msgspec.UNSET
     session_id: str | None = None
+    # The host's egress proxy for this attempt (a unix socket mounted read-only), when the
+    # group's network policy lets anything out: the runner relays HTTP(S)_PROXY on its
+    # loopback to it.  Unset: no way out at all, and left out of the JSON.
+    egress_socket: str | msgspec.UnsetType = msgspec.UNSET
     model: ModelSettings = field(default_factory=ModelSettings)
     limits: Limits = field(default_factory=Limits)
     # The W3C traceparent of this attempt's "agent container" span on the host, while the host

@@ -585,15 +585,24 @@ def runs_show(
         bool, typer.Option("--input", help="Print the exact ContainerInput JSON the run sent.")
     ] = False,
     verify: Annotated[bool, typer.Option(help="Rebuild the input from the stored history and compare.")] = False,
+    egress: Annotated[
+        bool, typer.Option("--egress", help="List the run's egress decisions (allowed and refused, and why).")
+    ] = False,
 ) -> None:
     """Show one run (an id or a unique prefix)."""
+    from orchestrator.model.messages import SENDER_EGRESS_LOG
     from orchestrator.run.assembly import rebuild_input, stored_input
+    from orchestrator.store.replays import run_messages
     from orchestrator.store.runs import get_run
 
     root = _setup()
     settings, db = root.settings, root.db
     try:
         run = get_run(db, run_id)
+        if egress:
+            records = [m.metadata or {} for m in run_messages(db, run.id) if m.sender == SENDER_EGRESS_LOG]
+            cli_runs.print_egress(run.id, records)
+            return
         if not (show_input or verify):
             typer.echo(json.dumps(run.model_dump(mode="json"), indent=2))
             return

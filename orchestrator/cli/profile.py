@@ -117,12 +117,24 @@ def groups_set(
     anyone_answers: Annotated[
         bool, typer.Option("--anyone-answers", help="Anyone in the chat may answer the agent's questions.")
     ] = False,
+    network: Annotated[
+        Optional[str],
+        typer.Option(
+            "--network",
+            metavar="off|allowlist:HOST,...",
+            help="What the sandbox may reach through the host's egress proxy: off (nothing), or "
+            "allowlist:HOST[,HOST...] (a name, *.name for the names below it, either with :port; "
+            "preset:package-indexes or preset:git-hosts for a preset).  Kept in the sandbox's "
+            "container_config (egress).",
+        ),
+    ] = None,
 ) -> None:
     """Change a group's profile: its sandbox (limits and allowlisted extra mounts), quotas,
     model, output cap, thinking budget, trigger names and optional tools.  What changed is
     stated in the group's chat as a host message."""
     from orchestrator.run.profile import change_profile, in_effect
     from orchestrator.sandbox.config import effective_limits, workspace_quota
+    from orchestrator.store.groups import get_group
 
     try:
         changes = _changes(
@@ -138,12 +150,21 @@ def groups_set(
             tools=tools,
             approvers=approvers,
             anyone_answers=anyone_answers,
+            network=network,
         )
     except OrchestratorError as exc:
         raise fail(exc) from exc
     root = setup()
     settings, db = root.settings, root.db
     try:
+        if network is not None:
+            # On the config this change gives (cleared: none), else on the one stored.
+            base = (
+                changes["container_config"]
+                if "container_config" in changes
+                else get_group(db, chat_jid).container_config
+            )
+            changes["container_config"] = _with_network(base, network)
         changed = change_profile(db, settings, chat_jid, changes, signal_delivery=root.signals.delivery)
         g = changed.group
         limits = effective_limits(settings, g.container_config)
@@ -184,6 +205,7 @@ def _changes(
     tools: str | None,
     approvers: list[str] | None = None,
     anyone_answers: bool = False,
+    network: str | None = None,
 ) -> dict[str, object]:
     """The options as a change of the profile (its values checked by run/profile.py)."""
     if container_config is not None and clear:
@@ -216,13 +238,38 @@ def _changes(
         changes["approvers"] = list(approvers)
     elif anyone_answers:
         changes["approvers"] = None
-    if not changes:
+    if not changes and network is None:
         raise OrchestratorError(
             "nothing to change: give --container-config JSON, --clear-container-config, --runs-per-hour, "
             "--tokens-per-day, --model, --max-tokens, --thinking-budget, --trigger-name, --default-trigger-names, "
-            "--tools, --approver or --anyone-answers"
+            "--tools, --approver, --anyone-answers or --network"
         )
     return changes
+
+
+def _with_network(base: object, network: str) -> dict[str, object]:
+    """The container_config ``base`` (a JSON text, a mapping, or None) with ``network`` as its egress policy."""
+    from orchestrator.sandbox.egress_policy import parse_network_option
+
+    try:
+        policy = parse_network_option(network)
+    except ValueError as exc:
+        raise OrchestratorError(f"--network: {exc}") from exc
+    if isinstance(base, str):
+        try:
+            config = json.loads(base)
+        except json.JSONDecodeError as exc:
+            raise OrchestratorError(f"--container-config: not JSON: {exc}") from exc
+    else:
+        config = dict(base) if isinstance(base, dict) else {}
+    if not isinstance(config, dict):
+        raise OrchestratorError("--container-config: a JSON object")
+    egress = policy.model_dump(mode="json", exclude_defaults=True)
+    if egress:
+        config["egress"] = egress
+    else:
+        config.pop("egress", None)
+    return config
 
 
 def whole_option(name: str, value: str) -> int | None:
@@ -257,6 +304,17 @@ def _profile_lines(group: Group, effect: InEffect) -> list[str]:
         f"  tools:       {', '.join(effect.tools) or 'none'}{' (all of them)' if group.tools is None else ''}",
         f"  answers:     {', '.join(group.approvers) if group.approvers else 'anyone in the chat'}",
     ]
+
+
+def _network_line(config: object) -> str:
+    """The group's egress policy on one line."""
+    from orchestrator.sandbox.config import parse_container_config
+    from orchestrator.sandbox.egress_policy import rules_of
+
+    policy = parse_container_config(config if isinstance(config, dict) else None).egress
+    if policy.mode == "off":
+        return "off (the sandbox reaches nothing)"
+    return f"{policy.mode}: " + (", ".join(rules_of(policy)) or "nothing")
 
 
 def _limits_line(limits: EffectiveLimits, quota: int) -> str:
@@ -299,6 +357,7 @@ def groups_show(chat_jid: str, as_json: Annotated[bool, typer.Option("--json")] 
     echo(f"  session:     {p.session_id or '-'}")
     echo(f"  sandbox:     {json.dumps(p.container_config) if p.container_config else 'the settings'}")
     typer.echo(f"    in effect: {_limits_line(limits, quota)}")
+    echo(f"  network:     {_network_line(p.container_config)}")
     echo(f"  runs/hour:   {quota_text(p.runs_per_hour, settings.group_runs_per_hour)}")
     echo(f"  tokens/day:  {quota_text(p.tokens_per_day, settings.group_tokens_per_day)}")
     for line in _profile_lines(p, p.in_effect):

@@ -98,7 +98,8 @@ The exceptions that are not ``OrchestratorError`` are one module's own (or,
 for ``ContextUnavailable``, two modules' of one room), which turns them into
 something else: ``ContextUnavailable`` (defined in run.url_fetch, raised there
 and in run.expand, which writes an error note in place of the context item),
-``_Refusal`` (sandbox.gateway: an HTTP error answer), ``_WalkStopped``
+``_Refusal`` (sandbox.gateway: an HTTP error answer), ``_Refused`` (sandbox.egress: the
+egress proxy's refusal of one request, answered 403, 400 or 502), ``_WalkStopped``
 (sandbox.quota: a partial usage count) and ``VolumeUnavailable``
 (sandbox.quota: a ``WorkspaceQuotaError`` or the checked-mode fallback).
 """

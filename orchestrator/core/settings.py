@@ -131,6 +131,16 @@ class Settings(msgspec.Struct, kw_only=True):
     # How long a connection may send nothing (request line, headers, body, the
     # wait for a keep-alive's next request) before the gateway closes it.
     gateway_read_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
+    # The egress proxy of a run whose group's network policy is not off
+    # (orchestrator/sandbox/egress.py): names mapped to addresses, exactly per host and port,
+    # like curl's --resolve ("host:port:address", comma separated), for tests and on-premise
+    # hosts (such an address may be private; the installation's own ports never are allowed);
+    # and a run's bounds: requests, bytes both ways, connections open at once, idle seconds.
+    egress_resolve: str = ""
+    egress_max_requests: Annotated[int, Meta(ge=1)] = 1000
+    egress_max_bytes: Annotated[int, Meta(ge=1024)] = 256 * 1024 * 1024
+    egress_max_connections: Annotated[int, Meta(ge=1)] = 64
+    egress_idle_s: Annotated[float, Meta(gt=0)] = 60.0
 
     assistant_name: str = "Andy"
     # The main group's chat id (it answers every message and may post to other
@@ -542,6 +552,22 @@ class Settings(msgspec.Struct, kw_only=True):
     def trigger_names(self) -> list[str]:
         names = [self.assistant_name, *self.trigger_aliases.split(",")]
         return [n.strip() for n in names if n.strip()]
+
+    @property
+    def egress_resolve_entries(self) -> list[str]:
+        """ORCHESTRATOR_EGRESS_RESOLVE's ``host:port:address`` entries."""
+        return [e.strip() for e in self.egress_resolve.split(",") if e.strip()]
+
+    @property
+    def own_ports(self) -> frozenset[int]:
+        """The ports of this installation's own services (API, metrics, database, broker): never
+        reachable through the egress proxy, whatever a resolve entry says."""
+        ports = {self.api_port, self.metrics_port, 5432, 6379}
+        for url in (self.database_url, self.broker_url):
+            port = urlsplit(url).port if url else None
+            if port:
+                ports.add(port)
+        return frozenset(p for p in ports if p)
 
     @property
     def trace_exporters(self) -> list[str]:

@@ -68,10 +68,14 @@ SENDER_TOOL_USE = "tool_use"
 SENDER_TOOL_RESULT = "tool_result"
 # The record each run ends with: model, stop reason, usage, duration, cost (orchestrator/run/result_meta.py).
 SENDER_RESULT_META = "result_meta"
+# The run's egress log: every decision of its egress proxy (orchestrator/run/chat_outputs.py).
+SENDER_EGRESS_LOG = "egress_log"
 SENDER_SYSTEM_NOTICE = "system_notice"
 
 # Stored for the record, never part of the model's view nor sent to a channel.
-STORED_ONLY_SENDERS: frozenset[str] = frozenset({SENDER_THINKING, SENDER_TOOL_USE, SENDER_RESULT_META})
+STORED_ONLY_SENDERS: frozenset[str] = frozenset(
+    {SENDER_THINKING, SENDER_TOOL_USE, SENDER_RESULT_META, SENDER_EGRESS_LOG}
+)
 # Never written to the database.
 NEVER_STORED_SENDERS: frozenset[str] = frozenset({SENDER_SYSTEM_NOTICE})
 SENDER_DEPLOY = "deploy"
@@ -93,6 +97,7 @@ HARNESS_SENDER_TYPES: dict[str, frozenset[str]] = {
     SENDER_TOOL_USE: frozenset({"assistant"}),
     SENDER_TOOL_RESULT: frozenset({"tool_result"}),
     SENDER_RESULT_META: frozenset({"assistant", "system"}),
+    SENDER_EGRESS_LOG: frozenset({"system"}),
 }
 
 

@@ -57,6 +57,8 @@ from orchestrator.run.stop_watch import StopWatch
 from orchestrator.sandbox.bounded_io import OutputBudget
 from orchestrator.sandbox.config import EffectiveLimits
 from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerExit, ContainerSpec
+from orchestrator.sandbox.egress import EGRESS_SOCKET, EgressProxy, egress_proxy
+from orchestrator.sandbox.egress_policy import EgressPolicy
 from orchestrator.sandbox.gateway import ModelGateway
 from orchestrator.sandbox.image import image_name, model_variant
 from orchestrator.sandbox.port import AgentProcess, Sandbox
@@ -128,6 +130,10 @@ class RunOutputs(Protocol):
         answer in the chat was given."""
         ...
 
+    def egress(self, proxy: EgressProxy) -> None:
+        """The run's egress proxy closed: its decisions, for the run's record."""
+        ...
+
     def question(self, event: QuestionEvent, index: int) -> bool:
         """The agent asked its group a question (``ask_user``) and its run ends; ``index`` is
         the number the question's message was given.  True when it was asked (the run then
@@ -159,6 +165,8 @@ class Mounts:
     limits: EffectiveLimits
     read_write: dict[str, str] = field(default_factory=dict)  # host path -> container path
     read_only: dict[str, str] = field(default_factory=dict)
+    # What the sandbox may reach through the run's egress proxy (off: no proxy at all).
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
 
 
 @dataclass
@@ -254,12 +262,13 @@ def _contained(ctx: AttemptContext) -> Verdict:
         # Runs last, after the gateway closed (it waits for a request in
         # flight): the final count, kept when the attempt raised.
         cleanup.push(lambda *_: ctx.record(gateway))
-        if PROVIDERS[payload.model.provider].gateway is not None:
-            # The container has no network: its only way to the model is
-            # the gateway socket, bound in a host-only folder that is
-            # mounted read-only (the run's own folder; for a warm
-            # container, the group's gateway folder, mounted for good),
-            # so the container can connect but never plant a symlink
+        needs_gateway = PROVIDERS[payload.model.provider].gateway is not None
+        egress = mounts.egress.mode != "off"
+        if needs_gateway or egress:
+            # The container has no network: its only ways out are the gateway's and the
+            # egress proxy's sockets, bound in a host-only folder that is mounted read-only
+            # (the run's own folder; for a warm container, the group's gateway folder,
+            # mounted for good), so the container can connect but never plant a symlink
             # where the host binds, chmods or cleans up.
             if ctx.warm:
                 gw_dir = host_only_dir(gateway_dir(ctx.settings, ctx.group.folder))
@@ -267,6 +276,7 @@ def _contained(ctx: AttemptContext) -> Verdict:
                 gw_dir = host_only_dir(ctx.settings.runs_dir / ctx.run.id)
                 cleanup.callback(shutil.rmtree, gw_dir, ignore_errors=True)
                 spec = replace(spec, readonly_mounts={**spec.readonly_mounts, str(gw_dir): GATEWAY_MOUNT})
+        if needs_gateway:
             # The run may ask for the model and output cap its recorded input names, no other.
             gateway = cleanup.enter_context(
                 ModelGateway.for_provider(
@@ -280,6 +290,13 @@ def _contained(ctx: AttemptContext) -> Verdict:
             )
             socket_path = f"{GATEWAY_MOUNT}/{GATEWAY_SOCKET}"
             payload = payload.replace(model=payload.model.replace(socket_path=socket_path))
+        if egress:
+            # The group's network policy, decided per request by the run's own proxy.
+            proxy = egress_proxy(ctx.settings, gw_dir / EGRESS_SOCKET, mounts.egress)
+            # After the proxy closed (the stack unwinds backwards): every decision is in.
+            cleanup.callback(ctx.outputs.egress, proxy)
+            cleanup.enter_context(proxy)
+            payload = payload.replace(egress_socket=f"{GATEWAY_MOUNT}/{EGRESS_SOCKET}")
         if spec.fence_s:  # the runner stops everything once this worker is gone (agent_runner/fence.py)
             payload = payload.replace(host_fence_s=spec.fence_s)
         # The container's span: what it writes is stored under it; the runner gets its context.

@@ -14,6 +14,7 @@ among the group's tools (its profile: ``store/groups.py``, ``tool_refusal``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -22,13 +23,14 @@ from typing import NamedTuple
 
 from agent_runner.protocol import QuestionEvent, TaskEvent
 from orchestrator.core import metrics, tracing
-from orchestrator.core.errors import FileTooLarge, HostileEntry
+from orchestrator.core.errors import FileTooLarge, HostileEntry, LeaseLost
 from orchestrator.core.settings import Settings
-from orchestrator.model.messages import SENDER_BOT, STORED_ONLY_SENDERS, NewMessage, StoredMessage
+from orchestrator.model.messages import SENDER_BOT, SENDER_EGRESS_LOG, STORED_ONLY_SENDERS, NewMessage, StoredMessage
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
 from orchestrator.run import agent_tasks, questions
 from orchestrator.run.outcome import RunOutcome
 from orchestrator.run.outputs import OutputMessage, host_message
+from orchestrator.sandbox.egress import EgressProxy
 from orchestrator.sandbox.outbox import take_file
 from orchestrator.store import leases
 from orchestrator.store.db import Connection, Database, db_now
@@ -131,6 +133,30 @@ class ChatOutputs:
         if said.startswith("🚫"):
             log.warning("run %s: %s", run_id, said)
         self.emit(host_message(run_id=f"{run_id}-{index:04d}", text=said))
+
+    def egress(self, proxy: EgressProxy) -> None:
+        """The run's egress log, stored with it as a record (never shown to the model nor sent
+        to a channel): every decision of its proxy, up to the proxy's cap, and how many were
+        left out.  ``orchestrator runs show RUN --egress`` reads it."""
+        if not proxy.decisions and not proxy.run.left_out:
+            return
+        run_id = self.outcome.run.id
+        record = OutputMessage(
+            id=f"{run_id}-egress-{len(self.outcome.stored):04d}",
+            sender=SENDER_EGRESS_LOG,
+            sender_name="egress",
+            content=f"{len(proxy.decisions) + proxy.run.left_out} egress decision(s)",
+            message_type="system",
+            metadata={
+                "decisions": [dataclasses.asdict(d) for d in proxy.decisions],
+                "left_out": proxy.run.left_out,
+                "bytes": proxy.run.bytes,
+            },
+        )
+        try:
+            self.emit(record)
+        except LeaseLost:
+            log.warning("run %s: its egress log is not stored (the group was taken over)", run_id)
 
     def question(self, event: QuestionEvent, index: int) -> bool:
         """Ask the group ``event``'s question, if the group's agent may and the question is one

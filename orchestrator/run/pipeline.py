@@ -455,7 +455,7 @@ class Pipeline:
         plan = container_plan(self.settings, group)
         # A provider that keeps its own transcript gets the group's session folder.
         read_write = {**plan.read_write_mounts, **session_mount(self.settings, group.folder, provider)}
-        return Mounts(plan.workspace, plan.limits, read_write, plan.read_only_mounts)
+        return Mounts(plan.workspace, plan.limits, read_write, plan.read_only_mounts, plan.egress)
 
     def _deliver(self, chat_jid: str) -> None:
         """Off the run's path: signal a deliverer, or (no queue) send here; never raises."""

@@ -68,6 +68,7 @@ from orchestrator.run.questions import question_text
 from orchestrator.run.result_meta import result_meta_message
 from orchestrator.sandbox.bounded_io import OutputBudget
 from orchestrator.sandbox.config import effective_limits, parse_container_config, workspace_quota
+from orchestrator.sandbox.egress import EgressProxy
 from orchestrator.sandbox.hostile_fs import MAX_DEPTH, opened_root
 from orchestrator.sandbox.mounts import group_workspace, prepare_mountpoints, resolve_mounts
 from orchestrator.sandbox.port import Sandbox
@@ -335,6 +336,10 @@ class KeptOutputs:
         # A replay schedules nothing: the request is kept as the host message it would have been.
         said = f"🗓 (replay) the agent asked to {event.action} a task: {event.kind or ''} {event.spec or ''} {event.prompt or ''}"
         self.kept.append(host_message(run_id=f"task-{index:04d}", text=said.strip()))
+
+    def egress(self, proxy: EgressProxy) -> None:
+        # A replay's sandbox gets no egress proxy (its mounts leave the policy off).
+        return None
 
     def question(self, event: QuestionEvent, index: int) -> bool:
         # A replay asks nobody: the question is kept as the message it would have been, and

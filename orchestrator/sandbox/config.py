@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -36,6 +36,7 @@ from orchestrator.core.errors import ContainerConfigError, UnknownGroup
 from orchestrator.core.jsontypes import WHOLE_NUMBER, JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.core.sizes import human_size, memory_bytes, parse_quota
+from orchestrator.sandbox.egress_policy import EgressPolicy
 from orchestrator.sandbox.mounts import (
     MountRequest,
     ResolvedMount,
@@ -72,6 +73,8 @@ class ContainerConfig(BaseModel):
     bash_timeout_s: float | None = Field(default=None, gt=0)
     workspace_quota: str | None = Field(default=None, json_schema_extra={"pattern": QUOTA_SCHEMA_PATTERN})
     network: Literal["none"] = "none"
+    # What the sandbox may reach through the host's egress proxy (its device stays "none").
+    egress: EgressPolicy = Field(default_factory=EgressPolicy)
     read_only_root: Literal[True] = True
     extra_mounts: list[MountRequest] = Field(default_factory=list, max_length=MAX_EXTRA_MOUNTS)
 
@@ -177,6 +180,8 @@ class ContainerPlan:
     workspace: Path
     limits: EffectiveLimits
     mounts: list[ResolvedMount]
+    # What the sandbox may reach through the egress proxy (sandbox/egress_policy.py).
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
 
     @property
     def read_write_mounts(self) -> dict[str, str]:
@@ -204,7 +209,7 @@ def container_plan(settings: Settings, group: Group) -> ContainerPlan:
         settings, cfg.extra_mounts, folder=group.folder, is_main=group.is_main, chat_jid=group.chat_jid
     )
     prepare_mountpoints(workspace, mounts)
-    return ContainerPlan(workspace, effective_limits(settings, cfg), mounts)
+    return ContainerPlan(workspace, effective_limits(settings, cfg), mounts, cfg.egress)
 
 
 def set_container_config(db: Database, settings: Settings, chat_jid: str, raw: str | Mapping[str, Any] | None) -> Group:

@@ -646,7 +646,7 @@ class _SseUsage:
         self.meter.see(event.get("usage"), final=True)
 
 
-def _chmod_socket(dir_fd: int, name: bytes, mode: int) -> None:
+def chmod_socket(dir_fd: int, name: bytes, mode: int) -> None:
     """chmod the socket ``name`` in ``dir_fd``; never through a symlink, never anything but a socket."""
     if not hasattr(os, "O_PATH"):  # not Linux: lchmod semantics where the platform has them
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -734,7 +734,7 @@ class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
             raise GatewayError(f"cannot bind the gateway socket {self.server_address}: {exc}") from exc
         # The sandbox runs as another uid; it may connect, nobody else is in
         # the run's private folder.
-        _chmod_socket(self._dir_fd, name, 0o666)
+        chmod_socket(self._dir_fd, name, 0o666)
 
     def server_close(self) -> None:
         super().server_close()

@@ -20,7 +20,6 @@ import pytest
 
 from agent_runner.claude_code.mapping import EventMapper, read_snapshot, tool_result_text
 from agent_runner.claude_code.prompt import build_prompt, session_file, since_last_answer
-from agent_runner.claude_code.relay import UnixRelay
 from agent_runner.errors import ProviderError
 from agent_runner.protocol import (
     AssistantEvent,
@@ -32,6 +31,7 @@ from agent_runner.protocol import (
     ToolResultEvent,
     ToolUseEvent,
 )
+from agent_runner.relay import UnixRelay
 
 # -- the SDK's shapes (claude_agent_sdk.types) -----------------------------------
 

@@ -35,7 +35,7 @@ from agent_runner.providers.anthropic import AnthropicProvider, _unix_socket_cli
 from orchestrator.core.errors import GatewayError
 from orchestrator.core.settings import Settings
 from orchestrator.sandbox import gateway as gateway_module
-from orchestrator.sandbox.gateway import OPENAI_PATHS, ModelGateway, _chmod_socket
+from orchestrator.sandbox.gateway import OPENAI_PATHS, ModelGateway, chmod_socket
 from tests.fakes.anthropic_api import FakeAnthropic, api_error, message, message_stream
 from tests.fakes.openai_api import FakeOpenAI, chat, chat_stream, raw
 
@@ -737,7 +737,7 @@ def test_the_socket_chmod_refuses_what_is_not_a_socket(tmp_path: Path) -> None:
     try:
         for name in (b"link", b"victim"):
             with pytest.raises(GatewayError):
-                _chmod_socket(fd, name, 0o666)
+                chmod_socket(fd, name, 0o666)
     finally:
         os.close(fd)
     assert stat.S_IMODE(victim.stat().st_mode) == 0o600

@@ -33,6 +33,7 @@ from ..conversation import build_system_prompt
 from ..errors import InputError, ProviderError
 from ..protocol import SESSION_MOUNT, ContainerInput, ResultEvent
 from ..providers.base import ToolSpec
+from ..relay import UnixRelay
 from ..text_stream import DeltaCoalescer
 from ..tools import ToolContext, disabled_tools, run_tool
 from ..tools.ask_user import SPEC as ASK_USER_SPEC
@@ -42,7 +43,6 @@ from ..tools.send_message import SPEC as SEND_MESSAGE_SPEC
 from ..workspace_notices import workspace_notices
 from .mapping import EDIT_TOOLS, Emit, EventMapper
 from .prompt import build_prompt, session_file
-from .relay import UnixRelay
 
 log = logging.getLogger(__name__)
 

@@ -1,12 +1,13 @@
-"""A loopback TCP listener that relays every connection to the gateway's unix socket.
+"""A loopback TCP listener that relays every connection to a host's unix socket.
 
-The Claude Code CLI takes an HTTP base URL (``ANTHROPIC_BASE_URL``) and
-cannot speak to a unix socket; the container has no network but does have
-its own loopback.  So the runner listens on ``127.0.0.1`` (an ephemeral
-port, inside the container's own network namespace: nothing outside can
-reach it) and pumps bytes both ways to the host's model gateway, which
-holds the key and polices every request.  Nothing is parsed here: the
-gateway is the one that must not trust what the container sends.
+Clients take an HTTP address, not a unix socket: the Claude Code CLI's
+``ANTHROPIC_BASE_URL`` (to the model gateway), and curl, pip, git and the
+rest's ``HTTP_PROXY`` (to the egress proxy: ``egress.py``).  The container
+has no network but does have its own loopback, so the runner listens on
+``127.0.0.1`` (an ephemeral port, inside the container's own network
+namespace: nothing outside can reach it) and pumps bytes both ways to the
+host's socket.  Nothing is parsed here: the host is the one that must not
+trust what the container sends.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class UnixRelay:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._accept, name="gateway-relay", daemon=True)
+        self._thread = threading.Thread(target=self._accept, name="host-relay", daemon=True)
 
     @property
     def base_url(self) -> str:
@@ -82,7 +83,7 @@ class UnixRelay:
         try:
             upstream = self._connect(self.socket_path)
         except OSError as exc:
-            log.error("gateway relay: cannot reach %s: %s", self.socket_path, exc)
+            log.error("relay: cannot reach %s: %s", self.socket_path, exc)
             client.close()
             return
         back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)

@@ -1,0 +1,46 @@
+"""A run's way out: ``HTTP_PROXY`` and ``HTTPS_PROXY`` on the container's loopback, relayed to
+the host's egress proxy (``ContainerInput.egress_socket``), which decides every request on
+the group's network policy.  Without that socket nothing is set: the container has no
+network at all.
+
+The variables are set for the run's processes (every tool's child inherits the runner's
+environment) in both spellings, with ``NO_PROXY`` for loopback so the Claude Code CLI's
+model calls still go to its own relay; they are taken back when the run ends (a warm
+container serves the next run, whose policy may differ).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import msgspec
+
+from .protocol import ContainerInput
+from .relay import UnixRelay
+
+_NAMES = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+_LOOPBACK = "127.0.0.1,localhost,::1"
+
+
+@contextlib.contextmanager
+def egress_env(inp: ContainerInput) -> Iterator[str | None]:
+    """The run's proxy address while it runs (None: no way out)."""
+    if inp.egress_socket is msgspec.UNSET:
+        yield None
+        return
+    before = {name: os.environ.get(name) for name in (*_NAMES, "NO_PROXY", "no_proxy")}
+    with UnixRelay(inp.egress_socket) as relay:
+        address = relay.base_url
+        for name in _NAMES:
+            os.environ[name] = address
+        os.environ["NO_PROXY"] = os.environ["no_proxy"] = _LOOPBACK
+        try:
+            yield address
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value

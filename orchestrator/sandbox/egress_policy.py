@@ -1,0 +1,144 @@
+"""A group's network policy: which hosts its sandbox may reach through the egress proxy.
+
+The container never has a network device besides loopback (``ContainerConfig.network`` is
+always ``none``); its one way out is the host's egress proxy (``sandbox/egress.py``), which
+asks this policy about every request:
+
+* ``off`` (the default): nothing goes out;
+* ``allowlist``: the hosts the rules name, and the presets' (each a documented list below).
+
+A rule is a host name (``files.internal.test``), a name with every name below it
+(``*.github.com``: ``api.github.com``, not ``github.com`` itself), either with a port
+(``example.com:8443``); without one, any port.  Names are compared lowercased, without a
+trailing dot; an IP address is never a rule (nor a target: the proxy refuses literals).
+``methods`` limits the HTTP methods (a CONNECT tunnel counts as its target's method is not
+seen: allowed only when ``CONNECT`` is among them or no limit is set), ``max_requests``
+and ``max_bytes`` a run's requests and bytes (both ways).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from orchestrator.core.jsontypes import WHOLE_NUMBER
+
+EgressMode = Literal["off", "allowlist"]
+Preset = Literal["package-indexes", "git-hosts"]
+Method = Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT"]
+
+# The presets' hosts: what a package manager or a git client reaches for the public indexes.
+PRESETS: dict[str, tuple[str, ...]] = {
+    "package-indexes": (
+        "pypi.org",
+        "files.pythonhosted.org",
+        "registry.npmjs.org",
+        "registry.yarnpkg.com",
+        "crates.io",
+        "static.crates.io",
+        "index.crates.io",
+        "proxy.golang.org",
+        "sum.golang.org",
+        "rubygems.org",
+        "repo.maven.apache.org",
+        "repo1.maven.org",
+    ),
+    "git-hosts": (
+        "github.com",
+        "api.github.com",
+        "codeload.github.com",
+        "*.githubusercontent.com",
+        "gitlab.com",
+        "bitbucket.org",
+    ),
+}
+MAX_RULES = 200
+# A host name's labels (letters, digits, hyphens; punycode for the others), optionally "*." first,
+# optionally ":port".
+RULE_PATTERN = r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(:[0-9]{1,5})?$"
+_RULE = re.compile(RULE_PATTERN)
+
+
+class EgressPolicy(BaseModel):
+    """What a group's sandbox may reach (see the module's doc)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    mode: EgressMode = "off"
+    allow: list[Annotated[str, Field(max_length=260)]] = Field(default_factory=list, max_length=MAX_RULES)
+    presets: list[Preset] = Field(default_factory=list)
+    methods: list[Method] | None = None
+    max_requests: Annotated[int, Field(ge=1, le=1_000_000), WHOLE_NUMBER] | None = None
+    max_bytes: Annotated[int, Field(ge=1, le=1 << 40), WHOLE_NUMBER] | None = None
+
+    @field_validator("allow")
+    @classmethod
+    def _rules(cls, rules: list[str]) -> list[str]:
+        out: list[str] = []
+        for i, rule in enumerate(rules):
+            rule = rule.strip().lower().rstrip(".")
+            if not _RULE.fullmatch(rule) or _is_ip(rule.partition(":")[0]):
+                raise ValueError(f"allow[{i}]: {rule!r} is no host name rule (name, *.name, either with :port)")
+            port = rule.partition(":")[2]
+            if port and not 1 <= int(port) <= 65535:
+                raise ValueError(f"allow[{i}]: port {port} is out of range")
+            out.append(rule)
+        return list(dict.fromkeys(out))
+
+
+def _is_ip(name: str) -> bool:
+    return bool(re.fullmatch(r"[0-9.]+", name))
+
+
+def rules_of(policy: EgressPolicy) -> list[str]:
+    """The policy's rules with its presets' spelled out."""
+    return [*policy.allow, *(rule for preset in policy.presets for rule in PRESETS[preset])]
+
+
+def host_refusal(policy: EgressPolicy, host: str, port: int) -> str | None:
+    """Why ``host:port`` is not among what ``policy`` allows (None: it is)."""
+    if policy.mode == "off":
+        return "this group's network policy is off (orchestrator groups set --network)"
+    name = host.lower().rstrip(".")
+    for rule in rules_of(policy):
+        pattern, _, rule_port = rule.partition(":")
+        if rule_port and int(rule_port) != port:
+            continue
+        if pattern.startswith("*."):
+            if name.endswith(pattern[1:]) and name != pattern[2:]:
+                return None
+        elif name == pattern:
+            return None
+    return f"{name}:{port} is not on this group's allowlist"
+
+
+def method_refusal(policy: EgressPolicy, method: str) -> str | None:
+    """Why ``method`` is not allowed (None: it is)."""
+    if policy.methods is None or method in policy.methods:
+        return None
+    return f"the method {method} is not among this group's allowed methods ({', '.join(policy.methods)})"
+
+
+def parse_network_option(text: str) -> EgressPolicy:
+    """``off``, or ``allowlist:RULE,RULE,...`` (``preset:NAME`` among the rules) as the command
+    line spells a policy; ValueError naming what is wrong."""
+    word, _, rest = text.strip().partition(":")
+    if word == "off" and not rest:
+        return EgressPolicy()
+    if word != "allowlist" or not rest.strip():
+        raise ValueError(f"--network: {text!r}: use off or allowlist:HOST[,HOST...] (preset:NAME for a preset)")
+    allow: list[str] = []
+    presets: list[str] = []
+    for part in (p.strip() for p in rest.split(",")):
+        if part.startswith("preset:"):
+            presets.append(part[len("preset:") :])
+        elif part:
+            allow.append(part)
+    try:
+        return EgressPolicy.model_validate({"mode": "allowlist", "allow": allow, "presets": presets})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{where}: {str(first['msg']).removeprefix('Value error, ')}") from None

@@ -1,0 +1,107 @@
+"""The sandbox reaches the network only through its run's egress proxy, on its group's
+policy (the issue's check, with python's urllib in the sandbox as the client): with
+``allowlist:files.internal.test`` and a resolve entry for a web server on a loopback port,
+the file is fetched; another name is refused with the proxy's reason; a group whose policy
+is off reaches nothing; ``orchestrator runs show RUN --egress`` lists the decisions."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.core.settings import Settings
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry
+from orchestrator.run.pipeline import Pipeline
+from orchestrator.sandbox.config import set_container_config
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group, ensure_main_group
+from orchestrator.store.message_log import get_messages_after
+from tests.conftest import TEST_ENV
+
+JID, OFF = "main@local", "off@g.us"
+
+
+class _Files(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Iterator[int]:
+    root = tmp_path / "www"
+    root.mkdir()
+    (root / "hello.txt").write_text("hello from the files host\n")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: _Files(*a, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+SCRIPT = """/write fetch.py
+import sys, urllib.request, urllib.error
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())
+except urllib.error.HTTPError as e:
+    print("HTTP", e.code, e.read().decode())
+except OSError as e:
+    print("URLError", e)
+/end
+"""
+
+
+def fetch(*urls: str) -> str:
+    """A message for the offline model: python's urllib (it honours HTTP_PROXY) fetches each URL."""
+    return SCRIPT + "\n".join(f"$ python3 fetch.py {url}" for url in urls)
+
+
+def outputs(db: Database, jid: str) -> list[str]:
+    """The bash commands' outputs in the chat."""
+    return [
+        m.content
+        for m in get_messages_after(jid, 0, db=db)
+        if m.message_type == "tool_result" and m.sender_name == "bash"
+    ]
+
+
+def test_the_sandbox_reaches_what_its_group_allows_and_nothing_else(
+    settings: Settings, db: Database, agent_image: str, files: int
+) -> None:
+    s = settings.replace(
+        agent_image=agent_image, run_timeout_s=60.0, egress_resolve=f"files.internal.test:{files}:127.0.0.1"
+    )
+    s.ensure_dirs()
+    ensure_main_group(db)
+    set_container_config(db, s, JID, {"egress": {"mode": "allowlist", "allow": ["files.internal.test"]}})
+    add_group(db, chat_jid=OFF, name="off", folder="off", requires_trigger=False)
+    good, other = f"http://files.internal.test:{files}/hello.txt", f"http://other.internal.test:{files}/"
+    ingest(db, s, IncomingMessage(chat_jid=JID, sender="u", content=fetch(good, other)), signal=None)
+    (run,) = Pipeline(s, db, ChannelRegistry([])).drain_group(JID)
+    assert run.run.state == "succeeded"
+    got, refused = outputs(db, JID)
+    assert "hello from the files host" in got
+    assert "HTTP 403 egress refused: other.internal.test" in refused and "not on this group's allowlist" in refused
+
+    ingest(db, s, IncomingMessage(chat_jid=OFF, sender="u", content=fetch(good)), signal=None)
+    (off,) = Pipeline(s, db, ChannelRegistry([])).drain_group(OFF)
+    (nothing,) = outputs(db, OFF)
+    assert "hello from the files host" not in nothing and ("URLError" in nothing or "Errno" in nothing)
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHESTRATOR_")}
+    env |= TEST_ENV | {"ORCHESTRATOR_DATA_DIR": str(s.data_dir), "ORCHESTRATOR_DATABASE_URL": s.database_url}
+    cli = str(Path(sys.executable).parent / "orchestrator")
+    shown = subprocess.run(
+        [cli, "runs", "show", run.run.id, "--egress"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith(f"allowed  GET files.internal.test:{files}  allowed")
+    assert lines[1].startswith(f"refused  GET other.internal.test:{files}  other.internal.test:{files} is not on")
