@@ -42,6 +42,9 @@ from orchestrator.store.questions import AnswerAs, insert_question, open_questio
 
 log = logging.getLogger(__name__)
 
+# The hosts one run's refusals may ask the chat about (a loop over many names asks about a few).
+MAX_EGRESS_QUESTIONS = 3
+
 
 class StoredOutput(NamedTuple):
     """An output stored in a run's transaction, for what follows its commit."""
@@ -155,8 +158,33 @@ class ChatOutputs:
         )
         try:
             self.emit(record)
+            self._ask_about(proxy)
         except LeaseLost:
             log.warning("run %s: its egress log is not stored (the group was taken over)", run_id)
+
+    def _ask_about(self, proxy: EgressProxy) -> None:
+        """In ``ask`` mode: ask the chat about the hosts the run was refused (a few per run;
+        one question per host at a time), fenced like every output."""
+        hosts = list(proxy.run.to_ask)[:MAX_EGRESS_QUESTIONS]
+        if not hosts or self.settings is None:
+            return
+        queued = 0
+        with self.db.transaction() as conn:
+            leases.fence(conn, self.group.chat_jid, self.owner)
+            for host, port in hosts:
+                asked = questions.ask_about_egress(
+                    conn,
+                    self.db,
+                    chat_jid=self.group.chat_jid,
+                    run_id=self.outcome.run.id,
+                    host=host,
+                    port=port,
+                    asked_at=db_now(conn),
+                    ttl_s=self.settings.question_ttl_s,
+                )
+                queued += asked[1] if asked is not None else 0
+        if queued:
+            self._deliver(self.group.chat_jid)
 
     def question(self, event: QuestionEvent, index: int) -> bool:
         """Ask the group ``event``'s question, if the group's agent may and the question is one

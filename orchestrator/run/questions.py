@@ -45,7 +45,7 @@ from agent_runner.protocol import (
 from agent_runner.protocol import ApprovalEnvelope as ApprovalEnvelope
 from orchestrator.core.errors import BadInput, Conflict, NotAllowed, NotFound
 from orchestrator.core.jsontypes import JsonObject
-from orchestrator.model.messages import SENDER_SYSTEM, SENDER_TOOL_RESULT, NewMessage, StoredMessage
+from orchestrator.model.messages import SENDER_HOST, SENDER_SYSTEM, SENDER_TOOL_RESULT, NewMessage, StoredMessage
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
 from orchestrator.store.db import Connection, Database, db_now
 from orchestrator.store.deliveries import record_deliveries
@@ -54,11 +54,15 @@ from orchestrator.store.message_log import insert_message, now_iso
 from orchestrator.store.questions import (
     AnswerAs,
     Question,
+    add_egress_rule,
     close_question,
     due_questions,
     get_question,
+    insert_question,
+    open_egress_question,
     open_question_of,
     set_answer_seq,
+    set_message_seq,
 )
 
 log = logging.getLogger(__name__)
@@ -188,6 +192,11 @@ def parse_choice(question: Question, said: str) -> Choice | None:
     return Choice(tuple(picked)) if picked else None
 
 
+def may_answer_egress(approvers: Sequence[str] | None, sender: str) -> bool:
+    """Whether ``sender`` may open the sandbox's network: the group's approvers, and the operator."""
+    return sender == OPERATOR or (approvers is not None and sender in approvers)
+
+
 def may_answer(approvers: Sequence[str] | None, sender: str) -> bool:
     """Whether ``sender`` may answer the group's questions (``approvers`` None: anyone in the chat)."""
     return approvers is None or sender == OPERATOR or sender in approvers
@@ -227,6 +236,18 @@ def _closing_message(
 ) -> NewMessage:
     """What closes ``question`` in the chat, as its agent will read it (see the module's doc)."""
     meta: JsonObject = {QUESTION_ID_KEY: question.id, **extra}
+    if question.answer_as == "egress":
+        # The host's own question: its close is the host's note, for people, never the model.
+        return NewMessage(
+            id=f"{question.id}-closed",
+            chat_jid=question.chat_jid,
+            sender=SENDER_HOST,
+            sender_name="host",
+            content=content,
+            timestamp=stamp,
+            message_type="host",
+            metadata=meta,
+        )
     if question.answer_as == "tool_result":
         # The call's result, where the model's view puts it: right after the call.
         meta.update({RUN_ID_KEY: question.run_id, "tool_use_id": question.tool_use_id, "tool": ASK_TOOL})
@@ -315,14 +336,23 @@ def answer_in(
     """Take ``choice`` as the answer to ``question`` in the caller's transaction (it wakes
     the group).  :class:`NotAllowed` for someone not among the approvers, :class:`BadInput`
     for a choice the question does not take, :class:`Conflict` once it is closed."""
-    if not may_answer(approvers, by):
-        raise NotAllowed(f"{by_name or by} is not among this group's approvers; the question stays open")
+    egress = question.answer_as == "egress"
+    # The sandbox's network is the operator's and the approvers' to open, never anyone's.
+    if not (may_answer_egress(approvers, by) if egress else may_answer(approvers, by)):
+        who = (
+            "the group's approvers (none are named: the operator only)"
+            if egress and not approvers
+            else "this group's approvers"
+        )
+        raise NotAllowed(f"{by_name or by} is not among {who}; the question stays open")
     check_choice(question, choice)
     if question.state != "open":
         raise Conflict(_closed_words(question))
     words = _answer_words(question, choice)
     stamp = now_iso()
-    if question.answer_as == "tool_result":
+    if egress:
+        content = _egress_answer(conn, question, choice, by_name or by, via)
+    elif question.answer_as == "tool_result":
         content = f"The group answered: {words}\n(by {by_name or by} via {via}, {stamp})"
     else:
         content = f'Answer to your question "{question.question}": {words}'
@@ -341,7 +371,7 @@ def answer_in(
         new,
         state="answered",
         why=f"answered by {by_name or by} via {via}",
-        wake=True,
+        wake=not egress,  # the host's question: the agent's retry comes with a later run
         answer=_answer_json(question, choice),
         by=by,
         by_name=by_name,
@@ -396,14 +426,97 @@ def answer_question(
         return answer_in(conn, db, question, choice, by=by, by_name=by_name, via=via, approvers=group.approvers)
 
 
+# -- the host's questions about the sandbox's network ----------------------------------------
+
+ALLOW, REFUSE = "Allow", "Refuse"
+
+
+def egress_rule(host: str, port: int) -> str:
+    """The allowlist rule an "Allow" adds: the host, with its port unless it is HTTP's or HTTPS's."""
+    return host if port in (80, 443) else f"{host}:{port}"
+
+
+def ask_about_egress(
+    conn: Connection,
+    db: Database,
+    *,
+    chat_jid: str,
+    run_id: str,
+    host: str,
+    port: int,
+    asked_at: datetime,
+    ttl_s: float,
+) -> tuple[StoredMessage, int] | None:
+    """Ask the chat, in the caller's transaction, whether the group's sandbox may reach
+    ``host:port`` (an ``ask`` policy refused it): a host message with an APPROVAL envelope, its
+    options Allow and Refuse, answered by its id.  None when the chat is being asked already."""
+    if open_egress_question(conn, chat_jid, host, port) is not None:
+        return None
+    rule = egress_rule(host, port)
+    question = Question(
+        id=random.token_hex(6),
+        chat_jid=chat_jid,
+        run_id=run_id,
+        tool_use_id="",
+        message_seq=None,
+        reply_to_seq=None,
+        question=f"The agent's sandbox tried to reach {host}:{port}. Allow {rule} for this group?",
+        options=[ALLOW, REFUSE],
+        multiple=False,
+        allow_other=False,
+        answer_as="egress",
+        subject={"host": host, "port": port},
+        state="open",
+        asked_at=asked_at,
+        expires_at=asked_at + timedelta(seconds=ttl_s),
+    )
+    insert_question(conn, question, the_groups=False)
+    content = (
+        f"🌐 {question.question}\n\n1. {ALLOW}\n2. {REFUSE}\n\n"
+        f"The approvers (or the operator: `orchestrator answer {chat_jid} allow --question {question.id}`) decide; "
+        "the agent's next run may then retry."
+    )
+    new = NewMessage(
+        id=f"{question.id}-asked",
+        chat_jid=chat_jid,
+        sender=SENDER_HOST,
+        sender_name="host",
+        content=content,
+        timestamp=now_iso(),
+        message_type="host",
+        metadata=approval_envelope(question),
+    )
+    msg, created = insert_message(conn, db, new)
+    set_message_seq(conn, question.id, msg.seq)
+    return msg, record_deliveries(conn, msg) if created else 0
+
+
+def _egress_answer(conn: Connection, question: Question, choice: Choice, who: str, via: str) -> str:
+    """What an answer to the host's question does (an Allow adds the rule), as its note says it."""
+    subject = question.subject or {}
+    host, port = str(subject.get("host")), int(subject.get("port") or 0)
+    rule = egress_rule(host, port)
+    allowed = bool(choice.picked) and question.options[choice.picked[0]] == ALLOW
+    if allowed:
+        add_egress_rule(conn, question.chat_jid, rule)
+        return f"🌐 {rule} is allowed for this group now (by {who} via {via}); the agent's next run may reach it."
+    return f"🌐 {host}:{port} stays refused for this group (by {who} via {via})."
+
+
 # -- expiring -------------------------------------------------------------------------------
 
 
 def expire_in(conn: Connection, db: Database, question: Question, why: str) -> tuple[StoredMessage, int] | None:
     """Expire ``question`` in the caller's transaction: the agent is told why, nothing wakes."""
+    subject = question.subject or {}
+    said = (
+        f"🌐 No answer about {subject.get('host')}:{subject.get('port')} ({why}): it stays refused."
+        if question.answer_as == "egress"
+        else f"No answer: the question expired ({why})."
+    )
     new = _closing_message(
         question,
-        content=f"No answer: the question expired ({why}).",
+        content=said,
         sender=SENDER_SYSTEM,
         sender_name="system",
         extra={"expired": why},

@@ -46,7 +46,7 @@ import h11
 from orchestrator.core.addresses import is_public
 from orchestrator.core.errors import GatewayError
 from orchestrator.core.settings import Settings
-from orchestrator.sandbox.egress_policy import EgressPolicy, host_refusal, method_refusal
+from orchestrator.sandbox.egress_policy import EgressPolicy, host_refusal, may_ask, method_refusal
 from orchestrator.sandbox.gateway import chmod_socket
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,8 @@ class _Run:
     connections: int = 0
     decisions: list[Decision] = field(default_factory=list)
     left_out: int = 0
+    # The hosts refused in ``ask`` mode, in the order first asked: the chat is asked about them.
+    to_ask: dict[tuple[str, int], None] = field(default_factory=dict)
 
 
 class _Refused(Exception):
@@ -367,6 +369,8 @@ class EgressProxy:
             raise _Refused(f"{host} is an IP address; the policy names hosts")
         refusal = host_refusal(self.policy, host, port) or method_refusal(self.policy, method)
         if refusal is not None:
+            if may_ask(self.policy, host, port):
+                run.to_ask[(host.lower().rstrip("."), port)] = None
             raise _Refused(refusal)
         if method != "CONNECT" and any(name.lower() == b"upgrade" for name, _ in request.headers):
             raise _Refused("protocol upgrades are not forwarded over plain HTTP")

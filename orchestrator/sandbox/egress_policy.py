@@ -5,7 +5,10 @@ always ``none``); its one way out is the host's egress proxy (``sandbox/egress.p
 asks this policy about every request:
 
 * ``off`` (the default): nothing goes out;
-* ``allowlist``: the hosts the rules name, and the presets' (each a documented list below).
+* ``allowlist``: the hosts the rules name, and the presets' (each a documented list below);
+* ``ask``: an allowlist, and a request to a host not on it is refused at once, and the chat
+  is asked whether to allow that host for the group (``run/egress_questions.py``): once
+  allowed, a later run's request goes through; nothing waits meanwhile.
 
 A rule is a host name (``files.internal.test``), a name with every name below it
 (``*.github.com``: ``api.github.com``, not ``github.com`` itself), either with a port
@@ -25,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.core.jsontypes import WHOLE_NUMBER
 
-EgressMode = Literal["off", "allowlist"]
+EgressMode = Literal["off", "allowlist", "ask"]
 Preset = Literal["package-indexes", "git-hosts"]
 Method = Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT"]
 
@@ -111,7 +114,14 @@ def host_refusal(policy: EgressPolicy, host: str, port: int) -> str | None:
                 return None
         elif name == pattern:
             return None
+    if policy.mode == "ask":
+        return f"{name}:{port} is not on this group's allowlist yet: the chat is asked whether to allow it"
     return f"{name}:{port} is not on this group's allowlist"
+
+
+def may_ask(policy: EgressPolicy, host: str, port: int) -> bool:
+    """Whether a refusal of ``host:port`` is one the chat is asked about (``ask`` mode, off the list)."""
+    return policy.mode == "ask" and host_refusal(policy, host, port) is not None
 
 
 def method_refusal(policy: EgressPolicy, method: str) -> str | None:
@@ -127,8 +137,12 @@ def parse_network_option(text: str) -> EgressPolicy:
     word, _, rest = text.strip().partition(":")
     if word == "off" and not rest:
         return EgressPolicy()
-    if word != "allowlist" or not rest.strip():
-        raise ValueError(f"--network: {text!r}: use off or allowlist:HOST[,HOST...] (preset:NAME for a preset)")
+    if word == "ask" and not rest.strip():
+        return EgressPolicy(mode="ask")
+    if word not in ("allowlist", "ask") or not rest.strip():
+        raise ValueError(
+            f"--network: {text!r}: use off, allowlist:HOST[,HOST...] or ask[:HOST,...] (preset:NAME for a preset)"
+        )
     allow: list[str] = []
     presets: list[str] = []
     for part in (p.strip() for p in rest.split(",")):
@@ -137,7 +151,7 @@ def parse_network_option(text: str) -> EgressPolicy:
         elif part:
             allow.append(part)
     try:
-        return EgressPolicy.model_validate({"mode": "allowlist", "allow": allow, "presets": presets})
+        return EgressPolicy.model_validate({"mode": word, "allow": allow, "presets": presets})
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])

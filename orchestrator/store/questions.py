@@ -23,7 +23,7 @@ from orchestrator.store.tables import GroupRow, QuestionRow
 
 QuestionState = Literal["open", "answered", "expired"]
 QUESTION_STATES: tuple[QuestionState, ...] = get_args(QuestionState)
-AnswerAs = Literal["tool_result", "message"]
+AnswerAs = Literal["tool_result", "message", "egress"]
 ANSWER_AS: tuple[AnswerAs, ...] = get_args(AnswerAs)
 
 
@@ -43,6 +43,8 @@ class Question(BaseModel):
     multiple: bool
     allow_other: bool
     answer_as: Annotated[AnswerAs, column_check(ANSWER_AS, "questions.answer_as")]
+    # What a question the host asks is about (None: the agent's question).
+    subject: JsonObject | None = None
     state: Annotated[QuestionState, column_check(QUESTION_STATES, "questions.state")]
     asked_at: datetime
     expires_at: datetime
@@ -64,11 +66,15 @@ def _one(conn: Connection, stmt: object) -> Question | None:
     return None if row is None else Question.model_validate(dict(row))
 
 
-def insert_question(session: Session | Connection, question: Question) -> None:
-    """Store ``question`` (open) and make it its group's open question, in the caller's transaction."""
+def insert_question(session: Session | Connection, question: Question, *, the_groups: bool = True) -> None:
+    """Store ``question`` (open), in the caller's transaction; ``the_groups``: as the group's
+    open question (the agent's: a reply may answer it, a trigger expires it).  The host's
+    questions about the network are not: they are answered by their id (a button, the page,
+    ``orchestrator answer --question``)."""
     conn = _conn(session)
     conn.execute(insert(QuestionRow).values(**question.model_dump()))
-    conn.execute(update(GroupRow).where(GroupRow.chat_jid == question.chat_jid).values(open_question=question.id))
+    if the_groups:
+        conn.execute(update(GroupRow).where(GroupRow.chat_jid == question.chat_jid).values(open_question=question.id))
 
 
 def get_question(session: Session | Connection, question_id: str) -> Question | None:
@@ -178,3 +184,31 @@ def group_open_question(db: Database, chat_jid: str) -> Question | None:
     """The group's open question (None: none), in a read of its own."""
     with db.read() as session:
         return open_question_of(session, chat_jid)
+
+
+def open_egress_question(session: Session | Connection, chat_jid: str, host: str, port: int) -> Question | None:
+    """The chat's open question about reaching ``host:port``, if one is open already."""
+    stmt = select(QuestionRow.__table__).where(
+        QuestionRow.chat_jid == chat_jid, QuestionRow.state == "open", QuestionRow.answer_as == "egress"
+    )
+    for row in _conn(session).execute(stmt).mappings().all():
+        question = Question.model_validate(dict(row))
+        if (question.subject or {}).get("host") == host and (question.subject or {}).get("port") == port:
+            return question
+    return None
+
+
+def add_egress_rule(session: Session | Connection, chat_jid: str, rule: str) -> bool:
+    """Add ``rule`` to the group's egress allowlist (its container_config's), in the caller's
+    transaction; False when it was there already."""
+    conn = _conn(session)
+    config = conn.execute(select(GroupRow.container_config).where(GroupRow.chat_jid == chat_jid)).scalar()
+    config = dict(config or {})
+    egress = dict(config.get("egress") or {})
+    allow = list(egress.get("allow") or [])
+    if rule in allow:
+        return False
+    egress["allow"] = [*allow, rule]
+    config["egress"] = egress
+    conn.execute(update(GroupRow).where(GroupRow.chat_jid == chat_jid).values(container_config=config))
+    return True

@@ -210,9 +210,12 @@ class QuestionRow(Base):
     options: Mapped[list[str]] = mapped_column(JSON, nullable=False)
     multiple: Mapped[bool] = mapped_column(Boolean, nullable=False)
     allow_other: Mapped[bool] = mapped_column(Boolean, nullable=False)
-    # How the answer goes back: "tool_result" (the call's result: the built-in loop) or
-    # "message" (the next user message: Claude Code, whose call has had its result).
+    # How the answer goes back: "tool_result" (the call's result: the built-in loop),
+    # "message" (the next user message: Claude Code, whose call has had its result), or
+    # "egress" (the host's question about a host the sandbox tried: its allowlist).
     answer_as: Mapped[str] = mapped_column(String(16), nullable=False)
+    # What a question the host asks is about ("egress": {"host", "port"}); NULL for the agent's.
+    subject: Mapped[JsonObject | None] = mapped_column(JSON, nullable=True)
     state: Mapped[str] = mapped_column(String(16), nullable=False)
     asked_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)

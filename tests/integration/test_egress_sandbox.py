@@ -105,3 +105,28 @@ def test_the_sandbox_reaches_what_its_group_allows_and_nothing_else(
     lines = shown.stdout.splitlines()
     assert lines[0].startswith(f"allowed  GET files.internal.test:{files}  allowed")
     assert lines[1].startswith(f"refused  GET other.internal.test:{files}  other.internal.test:{files} is not on")
+
+
+def test_ask_mode_asks_the_chat_and_a_later_run_goes_through(
+    settings: Settings, db: Database, agent_image: str, files: int
+) -> None:
+    from orchestrator.run.questions import answer_question
+    from orchestrator.store.questions import chat_questions
+
+    s = settings.replace(
+        agent_image=agent_image, run_timeout_s=60.0, egress_resolve=f"files.internal.test:{files}:127.0.0.1"
+    )
+    s.ensure_dirs()
+    ensure_main_group(db)
+    set_container_config(db, s, JID, {"egress": {"mode": "ask"}})
+    url = f"http://files.internal.test:{files}/hello.txt"
+    ingest(db, s, IncomingMessage(chat_jid=JID, sender="u", content=fetch(url)), signal=None)
+    Pipeline(s, db, ChannelRegistry([])).drain_group(JID)
+    (refused,) = outputs(db, JID)
+    assert "the chat is asked whether to allow it" in refused
+    (question,) = chat_questions(db, JID, open_only=True)
+    assert question.subject == {"host": "files.internal.test", "port": files}
+    answer_question(db, JID, "allow", via="api", question_id=question.id)
+    ingest(db, s, IncomingMessage(chat_jid=JID, sender="u", content=f"$ python3 fetch.py {url}"), signal=None)
+    Pipeline(s, db, ChannelRegistry([])).drain_group(JID)
+    assert "hello from the files host" in outputs(db, JID)[-1]

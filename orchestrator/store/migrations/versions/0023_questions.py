@@ -2,7 +2,8 @@
 and ``groups.approvers``.
 
 * ``questions``: one row per ``ask_user`` call: the run and tool call that asked, the
-  stored message that shows it, its options, how the answer goes back (the call's result, or the next message), its state (open, answered, expired), when it
+  stored message that shows it, its options, how the answer goes back (the call's result, the next message, or, for a
+  question the host asks about the sandbox's network, the group's allowlist) and what it is about, its state (open, answered, expired), when it
   expires, and the answer (the options chosen, free text, who gave it, through what).
 * ``groups.open_question``: the group's open question, if any (at most one): ingest reads it
   with the group's other columns, so a reply naming an option is seen without another query.
@@ -36,6 +37,7 @@ def upgrade() -> None:
         sa.Column("multiple", sa.Boolean(), nullable=False),
         sa.Column("allow_other", sa.Boolean(), nullable=False),
         sa.Column("answer_as", sa.String(16), nullable=False),
+        sa.Column("subject", sa.JSON(), nullable=True),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("asked_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
