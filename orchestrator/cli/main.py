@@ -590,9 +590,8 @@ def runs_show(
     ] = False,
 ) -> None:
     """Show one run (an id or a unique prefix)."""
-    from orchestrator.model.messages import SENDER_EGRESS_LOG
     from orchestrator.run.assembly import rebuild_input, stored_input
-    from orchestrator.store.replays import run_messages
+    from orchestrator.run.egress_log import run_egress
     from orchestrator.store.runs import get_run
 
     root = _setup()
@@ -600,8 +599,7 @@ def runs_show(
     try:
         run = get_run(db, run_id)
         if egress:
-            records = [m.metadata or {} for m in run_messages(db, run.id) if m.sender == SENDER_EGRESS_LOG]
-            cli_runs.print_egress(run.id, records)
+            cli_runs.print_egress(run_egress(db, run.id))
             return
         if not (show_input or verify):
             typer.echo(json.dumps(run.model_dump(mode="json"), indent=2))

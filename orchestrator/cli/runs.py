@@ -17,6 +17,7 @@ from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.terminal import for_terminal
 
 if TYPE_CHECKING:
+    from orchestrator.run.egress_log import EgressLog
     from orchestrator.run.run_diff import RunDiff, RunSummary
 
 
@@ -127,16 +128,14 @@ _ROWS: list[tuple[str, Callable[[RunSummary], str]]] = [
 ]
 
 
-def print_egress(run_id: str, records: list[dict[str, object]]) -> None:
-    """The run's egress decisions (its egress_log records' metadata), one line each."""
-    decisions = [d for r in records for d in r.get("decisions") or [] if isinstance(d, dict)]  # type: ignore[attr-defined]
-    left_out = sum(int(r.get("left_out") or 0) for r in records)  # type: ignore[call-overload]
-    if not decisions:
-        _echo(f"run {run_id[:8]}: no egress (its group's network policy was off, or nothing was asked)")
+def print_egress(log: EgressLog) -> None:
+    """The run's egress decisions, one line each."""
+    if not log.decisions:
+        _echo(f"run {log.run_id[:8]}: no egress (its group's network policy was off, or nothing was asked)")
         return
-    for d in decisions:
-        verdict = "allowed" if d.get("allowed") else "refused"
-        moved = f"  {d.get('sent', 0)}/{d.get('received', 0)} bytes" if d.get("allowed") else ""
-        _echo(f"{verdict:8} {d.get('method')} {d.get('host')}:{d.get('port')}  {d.get('reason')}{moved}")
-    if left_out:
-        _echo(f"... and {left_out} more decision(s) not kept (the run's log is capped)")
+    for d in log.decisions:
+        verdict = "allowed" if d.allowed else "refused"
+        moved = f"  {d.sent}/{d.received} bytes" if d.allowed else ""
+        _echo(f"{verdict:8} {d.method} {d.host}:{d.port}  {d.reason}{moved}")
+    if log.left_out:
+        _echo(f"... and {log.left_out} more decision(s) not kept (the run's log is capped)")

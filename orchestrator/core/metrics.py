@@ -126,6 +126,9 @@ DELIVERIES = Counter(
 DELIVERY_SECONDS = Histogram("orchestrator_delivery_seconds", "A channel's send call.", ["channel"])
 LEASE_LOSSES = Counter("orchestrator_lease_losses", "Runs given up because another worker took the group's lease.")
 SWEEPER_ACTIONS = Counter("orchestrator_sweeper_actions", "What sweeps did.", ["action"])
+EGRESS_DECISIONS = Counter(
+    "orchestrator_egress_decisions", "Requests of sandboxes to the network, by the egress proxy's verdict.", ["verdict"]
+)
 QUOTA_WAITS = Counter(
     "orchestrator_quota_waits", "Steps that found their group over a quota and started nothing.", ["quota"]
 )
@@ -139,6 +142,8 @@ for _wakes in ("yes", "no"):
     MESSAGES_INGESTED.labels(_wakes)
 for _action in SWEEPER_ACTIONS_NAMES:
     SWEEPER_ACTIONS.labels(_action)
+for _verdict in ("allowed", "refused"):
+    EGRESS_DECISIONS.labels(_verdict)
 
 
 # -- what the run path calls ------------------------------------------------------------

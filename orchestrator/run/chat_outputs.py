@@ -14,7 +14,6 @@ among the group's tools (its profile: ``store/groups.py``, ``tool_refusal``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -28,6 +27,7 @@ from orchestrator.core.settings import Settings
 from orchestrator.model.messages import SENDER_BOT, SENDER_EGRESS_LOG, STORED_ONLY_SENDERS, NewMessage, StoredMessage
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
 from orchestrator.run import agent_tasks, questions
+from orchestrator.run.egress_log import record_metadata
 from orchestrator.run.outcome import RunOutcome
 from orchestrator.run.outputs import OutputMessage, host_message
 from orchestrator.sandbox.egress import EgressProxy
@@ -141,7 +141,8 @@ class ChatOutputs:
         """The run's egress log, stored with it as a record (never shown to the model nor sent
         to a channel): every decision of its proxy, up to the proxy's cap, and how many were
         left out.  ``orchestrator runs show RUN --egress`` reads it."""
-        if not proxy.decisions and not proxy.run.left_out:
+        metadata = record_metadata(proxy)
+        if metadata is None:
             return
         run_id = self.outcome.run.id
         record = OutputMessage(
@@ -150,11 +151,7 @@ class ChatOutputs:
             sender_name="egress",
             content=f"{len(proxy.decisions) + proxy.run.left_out} egress decision(s)",
             message_type="system",
-            metadata={
-                "decisions": [dataclasses.asdict(d) for d in proxy.decisions],
-                "left_out": proxy.run.left_out,
-                "bytes": proxy.run.bytes,
-            },
+            metadata=metadata,
         )
         try:
             self.emit(record)

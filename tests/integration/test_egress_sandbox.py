@@ -15,8 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
 from orchestrator.core.settings import Settings
+from orchestrator.http.api import create_app
+from orchestrator.http.endpoint import CLIENT_HEADER
+from orchestrator.root import Orchestrator
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
@@ -102,6 +106,15 @@ def test_the_sandbox_reaches_what_its_group_allows_and_nothing_else(
         [cli, "runs", "show", run.run.id, "--egress"], env=env, capture_output=True, text=True, timeout=120
     )
     assert shown.returncode == 0, shown.stderr
+    with TestClient(
+        create_app(Orchestrator(s.replace(api_allowed_hosts="testserver"))), headers={CLIENT_HEADER: "t"}
+    ) as api:
+        log = api.get(f"/api/runs/{run.run.id}/egress").json()
+    assert [(d["host"], d["allowed"]) for d in log["decisions"]] == [
+        ("files.internal.test", True),
+        ("other.internal.test", False),
+    ]
+    assert log["decisions"][0]["received"] > 0 and log["left_out"] == 0
     lines = shown.stdout.splitlines()
     assert lines[0].startswith(f"allowed  GET files.internal.test:{files}  allowed")
     assert lines[1].startswith(f"refused  GET other.internal.test:{files}  other.internal.test:{files} is not on")

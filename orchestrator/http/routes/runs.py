@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from orchestrator.core.errors import NotFound
 from orchestrator.http.state import api_state
 from orchestrator.run.assembly import stored_input
+from orchestrator.run.egress_log import EgressLog, run_egress
 from orchestrator.store.runs import Run, get_run, list_runs
 from orchestrator.store.slots import FleetSlots, fleet_slots
 
@@ -55,3 +56,10 @@ def run_input(request: Request, run_id: str) -> Response:
     if data is None:
         raise NotFound(f"run {run_id} has no recorded input")
     return Response(data, media_type="application/json")
+
+
+@router.get("/runs/{run_id}/egress", response_model=EgressLog, responses={404: {"description": "no such run"}})
+def run_egress_log(request: Request, run_id: str) -> EgressLog:
+    """Every egress decision of the run's sandbox (its group's network policy, the egress
+    proxy's verdict and why, bytes each way), up to the log's cap, with a count of the rest."""
+    return run_egress(api_state(request).db, run_id)
