@@ -131,6 +131,9 @@ class Settings(msgspec.Struct, kw_only=True):
     # How long a connection may send nothing (request line, headers, body, the
     # wait for a keep-alive's next request) before the gateway closes it.
     gateway_read_timeout_s: Annotated[float, Meta(gt=0)] = 30.0
+    # Requests with a server tool a group's network policy opens (the provider's web search)
+    # one run may make: their fees are not tokens, so the token budget does not bound them.
+    gateway_max_server_tool_requests: Annotated[int, Meta(ge=0)] = 20
     # The egress proxy of a run whose group's network policy is not off
     # (orchestrator/sandbox/egress.py): names mapped to addresses, exactly per host and port,
     # like curl's --resolve ("host:port:address", comma separated), for tests and on-premise

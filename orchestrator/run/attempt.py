@@ -58,7 +58,7 @@ from orchestrator.sandbox.bounded_io import OutputBudget
 from orchestrator.sandbox.config import EffectiveLimits
 from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerExit, ContainerSpec
 from orchestrator.sandbox.egress import EGRESS_SOCKET, EgressProxy, egress_proxy
-from orchestrator.sandbox.egress_policy import EgressPolicy
+from orchestrator.sandbox.egress_policy import EgressPolicy, opened_tools, search_domains
 from orchestrator.sandbox.gateway import ModelGateway
 from orchestrator.sandbox.image import image_name, model_variant
 from orchestrator.sandbox.port import AgentProcess, Sandbox
@@ -286,6 +286,9 @@ def _contained(ctx: AttemptContext) -> Verdict:
                     spent=ctx.spent,
                     model=payload.model.model,
                     max_tokens=payload.model.max_tokens,
+                    # The provider's server tools the group's network policy opens, held to its domains.
+                    server_tools=opened_tools(mounts.egress),
+                    search_domains=search_domains(mounts.egress),
                 )
             )
             socket_path = f"{GATEWAY_MOUNT}/{GATEWAY_SOCKET}"

@@ -31,6 +31,10 @@ from orchestrator.core.jsontypes import WHOLE_NUMBER
 EgressMode = Literal["off", "allowlist", "ask"]
 Preset = Literal["package-indexes", "git-hosts"]
 Method = Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT"]
+# Tools the model's provider runs on its own servers that a policy may open (the gateway
+# refuses every server tool otherwise): name -> the tool types' prefix in the Messages API.
+ServerTool = Literal["web_search"]
+SERVER_TOOLS: dict[str, str] = {"web_search": "web_search_"}
 
 # The presets' hosts: what a package manager or a git client reaches for the public indexes.
 PRESETS: dict[str, tuple[str, ...]] = {
@@ -73,6 +77,9 @@ class EgressPolicy(BaseModel):
     allow: list[Annotated[str, Field(max_length=260)]] = Field(default_factory=list, max_length=MAX_RULES)
     presets: list[Preset] = Field(default_factory=list)
     methods: list[Method] | None = None
+    # The provider's server tools the gateway forwards for the group, held to the allowlist's
+    # domains (``search_domains``) and a run's count of such requests.
+    server_tools: list[ServerTool] = Field(default_factory=list)
     max_requests: Annotated[int, Field(ge=1, le=1_000_000), WHOLE_NUMBER] | None = None
     max_bytes: Annotated[int, Field(ge=1, le=1 << 40), WHOLE_NUMBER] | None = None
 
@@ -98,6 +105,21 @@ def _is_ip(name: str) -> bool:
 def rules_of(policy: EgressPolicy) -> list[str]:
     """The policy's rules with its presets' spelled out."""
     return [*policy.allow, *(rule for preset in policy.presets for rule in PRESETS[preset])]
+
+
+def search_domains(policy: EgressPolicy) -> tuple[str, ...]:
+    """The domains the provider's server tools may reach for the group: the allowlist's names
+    without ports, a ``*.name`` rule as its name (the provider takes a domain with the names
+    below it)."""
+    if policy.mode == "off":
+        return ()
+    names = (rule.partition(":")[0].removeprefix("*.") for rule in rules_of(policy))
+    return tuple(dict.fromkeys(names))
+
+
+def opened_tools(policy: EgressPolicy) -> frozenset[str]:
+    """The server tools' type prefixes the policy opens at the gateway."""
+    return frozenset(SERVER_TOOLS[name] for name in policy.server_tools)
 
 
 def host_refusal(policy: EgressPolicy, host: str, port: int) -> str | None:
@@ -145,13 +167,18 @@ def parse_network_option(text: str) -> EgressPolicy:
         )
     allow: list[str] = []
     presets: list[str] = []
+    server_tools: list[str] = []
     for part in (p.strip() for p in rest.split(",")):
         if part.startswith("preset:"):
             presets.append(part[len("preset:") :])
+        elif part.startswith("server-tool:"):
+            server_tools.append(part[len("server-tool:") :])
         elif part:
             allow.append(part)
     try:
-        return EgressPolicy.model_validate({"mode": word, "allow": allow, "presets": presets})
+        return EgressPolicy.model_validate(
+            {"mode": word, "allow": allow, "presets": presets, "server_tools": server_tools}
+        )
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])

@@ -341,6 +341,8 @@ _MAX_REWRITE_COLONS = 200_000
 # tiny tools ([{},{},...]) would cost hundreds of MB.  Every tool is an object and every key is
 # followed by a ':', so this many of both bound it (a few MB and ~20 ms at worst); Claude Code's
 # 17 tools have under 800.
+# Requests with a server tool (the provider's web search) one run may make: their fees are not tokens.
+MAX_SERVER_TOOL_REQUESTS = 20
 _MAX_TOOL_ITEMS = 50_000
 
 _INPUT_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")  # Anthropic
@@ -839,8 +841,18 @@ class ModelGateway:
         model: str | None = None,
         max_tokens: int | None = None,
         model_policy: ModelPolicy = "refuse",
+        server_tools: frozenset[str] = frozenset(),
+        search_domains: tuple[str, ...] = (),
+        max_server_tool_requests: int = MAX_SERVER_TOOL_REQUESTS,
     ) -> None:
         self.socket_path = socket_path
+        # Server tools the group's network policy opens (egress_policy.SERVER_TOOLS: type
+        # prefixes such as "web_search_"), the domains they are held to, and how many requests
+        # with them one run may make (their fees are not tokens).
+        self.server_tools = server_tools
+        self.search_domains = search_domains
+        self.max_server_tool_requests = max_server_tool_requests
+        self.server_tool_requests = 0
         self.upstream = upstream.rstrip("/")
         self.allowed_paths = allowed_paths
         spent = spent or Usage()
@@ -912,6 +924,8 @@ class ModelGateway:
         spent: Usage | None = None,
         model: str | None = None,
         max_tokens: int | None = None,
+        server_tools: frozenset[str] = frozenset(),
+        search_domains: tuple[str, ...] = (),
     ) -> ModelGateway:
         """The gateway for ``provider`` (one whose row in ``sandbox/providers.py`` has a gateway
         route) as ``settings`` configure it.
@@ -944,6 +958,9 @@ class ModelGateway:
             api_key=upstream.api_key(settings),
             allowed_paths=upstream.paths,
             auth=upstream.auth,
+            server_tools=server_tools,
+            search_domains=search_domains,
+            max_server_tool_requests=settings.gateway_max_server_tool_requests,
             **limits,
         )
 
@@ -1047,7 +1064,9 @@ class ModelGateway:
         self._hold_model(head, added, changed)
         self._hold_output(head, added, changed)
         _hold_head_fields(wire, head)
-        _hold_tools(wire, head.tools)
+        opened = _hold_tools(wire, head.tools, self.server_tools if wire is _ANTHROPIC else frozenset())
+        if opened:
+            changed["tools"] = self._held_server_tools(head.tools, opened)
         scan = _Scan(body, head)
         _hold_sources(scan)
         if wire is _OPENAI and head.stream:
@@ -1077,6 +1096,34 @@ class ModelGateway:
             msgspec.json.encode(name) + b":" + msgspec.json.encode(value) for name, value in added.items()
         )
         return b"{" + fields + comma + rest
+
+    def _held_server_tools(self, raw: msgspec.Raw, opened: list[int]) -> list[Any]:
+        """The tools with each server tool the policy opened held to the group's domains, once
+        the run's budget of such requests allows one more."""
+        if not self.search_domains:
+            raise _Refusal(
+                403,
+                "tool_not_allowed",
+                "this group's network policy opens the provider's web search but names no domain it may "
+                "search (orchestrator groups set --network allowlist:HOST,...)",
+            )
+        with self._lock:
+            if self.server_tool_requests >= self.max_server_tool_requests:
+                raise _Refusal(
+                    403,
+                    "server_tool_budget",
+                    f"this run made its {self.max_server_tool_requests} requests with server tools "
+                    "(ORCHESTRATOR_GATEWAY_MAX_SERVER_TOOL_REQUESTS): their fees are not tokens",
+                )
+            self.server_tool_requests += 1
+        tools: list[Any] = msgspec.json.decode(raw)
+        for index in opened:
+            tool = dict(tools[index])
+            # The provider searches the group's domains, whatever the sandbox asked.
+            tool.pop("blocked_domains", None)
+            tool["allowed_domains"] = list(self.search_domains)
+            tools[index] = tool
+        return tools
 
     def _hold_model(self, head: _Head, added: dict[str, object], changed: dict[str, object]) -> None:
         """The run's model, and no other."""
@@ -1375,10 +1422,12 @@ def _hold_head_fields(wire: _Wire, head: _Head) -> None:
             raise _field_refusal(wire, name)
 
 
-def _hold_tools(wire: _Wire, raw: msgspec.Raw) -> None:
-    """Tools the agent runs itself, none the provider runs on its servers (they reach the network)."""
+def _hold_tools(wire: _Wire, raw: msgspec.Raw, opened: frozenset[str] = frozenset()) -> list[int]:
+    """Tools the agent runs itself, none the provider runs on its servers (they reach the network),
+    but those whose type starts with one of ``opened`` (the group's network policy's): their
+    indexes."""
     if not raw:
-        return
+        return []
     # Each object or key takes 3 bytes at least ({} and a comma, "":0): a short list cannot
     # be over the bound, and is not counted (most are: Claude Code's are about 75 KB).
     if len(raw) > 3 * _MAX_TOOL_ITEMS:
@@ -1394,8 +1443,12 @@ def _hold_tools(wire: _Wire, raw: msgspec.Raw) -> None:
         tools = _TOOLS.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise _Refusal(400, "invalid_request_error", f"tools: {exc}") from None
+    server: list[int] = []
     for index, tool in enumerate(tools or ()):
         kind = _tool_type(tool, index)
+        if kind is not None and kind not in wire.tool_types and any(kind.startswith(p) for p in opened):
+            server.append(index)
+            continue
         if kind not in wire.tool_types:
             allowed = " or ".join("no type" if t is None else repr(t) for t in sorted(wire.tool_types, key=str))
             raise _Refusal(
@@ -1403,8 +1456,10 @@ def _hold_tools(wire: _Wire, raw: msgspec.Raw) -> None:
                 "tool_not_allowed",
                 f"the gateway does not forward tools[{index}] of type {kind!r}: the provider would run "
                 f"it on its own servers (web search, web fetch, code execution, MCP reach the network); "
-                f"a tool the agent runs itself has {allowed}",
+                f"a tool the agent runs itself has {allowed} (a group's network policy may open the "
+                f"provider's web search: orchestrator groups set --network allowlist:...,server-tool:web_search)",
             )
+    return server
 
 
 def _tool_type(tool: dict[str, msgspec.Raw], index: int) -> str | None:

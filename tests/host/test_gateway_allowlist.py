@@ -730,3 +730,54 @@ def test_inline_openai_parts_pass_and_an_escaped_url_beside_them_is_refused(
     )
     refused(post(client, unsafe, "/v1/chat/completions"), "source_not_allowed", "messages[1].content[5]")
     assert len(fake.calls) == 1
+
+
+def test_a_policy_that_opens_web_search_gets_it_held_to_its_domains(sock: Path) -> None:
+    from orchestrator.sandbox.egress_policy import EgressPolicy, opened_tools, parse_network_option, search_domains
+
+    policy = parse_network_option("allowlist:docs.python.org,*.readthedocs.io:443,server-tool:web_search")
+    fake = FakeAnthropic()
+    with (
+        fake.serve() as upstream,
+        ModelGateway(
+            sock,
+            upstream=upstream,
+            api_key=KEY,
+            model=MODEL,
+            max_tokens=1024,
+            server_tools=opened_tools(policy),
+            search_domains=search_domains(policy),
+            max_server_tool_requests=1,
+        ),
+        client_for(sock) as client,
+    ):
+        fake.replies.append(message([{"type": "text", "text": "found"}], "end_turn"))
+        asked = {**WEB_SEARCH, "allowed_domains": ["attacker.example"], "blocked_domains": ["python.org"]}
+        resp = post(client, {**BASE, "tools": [CUSTOM, asked]})
+        assert resp.status_code == 200, resp.text
+        (call,) = fake.calls
+        assert call.body["tools"] == [CUSTOM, {**WEB_SEARCH, "allowed_domains": ["docs.python.org", "readthedocs.io"]}]
+        # Other server tools stay closed; a second search is past the run's count.
+        refused(post(client, {**BASE, "tools": [WEB_FETCH]}), "tool_not_allowed", "'web_fetch_20250910'")
+        refused(post(client, {**BASE, "tools": [WEB_SEARCH]}), "server_tool_budget", "requests with server tools")
+        assert len(fake.calls) == 1
+    # A group whose policy does not open it, or names no domain to search, gets 403 (the check).
+    closed = parse_network_option("allowlist:docs.python.org")
+    nowhere = EgressPolicy(mode="ask", server_tools=["web_search"])
+    for policy_, said in ((closed, "'web_search_20250305'"), (nowhere, "names no domain it may search")):
+        fake = FakeAnthropic()
+        with (
+            fake.serve() as upstream,
+            ModelGateway(
+                sock,
+                upstream=upstream,
+                api_key=KEY,
+                model=MODEL,
+                max_tokens=1024,
+                server_tools=opened_tools(policy_),
+                search_domains=search_domains(policy_),
+            ),
+            client_for(sock) as client,
+        ):
+            refused(post(client, {**BASE, "tools": [WEB_SEARCH]}), "tool_not_allowed", said)
+            assert fake.calls == []
