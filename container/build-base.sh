@@ -4,9 +4,9 @@
 # package mirror and `docker import` it.  Used when BASE_IMAGE is not present
 # locally (see docs/architecture.md, "Images").
 #
-# usage: container/build-base.sh [IMAGE_TAG]   (default orchestrator-base:bookworm-git)
+# usage: container/build-base.sh [IMAGE_TAG]   (default orchestrator-base:bookworm-net)
 set -euo pipefail
-tag="${1:-orchestrator-base:bookworm-git}"
+tag="${1:-orchestrator-base:bookworm-net}"
 suite="${DEBIAN_SUITE:-bookworm}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 
@@ -16,10 +16,12 @@ if ! command -v debootstrap >/dev/null; then
 fi
 root="$(mktemp -d /tmp/orchestrator-base.XXXXXX)"
 trap 'rm -rf "$root"' EXIT
-debootstrap --variant=minbase --include=python3,ca-certificates,git \
+debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,git,curl \
   "$suite" "$root" "$mirror" >&2
 # git: agents work on repositories, and the runner computes the
 # "uncommitted changes" notice inside the sandbox (never on the host).
+# curl and python3-venv (a venv's pip): the clients a group whose network
+# policy lets something out uses through the egress proxy.
 # Trim what a sandbox never needs: docs, man pages, apt lists and caches.
 rm -rf "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/* \
        "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb

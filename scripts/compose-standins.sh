@@ -27,7 +27,7 @@ py="${PYTHON:-$repo/.venv/bin/python}"
 cache="${ORCHESTRATOR_DATA_DIR:-$repo/data}/build/standins"
 suite="${DEBIAN_SUITE:-bookworm}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-base="${ORCHESTRATOR_BASE_IMAGE:-orchestrator-base:bookworm-git}"
+base="${ORCHESTRATOR_BASE_IMAGE:-orchestrator-base:bookworm-net}"
 label=orchestrator.build-hash
 mkdir -p "$cache"
 replaced=()

@@ -272,7 +272,7 @@ class Settings(msgspec.Struct, kw_only=True):
 
     # Agent image and how it is built when missing.
     agent_image: str = "orchestrator-agent:latest"
-    base_image: str = "orchestrator-base:bookworm-git"
+    base_image: str = "orchestrator-base:bookworm-net"
     docker_url: str = ""  # empty: docker's own environment defaults
 
     # Sandbox limits of the run container.

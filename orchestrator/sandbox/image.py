@@ -35,7 +35,7 @@ from orchestrator.sandbox.providers import facts_of, split_spec
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BASE = "orchestrator-base:bookworm-git"
+DEFAULT_BASE = "orchestrator-base:bookworm-net"
 HASH_LABEL = "orchestrator.build-hash"
 # variant -> (its Dockerfile, its requirements file), both in container/.
 VARIANTS: dict[str, tuple[str, str]] = {"claude-code": ("Dockerfile.claude-code", "requirements-claude-code.txt")}

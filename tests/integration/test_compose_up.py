@@ -136,7 +136,7 @@ def test_the_local_override_keeps_every_service_on_loopback_of_the_hosts_network
         assert env["ORCHESTRATOR_DATABASE_URL"].endswith("@127.0.0.1:25432/orchestrator"), name
         assert env["ORCHESTRATOR_BROKER_URL"] == "redis://127.0.0.1:26379/0", name
         assert env["ORCHESTRATOR_DATA_DIR"] == "/tmp/orch-x", name
-        assert env["ORCHESTRATOR_BASE_IMAGE"] == "orchestrator-base:bookworm-git", name
+        assert env["ORCHESTRATOR_BASE_IMAGE"] == "orchestrator-base:bookworm-net", name
         # The data dir at the same path inside and out, and nothing made at /srv/orchestrator.
         sources = {str(v).split(":")[0] for v in service.get("volumes", [])}
         assert "/tmp/orch-x" in sources and "/srv/orchestrator" not in sources, name

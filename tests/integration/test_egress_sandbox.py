@@ -143,3 +143,93 @@ def test_ask_mode_asks_the_chat_and_a_later_run_goes_through(
     ingest(db, s, IncomingMessage(chat_jid=JID, sender="u", content=f"$ python3 fetch.py {url}"), signal=None)
     Pipeline(s, db, ChannelRegistry([])).drain_group(JID)
     assert "hello from the files host" in outputs(db, JID)[-1]
+
+
+def _git_repo(root: Path) -> None:
+    """A bare repository with one commit under ``root``/repo.git, served as git's dumb HTTP."""
+    work = root.parent / "work"
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "HOME": str(root.parent),
+    }
+    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True, env=env)
+    (work / "README").write_text("cloned through the egress proxy\n")
+    subprocess.run(["git", "-C", str(work), "add", "README"], check=True, env=env)
+    subprocess.run(["git", "-C", str(work), "commit", "-q", "-m", "first"], check=True, env=env)
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(root / "repo.git")], check=True, env=env)
+    subprocess.run(["git", "-C", str(root / "repo.git"), "update-server-info"], check=True, env=env)
+
+
+def _wheel(root: Path) -> None:
+    """A one-module wheel (hello-egress 1.0) and a PEP 503 index naming it, under ``root``."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {
+        "hello_egress.py": b"WORD = 'installed through the egress proxy'\n",
+        "hello_egress-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: hello-egress\nVersion: 1.0\n",
+        "hello_egress-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = [
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
+        for name, data in files.items()
+    ]
+    files["hello_egress-1.0.dist-info/RECORD"] = (
+        "\n".join([*record, "hello_egress-1.0.dist-info/RECORD,,"]) + "\n"
+    ).encode()
+    (root / "packages").mkdir()
+    wheel = root / "packages" / "hello_egress-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    (root / "simple" / "hello-egress").mkdir(parents=True)
+    (root / "simple" / "hello-egress" / "index.html").write_text(
+        '<a href="../../packages/hello_egress-1.0-py3-none-any.whl">hello_egress-1.0-py3-none-any.whl</a>\n'
+    )
+
+
+def test_real_clients_curl_git_and_pip_through_the_proxy(
+    settings: Settings, db: Database, agent_image: str, tmp_path: Path
+) -> None:
+    root = tmp_path / "served"
+    root.mkdir()
+    _git_repo(root)
+    _wheel(root)
+    (root / "hello.txt").write_text("hello from the files host\n")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: _Files(*a, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    names = ("files.internal.test", "git.internal.test", "pypi.internal.test")
+    try:
+        s = settings.replace(
+            agent_image=agent_image,
+            run_timeout_s=120.0,
+            egress_resolve=",".join(f"{n}:{port}:127.0.0.1" for n in names),
+        )
+        s.ensure_dirs()
+        ensure_main_group(db)
+        set_container_config(db, s, JID, {"egress": {"mode": "allowlist", "allow": list(names)}})
+        lines = [
+            f"$ curl -s http://files.internal.test:{port}/hello.txt",
+            f"$ curl -s http://other.internal.test:{port}/",
+            f"$ git clone -q http://git.internal.test:{port}/repo.git cloned && cat cloned/README",
+            "$ python3 -m venv /tmp/v && PIP_DISABLE_PIP_VERSION_CHECK=1 /tmp/v/bin/python -m pip install -q "
+            f"--index-url http://pypi.internal.test:{port}/simple/ --trusted-host pypi.internal.test hello-egress "
+            "&& /tmp/v/bin/python -c 'import hello_egress; print(hello_egress.WORD)'",
+        ]
+        ingest(db, s, IncomingMessage(chat_jid=JID, sender="u", content="\n".join(lines)), signal=None)
+        (run,) = Pipeline(s, db, ChannelRegistry([])).drain_group(JID)
+        assert run.run.state == "succeeded"
+        curl_ok, curl_refused, cloned, installed = outputs(db, JID)
+        assert curl_ok.strip() == "hello from the files host"
+        assert f"egress refused: other.internal.test:{port} is not on this group's allowlist" in curl_refused
+        assert "cloned through the egress proxy" in cloned
+        assert "installed through the egress proxy" in installed
+    finally:
+        server.shutdown()
+        server.server_close()
