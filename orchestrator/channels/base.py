@@ -3,8 +3,10 @@
 A channel has a ``name`` (the registry's key and what a group's attachment
 names), may ``connect()``/``disconnect()``, says which addresses it
 ``owns()``, and ``send()``\\s one :class:`~orchestrator.model.render.RenderedMessage`
-to one address, raising on failure (the port is
-:class:`orchestrator.run.outbound.Channel`).  Which channels show a group's
+to one address, raising on failure and returning its own ids of what it posted
+(the port is :class:`orchestrator.run.outbound.Channel`).  ``edit()`` shows a
+changed message where those posts are (by default: retracted and sent again)
+and ``retract()`` takes them back.  Which channels show a group's
 messages is data (``orchestrator/store/attachments.py``); delivery itself
 (recorded per message and channel, retried, never twice) is the ledger in
 ``orchestrator/store/deliveries.py`` worked by
@@ -16,10 +18,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
 from orchestrator.core.terminal import for_log
 from orchestrator.model.render import RenderedMessage
 from orchestrator.store.db import Database
+
+# What a sent id of a file's post starts with (a Slack file id, the Telegram message that
+# carries a file), beside the ids of the posts of a message's words.
+FILE_POST = "file:"
 
 
 class BaseChannel:
@@ -40,8 +47,26 @@ class BaseChannel:
     def owns(self, address: str) -> bool:
         return True
 
-    def send(self, address: str, rendered: RenderedMessage) -> None:
+    def send(self, address: str, rendered: RenderedMessage) -> list[str] | None:
         raise NotImplementedError
+
+    def edit(self, address: str, posted: list[str], rendered: RenderedMessage) -> list[str]:
+        """Show ``rendered`` instead of the posts ``posted``; the ids of its posts now.  A channel
+        that cannot change a post in place takes it back and sends the message again."""
+        self.retract(address, posted, rendered)
+        return self.send(address, rendered) or []
+
+    def retract(self, address: str, posted: list[str], rendered: RenderedMessage) -> None:
+        """Take back the posts ``posted`` (of the message ``rendered`` shows)."""
+        raise ChannelError(f"the {self.name} channel cannot take back what it posted")
+
+
+def file_posts(posted: list[str]) -> tuple[list[str], list[str]]:
+    """``posted`` split into the posts of a message's words and those of its files (marked
+    :data:`FILE_POST`, the mark taken off): an edit changes the words only."""
+    words = [p for p in posted if not p.startswith(FILE_POST)]
+    files = [p.removeprefix(FILE_POST) for p in posted if p.startswith(FILE_POST)]
+    return words, files
 
 
 class LogChannel(BaseChannel):
@@ -54,8 +79,16 @@ class LogChannel(BaseChannel):
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self._log = logger or logging.getLogger("orchestrator.channel.log")
 
-    def send(self, address: str, rendered: RenderedMessage) -> None:
+    def send(self, address: str, rendered: RenderedMessage) -> list[str]:
         self._log.info("[%s #%d] %s", for_log(address), rendered.seq, for_log(rendered.text))
+        return []  # nothing to name: a change is a line of its own
+
+    def edit(self, address: str, posted: list[str], rendered: RenderedMessage) -> list[str]:
+        self._log.info("[%s #%d edited] %s", for_log(address), rendered.seq, for_log(rendered.text))
+        return []
+
+    def retract(self, address: str, posted: list[str], rendered: RenderedMessage) -> None:
+        self._log.info("[%s #%d retracted]", for_log(address), rendered.seq)
 
 
 class InboundDoor:

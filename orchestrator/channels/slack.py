@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from orchestrator.channels.base import BaseChannel
+from orchestrator.channels.base import FILE_POST, BaseChannel
 from orchestrator.channels.slack_blocks import slack_posts
 from orchestrator.channels.slack_files import send_upload, slack_origins
 from orchestrator.core.errors import ChannelError, ChannelRateLimited, StoreError
@@ -225,9 +225,10 @@ class SlackChannel(BaseChannel):
         self.web = web or SlackWeb(settings)
         self._db = db
         self._own_db = db is None
-        # Steps of a message already made (its posts, then its files' uploads), by
-        # (address, chat, seq): a retry resumes at the first step not done.
-        self._progress: dict[tuple[str, str, int], int] = {}
+        # Steps of a message already made (its posts, then its files' uploads: each one's
+        # id, "" for a step that posted nothing), by (address, chat, seq): a retry resumes
+        # at the first step not done.
+        self._progress: dict[tuple[str, str, int], list[str]] = {}
         self._lock = threading.Lock()
         self._files: FileStore | None = None
         self._origins = slack_origins(settings.slack_api_base)
@@ -243,7 +244,8 @@ class SlackChannel(BaseChannel):
     def owns(self, address: str) -> bool:
         return bool(ADDRESS.match(address.strip()))
 
-    def send(self, address: str, rendered: RenderedMessage) -> None:
+    def send(self, address: str, rendered: RenderedMessage) -> list[str]:
+        """Post ``rendered``; the ts of each post, then ``file:<id>`` of each file shared."""
         address = address.strip()
         if not self.owns(address):
             raise ChannelError(
@@ -255,12 +257,13 @@ class SlackChannel(BaseChannel):
         thread = reply_thread(self.db, rendered, address)
         key = (address, rendered.chat_jid, rendered.seq)
         with self._lock:
-            done = self._progress.get(key, 0)
-        for i in range(done, len(posts) + len(files)):
+            made = list(self._progress.get(key, []))
+        for i in range(len(made), len(posts) + len(files)):
             if i < len(posts):
                 post = posts[i]
                 # unfurl off: a link in the agent's words does not fetch a preview on Slack's side.
-                self.web.call(
+                posted = self.web.ask(
+                    Posted,
                     "chat.postMessage",
                     channel=address,
                     text=post.text,
@@ -269,12 +272,15 @@ class SlackChannel(BaseChannel):
                     unfurl_links=False,
                     unfurl_media=False,
                 )
+                made.append(posted.ts)
             else:
-                self._upload(address, thread, rendered.chat_jid, files[i - len(posts)])
+                shared = self._upload(address, thread, rendered.chat_jid, files[i - len(posts)])
+                made.append(FILE_POST + shared if shared else "")
             with self._lock:
-                self._progress[key] = i + 1
+                self._progress[key] = list(made)
         with self._lock:
             self._progress.pop(key, None)
+        return [m for m in made if m]
 
     def _file_store(self) -> FileStore:
         db = self.db  # before the lock: self.db takes it too
@@ -283,8 +289,9 @@ class SlackChannel(BaseChannel):
                 self._files = FileStore.from_settings(db, self.settings)
             return self._files
 
-    def _upload(self, address: str, thread: str | None, chat_jid: str, ref: FileRef) -> None:
-        """One file of ``chat_jid``'s message shared in ``address`` (and ``thread``)."""
+    def _upload(self, address: str, thread: str | None, chat_jid: str, ref: FileRef) -> str | None:
+        """One file of ``chat_jid``'s message shared in ``address`` (and ``thread``); its Slack
+        file id (None: an empty file, not uploaded)."""
         store = self._file_store()
         try:
             stored = store.get(ref.id, chat_jid=chat_jid)
@@ -293,7 +300,7 @@ class SlackChannel(BaseChannel):
             raise ChannelError(f"slack: file {ref.id} of {chat_jid} cannot be read: {exc}") from exc
         if not data:
             log.info("slack: file %s of %s is empty; not uploaded", ref.id, chat_jid)
-            return
+            return None
         ticket = self.web.ask(
             UploadTicket, "files.getUploadURLExternal", form=True, filename=stored.name, length=len(data)
         )
@@ -305,6 +312,7 @@ class SlackChannel(BaseChannel):
             channel_id=address,
             thread_ts=thread,
         )
+        return ticket.file_id
 
     def disconnect(self) -> None:
         with self._lock:

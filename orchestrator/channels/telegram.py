@@ -53,7 +53,7 @@ from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from orchestrator.channels.base import BaseChannel
+from orchestrator.channels.base import FILE_POST, BaseChannel
 from orchestrator.channels.telegram_files import (
     Attachment,
     FileFetcher,
@@ -255,9 +255,9 @@ class TelegramChannel(BaseChannel):
         self.client = client or TelegramClient(settings)
         self._db = db
         self._own_db = db is None
-        # Steps of a message already sent (its text's parts, then its files), by (address,
-        # chat, seq): a retry resumes after them.
-        self._progress: dict[tuple[str, str, int], int] = {}
+        # Steps of a message already sent (its text's parts, then its files: each one's
+        # message id), by (address, chat, seq): a retry resumes after them.
+        self._progress: dict[tuple[str, str, int], list[str]] = {}
         self._progress_lock = threading.Lock()
 
     @property
@@ -272,7 +272,9 @@ class TelegramChannel(BaseChannel):
     def owns(self, address: str) -> bool:
         return bool(_ADDRESS.match(address.strip()))
 
-    def send(self, address: str, rendered: RenderedMessage) -> None:
+    def send(self, address: str, rendered: RenderedMessage) -> list[str]:
+        """Send ``rendered``; the message id of each part of its words, then ``file:<id>`` of
+        each message that carries one of its files."""
         address = address.strip()
         if not self.owns(address):
             raise ChannelError(f"the telegram channel needs a chat id as its address, not {address!r}")
@@ -282,37 +284,40 @@ class TelegramChannel(BaseChannel):
         refs = files.files if files is not None else []
         key = (address, rendered.chat_jid, rendered.seq)
         with self._progress_lock:
-            done = self._progress.get(key, 0)
+            made = list(self._progress.get(key, []))
         from telegram.error import TelegramError
 
-        for i in range(done, len(parts) + len(refs)):
+        for i in range(len(made), len(parts) + len(refs)):
             try:
                 if i < len(parts):
-                    self._send_text(target, parts[i])
+                    made.append(str(self._send_text(target, parts[i])))
                 else:
-                    self._send_file(target, rendered.chat_jid, refs[i - len(parts)])
+                    made.append(FILE_POST + str(self._send_file(target, rendered.chat_jid, refs[i - len(parts)])))
             except ChannelError:
                 raise
             except (TelegramError, Exception) as exc:  # noqa: BLE001 - any failure is a failed send, retried
                 raise _channel_error(address, exc) from exc
             with self._progress_lock:
-                self._progress[key] = i + 1
+                self._progress[key] = list(made)
         with self._progress_lock:
             self._progress.pop(key, None)
+        return made
 
-    def _send_text(self, target: int | str, text: str) -> None:
-        self.client.call(lambda bot: bot.send_message(chat_id=target, text=text))
+    def _send_text(self, target: int | str, text: str) -> int:
+        """One message of words; its message id."""
+        sent = self.client.call(lambda bot: bot.send_message(chat_id=target, text=text))
+        return int(sent.message_id)
 
-    def _send_file(self, target: int | str, chat_jid: str, ref: FileRef) -> None:
+    def _send_file(self, target: int | str, chat_jid: str, ref: FileRef) -> int:
+        """One file of ``chat_jid``'s message; the id of the message that carries it (or says it is gone)."""
         store = FileStore.from_settings(self.db, self.settings)
         try:
             # The message's own chat's file only (ingest made sure it names no other).
             stored = store.get(ref.id, chat_jid=chat_jid)
         except NotFound:
             # Freed since (its messages removed): no retry brings it back; the chat is told.
-            self._send_text(target, f"📎 {ref.name}: no longer stored")
-            return
-        upload(self.client, store, target, stored)
+            return self._send_text(target, f"📎 {ref.name}: no longer stored")
+        return upload(self.client, store, target, stored)
 
     def disconnect(self) -> None:
         self.client.close()

@@ -222,24 +222,22 @@ def _input_file(handle: BinaryIO, stored: StoredFile) -> Any:
     return upload
 
 
-def upload(client: BotClient, store: FileStore, target: int | str, stored: StoredFile) -> UploadMethod:
+def upload(client: BotClient, store: FileStore, target: int | str, stored: StoredFile) -> int:
     """Send ``stored`` to the Telegram chat ``target`` (see the module's doc); returns the
-    method that took it.  Raises what ``client.call`` raises for a failed send."""
+    id of the message that carries it.  Raises what ``client.call`` raises for a failed send."""
     from telegram.error import BadRequest
 
     method = upload_method(stored)
     if method == "sendPhoto":
         try:
-            _send(client, store, target, stored, method)
-            return method
+            return _send(client, store, target, stored, method)
         except BadRequest as exc:
             log.info("telegram: %s refused as a photo (%s); sending it as a document", stored.name, exc)
             method = "sendDocument"
-    _send(client, store, target, stored, method)
-    return method
+    return _send(client, store, target, stored, method)
 
 
-def _send(client: BotClient, store: FileStore, target: int | str, stored: StoredFile, method: UploadMethod) -> None:
+def _send(client: BotClient, store: FileStore, target: int | str, stored: StoredFile, method: UploadMethod) -> int:
     with os.fdopen(store.open_content(stored), "rb") as handle:
 
         def send(bot: Any) -> Any:
@@ -251,4 +249,5 @@ def _send(client: BotClient, store: FileStore, target: int | str, stored: Stored
                 chat_id=target, document=_input_file(handle, stored), write_timeout=_UPLOAD_TIMEOUT_S
             )
 
-        client.call(send, timeout=_UPLOAD_TIMEOUT_S + 30)
+        sent = client.call(send, timeout=_UPLOAD_TIMEOUT_S + 30)
+    return int(sent.message_id)

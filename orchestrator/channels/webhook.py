@@ -76,6 +76,7 @@ TIMESTAMP_HEADER = "X-Orchestrator-Timestamp"
 NONCE_HEADER = "X-Orchestrator-Nonce"
 DELIVERY_HEADER = "X-Orchestrator-Delivery"
 TIMESTAMPED_SIGNATURE_HEADER = "X-Orchestrator-Timestamped-Signature"
+UPDATED_EVENT, RETRACTED_EVENT = "message.updated", "message.retracted"
 INBOUND_PATH = "/webhooks/inbound"
 CHANNEL = "webhook"
 NONCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
@@ -195,11 +196,32 @@ class WebhookChannel(BaseChannel):
         parts = urlsplit(address)
         return parts.scheme in ("http", "https") and bool(parts.hostname)
 
-    def send(self, address: str, rendered: RenderedMessage) -> None:
+    def send(self, address: str, rendered: RenderedMessage) -> list[str]:
+        message = _payload(rendered, self._settings, time.time())
+        self._post(address, {"event": "message", "message": message}, rendered.delivery_id)
+        return [rendered.delivery_id] if rendered.delivery_id else []
+
+    def edit(self, address: str, posted: list[str], rendered: RenderedMessage) -> list[str]:
+        """``message.updated``: the message as it is now, under the delivery id it was sent with."""
+        message = _payload(rendered, self._settings, time.time()) | {"delivery_id": _sent_as(posted)}
+        self._post(address, _change_event(UPDATED_EVENT, rendered, message), rendered.delivery_id)
+        return posted
+
+    def retract(self, address: str, posted: list[str], rendered: RenderedMessage) -> None:
+        """``message.retracted``: which message, by the delivery id it was sent with."""
+        message: dict[str, object] = {
+            "delivery_id": _sent_as(posted),
+            "chat_jid": rendered.chat_jid,
+            "seq": rendered.seq,
+            "id": rendered.id,
+        }
+        self._post(address, _change_event(RETRACTED_EVENT, rendered, message), rendered.delivery_id)
+
+    def _post(self, address: str, doc: dict[str, object], delivery_id: str | None) -> None:
+        """POST ``doc`` signed, with ``delivery_id`` in :data:`DELIVERY_HEADER`; raise on failure."""
         if not self.owns(address):
             raise ChannelError(f"the webhook channel needs an http(s) URL as its address, not {address!r}")
-        message = _payload(rendered, self._settings, time.time())
-        body = json.dumps({"event": "message", "message": message}, ensure_ascii=False).encode()
+        body = json.dumps(doc, ensure_ascii=False).encode()
         headers = {"content-type": "application/json"}
         if self._secret:
             # The body's signature (receivers written before the timestamp keep working), and
@@ -208,8 +230,8 @@ class WebhookChannel(BaseChannel):
             headers[SIGNATURE_HEADER] = sign(self._secret, body)
             headers[TIMESTAMP_HEADER] = stamp
             headers[TIMESTAMPED_SIGNATURE_HEADER] = sign_timestamped(self._secret, stamp, body)
-        if rendered.delivery_id:
-            headers[DELIVERY_HEADER] = rendered.delivery_id
+        if delivery_id:
+            headers[DELIVERY_HEADER] = delivery_id
         try:
             resp = self._client.post(address, content=body, headers=headers)
         except httpx.HTTPError as exc:
@@ -219,6 +241,17 @@ class WebhookChannel(BaseChannel):
 
     def disconnect(self) -> None:
         self._client.close()
+
+
+def _sent_as(posted: list[str]) -> str | None:
+    """The delivery id a message was sent with (what its receiver knows it by)."""
+    return posted[0] if posted else None
+
+
+def _change_event(event: str, rendered: RenderedMessage, message: dict[str, object]) -> dict[str, object]:
+    """A change's body: the event, its own delivery id (the header's: what a receiver
+    deduplicates the change by), and the message it changes."""
+    return {"event": event, "delivery_id": rendered.delivery_id, "message": message}
 
 
 def _payload(rendered: RenderedMessage, settings: Settings, now: float) -> dict[str, object]:

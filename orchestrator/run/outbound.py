@@ -68,8 +68,19 @@ class Channel(Protocol):
         """Whether this channel can reach ``address`` (a URL, a Telegram chat id; by default the chat's jid)."""
         ...
 
-    def send(self, address: str, rendered: RenderedMessage) -> None:
-        """Show ``rendered`` at ``address``; raise on failure (the deliverer retries)."""
+    def send(self, address: str, rendered: RenderedMessage) -> list[str] | None:
+        """Show ``rendered`` at ``address``; raise on failure (the deliverer retries).  Returns
+        the channel's own ids of what it posted (one per post), kept in the ledger for
+        :meth:`edit` and :meth:`retract` (None: nothing to keep)."""
+        ...
+
+    def edit(self, address: str, posted: list[str], rendered: RenderedMessage) -> list[str]:
+        """Show ``rendered`` instead of the posts ``posted`` (in place where the channel can,
+        else taken back and sent again); the ids of its posts now.  Raises on failure."""
+        ...
+
+    def retract(self, address: str, posted: list[str], rendered: RenderedMessage) -> None:
+        """Take back the posts ``posted`` of the message ``rendered``.  Raises on failure."""
         ...
 
 
@@ -186,7 +197,7 @@ class Deliverer:
                 update={"delivery_id": f"{self.settings.install_id}-{delivery_id}"}
             )
             with metrics.DELIVERY_SECONDS.labels(row.channel).time():
-                channel.send(row.address, rendered)
+                posted = channel.send(row.address, rendered)
         except Exception as exc:  # noqa: BLE001 - any channel failure is recorded and retried
             report.failed_attempts += 1
             # A channel's exception may quote its URL (the Telegram bot token is in its path).
@@ -230,7 +241,7 @@ class Deliverer:
             return
         report.sent += 1
         metrics.delivery_ended(row.channel, "sent")
-        self._finish(delivery_id, state=SENT, sent_at=utc_now())
+        self._finish(delivery_id, state=SENT, sent_at=utc_now(), sent_ids=posted)
 
     def _finish(
         self,
@@ -240,6 +251,7 @@ class Deliverer:
         last_error: str | None = None,
         next_attempt_at: datetime | None = None,
         sent_at: datetime | None = None,
+        sent_ids: list[str] | None = None,
         give_back_attempt: bool = False,
     ) -> None:
         # Only the claim's holder ends it (the sweeper may have given up on
@@ -252,6 +264,7 @@ class Deliverer:
             last_error=last_error,
             next_attempt_at=next_attempt_at,
             sent_at=sent_at,
+            sent_ids=sent_ids,
             give_back_attempt=give_back_attempt,
         )
 

@@ -74,6 +74,9 @@ class Delivery(BaseModel):
     last_error: str | None
     created_at: datetime
     sent_at: datetime | None
+    # The channel's ids of what it posted (None: not sent, sent before revision 0024, or a
+    # channel that keeps none): what an edit or a retraction names.
+    sent_ids: list[str] | None = None
 
 
 def _delivery(row: DeliveryRow) -> Delivery:
@@ -288,10 +291,11 @@ def finish_claim(
     last_error: str | None = None,
     next_attempt_at: datetime | None = None,
     sent_at: datetime | None = None,
+    sent_ids: list[str] | None = None,
     give_back_attempt: bool = False,
 ) -> None:
     """End ``owner``'s claim on the row: ``state``, with the fields given (``give_back_attempt``:
-    the claim's attempt is not counted).  Only the claim's holder ends it: the sweeper may have
+    the claim's attempt is not counted; ``sent_ids``: the channel's ids of its posts).  Only the claim's holder ends it: the sweeper may have
     given up on a slow send meanwhile, and what really happened wins."""
     values: dict[str, Any] = {"state": state}
     if last_error is not None:
@@ -300,6 +304,8 @@ def finish_claim(
         values["next_attempt_at"] = next_attempt_at
     if sent_at is not None:
         values["sent_at"] = sent_at
+    if sent_ids is not None:
+        values["sent_ids"] = sent_ids
     if give_back_attempt:
         values["attempts"] = DeliveryRow.attempts - 1
     with db.write() as session:

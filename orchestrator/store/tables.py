@@ -273,6 +273,9 @@ class DeliveryRow(Base):
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
     sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # The channel's own ids of what it posted (a Slack ts, a Telegram message_id per post;
+    # the webhook's delivery id), kept for edits and retractions (revision 0024).
+    sent_ids: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
 
     __table_args__ = (
         UniqueConstraint("message_seq", "channel", name="uq_deliveries_message_channel"),
@@ -285,6 +288,40 @@ class DeliveryRow(Base):
             "chat_jid",
             "channel",
             "message_seq",
+            postgresql_where=text(_UNFINISHED),
+            sqlite_where=text(_UNFINISHED),
+        ),
+    )
+
+
+class DeliveryChangeRow(Base):
+    """An edit or a retraction of a sent delivery (``orchestrator/store/delivery_changes.py``):
+    pending -> sending -> done | failed | cancelled, as deliveries go."""
+
+    __tablename__ = "delivery_changes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    chat_jid: Mapped[str] = mapped_column(Text, nullable=False)
+    channel: Mapped[str] = mapped_column(String(64), nullable=False)
+    message_seq: Mapped[int] = mapped_column(Integer, nullable=False)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)  # update | retract
+    state: Mapped[str] = mapped_column(String(16), nullable=False)
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    claimed_by: Mapped[str | None] = mapped_column(Text, nullable=True)
+    claimed_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    done_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    __table_args__ = (
+        Index("idx_delivery_changes_due", "state", "next_attempt_at"),
+        # A change waits for the earlier unfinished ones of its delivery: one probe.
+        Index(
+            "idx_delivery_changes_unfinished",
+            "delivery_id",
+            "id",
             postgresql_where=text(_UNFINISHED),
             sqlite_where=text(_UNFINISHED),
         ),

@@ -22,7 +22,9 @@ on this server and a ``file_id``; ``POST /upload/v1/<ticket>`` takes the raw byt
 token: the URL is the credential; the length must be the one announced) and answers
 ``OK - <length>``; ``files.completeUploadExternal`` (a form: ``files`` a JSON array of
 ``{id, title}``, ``channel_id``, ``thread_ts``, ``initial_comment``) shares uploaded
-files, once each (``file_not_found`` for a file not uploaded or already shared).  Every
+files, once each (``file_not_found`` for a file not uploaded or already shared);
+``files.delete`` (``file``) takes a shared file back (``file_not_found``, or
+``file_deleted`` once deleted).  Every
 upload is kept in ``uploads``; :attr:`FakeSlack.upload_base` can point the answered URLs
 elsewhere.
 
@@ -123,6 +125,7 @@ class Upload:
     thread_ts: str | None = None
     title: str | None = None
     initial_comment: str | None = None
+    deleted: bool = False  # files.delete took it back
 
 
 @dataclass
@@ -557,6 +560,15 @@ class FakeSlack:
             return self._get_upload_url(params)
         if method == "files.completeUploadExternal":
             return self._complete_upload(params)
+        if method == "files.delete":
+            with self._lock:
+                found = [u for u in self.uploads if u.file_id == params.get("file") and u.channel is not None]
+                if not found:
+                    return 200, {"ok": False, "error": "file_not_found"}, None
+                if found[0].deleted:
+                    return 200, {"ok": False, "error": "file_deleted"}, None
+                found[0].deleted = True
+            return 200, {"ok": True}, None
         if method in ("chat.update", "chat.delete"):
             with self._lock:
                 found = [

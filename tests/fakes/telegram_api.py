@@ -10,7 +10,12 @@ one does), ``getUpdates`` (``offset`` confirms earlier updates, ``timeout``
 long-polls), ``getFile`` (a ``File``: ``file_id``, ``file_unique_id``,
 ``file_size``, ``file_path``), ``sendPhoto`` and ``sendDocument`` (a multipart
 upload of the ``photo`` or ``document`` part; a photo over 10 MB is refused, as
-the real one refuses it), ``close``/``logOut`` (for shutdown).  ``GET
+the real one refuses it), ``editMessageText`` and ``editMessageCaption`` (the bot's own
+messages; Telegram's errors for one not found, one with no text or caption to edit, and
+content not modified), ``deleteMessage`` (a message older than 48 hours is refused with
+Telegram's 400 "Bad Request: message can't be deleted for everyone"; see :meth:`age`),
+``close``/``logOut`` (for shutdown).  Every message the bot sent is kept in ``messages``
+(its text or caption now, deleted or not, how often edited).  ``GET
 /file/bot<token>/<file_path>`` is the download of a file ``getFile`` named
 (recorded as the method ``file``).  A wrong token is a 401.
 
@@ -77,6 +82,23 @@ class FakeFile:
 
 
 @dataclass
+class SentMessage:
+    """A message the bot sent, as it stands now."""
+
+    chat_id: str
+    message_id: int
+    kind: str  # text | photo | document
+    text: str | None  # a text message's text
+    caption: str | None  # a photo's or a document's
+    date: float
+    deleted: bool = False
+    edits: int = 0
+
+
+DELETE_LIMIT_S = 48 * 3600  # a bot deletes its messages in groups for 48 hours
+
+
+@dataclass
 class _Failure:
     status: int
     description: str
@@ -97,6 +119,7 @@ class FakeTelegramAPI:
         self._next_message_id = 1
         self._next_file = 1
         self.files: dict[str, FakeFile] = {}
+        self.messages: dict[tuple[str, int], SentMessage] = {}
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -277,6 +300,20 @@ class FakeTelegramAPI:
             done = [r for r in self.requests if r.method in ("sendPhoto", "sendDocument") and r.status == 200]
         return [(r.method, str(r.params["chat_id"]), r.params[_UPLOAD_FIELD[r.method]]) for r in done]
 
+    def live(self, chat_id: int | str) -> list[SentMessage]:
+        """The bot's messages in ``chat_id`` not deleted, in order."""
+        with self._lock:
+            return [m for m in self.messages.values() if m.chat_id == str(chat_id) and not m.deleted]
+
+    def age(self, chat_id: int | str, message_id: int, seconds: float) -> None:
+        """Make a sent message ``seconds`` old (past 48 hours, Telegram keeps it from being deleted)."""
+        with self._lock:
+            self.messages[(str(chat_id), message_id)].date = time.time() - seconds
+
+    def _keep(self, chat_id: Any, mid: int, kind: str, text: str | None, caption: str | None) -> None:
+        with self._lock:
+            self.messages[(str(chat_id), mid)] = SentMessage(str(chat_id), mid, kind, text, caption, time.time())
+
     def downloads(self) -> list[str]:
         """The file paths of every download asked for, in order."""
         return [str(r.params["file_path"]) for r in self.calls("file")]
@@ -330,6 +367,7 @@ class FakeTelegramAPI:
             with self._lock:
                 mid = self._next_message_id
                 self._next_message_id += 1
+            self._keep(chat_id, mid, "text", str(text), None)
             try:
                 chat: dict[str, Any] = {"id": int(chat_id), "type": "group", "title": "chat"}
             except ValueError:
@@ -359,6 +397,8 @@ class FakeTelegramAPI:
             return 200, {"ok": True, "result": result}
         if method in _UPLOAD_FIELD:
             return self._upload(method, params)
+        if method in ("editMessageText", "editMessageCaption", "deleteMessage"):
+            return self._change(method, params)
         if method == "getUpdates":
             offset = int(params.get("offset") or 0)
             timeout = float(params.get("timeout") or 0)
@@ -387,6 +427,7 @@ class FakeTelegramAPI:
             mid = self._next_message_id
             self._next_message_id += 1
         held = self.add_file(part.data, folder="photos" if method == "sendPhoto" else "documents")
+        self._keep(chat_id, mid, "photo" if method == "sendPhoto" else "document", None, params.get("caption"))
         if method == "sendPhoto":
             media: dict[str, Any] = {
                 "photo": [
@@ -414,6 +455,58 @@ class FakeTelegramAPI:
             "ok": True,
             "result": {"message_id": mid, "date": int(time.time()), "chat": chat, "from": self._bot_user(), **media},
         }
+
+    def _change(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """editMessageText, editMessageCaption, deleteMessage of a message the bot sent."""
+
+        def bad(description: str) -> tuple[int, dict[str, Any]]:
+            return 400, {"ok": False, "error_code": 400, "description": f"Bad Request: {description}"}
+
+        try:
+            key = (str(params.get("chat_id")), int(params.get("message_id") or 0))
+        except ValueError:
+            return bad("message identifier is not specified")
+        with self._lock:
+            found = self.messages.get(key)
+            if found is None or found.deleted:
+                return bad("message to delete not found" if method == "deleteMessage" else "message to edit not found")
+            if method == "deleteMessage":
+                if time.time() - found.date > DELETE_LIMIT_S:
+                    return bad("message can't be deleted for everyone")
+                found.deleted = True
+                return 200, {"ok": True, "result": True}
+            new = str(params.get("text" if method == "editMessageText" else "caption") or "")
+            if method == "editMessageText":
+                if found.kind != "text":
+                    return bad("there is no text in the message to edit")
+                if not new:
+                    return bad("message text is empty")
+                if utf16_len(new) > TEXT_LIMIT:
+                    return bad("MESSAGE_TOO_LONG")
+                old, found.text = found.text, new
+            else:
+                if found.kind == "text":
+                    return bad("there is no caption in the message to edit")
+                old, found.caption = found.caption, new
+            if old == new:
+                return bad(
+                    "message is not modified: specified new message content and reply markup are exactly "
+                    "the same as a current content and reply markup of the message"
+                )
+            found.edits += 1
+            result: dict[str, Any] = {
+                "message_id": found.message_id,
+                "date": int(found.date),
+                "edit_date": int(time.time()),
+                "chat": {"id": int(found.chat_id), "type": "group", "title": "chat"},
+                "from": self._bot_user(),
+            }
+            if found.kind == "text":
+                result["text"] = found.text
+            else:
+                result["caption"] = found.caption
+                result["document"] = {"file_id": "FILE-x", "file_unique_id": "Ux"}
+            return 200, {"ok": True, "result": result}
 
     def _download(self, handler: BaseHTTPRequestHandler, token_and_path: str) -> None:
         """``GET /file/bot<token>/<file_path>``: the bytes of the file getFile named there."""

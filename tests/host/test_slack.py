@@ -194,6 +194,9 @@ def test_a_long_reply_is_several_posts_and_a_failed_one_is_resent_alone(
     assert all(len(t) <= SECTION_LIMIT for t in texts)
     assert "".join(texts) == body  # nothing lost, nothing twice, in order
     assert all(t.endswith("\n") for t in texts[:-1])  # cut at line breaks
+    # The ledger keeps each post's ts, the first one's too though a retry sent the rest.
+    [row] = list_deliveries(db, state="sent")
+    assert row.sent_ids == [p.ts for p in posts]
 
 
 def test_structured_messages_are_drawn_as_blocks(

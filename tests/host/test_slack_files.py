@@ -432,6 +432,7 @@ def test_a_reply_with_two_files_is_posted_then_uploaded_in_its_thread(
     assert [(r.token, r.status) for r in fake.calls("upload")] == [("", 200), ("", 200)]
     [row] = list_deliveries(db, message_seq=seq)
     assert (row.state, row.attempts) == ("sent", 1)
+    assert row.sent_ids == [post.ts, *(f"file:{u.file_id}" for u in shared)]  # what a retraction takes back
 
 
 @pytest.mark.parametrize("failing", ["upload", "files.completeUploadExternal", "files.getUploadURLExternal"])

@@ -163,6 +163,9 @@ def test_a_failed_part_of_a_long_text_is_resent_alone(
     assert [r.status for r in fake.calls("sendMessage")] == [200, 500, 200]
     assert [len(t) for _, t in fake.sent()] == [4096, 5005 - 4096]
     assert "".join(t for _, t in fake.sent()) == "Ann: " + "y" * 5000
+    # The ledger keeps each part's message id, the first one's too though a retry sent the second.
+    [row] = list_deliveries(db, state="sent")
+    assert row.sent_ids == [str(m.message_id) for m in fake.live(TG_CHAT)] and len(row.sent_ids) == 2
 
 
 def test_split_text_counts_utf16_units() -> None:
@@ -639,6 +642,9 @@ def test_files_go_as_a_photo_and_a_document_after_the_words(
     ]
     [row] = list_deliveries(db, message_seq=seq)
     assert (row.state, row.attempts) == ("sent", 1)
+    words, photo, document = fake.live(TG_CHAT)
+    assert (words.kind, photo.kind, document.kind) == ("text", "photo", "document")
+    assert row.sent_ids == [str(words.message_id), f"file:{photo.message_id}", f"file:{document.message_id}"]
 
 
 def test_a_retry_after_a_failed_file_sends_only_the_missing_one(

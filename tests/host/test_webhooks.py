@@ -234,6 +234,7 @@ def test_outbound_webhook_is_signed_retried_and_sent_once(
     # One delivery id on every attempt, in the header and the body: what a receiver deduplicates by.
     assert receiver.delivery_ids == [f"{settings.install_id}-{row.id}"] * 3
     assert doc["message"]["delivery_id"] == receiver.delivery_ids[0]
+    assert row.sent_ids == [receiver.delivery_ids[0]]  # what its changes name it by
     channel.disconnect()
 
 
@@ -278,7 +279,7 @@ def test_a_webhook_send_cut_short_by_a_dead_deliverer_is_sent_again_with_its_id(
         """The deliverer's process ending right after the POST (not an error it could record)."""
 
     class DiesAfterPosting(WebhookChannel):
-        def send(self, address: str, rendered: RenderedMessage) -> None:
+        def send(self, address: str, rendered: RenderedMessage) -> list[str]:
             super().send(address, rendered)
             raise Dies
 
