@@ -202,6 +202,9 @@ class ContainerInput(_Model, kw_only=True):
     # group's network policy lets anything out: the runner relays HTTP(S)_PROXY on its
     # loopback to it.  Unset: no way out at all, and left out of the JSON.
     egress_socket: str | msgspec.UnsetType = msgspec.UNSET
+    # The CA bundle to trust when the proxy ends TLS for brokered hosts (the system's CAs and
+    # the installation's egress CA; certificates only).  Unset: the system's alone.
+    egress_ca: str | msgspec.UnsetType = msgspec.UNSET
     model: ModelSettings = field(default_factory=ModelSettings)
     limits: Limits = field(default_factory=Limits)
     # The W3C traceparent of this attempt's "agent container" span on the host, while the host

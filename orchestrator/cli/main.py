@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from orchestrator.cli import channels as cli_channels
+from orchestrator.cli import egress as cli_egress
 from orchestrator.cli import files as cli_files
 from orchestrator.cli import fleet as cli_fleet
 from orchestrator.cli import history as cli_history
@@ -774,6 +775,7 @@ cli_fleet.register(app)
 cli_telegram.register(app)
 cli_slack.register(app)
 cli_questions.register(app)
+cli_egress.register(app)
 
 
 def main() -> None:

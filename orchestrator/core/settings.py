@@ -18,6 +18,7 @@ converted, like any Struct; :meth:`Settings.load` is the checked way in.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -140,6 +141,12 @@ class Settings(msgspec.Struct, kw_only=True):
     # hosts (such an address may be private; the installation's own ports never are allowed);
     # and a run's bounds: requests, bytes both ways, connections open at once, idle seconds.
     egress_resolve: str = ""
+    # Secrets the egress proxy adds to requests to their hosts, never entering a sandbox
+    # (orchestrator/sandbox/egress_credentials.py: a JSON list of name, hosts, header, value,
+    # methods, path_prefixes); a group's policy names the ones it gets.  And a CA file the proxy
+    # trusts for those hosts besides the system's (tests and on-premise hosts).
+    egress_credentials: str = ""
+    egress_upstream_ca_file: str = ""
     egress_max_requests: Annotated[int, Meta(ge=1)] = 1000
     egress_max_bytes: Annotated[int, Meta(ge=1024)] = 256 * 1024 * 1024
     egress_max_connections: Annotated[int, Meta(ge=1)] = 64
@@ -515,6 +522,8 @@ class Settings(msgspec.Struct, kw_only=True):
         """The secret values set (tokens, keys, URL passwords): what no log line, error,
         export or answer may show (orchestrator/core/logs.py removes them from log lines)."""
         values = [str(getattr(self, name)) for name in SECRET_FIELDS]
+        # Each brokered credential's value (the rest of that setting is no secret).
+        values += _credential_values(self.egress_credentials)
         for name in _URL_FIELDS:
             password = urlsplit(str(getattr(self, name))).password
             if password:
@@ -638,7 +647,22 @@ def private_dir(path: Path) -> Path:
 
 _FIELDS = frozenset(f.name for f in msgspec.structs.fields(Settings))
 _FIELDS_IN_ORDER = tuple(f.name for f in msgspec.structs.fields(Settings))
+
+
 # The settings that are secrets: masked in repr(), removed from log lines (Settings.secrets).
+def _credential_values(text: str) -> list[str]:
+    """The secret values of ORCHESTRATOR_EGRESS_CREDENTIALS (for masking), even where the rest
+    of it does not validate (orchestrator/sandbox/egress_credentials.py reads it whole); the
+    whole text when it is no JSON at all."""
+    try:
+        data = json.loads(text) if text.strip() else []
+    except json.JSONDecodeError:
+        return [text] if text.strip() else []
+    if not isinstance(data, list):
+        return []
+    return [str(item["value"]) for item in data if isinstance(item, dict) and item.get("value")]
+
+
 SECRET_FIELDS = (
     "api_token",
     "flower_basic_auth",

@@ -57,7 +57,8 @@ from orchestrator.run.stop_watch import StopWatch
 from orchestrator.sandbox.bounded_io import OutputBudget
 from orchestrator.sandbox.config import EffectiveLimits
 from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerExit, ContainerSpec
-from orchestrator.sandbox.egress import EGRESS_SOCKET, EgressProxy, egress_proxy
+from orchestrator.sandbox.egress import EGRESS_CA_BUNDLE, EGRESS_SOCKET, EgressProxy, egress_proxy
+from orchestrator.sandbox.egress_ca import sandbox_bundle
 from orchestrator.sandbox.egress_policy import EgressPolicy, opened_tools, search_domains
 from orchestrator.sandbox.gateway import ModelGateway
 from orchestrator.sandbox.image import image_name, model_variant
@@ -300,6 +301,11 @@ def _contained(ctx: AttemptContext) -> Verdict:
             cleanup.callback(ctx.outputs.egress, proxy)
             cleanup.enter_context(proxy)
             payload = payload.replace(egress_socket=f"{GATEWAY_MOUNT}/{EGRESS_SOCKET}")
+            if proxy.ca is not None:
+                # Brokered hosts' TLS is ended by the proxy: the sandbox trusts the installation's
+                # CA (its certificate, never a key) beside the system's.
+                sandbox_bundle(proxy.ca, gw_dir / EGRESS_CA_BUNDLE)
+                payload = payload.replace(egress_ca=f"{GATEWAY_MOUNT}/{EGRESS_CA_BUNDLE}")
         if spec.fence_s:  # the runner stops everything once this worker is gone (agent_runner/fence.py)
             payload = payload.replace(host_fence_s=spec.fence_s)
         # The container's span: what it writes is stored under it; the runner gets its context.

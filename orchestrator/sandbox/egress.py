@@ -34,6 +34,7 @@ import ipaddress
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,12 +47,16 @@ import h11
 from orchestrator.core.addresses import is_public
 from orchestrator.core.errors import GatewayError
 from orchestrator.core.settings import Settings
+from orchestrator.sandbox.egress_ca import InstallationCA, ensure_ca
+from orchestrator.sandbox.egress_credentials import BrokeredCredential, brokered_hosts, parse_credentials
 from orchestrator.sandbox.egress_policy import EgressPolicy, host_refusal, may_ask, method_refusal
 from orchestrator.sandbox.gateway import chmod_socket
 
 log = logging.getLogger(__name__)
 
 EGRESS_SOCKET = "egress.sock"
+# The CA bundle a sandbox with brokered hosts trusts (the system's CAs and the installation's).
+EGRESS_CA_BUNDLE = "egress-ca.pem"
 REFUSED_HEADER = "X-Orchestrator-Egress"
 MAX_HEAD_BYTES = 32 * 1024
 CHUNK = 64 * 1024
@@ -102,6 +107,8 @@ class Decision:
     reason: str
     sent: int = 0
     received: int = 0
+    # An intercepted request's path, without its query string (a tunnel's is not seen).
+    path: str | None = None
 
 
 @dataclass
@@ -153,6 +160,9 @@ class EgressProxy:
         forbidden_ports: frozenset[int] = frozenset(),
         resolver: Resolver = system_resolver,
         max_log: int = 500,
+        brokered: dict[str, BrokeredCredential] | None = None,
+        ca: InstallationCA | None = None,
+        upstream_tls: ssl.SSLContext | None = None,
     ) -> None:
         self.socket_path = socket_path
         self.policy = policy
@@ -169,6 +179,12 @@ class EgressProxy:
         self.forbidden_ports = forbidden_ports
         self.resolver = resolver
         self.max_log = max_log
+        # Hosts whose requests carry a brokered credential: TLS to them is ended here, with a
+        # leaf certificate of ``ca`` (minted once per host and run), and made anew upstream.
+        self.brokered = brokered or {}
+        self.ca = ca
+        self.upstream_tls = upstream_tls or ssl.create_default_context()
+        self._leaves: dict[str, ssl.SSLContext] = {}
         self.run = _Run()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -305,6 +321,12 @@ class EgressProxy:
             await self._refuse(writer, refused, conn)
             return
         decision.allowed, decision.reason = True, "allowed"
+        credential = self.brokered.get(host) if method == "CONNECT" else None
+        if credential is not None and self.ca is not None:
+            decision.reason = f"intercepted for the credential {credential.name!r}"
+            self._record(decision)
+            await self._intercept(reader, writer, conn, host, port, address, credential)
+            return
         self._record(decision)
         try:
             upstream_r, upstream_w = await asyncio.wait_for(
@@ -328,6 +350,146 @@ class EgressProxy:
         finally:
             with contextlib.suppress(Exception):
                 upstream_w.close()
+
+    async def _intercept(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        conn: h11.Connection,
+        host: str,
+        port: int,
+        address: str,
+        credential: BrokeredCredential,
+    ) -> None:
+        """A CONNECT to a brokered host: TLS ended here, one request read, checked against the
+        credential's methods and paths, sent upstream over TLS with the credential's header (the
+        sandbox's own of that name dropped), and its answer relayed; then the connection ends."""
+        assert self.ca is not None
+        if conn.trailing_data[0]:
+            # Bytes before our 200: no TLS client sends them; nothing to end TLS on.
+            await self._refuse(writer, _Refused("bytes sent before the tunnel was open", status=400), conn)
+            return
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await writer.drain()
+        if host not in self._leaves:
+            self._leaves[host] = self.ca.server_context(host)
+        await asyncio.wait_for(writer.start_tls(self._leaves[host]), timeout=self.limits.idle_s)
+        inner = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        try:
+            request = await self._read_head(inner, reader)
+        except _Refused as refused:
+            await self._answer_inner(writer, inner, refused.status, refused.reason)
+            return
+        if request is None:
+            return
+        method = request.method.decode("ascii", "replace").upper()
+        path = request.target.decode("ascii", "replace")
+        decision = Decision(time.time(), method, host, port, False, "", path=path.split("?", 1)[0])
+        refusal = (
+            (None if path.startswith("/") else "an intercepted request names a path")
+            or method_refusal(self.policy, method)
+            or credential.refusal(method, path)
+        )
+        if refusal is not None or self.run.requests >= self.limits.max_requests:
+            decision.reason = refusal or f"this run's {self.limits.max_requests} requests are spent"
+            self._record(decision)
+            await self._answer_inner(writer, inner, 403, decision.reason)
+            return
+        self.run.requests += 1
+        decision.allowed, decision.reason = True, f"credential {credential.name!r} added"
+        self._record(decision)
+        upstream_r, upstream_w = await asyncio.wait_for(
+            asyncio.open_connection(address, port, ssl=self.upstream_tls, server_hostname=host),
+            timeout=self.limits.connect_s,
+        )
+        try:
+            header = credential.header.lower().encode("ascii")
+            await self._forward_request(
+                inner,
+                reader,
+                request,
+                host,
+                port,
+                path,
+                upstream_w,
+                decision,
+                default_port=443,
+                drop=frozenset({header}),
+                extra=[(header, credential.value.encode("latin-1"))],
+            )
+            await self._relay_response(upstream_r, writer, inner, decision, request.method)
+        finally:
+            with contextlib.suppress(Exception):
+                upstream_w.close()
+
+    async def _relay_response(
+        self,
+        upstream: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        inner: h11.Connection,
+        decision: Decision,
+        method: bytes,
+    ) -> None:
+        """The upstream's answer, read with h11 and written to the sandbox with ``Connection: close``."""
+        client = h11.Connection(h11.CLIENT)
+        # The request went out through another h11 connection: this one only reads the answer,
+        # framed as an answer to that method (a HEAD's has no body whatever it declares).
+        client.send(h11.Request(method=method, target=b"/", headers=[(b"host", b"x")]))
+        client.send(h11.EndOfMessage())
+        while True:
+            event = client.next_event()
+            if event is h11.NEED_DATA:
+                data = await asyncio.wait_for(upstream.read(CHUNK), timeout=self.limits.idle_s)
+                client.receive_data(data)
+                continue
+            if isinstance(event, h11.InformationalResponse):
+                continue
+            if isinstance(event, h11.Response):
+                headers = [(n, v) for n, v in event.headers if n.lower() not in _HOP_BY_HOP]
+                out = inner.send(
+                    h11.Response(status_code=event.status_code, headers=[*headers, (b"connection", b"close")])
+                )
+            elif isinstance(event, h11.Data):
+                n = self._charge(len(event.data))
+                decision.received += n
+                if n < len(event.data):
+                    raise ConnectionError("the run's egress bytes are spent")
+                out = inner.send(h11.Data(data=event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                out = inner.send(h11.EndOfMessage())
+                if out:
+                    writer.write(out)
+                await writer.drain()
+                return
+            else:
+                raise ConnectionError(f"unexpected {type(event).__name__} in an answer")
+            if out:
+                writer.write(out)
+                await writer.drain()
+
+    async def _answer_inner(
+        self, writer: asyncio.StreamWriter, inner: h11.Connection, status: int, reason: str
+    ) -> None:
+        """A refusal inside the ended TLS: what the sandbox's client reads as the host's answer."""
+        body = f"egress refused: {reason}\n".encode()
+        with contextlib.suppress(h11.LocalProtocolError, ConnectionError, OSError):
+            writer.write(
+                inner.send(
+                    h11.Response(
+                        status_code=status,
+                        headers=[
+                            (REFUSED_HEADER.lower().encode(), b"refused"),
+                            (b"content-type", b"text/plain; charset=utf-8"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close"),
+                        ],
+                    )
+                )
+                or b""
+            )
+            writer.write(inner.send(h11.Data(data=body)) or b"")
+            writer.write(inner.send(h11.EndOfMessage()) or b"")
+            await writer.drain()
 
     async def _read_head(self, conn: h11.Connection, reader: asyncio.StreamReader) -> h11.Request | None:
         read = 0
@@ -367,7 +529,9 @@ class EgressProxy:
             raise _Refused(f"this run's {self.limits.max_bytes} bytes are spent")
         if _is_literal(host):
             raise _Refused(f"{host} is an IP address; the policy names hosts")
-        refusal = host_refusal(self.policy, host, port) or method_refusal(self.policy, method)
+        # A brokered host is on the group's list by its credential.
+        listed = self.policy.mode != "off" and host.lower().rstrip(".") in self.brokered
+        refusal = (None if listed else host_refusal(self.policy, host, port)) or method_refusal(self.policy, method)
         if refusal is not None:
             if may_ask(self.policy, host, port):
                 run.to_ask[(host.lower().rstrip("."), port)] = None
@@ -409,13 +573,18 @@ class EgressProxy:
         path: str,
         upstream: asyncio.StreamWriter,
         decision: Decision,
+        *,
+        default_port: int = 80,
+        drop: frozenset[bytes] = frozenset(),
+        extra: Sequence[tuple[bytes, bytes]] = (),
     ) -> None:
-        """The request in origin form to the upstream, its body as h11 reads it (one framing only)."""
+        """The request in origin form to the upstream, its body as h11 reads it (one framing
+        only); ``drop`` the sandbox's headers of those names, ``extra`` added (a credential's)."""
         out = h11.Connection(h11.CLIENT)
-        authority = host if port == 80 else f"{host}:{port}"
+        authority = host if port == default_port else f"{host}:{port}"
         headers = [(b"host", authority.encode("ascii"))]
-        headers += [(n, v) for n, v in request.headers if n.lower() not in _HOP_BY_HOP]
-        headers.append((b"connection", b"close"))
+        headers += [(n, v) for n, v in request.headers if n.lower() not in _HOP_BY_HOP and n.lower() not in drop]
+        headers += [*extra, (b"connection", b"close")]
         head = out.send(h11.Request(method=request.method, target=path.encode("ascii"), headers=headers))
         assert head is not None
         upstream.write(head)
@@ -525,7 +694,13 @@ class EgressProxy:
 
 
 def egress_proxy(settings: Settings, socket_path: Path, policy: EgressPolicy) -> EgressProxy:
-    """The proxy of a run of a group with ``policy``, bounded by the settings (not started)."""
+    """The proxy of a run of a group with ``policy``, bounded by the settings (not started);
+    with the installation's CA when the group gets brokered credentials."""
+    brokered = brokered_hosts(parse_credentials(settings.egress_credentials), policy.credentials)
+    ca = ensure_ca(settings.data_dir, brokered, label=settings.install_id) if brokered else None
+    upstream = ssl.create_default_context()
+    if settings.egress_upstream_ca_file:
+        upstream.load_verify_locations(settings.egress_upstream_ca_file)
     return EgressProxy(
         socket_path,
         policy,
@@ -537,6 +712,9 @@ def egress_proxy(settings: Settings, socket_path: Path, policy: EgressPolicy) ->
         ),
         resolve=parse_resolve(settings.egress_resolve_entries),
         forbidden_ports=settings.own_ports,
+        brokered=brokered,
+        ca=ca,
+        upstream_tls=upstream,
     )
 
 

@@ -80,6 +80,9 @@ class EgressPolicy(BaseModel):
     # The provider's server tools the gateway forwards for the group, held to the allowlist's
     # domains (``search_domains``) and a run's count of such requests.
     server_tools: list[ServerTool] = Field(default_factory=list)
+    # The installation's brokered credentials the group gets (ORCHESTRATOR_EGRESS_CREDENTIALS,
+    # by name): their hosts are on its list, and its requests to them carry the secret.
+    credentials: list[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]] = Field(default_factory=list)
     max_requests: Annotated[int, Field(ge=1, le=1_000_000), WHOLE_NUMBER] | None = None
     max_bytes: Annotated[int, Field(ge=1, le=1 << 40), WHOLE_NUMBER] | None = None
 
@@ -168,16 +171,19 @@ def parse_network_option(text: str) -> EgressPolicy:
     allow: list[str] = []
     presets: list[str] = []
     server_tools: list[str] = []
+    credentials: list[str] = []
     for part in (p.strip() for p in rest.split(",")):
         if part.startswith("preset:"):
             presets.append(part[len("preset:") :])
         elif part.startswith("server-tool:"):
             server_tools.append(part[len("server-tool:") :])
+        elif part.startswith("credential:"):
+            credentials.append(part[len("credential:") :])
         elif part:
             allow.append(part)
     try:
         return EgressPolicy.model_validate(
-            {"mode": word, "allow": allow, "presets": presets, "server_tools": server_tools}
+            {"mode": word, "allow": allow, "presets": presets, "server_tools": server_tools, "credentials": credentials}
         )
     except ValidationError as exc:
         first = exc.errors()[0]

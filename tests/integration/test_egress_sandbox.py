@@ -7,6 +7,7 @@ is off reaches nothing; ``orchestrator runs show RUN --egress`` lists the decisi
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from tests.conftest import TEST_ENV
+from tests.host.test_egress_brokered import upstream as upstream  # the HTTPS server fixture
 
 JID, OFF = "main@local", "off@g.us"
 
@@ -233,3 +235,32 @@ def test_real_clients_curl_git_and_pip_through_the_proxy(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_brokered_secret_reaches_its_host_and_nothing_of_the_sandbox(
+    settings: Settings, db: Database, agent_image: str, upstream: tuple[int, Path, list[dict[str, str]]]
+) -> None:
+    from orchestrator.run.assembly import stored_input
+    from tests.host.test_egress_brokered import API, SECRET, settings_for
+
+    port, test_ca, seen = upstream
+    s = settings_for(settings, port, test_ca).replace(agent_image=agent_image, run_timeout_s=60.0)
+    s.ensure_dirs()
+    ensure_main_group(db)
+    set_container_config(db, s, JID, {"egress": {"mode": "allowlist", "credentials": ["github"]}})
+    lines = [
+        f"$ curl -sS https://{API}:{port}/repos/acme/x | tee fetched.txt",
+        "$ env | sort > env.txt; grep -ril canary /workspace /tmp /proc/self/environ; echo scanned",
+    ]
+    ingest(db, s, IncomingMessage(chat_jid=JID, sender="u", content="\n".join(lines)), signal=None)
+    (run,) = Pipeline(s, db, ChannelRegistry([])).drain_group(JID)
+    assert run.run.state == "succeeded"
+    fetched, scanned = outputs(db, JID)
+    assert fetched == "secret area\n"  # through the proxy's TLS, trusted by the mounted bundle
+    assert seen[0]["authorization"] == SECRET  # the host got it
+    assert scanned.strip() == "scanned"  # nothing in the sandbox's files or environment names it
+    # Nor anything the host keeps of the run: its messages, its input.
+    stored = [m.content + json.dumps(m.metadata) for m in get_messages_after(JID, 0, db=db)]
+    assert all(SECRET not in text for text in stored)
+    raw = stored_input(db, run.run.id)
+    assert raw is not None and SECRET.encode() not in raw
