@@ -159,6 +159,7 @@ class EgressProxy:
         resolve: dict[tuple[str, int], str] | None = None,
         forbidden_ports: frozenset[int] = frozenset(),
         resolver: Resolver = system_resolver,
+        allowed: Callable[[ipaddress.IPv4Address | ipaddress.IPv6Address], bool] = is_public,
         max_log: int = 500,
         brokered: dict[str, BrokeredCredential] | None = None,
         ca: InstallationCA | None = None,
@@ -178,6 +179,8 @@ class EgressProxy:
         self.resolve = resolve or {}
         self.forbidden_ports = forbidden_ports
         self.resolver = resolver
+        # Which resolved addresses may be reached (every one a name resolves to must be).
+        self.allowed = allowed
         self.max_log = max_log
         # Hosts whose requests carry a brokered credential: TLS to them is ended here, with a
         # leaf certificate of ``ca`` (minted once per host and run), and made anew upstream.
@@ -559,7 +562,7 @@ class EgressProxy:
                 address = ipaddress.ip_address(text.partition("%")[0])
             except ValueError:
                 raise _Refused(f"{host} resolves to {text!r}, not an address") from None
-            if not is_public(address):
+            if not self.allowed(address):
                 raise _Refused(f"{host} resolves to a non-public address ({address})")
         return addresses[0]
 

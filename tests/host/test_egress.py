@@ -196,18 +196,43 @@ def test_a_runs_bytes_and_requests_are_bounded(tmp_path: Path, files: int) -> No
         assert b"2 requests are spent" in third
 
 
+def test_a_name_is_resolved_once_and_the_checked_address_is_the_one_reached(tmp_path: Path, files: int) -> None:
+    # A rebinding resolver: a reachable address first, a private one for any later question.
+    answers = iter([["127.0.0.1"], ["10.9.9.9"], ["10.9.9.9"]])
+    asked: list[str] = []
+
+    def rebinding(host: str, port: int) -> list[str]:
+        asked.append(host)
+        return next(answers)
+
+    policy = parse_network_option("allowlist:rebind.internal.test")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    # Loopback stands in for a public address here (tests reach nothing else).
+    with EgressProxy(folder / "egress.sock", policy, resolver=rebinding, allowed=lambda a: str(a) == "127.0.0.1") as p:
+        reply = raw(
+            p.socket_path, f"GET http://rebind.internal.test:{files}/hello.txt HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        )
+    assert reply.endswith(b"hello from the files host\n") and asked == ["rebind.internal.test"]
+
+
 def test_idle_connections_past_the_cap_are_closed_at_once(tmp_path: Path, files: int) -> None:
-    with proxy(tmp_path, files, ALLOW, limits=Limits(max_connections=8, idle_s=30)) as p:
+    with proxy(tmp_path, files, ALLOW, limits=Limits(max_connections=64, idle_s=30)) as p:
         held = []
-        for _ in range(8):
+        for _ in range(64):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(str(p.socket_path))
             held.append(s)
-        extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        extra.settimeout(5)
-        extra.connect(str(p.socket_path))
-        assert extra.recv(1) == b""  # closed without a word
-        for s in [*held, extra]:
+        # 1,000 more idle connections: each closed at once, none holding a task or a slot.
+        extras = []
+        for _ in range(1000):
+            extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            extra.settimeout(5)
+            extra.connect(str(p.socket_path))
+            extras.append(extra)
+        assert all(extra.recv(1) == b"" for extra in extras)  # closed without a word
+        assert p.run.connections == 64
+        for s in [*held, *extras]:
             s.close()
 
 
