@@ -11,7 +11,14 @@ message), each a notification ``text`` and its ``blocks``:
 * a tool call, a tool's result, the agent's tool use and thinking: context
   blocks (Slack's small grey print), so the work is visible but not the reply;
 * host (🏠) and system (⚙️) messages: context blocks too, set apart from what
-  people and the agent say.
+  people and the agent say;
+* a question (an APPROVAL envelope: ``run/questions.py``): its text and an ``actions``
+  block with a button per option, labelled with the option (within Slack's 75
+  characters, which the host holds options to), its ``action_id``
+  ``q:<question id>:<index>`` (``channels/question_buttons.py``; the clicks come back
+  through ``channels/slack_clicks.py``).  A multiple choice's button picks one option; a
+  context line says how to pick several.  The notification text is the message's words,
+  the question with its numbered options, for a client that shows no blocks.
 
 Everything drawn is hostile (the agent's output, a person's words from another
 channel): ``&``, ``<`` and ``>`` are escaped in every piece of text sent
@@ -31,6 +38,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from agent_runner.protocol import ApprovalPayload
+from orchestrator.channels.question_buttons import approval_of, button_id
 from orchestrator.core.errors import InvalidMessageMetadata
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.envelopes import (
@@ -53,6 +62,9 @@ FALLBACK_LIMIT = 3000  # the notification text (what a phone shows) is a summary
 _FENCE = "```"
 CONTINUED = "(continued)"  # the notification text of a long message's later posts
 TODO_MARKS = {"pending": "⬜", "in_progress": "🔄", "completed": "✅"}
+LABEL_LIMIT = 75  # Slack's limit on a button's text
+# A question's actions block's id: the clicked message's buttons are found (and taken off) by it.
+QUESTION_BLOCK = "q:"
 
 Kind = Literal["section", "context", "code"]
 
@@ -172,8 +184,30 @@ def _fallback(rendered: RenderedMessage) -> str:
     return cut + "…"
 
 
+def _question_post(asked: ApprovalPayload, fallback: str) -> SlackPost:
+    """A question: its text, a button per option (see the module's doc)."""
+    blocks = [_block("section", piece) for piece in split_escaped(escape(asked.question), SECTION_LIMIT)]
+    buttons = [
+        {
+            "type": "button",
+            # plain_text: no markup to escape; Slack shows it as it is.
+            "text": {"type": "plain_text", "text": option[:LABEL_LIMIT], "emoji": True},
+            "action_id": button_id(asked.question_id, i),
+            "value": str(i),
+        }
+        for i, option in enumerate(asked.options)
+    ]
+    blocks.append({"type": "actions", "block_id": QUESTION_BLOCK + asked.question_id, "elements": buttons})
+    if asked.multiple:
+        blocks.append(_block("context", "Several? Reply with their numbers, separated by commas."))
+    return SlackPost(text=fallback, blocks=blocks)
+
+
 def slack_posts(rendered: RenderedMessage) -> list[SlackPost]:
     """The posts that show ``rendered`` on Slack, in order (at least one)."""
+    asked = approval_of(rendered.metadata)
+    if asked is not None:
+        return [_question_post(asked, _fallback(rendered) or " ")]
     pieces = message_pieces(rendered) or [("section", escape(rendered.text) or " ")]
     fallback = _fallback(rendered) or " "
     posts: list[SlackPost] = []

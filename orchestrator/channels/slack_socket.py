@@ -11,8 +11,11 @@ store nothing: an envelope whose storing failed (the database away) is left
 unacknowledged, and Slack sends it again (the message's id makes the second
 one a duplicate if the first was stored after all).  A document that is no
 event callback is acknowledged and logged: sending it again would not mend it.
-Other envelope types (slash commands, interactivity) are acknowledged and
-ignored.
+An ``interactive`` envelope (a click on a question's button) is acknowledged
+once taken (``orchestrator/channels/slack_clicks.py``); one whose taking failed
+is acknowledged too and logged: Slack does not send a click again, and a click
+the clicker sees go unanswered is made again.  Other envelope types (slash
+commands) are acknowledged and ignored.
 
 Run one per app: Slack spreads the envelopes over an app's open connections,
 so several would each see a share (harmless: ids dedupe), not a copy.
@@ -28,6 +31,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator.channels.slack import SlackWeb
+from orchestrator.channels.slack_clicks import take_interaction
 from orchestrator.channels.slack_inbound import SlackInbound
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
@@ -81,6 +85,11 @@ class SlackSocket:
                 self.failed += 1
                 log.exception("slack: envelope %s not stored; Slack will send it again", request.envelope_id)
                 return
+        elif request.type == "interactive":
+            try:
+                take_interaction(self.inbound, request.payload)
+            except Exception:  # noqa: BLE001 - logged; the clicker clicks again
+                log.exception("slack: the click of envelope %s was not taken", request.envelope_id)
         client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
         self.taken += 1
 

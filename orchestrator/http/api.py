@@ -28,6 +28,7 @@ import ipaddress
 
 from fastapi import Depends, FastAPI
 
+from orchestrator.channels.slack_clicks import INTERACTIONS_PATH
 from orchestrator.channels.slack_inbound import EVENTS_PATH, SlackEvents
 from orchestrator.channels.webhook import INBOUND_PATH, InboundWebhook
 from orchestrator.core import heap
@@ -133,7 +134,7 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     api.add_middleware(
         RequestGuard,
         settings=settings,
-        signed_paths=(INBOUND_PATH, EVENTS_PATH),
+        signed_paths=(INBOUND_PATH, EVENTS_PATH, INTERACTIONS_PATH),
         streamed=(files.upload_body_limit(settings),),
     )
     return api

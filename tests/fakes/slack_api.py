@@ -4,9 +4,9 @@
 JSON (what slack_sdk's ``api_call(json=...)`` sends) or a form (what its
 generated methods send), answering ``{"ok": true, ...}`` or ``{"ok": false,
 "error": "..."}`` as Slack does (a wrong token: ``invalid_auth``).  Methods:
-``auth.test``, ``users.info``, ``chat.postMessage`` (refuses more than 50 blocks
-and a section text over 3,000 characters, ``msg_too_long``/``invalid_blocks``
-as the real one), ``chat.update``, ``chat.delete``, ``chat.postEphemeral``,
+``auth.test``, ``users.info``, ``chat.postMessage`` (refuses more than 50 blocks,
+a section text over 3,000 characters and an actions block's button Slack would not
+take, ``msg_too_long``/``invalid_blocks`` as the real one), ``chat.update``, ``chat.delete``, ``chat.postEphemeral``,
 and ``apps.connections.open`` (the app-level token only), which answers the
 ``ws://127.0.0.1:<port>/link/?ticket=...`` of the fake Socket Mode server.
 
@@ -40,7 +40,9 @@ envelopes :meth:`FakeSlack.push_event` queues (``envelope_id``, ``payload``:
 the ``event_callback`` document, ``retry_attempt``), and records each
 ``{"envelope_id": ...}`` acknowledgement.  An envelope not acknowledged is sent
 again, ``retry_attempt`` + 1, to the next connection (:meth:`redeliver`, or on
-connect), as Slack does.
+connect), as Slack does.  :meth:`FakeSlack.click` makes the ``block_actions`` payload of a
+click on a post's button, for ``POST /slack/interactions`` or Socket Mode's ``interactive``
+envelope (:meth:`push_interactive`).
 """
 
 from __future__ import annotations
@@ -230,6 +232,59 @@ class FakeSlack:
             "event": event,
             "authorizations": [{"team_id": self.team, "user_id": self.bot_user, "is_bot": True}],
         }
+
+    def click(self, post: Post, user: str, action_id: str) -> dict[str, Any]:
+        """The ``block_actions`` payload Slack sends when ``user`` clicks the button
+        ``action_id`` of ``post`` (KeyError: the post has no such button)."""
+        (button,) = [
+            e
+            for b in post.blocks
+            if b.get("type") == "actions"
+            for e in b.get("elements", [])
+            if e.get("action_id") == action_id
+        ]
+        block_id = next(b.get("block_id") for b in post.blocks if button in b.get("elements", []))
+        return {
+            "type": "block_actions",
+            "user": {"id": user, "username": user.lower(), "name": self.users.get(user, user), "team_id": self.team},
+            "api_app_id": "A0000001",
+            "token": "verification-token-unused",
+            "container": {"type": "message", "message_ts": post.ts, "channel_id": post.channel, "is_ephemeral": False},
+            "trigger_id": f"{int(time.time())}.{uuid.uuid4().int % 10**12}",
+            "team": {"id": self.team, "domain": "fake"},
+            "channel": {"id": post.channel, "name": "team"},
+            "message": {"type": "message", "ts": post.ts, "text": post.text, "blocks": post.blocks},
+            "response_url": f"{self.root}/actions/{uuid.uuid4().hex}",
+            "actions": [
+                {
+                    "action_id": action_id,
+                    "block_id": block_id,
+                    "text": button["text"],
+                    "value": button.get("value"),
+                    "type": "button",
+                    "action_ts": f"{time.time():.6f}",
+                }
+            ],
+        }
+
+    def push_interactive(self, payload: dict[str, Any]) -> str:
+        """Queue Socket Mode's ``interactive`` envelope carrying ``payload``; its envelope id."""
+        envelope = {
+            "envelope_id": str(uuid.uuid4()),
+            "type": "interactive",
+            "accepts_response_payload": False,
+            "payload": payload,
+        }
+        self._send(envelope)
+        return str(envelope["envelope_id"])
+
+    def ephemerals(self, user: str) -> list[str]:
+        """The texts told to ``user`` alone (``chat.postEphemeral``)."""
+        return [
+            str(r.params.get("text"))
+            for r in self.calls("chat.postEphemeral", ok_only=True)
+            if r.params.get("user") == user
+        ]
 
     # -- files ---------------------------------------------------------------------
 
@@ -601,6 +656,10 @@ class FakeSlack:
             if len(blocks) > BLOCKS_LIMIT:
                 return "invalid_blocks"
             for block in blocks:
+                if block.get("type") == "actions":
+                    if not _buttons_fit(block.get("elements") or []):
+                        return "invalid_blocks"
+                    continue
                 texts = (
                     [block["text"]["text"]]
                     if block.get("type") == "section"
@@ -675,6 +734,23 @@ class FakeSlack:
                 pass
 
         return Handler
+
+
+def _buttons_fit(elements: list[Any]) -> bool:
+    """An actions block as Slack takes it: 1 to 25 buttons, each with a plain_text label of 1
+    to 75 characters and a unique action_id of at most 255."""
+    ids = [e.get("action_id") for e in elements if isinstance(e, dict)]
+    return (
+        1 <= len(elements) <= 25
+        and len(set(ids)) == len(elements)
+        and all(
+            e.get("type") == "button"
+            and e.get("text", {}).get("type") == "plain_text"
+            and 1 <= len(e.get("text", {}).get("text") or "") <= 75
+            and 1 <= len(e.get("action_id") or "") <= 255
+            for e in elements
+        )
+    )
 
 
 def _answer(

@@ -1,4 +1,5 @@
-"""``POST /slack/events``: Slack's Events API, a request signed with
+"""``POST /slack/events``: Slack's Events API, and ``POST /slack/interactions``: its
+interactivity (a click on a question's button), requests signed with
 ``ORCHESTRATOR_SLACK_SIGNING_SECRET``.
 
 The channel's side (the signature, the documents, taking an event in) is
@@ -8,16 +9,24 @@ headers before it reads the body, then the signature, and answers: the
 event that stores nothing too, so Slack does not retry it), and a retry
 (``X-Slack-Retry-Num``) of an event this process took without doing it again.
 Like the inbound webhook it needs no bearer token (the request guard exempts it).
+
+An interactivity request is a form with one field, ``payload``, a JSON document; its
+timestamp and signature are checked as an event's are, then the document goes to
+``orchestrator/channels/slack_clicks.py``.  Everything verified is answered 200 with an
+empty body (a refused click is told to the clicker on Slack, not by the status).
 """
 
 from __future__ import annotations
 
+import json
 import time
+from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from orchestrator.channels.slack_clicks import INTERACTIONS_PATH, take_interaction
 from orchestrator.channels.slack_inbound import (
     EVENTS_PATH,
     RETRY_HEADER,
@@ -29,6 +38,7 @@ from orchestrator.channels.slack_inbound import (
     read_document,
     timestamp_refusal,
 )
+from orchestrator.core.errors import InvalidMessage
 from orchestrator.http.state import api_state
 
 router = APIRouter()
@@ -87,3 +97,53 @@ async def events(request: Request) -> JSONResponse:
         return JSONResponse({"ok": True}, 200)  # a retry of what this process took
     await run_in_threadpool(slack.take, doc)  # the store's calls block: off the event loop
     return JSONResponse({"ok": True}, 200)
+
+
+@router.post(
+    INTERACTIONS_PATH,
+    tags=["slack"],
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/x-www-form-urlencoded": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["payload"],
+                        "properties": {"payload": {"type": "string", "description": "the interaction, as JSON"}},
+                    }
+                }
+            },
+        }
+    },
+    responses={
+        200: {"description": "verified and taken (a click refused, or not on a question's button, too)"},
+        400: {"description": "the body is no form with a JSON `payload`"},
+        401: {
+            "description": f"missing or wrong {SIGNATURE_HEADER}, or {TIMESTAMP_HEADER} more than "
+            f"{WINDOW_S} s from the server's clock"
+        },
+        404: {"description": "Slack's requests are off (no ORCHESTRATOR_SLACK_SIGNING_SECRET)"},
+    },
+)
+async def interactions(request: Request) -> Response:
+    """Slack's interactivity: a request signed with ORCHESTRATOR_SLACK_SIGNING_SECRET (see
+    orchestrator/channels/slack_clicks.py)."""
+    slack = api_state(request).slack
+    if slack.off:
+        return JSONResponse({"detail": slack.off}, 404)
+    timestamp = request.headers.get(TIMESTAMP_HEADER)
+    problem = timestamp_refusal(timestamp, time.time())
+    if problem or timestamp is None:  # on the headers, before the body is read
+        return JSONResponse({"detail": problem}, 401)
+    body = await request.body()
+    if not slack.signed(timestamp, body, request.headers.get(SIGNATURE_HEADER)):
+        return JSONResponse({"detail": f"missing or wrong {SIGNATURE_HEADER}"}, 401)
+    try:
+        (raw,) = parse_qs(body.decode(), strict_parsing=True)["payload"]
+        payload = json.loads(raw)
+    except (ValueError, KeyError):
+        raise InvalidMessage("the body is no form with one JSON payload") from None
+    # The store's calls and the Web API's block: off the event loop.
+    await run_in_threadpool(take_interaction, slack.inbound(), payload)
+    return Response(status_code=200)
