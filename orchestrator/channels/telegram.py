@@ -31,6 +31,9 @@
   update) stores nothing twice.  A sender over
   ``ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE`` gets a reply ("slow down: try
   again in N s", once per wait) and the message is dropped, not stored.
+* **Questions**: the agent's question goes with an inline keyboard, and a press on
+  one of its buttons (a ``callback_query`` update) answers it
+  (``channels/telegram_questions.py``).
 
 Enable it with ``ORCHESTRATOR_CHANNEL_PLUGINS=orchestrator.channels.telegram:channel``
 and ``ORCHESTRATOR_TELEGRAM_BOT_TOKEN``.  python-telegram-bot is asynchronous;
@@ -62,6 +65,7 @@ from orchestrator.channels.telegram_files import (
     too_large_reason,
     upload,
 )
+from orchestrator.channels.telegram_questions import question_keyboard, take_callback
 from orchestrator.core.errors import (
     ChannelError,
     ChannelRateLimited,
@@ -282,6 +286,7 @@ class TelegramChannel(BaseChannel):
         parts = split_text(rendered.text)
         files = files_of(rendered.metadata)
         refs = files.files if files is not None else []
+        keyboard = question_keyboard(rendered.metadata)  # a question's buttons, under its last part
         key = (address, rendered.chat_jid, rendered.seq)
         with self._progress_lock:
             made = list(self._progress.get(key, []))
@@ -290,7 +295,7 @@ class TelegramChannel(BaseChannel):
         for i in range(len(made), len(parts) + len(refs)):
             try:
                 if i < len(parts):
-                    made.append(str(self._send_text(target, parts[i])))
+                    made.append(str(self._send_text(target, parts[i], keyboard if i == len(parts) - 1 else None)))
                 else:
                     made.append(FILE_POST + str(self._send_file(target, rendered.chat_jid, refs[i - len(parts)])))
             except ChannelError:
@@ -303,9 +308,9 @@ class TelegramChannel(BaseChannel):
             self._progress.pop(key, None)
         return made
 
-    def _send_text(self, target: int | str, text: str) -> int:
-        """One message of words; its message id."""
-        sent = self.client.call(lambda bot: bot.send_message(chat_id=target, text=text))
+    def _send_text(self, target: int | str, text: str, keyboard: Any = None) -> int:
+        """One message of words (with ``keyboard``, an inline keyboard, under it); its message id."""
+        sent = self.client.call(lambda bot: bot.send_message(chat_id=target, text=text, reply_markup=keyboard))
         return int(sent.message_id)
 
     def _send_file(self, target: int | str, chat_jid: str, ref: FileRef) -> int:
@@ -386,7 +391,9 @@ class TelegramPoller:
         offset = self.offset
         try:
             updates = self.client.call(
-                lambda bot: bot.get_updates(offset=offset, timeout=timeout, allowed_updates=["message"]),
+                lambda bot: bot.get_updates(
+                    offset=offset, timeout=timeout, allowed_updates=["message", "callback_query"]
+                ),
                 timeout=timeout + _CALL_TIMEOUT_S,
             )
         except ChannelError:
@@ -423,6 +430,16 @@ class TelegramPoller:
             if not result.created:
                 self._unused(fetched)  # stored meanwhile (a redelivery raced in): its first copy stands
             results.append(result)
+        for update in updates:  # a press on a question's button (telegram_questions.py)
+            if update.callback_query is not None:
+                take_callback(
+                    self.db,
+                    self.client,
+                    update.callback_query,
+                    groups,
+                    signal=self.signal,
+                    signal_delivery=self.signal_delivery,
+                )
         # Only after the batch is stored: a crash before this re-reads it, and the ids dedupe it.
         self._write_offset(max(u.update_id for u in updates) + 1)
         return results

@@ -14,14 +14,18 @@ the real one refuses it), ``editMessageText`` and ``editMessageCaption`` (the bo
 messages; Telegram's errors for one not found, one with no text or caption to edit, and
 content not modified), ``deleteMessage`` (a message older than 48 hours is refused with
 Telegram's 400 "Bad Request: message can't be deleted for everyone"; see :meth:`age`),
-``close``/``logOut`` (for shutdown).  Every message the bot sent is kept in ``messages``
+``answerCallbackQuery`` (a ``callback_query_id`` it sent, answered once; text within 200
+characters), ``close``/``logOut`` (for shutdown).  A ``reply_markup`` is checked as
+Telegram checks an inline keyboard (``BUTTON_DATA_INVALID`` for ``callback_data`` over 64
+bytes, ``BUTTON_TEXT_EMPTY``) and kept with the message.  Every message the bot sent is kept in ``messages``
 (its text or caption now, deleted or not, how often edited).  ``GET
 /file/bot<token>/<file_path>`` is the download of a file ``getFile`` named
 (recorded as the method ``file``).  A wrong token is a 401.
 
 Tests script it: :meth:`FakeTelegramAPI.fail` makes the next calls of a
 method fail (500, or 429 with ``retry_after``), :meth:`push_text`,
-:meth:`push_document` and :meth:`push_photo` queue incoming messages (a
+:meth:`push_document` and :meth:`push_photo` queue incoming messages, and
+:meth:`press` a press on a button of the bot's message (a ``callback_query``) (a
 document's or photo's bytes are then served by ``getFile`` and the download;
 :meth:`FakeFile` fields may be changed to lie about its size or path, and
 ``delay_s`` drips the download); every request is kept in ``requests``, an
@@ -93,6 +97,7 @@ class SentMessage:
     date: float
     deleted: bool = False
     edits: int = 0
+    reply_markup: dict[str, Any] | None = None  # an inline keyboard sent with it
 
 
 DELETE_LIMIT_S = 48 * 3600  # a bot deletes its messages in groups for 48 hours
@@ -120,6 +125,7 @@ class FakeTelegramAPI:
         self._next_file = 1
         self.files: dict[str, FakeFile] = {}
         self.messages: dict[tuple[str, int], SentMessage] = {}
+        self.callbacks: dict[str, dict[str, Any] | None] = {}  # query id -> its answer (None: not yet)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -286,6 +292,35 @@ class FakeTelegramAPI:
             {"message": {"message_id": message_id, "date": int(time.time()), "chat": chat, "from": user, **fields}}
         )
 
+    def press(self, chat_id: int, message_id: int, user_id: int, data: str, *, first_name: str = "Ann") -> str:
+        """A ``callback_query`` update: ``user_id`` pressed the button ``data`` of the bot's
+        message ``message_id`` in ``chat_id``; its query id."""
+        with self._lock:
+            sent = self.messages[(str(chat_id), message_id)]
+            query_id = str(9_000_000_000 + len(self.callbacks))
+            self.callbacks[query_id] = None
+        message = {
+            "message_id": message_id,
+            "date": int(sent.date),
+            "chat": {"id": chat_id, "type": "group", "title": f"chat {chat_id}"},
+            "from": self._bot_user(),
+            "text": sent.text or "",
+        }
+        if sent.reply_markup is not None:
+            message["reply_markup"] = sent.reply_markup
+        self.push_update(
+            {
+                "callback_query": {
+                    "id": query_id,
+                    "from": {"id": user_id, "is_bot": False, "first_name": first_name},
+                    "message": message,
+                    "chat_instance": f"-{chat_id}",
+                    "data": data,
+                }
+            }
+        )
+        return query_id
+
     def calls(self, method: str, *, ok_only: bool = False) -> list[Request]:
         with self._lock:
             return [r for r in self.requests if r.method == method and (r.status == 200 or not ok_only)]
@@ -356,8 +391,16 @@ class FakeTelegramAPI:
             return 200, {"ok": True, "result": self._bot_user()}
         if method in ("close", "logOut", "deleteWebhook"):
             return 200, {"ok": True, "result": True}
+        if method == "answerCallbackQuery":
+            return self._answer_callback(params)
         if method == "sendMessage":
             text, chat_id = params.get("text"), params.get("chat_id")
+            markup = params.get("reply_markup")
+            if isinstance(markup, str):
+                markup = json.loads(markup)
+            problem = _keyboard_problem(markup)
+            if problem:
+                return 400, {"ok": False, "error_code": 400, "description": f"Bad Request: {problem}"}
             if chat_id in (None, ""):
                 return 400, {"ok": False, "error_code": 400, "description": "Bad Request: chat_id is empty"}
             if not text:
@@ -368,6 +411,9 @@ class FakeTelegramAPI:
                 mid = self._next_message_id
                 self._next_message_id += 1
             self._keep(chat_id, mid, "text", str(text), None)
+            if markup:
+                with self._lock:
+                    self.messages[(str(chat_id), mid)].reply_markup = markup
             try:
                 chat: dict[str, Any] = {"id": int(chat_id), "type": "group", "title": "chat"}
             except ValueError:
@@ -413,6 +459,22 @@ class FakeTelegramAPI:
                 limit = int(params.get("limit") or 100)
                 return 200, {"ok": True, "result": list(self.updates[:limit])}
         return 404, {"ok": False, "error_code": 404, "description": "Not Found"}
+
+    def _answer_callback(self, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        query_id = str(params.get("callback_query_id") or "")
+        text = str(params.get("text") or "")
+        with self._lock:
+            if query_id not in self.callbacks or self.callbacks[query_id] is not None:
+                return 400, {
+                    "ok": False,
+                    "error_code": 400,
+                    "description": "Bad Request: query is too old and response timeout expired or query ID is invalid",
+                }
+            if len(text) > 200:
+                return 400, {"ok": False, "error_code": 400, "description": "Bad Request: MESSAGE_TOO_LONG"}
+            alert = params.get("show_alert")
+            self.callbacks[query_id] = {"text": text, "show_alert": alert in (True, "true", "True", "1")}
+        return 200, {"ok": True, "result": True}
 
     def _upload(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """sendPhoto / sendDocument: the file must come as a multipart part (an upload)."""
@@ -587,6 +649,22 @@ class FakeTelegramAPI:
 
 
 _UPLOAD_FIELD = {"sendPhoto": "photo", "sendDocument": "document"}
+
+
+def _keyboard_problem(markup: Any) -> str | None:
+    """Why Telegram would refuse ``markup`` as an inline keyboard (None: it would not)."""
+    if markup is None:
+        return None
+    rows = markup.get("inline_keyboard") if isinstance(markup, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
+        return "can't parse reply keyboard markup JSON object"
+    for button in (b for row in rows for b in row):
+        if not isinstance(button, dict) or not button.get("text"):
+            return "BUTTON_TEXT_EMPTY"
+        data = button.get("callback_data")
+        if data is not None and not 1 <= len(str(data).encode()) <= 64:
+            return "BUTTON_DATA_INVALID"
+    return None
 
 
 def _multipart(body: bytes, content_type: str) -> dict[str, Any]:
