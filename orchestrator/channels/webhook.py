@@ -43,7 +43,10 @@
   ``message.files``, each by its id with its name, type and size
   (``{"id", "name", "mime", "size"}``), and, with ``ORCHESTRATOR_PUBLIC_BASE_URL`` set, a
   signed ``url`` that fetches it without a token until it expires
-  (``orchestrator/core/file_links.py``); the payload holds no file's bytes.
+  (``orchestrator/core/file_links.py``); the payload holds no file's bytes.  A
+  question the agent asks (an APPROVAL envelope) is in ``message.question``:
+  ``{"id", "question", "options", "multiple", "allow_other"}``, answered with
+  ``POST /api/chats/{chat_jid}/questions/{id}/answer``.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ import httpx
 from pydantic import ValidationError
 
 from orchestrator.channels.base import BaseChannel, InboundDoor
+from orchestrator.channels.question_buttons import approval_of
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.file_links import file_link
 from orchestrator.core.settings import Settings
@@ -255,8 +259,8 @@ def _change_event(event: str, rendered: RenderedMessage, message: dict[str, obje
 
 
 def _payload(rendered: RenderedMessage, settings: Settings, now: float) -> dict[str, object]:
-    """The body's ``message``: the rendered message, and the files it carries, by id (with a
-    signed link each when links are on)."""
+    """The body's ``message``: the rendered message, the files it carries, by id (with a
+    signed link each when links are on), and the question it asks."""
     message: dict[str, object] = rendered.model_dump(mode="json")
     files = files_of(rendered.metadata)
     if files is not None:
@@ -265,6 +269,15 @@ def _payload(rendered: RenderedMessage, settings: Settings, now: float) -> dict[
             | ({"url": url} if (url := file_link(settings, f.id, now)) else {})
             for f in files.files
         ]
+    asked = approval_of(rendered.metadata)
+    if asked is not None:
+        message["question"] = {
+            "id": asked.question_id,
+            "question": asked.question,
+            "options": list(asked.options),
+            "multiple": asked.multiple,
+            "allow_other": asked.allow_other,
+        }
     return message
 
 

@@ -43,6 +43,7 @@ from orchestrator.store.hosts import database_now
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.tables import DeliveryRow
 from tests.conftest import wait_until
+from tests.host.asked import stored_question
 
 JID = "hooks@local"
 SECRET = "s3cret-shared"
@@ -263,6 +264,30 @@ def test_a_file_message_names_its_files_by_id(hooked: tuple[Database, Settings])
     ]
     assert with_files["content"] == "see" and b"secret notes" not in receiver.received[0][0]
     assert "files" not in without and without["content"] == "no files"
+
+
+def test_a_question_carries_its_options(hooked: tuple[Database, Settings]) -> None:
+    """A question's payload holds it (id, words, options, how it is answered) in
+    ``message.question``; another message has none."""
+    db, settings = hooked
+    with _Receiver(fail=0) as receiver:
+        attach_channel(db, JID, "webhook", address=receiver.url)
+        asked, _ = stored_question(db, JID, "Which colour?", ["red", "blue"], multiple=True)
+        ingest(db, settings, IncomingMessage(chat_jid=JID, sender="ann", content="hello"), signal=None)
+        channel = WebhookChannel(settings)
+        try:
+            assert Deliverer(db, settings, ChannelRegistry([channel])).deliver_due().sent == 2
+        finally:
+            channel.disconnect()
+    question, reply = (json.loads(body)["message"] for body, _ in receiver.received)
+    assert question["question"] == {
+        "id": asked.id,
+        "question": "Which colour?",
+        "options": ["red", "blue"],
+        "multiple": True,
+        "allow_other": False,
+    }
+    assert "1. red" in question["content"] and "question" not in reply
 
 
 def test_a_webhook_send_cut_short_by_a_dead_deliverer_is_sent_again_with_its_id(
