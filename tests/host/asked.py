@@ -16,10 +16,12 @@ from orchestrator.store.questions import Question, insert_question, set_message_
 
 
 def stored_question(
-    db: Database, chat_jid: str, question: str, options: list[str], *, multiple: bool = False
+    db: Database, chat_jid: str, question: str, options: list[str], *, multiple: bool = False, allow_other: bool = False
 ) -> tuple[Question, int]:
     """The question (open) and the seq of the message that shows it."""
-    event = QuestionEvent(tool_use_id="call_1", question=question, options=options, multiple=multiple)
+    event = QuestionEvent(
+        tool_use_id="call_1", question=question, options=options, multiple=multiple, allow_other=allow_other
+    )
     asked = new_question(
         chat_jid=chat_jid,
         run_id="run-asking",
@@ -39,7 +41,7 @@ def stored_question(
                 chat_jid=chat_jid,
                 sender="bot",
                 sender_name="Robo",
-                content=question_text(question, options, multiple=multiple, allow_other=False),
+                content=question_text(question, options, multiple=multiple, allow_other=allow_other),
                 timestamp=now_iso(),
                 is_from_me=True,
                 message_type="assistant",

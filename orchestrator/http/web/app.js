@@ -428,6 +428,8 @@
     // The stored reply takes the place of its run's draft.
     const runId = message.metadata && message.metadata.run_id;
     if (runId && message.sender === "bot") removeDraft(runId);
+    // What closes a question (its answer, its expiry): the question's buttons are greyed out.
+    if (message.metadata && message.metadata.question_id) window.AgentQuestions.refresh(message.chat_jid, api);
     const old = state.shown.get(message.seq);
     // The same message again (the stream's copy of one this page just sent): kept as it is
     // shown, its previews not fetched a second time.
@@ -575,6 +577,14 @@
       // The run's record (model, stop reason, tokens, time, cost estimate): one muted line.
       body.append(textBlock(m.content, "result-line"));
       return body;
+    }
+    if (type === "APPROVAL") {
+      // The agent's question: its options as buttons (questions.js).
+      const asked = window.AgentQuestions.render(env.payload, m.chat_jid, api);
+      if (asked) {
+        body.append(asked);
+        return body;
+      }
     }
     const files = type === "FILE" && env.payload && Array.isArray(env.payload.files) ? env.payload.files : null;
     if (m.content || !files) body.append(kind === "assistant" ? richText(m.content) : textBlock(m.content));
