@@ -16,6 +16,7 @@ messages is data (``orchestrator/store/attachments.py``); delivery itself
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 from orchestrator.core.errors import ChannelError
@@ -59,6 +60,28 @@ class BaseChannel:
     def retract(self, address: str, posted: list[str], rendered: RenderedMessage) -> None:
         """Take back the posts ``posted`` (of the message ``rendered`` shows)."""
         raise ChannelError(f"the {self.name} channel cannot take back what it posted")
+
+
+class MadeSteps:
+    """The posts a call made before it failed, by the call's key (an edit's delivery id, the
+    same on every attempt): a retry in this process resumes after them instead of posting
+    them twice."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+
+    def so_far(self, key: str) -> list[str]:
+        with self._lock:
+            return list(self._made.get(key, []))
+
+    def keep(self, key: str, made: list[str]) -> None:
+        with self._lock:
+            self._made[key] = list(made)
+
+    def done(self, key: str) -> None:
+        with self._lock:
+            self._made.pop(key, None)
 
 
 def file_posts(posted: list[str]) -> tuple[list[str], list[str]]:

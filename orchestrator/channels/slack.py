@@ -31,6 +31,8 @@
   and what both transports share) and ``orchestrator/channels/slack_socket.py``
   (Socket Mode).
 * **Working...**: ``orchestrator/channels/slack_progress.py``.
+* **Changes**: an edited message updated in place, a superseded one deleted
+  (``orchestrator/channels/slack_changes.py``), by the ts's ``send`` returned.
 
 Enable it with ``ORCHESTRATOR_CHANNEL_PLUGINS=orchestrator.channels.slack:channel``
 and ``ORCHESTRATOR_SLACK_BOT_TOKEN``.  slack_sdk's ``WebClient`` is synchronous
@@ -44,12 +46,14 @@ import json
 import logging
 import re
 import threading
+from collections.abc import Collection
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from orchestrator.channels.base import FILE_POST, BaseChannel
-from orchestrator.channels.slack_blocks import slack_posts
+from orchestrator.channels.slack_blocks import SlackPost, slack_posts
+from orchestrator.channels.slack_changes import SlackChanges
 from orchestrator.channels.slack_files import send_upload, slack_origins
 from orchestrator.core.errors import ChannelError, ChannelRateLimited, StoreError
 from orchestrator.core.jsontypes import JsonObject
@@ -154,10 +158,11 @@ class SlackWeb:
         self._me: Identity | None = None
         self._lock = threading.Lock()
 
-    def call(self, method: str, *, form: bool = False, **params: Any) -> JsonObject:
+    def call(self, method: str, *, form: bool = False, tolerate: Collection[str] = (), **params: Any) -> JsonObject:
         """``method`` with ``params`` as a JSON body, or as a form (``form``: what slack_sdk's
         own methods send, and what a method that takes no JSON needs, such as
-        ``files.getUploadURLExternal``); None values are left out."""
+        ``files.getUploadURLExternal``); None values are left out.  An error answer named in
+        ``tolerate`` (``message_not_found`` for a delete) is returned, not raised."""
         from slack_sdk.errors import SlackApiError
 
         given = {k: v for k, v in params.items() if v is not None}
@@ -172,6 +177,8 @@ class SlackWeb:
             if status == 429 or error == "ratelimited":
                 wait = _retry_after(exc.response.headers)
                 raise ChannelRateLimited(f"slack {method}: rate limited (retry after {wait:g} s)", wait) from exc
+            if error in tolerate and isinstance(exc.response.data, dict):
+                return exc.response.data
             raise ChannelError(f"slack {method}: {error or 'HTTP ' + str(status)}") from exc
         except Exception as exc:  # noqa: BLE001 - a network error, a body that is no JSON: a failed call
             raise ChannelError(f"slack {method}: {type(exc).__name__}: {exc}") from exc
@@ -232,6 +239,7 @@ class SlackChannel(BaseChannel):
         self._lock = threading.Lock()
         self._files: FileStore | None = None
         self._origins = slack_origins(settings.slack_api_base)
+        self._changes = SlackChanges(self.web, self._post)
 
     @property
     def db(self) -> Database:
@@ -260,19 +268,7 @@ class SlackChannel(BaseChannel):
             made = list(self._progress.get(key, []))
         for i in range(len(made), len(posts) + len(files)):
             if i < len(posts):
-                post = posts[i]
-                # unfurl off: a link in the agent's words does not fetch a preview on Slack's side.
-                posted = self.web.ask(
-                    Posted,
-                    "chat.postMessage",
-                    channel=address,
-                    text=post.text,
-                    blocks=post.blocks,
-                    thread_ts=thread,
-                    unfurl_links=False,
-                    unfurl_media=False,
-                )
-                made.append(posted.ts)
+                made.append(self._post(address, posts[i], thread))
             else:
                 shared = self._upload(address, thread, rendered.chat_jid, files[i - len(posts)])
                 made.append(FILE_POST + shared if shared else "")
@@ -281,6 +277,21 @@ class SlackChannel(BaseChannel):
         with self._lock:
             self._progress.pop(key, None)
         return [m for m in made if m]
+
+    def _post(self, address: str, post: SlackPost, thread: str | None) -> str:
+        """One ``chat.postMessage``; its ts."""
+        # unfurl off: a link in the agent's words does not fetch a preview on Slack's side.
+        posted = self.web.ask(
+            Posted,
+            "chat.postMessage",
+            channel=address,
+            text=post.text,
+            blocks=post.blocks,
+            thread_ts=thread,
+            unfurl_links=False,
+            unfurl_media=False,
+        )
+        return posted.ts
 
     def _file_store(self) -> FileStore:
         db = self.db  # before the lock: self.db takes it too
@@ -313,6 +324,16 @@ class SlackChannel(BaseChannel):
             thread_ts=thread,
         )
         return ticket.file_id
+
+    def edit(self, address: str, posted: list[str], rendered: RenderedMessage) -> list[str]:
+        """``chat.update`` of each post in place (``orchestrator/channels/slack_changes.py``)."""
+        address = address.strip()
+        thread = reply_thread(self.db, rendered, address)
+        return self._changes.edit(address, posted, slack_posts(rendered), thread, rendered)
+
+    def retract(self, address: str, posted: list[str], rendered: RenderedMessage) -> None:
+        """``chat.delete`` of each post, ``files.delete`` of each file shared."""
+        self._changes.retract(address.strip(), posted)
 
     def disconnect(self) -> None:
         with self._lock:

@@ -13,6 +13,9 @@
   envelope) is its words, then each file with ``sendPhoto`` or ``sendDocument``
   (``channels/telegram_files.py``).  The parts of a long message and the files
   already sent are not sent again by a retry in the same process.
+* **Changes**: an edited message edited in place, a superseded one deleted (or,
+  past Telegram's 48 hours, edited to a "retracted" line), by the message ids
+  ``send`` returned (``channels/telegram_changes.py``).
 * **Inbound**: :class:`TelegramPoller` long-polls ``getUpdates`` (``orchestrator
   telegram poll``) and ingests each text message with ``channel="telegram"``
   (mirrored to the group's other channels, not back), and each document or
@@ -57,6 +60,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from orchestrator.channels.base import FILE_POST, BaseChannel
+from orchestrator.channels.telegram_changes import TelegramChanges
 from orchestrator.channels.telegram_files import (
     Attachment,
     FileFetcher,
@@ -263,6 +267,7 @@ class TelegramChannel(BaseChannel):
         # message id), by (address, chat, seq): a retry resumes after them.
         self._progress: dict[tuple[str, str, int], list[str]] = {}
         self._progress_lock = threading.Lock()
+        self._changes = TelegramChanges(self.client, self._send_text)
 
     @property
     def db(self) -> Database:
@@ -307,6 +312,31 @@ class TelegramChannel(BaseChannel):
         with self._progress_lock:
             self._progress.pop(key, None)
         return made
+
+    def edit(self, address: str, posted: list[str], rendered: RenderedMessage) -> list[str]:
+        """``editMessageText`` of each part in place (``orchestrator/channels/telegram_changes.py``)."""
+        target = self._target(address)
+        return self._changing(address, lambda: self._changes.edit(target, posted, split_text(rendered.text), rendered))
+
+    def retract(self, address: str, posted: list[str], rendered: RenderedMessage) -> None:
+        """``deleteMessage`` of each message, or past 48 hours an edit to "retracted"."""
+        target = self._target(address)
+        self._changing(address, lambda: self._changes.retract(target, posted))
+
+    def _target(self, address: str) -> int | str:
+        address = address.strip()
+        if not self.owns(address):
+            raise ChannelError(f"the telegram channel needs a chat id as its address, not {address!r}")
+        return int(address) if address.lstrip("-").isdigit() else address
+
+    def _changing(self, address: str, change: Callable[[], T]) -> T:
+        """``change``, its failures made the deliverer's: ChannelError, or ChannelRateLimited."""
+        try:
+            return change()
+        except ChannelError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure is a failed change, retried
+            raise _channel_error(address.strip(), exc) from exc
 
     def _send_text(self, target: int | str, text: str, keyboard: Any = None) -> int:
         """One message of words (with ``keyboard``, an inline keyboard, under it); its message id."""

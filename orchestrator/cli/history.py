@@ -46,7 +46,15 @@ def edit(
         items = None if context is None else json.loads(context)
         ref = resolve_message(chat_jid, message, db=db)
         change = edit_message(
-            db, settings, chat_jid, ref.id, text, context=items, rerun=rerun, signal=root.signals.group
+            db,
+            settings,
+            chat_jid,
+            ref.id,
+            text,
+            context=items,
+            rerun=rerun,
+            signal=root.signals.group,
+            signal_delivery=root.signals.delivery,
         )
     except (OrchestratorError, ValueError) as exc:  # json's errors are ValueErrors
         raise fail(exc) from exc
@@ -64,7 +72,9 @@ def regenerate_cmd(
     settings, db = root.settings, root.db
     try:
         ref = resolve_message(chat_jid, message, db=db)
-        change = regenerate(db, settings, chat_jid, ref.id, signal=root.signals.group)
+        change = regenerate(
+            db, settings, chat_jid, ref.id, signal=root.signals.group, signal_delivery=root.signals.delivery
+        )
     except OrchestratorError as exc:
         raise fail(exc) from exc
     _report(change, "regenerating the reply")
@@ -79,7 +89,7 @@ def truncate(jid: str, message: Annotated[str, typer.Argument(help="Keep up to t
     settings, db = root.settings, root.db
     try:
         ref = resolve_message(jid, message, db=db)
-        change = truncate_after(db, settings, jid, ref.id)
+        change = truncate_after(db, settings, jid, ref.id, signal_delivery=root.signals.delivery)
     except OrchestratorError as exc:
         raise fail(exc) from exc
     _report(change, "truncated after")

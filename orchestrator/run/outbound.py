@@ -19,6 +19,10 @@ the same row, then renders the message and sends it:
   ``delivery_max_attempts``; ``last_error`` keeps the reason.  A rate-limited send
   uses up no attempt: a long rate limit delays a message, never fails it;
 * the message was superseded meanwhile, or the channel detached: ``cancelled``.
+
+The channel's ids of what it posted (what ``send`` returns) are kept on the row.  Each
+round first makes the due edits and retractions of sent rows that history changes
+recorded (``orchestrator/run/outbound_changes.py``).
 """
 
 from __future__ import annotations
@@ -26,20 +30,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from orchestrator.core import metrics, secrets
-from orchestrator.core.backoff import backoff_delay
-from orchestrator.core.errors import ChannelError, ChannelRateLimited
+from orchestrator.core import metrics
+from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
 from orchestrator.model.render import RenderedMessage, displayed, render
+from orchestrator.run.outbound_changes import ChangeSender
+from orchestrator.run.send_failure import judge_failure
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import (
     CANCELLED,
     FAILED,
     PENDING,
     SENT,
+    SUPERSEDED_UNSENT,
     DeliveryState,
     claim,
     claimable_ids,
@@ -52,8 +58,6 @@ from orchestrator.store.deliveries import (
 from orchestrator.store.hosts import process_owner
 
 log = logging.getLogger(__name__)
-
-_ERROR_CAP = 2000  # characters of a failure kept in last_error
 
 
 @runtime_checkable
@@ -107,6 +111,15 @@ class ChannelRegistry:
     def get(self, name: str) -> Channel | None:
         return self._channels.get(name)
 
+    def reaching(self, name: str, address: str) -> Channel:
+        """The channel ``name``, which must be here and reach ``address``; raises ChannelError."""
+        channel = self.get(name)
+        if channel is None:
+            raise ChannelError(f"no channel named {name!r} here (known: {', '.join(self.names)})")
+        if not channel.owns(address):
+            raise ChannelError(f"channel {name!r} cannot reach {address!r}")
+        return channel
+
     def __contains__(self, name: object) -> bool:
         return name in self._channels
 
@@ -131,8 +144,9 @@ class ChannelRegistry:
 @dataclass
 class DeliveryReport:
     sent: int = 0
-    failed_attempts: int = 0  # sends that raised (retried later, or failed for good)
+    failed_attempts: int = 0  # sends and changes that raised (retried later, or failed for good)
     cancelled: int = 0
+    changed: int = 0  # edits and retractions made (orchestrator/run/outbound_changes.py)
     retry_in: float | None = None  # seconds until the next pending delivery in scope is due
 
 
@@ -156,6 +170,7 @@ class Deliverer:
         self.db, self.settings, self.registry = db, settings, registry
         self.owner = owner or process_owner(settings.effective_host_id)
         self.only_known = only_known
+        self._changes = ChangeSender(db, settings, registry, self.owner)
 
     def _channels(self) -> list[str] | None:
         # None: every channel (a worker's: a channel no worker has fails, with retries).
@@ -165,8 +180,13 @@ class Deliverer:
         """Send everything due (of one chat, or all); returns what happened."""
         report = DeliveryReport()
         while True:
+            # The edits and retractions first: a superseded answer goes before its new one comes.
+            changes = self._changes.send_due(chat_jid, self._channels())
+            report.changed += changes.changed
+            report.failed_attempts += changes.failed_attempts
+            report.cancelled += changes.cancelled
             ids = claimable_ids(self.db, chat_jid=chat_jid, channels=self._channels())
-            progressed = False
+            progressed = changes.claimed > 0
             for delivery_id in ids:
                 if claim(self.db, delivery_id, self.owner, self.settings.delivery_claim_s):
                     progressed = True
@@ -184,15 +204,11 @@ class Deliverer:
         if msg is None or not displayed(msg):
             report.cancelled += 1
             metrics.delivery_ended(row.channel, "cancelled")
-            self._finish(delivery_id, state=CANCELLED, last_error="superseded before it was sent")
+            self._finish(delivery_id, state=CANCELLED, last_error=SUPERSEDED_UNSENT)
             return
         assistant = out.assistant_name or self.settings.assistant_name
         try:
-            channel = self.registry.get(row.channel)
-            if channel is None:
-                raise ChannelError(f"no channel named {row.channel!r} here (known: {', '.join(self.registry.names)})")
-            if not channel.owns(row.address):
-                raise ChannelError(f"channel {row.channel!r} cannot reach {row.address!r}")
+            channel = self.registry.reaching(row.channel, row.address)
             rendered = render(msg, assistant).model_copy(
                 update={"delivery_id": f"{self.settings.install_id}-{delivery_id}"}
             )
@@ -200,44 +216,20 @@ class Deliverer:
                 posted = channel.send(row.address, rendered)
         except Exception as exc:  # noqa: BLE001 - any channel failure is recorded and retried
             report.failed_attempts += 1
-            # A channel's exception may quote its URL (the Telegram bot token is in its path).
-            error = secrets.redact(f"{type(exc).__name__}: {exc}")[:_ERROR_CAP]
-            # A platform's "not now" (429) is no failure of the send: it gives back the
-            # attempt the claim counted, so a long rate limit delays a message, never drops it.
-            retry_after = exc.retry_after_s if isinstance(exc, ChannelRateLimited) else None
-            if retry_after is None and row.attempts >= self.settings.delivery_max_attempts:
-                log.warning(
-                    "delivery of #%d to %s failed for good after %d attempts: %s",
-                    row.message_seq,
-                    row.channel,
-                    row.attempts,
-                    error,
-                )
-                self._finish(delivery_id, state=FAILED, last_error=error)
-                metrics.delivery_ended(row.channel, "failed")
-            else:
-                delay = backoff_delay(
-                    row.attempts, self.settings.delivery_retry_base_s, self.settings.delivery_retry_max_s
-                )
-                if retry_after is not None:
-                    # The platform said when it takes sends again (429 Retry-After): not a moment early.
-                    delay = max(delay, retry_after)
-                log.info(
-                    "delivery of #%d to %s failed (attempt %d: %s); retrying in %.1fs",
-                    row.message_seq,
-                    row.channel,
-                    row.attempts,
-                    error,
-                    delay,
-                )
-                self._finish(
-                    delivery_id,
-                    state=PENDING,
-                    last_error=error,
-                    next_attempt_at=utc_now() + timedelta(seconds=delay),
-                    give_back_attempt=retry_after is not None,
-                )
-                metrics.delivery_ended(row.channel, "retried")
+            failed = judge_failure(
+                exc,
+                attempts=row.attempts,
+                settings=self.settings,
+                what=f"delivery of #{row.message_seq} to {row.channel}",
+            )
+            self._finish(
+                delivery_id,
+                state=PENDING if failed.retry_at is not None else FAILED,
+                last_error=failed.error,
+                next_attempt_at=failed.retry_at,
+                give_back_attempt=failed.give_back_attempt,
+            )
+            metrics.delivery_ended(row.channel, "retried" if failed.retry_at is not None else "failed")
             return
         report.sent += 1
         metrics.delivery_ended(row.channel, "sent")

@@ -21,6 +21,9 @@ written and compared on the database's clock, so a deliverer whose clock is
 off never has a live claim abandoned (nor a dead one kept); when a row falls
 due (``next_attempt_at``) is the writing host's clock, compared with the
 reading host's: a skew only moves a send or a retry, never repeats one.
+
+A sent row keeps the channel's ids of its posts (``sent_ids``), which the edits and
+retractions of ``orchestrator/store/delivery_changes.py`` name.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import logging
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal, TypedDict, get_args
 
 from pydantic import BaseModel, ConfigDict
@@ -40,20 +43,23 @@ from orchestrator.core.errors import ChannelError
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.messages import SENDER_BOT, StoredMessage
 from orchestrator.model.render import ORIGIN_CHANNEL_KEY, displayed
-from orchestrator.store.db import Database, changed_rows, db_now, driver_execute, now_sql
+from orchestrator.store.claims import CANCELLED as CANCELLED
+from orchestrator.store.claims import FAILED as FAILED
+from orchestrator.store.claims import PENDING as PENDING
+from orchestrator.store.claims import SENDING as SENDING
+from orchestrator.store.claims import abandon_stale, claim_row, end_claim, end_values
+from orchestrator.store.db import Database, changed_rows, driver_execute
 from orchestrator.store.message_log import to_stored
 from orchestrator.store.stored_literals import column_check
-from orchestrator.store.tables import DeliveryRow, GroupRow, MessageRow
+from orchestrator.store.tables import DeliveryChangeRow, DeliveryRow, GroupRow, MessageRow
 
 log = logging.getLogger(__name__)
 
 DeliveryState = Literal["pending", "sending", "sent", "failed", "cancelled"]
 STATES: tuple[DeliveryState, ...] = get_args(DeliveryState)
-PENDING: Final = "pending"
-SENDING: Final = "sending"
 SENT: Final = "sent"
-FAILED: Final = "failed"
-CANCELLED: Final = "cancelled"
+# Why a send of a message superseded (regenerate, truncate, an edit that reruns) was not made.
+SUPERSEDED_UNSENT = "superseded before it was sent"
 
 
 def utc_now() -> datetime:
@@ -78,6 +84,11 @@ class Delivery(BaseModel):
     # channel that keeps none): what an edit or a retraction names.
     sent_ids: list[str] | None = None
 
+    @property
+    def reached(self) -> bool:
+        """Its send is done: the channel shows it."""
+        return self.state == SENT
+
 
 def _delivery(row: DeliveryRow) -> Delivery:
     return Delivery.model_validate(row, from_attributes=True)
@@ -93,10 +104,11 @@ def validate_channel_name(name: str) -> str:
     return name
 
 
-def _unfinished(d: type[DeliveryRow] | Any) -> Any:
-    # Constants, not parameters: only a predicate that repeats the partial index's own
-    # (``idx_deliveries_unfinished``, revision 0016) lets either database use the index,
-    # and a prepared statement's parameters do not.
+def unfinished(d: type[DeliveryRow] | type[DeliveryChangeRow] | Any) -> Any:
+    """``pending`` or ``sending``.  Constants, not parameters: only a predicate that repeats a
+    partial index's own (``idx_deliveries_unfinished``, revision 0016;
+    ``idx_delivery_changes_unfinished``, 0024) lets either database use the index, and a
+    prepared statement's parameters do not."""
     return d.state.in_([literal_column(f"'{PENDING}'"), literal_column(f"'{SENDING}'")])
 
 
@@ -111,9 +123,9 @@ def claimable(d: type[DeliveryRow] | Any, now: datetime) -> Any:
         earlier.chat_jid == d.chat_jid,
         earlier.channel == d.channel,
         earlier.message_seq < d.message_seq,
-        _unfinished(earlier),
+        unfinished(earlier),
     )
-    return and_(_unfinished(d), d.state == PENDING, d.next_attempt_at <= now, ~blocked)
+    return and_(unfinished(d), d.state == PENDING, d.next_attempt_at <= now, ~blocked)
 
 
 # -- recording (inside the message's transaction) ------------------------------------
@@ -199,11 +211,16 @@ def cancel_pending(
 # -- the deliverer's (orchestrator/run/outbound.py) -----------------------------------
 
 
-def _scoped(q: Any, chat_jid: str | None, channels: Collection[str] | None) -> Any:
+def _scoped(
+    q: Any,
+    chat_jid: str | None,
+    channels: Collection[str] | None,
+    table: type[DeliveryRow] | type[DeliveryChangeRow] = DeliveryRow,
+) -> Any:
     if chat_jid is not None:
-        q = q.where(DeliveryRow.chat_jid == chat_jid)
+        q = q.where(table.chat_jid == chat_jid)
     if channels is not None:
-        q = q.where(DeliveryRow.channel.in_(channels))
+        q = q.where(table.channel.in_(channels))
     return q
 
 
@@ -230,33 +247,29 @@ def claimable_ids(
 def next_retry_at(
     db: Database, *, chat_jid: str | None = None, channels: Collection[str] | None = None
 ) -> datetime | None:
-    """When the next pending row (of one chat, on some channels) that is not due yet falls due."""
+    """When the next pending row, a send or a change (of one chat, on some channels), that is
+    not due yet falls due."""
+    now = utc_now()
+    found: list[datetime] = []
     with db.read() as session:
-        found: datetime | None = session.scalar(
-            _scoped(
-                select(func.min(DeliveryRow.next_attempt_at)).where(
-                    DeliveryRow.state == PENDING, DeliveryRow.next_attempt_at > utc_now()
-                ),
-                chat_jid,
-                channels,
+        for table in (DeliveryRow, DeliveryChangeRow):
+            at = session.scalar(
+                _scoped(
+                    select(func.min(table.next_attempt_at)).where(table.state == PENDING, table.next_attempt_at > now),
+                    chat_jid,
+                    channels,
+                    table,
+                )
             )
-        )
-    return found
+            if at is not None:
+                found.append(at)
+    return min(found, default=None)
 
 
 def claim(db: Database, delivery_id: int, owner: str, claim_s: float) -> bool:
     """Claim the row for ``owner`` if it is claimable (``pending`` and due -> ``sending``,
     attempts + 1) until ``claim_s`` seconds from the database's now; whether it was."""
-    with db.write() as session:
-        # The deadline is on the database's clock (the sweeper compares it with the same
-        # clock); when a row falls due stays on the hosts' clocks that wrote it.
-        deadline = db_now(session) + timedelta(seconds=claim_s)
-        done = session.execute(
-            update(DeliveryRow)
-            .where(DeliveryRow.id == delivery_id, claimable(DeliveryRow, utc_now()))
-            .values(state=SENDING, attempts=DeliveryRow.attempts + 1, claimed_by=owner, claimed_until=deadline)
-        )
-        return changed_rows(done) == 1
+    return claim_row(db, DeliveryRow, delivery_id, claimable(DeliveryRow, utc_now()), owner, claim_s)
 
 
 @dataclass(frozen=True)
@@ -297,23 +310,15 @@ def finish_claim(
     """End ``owner``'s claim on the row: ``state``, with the fields given (``give_back_attempt``:
     the claim's attempt is not counted; ``sent_ids``: the channel's ids of its posts).  Only the claim's holder ends it: the sweeper may have
     given up on a slow send meanwhile, and what really happened wins."""
-    values: dict[str, Any] = {"state": state}
-    if last_error is not None:
-        values["last_error"] = last_error
-    if next_attempt_at is not None:
-        values["next_attempt_at"] = next_attempt_at
+    values = end_values(
+        DeliveryRow, state, last_error=last_error, next_attempt_at=next_attempt_at, give_back_attempt=give_back_attempt
+    )
     if sent_at is not None:
         values["sent_at"] = sent_at
     if sent_ids is not None:
         values["sent_ids"] = sent_ids
-    if give_back_attempt:
-        values["attempts"] = DeliveryRow.attempts - 1
     with db.write() as session:
-        session.execute(
-            update(DeliveryRow)
-            .where(DeliveryRow.id == delivery_id, DeliveryRow.claimed_by == owner)
-            .values(claimed_by=None, claimed_until=None, **values)
-        )
+        end_claim(session, DeliveryRow, delivery_id, owner, values)
 
 
 # -- reading ------------------------------------------------------------------------
@@ -363,53 +368,29 @@ def bot_reply_sent(db: Database, chat_jid: str, channel: str, address: str, afte
 
 
 def due_chats(db: Database) -> list[str]:
-    """Chats with a pending delivery that is due now."""
+    """Chats with a pending delivery, or a pending change to one, that is due now."""
+    now = utc_now()
     with db.read() as session:
-        return list(
-            session.scalars(
-                select(DeliveryRow.chat_jid)
-                .where(DeliveryRow.state == PENDING, DeliveryRow.next_attempt_at <= utc_now())
-                .distinct()
-            )
+        return sorted(
+            {
+                jid
+                for table in (DeliveryRow, DeliveryChangeRow)
+                for jid in session.scalars(
+                    select(table.chat_jid).where(table.state == PENDING, table.next_attempt_at <= now).distinct()
+                )
+            }
         )
 
 
 def abandon_stale_claims(db: Database, resend: Collection[str] = ()) -> int:
-    """Claims past their deadline: the deliverer died mid-send, so whether the receiver
-    got it is unknown.  On the ``resend`` channels (whose receivers deduplicate by the
-    delivery id) it is sent again, at once; on the others it is marked failed, never
-    resent, so that it is never shown twice.  Returns how many claims were ended."""
-    stale = and_(DeliveryRow.state == SENDING, DeliveryRow.claimed_until < now_sql(db))
+    """Claims past their deadline, of sends and of changes to them: the deliverer died
+    mid-call, so whether the receiver got it is unknown.  On the ``resend`` channels (whose
+    receivers deduplicate by the delivery id) it is made again, at once; on the others it
+    is marked failed, never repeated, so that it is never shown twice
+    (``orchestrator/store/claims.py``).  Returns how many claims were ended."""
     # Deadlines are written on the database's clock (run/outbound.py) and compared with it.
     with db.write() as session:
-        again = (
-            changed_rows(
-                session.execute(
-                    update(DeliveryRow)
-                    .where(stale, DeliveryRow.channel.in_(list(resend)))
-                    .values(
-                        state=PENDING,
-                        next_attempt_at=utc_now(),
-                        claimed_by=None,
-                        claimed_until=None,
-                        last_error="its deliverer stopped while sending; sent again with the same delivery id",
-                    )
-                )
-            )
-            if resend
-            else 0
-        )
-        given_up = changed_rows(
-            session.execute(
-                update(DeliveryRow)
-                .where(stale)
-                .values(
-                    state=FAILED,
-                    last_error="its deliverer stopped while sending; not retried, so that it is never sent twice",
-                )
-            )
-        )
-    return (again or 0) + (given_up or 0)
+        return sum(abandon_stale(session, t, resend, again_at=utc_now()) for t in (DeliveryRow, DeliveryChangeRow))
 
 
 def with_origin(metadata: JsonObject | None, channel: str | None) -> JsonObject | None:

@@ -8,12 +8,16 @@ text in the message's metadata (``edit_history``).
 Operations that move the group's cursor take the group's lease first, like a
 run does, so they never interleave with a run writing to the same chat; if a
 run holds it they raise :class:`GroupBusy` (cancel the run or wait).  Each change
-wakes the chat's open streams (store/chat_wakeups.py), which then reset their view.
+wakes the chat's open streams (store/chat_wakeups.py), which then reset their view,
+and records in its transaction what the channels that showed the messages must change
+(store/delivery_changes.py: an edited message updated, a superseded one retracted); the
+deliverer is signalled after the commit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -32,10 +36,13 @@ from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
 from orchestrator.store import leases
 from orchestrator.store.chat_wakeups import chat_changed
 from orchestrator.store.db import Database
+from orchestrator.store.delivery_changes import record_changes
 from orchestrator.store.message_log import to_stored
 from orchestrator.store.tables import GroupRow, MessageRow, RunRow
 
 EDIT_HISTORY_KEY = "edit_history"
+
+log = logging.getLogger(__name__)
 
 Signal = Callable[[str], object]
 
@@ -104,6 +111,7 @@ def edit_message(
     context: list[JsonObject] | None = None,
     rerun: bool = False,
     signal: Signal | None = None,
+    signal_delivery: Signal | None = None,
 ) -> HistoryChange:
     """Replace a user message's text (and optionally its context items).
 
@@ -134,15 +142,23 @@ def edit_message(
             cursor = row.seq - 1 if group is None else min(group.cursor_seq, row.seq - 1)
             _rewind(session, chat_jid, cursor_seq=cursor, pending_seq=row.seq)
         session.flush()
+        changes = record_changes(session, chat_jid, edited=[row.seq], superseded=superseded)
         message = to_stored(row)
         chat_changed(session, chat_jid)  # the open streams reset their view
+    _signal_changes(chat_jid, changes, signal_delivery)
     if rerun and signal is not None:
         signal(chat_jid)
     return HistoryChange(message=message, superseded=superseded, rerun=rerun)
 
 
 def regenerate(
-    db: Database, settings: Settings, chat_jid: str, message_id: str, *, signal: Signal | None = None
+    db: Database,
+    settings: Settings,
+    chat_jid: str,
+    message_id: str,
+    *,
+    signal: Signal | None = None,
+    signal_delivery: Signal | None = None,
 ) -> HistoryChange:
     """Supersede an assistant reply (with its run's other outputs and all
     that follows) and run the agent again on the messages it answered."""
@@ -173,11 +189,22 @@ def regenerate(
         superseded = _supersede(session, chat_jid, first or row.seq, now)
         _rewind(session, chat_jid, cursor_seq=start, pending_seq=answered)
         session.flush()
+        changes = record_changes(session, chat_jid, superseded=superseded)
         message = to_stored(row)
         chat_changed(session, chat_jid)
+    _signal_changes(chat_jid, changes, signal_delivery)
     if signal is not None:
         signal(chat_jid)
     return HistoryChange(message=message, superseded=superseded, rerun=True)
+
+
+def _signal_changes(chat_jid: str, changes: int, signal_delivery: Signal | None) -> None:
+    """Wake a deliverer for the changes just recorded (the sweeper re-signals a lost signal)."""
+    if changes and signal_delivery is not None:
+        try:
+            signal_delivery(chat_jid)
+        except Exception as exc:  # noqa: BLE001 - the change is made; the sweeper signals due changes
+            log.warning("could not signal a deliverer for %s's changes (%s); the sweeper will", chat_jid, exc)
 
 
 def _last_input_before(session: Session, chat_jid: str, seq: int) -> int:
@@ -209,7 +236,9 @@ def _run_start(session: Session, chat_jid: str, run_id: Any, answered: int) -> i
     return answered - 1 if start is None else start
 
 
-def truncate_after(db: Database, settings: Settings, chat_jid: str, message_id: str) -> HistoryChange:
+def truncate_after(
+    db: Database, settings: Settings, chat_jid: str, message_id: str, *, signal_delivery: Signal | None = None
+) -> HistoryChange:
     """Supersede every message after ``message_id``; nothing new runs."""
     now = datetime.now(UTC)
     with _holding_lease(db, settings, chat_jid), db.write() as session:
@@ -223,6 +252,8 @@ def truncate_after(db: Database, settings: Settings, chat_jid: str, message_id: 
                 cursor_seq=min(group.cursor_seq, row.seq),
                 pending_seq=min(group.pending_seq, row.seq),
             )
+        changes = record_changes(session, chat_jid, superseded=superseded)
         message = to_stored(row)
         chat_changed(session, chat_jid)
+    _signal_changes(chat_jid, changes, signal_delivery)
     return HistoryChange(message=message, superseded=superseded, rerun=False)

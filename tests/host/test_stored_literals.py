@@ -28,7 +28,7 @@ import pytest
 from sqlalchemy import update
 
 from orchestrator.core.errors import StoreError
-from orchestrator.store import deliveries, hosts, runs, schedules
+from orchestrator.store import deliveries, delivery_changes, hosts, runs, schedules
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import store_message_direct
@@ -174,7 +174,21 @@ COLUMNS = [
         deliveries.STATES,
         "state",
         "DeliveryRow",
-        ("orchestrator.store.deliveries", "orchestrator.run.outbound"),
+        ("orchestrator.store.deliveries", "orchestrator.store.claims", "orchestrator.run.outbound"),
+    ),
+    Column(
+        delivery_changes.ChangeState,
+        delivery_changes.STATES,
+        "state",
+        "DeliveryChangeRow",
+        ("orchestrator.store.delivery_changes", "orchestrator.store.claims", "orchestrator.run.outbound_changes"),
+    ),
+    Column(
+        delivery_changes.ChangeKind,
+        delivery_changes.KINDS,
+        "kind",
+        "DeliveryChangeRow",
+        ("orchestrator.store.delivery_changes", "orchestrator.run.outbound_changes"),
     ),
     Column(hosts.HostState, hosts.STATES, "state", "HostRow", ("orchestrator.store.hosts",)),
     Column(

@@ -59,6 +59,7 @@ def edit(request: Request, chat_jid: str, message_id: str, body: EditRequest) ->
         context=body.context,
         rerun=body.rerun,
         signal=state.signal,
+        signal_delivery=state.signal_delivery,
     )
 
 
@@ -69,7 +70,9 @@ def edit(request: Request, chat_jid: str, message_id: str, body: EditRequest) ->
 )
 def regenerate_reply(request: Request, chat_jid: str, message_id: str) -> HistoryChange:
     state = api_state(request)
-    return regenerate(state.db, state.settings, chat_jid, message_id, signal=state.signal)
+    return regenerate(
+        state.db, state.settings, chat_jid, message_id, signal=state.signal, signal_delivery=state.signal_delivery
+    )
 
 
 @router.post(
@@ -79,7 +82,7 @@ def regenerate_reply(request: Request, chat_jid: str, message_id: str) -> Histor
 )
 def truncate(request: Request, chat_jid: str, message_id: str) -> HistoryChange:
     state = api_state(request)
-    return truncate_after(state.db, state.settings, chat_jid, message_id)
+    return truncate_after(state.db, state.settings, chat_jid, message_id, signal_delivery=state.signal_delivery)
 
 
 @router.get(

@@ -1,0 +1,226 @@
+"""Changes to what channels already show: edits and retractions of sent deliveries.
+
+A history change (``orchestrator/store/history.py``) calls :func:`record_changes` in its
+own transaction, with one rule for every channel:
+
+* an **edited** message's sent deliveries get an ``update`` (the channel shows the
+  message as it is now, in place where it can, else retracted and sent again);
+* a **superseded** message (regenerate, truncate, an edit that reruns) has its unsent
+  deliveries cancelled at once ("superseded before it was sent") and its sent ones get a
+  ``retract``.
+
+A delivery still being sent gets its change too: the change waits until the send ends,
+and is cancelled if the send never reached the channel.  A sent delivery whose channel
+kept no ids of its posts (``deliveries.sent_ids`` NULL: sent before revision 0024) gets
+none: there is nothing to name.  An update already waiting for a delivery (not claimed
+yet) shows the newest text when it goes, so a second one is not recorded.
+
+The deliverer (``orchestrator/run/outbound_changes.py``) works the rows as it works the
+sends (``orchestrator/store/claims.py``): claimed one at a time, retried with backoff,
+``failed`` after the last attempt; per delivery in the order they were made; a claim
+whose deliverer died is made again only on the channels whose receivers deduplicate (the
+webhook), else it ends ``failed``.  States: :data:`ChangeState`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any, Final, Literal, TypedDict, get_args
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import and_, exists, insert, or_, select
+from sqlalchemy.orm import Session, aliased
+
+from orchestrator.store.claims import CANCELLED, FAILED, PENDING, SENDING, claim_row, end_claim, end_values
+from orchestrator.store.db import Database
+from orchestrator.store.deliveries import (
+    SENT,
+    SUPERSEDED_UNSENT,
+    Outgoing,
+    cancel_pending,
+    outgoing,
+    unfinished,
+    utc_now,
+)
+from orchestrator.store.stored_literals import column_check
+from orchestrator.store.tables import DeliveryChangeRow, DeliveryRow
+
+ChangeKind = Literal["update", "retract"]
+KINDS: tuple[ChangeKind, ...] = get_args(ChangeKind)
+UPDATE: Final = "update"
+RETRACT: Final = "retract"
+ChangeState = Literal["pending", "sending", "done", "failed", "cancelled"]
+STATES: tuple[ChangeState, ...] = get_args(ChangeState)
+DONE: Final = "done"
+
+
+class DeliveryChange(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    delivery_id: int
+    chat_jid: str
+    channel: str
+    message_seq: int
+    kind: Annotated[ChangeKind, column_check(KINDS, "delivery_changes.kind")]
+    state: Annotated[ChangeState, column_check(STATES, "delivery_changes.state")]
+    attempts: int
+    next_attempt_at: datetime
+    last_error: str | None
+    created_at: datetime
+    done_at: datetime | None
+
+
+class _NewChange(TypedDict):
+    delivery_id: int
+    chat_jid: str
+    channel: str
+    message_seq: int
+    kind: ChangeKind
+    state: ChangeState
+    attempts: int
+    next_attempt_at: datetime
+    created_at: datetime
+
+
+def record_changes(
+    session: Session, chat_jid: str, *, edited: Collection[int] = (), superseded: Collection[int] = ()
+) -> int:
+    """Queue what the channels must change after ``edited`` and ``superseded`` (seqs of
+    ``chat_jid``) changed, in the caller's transaction (see the module's doc); how many."""
+    if superseded:
+        cancel_pending(session, chat_jid=chat_jid, seqs=list(superseded), reason=SUPERSEDED_UNSENT)
+    kinds: dict[int, ChangeKind] = dict.fromkeys(edited, UPDATE)
+    kinds.update(dict.fromkeys(superseded, RETRACT))
+    if not kinds:
+        return 0
+    # After the cancel: a send a deliverer claimed first is "sending" here, and its change waits for it.
+    # A sent one without ids has nothing to name.
+    sent = session.execute(
+        select(DeliveryRow.id, DeliveryRow.channel, DeliveryRow.message_seq)
+        .where(
+            DeliveryRow.chat_jid == chat_jid,
+            DeliveryRow.message_seq.in_(list(kinds)),
+            or_(DeliveryRow.state == SENDING, and_(DeliveryRow.state == SENT, DeliveryRow.sent_ids.is_not(None))),
+        )
+        .order_by(DeliveryRow.message_seq, DeliveryRow.channel)
+    ).all()
+    waiting = set(
+        session.scalars(
+            select(DeliveryChangeRow.delivery_id).where(
+                DeliveryChangeRow.delivery_id.in_([d.id for d in sent]),
+                DeliveryChangeRow.kind == UPDATE,
+                DeliveryChangeRow.state == PENDING,
+            )
+        )
+    )
+    now = utc_now()
+    rows: list[_NewChange] = [
+        {
+            "delivery_id": d.id,
+            "chat_jid": chat_jid,
+            "channel": d.channel,
+            "message_seq": d.message_seq,
+            "kind": kinds[d.message_seq],
+            "state": PENDING,
+            "attempts": 0,
+            "next_attempt_at": now,
+            "created_at": now,
+        }
+        for d in sent
+        if not (kinds[d.message_seq] == UPDATE and d.id in waiting)
+    ]
+    if rows:
+        session.execute(insert(DeliveryChangeRow), rows)
+    return len(rows)
+
+
+# -- the deliverer's (orchestrator/run/outbound_changes.py) ----------------------------------
+
+
+def _ready(c: type[DeliveryChangeRow] | Any, now: datetime) -> Any:
+    """Pending and due, its send over (sent, or ended without reaching the channel), and no
+    earlier change of the same delivery unfinished."""
+    earlier = aliased(DeliveryChangeRow)
+    blocked = exists().where(earlier.delivery_id == c.delivery_id, earlier.id < c.id, unfinished(earlier))
+    settled = exists().where(DeliveryRow.id == c.delivery_id, DeliveryRow.state.in_([SENT, FAILED, CANCELLED]))
+    return and_(c.state == PENDING, c.next_attempt_at <= now, settled, ~blocked)
+
+
+def ready_change_ids(
+    db: Database, *, chat_jid: str | None = None, channels: Collection[str] | None = None, limit: int = 100
+) -> list[int]:
+    """The ids of the changes ready now (of one chat, on some channels), oldest first."""
+    q = select(DeliveryChangeRow.id).where(_ready(DeliveryChangeRow, utc_now()))
+    if chat_jid is not None:
+        q = q.where(DeliveryChangeRow.chat_jid == chat_jid)
+    if channels is not None:
+        q = q.where(DeliveryChangeRow.channel.in_(channels))
+    with db.read() as session:
+        return list(session.scalars(q.order_by(DeliveryChangeRow.id).limit(limit)))
+
+
+def claim_change(db: Database, change_id: int, owner: str, claim_s: float) -> bool:
+    """Claim the change for ``owner`` if it is ready (``orchestrator/store/claims.py``)."""
+    return claim_row(db, DeliveryChangeRow, change_id, _ready(DeliveryChangeRow, utc_now()), owner, claim_s)
+
+
+@dataclass(frozen=True)
+class OutgoingChange:
+    """A claimed change with the delivery it changes (and that one's message)."""
+
+    change: DeliveryChange
+    sent: Outgoing
+
+
+def outgoing_change(db: Database, change_id: int) -> OutgoingChange:
+    with db.read() as session:
+        row = session.get(DeliveryChangeRow, change_id)
+        assert row is not None  # claimed by the caller: rows are never deleted
+        change = DeliveryChange.model_validate(row, from_attributes=True)
+    return OutgoingChange(change, outgoing(db, change.delivery_id))
+
+
+def finish_change(
+    db: Database,
+    change: DeliveryChange,
+    owner: str,
+    *,
+    state: ChangeState,
+    last_error: str | None = None,
+    next_attempt_at: datetime | None = None,
+    give_back_attempt: bool = False,
+    sent_ids: list[str] | None = None,
+) -> None:
+    """End ``owner``'s claim on ``change``; done with ``sent_ids``: the ids of the delivery's
+    posts now (an update that posted anew), written in the same transaction."""
+    values = end_values(
+        DeliveryChangeRow,
+        state,
+        last_error=last_error,
+        next_attempt_at=next_attempt_at,
+        give_back_attempt=give_back_attempt,
+    )
+    if state == DONE:
+        values["done_at"] = utc_now()
+    with db.write() as session:
+        held = end_claim(session, DeliveryChangeRow, change.id, owner, values)
+        if held and sent_ids is not None:
+            delivery = session.get(DeliveryRow, change.delivery_id)
+            assert delivery is not None
+            delivery.sent_ids = sent_ids
+
+
+def list_changes(
+    db: Database, *, chat_jid: str | None = None, delivery_id: int | None = None, limit: int = 200
+) -> list[DeliveryChange]:
+    """Oldest first."""
+    q = select(DeliveryChangeRow).order_by(DeliveryChangeRow.id).limit(limit)
+    if chat_jid is not None:
+        q = q.where(DeliveryChangeRow.chat_jid == chat_jid)
+    if delivery_id is not None:
+        q = q.where(DeliveryChangeRow.delivery_id == delivery_id)
+    with db.read() as session:
+        return [DeliveryChange.model_validate(r, from_attributes=True) for r in session.scalars(q)]

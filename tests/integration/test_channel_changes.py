@@ -1,0 +1,117 @@
+"""A history change reaches what channels already show, through the real stack: a worker
+process (the agent's run in Docker, the ``deliver`` task with the Slack and Telegram
+plugins) against the fake Slack and Telegram APIs and a webhook receiver on loopback, and
+``orchestrator edit --rerun`` from the command line.  The edited question is updated in
+place on Slack and Telegram, the earlier answer is deleted there, the new answer is
+posted; the webhook gets a signed ``message.updated`` and ``message.retracted``, each
+exactly once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from orchestrator.channels.webhook import RETRACTED_EVENT, UPDATED_EVENT
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.store.attachments import attach_channel
+from orchestrator.store.deliveries import list_deliveries
+from orchestrator.store.delivery_changes import list_changes
+from orchestrator.store.groups import ensure_main_group
+from orchestrator.store.message_log import get_messages_after
+from tests.conftest import wait_until
+from tests.fakes.slack_api import FakeSlack
+from tests.fakes.telegram_api import FakeTelegramAPI
+from tests.fakes.webhook_receiver import WebhookReceiver
+
+from .conftest import Stack
+
+JID = "main@local"
+SLACK_CHANNEL = "C0MAIN0001"
+TG_CHAT = -1009876543210
+SECRET = "integration-webhook-secret"
+
+
+@pytest.fixture
+def channels(stack: Stack) -> Iterator[tuple[FakeSlack, FakeTelegramAPI, WebhookReceiver]]:
+    with FakeSlack() as slack, FakeTelegramAPI() as telegram, WebhookReceiver(SECRET) as hook:
+        stack.env.update(
+            {
+                "ORCHESTRATOR_CHANNEL_PLUGINS": "orchestrator.channels.slack:channel,orchestrator.channels.telegram:channel",
+                "ORCHESTRATOR_SLACK_BOT_TOKEN": slack.bot_token,
+                "ORCHESTRATOR_SLACK_API_BASE": slack.base,
+                "ORCHESTRATOR_TELEGRAM_BOT_TOKEN": telegram.token,
+                "ORCHESTRATOR_TELEGRAM_API_BASE": telegram.base,
+                "ORCHESTRATOR_WEBHOOK_SECRET": SECRET,
+                "ORCHESTRATOR_DELIVERY_RETRY_BASE_S": "0.3",
+            }
+        )
+        yield slack, telegram, hook
+
+
+def test_an_edit_with_rerun_updates_and_retracts_what_channels_show(
+    stack: Stack, channels: tuple[FakeSlack, FakeTelegramAPI, WebhookReceiver]
+) -> None:
+    slack, telegram, hook = channels
+    ensure_main_group(stack.db)
+    attach_channel(stack.db, JID, "slack", address=SLACK_CHANNEL)
+    attach_channel(stack.db, JID, "telegram", address=str(TG_CHAT))
+    attach_channel(stack.db, JID, "webhook", address=hook.url)
+    stack.start_worker(concurrency=2)
+    asked = ingest(
+        stack.db,
+        stack.settings,
+        IncomingMessage(chat_jid=JID, sender="tess", sender_name="Tess", content="what is the plan"),
+        signal=stack.signals.group,
+        signal_delivery=stack.signals.delivery,
+    ).message
+
+    def answered_everywhere(words: str) -> bool:
+        return (
+            any(words in p.text and p.text.startswith("Andy") for p in slack.live_posts(SLACK_CHANNEL))
+            and any(words in (m.text or "") and (m.text or "").startswith("Andy") for m in telegram.live(TG_CHAT))
+            and all(d.state == "sent" for d in list_deliveries(stack.db, chat_jid=JID))
+        )
+
+    wait_until(
+        lambda: answered_everywhere("what is the plan"), 120, "the first answer on every channel", stack.worker_logs
+    )
+    question_post, first_answer = slack.live_posts(SLACK_CHANNEL)
+    question_tg, first_answer_tg = telegram.live(TG_CHAT)
+    assert question_post.text == "Tess: what is the plan" and question_tg.text == "Tess: what is the plan"
+    answer_seq = next(m.seq for m in get_messages_after(JID, asked.seq, db=stack.db) if m.sender == "bot")
+
+    done = stack.cli("edit", JID, f"#{asked.seq}", "what is the plan now", "--rerun")
+    assert done.returncode == 0, done.stderr
+
+    wait_until(
+        lambda: answered_everywhere("what is the plan now") and first_answer.deleted,
+        120,
+        "the question updated, the old answer gone and the new one posted",
+        lambda: f"{list_changes(stack.db, chat_jid=JID)}\n{stack.worker_logs()}",
+    )
+    wait_until(lambda: RETRACTED_EVENT in hook.events(), 30, "the webhook's retraction")
+    # Slack: the question in place (same ts), the old answer deleted, the new one posted after.
+    posts = slack.live_posts(SLACK_CHANNEL)
+    assert posts[0].ts == question_post.ts and posts[0].text == "Tess: what is the plan now"
+    assert question_post.updates == 1 and first_answer.ts not in [p.ts for p in posts]
+    assert [c.params["ts"] for c in slack.calls("chat.delete", ok_only=True)] == [first_answer.ts]
+    # Telegram: the same, by message id.
+    live = telegram.live(TG_CHAT)
+    assert live[0].message_id == question_tg.message_id and live[0].text == "Tess: what is the plan now"
+    assert first_answer_tg.message_id not in [m.message_id for m in live]
+    assert [r.params["message_id"] for r in telegram.calls("deleteMessage", ok_only=True)] == [
+        str(first_answer_tg.message_id)
+    ]
+    # The webhook: signed events, each once, naming the messages by the ids they were sent with.
+    updated = [p for p in hook.taken() if p.doc["event"] == UPDATED_EVENT]
+    retracted = [p for p in hook.taken() if p.doc["event"] == RETRACTED_EVENT]
+    assert all(p.signed for p in hook.posts) and all(p.status == 200 for p in hook.posts)
+    assert len(hook.taken()) == len(hook.posts)  # nothing came twice
+    assert [p.doc["message"]["seq"] for p in updated] == [asked.seq]
+    assert updated[0].doc["message"]["text"] == "Tess: what is the plan now"
+    assert answer_seq in [p.doc["message"]["seq"] for p in retracted]
+    sent_as = {d.message_seq: d.sent_ids for d in list_deliveries(stack.db, chat_jid=JID, channel="webhook")}
+    assert all([p.doc["message"]["delivery_id"]] == sent_as[p.doc["message"]["seq"]] for p in retracted)
+    changes = list_changes(stack.db, chat_jid=JID)
+    assert changes and all(c.state == "done" for c in changes)
