@@ -91,7 +91,9 @@ def take_interaction(clicks: SlackInbound, payload: Any) -> int:
         if chat is None:
             _tell(clicks.web, channel, doc.user.id, "this Slack channel is no group's: the question is not here")
             continue
-        name = (doc.user.name or doc.user.username or doc.user.id).replace("\x00", "")[:_NAME_LIMIT]
+        # The name their messages carry (users.info); without the Web API, the handle Slack sent.
+        said = doc.user.name or doc.user.username or doc.user.id
+        name = clicks.sender_name(doc.user.id) if clicks.web is not None else said.replace("\x00", "")[:_NAME_LIMIT]
         ok, words = take_click(
             clicks.db,
             chat[0],

@@ -248,7 +248,8 @@ class SlackInbound:
                 log.warning("slack: could not ask who the bot is (%s)", exc)
         return None
 
-    def _sender_name(self, user: str) -> str:
+    def sender_name(self, user: str) -> str:
+        """A person's name as Slack shows it (users.info, remembered; the id without the Web API)."""
         if user in self._names:
             return self._names[user]
         name = user
@@ -273,7 +274,7 @@ class SlackInbound:
                 user = target[1:]
                 if bot is not None and user == bot:
                     return trigger
-                return "@" + (label or (self._sender_name(user) if _USER.match(user) else user))
+                return "@" + (label or (self.sender_name(user) if _USER.match(user) else user))
             if target.startswith("#"):
                 return "#" + (label or target[1:])
             if target.startswith("!"):
@@ -307,7 +308,7 @@ class SlackInbound:
         return IncomingMessage(
             chat_jid=chat_jid,
             sender=f"{SENDER_PREFIX}{event.user}",
-            sender_name=self._sender_name(event.user),
+            sender_name=self.sender_name(event.user),
             content=text,
             id=f"{ID_PREFIX}{event.channel}-{event.ts}",
             timestamp=datetime.fromtimestamp(float(event.ts), UTC).isoformat(),

@@ -246,7 +246,8 @@ class FakeSlack:
         block_id = next(b.get("block_id") for b in post.blocks if button in b.get("elements", []))
         return {
             "type": "block_actions",
-            "user": {"id": user, "username": user.lower(), "name": self.users.get(user, user), "team_id": self.team},
+            # As Slack sends it: the handle in both (the name people see is users.info's).
+            "user": {"id": user, "username": user.lower(), "name": user.lower(), "team_id": self.team},
             "api_app_id": "A0000001",
             "token": "verification-token-unused",
             "container": {"type": "message", "message_ts": post.ts, "channel_id": post.channel, "is_ephemeral": False},

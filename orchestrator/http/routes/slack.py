@@ -43,6 +43,28 @@ from orchestrator.http.state import api_state
 
 router = APIRouter()
 
+_UNSIGNED = {
+    "description": f"missing or wrong {SIGNATURE_HEADER}, or {TIMESTAMP_HEADER} more than "
+    f"{WINDOW_S} s from the server's clock"
+}
+
+
+async def _signed_body(request: Request) -> bytes | JSONResponse:
+    """The body of a request Slack signed, or the answer that refuses it: 404 while Slack's
+    requests are off, 401 for a timestamp out of the window (read on the headers, before the
+    body) or a signature that is not Slack's over the timestamp and the body."""
+    slack = api_state(request).slack
+    if slack.off:
+        return JSONResponse({"detail": slack.off}, 404)
+    timestamp = request.headers.get(TIMESTAMP_HEADER)
+    problem = timestamp_refusal(timestamp, time.time())
+    if problem or timestamp is None:
+        return JSONResponse({"detail": problem}, 401)
+    body = await request.body()
+    if not slack.signed(timestamp, body, request.headers.get(SIGNATURE_HEADER)):
+        return JSONResponse({"detail": f"missing or wrong {SIGNATURE_HEADER}"}, 401)
+    return body
+
 
 @router.post(
     EVENTS_PATH,
@@ -67,26 +89,17 @@ router = APIRouter()
             },
         },
         400: {"description": "the body is not a Slack event document"},
-        401: {
-            "description": f"missing or wrong {SIGNATURE_HEADER}, or {TIMESTAMP_HEADER} more than "
-            f"{WINDOW_S} s from the server's clock"
-        },
+        401: _UNSIGNED,
         404: {"description": "the Slack Events API is off (no ORCHESTRATOR_SLACK_SIGNING_SECRET)"},
     },
 )
 async def events(request: Request) -> JSONResponse:
     """Slack's Events API: a request signed with ORCHESTRATOR_SLACK_SIGNING_SECRET (see
     orchestrator/channels/slack_inbound.py)."""
+    body = await _signed_body(request)
+    if isinstance(body, JSONResponse):
+        return body
     slack = api_state(request).slack
-    if slack.off:
-        return JSONResponse({"detail": slack.off}, 404)
-    timestamp = request.headers.get(TIMESTAMP_HEADER)
-    problem = timestamp_refusal(timestamp, time.time())
-    if problem or timestamp is None:  # on the headers, before the body is read
-        return JSONResponse({"detail": problem}, 401)
-    body = await request.body()
-    if not slack.signed(timestamp, body, request.headers.get(SIGNATURE_HEADER)):
-        return JSONResponse({"detail": f"missing or wrong {SIGNATURE_HEADER}"}, 401)
     # A body that is no Slack document raises InvalidMessage: a 400 (orchestrator/http/errors.py).
     doc = read_document(body)
     if isinstance(doc, UrlVerification):
@@ -119,31 +132,21 @@ async def events(request: Request) -> JSONResponse:
     responses={
         200: {"description": "verified and taken (a click refused, or not on a question's button, too)"},
         400: {"description": "the body is no form with a JSON `payload`"},
-        401: {
-            "description": f"missing or wrong {SIGNATURE_HEADER}, or {TIMESTAMP_HEADER} more than "
-            f"{WINDOW_S} s from the server's clock"
-        },
+        401: _UNSIGNED,
         404: {"description": "Slack's requests are off (no ORCHESTRATOR_SLACK_SIGNING_SECRET)"},
     },
 )
 async def interactions(request: Request) -> Response:
     """Slack's interactivity: a request signed with ORCHESTRATOR_SLACK_SIGNING_SECRET (see
     orchestrator/channels/slack_clicks.py)."""
-    slack = api_state(request).slack
-    if slack.off:
-        return JSONResponse({"detail": slack.off}, 404)
-    timestamp = request.headers.get(TIMESTAMP_HEADER)
-    problem = timestamp_refusal(timestamp, time.time())
-    if problem or timestamp is None:  # on the headers, before the body is read
-        return JSONResponse({"detail": problem}, 401)
-    body = await request.body()
-    if not slack.signed(timestamp, body, request.headers.get(SIGNATURE_HEADER)):
-        return JSONResponse({"detail": f"missing or wrong {SIGNATURE_HEADER}"}, 401)
+    body = await _signed_body(request)
+    if isinstance(body, JSONResponse):
+        return body
     try:
         (raw,) = parse_qs(body.decode(), strict_parsing=True)["payload"]
         payload = json.loads(raw)
     except (ValueError, KeyError):
         raise InvalidMessage("the body is no form with one JSON payload") from None
     # The store's calls and the Web API's block: off the event loop.
-    await run_in_threadpool(take_interaction, slack.inbound(), payload)
+    await run_in_threadpool(take_interaction, api_state(request).slack.inbound(), payload)
     return Response(status_code=200)
