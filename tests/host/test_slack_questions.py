@@ -197,3 +197,20 @@ def test_socket_modes_interactive_envelope_answers(sl: tuple[Database, Settings]
     answered = read_question(db, qid)
     assert answered is not None and answered.state == "answered" and answered.answered_by == f"slack:{ANN}"
     wait_until(lambda: signalled == [JID], 5, "the group's signal")
+
+
+def test_the_signature_stands_in_for_the_client_header(
+    sl: tuple[Database, Settings], fake: FakeSlack, client: TestClient
+) -> None:
+    """Slack's servers send no X-Orchestrator-Client header: the request guard leaves its
+    cross-site check to the signature on this path, as on /slack/events."""
+    db, _ = sl
+    qid, post = _posted_question(sl, fake)
+    body = urlencode({"payload": json.dumps(fake.click(post, ANN, f"q:{qid}:0"))}).encode()
+    form = {"content-type": "application/x-www-form-urlencoded", "origin": "https://evil.example"}
+    assert client.post("/api/messages", content=b"{}", headers=form).status_code == 403  # the guard is on
+    assert client.post(INTERACTIONS_PATH, content=body, headers=form).status_code == 401  # the route's own refusal
+    signed = {**signed_headers(SIGNING, body), **form}
+    assert client.post(INTERACTIONS_PATH, content=body, headers=signed).status_code == 200
+    answered = read_question(db, qid)
+    assert answered is not None and answered.state == "answered"
