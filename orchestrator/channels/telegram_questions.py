@@ -11,7 +11,9 @@
   sender id of their messages: what a group's approvers name), then calls
   ``answerCallbackQuery`` (Telegram shows a spinner on the button until it is answered):
   the answer taken as a toast, a refusal (not an approver, answered already, no such
-  question here) as an alert only the presser sees.  What a callback brings is hostile:
+  question here) as an alert only the presser sees.  An answer taken takes the keyboard
+  off the message (``editMessageReplyMarkup``), so nobody presses a closed question's
+  buttons.  What a callback brings is hostile:
   its data is read only in that shape, and the chat decides the group.
 """
 
@@ -82,8 +84,24 @@ def take_callback(
             signal_delivery=signal_delivery,
         )
     text = (words if ok else f"⚠️ {words}")[:ALERT_LIMIT]
-    try:
-        client.call(lambda bot: bot.answer_callback_query(callback_query_id=query.id, text=text, show_alert=not ok))
-    except Exception as exc:  # noqa: BLE001 - a courtesy: the answer (or its refusal) stands
-        log.warning("telegram: could not answer the callback query %s: %s", query.id, exc)
+    _courtesy(
+        client,
+        lambda bot: bot.answer_callback_query(callback_query_id=query.id, text=text, show_alert=not ok),
+        f"answer the callback query {query.id}",
+    )
+    if ok and query.message is not None:
+        mid = query.message.message_id
+        _courtesy(
+            client,
+            lambda bot: bot.edit_message_reply_markup(chat_id=chat, message_id=mid, reply_markup=None),
+            f"take the keyboard off message {mid}",
+        )
     return ok
+
+
+def _courtesy(client: Any, make: Callable[[Any], Any], what: str) -> None:
+    """One call whose failure is logged, not raised: the answer (or its refusal) stands."""
+    try:
+        client.call(make)
+    except Exception as exc:  # noqa: BLE001 - see above
+        log.warning("telegram: could not %s: %s", what, exc)

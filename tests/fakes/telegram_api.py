@@ -15,7 +15,8 @@ messages; Telegram's errors for one not found, one with no text or caption to ed
 content not modified), ``deleteMessage`` (a message older than 48 hours is refused with
 Telegram's 400 "Bad Request: message can't be deleted for everyone"; see :meth:`age`),
 ``answerCallbackQuery`` (a ``callback_query_id`` it sent, answered once; text within 200
-characters), ``close``/``logOut`` (for shutdown).  A ``reply_markup`` is checked as
+characters), ``editMessageReplyMarkup`` (a keyboard changed or taken off),
+``close``/``logOut`` (for shutdown).  A ``reply_markup`` is checked as
 Telegram checks an inline keyboard (``BUTTON_DATA_INVALID`` for ``callback_data`` over 64
 bytes, ``BUTTON_TEXT_EMPTY``) and kept with the message.  Every message the bot sent is kept in ``messages``
 (its text or caption now, deleted or not, how often edited).  ``GET
@@ -393,6 +394,8 @@ class FakeTelegramAPI:
             return 200, {"ok": True, "result": True}
         if method == "answerCallbackQuery":
             return self._answer_callback(params)
+        if method == "editMessageReplyMarkup":
+            return self._edit_markup(params)
         if method == "sendMessage":
             text, chat_id = params.get("text"), params.get("chat_id")
             markup = params.get("reply_markup")
@@ -475,6 +478,24 @@ class FakeTelegramAPI:
             alert = params.get("show_alert")
             self.callbacks[query_id] = {"text": text, "show_alert": alert in (True, "true", "True", "1")}
         return 200, {"ok": True, "result": True}
+
+    def _edit_markup(self, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """editMessageReplyMarkup of the bot's own message (no ``reply_markup``: the keyboard off)."""
+        chat_id, mid = str(params.get("chat_id") or ""), int(params.get("message_id") or 0)
+        markup = params.get("reply_markup")
+        markup = json.loads(markup) if isinstance(markup, str) else markup
+        problem = _keyboard_problem(markup)
+        with self._lock:
+            held = self.messages.get((chat_id, mid))
+            if problem or held is None or held.deleted:
+                why = problem or "message to edit not found"
+                return 400, {"ok": False, "error_code": 400, "description": f"Bad Request: {why}"}
+            if (held.reply_markup or None) == (markup or None):
+                return 400, {"ok": False, "error_code": 400, "description": "Bad Request: message is not modified"}
+            held.reply_markup = markup or None
+            held.edits += 1
+            doc = {"message_id": mid, "date": int(held.date), "chat": {"id": int(chat_id), "type": "group"}}
+        return 200, {"ok": True, "result": {**doc, "text": held.text or "", "from": self._bot_user()}}
 
     def _upload(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """sendPhoto / sendDocument: the file must come as a multipart part (an upload)."""

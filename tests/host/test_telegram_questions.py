@@ -90,6 +90,7 @@ def test_a_press_answers_as_the_presser(
     assert (answered.answer or {})["options"] == ["blue"]
     assert (answered.answered_by, answered.answered_by_name, answered.answered_via) == (f"tg:{ANN}", "Ann", "telegram")
     assert fake.callbacks[first] == {"text": "Your answer: blue", "show_alert": False}
+    assert fake.messages[(str(TG_CHAT), sent.message_id)].reply_markup is None  # the keyboard is off
     group = get_group(db, JID)
     assert group is not None and group.pending_seq is not None
     assert poller.signalled == [JID]  # type: ignore[attr-defined]
