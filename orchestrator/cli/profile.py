@@ -110,8 +110,8 @@ def groups_set(
         typer.Option(
             "--approver",
             metavar="ID",
-            help="Who may answer the agent's questions: a sender id as its channel gives it (a Slack user id, "
-            "a Telegram user id); repeat it for more.  The API and this command line answer as the operator.",
+            help="Who may answer the agent's questions: a sender id as its channel gives it (slack:U123 for a Slack "
+            "user, tg:42 for a Telegram user); repeat it for more.  The API and this command line answer as the operator.",
         ),
     ] = None,
     anyone_answers: Annotated[

@@ -247,7 +247,7 @@ def _trigger_names(value: object) -> list[str]:
 
 def _approvers(value: object) -> list[str]:
     """Who may answer the group's questions: platform identities (the sender ids its channels
-    give, such as a Slack user id or a Telegram user id), each once."""
+    give: slack:<user id>, tg:<user id>), each once."""
     if (
         not isinstance(value, list)
         or not 1 <= len(value) <= MAX_APPROVERS

@@ -150,8 +150,8 @@ class GroupChanges(BaseModel):
         | None
     ) = Field(
         default=None,
-        description="Who may answer the agent's questions: sender ids as the group's channels give them (a Slack "
-        "user id, a Telegram user id); null: anyone in the chat.  The API answers as the operator.",
+        description="Who may answer the agent's questions: sender ids as the group's channels give them "
+        "(slack:U123 for a Slack user, tg:42 for a Telegram user); null: anyone in the chat.  The API answers as the operator.",
     )
 
 
