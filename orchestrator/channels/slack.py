@@ -70,6 +70,8 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "slack"
 UNATTACHED_PREFIX = "slack:"
+# A person's sender id is slack:<user id>; a stored message's id slack-<channel>-<ts>.
+SENDER_PREFIX, ID_PREFIX = "slack:", "slack-"
 # Where a stored Slack message came from, in its metadata: the reply finds its thread by them.
 CHANNEL_KEY, TS_KEY, THREAD_KEY = "slack_channel", "slack_ts", "slack_thread_ts"
 # A conversation id: C (public), G (private, older), D (direct), upper-case letters and digits.

@@ -8,7 +8,8 @@ API POSTs it; Socket Mode wraps it in an ``events_api`` envelope);
   or ``file_share``) or ``app_mention`` event with a ``user``.  Bots' messages
   (``bot_id`` set, the ``bot_message`` subtype) and our own bot user's are never
   taken in, so no reply of ours (nor another bot's) comes back as input, and
-  edits, deletions, joins and the like are skipped;
+  deletions, joins and the like are skipped; a person's edit of their own message
+  (``message_changed``) edits the stored one (``orchestrator/channels/slack_edits.py``);
 * what the sender chooses is the text, nothing else: the message is a ``user``
   message from ``slack:<user id>``, never a harness sender or type, with
   channel ``slack`` (mirrored to the group's other channels, not back);
@@ -70,6 +71,7 @@ from orchestrator.channels.slack import (
     ADDRESS,
     CHANNEL,
     CHANNEL_KEY,
+    ID_PREFIX,
     THREAD_KEY,
     TS,
     TS_KEY,
@@ -78,7 +80,9 @@ from orchestrator.channels.slack import (
     UserInfo,
     attached_groups,
 )
+from orchestrator.channels.slack import SENDER_PREFIX as SENDER_PREFIX
 from orchestrator.channels.slack_blocks import escape, unescape
+from orchestrator.channels.slack_edits import EDITED_SUBTYPE, take_slack_edit
 from orchestrator.channels.slack_files import FileShares, Intake, not_taken
 from orchestrator.core.errors import (
     ChannelError,
@@ -102,8 +106,6 @@ SIGNATURE_HEADER = "X-Slack-Signature"
 TIMESTAMP_HEADER = "X-Slack-Request-Timestamp"
 RETRY_HEADER = "X-Slack-Retry-Num"
 WINDOW_S = 300  # Slack's own advice: older requests are replays
-SENDER_PREFIX = "slack:"
-ID_PREFIX = "slack-"
 TAKEN_SUBTYPES = frozenset({None, "thread_broadcast", "file_share"})
 _SECONDS = re.compile(r"[0-9]{1,12}")
 _USER = re.compile(r"^[UW][A-Z0-9]{2,24}$")
@@ -129,6 +131,8 @@ class SlackEvent(BaseModel):
     # The files a message shares (file_share, or any message with some): each read by
     # orchestrator/channels/slack_files.py, one that is not understood noted, not fatal.
     files: list[Any] | None = None
+    # A message_changed event's message as it is now (read by orchestrator/channels/slack_edits.py).
+    message: Any = None
 
 
 class Authorization(BaseModel):
@@ -323,6 +327,10 @@ class SlackInbound:
         callback = EventCallback.model_validate(document)
         if self.seen(callback.event_id):
             return None
+        if callback.event.type == "message" and callback.event.subtype == EDITED_SUBTYPE:
+            self._take_edit(callback)  # a person's edit of their message (slack_edits.py)
+            self._remember(callback.event_id)
+            return None
         incoming = self.incoming(callback)
         if incoming is None:
             self._remember(callback.event_id)
@@ -354,6 +362,18 @@ class SlackInbound:
             self._unused(stored)  # stored meanwhile by another process: its first copy stands
         self._remember(callback.event_id)  # only once stored: a failure is retried by Slack
         return result
+
+    def _take_edit(self, callback: EventCallback) -> None:
+        bot = self._bot_user(callback)
+        take_slack_edit(
+            self.db,
+            self.settings,
+            callback.event.channel,
+            callback.event.message,
+            readable=lambda text, trigger: self.readable(text, bot, trigger).replace("\x00", ""),
+            max_chars=self.max_chars,
+            signal_delivery=self.signal_delivery,
+        )
 
     # -- files shared with a message --------------------------------------------------------
 

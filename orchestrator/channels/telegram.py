@@ -13,6 +13,8 @@
   envelope) is its words, then each file with ``sendPhoto`` or ``sendDocument``
   (``channels/telegram_files.py``).  The parts of a long message and the files
   already sent are not sent again by a retry in the same process.
+* **People's edits**: an ``edited_message`` update by the message's own sender edits
+  the stored message (``channels/telegram_edits.py``); it reruns nothing.
 * **Changes**: an edited message edited in place, a superseded one deleted (or,
   past Telegram's 48 hours, edited to a "retracted" line), by the message ids
   ``send`` returned (``channels/telegram_changes.py``).
@@ -61,6 +63,7 @@ from typing import Any, TypeVar
 
 from orchestrator.channels.base import FILE_POST, BaseChannel
 from orchestrator.channels.telegram_changes import TelegramChanges
+from orchestrator.channels.telegram_edits import sender_of, take_telegram_edit
 from orchestrator.channels.telegram_files import (
     Attachment,
     FileFetcher,
@@ -422,7 +425,7 @@ class TelegramPoller:
         try:
             updates = self.client.call(
                 lambda bot: bot.get_updates(
-                    offset=offset, timeout=timeout, allowed_updates=["message", "callback_query"]
+                    offset=offset, timeout=timeout, allowed_updates=["message", "callback_query", "edited_message"]
                 ),
                 timeout=timeout + _CALL_TIMEOUT_S,
             )
@@ -468,6 +471,18 @@ class TelegramPoller:
                     update.callback_query,
                     groups,
                     signal=self.signal,
+                    signal_delivery=self.signal_delivery,
+                )
+        for update in updates:  # a person's edit of their message (telegram_edits.py)
+            if update.edited_message is not None:
+                edited = update.edited_message
+                chat_id = str(edited.chat.id)
+                take_telegram_edit(
+                    self.db,
+                    self.settings,
+                    edited,
+                    groups.get(chat_id, f"{UNATTACHED_PREFIX}{chat_id}"),
+                    channel=CHANNEL,
                     signal_delivery=self.signal_delivery,
                 )
         # Only after the batch is stored: a crash before this re-reads it, and the ids dedupe it.
@@ -560,15 +575,9 @@ class TelegramPoller:
     def _incoming(update: Any, groups: dict[str, str]) -> IncomingMessage | None:
         msg = update.message
         if msg is None or not (msg.text or msg.document or msg.photo):
-            return None  # text, documents and photos only (edits, joins, stickers, videos, ... are skipped)
+            return None  # text, documents and photos only (joins, stickers, videos, ... are skipped)
         chat_id = str(msg.chat.id)
-        user = msg.from_user
-        if user is not None:
-            sender, name = f"tg:{user.id}", user.full_name or user.username or str(user.id)
-        elif msg.sender_chat is not None:
-            sender, name = f"tg:{msg.sender_chat.id}", msg.sender_chat.title or str(msg.sender_chat.id)
-        else:
-            sender, name = f"tg:{chat_id}", msg.chat.title or chat_id
+        sender, name = sender_of(msg)
         return IncomingMessage(
             chat_jid=groups.get(chat_id, f"{UNATTACHED_PREFIX}{chat_id}"),
             sender=sender,

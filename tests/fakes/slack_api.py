@@ -28,6 +28,9 @@ files, once each (``file_not_found`` for a file not uploaded or already shared);
 upload is kept in ``uploads``; :attr:`FakeSlack.upload_base` can point the answered URLs
 elsewhere.
 
+:meth:`FakeSlack.changed_event` is the ``message_changed`` event of an edit (the message
+as it is now under ``message``, its author and its editor).
+
 Tests script it: :meth:`FakeSlack.fail` makes the next calls of a method fail
 (HTTP 429 with ``Retry-After`` and ``{"ok": false, "error": "ratelimited"}``,
 or a 500, or any error answer; ``upload`` names the upload POST); every request
@@ -286,6 +289,34 @@ class FakeSlack:
             for r in self.calls("chat.postEphemeral", ok_only=True)
             if r.params.get("user") == user
         ]
+
+    def changed_event(
+        self, channel: str, author: str, ts: str, text: str, *, editor: str | None = None, bot_id: str | None = None
+    ) -> dict[str, Any]:
+        """A ``message_changed`` event, as Slack sends one when ``editor`` (the author unless
+        given) edits ``author``'s message ``ts``: the message as it is now under ``message``."""
+        now = self.next_ts()
+        message: dict[str, Any] = {
+            "type": "message",
+            "user": author,
+            "text": text,
+            "ts": ts,
+            "edited": {"user": editor or author, "ts": now},
+        }
+        if bot_id is not None:
+            message["bot_id"] = bot_id
+        doc = self.message_event(
+            channel,
+            None,
+            "",
+            ts=now,
+            subtype="message_changed",
+            hidden=True,
+            message=message,
+            previous_message={"type": "message", "user": author, "text": "(before)", "ts": ts},
+        )
+        del doc["event"]["text"]
+        return doc
 
     # -- files ---------------------------------------------------------------------
 

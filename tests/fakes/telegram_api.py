@@ -25,7 +25,8 @@ bytes, ``BUTTON_TEXT_EMPTY``) and kept with the message.  Every message the bot 
 
 Tests script it: :meth:`FakeTelegramAPI.fail` makes the next calls of a
 method fail (500, or 429 with ``retry_after``), :meth:`push_text`,
-:meth:`push_document` and :meth:`push_photo` queue incoming messages, and
+:meth:`push_document` and :meth:`push_photo` queue incoming messages (:meth:`push_edit`
+an ``edited_message``), and
 :meth:`press` a press on a button of the bot's message (a ``callback_query``) (a
 document's or photo's bytes are then served by ``getFile`` and the download;
 :meth:`FakeFile` fields may be changed to lie about its size or path, and
@@ -183,6 +184,26 @@ class FakeTelegramAPI:
             last_name=last_name,
             chat_type=chat_type,
             message_id=message_id,
+        )
+
+    def push_edit(
+        self, chat_id: int, user_id: int, message_id: int, text: str, *, first_name: str = "Ann", caption: bool = False
+    ) -> dict[str, Any]:
+        """``user_id``'s edit of message ``message_id`` to ``text`` (a file's caption, with
+        ``caption``): an ``edited_message`` update, as Telegram sends one."""
+        user: dict[str, Any] = {"id": user_id, "is_bot": False, "first_name": first_name}
+        now = int(time.time())
+        return self.push_update(
+            {
+                "edited_message": {
+                    "message_id": message_id,
+                    "date": now - 60,
+                    "edit_date": now,
+                    "chat": {"id": chat_id, "type": "group", "title": f"chat {chat_id}"},
+                    "from": user,
+                    "caption" if caption else "text": text,
+                }
+            }
         )
 
     def add_file(self, data: bytes, *, folder: str = "documents", ext: str = "bin") -> FakeFile:
