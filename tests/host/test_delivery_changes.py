@@ -34,6 +34,7 @@ from orchestrator.store.history import edit_message, regenerate, truncate_after
 from orchestrator.store.hosts import database_now
 from orchestrator.store.tables import DeliveryChangeRow
 from tests.conftest import wait_until
+from tests.fakes.platforms import Platforms, fake_platforms, pointed_at
 from tests.fakes.slack_api import FakeSlack, Post
 from tests.fakes.telegram_api import FakeTelegramAPI
 from tests.fakes.webhook_receiver import WebhookReceiver
@@ -45,26 +46,15 @@ SECRET = "outbound-secret-for-changes"
 
 
 @pytest.fixture
-def fakes() -> Iterator[tuple[FakeSlack, FakeTelegramAPI]]:
-    with FakeSlack() as slack, FakeTelegramAPI() as telegram:
-        yield slack, telegram
+def fakes() -> Iterator[Platforms]:
+    with fake_platforms() as both:
+        yield both
 
 
 @pytest.fixture
-def team(db: Database, settings: Settings, fakes: tuple[FakeSlack, FakeTelegramAPI]) -> Settings:
-    slack, telegram = fakes
+def team(db: Database, settings: Settings, fakes: Platforms) -> Settings:
     add_group(db, chat_jid=JID, name="Team", folder="team", requires_trigger=True, assistant_name="Robo")
-    return settings.replace(
-        **{
-            "slack_bot_token": slack.bot_token,
-            "slack_api_base": slack.base,
-            "telegram_bot_token": telegram.token,
-            "telegram_api_base": telegram.base,
-            "webhook_secret": SECRET,
-            "delivery_retry_base_s": 0.01,
-            "delivery_retry_max_s": 0.02,
-        }
-    )
+    return pointed_at(settings, fakes, webhook_secret=SECRET, delivery_retry_base_s=0.01, delivery_retry_max_s=0.02)
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from orchestrator.store.groups import add_group, find_group
 from orchestrator.store.history import EDIT_HISTORY_KEY
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
+from tests.fakes.platforms import Platforms, fake_platforms, pointed_at
 from tests.fakes.slack_api import FakeSlack
 from tests.fakes.telegram_api import FakeTelegramAPI
 
@@ -40,26 +41,17 @@ SIGNING = "slack-signing-secret-edits"
 
 
 @pytest.fixture
-def fakes() -> Iterator[tuple[FakeSlack, FakeTelegramAPI]]:
-    with FakeSlack() as slack, FakeTelegramAPI() as telegram:
-        yield slack, telegram
+def fakes() -> Iterator[Platforms]:
+    with fake_platforms() as both:
+        yield both
 
 
 @pytest.fixture
-def team(db: Database, settings: Settings, fakes: tuple[FakeSlack, FakeTelegramAPI]) -> Settings:
-    slack, telegram = fakes
+def team(db: Database, settings: Settings, fakes: Platforms) -> Settings:
     add_group(db, chat_jid=JID, name="Team", folder="team", requires_trigger=True, assistant_name="Robo")
     attach_channel(db, JID, "slack", address=SLACK_CHANNEL)
     attach_channel(db, JID, "telegram", address=str(TG_CHAT))
-    return settings.replace(
-        **{
-            "slack_bot_token": slack.bot_token,
-            "slack_api_base": slack.base,
-            "slack_signing_secret": SIGNING,
-            "telegram_bot_token": telegram.token,
-            "telegram_api_base": telegram.base,
-        }
-    )
+    return pointed_at(settings, fakes, slack_signing_secret=SIGNING)
 
 
 @pytest.fixture
