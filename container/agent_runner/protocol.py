@@ -156,6 +156,7 @@ OPTIONAL_TOOL_NAMES: Final[dict[str, tuple[str, ...]]] = {
     "send_file": ("send_file",),
     "schedules": ("schedule_task", "list_tasks", "update_task", "pause_task", "resume_task", "cancel_task"),
     "questions": ("ask_user",),
+    "message_changes": ("edit_message",),
 }
 OPTIONAL_TOOLS: Final = tuple(OPTIONAL_TOOL_NAMES)
 
@@ -536,6 +537,16 @@ class QuestionEvent(_Event, tag="question"):
     allow_other: bool = False
 
 
+class EditEvent(_Event, tag="edit"):
+    """The agent asks the host to change the words of one of its own earlier messages in this
+    chat (``nth_last``: 1 for its latest), on every channel that shows it.  The host finds the
+    message itself (the agent's own, in this group, not superseded) and says in the chat when
+    it cannot."""
+
+    text: str
+    nth_last: int = 1
+
+
 class ResultEvent(_Event, tag="result"):
     """Always the last event of a successful run."""
 
@@ -562,6 +573,7 @@ Event = Union[
     SendFileEvent,
     TaskEvent,
     QuestionEvent,
+    EditEvent,
     ResultEvent,
     ErrorEvent,
 ]

@@ -34,6 +34,7 @@ from typing import Protocol
 from agent_runner.protocol import (
     AssistantEvent,
     ContainerInput,
+    EditEvent,
     ErrorEvent,
     ProtocolError,
     QuestionEvent,
@@ -133,6 +134,11 @@ class RunOutputs(Protocol):
 
     def egress(self, proxy: EgressProxy) -> None:
         """The run's egress proxy closed: its decisions, for the run's record."""
+        ...
+
+    def edit(self, event: EditEvent, index: int) -> None:
+        """The agent asked to change the words of one of its own earlier messages; ``index``
+        is the number a refusal's message in the chat is given."""
         ...
 
     def question(self, event: QuestionEvent, index: int) -> bool:
@@ -400,6 +406,10 @@ def _read(ctx: AttemptContext, container: AgentProcess, heard: _Heard, workspace
             budget.store(len(event.prompt.encode("utf-8")) if event.prompt else 0)
             ctx.indexed += 1
             ctx.outputs.task(event, ctx.indexed)
+        elif isinstance(event, EditEvent):
+            budget.store(len(event.text.encode("utf-8")))
+            ctx.indexed += 1
+            ctx.outputs.edit(event, ctx.indexed)
         elif isinstance(event, QuestionEvent):
             budget.store(len(event.question.encode("utf-8")) + sum(len(o.encode("utf-8")) for o in event.options))
             ctx.indexed += 1

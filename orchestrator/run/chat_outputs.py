@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
 
-from agent_runner.protocol import QuestionEvent, TaskEvent
+from agent_runner.protocol import EditEvent, QuestionEvent, TaskEvent
 from orchestrator.core import metrics, tracing
 from orchestrator.core.errors import FileTooLarge, HostileEntry, LeaseLost
 from orchestrator.core.settings import Settings
@@ -37,11 +37,15 @@ from orchestrator.store.db import Connection, Database, db_now
 from orchestrator.store.deliveries import attached_channels, record_deliveries
 from orchestrator.store.files import FileStore, file_envelope
 from orchestrator.store.groups import Group, send_refusal, tool_refusal
+from orchestrator.store.history import edit_agent_message
 from orchestrator.store.message_log import insert_message, now_iso
 from orchestrator.store.questions import AnswerAs, insert_question, open_question_of, set_message_seq
 
 log = logging.getLogger(__name__)
 
+# An edit's words, and how far back an agent's message may be (as the runner's tool says).
+MAX_EDIT_CHARS = 20_000
+MAX_EDIT_BACK = 50
 # The hosts one run's refusals may ask the chat about (a loop over many names asks about a few).
 MAX_EGRESS_QUESTIONS = 3
 
@@ -182,6 +186,27 @@ class ChatOutputs:
                 queued += asked[1] if asked is not None else 0
         if queued:
             self._deliver(self.group.chat_jid)
+
+    def edit(self, event: EditEvent, index: int) -> None:
+        """Change the words of the agent's own ``nth_last`` message in this chat, if the group's
+        agent may (``store/history.py``: the old words kept, the channels updated in place); a
+        refusal is said in the chat."""
+        run_id = self.outcome.run.id
+        refusal = tool_refusal(self.group, "message_changes")
+        if refusal is None and (len(event.text) > MAX_EDIT_CHARS or not event.text.strip()):
+            refusal = f"the new words are empty or over {MAX_EDIT_CHARS} characters"
+        if refusal is None and not 1 <= event.nth_last <= MAX_EDIT_BACK:
+            refusal = f"nth_last is from 1 to {MAX_EDIT_BACK}, not {event.nth_last}"
+        if refusal is None:
+            changed = edit_agent_message(
+                self.db, self.group.chat_jid, event.text, nth_last=event.nth_last, owner=self.owner, by_run=run_id
+            )
+            if changed is not None:
+                self._deliver(self.group.chat_jid)
+                return
+            refusal = f"you have no message {event.nth_last} back in this chat to edit"
+        log.warning("run %s: edit_message refused: %s", run_id, refusal)
+        self.emit(host_message(run_id=f"{run_id}-{index:04d}", text=f"🚫 edit_message refused: {refusal}"))
 
     def question(self, event: QuestionEvent, index: int) -> bool:
         """Ask the group ``event``'s question, if the group's agent may and the question is one

@@ -55,7 +55,15 @@ from typing import Any
 
 import msgspec
 
-from agent_runner.protocol import ModelSettings, ProtocolError, QuestionEvent, TaskEvent, TextDeltaEvent, decode_input
+from agent_runner.protocol import (
+    EditEvent,
+    ModelSettings,
+    ProtocolError,
+    QuestionEvent,
+    TaskEvent,
+    TextDeltaEvent,
+    decode_input,
+)
 from orchestrator.core.errors import ConfigError, MountRefused, ReplayLimited, ReplayRefused, StoreError
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import SENDER_BOT
@@ -340,6 +348,11 @@ class KeptOutputs:
     def egress(self, proxy: EgressProxy) -> None:
         # A replay's sandbox gets no egress proxy (its mounts leave the policy off).
         return None
+
+    def edit(self, event: EditEvent, index: int) -> None:
+        # A replay changes nothing in the chat: the request is kept as the host message it would be.
+        said = f"✏️ (replay) the agent asked to change its message {event.nth_last} back to: {event.text}"
+        self.kept.append(host_message(run_id=f"edit-{index:04d}", text=said))
 
     def question(self, event: QuestionEvent, index: int) -> bool:
         # A replay asks nobody: the question is kept as the message it would have been, and

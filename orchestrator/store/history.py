@@ -31,7 +31,7 @@ from orchestrator.core.errors import ChangeRefused, GroupBusy, InvalidMessage, M
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.model.context import CONTEXT_KEY, parse_context
-from orchestrator.model.messages import STORED_ONLY_SENDERS, StoredMessage
+from orchestrator.model.messages import SENDER_BOT, STORED_ONLY_SENDERS, StoredMessage
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
 from orchestrator.store import leases
 from orchestrator.store.chat_wakeups import chat_changed
@@ -149,6 +149,43 @@ def edit_message(
     if rerun and signal is not None:
         signal(chat_jid)
     return HistoryChange(message=message, superseded=superseded, rerun=rerun)
+
+
+def edit_agent_message(
+    db: Database, chat_jid: str, content: str, *, nth_last: int, owner: str, by_run: str
+) -> HistoryChange | None:
+    """A run's agent changes the words of its own ``nth_last`` message in its chat (1: its
+    latest; the agent's replies only, not superseded), in one transaction fenced by the run's
+    lease: the old words kept as for every edit, the channels that show it updated
+    (:func:`record_changes`).  None when it has no such message."""
+    if "\x00" in content:
+        raise InvalidMessage("content must not contain NUL characters")
+    now = datetime.now(UTC)
+    with db.write() as session:
+        leases.fence(session, chat_jid, owner)
+        row = session.scalars(
+            select(MessageRow)
+            .where(
+                MessageRow.chat_jid == chat_jid,
+                MessageRow.sender == SENDER_BOT,
+                MessageRow.message_type == "assistant",
+                MessageRow.superseded_at.is_(None),
+            )
+            .order_by(MessageRow.seq.desc())
+            .offset(nth_last - 1)
+            .limit(1)
+        ).first()
+        if row is None:
+            return None
+        meta = dict(row.meta or {})
+        previous = {"content": row.content, "edited_at": now.isoformat(), "by_run": by_run}
+        meta[EDIT_HISTORY_KEY] = [*meta.get(EDIT_HISTORY_KEY, []), previous]
+        row.content, row.meta, row.edited_at = content, meta, now
+        session.flush()
+        record_changes(session, chat_jid, edited=[row.seq])
+        message = to_stored(row)
+        chat_changed(session, chat_jid)  # the open streams reset their view
+    return HistoryChange(message=message, superseded=[], rerun=False)
 
 
 def regenerate(

@@ -164,6 +164,7 @@ def test_request_carries_tools_system_prompt_and_placeholder_key(serve_tcp: Any,
         "resume_task",
         "cancel_task",
         "ask_user",
+        "edit_message",
     ]
     assert sent_key(fake.headers[0]) == "via-gateway"
 

@@ -48,15 +48,17 @@ def _input(**fields: Any) -> ContainerInput:
 
 
 def test_the_optional_tools_are_tools_of_the_registry() -> None:
-    assert OPTIONAL_TOOLS == ("send_message", "send_file", "schedules", "questions")
+    assert OPTIONAL_TOOLS == ("send_message", "send_file", "schedules", "questions", "message_changes")
     assert tuple(OPTIONAL_TOOL_NAMES) == OPTIONAL_TOOLS
     every = {name for names in OPTIONAL_TOOL_NAMES.values() for name in names}
     assert every <= set(REGISTRY)
     assert disabled_tools(msgspec.UNSET) == frozenset()
     assert disabled_tools([]) == frozenset(every)
-    assert disabled_tools(["send_file", "schedules", "questions"]) == {"send_message"}
-    assert disabled_tools(["send_file", "send_message", "questions"]) == set(OPTIONAL_TOOL_NAMES["schedules"])
-    assert disabled_tools(["send_file", "send_message", "schedules"]) == {"ask_user"}
+    assert disabled_tools(["send_file", "schedules", "questions", "message_changes"]) == {"send_message"}
+    assert disabled_tools(["send_file", "send_message", "questions", "message_changes"]) == set(
+        OPTIONAL_TOOL_NAMES["schedules"]
+    )
+    assert disabled_tools(["send_file", "send_message", "schedules", "message_changes"]) == {"ask_user"}
     # Unset, the field is left out of the input; set, it is there.
     assert b'"tools"' not in _input().to_json()
     assert _input(tools=["send_file"]).tools == ["send_file"]
@@ -222,7 +224,13 @@ def test_claude_codes_mcp_server_offers_only_the_enabled_tools(monkeypatch: pyte
 
     sdk, events = _claude_code(monkeypatch, tmp_path)  # unset: all of them
     ((_, tools),) = sdk.servers
-    assert [t.name for t in tools] == ["send_message", "send_file", *OPTIONAL_TOOL_NAMES["schedules"], "ask_user"]
+    assert [t.name for t in tools] == [
+        "send_message",
+        "send_file",
+        *OPTIONAL_TOOL_NAMES["schedules"],
+        "ask_user",
+        "edit_message",
+    ]
     assert sdk.replies == [{"content": [{"type": "text", "text": "Message sent to team@g.us."}], "is_error": False}]
     assert [e for e in events if isinstance(e, SendMessageEvent)] == [
         SendMessageEvent(chat_jid="team@g.us", text="from claude")

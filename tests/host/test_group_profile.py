@@ -151,7 +151,7 @@ def test_the_profile_is_changed_shown_and_given_back_to_the_installation(client:
         "max_tokens": 1024,
         "thinking_budget": 0,
         "trigger_names": ["Andy"],
-        "tools": ["send_message", "send_file", "schedules", "questions"],
+        "tools": ["send_message", "send_file", "schedules", "questions", "message_changes"],
     }
     body = {
         "model": "anthropic:claude-test",
@@ -299,7 +299,7 @@ def test_each_change_is_told_in_the_chat_and_its_channels_deliver_it(db: Databas
         ({"trigger_names": ["Bee", "Bo"]}, "trigger names the installation's (@Andy, @Robo) -> @Bee, @Bo"),
         (
             {"tools": ["send_file"]},
-            "tools the installation's (send_message, send_file, schedules, questions) -> send_file",
+            "tools the installation's (send_message, send_file, schedules, questions, message_changes) -> send_file",
         ),
         ({"tools": []}, "tools send_file -> none"),
         ({"name": "The team"}, 'name "Team" -> "The team"'),
@@ -523,7 +523,7 @@ def test_groups_set_takes_every_profile_option(db: Database, settings: Settings)
     assert (g.max_tokens, g.trigger_names, g.tools) == (None, None, None)
     shown = _cli(settings, "groups", "show", JID).stdout.splitlines()
     assert "  wakes on:    messages starting with @Andy" in shown
-    assert "  tools:       send_message, send_file, schedules, questions (all of them)" in shown
+    assert "  tools:       send_message, send_file, schedules, questions, message_changes (all of them)" in shown
     assert "  thinking:    off (the installation's)" in shown
     for bad, words in [
         (["--trigger-name", "Bee", "--default-trigger-names"], "give one of --trigger-name NAME"),

@@ -13,6 +13,8 @@ Tools (one module each):
   registered chat) during the run; the host authorizes (``send_message.py``);
 * ``send_file`` - hand the chat a regular file of the workspace, with an
   optional caption; the host reads and checks it again (``send_file.py``);
+* ``edit_message`` - change the words of one of the agent's own earlier
+  messages, on every channel that shows it (``edit_message.py``);
 * ``ask_user`` - ask the chat a question with options; the run ends, the
   answer comes back in a later run (``ask_user.py``);
 * ``schedule_task``, ``list_tasks``, ``update_task``, ``pause_task``,
@@ -58,6 +60,8 @@ from .base import (
 from .bash import BASH_SPEC, resolve_cwd, run_bash
 from .edit_file import SPEC as EDIT_FILE_SPEC
 from .edit_file import edit_file
+from .edit_message import SPEC as EDIT_MESSAGE_SPEC
+from .edit_message import edit_message
 from .glob_tool import SPEC as GLOB_SPEC
 from .glob_tool import glob_files
 from .grep_tool import SPEC as GREP_SPEC
@@ -126,6 +130,7 @@ REGISTRY: dict[str, Tool] = {
         Tool(SCHEDULE_SPECS["resume_task"], resume_task),
         Tool(SCHEDULE_SPECS["cancel_task"], cancel_task),
         Tool(ASK_USER_SPEC, ask_user),
+        Tool(EDIT_MESSAGE_SPEC, edit_message),
     )
 }
 
