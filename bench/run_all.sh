@@ -22,12 +22,12 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
   throughput=(--groups 4 --messages 2 --raw 3); memory=(--runs 2); overhead=(--runs 3); cli=(--runs 2); gateway=(--rounds 1 --cycles 5 --requests 20 --long 20)
   recovery=(--trials 1 --baseline-trials 0); delivery=(--messages 2 --busy-s 5); continuity=(--turns 8)
   wakeup=(--runs 3 --idle-s 5 --rounds 1); api=(--requests 100 --rounds 1)
-  streaming=(--runs 2 --words 20); stream_push=(--deltas 20 --idle-s 3)
+  streaming=(--runs 2 --words 20); stream_push=(--deltas 20 --idle-s 3); egress=(--requests 30 --megabytes 20)
   control_plane=(--workers 1,2 --groups 12 --seconds 4 --warmup 2 --noop 60); db_reach=(--seconds 3 --clients 2 --per-client 3)
 else
   ingest=(); history=(); throughput=(); memory=(); overhead=(); cli=(); gateway=(); recovery=(); delivery=(); continuity=()
   wakeup=(); api=()
-  streaming=(); stream_push=(); control_plane=(); db_reach=()
+  streaming=(); stream_push=(); egress=(); control_plane=(); db_reach=()
 fi
 
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes')"
@@ -53,3 +53,4 @@ echo; echo "== delivery";    "$PY" -m bench.delivery "${delivery[@]}" "${fleet[@
 echo; echo "== continuity";  "$PY" -m bench.continuity "${continuity[@]}" 2>/dev/null
 echo; echo "== streaming";   "$PY" -m bench.streaming "${streaming[@]}" "${fleet[@]}"
 echo; echo "== stream push"; "$PY" -m bench.stream_push "${stream_push[@]}" ${PG:+--pg "$PG"}
+echo; echo "== egress";      "$PY" -m bench.egress "${egress[@]}"

@@ -162,6 +162,13 @@ def test_gateway_bench_times_open_close_memory_and_latency() -> None:
     assert "overhead p50" in out
 
 
+def test_egress_bench_times_requests_directly_and_through_the_proxy() -> None:
+    out = bench("bench.egress", "--requests", "20", "--megabytes", "5", timeout=300)
+    direct = numbers(r"direct\s+p50\s+([\d.]+) ms\s+p95\s+([\d.]+) ms\s+([\d.]+) MB/s", out)
+    proxied = numbers(r"via proxy\s+p50\s+([\d.]+) ms\s+p95\s+([\d.]+) ms\s+([\d.]+) MB/s", out)
+    assert all(v > 0 for v in [*direct, *proxied]) and direct[0] <= direct[1] and proxied[0] <= proxied[1], out
+
+
 def test_recovery_bench_kills_a_worker_and_finds_the_answer_stored_once(docker_engine: None) -> None:
     # One fleet: the other (two host ids) is the failover of tests/integration/test_placement.py.
     out = bench("bench.recovery", "--trials", "1", "--baseline-trials", "0", "--fleets", "same")
