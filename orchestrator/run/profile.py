@@ -120,10 +120,40 @@ class InEffect(BaseModel):
     tools: list[str] = Field(description="The optional tools its agent has.")
 
 
+class Installation(BaseModel):
+    """The installation's settings a group has while its own field is null (the web page shows
+    them as each field's default)."""
+
+    model: str = Field(description="ORCHESTRATOR_MODEL.")
+    max_tokens: int = Field(description="ORCHESTRATOR_MAX_TOKENS.")
+    thinking_budget: int = Field(description="ORCHESTRATOR_THINKING_BUDGET (0: off).")
+    trigger_names: list[str] = Field(
+        description="ORCHESTRATOR_ASSISTANT_NAME, then ORCHESTRATOR_TRIGGER_ALIASES: the names a group "
+        "without its own trigger names wakes on (besides its own assistant name)."
+    )
+    tools: list[str] = Field(description="Every optional tool: a group without its own list has them all.")
+    runs_per_hour: int = Field(description="ORCHESTRATOR_GROUP_RUNS_PER_HOUR (0: no limit).")
+    tokens_per_day: int = Field(description="ORCHESTRATOR_GROUP_TOKENS_PER_DAY (0: no limit).")
+
+
 class ProfileView(GroupProfile):
     """A group's profile as stored (its own settings; null: the installation's) and in effect."""
 
     in_effect: InEffect = Field(description="What the group's runs get: its own settings, else the installation's.")
+    installation: Installation = Field(description="What each null field of the group's own gives.")
+
+
+def installation(settings: Settings) -> Installation:
+    """The installation's settings, as a group without its own has them."""
+    return Installation(
+        model=settings.model.strip(),
+        max_tokens=settings.max_tokens,
+        thinking_budget=settings.thinking_budget,
+        trigger_names=settings.trigger_names,
+        tools=list(OPTIONAL_TOOLS),
+        runs_per_hour=settings.group_runs_per_hour,
+        tokens_per_day=settings.group_tokens_per_day,
+    )
 
 
 def in_effect(settings: Settings, group: Group) -> InEffect:
@@ -145,7 +175,9 @@ def in_effect(settings: Settings, group: Group) -> InEffect:
 def profile_view(db: Database, settings: Settings, chat_jid: str) -> ProfileView:
     """The group's profile with what is in effect; UnknownGroup for a chat that is no group."""
     profile = group_profile(db, chat_jid)
-    return ProfileView(**profile.model_dump(), in_effect=in_effect(settings, profile))
+    return ProfileView(
+        **profile.model_dump(), in_effect=in_effect(settings, profile), installation=installation(settings)
+    )
 
 
 # -- checking a change --------------------------------------------------------------------------

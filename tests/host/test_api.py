@@ -339,11 +339,14 @@ def test_the_page_is_served_with_a_strict_policy(client: TestClient) -> None:
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "script-src 'self'" in page.headers["content-security-policy"]
     assert '<script src="static/app.js"' in page.text and "http" not in page.text.replace("http-equiv", "")
-    for name, kind in (("app.js", "javascript"), ("style.css", "text/css")):
+    scripts = ("app.js", "questions.js", "profile.js")
+    for name, kind in (*((s, "javascript") for s in scripts), ("style.css", "text/css")):
         r = client.get(f"/static/{name}")
         assert r.status_code == 200 and kind in r.headers["content-type"]
         assert r.headers["x-content-type-options"] == "nosniff"
-    assert ".innerHTML" not in client.get("/static/app.js").text  # every text goes in as text
+    for name in scripts:
+        assert f'<script src="static/{name}"' in page.text
+        assert ".innerHTML" not in client.get(f"/static/{name}").text  # every text goes in as text
     assert client.get("/static/nope.js").status_code == 404
 
 

@@ -153,6 +153,17 @@ def test_the_profile_is_changed_shown_and_given_back_to_the_installation(client:
         "trigger_names": ["Andy"],
         "tools": ["send_message", "send_file", "schedules", "questions", "message_changes"],
     }
+    # What each null field gives (the page shows it as the field's default).
+    installation = {
+        "model": "offline",
+        "max_tokens": 1024,
+        "thinking_budget": 0,
+        "trigger_names": ["Andy"],
+        "tools": ["send_message", "send_file", "schedules", "questions", "message_changes"],
+        "runs_per_hour": 0,
+        "tokens_per_day": 0,
+    }
+    assert empty["installation"] == installation
     body = {
         "model": "anthropic:claude-test",
         "max_tokens": 4096,
@@ -184,6 +195,7 @@ def test_the_profile_is_changed_shown_and_given_back_to_the_installation(client:
     back = client.patch(f"/api/groups/{JID}", json=dict.fromkeys(body)).json()
     assert [back[k] for k in body] == [None] * 5
     assert client.get(f"/api/groups/{JID}").json()["in_effect"] == empty["in_effect"]
+    assert shown["installation"] == installation  # the group's own never changes it
     # No tool at all is a profile too; the other fields stay as they are.
     assert client.patch(f"/api/groups/{JID}", json={"tools": []}).json()["tools"] == []
     assert client.get(f"/api/groups/{JID}").json()["in_effect"]["tools"] == []

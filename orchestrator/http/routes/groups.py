@@ -199,7 +199,8 @@ def register_group(request: Request, body: NewGroup) -> Group:
 def group(request: Request, chat_jid: str) -> ProfileView:
     """The group's profile: its registration, its sandbox (``container_config``), quotas, model,
     output cap, thinking budget, trigger names and tools as stored (null: the installation's),
-    what its runs get (``in_effect``), and its scheduled tasks counted by state."""
+    what its runs get (``in_effect``), what each null gives (``installation``), and its
+    scheduled tasks counted by state."""
     state = api_state(request)
     return profile_view(state.db, state.settings, chat_jid)
 

@@ -222,6 +222,7 @@
     $("composer-note").textContent = "";
     setRun(null);
     clearMessages();
+    window.GroupProfile.select(group.chat_jid, api); // the group's profile panel (profile.js)
     openStream(group.chat_jid);
     text.focus();
   }
