@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Any
 
 import msgspec
 
@@ -41,7 +41,7 @@ from agent_runner.protocol import FileEdit as FileEdit
 from agent_runner.protocol import FilePayload as FilePayload
 from agent_runner.protocol import FileRef as FileRef
 from agent_runner.protocol import OtherEnvelope as OtherEnvelope
-from agent_runner.protocol import ProtocolError, envelope_from_dict
+from agent_runner.protocol import ProtocolError, envelope_from_dict, literal_choices
 from agent_runner.protocol import TodoItem as TodoItem
 from agent_runner.protocol import TodoPayload as TodoPayload
 from agent_runner.protocol import TodoStatus as TodoStatus
@@ -55,7 +55,6 @@ from orchestrator.core.sizes import human_size
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `(?P<loc>.*)`)?$", re.S)
 _FIELD = re.compile(r"^Object (?P<kind>missing required|contains unknown) field `(?P<name>.*)`$", re.S)
 _EXPECTED = re.compile(r"^Expected `(?P<type>[^`]*)`(?P<rest>.*)$", re.S)
-_LOC_PART = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 _KEY_IN = "key` in `"
 _MUST_BE = {
     "str": "must be a string",
@@ -66,21 +65,6 @@ _MUST_BE = {
 }
 
 
-def _literal_choices(envelope_type: type, loc: str) -> tuple[Any, ...] | None:
-    """The allowed values, in their declared order, when the field at ``loc`` (``$.payload...``) is a Literal."""
-    hint: Any = envelope_type
-    for name, index in _LOC_PART.findall(loc):
-        if get_origin(hint) is Annotated:
-            hint = get_args(hint)[0]
-        if name and isinstance(hint, type) and issubclass(hint, msgspec.Struct):
-            hint = next((f.type for f in msgspec.structs.fields(hint) if f.encode_name == name), None)
-        elif index and get_origin(hint) is list:
-            hint = get_args(hint)[0]
-        else:
-            return None
-    return get_args(hint) if get_origin(hint) is Literal else None
-
-
 def _from_protocol_error(exc: ProtocolError, envelope_type: type) -> InvalidMessageMetadata:
     match = _AT.match(str(exc))
     assert match is not None  # the pattern matches any text
@@ -88,7 +72,7 @@ def _from_protocol_error(exc: ProtocolError, envelope_type: type) -> InvalidMess
     if loc.startswith(_KEY_IN):
         return InvalidMessageMetadata("metadata" + loc[len(_KEY_IN) :][1:], "keys must be strings")
     path = "metadata" + loc[1:]
-    choices = _literal_choices(envelope_type, loc)
+    choices = literal_choices(envelope_type, loc)
     if choices is not None:
         return InvalidMessageMetadata(path, "must be one of " + ", ".join(map(str, choices)))
     if field := _FIELD.match(what):

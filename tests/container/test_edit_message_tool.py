@@ -25,11 +25,11 @@ def test_edit_message_asks_the_host(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        ({}, "input needs a string 'text'"),
+        ({}, "missing required field `text`"),
         ({"text": " "}, "'text' must not be empty"),
-        ({"text": "x" * 20_001}, "the limit is 20000"),
-        ({"text": "x", "nth_last": 0}, "'nth_last' must be an integer >= 1"),
-        ({"text": "x", "nth_last": 51}, "'nth_last' is at most 50"),
+        ({"text": "x" * 20_001}, "length <= 20000 - at `$.text`"),
+        ({"text": "x", "nth_last": 0}, "Expected `int` >= 1 - at `$.nth_last`"),
+        ({"text": "x", "nth_last": 51}, "Expected `int` <= 50 - at `$.nth_last`"),
     ],
 )
 def test_what_the_runner_can_see_is_wrong_is_refused(tmp_path: Path, args: dict[str, Any], said: str) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from runner_harness import RunRunner, make_input
 
@@ -74,6 +76,34 @@ def test_registry_lists_every_tool_with_an_object_schema() -> None:
         assert tool.spec.name == name and tool.spec.description
         assert tool.spec.input_schema["type"] == "object"
         assert set(tool.spec.input_schema["required"]) <= set(tool.spec.input_schema["properties"])
+
+
+def test_each_schema_the_model_sees_names_its_structs_fields() -> None:
+    # The schemas are written for the model; the Structs decide. They name the same
+    # arguments, and what the schema requires the Struct requires.
+    for name, tool in REGISTRY.items():
+        fields = msgspec.inspect.type_info(tool.args).fields
+        schema = tool.spec.input_schema
+        assert set(schema["properties"]) == {f.name for f in fields}, name
+        assert set(schema["required"]) == {f.name for f in fields if f.required}, name
+
+
+@pytest.mark.parametrize("tool", ["read_file", "glob", "grep", "send_file"])
+def test_null_stands_for_an_argument_left_out(workspace: Path, ctx: ToolContext, tool: str) -> None:
+    (workspace / "f.txt").write_text("only\n")
+    args = {"read_file": {"path": "f.txt", "offset": None, "limit": None}, "glob": {"pattern": "*", "path": None}}
+    args |= {"grep": {"pattern": "only", "path": None, "glob": None}, "send_file": {"path": "f.txt", "caption": None}}
+    out = run_tool(tool, args[tool], replace(ctx, emit=lambda event: None))
+    assert not out.is_error, out.output
+    missing = run_tool(tool, {**args[tool], next(iter(args[tool])): None}, ctx)
+    assert (missing.is_error, missing.exit_code) == (True, 2) and "missing required field" in missing.output
+
+
+def test_unknown_keys_are_ignored_unless_a_struct_forbids_them(workspace: Path, ctx: ToolContext) -> None:
+    (workspace / "f.txt").write_text("only\n")
+    assert not run_tool("read_file", {"path": "f.txt", "why": "to look"}, ctx).is_error
+    asked = run_tool("ask_user", {"question": "q?", "options": ["a", "b"], "why": "x"}, ctx)
+    assert asked.is_error and asked.output == "ask_user: Object contains unknown field `why`"
 
 
 # --- workspace confinement ----------------------------------------------------------
@@ -196,10 +226,12 @@ def test_read_file_empty_file(workspace: Path, ctx: ToolContext) -> None:
 @pytest.mark.parametrize(
     ("args", "exit_code", "message"),
     [
-        ({}, 2, "read_file: input needs a string 'path'"),
-        ({"path": 3}, 2, "read_file: 'path' must be a string, not int"),
-        ({"path": "f.txt", "offset": 0}, 2, "read_file: 'offset' must be an integer >= 1, got 0"),
-        ({"path": "f.txt", "limit": True}, 2, "read_file: 'limit' must be an integer >= 1, got True"),
+        ({}, 2, "read_file: Object missing required field `path`"),
+        ({"path": 3}, 2, "read_file: Expected `str`, got `int` - at `$.path`"),
+        ({"path": "f.txt", "offset": 0}, 2, "read_file: Expected `int` >= 1 - at `$.offset`"),
+        ({"path": "f.txt", "limit": True}, 2, "read_file: Expected `int`, got `bool` - at `$.limit`"),
+        ({"path": "f.txt", "limit": 1.5}, 2, "read_file: Expected `int`, got `float` - at `$.limit`"),
+        ({"path": " "}, 2, "read_file: 'path' must not be empty"),
         ({"path": "f.txt", "offset": 3}, 2, "read_file: f.txt has 1 lines; offset 3 is past the end"),
         ({"path": "nope.txt"}, 1, "read_file: nope.txt: no such file"),
         ({"path": "sub"}, 1, "read_file: sub: not a regular file"),
@@ -262,9 +294,9 @@ def test_write_file_envelope_caps_large_contents(workspace: Path, ctx: ToolConte
 @pytest.mark.parametrize(
     ("args", "exit_code", "message"),
     [
-        ({"path": "f.txt"}, 2, "write_file: input needs a string 'content'"),
+        ({"path": "f.txt"}, 2, "write_file: Object missing required field `content`"),
         ({"path": "", "content": "x"}, 2, "write_file: 'path' must not be empty"),
-        ({"path": "f.txt", "content": ["x"]}, 2, "write_file: 'content' must be a string, not list"),
+        ({"path": "f.txt", "content": ["x"]}, 2, "write_file: Expected `str`, got `array` - at `$.content`"),
         ({"path": "sub", "content": "x"}, 1, "write_file: sub: exists and is not a regular file"),
         ({"path": "file/child.txt", "content": "x"}, 1, "write_file: file/child.txt: file is not a directory"),
     ],
@@ -347,9 +379,9 @@ def test_edit_file_keeps_crlf_line_endings(workspace: Path, ctx: ToolContext) ->
         (
             {"path": "f.txt", "old_string": "x", "new_string": "y", "replace_all": "yes"},
             2,
-            "edit_file: 'replace_all' must be a boolean, got 'yes'",
+            "edit_file: Expected `bool`, got `str` - at `$.replace_all`",
         ),
-        ({"path": "f.txt", "old_string": "x"}, 2, "edit_file: input needs a string 'new_string'"),
+        ({"path": "f.txt", "old_string": "x"}, 2, "edit_file: Object missing required field `new_string`"),
     ],
 )
 def test_edit_file_errors(
@@ -406,7 +438,8 @@ def test_glob_caps_the_listing(workspace: Path, ctx: ToolContext) -> None:
             2,
             "glob: pattern must be relative and must not contain '..'; use 'path' to pick the directory",
         ),
-        ({}, 2, "glob: input needs a string 'pattern'"),
+        ({}, 2, "glob: Object missing required field `pattern`"),
+        ({"pattern": "*", "path": " "}, 2, "glob: 'path' must not be empty"),
         ({"pattern": "*", "path": "a.py"}, 1, "glob: a.py: not a directory"),
     ],
 )
@@ -449,7 +482,7 @@ def test_grep_output_is_capped(workspace: Path) -> None:
         ({"pattern": "("}, 2, "grep: invalid regular expression '(': missing ), unterminated subpattern at position 0"),
         ({"pattern": ""}, 2, "grep: 'pattern' must not be empty"),
         ({"pattern": "x", "path": "nope"}, 1, "grep: nope: no such file or directory"),
-        ({"pattern": "x", "glob": 5}, 2, "grep: 'glob' must be a string, not int"),
+        ({"pattern": "x", "glob": 5}, 2, "grep: Expected `str | null`, got `int` - at `$.glob`"),
     ],
 )
 def test_grep_errors(workspace: Path, ctx: ToolContext, args: dict[str, Any], exit_code: int, message: str) -> None:
@@ -501,18 +534,26 @@ def test_todo_write_empty_list_clears_and_falls_back_to_tool_call(ctx: ToolConte
 @pytest.mark.parametrize(
     ("todos", "message"),
     [
-        ("do it", "todo_write: input needs a list 'todos'"),
+        ("do it", "todo_write: Expected `array`, got `str` - at `$.todos`"),
         (
             [{"id": "1", "content": "a", "status": "done"}],
-            "todo_write: todos[0].status must be one of pending, in_progress, completed, got 'done'",
+            "todo_write: Invalid enum value 'done' - at `$.todos[0].status`; "
+            "expected one of pending, in_progress, completed",
         ),
         (
             [{"id": "1", "content": "a", "status": "pending"}, {"id": "1", "content": "b", "status": "pending"}],
             "todo_write: todos[1].id '1' is used twice",
         ),
-        ([{"id": 1, "content": "a", "status": "pending"}], "todo_write: todos[0].id must be a non-empty string"),
-        ([{"id": "1", "content": " ", "status": "pending"}], "todo_write: todos[0].content must be a non-empty string"),
-        (["a"], "todo_write: todos[0] must be an object with id, content and status"),
+        (
+            [{"id": 1, "content": "a", "status": "pending"}],
+            "todo_write: Expected `str`, got `int` - at `$.todos[0].id`",
+        ),
+        (
+            [{"id": "1", "content": " ", "status": "pending"}],
+            "todo_write: 'content' must not be empty - at `$.todos[0]`",
+        ),
+        ([{"id": "1", "content": "a"}], "todo_write: Object missing required field `status` - at `$.todos[0]`"),
+        (["a"], "todo_write: Expected `object`, got `str` - at `$.todos[0]`"),
     ],
 )
 def test_todo_write_errors_leave_the_list_alone(ctx: ToolContext, todos: Any, message: str) -> None:

@@ -51,12 +51,12 @@ def test_schedule_task_asks_the_host(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        ({"kind": "interval", "spec": "60s"}, "'prompt'"),
-        ({"prompt": "p", "kind": "hourly", "spec": "1"}, "'kind' must be one of cron, interval, once"),
-        ({"prompt": "p", "kind": "interval"}, "'spec'"),
-        ({"prompt": "p", "kind": "once", "spec": "2030-01-01T00:00Z", "context_mode": "x"}, "'context_mode'"),
+        ({"kind": "interval", "spec": "60s"}, "missing required field `prompt`"),
+        ({"prompt": "p", "kind": "hourly", "spec": "1"}, "at `$.kind`; expected one of cron, interval, once"),
+        ({"prompt": "p", "kind": "interval"}, "missing required field `spec`"),
+        ({"prompt": "p", "kind": "once", "spec": "2030-01-01T00:00Z", "context_mode": "x"}, "`$.context_mode`"),
         ({"prompt": "p", "kind": "cron", "spec": "* * * * *", "chat_jid": "main@local"}, "may not schedule"),
-        ({"prompt": "x" * 10_001, "kind": "interval", "spec": "1h"}, "the limit is 10000"),
+        ({"prompt": "x" * 10_001, "kind": "interval", "spec": "1h"}, "length <= 10000 - at `$.prompt`"),
     ],
     ids=["no-prompt", "bad-kind", "no-spec", "bad-mode", "other-chat", "long-prompt"],
 )

@@ -174,7 +174,7 @@ def test_bad_input_and_no_run(workspace: Path, report: Path) -> None:
     assert run_tool("send_file", {"path": "a\x00b"}, ctx).exit_code == 2
     assert run_tool("send_file", {"path": "report.txt", "caption": 3}, ctx).exit_code == 2
     too_long = run_tool("send_file", {"path": "report.txt", "caption": "x" * (MAX_CAPTION_CHARS + 1)}, ctx)
-    assert too_long.exit_code == 2 and "the limit is 20000" in too_long.output
+    assert too_long.exit_code == 2 and "length <= 20000 - at `$.caption`" in too_long.output
     no_run = ToolContext(workspace=workspace, limits=Limits(), chat_jid="c")
     assert "outside a run" in run_tool("send_file", {"path": "report.txt"}, no_run).output
     assert sink == []
@@ -277,6 +277,8 @@ class FakeSdk(types.ModuleType):
                 sdk.replies.append(await tools["send_file"].handler({"path": "report.txt", "caption": "weekly"}))
                 sdk.replies.append(await tools["send_file"].handler({"path": "../etc/passwd"}))
                 sdk.replies.append(await tools["send_message"].handler({"text": "sent it"}))
+                # Arguments that do not decode: the same Struct and refusal as in our own loop.
+                sdk.replies.append(await tools["send_message"].handler({"text": ["sent it"]}))
                 yield ResultMessage()
 
         self.ClaudeSDKClient = Client
@@ -341,6 +343,10 @@ def test_claude_code_is_offered_send_file_next_to_send_message(
             "is_error": True,
         },
         {"content": [{"type": "text", "text": "Message sent to team@g.us."}], "is_error": False},
+        {
+            "content": [{"type": "text", "text": "send_message: Expected `str`, got `array` - at `$.text`"}],
+            "is_error": True,
+        },
     ]
     sent = [e for e in events if isinstance(e, SendFileEvent)]
     assert sent == [SendFileEvent(path="report.txt", caption="weekly")]

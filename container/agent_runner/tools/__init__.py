@@ -22,15 +22,17 @@ Tools (one module each):
   decides and says in the chat what it did (``schedule_tools.py``).
 
 File tools only touch paths inside the workspace (``paths.py``).  Shared
-types live in ``base.py`` and are re-exported here.
+types live in ``base.py`` and are re-exported here.  Each tool's arguments are a
+msgspec Struct (``ToolArgs``), decoded once by :func:`run_tool` (``base.decode_args``):
+the built-in loop and Claude Code's MCP tools both call it, so both check alike.
 
 The chat tools are optional (``protocol.OPTIONAL_TOOL_NAMES``): a group's profile on the
 host names the ones its agent has (``ContainerInput.tools``), and a run is offered
 only those (:func:`disabled_tools`, :func:`tool_specs`); a call to another is refused
 like an unknown tool.  The host refuses their events again: this is the courtesy.
 
-:func:`run_tool` never raises for a bad call: an unknown tool name, a
-malformed input or a refused path becomes an ``is_error`` result that the
+:func:`run_tool` never raises for a bad call: an unknown tool name, an
+input that does not decode into the tool's Struct or a refused path becomes an ``is_error`` result that the
 model can read and correct, rather than a crash of the whole run.
 """
 
@@ -45,7 +47,7 @@ import msgspec
 from ..protocol import OPTIONAL_TOOL_NAMES
 from ..providers.base import ToolSpec
 from .ask_user import SPEC as ASK_USER_SPEC
-from .ask_user import ask_user
+from .ask_user import AskArgs, ask_user
 from .base import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -53,31 +55,43 @@ from .base import (
     EXIT_UNKNOWN_TOOL,
     RunState,
     Tool,
+    ToolArgs,
     ToolContext,
-    ToolFn,
     ToolOutcome,
+    decode_args,
 )
-from .bash import BASH_SPEC, resolve_cwd, run_bash
+from .bash import BASH_SPEC, BashArgs, bash
 from .edit_file import SPEC as EDIT_FILE_SPEC
-from .edit_file import edit_file
+from .edit_file import EditFileArgs, edit_file
 from .edit_message import SPEC as EDIT_MESSAGE_SPEC
-from .edit_message import edit_message
+from .edit_message import EditMessageArgs, edit_message
 from .glob_tool import SPEC as GLOB_SPEC
-from .glob_tool import glob_files
+from .glob_tool import GlobArgs, glob_files
 from .grep_tool import SPEC as GREP_SPEC
-from .grep_tool import grep_files
+from .grep_tool import GrepArgs, grep_files
 from .read_file import SPEC as READ_FILE_SPEC
-from .read_file import read_file
+from .read_file import ReadFileArgs, read_file
 from .schedule_tools import SPECS as SCHEDULE_SPECS
-from .schedule_tools import cancel_task, list_tasks, pause_task, resume_task, schedule_task, update_task
+from .schedule_tools import (
+    ListTasksArgs,
+    ScheduleTaskArgs,
+    TaskIdArgs,
+    UpdateTaskArgs,
+    cancel_task,
+    list_tasks,
+    pause_task,
+    resume_task,
+    schedule_task,
+    update_task,
+)
 from .send_file import SPEC as SEND_FILE_SPEC
-from .send_file import send_file
+from .send_file import SendFileArgs, send_file
 from .send_message import SPEC as SEND_MESSAGE_SPEC
-from .send_message import send_message
+from .send_message import SendMessageArgs, send_message
 from .todo_write import SPEC as TODO_WRITE_SPEC
-from .todo_write import todo_write
+from .todo_write import TodoWriteArgs, todo_write
 from .write_file import SPEC as WRITE_FILE_SPEC
-from .write_file import write_file
+from .write_file import WriteFileArgs, write_file
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -87,8 +101,8 @@ __all__ = [
     "REGISTRY",
     "RunState",
     "Tool",
+    "ToolArgs",
     "ToolContext",
-    "ToolFn",
     "ToolOutcome",
     "disabled_tools",
     "run_tool",
@@ -98,39 +112,26 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def _bash(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
-    command = args.get("command")
-    if not isinstance(command, str) or not command.strip():
-        return ToolOutcome("bash: input needs a non-empty string 'command'", EXIT_BAD_INPUT, True)
-    output, exit_code = run_bash(
-        command,
-        cwd=resolve_cwd(ctx.workspace),
-        timeout_s=ctx.limits.bash_timeout_s,
-        output_cap_bytes=ctx.limits.output_cap_bytes,
-    )
-    return ToolOutcome(output, exit_code)
-
-
-REGISTRY: dict[str, Tool] = {
+REGISTRY: dict[str, Tool[Any]] = {
     tool.spec.name: tool
     for tool in (
-        Tool(BASH_SPEC, _bash),
-        Tool(READ_FILE_SPEC, read_file),
-        Tool(WRITE_FILE_SPEC, write_file),
-        Tool(EDIT_FILE_SPEC, edit_file),
-        Tool(GLOB_SPEC, glob_files),
-        Tool(GREP_SPEC, grep_files),
-        Tool(TODO_WRITE_SPEC, todo_write),
-        Tool(SEND_MESSAGE_SPEC, send_message),
-        Tool(SEND_FILE_SPEC, send_file),
-        Tool(SCHEDULE_SPECS["schedule_task"], schedule_task),
-        Tool(SCHEDULE_SPECS["list_tasks"], list_tasks),
-        Tool(SCHEDULE_SPECS["update_task"], update_task),
-        Tool(SCHEDULE_SPECS["pause_task"], pause_task),
-        Tool(SCHEDULE_SPECS["resume_task"], resume_task),
-        Tool(SCHEDULE_SPECS["cancel_task"], cancel_task),
-        Tool(ASK_USER_SPEC, ask_user),
-        Tool(EDIT_MESSAGE_SPEC, edit_message),
+        Tool(BASH_SPEC, BashArgs, bash),
+        Tool(READ_FILE_SPEC, ReadFileArgs, read_file),
+        Tool(WRITE_FILE_SPEC, WriteFileArgs, write_file),
+        Tool(EDIT_FILE_SPEC, EditFileArgs, edit_file),
+        Tool(GLOB_SPEC, GlobArgs, glob_files),
+        Tool(GREP_SPEC, GrepArgs, grep_files),
+        Tool(TODO_WRITE_SPEC, TodoWriteArgs, todo_write),
+        Tool(SEND_MESSAGE_SPEC, SendMessageArgs, send_message),
+        Tool(SEND_FILE_SPEC, SendFileArgs, send_file),
+        Tool(SCHEDULE_SPECS["schedule_task"], ScheduleTaskArgs, schedule_task),
+        Tool(SCHEDULE_SPECS["list_tasks"], ListTasksArgs, list_tasks),
+        Tool(SCHEDULE_SPECS["update_task"], UpdateTaskArgs, update_task),
+        Tool(SCHEDULE_SPECS["pause_task"], TaskIdArgs, pause_task),
+        Tool(SCHEDULE_SPECS["resume_task"], TaskIdArgs, resume_task),
+        Tool(SCHEDULE_SPECS["cancel_task"], TaskIdArgs, cancel_task),
+        Tool(ASK_USER_SPEC, AskArgs, ask_user),
+        Tool(EDIT_MESSAGE_SPEC, EditMessageArgs, edit_message),
     )
 }
 
@@ -155,8 +156,11 @@ def run_tool(name: str, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcom
         return ToolOutcome(f"unknown tool {name!r}; available: {known}", EXIT_UNKNOWN_TOOL, True)
     if not isinstance(args, Mapping):
         return ToolOutcome(f"{name}: input must be a JSON object", EXIT_BAD_INPUT, True)
+    decoded = decode_args(name, args, tool.args)
+    if isinstance(decoded, ToolOutcome):
+        return decoded
     try:
-        return tool.run(args, ctx)
+        return tool.run(decoded, ctx)
     except OSError as exc:  # e.g. bash missing or the workspace unreadable
         log.warning("tool %s failed to start: %s", name, exc)
         return ToolOutcome(f"{name}: failed to start: {exc}", EXIT_FAILED_TO_START, True)

@@ -10,15 +10,13 @@ question and its options again (what the sandbox writes is not trusted).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated
 
-import msgspec
 from msgspec import Meta
 
 from ..protocol import MAX_OPTION_CHARS, MAX_OPTIONS, MAX_QUESTION_CHARS, MIN_OPTIONS, QuestionEvent
 from ..providers.base import ToolSpec
-from .base import ToolContext, ToolOutcome, bad_input, failed
+from .base import ToolArgs, ToolContext, ToolOutcome, bad_input, failed
 
 NAME = "ask_user"
 
@@ -55,7 +53,7 @@ POSTED = (
 )
 
 
-class AskArgs(msgspec.Struct, forbid_unknown_fields=True):
+class AskArgs(ToolArgs, forbid_unknown_fields=True):
     question: Annotated[str, Meta(min_length=1, max_length=MAX_QUESTION_CHARS)]
     options: Annotated[
         list[Annotated[str, Meta(min_length=1, max_length=MAX_OPTION_CHARS)]],
@@ -65,15 +63,11 @@ class AskArgs(msgspec.Struct, forbid_unknown_fields=True):
     allow_other: bool = False
 
 
-def ask_user(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
+def ask_user(asked: AskArgs, ctx: ToolContext) -> ToolOutcome:
     if ctx.emit is None:
         return failed(NAME, "no chat to ask outside a run")
     if ctx.state.asked:
         return failed(NAME, "one question per run: it was asked already; end your turn and wait for the answer")
-    try:
-        asked = msgspec.convert(dict(args), AskArgs)
-    except msgspec.ValidationError as exc:
-        return bad_input(NAME, str(exc))
     options = [o.strip() for o in asked.options]
     if not asked.question.strip() or not all(options):
         return bad_input(NAME, "the question and every option need words")

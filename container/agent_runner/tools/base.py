@@ -1,17 +1,26 @@
-"""Types every tool shares: its context, its outcome, and small input helpers.
+"""Types every tool shares: its context, its outcome, its arguments' decode.
 
 Kept apart from the registry (``tools/__init__``) so that tool modules can
 import them without importing each other.
+
+A tool's arguments are a :class:`ToolArgs` Struct: the shape, the types and the bounds a
+call must have, decoded once by :func:`decode_args` before the tool runs, so a tool's own
+code starts from typed values and only checks what depends on the files or the run.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Generic, TypeVar, get_args, get_type_hints
 
-from ..protocol import KnownEnvelope, Limits, QuestionEvent, TaskInfo
+import msgspec
+from msgspec import Meta
+
+from ..protocol import KnownEnvelope, Limits, QuestionEvent, TaskInfo, literal_choices
 from ..providers.base import ToolSpec
 
 # Exit codes for calls that never ran or failed, borrowed from shell conventions.
@@ -67,15 +76,6 @@ class ToolOutcome:
     question: QuestionEvent | None = None
 
 
-ToolFn = Callable[[Mapping[str, Any], ToolContext], ToolOutcome]
-
-
-@dataclass(frozen=True)
-class Tool:
-    spec: ToolSpec
-    run: ToolFn
-
-
 def bad_input(tool: str, problem: str) -> ToolOutcome:
     return ToolOutcome(f"{tool}: {problem}", EXIT_BAD_INPUT, True)
 
@@ -84,29 +84,69 @@ def failed(tool: str, problem: str) -> ToolOutcome:
     return ToolOutcome(f"{tool}: {problem}", EXIT_FAILED, True)
 
 
-def str_arg(
-    args: Mapping[str, Any], key: str, tool: str, *, required: bool = True, allow_empty: bool = False
-) -> str | None | ToolOutcome:
-    """``args[key]`` as a string; None when optional and absent; an error outcome otherwise."""
-    value = args.get(key)
-    if value is None:
-        return bad_input(tool, f"input needs a string {key!r}") if required else None
-    if not isinstance(value, str):
-        return bad_input(tool, f"{key!r} must be a string, not {type(value).__name__}")
-    if not allow_empty and not value.strip():
-        return bad_input(tool, f"{key!r} must not be empty")
-    return value
+class _NonBlank:
+    """The mark of a string argument that must have words (see :data:`NonBlank`)."""
 
 
-def int_arg(args: Mapping[str, Any], key: str, tool: str, default: int) -> int | ToolOutcome:
-    """``args[key]`` as an integer >= 1, or ``default`` when absent."""
-    value = args.get(key)
-    if value is None:
-        return default
-    # bool is an int subclass, but ``true`` is never a meaningful count.
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        return bad_input(tool, f"{key!r} must be an integer >= 1, got {value!r}")
-    return value
+_NON_BLANK = _NonBlank()
+# A string with something in it besides white space: a path, a command, a message.
+# msgspec has no such bound, so :meth:`ToolArgs.__post_init__` checks the marked fields.
+NonBlank = Annotated[str, _NON_BLANK]
+# A count or a position: a whole number from 1 (``true`` is no count: msgspec refuses bools).
+Count = Annotated[int, Meta(ge=1)]
+
+
+class ToolArgs(msgspec.Struct):
+    """A tool's arguments.  Unknown keys are ignored unless a tool's Struct forbids them."""
+
+    def __post_init__(self) -> None:
+        # A ValueError here becomes msgspec's ValidationError, with where it was.
+        for name in _non_blank_fields(type(self)):
+            value = getattr(self, name)
+            if isinstance(value, str) and not value.strip():
+                raise ValueError(f"{name!r} must not be empty")
+
+
+def _marked(hint: Any) -> bool:
+    return _NON_BLANK in getattr(hint, "__metadata__", ()) or any(_marked(arg) for arg in get_args(hint))
+
+
+@cache
+def _non_blank_fields(args_type: type[ToolArgs]) -> tuple[str, ...]:
+    hints = get_type_hints(args_type, include_extras=True)
+    return tuple(name for name in args_type.__struct_fields__ if _marked(hints[name]))
+
+
+A = TypeVar("A", bound=ToolArgs)
+
+
+@dataclass(frozen=True)
+class Tool(Generic[A]):
+    spec: ToolSpec
+    args: type[A]
+    run: Callable[[A, ToolContext], ToolOutcome]
+
+
+def decode_args(tool: str, args: Mapping[str, Any], args_type: type[A]) -> A | ToolOutcome:
+    """The model's arguments as ``args_type``, or the refusal it can read and correct."""
+    # JSON null stands for an argument left out: models send it for optional ones.
+    given = {key: value for key, value in args.items() if value is not None}
+    try:
+        return msgspec.convert(given, args_type)
+    except msgspec.ValidationError as exc:
+        return bad_input(tool, _explain(str(exc), args_type))
+
+
+_WHERE = re.compile(r" - at `(?P<loc>\$[^`]*)`$")
+
+
+def _explain(problem: str, args_type: type[ToolArgs]) -> str:
+    """msgspec's message, with the allowed words added when a word is not one of them."""
+    where = _WHERE.search(problem)
+    if not problem.startswith("Invalid enum value") or where is None:
+        return problem
+    choices = literal_choices(args_type, where["loc"])
+    return f"{problem}; expected one of {', '.join(map(str, choices))}" if choices else problem
 
 
 def cut_utf8(text: str, max_bytes: int) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from ..providers.base import ToolSpec
+from .base import NonBlank, ToolArgs, ToolContext, ToolOutcome
 
 TIMEOUT_EXIT_CODE = 124  # what coreutils' timeout(1) returns
 READ_CHUNK = 65536
@@ -36,6 +37,20 @@ BASH_SPEC = ToolSpec(
         "required": ["command"],
     },
 )
+
+
+class BashArgs(ToolArgs):
+    command: NonBlank
+
+
+def bash(args: BashArgs, ctx: ToolContext) -> ToolOutcome:
+    output, exit_code = run_bash(
+        args.command,
+        cwd=resolve_cwd(ctx.workspace),
+        timeout_s=ctx.limits.bash_timeout_s,
+        output_cap_bytes=ctx.limits.output_cap_bytes,
+    )
+    return ToolOutcome(output, exit_code)
 
 
 class _CappedReader:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from .. import envelopes
 from ..providers.base import ToolSpec
-from .base import ToolContext, ToolOutcome, bad_input, failed, str_arg
+from .base import NonBlank, ToolArgs, ToolContext, ToolOutcome, bad_input, failed
 from .paths import relative_to_workspace, resolve_in_workspace
 
 NAME = "edit_file"
@@ -40,22 +37,16 @@ SPEC = ToolSpec(
 )
 
 
-def edit_file(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
-    raw = str_arg(args, "path", NAME)
-    if isinstance(raw, ToolOutcome):
-        return raw
-    old_string = str_arg(args, "old_string", NAME, allow_empty=True)
-    if isinstance(old_string, ToolOutcome):
-        return old_string
-    new_string = str_arg(args, "new_string", NAME, allow_empty=True)
-    if isinstance(new_string, ToolOutcome):
-        return new_string
-    assert raw is not None and old_string is not None and new_string is not None
-    replace_all = args.get("replace_all", False)
-    if replace_all is None:
-        replace_all = False
-    if not isinstance(replace_all, bool):
-        return bad_input(NAME, f"'replace_all' must be a boolean, got {replace_all!r}")
+class EditFileArgs(ToolArgs):
+    path: NonBlank
+    # May be empty for the type: the refusal below says what to use instead.
+    old_string: str
+    new_string: str
+    replace_all: bool = False
+
+
+def edit_file(args: EditFileArgs, ctx: ToolContext) -> ToolOutcome:
+    raw, old_string, new_string, replace_all = args.path, args.old_string, args.new_string, args.replace_all
     if not old_string:
         return bad_input(NAME, "'old_string' must not be empty; use write_file to create or replace a file")
     if old_string == new_string:

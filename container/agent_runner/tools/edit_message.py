@@ -9,12 +9,13 @@ channels, and says in the chat when it cannot.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import Annotated
+
+from msgspec import Meta
 
 from ..protocol import EditEvent
 from ..providers.base import ToolSpec
-from .base import ToolContext, ToolOutcome, failed, int_arg, str_arg
+from .base import Count, NonBlank, ToolArgs, ToolContext, ToolOutcome, failed
 
 NAME = "edit_message"
 MAX_CHARS = 20_000
@@ -43,19 +44,13 @@ SPEC = ToolSpec(
 )
 
 
-def edit_message(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
-    text = str_arg(args, "text", NAME)
-    if isinstance(text, ToolOutcome):
-        return text
-    assert text is not None  # required above
-    if len(text) > MAX_CHARS:
-        return failed(NAME, f"text is {len(text)} characters; the limit is {MAX_CHARS}")
-    back = int_arg(args, "nth_last", NAME, 1)
-    if isinstance(back, ToolOutcome):
-        return back
-    if back > MAX_BACK:
-        return failed(NAME, f"'nth_last' is at most {MAX_BACK}")
+class EditMessageArgs(ToolArgs):
+    text: Annotated[NonBlank, Meta(max_length=MAX_CHARS)]
+    nth_last: Annotated[Count, Meta(le=MAX_BACK)] = 1
+
+
+def edit_message(args: EditMessageArgs, ctx: ToolContext) -> ToolOutcome:
     if ctx.emit is None:
         return failed(NAME, "no chat to edit in outside a run")
-    ctx.emit(EditEvent(text=text, nth_last=back))
+    ctx.emit(EditEvent(text=args.text, nth_last=args.nth_last))
     return ToolOutcome("Asked the host to edit your message; it says in the chat if it cannot.", 0)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import PurePosixPath
-from typing import Any
 
 from ..providers.base import ToolSpec
-from .base import ToolContext, ToolOutcome, bad_input, cut_utf8, failed, str_arg
+from .base import NonBlank, ToolArgs, ToolContext, ToolOutcome, bad_input, cut_utf8, failed
 from .paths import resolve_in_workspace, workspace_root
 
 NAME = "glob"
@@ -38,14 +36,13 @@ SPEC = ToolSpec(
 )
 
 
-def glob_files(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
-    pattern = str_arg(args, "pattern", NAME)
-    if isinstance(pattern, ToolOutcome):
-        return pattern
-    raw_dir = str_arg(args, "path", NAME, required=False)
-    if isinstance(raw_dir, ToolOutcome):
-        return raw_dir
-    assert pattern is not None
+class GlobArgs(ToolArgs):
+    pattern: NonBlank
+    path: NonBlank | None = None
+
+
+def glob_files(args: GlobArgs, ctx: ToolContext) -> ToolOutcome:
+    pattern, raw_dir = args.pattern, args.path
     parts = PurePosixPath(pattern).parts
     if pattern.startswith("/") or ".." in parts:
         return bad_input(NAME, "pattern must be relative and must not contain '..'; use 'path' to pick the directory")

@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from ..providers.base import ToolSpec
-from .base import ToolContext, ToolOutcome, bad_input, failed, str_arg
+from .base import NonBlank, ToolArgs, ToolContext, ToolOutcome, bad_input, failed
 from .paths import resolve_in_workspace, workspace_root
 
 NAME = "grep"
@@ -70,17 +69,15 @@ def _wanted(rel: str, name_glob: str | None) -> bool:
     return name_glob is None or PurePosixPath(rel).match(name_glob)
 
 
-def grep_files(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
-    pattern = str_arg(args, "pattern", NAME, allow_empty=True)
-    if isinstance(pattern, ToolOutcome):
-        return pattern
-    raw_path = str_arg(args, "path", NAME, required=False)
-    if isinstance(raw_path, ToolOutcome):
-        return raw_path
-    name_glob = str_arg(args, "glob", NAME, required=False)
-    if isinstance(name_glob, ToolOutcome):
-        return name_glob
-    assert pattern is not None
+class GrepArgs(ToolArgs):
+    # White space alone is a pattern (it finds spaces); only the empty one is refused below.
+    pattern: str
+    path: NonBlank | None = None
+    glob: NonBlank | None = None
+
+
+def grep_files(args: GrepArgs, ctx: ToolContext) -> ToolOutcome:
+    pattern, raw_path, name_glob = args.pattern, args.path, args.glob
     if pattern == "":
         return bad_input(NAME, "'pattern' must not be empty")
     try:

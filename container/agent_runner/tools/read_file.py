@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from ..providers.base import ToolSpec
-from .base import ToolContext, ToolOutcome, bad_input, cut_utf8, failed, int_arg, str_arg
+from .base import Count, NonBlank, ToolArgs, ToolContext, ToolOutcome, bad_input, cut_utf8, failed
 from .paths import resolve_in_workspace
 
 NAME = "read_file"
@@ -38,17 +36,14 @@ SPEC = ToolSpec(
 )
 
 
-def read_file(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
-    raw = str_arg(args, "path", NAME)
-    if isinstance(raw, ToolOutcome):
-        return raw
-    assert raw is not None
-    offset = int_arg(args, "offset", NAME, 1)
-    if isinstance(offset, ToolOutcome):
-        return offset
-    limit = int_arg(args, "limit", NAME, DEFAULT_LIMIT)
-    if isinstance(limit, ToolOutcome):
-        return limit
+class ReadFileArgs(ToolArgs):
+    path: NonBlank
+    offset: Count = 1
+    limit: Count = DEFAULT_LIMIT
+
+
+def read_file(args: ReadFileArgs, ctx: ToolContext) -> ToolOutcome:
+    raw, offset, limit = args.path, args.offset, args.limit
     path = resolve_in_workspace(ctx.workspace, raw, NAME)
     if isinstance(path, ToolOutcome):
         return path

@@ -12,12 +12,14 @@ chat what it did.  A task the agent made is marked so on the host.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, get_args
+from collections.abc import Callable
+from typing import Annotated, get_args
+
+from msgspec import Meta
 
 from ..protocol import ContextMode, ScheduleKind, TaskAction, TaskEvent, TaskInfo
 from ..providers.base import ToolSpec
-from .base import ToolContext, ToolOutcome, bad_input, failed, str_arg
+from .base import NonBlank, ToolArgs, ToolContext, ToolOutcome, bad_input, failed
 
 MAX_PROMPT_CHARS = 10_000
 KINDS: tuple[str, ...] = get_args(ScheduleKind)
@@ -91,93 +93,75 @@ def _emit(ctx: ToolContext, tool: str, event: TaskEvent, said: str) -> ToolOutco
     return ToolOutcome(f"{said} The host checks it and says in the chat what it did.", 0)
 
 
-def _when(args: Mapping[str, Any], tool: str, *, required: bool) -> tuple[str | None, str | None] | ToolOutcome:
-    kind = str_arg(args, "kind", tool, required=required)
-    if isinstance(kind, ToolOutcome):
-        return kind
-    spec = str_arg(args, "spec", tool, required=required)
-    if isinstance(spec, ToolOutcome):
-        return spec
-    if (kind is None) != (spec is None):
-        return bad_input(tool, "give 'kind' and 'spec' together")
-    if kind is not None and kind not in KINDS:
-        return bad_input(tool, f"'kind' must be one of {', '.join(KINDS)}, not {kind!r}")
-    return kind, spec
+Prompt = Annotated[NonBlank, Meta(max_length=MAX_PROMPT_CHARS)]
 
 
-def _prompt(args: Mapping[str, Any], tool: str, *, required: bool) -> str | None | ToolOutcome:
-    prompt = str_arg(args, "prompt", tool, required=required)
-    if isinstance(prompt, str) and len(prompt) > MAX_PROMPT_CHARS:
-        return bad_input(tool, f"'prompt' is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
-    return prompt
+class ScheduleTaskArgs(ToolArgs):
+    prompt: Prompt
+    kind: ScheduleKind
+    spec: NonBlank
+    context_mode: ContextMode | None = None
+    chat_jid: NonBlank | None = None
 
 
-def _task_id(args: Mapping[str, Any], tool: str, ctx: ToolContext) -> str | ToolOutcome:
-    task_id = str_arg(args, "task_id", tool)
-    if isinstance(task_id, ToolOutcome):
-        return task_id
-    assert task_id is not None  # required above
-    known = [t.id for t in ctx.tasks]
-    if not any(t.startswith(task_id) for t in known):
-        return failed(tool, f"no task {task_id!r} of yours; list_tasks shows the ones you may manage")
-    return task_id
+class TaskIdArgs(ToolArgs):
+    task_id: NonBlank
 
 
-def schedule_task(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
+class UpdateTaskArgs(TaskIdArgs):
+    prompt: Prompt | None = None
+    kind: ScheduleKind | None = None
+    spec: NonBlank | None = None
+
+
+class ListTasksArgs(ToolArgs):
+    pass
+
+
+def _known(task_id: str, tool: str, ctx: ToolContext) -> ToolOutcome | None:
+    """A refusal unless ``task_id`` starts the id of a task the run was given."""
+    if any(t.id.startswith(task_id) for t in ctx.tasks):
+        return None
+    return failed(tool, f"no task {task_id!r} of yours; list_tasks shows the ones you may manage")
+
+
+def schedule_task(args: ScheduleTaskArgs, ctx: ToolContext) -> ToolOutcome:
     tool = "schedule_task"
-    prompt = _prompt(args, tool, required=True)
-    if isinstance(prompt, ToolOutcome):
-        return prompt
-    when = _when(args, tool, required=True)
-    if isinstance(when, ToolOutcome):
-        return when
-    mode = str_arg(args, "context_mode", tool, required=False)
-    if isinstance(mode, ToolOutcome):
-        return mode
-    if mode is not None and mode not in MODES:
-        return bad_input(tool, f"'context_mode' must be one of {', '.join(MODES)}, not {mode!r}")
-    target = str_arg(args, "chat_jid", tool, required=False)
-    if isinstance(target, ToolOutcome):
-        return target
+    target = args.chat_jid
     if target is not None and target != ctx.chat_jid and target not in ctx.send_targets:
         return failed(tool, f"this group may not schedule tasks for {target!r}; only for its own chat {ctx.chat_jid!r}")
-    kind, spec = when
     event = TaskEvent(
         action="create",
         chat_jid=target or ctx.chat_jid,
-        prompt=prompt,
-        kind=kind,  # type: ignore[arg-type]  # one of KINDS, checked above
-        spec=spec,
-        context_mode=mode,  # type: ignore[arg-type]  # one of MODES, checked above
+        prompt=args.prompt,
+        kind=args.kind,
+        spec=args.spec,
+        context_mode=args.context_mode,
     )
-    return _emit(ctx, tool, event, f"Asked the host to schedule it ({kind} {spec}).")
+    return _emit(ctx, tool, event, f"Asked the host to schedule it ({args.kind} {args.spec}).")
 
 
-def update_task(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
+def update_task(args: UpdateTaskArgs, ctx: ToolContext) -> ToolOutcome:
     tool = "update_task"
-    task_id = _task_id(args, tool, ctx)
-    if isinstance(task_id, ToolOutcome):
-        return task_id
-    prompt = _prompt(args, tool, required=False)
-    if isinstance(prompt, ToolOutcome):
-        return prompt
-    when = _when(args, tool, required=False)
-    if isinstance(when, ToolOutcome):
-        return when
-    kind, spec = when
-    if prompt is None and kind is None:
+    unknown = _known(args.task_id, tool, ctx)
+    if unknown is not None:
+        return unknown
+    if (args.kind is None) != (args.spec is None):
+        return bad_input(tool, "give 'kind' and 'spec' together")
+    if args.prompt is None and args.kind is None:
         return bad_input(tool, "give a new 'prompt', or a new 'kind' and 'spec', or both")
-    event = TaskEvent(action="update", task_id=task_id, prompt=prompt, kind=kind, spec=spec)  # type: ignore[arg-type]
-    return _emit(ctx, tool, event, f"Asked the host to change task {task_id}.")
+    event = TaskEvent(action="update", task_id=args.task_id, prompt=args.prompt, kind=args.kind, spec=args.spec)
+    return _emit(ctx, tool, event, f"Asked the host to change task {args.task_id}.")
 
 
-def _state_change(action: TaskAction) -> Any:
+def _state_change(action: TaskAction) -> Callable[[TaskIdArgs, ToolContext], ToolOutcome]:
     tool = f"{action}_task"
 
-    def change(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
-        task_id = _task_id(args, tool, ctx)
-        if isinstance(task_id, ToolOutcome):
-            return task_id
+    def change(args: TaskIdArgs, ctx: ToolContext) -> ToolOutcome:
+        task_id = args.task_id
+        unknown = _known(task_id, tool, ctx)
+        if unknown is not None:
+            return unknown
         return _emit(
             ctx, tool, TaskEvent(action=action, task_id=task_id), f"Asked the host to {action} task {task_id}."
         )
@@ -190,7 +174,7 @@ resume_task = _state_change("resume")
 cancel_task = _state_change("cancel")
 
 
-def list_tasks(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
+def list_tasks(_args: ListTasksArgs, ctx: ToolContext) -> ToolOutcome:
     if not ctx.tasks:
         return ToolOutcome("No scheduled tasks (as of the start of this run).", 0)
     return ToolOutcome("\n".join(_line(t) for t in ctx.tasks), 0)

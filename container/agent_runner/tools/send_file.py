@@ -19,12 +19,13 @@ bounded size) and decides for real, with its own limits.
 from __future__ import annotations
 
 import stat
-from collections.abc import Mapping
-from typing import Any
+from typing import Annotated
+
+from msgspec import Meta
 
 from ..protocol import SendFileEvent
 from ..providers.base import ToolSpec
-from .base import ToolContext, ToolOutcome, bad_input, failed, str_arg
+from .base import NonBlank, ToolArgs, ToolContext, ToolOutcome, failed
 from .paths import file_in_workspace
 
 NAME = "send_file"
@@ -63,17 +64,13 @@ _KINDS = (
 )
 
 
-def send_file(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
-    raw = str_arg(args, "path", NAME)
-    if isinstance(raw, ToolOutcome):
-        return raw
-    caption = str_arg(args, "caption", NAME, required=False, allow_empty=True)
-    if isinstance(caption, ToolOutcome):
-        return caption
-    assert raw is not None  # required above
-    caption = (caption or "").strip()
-    if len(caption) > MAX_CAPTION_CHARS:
-        return bad_input(NAME, f"caption is {len(caption)} characters; the limit is {MAX_CAPTION_CHARS}")
+class SendFileArgs(ToolArgs):
+    path: NonBlank
+    caption: Annotated[str, Meta(max_length=MAX_CAPTION_CHARS)] = ""
+
+
+def send_file(args: SendFileArgs, ctx: ToolContext) -> ToolOutcome:
+    raw, caption = args.path, args.caption.strip()
     found = file_in_workspace(ctx.workspace, raw, NAME)
     if isinstance(found, ToolOutcome):
         return found

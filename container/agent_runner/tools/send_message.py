@@ -8,12 +8,13 @@ is trusted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import Annotated
+
+from msgspec import Meta
 
 from ..protocol import SendMessageEvent
 from ..providers.base import ToolSpec
-from .base import ToolContext, ToolOutcome, failed, str_arg
+from .base import NonBlank, ToolArgs, ToolContext, ToolOutcome, failed
 
 NAME = "send_message"
 MAX_CHARS = 20_000
@@ -36,17 +37,13 @@ SPEC = ToolSpec(
 )
 
 
-def send_message(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
-    text = str_arg(args, "text", NAME)
-    if isinstance(text, ToolOutcome):
-        return text
-    target = str_arg(args, "chat_jid", NAME, required=False)
-    if isinstance(target, ToolOutcome):
-        return target
-    target = target or ctx.chat_jid
-    assert text is not None  # required above
-    if len(text) > MAX_CHARS:
-        return failed(NAME, f"text is {len(text)} characters; the limit is {MAX_CHARS}")
+class SendMessageArgs(ToolArgs):
+    text: Annotated[NonBlank, Meta(max_length=MAX_CHARS)]
+    chat_jid: NonBlank | None = None
+
+
+def send_message(args: SendMessageArgs, ctx: ToolContext) -> ToolOutcome:
+    text, target = args.text, args.chat_jid or ctx.chat_jid
     if target != ctx.chat_jid and target not in ctx.send_targets:
         return failed(NAME, f"this group may not post to {target!r}; only to its own chat {ctx.chat_jid!r}")
     if ctx.emit is None:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import get_args
 
 from .. import envelopes
+from ..protocol import TodoStatus
 from ..providers.base import ToolSpec
-from .base import ToolContext, ToolOutcome, bad_input
+from .base import NonBlank, ToolArgs, ToolContext, ToolOutcome, bad_input
 
 NAME = "todo_write"
-STATUSES = ("pending", "in_progress", "completed")
+STATUSES: tuple[str, ...] = get_args(TodoStatus)
 MARKS = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]"}
 
 SPEC = ToolSpec(
@@ -44,27 +44,23 @@ SPEC = ToolSpec(
 )
 
 
-def _parse(todos: Any) -> list[dict[str, str]] | ToolOutcome:
-    if not isinstance(todos, list):
-        return bad_input(NAME, "input needs a list 'todos'")
-    items: list[dict[str, str]] = []
+class TodoEntry(ToolArgs):
+    id: NonBlank
+    content: NonBlank
+    status: TodoStatus
+
+
+class TodoWriteArgs(ToolArgs):
+    todos: list[TodoEntry]
+
+
+def _items(todos: list[TodoEntry]) -> list[dict[str, str]] | ToolOutcome:
     seen: set[str] = set()
     for i, item in enumerate(todos):
-        where = f"todos[{i}]"
-        if not isinstance(item, Mapping):
-            return bad_input(NAME, f"{where} must be an object with id, content and status")
-        todo_id, content, status = item.get("id"), item.get("content"), item.get("status")
-        if not isinstance(todo_id, str) or not todo_id.strip():
-            return bad_input(NAME, f"{where}.id must be a non-empty string")
-        if todo_id in seen:
-            return bad_input(NAME, f"{where}.id {todo_id!r} is used twice")
-        if not isinstance(content, str) or not content.strip():
-            return bad_input(NAME, f"{where}.content must be a non-empty string")
-        if status not in STATUSES:
-            return bad_input(NAME, f"{where}.status must be one of {', '.join(STATUSES)}, got {status!r}")
-        seen.add(todo_id)
-        items.append({"id": todo_id, "content": content, "status": status})
-    return items
+        if item.id in seen:
+            return bad_input(NAME, f"todos[{i}].id {item.id!r} is used twice")
+        seen.add(item.id)
+    return [{"id": t.id, "content": t.content, "status": t.status} for t in todos]
 
 
 def summarize(todos: list[dict[str, str]]) -> str:
@@ -78,8 +74,8 @@ def summarize(todos: list[dict[str, str]]) -> str:
     return "\n".join([head] + [f"{MARKS[t['status']]} {t['content']}" for t in todos])
 
 
-def todo_write(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
-    items = _parse(args.get("todos"))
+def todo_write(args: TodoWriteArgs, ctx: ToolContext) -> ToolOutcome:
+    items = _items(args.todos)
     if isinstance(items, ToolOutcome):
         return items
     ctx.state.todos = items

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from .. import envelopes
 from ..providers.base import ToolSpec
-from .base import ToolContext, ToolOutcome, bad_input, failed, str_arg
+from .base import NonBlank, ToolArgs, ToolContext, ToolOutcome, bad_input, failed
 from .paths import relative_to_workspace, resolve_in_workspace
 
 NAME = "write_file"
@@ -48,14 +46,13 @@ def _file_in_the_way(path: Path) -> Path | None:
     return None
 
 
-def write_file(args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
-    raw = str_arg(args, "path", NAME)
-    if isinstance(raw, ToolOutcome):
-        return raw
-    content = str_arg(args, "content", NAME, allow_empty=True)
-    if isinstance(content, ToolOutcome):
-        return content
-    assert raw is not None and content is not None
+class WriteFileArgs(ToolArgs):
+    path: NonBlank
+    content: str
+
+
+def write_file(args: WriteFileArgs, ctx: ToolContext) -> ToolOutcome:
+    raw, content = args.path, args.content
     path = resolve_in_workspace(ctx.workspace, raw, NAME)
     if isinstance(path, ToolOutcome):
         return path
