@@ -25,11 +25,16 @@ model and the channels like any ``tool_result`` message.  Rows stored
 before carry the sender ``command_output``: they stay as they are (history
 is a record, and nothing reads the sender of a tool result: its type
 decides), so both senders read the same.
+
+:func:`decode_part` reads a message's type and sender once into what it is
+(``orchestrator.model.parts``); ``StoredMessage.part`` holds the answer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -51,6 +56,19 @@ from orchestrator.model.envelopes import build_structured_envelope as build_stru
 from orchestrator.model.envelopes import normalize_message_metadata as normalize_message_metadata
 from orchestrator.model.envelopes import parse_message_metadata as parse_message_metadata
 from orchestrator.model.envelopes import preview_for as preview_for
+from orchestrator.model.parts import (
+    ASSISTANT_TEXT,
+    EGRESS_LOG,
+    HOST_NOTE,
+    MODEL_KINDS,
+    RESULT_META,
+    SYSTEM_TEXT,
+    THINKING,
+    USER_TEXT,
+    Part,
+    ToolResult,
+    ToolUse,
+)
 
 MessageType = Literal["user", "assistant", "system", "tool_result", "host"]
 MESSAGE_TYPES: frozenset[str] = frozenset(get_args(MessageType))
@@ -109,6 +127,22 @@ def sender_type_problem(sender: str, message_type: str) -> str | None:
     return None
 
 
+_RECORDS: dict[str, Part] = {SENDER_THINKING: THINKING, SENDER_RESULT_META: RESULT_META, SENDER_EGRESS_LOG: EGRESS_LOG}
+_BY_TYPE: dict[str, Part] = {"user": USER_TEXT, "assistant": ASSISTANT_TEXT, "system": SYSTEM_TEXT, "host": HOST_NOTE}
+
+
+def decode_part(message_type: MessageType, sender: str, metadata: JsonObject | None) -> Part:
+    """What a message is (``orchestrator.model.parts``): a record by its sender (the store
+    holds each harness sender to its types), anything else by its type."""
+    if sender == SENDER_TOOL_USE:
+        return ToolUse.of(metadata or {})
+    if (record := _RECORDS.get(sender)) is not None:
+        return record
+    if message_type == "tool_result":
+        return ToolResult.of(metadata or {})
+    return _BY_TYPE[message_type]
+
+
 class NewMessage(BaseModel):
     """A message about to be stored (the store assigns ``seq``).
 
@@ -148,6 +182,16 @@ class StoredMessage(BaseModel):
     superseded_at: datetime | None = None
     edited_at: datetime | None = None
 
+    @cached_property
+    def part(self) -> Part:
+        """What this message is, decoded once (fields never change: the model is frozen)."""
+        return decode_part(self.message_type, self.sender, self.metadata)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> StoredMessage:
+        copied = super().model_copy(update=update, deep=deep)
+        copied.__dict__.pop("part", None)  # a copy with other fields decodes its own
+        return copied
+
     @property
     def visible_to_model(self) -> bool:
-        return self.message_type != "host" and self.sender not in STORED_ONLY_SENDERS
+        return self.part.kind in MODEL_KINDS

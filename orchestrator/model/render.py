@@ -40,7 +40,8 @@ from orchestrator.model.envelopes import (
     parse_message_metadata,
     with_file_line,
 )
-from orchestrator.model.messages import SENDER_THINKING, SENDER_TOOL_USE, STORED_ONLY_SENDERS, StoredMessage
+from orchestrator.model.messages import StoredMessage
+from orchestrator.model.parts import RECORD_KINDS
 
 # Metadata key: the channel a message arrived on (mirroring skips it).
 ORIGIN_CHANNEL_KEY = "origin_channel"
@@ -82,7 +83,7 @@ class RenderedMessage(BaseModel):
 
 def displayed(msg: StoredMessage) -> bool:
     """Channels show it: not superseded, and not a stored-only record (tool_use, thinking, ...)."""
-    return msg.superseded_at is None and msg.sender not in STORED_ONLY_SENDERS
+    return msg.superseded_at is None and msg.part.kind not in RECORD_KINDS
 
 
 def struck(text: str) -> str:
@@ -190,24 +191,28 @@ def _said(name: str, body: str, structured: bool) -> str:
 
 
 def render(msg: StoredMessage, assistant_name: str) -> RenderedMessage:
-    kind, body = _structured(msg, in_tool_result=msg.message_type == "tool_result")
+    part = msg.part.kind
+    kind, body = _structured(msg, in_tool_result=part == "tool_result")
     # Words with their files under them read as words: they start on the name's line.
     structured = body is not None and kind != FILE
     text_body = body if body is not None else msg.content
-    if msg.message_type == "host":
-        text = f"🏠 {msg.content}"
-    elif msg.message_type == "tool_result":
-        text = _tool_header(msg) + (f"\n{text_body}" if text_body else "")
-    elif msg.message_type == "system":
-        text = f"⚙️ [system] {text_body}"
-    elif msg.message_type == "assistant" and msg.sender == SENDER_TOOL_USE:
-        text = f"🛠️ {msg.content}"
-    elif msg.message_type == "assistant" and msg.sender == SENDER_THINKING:
-        text = f"💭 {msg.content}"
-    elif msg.message_type == "assistant":
-        text = _said(msg.sender_name or assistant_name, text_body, structured)
-    else:
-        text = _said(msg.sender_name or msg.sender, text_body, structured)
+    match part:
+        case "host_note":
+            text = f"🏠 {msg.content}"
+        case "tool_result":
+            text = _tool_header(msg) + (f"\n{text_body}" if text_body else "")
+        case "tool_use":
+            text = f"🛠️ {msg.content}"
+        case "thinking":
+            text = f"💭 {msg.content}"
+        case "system_text" | "egress_log":
+            text = f"⚙️ [system] {text_body}"
+        case "result_meta" if msg.message_type == "system":  # the record may be stored either way
+            text = f"⚙️ [system] {text_body}"
+        case "assistant_text" | "result_meta":
+            text = _said(msg.sender_name or assistant_name, text_body, structured)
+        case "user_text":
+            text = _said(msg.sender_name or msg.sender, text_body, structured)
     origin = (msg.metadata or {}).get(ORIGIN_CHANNEL_KEY)
     return RenderedMessage(
         text=text,

@@ -26,25 +26,17 @@ whole turns.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from agent_runner.protocol import SdkMessage, SdkToolUse
 from orchestrator.model.envelopes import with_file_line
-from orchestrator.model.messages import SENDER_TOOL_USE, StoredMessage
+from orchestrator.model.messages import StoredMessage
+from orchestrator.model.parts import RUN_ID_KEY as RUN_ID_KEY
+from orchestrator.model.parts import ToolResult, ToolUse
 
 REPLY_TO_KEY = "reply_to_seq"
-# Which run produced an output (regenerate finds the run to redo by it).
-RUN_ID_KEY = "run_id"
-
-# What a provider accepts as a tool call's id and name (Anthropic's patterns;
-# OpenAI's are looser).  The rows come from a container, which is not
-# trusted: a call with an id or name the API would refuse would fail every
-# later run of the chat, so such a call is left out (its result reads as text).
-_TOOL_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
-_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def model_order(m: StoredMessage) -> tuple[int, int, int]:
@@ -60,22 +52,17 @@ def model_order(m: StoredMessage) -> tuple[int, int, int]:
     return (m.seq, 0, m.seq)
 
 
-def _call_of(m: StoredMessage) -> SdkToolUse | None:
-    """The tool call a stored ``tool_use`` record holds, if it is a well-formed one."""
-    if m.sender != SENDER_TOOL_USE or m.message_type != "assistant":
-        return None
-    meta = m.metadata or {}
-    call_id, name, args = meta.get("tool_use_id"), meta.get("tool"), meta.get("input")
-    if not (isinstance(call_id, str) and _TOOL_ID.fullmatch(call_id)):
-        return None
-    if not (isinstance(name, str) and _TOOL_NAME.fullmatch(name)) or not isinstance(args, dict):
-        return None
-    return SdkToolUse(id=call_id, name=name, input=args)
+# A call and its result pair by (run, call id): ids are unique within a run, not across
+# runs (the offline model numbers its calls).
+_Key = tuple[str | None, str | None]
 
 
-def _key(m: StoredMessage, call_id: object) -> tuple[object, object]:
-    # Ids are unique within a run, not across runs (the offline model numbers its calls).
-    return ((m.metadata or {}).get(RUN_ID_KEY), call_id)
+def _call_of(m: StoredMessage) -> tuple[SdkToolUse, _Key] | None:
+    """The tool call a stored ``tool_use`` record holds, if it is a well-formed one, and its key."""
+    part = m.part
+    if not isinstance(part, ToolUse) or part.call is None:
+        return None
+    return part.call, (part.run_id, part.call.id)
 
 
 def counts_in_view(m: StoredMessage) -> bool:
@@ -86,19 +73,19 @@ def counts_in_view(m: StoredMessage) -> bool:
     return m.visible_to_model or _call_of(m) is not None
 
 
-def _matched(ordered: list[StoredMessage]) -> set[tuple[object, object]]:
+def _matched(ordered: list[StoredMessage]) -> set[_Key]:
     """The (run, id) keys with exactly one call and, after it, exactly one result."""
-    calls: Counter[tuple[object, object]] = Counter()
-    results: Counter[tuple[object, object]] = Counter()
-    first_call: dict[tuple[object, object], int] = {}
-    last_result: dict[tuple[object, object], int] = {}
+    calls: Counter[_Key] = Counter()
+    results: Counter[_Key] = Counter()
+    first_call: dict[_Key, int] = {}
+    last_result: dict[_Key, int] = {}
     for i, m in enumerate(ordered):
-        if (call := _call_of(m)) is not None:
-            key = _key(m, call.id)
+        if (found := _call_of(m)) is not None:
+            key = found[1]
             calls[key] += 1
             first_call.setdefault(key, i)
-        elif m.message_type == "tool_result":
-            key = _key(m, (m.metadata or {}).get("tool_use_id"))
+        elif isinstance(part := m.part, ToolResult):
+            key = (part.run_id, part.tool_use_id)
             results[key] += 1
             last_result[key] = i
     return {k for k, n in calls.items() if n == 1 and results[k] == 1 and first_call[k] < last_result[k]}
@@ -126,10 +113,10 @@ def model_view(
     matched = _matched(ordered)
     out: list[ViewItem] = []
     for m in ordered:
-        meta = m.metadata or {}
-        if m.sender == SENDER_TOOL_USE:
-            call = _call_of(m)
-            if call is None or _key(m, call.id) not in matched:
+        part = m.part
+        if isinstance(part, ToolUse):
+            found = _call_of(m)
+            if found is None or found[1] not in matched:
                 continue
             out.append(
                 ViewItem(
@@ -139,22 +126,23 @@ def model_view(
                         content=m.content,
                         sender_name=m.sender_name or None,
                         timestamp=m.timestamp,
-                        tool_use=call,
+                        tool_use=found[0],
                     ),
                 )
             )
             continue
         message = SdkMessage(
             role=m.message_type,  # type: ignore[arg-type]  # host was filtered above
-            content=_words(m, expand if m.message_type == "user" else None),
+            content=_words(m, expand if part.kind == "user_text" else None),
             sender_name=m.sender_name or None,
             timestamp=m.timestamp,
         )
-        if m.message_type == "tool_result":
-            # The model needs the exit code to know whether a command worked.
-            message = message.replace(metadata={"exit_code": meta.get("exit_code")})
-            if _key(m, meta.get("tool_use_id")) in matched:
-                message = message.replace(tool_use_id=meta["tool_use_id"])
+        if isinstance(part, ToolResult):
+            # The model needs the exit code to know whether a command worked (as stored:
+            # a recorded input rebuilds from history the same).
+            message = message.replace(metadata={"exit_code": (m.metadata or {}).get("exit_code")})
+            if part.tool_use_id is not None and (part.run_id, part.tool_use_id) in matched:
+                message = message.replace(tool_use_id=part.tool_use_id)
         out.append(ViewItem(m, message))
     return out
 
