@@ -24,7 +24,8 @@ from agent_runner.protocol import EditEvent, QuestionEvent, TaskEvent
 from orchestrator.core import metrics, tracing
 from orchestrator.core.errors import FileTooLarge, HostileEntry, LeaseLost
 from orchestrator.core.settings import Settings
-from orchestrator.model.messages import SENDER_BOT, SENDER_EGRESS_LOG, STORED_ONLY_SENDERS, NewMessage, StoredMessage
+from orchestrator.model.messages import SENDER_BOT, SENDER_EGRESS_LOG, NewMessage, StoredMessage
+from orchestrator.model.parts import RECORD_KINDS
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
 from orchestrator.run import agent_tasks, questions
 from orchestrator.run.egress_log import record_metadata
@@ -295,9 +296,10 @@ class ChatOutputs:
         }
         if not fenced:
             leases.fence(conn, group.chat_jid, self.owner)  # nothing stored by a replaced holder
-        attached = attached_channels(conn, group.chat_jid) if out.sender not in STORED_ONLY_SENDERS else []
+        part = out.part
+        attached = attached_channels(conn, group.chat_jid) if part.kind not in RECORD_KINDS else []
         # The run's first reply: when, on the clock its creation was taken from (metrics).
-        first_reply = out.sender == SENDER_BOT and not outcome.replied
+        first_reply = part.kind == "assistant_text" and not outcome.replied
         now = db_now(conn) if first_reply else None
         new = NewMessage(chat_jid=group.chat_jid, timestamp=now_iso(), is_from_me=True, **fields)
         msg, created = insert_message(conn, self.db, new)
@@ -311,7 +313,7 @@ class ChatOutputs:
             metrics.first_reply(outcome.run.created_at, stored.first_reply_at, outcome.waiting_since)
         if stored.created:
             outcome.stored.append(stored.message.seq)
-            if stored.message.sender == SENDER_BOT:
+            if stored.message.part.kind == "assistant_text":
                 outcome.replied = True
         if stored.queued:
             self._deliver(self.group.chat_jid)

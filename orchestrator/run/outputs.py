@@ -45,7 +45,9 @@ from orchestrator.model.messages import (
     SENDER_TOOL_RESULT,
     SENDER_TOOL_USE,
     MessageType,
+    decode_part,
 )
+from orchestrator.model.parts import Part
 
 
 class OutputMessage(BaseModel):
@@ -55,6 +57,12 @@ class OutputMessage(BaseModel):
     content: str
     message_type: MessageType
     metadata: JsonObject | None = None
+
+    @property
+    def part(self) -> Part:
+        """What this output is (``orchestrator.model.parts``); decoded on each read, since
+        an output is copied with other metadata on its way to the store."""
+        return decode_part(self.message_type, self.sender, self.metadata)
 
 
 def event_to_message(

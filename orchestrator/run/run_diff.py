@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from agent_runner.protocol import ContainerInput, ProtocolError, Usage, decode_input
-from orchestrator.model.messages import SENDER_BOT, SENDER_RESULT_META, SENDER_TOOL_RESULT, SENDER_TOOL_USE
+from orchestrator.model.parts import ToolResult
 from orchestrator.model.pricing import estimate_cost
 from orchestrator.run.assembly import stored_input
 from orchestrator.run.outputs import OutputMessage
@@ -93,21 +93,21 @@ def _summary_of_input(text: Any) -> str:
 def summarize(db: Database, run: Run) -> RunSummary:
     outputs = run_outputs(db, run)
     exit_codes: dict[str, int | None] = {}
-    for out in outputs:
-        meta = out.metadata or {}
-        if out.message_type == "tool_result" or out.sender == SENDER_TOOL_RESULT:
-            code = meta.get("exit_code")
-            exit_codes[str(meta.get("tool_use_id"))] = code if isinstance(code, int) else None
+    parts = [(out, out.part) for out in outputs]
+    for _, part in parts:
+        if isinstance(part, ToolResult):
+            exit_codes[str(part.tool_use_id)] = part.exit_code
     replies: list[str] = []
     calls: list[ToolCall] = []
     meta_record: ResultMeta | None = None
-    for out in outputs:
+    for out, part in parts:
         meta = out.metadata or {}
-        if out.sender == SENDER_BOT and out.message_type == "assistant":
+        if part.kind == "assistant_text":
             # A replay's send_message is recorded, never sent: say where it would have gone.
             to = meta.get("to_chat") if meta.get("via") == "send_message" else None
             replies.append(f"[send_message to {to}, not sent] {out.content}" if to else out.content)
-        elif out.sender == SENDER_TOOL_USE:
+        elif part.kind == "tool_use":
+            # Every call the run made, a malformed one too: its name and input as stored.
             raw_input = meta.get("input")
             shown = raw_input.get("command") if isinstance(raw_input, dict) and meta.get("tool") == "bash" else None
             calls.append(
@@ -117,7 +117,7 @@ def summarize(db: Database, run: Run) -> RunSummary:
                     exit_code=exit_codes.get(str(meta.get("tool_use_id"))),
                 )
             )
-        elif out.sender == SENDER_RESULT_META:
+        elif part.kind == "result_meta":
             meta_record = read_result_meta(meta)
     model = _model_of(db, run, meta_record)
     if meta_record is None:  # a run from before the result_meta record: its row's counts
