@@ -42,7 +42,8 @@ from orchestrator.core.settings import Settings
 from orchestrator.core.sizes import human_size
 from orchestrator.core.terminal import for_terminal
 from orchestrator.model.envelopes import files_of
-from orchestrator.model.messages import STORED_ONLY_SENDERS, StoredMessage
+from orchestrator.model.messages import StoredMessage
+from orchestrator.model.parts import RECORD_KINDS
 from orchestrator.model.render import render_text
 from orchestrator.run.ingest import IncomingMessage, Signal, ingest
 from orchestrator.store.chat_listener import Subscription, listen
@@ -123,7 +124,7 @@ class Follower:
     def poll(self) -> None:
         for m in get_messages_after(self.jid, self.after, db=self.db):
             self.after = m.seq
-            if m.sender not in STORED_ONLY_SENDERS:
+            if m.part.kind not in RECORD_KINDS:
                 self.out(format_line(m, self.assistant))
                 if m.is_from_me and self.downloads is not None:
                     self._save_files(m)
