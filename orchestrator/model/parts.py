@@ -33,17 +33,9 @@ from typing import Literal, TypeAlias, get_args
 from agent_runner.protocol import SdkToolUse
 from orchestrator.core.jsontypes import JsonObject
 
-PartKind = Literal[
-    "user_text",
-    "assistant_text",
-    "system_text",
-    "tool_result",
-    "host_note",
-    "thinking",
-    "tool_use",
-    "result_meta",
-    "egress_log",
-]
+# The kinds whose content is all there is to them (:class:`Plain`).
+PlainKind = Literal["user_text", "assistant_text", "system_text", "host_note", "thinking", "result_meta", "egress_log"]
+PartKind = Literal[PlainKind, "tool_use", "tool_result"]
 PART_KINDS: frozenset[PartKind] = frozenset(get_args(PartKind))
 # Stored for the record: never in the model's view as they are, never on a channel.
 RECORD_KINDS: frozenset[PartKind] = frozenset({"thinking", "tool_use", "result_meta", "egress_log"})
@@ -68,52 +60,11 @@ def _text(meta: JsonObject, key: str) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class UserText:
-    """Words for the agent: a person's, a scheduled task's prompt, a deploy's."""
+class Plain:
+    """A message that is its words (or, for a record, its metadata as the record's reader
+    takes it): nothing to decode beyond its kind."""
 
-    kind: Literal["user_text"] = "user_text"
-
-
-@dataclass(frozen=True, slots=True)
-class AssistantText:
-    """The agent's words to the chat."""
-
-    kind: Literal["assistant_text"] = "assistant_text"
-
-
-@dataclass(frozen=True, slots=True)
-class SystemText:
-    """Persistent context for the model, set apart on channels."""
-
-    kind: Literal["system_text"] = "system_text"
-
-
-@dataclass(frozen=True, slots=True)
-class HostNote:
-    """The host speaking to people (🏠): never in the model's view."""
-
-    kind: Literal["host_note"] = "host_note"
-
-
-@dataclass(frozen=True, slots=True)
-class Thinking:
-    """The model's extended thinking, kept for the record."""
-
-    kind: Literal["thinking"] = "thinking"
-
-
-@dataclass(frozen=True, slots=True)
-class ResultMeta:
-    """The record a run ends with (orchestrator/run/result_meta.py)."""
-
-    kind: Literal["result_meta"] = "result_meta"
-
-
-@dataclass(frozen=True, slots=True)
-class EgressLog:
-    """A run's egress decisions (orchestrator/run/egress_log.py)."""
-
-    kind: Literal["egress_log"] = "egress_log"
+    kind: PlainKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +105,13 @@ class ToolResult:
         )
 
 
-Part: TypeAlias = (
-    UserText | AssistantText | SystemText | HostNote | Thinking | ResultMeta | EgressLog | ToolUse | ToolResult
-)
+Part: TypeAlias = Plain | ToolUse | ToolResult
 
-# The parts that carry nothing but their kind: one of each serves every message.
-USER_TEXT, ASSISTANT_TEXT, SYSTEM_TEXT, HOST_NOTE = UserText(), AssistantText(), SystemText(), HostNote()
-THINKING, RESULT_META, EGRESS_LOG = Thinking(), ResultMeta(), EgressLog()
+# One of each plain part serves every message.
+USER_TEXT = Plain("user_text")
+ASSISTANT_TEXT = Plain("assistant_text")
+SYSTEM_TEXT = Plain("system_text")
+HOST_NOTE = Plain("host_note")
+THINKING = Plain("thinking")
+RESULT_META = Plain("result_meta")
+EGRESS_LOG = Plain("egress_log")
