@@ -40,7 +40,7 @@ from orchestrator.core.errors import RateLimited, UnregisteredChatsFull
 from orchestrator.core.jsontypes import JsonBool, JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.model.envelopes import refuse_host_envelope
-from orchestrator.model.messages import HARNESS_SENDER_TYPES, MessageType, NewMessage, StoredMessage
+from orchestrator.model.messages import HARNESS_SENDER_TYPES, SENDER_SCHEDULER, MessageType, NewMessage, StoredMessage
 from orchestrator.run import questions
 from orchestrator.run.queue import signal_group
 from orchestrator.run.router import group_names, trigger_pattern, wakes
@@ -325,7 +325,7 @@ def _store(
         )
     else:
         out.triggered = wake
-    if group is not None and group.open_question is not None and _a_persons(msg):
+    if group is not None and group.open_question is not None and _an_input(msg):
         _meet_question(conn, db, settings, group, msg, incoming.channel, out)
     if out.triggered:
         assert group is not None  # only a registered group wakes the agent
@@ -338,8 +338,8 @@ def _store(
     return out
 
 
-def _a_persons(msg: StoredMessage) -> bool:
-    """A person's message (not the agent's, the host's, or the scheduler's)."""
+def _an_input(msg: StoredMessage) -> bool:
+    """A user message that is no harness record: a person's, or a scheduled task's prompt."""
     return msg.message_type == "user" and not msg.is_from_me and msg.sender not in HARNESS_SENDER_TYPES
 
 
@@ -352,16 +352,18 @@ def _meet_question(
     channel: str | None,
     out: _Stored,
 ) -> None:
-    """A person's message while the group has an open question: an answer when it names an
-    option and its sender may answer (it wakes the group), else, when it wakes the group
-    anyway, the question expires (``run/questions.py``)."""
+    """A person's message (or a scheduled task's prompt) while the group has an open question:
+    a person's is an answer when it names an option and its sender may answer (it wakes the
+    group); else, when it wakes the group anyway, the question expires (``run/questions.py``).
+    A scheduled prompt answers nothing: its words are the operator's, not the chat's."""
     question = open_question_of(conn, msg.chat_jid)
     if question is None:
         return
     names = group_names(settings.trigger_names, group.assistant_name, group.trigger_names)
     said = trigger_pattern(names).sub("", msg.content, count=1) if names else msg.content
     choice = questions.parse_choice(question, said)
-    if choice is not None and questions.may_answer(group.approvers, msg.sender):
+    person = msg.sender != SENDER_SCHEDULER
+    if person and choice is not None and questions.may_answer(group.approvers, msg.sender):
         answered = questions.answer_in(
             conn,
             db,

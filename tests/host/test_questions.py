@@ -287,3 +287,16 @@ def test_claude_codes_answer_comes_as_the_next_message(settings: Settings, db: D
     assert m.content == 'Answer to your question "Ship it?": yes' and m.metadata["question_id"] == question.id  # type: ignore[index]
     seen = next_input(claude, db)
     assert seen[-1] == ("user", 'Answer to your question "Ship it?": yes', None)
+
+
+def test_a_scheduled_prompt_never_answers_and_expires_the_question(settings: Settings, db: Database) -> None:
+    qid = ask(settings, db)
+    # A task whose prompt is "2" fires: it is the operator's words, not the chat's answer.
+    ingest(
+        db,
+        settings,
+        IncomingMessage(chat_jid=TEAM, sender="scheduler", sender_name="scheduler", content="2"),
+        signal=None,
+    )
+    question = read_question(db, qid)
+    assert question is not None and question.state == "expired" and question.answered_by is None
