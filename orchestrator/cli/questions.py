@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from orchestrator.cli.support import echo, fail, setup
-from orchestrator.core.errors import NotFound, OrchestratorError
+from orchestrator.core.errors import OrchestratorError
 from orchestrator.core.terminal import for_terminal
 
 
@@ -24,23 +24,15 @@ def answer(
     ] = None,
 ) -> None:
     """Answer the agent's question in the chat: the answer goes to the agent and the group wakes."""
-    from orchestrator.run.questions import announce, answer_question, choice_of
-    from orchestrator.store.questions import group_open_question, read_question
+    from orchestrator.run.questions import Said, announce, answer_question
 
     root = setup()
-    db = root.db
     try:
-        asked = read_question(db, question) if question else group_open_question(db, chat_jid)
-        if asked is None or asked.chat_jid != chat_jid:
-            raise NotFound(
-                f"no question {question!r} in chat {chat_jid!r}" if question else f"no open question in {chat_jid!r}"
-            )
-        choice = choice_of(asked, option or [], text)
-        answered = answer_question(db, chat_jid, choice, via="cli", question_id=asked.id)
+        answered = answer_question(root.db, chat_jid, Said(option or [], text), via="cli", question_id=question)
     except OrchestratorError as exc:
         raise fail(exc) from exc
     announce(answered, signal=root.signals.group, signal_delivery=root.signals.delivery)
-    echo(f"answered {asked.id}: {for_terminal(answered.answer)}; the agent will go on", err=True)
+    echo(f"answered {answered.question.id}: {for_terminal(answered.answer)}; the agent will go on", err=True)
 
 
 def questions(

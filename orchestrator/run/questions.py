@@ -232,38 +232,28 @@ def check_choice(question: Question, choice: Choice) -> None:
 
 
 def _closing_message(
-    question: Question, *, content: str, sender: str, sender_name: str, extra: JsonObject, stamp: str
+    question: Question,
+    *,
+    content: str,
+    sender: str,
+    sender_name: str,
+    extra: JsonObject,
+    stamp: str,
+    message_type: str = "user",
 ) -> NewMessage:
-    """What closes ``question`` in the chat, as its agent will read it (see the module's doc)."""
+    """What closes ``question`` in the chat, as its agent will read it (see the module's doc):
+    for Claude Code (``answer_as`` "message") in ``sender``'s name as ``message_type``."""
     meta: JsonObject = {QUESTION_ID_KEY: question.id, **extra}
     if question.answer_as == "egress":
         # The host's own question: its close is the host's note, for people, never the model.
-        return NewMessage(
-            id=f"{question.id}-closed",
-            chat_jid=question.chat_jid,
-            sender=SENDER_HOST,
-            sender_name="host",
-            content=content,
-            timestamp=stamp,
-            message_type="host",
-            metadata=meta,
-        )
-    if question.answer_as == "tool_result":
+        sender, sender_name, message_type = SENDER_HOST, "host", "host"
+    elif question.answer_as == "tool_result":
         # The call's result, where the model's view puts it: right after the call.
         meta.update({RUN_ID_KEY: question.run_id, "tool_use_id": question.tool_use_id, "tool": ASK_TOOL})
         meta["exit_code"] = 0
         if question.reply_to_seq is not None:
             meta[REPLY_TO_KEY] = question.reply_to_seq
-        return NewMessage(
-            id=f"{question.id}-closed",
-            chat_jid=question.chat_jid,
-            sender=SENDER_TOOL_RESULT,
-            sender_name=ASK_TOOL,
-            content=content,
-            timestamp=stamp,
-            message_type="tool_result",
-            metadata=meta,
-        )
+        sender, sender_name, message_type = SENDER_TOOL_RESULT, ASK_TOOL, "tool_result"
     return NewMessage(
         id=f"{question.id}-closed",
         chat_jid=question.chat_jid,
@@ -271,7 +261,7 @@ def _closing_message(
         sender_name=sender_name,
         content=content,
         timestamp=stamp,
-        message_type="user",
+        message_type=message_type,
         metadata=meta,
     )
 
@@ -391,18 +381,31 @@ def _closed_words(question: Question) -> str:
     return f"the question is closed ({question.closed_why or question.state})"
 
 
+@dataclass(frozen=True)
+class Said:
+    """An answer as a request spells it: options by their text or number, and free words."""
+
+    options: Sequence[str] = ()
+    text: str | None = None
+
+
+def _no_option(question: Question, said: str) -> BadInput:
+    numbered = ", ".join(f"{i}. {o}" for i, o in enumerate(question.options, 1))
+    return BadInput("option", f"{said!r} names no option of the question ({numbered})")
+
+
 def answer_question(
     db: Database,
     chat_jid: str,
-    choice: Choice | str,
+    choice: Choice | Said | str,
     *,
     by: str = OPERATOR,
     by_name: str = OPERATOR,
     via: str,
     question_id: str | None = None,
 ) -> Answered:
-    """Answer the chat's open question (or ``question_id``): ``choice`` as a :class:`Choice`
-    or as words naming options.  :class:`NotFound` when there is none open (or no such
+    """Answer the chat's open question (or ``question_id``): ``choice`` as a :class:`Choice`,
+    as a request spells it (:class:`Said`), or as a reply's words naming options.  :class:`NotFound` when there is none open (or no such
     question in the chat), else as :func:`answer_in`."""
     with db.transaction() as conn:
         group = routing(conn, chat_jid)  # the group's approvers, its row locked (PostgreSQL)
@@ -415,12 +418,13 @@ def answer_question(
                 if question_id
                 else f"no open question in {chat_jid!r}"
             )
-        if isinstance(choice, str):
+        if isinstance(choice, Said):
+            choice = choice_of(question, choice.options, choice.text)
+        elif isinstance(choice, str):
             parsed = parse_choice(question, choice)
             if parsed is None:
                 if not question.allow_other:
-                    numbered = ", ".join(f"{i}. {o}" for i, o in enumerate(question.options, 1))
-                    raise BadInput("option", f"{choice!r} names no option of the question ({numbered})")
+                    raise _no_option(question, choice)
                 parsed = Choice(text=choice.strip())
             choice = parsed
         return answer_in(conn, db, question, choice, by=by, by_name=by_name, via=via, approvers=group.approvers)
@@ -521,10 +525,9 @@ def expire_in(conn: Connection, db: Database, question: Question, why: str) -> t
         sender_name="system",
         extra={"expired": why},
         stamp=now_iso(),
-    )
-    if question.answer_as == "message":
         # Claude Code reads it with the next run's messages: the system's words, nobody's.
-        new = new.model_copy(update={"sender": SENDER_SYSTEM, "sender_name": "system", "message_type": "system"})
+        message_type="system",
+    )
     return _close(conn, db, question, new, state="expired", why=why, wake=False)
 
 
@@ -546,8 +549,7 @@ def choice_of(question: Question, options: Sequence[str], text: str | None) -> C
     for said in options:
         one = parse_choice(question.model_copy(update={"multiple": False}), said)
         if one is None:
-            numbered = ", ".join(f"{i}. {o}" for i, o in enumerate(question.options, 1))
-            raise BadInput("option", f"{said!r} names no option of the question ({numbered})")
+            raise _no_option(question, said)
         picked.extend(i for i in one.picked if i not in picked)
     return Choice(tuple(picked), text)
 

@@ -12,6 +12,7 @@ on the list.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -22,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from orchestrator.sandbox.egress_policy import EgressPolicy, opened_tools, parse_network_option, search_domains
 from orchestrator.sandbox.gateway import (
     ANTHROPIC_BETAS,
     ANTHROPIC_HEADERS,
@@ -732,10 +734,9 @@ def test_inline_openai_parts_pass_and_an_escaped_url_beside_them_is_refused(
     assert len(fake.calls) == 1
 
 
-def test_a_policy_that_opens_web_search_gets_it_held_to_its_domains(sock: Path) -> None:
-    from orchestrator.sandbox.egress_policy import EgressPolicy, opened_tools, parse_network_option, search_domains
-
-    policy = parse_network_option("allowlist:docs.python.org,*.readthedocs.io:443,server-tool:web_search")
+@contextlib.contextmanager
+def _policed(sock: Path, policy: EgressPolicy, **limits: Any) -> Iterator[tuple[httpx.Client, FakeAnthropic]]:
+    """A gateway for a group with ``policy`` (its opened server tools and domains), its client and upstream."""
     fake = FakeAnthropic()
     with (
         fake.serve() as upstream,
@@ -747,10 +748,16 @@ def test_a_policy_that_opens_web_search_gets_it_held_to_its_domains(sock: Path) 
             max_tokens=1024,
             server_tools=opened_tools(policy),
             search_domains=search_domains(policy),
-            max_server_tool_requests=1,
+            **limits,
         ),
         client_for(sock) as client,
     ):
+        yield client, fake
+
+
+def test_a_policy_that_opens_web_search_gets_it_held_to_its_domains(sock: Path) -> None:
+    policy = parse_network_option("allowlist:docs.python.org,*.readthedocs.io:443,server-tool:web_search")
+    with _policed(sock, policy, max_server_tool_requests=1) as (client, fake):
         fake.replies.append(message([{"type": "text", "text": "found"}], "end_turn"))
         asked = {**WEB_SEARCH, "allowed_domains": ["attacker.example"], "blocked_domains": ["python.org"]}
         resp = post(client, {**BASE, "tools": [CUSTOM, asked]})
@@ -765,19 +772,6 @@ def test_a_policy_that_opens_web_search_gets_it_held_to_its_domains(sock: Path) 
     closed = parse_network_option("allowlist:docs.python.org")
     nowhere = EgressPolicy(mode="ask", server_tools=["web_search"])
     for policy_, said in ((closed, "'web_search_20250305'"), (nowhere, "names no domain it may search")):
-        fake = FakeAnthropic()
-        with (
-            fake.serve() as upstream,
-            ModelGateway(
-                sock,
-                upstream=upstream,
-                api_key=KEY,
-                model=MODEL,
-                max_tokens=1024,
-                server_tools=opened_tools(policy_),
-                search_domains=search_domains(policy_),
-            ),
-            client_for(sock) as client,
-        ):
+        with _policed(sock, policy_) as (client, fake):
             refused(post(client, {**BASE, "tools": [WEB_SEARCH]}), "tool_not_allowed", said)
             assert fake.calls == []

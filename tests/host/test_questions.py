@@ -300,3 +300,16 @@ def test_a_scheduled_prompt_never_answers_and_expires_the_question(settings: Set
     )
     question = read_question(db, qid)
     assert question is not None and question.state == "expired" and question.answered_by is None
+
+
+def test_the_command_line_answers_as_the_operator_and_lists_questions(settings: Settings, db: Database) -> None:
+    from tests.host.test_group_profile import _cli
+
+    qid = ask(settings, db)
+    wrong = _cli(settings, "answer", TEAM, "green")
+    assert wrong.returncode != 0 and "names no option of the question (1. red, 2. blue)" in wrong.stderr
+    done = _cli(settings, "answer", TEAM, "2")
+    assert done.returncode == 0, done.stderr
+    assert f"answered {qid}: blue" in done.stderr
+    listed = _cli(settings, "questions", TEAM)
+    assert f"{qid}  answered" in listed.stdout and "answer: blue by operator" in listed.stdout

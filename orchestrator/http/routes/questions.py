@@ -17,9 +17,9 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_runner.protocol import MAX_OPTIONS
-from orchestrator.core.errors import BadInput, NotFound
+from orchestrator.core.errors import BadInput
 from orchestrator.http.state import api_state
-from orchestrator.run.questions import announce, answer_question, choice_of
+from orchestrator.run.questions import Said, announce, answer_question
 from orchestrator.store.questions import Question, chat_questions, read_question
 
 router = APIRouter()
@@ -61,12 +61,8 @@ def answer(request: Request, chat_jid: str, question_id: str, body: AnswerBody) 
     state = api_state(request)
     if body.option is not None and body.options is not None:
         raise BadInput("option", "give option or options, not both")
-    asked = read_question(state.db, question_id)
-    if asked is None or asked.chat_jid != chat_jid:
-        raise NotFound(f"no question {question_id!r} in chat {chat_jid!r}")
     said = body.options if body.options is not None else [body.option] if body.option is not None else []
-    choice = choice_of(asked, said, body.text)
-    answered = answer_question(state.db, chat_jid, choice, via="api", question_id=question_id)
+    answered = answer_question(state.db, chat_jid, Said(said, body.text), via="api", question_id=question_id)
     announce(answered, signal=state.signal, signal_delivery=state.signal_delivery)
     closed = read_question(state.db, question_id)
     assert closed is not None
