@@ -31,7 +31,7 @@ from orchestrator.core.errors import ChangeRefused, GroupBusy, InvalidMessage, M
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.core.settings import Settings
 from orchestrator.model.context import CONTEXT_KEY, parse_context
-from orchestrator.model.messages import SENDER_BOT, STORED_ONLY_SENDERS, StoredMessage
+from orchestrator.model.messages import SENDER_BOT, StoredMessage
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
 from orchestrator.store import leases
 from orchestrator.store.chat_wakeups import chat_changed
@@ -125,7 +125,7 @@ def edit_message(
     guard = _holding_lease(db, settings, chat_jid) if rerun else contextlib.nullcontext()
     with guard, db.write() as session:
         row = _live_row(session, chat_jid, message_id)
-        if row.message_type != "user" or row.is_from_me:
+        if to_stored(row).part.kind != "user_text" or row.is_from_me:
             raise ChangeRefused(f"only a person's message can be edited; {message_id!r} is {row.message_type}")
         meta = dict(row.meta or {})
         if context is not None:
@@ -166,6 +166,8 @@ def edit_agent_message(
         row = session.scalars(
             select(MessageRow)
             .where(
+                # The columns a bot's reply (an assistant_text part) is stored with: the
+                # database picks the row, so the query names them, not the part.
                 MessageRow.chat_jid == chat_jid,
                 MessageRow.sender == SENDER_BOT,
                 MessageRow.message_type == "assistant",
@@ -202,7 +204,7 @@ def regenerate(
     now = datetime.now(UTC)
     with _holding_lease(db, settings, chat_jid), db.write() as session:
         row = _live_row(session, chat_jid, message_id)
-        if row.message_type != "assistant" or row.sender in STORED_ONLY_SENDERS:
+        if to_stored(row).part.kind != "assistant_text":
             raise ChangeRefused(f"only an assistant reply can be regenerated; {message_id!r} is {row.message_type}")
         meta = row.meta or {}
         answered = meta.get(REPLY_TO_KEY)
