@@ -136,6 +136,6 @@ def print_egress(log: EgressLog) -> None:
     for d in log.decisions:
         verdict = "allowed" if d.allowed else "refused"
         moved = f"  {d.sent}/{d.received} bytes" if d.allowed else ""
-        _echo(f"{verdict:8} {d.method} {d.host}:{d.port}  {d.reason}{moved}")
+        _echo(f"{verdict:8} {d.method} {d.host}:{d.port}{d.path or ''}  {d.reason}{moved}")
     if log.left_out:
         _echo(f"... and {log.left_out} more decision(s) not kept (the run's log is capped)")

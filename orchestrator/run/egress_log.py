@@ -28,6 +28,9 @@ class EgressDecision(BaseModel):
     reason: str = Field(description="Why it was refused (or 'allowed').")
     sent: int = Field(description="Bytes the sandbox sent through it.")
     received: int = Field(description="Bytes it received through it.")
+    path: str | None = Field(
+        None, description="An intercepted request's path without its query string (a tunnel's is never seen)."
+    )
 
 
 class EgressLog(BaseModel):

@@ -470,6 +470,7 @@
 
   function kindOf(m) {
     if (m.message_type === "host") return "host";
+    if (m.sender === "egress_log") return "egress";
     if (m.message_type === "system") return "system";
     if (m.message_type === "tool_result") return "tool";
     if (m.message_type === "assistant") {
@@ -496,6 +497,7 @@
       "tool-use": `🛠️ ${m.sender_name || "tool"}`,
       thinking: `💭 ${m.sender_name || assistantName()}`,
       result: "📊 run",
+      egress: "🌐 network",
       assistant: m.sender_name || assistantName(),
       meta: m.sender_name || m.sender,
       user: m.sender_name || m.sender,
@@ -572,6 +574,10 @@
     }
     if (kind === "thinking") {
       body.append(el("details", {}, el("summary", { text: "thinking" }), textBlock(m.content)));
+      return body;
+    }
+    if (kind === "egress") {
+      body.append(window.RunEgress.render(m, api)); // the run's egress log (egress.js)
       return body;
     }
     if (kind === "result") {
