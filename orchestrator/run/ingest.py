@@ -340,7 +340,7 @@ def _store(
 
 def _an_input(msg: StoredMessage) -> bool:
     """A user message that is no harness record: a person's, or a scheduled task's prompt."""
-    return msg.message_type == "user" and not msg.is_from_me and msg.sender not in HARNESS_SENDER_TYPES
+    return msg.part.kind == "user_text" and not msg.is_from_me and msg.sender not in HARNESS_SENDER_TYPES
 
 
 def _meet_question(

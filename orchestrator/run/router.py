@@ -49,7 +49,7 @@ def wakes(
     ``@Name`` first.  Everything else is stored and becomes context for the
     next run.
     """
-    if message.message_type != "user" or message.is_from_me:
+    if message.part.kind != "user_text" or message.is_from_me:
         return False
     if requires_trigger and not is_main:
         return has_trigger(message.content, names)

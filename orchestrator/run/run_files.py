@@ -44,7 +44,7 @@ def batch_files(store: FileStore, messages: Iterable[StoredMessage]) -> list[Sto
     whose row is gone since, by a truncate or a group's removal, is left out)."""
     found: dict[str, StoredFile] = {}
     for message in messages:
-        if message.message_type != "user" or message.is_from_me:
+        if message.part.kind != "user_text" or message.is_from_me:
             continue
         files = files_of(message.metadata)
         for ref in files.files if files is not None else ():
