@@ -12,7 +12,6 @@ from pydantic import BaseModel, Field
 
 from orchestrator.core import metrics
 from orchestrator.core.jsontypes import JsonObject
-from orchestrator.model.messages import SENDER_EGRESS_LOG
 from orchestrator.sandbox.egress import EgressProxy
 from orchestrator.store.db import Database
 from orchestrator.store.replays import run_messages
@@ -62,7 +61,7 @@ def run_egress(db: Database, run_id: str) -> EgressLog:
     decisions: list[EgressDecision] = []
     left_out = sent = 0
     for m in run_messages(db, run.id):
-        if m.sender != SENDER_EGRESS_LOG or not m.metadata:
+        if m.part.kind != "egress_log" or not m.metadata:
             continue
         decisions += [EgressDecision.model_validate(d) for d in m.metadata.get("decisions") or []]
         left_out += int(m.metadata.get("left_out") or 0)

@@ -18,6 +18,8 @@ import msgspec
 from sqlalchemy import select, update
 
 from orchestrator.core.jsontypes import JsonObject
+from orchestrator.model.messages import MessageType, decode_part
+from orchestrator.model.parts import Part
 from orchestrator.store.db import Database, db_now
 from orchestrator.store.runs import Run
 from orchestrator.store.tables import MessageRow, ReplayOutputRow, RunRow
@@ -86,8 +88,13 @@ class RunMessage(NamedTuple):
     sender: str
     sender_name: str
     content: str
-    message_type: str
+    message_type: MessageType
     metadata: JsonObject | None
+
+    @property
+    def part(self) -> Part:
+        """What this output is (``orchestrator.model.parts``), decoded on each read."""
+        return decode_part(self.message_type, self.sender, self.metadata)
 
 
 def run_messages(db: Database, run_id: str) -> list[RunMessage]:
@@ -107,4 +114,4 @@ def run_messages(db: Database, run_id: str) -> list[RunMessage]:
             .where(MessageRow.id.like(f"{run_id}-%"))
             .order_by(MessageRow.seq)
         ).all()
-    return [RunMessage(*row) for row in rows]
+    return [RunMessage(*row) for row in rows]  # type: ignore[arg-type]  # a str column; the store took only the Literal
