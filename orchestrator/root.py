@@ -20,6 +20,7 @@ trace exporters are the process's, set by its entry point
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # the parts are imported when first made: the CLI starts at o
     from orchestrator.run.pipeline import Pipeline
     from orchestrator.run.queue import Signals
     from orchestrator.run.recovery import RecoveryWatch
-    from orchestrator.run.sweeper import SweepReport
+    from orchestrator.run.sweeper import EgressLogRetention, SweepReport
     from orchestrator.sandbox.containers import DockerSandbox
     from orchestrator.sandbox.port import Sandbox
     from orchestrator.store.db import Database
@@ -143,11 +144,14 @@ class Orchestrator:
 
     def sweep(self) -> SweepReport:
         """Close what dead workers left: runs, signals, containers, delivery claims; free the
-        files no message names."""
+        files no message names; delete egress logs past their retention."""
         from orchestrator.run.sweeper import sweep
         from orchestrator.store.files import FileStore
 
-        return sweep(
+        retention = self._egress_log_retention
+        now = time.monotonic()
+        days = retention.days_now(now)
+        report = sweep(
             self.db,
             signal=self.signals.group,
             sandbox=self.docker,
@@ -155,7 +159,17 @@ class Orchestrator:
             resend_channels=self.channels.resent_after_crash(),
             files=FileStore.from_settings(self.db, self.settings),
             file_grace_s=self.settings.file_unreferenced_grace_s,
+            egress_log_retention_days=days,
         )
+        if days:
+            retention.looked(now, report.deleted_egress_logs)
+        return report
+
+    @cached_property
+    def _egress_log_retention(self) -> EgressLogRetention:
+        from orchestrator.run.sweeper import EgressLogRetention
+
+        return EgressLogRetention(self.settings.egress_log_retention_days)
 
     def host_heartbeat(self, *, concurrency: int) -> HostHeartbeat:
         """This process as its host (``settings.effective_host_id``) in the hosts table, beaten by a

@@ -49,6 +49,7 @@ def sweep_report(report: SweepReport) -> dict[str, object]:
         "delivery_signals": report.delivery_signals,
         "freed_files": report.freed_files,
         "expired_questions": report.expired_questions,
+        "deleted_egress_logs": report.deleted_egress_logs,
     }
 
 

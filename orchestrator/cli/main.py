@@ -279,13 +279,15 @@ def sweep() -> None:
         resend_channels=root.channels.resent_after_crash(),
         files=FileStore.from_settings(root.db, root.settings),
         file_grace_s=root.settings.file_unreferenced_grace_s,
+        egress_log_retention_days=root.settings.egress_log_retention_days,
     )
     typer.echo(
         f"interrupted runs: {len(report.interrupted_runs)}, re-signalled groups: "
         f"{len(report.signalled_groups)}, removed containers: {report.removed_containers}, "
         f"chats with due deliveries: {len(report.delivery_signals)}, "
         f"abandoned delivery claims: {report.abandoned_deliveries}, "
-        f"unreferenced files freed: {report.freed_files}"
+        f"unreferenced files freed: {report.freed_files}, "
+        f"egress logs past their retention deleted: {report.deleted_egress_logs}"
     )
 
 

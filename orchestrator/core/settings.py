@@ -151,6 +151,9 @@ class Settings(msgspec.Struct, kw_only=True):
     egress_max_bytes: Annotated[int, Meta(ge=1024)] = 256 * 1024 * 1024
     egress_max_connections: Annotated[int, Meta(ge=1)] = 64
     egress_idle_s: Annotated[float, Meta(gt=0)] = 60.0
+    # Days a run's egress log (its stored-only ``egress_log`` record) is kept; the sweeper
+    # deletes older ones (orchestrator/run/sweeper.py).  0: kept for ever.
+    egress_log_retention_days: Annotated[int, Meta(ge=0)] = 30
 
     assistant_name: str = "Andy"
     # The main group's chat id (it answers every message and may post to other

@@ -16,6 +16,8 @@ Everything it does is safe to repeat and safe to run on several hosts:
    removed.
 4. Deliveries: a claim past its deadline (the deliverer died mid-send) is
    marked failed, never resent; chats with due deliveries are signalled.
+5. Retention: runs' egress logs older than ``ORCHESTRATOR_EGRESS_LOG_RETENTION_DAYS``
+   are deleted, in bounded batches (the rest at the next sweep).
 
 A lease is dead when it has no holder, has expired by the database's clock
 (``now`` is the database's, as the expiries are), or is held by a process of
@@ -34,6 +36,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from orchestrator.core import metrics
 from orchestrator.model.messages import NewMessage, StoredMessage
@@ -43,6 +46,7 @@ from orchestrator.sandbox.containers import DockerSandbox
 from orchestrator.sandbox.port import Sandbox
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import abandon_stale_claims, due_chats, record_deliveries
+from orchestrator.store.egress_logs import delete_egress_logs
 from orchestrator.store.files import FileStore
 from orchestrator.store.groups import advance_cursor
 from orchestrator.store.hosts import database_now
@@ -52,6 +56,15 @@ from orchestrator.store.message_log import insert_message, now_iso, run_replies
 from orchestrator.store.runs import Run, finish_run, unfinished_runs
 
 log = logging.getLogger(__name__)
+
+# Egress log records one sweep deletes at most, a batch per transaction: a backlog (a
+# retention just shortened) goes over several sweeps, never in one long delete.
+EGRESS_LOG_BATCH = 500
+EGRESS_LOG_BATCHES = 10
+# Finding them scans the messages table (no index names a record's sender; about 0.2 s for a
+# million messages on PostgreSQL): a process looks once this often, not every sweep, unless
+# its last look left a backlog (:class:`EgressLogRetention`).
+EGRESS_LOG_EVERY_S = 3600.0
 
 
 @dataclass
@@ -63,6 +76,7 @@ class SweepReport:
     delivery_signals: list[str] = field(default_factory=list)
     freed_files: int = 0
     expired_questions: list[str] = field(default_factory=list)
+    deleted_egress_logs: int = 0
 
 
 def sweep(
@@ -74,6 +88,7 @@ def sweep(
     resend_channels: Collection[str] = (),
     files: FileStore | None = None,
     file_grace_s: float = 86400.0,
+    egress_log_retention_days: int = 0,
 ) -> SweepReport:
     report = SweepReport()
     now = database_now(db)  # the database's clock, as the leases' expiries are written
@@ -113,6 +128,8 @@ def sweep(
     if files is not None:
         # Files no live message names, past their grace (an upload whose message is to come).
         report.freed_files = len(files.prune(file_grace_s))
+    if egress_log_retention_days > 0:
+        report.deleted_egress_logs = _delete_old_egress_logs(db, now - timedelta(days=egress_log_retention_days))
     metrics.swept(
         interrupted_runs=len(report.interrupted_runs),
         signalled_groups=len(report.signalled_groups),
@@ -126,18 +143,51 @@ def sweep(
         or report.abandoned_deliveries
         or report.freed_files
         or report.expired_questions
+        or report.deleted_egress_logs
     ):
         log.info(
             "sweep: %d interrupted run(s), %d group(s) re-signalled, %d container(s) removed, "
-            "%d delivery claim(s) abandoned, %d unreferenced file(s) freed, %d question(s) expired",
+            "%d delivery claim(s) abandoned, %d unreferenced file(s) freed, %d question(s) expired, "
+            "%d egress log(s) past their retention deleted",
             len(report.interrupted_runs),
             len(report.signalled_groups),
             report.removed_containers,
             report.abandoned_deliveries,
             report.freed_files,
             len(report.expired_questions),
+            report.deleted_egress_logs,
         )
     return report
+
+
+class EgressLogRetention:
+    """When a process's sweep next looks for egress logs past their retention: now and then
+    every :data:`EGRESS_LOG_EVERY_S`, or at the next sweep while a backlog is left (a look
+    that deleted its whole budget).  ``now`` is a monotonic clock's."""
+
+    def __init__(self, days: int) -> None:
+        self.days = days
+        self._due = float("-inf")
+
+    def days_now(self, now: float) -> int:
+        """The retention to sweep with at ``now``: 0 (not this time, or kept for ever) or the days."""
+        return self.days if self.days > 0 and now >= self._due else 0
+
+    def looked(self, now: float, deleted: int) -> None:
+        backlog = deleted >= EGRESS_LOG_BATCH * EGRESS_LOG_BATCHES
+        self._due = now if backlog else now + EGRESS_LOG_EVERY_S
+
+
+def _delete_old_egress_logs(db: Database, stored_before: datetime) -> int:
+    """The egress log records stored before ``stored_before``, deleted a batch at a time, at
+    most :data:`EGRESS_LOG_BATCHES` batches."""
+    deleted = 0
+    for _ in range(EGRESS_LOG_BATCHES):
+        gone = delete_egress_logs(db, stored_before, limit=EGRESS_LOG_BATCH)
+        deleted += gone
+        if gone < EGRESS_LOG_BATCH:
+            break
+    return deleted
 
 
 def _close_interrupted(db: Database, run_id: str, chat_jid: str, cursor_to: int) -> StoredMessage | None:

@@ -41,6 +41,7 @@ from celery.signals import task_postrun
 from agent_runner.protocol import AssistantEvent, ResultEvent
 from orchestrator.core.settings import Settings
 from orchestrator.root import Orchestrator
+from orchestrator.run.egress_log import run_egress
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.queue import DELIVER_TASK, DRAIN_TASK, SWEEP_TASK
@@ -53,6 +54,7 @@ from orchestrator.store.runs import create_run, get_run, list_runs
 from tests.conftest import REDIS_URL, redis_available, require_service
 from tests.fakes.channel import RecordingChannel
 from tests.fakes.sandbox import FakeSandbox, Script
+from tests.host.test_egress_log_retention import egress_record
 
 JID = MAIN_JID
 REPLY = Script([AssistantEvent(text="done"), ResultEvent()])
@@ -237,6 +239,7 @@ def test_sweep_returns_its_report(start: Any, db: Database) -> None:
     # What a dead worker leaves: a pending message whose signal was lost, and its run never finished.
     msg = ingest(db, w.root.settings, IncomingMessage(chat_jid=JID, sender="u", content="anyone?"), signal=None).message
     stale = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=msg.seq, celery_task_id=None)
+    expired = egress_record(db, days_old=31)  # past the default retention (30 days)
 
     w.tasks.sweep.delay()
     [swept] = w.log.wait(SWEEP_TASK)
@@ -249,8 +252,10 @@ def test_sweep_returns_its_report(start: Any, db: Database) -> None:
         "delivery_signals": [],
         "freed_files": 0,
         "expired_questions": [],
+        "deleted_egress_logs": 1,
     }
     assert get_run(db, stale.id).state == "failed" and orphans.live == [set()]
+    assert run_egress(db, expired).decisions == []
     # The group it signalled again is drained by the same worker: the message gets its answer.
     [drained] = w.log.wait(DRAIN_TASK)
     assert drained.retval["run"]["state"] == "succeeded"
