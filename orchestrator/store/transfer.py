@@ -47,6 +47,7 @@ from orchestrator.model.envelopes import (
     refuse_host_envelope,
 )
 from orchestrator.model.messages import NewMessage, StoredMessage
+from orchestrator.model.parts import ToolResult
 from orchestrator.model.render import render_text
 from orchestrator.store.db import Database
 from orchestrator.store.files import FileStore, StoredFile, checked_files
@@ -314,11 +315,11 @@ def export_markdown(db: Database, chat_jid: str, assistant_name: str) -> str:
         structured = _structured_markdown(m)
         if structured is not None:
             lines.append(structured)
-        elif m.message_type == "tool_result":
+        elif isinstance(m.part, ToolResult):
             head, _, _ = render_text(m, assistant_name).partition("\n")
             lines.append(f"{head}\n\n{_fence(m.content)}")
         else:
-            lines.append(render_text(m, assistant_name) if m.message_type == "host" else m.content)
+            lines.append(render_text(m, assistant_name) if m.part.kind == "host_note" else m.content)
         if m.edited_at:
             lines.append(f"\n_(edited {m.edited_at.isoformat(timespec='seconds')})_")
         lines.append("")

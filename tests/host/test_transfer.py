@@ -158,6 +158,18 @@ def test_markdown_shows_the_display_view_richly(db: Database, settings: Settings
     assert "to be dropped" not in md  # superseded
 
 
+def test_markdown_fences_a_tool_results_output_and_nothing_else(db: Database, settings: Settings) -> None:
+    add_group(db, chat_jid=JID, name="Project", folder="proj", requires_trigger=False, assistant_name="Robo")
+    common = dict(chat_jid=JID, timestamp="2026-11-26T09:00:00+00:00", is_from_me=True)
+    store_message_direct(db=db, id="o1", sender="tool_result", sender_name="bash", message_type="tool_result",
+                         content="built\nfailed", metadata={"exit_code": 1}, **common)  # fmt: skip
+    store_message_direct(db=db, id="r1", sender="bot", sender_name="Robo", message_type="assistant",
+                         content="it failed", **common)  # fmt: skip
+    md = export_markdown(db, JID, "Robo")
+    assert "🔧 ❌ exit 1 · bash\n\n```\nbuilt\nfailed\n```" in md  # its head, then its output fenced
+    assert "\n\nit failed\n" in md and "```\nit failed" not in md  # a reply is its words
+
+
 def test_cli_export_and_import(db: Database, settings: Settings, tmp_path: Path) -> None:
     _fill(db, settings)
     env = {
