@@ -136,9 +136,11 @@ class _ApiChat:
         return self.client.download(f"/api/files/{self.client.quote(file_id)}", write)
 
 
-# The run states that end a run (store.runs.FINAL_STATES; not imported here:
-# that module pulls SQLAlchemy).  tests/host/test_send.py holds the two equal.
+# The run states that end a run, and those of them that are its answer (store.runs.FINAL_STATES
+# and GOOD_ENDS; not imported here: that module pulls SQLAlchemy).  tests/host/test_send.py
+# holds each pair equal.
 _FINAL_STATES = frozenset({"succeeded", "awaiting_answer", "failed", "timed_out", "cancelled"})
+_GOOD_ENDS = frozenset({"succeeded", "awaiting_answer"})
 
 
 @click.command(
@@ -222,11 +224,11 @@ def send_command(
 
 def _open_files(paths: Sequence[str], meta: Any) -> list[Upload]:
     """Every ``--file``, opened and checked before anything is sent (see the module's doc)."""
-    from agent_runner.protocol import MAX_FILES_PER_MESSAGE
+    from agent_runner.protocol import ENVELOPE_KEYS, MAX_FILES_PER_MESSAGE
 
     if len(paths) > MAX_FILES_PER_MESSAGE:
         raise _fail(ValueError(f"{len(paths)} files: a message carries at most {MAX_FILES_PER_MESSAGE}"))
-    if meta is not None and (not isinstance(meta, dict) or {"message_type", "version", "payload"} & set(meta)):
+    if meta is not None and (not isinstance(meta, dict) or set(ENVELOPE_KEYS) & set(meta)):
         raise _fail(ValueError("with --file, --metadata is an object of extra keys, not an envelope of its own"))
     opened: list[Upload] = []
     try:
@@ -251,8 +253,10 @@ def _open_file(path: str) -> Upload:
 def _file_metadata(files: Sequence[dict[str, Any]], meta: Any) -> dict[str, Any]:
     """The message's metadata naming ``files`` (the store's answers) in a FILE envelope, beside
     ``meta``'s keys.  Ingest checks that each is the chat's and takes their details from the store."""
+    from agent_runner.protocol import FILE
+
     refs = [{"id": f["id"], "name": f["name"], "mime": f["mime"], "size": f["size"]} for f in files]
-    return {**(meta or {}), "message_type": "FILE", "version": 1, "payload": {"files": refs}}
+    return {**(meta or {}), "message_type": FILE, "version": 1, "payload": {"files": refs}}
 
 
 def _said_stored(chat_jid: str, seq: int, triggered: bool, where: str) -> None:
@@ -361,7 +365,7 @@ def _wait_for_replies(chat: _Chat, sent_seq: int, wait: float, as_json: bool, do
             run_id, state, seconds = done
             click.echo(f"run {run_id[:8]} {state} in {seconds:.2f}s", err=True)
             # A question asked is an answer of the run's: the question was printed above.
-            return 0 if state in ("succeeded", "awaiting_answer") else EXIT_RUN_FAILED
+            return 0 if state in _GOOD_ENDS else EXIT_RUN_FAILED
         time.sleep(0.1)
     click.secho(f"no finished run after {wait:.0f}s (is a worker running?)", fg="yellow", err=True)
     return EXIT_NO_RUN
@@ -375,7 +379,7 @@ def _print_replies(chat: _Chat, after: int, assistant: str, as_json: bool, downl
 
     for m in chat.messages_after(after):
         after = m.seq
-        if not (m.is_from_me or m.message_type == "host"):
+        if not (m.is_from_me or m.part.kind == "host_note"):
             continue  # other people's messages are not replies
         # JSON lines in ASCII (every control, C1 and bidi character a \u escape); text lines escaped.
         click.echo(

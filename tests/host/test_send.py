@@ -23,7 +23,7 @@ from orchestrator.core.settings import Settings
 from orchestrator.http.endpoint import ANNOUNCE_FILE, announce, find
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
-from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.message_log import get_messages_after, now_iso, store_message_direct
 from tests.conftest import wait_until
 
 CLI = str(Path(sys.executable).parent / "orchestrator")
@@ -209,7 +209,32 @@ def test_send_through_the_api_imports_no_store_no_typer_no_pydantic(
 
 
 def test_the_client_knows_the_final_run_states() -> None:
-    from orchestrator.cli.send import _FINAL_STATES
-    from orchestrator.store.runs import FINAL_STATES
+    from orchestrator.cli.send import _FINAL_STATES, _GOOD_ENDS
+    from orchestrator.store.runs import FINAL_STATES, GOOD_ENDS
 
     assert _FINAL_STATES == FINAL_STATES
+    assert _GOOD_ENDS == GOOD_ENDS
+
+
+def test_wait_prints_the_agents_and_the_hosts_messages_only(
+    db: Database, settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from orchestrator.cli.send import _LocalChat, _print_replies
+    from orchestrator.root import Orchestrator
+
+    add_group(db, chat_jid=JID, name="Send", folder="send", requires_trigger=False)
+    for i, (sender, message_type, from_me, words) in enumerate(
+        [
+            ("cli-user", "user", False, "a question"),
+            ("bob", "user", False, "someone else"),
+            ("host", "host", False, "a note"),
+            ("bot", "assistant", True, "the answer"),
+        ]
+    ):
+        store_message_direct(db=db, id=f"m{i}", chat_jid=JID, sender=sender, sender_name=sender, content=words,
+                             timestamp=now_iso(), is_from_me=from_me, message_type=message_type)  # fmt: skip
+    last = _print_replies(_LocalChat(Orchestrator(settings), JID), 0, "Robo", as_json=False)
+    assert last == get_messages_after(JID, 0, db=db)[-1].seq
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split("]")[0] for line in printed] == ["[host", "[assistant"]
+    assert "a note" in printed[0] and "the answer" in printed[1]
