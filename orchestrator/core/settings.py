@@ -143,8 +143,9 @@ class Settings(msgspec.Struct, kw_only=True):
     egress_resolve: str = ""
     # Secrets the egress proxy adds to requests to their hosts, never entering a sandbox
     # (orchestrator/sandbox/egress_credentials.py: a JSON list of name, hosts, header, value,
-    # methods, path_prefixes); a group's policy names the ones it gets.  And a CA file the proxy
-    # trusts for those hosts besides the system's (tests and on-premise hosts).
+    # methods, path_prefixes); a group's policy names the ones it gets.  And a CA file trusted
+    # besides the system's (tests and on-premise hosts): by the proxy for those hosts, and by
+    # the sandboxes (its certificates only) for the hosts they reach through a tunnel.
     egress_credentials: str = ""
     egress_upstream_ca_file: str = ""
     egress_max_requests: Annotated[int, Meta(ge=1)] = 1000

@@ -307,10 +307,11 @@ def _contained(ctx: AttemptContext) -> Verdict:
             cleanup.callback(ctx.outputs.egress, proxy)
             cleanup.enter_context(proxy)
             payload = payload.replace(egress_socket=f"{GATEWAY_MOUNT}/{EGRESS_SOCKET}")
-            if proxy.ca is not None:
+            if proxy.ca is not None or proxy.sandbox_trust:
                 # Brokered hosts' TLS is ended by the proxy: the sandbox trusts the installation's
-                # CA (its certificate, never a key) beside the system's.
-                sandbox_bundle(proxy.ca, gw_dir / EGRESS_CA_BUNDLE)
+                # CA beside the system's, and the operator's CA for hosts it reaches through a
+                # tunnel (ORCHESTRATOR_EGRESS_UPSTREAM_CA_FILE); certificates, never a key.
+                sandbox_bundle(proxy.ca, gw_dir / EGRESS_CA_BUNDLE, also=proxy.sandbox_trust)
                 payload = payload.replace(egress_ca=f"{GATEWAY_MOUNT}/{EGRESS_CA_BUNDLE}")
         if spec.fence_s:  # the runner stops everything once this worker is gone (agent_runner/fence.py)
             payload = payload.replace(host_fence_s=spec.fence_s)

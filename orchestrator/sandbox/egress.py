@@ -47,7 +47,7 @@ import h11
 from orchestrator.core.addresses import is_public
 from orchestrator.core.errors import GatewayError
 from orchestrator.core.settings import Settings
-from orchestrator.sandbox.egress_ca import InstallationCA, ensure_ca
+from orchestrator.sandbox.egress_ca import InstallationCA, certificates_of, ensure_ca
 from orchestrator.sandbox.egress_credentials import BrokeredCredential, brokered_hosts, parse_credentials
 from orchestrator.sandbox.egress_policy import EgressPolicy, host_refusal, may_ask, method_refusal
 from orchestrator.sandbox.gateway import chmod_socket
@@ -164,6 +164,7 @@ class EgressProxy:
         brokered: dict[str, BrokeredCredential] | None = None,
         ca: InstallationCA | None = None,
         upstream_tls: ssl.SSLContext | None = None,
+        sandbox_trust: bytes = b"",
     ) -> None:
         self.socket_path = socket_path
         self.policy = policy
@@ -187,6 +188,9 @@ class EgressProxy:
         self.brokered = brokered or {}
         self.ca = ca
         self.upstream_tls = upstream_tls or ssl.create_default_context()
+        # Certificates (PEM) the sandbox trusts besides the system's and ``ca``'s, for TLS it
+        # makes itself through a tunnel (the run's bundle: run/attempt.py).
+        self.sandbox_trust = sandbox_trust
         self._leaves: dict[str, ssl.SSLContext] = {}
         self.run = _Run()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -701,9 +705,12 @@ def egress_proxy(settings: Settings, socket_path: Path, policy: EgressPolicy) ->
     with the installation's CA when the group gets brokered credentials."""
     brokered = brokered_hosts(parse_credentials(settings.egress_credentials), policy.credentials)
     ca = ensure_ca(settings.data_dir, brokered, label=settings.install_id) if brokered else None
+    # The operator's CA (tests, an on-premise host): the proxy trusts it for the brokered
+    # hosts' upstream TLS, and the sandbox for the hosts it reaches through a tunnel.
+    trusted = certificates_of(settings.egress_upstream_ca_file) if settings.egress_upstream_ca_file else b""
     upstream = ssl.create_default_context()
-    if settings.egress_upstream_ca_file:
-        upstream.load_verify_locations(settings.egress_upstream_ca_file)
+    if trusted:
+        upstream.load_verify_locations(cadata=trusted.decode("ascii"))
     return EgressProxy(
         socket_path,
         policy,
@@ -718,6 +725,7 @@ def egress_proxy(settings: Settings, socket_path: Path, policy: EgressPolicy) ->
         brokered=brokered,
         ca=ca,
         upstream_tls=upstream,
+        sandbox_trust=trusted,
     )
 
 

@@ -27,6 +27,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from orchestrator.core.errors import ConfigError
+
 CA_DIR = "egress-ca"
 CA_CERT, CA_KEY = "ca.crt", "ca.key"
 CA_DAYS = 365
@@ -164,14 +166,28 @@ def ensure_ca(data_dir: Path, hosts: Iterable[str], *, label: str = "", rotate: 
     return _new_ca(folder, wanted or ["invalid"], label)
 
 
-def sandbox_bundle(ca: InstallationCA, dest: Path) -> Path:
-    """The CA bundle a sandbox trusts: the system's CAs and the installation's egress CA
-    (certificates only), written to ``dest`` (a host-only folder's file)."""
+def certificates_of(path: str) -> bytes:
+    """The certificates of the PEM file at ``path`` (``ORCHESTRATOR_EGRESS_UPSTREAM_CA_FILE``),
+    as PEM, and nothing else of it: a private key kept in the same file never goes further.
+    :class:`ConfigError` for a file that cannot be read or holds no certificate."""
+    try:
+        certs = x509.load_pem_x509_certificates(Path(path).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"ORCHESTRATOR_EGRESS_UPSTREAM_CA_FILE={path}: no PEM certificate read ({exc})") from exc
+    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certs)
+
+
+def sandbox_bundle(ca: InstallationCA | None, dest: Path, *, also: bytes = b"") -> Path:
+    """The CA bundle a sandbox trusts: the system's CAs, the installation's egress CA (for
+    the brokered hosts, when there are some) and ``also`` (PEM certificates: the operator's
+    CA for a host reached through a tunnel, :func:`certificates_of`), certificates only,
+    written to ``dest`` (a host-only folder's file)."""
     system = b""
     for path in (ssl.get_default_verify_paths().cafile, *SYSTEM_BUNDLES):
         if path and os.path.isfile(path):
             system = Path(path).read_bytes()
             break
-    dest.write_bytes(system.rstrip(b"\n") + b"\n" + ca.cert_pem)
+    ours = (ca.cert_pem if ca is not None else b"") + also
+    dest.write_bytes(system.rstrip(b"\n") + b"\n" + ours)
     os.chmod(dest, 0o644)
     return dest

@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from agent_runner.relay import UnixRelay
+from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import Settings
 from orchestrator.sandbox.egress import egress_proxy
 from orchestrator.sandbox.egress_ca import CA_DIR, CA_KEY, ensure_ca, sandbox_bundle
@@ -34,7 +35,13 @@ API, PLAIN = "api.internal.test", "plain.internal.test"
 
 
 def _cert(
-    name: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name, signer: ec.EllipticCurvePrivateKey, *, ca: bool
+    name: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: x509.Name,
+    signer: ec.EllipticCurvePrivateKey,
+    *,
+    ca: bool,
+    names: tuple[str, ...] = (API, PLAIN),
 ) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
     builder = (
@@ -48,27 +55,34 @@ def _cert(
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
     )
     if not ca:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(API), x509.DNSName(PLAIN)]), critical=False
-        )
+        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False)
     return builder.sign(signer, hashes.SHA256())
+
+
+def tls_for(folder: Path, names: tuple[str, ...] = (API, PLAIN)) -> tuple[Path, ssl.SSLContext]:
+    """A test CA (its certificate in ``folder``/test-ca.pem, its key kept nowhere) and a TLS
+    server context with its leaf certificate for ``names``."""
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test upstream CA")])
+    ca = _cert("test upstream CA", ca_key, ca_name, ca_key, ca=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    leaf = _cert(names[0], key, ca_name, ca_key, ca=False, names=names)
+    ca_file, chain = folder / "test-ca.pem", folder / "server.pem"
+    ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    chain.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        + leaf.public_bytes(serialization.Encoding.PEM)
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(chain)
+    return ca_file, context
 
 
 @pytest.fixture
 def upstream(tmp_path: Path) -> Iterator[tuple[int, Path, list[dict[str, str]]]]:
     """An HTTPS server for both names on a loopback port (a test CA's certificate); its port,
     the test CA's file, and the headers of each request it got."""
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test upstream CA")])
-    ca = _cert("test upstream CA", ca_key, ca_name, ca_key, ca=True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    leaf = _cert(API, key, ca_name, ca_key, ca=False)
-    ca_file, chain = tmp_path / "test-ca.pem", tmp_path / "server.pem"
-    ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    chain.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-        + leaf.public_bytes(serialization.Encoding.PEM)
-    )
+    ca_file, context = tls_for(tmp_path)
     seen: list[dict[str, str]] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -86,8 +100,6 @@ def upstream(tmp_path: Path) -> Iterator[tuple[int, Path, list[dict[str, str]]]]
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(chain)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server.server_address[1], ca_file, seen
@@ -145,6 +157,54 @@ def test_the_proxy_adds_the_secret_and_holds_it_to_its_methods_and_paths(
     assert ("GET", API, "/repos/acme/x", True) in logged  # the path without its query
     assert ("GET", API, "/orgs/other", False) in logged and ("POST", API, "/repos/acme/x", False) in logged
     assert all(SECRET not in d.reason for d in proxy.decisions)
+
+
+def test_a_tunnelled_host_of_the_operators_ca_is_trusted_by_the_sandbox_bundle(
+    tmp_path: Path, settings: Settings, upstream: tuple[int, Path, list[dict[str, str]]]
+) -> None:
+    """``ORCHESTRATOR_EGRESS_UPSTREAM_CA_FILE`` (an on-premise host's CA) is in the sandbox's
+    bundle with no credential at all: curl verifies a tunnelled host's certificate with it,
+    and not without it."""
+    port, test_ca, seen = upstream
+    s = settings.replace(egress_upstream_ca_file=str(test_ca), egress_resolve=f"{PLAIN}:{port}:127.0.0.1")
+    s.ensure_dirs()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with egress_proxy(s, run_dir / "egress.sock", parse_network_option(f"allowlist:{PLAIN}")) as proxy:
+        assert proxy.ca is None and proxy.sandbox_trust == test_ca.read_bytes()
+        bundle = sandbox_bundle(proxy.ca, run_dir / "egress-ca.pem", also=proxy.sandbox_trust)
+        system_only = sandbox_bundle(None, run_dir / "system.pem")
+        with UnixRelay(str(proxy.socket_path)) as relay:
+            trusted = curl(relay, bundle, f"https://{PLAIN}:{port}/")
+            untrusted = curl(relay, system_only, f"https://{PLAIN}:{port}/")
+    assert trusted.returncode == 0 and trusted.stdout == "secret area\n", trusted.stderr
+    assert untrusted.returncode != 0 and "certificate" in untrusted.stderr  # verified, not waved through
+    assert len(seen) == 1 and "authorization" not in seen[0]
+    assert [(d.method, d.host, d.path, d.allowed) for d in proxy.decisions] == [("CONNECT", PLAIN, None, True)] * 2
+
+
+def test_a_key_beside_the_operators_ca_never_reaches_the_sandbox(tmp_path: Path, settings: Settings) -> None:
+    """A CA file that also holds a private key (an operator's mistake, or a combined PEM): only
+    its certificates go into the sandbox's bundle; a file with no certificate is refused."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "on-premise CA")])
+    cert_pem = _cert("on-premise CA", key, name, key, ca=True).public_bytes(serialization.Encoding.PEM)
+    combined = tmp_path / "combined.pem"
+    combined.write_bytes(key_pem + cert_pem)
+    s = settings.replace(egress_upstream_ca_file=str(combined))
+    s.ensure_dirs()
+    proxy = egress_proxy(s, tmp_path / "egress.sock", parse_network_option("allowlist:example.org"))
+    assert proxy.sandbox_trust == cert_pem
+    bundle = sandbox_bundle(proxy.ca, tmp_path / "egress-ca.pem", also=proxy.sandbox_trust).read_bytes()
+    assert cert_pem in bundle and b"PRIVATE KEY" not in bundle
+    only_key = tmp_path / "key.pem"
+    only_key.write_bytes(key_pem)
+    for path in (only_key, tmp_path / "missing.pem"):
+        with pytest.raises(ConfigError, match="ORCHESTRATOR_EGRESS_UPSTREAM_CA_FILE"):
+            egress_proxy(settings.replace(egress_upstream_ca_file=str(path)), tmp_path / "e.sock", proxy.policy)
 
 
 def test_the_ca_is_private_and_good_for_the_brokered_hosts_only(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 policy (the issue's check, with python's urllib in the sandbox as the client): with
 ``allowlist:files.internal.test`` and a resolve entry for a web server on a loopback port,
 the file is fetched; another name is refused with the proxy's reason; a group whose policy
-is off reaches nothing; ``orchestrator runs show RUN --egress`` lists the decisions."""
+is off reaches nothing; ``orchestrator runs show RUN --egress`` lists the decisions.  Real
+clients (curl, git over HTTP and over HTTPS with a test CA the sandbox trusts by
+``ORCHESTRATOR_EGRESS_UPSTREAM_CA_FILE``, pip from a local index) in one run."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
 from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.root import Orchestrator
+from orchestrator.run.egress_log import run_egress
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
@@ -198,6 +201,8 @@ def _wheel(root: Path) -> None:
 def test_real_clients_curl_git_and_pip_through_the_proxy(
     settings: Settings, db: Database, agent_image: str, tmp_path: Path
 ) -> None:
+    from tests.host.test_egress_brokered import tls_for
+
     root = tmp_path / "served"
     root.mkdir()
     _git_repo(root)
@@ -206,12 +211,22 @@ def test_real_clients_curl_git_and_pip_through_the_proxy(
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: _Files(*a, directory=str(root)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
+    # The same files over HTTPS, with a certificate of a test CA the sandbox trusts through
+    # ORCHESTRATOR_EGRESS_UPSTREAM_CA_FILE (an on-premise git server's CA): a plain tunnel.
+    test_ca, tls = tls_for(tmp_path, ("git.internal.test",))
+    https = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: _Files(*a, directory=str(root)))
+    https.socket = tls.wrap_socket(https.socket, server_side=True)
+    threading.Thread(target=https.serve_forever, daemon=True).start()
+    tls_port = https.server_address[1]
     names = ("files.internal.test", "git.internal.test", "pypi.internal.test")
     try:
         s = settings.replace(
             agent_image=agent_image,
             run_timeout_s=120.0,
-            egress_resolve=",".join(f"{n}:{port}:127.0.0.1" for n in names),
+            egress_resolve=",".join(
+                [*(f"{n}:{port}:127.0.0.1" for n in names), f"git.internal.test:{tls_port}:127.0.0.1"]
+            ),
+            egress_upstream_ca_file=str(test_ca),
         )
         s.ensure_dirs()
         ensure_main_group(db)
@@ -220,6 +235,8 @@ def test_real_clients_curl_git_and_pip_through_the_proxy(
             f"$ curl -s http://files.internal.test:{port}/hello.txt",
             f"$ curl -s http://other.internal.test:{port}/",
             f"$ git clone -q http://git.internal.test:{port}/repo.git cloned && cat cloned/README",
+            f"$ git clone -q https://git.internal.test:{tls_port}/repo.git over-tls && cat over-tls/README",
+            f"$ git clone -q https://gitx.internal.test:{tls_port}/repo.git refused 2>&1; echo exit $?",
             "$ python3 -m venv /tmp/v && PIP_DISABLE_PIP_VERSION_CHECK=1 /tmp/v/bin/python -m pip install -q "
             f"--index-url http://pypi.internal.test:{port}/simple/ --trusted-host pypi.internal.test hello-egress "
             "&& /tmp/v/bin/python -c 'import hello_egress; print(hello_egress.WORD)'",
@@ -227,14 +244,21 @@ def test_real_clients_curl_git_and_pip_through_the_proxy(
         ingest(db, s, IncomingMessage(chat_jid=JID, sender="u", content="\n".join(lines)), signal=None)
         (run,) = Pipeline(s, db, ChannelRegistry([])).drain_group(JID)
         assert run.run.state == "succeeded"
-        curl_ok, curl_refused, cloned, installed = outputs(db, JID)
+        curl_ok, curl_refused, cloned, cloned_tls, clone_refused, installed = outputs(db, JID)
         assert curl_ok.strip() == "hello from the files host"
         assert f"egress refused: other.internal.test:{port} is not on this group's allowlist" in curl_refused
         assert "cloned through the egress proxy" in cloned
+        assert cloned_tls.strip() == "cloned through the egress proxy"  # git verified the test CA's certificate
+        assert "403" in clone_refused and clone_refused.strip().endswith("exit 128")
         assert "installed through the egress proxy" in installed
+        log = run_egress(db, run.run.id)
+        tunnelled = [(d.method, d.host, d.port, d.allowed) for d in log.decisions if d.port == tls_port]
+        assert ("CONNECT", "git.internal.test", tls_port, True) in tunnelled
+        assert ("CONNECT", "gitx.internal.test", tls_port, False) in tunnelled
     finally:
-        server.shutdown()
-        server.server_close()
+        for each in (server, https):
+            each.shutdown()
+            each.server_close()
 
 
 def test_a_brokered_secret_reaches_its_host_and_nothing_of_the_sandbox(
