@@ -131,7 +131,10 @@ _ROWS: list[tuple[str, Callable[[RunSummary], str]]] = [
 def print_egress(log: EgressLog) -> None:
     """The run's egress decisions, one line each."""
     if not log.decisions:
-        _echo(f"run {log.run_id[:8]}: no egress (its group's network policy was off, or nothing was asked)")
+        _echo(
+            f"run {log.run_id[:8]}: no egress (its group's network policy was off, nothing was asked, "
+            "or its log is past its retention)"
+        )
         return
     for d in log.decisions:
         verdict = "allowed" if d.allowed else "refused"

@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
+from orchestrator.cli.runs import print_egress
 from orchestrator.core.errors import SettingsError
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import SENDER_EGRESS_LOG
@@ -67,7 +68,7 @@ def main(db: Database) -> Database:
     return db
 
 
-def test_an_old_egress_log_goes_and_a_new_one_stays(main: Database) -> None:
+def test_an_old_egress_log_goes_and_a_new_one_stays(main: Database, capsys: pytest.CaptureFixture[str]) -> None:
     db = main
     old = egress_record(db, days_old=31)
     new = egress_record(db, days_old=29, timestamp="2001-01-01T00:00:00.000Z")  # a sender's word: not its age
@@ -91,6 +92,8 @@ def test_an_old_egress_log_goes_and_a_new_one_stays(main: Database) -> None:
     left = {m.id for m in get_messages_after(JID, 0, db=db)}
     assert {"u1", "s1", f"{new}-egress-0000"} <= left and f"{old}-egress-0000" not in left
     assert sweep(db, signal=None, egress_log_retention_days=30).deleted_egress_logs == 0
+    print_egress(run_egress(db, old))  # what `orchestrator runs show RUN --egress` says of it now
+    assert "its log is past its retention" in capsys.readouterr().out
 
 
 def test_a_backlog_goes_a_bounded_batch_at_a_time(main: Database, monkeypatch: pytest.MonkeyPatch) -> None:
