@@ -75,9 +75,11 @@ class Workers:
     app: str = "workers.app"
     concurrency: int = 1
     host_ids: bool = False
+    # More of the workers' environment (settings ``install`` does not pass on: the model, ...).
+    env: dict[str, str] = field(default_factory=dict)
 
     def __enter__(self) -> Self:
-        env = worker_env(self.settings)
+        env = worker_env(self.settings) | self.env
         for i in range(self.n):
             log = open(self.settings.data_dir / f"worker{i}.log", "wb")  # noqa: SIM115 - closed with the process
             own = {"ORCHESTRATOR_HOST_ID": f"bench-host-{i}"} if self.host_ids else {}

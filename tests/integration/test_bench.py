@@ -113,6 +113,26 @@ def test_overhead_bench_measures_cold_warm_and_the_baselines(docker_engine: None
     assert "quiet group with standby / floor (p50)" in out  # root here: standby is on
 
 
+def test_claude_code_bench_times_the_first_request_and_the_reply_cold_and_warm(docker_engine: None) -> None:
+    out = bench("bench.claude_code", "--runs", "1")
+    lines = out.splitlines()
+    rows = ("claude-code, cold", "claude-code, warm", "built-in loop, cold", "built-in loop, warm")
+    for name in rows:
+        first_p50, first_min, first_max, reply_p50, reply_min, reply_max = numbers(
+            r"(\d+)", next(x for x in lines if x.startswith(name)).removeprefix(name)
+        )
+        assert 0 < first_min <= first_p50 <= first_max, out
+        assert first_p50 <= reply_p50 and 0 < reply_min <= reply_p50 <= reply_max, out
+        # The breakdown: every run asked the fake model, and the reply it stored was the model's.
+        split = next(x for x in lines if x.strip().startswith(name) and "request(s)" in x)
+        assert numbers(r"(\d+) request\(s\)", split)[0] >= 1, split
+    assert "warm: Claude Code's first request" in out
+    # The CLI's phases inside a container: each measured (two starts a round).
+    for phase in ("the CLI's start", "new session:", "resumed session:", "session kept open:"):
+        p50, low, high = numbers(r"(\d+)", next(x for x in lines if x.strip().startswith(phase)).split(")", 1)[-1])
+        assert 0 < low <= p50 <= high, out
+
+
 def test_wakeup_bench_measures_both_broker_modes(docker_engine: None) -> None:
     out = bench("bench.wakeup", "--runs", "2", "--idle-s", "2", "--rounds", "1")
     for name in ("poll every", "inotify"):
