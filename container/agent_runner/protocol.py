@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from types import UnionType
-from typing import Annotated, Any, Final, Literal, TypeAlias, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Literal, NamedTuple, TypeAlias, TypeVar, Union, get_args, get_origin
 
 import msgspec
 from msgspec import Meta, field
@@ -158,7 +158,7 @@ OPTIONAL_TOOL_NAMES: Final[dict[str, tuple[str, ...]]] = {
     "send_file": ("send_file",),
     "schedules": ("schedule_task", "list_tasks", "update_task", "pause_task", "resume_task", "cancel_task"),
     "questions": ("ask_user",),
-    "message_changes": ("edit_message",),
+    "message_changes": ("edit_message", "add_reaction"),
 }
 OPTIONAL_TOOLS: Final = tuple(OPTIONAL_TOOL_NAMES)
 
@@ -579,6 +579,65 @@ class EditEvent(_Event, tag="edit"):
     nth_last: int = 1
 
 
+class ReactEvent(_Event, tag="react"):
+    """The agent puts ``emoji`` (one of :data:`REACTIONS`) on a person's message of this chat
+    (``nth_last``: 1 for the latest), on every channel that shows it.  The host finds the
+    message itself and says in the chat when it cannot."""
+
+    emoji: str
+    nth_last: int = 1
+
+
+class Reaction(NamedTuple):
+    """A reaction every channel can be asked for: its emoji, Slack's name for it, and the
+    emoji Telegram's bots may set (None: not in Telegram's allowed set)."""
+
+    emoji: str
+    slack: str
+    telegram: str | None
+
+
+# The reactions the agent may use (docs/messages.md shows this table; a test keeps them
+# the same).  Telegram lets bots set only a fixed set of emoji, without the variation
+# selector (``❤``, not ``❤️``); Slack names each by its short name.
+REACTIONS: Final[tuple[Reaction, ...]] = (
+    Reaction("👍", "+1", "👍"),
+    Reaction("👎", "-1", "👎"),
+    Reaction("❤️", "heart", "❤"),
+    Reaction("🔥", "fire", "🔥"),
+    Reaction("🎉", "tada", "🎉"),
+    Reaction("👏", "clap", "👏"),
+    Reaction("😁", "grin", "😁"),
+    Reaction("🤔", "thinking_face", "🤔"),
+    Reaction("😢", "cry", "😢"),
+    Reaction("🙏", "pray", "🙏"),
+    Reaction("👌", "ok_hand", "👌"),
+    Reaction("💯", "100", "💯"),
+    Reaction("🤣", "rolling_on_the_floor_laughing", "🤣"),
+    Reaction("⚡", "zap", "⚡"),
+    Reaction("🏆", "trophy", "🏆"),
+    Reaction("👀", "eyes", "👀"),
+    Reaction("🤝", "handshake", "🤝"),
+    Reaction("✍️", "writing_hand", "✍"),
+    Reaction("😎", "sunglasses", "😎"),
+    Reaction("🤯", "exploding_head", "🤯"),
+    Reaction("😍", "heart_eyes", "😍"),
+    Reaction("🫡", "saluting_face", "🫡"),
+    Reaction("✅", "white_check_mark", None),
+    Reaction("❌", "x", None),
+    Reaction("⏳", "hourglass_flowing_sand", None),
+    Reaction("🚀", "rocket", None),
+    Reaction("⚠️", "warning", None),
+    Reaction("🐛", "bug", None),
+)
+_BY_EMOJI: Final = {r.emoji.replace("\ufe0f", ""): r for r in REACTIONS}
+
+
+def reaction_of(emoji: str) -> Reaction | None:
+    """The reaction ``emoji`` names (with or without its variation selector), or None."""
+    return _BY_EMOJI.get(emoji.strip().replace("\ufe0f", ""))
+
+
 class ResultEvent(_Event, tag="result"):
     """Always the last event of a successful run."""
 
@@ -606,6 +665,7 @@ Event = Union[
     TaskEvent,
     QuestionEvent,
     EditEvent,
+    ReactEvent,
     ResultEvent,
     ErrorEvent,
 ]

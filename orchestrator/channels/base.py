@@ -19,6 +19,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from agent_runner.protocol import Reaction
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
 from orchestrator.core.terminal import for_log
@@ -57,6 +58,16 @@ class BaseChannel:
         self.retract(address, posted, rendered)
         return self.send(address, rendered) or []
 
+    def react(self, address: str, posted: list[str], rendered: RenderedMessage, reaction: Reaction) -> bool:
+        """Put ``reaction`` on the message shown as ``posted``; False: this channel cannot show
+        it (the change ends there, with the reason).  A channel without reactions shows none."""
+        return False
+
+    def origin_post(self, address: str, message_id: str) -> str | None:
+        """This channel's own id of the post a person's message ``message_id`` came from at
+        ``address`` (its inbound id names it), or None."""
+        return None
+
     def retract(self, address: str, posted: list[str], rendered: RenderedMessage) -> None:
         """Take back the posts ``posted`` (of the message ``rendered`` shows)."""
         raise ChannelError(f"the {self.name} channel cannot take back what it posted")
@@ -92,6 +103,13 @@ def file_posts(posted: list[str]) -> tuple[list[str], list[str]]:
     return words, files
 
 
+def post_named(message_id: str, prefix: str) -> str | None:
+    """The channel's post id an inbound message id ``<prefix><post id>`` names (None: it is
+    not of that form: another conversation's, or another channel's)."""
+    post = message_id[len(prefix) :] if message_id.startswith(prefix) else ""
+    return post or None
+
+
 class LogChannel(BaseChannel):
     """Writes each message to the log (the worker's console), as one line: its newlines,
     carriage returns and control characters shown as escapes (``core/terminal.py``), so
@@ -105,6 +123,10 @@ class LogChannel(BaseChannel):
     def send(self, address: str, rendered: RenderedMessage) -> list[str]:
         self._log.info("[%s #%d] %s", for_log(address), rendered.seq, for_log(rendered.text))
         return []  # nothing to name: a change is a line of its own
+
+    def react(self, address: str, posted: list[str], rendered: RenderedMessage, reaction: Reaction) -> bool:
+        self._log.info("[%s #%d reaction] %s", for_log(address), rendered.seq, reaction.emoji)
+        return True
 
     def edit(self, address: str, posted: list[str], rendered: RenderedMessage) -> list[str]:
         self._log.info("[%s #%d edited] %s", for_log(address), rendered.seq, for_log(rendered.text))

@@ -51,7 +51,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from orchestrator.channels.base import FILE_POST, BaseChannel
+from agent_runner.protocol import Reaction
+from orchestrator.channels.base import FILE_POST, BaseChannel, post_named
 from orchestrator.channels.slack_blocks import SlackPost, slack_posts
 from orchestrator.channels.slack_changes import SlackChanges
 from orchestrator.channels.slack_files import send_upload, slack_origins
@@ -336,6 +337,14 @@ class SlackChannel(BaseChannel):
     def retract(self, address: str, posted: list[str], rendered: RenderedMessage) -> None:
         """``chat.delete`` of each post, ``files.delete`` of each file shared."""
         self._changes.retract(address.strip(), posted)
+
+    def react(self, address: str, posted: list[str], rendered: RenderedMessage, reaction: Reaction) -> bool:
+        """``reactions.add`` of the reaction's Slack name on the message's first post."""
+        return self._changes.react(address.strip(), posted, reaction.slack)
+
+    def origin_post(self, address: str, message_id: str) -> str | None:
+        """The ts of a message that came from conversation ``address`` (``slack-<conversation>-<ts>``)."""
+        return post_named(message_id, f"{ID_PREFIX}{address.strip()}-")
 
     def disconnect(self) -> None:
         with self._lock:

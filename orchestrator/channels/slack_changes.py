@@ -5,6 +5,8 @@
   the extra ones posted after (in its thread); one that needs fewer has the rest deleted.
   A post someone deleted on Slack's side (``message_not_found``) is posted again.  The
   files it shared stay as they are: an edit changes words.
+* **React**: ``reactions.add`` on the message's first post, by Slack's name for the emoji
+  (``agent_runner.protocol.REACTIONS``); one already there is no failure.
 * **Retract**: each post is deleted with ``chat.delete`` and each file it shared with
   ``files.delete``; one already gone (``message_not_found``, ``file_not_found``,
   ``file_deleted``) is no failure.
@@ -24,6 +26,8 @@ from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.render import RenderedMessage
 
 POST_GONE = ("message_not_found",)
+# A reaction already there is the reaction made (a retry after a lost answer).
+REACTED = ("already_reacted",)
 FILE_GONE = ("file_not_found", "file_deleted")
 
 # Posts one post to (conversation, thread); its ts.
@@ -70,3 +74,10 @@ class SlackChanges:
             self.web.call("chat.delete", channel=address, ts=ts, tolerate=POST_GONE)
         for file_id in files:
             self.web.call("files.delete", file=file_id, tolerate=FILE_GONE)
+
+    def react(self, address: str, posted: list[str], name: str) -> bool:
+        words, _ = file_posts(posted)
+        if not words:
+            return False  # only files posted: Slack's file shares are not messages to react to
+        self.web.call("reactions.add", channel=address, timestamp=words[0], name=name, tolerate=REACTED)
+        return True

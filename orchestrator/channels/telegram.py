@@ -61,7 +61,8 @@ from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from orchestrator.channels.base import FILE_POST, BaseChannel
+from agent_runner.protocol import Reaction
+from orchestrator.channels.base import FILE_POST, BaseChannel, post_named
 from orchestrator.channels.telegram_changes import TelegramChanges
 from orchestrator.channels.telegram_edits import sender_of, take_telegram_edit
 from orchestrator.channels.telegram_files import (
@@ -325,6 +326,15 @@ class TelegramChannel(BaseChannel):
         """``deleteMessage`` of each message, or past 48 hours an edit to "retracted"."""
         target = self._target(address)
         self._changing(address, lambda: self._changes.retract(target, posted))
+
+    def react(self, address: str, posted: list[str], rendered: RenderedMessage, reaction: Reaction) -> bool:
+        """``setMessageReaction`` with Telegram's form of the emoji (False: not in its set)."""
+        target = self._target(address)
+        return self._changing(address, lambda: self._changes.react(target, posted, reaction.telegram))
+
+    def origin_post(self, address: str, message_id: str) -> str | None:
+        """The message id of a message that came from chat ``address`` (``tg-<chat id>-<message id>``)."""
+        return post_named(message_id, f"tg-{address.strip()}-")
 
     def _target(self, address: str) -> int | str:
         address = address.strip()

@@ -10,7 +10,13 @@
   that it answers "message can't be deleted for everyone", and the message is edited to
   :data:`RETRACTED` instead (its caption, for a file's).
 
-Editing and deleting are the same whatever their repeats, so a retry in this process makes
+* **React**: ``setMessageReaction`` on the message's first part, with Telegram's form of
+  the emoji (``agent_runner.protocol.REACTIONS``: its bots may use a fixed set only).  A
+  bot has one reaction per message on Telegram, so a second replaces the first there.  An
+  emoji outside the set, or one the chat's admins have not allowed (``REACTION_INVALID``),
+  is not shown: the change ends with the reason.
+
+Editing, deleting and reacting are the same whatever their repeats, so a retry in this process makes
 them again, and sends again only what it had not (:class:`MadeSteps`).
 """
 
@@ -57,6 +63,23 @@ class TelegramChanges:
             self._take_back(target, int(mid), caption=False)
         for mid in files:
             self._take_back(target, int(mid), caption=True)
+
+    def react(self, target: int | str, posted: list[str], emoji: str | None) -> bool:
+        from telegram.error import BadRequest
+
+        words, _ = file_posts(posted)
+        if emoji is None or not words:
+            return False
+        message_id = int(words[0])
+        try:
+            self.client.call(
+                lambda bot: bot.set_message_reaction(chat_id=target, message_id=message_id, reaction=emoji)
+            )
+        except BadRequest as exc:
+            if "reaction_invalid" in str(exc).lower():
+                return False
+            raise
+        return True
 
     def _edit_text(self, target: int | str, message_id: int, text: str) -> bool:
         """``editMessageText``; False: the message is not there any more."""

@@ -63,6 +63,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import ValidationError
 
+from agent_runner.protocol import Reaction
 from orchestrator.channels.base import BaseChannel, InboundDoor
 from orchestrator.channels.question_buttons import approval_of
 from orchestrator.core.errors import ChannelError
@@ -80,7 +81,7 @@ TIMESTAMP_HEADER = "X-Orchestrator-Timestamp"
 NONCE_HEADER = "X-Orchestrator-Nonce"
 DELIVERY_HEADER = "X-Orchestrator-Delivery"
 TIMESTAMPED_SIGNATURE_HEADER = "X-Orchestrator-Timestamped-Signature"
-UPDATED_EVENT, RETRACTED_EVENT = "message.updated", "message.retracted"
+UPDATED_EVENT, RETRACTED_EVENT, REACTION_EVENT = "message.updated", "message.retracted", "message.reaction"
 INBOUND_PATH = "/webhooks/inbound"
 CHANNEL = "webhook"
 NONCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
@@ -213,13 +214,13 @@ class WebhookChannel(BaseChannel):
 
     def retract(self, address: str, posted: list[str], rendered: RenderedMessage) -> None:
         """``message.retracted``: which message, by the delivery id it was sent with."""
-        message: dict[str, object] = {
-            "delivery_id": _sent_as(posted),
-            "chat_jid": rendered.chat_jid,
-            "seq": rendered.seq,
-            "id": rendered.id,
-        }
-        self._post(address, _change_event(RETRACTED_EVENT, rendered, message), rendered.delivery_id)
+        self._post(address, _change_event(RETRACTED_EVENT, rendered, _which(rendered, posted)), rendered.delivery_id)
+
+    def react(self, address: str, posted: list[str], rendered: RenderedMessage, reaction: Reaction) -> bool:
+        """``message.reaction``: the emoji, and which message, by the delivery id it was sent with."""
+        doc = _change_event(REACTION_EVENT, rendered, _which(rendered, posted)) | {"emoji": reaction.emoji}
+        self._post(address, doc, rendered.delivery_id)
+        return True
 
     def _post(self, address: str, doc: dict[str, object], delivery_id: str | None) -> None:
         """POST ``doc`` signed, with ``delivery_id`` in :data:`DELIVERY_HEADER`; raise on failure."""
@@ -250,6 +251,11 @@ class WebhookChannel(BaseChannel):
 def _sent_as(posted: list[str]) -> str | None:
     """The delivery id a message was sent with (what its receiver knows it by)."""
     return posted[0] if posted else None
+
+
+def _which(rendered: RenderedMessage, posted: list[str]) -> dict[str, object]:
+    """Which message a change is of: by the delivery id it was sent with, and its place."""
+    return {"delivery_id": _sent_as(posted), "chat_jid": rendered.chat_jid, "seq": rendered.seq, "id": rendered.id}
 
 
 def _change_event(event: str, rendered: RenderedMessage, message: dict[str, object]) -> dict[str, object]:

@@ -123,6 +123,15 @@ DELIVERIES = Counter(
     "Delivery attempts ended: sent, retried (back to pending), failed (for good), cancelled (superseded).",
     ["channel", "state"],
 )
+DELIVERY_CHANGES = Counter(
+    "orchestrator_delivery_changes",
+    "Changes to what channels show (update, retract, react) ended: done, retried (back to "
+    "pending), failed (for good), cancelled (nothing to do).",
+    ["channel", "kind", "state"],
+)
+REACTIONS = Counter(
+    "orchestrator_reactions", "The agent's add_reaction: new, again (already there), refused.", ["outcome"]
+)
 DELIVERY_SECONDS = Histogram("orchestrator_delivery_seconds", "A channel's send call.", ["channel"])
 LEASE_LOSSES = Counter("orchestrator_lease_losses", "Runs given up because another worker took the group's lease.")
 SWEEPER_ACTIONS = Counter("orchestrator_sweeper_actions", "What sweeps did.", ["action"])

@@ -11,6 +11,10 @@
   a truncate): the client drops what it shows (drafts too) and the stream sends
   the whole display view again from seq 0 on the same connection, and the
   drafts whole;
+* ``event: reaction`` with a :class:`~orchestrator.store.reactions.Reaction` JSON
+  (``{"id", "message_seq", "emoji", "sender", ...}``): an emoji put on a message, each
+  once, every one of the chat's when the stream opens and after a ``reset``; the message
+  it is on may come later in the stream (a long history's next page);
 * ``event: draft`` with ``{"run_id", "offset", "text"}`` (a
   :class:`~orchestrator.store.draft_feed.DraftPiece`): the reply a running run's
   model is writing (orchestrator/store/drafts.py; the worker writes it at most every
@@ -77,6 +81,7 @@ from orchestrator.store.chat_listener import listen
 from orchestrator.store.db import Database
 from orchestrator.store.draft_feed import DraftFeed, DraftMode
 from orchestrator.store.message_log import change_marks, get_messages_after, latest_seq
+from orchestrator.store.reactions import reactions_after
 from orchestrator.store.runs import LIVE_STATES, get_run, list_runs, runs_changed
 
 log = logging.getLogger(__name__)
@@ -175,6 +180,8 @@ class ChatStream:
         self._history_checked = 0.0
         self._started = False
         self._drafts = DraftFeed(db, chat_jid, drafts)
+        self._reactions = 0  # the id of the last reaction sent
+        self._reactions_behind = False
         # Messages past the cursor wait beyond the page just sent (up to ``_latest``).
         self.behind = False
         self._latest = after
@@ -204,7 +211,18 @@ class ChatStream:
             reset = self._history_reset()
             if reset:
                 frames = reset + self._new_messages() + self._draft_changes()
+        if woken or history_checked or self._reactions_behind or any(f.event == "reset" for f in frames):
+            # A reaction wakes the chat; without a wake-up the history check's cadence looks.
+            frames += self._new_reactions()
         return frames
+
+    def _new_reactions(self) -> list[ServerSentEvent]:
+        """One page of reactions past the last sent; a full page looks again at once."""
+        found = reactions_after(self.db, self.chat_jid, self._reactions, limit=PAGE)
+        self._reactions_behind = len(found) == PAGE
+        if found:
+            self._reactions = found[-1].id
+        return [sse("reaction", r.model_dump_json()) for r in found]
 
     def _history_reset(self) -> list[ServerSentEvent]:
         """A ``reset`` when the history changed in place since the last check (the client
@@ -215,6 +233,7 @@ class ChatStream:
             return []
         self._history = marks
         self.cursor, self.behind = 0, False
+        self._reactions = 0
         self._drafts.forget()
         return [sse("reset", '{"reason": "history changed"}')]
 
@@ -295,7 +314,7 @@ class ChatStream:
                 pause = safety_poll_s
                 try:
                     frames = await run_in_threadpool(self.poll, woken)
-                    if self.behind:
+                    if self.behind or self._reactions_behind:
                         pause = 0  # the next page of a long history at once (each page a look)
                 except Exception as exc:  # noqa: BLE001 - the database may be briefly away; keep the stream
                     log.warning("stream of %s: %s", self.chat_jid, exc)

@@ -38,6 +38,7 @@ from agent_runner.protocol import (
     ErrorEvent,
     ProtocolError,
     QuestionEvent,
+    ReactEvent,
     ResultEvent,
     SendFileEvent,
     SendMessageEvent,
@@ -139,6 +140,11 @@ class RunOutputs(Protocol):
     def edit(self, event: EditEvent, index: int) -> None:
         """The agent asked to change the words of one of its own earlier messages; ``index``
         is the number a refusal's message in the chat is given."""
+        ...
+
+    def react(self, event: ReactEvent, index: int) -> None:
+        """The agent asked to react to a person's message; ``index`` is the number a refusal's
+        message in the chat is given."""
         ...
 
     def question(self, event: QuestionEvent, index: int) -> bool:
@@ -411,6 +417,10 @@ def _read(ctx: AttemptContext, container: AgentProcess, heard: _Heard, workspace
             budget.store(len(event.text.encode("utf-8")))
             ctx.indexed += 1
             ctx.outputs.edit(event, ctx.indexed)
+        elif isinstance(event, ReactEvent):
+            budget.store(len(event.emoji.encode("utf-8")))
+            ctx.indexed += 1
+            ctx.outputs.react(event, ctx.indexed)
         elif isinstance(event, QuestionEvent):
             budget.store(len(event.question.encode("utf-8")) + sum(len(o.encode("utf-8")) for o in event.options))
             ctx.indexed += 1

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
 
-from agent_runner.protocol import EditEvent, QuestionEvent, TaskEvent
+from agent_runner.protocol import EditEvent, QuestionEvent, ReactEvent, TaskEvent, reaction_of
 from orchestrator.core import metrics, tracing
 from orchestrator.core.errors import FileTooLarge, HostileEntry, LeaseLost
 from orchestrator.core.settings import Settings
@@ -41,6 +41,7 @@ from orchestrator.store.groups import Group, send_refusal, tool_refusal
 from orchestrator.store.history import edit_agent_message
 from orchestrator.store.message_log import insert_message, now_iso
 from orchestrator.store.questions import AnswerAs, insert_question, open_question_of, set_message_seq
+from orchestrator.store.reactions import react_to_person
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,31 @@ class ChatOutputs:
             refusal = f"you have no message {event.nth_last} back in this chat to edit"
         log.warning("run %s: edit_message refused: %s", run_id, refusal)
         self.emit(host_message(run_id=f"{run_id}-{index:04d}", text=f"🚫 edit_message refused: {refusal}"))
+
+    def react(self, event: ReactEvent, index: int) -> None:
+        """Put ``event``'s emoji on a person's ``nth_last`` message in this chat, if the group's
+        agent may (``store/reactions.py``: kept once, the channels asked to show it); a refusal
+        is said in the chat."""
+        run_id = self.outcome.run.id
+        refusal = tool_refusal(self.group, "message_changes")
+        reaction = reaction_of(event.emoji)
+        if refusal is None and reaction is None:
+            refusal = f"{event.emoji[:40]!r} is not one of the reactions every channel takes"
+        if refusal is None and not 1 <= event.nth_last <= MAX_EDIT_BACK:
+            refusal = f"nth_last is from 1 to {MAX_EDIT_BACK}, not {event.nth_last}"
+        if refusal is None and reaction is not None:
+            reacted = react_to_person(
+                self.db, self.group.chat_jid, reaction.emoji, nth_last=event.nth_last, owner=self.owner, by_run=run_id
+            )
+            if reacted is not None:
+                metrics.REACTIONS.labels(outcome="new" if reacted.created else "again").inc()
+                if reacted.changes:
+                    self._deliver(self.group.chat_jid)
+                return
+            refusal = f"there is no message {event.nth_last} back from a person in this chat to react to"
+        log.warning("run %s: add_reaction refused: %s", run_id, refusal)
+        metrics.REACTIONS.labels(outcome="refused").inc()
+        self.emit(host_message(run_id=f"{run_id}-{index:04d}", text=f"🚫 add_reaction refused: {refusal}"))
 
     def question(self, event: QuestionEvent, index: int) -> bool:
         """Ask the group ``event``'s question, if the group's agent may and the question is one

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
+from agent_runner.protocol import Reaction
 from orchestrator.core import metrics
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
@@ -85,6 +86,15 @@ class Channel(Protocol):
 
     def retract(self, address: str, posted: list[str], rendered: RenderedMessage) -> None:
         """Take back the posts ``posted`` of the message ``rendered``.  Raises on failure."""
+        ...
+
+    def react(self, address: str, posted: list[str], rendered: RenderedMessage, reaction: Reaction) -> bool:
+        """Put ``reaction`` on the message shown as ``posted``; False: the channel cannot show
+        it.  Raises on failure."""
+        ...
+
+    def origin_post(self, address: str, message_id: str) -> str | None:
+        """The channel's own id of the post a person's message came from, or None."""
         ...
 
 

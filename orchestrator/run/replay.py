@@ -60,6 +60,7 @@ from agent_runner.protocol import (
     ModelSettings,
     ProtocolError,
     QuestionEvent,
+    ReactEvent,
     TaskEvent,
     TextDeltaEvent,
     decode_input,
@@ -353,6 +354,11 @@ class KeptOutputs:
         # A replay changes nothing in the chat: the request is kept as the host message it would be.
         said = f"✏️ (replay) the agent asked to change its message {event.nth_last} back to: {event.text}"
         self.kept.append(host_message(run_id=f"edit-{index:04d}", text=said))
+
+    def react(self, event: ReactEvent, index: int) -> None:
+        # As an edit: the request is kept, nothing shown changes.
+        said = f"{event.emoji} (replay) the agent asked to react to the message {event.nth_last} back"
+        self.kept.append(host_message(run_id=f"react-{index:04d}", text=said))
 
     def question(self, event: QuestionEvent, index: int) -> bool:
         # A replay asks nobody: the question is kept as the message it would have been, and

@@ -9,6 +9,12 @@ own transaction, with one rule for every channel:
   deliveries cancelled at once ("superseded before it was sent") and its sent ones get a
   ``retract``.
 
+A **reaction** (``store/reactions.py``) gets a ``react`` for each delivery of its message
+(sent, or still to be: it waits for the send) and one for the channel a person's message
+came from, if it is attached: that one names no delivery of ours (``delivery_id`` NULL) but
+the channel's ``address``, and the deliverer asks the channel which post of its own the
+message was (its inbound id).
+
 A delivery still being sent gets its change too: the change waits until the send ends,
 and is cancelled if the send never reached the channel.  A sent delivery whose channel
 kept no ids of its posts (``deliveries.sent_ids`` NULL: sent before revision 0024) gets
@@ -33,24 +39,29 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import and_, exists, insert, or_, select
 from sqlalchemy.orm import Session, aliased
 
+from orchestrator.model.messages import StoredMessage
+from orchestrator.model.render import ORIGIN_CHANNEL_KEY
 from orchestrator.store.claims import CANCELLED, FAILED, PENDING, SENDING, claim_row, end_claim, end_values
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import (
     SENT,
     SUPERSEDED_UNSENT,
-    Outgoing,
+    Delivery,
+    attached_channels,
     cancel_pending,
     outgoing,
     unfinished,
     utc_now,
 )
+from orchestrator.store.message_log import to_stored
 from orchestrator.store.stored_literals import column_check
-from orchestrator.store.tables import DeliveryChangeRow, DeliveryRow
+from orchestrator.store.tables import DeliveryChangeRow, DeliveryRow, GroupRow, MessageRow, ReactionRow
 
-ChangeKind = Literal["update", "retract"]
+ChangeKind = Literal["update", "retract", "react"]
 KINDS: tuple[ChangeKind, ...] = get_args(ChangeKind)
 UPDATE: Final = "update"
 RETRACT: Final = "retract"
+REACT: Final = "react"
 ChangeState = Literal["pending", "sending", "done", "failed", "cancelled"]
 STATES: tuple[ChangeState, ...] = get_args(ChangeState)
 DONE: Final = "done"
@@ -60,7 +71,7 @@ class DeliveryChange(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     id: int
-    delivery_id: int
+    delivery_id: int | None  # None: a reaction on the channel a person's message came from
     chat_jid: str
     channel: str
     message_seq: int
@@ -71,10 +82,12 @@ class DeliveryChange(BaseModel):
     last_error: str | None
     created_at: datetime
     done_at: datetime | None
+    reaction_id: int | None = None  # a react's
+    address: str | None = None  # a react's without a delivery
 
 
-class _NewChange(TypedDict):
-    delivery_id: int
+class _NewChange(TypedDict, total=False):
+    delivery_id: int | None
     chat_jid: str
     channel: str
     message_seq: int
@@ -83,6 +96,21 @@ class _NewChange(TypedDict):
     attempts: int
     next_attempt_at: datetime
     created_at: datetime
+    reaction_id: int
+    address: str
+
+
+def _new_change(chat_jid: str, channel: str, seq: int, kind: ChangeKind, now: datetime) -> _NewChange:
+    return {
+        "chat_jid": chat_jid,
+        "channel": channel,
+        "message_seq": seq,
+        "kind": kind,
+        "state": PENDING,
+        "attempts": 0,
+        "next_attempt_at": now,
+        "created_at": now,
+    }
 
 
 def record_changes(
@@ -118,20 +146,41 @@ def record_changes(
     )
     now = utc_now()
     rows: list[_NewChange] = [
-        {
-            "delivery_id": d.id,
-            "chat_jid": chat_jid,
-            "channel": d.channel,
-            "message_seq": d.message_seq,
-            "kind": kinds[d.message_seq],
-            "state": PENDING,
-            "attempts": 0,
-            "next_attempt_at": now,
-            "created_at": now,
-        }
+        _new_change(chat_jid, d.channel, d.message_seq, kinds[d.message_seq], now) | {"delivery_id": d.id}
         for d in sent
         if not (kinds[d.message_seq] == UPDATE and d.id in waiting)
     ]
+    if rows:
+        session.execute(insert(DeliveryChangeRow), rows)
+    return len(rows)
+
+
+def record_reaction(session: Session, message: StoredMessage, reaction_id: int) -> int:
+    """Queue reaction ``reaction_id`` on ``message`` for every channel that shows it, in the
+    caller's transaction (see the module's doc); how many."""
+    now = utc_now()
+    rows: list[_NewChange] = []
+    origin = (message.metadata or {}).get(ORIGIN_CHANNEL_KEY)
+    for channel, address in attached_channels(session.connection(), message.chat_jid):
+        if channel == origin:
+            row = _new_change(message.chat_jid, channel, message.seq, REACT, now)
+            rows.append(row | {"delivery_id": None, "reaction_id": reaction_id, "address": address or message.chat_jid})
+    # Deliveries still to be sent too (the change waits for the send); a sent one without ids has nothing to name.
+    shown = session.execute(
+        select(DeliveryRow.id, DeliveryRow.channel)
+        .where(
+            DeliveryRow.chat_jid == message.chat_jid,
+            DeliveryRow.message_seq == message.seq,
+            or_(
+                DeliveryRow.state.in_([PENDING, SENDING]),
+                and_(DeliveryRow.state == SENT, DeliveryRow.sent_ids.is_not(None)),
+            ),
+        )
+        .order_by(DeliveryRow.channel)
+    ).all()
+    for d in shown:
+        row = _new_change(message.chat_jid, d.channel, message.seq, REACT, now)
+        rows.append(row | {"delivery_id": d.id, "reaction_id": reaction_id})
     if rows:
         session.execute(insert(DeliveryChangeRow), rows)
     return len(rows)
@@ -141,12 +190,13 @@ def record_changes(
 
 
 def _ready(c: type[DeliveryChangeRow] | Any, now: datetime) -> Any:
-    """Pending and due, its send over (sent, or ended without reaching the channel), and no
-    earlier change of the same delivery unfinished."""
+    """Pending and due, its send over (sent, or ended without reaching the channel; a change
+    without a delivery has none to wait for), and no earlier change of the same delivery
+    unfinished."""
     earlier = aliased(DeliveryChangeRow)
     blocked = exists().where(earlier.delivery_id == c.delivery_id, earlier.id < c.id, unfinished(earlier))
     settled = exists().where(DeliveryRow.id == c.delivery_id, DeliveryRow.state.in_([SENT, FAILED, CANCELLED]))
-    return and_(c.state == PENDING, c.next_attempt_at <= now, settled, ~blocked)
+    return and_(c.state == PENDING, c.next_attempt_at <= now, or_(c.delivery_id.is_(None), settled), ~blocked)
 
 
 def ready_change_ids(
@@ -169,10 +219,14 @@ def claim_change(db: Database, change_id: int, owner: str, claim_s: float) -> bo
 
 @dataclass(frozen=True)
 class OutgoingChange:
-    """A claimed change with the delivery it changes (and that one's message)."""
+    """A claimed change with the delivery it changes (None: a reaction where a person's
+    message came from), its message, its group's assistant name, and a react's emoji."""
 
     change: DeliveryChange
-    sent: Outgoing
+    delivery: Delivery | None
+    message: StoredMessage | None  # None: no such message any more
+    assistant_name: str | None
+    emoji: str | None = None
 
 
 def outgoing_change(db: Database, change_id: int) -> OutgoingChange:
@@ -180,7 +234,23 @@ def outgoing_change(db: Database, change_id: int) -> OutgoingChange:
         row = session.get(DeliveryChangeRow, change_id)
         assert row is not None  # claimed by the caller: rows are never deleted
         change = DeliveryChange.model_validate(row, from_attributes=True)
-    return OutgoingChange(change, outgoing(db, change.delivery_id))
+        emoji = None
+        if change.reaction_id is not None:
+            emoji = session.scalar(select(ReactionRow.emoji).where(ReactionRow.id == change.reaction_id))
+        if change.delivery_id is None:
+            msg = session.scalar(
+                select(MessageRow).where(MessageRow.chat_jid == change.chat_jid, MessageRow.seq == change.message_seq)
+            )
+            group = session.get(GroupRow, change.chat_jid)
+            return OutgoingChange(
+                change,
+                None,
+                to_stored(msg) if msg is not None else None,
+                group.assistant_name if group is not None else None,
+                emoji,
+            )
+    sent = outgoing(db, change.delivery_id)
+    return OutgoingChange(change, sent.delivery, sent.message, sent.assistant_name, emoji)
 
 
 def finish_change(
@@ -207,7 +277,7 @@ def finish_change(
         values["done_at"] = utc_now()
     with db.write() as session:
         held = end_claim(session, DeliveryChangeRow, change.id, owner, values)
-        if held and sent_ids is not None:
+        if held and sent_ids is not None and change.delivery_id is not None:
             delivery = session.get(DeliveryRow, change.delivery_id)
             assert delivery is not None
             delivery.sent_ids = sent_ids

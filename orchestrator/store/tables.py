@@ -295,17 +295,19 @@ class DeliveryRow(Base):
 
 
 class DeliveryChangeRow(Base):
-    """An edit or a retraction of a sent delivery (``orchestrator/store/delivery_changes.py``):
-    pending -> sending -> done | failed | cancelled, as deliveries go."""
+    """An edit, a retraction or a reaction of what a channel shows
+    (``orchestrator/store/delivery_changes.py``): pending -> sending -> done | failed |
+    cancelled, as deliveries go."""
 
     __tablename__ = "delivery_changes"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    delivery_id: Mapped[int] = mapped_column(Integer, nullable=False)
+    # NULL: a reaction on the channel a person's message came from (no delivery of ours).
+    delivery_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     chat_jid: Mapped[str] = mapped_column(Text, nullable=False)
     channel: Mapped[str] = mapped_column(String(64), nullable=False)
     message_seq: Mapped[int] = mapped_column(Integer, nullable=False)
-    kind: Mapped[str] = mapped_column(String(16), nullable=False)  # update | retract
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)  # update | retract | react
     state: Mapped[str] = mapped_column(String(16), nullable=False)
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
@@ -314,6 +316,8 @@ class DeliveryChangeRow(Base):
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
     done_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    reaction_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # a react's
+    address: Mapped[str | None] = mapped_column(Text, nullable=True)  # where, without a delivery
 
     __table_args__ = (
         Index("idx_delivery_changes_due", "state", "next_attempt_at"),
@@ -463,3 +467,23 @@ class MessageFileRow(Base):
     chat_jid: Mapped[str] = mapped_column(Text, primary_key=True)
     message_id: Mapped[str] = mapped_column(Text, primary_key=True)
     file_id: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
+
+
+class ReactionRow(Base):
+    """An emoji on a message of a chat, put there once by one reactor (the agent: ``bot``;
+    ``orchestrator/store/reactions.py``; revision 0025)."""
+
+    __tablename__ = "reactions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    chat_jid: Mapped[str] = mapped_column(Text, nullable=False)
+    message_seq: Mapped[int] = mapped_column(Integer, nullable=False)
+    emoji: Mapped[str] = mapped_column(String(32), nullable=False)
+    sender: Mapped[str] = mapped_column(Text, nullable=False)
+    run_id: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+
+    __table_args__ = (
+        UniqueConstraint("chat_jid", "message_seq", "emoji", "sender", name="uq_reactions_once"),
+        Index("idx_reactions_chat", "chat_jid", "id"),
+    )

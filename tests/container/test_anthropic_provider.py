@@ -165,6 +165,7 @@ def test_request_carries_tools_system_prompt_and_placeholder_key(serve_tcp: Any,
         "cancel_task",
         "ask_user",
         "edit_message",
+        "add_reaction",
     ]
     assert sent_key(fake.headers[0]) == "via-gateway"
 

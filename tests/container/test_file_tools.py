@@ -71,6 +71,7 @@ def test_registry_lists_every_tool_with_an_object_schema() -> None:
         "cancel_task",
         "ask_user",
         "edit_message",
+        "add_reaction",
     ]
     for name, tool in REGISTRY.items():
         assert tool.spec.name == name and tool.spec.description
@@ -812,6 +813,6 @@ def test_unknown_tool_gets_a_tool_call_envelope(tmp_path: Path) -> None:
     assert env.payload.tool_name == "teleport" and env.payload.input == {"to": "mars"}
     assert env.payload.output == ""
     assert env.payload.error == (
-        "unknown tool 'teleport'; available: ask_user, bash, cancel_task, edit_file, edit_message, glob, grep, list_tasks, pause_task, "
+        "unknown tool 'teleport'; available: add_reaction, ask_user, bash, cancel_task, edit_file, edit_message, glob, grep, list_tasks, pause_task, "
         "read_file, resume_task, schedule_task, send_file, send_message, todo_write, update_task, write_file"
     )

@@ -230,6 +230,7 @@ def test_claude_codes_mcp_server_offers_only_the_enabled_tools(monkeypatch: pyte
         *OPTIONAL_TOOL_NAMES["schedules"],
         "ask_user",
         "edit_message",
+        "add_reaction",
     ]
     assert sdk.replies == [{"content": [{"type": "text", "text": "Message sent to team@g.us."}], "is_error": False}]
     assert [e for e in events if isinstance(e, SendMessageEvent)] == [

@@ -7,7 +7,9 @@ generated methods send), answering ``{"ok": true, ...}`` or ``{"ok": false,
 ``auth.test``, ``users.info``, ``chat.postMessage`` (refuses more than 50 blocks,
 a section text over 3,000 characters and an actions block's button Slack would not
 take, ``msg_too_long``/``invalid_blocks`` as the real one), ``chat.update``, ``chat.delete``, ``chat.postEphemeral``,
-and ``apps.connections.open`` (the app-level token only), which answers the
+``reactions.add`` (a known emoji name on a bot's post or a message event made here:
+``invalid_name``, ``message_not_found``, ``already_reacted`` as Slack answers; kept in
+``reactions``), and ``apps.connections.open`` (the app-level token only), which answers the
 ``ws://127.0.0.1:<port>/link/?ticket=...`` of the fake Socket Mode server.
 
 **Files**: :meth:`FakeSlack.host_file` serves bytes at ``/files-pri/<team>-<id>/...``
@@ -76,6 +78,15 @@ class Request:
     token: str
     status: int = 200
     error: str | None = None
+
+
+# Slack short names of standard emoji this fake knows (a workspace knows these and more).
+SLACK_EMOJI_NAMES = frozenset(
+    "+1 thumbsup -1 thumbsdown heart fire tada clap grin smile thinking_face cry pray ok_hand 100 "
+    "rolling_on_the_floor_laughing joy zap trophy eyes handshake writing_hand sunglasses exploding_head "
+    "heart_eyes saluting_face white_check_mark heavy_check_mark x hourglass_flowing_sand hourglass rocket "
+    "warning bug wave raised_hands star sparkles".split()
+)
 
 
 @dataclass
@@ -149,6 +160,8 @@ class FakeSlack:
         self._lock = threading.Condition()
         self._failures: dict[str, list[_Failure | None]] = {}
         self._ts = int(time.time()) * 1_000_000
+        self.pushed: set[tuple[str, str]] = set()  # (channel, ts) of the message events made
+        self.reactions: dict[tuple[str, str], list[str]] = {}  # the bot's reaction names on each message
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.root = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -212,12 +225,15 @@ class FakeSlack:
         **extra: Any,
     ) -> dict[str, Any]:
         """An ``event_callback`` document for a message, as Slack sends it (text escaped)."""
+        event_ts, ts = ts or "", ts or self.next_ts()
+        with self._lock:
+            self.pushed.add((channel, ts))
         event: dict[str, Any] = {
             "type": event_type,
             "channel": channel,
             "text": text,
-            "ts": ts or self.next_ts(),
-            "event_ts": ts or "",
+            "ts": ts,
+            "event_ts": event_ts,
             "channel_type": "channel",
             **extra,
         }
@@ -656,6 +672,8 @@ class FakeSlack:
                     return 200, {"ok": False, "error": "file_deleted"}, None
                 found[0].deleted = True
             return 200, {"ok": True}, None
+        if method == "reactions.add":
+            return self._react(params)
         if method in ("chat.update", "chat.delete"):
             with self._lock:
                 found = [
@@ -673,6 +691,23 @@ class FakeSlack:
                     found[0].updates += 1
             return 200, {"ok": True, "channel": params["channel"], "ts": params["ts"]}, None
         return 200, {"ok": False, "error": "unknown_method"}, None
+
+    def _react(self, params: dict[str, Any]) -> tuple[int, dict[str, Any], _Failure | None]:
+        """reactions.add (channel, timestamp, name) on a post of the bot's or a message pushed."""
+        channel, ts, name = params.get("channel"), params.get("timestamp"), params.get("name")
+        if not channel or not ts or not name:
+            return 200, {"ok": False, "error": "no_item_specified"}, None
+        if name not in SLACK_EMOJI_NAMES:
+            return 200, {"ok": False, "error": "invalid_name"}, None
+        with self._lock:
+            posted = any(p.channel == channel and p.ts == ts and not p.deleted for p in self.posts)
+            if not posted and (channel, ts) not in self.pushed:
+                return 200, {"ok": False, "error": "message_not_found"}, None
+            names = self.reactions.setdefault((str(channel), str(ts)), [])
+            if name in names:
+                return 200, {"ok": False, "error": "already_reacted"}, None
+            names.append(str(name))
+        return 200, {"ok": True}, None
 
     @staticmethod
     def _check_message(params: dict[str, Any]) -> str | None:

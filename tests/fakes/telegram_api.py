@@ -16,7 +16,10 @@ content not modified), ``deleteMessage`` (a message older than 48 hours is refus
 Telegram's 400 "Bad Request: message can't be deleted for everyone"; see :meth:`age`),
 ``answerCallbackQuery`` (a ``callback_query_id`` it sent, answered once; text within 200
 characters), ``editMessageReplyMarkup`` (a keyboard changed or taken off),
-``close``/``logOut`` (for shutdown).  A ``reply_markup`` is checked as
+``setMessageReaction`` (of a message the bot sent or an update it was given: one emoji of
+Telegram's fixed set for bots, else 400 "Bad Request: REACTION_INVALID"; the bot's reaction
+on a message replaces its earlier one, kept in ``reactions``), ``close``/``logOut`` (for
+shutdown).  A ``reply_markup`` is checked as
 Telegram checks an inline keyboard (``BUTTON_DATA_INVALID`` for ``callback_data`` over 64
 bytes, ``BUTTON_TEXT_EMPTY``) and kept with the message.  Every message the bot sent is kept in ``messages``
 (its text or caption now, deleted or not, how often edited).  ``GET
@@ -102,6 +105,11 @@ class SentMessage:
     reply_markup: dict[str, Any] | None = None  # an inline keyboard sent with it
 
 
+# The emoji a bot may react with (Bot API, ReactionTypeEmoji), as Telegram spells them.
+BOT_REACTIONS = frozenset(
+    "👍 👎 ❤ 🔥 🥰 👏 😁 🤔 🤯 😱 🤬 😢 🎉 🤩 🤮 💩 🙏 👌 🕊 🤡 🥱 🥴 😍 🐳 ❤‍🔥 🌚 🌭 💯 🤣 ⚡ 🍌 🏆 💔 🤨 😐 🍓 🍾 💋 "
+    "🖕 😈 😴 😭 🤓 👻 👨‍💻 👀 🎃 🙈 😇 😨 🤝 ✍ 🤗 🫡 🎅 🎄 ☃ 💅 🤪 🗿 🆒 💘 🙉 🦄 😘 💊 🙊 😎 👾 🤷‍♂ 🤷 🤷‍♀ 😡".split()
+)
 DELETE_LIMIT_S = 48 * 3600  # a bot deletes its messages in groups for 48 hours
 
 
@@ -128,6 +136,8 @@ class FakeTelegramAPI:
         self.files: dict[str, FakeFile] = {}
         self.messages: dict[tuple[str, int], SentMessage] = {}
         self.callbacks: dict[str, dict[str, Any] | None] = {}  # query id -> its answer (None: not yet)
+        self.pushed: set[tuple[str, int]] = set()  # (chat id, message id) of the updates given
+        self.reactions: dict[tuple[str, int], list[str]] = {}  # the bot's reaction on each message
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -310,6 +320,8 @@ class FakeTelegramAPI:
             chat["first_name"] = first_name
         else:
             chat["title"] = f"chat {chat_id}"
+        with self._lock:
+            self.pushed.add((str(chat_id), message_id))
         return self.push_update(
             {"message": {"message_id": message_id, "date": int(time.time()), "chat": chat, "from": user, **fields}}
         )
@@ -417,6 +429,8 @@ class FakeTelegramAPI:
             return self._answer_callback(params)
         if method == "editMessageReplyMarkup":
             return self._edit_markup(params)
+        if method == "setMessageReaction":
+            return self._react(params)
         if method == "sendMessage":
             text, chat_id = params.get("text"), params.get("chat_id")
             markup = params.get("reply_markup")
@@ -559,6 +573,30 @@ class FakeTelegramAPI:
             "ok": True,
             "result": {"message_id": mid, "date": int(time.time()), "chat": chat, "from": self._bot_user(), **media},
         }
+
+    def _react(self, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """setMessageReaction: ``reaction`` a JSON list of ``{"type": "emoji", "emoji": ...}``."""
+
+        def bad(description: str) -> tuple[int, dict[str, Any]]:
+            return 400, {"ok": False, "error_code": 400, "description": f"Bad Request: {description}"}
+
+        try:
+            key = (str(params.get("chat_id")), int(params.get("message_id") or 0))
+            reaction = params.get("reaction") or "[]"
+            reaction = json.loads(reaction) if isinstance(reaction, str) else reaction
+            emoji = [r["emoji"] for r in reaction if r.get("type") == "emoji"]
+        except (ValueError, TypeError, KeyError):
+            return bad("message identifier is not specified")
+        if len(emoji) > 1:
+            return bad("REACTIONS_TOO_MANY")
+        if any(e not in BOT_REACTIONS for e in emoji):
+            return bad("REACTION_INVALID")
+        with self._lock:
+            sent = self.messages.get(key)
+            if key not in self.pushed and (sent is None or sent.deleted):
+                return bad("message to react not found")
+            self.reactions[key] = emoji
+        return 200, {"ok": True, "result": True}
 
     def _change(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """editMessageText, editMessageCaption, deleteMessage of a message the bot sent."""

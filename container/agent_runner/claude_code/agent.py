@@ -36,6 +36,7 @@ from ..providers.base import ToolSpec
 from ..relay import UnixRelay
 from ..text_stream import DeltaCoalescer
 from ..tools import ToolContext, disabled_tools, run_tool
+from ..tools.add_reaction import SPEC as ADD_REACTION_SPEC
 from ..tools.ask_user import SPEC as ASK_USER_SPEC
 from ..tools.edit_message import SPEC as EDIT_MESSAGE_SPEC
 from ..tools.schedule_tools import SPECS as SCHEDULE_SPECS
@@ -50,7 +51,14 @@ log = logging.getLogger(__name__)
 PLACEHOLDER_API_KEY = "via-gateway"
 MCP_SERVER = "chat"
 # Our tools offered to the CLI on that server (as mcp__chat__<name>).
-CHAT_TOOLS = (SEND_MESSAGE_SPEC, SEND_FILE_SPEC, *SCHEDULE_SPECS.values(), ASK_USER_SPEC, EDIT_MESSAGE_SPEC)
+CHAT_TOOLS = (
+    SEND_MESSAGE_SPEC,
+    SEND_FILE_SPEC,
+    *SCHEDULE_SPECS.values(),
+    ASK_USER_SPEC,
+    EDIT_MESSAGE_SPEC,
+    ADD_REACTION_SPEC,
+)
 # Tools that need a network the container does not have (offered, they would
 # only fail), and the CLI's own schedulers, which die with the run (the host
 # schedules: the scheduled tasks of the chat), and its own question tool, which waits in

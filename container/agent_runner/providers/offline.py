@@ -30,6 +30,7 @@ Tool requests are lines of the newest user message, starting in column 0::
     /tasks               list_tasks {}
     /ask Q | A | B ...   ask_user {"question": Q, "options": [A, B, ...]}
     /edit-last TEXT      edit_message {"text": TEXT} (its latest message)
+    /react EMOJI         add_reaction {"emoji": EMOJI} (the latest message from a person)
     /pause-task ID       pause_task {"task_id": ID} (also /resume-task, /cancel-task)
     /write PATH          write_file {"path": PATH, "content": the lines up to
     line 1               /end, each ending in a newline}
@@ -152,6 +153,8 @@ def tool_requests_in(text: str) -> list[tuple[str, JsonObject]]:
             requests.append(("schedule_task", task))
         elif (rest := _directive(line, "/edit-last")) is not None:
             requests.append(("edit_message", {"text": rest}))
+        elif (rest := _directive(line, "/react")) is not None:
+            requests.append(("add_reaction", {"emoji": rest}))
         elif (rest := _directive(line, "/ask")) is not None and "|" in rest:
             question, *options = (part.strip() for part in rest.split("|"))
             requests.append(("ask_user", {"question": question, "options": options}))

@@ -15,6 +15,8 @@ Tools (one module each):
   optional caption; the host reads and checks it again (``send_file.py``);
 * ``edit_message`` - change the words of one of the agent's own earlier
   messages, on every channel that shows it (``edit_message.py``);
+* ``add_reaction`` - put an emoji of the shared table on a person's message, on
+  every channel that shows it (``add_reaction.py``);
 * ``ask_user`` - ask the chat a question with options; the run ends, the
   answer comes back in a later run (``ask_user.py``);
 * ``schedule_task``, ``list_tasks``, ``update_task``, ``pause_task``,
@@ -46,6 +48,8 @@ import msgspec
 
 from ..protocol import OPTIONAL_TOOL_NAMES
 from ..providers.base import ToolSpec
+from .add_reaction import SPEC as ADD_REACTION_SPEC
+from .add_reaction import AddReactionArgs, add_reaction
 from .ask_user import SPEC as ASK_USER_SPEC
 from .ask_user import AskArgs, ask_user
 from .base import (
@@ -132,6 +136,7 @@ REGISTRY: dict[str, Tool[Any]] = {
         Tool(SCHEDULE_SPECS["cancel_task"], TaskIdArgs, cancel_task),
         Tool(ASK_USER_SPEC, AskArgs, ask_user),
         Tool(EDIT_MESSAGE_SPEC, EditMessageArgs, edit_message),
+        Tool(ADD_REACTION_SPEC, AddReactionArgs, add_reaction),
     )
 }
 

@@ -238,6 +238,7 @@
       run: (data) => setRun(JSON.parse(data)),
       reset: () => clearMessages(),
       draft: (data) => showDraft(JSON.parse(data)),
+      reaction: (data) => window.AgentReactions.add(JSON.parse(data), state.shown),
       open: () => setConn("live", "● live"),
       error: () => setConn("down", "reconnecting…"),
     };
@@ -249,7 +250,7 @@
 
   function eventSource(url, handlers) {
     const source = new EventSource(url);
-    for (const name of ["message", "run", "reset", "draft"]) {
+    for (const name of ["message", "run", "reset", "draft", "reaction"]) {
       source.addEventListener(name, (event) => handlers[name](event.data));
     }
     source.onopen = handlers.open;
@@ -366,6 +367,7 @@
 
   function clearMessages() {
     state.shown.clear();
+    window.AgentReactions.clear();
     state.drafts.clear();
     $("messages").replaceChildren();
     if (state.run) setRun(state.run);
@@ -438,6 +440,7 @@
     if (old && rendered.get(old) === seen) return;
     const stick = nearBottom();
     const node = renderMessage(message);
+    window.AgentReactions.decorate(message.seq, node);
     rendered.set(node, seen);
     const box = $("messages");
     if (old) {
