@@ -272,6 +272,10 @@ class Settings(msgspec.Struct, kw_only=True):
     # How long a question the agent asked (ask_user) stays open before it expires unanswered
     # (orchestrator/run/questions.py); the sweeper expires it.
     question_ttl_s: Annotated[float, Meta(ge=60)] = 86400.0
+    # A regenerate or an edit that reruns: how long the agent's superseded replies stay on the
+    # channels waiting for the rerun's, which then take their posts over in place
+    # (orchestrator/store/delivery_changes.py); past it, or at 0, they are retracted.
+    rerun_replace_s: Annotated[float, Meta(ge=0)] = 300.0
     # How often Celery beat runs the sweeper.
     sweep_interval_s: Annotated[float, Meta(gt=0)] = 15.0
     # How often each worker looks for groups whose lease holder is gone (a

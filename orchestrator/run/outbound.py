@@ -37,7 +37,9 @@ from agent_runner.protocol import Reaction
 from orchestrator.core import metrics
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
+from orchestrator.model.messages import SENDER_BOT, StoredMessage
 from orchestrator.model.render import RenderedMessage, displayed, render
+from orchestrator.model.views import REPLY_TO_KEY
 from orchestrator.run.outbound_changes import ChangeSender
 from orchestrator.run.send_failure import judge_failure
 from orchestrator.store.db import Database
@@ -47,6 +49,7 @@ from orchestrator.store.deliveries import (
     PENDING,
     SENT,
     SUPERSEDED_UNSENT,
+    Delivery,
     DeliveryState,
     claim,
     claimable_ids,
@@ -56,6 +59,7 @@ from orchestrator.store.deliveries import (
     utc_now,
     validate_channel_name,
 )
+from orchestrator.store.delivery_changes import take_over_posts
 from orchestrator.store.hosts import process_owner
 
 log = logging.getLogger(__name__)
@@ -222,8 +226,14 @@ class Deliverer:
             rendered = render(msg, assistant).model_copy(
                 update={"delivery_id": f"{self.settings.install_id}-{delivery_id}"}
             )
+            taken = row.sent_ids or self._superseded_posts(row, msg)
+            posted: list[str] | None
             with metrics.DELIVERY_SECONDS.labels(row.channel).time():
-                posted = channel.send(row.address, rendered)
+                if taken:
+                    # A rerun's reply: shown in place of the one it replaces (as an edit is).
+                    posted = channel.edit(row.address, taken, rendered)
+                else:
+                    posted = channel.send(row.address, rendered)
         except Exception as exc:  # noqa: BLE001 - any channel failure is recorded and retried
             report.failed_attempts += 1
             failed = judge_failure(
@@ -244,6 +254,14 @@ class Deliverer:
         report.sent += 1
         metrics.delivery_ended(row.channel, "sent")
         self._finish(delivery_id, state=SENT, sent_at=utc_now(), sent_ids=posted)
+
+    def _superseded_posts(self, row: Delivery, msg: StoredMessage) -> list[str] | None:
+        """The posts of the agent's reply a rerun's reply ``msg`` takes over on this channel
+        (``store/delivery_changes.py``: ``take_over_posts``), if it is one and there is one."""
+        reply_to = (msg.metadata or {}).get(REPLY_TO_KEY)
+        if msg.part.kind != "assistant_text" or msg.sender != SENDER_BOT or not isinstance(reply_to, int):
+            return None
+        return take_over_posts(self.db, row, reply_to)
 
     def _finish(
         self,

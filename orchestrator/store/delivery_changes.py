@@ -7,7 +7,10 @@ own transaction, with one rule for every channel:
   message as it is now, in place where it can, else retracted and sent again);
 * a **superseded** message (regenerate, truncate, an edit that reruns) has its unsent
   deliveries cancelled at once ("superseded before it was sent") and its sent ones get a
-  ``retract``.
+  ``retract``.  After a rerun (regenerate, an edit that reruns) the ``retract`` of an agent's reply is
+  held (``ORCHESTRATOR_RERUN_REPLACE_S``): the rerun's reply to the same message takes its
+  posts over and is shown in their place (:func:`take_over_posts`, from the deliverer's
+  send), and only a reply no rerun replaced is retracted when the hold is over.
 
 A **reaction** (``store/reactions.py``) gets a ``react`` for each delivery of its message
 (sent, or still to be: it waits for the send) and one for the channel a person's message
@@ -32,15 +35,16 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Final, Literal, TypedDict, get_args
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import and_, exists, insert, or_, select
+from sqlalchemy import and_, exists, insert, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
-from orchestrator.model.messages import StoredMessage
+from orchestrator.model.messages import SENDER_BOT, StoredMessage
 from orchestrator.model.render import ORIGIN_CHANNEL_KEY
+from orchestrator.model.views import REPLY_TO_KEY
 from orchestrator.store.claims import CANCELLED, FAILED, PENDING, SENDING, claim_row, end_claim, end_values
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import (
@@ -114,10 +118,17 @@ def _new_change(chat_jid: str, channel: str, seq: int, kind: ChangeKind, now: da
 
 
 def record_changes(
-    session: Session, chat_jid: str, *, edited: Collection[int] = (), superseded: Collection[int] = ()
+    session: Session,
+    chat_jid: str,
+    *,
+    edited: Collection[int] = (),
+    superseded: Collection[int] = (),
+    hold_replies_s: float = 0.0,
 ) -> int:
     """Queue what the channels must change after ``edited`` and ``superseded`` (seqs of
-    ``chat_jid``) changed, in the caller's transaction (see the module's doc); how many."""
+    ``chat_jid``) changed, in the caller's transaction (see the module's doc); how many.
+    ``hold_replies_s``: a rerun's; the retractions of the agent's superseded replies wait that
+    long for the rerun's replies to take their posts over (:func:`take_over_posts`)."""
     if superseded:
         cancel_pending(session, chat_jid=chat_jid, seqs=list(superseded), reason=SUPERSEDED_UNSENT)
     kinds: dict[int, ChangeKind] = dict.fromkeys(edited, UPDATE)
@@ -127,7 +138,8 @@ def record_changes(
     # After the cancel: a send a deliverer claimed first is "sending" here, and its change waits for it.
     # A sent one without ids has nothing to name.
     sent = session.execute(
-        select(DeliveryRow.id, DeliveryRow.channel, DeliveryRow.message_seq)
+        select(DeliveryRow.id, DeliveryRow.channel, DeliveryRow.message_seq, MessageRow.sender, MessageRow.message_type)
+        .join(MessageRow, and_(MessageRow.chat_jid == DeliveryRow.chat_jid, MessageRow.seq == DeliveryRow.message_seq))
         .where(
             DeliveryRow.chat_jid == chat_jid,
             DeliveryRow.message_seq.in_(list(kinds)),
@@ -145,11 +157,16 @@ def record_changes(
         )
     )
     now = utc_now()
-    rows: list[_NewChange] = [
-        _new_change(chat_jid, d.channel, d.message_seq, kinds[d.message_seq], now) | {"delivery_id": d.id}
-        for d in sent
-        if not (kinds[d.message_seq] == UPDATE and d.id in waiting)
-    ]
+    held = now + timedelta(seconds=hold_replies_s)
+    rows: list[_NewChange] = []
+    for d in sent:
+        kind = kinds[d.message_seq]
+        if kind == UPDATE and d.id in waiting:
+            continue
+        row = _new_change(chat_jid, d.channel, d.message_seq, kind, now) | {"delivery_id": d.id}
+        if kind == RETRACT and hold_replies_s > 0 and d.sender == SENDER_BOT and d.message_type == "assistant":
+            row["next_attempt_at"] = held  # a rerun's reply may take its posts over
+        rows.append(row)
     if rows:
         session.execute(insert(DeliveryChangeRow), rows)
     return len(rows)
@@ -184,6 +201,51 @@ def record_reaction(session: Session, message: StoredMessage, reaction_id: int) 
     if rows:
         session.execute(insert(DeliveryChangeRow), rows)
     return len(rows)
+
+
+def take_over_posts(db: Database, delivery: Delivery, reply_to: int) -> list[str] | None:
+    """The posts of a superseded reply of the agent to message ``reply_to`` that ``delivery``
+    (the send of a rerun's reply to it, on the same channel and address) takes over, to show
+    its message there in place: the oldest whose retraction is still held for a rerun
+    (:func:`record_changes`'s ``hold_replies_s``), cancelled here ("replaced in place") and its
+    ids written on ``delivery`` in the same transaction, so that a retried send edits them
+    again rather than post anew.  None: there is none to take (the send posts as usual)."""
+    with db.write() as session:
+        held = session.execute(
+            select(DeliveryChangeRow.id, DeliveryRow.sent_ids, MessageRow.meta)
+            .join(DeliveryRow, DeliveryRow.id == DeliveryChangeRow.delivery_id)
+            .join(
+                MessageRow, and_(MessageRow.chat_jid == DeliveryRow.chat_jid, MessageRow.seq == DeliveryRow.message_seq)
+            )
+            .where(
+                DeliveryChangeRow.chat_jid == delivery.chat_jid,
+                DeliveryChangeRow.channel == delivery.channel,
+                DeliveryChangeRow.kind == RETRACT,
+                DeliveryChangeRow.state == PENDING,
+                DeliveryChangeRow.attempts == 0,
+                # Held, not a retry's backoff: a rerun's retraction waits from the start.
+                DeliveryChangeRow.next_attempt_at > DeliveryChangeRow.created_at,
+                DeliveryChangeRow.next_attempt_at > utc_now(),
+                DeliveryRow.address == delivery.address,
+                DeliveryRow.sent_ids.is_not(None),
+                MessageRow.sender == SENDER_BOT,
+                MessageRow.superseded_at.is_not(None),
+            )
+            .order_by(DeliveryRow.message_seq)
+        ).all()
+        for change_id, sent_ids, meta in held:
+            if (meta or {}).get(REPLY_TO_KEY) != reply_to or not sent_ids:
+                continue
+            taken = session.execute(
+                update(DeliveryChangeRow)
+                .where(DeliveryChangeRow.id == change_id, DeliveryChangeRow.state == PENDING)
+                .values(state=CANCELLED, last_error=f"replaced in place by #{delivery.message_seq}", done_at=utc_now())
+            )
+            if taken.rowcount != 1:  # type: ignore[attr-defined]
+                continue
+            session.execute(update(DeliveryRow).where(DeliveryRow.id == delivery.id).values(sent_ids=list(sent_ids)))
+            return list(sent_ids)
+    return None
 
 
 # -- the deliverer's (orchestrator/run/outbound_changes.py) ----------------------------------

@@ -142,7 +142,9 @@ def edit_message(
             cursor = row.seq - 1 if group is None else min(group.cursor_seq, row.seq - 1)
             _rewind(session, chat_jid, cursor_seq=cursor, pending_seq=row.seq)
         session.flush()
-        changes = record_changes(session, chat_jid, edited=[row.seq], superseded=superseded)
+        changes = record_changes(
+            session, chat_jid, edited=[row.seq], superseded=superseded, hold_replies_s=settings.rerun_replace_s
+        )
         message = to_stored(row)
         chat_changed(session, chat_jid)  # the open streams reset their view
     _signal_changes(chat_jid, changes, signal_delivery)
@@ -228,7 +230,7 @@ def regenerate(
         superseded = _supersede(session, chat_jid, first or row.seq, now)
         _rewind(session, chat_jid, cursor_seq=start, pending_seq=answered)
         session.flush()
-        changes = record_changes(session, chat_jid, superseded=superseded)
+        changes = record_changes(session, chat_jid, superseded=superseded, hold_replies_s=settings.rerun_replace_s)
         message = to_stored(row)
         chat_changed(session, chat_jid)
     _signal_changes(chat_jid, changes, signal_delivery)

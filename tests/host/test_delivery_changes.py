@@ -22,6 +22,7 @@ from orchestrator.channels.telegram_changes import RETRACTED
 from orchestrator.channels.webhook import RETRACTED_EVENT, UPDATED_EVENT, WebhookChannel
 from orchestrator.core.settings import Settings
 from orchestrator.model.render import RenderedMessage
+from orchestrator.model.views import REPLY_TO_KEY
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry, Deliverer
 from orchestrator.run.sweeper import sweep
@@ -32,6 +33,7 @@ from orchestrator.store.delivery_changes import list_changes
 from orchestrator.store.groups import add_group
 from orchestrator.store.history import edit_message, regenerate, truncate_after
 from orchestrator.store.hosts import database_now
+from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.tables import DeliveryChangeRow
 from tests.conftest import wait_until
 from tests.fakes.platforms import Platforms, fake_platforms, pointed_at
@@ -296,19 +298,81 @@ def test_webhooks_get_signed_updates_and_retractions_exactly_once(db: Database, 
         live.disconnect()
 
 
-def test_a_regenerated_reply_is_retracted_everywhere(
+def test_a_regenerated_reply_is_retracted_everywhere_when_nothing_waits_for_a_rerun(
     db: Database, team: Settings, registry: ChannelRegistry, fakes: tuple[FakeSlack, FakeTelegramAPI]
 ) -> None:
     slack, telegram = fakes
     _attach_both(db)
-    _say(db, team, "question")
-    _, answer_id = _reply(db, team, "a first answer")
-    deliverer = Deliverer(db, team, registry)
+    now = team.replace(rerun_replace_s=0)
+    asked, _ = _say(db, now, "question")
+    _, answer_id = _answer(db, now, "a first answer", asked)
+    deliverer = Deliverer(db, now, registry)
     deliverer.deliver_due()
-    regenerate(db, team, JID, answer_id)
+    regenerate(db, now, JID, answer_id)
     assert deliverer.deliver_due().changed == 2
     assert [p.text for p in slack.live_posts()] == ["Ann: question"]
     assert [m.text for m in telegram.live(TG_CHAT)] == ["Ann: question"]
+
+
+def _answer(db: Database, settings: Settings, content: str, asked: int) -> tuple[int, str]:
+    """The agent's reply to message ``asked`` (as a run stores it: naming what it answers)."""
+    return _say(
+        db,
+        settings,
+        content,
+        sender="bot",
+        sender_name="Robo",
+        is_from_me=True,
+        message_type="assistant",
+        metadata={REPLY_TO_KEY: asked},
+    )
+
+
+def test_a_rerun_reply_takes_the_old_ones_posts_over_in_place(
+    db: Database, team: Settings, registry: ChannelRegistry, fakes: tuple[FakeSlack, FakeTelegramAPI]
+) -> None:
+    """``orchestrator edit --rerun`` and regenerate: the agent's superseded reply stays on the
+    channels until the rerun's reply comes, which is then shown in its place (the same Slack
+    ts, the same Telegram message); a superseded reply no rerun replaces is retracted when its
+    wait is over."""
+    slack, telegram = fakes
+    _attach_both(db)
+    asked, asked_id = _say(db, team, "what is two and two")
+    _, first_id = _answer(db, team, "five", asked)
+    deliverer = Deliverer(db, team, registry)
+    deliverer.deliver_due()
+    question_post, answer_post = slack.live_posts(SLACK_CHANNEL)
+    _, answer_tg = telegram.live(TG_CHAT)
+
+    edit_message(db, team, JID, asked_id, "what is two and two, really", rerun=True)
+    deliverer.deliver_due()
+    assert answer_post.text == "five" and not answer_post.deleted  # held for the rerun's reply
+    _answer(db, team, "four", asked)
+    assert deliverer.deliver_due().sent == 2
+    assert [(p.ts, p.text) for p in slack.live_posts(SLACK_CHANNEL)] == [
+        (question_post.ts, "Ann: what is two and two, really"),
+        (answer_post.ts, "four"),
+    ]
+    assert [(m.message_id, m.text) for m in telegram.live(TG_CHAT)][1] == (answer_tg.message_id, "Robo: four")
+    retracts = [(c.channel, c.state, c.last_error) for c in list_changes(db, chat_jid=JID) if c.kind == "retract"]
+    assert sorted(retracts) == [
+        ("slack", "cancelled", f"replaced in place by #{asked + 2}"),
+        ("telegram", "cancelled", f"replaced in place by #{asked + 2}"),
+    ]
+    assert not slack.calls("chat.postMessage")[2:] and not slack.calls("chat.delete")
+
+    # A regenerate whose run brings no reply: the old replies (both) are retracted after the wait.
+    second = _answer(db, team, "four, surely", asked)
+    deliverer.deliver_due()
+    [regenerated] = [m for m in get_messages_after(JID, 0, db=db) if m.content == "four"]
+    regenerate(db, team, JID, regenerated.id)
+    deliverer.deliver_due()
+    assert len(slack.live_posts(SLACK_CHANNEL)) == 3  # nothing taken back yet
+    with db.write() as session:  # the wait is over
+        session.execute(update(DeliveryChangeRow).values(next_attempt_at=database_now(db) - timedelta(seconds=1)))
+    deliverer.deliver_due()
+    assert [p.text for p in slack.live_posts(SLACK_CHANNEL)] == ["Ann: what is two and two, really"]
+    assert second[1] not in [m.id for m in get_messages_after(JID, 0, db=db)]
 
 
 def test_the_log_channel_writes_a_line_for_each_change(
