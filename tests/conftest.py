@@ -23,14 +23,35 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from orchestrator.core.settings import Settings
 from orchestrator.store.db import Database
+from tests import file_claims
 from tests.web_browser import browser, page  # noqa: F401 - headless Chromium fixtures, one per session
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+# Files shared between the pytest processes scripts/test.sh runs at once (tests/file_claims.py).
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    file_claims.order(items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """Leave a file another process claimed (True: handled here, nothing run or reported)."""
+    return None if file_claims.claimed(item) else True
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    said = file_claims.summary()
+    if said is not None:
+        terminalreporter.write_line(said)
+
+
 # Defaults the tests turn off unless they ask for them.  As root the
 # default workspace quota loop-mounts a volume per group, and a mounted folder
 # outlives the test's temporary data dir (the quota tests ask, and release what

@@ -6,10 +6,9 @@ one of two backends:
   (flushed first; ``ORCHESTRATOR_TEST_REDIS_DB`` names another).
 
 Two integration processes may run at once (``scripts/test.sh``): they share
-the files between them through ``ORCHESTRATOR_TEST_CLAIMS`` (a folder; the
-first to reach a test file claims it, the other leaves it), each with a Redis
-database of its own, and every test counts only its own installation's
-containers (the ``orchestrator.install`` label).
+the files between them (``tests/file_claims.py``), each with a Redis database
+of its own, and every test counts only its own installation's containers (the
+``orchestrator.install`` label).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -203,57 +201,6 @@ def _remove_containers_of(settings: Settings) -> None:
 
 # Each integration process's own Redis database (flushed by its fleet stacks).
 INTEGRATION_REDIS_DB = os.environ.get("ORCHESTRATOR_TEST_REDIS_DB", "15")
-CLAIMS_ENV = "ORCHESTRATOR_TEST_CLAIMS"
-# The longest files first, so that two processes sharing the files end together
-# (the rest keep their order); measured in CI's --durations.
-LONGEST_FIRST = (
-    "test_worker_faults.py",
-    "test_soak.py",
-    "test_unprivileged_host.py",
-    "test_bench.py",
-    "test_placement.py",
-    "test_claude_code_sandbox.py",
-    "test_compose_up.py",
-    "test_run_cap.py",
-    "test_end_to_end.py",
-    "test_hostile_sandbox.py",
-    "test_output_bounds.py",
-    "test_web_chat.py",
-)
-_claims: dict[str, bool] = {}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if os.environ.get(CLAIMS_ENV):
-        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's order kept
-
-
-def _claimed(item: pytest.Item) -> bool:
-    """Whether this process runs ``item``'s file: the first process to reach a file takes all of it."""
-    folder = os.environ.get(CLAIMS_ENV)
-    if not folder:
-        return True
-    name = item.path.name
-    if name not in _claims:
-        try:
-            os.close(os.open(os.path.join(folder, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            _claims[name] = True
-        except FileExistsError:
-            _claims[name] = False
-    return _claims[name]
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
-    """Leave a file the other process claimed (True: handled here, nothing run or reported)."""
-    return None if _claimed(item) else True
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if os.environ.get(CLAIMS_ENV):
-        ran = sorted(name for name, mine in _claims.items() if mine)
-        terminalreporter.write_line(f"this process ran {len(ran)} of {len(_claims)} files: {' '.join(ran)}")
 
 
 @pytest.hookimpl(hookwrapper=True)
