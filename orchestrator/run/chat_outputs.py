@@ -33,6 +33,7 @@ from orchestrator.run.outcome import RunOutcome
 from orchestrator.run.outputs import OutputMessage, host_message
 from orchestrator.sandbox.egress import EgressProxy
 from orchestrator.sandbox.outbox import take_file
+from orchestrator.sandbox.providers import facts_of
 from orchestrator.store import leases
 from orchestrator.store.db import Connection, Database, db_now
 from orchestrator.store.deliveries import attached_channels, record_deliveries
@@ -249,7 +250,8 @@ class ChatOutputs:
             self.emit(host_message(run_id=f"{run_id}-{index:04d}", text=f"🚫 ask_user refused: {refusal}"))
             return False
         model = self.outcome.model
-        answer_as: AnswerAs = "message" if model is not None and model.provider == "claude-code" else "tool_result"
+        facts = facts_of(model.provider) if model is not None else None
+        answer_as: AnswerAs = "message" if facts is not None and not facts.answers_as_tool_result else "tool_result"
         out = OutputMessage(
             id=f"{run_id}-{index:04d}",
             sender=SENDER_BOT,

@@ -47,6 +47,10 @@ class ProviderFacts:
     # Its wire format takes image blocks from the runner (``run/run_files.py``); False:
     # it reads images itself, from the paths the notice names (Claude Code's Read tool).
     image_blocks: bool = True
+    # It takes the answer to its ``ask_user`` as the call's result in the next run
+    # (``run/questions.py``); False: as the next message (a resumed Claude Code session
+    # cannot be handed a result for a call of an earlier process).
+    answers_as_tool_result: bool = True
 
 
 PROVIDERS: Mapping[ProviderName, ProviderFacts] = MappingProxyType(
@@ -57,7 +61,12 @@ PROVIDERS: Mapping[ProviderName, ProviderFacts] = MappingProxyType(
         "openai": ProviderFacts(gateway="openai"),
         # Claude Code speaks the Messages API too; its SDK and CLI are in an image variant.
         "claude-code": ProviderFacts(
-            gateway="anthropic", thinks=True, image_variant="claude-code", keeps_session=True, image_blocks=False
+            gateway="anthropic",
+            thinks=True,
+            image_variant="claude-code",
+            keeps_session=True,
+            image_blocks=False,
+            answers_as_tool_result=False,
         ),
     }
 )
