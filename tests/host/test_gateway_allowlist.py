@@ -775,3 +775,31 @@ def test_a_policy_that_opens_web_search_gets_it_held_to_its_domains(sock: Path) 
         with _policed(sock, policy_) as (client, fake):
             refused(post(client, {**BASE, "tools": [WEB_SEARCH]}), "tool_not_allowed", said)
             assert fake.calls == []
+
+
+def test_an_openai_compatible_search_stays_closed_whatever_the_policy(sock: Path) -> None:
+    """Chat Completions' web search takes no list of domains to hold it to: a policy that
+    opens ``web_search`` opens it for the Messages API only."""
+    policy = parse_network_option("allowlist:docs.python.org,server-tool:web_search")
+    fake = FakeOpenAI()
+    with (
+        fake.serve() as upstream,
+        ModelGateway(
+            sock,
+            upstream=upstream,
+            api_key=KEY,
+            allowed_paths=OPENAI_PATHS,
+            auth="bearer",
+            model="llama3.1:8b",
+            max_tokens=1024,
+            server_tools=opened_tools(policy),
+            search_domains=search_domains(policy),
+        ),
+        client_for(sock) as client,
+    ):
+        body = {"model": "llama3.1:8b", "messages": MESSAGES}
+        search = {**body, "web_search_options": {"search_context_size": "low"}}
+        refused(post(client, search, "/v1/chat/completions"), "field_not_allowed", "'web_search_options'")
+        tool = {**body, "tools": [FUNCTION, {"type": "web_search"}]}
+        refused(post(client, tool, "/v1/chat/completions"), "tool_not_allowed", "'web_search'")
+        assert fake.calls == []
