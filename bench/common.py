@@ -375,3 +375,29 @@ class HookReceiver:
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class DockerCalls:
+    """The requests a Docker client sends to its engine (each one an API call), in
+    order, as ``GET /containers/json``: counted on the client's own HTTP session
+    (the SDK's ``APIClient`` is a ``requests.Session``), so nothing is faked and a
+    call made through any of the SDK's layers is seen."""
+
+    def __init__(self, client: docker.DockerClient) -> None:
+        self.calls: list[str] = []
+        api = client.api
+        send = api.request
+
+        def request(method: str, url: str, *args: object, **kwargs: object) -> object:
+            path = url.split("://", 1)[-1]
+            path = "/" + path.split("/", 1)[1] if "/" in path else path
+            # The API's version prefix (/v1.41) says nothing about the call.
+            self.calls.append(f"{method} {path.split('?', 1)[0].split('/', 2)[-1]}")
+            return send(method, url, *args, **kwargs)
+
+        api.request = request  # type: ignore[method-assign]
+
+    def take(self) -> list[str]:
+        """The calls since the last take."""
+        calls, self.calls = self.calls, []
+        return calls

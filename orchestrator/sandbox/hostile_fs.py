@@ -167,6 +167,22 @@ def connect_unix(folder: Path, relative: str) -> socket.socket:
     :class:`HostileEntry` for anything but a socket, ``OSError`` when nothing
     listens on it.
     """
+    return connect_unix_named(folder, relative)[0]
+
+
+# Which socket a connection reached: the entry's device, inode and inode change time (ns).
+# A bind makes a new inode, and an inode number freed and given again has a new change
+# time: two binds, even at the same path, never share it.
+SocketIdentity = tuple[int, int, int]
+
+
+def connect_unix_named(
+    folder: Path, relative: str, *, expect: SocketIdentity | None = None
+) -> tuple[socket.socket, SocketIdentity]:
+    """:func:`connect_unix`, and which socket it reached (:data:`SocketIdentity`, read
+    from the very descriptor it connects through, so no other entry can stand in
+    between the check and the connection).  With ``expect``: only that one, else
+    :class:`HostileEntry` (and no connection is made)."""
     parts = _components(relative)
     with opened_root(folder) as root:
         parent = _open_dirs(root, parts[:-1], relative)
@@ -177,15 +193,21 @@ def connect_unix(folder: Path, relative: str) -> socket.socket:
         finally:
             os.close(parent)
     try:
-        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISSOCK(st.st_mode):
             raise HostileEntry(relative, "not a socket (a symlink or a file in its place)")
+        if expect is not None and (st.st_dev, st.st_ino, st.st_ctime_ns) != expect:
+            raise HostileEntry(relative, "another socket than the one expected")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(f"/proc/self/fd/{fd}")
         except OSError:
             sock.close()
             raise
-        return sock
+        # Read again once it listens: a listener may still change its socket's mode
+        # between its bind and its listen (the runner does), which moves the change time.
+        st = os.fstat(fd)
+        return sock, (st.st_dev, st.st_ino, st.st_ctime_ns)
     finally:
         os.close(fd)
 

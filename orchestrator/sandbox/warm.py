@@ -46,6 +46,7 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -55,10 +56,11 @@ import msgspec
 from docker.errors import DockerException, NotFound
 from docker.models.containers import Container
 
-from orchestrator.core.errors import HostileEntry, SandboxError
+from agent_runner.protocol import ProtocolError, ResultEvent, parse_event
+from orchestrator.core.errors import HostileEntry, ImageBuildError, SandboxError
 from orchestrator.core.settings import Settings
 from orchestrator.core.sizes import memory_bytes
-from orchestrator.sandbox.bounded_io import TailBuffer
+from orchestrator.sandbox.bounded_io import DEFAULT_MAX_LINE_BYTES, TailBuffer
 from orchestrator.sandbox.containers import (
     GATEWAY_MOUNT,
     LABEL_GROUP,
@@ -78,7 +80,8 @@ from orchestrator.sandbox.containers import (
     name_of,
     prepare_folder,
 )
-from orchestrator.sandbox.hostile_fs import connect_unix, remove_entry
+from orchestrator.sandbox.hostile_fs import SocketIdentity, connect_unix_named, remove_entry
+from orchestrator.sandbox.image import VARIANTS, image_name
 from orchestrator.sandbox.runtime import engine_runtime
 from orchestrator.sandbox.standby import (
     LABEL_STANDBY,
@@ -164,9 +167,10 @@ def host_only_dir(path: Path) -> Path:
     return path
 
 
-def _config_hash(client: docker.DockerClient, spec: ContainerSpec, idle_s: float) -> str:
+def _config_hash(image: str, spec: ContainerSpec, idle_s: float) -> str:
+    """The warm configuration a container serves; ``image``: the id of ``spec.image``'s tag."""
     doc = {
-        "image": image_id(client, spec.image),
+        "image": image,
         "memory": spec.memory,
         "cpus": spec.cpus,
         "pids": spec.pids,
@@ -178,6 +182,31 @@ def _config_hash(client: docker.DockerClient, spec: ContainerSpec, idle_s: float
         "layout": WARM_LAYOUT,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class _Known:
+    """What this process knows of the warm container it last handed a group's run to:
+    the container as Docker last described it, the configuration it serves (computed
+    with ``image``, the image id looked up at ``looked_up``, monotonic) and the socket
+    its runner listens on (:data:`~orchestrator.sandbox.hostile_fs.SocketIdentity`)."""
+
+    container: Container
+    config: str
+    image: str
+    looked_up: float
+    socket: SocketIdentity
+
+
+# Per process: (data dir, host id, group folder) -> the group's warm container as this
+# process last reached it.  The next run of the group reaches it with no Docker API call
+# (WarmPool._start_known); anything that could make it wrong sends the run back to Docker:
+# another configuration, a run cut off on it, a socket that refuses or is not the same one,
+# and a rebuilt image: the host heartbeat's tending removes the idle containers of an image
+# their tag no longer names (WarmPool.tend), and a process looks the tag up again at least
+# every KNOWN_TTL_S (one without a heartbeat, a group it serves without a pause).
+_known: dict[tuple[str, str, str], _Known] = {}
+KNOWN_TTL_S = 300.0
 
 
 class Adoption(msgspec.Struct, frozen=True):
@@ -259,6 +288,9 @@ class WarmPool:
         """Remove a warm container and forget its run marker (and, for a standby
         one, release its slot and the group's record of it)."""
         folder = self._folder_of(container)
+        for key, known in list(_known.items()):
+            if known.container.id == container.id:
+                _known.pop(key, None)
         with contextlib.suppress(NotFound, DockerException):
             container.remove(force=True)
         if folder:
@@ -378,6 +410,16 @@ class WarmPool:
             )
             self.discard(c)
             stopped += 1
+        stale = self._of_old_images(left)
+        if stale:
+            with self._lock():
+                for c in stale:
+                    if self._busy(c):
+                        continue  # stopped at a later beat, once its run is over
+                    log.info("stopping warm container %s: its image was rebuilt since it started", name_of(c))
+                    self.discard(c)
+                    left.remove(c)
+                    stopped += 1
         if len(left) > warm_cap(self.settings):
             with self._lock():
                 stopped += self._make_room(warm_cap(self.settings), left)
@@ -391,6 +433,20 @@ class WarmPool:
             except (SandboxError, DockerException, OSError) as exc:
                 log.warning("could not refill the standby sandboxes: %s", exc)
         return len(running) - stopped
+
+    def _of_old_images(self, running: list[Container]) -> list[Container]:
+        """Those of ``running`` (listed sparse) whose image is not what the agent image's
+        tag, or a variant's, names now (rebuilt since they started).  None when no tag
+        can be read (an engine that does not answer says nothing of the kind)."""
+        if not running:
+            return []
+        current = set()
+        for variant in (None, *VARIANTS):
+            with contextlib.suppress(DockerException, ImageBuildError):
+                current.add(str(self.client.images.get(image_name(self.settings, variant)).id))
+        if not current:
+            return []
+        return [c for c in running if c.attrs.get("ImageID") not in (None, *current)]
 
     def remove_dead_hosts_containers(self, db: Database) -> int:
         """Remove the warm and standby containers on this engine of hosts that have not
@@ -421,9 +477,52 @@ class WarmPool:
                 removed += 1
         return removed
 
+    def _known_key(self, folder: str) -> tuple[str, str, str]:
+        return (str(self.settings.data_dir), self.host_id, folder)
+
+    def _start_known(self, spec: ContainerSpec, payload: bytes, idle: float) -> WarmRun | None:
+        """The run, on the container this process last handed the group's run to, when it
+        is still the one, with no Docker API call; None: ask Docker (:meth:`start`).
+
+        Still the one: the same configuration (its image looked up at most
+        :data:`KNOWN_TTL_S` ago), no run cut off on it (its dirty marker, as
+        :meth:`_claim` checks), and its runner's socket the very one reached last time
+        (device, inode and change time, read from the descriptor the connection goes
+        through): a new runner binds a new socket, and a dead one's refuses.  A host-side
+        check of the file system the host already shares with the container, so it holds
+        under gVisor as under runc (no look into the container's processes)."""
+        key = self._known_key(spec.group_folder)
+        known = _known.pop(key, None)  # put back once the run is handed over
+        if known is None:
+            return None
+        if time.monotonic() - known.looked_up > KNOWN_TTL_S or _config_hash(known.image, spec, idle) != known.config:
+            return None
+        container = known.container
+        dirty = _dirty_marker(self.settings, spec.group_folder, str(container.id))
+        with self._lock():
+            if dirty.exists():
+                return None  # a run on it was cut off: Docker's path replaces it
+            self._mark_in_use(spec.group_folder, container)
+        folder, relative = self._socket_of(container, spec)
+        try:
+            sock, _ = connect_unix_named(folder, relative, expect=known.socket)
+        except (OSError, HostileEntry) as exc:
+            # Gone, or another runner listens there now: no run was handed to it, so it is
+            # not in use; Docker's path finds out what is there.
+            log.info("warm container %s did not answer as before (%s); asking Docker", container.name, exc)
+            with contextlib.suppress(FileNotFoundError):
+                dirty.unlink()
+            return None
+        _known[key] = known
+        return WarmRun(container, sock, spec, payload, start_mode="warm", dirty_marker=dirty, pool=self)
+
     def start(self, spec: ContainerSpec, payload: bytes) -> WarmRun:
         idle = self.settings.warm_idle_s
-        config = _config_hash(self.client, spec, idle)
+        known = self._start_known(spec, payload, idle)
+        if known is not None:
+            return known
+        image, looked_up = image_id(self.client, spec.image), time.monotonic()
+        config = _config_hash(image, spec, idle)
         last_error: Exception | None = None
         for _ in range(CONNECT_ATTEMPTS):
             taken: tuple[Container, Slot] | None = None
@@ -452,13 +551,14 @@ class WarmPool:
                 mode = "cold"
             dirty = _dirty_marker(self.settings, spec.group_folder, str(container.id))
             try:
-                sock = self._connect(container, spec, retry_s=0.0 if mode == "warm" else STARTUP_TIMEOUT_S)
+                sock, socket_id = self._connect(container, spec, retry_s=0.0 if mode == "warm" else STARTUP_TIMEOUT_S)
             except (OSError, HostileEntry) as exc:
                 # Died between runs (or mid-idle-exit), or its socket is gone: replace it, transparently.
                 log.info("warm container of %s did not answer (%s); replacing it", spec.group_folder, exc)
                 last_error = exc
                 self.discard(container)
                 continue
+            _known[self._known_key(spec.group_folder)] = _Known(container, config, image, looked_up, socket_id)
             return WarmRun(container, sock, spec, payload, start_mode=mode, dirty_marker=dirty, pool=self)
         raise SandboxError(f"cannot reach a warm agent container for {spec.group_folder}: {last_error}")
 
@@ -490,13 +590,20 @@ class WarmPool:
         gateway = host_only_dir(gateway_dir(self.settings, spec.group_folder))
         self.standby.attach(container, slot, spec.workspace, gateway)
 
-    def _connect(self, container: Container, spec: ContainerSpec, *, retry_s: float) -> socket.socket:
-        """The runner's socket: in the workspace, or for a standby container in its
+    def _socket_of(self, container: Container, spec: ContainerSpec) -> tuple[Path, str]:
+        """Where the runner's socket is: in the workspace, or for a standby container in its
         slot's socket folder (both hostile: see :func:`_connect_runner`)."""
         slot = self.standby.slot_of(container)
         if slot is not None:
-            return _connect_runner(slot.sockets, SOCKET_NAME, retry_s=retry_s)
-        return _connect_runner(spec.workspace, RUNNER_SOCKET, retry_s=retry_s)
+            return slot.sockets, SOCKET_NAME
+        return spec.workspace, RUNNER_SOCKET
+
+    def _connect(
+        self, container: Container, spec: ContainerSpec, *, retry_s: float
+    ) -> tuple[socket.socket, SocketIdentity]:
+        """A connection to the runner's socket, and which socket it reached."""
+        folder, relative = self._socket_of(container, spec)
+        return _connect_runner(folder, relative, retry_s=retry_s)
 
     def _mark_in_use(self, folder: str, container: Container) -> None:
         """A run is on ``container`` from now until WarmRun has cleaned up after it
@@ -561,7 +668,7 @@ class WarmPool:
         return container
 
 
-def _connect_runner(folder: Path, relative: str, *, retry_s: float) -> socket.socket:
+def _connect_runner(folder: Path, relative: str, *, retry_s: float) -> tuple[socket.socket, SocketIdentity]:
     """Connect to the warm runner's socket at ``relative`` in ``folder`` (the workspace,
     or a standby's socket folder).
 
@@ -574,7 +681,7 @@ def _connect_runner(folder: Path, relative: str, *, retry_s: float) -> socket.so
     deadline = time.monotonic() + retry_s
     while True:
         try:
-            return connect_unix(folder, relative)
+            return connect_unix_named(folder, relative)
         except (ConnectionRefusedError, HostileEntry) as exc:
             if isinstance(exc, HostileEntry) and exc.reason != "no such file":
                 raise
@@ -613,6 +720,9 @@ class WarmRun(StreamedRun):
         self.exit = None
         self._started = datetime.now(UTC)
         self._killed = False
+        # The runner closed the stream (not a read error), and the last line it wrote.
+        self._closed_by_runner = False
+        self._last_line = ""
         self._watch(f"warm run in {container.name}", spec.timeout_s)
         try:
             sock.sendall(payload + b"\n")
@@ -632,8 +742,26 @@ class WarmRun(StreamedRun):
         try:
             while chunk := self._sock.recv(65536):
                 yield chunk
+            self._closed_by_runner = True
         except OSError as exc:
             log.warning("lost the warm run's stream from %s: %s", self._container.name, exc)
+
+    def lines(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
+        for line in super().lines(max_line_bytes):
+            if line.strip():
+                self._last_line = line
+            yield line
+
+    def _answered(self) -> bool:
+        """The runner ended the run with its result and closed the stream itself: it is
+        back to waiting for the next run (a runner that died, or ended with an error,
+        says nothing of the kind)."""
+        if self._killed or not self._closed_by_runner or not self._last_line:
+            return False
+        try:
+            return isinstance(parse_event(self._last_line), ResultEvent)
+        except ProtocolError:
+            return False
 
     def _log_tail(self) -> str:
         """The end of the runner's log since the run started, read in bounded memory
@@ -664,6 +792,10 @@ class WarmRun(StreamedRun):
         events), else the container's own exit status."""
         self._watchdog.cancel()
         self._stop_beats()
+        if self._answered():
+            # Alive, and a run that went well: no Docker API call, and its log stays in
+            # Docker's (``docker logs``) rather than being copied into the worker's.
+            return self._ended(str(self._container.name), 0, "")
         stderr = self._log_tail()
         try:
             self._container.reload()

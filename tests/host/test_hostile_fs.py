@@ -300,6 +300,37 @@ def test_connect_unix_reaches_a_socket_and_never_a_link(tmp_path: Path) -> None:
     trap.close()
 
 
+def test_connect_unix_named_tells_one_bind_from_the_next_at_the_same_path(tmp_path: Path) -> None:
+    """What lets a warm run skip Docker (orchestrator/sandbox/warm.py): the socket a
+    connection reached is named, and a runner that binds again at the same path (a new
+    container) is another socket, refused when the old one is expected."""
+    import socket
+
+    def listen() -> socket.socket:
+        (tmp_path / "agent.sock").unlink(missing_ok=True)
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(tmp_path / "agent.sock"))
+        server.listen(1)
+        return server
+
+    server = listen()
+    client, first = hostile_fs.connect_unix_named(tmp_path, "agent.sock")
+    client.close()
+    again, same = hostile_fs.connect_unix_named(tmp_path, "agent.sock", expect=first)
+    again.close()
+    assert same == first
+    server.close()  # the runner died: its socket refuses, though its entry is still there
+    with pytest.raises(ConnectionRefusedError):
+        hostile_fs.connect_unix_named(tmp_path, "agent.sock", expect=first)
+    server = listen()  # a new runner, bound where the old one was
+    with pytest.raises(HostileEntry, match="another socket"):
+        hostile_fs.connect_unix_named(tmp_path, "agent.sock", expect=first)
+    server.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        server.accept()  # refused before any connection was made
+    server.close()
+
+
 def test_remove_entry_never_follows(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()

@@ -5,12 +5,14 @@ stopping the least recently used idle ones."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 import pytest
 
+from bench.common import DockerCalls
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
@@ -79,6 +81,32 @@ def test_one_container_serves_a_groups_runs(warm: Pipeline) -> None:
     # the sweeper's orphan removal leaves a live warm container alone
     assert DockerSandbox(warm.settings).remove_orphans(set()) == 0
     assert _run(warm, "$ echo three") == first
+
+
+def test_a_warm_run_asks_docker_nothing_until_its_image_is_rebuilt(warm: Pipeline) -> None:
+    """The group's next run goes to the container this process handed its last run to,
+    with no Docker API call (counted on a real client: every request it sends); once the
+    image's tag names another image, the heartbeat's tending stops the container."""
+    client = docker.from_env()
+    # A tag of this test's own, moved below: the shared one stays where it is.
+    tag = f"orch-test-warm-{uuid.uuid4().hex[:8]}:latest"
+    client.images.get(warm.settings.agent_image).tag(tag)
+    try:
+        settings = warm.settings.replace(**{"agent_image": tag, "standby": 0})
+        calls = DockerCalls(client)
+        pool = WarmPool(settings, client)
+        p = Pipeline(settings, warm.db, ChannelRegistry([RecordingChannel()]), sandbox=pool)
+        first = _run(p, "$ echo one")
+        assert "POST containers/create" in calls.take()  # the first run starts the container
+        assert _run(p, "$ echo two") == first
+        assert calls.take() == []
+        assert _last_output(p).strip() == "two"
+
+        assert pool.tend(warm.db) == 1  # its image is still the tag's
+        client.images.get(settings.base_image).tag(tag)  # "rebuilt"
+        assert pool.tend(warm.db) == 0 and _warm_containers(warm) == []
+    finally:
+        client.images.remove(tag)
 
 
 def test_a_dead_warm_container_is_replaced(warm: Pipeline) -> None:
