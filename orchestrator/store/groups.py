@@ -371,7 +371,15 @@ def send_targets(db: Database, group: Group) -> list[str]:
     """The other chats a run of ``group`` may post to: every registered chat for main, none otherwise."""
     if not group.is_main:
         return []
-    return [g.chat_jid for g in list_groups(db) if g.chat_jid != group.chat_jid]
+    # On every main run's path: one fixed read of the names alone, in byte order as
+    # list_groups gives them, with no ORM session nor transaction (docs/performance.md).
+    return [jid for (jid,) in db.read_fixed(_CHAT_JIDS[db.is_sqlite]) if jid != group.chat_jid]
+
+
+_CHAT_JIDS = {
+    True: "SELECT chat_jid FROM groups ORDER BY chat_jid",
+    False: 'SELECT chat_jid FROM groups ORDER BY chat_jid COLLATE "C"',
+}
 
 
 def send_refusal(db: Database, group: Group, target: str) -> str | None:

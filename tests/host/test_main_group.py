@@ -19,7 +19,14 @@ from orchestrator.http.api import create_app
 from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.root import Orchestrator
 from orchestrator.store.db import Database
-from orchestrator.store.groups import MAIN_JID, add_group, ensure_main_group, find_group, main_group
+from orchestrator.store.groups import (
+    MAIN_JID,
+    add_group,
+    ensure_main_group,
+    find_group,
+    main_group,
+    send_targets,
+)
 from tests.conftest import wait_until
 
 BIN = Path(__file__).resolve().parents[2] / ".venv" / "bin"
@@ -35,6 +42,16 @@ def test_the_main_group_of_the_setting_is_made_once(db: Database) -> None:
     with pytest.raises(StoreError, match="one"):
         add_group(db, chat_jid="x@team", name="x", folder="x", is_main=True)
     assert find_group(db, MAIN_JID) is None
+
+
+def test_the_main_groups_agent_may_post_to_every_other_chat_and_no_other_group_may(db: Database) -> None:
+    main = ensure_main_group(db)
+    for jid in ("b@g", "Z@g", "a@g"):
+        add_group(db, chat_jid=jid, name=jid, folder=jid.split("@")[0].lower() + "-f", requires_trigger=False)
+    # Every registered chat but its own, in byte order on both backends.
+    assert send_targets(db, main) == sorted(["a@g", "b@g", "Z@g"], key=str.encode)
+    other = find_group(db, "a@g")
+    assert other is not None and send_targets(db, other) == []
 
 
 def test_an_ordinary_group_is_never_made_main(db: Database) -> None:
