@@ -26,6 +26,13 @@ Then where a cold run's time goes, phase by phase, for the floor's container
 input (hardened create + attach + start + input written, the runner's first
 event, exit, remove), each the median of ``--runs``.  The floor's figure
 includes the removal; a run's reply is stored before its container exits.
+
+Then where a warm run's time goes, step by step (the container had and the
+input written, the runner's first event, the rest of its stream, the run's
+end, the clean-up after it), with the Docker API calls of each step, counted
+on the client (``bench.common.DockerCalls``); and warm runs through the
+pipeline in this process (no broker, no worker process): message -> reply,
+and each run's Docker calls and database transactions.
 """
 
 from __future__ import annotations
@@ -33,9 +40,11 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import statistics
 import tempfile
 import time
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
@@ -43,7 +52,7 @@ import docker
 from sqlalchemy import select
 
 from agent_runner.protocol import ContainerInput, SdkMessage
-from bench.common import Workers, install, pct, signals_for
+from bench.common import DockerCalls, Workers, install, pct, signals_for
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.sandbox.containers import ContainerSpec, DockerSandbox, docker_client
@@ -140,6 +149,120 @@ def sandbox_phases(data_dir: Path, image: str, n: int) -> dict[str, list[float]]
         for k, v in zip(out, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
             out[k].append(v)
     return out
+
+
+def _call_kind(call: str) -> str:
+    """A Docker call without the container's or exec's id (``GET containers/<id>/json``)."""
+    return re.sub(r"/[0-9a-f]{64}(?=/|$)", "/<id>", call)
+
+
+def warm_phases(data_dir: Path, image: str, n: int) -> tuple[dict[str, list[float]], dict[str, list[str]]]:
+    """A warm container's runs of the real runner, step by step, each after the first
+    (which starts the container): the container had and the input written, the
+    runner's first event, the rest of the stream (the reply is in it), the run's end
+    read, the clean-up after it; with the Docker API calls of each step (a
+    counting client: what the engine was asked, in order) over the ``n`` runs."""
+    from orchestrator.sandbox.warm import WarmPool
+
+    settings = Settings.load(data_dir=data_dir, agent_image=image, warm_idle_s=120, env_file=None)
+    settings.ensure_dirs()
+    client = docker_client(settings)
+    calls = DockerCalls(client)
+    pool = WarmPool(settings, client)
+    steps = ("had + input", "first event", "rest of stream", "finish", "clean-up")
+    out: dict[str, list[float]] = {k: [] for k in steps}
+    seen: dict[str, list[str]] = {k: [] for k in steps}
+    try:
+        for i in range(n + 1):
+            payload = ContainerInput(
+                run_id=f"bench-{i}",
+                chat_jid=JID,
+                group_folder="main",
+                assistant_name="Andy",
+                messages=[SdkMessage(role="user", content="ping")],
+            ).to_json()
+            spec = ContainerSpec(
+                image=image,
+                name=f"orch-bench-warm-{os.getpid()}-{i}",
+                workspace=settings.groups_dir / "main",
+                run_id=f"bench-{i}",
+                group_folder="main",
+                install_id=settings.install_id,
+            )
+            calls.take()
+            marks = [time.perf_counter()]
+            taken: list[list[str]] = []
+            run = pool.start(spec, payload)
+            marks.append(time.perf_counter())
+            taken.append(calls.take())
+            with run:
+                lines = run.lines()
+                next(lines)
+                marks.append(time.perf_counter())
+                taken.append(calls.take())
+                for _ in lines:
+                    pass
+                marks.append(time.perf_counter())
+                taken.append(calls.take())
+                run.finish()
+                marks.append(time.perf_counter())
+                taken.append(calls.take())
+            marks.append(time.perf_counter())
+            taken.append(calls.take())
+            if i == 0:
+                continue  # the container's start
+            for k, a, b, made in zip(steps, marks[:-1], marks[1:], taken, strict=True):
+                out[k].append(b - a)
+                seen[k] += [_call_kind(c) for c in made]
+    finally:
+        pool.stop_all()
+    return out, seen
+
+
+def warm_pipeline_counts(data_dir: Path, image: str, n: int) -> tuple[list[float], list[list[str]], list[list[str]]]:
+    """Warm runs through the pipeline in this process (message stored, ``drain_group``,
+    no broker or worker process), each after the first: message -> reply (s), and the
+    Docker calls and database transactions (``BEGIN`` read or write) of each run."""
+    from sqlalchemy import event
+
+    from orchestrator.run.outbound import ChannelRegistry
+    from orchestrator.run.pipeline import Pipeline
+    from orchestrator.sandbox.warm import WarmPool
+
+    settings, db = install(data_dir, image, warm_idle_s=120)
+    ensure_main_group(db)
+    client = docker_client(settings)
+    calls = DockerCalls(client)
+    pool = WarmPool(settings, client)
+    transactions: list[str] = []
+
+    @event.listens_for(db.engine, "begin")
+    def _begin(conn: object) -> None:
+        deferred = getattr(conn, "get_execution_options", dict)().get("sqlite_deferred", False)
+        transactions.append("read" if deferred else "write")
+
+    pipeline = Pipeline(settings, db, ChannelRegistry([]), sandbox=pool)
+    latencies: list[float] = []
+    per_run_calls: list[list[str]] = []
+    per_run_tx: list[list[str]] = []
+    try:
+        for i in range(n + 1):
+            sent = ingest(db, settings, IncomingMessage(chat_jid=JID, sender="bench", content=f"ping {i}"), signal=None)
+            calls.take()
+            transactions.clear()
+            pipeline.drain_group(JID)
+            made, tx = calls.take(), list(transactions)
+            replies = [m for m in get_messages_after(JID, sent.message.seq, db=db) if m.sender == "bot"]
+            if not replies:
+                raise SystemExit(f"no reply to in-process run {i}")
+            if i > 0:
+                latencies.append(_ts(replies[0].timestamp) - _ts(sent.message.timestamp))
+                per_run_calls.append([_call_kind(c) for c in made])
+                per_run_tx.append(tx)
+    finally:
+        pool.stop_all()
+        db.dispose()
+    return latencies, per_run_calls, per_run_tx
 
 
 def _ts(text: str) -> float:
@@ -274,6 +397,8 @@ def main() -> None:
             ("docker run --rm (floor)", floor_phases(image, args.runs)),
             ("cold sandbox run", sandbox_phases(Path(tmp) / "phases", image, args.runs)),
         ]
+        warm_steps, warm_calls = warm_phases(Path(tmp) / "warm-phases", image, args.runs)
+        in_process, run_calls, run_tx = warm_pipeline_counts(Path(tmp) / "warm-in-process", image, args.runs)
     rng = random.Random(7)
     polling = [rng.uniform(0, POLL_S) + rng.choice(cold) for _ in range(2000)]
     rows = [
@@ -315,6 +440,28 @@ def main() -> None:
             + "  ".join(f"{k} {statistics.median(v) * 1000:.0f}" for k, v in steps.items())
             + f"  = {total * 1000:.0f}"
         )
+    print("where a warm run's time goes (median ms of each step; Docker API calls per run):")
+    for name, values in warm_steps.items():
+        made = Counter(warm_calls[name])
+        listed = ", ".join(f"{k} x{v / args.runs:g}" for k, v in sorted(made.items())) or "none"
+        print(
+            f"  {name:15} {statistics.median(values) * 1000:6.1f} ms   {sum(made.values()) / args.runs:g} calls: {listed}"
+        )
+    print(
+        f"  = {sum(statistics.median(v) for v in warm_steps.values()) * 1000:.1f} ms;"
+        f" before the reply: {sum(statistics.median(warm_steps[k]) for k in list(warm_steps)[:3]) * 1000:.1f} ms"
+    )
+    print(
+        f"a warm run through the pipeline in this process (no broker, no worker process): "
+        f"message -> reply p50 {pct(in_process, 50) * 1000:.1f} ms (p95 {pct(in_process, 95) * 1000:.1f});"
+        f" per run (median): {statistics.median(len(c) for c in run_calls):g} Docker calls,"
+        f" {statistics.median(len(t) for t in run_tx):g} transactions"
+        f" ({statistics.median(t.count('write') for t in run_tx):g} write,"
+        f" {statistics.median(t.count('read') for t in run_tx):g} read)"
+    )
+    print(
+        "  its Docker calls: " + (", ".join(f"{k} x{v}" for k, v in sorted(Counter(run_calls[-1]).items())) or "none")
+    )
 
 
 if __name__ == "__main__":
