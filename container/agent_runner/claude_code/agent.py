@@ -24,10 +24,13 @@ resumed.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from ..conversation import build_system_prompt
 from ..errors import InputError, ProviderError
@@ -59,12 +62,11 @@ CHAT_TOOLS = (
     EDIT_MESSAGE_SPEC,
     ADD_REACTION_SPEC,
 )
-# Tools that need a network the container does not have (offered, they would
-# only fail), and the CLI's own schedulers, which die with the run (the host
+# The provider's web search (a server tool, which only the gateway may open, on the group's
+# policy), the CLI's own schedulers, which die with the run (the host
 # schedules: the scheduled tasks of the chat), and its own question tool, which waits in
 # the run for an answer nobody could give (ours, ask_user, ends the run and asks the chat).
 DISALLOWED_TOOLS = [
-    "WebFetch",
     "WebSearch",
     "CronCreate",
     "CronDelete",
@@ -72,6 +74,27 @@ DISALLOWED_TOOLS = [
     "ScheduleWakeup",
     "AskUserQuestion",
 ]
+
+
+# WebFetch fetches from the container through the run's egress proxy, so it is offered only
+# when the run has one (a group whose network policy is not off); without, it would only fail.
+NO_NETWORK_TOOLS = ["WebFetch"]
+# With a proxy, WebFetch would first ask the provider's domain check
+# (https://api.anthropic.com/api/web/domain_info, fixed in the CLI, not through the gateway):
+# a request out of the sandbox that no group's allowlist names. The group's allowlist, held by
+# the proxy, is the domain check instead. The flag-settings layer (--settings) is this run's
+# alone: nothing is written in the session folder, which the next run's policy may not share.
+EGRESS_SETTINGS = {"skipWebFetchPreflight": True}
+
+
+def disallowed_tools(inp: ContainerInput) -> list[str]:
+    """The CLI's tools this run does not offer: WebFetch too when the run has no way out."""
+    return [*DISALLOWED_TOOLS] if has_egress(inp) else [*NO_NETWORK_TOOLS, *DISALLOWED_TOOLS]
+
+
+def has_egress(inp: ContainerInput) -> bool:
+    """Does the run reach the network through the host's egress proxy?"""
+    return inp.egress_socket is not msgspec.UNSET
 
 
 def chat_tools(disabled: frozenset[str]) -> list[ToolSpec]:
@@ -185,7 +208,8 @@ async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir
         max_turns=inp.limits.max_turns,
         # The container is the sandbox: nobody is there to approve a tool call.
         permission_mode="bypassPermissions",
-        disallowed_tools=DISALLOWED_TOOLS,
+        disallowed_tools=disallowed_tools(inp),
+        settings=json.dumps(EGRESS_SETTINGS) if has_egress(inp) else None,
         mcp_servers={MCP_SERVER: sdk.create_sdk_mcp_server(MCP_SERVER, tools=offered)} if offered else {},
         system_prompt={
             "type": "preset",
