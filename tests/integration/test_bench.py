@@ -110,6 +110,12 @@ def test_overhead_bench_measures_cold_warm_and_the_baselines(docker_engine: None
         p50, p95 = numbers(r"(\d+)ms", line)
         assert 0 < p50 <= p95, line
     assert "cold sandbox run" in out and "first event" in out
+    # The warm run's steps, each with its Docker calls, and the in-process runs' counts.
+    steps = [
+        x for x in out.splitlines() if re.match(r"  (had \+ input|first event|rest of stream|finish|clean-up) ", x)
+    ]
+    assert len(steps) == 5 and all(re.search(r"[\d.]+ ms +[\d.]+ calls", x) for x in steps), out
+    assert re.search(r"message -> reply p50 [\d.]+ ms .*: [\d.]+ Docker calls, [\d.]+ transactions", out), out
     assert "quiet group with standby / floor (p50)" in out  # root here: standby is on
 
 
