@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from .one_run import make_emitter, run
+from .undumpable import make_undumpable
 
 # The only place the environment is read; everything below gets the path passed in.
 DEFAULT_WORKSPACE = "/workspace"
@@ -31,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
         level=os.environ.get(LOG_LEVEL_ENV, "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # First, before any input, connection or child exists: the agent shares our uid.
+    try:
+        make_undumpable()
+    except OSError as exc:
+        logging.getLogger("agent_runner").error("refusing to run within the agent's reach: %s", exc)
+        return 1
     parser = argparse.ArgumentParser(prog="agent_runner")
     parser.add_argument("--serve", metavar="SOCKET", help="warm mode: serve runs on this unix socket")
     parser.add_argument("--idle-timeout", type=float, default=300.0, help="warm mode: exit after this idle time")
