@@ -4,7 +4,8 @@ policy (the issue's check, with python's urllib in the sandbox as the client): w
 the file is fetched; another name is refused with the proxy's reason; a group whose policy
 is off reaches nothing; ``orchestrator runs show RUN --egress`` lists the decisions.  Real
 clients (curl, git over HTTP and over HTTPS with a test CA the sandbox trusts by
-``ORCHESTRATOR_EGRESS_UPSTREAM_CA_FILE``, pip from a local index) in one run."""
+``ORCHESTRATOR_EGRESS_UPSTREAM_CA_FILE``, pip from a local index) in one run; Claude Code's
+WebFetch (the claude-code image) over HTTPS, without its preflight to the provider."""
 
 from __future__ import annotations
 
@@ -288,3 +289,105 @@ def test_a_brokered_secret_reaches_its_host_and_nothing_of_the_sandbox(
     assert all(SECRET not in text for text in stored)
     raw = stored_input(db, run.run.id)
     assert raw is not None and SECRET.encode() not in raw
+
+
+# Claude Code's WebFetch, through the proxy: the fake model asks for a page of an allowed host
+# over HTTPS (a test CA's certificate), then for one off the allowlist.
+WEBFETCH_PROMPT = "read the docs page"
+
+
+@pytest.mark.parametrize("db_backend", ["sqlite"])  # one container run: the backends are proven above
+def test_claude_code_webfetch_goes_through_the_proxy_without_its_preflight(
+    settings: Settings, db: Database, agent_image: str, claude_code_image: str, tmp_path: Path
+) -> None:
+    """WebFetch is offered with a proxy; it fetches an allowed host's page through it (the
+    CLI's summarising request to the run's model passing the gateway), is refused another
+    host, and its preflight to the provider's domain check (api.anthropic.com) never leaves."""
+    from tests.fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
+    from tests.host.test_egress_brokered import tls_for
+
+    seen: list[str] = []
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            seen.append(f"{self.headers.get('Host')}{self.path}")
+            body = b"<html><body><h1>Docs</h1><p>The magic word is PELICAN.</p></body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    test_ca, tls = tls_for(tmp_path, ("docs.internal.test", "other.internal.test"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    good, other = f"https://docs.internal.test:{port}/page", f"https://other.internal.test:{port}/page"
+
+    def call(tool_id: str, url: str) -> Reply:
+        use = {"type": "tool_use", "id": tool_id, "name": "WebFetch", "input": {"url": url, "prompt": "The word?"}}
+        return message([use], "tool_use", 2)
+
+    def model(rec: Recorded) -> Reply:
+        last = rec.body["messages"][-1]
+        blocks = [b for b in last["content"] if isinstance(b, dict)] if isinstance(last["content"], list) else []
+        answered = [b["tool_use_id"] for b in blocks if b.get("type") == "tool_result"]
+        if not rec.body.get("tools"):  # WebFetch's request to read the page for the prompt
+            return message([{"type": "text", "text": "summary: the magic word is PELICAN"}], "end_turn", 1)
+        if answered == ["toolu_wf_docs"]:
+            return call("toolu_wf_other", other)
+        if answered:
+            return message([{"type": "text", "text": "done reading"}], "end_turn", 1)
+        if WEBFETCH_PROMPT in json.dumps(last):
+            return call("toolu_wf_docs", good)
+        return message([{"type": "text", "text": "(not scripted)"}], "end_turn", 1)
+
+    fake = FakeAnthropic(*([model] * 20))
+    try:
+        with fake.serve() as upstream:
+            s = settings.replace(
+                agent_image=agent_image,
+                model="claude-code:claude-sonnet-4-5",
+                anthropic_base_url=upstream,
+                anthropic_api_key="sk-webfetch-test",
+                max_tokens=4096,
+                container_memory="1g",
+                run_timeout_s=180.0,
+                max_attempts=1,
+                egress_resolve=f"docs.internal.test:{port}:127.0.0.1",
+                egress_upstream_ca_file=str(test_ca),
+            )
+            s.ensure_dirs()
+            ensure_main_group(db)
+            set_container_config(db, s, JID, {"egress": {"mode": "allowlist", "allow": ["docs.internal.test"]}})
+            ingest(db, s, IncomingMessage(chat_jid=JID, sender="u", content=WEBFETCH_PROMPT), signal=None)
+            (run,) = Pipeline(s, db, ChannelRegistry([])).drain_group(JID)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert run.run.state == "succeeded", run.run.error
+    tools = {t["name"] for t in fake.calls[0].body["tools"]}
+    assert "WebFetch" in tools and "WebSearch" not in tools, tools
+    results = {
+        (m.metadata or {}).get("tool_use_id"): m.content
+        for m in get_messages_after(JID, 0, db=db)
+        if m.message_type == "tool_result"
+    }
+    # The page came from the server through the proxy, and the run's model read it.
+    assert seen == [f"docs.internal.test:{port}/page"], seen
+    (read,) = [c for c in fake.calls if not c.body.get("tools")]
+    assert "PELICAN" in json.dumps(read.body["messages"]) and read.body["model"] == "claude-sonnet-4-5"
+    assert "summary: the magic word is PELICAN" in results["toolu_wf_docs"], results
+    assert "proxy refused" in results["toolu_wf_other"], results
+    log = run_egress(db, run.run.id)
+    decisions = [(d.method, d.host, d.port, d.allowed) for d in log.decisions]
+    assert decisions == [
+        ("CONNECT", "docs.internal.test", port, True),
+        ("CONNECT", "other.internal.test", port, False),
+    ], decisions  # and nothing for api.anthropic.com: the preflight is off
+    assert "not on this group's allowlist" in log.decisions[1].reason
