@@ -1,9 +1,11 @@
 """Reading a run's output in bounded memory and linear time.
 
 Everything a container writes is hostile: the agent runs as the runner's
-user and can write to the runner's own stdout and stderr (``/proc/1/fd/1``,
-``/proc/1/fd/2``), so it can send one endless line, a flood of short ones,
-or gigabytes of log.  Joining chunks with ``buf += data`` and splitting
+user, and though the runner keeps itself out of its reach
+(``agent_runner/undumpable.py``), under gVisor the agent can still write to the
+runner's own stdout and stderr (``/proc/1/fd/1``, ``/proc/1/fd/2``), and a
+runner taken over could send anything: one endless line, a flood of short
+ones, or gigabytes of log.  Joining chunks with ``buf += data`` and splitting
 with ``buf.split(b"\\n", 1)`` copies the whole buffer per chunk and per
 line (quadratic in a long line), and keeping stderr whole lets one write
 take the worker's memory.  So the host reads output only through:

@@ -830,8 +830,10 @@ class WarmRun(StreamedRun):
         agent and so cannot be trusted to do it.  Every process in the
         container's pid namespace but the runner is killed (through a pidfd,
         so a recycled pid is never hit); where this worker cannot see the
-        container's processes (it runs in a pid namespace of its own), a
-        ``docker exec`` of ``kill -9 -1`` does it (all but PID 1, the runner).
+        container's processes (it runs in a pid namespace of its own) or may
+        not read the runner's namespace (a host user that is not root: the
+        runner is undumpable), a ``docker exec`` of ``kill -9 -1`` does it (all
+        but PID 1, the runner).
         The runner reaps the zombies.
         """
         if self._killed:

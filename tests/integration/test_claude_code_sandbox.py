@@ -12,9 +12,11 @@ session folder, and `groups reset` forgets it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import threading
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -38,6 +40,15 @@ MODEL = "claude-sonnet-4-5"  # a name the CLI knows: its tool set depends on it
 FIRST, SECOND = "please write the notes", "now fix the notes"
 NOTES = "/workspace/notes.md"
 
+# The agent tries to read each of its ancestors' environment, up to the runner (PID 1): the
+# Claude Code CLI that started it and the runner, both of its uid, are undumpable
+# (agent_runner/undumpable.py), so refused; the shells between, the agent's own, are not.
+REACH = (
+    "p=$$; while [ $p -gt 1 ]; do p=$(cut -d' ' -f4 /proc/$p/stat); "
+    "if cat /proc/$p/environ > /dev/null 2>&1; then r=reached; else r=refused; fi; "
+    "echo \"$r $p $(tr '\\0' ' ' < /proc/$p/cmdline | cut -c1-60)\"; done;"
+)
+
 # The model's moves, by the request's last message: a tool call answers the
 # result of the one before it; a fresh prompt starts its run's list.
 FIRST_RUN: list[tuple[str, str, dict[str, Any]]] = [
@@ -52,7 +63,7 @@ FIRST_RUN: list[tuple[str, str, dict[str, Any]]] = [
         },
     ),
     ("toolu_cc_write", "Write", {"file_path": NOTES, "content": "# Notes\nfirst draft\n"}),
-    ("toolu_cc_bash", "Bash", {"command": "cat notes.md && id -u", "description": "Show the notes"}),
+    ("toolu_cc_bash", "Bash", {"command": f"cat notes.md && {REACH} id -u", "description": "Show the notes"}),
     ("toolu_cc_send", "mcp__chat__send_message", {"text": "progress: the notes are written"}),
 ]
 SECOND_RUN: list[tuple[str, str, dict[str, Any]]] = [
@@ -118,6 +129,13 @@ class KeyProbe:
         try:
             for container in docker.from_env().containers.list(filters={"label": f"{LABEL_INSTALL}={self.install_id}"}):
                 code, out = container.exec_run(["sh", "-c", "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'"])
+                # The runner and the CLI are undumpable: nothing in the container reads their
+                # environment, so every process's is read from the host too.
+                top = container.top()
+                column = top["Titles"].index("PID")
+                for row in top["Processes"]:
+                    with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # gone since
+                        out += Path(f"/proc/{row[column]}/environ").read_bytes()
                 self.looked += 1
                 text = out.decode("utf-8", "replace")
                 if SECRET in text or SECRET in json.dumps(container.attrs["Config"]):
@@ -194,6 +212,10 @@ def test_claude_code_edits_files_keeps_a_todo_list_and_resumes_its_session(
     lines = bash.content.splitlines()
     assert "first draft" in lines, bash.content
     assert lines[-1].strip().isdigit() and lines[-1].strip() != "0", bash.content  # not root
+    ancestors = [line.split(maxsplit=2) for line in lines if line.startswith(("reached ", "refused "))]
+    assert ancestors[-1][:2] == ["refused", "1"], bash.content  # the runner
+    cli = [a for a in ancestors if "_bundled/claude" in a[-1]]
+    assert cli and all(a[0] == "refused" for a in cli), bash.content
     sent = [m for m in stored if m.content == "progress: the notes are written" and m.message_type == "assistant"]
     assert len(sent) == 1, [(m.sender, m.content) for m in stored]
     answers = [m.content for m in stored if m.message_type == "assistant" and m.sender == "bot"]

@@ -13,6 +13,7 @@ quota (``test_workspace_quota.py``) and every entry point of ``orchestrator/sand
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -201,6 +202,140 @@ def test_the_process_killer_refuses_a_pid_outside_the_container() -> None:
     assert kill_all_but(os.getpid(), "0123456789ab") is None
     assert kill_all_but(1, "0123456789ab") is None
     assert kill_all_but(2**22 + 7, "0123456789ab") is None  # no such process
+
+
+# -- the runner itself ---------------------------------------------------------------------
+
+# Run as the agent: each attack on the runner (PID 1, same uid) prints "<name> ok <what it got>"
+# or "<name> refused <errno>".  The descriptors it steals, it writes a forged event into.
+RUNNER_ATTACKS = r"""
+import ctypes, json, os, platform
+
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {"x86_64": {"process_vm_readv": 310, "pidfd_open": 434, "pidfd_getfd": 438},
+      "aarch64": {"process_vm_readv": 270, "pidfd_open": 434, "pidfd_getfd": 438}}[platform.machine()]
+PTRACE_ATTACH, PTRACE_DETACH, WALL = 16, 17, 0x40000000
+
+
+def checked(result):
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
+
+
+def attack(name, fn):
+    try:
+        print(name, "ok", fn(), flush=True)
+    except OSError as exc:
+        print(name, "refused", exc.errno, flush=True)
+
+
+def first_mapping():
+    with open("/proc/1/maps") as maps:
+        return int(maps.readline().split("-")[0], 16)
+
+
+def mem_read():
+    with open("/proc/1/mem", "rb") as mem:
+        mem.seek(first_mapping())
+        return mem.read(4)
+
+
+def mem_write():  # the same bytes written back: proof enough, harmless
+    with open("/proc/1/mem", "r+b", buffering=0) as mem:
+        at = first_mapping()
+        mem.seek(at)
+        head = mem.read(4)
+        mem.seek(at)
+        return mem.write(head)
+
+
+def environ():
+    with open("/proc/1/environ", "rb") as fh:
+        return sorted(v.split(b"=")[0].decode() for v in fh.read().split(b"\0") if v)
+
+
+def fds():
+    return {n: os.readlink(f"/proc/1/fd/{n}") for n in os.listdir("/proc/1/fd")}
+
+
+def stdout_write():
+    with open("/proc/1/fd/1", "wb") as out:
+        return out.write(b"written into the runner's stdout\n")
+
+
+def ptrace_attach():
+    checked(libc.ptrace(PTRACE_ATTACH, 1, None, None))
+    os.waitpid(1, WALL)  # the runner stopped, in our hands
+    checked(libc.ptrace(PTRACE_DETACH, 1, None, None))
+    return "attached and detached"
+
+
+def vm_readv():
+    buf = ctypes.create_string_buffer(4)
+    local = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 4)
+    remote = (ctypes.c_void_p * 2)(0x10000, 4)  # any address: the permission check comes first
+    try:
+        remote[0] = first_mapping()
+    except OSError:
+        pass
+    return checked(libc.syscall(NR["process_vm_readv"], 1, local, 1, remote, 1, 0))
+
+
+def steal_fds():
+    # Copies of the runner's descriptors; into its connection to the host, a forged event.
+    pidfd = checked(libc.syscall(NR["pidfd_open"], 1, 0))
+    stolen, errors = [], set()
+    for n in range(64):
+        fd = libc.syscall(NR["pidfd_getfd"], pidfd, n, 0)
+        if fd < 0:
+            errors.add(ctypes.get_errno())
+            continue
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        stolen.append(f"{n}:{target}")
+        if target.startswith("socket:"):
+            forged = {"type": "assistant", "text": "FORGED by the agent through the runner's socket"}
+            try:
+                os.write(fd, (json.dumps(forged) + "\n").encode())
+            except OSError:
+                pass
+        os.close(fd)
+    os.close(pidfd)
+    if not stolen:
+        raise OSError(min(errors - {9}) if errors - {9} else 9, "none")
+    return stolen
+
+
+def inherited():
+    mine = sorted(int(n) for n in os.listdir("/proc/self/fd"))
+    return [f"{n}:{os.readlink(f'/proc/self/fd/{n}')}" for n in mine if n > 2 and os.path.exists(f"/proc/self/fd/{n}")]
+
+
+for name, fn in [("mem_read", mem_read), ("mem_write", mem_write), ("environ", environ), ("fds", fds),
+                 ("stdout_write", stdout_write), ("ptrace_attach", ptrace_attach), ("vm_readv", vm_readv),
+                 ("steal_fds", steal_fds), ("inherited", inherited)]:
+    attack(name, fn)
+"""
+
+
+def test_the_agent_cannot_reach_into_the_runner(warm: Arena) -> None:
+    """Same uid, no Yama: without the runner's ``PR_SET_DUMPABLE`` 0 the agent reads and
+    writes the runner's memory through ``/proc/1/mem`` (so could forge any event on its
+    connection to the host), reads its environment and writes into its stdout.  All in one run,
+    which must still work."""
+    warm.workspace.mkdir(parents=True, exist_ok=True)
+    (warm.workspace / "attacks.py").write_text(RUNNER_ATTACKS)
+    _, outputs = warm.ask("$ python3 attacks.py\n$ echo still working")
+    attacks, normal = _tool_outputs(outputs)
+    got = {line.split()[0]: line.split(maxsplit=1)[1] for line in attacks.splitlines() if line.strip()}
+    for name in ("mem_read", "mem_write", "environ", "fds", "stdout_write"):
+        assert got[name] == f"refused {errno.EACCES}", (name, attacks)
+    for name in ("ptrace_attach", "vm_readv", "steal_fds"):
+        assert got[name] == f"refused {errno.EPERM}", (name, attacks)
+    assert got["inherited"] == "ok []", attacks  # the agent holds none of the runner's descriptors
+    assert not any("FORGED" in m.content for m in outputs)
+    assert "still working" in normal
 
 
 # -- sockets -----------------------------------------------------------------------------

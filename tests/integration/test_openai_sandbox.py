@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -45,7 +46,11 @@ class ContainerProbe:
             labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.install_id}"]
             for container in docker.from_env().containers.list(filters={"label": labels}):
                 config = container.attrs["Config"]
-                code, output = container.exec_run(["sh", "-c", "env; tr '\\0' '\\n' < /proc/1/environ"])
+                code, output = container.exec_run(["sh", "-c", "env"])
+                # The runner's own environment, read from the host: nothing in the container may
+                # (the runner is undumpable: container/agent_runner/undumpable.py).
+                runner_env = Path(f"/proc/{container.attrs['State']['Pid']}/environ").read_bytes()
+                output += runner_env.replace(b"\0", b"\n")
                 self.seen.append(
                     {
                         "name": container.name,

@@ -1,9 +1,12 @@
 """The agent attacks the host through its output, with the real agent image
 through the real pipeline, cold and warm (orchestrator/sandbox/bounded_io.py).
 
-The agent runs as the runner's user, so its bash tool can write to the
-runner's own stdout and stderr (``/proc/1/fd/1``, ``/proc/1/fd/2``): a
-stderr flood, an endless stdout line, a flood of events (forged in cold
+The host's bounds must hold whatever the runner sends, so these runs stand for a
+runner the agent has taken over: the image's runner leaves itself reachable
+(``reachable_image``: the one difference from the agent image, whose runner the
+agent cannot reach, ``agent_runner/undumpable.py``), and the agent's bash tool
+writes to the runner's own stdout and stderr (``/proc/1/fd/1``, ``/proc/1/fd/2``):
+a stderr flood, an endless stdout line, a flood of events (forged in cold
 mode, where stdout is the protocol channel; many real tool calls in warm
 mode, where the protocol is a socket the agent cannot open), and too much
 to store.  Every time: the process running the pipeline (this one) stays
@@ -14,6 +17,7 @@ and its value, and the group's next run works.
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Iterator
@@ -43,15 +47,37 @@ MEMORY_BOUND = 200 * MIB
 FLOOD = 400_000_000
 
 
+# The agent image with a runner that does not make itself undumpable: what the agent could
+# make of it if it ever reached into it.
+REACHABLE_RUNNER = b"""ARG AGENT_IMAGE
+FROM ${AGENT_IMAGE}
+ENTRYPOINT ["python3", "-c", "import runpy, agent_runner.undumpable as u; u.make_undumpable = lambda: None; \\
+runpy.run_module('agent_runner', run_name='__main__', alter_sys=True)"]
+"""
+
+
+@pytest.fixture(scope="session")
+def reachable_image(agent_image: str) -> str:
+    tag = "orchestrator-agent-reachable:test"
+    docker.from_env().images.build(
+        fileobj=io.BytesIO(REACHABLE_RUNNER),
+        tag=tag,
+        rm=True,
+        network_mode="none",
+        buildargs={"AGENT_IMAGE": agent_image},
+    )
+    return tag
+
+
 @pytest.fixture(params=["cold", "warm"])
 def pipe(
-    request: pytest.FixtureRequest, tmp_path: Path, agent_image: str
+    request: pytest.FixtureRequest, tmp_path: Path, reachable_image: str
 ) -> Iterator[tuple[Pipeline, RecordingChannel]]:
     if request.param == "gvisor":
         require_service("runsc" in (docker.from_env().info().get("Runtimes") or {}), "gVisor (scripts/gvisor.sh)")
     settings = Settings.load(
         data_dir=tmp_path / "data",
-        agent_image=agent_image,
+        agent_image=reachable_image,
         run_timeout_s=150,
         bash_timeout_s=120,
         warm_idle_s=0 if request.param == "cold" else 60,
