@@ -32,7 +32,8 @@ have settled, it checks in the database: every acknowledged message stored
 exactly once (counted by id), every triggering message answered by exactly
 one reply (the assistant messages between it and the next trigger of its
 group), every delivery row sent and received exactly once, no 5xx and no
-failed request.  Memory: each process's RSS at 25 % of the run against the
+failed request, and no lease taken over (nothing dies in a soak: a takeover
+would be a live holder judged gone).  Memory: each process's RSS at 25 % of the run against the
 end (the first quarter is warm-up: imports, caches, pools filling), as a
 growth figure; reported, and checked only against ``--max-growth`` when
 given (RSS is noisy: the CI test uses a generous bound).  Any failed check
@@ -465,6 +466,13 @@ def soak(base_dir: Path, image: str, name: str, extra: Extra, args: argparse.Nam
                         break
                     time.sleep(1)
                 failures += check(db, settings.install_id, tally, receiver, webhook_chats)
+                # Nothing died: a lease taken over (a holder judged gone) was a false takeover.
+                took = sum(
+                    p.read_text(errors="replace").count("took over the lease")
+                    for p in (settings.data_dir / "logs").glob("*.log")
+                )
+                if took:
+                    failures.append(f"{took} lease(s) taken over from a live holder")
                 final_runs, receiver_seen = states, receiver.counts()
                 if states.get("failed"):
                     failures.append(f"{states['failed']} run(s) failed")

@@ -281,7 +281,7 @@ class Settings(msgspec.Struct, kw_only=True):
     # How often each worker looks for groups whose lease holder is gone (a
     # SIGKILLed process of its host, a dead host) and signals them, so they
     # are taken over without waiting for the lease to expire (orchestrator/run/recovery.py); 0: never.
-    recovery_interval_s: Annotated[float, Meta(ge=0)] = 2.0
+    recovery_interval_s: Annotated[float, Meta(ge=0)] = 0.5
     # How often Celery beat looks for scheduled tasks that are due.
     schedule_tick_s: Annotated[float, Meta(gt=0)] = 10.0
 

@@ -13,7 +13,9 @@ the held leases, and a signal for each group whose holder is gone:
   ``leases.acquire`` takes such a lease over at once), or
 * a holder the database gives up: a lease past its expiry, or held on a host
   that is ``stopped`` or has not beaten for ``hosts.ALIVE_WINDOW_S``
-  (``leases.holder_gone``: any acquirer may take it).
+  (``leases.holder_gone``: any acquirer may take it), or
+* a holder whose process is gone by its liveness token (``store/liveness.py``) and
+  which has stopped renewing (``leases.gone_holders``; ``leases.acquire`` takes it over).
 
 It signals too the groups with pending work and no live holder that are
 placed on a host that takes no groups now (dead, stopped, draining:
@@ -35,8 +37,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from orchestrator.run.queue import signal_group
 from orchestrator.store.db import Database
 from orchestrator.store.hosts import gone_from_this_host
+from orchestrator.store.leases import gone_holders
 from orchestrator.store.leftovers import held_leases
 from orchestrator.store.placement import stranded
 
@@ -48,12 +52,25 @@ PLACED_ON = "placed on "
 
 def dead_holders(db: Database, host_id: str) -> list[tuple[str, str]]:
     """(group, holder) of every held lease whose holder is gone, judged by the
-    database's clock and, for processes of ``host_id`` (this machine), by their pids."""
-    return [
-        (jid, holder)
-        for jid, holder, gone in held_leases(db)
-        if holder is not None and (gone or gone_from_this_host(holder, host_id))
-    ]
+    database's clock, for processes of ``host_id`` (this machine) by their pids, and for
+    any other by its liveness token once it stopped renewing (``leases.gone_holders``)."""
+    judged, by_token = _dead_holders(db, host_id)
+    return sorted(judged + by_token)
+
+
+def _dead_holders(db: Database, host_id: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """:func:`dead_holders` in two: those the database or a pid judges, and those found
+    by their liveness token (whose group may still be placed on a host that looks alive)."""
+    judged, alive = [], []
+    for jid, holder, gone in held_leases(db):
+        if holder is None:
+            continue
+        if gone or gone_from_this_host(holder, host_id):
+            judged.append((jid, holder))
+        else:
+            alive.append((jid, holder))
+    by_token = gone_holders(db, alive) if alive else set()
+    return judged, [k for k in alive if k in by_token]
 
 
 class RecoveryWatch:
@@ -94,7 +111,11 @@ class RecoveryWatch:
         host that no longer takes groups (``store.placement.stranded``: its signal may sit
         in that host's queue), not again for the same holder or host within
         ``resignal_s``; returns the groups signalled."""
-        found = dead_holders(self.db, self.host_id)
+        judged, by_token = _dead_holders(self.db, self.host_id)
+        found = sorted(judged + by_token)
+        # Its host may still look alive (its heartbeat window not over), and its queue be the
+        # group's: the signal goes to the shared queue, and the taker becomes the place.
+        shared = {jid for jid, _ in by_token}
         held = {jid for jid, _ in found}
         found += [(jid, f"{PLACED_ON}{host}") for jid, host in stranded(self.db) if jid not in held]
         now = self._monotonic()
@@ -105,7 +126,10 @@ class RecoveryWatch:
             if last is not None and now - last < self.resignal_s:
                 continue
             try:
-                self._signal(chat_jid)
+                if chat_jid in shared:
+                    signal_group(self._signal, chat_jid, None)
+                else:
+                    self._signal(chat_jid)
             except Exception as exc:  # noqa: BLE001 - the broker away: next look
                 log.warning(
                     "could not signal %s, whose lease holder %s is gone (%s); trying again in %.0fs",

@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 _MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest revision in migrations/versions; tests/host/test_migrations.py
 # holds it to Alembic's own head, so a new revision cannot forget it.
-SCHEMA_HEAD = "0025"
+SCHEMA_HEAD = "0026"
 
 # A pooled PostgreSQL connection idle for longer than this is pinged before it is
 # used again (``_ping_when_idle``).  A connection used more recently saw the server
@@ -142,6 +142,8 @@ class Database:
         if not self.is_sqlite:
             _ping_when_idle(self.engine, PING_IDLE_S)  # after the fork check: never ping another's socket
         self._lock_dir = lock_dir
+        # This process's liveness token (store/liveness.py), made when it first takes a lease.
+        self.liveness_keeper: object | None = None
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         # Reads: SQLite begins DEFERRED (never its write lock).  PostgreSQL reads in
         # autocommit: at READ COMMITTED every statement takes its own snapshot, in a
@@ -254,6 +256,9 @@ class Database:
         # them would end the parent's sessions too (PostgreSQL gets a
         # Terminate on the shared socket), so just forget them.
         self.engine.dispose(close=os.getpid() == self._pid)
+        keeper, self.liveness_keeper = self.liveness_keeper, None
+        if keeper is not None and getattr(keeper, "pid", None) == os.getpid():
+            keeper.close()  # type: ignore[attr-defined]  # store/liveness.py's, which imports this module
 
 
 # -- the database's clock ---------------------------------------------------------

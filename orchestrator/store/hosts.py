@@ -217,6 +217,12 @@ def owner_pid(owner: str | None) -> int | None:
     return int(pid) if pid.isdigit() else None
 
 
+def owner_process(owner: str | None) -> tuple[str, int] | None:
+    """(host id, pid) of an owner made by :func:`process_owner` (None: not such an owner)."""
+    host_id, pid = owner_host(owner), owner_pid(owner)
+    return None if host_id is None or pid is None else (host_id, pid)
+
+
 def pid_running(pid: int) -> bool:
     """Whether process ``pid`` runs on this machine (a zombie does not: nobody may
     have reaped a SIGKILLed worker's pool child; a pid we may not signal does)."""

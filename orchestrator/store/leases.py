@@ -23,6 +23,13 @@ a conditional UPDATE naming that owner, and logs it.  What the dead holder
 left (its unfinished run) is the caller's to close before it runs anything:
 ``orchestrator/run/sweeper.py``'s ``recover_group``.
 
+**A holder whose process is gone is replaced in seconds, from any host.**  Each process
+that takes leases keeps a liveness token (``store/liveness.py``: a PostgreSQL session of
+its own, or on SQLite an ``flock``); when the holder's token is gone and it has not
+renewed the lease for :data:`TAKE_OVER_AFTER_S` (``groups.lease_renewed_at``), any
+acquirer takes it over the same way.  A holder alive renews every :data:`RENEW_EVERY_S`,
+so a session the server ended under a live process never costs it its lease.
+
 **A lost lease stores nothing.**  A holder that was taken for dead (its host
 silent past the liveness window: a pause, a partition) may still be running
 when it comes back.  Everything the pipeline stores for a run checks, in the
@@ -48,6 +55,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.errors import LeaseLost
+from orchestrator.store import liveness
 from orchestrator.store.db import Database, changed_rows, db_now, driver_execute, later_text, now_text
 from orchestrator.store.groups import GROUP_COLUMNS, Group, get_group, group_from_values
 from orchestrator.store.hosts import (
@@ -56,6 +64,7 @@ from orchestrator.store.hosts import (
     gone_from_this_host,
     on_dead_host,
     owner_host,
+    owner_process,
     place_sql,
     takes_groups,
 )
@@ -90,6 +99,9 @@ def take(db: Database, chat_jid: str, owner: str, ttl_s: float, *, place: str | 
     (docs/performance.md, "The control plane").  Only a holder that is gone
     from this host takes the slower way (:func:`_take_over`)."""
     params = {"chat_jid": chat_jid, "owner": owner, "ttl": float(ttl_s), "window": ALIVE_WINDOW_S, "place": place}
+    host_id = owner_host(owner)
+    if host_id is not None:
+        liveness.ensure(db, host_id)  # before it holds a lease: its death is then seen at once
     with db.transaction() as conn:
         row = driver_execute(conn, _TAKE[db.is_sqlite, place is not None], params).fetchone()
     if row is not None:
@@ -100,7 +112,8 @@ def take(db: Database, chat_jid: str, owner: str, ttl_s: float, *, place: str | 
 def _take_sql(*, sqlite: bool, place: bool) -> str:
     placed = f", placed_host = COALESCE({place_sql(sqlite=sqlite)}, :place)" if place else ""
     return (
-        f"UPDATE groups SET lease_owner = :owner, lease_expires_at = {later_text('ttl', sqlite=sqlite)}{placed} "
+        f"UPDATE groups SET lease_owner = :owner, lease_expires_at = {later_text('ttl', sqlite=sqlite)}, "
+        f"lease_renewed_at = {now_text(sqlite=sqlite)}{placed} "
         f"WHERE chat_jid = :chat_jid AND (lease_owner = :owner OR lease_owner IS NULL "
         f"OR lease_expires_at < {now_text(sqlite=sqlite)} OR {dead_owner_sql('groups.lease_owner', sqlite=sqlite)}) "
         f"RETURNING {', '.join(GROUP_COLUMNS)}"
@@ -113,26 +126,70 @@ _TAKE = {(sqlite, place): _take_sql(sqlite=sqlite, place=place) for sqlite in (T
 
 def _take_over(db: Database, chat_jid: str, owner: str, ttl_s: float, place: str | None) -> Group | None:
     """The lease is held, unexpired, by a live host's process: take it over (and read the
-    group) if that process is one of this host's that no longer runs, else None."""
-    with db.write() as session:
+    group) if that process is one of this host's that no longer runs, or one whose liveness
+    token is gone and which has stopped renewing (:func:`gone_holders`), else None."""
+    with db.read() as session:
         holder = session.scalar(select(GroupRow.lease_owner).where(GroupRow.chat_jid == chat_jid))
-        host_id = owner_host(owner)
-        if holder is None or host_id is None or not gone_from_this_host(holder, host_id):
-            return None
-        # Its holder was SIGKILLed on this host: no need to wait out its expiry.
+    host_id = owner_host(owner)
+    if holder is None or host_id is None:
+        return None
+    if gone_from_this_host(holder, host_id):
+        why, quiet = "that process no longer runs on this host", None
+    elif (chat_jid, holder) in gone_holders(db, [(chat_jid, holder)]):
+        why, quiet = "that process is gone (its liveness token) and stopped renewing", TAKE_OVER_AFTER_S
+    else:
+        return None
+    with db.write() as session:
         now = db_now(session)
-        values: dict[str, object] = {"lease_owner": owner, "lease_expires_at": now + timedelta(seconds=ttl_s)}
-        if place is not None:
+        values: dict[str, object] = {
+            "lease_owner": owner,
+            "lease_expires_at": now + timedelta(seconds=ttl_s),
+            "lease_renewed_at": now,
+        }
+        if place is not None and quiet is not None:
+            # Its host may look alive a while yet, and the group's signals go to its queue:
+            # the taker, which runs the group now, is its place.
+            values["placed_host"] = place
+        elif place is not None:
             values["placed_host"] = case(
                 (takes_groups(GroupRow.placed_host, now), GroupRow.placed_host), else_=literal(place)
             )
-        result = session.execute(
-            update(GroupRow).where(GroupRow.chat_jid == chat_jid, GroupRow.lease_owner == holder).values(**values)
-        )
+        held = [GroupRow.chat_jid == chat_jid, GroupRow.lease_owner == holder]
+        if quiet is not None:  # still quiet now: a renewal since the look keeps it its holder's
+            held.append(GroupRow.lease_renewed_at < now - timedelta(seconds=quiet))
+        result = session.execute(update(GroupRow).where(*held).values(**values))
         if changed_rows(result) != 1:
             return None
-    log.warning("took over the lease of %s from %s: that process no longer runs on this host", chat_jid, holder)
+    log.warning("took over the lease of %s from %s: %s", chat_jid, holder, why)
     return get_group(db, chat_jid)
+
+
+def gone_holders(db: Database, held: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Of ``held`` (group, holder) leases, those whose holder's liveness token is gone
+    (``store/liveness.py``) and which it has not renewed for :data:`TAKE_OVER_AFTER_S`, while
+    the database server has run long enough for live holders to have made theirs again."""
+    processes = {(jid, holder): p for jid, holder in held if (p := owner_process(holder)) is not None}
+    if not processes:
+        return set()
+    # The cheap look first: a live holder renews every RENEW_EVERY_S, so this is mostly empty.
+    with db.read() as session:
+        now = db_now(session)
+        rows = session.execute(
+            select(GroupRow.chat_jid, GroupRow.lease_owner).where(
+                GroupRow.chat_jid.in_([jid for jid, _ in processes]),
+                GroupRow.lease_renewed_at < now - timedelta(seconds=TAKE_OVER_AFTER_S),
+            )
+        ).all()
+    quiet = {(jid, holder) for jid, holder in rows}
+    processes = {k: p for k, p in processes.items() if k in quiet}
+    tokens = liveness.tokens_of(db, processes.values()) if processes else {}
+    candidates = {k: tokens[p] for k, p in processes.items() if p in tokens}
+    if not candidates:
+        return set()
+    dead = liveness.gone(db, candidates.values())
+    if not dead or not liveness.server_settled(db):
+        return set()
+    return {k for k, token in candidates.items() if token in dead}
 
 
 def renew(db: Database, chat_jid: str, owner: str, ttl_s: float) -> bool:
@@ -141,7 +198,7 @@ def renew(db: Database, chat_jid: str, owner: str, ttl_s: float) -> bool:
         result = session.execute(
             update(GroupRow)
             .where(GroupRow.chat_jid == chat_jid, GroupRow.lease_owner == owner)
-            .values(lease_expires_at=now + timedelta(seconds=ttl_s))
+            .values(lease_expires_at=now + timedelta(seconds=ttl_s), lease_renewed_at=now)
         )
         return changed_rows(result) == 1
 
@@ -229,8 +286,11 @@ def move_cursor(conn: Connection, chat_jid: str, cursor_to: int, session_id: str
 
 
 # A held lease is renewed this often (or every ttl/3, if sooner): a renewal is also
-# how the holder learns it still reaches the database.
-RENEW_EVERY_S = 1.5
+# how the holder learns it still reaches the database, and how others know it runs.
+RENEW_EVERY_S = 0.5
+# A holder whose liveness token is gone is taken over once it has not renewed for this
+# long (three renewals missed): a live holder whose session the server ended keeps it.
+TAKE_OVER_AFTER_S = 1.5
 # Renewals failing (or hanging) this long make the holder give its run up (``lost``):
 # cut off from the database, its host's own heartbeat fails too, and after
 # ALIVE_WINDOW_S another host takes the group; the run's container must be

@@ -121,6 +121,8 @@ class GroupRow(Base):
     pending_seq: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     lease_owner: Mapped[str | None] = mapped_column(Text, nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # When the holder last took or renewed the lease (the database's clock; store/liveness.py).
+    lease_renewed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     session_id: Mapped[str | None] = mapped_column(Text, nullable=True)
     # The host the group is placed on (orchestrator/store/placement.py): its signals go to
     # that host's own queue while it is up; NULL: no place yet, the shared queue.
@@ -354,6 +356,18 @@ class HostRow(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class ProcessLivenessRow(Base):
+    """A worker process's liveness token (``orchestrator/store/liveness.py``; revision 0026):
+    what any host can test to tell whether that process still runs."""
+
+    __tablename__ = "process_liveness"
+
+    host_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    pid: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token: Mapped[str] = mapped_column(Text, nullable=False)
+    registered_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
 
 
 class SenderHitRow(Base):
