@@ -52,7 +52,6 @@ from orchestrator.model.envelopes import (
     ToolCallPayload,
     parse_message_metadata,
 )
-from orchestrator.model.messages import SENDER_THINKING, SENDER_TOOL_USE
 from orchestrator.model.render import RenderedMessage, render_code_edit, render_tool_call
 
 SECTION_LIMIT = 3000  # Slack's limit on a section's text and a context element's
@@ -145,25 +144,31 @@ def _payload(metadata: JsonObject | None) -> tuple[str | None, Any]:
     return parsed.message_type, parsed.payload
 
 
+def _is_reply(rendered: RenderedMessage) -> bool:
+    """The agent's words (drawn under the bot's own name): an assistant_text part, or a
+    result_meta record stored as a reply.  That record may be stored either way, and its
+    part does not say which (``render`` draws it by its stored type as well)."""
+    part = rendered.part.kind
+    return part == "assistant_text" or (part == "result_meta" and rendered.message_type == "assistant")
+
+
 def message_pieces(rendered: RenderedMessage) -> list[tuple[Kind, str]]:
-    """What the message is drawn as, by type (see the module's doc)."""
+    """What the message is drawn as, by its part (see the module's doc)."""
     kind, payload = _payload(rendered.metadata)
     name = rendered.sender_name or rendered.sender
-    if kind == TOOL_CALL and isinstance(payload, ToolCallPayload) and rendered.message_type == "assistant":
+    reply, part = _is_reply(rendered), rendered.part.kind
+    if kind == TOOL_CALL and isinstance(payload, ToolCallPayload) and (reply or part in ("thinking", "tool_use")):
         return _pieces("context", render_tool_call(payload))
-    if (
-        rendered.message_type in ("host", "system", "tool_result")
-        or rendered.sender in (SENDER_TOOL_USE, SENDER_THINKING)
-        or kind == TOOL_CALL
-    ):
+    # Only people's and the agent's words are sections; all else (and any tool call) is small print.
+    if not (reply or part == "user_text") or kind == TOOL_CALL:
         return _pieces("context", rendered.text)
-    said_by = "" if rendered.message_type == "assistant" else f"{name}: "
+    said_by = "" if reply else f"{name}: "
     if kind == CODE_EDIT and isinstance(payload, CodeEditPayload):
         files = ", ".join(edit.file_path for edit in payload.edits)
         return [*_pieces("section", f"{said_by}✏️ edited {files}"), *_pieces("code", render_code_edit(payload))]
     if kind == TODO and isinstance(payload, TodoPayload):
         return [*_pieces("section", f"{said_by}📋 to do"), *_pieces("section", _checklist(payload))]
-    if rendered.message_type == "assistant":
+    if reply:
         return _pieces("section", rendered.content)
     # A person's message from another channel, shown as the other channels show it.
     return _pieces("section", rendered.text)
@@ -171,11 +176,7 @@ def message_pieces(rendered: RenderedMessage) -> list[tuple[Kind, str]]:
 
 def _fallback(rendered: RenderedMessage) -> str:
     kind, _ = _payload(rendered.metadata)
-    plain_reply = (
-        rendered.message_type == "assistant"
-        and kind in (None, TEXT)
-        and rendered.sender not in (SENDER_TOOL_USE, SENDER_THINKING)
-    )
+    plain_reply = _is_reply(rendered) and kind in (None, TEXT)
     # A reply's notification is its words: the bot's name is on the post already.
     text = escape(rendered.content if plain_reply else rendered.text)
     if len(text) <= FALLBACK_LIMIT:

@@ -40,8 +40,8 @@ from orchestrator.model.envelopes import (
     parse_message_metadata,
     with_file_line,
 )
-from orchestrator.model.messages import StoredMessage
-from orchestrator.model.parts import RECORD_KINDS
+from orchestrator.model.messages import MessageType, StoredMessage, decode_part
+from orchestrator.model.parts import RECORD_KINDS, Part
 
 # Metadata key: the channel a message arrived on (mirroring skips it).
 ORIGIN_CHANNEL_KEY = "origin_channel"
@@ -65,7 +65,7 @@ class RenderedMessage(BaseModel):
     chat_jid: str
     seq: int
     id: str
-    message_type: str  # user | assistant | system | tool_result | host
+    message_type: MessageType
     structured_type: str = TEXT  # the envelope's type: TEXT, CODE_EDIT, TODO, TOOL_CALL, ...
     sender: str
     sender_name: str
@@ -79,6 +79,12 @@ class RenderedMessage(BaseModel):
     # a thread.  Left out of dumps: the webhook's body stays what it was, and a
     # CODE_EDIT's file contents are not sent twice.
     metadata: JsonObject | None = Field(default=None, exclude=True)
+
+    @property
+    def part(self) -> Part:
+        """What the message is, as ``StoredMessage.part`` says (decoded from the same type,
+        sender and metadata; a property, not a field, so that no dump carries it)."""
+        return decode_part(self.message_type, self.sender, self.metadata)
 
 
 def displayed(msg: StoredMessage) -> bool:

@@ -306,6 +306,73 @@ def test_a_post_has_at_most_50_blocks() -> None:
     assert "".join(b["text"]["text"] for p in posts for b in p.blocks) == lines
 
 
+# What each kind of stored message is drawn as (block types, the first block's text, the
+# notification text), plain, with a TOOL_CALL envelope and with a TODO's.  Records (thinking,
+# tool_use, result_meta, egress_log) never reach a channel; they are here so that drawing by
+# the message's part is held to what drawing by its type and sender was.
+_CALL_TEXT = '🔧 deploy\ninput: {"env": "prod"}\nok'
+_DRAWN: list[tuple[str, str, dict[str, list[str] | str]]] = [
+    ("user", "slack:U1", {"plain": ["section", "Ann: words", "Ann: words"],
+                          "call": ["context", f"Ann:\n{_CALL_TEXT}", f"Ann:\n{_CALL_TEXT}"],
+                          "todo": ["section", "Ann: 📋 to do", "Ann: ○ plan"]}),
+    ("assistant", "bot", {"plain": ["section", "words", "words"],
+                          "call": ["context", _CALL_TEXT, f"Robo:\n{_CALL_TEXT}"],
+                          "todo": ["section", "📋 to do", "Robo: ○ plan"]}),
+    ("assistant", "thinking", {"plain": ["context", "💭 words", "💭 words"],
+                               "call": ["context", _CALL_TEXT, "💭 words"],
+                               "todo": ["context", "💭 words", "💭 words"]}),
+    ("assistant", "tool_use", {"plain": ["context", "🛠️ words", "🛠️ words"],
+                               "call": ["context", _CALL_TEXT, "🛠️ words"],
+                               "todo": ["context", "🛠️ words", "🛠️ words"]}),
+    ("assistant", "result_meta", {"plain": ["section", "words", "words"],
+                                  "call": ["context", _CALL_TEXT, f"Robo:\n{_CALL_TEXT}"],
+                                  "todo": ["section", "📋 to do", "Robo: ○ plan"]}),
+    ("system", "result_meta", {"plain": ["context", "⚙️ [system] words", "⚙️ [system] words"],
+                               "call": ["context", f"⚙️ [system] {_CALL_TEXT}", f"⚙️ [system] {_CALL_TEXT}"],
+                               "todo": ["context", "⚙️ [system] ○ plan", "⚙️ [system] ○ plan"]}),
+    ("system", "egress_log", {"plain": ["context", "⚙️ [system] words", "⚙️ [system] words"],
+                              "call": ["context", f"⚙️ [system] {_CALL_TEXT}", f"⚙️ [system] {_CALL_TEXT}"],
+                              "todo": ["context", "⚙️ [system] ○ plan", "⚙️ [system] ○ plan"]}),
+    ("system", "system", {"plain": ["context", "⚙️ [system] words", "⚙️ [system] words"],
+                          "call": ["context", f"⚙️ [system] {_CALL_TEXT}", f"⚙️ [system] {_CALL_TEXT}"],
+                          "todo": ["context", "⚙️ [system] ○ plan", "⚙️ [system] ○ plan"]}),
+    ("host", "host", {"plain": ["context", "🏠 words", "🏠 words"],
+                      "call": ["context", "🏠 words", "🏠 words"],
+                      "todo": ["context", "🏠 words", "🏠 words"]}),
+    ("tool_result", "tool_result", {"plain": ["context", "🔧\nwords", "🔧\nwords"],
+                                    "call": ["context", '🔧\ninput: {"env": "prod"}\nok', '🔧\ninput: {"env": "prod"}\nok'],
+                                    "todo": ["context", "🔧\n○ plan", "🔧\n○ plan"]}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("message_type", "sender", "drawn"), _DRAWN, ids=[f"{t}-{s}" for t, s, _ in _DRAWN])
+def test_each_kind_of_message_is_drawn_as_its_part_says(
+    message_type: str, sender: str, drawn: dict[str, list[str]]
+) -> None:
+    from orchestrator.model.messages import StoredMessage
+    from orchestrator.model.render import render
+
+    envelopes = {
+        "plain": None,
+        "call": build_structured_envelope(
+            "TOOL_CALL", {"tool_name": "deploy", "input": {"env": "prod"}, "output": "ok"}
+        ),
+        "todo": build_structured_envelope("TODO", {"todos": [{"id": "1", "content": "plan", "status": "pending"}]}),
+    }
+    for name, metadata in envelopes.items():
+        person = message_type == "user"
+        stored = StoredMessage.model_validate(
+            {"seq": 1, "id": "m", "chat_jid": JID, "sender": sender, "sender_name": "Ann" if person else "",
+             "content": "words", "timestamp": "t", "is_from_me": not person, "message_type": message_type,
+             "metadata": metadata}
+        )  # fmt: skip
+        (post,) = slack_posts(render(stored, "Robo"))
+        blocks, first, fallback = drawn[name]
+        assert [b["type"] for b in post.blocks][0] == blocks, name
+        assert _texts(post)[0] == escape(first), name
+        assert post.text == escape(fallback), name
+
+
 def test_the_plugin_entry_adds_the_channel(sl: tuple[Database, Settings]) -> None:
     _, settings = sl
     registry = build_registry(settings.replace(channel_plugins="orchestrator.channels.slack:channel"))
