@@ -43,7 +43,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
     """Leave a file another process claimed (True: handled here, nothing run or reported)."""
-    return None if file_claims.claimed(item) else True
+    if file_claims.claimed(item):
+        return None
+    # What the last item run here set up and the next one does not need goes now, as a run
+    # item's teardown would have done it (the next may be in another folder altogether).
+    item.session._setupstate.teardown_exact(nextitem)
+    return True
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

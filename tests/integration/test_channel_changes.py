@@ -142,5 +142,10 @@ def test_an_edit_with_rerun_updates_and_retracts_what_channels_show(
     # The rerun's answer was sent as the old one's update: the receiver knows it by the old id.
     assert [p.doc["message"]["delivery_id"] for p in updated[1:]] == [sent_as[answer_seq][0]]  # type: ignore[index]
     assert all([p.doc["message"]["delivery_id"]] == sent_as[p.doc["message"]["seq"]] for p in retracted)
-    changes = list_changes(stack.db, chat_jid=JID)
-    assert changes and all(c.state in ("done", "cancelled") for c in changes)
+    wait_until(
+        lambda: all(c.state in ("done", "cancelled") for c in list_changes(stack.db, chat_jid=JID)),
+        30,
+        "every change made",
+        lambda: f"{list_changes(stack.db, chat_jid=JID)}",
+    )
+    assert list_changes(stack.db, chat_jid=JID)
