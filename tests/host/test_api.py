@@ -339,7 +339,7 @@ def test_the_page_is_served_with_a_strict_policy(client: TestClient) -> None:
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "script-src 'self'" in page.headers["content-security-policy"]
     assert '<script src="static/app.js"' in page.text and "http" not in page.text.replace("http-equiv", "")
-    scripts = ("app.js", "questions.js", "profile.js", "egress.js", "reactions.js")
+    scripts = ("dom.js", "app.js", "questions.js", "profile.js", "egress.js", "reactions.js")
     for name, kind in (*((s, "javascript") for s in scripts), ("style.css", "text/css")):
         r = client.get(f"/static/{name}")
         assert r.status_code == 200 and kind in r.headers["content-type"]

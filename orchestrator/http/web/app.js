@@ -39,22 +39,7 @@
 
   // -- DOM helpers (text only) ------------------------------------------------
 
-  function el(tag, props, ...children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(props || {})) {
-      if (value === undefined || value === null || value === false) continue;
-      if (key === "className") node.className = value;
-      else if (key === "text") node.textContent = String(value);
-      else if (key === "dataset") Object.assign(node.dataset, value);
-      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
-      else node.setAttribute(key, value === true ? "" : String(value));
-    }
-    for (const child of children.flat()) {
-      if (child === null || child === undefined || child === false) continue;
-      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
-    }
-    return node;
-  }
+  const el = window.AgentDom.node; // dom.js
 
   function formatJson(value) {
     if (typeof value === "string") {
