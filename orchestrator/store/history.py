@@ -37,7 +37,7 @@ from orchestrator.store import leases
 from orchestrator.store.chat_wakeups import chat_changed
 from orchestrator.store.db import Database
 from orchestrator.store.delivery_changes import record_changes
-from orchestrator.store.message_log import to_stored
+from orchestrator.store.message_log import nth_last_live, to_stored
 from orchestrator.store.tables import GroupRow, MessageRow, RunRow
 
 EDIT_HISTORY_KEY = "edit_history"
@@ -165,20 +165,11 @@ def edit_agent_message(
     now = datetime.now(UTC)
     with db.write() as session:
         leases.fence(session, chat_jid, owner)
-        row = session.scalars(
-            select(MessageRow)
-            .where(
-                # The columns a bot's reply (an assistant_text part) is stored with: the
-                # database picks the row, so the query names them, not the part.
-                MessageRow.chat_jid == chat_jid,
-                MessageRow.sender == SENDER_BOT,
-                MessageRow.message_type == "assistant",
-                MessageRow.superseded_at.is_(None),
-            )
-            .order_by(MessageRow.seq.desc())
-            .offset(nth_last - 1)
-            .limit(1)
-        ).first()
+        # The columns a bot's reply (an assistant_text part) is stored with: the database
+        # picks the row, so the query names them, not the part.
+        row = nth_last_live(
+            session, chat_jid, nth_last, MessageRow.sender == SENDER_BOT, MessageRow.message_type == "assistant"
+        )
         if row is None:
             return None
         meta = dict(row.meta or {})

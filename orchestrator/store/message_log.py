@@ -195,6 +195,18 @@ def store_message_direct(*, db: Database, **fields: Any) -> StoredMessage:
     return msg
 
 
+def nth_last_live(session: Session, chat_jid: str, nth_last: int, *where: Any) -> MessageRow | None:
+    """The ``nth_last`` (1: the newest) message of ``chat_jid`` that is not superseded and
+    matches ``where``, in the caller's transaction (the agent's edits and reactions)."""
+    return session.scalars(
+        select(MessageRow)
+        .where(MessageRow.chat_jid == chat_jid, MessageRow.superseded_at.is_(None), *where)
+        .order_by(MessageRow.seq.desc())
+        .offset(nth_last - 1)
+        .limit(1)
+    ).first()
+
+
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err.get("loc", ())) or "message"

@@ -21,7 +21,7 @@ from orchestrator.store import leases
 from orchestrator.store.chat_wakeups import chat_changed
 from orchestrator.store.db import Database
 from orchestrator.store.delivery_changes import record_reaction
-from orchestrator.store.message_log import to_stored
+from orchestrator.store.message_log import nth_last_live, to_stored
 from orchestrator.store.tables import MessageRow, ReactionRow
 
 
@@ -55,18 +55,9 @@ def react_to_person(
     ``chat_jid`` (see the module's doc).  None when there is no such message."""
     with db.write() as session:
         leases.fence(session, chat_jid, owner)
-        row = session.scalars(
-            select(MessageRow)
-            .where(
-                MessageRow.chat_jid == chat_jid,
-                MessageRow.message_type == "user",
-                MessageRow.sender != SENDER_BOT,
-                MessageRow.superseded_at.is_(None),
-            )
-            .order_by(MessageRow.seq.desc())
-            .offset(nth_last - 1)
-            .limit(1)
-        ).first()
+        row = nth_last_live(
+            session, chat_jid, nth_last, MessageRow.message_type == "user", MessageRow.sender != SENDER_BOT
+        )
         if row is None:
             return None
         message = to_stored(row)
