@@ -60,13 +60,13 @@ def test_reactions_are_badges_live_and_after_a_reset(
     # Live: the next run's reactions arrive on the open page (on the earlier message too).
     second, _ = _say_and_react(db, settings, "and tell me", ReactEvent(emoji="✅", nth_last=2), ReactEvent(emoji="👍"))
     page.wait_for_function(
-        f"document.querySelectorAll(\".msg[data-seq='{first}'] .reaction\").length === 2"
+        f"() => document.querySelectorAll(\".msg[data-seq='{first}'] .reaction\").length === 2"
         f" && document.querySelectorAll(\".msg[data-seq='{second}'] .reaction\").length === 1"
     )
     assert _badges(page, first) == ["👀", "✅"] and _badges(page, second) == ["👍"]
     # A history change resets the page's view: the badges are drawn again, once each.
     edit_message(db, settings, JID, first_id, "please deploy to staging")
     page.wait_for_selector(f".msg[data-seq='{first}'] .text >> text=staging")
-    page.wait_for_function(f"document.querySelectorAll(\".msg[data-seq='{first}'] .reaction\").length === 2")
+    page.wait_for_function(f"() => document.querySelectorAll(\".msg[data-seq='{first}'] .reaction\").length === 2")
     assert _badges(page, first) == ["👀", "✅"] and _badges(page, second) == ["👍"]
     screenshot(page, tmp_path, "web-reactions.png")
