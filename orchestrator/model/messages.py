@@ -90,10 +90,6 @@ SENDER_RESULT_META = "result_meta"
 SENDER_EGRESS_LOG = "egress_log"
 SENDER_SYSTEM_NOTICE = "system_notice"
 
-# Stored for the record, never part of the model's view nor sent to a channel.
-STORED_ONLY_SENDERS: frozenset[str] = frozenset(
-    {SENDER_THINKING, SENDER_TOOL_USE, SENDER_RESULT_META, SENDER_EGRESS_LOG}
-)
 # Never written to the database.
 NEVER_STORED_SENDERS: frozenset[str] = frozenset({SENDER_SYSTEM_NOTICE})
 SENDER_DEPLOY = "deploy"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.model.messages import STORED_ONLY_SENDERS
+from orchestrator.model.parts import RECORD_KINDS
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.store.attachments import attach_channel
 from orchestrator.store.deliveries import list_deliveries
@@ -49,8 +49,8 @@ def test_a_message_from_one_channel_reaches_the_others_once_each(stack: Stack) -
     ).message
 
     def shown() -> list[int]:
-        # Stored-only records (tool_use, the run's result_meta) are never delivered.
-        return [m.seq for m in get_messages_after(JID, 0, db=stack.db) if m.sender not in STORED_ONLY_SENDERS]
+        # Record parts (tool_use, the run's result_meta) are never delivered.
+        return [m.seq for m in get_messages_after(JID, 0, db=stack.db) if m.part.kind not in RECORD_KINDS]
 
     def all_sent() -> bool:
         rows = list_deliveries(stack.db, chat_jid=JID)
