@@ -17,7 +17,8 @@ Rows:
   each run starts a container, the runner, the CLI, and resumes the
   session from the group's session folder;
 * ``claude-code, warm``: a warm container per group (its runner serves each
-  run on its socket; today the CLI still starts and resumes each run);
+  run on its socket and keeps the CLI running with the session open between
+  runs: ``container/agent_runner/claude_code/live.py``);
 * ``built-in loop, cold`` / ``warm``: the same through the runner's own
   turn loop (``anthropic:`` provider, same fake): the baseline, what the
   path costs without the CLI.
@@ -32,8 +33,9 @@ variant (no network, the fake reached through the runner's loopback relay
 on a mounted unix socket), ``--runs`` times each: the CLI's start (the
 SDK's ``connect``: the process and its initialize handshake), a new
 session's first query to its first model request, a resumed session's
-(today's warm run: a new CLI with ``resume``), and a turn of a session kept
-open (the SDK's streaming input: what a kept-alive session would pay).
+(a new CLI with ``resume``: what a cold run pays, and a warm one before the
+CLI was kept), and a turn of a session kept open (the SDK's streaming input:
+what a warm run pays).
 
     .venv/bin/python -m bench.claude_code [--runs N] [--no-build]
 """

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import msgspec
 
 from .protocol import ContainerInput
-from .relay import UnixRelay
+from .relay import kept_relay
 
 _NAMES = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 # What each client reads for the CAs it trusts (OpenSSL and Python, requests, pip, git, Node, curl).
@@ -33,6 +33,8 @@ _CA_NAMES = (
     "CURL_CA_BUNDLE",
 )
 _LOOPBACK = "127.0.0.1,localhost,::1"
+# Every variable a run's way out sets (and takes back after it).
+EGRESS_ENV = (*_NAMES, *_CA_NAMES, "NO_PROXY", "no_proxy")
 
 
 @contextlib.contextmanager
@@ -41,20 +43,20 @@ def egress_env(inp: ContainerInput) -> Iterator[str | None]:
     if inp.egress_socket is msgspec.UNSET:
         yield None
         return
-    before = {name: os.environ.get(name) for name in (*_NAMES, *_CA_NAMES, "NO_PROXY", "no_proxy")}
-    with UnixRelay(inp.egress_socket) as relay:
-        address = relay.base_url
-        for name in _NAMES:
-            os.environ[name] = address
-        os.environ["NO_PROXY"] = os.environ["no_proxy"] = _LOOPBACK
-        if inp.egress_ca is not msgspec.UNSET:
-            for name in _CA_NAMES:
-                os.environ[name] = inp.egress_ca
-        try:
-            yield address
-        finally:
-            for name, value in before.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+    before = {name: os.environ.get(name) for name in EGRESS_ENV}
+    # The same address for every run of a warm container: a kept Claude Code CLI was started with it.
+    address = kept_relay(inp.egress_socket).base_url
+    for name in _NAMES:
+        os.environ[name] = address
+    os.environ["NO_PROXY"] = os.environ["no_proxy"] = _LOOPBACK
+    if inp.egress_ca is not msgspec.UNSET:
+        for name in _CA_NAMES:
+            os.environ[name] = inp.egress_ca
+    try:
+        yield address
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -588,6 +588,17 @@ class ReactEvent(_Event, tag="react"):
     nth_last: int = 1
 
 
+class KeepEvent(_Event, tag="keep"):
+    """The runner's own process that a warm container keeps between runs (the Claude Code CLI
+    of the group's live session): its ``pid`` in the container and its ``started`` time (field
+    22 of ``/proc/PID/stat``, clock ticks after boot).  The host's clean-up after the run spares
+    it only if it is still that process and a child of the runner, and never under gVisor,
+    where the agent can write to the runner's streams."""
+
+    pid: Annotated[int, Meta(ge=2)]
+    started: Annotated[int, Meta(ge=0)]
+
+
 class Reaction(NamedTuple):
     """A reaction every channel can be asked for: its emoji, Slack's name for it, and the
     emoji Telegram's bots may set (None: not in Telegram's allowed set)."""
@@ -666,6 +677,7 @@ Event = Union[
     QuestionEvent,
     EditEvent,
     ReactEvent,
+    KeepEvent,
     ResultEvent,
     ErrorEvent,
 ]

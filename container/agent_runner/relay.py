@@ -92,3 +92,19 @@ class UnixRelay:
         back.join()
         client.close()
         upstream.close()
+
+
+_KEPT: dict[str, UnixRelay] = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def kept_relay(socket_path: str) -> UnixRelay:
+    """The process's one relay to ``socket_path``, started at its first use and kept for the
+    process's life: a warm container's runs (and a kept Claude Code CLI, started with the
+    relay's address) see the same address run after run.  Only plumbing: the host's socket
+    decides, per run, whether it answers and what it lets through."""
+    with _KEPT_LOCK:
+        relay = _KEPT.get(socket_path)
+        if relay is None:
+            relay = _KEPT[socket_path] = UnixRelay(socket_path).__enter__()
+        return relay

@@ -17,6 +17,10 @@ group's workspace over its empty ``/workspace`` (mount propagation makes the
 late bind visible here) and hands it that group's run.  Every path is looked
 up afresh per run (no working directory is kept), so the bound workspace is
 what the run sees.
+
+What stays between runs: the interpreter, its imports and relays, and a Claude
+Code CLI with its session open (``claude_code/live.py``), named to the host so
+that its clean-up spares it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import socket
 from pathlib import Path
 
+from .claude_code.live import KEPT
 from .one_run import run  # the same run function as the one-shot mode
 from .protocol import Event, dump_event
 
@@ -70,6 +75,7 @@ def serve(socket_path: Path, workspace: Path, idle_timeout_s: float, *, first_ti
     """Serve runs until idle for ``idle_timeout_s``; the first run is waited for
     ``first_timeout_s`` (0: as long as the idle timeout)."""
 
+    KEPT.enabled = True  # runs to come: a Claude Code session may stay open between them
     socket_path.parent.mkdir(parents=True, exist_ok=True)
     if socket_path.exists() or socket_path.is_symlink():
         socket_path.unlink()

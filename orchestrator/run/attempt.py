@@ -36,6 +36,7 @@ from agent_runner.protocol import (
     ContainerInput,
     EditEvent,
     ErrorEvent,
+    KeepEvent,
     ProtocolError,
     QuestionEvent,
     ReactEvent,
@@ -421,6 +422,9 @@ def _read(ctx: AttemptContext, container: AgentProcess, heard: _Heard, workspace
             budget.store(len(event.emoji.encode("utf-8")))
             ctx.indexed += 1
             ctx.outputs.react(event, ctx.indexed)
+        elif isinstance(event, KeepEvent):
+            # Not the chat's: the runner's process to keep for the next run (a warm container's).
+            container.keep(event)
         elif isinstance(event, QuestionEvent):
             budget.store(len(event.question.encode("utf-8")) + sum(len(o.encode("utf-8")) for o in event.options))
             ctx.indexed += 1

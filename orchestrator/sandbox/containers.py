@@ -36,6 +36,7 @@ from docker.models.containers import Container
 from docker.types import LogConfig
 from docker.utils.socket import STDERR, STDOUT, frames_iter
 
+from agent_runner.protocol import KeepEvent
 from orchestrator.core.errors import SandboxError
 from orchestrator.core.settings import Settings
 from orchestrator.sandbox.bounded_io import DEFAULT_MAX_LINE_BYTES, TailBuffer, read_lines
@@ -410,6 +411,10 @@ class RunningContainer(StreamedRun):
             # The container may have died before reading its input; the exit
             # status will tell the caller what happened.
             log.warning("could not write the run input to %s: %s", spec.name, exc)
+
+    def keep(self, process: KeepEvent) -> None:
+        """Nothing to keep: a cold container ends with its run."""
+        log.debug("%s ends with its run: process %d is not kept", self.spec.name, process.pid)
 
     def kill(self) -> None:
         # Stop reading first: a caller that stopped at an output limit no

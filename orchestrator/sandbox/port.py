@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Protocol
 
+from agent_runner.protocol import KeepEvent
 from orchestrator.sandbox.bounded_io import DEFAULT_MAX_LINE_BYTES
 from orchestrator.sandbox.containers import ContainerExit, ContainerSpec
 
@@ -33,6 +34,11 @@ class AgentProcess(Protocol):
 
     def finish(self) -> ContainerExit:
         """Wait for the end: status, whether the sandbox's own time limit hit, stderr's tail."""
+        ...
+
+    def keep(self, process: KeepEvent) -> None:
+        """The runner names a process of its own to keep for the next run (a warm container's
+        clean-up may spare it; a container that ends with the run has nothing to keep)."""
         ...
 
 

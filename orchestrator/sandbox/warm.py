@@ -56,7 +56,7 @@ import msgspec
 from docker.errors import DockerException, NotFound
 from docker.models.containers import Container
 
-from agent_runner.protocol import ProtocolError, ResultEvent, parse_event
+from agent_runner.protocol import KeepEvent, ProtocolError, ResultEvent, parse_event
 from orchestrator.core.errors import HostileEntry, ImageBuildError, SandboxError
 from orchestrator.core.settings import Settings
 from orchestrator.core.sizes import memory_bytes
@@ -82,7 +82,7 @@ from orchestrator.sandbox.containers import (
 )
 from orchestrator.sandbox.hostile_fs import SocketIdentity, connect_unix_named, remove_entry
 from orchestrator.sandbox.image import VARIANTS, image_name
-from orchestrator.sandbox.runtime import engine_runtime
+from orchestrator.sandbox.runtime import RUNC, engine_runtime
 from orchestrator.sandbox.standby import (
     LABEL_STANDBY,
     SOCKET_NAME,
@@ -723,6 +723,7 @@ class WarmRun(StreamedRun):
         # The runner closed the stream (not a read error), and the last line it wrote.
         self._closed_by_runner = False
         self._last_line = ""
+        self._spare: KeepEvent | None = None  # the runner's own process to keep (its CLI)
         self._watch(f"warm run in {container.name}", spec.timeout_s)
         try:
             sock.sendall(payload + b"\n")
@@ -736,6 +737,14 @@ class WarmRun(StreamedRun):
             self._container.kill()
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
+
+    def keep(self, process: KeepEvent) -> None:
+        """Spare ``process`` at the clean-up, under runc only: under gVisor the agent can
+        write into the runner's streams (``/proc/1/fd``), so the event may be its own."""
+        if self._container.attrs.get("HostConfig", {}).get("Runtime") == RUNC.name:
+            self._spare = process
+        else:
+            log.info("not sparing process %d of %s: not under runc", process.pid, self._container.name)
 
     def _chunks(self) -> Iterator[bytes]:
         """The run's output as it comes, until the runner closes the connection."""
@@ -834,14 +843,16 @@ class WarmRun(StreamedRun):
         not read the runner's namespace (a host user that is not root: the
         runner is undumpable), a ``docker exec`` of ``kill -9 -1`` does it (all
         but PID 1, the runner).
-        The runner reaps the zombies.
+        The runner reaps the zombies.  The runner's own kept process (``keep``: a
+        Claude Code CLI with the group's session open) is spared when it is still that
+        process and the runner's child; ``docker exec`` spares nothing.
         """
         if self._killed:
             self._pool.discard(self._container)
             return
         try:
             runner_pid = int(self._container.attrs["State"]["Pid"])
-            cleaned = kill_all_but(runner_pid, self.id)
+            cleaned = kill_all_but(runner_pid, self.id, spare=self._spare)
             if cleaned is None:
                 result = self._container.exec_run(["/bin/bash", "-c", "kill -9 -1 2>/dev/null; exit 0"], stdin=False)
                 if result.exit_code != 0:
@@ -857,14 +868,32 @@ class WarmRun(StreamedRun):
             self._dirty.unlink()
 
 
-def _state(pid: str) -> str:
+def _stat(pid: str) -> tuple[str, int, int]:
+    """A process's state, parent (as this namespace sees it) and start time (clock ticks)."""
     with open(f"/proc/{pid}/stat", "rb") as fh:
-        return fh.read().rsplit(b")", 1)[1].split()[0].decode()
+        fields = fh.read().rsplit(b")", 1)[1].split()
+    return fields[0].decode(), int(fields[1]), int(fields[19])
 
 
-def kill_all_but(runner_pid: int, container_id: str, rounds: int = 20) -> bool | None:
+def _spared(pid: str, runner_pid: int, spare: KeepEvent | None, stat: tuple[str, int, int]) -> bool:
+    """Is ``pid`` the runner's process ``spare`` names: its child, started then, with that
+    pid in the container (the last of ``NSpid``)?"""
+    if spare is None or stat[1] != runner_pid or stat[2] != spare.started:
+        return False
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("NSpid:"):
+                return line.split()[-1] == str(spare.pid)
+    return False
+
+
+def kill_all_but(
+    runner_pid: int, container_id: str, rounds: int = 20, *, spare: KeepEvent | None = None
+) -> bool | None:
     """SIGKILL every process in the pid namespace of ``runner_pid`` (the
-    runner of container ``container_id``) except the runner.
+    runner of container ``container_id``) except the runner, and ``spare``
+    (a process the runner named: only while it is the runner's child started
+    at that time).
 
     True when none is left (zombies aside), False when processes kept
     appearing for ``rounds`` rounds, None when this process cannot see the
@@ -890,9 +919,11 @@ def kill_all_but(runner_pid: int, container_id: str, rounds: int = 20) -> bool |
                 continue
             try:
                 # Checked after the pidfd is open: it names this very process.
-                if os.readlink(f"/proc/{entry}/ns/pid") == namespace and _state(entry) != "Z":
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-                    found = True
+                if os.readlink(f"/proc/{entry}/ns/pid") == namespace:
+                    stat = _stat(entry)
+                    if stat[0] != "Z" and not _spared(entry, runner_pid, spare, stat):
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+                        found = True
             except OSError:
                 pass
             finally:

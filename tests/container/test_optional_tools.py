@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-import types
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +38,7 @@ from agent_runner.providers.base import (
     ToolUseBlock,
 )
 from agent_runner.tools import REGISTRY, ToolContext, disabled_tools, run_tool, tool_specs
+from tests.fakes.claude_sdk import FakeSdk
 
 
 def _input(**fields: Any) -> ContainerInput:
@@ -127,83 +125,13 @@ def test_an_offline_run_without_send_message_posts_nothing(run_runner: RunRunner
 
 # --- Claude Code's MCP server ---------------------------------------------------------
 #
-# The SDK is only in the claude-code image variant; this stand-in has the few names
-# agent.py uses and records what the run offered the CLI.
-
-
-@dataclass
-class ResultMessage:
-    subtype: str = "success"
-    is_error: bool = False
-    num_turns: int = 1
-    session_id: str = "sess-1"
-    stop_reason: str | None = "end_turn"
-    usage: dict[str, Any] | None = field(default_factory=dict)
-    result: str | None = None
-
-
-@dataclass
-class SdkTool:
-    name: str
-    handler: Any
-
-
-class FakeSdk(types.ModuleType):
-    def __init__(self) -> None:
-        super().__init__("claude_agent_sdk")
-        self.options: Any = None
-        self.servers: list[tuple[str, list[SdkTool]]] = []
-        self.replies: list[dict[str, Any]] = []
-        # What the fake CLI calls, of the tools the MCP server offers it.
-        self.calls: dict[str, dict[str, Any]] = {"send_message": {"text": "from claude"}}
-        self.ClaudeSDKError = type("ClaudeSDKError", (Exception,), {})
-        sdk = self
-
-        class Client:
-            def __init__(self, options: Any) -> None:
-                sdk.options = options
-
-            async def __aenter__(self) -> Client:
-                return self
-
-            async def __aexit__(self, *exc: object) -> None:
-                return None
-
-            async def query(self, prompt: Any) -> None:
-                return None
-
-            async def receive_response(self) -> AsyncIterator[Any]:
-                # The CLI calls what the MCP server offers it, and nothing else.
-                for server in sdk.options.mcp_servers.values():
-                    for tool in server["tools"]:
-                        if tool.name in sdk.calls:
-                            sdk.replies.append(await tool.handler(sdk.calls[tool.name]))
-                yield ResultMessage()
-
-        self.ClaudeSDKClient = Client
-
-    def tool(self, name: str, description: str, input_schema: dict[str, Any]) -> Any:
-        return lambda handler: SdkTool(name, handler)
-
-    def create_sdk_mcp_server(self, name: str, tools: list[SdkTool]) -> dict[str, Any]:
-        self.servers.append((name, tools))
-        return {"name": name, "tools": tools}
-
-    @staticmethod
-    def ClaudeAgentOptions(**kwargs: Any) -> Any:  # noqa: N802 - the SDK's class name
-        return types.SimpleNamespace(**kwargs)
-
-    @staticmethod
-    def HookMatcher(**kwargs: Any) -> Any:  # noqa: N802 - the SDK's class name
-        return types.SimpleNamespace(**kwargs)
+# The SDK is only in the claude-code image variant; tests/fakes/claude_sdk.py stands in.
 
 
 def _claude_code(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, calls: dict[str, dict[str, Any]] | None = None, **fields: Any
 ) -> tuple[FakeSdk, list[Event]]:
-    sdk = FakeSdk()
-    if calls is not None:
-        sdk.calls = calls
+    sdk = FakeSdk(list((calls or {"send_message": {"text": "from claude"}}).items()))
     monkeypatch.setitem(sys.modules, "claude_agent_sdk", sdk)
     model = {"provider": "claude-code", "model": "claude-sonnet-4-5", "base_url": "http://127.0.0.1:9"}
     inp = _input(model=model, **fields)

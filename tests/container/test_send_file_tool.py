@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import types
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +26,7 @@ from agent_runner.protocol import (
 from agent_runner.providers.offline import tool_requests_in
 from agent_runner.tools import REGISTRY, ToolContext, ToolOutcome, run_tool
 from agent_runner.tools.send_file import MAX_CAPTION_CHARS, MAX_FILE_BYTES
+from tests.fakes.claude_sdk import FakeSdk
 
 
 def _ctx(workspace: Path, sink: list[Any]) -> ToolContext:
@@ -225,86 +223,24 @@ def test_an_offline_run_reports_a_refusal_and_sends_nothing(run_runner: RunRunne
 
 # --- Claude Code: the in-process MCP tool ----------------------------------------------
 #
-# The SDK is only in the claude-code image variant (the real one is driven in
-# tests/integration/test_claude_code_sandbox.py); this stand-in has the few names
-# agent.py uses, and its client plays the CLI calling our MCP tools.
+# The SDK is only in the claude-code image variant; tests/fakes/claude_sdk.py stands in, its
+# client playing the CLI calling our MCP tools.
 
-
-@dataclass
-class ResultMessage:
-    subtype: str = "success"
-    is_error: bool = False
-    num_turns: int = 1
-    session_id: str = "sess-1"
-    stop_reason: str | None = "end_turn"
-    usage: dict[str, Any] | None = field(default_factory=dict)
-    result: str | None = None
-
-
-@dataclass
-class SdkTool:
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-    handler: Any
-
-
-class FakeSdk(types.ModuleType):
-    def __init__(self) -> None:
-        super().__init__("claude_agent_sdk")
-        self.options: Any = None
-        self.replies: list[dict[str, Any]] = []
-        self.ClaudeSDKError = type("ClaudeSDKError", (Exception,), {})
-        sdk = self
-
-        class Client:
-            def __init__(self, options: Any) -> None:
-                sdk.options = options
-
-            async def __aenter__(self) -> Client:
-                return self
-
-            async def __aexit__(self, *exc: object) -> None:
-                return None
-
-            async def query(self, prompt: Any) -> None:
-                return None
-
-            async def receive_response(self) -> AsyncIterator[Any]:
-                # The model's calls, as the CLI makes them: by the MCP server's tools.
-                server = sdk.options.mcp_servers["chat"]
-                tools = {t.name: t for t in server["tools"]}
-                sdk.replies.append(await tools["send_file"].handler({"path": "report.txt", "caption": "weekly"}))
-                sdk.replies.append(await tools["send_file"].handler({"path": "../etc/passwd"}))
-                sdk.replies.append(await tools["send_message"].handler({"text": "sent it"}))
-                # Arguments that do not decode: the same Struct and refusal as in our own loop.
-                sdk.replies.append(await tools["send_message"].handler({"text": ["sent it"]}))
-                yield ResultMessage()
-
-        self.ClaudeSDKClient = Client
-
-    @staticmethod
-    def tool(name: str, description: str, input_schema: dict[str, Any]) -> Any:
-        return lambda handler: SdkTool(name, description, input_schema, handler)
-
-    @staticmethod
-    def create_sdk_mcp_server(name: str, tools: list[SdkTool]) -> dict[str, Any]:
-        return {"name": name, "tools": tools}
-
-    @staticmethod
-    def ClaudeAgentOptions(**kwargs: Any) -> Any:  # noqa: N802 - the SDK's class name
-        return types.SimpleNamespace(**kwargs)
-
-    @staticmethod
-    def HookMatcher(**kwargs: Any) -> Any:  # noqa: N802 - the SDK's class name
-        return types.SimpleNamespace(**kwargs)
+# The model's calls, as the CLI makes them: by the MCP server's tools; the last one's arguments
+# do not decode (the same Struct and refusal as in our own loop).
+CALLS = [
+    ("send_file", {"path": "report.txt", "caption": "weekly"}),
+    ("send_file", {"path": "../etc/passwd"}),
+    ("send_message", {"text": "sent it"}),
+    ("send_message", {"text": ["sent it"]}),
+]
 
 
 def test_claude_code_is_offered_send_file_next_to_send_message(
     monkeypatch: pytest.MonkeyPatch, workspace: Path, tmp_path: Path
 ) -> None:
     (workspace / "report.txt").write_text("the report\n")
-    sdk = FakeSdk()
+    sdk = FakeSdk(CALLS)
     monkeypatch.setitem(sys.modules, "claude_agent_sdk", sdk)
     inp = decode_input(
         json.dumps(

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from agent_runner.protocol import ContainerInput, Event, decode_input, dump_event
+from agent_runner.protocol import ContainerInput, Event, KeepEvent, decode_input, dump_event
 from orchestrator.sandbox.containers import ContainerExit, ContainerSpec
 
 
@@ -37,6 +37,7 @@ class FakeAgent:
         self.id = f"fake-{number}"
         self.killed = threading.Event()
         self.started_reading = threading.Event()
+        self.kept: list[KeepEvent] = []  # the processes the runner named to keep
         self._on_exit = on_exit
 
     def __enter__(self) -> FakeAgent:
@@ -63,6 +64,9 @@ class FakeAgent:
 
     def kill(self) -> None:
         self.killed.set()
+
+    def keep(self, process: KeepEvent) -> None:
+        self.kept.append(process)
 
     def finish(self) -> ContainerExit:
         if self.killed.is_set():

@@ -10,7 +10,7 @@ keeps it.
 
 from __future__ import annotations
 
-from agent_runner.protocol import AssistantEvent, ResultEvent, SendMessageEvent, ToolUseEvent, Usage
+from agent_runner.protocol import AssistantEvent, KeepEvent, ResultEvent, SendMessageEvent, ToolUseEvent, Usage
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
@@ -84,3 +84,16 @@ def test_send_message_costs_a_replay_what_it_costs_a_chat_run(settings: Settings
     # Two sends fit in the budget in both; the third stopped both runs.
     assert [o.content for o in run_outputs(db, run) if o.sender == "bot"] == ["x" * 400] * 2
     assert [o.content for o in run_outputs(db, replay) if o.sender == "bot"] == ["x" * 400] * 2
+
+
+def test_the_process_a_runner_keeps_goes_to_its_container_and_nowhere_else(settings: Settings, db: Database) -> None:
+    keep = KeepEvent(pid=42, started=123456)
+    sandbox = FakeSandbox(Script([AssistantEvent(text="done"), keep, ResultEvent(usage=Usage())]))
+    run_id = _chat_run(settings, db, sandbox)
+    assert get_run(db, run_id).state == "succeeded"
+    [agent] = sandbox.agents
+    assert agent.kept == [keep]  # for the clean-up to spare (a warm container's, under runc)
+    # Not the chat's: the run stored its reply and its record, nothing for the kept process.
+    stored = run_outputs(db, get_run(db, run_id))
+    assert [m.content for m in stored][:1] == ["done"] and len(stored) == 2, stored
+    assert stored[1].content.startswith("offline · succeeded"), stored  # the run's record

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agent_runner.protocol import ContainerInput, ResultEvent, decode_input, dump_event
+from agent_runner.protocol import ContainerInput, KeepEvent, ResultEvent, decode_input, dump_event
 from orchestrator.core.errors import ContainerConfigError, MountRefused, SandboxError
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -594,6 +594,9 @@ class _FakeContainer:
         return self.exit
 
     def kill(self) -> None:
+        pass
+
+    def keep(self, process: KeepEvent) -> None:
         pass
 
 

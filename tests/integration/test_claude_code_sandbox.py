@@ -49,6 +49,15 @@ REACH = (
     "echo \"$r $p $(tr '\\0' ' ' < /proc/$p/cmdline | cut -c1-60)\"; done;"
 )
 
+# A process the first run leaves behind (out of its session, its parent gone: the runner's
+# child now), and the second run's count of it: the clean-up between runs kills it, while
+# the CLI, kept with the session open, lives on.
+LINGER = "(setsid sleep 1007 >/dev/null 2>&1 </dev/null &);"
+LINGERING = (
+    "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done"
+    " | grep -c '^sleep 1007' | sed 's/^/lingering: /'"
+)
+
 # The model's moves, by the request's last message: a tool call answers the
 # result of the one before it; a fresh prompt starts its run's list.
 FIRST_RUN: list[tuple[str, str, dict[str, Any]]] = [
@@ -63,11 +72,16 @@ FIRST_RUN: list[tuple[str, str, dict[str, Any]]] = [
         },
     ),
     ("toolu_cc_write", "Write", {"file_path": NOTES, "content": "# Notes\nfirst draft\n"}),
-    ("toolu_cc_bash", "Bash", {"command": f"cat notes.md && {REACH} id -u", "description": "Show the notes"}),
+    (
+        "toolu_cc_bash",
+        "Bash",
+        {"command": f"{LINGER} cat notes.md && {REACH} id -u", "description": "Show the notes"},
+    ),
     ("toolu_cc_send", "mcp__chat__send_message", {"text": "progress: the notes are written"}),
 ]
 SECOND_RUN: list[tuple[str, str, dict[str, Any]]] = [
     ("toolu_cc_edit", "Edit", {"file_path": NOTES, "old_string": "first draft", "new_string": "final text"}),
+    ("toolu_cc_look", "Bash", {"command": f"{REACH} {LINGERING}", "description": "Look around"}),
 ]
 
 
@@ -162,6 +176,9 @@ def test_claude_code_edits_files_keeps_a_todo_list_and_resumes_its_session(
                 "ORCHESTRATOR_ANTHROPIC_BASE_URL": base_url,
                 "ORCHESTRATOR_ANTHROPIC_API_KEY": SECRET,
                 "ORCHESTRATOR_MAX_TOKENS": "4096",
+                # Each run's turns (5, then 3) within it, both runs' not: a CLI kept between
+                # runs counts each run's turns afresh.
+                "ORCHESTRATOR_MAX_TURNS": "6",
                 "ORCHESTRATOR_CONTAINER_MEMORY": "1g",
             }
         )
@@ -216,6 +233,12 @@ def test_claude_code_edits_files_keeps_a_todo_list_and_resumes_its_session(
     assert ancestors[-1][:2] == ["refused", "1"], bash.content  # the runner
     cli = [a for a in ancestors if "_bundled/claude" in a[-1]]
     assert cli and all(a[0] == "refused" for a in cli), bash.content
+    # The second run went on in the same CLI (the session kept open in the warm container),
+    # and what the first left running was killed between the runs all the same.
+    look = results["toolu_cc_look"].content
+    again = [line.split(maxsplit=2) for line in look.splitlines() if line.startswith(("reached ", "refused "))]
+    assert [a[1] for a in again if "_bundled/claude" in a[-1]] == [a[1] for a in cli], (bash.content, look)
+    assert "lingering: 0" in look, look
     sent = [m for m in stored if m.content == "progress: the notes are written" and m.message_type == "assistant"]
     assert len(sent) == 1, [(m.sender, m.content) for m in stored]
     answers = [m.content for m in stored if m.message_type == "assistant" and m.sender == "bot"]

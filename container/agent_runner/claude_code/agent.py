@@ -23,9 +23,9 @@ resumed.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -33,10 +33,11 @@ from typing import Any
 import msgspec
 
 from ..conversation import build_system_prompt
+from ..egress import EGRESS_ENV
 from ..errors import InputError, ProviderError
-from ..protocol import SESSION_MOUNT, ContainerInput, ResultEvent
+from ..protocol import SESSION_MOUNT, ContainerInput, KeepEvent, ResultEvent
 from ..providers.base import ToolSpec
-from ..relay import UnixRelay
+from ..relay import kept_relay
 from ..text_stream import DeltaCoalescer
 from ..tools import ToolContext, disabled_tools, run_tool
 from ..tools.add_reaction import SPEC as ADD_REACTION_SPEC
@@ -46,6 +47,7 @@ from ..tools.schedule_tools import SPECS as SCHEDULE_SPECS
 from ..tools.send_file import SPEC as SEND_FILE_SPEC
 from ..tools.send_message import SPEC as SEND_MESSAGE_SPEC
 from ..workspace_notices import workspace_notices
+from .live import KEPT, LOOP, CliSession, Turn, closing_on_failure
 from .mapping import EDIT_TOOLS, Emit, EventMapper
 from .prompt import build_prompt, session_file
 
@@ -140,11 +142,15 @@ def cli_env(inp: ContainerInput, base_url: str, config_dir: Path) -> dict[str, s
 def run_claude_code(
     inp: ContainerInput, emit: Emit, *, workspace: Path, session_root: Path = Path(SESSION_MOUNT)
 ) -> ResultEvent:
-    """Run the conversation with Claude Code; emit every event, the ``ResultEvent`` last."""
+    """Run the conversation with Claude Code; emit every event, the ``ResultEvent`` last.
+
+    In a serving runner, with the group's session folder, the CLI is kept for the next run
+    (``live.py``); otherwise it ends with the run."""
     if not inp.model.socket_path and not inp.model.base_url:
         raise InputError("the claude-code provider needs the gateway's socket_path (or a base_url)")
     if not inp.messages:
         raise InputError("ContainerInput.messages is empty: nothing to answer")
+    keep = KEPT.enabled and session_root.is_dir()
     if session_root.is_dir():
         config_dir = session_root / "claude"
         config_dir.mkdir(parents=True, exist_ok=True)
@@ -153,23 +159,49 @@ def run_claude_code(
         # session): a throw-away one on the tmpfs, so nothing is resumed.
         log.info("no session folder at %s: this run keeps no session", session_root)
         config_dir = Path(tempfile.mkdtemp(prefix="claude-session-"))
-    if inp.model.socket_path:
-        with UnixRelay(inp.model.socket_path) as relay:
-            result = asyncio.run(_converse(inp, emit, workspace, config_dir, relay.base_url))
-    else:
-        assert inp.model.base_url is not None
-        result = asyncio.run(_converse(inp, emit, workspace, config_dir, inp.model.base_url))
+    # The relay stays for the process's life: a kept CLI was started with its address.
+    base_url = kept_relay(inp.model.socket_path).base_url if inp.model.socket_path else inp.model.base_url
+    assert base_url is not None
+    result, kept = _converse(inp, emit, workspace, config_dir, base_url, keep=keep)
+    if kept is not None:
+        emit(kept)
     emit(result)
     return result
 
 
-async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir: Path, base_url: str) -> ResultEvent:
-    # Only in the claude-code image variant (not on the host, where mypy runs): typed as Any here.
-    import claude_agent_sdk as sdk  # type: ignore[import-not-found,unused-ignore]
+def session_key(inp: ContainerInput, workspace: Path, config_dir: Path, base_url: str) -> str:
+    """Everything a CLI is started with that a session cannot change (``live.py``): a run
+    whose key differs from the kept CLI's starts a new one."""
+    return json.dumps(
+        {
+            "env": cli_env(inp, base_url, config_dir),
+            "egress": {name: os.environ.get(name) for name in EGRESS_ENV},
+            "system_prompt": build_system_prompt(inp.replace(system_notices=[]), workspace),
+            "max_turns": inp.limits.max_turns,
+            "disallowed": disallowed_tools(inp),
+            "chat_tools": [spec.name for spec in chat_tools(disabled_tools(inp.tools))],
+            "cwd": str(workspace),
+        },
+        sort_keys=True,
+    )
 
-    resume = inp.session_id if inp.session_id and session_file(config_dir, inp.session_id) else None
-    if inp.session_id and not resume:
-        log.info("session %s is not in the session folder: starting a new one", inp.session_id)
+
+def turn_prompt(inp: ContainerInput, workspace: Path, *, resuming: bool) -> str:
+    """What this run asks: its system notices (the host's and the workspace's, for this turn
+    only: a kept CLI's system prompt is fixed at its start), then the messages."""
+    prompt = build_prompt(inp.messages, inp.assistant_name, resuming=resuming)
+    notices = [n.strip() for n in [*inp.system_notices, *workspace_notices(workspace)] if n.strip()]
+    if not notices:
+        return prompt
+    return "[system notices for this turn]\n\n" + "\n\n".join(notices) + "\n\n[messages]\n\n" + prompt
+
+
+def _converse(
+    inp: ContainerInput, emit: Emit, workspace: Path, config_dir: Path, base_url: str, *, keep: bool
+) -> tuple[ResultEvent, KeepEvent | None]:
+    """The run's turn on the kept CLI when it may go on, else on a new one; the result, and
+    the CLI to spare when it is kept for the next run."""
+    key = session_key(inp, workspace, config_dir, base_url)
     mapper = EventMapper(
         emit=emit, workspace=workspace, deltas=DeltaCoalescer(emit), output_cap=inp.limits.output_cap_bytes
     )
@@ -182,29 +214,97 @@ async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir
         disabled=disabled_tools(inp.tools),
         tasks=tuple(inp.tasks) if isinstance(inp.tasks, list) else (),
     )
+    turn = Turn(emit=emit, mapper=mapper, ctx=ctx)
+    session = KEPT.take(key, inp.session_id) if keep else None
+    going_on = session is not None
+    if session is None:
+        resume = inp.session_id if inp.session_id and session_file(config_dir, inp.session_id) else None
+        if inp.session_id and not resume:
+            log.info("session %s is not in the session folder: starting a new one", inp.session_id)
+        session = CliSession(key, resume)
+    else:
+        resume = session.session_id
+    prompt = turn_prompt(inp, workspace, resuming=resume is not None)
+    # Only in the claude-code image variant (not on the host, where mypy runs): typed as Any here.
+    import claude_agent_sdk as sdk  # type: ignore[import-not-found,unused-ignore]
+
+    try:
+        LOOP.run(_turn(session, inp, workspace, config_dir, base_url, prompt, turn, opened=going_on, keep=keep))
+    except sdk.ClaudeSDKError as exc:
+        raise ProviderError(f"Claude Code failed: {exc}", retryable=True) from exc
+    if mapper.result is None:
+        LOOP.run(session.close())
+        raise ProviderError("Claude Code ended without a result", retryable=True)
+    if not keep:
+        return mapper.result, None
+    session.session_id = mapper.result.session_id
+    kept = session.kept()
+    if kept is None or session.session_id is None:
+        LOOP.run(session.close())
+        return mapper.result, None
+    KEPT.keep(session)
+    return mapper.result, kept
+
+
+async def _turn(
+    session: CliSession,
+    inp: ContainerInput,
+    workspace: Path,
+    config_dir: Path,
+    base_url: str,
+    prompt: str,
+    turn: Turn,
+    *,
+    opened: bool,
+    keep: bool,
+) -> None:
+    """Open the CLI unless it is kept open, then ask; the CLI closed after a failure, and
+    after the turn when it is not to be kept."""
+
+    async def work() -> None:
+        if not opened:
+            await session.open(_client(session, inp, workspace, config_dir, base_url))
+        await session.ask(prompt, turn)
+        if not keep:
+            await session.close()
+
+    await closing_on_failure(session, work)
+
+
+def _client(session: CliSession, inp: ContainerInput, workspace: Path, config_dir: Path, base_url: str) -> Any:
+    """A ``ClaudeSDKClient`` for a new CLI of ``session``: its tools and hooks act for
+    whichever run the session answers (``session.turn``)."""
+    # Only in the claude-code image variant (not on the host, where mypy runs): typed as Any here.
+    import claude_agent_sdk as sdk  # type: ignore[import-not-found,unused-ignore]
+
+    def current() -> Turn:
+        if session.turn is None:  # the CLI acts only inside a turn; anything else is a bug
+            raise ProviderError("Claude Code called a tool between runs", retryable=True)
+        return session.turn
 
     def chat_tool(spec: ToolSpec) -> Any:
         @sdk.tool(spec.name, spec.description, spec.input_schema)  # type: ignore[untyped-decorator,unused-ignore]
         async def call(args: dict[str, Any]) -> dict[str, Any]:
-            outcome = run_tool(spec.name, args, ctx)
+            turn = current()
+            outcome = run_tool(spec.name, args, turn.ctx)
             if outcome.question is not None:
                 # The CLI cannot be handed this call's result across a resumed session: the
                 # answer comes as the next message (the host stores it so), and the turn ends.
-                emit(outcome.question)
+                turn.emit(outcome.question)
             return {"content": [{"type": "text", "text": outcome.output}], "is_error": outcome.is_error}
 
         return call
 
     async def before_edit(data: Any, tool_use_id: str | None, _context: Any) -> dict[str, Any]:
         if tool_use_id and isinstance(data, dict):
-            mapper.snapshot_before(tool_use_id, str(data.get("tool_name", "")), data.get("tool_input") or {})
+            current().mapper.snapshot_before(tool_use_id, str(data.get("tool_name", "")), data.get("tool_input") or {})
         return {}
 
-    offered = [chat_tool(spec) for spec in chat_tools(ctx.disabled)]
+    offered = [chat_tool(spec) for spec in chat_tools(disabled_tools(inp.tools))]
     options = sdk.ClaudeAgentOptions(
         model=inp.model.model,
         cwd=str(workspace),
-        resume=resume,
+        resume=session.session_id,
         max_turns=inp.limits.max_turns,
         # The container is the sandbox: nobody is there to approve a tool call.
         permission_mode="bypassPermissions",
@@ -214,7 +314,7 @@ async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir
         system_prompt={
             "type": "preset",
             "preset": "claude_code",
-            "append": build_system_prompt(inp, workspace, workspace_notices(workspace)),
+            "append": build_system_prompt(inp.replace(system_notices=[]), workspace),
         },
         env=cli_env(inp, base_url, config_dir),
         hooks={"PreToolUse": [sdk.HookMatcher(matcher="|".join(sorted(EDIT_TOOLS)), hooks=[before_edit])]},
@@ -222,14 +322,4 @@ async def _converse(inp: ContainerInput, emit: Emit, workspace: Path, config_dir
         # The API's stream events too: the reply's text is shown as it is written.
         include_partial_messages=True,
     )
-    prompt = build_prompt(inp.messages, inp.assistant_name, resuming=resume is not None)
-    try:
-        async with sdk.ClaudeSDKClient(options=options) as client:
-            await client.query(prompt)
-            async for message in client.receive_response():
-                mapper.feed(message)
-    except sdk.ClaudeSDKError as exc:
-        raise ProviderError(f"Claude Code failed: {exc}", retryable=True) from exc
-    if mapper.result is None:
-        raise ProviderError("Claude Code ended without a result", retryable=True)
-    return mapper.result
+    return sdk.ClaudeSDKClient(options=options)
