@@ -2,7 +2,8 @@
 
 Each provider looks at the current state and returns zero or more short
 notices.  They go to the container in ``ContainerInput.system_notices`` (the
-runner appends them to the system prompt) and are never stored: they say how
+runner appends them to the system prompt; Claude Code's runner gives them with
+the turn's prompt, as a kept CLI's system prompt is fixed) and are never stored: they say how
 things are *now*, so a stored copy would soon be false.  Persistent context
 is a stored ``system`` message instead.  A provider that fails is logged and
 skipped; a notice is never worth failing a run for.
