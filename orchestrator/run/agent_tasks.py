@@ -25,12 +25,11 @@ from orchestrator.run.schedules import (
     change_state,
     change_task,
     get_task,
-    list_tasks,
     parse_interval,
 )
 from orchestrator.store.db import Database
 from orchestrator.store.groups import Group, get_group
-from orchestrator.store.schedules import agent_task_count
+from orchestrator.store.schedules import agent_task_count, live_tasks
 
 TOOLS = {"create": "schedule_task", "update": "update_task", "pause": "pause_task"}
 
@@ -40,10 +39,10 @@ def tool_of(event: TaskEvent) -> str:
     return TOOLS.get(event.action, f"{event.action}_task")
 
 
-def run_tasks(db: Database, group: Group) -> list[TaskInfo]:
-    """The tasks a run of ``group`` may manage (its own; the main group's: every group's)."""
-    tasks = list_tasks(db) if group.is_main else list_tasks(db, chat_jid=group.chat_jid)
-    return [task_info(t) for t in tasks if t.state in ("active", "paused")]
+def run_tasks(db: Database, group: Group) -> list[ScheduledTask]:
+    """The tasks a run of ``group`` may manage (its own; the main group's: every group's),
+    active or paused: one read, for its input and its notices."""
+    return live_tasks(db, None if group.is_main else group.chat_jid)
 
 
 def task_info(task: ScheduledTask) -> TaskInfo:

@@ -27,7 +27,7 @@ from orchestrator.core.settings import Settings
 from orchestrator.store.db import Database
 from orchestrator.store.groups import Group
 from orchestrator.store.runs import recent_run_ends
-from orchestrator.store.schedules import active_due_times
+from orchestrator.store.schedules import ScheduledTask, live_tasks
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,9 @@ class NoticeContext:
     db: Database
     settings: Settings
     group: Group
+    # The run's live tasks when its caller read them already (the pipeline, for the run's
+    # input too: one read for both); None: read here.
+    tasks: list[ScheduledTask] | None = None
 
 
 NoticeProvider = Callable[[NoticeContext], list[str]]
@@ -58,8 +61,10 @@ def previous_run_failed(ctx: NoticeContext) -> list[str]:
 
 def scheduled_tasks_due(ctx: NoticeContext) -> list[str]:
     now = datetime.now(UTC)
-    tasks = active_due_times(ctx.db, ctx.group.chat_jid)
-    due = sorted(((prompt, at) for prompt, at in tasks if at <= now + DUE_SOON), key=lambda t: t[1])
+    chat = ctx.group.chat_jid
+    tasks = ctx.tasks if ctx.tasks is not None else live_tasks(ctx.db, chat)
+    times = [(t.prompt, t.next_run_at) for t in tasks if t.chat_jid == chat and t.state == "active" and t.next_run_at]
+    due = sorted(((prompt, at) for prompt, at in times if at <= now + DUE_SOON), key=lambda t: t[1])
     if not due:
         return []
     parts = [f'"{prompt[:60]}" at {at:%H:%M} UTC' for prompt, at in due[:MAX_LISTED]]
@@ -70,9 +75,14 @@ DEFAULT_PROVIDERS: list[NoticeProvider] = [previous_run_failed, scheduled_tasks_
 
 
 def compute_notices(
-    db: Database, settings: Settings, group: Group, providers: list[NoticeProvider] | None = None
+    db: Database,
+    settings: Settings,
+    group: Group,
+    providers: list[NoticeProvider] | None = None,
+    *,
+    tasks: list[ScheduledTask] | None = None,
 ) -> list[str]:
-    ctx = NoticeContext(db, settings, group)
+    ctx = NoticeContext(db, settings, group, tasks)
     notices: list[str] = []
     for provider in providers if providers is not None else DEFAULT_PROVIDERS:
         try:

@@ -36,7 +36,7 @@ from orchestrator.core.errors import ConfigError, FleetFull
 from orchestrator.core.logs import log_context
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
-from orchestrator.run.agent_tasks import run_tasks
+from orchestrator.run.agent_tasks import run_tasks, task_info
 from orchestrator.run.assembly import (
     Batch,
     build_input,
@@ -312,6 +312,7 @@ class Pipeline:
         assistant = group.assistant_name or self.settings.assistant_name
         outputs = self._outputs(group, RunOutcome(run=run, waiting_since=waiting_since))
         try:
+            tasks = run_tasks(self.db, group)
             # The input is the same for every attempt: build and record it once.
             payload = build_input(
                 settings=self.settings,
@@ -320,7 +321,7 @@ class Pipeline:
                 prior=prior,
                 batch=batch,
                 assistant_name=assistant,
-                notices=compute_notices(self.db, self.settings, group),
+                notices=compute_notices(self.db, self.settings, group, tasks=tasks),
                 model=model_settings(self.settings, group),
                 send_targets=send_targets(self.db, group),
             )
@@ -329,7 +330,7 @@ class Pipeline:
                 payload = payload.replace(tools=group.tools)
             if group.tools is None or "schedules" in group.tools:
                 # What the agent's list_tasks answers (orchestrator/run/agent_tasks.py).
-                payload = payload.replace(tasks=run_tasks(self.db, group))
+                payload = payload.replace(tasks=[task_info(t) for t in tasks])
             record_input(self.db, run.id, input_bytes(payload))
         except ConfigError as exc:
             verdict = Verdict("failed", str(exc))

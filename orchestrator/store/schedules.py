@@ -197,17 +197,30 @@ def claim_due_time(session: Session, task: ScheduledTask, *, following: datetime
 
 # Read on the driver before every run (its notices): the ORM's list_tasks was a
 # millisecond of each run's CPU (docs/performance.md, "The control plane").
-_ACTIVE_TIMES = (
-    "SELECT prompt, next_run_at FROM scheduled_tasks WHERE chat_jid = :chat_jid "
-    "AND state = 'active' AND next_run_at IS NOT NULL ORDER BY created_at"
+_LIVE_COLUMNS = (
+    "id, chat_jid, prompt, kind, spec, context_mode, state, next_run_at, last_run_at, runs, created_at, made_by_agent"
+)
+_LIVE_TASKS = f"SELECT {_LIVE_COLUMNS} FROM scheduled_tasks WHERE state IN ('active', 'paused') ORDER BY created_at"
+_LIVE_TASKS_OF = (
+    f"SELECT {_LIVE_COLUMNS} FROM scheduled_tasks WHERE chat_jid = :chat_jid "
+    "AND state IN ('active', 'paused') ORDER BY created_at"
 )
 
 
-def active_due_times(db: Database, chat_jid: str) -> list[tuple[str, datetime]]:
-    """(prompt, next due time) of the chat's active tasks, oldest task first: one fixed read."""
-    found: list[tuple[str, datetime]] = []
-    for prompt, at in db.read_fixed(_ACTIVE_TIMES, {"chat_jid": chat_jid}):
-        due = db_time(at)
-        assert due is not None  # IS NOT NULL in the statement
-        found.append((prompt, due))
-    return found
+def live_tasks(db: Database, chat_jid: str | None = None) -> list[ScheduledTask]:
+    """The active and paused tasks (of one chat), oldest first: one fixed read, for the run
+    path (what a run's agent may manage, and its due-soon notice)."""
+    rows = db.read_fixed(_LIVE_TASKS_OF, {"chat_jid": chat_jid}) if chat_jid else db.read_fixed(_LIVE_TASKS)
+    names = _LIVE_COLUMNS.split(", ")
+    return [
+        ScheduledTask.model_validate(
+            {
+                **dict(zip(names, row, strict=True)),
+                "next_run_at": db_time(row[7]),
+                "last_run_at": db_time(row[8]),
+                "created_at": db_time(row[10]),
+                "made_by_agent": bool(row[11]),
+            }
+        )
+        for row in rows
+    ]

@@ -25,12 +25,13 @@ from orchestrator.run.assembly import (
 )
 from orchestrator.run.model_choice import model_settings
 from orchestrator.run.notices import NoticeContext, compute_notices, scheduled_tasks_due
-from orchestrator.run.schedules import add_task
+from orchestrator.run.schedules import add_task, change_state, get_task
 from orchestrator.store.db import Database
 from orchestrator.store.groups import Group, add_group, get_group
 from orchestrator.store.history import edit_message
 from orchestrator.store.message_log import get_messages_after, store_message_direct
 from orchestrator.store.runs import create_run, finish_run
+from orchestrator.store.schedules import live_tasks
 
 JID = "dev@local"
 
@@ -80,6 +81,28 @@ def test_due_tasks_notice(db: Database, settings: Settings, group: Group) -> Non
     assert scheduled_tasks_due(ctx) == [
         f'Note: scheduled tasks due within the hour: "daily standup summary" at {soon:%H:%M} UTC.'
     ]
+
+
+def test_the_run_path_reads_its_tasks_once_for_its_input_and_its_notice(
+    db: Database, settings: Settings, group: Group
+) -> None:
+    soon = datetime.now(UTC) + timedelta(minutes=20)
+    add_group(db, chat_jid="other@chat", name="Other", folder="other", requires_trigger=False)
+    add_task(db, chat_jid=JID, prompt="daily standup summary", kind="once", spec=soon.isoformat())
+    add_task(db, chat_jid="other@chat", prompt="another chat's", kind="once", spec=soon.isoformat())
+    paused = add_task(db, chat_jid=JID, prompt="paused one", kind="once", spec=soon.isoformat())
+    change_state(db, paused.id, "pause")
+    done = add_task(db, chat_jid=JID, prompt="done one", kind="once", spec=soon.isoformat())
+    change_state(db, done.id, "cancel")
+    # The main group's run manages every chat's live tasks, as the list_tasks tool answers.
+    tasks = live_tasks(db)
+    assert [t.prompt for t in tasks] == ["daily standup summary", "another chat's", "paused one"]
+    assert [t.prompt for t in live_tasks(db, JID)] == ["daily standup summary", "paused one"]
+    assert tasks[0] == get_task(db, tasks[0].id)  # the same task as the ORM reads it
+    # The notice, from the tasks already read: this chat's active ones only.
+    want = [f'Note: scheduled tasks due within the hour: "daily standup summary" at {soon:%H:%M} UTC.']
+    assert scheduled_tasks_due(NoticeContext(db, settings, group, tasks)) == want
+    assert scheduled_tasks_due(NoticeContext(db, settings, group)) == want  # read here, the same
 
 
 def test_notices_are_never_stored_and_a_broken_provider_is_skipped(
