@@ -74,12 +74,11 @@ SHAPE = [
     # the run row
     "INSERT INTO runs",
     "COMMIT",
-    # reads: how long the batch waited, the notices, the tasks the agent may manage
+    # reads: how long the batch waited, the live tasks (the agent's list and the due
+    # notice), the previous run's end (a notice)
     "SELECT MIN(stored_at)",
+    "SELECT id, chat_jid,",
     "SELECT state,",
-    "SELECT prompt,",
-    "SELECT scheduled_tasks.id,",
-    "COMMIT",
     # the recorded input; the container's id
     "UPDATE runs SET input_sha256",
     "COMMIT",

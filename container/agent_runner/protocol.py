@@ -592,7 +592,7 @@ class KeepEvent(_Event, tag="keep"):
     """The runner's own process that a warm container keeps between runs (the Claude Code CLI
     of the group's live session): its ``pid`` in the container and its ``started`` time (field
     22 of ``/proc/PID/stat``, clock ticks after boot).  The host's clean-up after the run spares
-    it only if it is still that process and a child of the runner, and never under gVisor,
+    it only if it is still that process (that pid, started then), and never under gVisor,
     where the agent can write to the runner's streams."""
 
     pid: Annotated[int, Meta(ge=2)]

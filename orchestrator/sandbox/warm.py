@@ -845,7 +845,7 @@ class WarmRun(StreamedRun):
         but PID 1, the runner).
         The runner reaps the zombies.  The runner's own kept process (``keep``: a
         Claude Code CLI with the group's session open) is spared when it is still that
-        process and the runner's child; ``docker exec`` spares nothing.
+        process (its pid and start time); ``docker exec`` spares nothing.
         """
         if self._killed:
             self._pool.discard(self._container)
@@ -868,17 +868,18 @@ class WarmRun(StreamedRun):
             self._dirty.unlink()
 
 
-def _stat(pid: str) -> tuple[str, int, int]:
-    """A process's state, parent (as this namespace sees it) and start time (clock ticks)."""
+def _stat(pid: str) -> tuple[str, int]:
+    """A process's state and start time (clock ticks after boot)."""
     with open(f"/proc/{pid}/stat", "rb") as fh:
         fields = fh.read().rsplit(b")", 1)[1].split()
-    return fields[0].decode(), int(fields[1]), int(fields[19])
+    return fields[0].decode(), int(fields[19])
 
 
-def _spared(pid: str, runner_pid: int, spare: KeepEvent | None, stat: tuple[str, int, int]) -> bool:
-    """Is ``pid`` the runner's process ``spare`` names: its child, started then, with that
-    pid in the container (the last of ``NSpid``)?"""
-    if spare is None or stat[1] != runner_pid or stat[2] != spare.started:
+def _spared(pid: str, spare: KeepEvent | None, stat: tuple[str, int]) -> bool:
+    """Is ``pid`` the process ``spare`` names: started then, with that pid in the container
+    (the last of ``NSpid``)?  A pid and a start time name one process since boot; its parent
+    is not asked (any orphan of the agent's is the runner's child too)."""
+    if spare is None or stat[1] != spare.started:
         return False
     with open(f"/proc/{pid}/status") as fh:
         for line in fh:
@@ -892,8 +893,7 @@ def kill_all_but(
 ) -> bool | None:
     """SIGKILL every process in the pid namespace of ``runner_pid`` (the
     runner of container ``container_id``) except the runner, and ``spare``
-    (a process the runner named: only while it is the runner's child started
-    at that time).
+    (a process the runner named, by its pid in the container and its start).
 
     True when none is left (zombies aside), False when processes kept
     appearing for ``rounds`` rounds, None when this process cannot see the
@@ -921,7 +921,7 @@ def kill_all_but(
                 # Checked after the pidfd is open: it names this very process.
                 if os.readlink(f"/proc/{entry}/ns/pid") == namespace:
                     stat = _stat(entry)
-                    if stat[0] != "Z" and not _spared(entry, runner_pid, spare, stat):
+                    if stat[0] != "Z" and not _spared(entry, spare, stat):
                         signal.pidfd_send_signal(fd, signal.SIGKILL)
                         found = True
             except OSError:

@@ -37,7 +37,7 @@ from .conftest import Stack
 SECRET = "sk-claude-code-secret-42"
 CHAT = "main@local"
 MODEL = "claude-sonnet-4-5"  # a name the CLI knows: its tool set depends on it
-FIRST, SECOND = "please write the notes", "now fix the notes"
+FIRST, SECOND, THIRD = "please write the notes", "now fix the notes", "are you still there"
 NOTES = "/workspace/notes.md"
 
 # The agent tries to read each of its ancestors' environment, up to the runner (PID 1): the
@@ -180,6 +180,9 @@ def test_claude_code_edits_files_keeps_a_todo_list_and_resumes_its_session(
                 # runs counts each run's turns afresh.
                 "ORCHESTRATOR_MAX_TURNS": "6",
                 "ORCHESTRATOR_CONTAINER_MEMORY": "1g",
+                # Warm: the CLI is kept between the runs of a warm container (the tests' own
+                # default is cold, where every run has a container and a CLI of its own).
+                "ORCHESTRATOR_WARM_IDLE_S": "300",
             }
         )
         stack.start_worker()
@@ -192,9 +195,22 @@ def test_claude_code_edits_files_keeps_a_todo_list_and_resumes_its_session(
         second = _send(stack, SECOND)
         logs = stack.worker_logs()
         assert second.returncode == 0, second.stdout + second.stderr + logs
+        # The kept CLI killed between runs (as the agent could, or gVisor's clean-up does): the
+        # next run sees it gone and starts a new one that resumes the session from disk.
+        [warm] = docker.from_env().containers.list(filters={"label": f"{LABEL_INSTALL}={stack.settings.install_id}"})
+        stored = get_messages_after(CHAT, 0, db=stack.db)
+        look = next(m.content for m in stored if m.message_type == "tool_result" and "lingering:" in m.content)
+        kept_pid = next(line.split()[1] for line in look.splitlines() if "_bundled/claude" in line)
+        assert warm.exec_run(["sh", "-c", f"kill -9 {kept_pid}"]).exit_code == 0
+        calls_second = len(fake.calls)
+        third = _send(stack, THIRD)
+        assert third.returncode == 0, third.stdout + third.stderr + stack.worker_logs()
+        assert "restarting Claude Code: the CLI is gone" in warm.logs(stderr=True, stdout=False).decode()
+        resumed_again = json.dumps(fake.calls[calls_second].body["messages"])
+        assert "toolu_cc_look" in resumed_again and THIRD in resumed_again
 
     runs = sorted(list_runs(stack.db, chat_jid=CHAT), key=lambda r: r.created_at)
-    assert [r.state for r in runs] == ["succeeded", "succeeded"], [(r.state, r.error) for r in runs]
+    assert [r.state for r in runs] == ["succeeded"] * 3, [(r.state, r.error) for r in runs]
     stored = get_messages_after(CHAT, 0, db=stack.db)
     folder = get_group(stack.db, CHAT).folder
 

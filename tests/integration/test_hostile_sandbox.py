@@ -224,8 +224,9 @@ time.sleep(300)
 """
 
 
-@pytest.mark.parametrize("named", ["the child", "the child started at another time", "a grandchild"])
-def test_the_process_killer_spares_only_the_child_the_runner_named(agent_image: str, named: str) -> None:
+@pytest.mark.parametrize("named", ["the child", "the child started at another time", "another pid started then"])
+# A pid and a start time name one process: each half alone names none of these.
+def test_the_process_killer_spares_only_the_process_the_runner_named(agent_image: str, named: str) -> None:
     client = docker.from_env()
     container = client.containers.run(
         agent_image, entrypoint=["python3", "-c", KEEPER], detach=True, network_disabled=True, user="1000"
@@ -238,7 +239,7 @@ def test_the_process_killer_spares_only_the_child_the_runner_named(agent_image: 
         spare = {
             "the child": KeepEvent(pid=child[0], started=child[1]),
             "the child started at another time": KeepEvent(pid=child[0], started=child[1] + 1),
-            "a grandchild": KeepEvent(pid=grandchild[0], started=grandchild[1]),
+            "another pid started then": KeepEvent(pid=child[0] + 1000, started=child[1]),
         }[named]
         container.reload()
         assert kill_all_but(int(container.attrs["State"]["Pid"]), str(container.id), spare=spare) is True

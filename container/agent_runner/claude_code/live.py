@@ -19,8 +19,8 @@ closes the session.
 
 The host's clean-up after a warm run kills every process of the container
 but the runner.  The runner names its CLI (``KeepEvent``: pid and start
-time), and the host spares it only if it is still that process and the
-runner's child, and never under gVisor.
+time), and the host spares it only if it is still that process, and never
+under gVisor.
 """
 
 from __future__ import annotations
