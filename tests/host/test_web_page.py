@@ -333,6 +333,9 @@ def test_login_composer_edit_and_regenerate(db: Database, open_server: Any, page
     page.fill(f"article[data-id='{stored[0].id}'] textarea.edit-text", "just saying hello")
     page.click(f"article[data-id='{stored[0].id}'] button.save")
     page.wait_for_selector(f"article[data-id='{stored[0].id}'] .text >> text=just saying hello")
+    # The edit's answer draws the message, and the history's change resets the view (a redraw
+    # from the stream): the mark is waited for, as it may come with the second drawing.
+    page.wait_for_selector(f"article[data-id='{stored[0].id}'] .edited")
     assert page.locator(f"article[data-id='{stored[0].id}'] .edited").count() == 1
     assert get_messages_after(JID, 0, db=db)[0].content == "just saying hello"
 
