@@ -423,7 +423,7 @@ class FileStore:
                     os.rename(tmp, final)
                     placed = True
                 row = StoredFile(
-                    id=secrets.token_urlsafe(18),
+                    id=new_file_id(),
                     chat_jid=chat_jid,
                     sha256=sha256,
                     size=size,
@@ -602,3 +602,12 @@ def _unlink(path: Path) -> None:
     except OSError as exc:
         if exc.errno != errno.ENOENT:
             raise
+
+
+def new_file_id() -> str:
+    """An opaque, unguessable id (24 characters of ``secrets.token_urlsafe``) that never
+    begins with ``-``: people pass it on command lines (``files rm CHAT ID``), where that
+    would read as an option."""
+    while (file_id := secrets.token_urlsafe(18)).startswith("-"):
+        pass
+    return file_id

@@ -21,7 +21,7 @@ from orchestrator.model.envelopes import FILE
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.sweeper import sweep
 from orchestrator.store.db import Database, driver_execute
-from orchestrator.store.files import FileStore, StoredFile
+from orchestrator.store.files import FileStore, StoredFile, new_file_id
 from orchestrator.store.groups import add_group
 from orchestrator.store.history import truncate_after
 from orchestrator.store.message_log import get_messages_after
@@ -185,3 +185,11 @@ def test_the_sweep_of_an_unregistered_chats_window_frees_its_files(
     ingest(db, settings, IncomingMessage(chat_jid=stranger, sender="s", content="next"), signal=None)
     assert [m.content for m in get_messages_after(stranger, 0, db=db)] == ["next"]  # the window kept one
     assert ids(store.prune(0)) == {f.id}
+
+
+def test_a_file_id_never_reads_as_an_option_on_a_command_line() -> None:
+    # One token in 64 begins with "-" (base64url); 3,000 ids all but certainly hold one if
+    # the rule were gone, which `files rm CHAT ID` would take for an option (CI did).
+    ids = [new_file_id() for _ in range(3000)]
+    assert not [i for i in ids if i.startswith("-")]
+    assert {len(i) for i in ids} == {24} and len(set(ids)) == len(ids)

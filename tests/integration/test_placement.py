@@ -84,7 +84,12 @@ def _up(stack: Stack, host: str) -> bool:
 def _warm(stack: Stack, folder: str | None = None) -> list[object]:
     labels = [f"{LABEL_INSTALL}={stack.settings.install_id}", f"{LABEL_WARM}=1"]
     labels += [f"{LABEL_GROUP}={folder}"] if folder else []
-    return docker.from_env().containers.list(filters={"label": labels, "status": "running"})
+    for _ in range(10):
+        try:
+            return docker.from_env().containers.list(filters={"label": labels, "status": "running"})
+        except docker.errors.NotFound:  # one went (an idle exit, a replacement) between listing and inspecting
+            continue
+    raise AssertionError("the warm containers kept changing while listed")
 
 
 def _warm_hosts(stack: Stack, folder: str) -> list[str]:
