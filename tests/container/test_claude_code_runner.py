@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from agent_runner.protocol import (
     ToolUseEvent,
 )
 from agent_runner.relay import UnixRelay
+from tests.fakes.claude_sdk import ResultMessage
 
 # -- the SDK's shapes (claude_agent_sdk.types) -----------------------------------
 
@@ -81,17 +82,6 @@ class StreamEvent:
     uuid: str = "u"
     session_id: str = "sess-1"
     parent_tool_use_id: str | None = None
-
-
-@dataclass
-class ResultMessage:
-    subtype: str = "success"
-    is_error: bool = False
-    num_turns: int = 1
-    session_id: str = "sess-1"
-    stop_reason: str | None = "end_turn"
-    usage: dict[str, Any] | None = field(default_factory=dict)
-    result: str | None = None
 
 
 def _mapper(tmp_path: Path) -> tuple[EventMapper, list[Event]]:
