@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
+from orchestrator.core.spare_threads import SPARE
 from orchestrator.store import leases
 from orchestrator.store.db import Database
 from orchestrator.store.runs import run_state
@@ -48,11 +49,10 @@ class StopWatch:
         self._done = threading.Event()
         self.reason: str | None = None
         self._stopping = threading.Lock()
-        self._thread = threading.Thread(target=self._watch, name=f"stopwatch-{run_id[:8]}", daemon=True)
         self._forget_lease: Callable[[], None] | None = None
 
     def __enter__(self) -> StopWatch:
-        self._thread.start()
+        self._thread = SPARE.start(self._watch, f"stopwatch-{self._run_id[:8]}")
         if isinstance(self._lease_lost, leases.LostSignal):
             # Called by the thread that finds the lease lost (the heartbeat's guard), at once.
             self._forget_lease = self._lease_lost.on_set(lambda: self._stop("lease_lost"))

@@ -39,6 +39,7 @@ from docker.utils.socket import STDERR, STDOUT, frames_iter
 from agent_runner.protocol import KeepEvent
 from orchestrator.core.errors import SandboxError
 from orchestrator.core.settings import Settings
+from orchestrator.core.spare_threads import SPARE
 from orchestrator.sandbox.bounded_io import DEFAULT_MAX_LINE_BYTES, TailBuffer, read_lines
 from orchestrator.sandbox.hostile_fs import chown_tree
 from orchestrator.sandbox.runtime import RUNC, Runtime, engine_runtime
@@ -335,7 +336,7 @@ class StreamedRun(ABC):
                 except OSError:
                     return  # the run's stream is closed: the run is over either way
 
-        threading.Thread(target=beat, name="sandbox-beat", daemon=True).start()
+        SPARE.start(beat, "sandbox-beat")
 
     def _stop_beats(self) -> None:
         done = getattr(self, "_beats_done", None)
@@ -353,9 +354,7 @@ class StreamedRun(ABC):
             )
             self.kill()
 
-        self._watchdog = threading.Timer(timeout_s, expire)
-        self._watchdog.daemon = True
-        self._watchdog.start()
+        self._watchdog = SPARE.after(timeout_s, expire, "sandbox-watchdog")
 
     def lines(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[str]:
         """The run's stdout, one line at a time, until it closes.

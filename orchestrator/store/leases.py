@@ -55,6 +55,7 @@ from sqlalchemy.orm import Session
 
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.errors import LeaseLost
+from orchestrator.core.spare_threads import SPARE
 from orchestrator.store import liveness
 from orchestrator.store.db import Database, changed_rows, db_now, driver_execute, later_text, now_text
 from orchestrator.store.groups import GROUP_COLUMNS, Group, get_group, group_from_values
@@ -353,12 +354,10 @@ class Heartbeat:
         self._stop = threading.Event()
         self.lost = LostSignal()
         self._renewed = time.monotonic()  # the lease was just taken
-        self._thread = threading.Thread(target=self._beat, name=f"lease-{chat_jid}", daemon=True)
-        self._guard = threading.Thread(target=self._watch, name=f"lease-guard-{chat_jid}", daemon=True)
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        self._guard.start()
+        self._thread = SPARE.start(self._beat, f"lease-{self._jid}")
+        self._guard = SPARE.start(self._watch, f"lease-guard-{self._jid}")
         return self
 
     def __exit__(self, *exc: object) -> None:
