@@ -71,17 +71,16 @@ SHAPE = [
     "SELECT id, chat_jid,",
     'SELECT "seq",',
     'SELECT "seq",',
-    # the run row
-    "INSERT INTO runs",
-    "COMMIT",
-    # reads: how long the batch waited, the live tasks (the agent's list and the due
-    # notice), the previous run's end (a notice)
-    "SELECT MIN(stored_at)",
+    # reads for the input: the live tasks (the agent's list and the due notice), the
+    # previous run's end (a notice)
     "SELECT id, chat_jid,",
     "SELECT state,",
-    # the recorded input; the container's id
-    "UPDATE runs SET input_sha256",
+    # the run row, its input with it
+    "INSERT INTO runs",
     "COMMIT",
+    # read: how long the batch waited
+    "SELECT MIN(stored_at)",
+    # the container's id
     "UPDATE runs SET container_id",
     "COMMIT",
     # the reply: the fence, the channels and the clock, then the message under the seq lock

@@ -37,7 +37,7 @@ from orchestrator.sandbox.config import effective_limits
 from orchestrator.store.db import Database
 from orchestrator.store.groups import Group, get_group
 from orchestrator.store.message_log import get_messages_after, get_recent_messages
-from orchestrator.store.runs import recorded_input, run_cursors, save_input
+from orchestrator.store.runs import RecordedInput, recorded_input, run_cursors, save_input
 
 
 @dataclass(frozen=True)
@@ -170,10 +170,16 @@ def input_bytes(payload: ContainerInput) -> bytes:
     return payload.to_json()
 
 
+def recorded(data: bytes) -> RecordedInput:
+    """``data`` (a run's input) as it is recorded: compressed, with its digest."""
+    return RecordedInput(hashlib.sha256(data).hexdigest(), zlib.compress(data))
+
+
 def record_input(db: Database, run_id: str, data: bytes) -> str:
-    digest = hashlib.sha256(data).hexdigest()
-    save_input(db, run_id, digest, zlib.compress(data))
-    return digest
+    """Record ``data`` as the (existing) run's input; its digest."""
+    entry = recorded(data)
+    save_input(db, run_id, entry)
+    return entry.digest
 
 
 def stored_input(db: Database, run_id: str) -> bytes | None:

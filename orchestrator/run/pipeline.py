@@ -43,7 +43,7 @@ from orchestrator.run.assembly import (
     input_bytes,
     plan_batch,
     prior_messages,
-    record_input,
+    recorded,
     stored_input,
 )
 from orchestrator.run.attempt import AttemptContext, Mounts, Verdict, run_attempt
@@ -71,7 +71,7 @@ from orchestrator.store.groups import Group, get_group, send_targets
 from orchestrator.store.hosts import process_owner
 from orchestrator.store.message_log import get_messages_after, waiting_since
 from orchestrator.store.replays import run_messages
-from orchestrator.store.runs import Run, parked_of, resume_run, unfinished_runs
+from orchestrator.store.runs import Run, new_run_id, parked_of, resume_run, unfinished_runs
 from orchestrator.store.slots import SlotWait, leave_line, take_slot, to_wake
 from orchestrator.store.usage import QuotaWait, quota_wait, store_quota_notice
 
@@ -284,6 +284,9 @@ class Pipeline:
             return None
         batch = planned
         prior = prior_messages(self.db, self.settings, group, batch, group.cursor_seq)
+        # The input is built before the run's row and written with it: one write, not two.
+        run_id = new_run_id()
+        built = self._build_input(group, run_id, batch, prior)
         # The run row is the run's slot under ORCHESTRATOR_MAX_CONCURRENT_RUNS: none free, FleetFull.
         run = take_slot(
             self.db,
@@ -293,34 +296,29 @@ class Pipeline:
             cursor_to=batch.cursor_to,
             celery_task_id=task_id,
             owner=self.owner,
+            run_id=run_id,
+            recorded=recorded(input_bytes(built)) if isinstance(built, ContainerInput) else None,
         )
         since = waiting_since(self.db, group.chat_jid, group.cursor_seq, batch.cursor_to)
         metrics.run_created(run.created_at, since)
         with log_context(run_id=run.id), run_span(self.db, run):
-            return self._first_attempt(group, run, batch, prior, lease_lost, since)
+            return self._first_attempt(group, run, batch, built, lease_lost, since)
 
-    def _first_attempt(
-        self,
-        group: Group,
-        run: Run,
-        batch: Batch,
-        prior: list[StoredMessage],
-        lease_lost: threading.Event | None,
-        waiting_since: datetime | None = None,
-    ) -> RunOutcome:
-        """A new run's input, built and recorded once, and its first attempt."""
-        assistant = group.assistant_name or self.settings.assistant_name
-        outputs = self._outputs(group, RunOutcome(run=run, waiting_since=waiting_since))
+    def _build_input(
+        self, group: Group, run_id: str, batch: Batch, prior: list[StoredMessage]
+    ) -> ContainerInput | Verdict:
+        """The input of run ``run_id``, the same for every attempt (built once), or the
+        verdict of a run whose input could not be built: it still ends cleanly, with a host
+        message."""
         try:
             tasks = run_tasks(self.db, group)
-            # The input is the same for every attempt: build and record it once.
             payload = build_input(
                 settings=self.settings,
                 group=group,
-                run_id=run.id,
+                run_id=run_id,
                 prior=prior,
                 batch=batch,
-                assistant_name=assistant,
+                assistant_name=group.assistant_name or self.settings.assistant_name,
                 notices=compute_notices(self.db, self.settings, group, tasks=tasks),
                 model=model_settings(self.settings, group),
                 send_targets=send_targets(self.db, group),
@@ -331,14 +329,29 @@ class Pipeline:
             if group.tools is None or "schedules" in group.tools:
                 # What the agent's list_tasks answers (orchestrator/run/agent_tasks.py).
                 payload = payload.replace(tasks=[task_info(t) for t in tasks])
-            record_input(self.db, run.id, input_bytes(payload))
         except ConfigError as exc:
-            verdict = Verdict("failed", str(exc))
+            return Verdict("failed", str(exc))
         except Exception as exc:  # noqa: BLE001 - the run still ends cleanly, with a host message
-            log.exception("could not assemble the input of run %s", run.id)
-            verdict = Verdict("failed", f"{type(exc).__name__}: {exc}")
+            log.exception("could not assemble the input of run %s", run_id)
+            return Verdict("failed", f"{type(exc).__name__}: {exc}")
+        return payload
+
+    def _first_attempt(
+        self,
+        group: Group,
+        run: Run,
+        batch: Batch,
+        built: ContainerInput | Verdict,
+        lease_lost: threading.Event | None,
+        waiting_since: datetime | None = None,
+    ) -> RunOutcome:
+        """A new run's first attempt, on its recorded input (``built``; a verdict: none could be built)."""
+        assistant = group.assistant_name or self.settings.assistant_name
+        outputs = self._outputs(group, RunOutcome(run=run, waiting_since=waiting_since))
+        if isinstance(built, Verdict):
+            verdict = built
         else:
-            verdict = self._attempt(outputs, payload, assistant, lease_lost, Usage(), batch)
+            verdict = self._attempt(outputs, built, assistant, lease_lost, Usage(), batch)
         return self._conclude(outputs, verdict, batch.isolated)
 
     def resume(self, run: Run, *, task_id: str | None = None, lease_lost: threading.Event | None = None) -> RunOutcome:

@@ -47,7 +47,6 @@ import logging
 import os
 import shutil
 import stat
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,7 +85,7 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import Group, get_group
 from orchestrator.store.hosts import process_owner
 from orchestrator.store.replays import add_replay, save_outputs, seconds_running
-from orchestrator.store.runs import Run, finish_run, get_run
+from orchestrator.store.runs import Run, finish_run, get_run, new_run_id
 from orchestrator.store.slots import take_replay_slot
 from orchestrator.store.usage import quota_wait
 
@@ -298,7 +297,7 @@ def create_replay(db: Database, settings: Settings, run_id: str, model: str) -> 
         recorded = decode_input(raw)
     except ProtocolError as exc:
         raise ReplayRefused(f"run {original.id}'s recorded input does not decode: {exc}") from None
-    replay_id = str(uuid.uuid4())
+    replay_id = new_run_id()
     # The same messages, notices, send targets and limits, byte for byte; another model;
     # no session (the original's is the chat's, and a replay must never resume it).
     payload = recorded.replace(run_id=replay_id, session_id=None, model=resolved, traceparent=msgspec.UNSET)

@@ -60,6 +60,19 @@ class Run(BaseModel):
     replay_of: str | None = None
 
 
+@dataclass(frozen=True)
+class RecordedInput:
+    """A run's input as recorded: ``compressed`` (the bytes, zlib-compressed) and ``digest``
+    (their SHA-256 before compression)."""
+
+    digest: str
+    compressed: bytes
+
+
+def new_run_id() -> str:
+    return str(uuid.uuid4())
+
+
 def _to_run(row: RunRow) -> Run:
     return Run.model_validate(row, from_attributes=True)
 
@@ -123,11 +136,14 @@ def create_run(
     cursor_to: int,
     celery_task_id: str | None,
     owner: str | None = None,
+    run_id: str | None = None,
+    recorded: RecordedInput | None = None,
 ) -> Run:
     """A new ``queued`` run, as :func:`add_run` makes it, in a transaction of its own: one
     fixed INSERT on the driver, its times the database's now in the statement (once a run
-    with no fleet cap: docs/performance.md, "The control plane")."""
-    run_id = str(uuid.uuid4())
+    with no fleet cap: docs/performance.md, "The control plane"), its input with it when
+    ``recorded`` (the pipeline builds it first: one write less)."""
+    run_id = run_id or new_run_id()
     with db.transaction() as conn:
         created = driver_execute(
             conn,
@@ -139,6 +155,8 @@ def create_run(
                 "cursor_to": cursor_to,
                 "celery_task_id": celery_task_id,
                 "owner": owner,
+                "digest": None if recorded is None else recorded.digest,
+                "data": None if recorded is None else recorded.compressed,
             },
         ).fetchone()[0]
         if db.is_sqlite:
@@ -169,8 +187,9 @@ def _create_sql(*, sqlite: bool) -> str:
     now = now_text(sqlite=sqlite)
     return (
         "INSERT INTO runs (id, chat_jid, state, attempts, cursor_from, cursor_to, celery_task_id, owner, "
-        "input_tokens, output_tokens, created_at, started_at) "
-        f"VALUES (:id, :chat_jid, 'queued', 1, :cursor_from, :cursor_to, :celery_task_id, :owner, 0, 0, {now}, {now}) "
+        "input_tokens, output_tokens, created_at, started_at, input_sha256, input_json) "
+        f"VALUES (:id, :chat_jid, 'queued', 1, :cursor_from, :cursor_to, :celery_task_id, :owner, 0, 0, {now}, {now}, "
+        ":digest, :data) "
         "RETURNING created_at" + ("" if sqlite else f", {NOTIFY_RETURNING}")
     )
 
@@ -186,14 +205,16 @@ def add_run(
     cursor_to: int,
     celery_task_id: str | None,
     owner: str | None = None,
+    run_id: str | None = None,
+    recorded: RecordedInput | None = None,
 ) -> Run:
     """A new ``queued`` run, added in the caller's transaction (``store/slots.py``
-    admits a run under the fleet's cap and adds its row in one).  Its times are
-    the database's: the quotas count runs against the database's hour, whichever
-    host made them (``store/usage.py``)."""
+    admits a run under the fleet's cap and adds its row in one), with its input when
+    ``recorded``.  Its times are the database's: the quotas count runs against the
+    database's hour, whichever host made them (``store/usage.py``)."""
     now = db_now(session)
     row = RunRow(
-        id=str(uuid.uuid4()),
+        id=run_id or new_run_id(),
         chat_jid=chat_jid,
         state="queued",
         attempts=1,
@@ -205,6 +226,8 @@ def add_run(
         output_tokens=0,
         created_at=now,
         started_at=now,
+        input_sha256=None if recorded is None else recorded.digest,
+        input_json=None if recorded is None else recorded.compressed,
     )
     session.add(row)
     chat_changed(session, chat_jid)
@@ -406,10 +429,10 @@ def recent_run_ends(db: Database, chat_jid: str, limit: int = 5) -> list[tuple[R
 _SAVE_INPUT = "UPDATE runs SET input_sha256 = :digest, input_json = :data WHERE id = :run_id"
 
 
-def save_input(db: Database, run_id: str, digest: str, compressed: bytes) -> None:
-    """Record the run's input: ``compressed`` (the bytes, zlib-compressed) and ``digest``
-    (their SHA-256 before compression), in a transaction of its own."""
-    db.write_fixed(_SAVE_INPUT, {"digest": digest, "data": compressed, "run_id": run_id})
+def save_input(db: Database, run_id: str, recorded: RecordedInput) -> None:
+    """Record the run's input, in a transaction of its own (a replay's; a chat run's is
+    written with its row)."""
+    db.write_fixed(_SAVE_INPUT, {"digest": recorded.digest, "data": recorded.compressed, "run_id": run_id})
 
 
 def recorded_input(db: Database, run_id: str) -> bytes | None:

@@ -47,7 +47,7 @@ from sqlalchemy.orm import Session
 from orchestrator.core.errors import FleetFull, ReplayLimited
 from orchestrator.model.messages import HARNESS_SENDER_TYPES, SENDER_SCHEDULER
 from orchestrator.store.db import Database, changed_rows, db_now
-from orchestrator.store.runs import Run, add_run, create_run
+from orchestrator.store.runs import RecordedInput, Run, add_run, create_run
 from orchestrator.store.tables import GroupRow, MessageRow, RunRow, RunWaitRow
 
 log = logging.getLogger(__name__)
@@ -176,8 +176,11 @@ def take_slot(
     cursor_to: int,
     celery_task_id: str | None,
     owner: str | None = None,
+    run_id: str | None = None,
+    recorded: RecordedInput | None = None,
 ) -> Run:
-    """A new ``queued`` run of ``chat_jid`` if a slot is free for it, else :class:`FleetFull`.
+    """A new ``queued`` run of ``chat_jid`` (``run_id``, its input ``recorded`` with it) if a
+    slot is free for it, else :class:`FleetFull`.
 
     In one serialized transaction: count the slots taken, rank the group
     among the waiting ones, and either create the run (the slot; the group's
@@ -192,6 +195,8 @@ def take_slot(
             cursor_to=cursor_to,
             celery_task_id=celery_task_id,
             owner=owner,
+            run_id=run_id,
+            recorded=recorded,
         )
     with db.write() as session:
         if not db.is_sqlite:
@@ -211,6 +216,8 @@ def take_slot(
                 cursor_to=cursor_to,
                 celery_task_id=celery_task_id,
                 owner=owner,
+                run_id=run_id,
+                recorded=recorded,
             )
         wait = _wait(line[ahead], ahead + 1, now)
         asked = session.execute(update(RunWaitRow).where(RunWaitRow.chat_jid == chat_jid).values(seen_at=now))
