@@ -119,6 +119,24 @@ def test_overhead_bench_measures_cold_warm_and_the_baselines(docker_engine: None
     assert "quiet group with standby / floor (p50)" in out  # root here: standby is on
 
 
+def test_run_path_bench_times_each_step_of_a_warm_run_in_order(docker_engine: None) -> None:
+    out = bench("bench.run_path", "--runs", "2")
+    (total,) = numbers(r"in one process, n = 2: p50 ([\d.]+) ms", out)
+    steps = {}
+    for line in out.splitlines():
+        found = re.match(r" *([\d.]+) +([\d.]+)  +(\S+)$", line)
+        if found:
+            steps[found.group(3)] = (float(found.group(1)), float(found.group(2)))
+    # The lease first, then the run's row (its input with it), the warm container, the reply, the end.
+    order = ["leases.take", "pipeline.take_slot", "WarmPool.start", "ChatOutputs.emit", "pipeline.conclude"]
+    assert all(name in steps for name in order), out
+    starts = [steps[name][0] for name in order]
+    assert starts == sorted(starts), out
+    assert "pipeline.record_input" not in steps  # no write of its own for the input
+    (reply,) = numbers(r"the reply stored at ([\d.]+) ms", out)
+    assert steps["ChatOutputs.emit"][0] < reply < total, out
+
+
 def test_claude_code_bench_times_the_first_request_and_the_reply_cold_and_warm(docker_engine: None) -> None:
     out = bench("bench.claude_code", "--runs", "1")
     lines = out.splitlines()
