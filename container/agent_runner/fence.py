@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import select
 import signal
 import threading
@@ -56,6 +57,38 @@ def stop_everything(why: str) -> None:
     os._exit(EXIT_FENCED)
 
 
+# Threads that watched a run and wait for the next (a warm runner serves one run at a time:
+# one thread, started once).  A watch handed to one starts without a thread start on the
+# run's path, which waits for the new thread to be scheduled (0.3 ms of a warm run's first
+# event here: docs/performance.md, "A warm run without Docker").
+_Job = tuple[Callable[[], None], threading.Event]
+_idle: list[queue.SimpleQueue[_Job]] = []
+_idle_lock = threading.Lock()
+
+
+def _serve_watches(inbox: queue.SimpleQueue[_Job]) -> None:
+    while True:
+        work, done = inbox.get()
+        try:
+            work()
+        finally:
+            with _idle_lock:
+                _idle.append(inbox)
+            done.set()  # after the thread is back: the next run's watch finds it waiting
+
+
+def _on_a_thread(work: Callable[[], None]) -> threading.Event:
+    """``work`` on a waiting thread (a new one if none waits); the event is set when it ends."""
+    done = threading.Event()
+    with _idle_lock:
+        inbox = _idle.pop() if _idle else None
+    if inbox is None:
+        inbox = queue.SimpleQueue()
+        threading.Thread(target=_serve_watches, args=(inbox,), name="host-watch", daemon=True).start()
+    inbox.put((work, done))
+    return done
+
+
 class HostWatch:
     """Reads the host's stream on a thread of its own while a run goes on.
 
@@ -73,10 +106,10 @@ class HostWatch:
         self._lock = threading.Lock()
         self._finished = False
         self._wake_r, self._wake_w = os.pipe()
-        self._thread = threading.Thread(target=self._watch, name="host-watch", daemon=True)
+        self._done: threading.Event | None = None
 
     def start(self) -> HostWatch:
-        self._thread.start()
+        self._done = _on_a_thread(self._watch)
         return self
 
     def finished(self) -> None:
@@ -88,7 +121,8 @@ class HostWatch:
         connection may get the same number, and no stale watch must read it."""
         self.finished()
         os.write(self._wake_w, b"\0")
-        self._thread.join()
+        if self._done is not None:
+            self._done.wait()
         for fd in (self._fd, self._wake_r, self._wake_w):
             os.close(fd)
 

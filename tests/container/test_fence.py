@@ -117,3 +117,22 @@ def test_a_run_that_ends_exits_normally_with_its_stream_still_open(workspace: Pa
     events = [json.loads(line) for line in proc.stdout.read().decode().splitlines()]
     proc.stdin.close()
     assert code == 0 and events[-1]["type"] == "result", events
+
+
+def test_a_watch_after_a_watch_runs_on_the_same_thread() -> None:
+    """A warm runner's runs: the next run's watch starts on the thread the last one used
+    (no thread start on the run's path), and still sees its own host go."""
+    threads: list[threading.Thread] = []
+    for _ in range(3):
+        read_fd, write_fd = os.pipe()
+        called = threading.Event()
+
+        def on_gone(why: str, called: threading.Event = called) -> None:
+            threads.append(threading.current_thread())
+            called.set()
+
+        watch = HostWatch(read_fd, 30.0, on_gone).start()
+        os.close(write_fd)
+        assert called.wait(5), "the watch did not see the host go"
+        watch.close()
+    assert len(threads) == 3 and all(t is threads[0] for t in threads), threads
