@@ -24,11 +24,11 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
   wakeup=(--runs 3 --idle-s 5 --rounds 1); api=(--requests 100 --rounds 1)
   streaming=(--runs 2 --words 20); stream_push=(--deltas 20 --idle-s 3); egress=(--requests 30 --megabytes 20)
   control_plane=(--workers 1,2 --groups 12 --seconds 4 --warmup 2 --noop 60); db_reach=(--seconds 3 --clients 2 --per-client 3)
-  claude_code=(--runs 2); run_path=(--runs 3)
+  claude_code=(--runs 2); run_path=(--runs 3); warm_stages=(--runs 3)
 else
   ingest=(); history=(); throughput=(); memory=(); overhead=(); cli=(); gateway=(); recovery=(); delivery=(); continuity=()
   wakeup=(); api=()
-  streaming=(); stream_push=(); egress=(); control_plane=(); db_reach=(); claude_code=(); run_path=()
+  streaming=(); stream_push=(); egress=(); control_plane=(); db_reach=(); claude_code=(); run_path=(); warm_stages=()
 fi
 
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(git rev-parse --short HEAD)$(git diff --quiet || echo '+changes')"
@@ -39,6 +39,7 @@ echo; echo "== history";     "$PY" -m bench.history "${history[@]}" ${PG:+--pg "
 echo; echo "== throughput";  "$PY" -m bench.throughput "${throughput[@]}"
 echo; echo "== memory";      "$PY" -m bench.memory "${memory[@]}"
 echo; echo "== overhead";    "$PY" -m bench.overhead "${overhead[@]}"
+echo; echo "== warm stages"; "$PY" -m bench.warm_stages "${warm_stages[@]}"
 echo; echo "== run path";    "$PY" -m bench.run_path "${run_path[@]}"
 echo; echo "== claude code"; "$PY" -m bench.claude_code "${claude_code[@]}"
 echo; echo "== wakeup";      "$PY" -m bench.wakeup "${wakeup[@]}"

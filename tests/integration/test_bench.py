@@ -119,6 +119,19 @@ def test_overhead_bench_measures_cold_warm_and_the_baselines(docker_engine: None
     assert "quiet group with standby / floor (p50)" in out  # root here: standby is on
 
 
+def test_warm_stages_bench_splits_a_warm_reply_through_the_worker(docker_engine: None) -> None:
+    out = bench("bench.warm_stages", "--runs", "2")
+    stages = numbers(r"(?m)^ +(-?[\d.]+)  (?:message stored|->)", out)
+    assert len(stages) == 5, out
+    # Each moment comes after the one before it (one clock; the database's timestamps
+    # are the same wall clock's).
+    assert all(stage > 0 for stage in stages), out
+    (total,) = numbers(r"message stored -> reply stored: p50 ([\d.]+) ms", out)
+    assert total > 0 and abs(sum(stages) - total) < total, out
+    (send_task,) = numbers(r"send_task holds its caller: p50 ([\d.]+) ms", out)
+    assert 0 < send_task < total, out
+
+
 def test_run_path_bench_times_each_step_of_a_warm_run_in_order(docker_engine: None) -> None:
     out = bench("bench.run_path", "--runs", "2")
     (total,) = numbers(r"in one process, n = 2: p50 ([\d.]+) ms", out)
