@@ -60,7 +60,7 @@ from orchestrator.store.db import Database, unavailable_reason
 from orchestrator.store.groups import add_group, ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
-from tests.conftest import require_service
+from tests.conftest import require_service, wait_until
 from tests.fakes.clock import FakeClock
 from tests.fakes.sandbox import FakeSandbox, Script
 from tests.live_server import serve
@@ -302,6 +302,8 @@ def test_a_run_interrupted_by_a_postgresql_restart_is_answered_after(
     worker.start()
     try:
         assert sandbox.agent_started.wait(30)
+        # The container's id is written just after the agent starts: stop once the run is running.
+        wait_until(lambda: list_runs(db, chat_jid=jid)[0].state == "running", 30, "the run to be running")
         private_pg.stop("fast")
     finally:
         server_down.set()
