@@ -140,9 +140,8 @@ def main() -> None:
             f"{start:9.2f} {took:7.2f}  {'  ' * depth}{label}"
             + ("" if len(values) == args.runs else f" (in {len(values)} runs)")
         )
-    emitted = steps.get(("ChatOutputs.emit", 0)) or next(
-        (v for (name, _), v in steps.items() if name == "ChatOutputs.emit"), []
-    )
+    # The first output stored is the reply (the step is found at whatever depth it was called).
+    emitted = next((v for (name, _), v in steps.items() if name == "ChatOutputs.emit"), [])
     if emitted:
         print(f"the reply stored at {statistics.median(s + t for s, t in emitted) * 1000:.2f} ms (median)")
 
