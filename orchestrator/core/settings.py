@@ -170,6 +170,10 @@ class Settings(msgspec.Struct, kw_only=True):
     # (messages of the model's view: earlier tool calls and results count,
     # thinking and host notes do not); the token budget below bounds it in practice.
     context_messages: Annotated[int, Meta(ge=0)] = 200
+    # How many groups' histories a worker process keeps between their runs, so that a run
+    # reads only the messages stored since the last (orchestrator/run/history_cache.py;
+    # ~200 messages a group); 0 reads the whole history every run.
+    history_cache_groups: Annotated[int, Meta(ge=0)] = 256
     # Tokens of history a run's input may carry (estimated as JSON bytes / 4,
     # no tokenizer in the host): past it the oldest whole turns are left out
     # and a system notice says how much.  The new messages always go.

@@ -29,6 +29,7 @@ from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.model.views import Fitted, counts_in_view, fit_budget, model_view
 from orchestrator.run.expand import expand_content
+from orchestrator.run.history_cache import HistoryCache, KeptHistory
 from orchestrator.run.instructions import group_instructions, read_memory
 from orchestrator.run.run_files import sees_images, with_images
 from orchestrator.run.schedules import is_isolated
@@ -71,21 +72,55 @@ def plan_batch(new: list[StoredMessage]) -> Batch | int | None:
 
 
 def prior_messages(
-    db: Database, settings: Settings, group: Group, batch: Batch, cursor_from: int
+    db: Database,
+    settings: Settings,
+    group: Group,
+    batch: Batch,
+    cursor_from: int,
+    cache: HistoryCache | None = None,
 ) -> list[StoredMessage]:
     """The history shown before the batch (none for an isolated task): the last
     ``context_messages`` rows that may be in the model's view, read a page at a
-    time so that rows it never shows (thinking, host notes) do not count."""
+    time so that rows it never shows (thinking, host notes) do not count.
+
+    With a ``cache`` (a worker's), the rows its last run of the group showed
+    and answered are reused while the group's ``history_rev`` says none
+    changed, and only the rows stored since are read (``run/history_cache.py``);
+    the batch is kept for the next run.  The answer is the same either way."""
     if batch.isolated or settings.context_messages == 0:
         return []
-    wanted, before = settings.context_messages, cursor_from + 1
+    wanted, chat_jid = settings.context_messages, group.chat_jid
+    kept = None if cache is None else cache.get(chat_jid, group.history_rev, cursor_from, wanted)
+    found: tuple[list[StoredMessage], bool] | None = None
+    if kept is not None:
+        since = (
+            []
+            if kept.upto == cursor_from
+            else get_messages_after(chat_jid, kept.upto, limit=cursor_from - kept.upto, db=db)
+        )
+        rows, counted = _last_counted([*kept.rows, *(m for m in since if m.seq <= cursor_from)], wanted)
+        if counted == wanted or kept.complete:
+            found = rows, kept.complete and counted < wanted
+    picked, complete = found if found is not None else _read_prior(db, chat_jid, cursor_from, wanted)
+    if cache is not None:
+        # The batch is all the live rows in (cursor_from, cursor_to]: the next run's history.
+        rows, counted = _last_counted([*picked, *batch.messages], wanted)
+        kept = KeptHistory(group.history_rev, batch.cursor_to, rows, complete and counted < wanted, wanted)
+        cache.keep(chat_jid, kept)
+    return picked
+
+
+def _read_prior(db: Database, chat_jid: str, cursor_from: int, wanted: int) -> tuple[list[StoredMessage], bool]:
+    """:func:`prior_messages` from the database alone; and whether the rows go back to the
+    chat's first one the view counts (fewer than ``wanted`` were stored)."""
+    before = cursor_from + 1
     # Rows cost their decoding: read little more than wanted (a run stores a
     # record or two the view skips: result_meta, thinking), another page if short.
     page = wanted + wanted // 4 + 8
     picked: list[StoredMessage] = []
     counted = 0
     while counted < wanted:
-        rows = get_recent_messages(group.chat_jid, page, before_seq=before, db=db)
+        rows = get_recent_messages(chat_jid, page, before_seq=before, db=db)
         for m in reversed(rows):
             if counts_in_view(m):
                 if counted == wanted:
@@ -96,9 +131,21 @@ def prior_messages(
             break
         before = rows[0].seq
     picked.reverse()
-    # Start at a row the view counts: leading stored-only rows belong to an older turn.
-    first = next((i for i, m in enumerate(picked) if counts_in_view(m)), len(picked))
-    return picked[first:]
+    shown, counted = _last_counted(picked, wanted)
+    return shown, counted < wanted
+
+
+def _last_counted(rows: list[StoredMessage], wanted: int) -> tuple[list[StoredMessage], int]:
+    """The rows from the ``wanted``-th last that the view counts (from the first it counts, if
+    fewer), and how many it counts: leading stored-only rows belong to an older turn."""
+    counted, start = 0, len(rows)
+    for i in range(len(rows) - 1, -1, -1):
+        if counts_in_view(rows[i]):
+            if counted == wanted:
+                break
+            counted += 1
+            start = i
+    return rows[start:], counted
 
 
 def history_view(

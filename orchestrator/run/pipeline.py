@@ -49,6 +49,7 @@ from orchestrator.run.assembly import (
 from orchestrator.run.attempt import AttemptContext, Mounts, Verdict, run_attempt
 from orchestrator.run.chat_outputs import ChatOutputs
 from orchestrator.run.conclusion import conclude
+from orchestrator.run.history_cache import HistoryCache
 from orchestrator.run.live_draft import FREE_LINES_PER_EVENT, LiveDraft
 from orchestrator.run.model_choice import model_settings
 from orchestrator.run.notices import compute_notices
@@ -128,6 +129,8 @@ class Pipeline:
         self.deadline_exceptions = deadline_exceptions
         # Files people send and the agent hands back (store/files.py); nothing read until used.
         self.files = FileStore.from_settings(db, settings)
+        # The history each group's last run here read, for its next (run/history_cache.py).
+        self.history = HistoryCache(settings.history_cache_groups)
 
     @property
     def sandbox(self) -> Sandbox:
@@ -283,7 +286,7 @@ class Pipeline:
             self._advance(group, group.pending_seq if planned is None else planned, None)
             return None
         batch = planned
-        prior = prior_messages(self.db, self.settings, group, batch, group.cursor_seq)
+        prior = prior_messages(self.db, self.settings, group, batch, group.cursor_seq, self.history)
         # The input is built before the run's row and written with it: one write, not two.
         run_id = new_run_id()
         built = self._build_input(group, run_id, batch, prior)

@@ -75,6 +75,10 @@ class Group(BaseModel):
     # Who may answer the agent's questions (platform identities: the sender ids its channels
     # give; orchestrator/run/questions.py); None: anyone in the chat.
     approvers: list[str] | None = None
+    # Moves whenever a stored message of the chat changes or goes (the database's triggers,
+    # revision 0027): the history a worker kept for the group is good while it stays the same
+    # (orchestrator/run/history_cache.py).
+    history_rev: int = 0
 
 
 def group_from_row(row: GroupRow) -> Group:
@@ -102,6 +106,7 @@ GROUP_COLUMNS = (
     "trigger_names",
     "tools",
     "approvers",
+    "history_rev",
 )
 # The JSON columns: the driver's own read gives their text on SQLite.
 _JSON_COLUMNS = ("container_config", "trigger_names", "tools", "approvers")

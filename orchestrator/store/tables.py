@@ -123,6 +123,9 @@ class GroupRow(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # When the holder last took or renewed the lease (the database's clock; store/liveness.py).
     lease_renewed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Moved by the database's triggers whenever a stored message of the chat changes or
+    # goes (revision 0027): a worker's kept history is good while it stays the same.
+    history_rev: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     session_id: Mapped[str | None] = mapped_column(Text, nullable=True)
     # The host the group is placed on (orchestrator/store/placement.py): its signals go to
     # that host's own queue while it is up; NULL: no place yet, the shared queue.
