@@ -57,6 +57,9 @@ class InstantSandbox:
     def __init__(self) -> None:
         self._started = 0
 
+    def expected_container(self, group_folder: str) -> str | None:
+        return None
+
     @contextmanager
     def start(self, spec: ContainerSpec, payload: bytes) -> Iterator[InstantAgent]:
         self._started += 1

@@ -348,7 +348,8 @@ def _stream(ctx: AttemptContext, spec: ContainerSpec, payload: ContainerInput, g
     asked = time.perf_counter()
     with ctx.sandbox.start(spec, input_bytes(payload)) as container, contextlib.closing(ctx.draft):
         metrics.container_started(asked, container)
-        set_container(ctx.db, ctx.run.id, container.id)
+        if container.id != ctx.run.container_id:  # else the run's row was written running on it
+            set_container(ctx.db, ctx.run.id, container.id)
         tracing.annotate(container_id=container.id, cold=getattr(container, "cold", True))
         with StopWatch(ctx.db, ctx.run.id, container.kill, ctx.lease_lost, clock=ctx.clock) as stop:
             try:

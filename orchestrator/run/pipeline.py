@@ -301,6 +301,9 @@ class Pipeline:
             owner=self.owner,
             run_id=run_id,
             recorded=recorded(input_bytes(built)) if isinstance(built, ContainerInput) else None,
+            # The group's warm container as this process knows it: the row says ``running`` on
+            # it at once, and the attempt writes the container only if it is given another.
+            container_id=self.sandbox.expected_container(group.folder) if isinstance(built, ContainerInput) else None,
         )
         since = waiting_since(self.db, group.chat_jid, group.cursor_seq, batch.cursor_to)
         metrics.run_created(run.created_at, since)

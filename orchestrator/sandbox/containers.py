@@ -483,6 +483,9 @@ class DockerSandbox:
         self.settings = settings
         self.client = client or docker_client(settings)
 
+    def expected_container(self, group_folder: str) -> str | None:
+        return None  # every run gets a container of its own, made when it starts
+
     def start(self, spec: ContainerSpec, payload: bytes) -> RunningContainer:
         return RunningContainer(self.client, spec, payload, engine_runtime(self.client, self.settings))
 

@@ -46,3 +46,10 @@ class Sandbox(Protocol):
     def start(self, spec: ContainerSpec, payload: bytes) -> AbstractContextManager[AgentProcess]:
         """Start the agent on ``payload`` (a ContainerInput); leaving the context cleans up."""
         ...
+
+    def expected_container(self, group_folder: str) -> str | None:
+        """The id of the container the group's next run would most likely go to, known
+        without asking anything (None: not known here).  A guess the run's row is written
+        with (``running`` at once: one write less); :meth:`start` decides, and the run
+        records the container it was really given when that is another."""
+        ...

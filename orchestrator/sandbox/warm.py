@@ -516,6 +516,14 @@ class WarmPool:
         _known[key] = known
         return WarmRun(container, sock, spec, payload, start_mode="warm", dirty_marker=dirty, pool=self)
 
+    def expected_container(self, group_folder: str) -> str | None:
+        """The warm container this process last handed the group's run to, if it still
+        counts it as known (:meth:`_start_known` checks it when the run starts)."""
+        known = _known.get(self._known_key(group_folder))
+        if known is None or time.monotonic() - known.looked_up > KNOWN_TTL_S:
+            return None
+        return str(known.container.id)
+
     def start(self, spec: ContainerSpec, payload: bytes) -> WarmRun:
         idle = self.settings.warm_idle_s
         known = self._start_known(spec, payload, idle)

@@ -138,12 +138,15 @@ def create_run(
     owner: str | None = None,
     run_id: str | None = None,
     recorded: RecordedInput | None = None,
+    container_id: str | None = None,
 ) -> Run:
     """A new ``queued`` run, as :func:`add_run` makes it, in a transaction of its own: one
     fixed INSERT on the driver, its times the database's now in the statement (once a run
     with no fleet cap: docs/performance.md, "The control plane"), its input with it when
-    ``recorded`` (the pipeline builds it first: one write less)."""
+    ``recorded`` (the pipeline builds it first: one write less), ``running`` on
+    ``container_id`` when given (the warm container it goes to: another write less)."""
     run_id = run_id or new_run_id()
+    state: RunState = "running" if container_id else "queued"
     with db.transaction() as conn:
         created = driver_execute(
             conn,
@@ -157,6 +160,8 @@ def create_run(
                 "owner": owner,
                 "digest": None if recorded is None else recorded.digest,
                 "data": None if recorded is None else recorded.compressed,
+                "state": state,
+                "container_id": container_id,
             },
         ).fetchone()[0]
         if db.is_sqlite:
@@ -166,13 +171,13 @@ def create_run(
     return Run(
         id=run_id,
         chat_jid=chat_jid,
-        state="queued",
+        state=state,
         attempts=1,
         cursor_from=cursor_from,
         cursor_to=cursor_to,
         celery_task_id=celery_task_id,
         owner=owner,
-        container_id=None,
+        container_id=container_id,
         input_tokens=0,
         output_tokens=0,
         error=None,
@@ -187,9 +192,9 @@ def _create_sql(*, sqlite: bool) -> str:
     now = now_text(sqlite=sqlite)
     return (
         "INSERT INTO runs (id, chat_jid, state, attempts, cursor_from, cursor_to, celery_task_id, owner, "
-        "input_tokens, output_tokens, created_at, started_at, input_sha256, input_json) "
-        f"VALUES (:id, :chat_jid, 'queued', 1, :cursor_from, :cursor_to, :celery_task_id, :owner, 0, 0, {now}, {now}, "
-        ":digest, :data) "
+        "input_tokens, output_tokens, created_at, started_at, input_sha256, input_json, container_id) "
+        f"VALUES (:id, :chat_jid, :state, 1, :cursor_from, :cursor_to, :celery_task_id, :owner, 0, 0, {now}, {now}, "
+        ":digest, :data, :container_id) "
         "RETURNING created_at" + ("" if sqlite else f", {NOTIFY_RETURNING}")
     )
 
@@ -207,16 +212,18 @@ def add_run(
     owner: str | None = None,
     run_id: str | None = None,
     recorded: RecordedInput | None = None,
+    container_id: str | None = None,
 ) -> Run:
     """A new ``queued`` run, added in the caller's transaction (``store/slots.py``
     admits a run under the fleet's cap and adds its row in one), with its input when
-    ``recorded``.  Its times are the database's: the quotas count runs against the
+    ``recorded``, ``running`` on ``container_id`` when given (:func:`create_run`).  Its times are the database's: the quotas count runs against the
     database's hour, whichever host made them (``store/usage.py``)."""
     now = db_now(session)
     row = RunRow(
         id=run_id or new_run_id(),
         chat_jid=chat_jid,
-        state="queued",
+        state="running" if container_id else "queued",
+        container_id=container_id,
         attempts=1,
         cursor_from=cursor_from,
         cursor_to=cursor_to,

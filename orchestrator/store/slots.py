@@ -178,9 +178,10 @@ def take_slot(
     owner: str | None = None,
     run_id: str | None = None,
     recorded: RecordedInput | None = None,
+    container_id: str | None = None,
 ) -> Run:
-    """A new ``queued`` run of ``chat_jid`` (``run_id``, its input ``recorded`` with it) if a
-    slot is free for it, else :class:`FleetFull`.
+    """A new ``queued`` run of ``chat_jid`` (``run_id``, its input ``recorded`` with it;
+    ``running`` on ``container_id`` when given) if a slot is free for it, else :class:`FleetFull`.
 
     In one serialized transaction: count the slots taken, rank the group
     among the waiting ones, and either create the run (the slot; the group's
@@ -197,6 +198,7 @@ def take_slot(
             owner=owner,
             run_id=run_id,
             recorded=recorded,
+            container_id=container_id,
         )
     with db.write() as session:
         if not db.is_sqlite:
@@ -218,6 +220,7 @@ def take_slot(
                 owner=owner,
                 run_id=run_id,
                 recorded=recorded,
+                container_id=container_id,
             )
         wait = _wait(line[ahead], ahead + 1, now)
         asked = session.execute(update(RunWaitRow).where(RunWaitRow.chat_jid == chat_jid).values(seen_at=now))

@@ -89,6 +89,9 @@ class FakeSandbox:
         self.peak = 0
         self._lock = threading.Lock()
 
+    def expected_container(self, group_folder: str) -> str | None:
+        return None  # each agent is its own "container", made when it starts
+
     def start(self, spec: ContainerSpec, payload: bytes) -> FakeAgent:
         with self._lock:
             script = self.scripts[min(len(self.started), len(self.scripts) - 1)]

@@ -606,6 +606,9 @@ class RecordingSandbox:
     def __init__(self) -> None:
         self.started: list[tuple[ContainerSpec, ContainerInput]] = []
 
+    def expected_container(self, group_folder: str) -> str | None:
+        return None
+
     def start(self, spec: ContainerSpec, payload: bytes) -> _FakeContainer:
         self.started.append((spec, decode_input(payload)))
         return _FakeContainer()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
@@ -315,6 +316,20 @@ def test_no_cap_no_line(settings: Settings, db: Database) -> None:
     for jid in jids:
         take_slot(db, 0, chat_jid=jid, cursor_from=0, cursor_to=1, celery_task_id=None)
     assert fleet_slots(db, 0).running == 3 and to_wake(db, 0) == []
+
+
+@pytest.mark.parametrize("cap", [0, 2])
+def test_a_run_made_on_a_known_container_is_running_on_it_at_once(settings: Settings, db: Database, cap: int) -> None:
+    # The pipeline names the warm container it expects (one write less than queued, then running).
+    known, unknown = _groups(db, "known", "unknown")
+    on_it = take_slot(db, cap, chat_jid=known, cursor_from=0, cursor_to=1, celery_task_id=None, container_id="c0ffee")
+    plain = take_slot(db, cap, chat_jid=unknown, cursor_from=0, cursor_to=1, celery_task_id=None)
+    assert (on_it.state, on_it.container_id) == ("running", "c0ffee")
+    assert (plain.state, plain.container_id) == ("queued", None)
+    stored = {run.id: run for run in list_runs(db, limit=5)}
+    assert (stored[on_it.id].state, stored[on_it.id].container_id) == ("running", "c0ffee")
+    assert (stored[plain.id].state, stored[plain.id].container_id) == ("queued", None)
+    assert fleet_slots(db, cap).running == 2  # both hold a slot either way
 
 
 def test_migration_0010_adds_the_line(db: Database) -> None:

@@ -30,6 +30,7 @@ from orchestrator.sandbox.warm import WarmPool, state_dir
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, ensure_main_group, get_group
 from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.runs import list_runs
 from tests.conftest import wait_until
 from tests.fakes.channel import RecordingChannel
 
@@ -112,8 +113,12 @@ def test_a_warm_run_asks_docker_nothing_until_its_image_is_rebuilt(warm: Pipelin
 def test_a_dead_warm_container_is_replaced(warm: Pipeline) -> None:
     first = _run(warm, "$ echo one")
     docker.from_env().containers.get(first).kill()
+    # The run's row is written running on the container this process knew (no write more when
+    # it is the one); given another, the row names the one the run had.
+    assert warm.sandbox.expected_container(get_group(warm.db, JID).folder) == first
     second = _run(warm, "$ echo after-crash")
     assert second != first and _last_output(warm).strip() == "after-crash"
+    assert list_runs(warm.db, limit=1)[0].container_id == second
 
 
 def test_a_timed_out_run_kills_its_container_and_the_next_starts_fresh(warm: Pipeline) -> None:
