@@ -207,22 +207,30 @@ class Transport(filesystem.Transport):
         start = monotonic()
         assert self.cycle is not None  # made with the transport (typed Optional)
         get = self.cycle.get
+        look = True
         while True:
-            try:
-                get(self._deliver, timeout=timeout)
-                return
-            except Empty:
-                pass
+            if look:
+                try:
+                    get(self._deliver, timeout=timeout)
+                    return
+                except Empty:
+                    pass
             # A consumer whose prefetch is full (a task still unacknowledged) takes
             # nothing, whatever wakes it, and the ack that frees it is no file
             # event: meanwhile look every polling_interval, as kombu does.
-            wait = self._safety_poll_s if self._can_consume() else (self.polling_interval or 0.05)
+            consuming = self._can_consume()
+            wait = self._safety_poll_s if consuming else (self.polling_interval or 0.05)
             if timeout is not None:
                 left = timeout - (monotonic() - start)
                 if left <= 0:
                     raise TimeoutError()
                 wait = min(wait, left)
-            watch.wait(wait)
+            names = watch.wait(wait)
+            # Only files our own writers closed and have yet to rename into view (the watch
+            # also hears kombu's in-place writers close theirs): the rename wakes us again,
+            # and looking now finds nothing but costs the folder's listing per queue.  (A
+            # full prefetch looks every time: the ack that frees it is no file event.)
+            look = not (consuming and names and all(name.endswith(_PARTIAL) for name in names))
             if watch.gone:
                 watch = self._folder_watch() or watch  # made anew (a folder put back) or polled
 

@@ -127,6 +127,38 @@ def test_a_message_between_the_look_and_the_wait_is_not_lost(folder: Path) -> No
     assert got == ["late"]
 
 
+def test_a_file_still_being_written_wakes_no_look(folder: Path) -> None:
+    """Our writers write a message under a ``.partial`` name and rename it into view: its
+    close wakes the watch, but the consumer waits for the rename instead of listing the
+    folder for nothing (each look lists it once per queue)."""
+    looks: list[str] = []
+
+    class CountingChannel(fs_transport.Channel):
+        def _get(self, queue: str) -> Any:
+            looks.append(queue)
+            return super()._get(queue)
+
+    class CountingTransport(fs_transport.Transport):
+        Channel = CountingChannel
+
+    def write_then_publish() -> None:
+        time.sleep(0.5)
+        (folder / "out" / f"1_x.{_name(folder)}.msg.partial").write_bytes(b"{}")  # closed, never renamed
+        time.sleep(0.5)
+        with _connection(folder, "inotify") as publisher:
+            _publish_on(publisher, _name(folder), "renamed")
+
+    with _connection(folder, "inotify", transport=CountingTransport) as conn:
+        _queue(folder)(conn.default_channel).declare()
+        writer = threading.Thread(target=write_then_publish)
+        writer.start()
+        got = _consume(conn, folder, timeout_s=20)
+        writer.join(30)
+    assert got == ["renamed"]
+    # The first look (nothing yet) and the one the rename woke: none for either partial file.
+    assert looks == [_name(folder)] * 2
+
+
 def test_poll_mode_still_delivers_and_makes_no_watch(folder: Path) -> None:
     """ORCHESTRATOR_BROKER_WAKEUP=poll (and a platform without inotify): kombu's polling."""
     with _connection(folder, "poll", poll_s=0.05) as conn:
