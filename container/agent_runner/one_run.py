@@ -84,7 +84,10 @@ def run(raw: bytes, emit: Emit, workspace: Path, *, host_fd: int | None = None) 
             watch = HostWatch(host_fd, inp.host_fence_s).start()
             host_fd = None
             emit = _marking_the_end(emit, watch)
-        log.info("run %s: %d messages, provider %s", inp.run_id, len(inp.messages), inp.model.provider)
+        # Debug, not info: a line on stderr wakes Docker's log pipeline (the container's shim
+        # and the engine) on the reply's path, ~0.25 ms of a warm reply (docs/performance.md);
+        # the host records each run whole.  AGENT_LOG_LEVEL=DEBUG shows it.
+        log.debug("run %s: %d messages, provider %s", inp.run_id, len(inp.messages), inp.model.provider)
         with egress_env(inp):
             PROVIDERS[inp.model.provider].run(inp, emit, workspace)
         return EXIT_OK
