@@ -67,9 +67,9 @@ SHAPE = [
     # the step: the lease, with the group
     "UPDATE groups SET lease_owner = %(owner)s",
     "COMMIT",
-    # reads: the unfinished runs, the batch, the history before it
+    # reads: the unfinished runs, the batch (the history before it is the worker's kept
+    # copy, orchestrator/run/history_cache.py: a group's worker has it from its last run)
     "SELECT id, chat_jid,",
-    'SELECT "seq",',
     'SELECT "seq",',
     # reads for the input: the live tasks (the agent's list and the due notice), the
     # previous run's end (a notice)
@@ -179,7 +179,6 @@ def script(log: list[Statement | None]) -> tuple[str, dict[str, str]]:
         " r || '-meta' AS meta_id FROM (SELECT gen_random_uuid()::text AS r) AS fresh \\gset",
     ]
     inserts = iter(["msg_id", "reply_id", "meta_id"])
-    seq_reads = iter(["g_cursor_seq", "prior_seq"])  # the batch above the cursor, the history below it
     in_tx = False
     for entry in log:
         if entry is None:
@@ -203,9 +202,7 @@ def script(log: list[Statement | None]) -> tuple[str, dict[str, str]]:
         elif text.startswith("UPDATE groups SET lease_owner = %(owner)s"):
             suffix = " \\gset g_"  # the group as the lease's statement reads it
         elif text.startswith('SELECT "seq",'):
-            names["seq"] = next(seq_reads)
-            if names["seq"] == "prior_seq":
-                lines.append("\\set prior_seq :g_cursor_seq + 1")
+            names["seq"] = "g_cursor_seq"  # the batch: above the group's cursor
         elif text.startswith("SELECT MIN(stored_at)"):
             names.update(after_seq="g_cursor_seq", upto_seq="g_pending_seq")
         elif text.startswith("UPDATE groups SET cursor_seq"):

@@ -28,7 +28,18 @@ depends_on = None
 
 # The columns a stored message's view is made of (orchestrator/store/message_log.py's
 # _STORED_FIELDS, "metadata" being the JSON column): an UPDATE of any moves the revision.
-_VIEW_COLUMNS = "id, chat_jid, sender, sender_name, content, timestamp, is_from_me, message_type, metadata, superseded_at, edited_at"
+_VIEW = (
+    *("id", "chat_jid", "sender", "sender_name", "content", "timestamp", "is_from_me", "message_type", "metadata"),
+    *("superseded_at", "edited_at"),
+)
+_VIEW_COLUMNS = ", ".join(_VIEW)
+
+
+def _row(alias: str) -> str:
+    """The view's columns of ``OLD`` or ``NEW`` as one row (PostgreSQL's ``json`` has no
+    equality: compared as its text)."""
+    return "(" + ", ".join(f'{alias}."{c}"' + ("::text" if c == "metadata" else "") for c in _VIEW) + ")"
+
 
 _SQLITE = [
     f"""CREATE TRIGGER messages_history_changed AFTER UPDATE OF {_VIEW_COLUMNS} ON messages
@@ -38,12 +49,16 @@ _SQLITE = [
 ]
 
 _POSTGRESQL = [
-    """CREATE FUNCTION messages_history_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+    # The columns are compared in the function, not named in the trigger (``UPDATE OF``):
+    # PostgreSQL refuses to change the type or collation of a column a trigger names.
+    f"""CREATE FUNCTION messages_history_changed() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
-        UPDATE groups SET history_rev = history_rev + 1 WHERE chat_jid IN (OLD.chat_jid, NEW.chat_jid);
+        IF {_row("OLD")} IS DISTINCT FROM {_row("NEW")} THEN
+            UPDATE groups SET history_rev = history_rev + 1 WHERE chat_jid IN (OLD.chat_jid, NEW.chat_jid);
+        END IF;
         RETURN NULL;
     END $$""",
-    f"""CREATE TRIGGER messages_history_changed AFTER UPDATE OF {_VIEW_COLUMNS} ON messages
+    """CREATE TRIGGER messages_history_changed AFTER UPDATE ON messages
     FOR EACH ROW EXECUTE FUNCTION messages_history_changed()""",
     # A retention prune deletes thousands of rows at once: one UPDATE per group, not per row.
     """CREATE FUNCTION messages_history_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
