@@ -72,9 +72,5 @@ class HistoryCache:
             while len(self._kept) > self.groups:
                 self._kept.popitem(last=False)
 
-    def forget(self, chat_jid: str) -> None:
-        with self._lock:
-            self._kept.pop(chat_jid, None)
-
     def __len__(self) -> int:
         return len(self._kept)

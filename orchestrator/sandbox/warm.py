@@ -197,6 +197,11 @@ class _Known:
     looked_up: float
     socket: SocketIdentity
 
+    @property
+    def stale(self) -> bool:
+        """Its image was looked up too long ago to trust (a rebuilt tag: :data:`KNOWN_TTL_S`)."""
+        return time.monotonic() - self.looked_up > KNOWN_TTL_S
+
 
 # Per process: (data dir, host id, group folder) -> the group's warm container as this
 # process last reached it.  The next run of the group reaches it with no Docker API call
@@ -495,7 +500,7 @@ class WarmPool:
         known = _known.pop(key, None)  # put back once the run is handed over
         if known is None:
             return None
-        if time.monotonic() - known.looked_up > KNOWN_TTL_S or _config_hash(known.image, spec, idle) != known.config:
+        if known.stale or _config_hash(known.image, spec, idle) != known.config:
             return None
         container = known.container
         dirty = _dirty_marker(self.settings, spec.group_folder, str(container.id))
@@ -520,7 +525,7 @@ class WarmPool:
         """The warm container this process last handed the group's run to, if it still
         counts it as known (:meth:`_start_known` checks it when the run starts)."""
         known = _known.get(self._known_key(group_folder))
-        if known is None or time.monotonic() - known.looked_up > KNOWN_TTL_S:
+        if known is None or known.stale:
             return None
         return str(known.container.id)
 

@@ -216,8 +216,9 @@ def add_run(
 ) -> Run:
     """A new ``queued`` run, added in the caller's transaction (``store/slots.py``
     admits a run under the fleet's cap and adds its row in one), with its input when
-    ``recorded``, ``running`` on ``container_id`` when given (:func:`create_run`).  Its times are the database's: the quotas count runs against the
-    database's hour, whichever host made them (``store/usage.py``)."""
+    ``recorded``, ``running`` on ``container_id`` when given (:func:`create_run`).  Its
+    times are the database's: the quotas count runs against the database's hour,
+    whichever host made them (``store/usage.py``)."""
     now = db_now(session)
     row = RunRow(
         id=run_id or new_run_id(),
