@@ -184,6 +184,7 @@ class Orchestrator:
             version=__version__,
             concurrency=concurrency,
             warm_count=self.tend_warm_containers,
+            machine=self.settings.machine_id,
         ).start()
 
     def recovery_watch(self) -> RecoveryWatch | None:

@@ -42,6 +42,10 @@ class Settings(msgspec.Struct, kw_only=True):
     # This worker's name in the fleet (the hosts table, run owners, placement).
     # Empty: the machine's hostname.
     host_id: str = ""
+    # The machine this worker runs on, as hosts compare it to know whether they share a
+    # kernel (and so its mounts): empty, /etc/machine-id with the kernel's boot id
+    # (core/machine.py).  Set it only to stand for another machine (the fault trials).
+    machine_id: str = ""
     # Empty means: the embedded default under data_dir (SQLite / filesystem://).
     database_url: str = ""
     broker_url: str = ""

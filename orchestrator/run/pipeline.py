@@ -58,6 +58,7 @@ from orchestrator.run.outcome import RunOutcome
 from orchestrator.run.run_files import batch_files
 from orchestrator.run.run_trace import run_span
 from orchestrator.run.sweeper import recover_group
+from orchestrator.run.volume_wait import wait_for_volumes
 from orchestrator.sandbox.bounded_io import OutputBudget
 from orchestrator.sandbox.config import container_plan
 from orchestrator.sandbox.containers import DockerSandbox
@@ -90,6 +91,8 @@ class Step:
     quota: QuotaWait | None = None  # the group is over a quota until then (retry_in says how long)
     # The fleet is at ORCHESTRATOR_MAX_CONCURRENT_RUNS: the group waits in line (retry_in: the re-check).
     waiting: SlotWait | None = None
+    # Another host may still have the group's volumes mounted: it waits (retry_in: the re-check).
+    volume_holder: str | None = None
     # Runs a dead lease holder left, closed by this step before it ran (sweeper.recover_group).
     recovered: list[str] = field(default_factory=list)
 
@@ -205,6 +208,9 @@ class Pipeline:
             due_in = self._due_in(parked)
             if due_in > 0:
                 return Step(retry_in=due_in)
+            held = self._volume_wait(group)
+            if held is not None:
+                return held
             with log_context(run_id=parked.id), run_span(self.db, parked):
                 outcome = self.resume(parked, task_id=task_id, lease_lost=lease_lost)
             return Step(outcome=outcome, retry_in=outcome.retry_in)
@@ -225,6 +231,9 @@ class Pipeline:
             # its way, and another now would be one more for each sweep of a wait hours long.
             # Were it lost, the sweep after the wait's end starts the run.
             return Step(quota=wait)
+        held = self._volume_wait(group)
+        if held is not None:
+            return held
         try:
             started = self.run_once(group, task_id=task_id, lease_lost=lease_lost)
         except FleetFull as full:
@@ -233,6 +242,18 @@ class Pipeline:
             # line (store/slots.py); the run that frees a slot signals the next.
             return Step(retry_in=full.retry_in, waiting=full.wait)
         return Step(outcome=started, retry_in=None if started is None else started.retry_in)
+
+    def _volume_wait(self, group: Group) -> Step | None:
+        """The step of a group whose volumes another host may still have mounted: it waits,
+        holding no slot nor place in the run line (run/volume_wait.py); None: run now."""
+        wait = wait_for_volumes(self.db, self.settings, group, self.sandbox)
+        if wait is None:
+            return None
+        leave_line(self.db, self.settings.max_concurrent_runs, group.chat_jid)
+        if wait.told is not None:
+            self._deliver(group.chat_jid)
+        log.info("group %s waits for host %s to let go of its volumes", group.chat_jid, wait.holder)
+        return Step(retry_in=wait.retry_in, volume_holder=wait.holder)
 
     def drain_group(self, chat_jid: str, *, task_id: str | None = None) -> list[RunOutcome]:
         """Step until nothing is pending, waiting out retries on the clock: for

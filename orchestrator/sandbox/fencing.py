@@ -6,9 +6,10 @@ at once corrupt it.  The database's ``volume_holds`` (``store/volume_holds.py``)
 names the host that may mount a group's volumes.  Here, the two moments that
 use it:
 
-* before an attempt that may mount a volume (:func:`hold_for_attempt`), the
-  attempt's host claims the hold: refused (``VolumeHeldElsewhere``, a
-  retryable failure) while another live host has it;
+* before a run that may mount a volume (:func:`hold_for_attempt`), the run's
+  host claims the hold: refused (``VolumeHeldElsewhere``: the group waits,
+  ``run/pipeline.py``) while another host may still have it mounted; a dead
+  host of this machine's hold is taken over at once (one kernel, one mount);
 * every heartbeat beat, after the warm containers of groups that moved away
   were stopped (:func:`release_moved`), the holder unmounts a moved group's
   volumes and lets go once nothing of its machine has them open.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import logging
 
+from orchestrator.core.machine import machine_identity
 from orchestrator.core.settings import Settings
 from orchestrator.sandbox.config import parse_container_config, workspace_quota
 from orchestrator.sandbox.quota import group_volumes, unmount_group, volume_problem
@@ -43,11 +45,19 @@ def may_mount(settings: Settings, group: Group, provider: str) -> bool:
     return keeps_session(provider) and session_quota_bytes(settings) > 0
 
 
-def hold_for_attempt(db: Database, settings: Settings, group: Group, provider: str) -> None:
+def hold_for_attempt(db: Database, settings: Settings, group: Group, provider: str) -> str | None:
     """Claim ``group``'s volumes for this host before an attempt that may mount them; raises
-    ``VolumeHeldElsewhere`` while another live host holds them.  One read while held already."""
-    if may_mount(settings, group, provider):
-        claim(db, group.folder, settings.effective_host_id, gone_after_s=settings.dead_host_s)
+    ``VolumeHeldElsewhere`` while another host holds them that may still have them mounted.
+    One read while held already.  Returns the host they were taken over from, if any."""
+    if not may_mount(settings, group, provider):
+        return None
+    return claim(
+        db,
+        group.folder,
+        settings.effective_host_id,
+        gone_after_s=settings.dead_host_s,
+        machine=machine_identity(settings.machine_id),
+    )
 
 
 def release_moved(db: Database, settings: Settings, pool: WarmPool) -> list[str]:

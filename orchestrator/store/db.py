@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 _MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest revision in migrations/versions; tests/host/test_migrations.py
 # holds it to Alembic's own head, so a new revision cannot forget it.
-SCHEMA_HEAD = "0027"
+SCHEMA_HEAD = "0028"
 
 # A pooled PostgreSQL connection idle for longer than this is pinged before it is
 # used again (``_ping_when_idle``).  A connection used more recently saw the server

@@ -54,6 +54,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import ColumnElement, Text, and_, exists, func, or_, select, update
 
+from orchestrator.core.machine import machine_identity
 from orchestrator.store.db import Database, age_sql, age_text, changed_rows, now_sql
 from orchestrator.store.runs import FINAL_STATES, RUN_STATES, RunState
 from orchestrator.store.stored_literals import checked, column_check
@@ -269,8 +270,10 @@ def register(
     hostname: str | None = None,
     pid: int | None = None,
     window_s: float = ALIVE_WINDOW_S,
+    machine: str = "",
 ) -> None:
-    """Make (or take over) ``host_id``'s row for this process: ``up``, started and beaten now."""
+    """Make (or take over) ``host_id``'s row for this process: ``up``, started and beaten now;
+    ``machine``: the machine it runs on (``core/machine.py``; empty: this one's)."""
     from sqlalchemy.dialects import postgresql, sqlite  # an upsert; only workers register
 
     now = _db_now(db)
@@ -278,6 +281,7 @@ def register(
         "host_id": host_id,
         "instance": instance,
         "hostname": hostname or socket.gethostname(),
+        "machine": machine_identity(machine),
         "pid": os.getpid() if pid is None else pid,
         "version": version,
         "concurrency": concurrency,
@@ -430,6 +434,12 @@ def gone_for(db: Database, host_ids: set[str], seconds: float) -> set[str]:
     return host_ids - beating
 
 
+def machine_of(db: Database, host_id: str) -> str | None:
+    """The machine ``host_id`` last registered from (``core/machine.py``; None: unknown)."""
+    with db.read() as session:
+        return session.scalar(select(HostRow.machine).where(HostRow.host_id == host_id))
+
+
 def get_host(db: Database, host_id: str, *, window_s: float = ALIVE_WINDOW_S) -> Host | None:
     return next((h for h in list_hosts(db, window_s=window_s) if h.host_id == host_id), None)
 
@@ -458,8 +468,10 @@ class HostHeartbeat:
         warm_count: Callable[[], int | None] | None = None,
         interval_s: float = HEARTBEAT_INTERVAL_S,
         window_s: float = ALIVE_WINDOW_S,
+        machine: str = "",
     ) -> None:
         self.db, self.host_id, self.version, self.concurrency = db, host_id, version, concurrency
+        self.machine = machine
         self.instance = f"{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.interval_s, self.window_s = interval_s, window_s
         self._warm_count = warm_count
@@ -538,6 +550,7 @@ class HostHeartbeat:
             concurrency=self.concurrency,
             warm_containers=self._warm,
             window_s=self.window_s,
+            machine=self.machine,
         )
         if self._draining:
             heartbeat(self.db, self.host_id, self.instance, warm_containers=self._warm, draining=True)

@@ -350,6 +350,9 @@ class HostRow(Base):
     # The process that holds the row now (pid:nonce): a second process with the same id takes it over.
     instance: Mapped[str] = mapped_column(Text, nullable=False)
     hostname: Mapped[str] = mapped_column(Text, nullable=False)
+    # Its machine id and boot id (core/machine.py; revision 0028): hosts that share one
+    # share the kernel's mounts.  NULL: written before the column was.
+    machine: Mapped[str | None] = mapped_column(Text, nullable=True)
     pid: Mapped[int] = mapped_column(Integer, nullable=False)
     version: Mapped[str] = mapped_column(String(64), nullable=False)
     concurrency: Mapped[int] = mapped_column(Integer, nullable=False)

@@ -36,12 +36,11 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Connection, func, select
 
 from orchestrator.core.settings import Settings
-from orchestrator.model.messages import SENDER_HOST, NewMessage, StoredMessage
+from orchestrator.model.messages import StoredMessage
 from orchestrator.store.db import Database, driver_execute
-from orchestrator.store.deliveries import record_deliveries
 from orchestrator.store.groups import Group
+from orchestrator.store.host_notices import store_once
 from orchestrator.store.hosts import database_now
-from orchestrator.store.message_log import insert_message
 from orchestrator.store.tables import RunRow
 
 RUN_WINDOW = timedelta(hours=1)
@@ -179,22 +178,14 @@ def store_quota_notice(db: Database, chat_jid: str, wait: QuotaWait) -> StoredMe
     this wait's message is already stored (the same wait seen again: a
     re-signal, the sweeper).  Never shown to the model (a host message).
     """
-    new = NewMessage(
-        id=wait.notice_id,
-        chat_jid=chat_jid,
-        sender=SENDER_HOST,
-        sender_name="host",
+    return store_once(
+        db,
+        chat_jid,
+        notice_id=wait.notice_id,
         content=quota_message(wait),
-        timestamp=wait.now.isoformat(),
-        is_from_me=True,
-        message_type="host",
+        at=wait.now,
         metadata={"quota": wait.quota, "limit": wait.limit, "used": wait.used, "until": wait.until.isoformat()},
     )
-    with db.write() as session:
-        msg, created = insert_message(session, db, new)
-        if created:
-            record_deliveries(session, msg)
-    return msg if created else None
 
 
 # -- the sender rate limit (ingest's transaction) ------------------------------------------

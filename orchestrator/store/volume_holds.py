@@ -29,7 +29,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from orchestrator.core.errors import VolumeHeldElsewhere
 from orchestrator.store.db import Database, changed_rows, db_now
-from orchestrator.store.hosts import gone_for, owner_host
+from orchestrator.store.hosts import ALIVE_WINDOW_S, gone_for, machine_of, owner_host
 from orchestrator.store.tables import GroupRow, VolumeHoldRow
 
 log = logging.getLogger(__name__)
@@ -40,11 +40,24 @@ def holder(db: Database, folder: str) -> str | None:
         return session.scalar(select(VolumeHoldRow.host_id).where(VolumeHoldRow.folder == folder))
 
 
-def claim(db: Database, folder: str, host_id: str, *, gone_after_s: float) -> None:
-    """Hold ``folder``'s volumes for ``host_id``, or raise :class:`VolumeHeldElsewhere`."""
+def claim(
+    db: Database,
+    folder: str,
+    host_id: str,
+    *,
+    gone_after_s: float,
+    machine: str = "",
+    same_machine_after_s: float = ALIVE_WINDOW_S,
+) -> str | None:
+    """Hold ``folder``'s volumes for ``host_id``, or raise :class:`VolumeHeldElsewhere`.
+
+    Returns the host it took them over from (None: it held them already, or nobody did):
+    a host of this ``machine`` (``core/machine.py``) that has not beaten for
+    ``same_machine_after_s`` (dead for its leases, its sandboxes fenced), or any host
+    gone for ``gone_after_s``."""
     held_by = holder(db, folder)
     if held_by == host_id:
-        return
+        return None
     if held_by is None:
         insert = (sqlite.insert if db.is_sqlite else postgresql.insert)(VolumeHoldRow)
         with db.write() as session:
@@ -55,9 +68,10 @@ def claim(db: Database, folder: str, host_id: str, *, gone_after_s: float) -> No
             )
         held_by = holder(db, folder)
         if held_by == host_id:
-            return
+            return None
         assert held_by is not None  # a row that was there a moment ago is only ever replaced
-    if gone_after_s > 0 and gone_for(db, {held_by}, gone_after_s):
+    why = _why_taken(db, held_by, machine, same_machine_after_s, gone_after_s)
+    if why is not None:
         with db.write() as session:
             taken = session.execute(
                 update(VolumeHoldRow)
@@ -65,12 +79,46 @@ def claim(db: Database, folder: str, host_id: str, *, gone_after_s: float) -> No
                 .values(host_id=host_id, held_at=db_now(session))
             )
         if changed_rows(taken) == 1:
-            log.warning(
-                "took over the volumes of %s from host %s, gone for %.0fs or more", folder, held_by, gone_after_s
-            )
-            return
-        return claim(db, folder, host_id, gone_after_s=gone_after_s)  # someone else moved first: look again
+            log.warning("took over the volumes of %s from host %s: %s", folder, held_by, why)
+            return held_by
+        # Someone else moved first: look again.
+        return claim(
+            db,
+            folder,
+            host_id,
+            gone_after_s=gone_after_s,
+            machine=machine,
+            same_machine_after_s=same_machine_after_s,
+        )
     raise VolumeHeldElsewhere(folder, held_by, gone_after_s)
+
+
+def _why_taken(
+    db: Database, held_by: str, machine: str, same_machine_after_s: float, gone_after_s: float
+) -> str | None:
+    """Why ``held_by``'s hold may be taken over now (None: it may not)."""
+    if machine and same_machine_after_s > 0 and gone_for(db, {held_by}, same_machine_after_s):
+        theirs = machine_of(db, held_by)
+        if theirs is not None and shares_mounts(theirs, machine):
+            # One kernel: its mount is this host's mount too, so nothing is mounted twice; its
+            # sandboxes fenced themselves before it looked dead (the runner's fence, 5 s < 9 s),
+            # and a process of it that wakes finds its leases gone and writes nothing.
+            return f"it is of this machine and has not beaten for {same_machine_after_s:.0f}s"
+    if gone_after_s > 0 and gone_for(db, {held_by}, gone_after_s):
+        return f"it has not beaten for {gone_after_s:.0f}s (ORCHESTRATOR_DEAD_HOST_S)"
+    return None
+
+
+def shares_mounts(theirs: str, mine: str) -> bool:
+    """Whether a host of machine ``theirs`` that is gone left its mounts to a host of ``mine``:
+    the same machine and boot (one kernel), or the same machine in an earlier boot (a reboot
+    unmounted everything).  ``<machine id>/<boot id>`` as ``core/machine.py`` makes them; an
+    override (``ORCHESTRATOR_MACHINE_ID``) is compared whole."""
+    if theirs == mine:
+        return True
+    their_machine, slash, _ = theirs.partition("/")
+    my_machine, my_slash, _ = mine.partition("/")
+    return bool(slash and my_slash) and their_machine == my_machine and their_machine != "unknown"
 
 
 def release(db: Database, folder: str, host_id: str) -> bool:

@@ -540,9 +540,11 @@ def test_a_volume_is_mounted_by_one_host_at_a_time_and_follows_its_group(
     from orchestrator.store.volume_holds import holder
 
     require_volumes()
-    a, b = volume_settings.replace(host_id="host-a"), volume_settings.replace(host_id="host-b", dead_host_s=60)
+    # Two machines (the storage's sharing is what this is about): one host each.
+    a = volume_settings.replace(host_id="host-a", machine_id="machine-a")
+    b = volume_settings.replace(host_id="host-b", dead_host_s=60, machine_id="machine-b")
     for host in ("host-a", "host-b"):
-        hosts.register(db, host_id=host, instance=host, version="test", concurrency=1)
+        hosts.register(db, host_id=host, instance=host, version="test", concurrency=1, machine=f"machine-{host[-1]}")
     add_group(db, chat_jid="team@chat", name="team", folder="team")
 
     def place(host: str) -> None:

@@ -31,12 +31,15 @@ from orchestrator.cli.supervisor import worker_argv
 from orchestrator.root import Orchestrator
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.sandbox.containers import LABEL_GROUP, LABEL_INSTALL, LABEL_WARM
+from orchestrator.sandbox import quota
 from orchestrator.sandbox.warm import LABEL_HOST
 from orchestrator.store import hosts
 from orchestrator.store.groups import add_group, get_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import FINAL_STATES, list_runs
+from orchestrator.store.volume_holds import holder
 from tests.conftest import wait_until
+from tests.quota_support import release_everything, require_volumes
 
 from .conftest import BIN, Stack
 
@@ -189,10 +192,31 @@ def test_a_groups_runs_stay_on_its_host_until_it_is_moved_or_its_host_drains(
     )
 
 
+@pytest.fixture(params=["volumes-off", "volumes-on"])
+def volumes(request: pytest.FixtureRequest, stack: Stack) -> Iterator[bool]:
+    """Workspace volumes off (a plain folder) or on (a loop-mounted ext4 image, the default
+    as root with loop devices), set before ``fleet`` starts the workers; on, everything
+    mounted is released afterwards."""
+    on = request.param == "volumes-on"
+    if not on:
+        yield False
+        return
+    require_volumes()
+    stack.env["ORCHESTRATOR_WORKSPACE_QUOTA"] = "64m"
+    try:
+        yield True
+    finally:
+        quota.unmount_all(stack.settings.replace(workspace_quota="64m"))
+        release_everything(stack.settings.data_dir)
+
+
 @pytest.mark.parametrize("stack", ["fleet"], indirect=True)
 def test_a_killed_hosts_group_is_answered_once_by_the_other_host_with_its_workspace(
+    volumes: bool,
     fleet: tuple[Stack, Orchestrator],
 ) -> None:
+    """With volumes on, the survivor takes the dead host's mount over once the host is dead
+    for its leases (both are of this machine: one kernel), not after ORCHESTRATOR_DEAD_HOST_S."""
     stack, root = fleet
     jid = "f@x"
     add_group(stack.db, chat_jid=jid, name="f", folder="f", requires_trigger=False)
@@ -217,7 +241,14 @@ def test_a_killed_hosts_group_is_answered_once_by_the_other_host_with_its_worksp
     assert _run_hosts(stack, jid) == [victim, survivor]
     assert get_group(stack.db, jid).placed_host == survivor
     assert "placed on place-a, which takes no groups now" in stack.worker_logs()
+    if volumes:
+        vol = quota.Volume.of(stack.settings, "f")
+        assert vol.mounted() == "ours" and len(quota.loop_devices_of(vol.image)) == 1  # one mount, taken over
+        assert holder(stack.db, "f") == survivor
+        assert "took over the volumes of f from host place-a" in stack.worker_logs()
+        assert elapsed < 15, f"answered {elapsed:.1f} s after the kill"
     print(
         f"PLACEMENT: a SIGKILLed host's group answered by the other host {elapsed:.1f} s after the kill "
-        f"(the dead host's window is {hosts.ALIVE_WINDOW_S:.0f} s), workspace intact, once"
+        f"(the dead host's window is {hosts.ALIVE_WINDOW_S:.0f} s), workspace intact, once, "
+        f"volumes {'on' if volumes else 'off'}"
     )

@@ -1,0 +1,85 @@
+"""A group whose volumes another host may still have mounted waits for them.
+
+A group's workspace and session folder may be ext4 images that one machine at a time
+mounts (``sandbox/fencing.py``).  Before a run starts, or a parked run's next attempt,
+its host claims them; while another host may still have them mounted the run does not
+start: it holds no worker slot and no place in the fleet's run line, the chat is told
+once, and the group is looked at again in :data:`RETRY_S`.  The wait ends when the holder
+lets go (it unmounts within a beat of seeing the group moved), when it is a host of this
+machine that stopped beating (its mount is this host's: taken over at once), or when it
+has been gone for ``ORCHESTRATOR_DEAD_HOST_S``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from orchestrator.core.errors import ConfigError, VolumeHeldElsewhere
+from orchestrator.core.settings import Settings
+from orchestrator.model.messages import StoredMessage
+from orchestrator.run.model_choice import model_settings
+from orchestrator.sandbox.fencing import hold_for_attempt
+from orchestrator.sandbox.port import Sandbox
+from orchestrator.sandbox.warm import LABEL_HOST, WarmPool
+from orchestrator.store.db import Database
+from orchestrator.store.groups import Group
+from orchestrator.store.host_notices import store_once
+
+log = logging.getLogger(__name__)
+
+# How soon a waiting group is looked at again: a live holder lets go within a beat (3 s).
+RETRY_S = 2.0
+
+
+@dataclass(frozen=True)
+class VolumeWait:
+    """The group waits for ``holder`` to let go of its volumes; ``told``: the chat's message,
+    when this look stored it (then its deliveries are due)."""
+
+    holder: str
+    retry_in: float
+    told: StoredMessage | None
+
+
+def wait_for_volumes(db: Database, settings: Settings, group: Group, sandbox: Sandbox) -> VolumeWait | None:
+    """Claim ``group``'s volumes for this host, or the wait for them (None: run now)."""
+    try:
+        provider = model_settings(settings, group).provider
+    except ConfigError:
+        return None  # the run fails on its model, and says so, before anything is mounted
+    try:
+        taken_from = hold_for_attempt(db, settings, group, provider)
+    except VolumeHeldElsewhere as held:
+        return VolumeWait(held.holder, RETRY_S, _tell(db, group, held.holder))
+    if taken_from is not None and isinstance(sandbox, WarmPool):
+        _remove_containers_of(sandbox, group.folder, taken_from)
+    return None
+
+
+def _tell(db: Database, group: Group, holder: str) -> StoredMessage | None:
+    # One message per batch and holder: the same wait looked at again stores nothing.
+    key = hashlib.sha256(f"{group.cursor_seq}\0{holder}".encode()).hexdigest()[:16]
+    return store_once(
+        db,
+        group.chat_jid,
+        notice_id=f"volume-wait-{key}",
+        content=(
+            f"⏳ This group's workspace is still mounted by host {holder!r}. The run starts as soon as "
+            "that host lets go of it (at once when it sees the group moved, or once it is known to be gone)."
+        ),
+        at=datetime.now(UTC),
+        metadata={"volume_wait": {"holder": holder}},
+    )
+
+
+def _remove_containers_of(pool: WarmPool, folder: str, host: str) -> None:
+    """The containers ``host`` (gone, of this machine and so of this engine) left for the group:
+    they fenced themselves when it stopped beating; any still there is removed before this
+    host uses the workspace they shared."""
+    for container in pool.find(folder, any_host=True):
+        if container.labels.get(LABEL_HOST) == host:
+            log.warning("removing container %s that gone host %s left for %s", container.name, host, folder)
+            pool.discard(container)

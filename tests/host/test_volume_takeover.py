@@ -1,0 +1,142 @@
+"""A group's volumes when their holder is gone or busy (issue 45), on both databases, with real
+loop-mounted volumes (root, loop devices, e2fsprogs; CI has them).
+
+* one machine: a dead host's hold is taken over once it has not beaten for the lease's
+  window (9 s), not after ORCHESTRATOR_DEAD_HOST_S, and its mount is used as it is (one
+  kernel: no second mount, no second loop device);
+* an earlier boot of this machine is one machine too; another machine is not;
+* a run whose volumes another live host holds waits for them, said once in the chat,
+  then runs when the holder lets go (it never fails for it).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import update
+
+from agent_runner.protocol import AssistantEvent, ResultEvent
+from orchestrator.core.errors import VolumeHeldElsewhere
+from orchestrator.core.settings import Settings
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.run.outbound import ChannelRegistry
+from orchestrator.run.pipeline import Pipeline
+from orchestrator.sandbox import quota
+from orchestrator.sandbox.config import container_plan
+from orchestrator.sandbox.fencing import hold_for_attempt
+from orchestrator.store import hosts
+from orchestrator.store.db import Database
+from orchestrator.store.groups import add_group, get_group
+from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.runs import list_runs
+from orchestrator.store.tables import HostRow
+from orchestrator.store.volume_holds import holder, release, shares_mounts
+from tests.fakes.clock import FakeClock
+from tests.fakes.sandbox import FakeSandbox, Script
+from tests.quota_support import require_volumes, volume_settings_fixture  # noqa: F401 - fixture
+
+JID = "team@chat"
+
+
+def _silent_for(db: Database, host_id: str, seconds: float) -> None:
+    with db.write() as session:
+        session.execute(
+            update(HostRow)
+            .where(HostRow.host_id == host_id)
+            .values(heartbeat_at=hosts.database_now(db) - timedelta(seconds=seconds))
+        )
+
+
+def _two_hosts(db: Database, settings: Settings, machine_a: str, machine_b: str) -> tuple[Settings, Settings]:
+    a = settings.replace(host_id="host-a", machine_id=machine_a)
+    b = settings.replace(host_id="host-b", machine_id=machine_b)
+    for s in (a, b):
+        hosts.register(db, host_id=s.host_id, instance=s.host_id, version="test", concurrency=1, machine=s.machine_id)
+    add_group(db, chat_jid=JID, name="team", folder="team", requires_trigger=False)
+    return a, b
+
+
+def test_a_dead_host_of_this_machine_leaves_its_mount_to_the_next_host_at_once(
+    volume_settings: Settings, db: Database
+) -> None:
+    require_volumes()
+    a, b = _two_hosts(db, volume_settings.replace(dead_host_s=120), "machine-1", "machine-1")
+    group = get_group(db, JID)
+    vol = quota.Volume.of(a, "team")
+    assert hold_for_attempt(db, a, group, "offline") is None
+    workspace = container_plan(a, group).workspace
+    (workspace / "notes.txt").write_text("written by host a\n")
+    devices = quota.loop_devices_of(vol.image)
+    assert vol.mounted() == "ours" and len(devices) == 1
+    # Alive, or silent for less than the lease's window: it still holds them.
+    _silent_for(db, "host-a", 5)
+    with pytest.raises(VolumeHeldElsewhere, match="held by host 'host-a'"):
+        hold_for_attempt(db, b, group, "offline")
+    # Dead for its leases (9 s), long before ORCHESTRATOR_DEAD_HOST_S (120 s): taken over.
+    _silent_for(db, "host-a", hosts.ALIVE_WINDOW_S + 1)
+    assert hold_for_attempt(db, b, group, "offline") == "host-a"
+    assert holder(db, "team") == "host-b"
+    container_plan(b, group)
+    # The same mount, not a second one: one kernel, one loop device, the same files.
+    assert vol.mounted() == "ours" and quota.loop_devices_of(vol.image) == devices
+    assert (workspace / "notes.txt").read_text() == "written by host a\n"
+    # Host a, back, finds it held by b: it neither mounts nor lets go of b's hold.
+    hosts.register(db, host_id="host-a", instance="host-a-again", version="test", concurrency=1, machine="machine-1")
+    with pytest.raises(VolumeHeldElsewhere, match="held by host 'host-b'"):
+        hold_for_attempt(db, a, group, "offline")
+    assert not release(db, "team", "host-a") and holder(db, "team") == "host-b"
+
+
+def test_another_machines_dead_host_keeps_its_hold_until_it_is_gone_for_good(
+    volume_settings: Settings, db: Database
+) -> None:
+    require_volumes()
+    a, b = _two_hosts(db, volume_settings.replace(dead_host_s=60), "machine-1", "machine-2")
+    group = get_group(db, JID)
+    hold_for_attempt(db, a, group, "offline")
+    container_plan(a, group)
+    _silent_for(db, "host-a", hosts.ALIVE_WINDOW_S + 1)
+    # Its kernel may still have the image mounted: a second machine must not mount it.
+    with pytest.raises(VolumeHeldElsewhere):
+        hold_for_attempt(db, b, group, "offline")
+    _silent_for(db, "host-a", 61)
+    quota.unmount_all(a)  # what machine 1's going away did to its mount
+    assert hold_for_attempt(db, b, group, "offline") == "host-a"
+
+
+def test_machines_share_mounts_in_one_boot_and_after_a_reboot_only() -> None:
+    assert shares_mounts("m1/boot1", "m1/boot1")
+    assert shares_mounts("m1/boot1", "m1/boot2")  # the reboot unmounted everything
+    assert not shares_mounts("m1/boot1", "m2/boot1")
+    assert not shares_mounts("unknown/boot1", "unknown/boot2")
+    assert shares_mounts("machine-1", "machine-1") and not shares_mounts("machine-1", "machine-2")
+
+
+def test_a_run_waits_for_volumes_held_by_a_live_host_says_so_once_and_runs_when_let_go(
+    volume_settings: Settings, settings: Settings, db: Database
+) -> None:
+    require_volumes()
+    on_db = volume_settings.replace(database_url=settings.effective_database_url, dead_host_s=120)
+    a, b = _two_hosts(db, on_db, "machine-1", "machine-2")
+    group = get_group(db, JID)
+    hold_for_attempt(db, a, group, "offline")
+    sandbox = FakeSandbox(Script([AssistantEvent(text="answered on b"), ResultEvent()]))
+    pipeline = Pipeline(b, db, ChannelRegistry([]), sandbox, clock=FakeClock())
+    ingest(db, b, IncomingMessage(chat_jid=JID, sender="u", content="hello"), signal=None)
+
+    first = pipeline.step(JID)
+    again = pipeline.step(JID)  # a re-signal of the same wait
+    for step in (first, again):
+        assert step.volume_holder == "host-a" and step.retry_in is not None and step.outcome is None
+    assert not sandbox.started and list_runs(db, chat_jid=JID, limit=10) == []
+    told = [m for m in get_messages_after(JID, 0, db=db) if m.message_type == "host"]
+    assert len(told) == 1 and "still mounted by host 'host-a'" in told[0].content
+
+    assert release(db, "team", "host-a")  # host a unmounted them, as its beat does for a moved group
+    step = pipeline.step(JID)
+    assert step.outcome is not None and step.outcome.run.state == "succeeded"
+    assert holder(db, "team") == "host-b"
+    replies = [m.content for m in get_messages_after(JID, 0, db=db) if m.sender == "bot"]
+    assert replies == ["answered on b"]
+    quota.unmount_all(b)
