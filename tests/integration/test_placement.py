@@ -252,3 +252,51 @@ def test_a_killed_hosts_group_is_answered_once_by_the_other_host_with_its_worksp
         f"(the dead host's window is {hosts.ALIVE_WINDOW_S:.0f} s), workspace intact, once, "
         f"volumes {'on' if volumes else 'off'}"
     )
+
+
+@pytest.mark.parametrize("stack", ["fleet"], indirect=True)
+def test_a_paused_hosts_silent_command_is_answered_once_by_the_other_host(
+    volumes: bool,
+    fleet: tuple[Stack, Orchestrator],
+) -> None:
+    """The holder SIGSTOPped 3 s into a silent 15 s command that then writes a marker naming its
+    container (what a VM stall looks like): its sandbox fences itself before the command writes,
+    the other host redoes the command and answers once, and after SIGCONT the old host neither
+    writes nor delivers anything for the group (the marker has one writer)."""
+    stack, root = fleet
+    jid = "s@x"
+    add_group(stack.db, chat_jid=jid, name="s", folder="s", requires_trigger=False)
+    victim, survivor = HOSTS
+    assert stack.cli("groups", "move", jid, victim).returncode == 0
+    seq = _send(stack, root, jid, "$ sleep 15; hostname >> marker.txt; echo wrote")
+    wait_until(
+        lambda: any(r.state == "running" for r in list_runs(stack.db, chat_jid=jid, limit=10)),
+        60,
+        "the silent command to start",
+        stack.worker_logs,
+    )
+    time.sleep(3)
+    proc = stack.procs[HOSTS.index(victim)]
+    os.killpg(proc.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        answer = _answered(stack, jid, seq, timeout=90)
+        elapsed = time.monotonic() - t0 + 3
+    finally:
+        os.killpg(proc.pid, signal.SIGCONT)
+    assert "wrote" in answer
+    time.sleep(12)  # the old host is back: it must write and deliver nothing for the group
+    assert len(_replies(stack, jid, seq)) == 1
+    marker = (stack.settings.groups_dir / "s" / "marker.txt").read_text().split()
+    assert len(marker) == 1, marker  # one writer: the old host's container never wrote
+    runs = list(reversed(list_runs(stack.db, chat_jid=jid, limit=10)))
+    answered = [r for r in runs if r.state == "succeeded"]
+    assert [hosts.owner_host(r.owner) for r in answered] == [survivor], [(r.state, r.owner) for r in runs]
+    assert all(hosts.owner_host(r.owner) == victim for r in runs if r.state != "succeeded")
+    if volumes:
+        assert holder(stack.db, "s") == survivor
+        assert len(quota.loop_devices_of(quota.Volume.of(stack.settings, "s").image)) == 1
+    print(
+        f"PLACEMENT: a SIGSTOPped host's silent 15 s command answered once by the other host "
+        f"{elapsed:.1f} s after it started, one writer, volumes {'on' if volumes else 'off'}"
+    )
