@@ -21,13 +21,15 @@ import logging
 
 from orchestrator.core.machine import machine_identity
 from orchestrator.core.settings import Settings
+from orchestrator.sandbox import mmp
 from orchestrator.sandbox.config import parse_container_config, workspace_quota
-from orchestrator.sandbox.quota import group_volumes, unmount_group, volume_problem
+from orchestrator.sandbox.quota import group_volumes, mounted_group_folders, unmount_group, volume_problem
 from orchestrator.sandbox.sessions import keeps_session, session_quota_bytes
 from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store.db import Database
 from orchestrator.store.groups import Group
-from orchestrator.store.volume_holds import claim, held_but_moved, release
+from orchestrator.store.hosts import ALIVE_WINDOW_S, machine_of
+from orchestrator.store.volume_holds import claim, held_but_moved, holders, release, shares_mounts
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +57,26 @@ def hold_for_attempt(db: Database, settings: Settings, group: Group, provider: s
         db,
         group.folder,
         settings.effective_host_id,
-        gone_after_s=settings.dead_host_s,
+        gone_after_s=other_machine_after_s(settings, group.folder),
         machine=machine_identity(settings.machine_id),
     )
+
+
+def other_machine_after_s(settings: Settings, folder: str) -> float:
+    """How long a holder of another machine must have been silent before its hold is taken.
+
+    Images with the multiple-mount protection (``sandbox/mmp.py``) are fenced by the storage:
+    whatever the database says, no second kernel mounts one another has mounted, so the hold
+    goes with the holder's leases (dead for :data:`ALIVE_WINDOW_S`) and the mount waits for
+    the image.  An image made before (no protection yet) is only safe once its machine is
+    gone for good: ``ORCHESTRATOR_DEAD_HOST_S``."""
+    after = settings.dead_host_s
+    if after <= 0:
+        return after  # never
+    images = [vol.image for vol in group_volumes(settings, folder) if vol.image.exists()]
+    if all(mmp.read_block(image) is not None for image in images):
+        return min(after, ALIVE_WINDOW_S)
+    return after
 
 
 def release_moved(db: Database, settings: Settings, pool: WarmPool) -> list[str]:
@@ -74,4 +93,31 @@ def release_moved(db: Database, settings: Settings, pool: WarmPool) -> list[str]
         if unmount_group(settings, folder) and release(db, folder, host):
             log.info("group folder %s moved to another host: its volumes are unmounted here and let go", folder)
             released.append(folder)
+    released += release_foreign(db, settings, pool)
     return released
+
+
+def release_foreign(db: Database, settings: Settings, pool: WarmPool) -> list[str]:
+    """Unmount what this machine still has mounted of groups whose volumes another machine's
+    host holds now: a host of this machine died with them mounted and the hold moved on (its
+    sandboxes fenced themselves); the new holder's kernel waits for this one to let go
+    (``sandbox/mmp.py``).  What a restarted worker's first beat does, and every beat after."""
+    mounted = mounted_group_folders(settings)
+    if not mounted:
+        return []
+    mine = machine_identity(settings.machine_id)
+    let_go = []
+    for folder, held_by in holders(db, mounted).items():
+        theirs = machine_of(db, held_by)
+        if theirs is None or shares_mounts(theirs, mine):
+            continue  # a host of this machine has them (this one's mount is its mount), or unknown
+        if any(c.status == "running" for c in pool.find(folder, any_host=True)):
+            continue  # a container of this machine still has it: next beat
+        if unmount_group(settings, folder):
+            log.warning(
+                "group folder %s is held by host %s of another machine: its volumes are unmounted here",
+                folder,
+                held_by,
+            )
+            let_go.append(folder)
+    return let_go

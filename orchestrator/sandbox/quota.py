@@ -56,9 +56,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from orchestrator.core.errors import WorkspaceQuotaError
+from orchestrator.core.errors import VolumeMountedElsewhere, WorkspaceQuotaError
 from orchestrator.core.settings import Settings
 from orchestrator.core.sizes import human_size, parse_quota
+from orchestrator.sandbox import mmp
 from orchestrator.sandbox.late_mounts import MountEntry, mount_entries
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,8 @@ QuotaMode = Literal["off", "volume", "checked"]
 MAX_ENTRIES = 1_000_000
 MAX_DEPTH = 128
 MAX_LINKS_TRACKED = 100_000  # hard-linked files the walk remembers, to count each once
-TOOLS = ("mkfs.ext4", "e2fsck", "resize2fs", "losetup", "mount", "umount")
-MOUNT_OPTIONS = "loop,nosuid,nodev,discard"
+TOOLS = ("mkfs.ext4", "e2fsck", "resize2fs", "tune2fs", "losetup", "mount", "umount")
+MOUNT_OPTIONS = "nosuid,nodev,discard"
 COMMAND_TIMEOUT_S = 120.0
 AUTO_QUOTA_BYTES = 2 * 1024**3
 
@@ -530,6 +531,8 @@ class Volume:
                 return
             started = time.monotonic()
             fresh = not self.image.exists()
+            if not fresh:
+                self._protect()
             if fresh:
                 self._make(quota)
             elif quota > self.size():
@@ -605,6 +608,8 @@ class Volume:
                     "0",
                     "-O",
                     "^has_journal",
+                    # Another machine's kernel may not mount it while this one has (sandbox/mmp.py).
+                    *mmp.mkfs_options(),
                     "-L",
                     f"ws-{self.folder}"[:16],
                     str(tmp),
@@ -616,8 +621,33 @@ class Volume:
             raise
         os.rename(tmp, self.image)
 
+    def _protect(self) -> None:
+        """Turn the multiple-mount protection on for an image made before it was used, while it
+        is mounted nowhere on this machine (the hold says nowhere else either: this host's)."""
+        if mmp.read_block(self.image) is not None or not self.image.exists() or loop_devices_of(self.image):
+            return
+        _run(mmp.enable_argv(self.image))
+        log.info("workspace volume %s: multiple-mount protection turned on", self.image)
+
     def _mount(self, target: Path) -> None:
-        _run(["mount", "-t", "ext4", "-o", MOUNT_OPTIONS, str(self.image), str(target)])
+        # A loop device of its own, never one already on the image (what ``mount -o loop``
+        # reuses): a second mount of the same device would share the first's filesystem and
+        # skip the multiple-mount check that is the fence between machines (sandbox/mmp.py).
+        device = _run(["losetup", "--find", "--show", str(self.image)]).strip()
+        try:
+            _run(["mount", "-t", "ext4", "-o", MOUNT_OPTIONS, device, str(target)])
+        except VolumeUnavailable:
+            with contextlib.suppress(VolumeUnavailable):
+                _run(["losetup", "-d", device])
+            block = mmp.read_block(self.image)
+            if block is not None and block.in_use:
+                # Refused by the multiple-mount protection: another kernel has it mounted.
+                raise VolumeMountedElsewhere(self.folder, block.node) from None
+            raise
+        # Detached once unmounted (the kernel marks a busy device to clear itself), as
+        # ``mount -o loop`` leaves it.
+        with contextlib.suppress(VolumeUnavailable):
+            _run(["losetup", "-d", device])
         if self.mounted(target) != "ours":
             raise VolumeUnavailable(f"mounted {self.image} at {target}, but /proc/self/mountinfo does not show it")
 
@@ -961,6 +991,18 @@ def _volume_named(settings: Settings, name: str) -> Volume | None:
     return Volume.of(settings, name)
 
 
+def mount_existing(settings: Settings, folder: str) -> None:
+    """Mount the group's volumes that exist and are not mounted on this machine, as they are
+    (no growth: the run's preparation does that): what a host does once it holds them, before
+    its run is created, so that a volume another machine still has mounted
+    (:class:`VolumeMountedElsewhere`) makes the group wait rather than fail a run."""
+    if volume_problem() is not None:
+        return
+    for vol in group_volumes(settings, folder):
+        if vol.image.exists() and vol.mounted() is None:
+            vol.ensure(0)
+
+
 def unmount_group(settings: Settings, folder: str) -> bool:
     """Unmount the group's volumes on this machine (a group that moved to another host); True
     once none is mounted nor its image attached to a loop device here any more: only then
@@ -979,6 +1021,20 @@ def unmount_group(settings: Settings, folder: str) -> bool:
             # Still held in another mount namespace (a container that has not exited yet).
             free = False
     return free
+
+
+def mounted_group_folders(settings: Settings) -> list[str]:
+    """The group folders with a volume mounted on this machine (its workspace's or its
+    session folder's), read from the images' loop devices and this mount table."""
+    vdir = volumes_dir(settings)
+    if not vdir.is_dir():
+        return []
+    found: dict[str, None] = {}
+    for image in sorted(vdir.glob("*.img")):
+        vol = _volume_named(settings, image.name[: -len(".img")])
+        if vol is not None and loop_devices_of(vol.image) and vol.mounted() == "ours":
+            found[vol.group or vol.folder] = None
+    return list(found)
 
 
 def unmount_all(settings: Settings) -> list[str]:

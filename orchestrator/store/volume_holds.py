@@ -40,6 +40,15 @@ def holder(db: Database, folder: str) -> str | None:
         return session.scalar(select(VolumeHoldRow.host_id).where(VolumeHoldRow.folder == folder))
 
 
+def holders(db: Database, folders: list[str]) -> dict[str, str]:
+    """folder -> the host holding its volumes, for those of ``folders`` held."""
+    with db.read() as session:
+        rows = session.execute(
+            select(VolumeHoldRow.folder, VolumeHoldRow.host_id).where(VolumeHoldRow.folder.in_(folders))
+        ).all()
+    return {folder: host for folder, host in rows}
+
+
 def claim(
     db: Database,
     folder: str,

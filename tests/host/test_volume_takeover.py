@@ -4,27 +4,37 @@ loop-mounted volumes (root, loop devices, e2fsprogs; CI has them).
 * one machine: a dead host's hold is taken over once it has not beaten for the lease's
   window (9 s), not after ORCHESTRATOR_DEAD_HOST_S, and its mount is used as it is (one
   kernel: no second mount, no second loop device);
-* an earlier boot of this machine is one machine too; another machine is not;
+* an earlier boot of this machine is one machine too; another machine is not: its hold goes
+  with its leases, but its kernel's mount refuses a second one (ext4's multiple-mount
+  protection) until that machine lets go; an image made before the protection waits for
+  ORCHESTRATOR_DEAD_HOST_S;
 * a run whose volumes another live host holds waits for them, said once in the chat,
   then runs when the holder lets go (it never fails for it).
 """
 
 from __future__ import annotations
 
+import subprocess
+import time
+from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
+import docker
 import pytest
 from sqlalchemy import update
 
 from agent_runner.protocol import AssistantEvent, ResultEvent
-from orchestrator.core.errors import VolumeHeldElsewhere
+from orchestrator.core.errors import VolumeHeldElsewhere, VolumeMountedElsewhere
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
-from orchestrator.sandbox import quota
+from orchestrator.sandbox import mmp, quota
 from orchestrator.sandbox.config import container_plan
-from orchestrator.sandbox.fencing import hold_for_attempt
+from orchestrator.sandbox.fencing import hold_for_attempt, release_foreign
+from orchestrator.sandbox.quota import mount_existing
+from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store import hosts
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, get_group
@@ -88,21 +98,79 @@ def test_a_dead_host_of_this_machine_leaves_its_mount_to_the_next_host_at_once(
     assert not release(db, "team", "host-a") and holder(db, "team") == "host-b"
 
 
-def test_another_machines_dead_host_keeps_its_hold_until_it_is_gone_for_good(
+def test_an_unprotected_image_of_another_machine_waits_for_its_host_to_be_gone_for_good(
     volume_settings: Settings, db: Database
 ) -> None:
+    """An image made before the multiple-mount protection: only the database fences it, so
+    another machine's hold goes only after ORCHESTRATOR_DEAD_HOST_S; its next mount turns the
+    protection on."""
     require_volumes()
     a, b = _two_hosts(db, volume_settings.replace(dead_host_s=60), "machine-1", "machine-2")
     group = get_group(db, JID)
     hold_for_attempt(db, a, group, "offline")
     container_plan(a, group)
+    vol = quota.Volume.of(a, "team")
+    quota.unmount_all(a)  # what machine 1's going away did to its mount
+    subprocess.run(["tune2fs", "-O", "^mmp", str(vol.image)], check=True, capture_output=True)
+    assert mmp.read_block(vol.image) is None
     _silent_for(db, "host-a", hosts.ALIVE_WINDOW_S + 1)
-    # Its kernel may still have the image mounted: a second machine must not mount it.
     with pytest.raises(VolumeHeldElsewhere):
         hold_for_attempt(db, b, group, "offline")
     _silent_for(db, "host-a", 61)
-    quota.unmount_all(a)  # what machine 1's going away did to its mount
     assert hold_for_attempt(db, b, group, "offline") == "host-a"
+    mount_existing(b, "team")
+    block = mmp.read_block(vol.image)
+    assert block is not None and block.in_use and vol.mounted() == "ours"
+
+
+@pytest.fixture
+def second_machine(volume_settings: Settings, tmp_path: Path) -> Iterator[Settings]:
+    """The data dir as another machine sees it: the same files through a private bind mount at
+    another path, so a volume mounted through one is not mounted through the other (two mount
+    tables over one storage, as two machines have; one kernel, whose multiple-mount protection
+    is the fence between them)."""
+    require_volumes()
+    there = tmp_path / "machine-2"
+    there.mkdir()
+    subprocess.run(["mount", "--bind", str(volume_settings.data_dir), str(there)], check=True)
+    subprocess.run(["mount", "--make-private", str(there)], check=True)
+    try:
+        yield volume_settings.replace(data_dir=there)
+    finally:
+        for _ in range(2):
+            quota.unmount_all(volume_settings.replace(data_dir=there))
+        subprocess.run(["umount", "-l", str(there)], check=False)
+
+
+def test_another_machines_mount_refuses_a_second_one_until_that_machine_lets_go(
+    volume_settings: Settings, second_machine: Settings, db: Database
+) -> None:
+    """Another machine's dead host loses its hold with its leases (9 s), but its kernel keeps the
+    image mounted: the second machine's mount is refused by the multiple-mount protection (the
+    group waits), and succeeds once the first machine lets go (its restarted worker unmounts a
+    volume whose hold is another machine's), with the files it wrote."""
+    a, b = _two_hosts(db, volume_settings.replace(dead_host_s=120), "machine-1", "machine-2")
+    b = b.replace(data_dir=second_machine.data_dir)
+    group = get_group(db, JID)
+    hold_for_attempt(db, a, group, "offline")
+    workspace = container_plan(a, group).workspace
+    (workspace / "notes.txt").write_text("written on machine 1\n")
+    assert mmp.read_block(quota.Volume.of(a, "team").image) is not None  # made protected
+    _silent_for(db, "host-a", hosts.ALIVE_WINDOW_S + 1)
+    assert hold_for_attempt(db, b, group, "offline") == "host-a"  # the hold goes with the leases ...
+    started = time.monotonic()
+    with pytest.raises(VolumeMountedElsewhere, match="mounted on machine"):
+        mount_existing(b, "team")  # ... the image does not: machine 1's kernel still has it
+    refused_after = time.monotonic() - started
+    assert quota.Volume.of(b, "team").mounted() is None
+    # Machine 1's worker, back, lets go of what another machine's host holds now.
+    hosts.register(db, host_id="host-a", instance="host-a-back", version="test", concurrency=1, machine="machine-1")
+    pool = WarmPool(a, docker.from_env())
+    assert release_foreign(db, a, pool) == ["team"]
+    assert quota.Volume.of(a, "team").mounted() is None
+    mount_existing(b, "team")
+    assert (b.groups_dir / "team" / "notes.txt").read_text() == "written on machine 1\n"
+    print(f"VOLUMES: another machine's mount refused after {refused_after:.1f} s")
 
 
 def test_machines_share_mounts_in_one_boot_and_after_a_reboot_only() -> None:

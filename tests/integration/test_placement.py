@@ -30,8 +30,8 @@ import pytest
 from orchestrator.cli.supervisor import worker_argv
 from orchestrator.root import Orchestrator
 from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.sandbox.containers import LABEL_GROUP, LABEL_INSTALL, LABEL_WARM
 from orchestrator.sandbox import quota
+from orchestrator.sandbox.containers import LABEL_GROUP, LABEL_INSTALL, LABEL_WARM
 from orchestrator.sandbox.warm import LABEL_HOST
 from orchestrator.store import hosts
 from orchestrator.store.groups import add_group, get_group
