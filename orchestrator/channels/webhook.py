@@ -14,7 +14,12 @@
   names one), so the replay is the duplicate of the message it replays, stored
   once (201, ``created: false``), as a sender's own retry is.  The secret is
   not the outbound one: every receiver of our deliveries holds that one, and
-  could otherwise post as anyone.  A sender over
+  could otherwise post as anyone.  The body's ``sender`` is stored as
+  ``webhook:<sender>`` (:data:`SENDER_PREFIX`; kept as it is when it has the prefix): a
+  namespace of its own, so a webhook never speaks as ``operator`` (the API's and the
+  command line's token holder, who answers questions whatever the group's approvers) nor
+  as another channel's person (``slack:U…``, ``tg:…``); a group lets a webhook sender
+  answer its questions by naming ``webhook:<sender>`` among its approvers.  A sender over
   ``ORCHESTRATOR_SENDER_MESSAGES_PER_MINUTE`` is a 429 with ``Retry-After``.
   The chat must be a registered group, as for ``POST /api/messages`` (the same
   body, the same rule): else a 404 and nothing is stored.  With
@@ -88,6 +93,8 @@ NONCE_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 _SECONDS = re.compile(r"[0-9]{1,12}")
 # The id of a message whose body names none: its nonce's (see the module's doc).
 NONCE_ID_PREFIX = "webhook-"
+# Inbound senders' namespace (see the module's doc).
+SENDER_PREFIX = "webhook:"
 # Senders only the harness writes as (the bot, the host, tools, the scheduler...): a webhook
 # naming one would put words in the agent's or the system's mouth.
 HARNESS_SENDERS = frozenset({*HARNESS_SENDER_TYPES, SENDER_SCHEDULER, *NEVER_STORED_SENDERS})
@@ -167,6 +174,11 @@ def inbound_refusal(incoming: IncomingMessage) -> tuple[str, str] | None:
     if incoming.channel not in (None, CHANNEL):
         return "channel", f"an inbound webhook's message arrives on the {CHANNEL!r} channel"
     return None
+
+
+def webhook_sender(sender: str) -> str:
+    """The sender an inbound message is stored as: ``sender`` in the webhook's namespace."""
+    return sender if sender.startswith(SENDER_PREFIX) else SENDER_PREFIX + sender
 
 
 def inbound_schema() -> dict[str, object]:
@@ -272,7 +284,7 @@ def _payload(rendered: RenderedMessage, settings: Settings, now: float) -> dict[
     if files is not None:
         message["files"] = [
             {"id": f.id, "name": f.name, "mime": f.mime, "size": f.size}
-            | ({"url": url} if (url := file_link(settings, f.id, now)) else {})
+            | ({"url": url} if (url := file_link(settings, rendered.chat_jid, f.id, now)) else {})
             for f in files.files
         ]
     asked = approval_of(rendered.metadata)
@@ -316,11 +328,17 @@ class InboundWebhook(InboundDoor):
         return None
 
     def take(self, incoming: IncomingMessage, nonce: str) -> IngestResult:
-        """Store ``incoming`` as this channel's, its id the nonce's unless the body names one (a
-        replay inside the window is the duplicate of what it replays).  Raises what ingest
-        raises: ``RateLimited``, ``UnknownGroup`` (an unregistered chat past
-        ORCHESTRATOR_UNREGISTERED_CHATS), ``InvalidMessage``."""
-        incoming = incoming.model_copy(update={"channel": CHANNEL, "id": incoming.id or NONCE_ID_PREFIX + nonce})
+        """Store ``incoming`` as this channel's, from a sender in its namespace, its id the
+        nonce's unless the body names one (a replay inside the window is the duplicate of what
+        it replays).  Raises what ingest raises: ``RateLimited``, ``UnknownGroup`` (an
+        unregistered chat past ORCHESTRATOR_UNREGISTERED_CHATS), ``InvalidMessage``."""
+        incoming = incoming.model_copy(
+            update={
+                "channel": CHANNEL,
+                "id": incoming.id or NONCE_ID_PREFIX + nonce,
+                "sender": webhook_sender(incoming.sender),
+            }
+        )
         return ingest(self.db, self.settings, incoming, signal=self.signal, signal_delivery=self.signal_delivery)
 
 

@@ -67,8 +67,11 @@ drawing to the classes)::
     │   ├── HostileEntry       an entry of an agent-writable folder the host will not use
     │   │                      (a symlink, FIFO, '..') [sandbox.hostile_fs]
     │   ├── GatewayError       the model gateway's socket cannot be set up safely [sandbox.gateway]
-    │   └── VolumeHeldElsewhere   another host holds the group's volumes (mounted on its machine): the
-    │                          attempt cannot mount them now and is retried [store.volume_holds]
+    │   ├── VolumeHeldElsewhere   another host holds the group's volumes (mounted on its machine): the
+    │   │                      run waits for them [store.volume_holds, run.volume_wait]
+    │   └── VolumeMountedElsewhere   another machine's kernel has the group's volume mounted (its
+    │                          ext4 multiple-mount protection refused this one): the run waits
+    │                          [sandbox.quota]
     ├── NotAllowed             someone the group does not allow: an answer to its question from one
     │                          not among its approvers (HTTP 403) [run.questions]
     ├── BrokerUnavailable      the broker failed moments ago, so a signal is left to the sweeper [run.queue]
@@ -99,7 +102,9 @@ for ``ContextUnavailable``, two modules' of one room), which turns them into
 something else: ``ContextUnavailable`` (defined in run.url_fetch, raised there
 and in run.expand, which writes an error note in place of the context item),
 ``_Refusal`` (sandbox.gateway: an HTTP error answer), ``_Refused`` (sandbox.egress: the
-egress proxy's refusal of one request, answered 403, 400 or 502), ``_WalkStopped``
+egress proxy's refusal of one request, answered 403, 400 or 502), ``PathRefused``
+(sandbox.request_paths: a request target it will not normalise, which sandbox.egress
+answers 403 and sandbox.egress_credentials reads as a bad setting), ``_WalkStopped``
 (sandbox.quota: a partial usage count) and ``VolumeUnavailable``
 (sandbox.quota: a ``WorkspaceQuotaError`` or the checked-mode fallback).
 """
@@ -338,6 +343,19 @@ class VolumeHeldElsewhere(SandboxError):
             f"{gone_after_s:.0f}s (ORCHESTRATOR_DEAD_HOST_S); mounting them here too would corrupt them"
         )
         self.folder, self.holder = folder, holder
+
+
+class VolumeMountedElsewhere(SandboxError):
+    """Another machine's kernel has the group's volume image mounted: ext4's multiple-mount
+    protection refused a second mount (``sandbox/mmp.py``).  The run waits until that machine
+    lets go (its worker unmounts a volume it no longer holds; a machine that died, by itself)."""
+
+    def __init__(self, folder: str, node: str) -> None:
+        super().__init__(
+            f"the volume of {folder!r} is mounted on machine {node!r}: mounting it here too would corrupt "
+            "it, so its multiple-mount protection refused; it is mounted here once that machine lets go"
+        )
+        self.folder, self.node = folder, node
 
 
 class OutputLimitExceeded(OrchestratorError):

@@ -235,9 +235,12 @@ class Settings(msgspec.Struct, kw_only=True):
     webhook_secret: str = ""
     # The address people and other systems reach this installation's API at (e.g.
     # https://orchestrator.example.com): an outbound webhook names a message's files with
-    # signed links under it (orchestrator/core/file_links.py), each good this long.
+    # signed links under it (orchestrator/core/file_links.py), each good this long (a link
+    # that says it is good for longer is refused).  The links' key: this one when set (hosts
+    # that share no data dir), else one made once under the data dir; never a webhook secret.
     public_base_url: str = ""
     file_link_ttl_s: Annotated[float, Meta(gt=0)] = 86400.0
+    file_link_key: str = ""
     # Secret inbound webhooks (POST /webhooks/inbound) must be signed with, over
     # timestamp, nonce and body (orchestrator/channels/webhook.py); empty: inbound
     # webhooks are off.  Its own, not the outbound one: a receiver of our
@@ -484,6 +487,14 @@ class Settings(msgspec.Struct, kw_only=True):
                 f"{ENV_PREFIX}WEBHOOK_INBOUND_SECRET must differ from {ENV_PREFIX}WEBHOOK_SECRET "
                 "(every receiver of the outbound webhooks holds that one)"
             )
+        if self.file_link_key and (
+            len(self.file_link_key) < 16 or self.file_link_key in (self.webhook_secret, self.webhook_inbound_secret)
+        ):
+            # A webhook secret is held by others (its receivers, its senders): they could sign links.
+            raise SettingsError(
+                f"{ENV_PREFIX}FILE_LINK_KEY must be at least 16 characters and differ from the webhook secrets "
+                "(e.g. `openssl rand -hex 32`), or be left empty to use the one made under the data dir"
+            )
         unknown = set(self.trace_exporters) - {"console", "otlp"}
         if unknown:
             raise SettingsError(
@@ -684,6 +695,7 @@ SECRET_FIELDS = (
     "flower_basic_auth",
     "webhook_secret",
     "webhook_inbound_secret",
+    "file_link_key",
     "anthropic_api_key",
     "openai_api_key",
     "telegram_bot_token",

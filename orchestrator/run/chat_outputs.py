@@ -30,7 +30,7 @@ from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
 from orchestrator.run import agent_tasks, questions
 from orchestrator.run.egress_log import record_metadata
 from orchestrator.run.outcome import RunOutcome
-from orchestrator.run.outputs import OutputMessage, host_message
+from orchestrator.run.outputs import OutputMessage, checked_output, host_message
 from orchestrator.sandbox.egress import EgressProxy
 from orchestrator.sandbox.outbox import take_file
 from orchestrator.sandbox.providers import facts_of
@@ -313,6 +313,7 @@ class ChatOutputs:
         the commit, so every statement after it holds back every other writer of messages
         (``bench/db_reach.py``: the lock is where one database saturates)."""
         group, outcome = self.group, self.outcome
+        out = checked_output(conn, group.chat_jid, out)  # what the container said of files, held to the store's
         # Outputs remember the last input their run saw: messages that arrive
         # during a run get later seqs than the run's replies, but the model
         # must see those replies first (see views.model_order).

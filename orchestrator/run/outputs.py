@@ -23,7 +23,13 @@ retried step) keeps one copy.
 A tool result's output is whatever the container says it is: the host
 stores at most ``max_tool_result_bytes`` of it (cut with a visible marker,
 the original size kept in the metadata as ``output_bytes``), and drops an
-envelope larger than that (``envelope_dropped`` says why).
+envelope larger than that (``envelope_dropped`` says why).  Its envelope passes
+ingest's checks (``run/ingest.py``) before it is stored: an APPROVAL envelope is
+the host's own (a question with buttons that answer it) and is refused here, and a
+FILE envelope may name only files its chat stored, described as the store has them
+(:func:`checked_output`, in the storing transaction); a refused envelope is dropped,
+its reason kept as ``invalid_envelope``, so no channel draws it and no link to a
+file it names is signed.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from agent_runner.protocol import AssistantEvent, Event, ThinkingEvent, ToolResu
 from orchestrator.core import secrets
 from orchestrator.core.errors import InvalidMessageMetadata
 from orchestrator.core.jsontypes import JsonObject
-from orchestrator.model.envelopes import build_structured_envelope
+from orchestrator.model.envelopes import ENVELOPE_KEYS, build_structured_envelope, files_of, refuse_host_envelope
 from orchestrator.model.messages import (
     SENDER_BOT,
     SENDER_HOST,
@@ -48,6 +54,8 @@ from orchestrator.model.messages import (
     decode_part,
 )
 from orchestrator.model.parts import Part
+from orchestrator.store.db import Connection
+from orchestrator.store.files import checked_files
 
 
 class OutputMessage(BaseModel):
@@ -165,12 +173,29 @@ def _tool_result_metadata(event: ToolResultEvent, cap: int | None = None) -> Jso
         if size > cap:
             return {**extras, "envelope_dropped": f"{size} bytes, over the host's {cap}-byte limit"}
     try:
+        refuse_host_envelope(env)  # a question only the host asks, with buttons that answer it
         # A missing type is refused there like any other that is not a non-empty string.
         return build_structured_envelope(
             env.get("message_type", ""), env.get("payload", {}), extras=extras, version=env.get("version", 1)
         )
     except InvalidMessageMetadata as exc:
         return {**extras, "invalid_envelope": str(exc)}
+
+
+def checked_output(conn: Connection, chat_jid: str, out: OutputMessage) -> OutputMessage:
+    """In the storing transaction: ``out`` as it may be stored in ``chat_jid``.  A tool result's
+    FILE envelope (the container's word) is held to ingest's rule: it names files of
+    ``chat_jid`` only, each described by the store's row, not by the envelope; else the
+    envelope is dropped and why is kept as ``invalid_envelope``.  Anything else (the host's
+    own outputs: send_file's stored file, a question) is ``out`` itself."""
+    if out.sender != SENDER_TOOL_RESULT or files_of(out.metadata) is None:
+        return out
+    try:
+        checked = checked_files(conn, chat_jid, out.metadata)
+    except InvalidMessageMetadata as exc:
+        extras = {k: v for k, v in (out.metadata or {}).items() if k not in ENVELOPE_KEYS}
+        checked = {**extras, "invalid_envelope": str(exc)}
+    return out.model_copy(update={"metadata": checked})
 
 
 def host_message(*, run_id: str, text: str) -> OutputMessage:

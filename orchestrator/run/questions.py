@@ -47,6 +47,8 @@ from orchestrator.core.errors import BadInput, Conflict, NotAllowed, NotFound
 from orchestrator.core.jsontypes import JsonObject
 from orchestrator.model.messages import SENDER_HOST, SENDER_SYSTEM, SENDER_TOOL_RESULT, NewMessage, StoredMessage
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
+from orchestrator.sandbox.config import parse_container_config
+from orchestrator.sandbox.egress_policy import host_name
 from orchestrator.store.db import Connection, Database, db_now
 from orchestrator.store.deliveries import record_deliveries
 from orchestrator.store.groups import mark_pending, routing
@@ -440,6 +442,19 @@ def egress_rule(host: str, port: int) -> str:
     return host if port in (80, 443) else f"{host}:{port}"
 
 
+def egress_target(host: object, port: object) -> tuple[str, int]:
+    """A question's host and port held to what the proxy takes as a target (``host_name``: a
+    name of the rules' grammar, no ``*``, no ``_``; a port from 1 to 65535), normalised;
+    ValueError saying why not.  The proxy refuses any other target before it notes it, so
+    only a question stored some other way (forged, or from before the check) fails here."""
+    if not isinstance(host, str):
+        raise ValueError(f"{host!r} is not a host name")
+    name = host_name(host)
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise ValueError(f"{port!r} is not a port (1 to 65535)")
+    return name, port
+
+
 def ask_about_egress(
     conn: Connection,
     db: Database,
@@ -453,7 +468,13 @@ def ask_about_egress(
 ) -> tuple[StoredMessage, int] | None:
     """Ask the chat, in the caller's transaction, whether the group's sandbox may reach
     ``host:port`` (an ``ask`` policy refused it): a host message with an APPROVAL envelope, its
-    options Allow and Refuse, answered by its id.  None when the chat is being asked already."""
+    options Allow and Refuse, answered by its id.  None when the chat is being asked already,
+    or ``host:port`` is no target a rule can name (:func:`egress_target`): nothing is asked then."""
+    try:
+        host, port = egress_target(host, port)
+    except ValueError as exc:
+        log.warning("chat %s: not asking about %r:%r: %s", chat_jid, host, port, exc)
+        return None
     if open_egress_question(conn, chat_jid, host, port) is not None:
         return None
     rule = egress_rule(host, port)
@@ -496,15 +517,25 @@ def ask_about_egress(
 
 
 def _egress_answer(conn: Connection, question: Question, choice: Choice, who: str, via: str) -> str:
-    """What an answer to the host's question does (an Allow adds the rule), as its note says it."""
+    """What an answer to the host's question does (an Allow adds the rule), as its note says it.
+
+    An Allow adds exactly the question's host (with its port: :func:`egress_rule`), held to
+    what the proxy takes as a target and the whole config to the validation ``groups set
+    --network`` passes (``parse_container_config``: the policy's own rules); either refused
+    is a :class:`BadInput` saying why, the group's config unchanged and the question open."""
     subject = question.subject or {}
-    host, port = str(subject.get("host")), int(subject.get("port") or 0)
-    rule = egress_rule(host, port)
     allowed = bool(choice.picked) and question.options[choice.picked[0]] == ALLOW
     if allowed:
-        add_egress_rule(conn, question.chat_jid, rule)
+        try:
+            host, port = egress_target(subject.get("host"), subject.get("port"))
+            rule = egress_rule(host, port)
+            add_egress_rule(conn, question.chat_jid, rule, validate=parse_container_config)
+        except ValueError as exc:  # ContainerConfigError is one
+            raise BadInput(
+                "option", f"cannot allow what this question names: {exc}; the group's network policy is unchanged"
+            ) from None
         return f"🌐 {rule} is allowed for this group now (by {who} via {via}); the agent's next run may reach it."
-    return f"🌐 {host}:{port} stays refused for this group (by {who} via {via})."
+    return f"🌐 {subject.get('host')}:{subject.get('port')} stays refused for this group (by {who} via {via})."
 
 
 # -- expiring -------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ The rows and their statements are ``orchestrator/store/schedules.py``'s.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import uuid
@@ -137,6 +138,27 @@ def first_due(kind: str, spec: str, now: datetime) -> datetime:
             raise InvalidMessage(f"time {spec!r} is in the past")
         return at
     raise InvalidMessage(f"schedule kind {kind!r}: use cron, interval or once")
+
+
+def cron_fields(spec: str) -> int:
+    """How many fields the valid cron line ``spec`` has (an alias such as ``@hourly``: five);
+    a sixth is seconds, a seventh the year."""
+    return len(croniter(spec).expanded)
+
+
+def shortest_cron_gap_s(spec: str) -> float:
+    """A lower bound, in seconds, of the time between two consecutive due times of the valid
+    five-field cron line ``spec``: the shortest step between the minutes of a day it fires
+    at, the step over midnight counted as if the next day fired too.  The day, month and
+    weekday fields only leave days out, which makes gaps longer, never shorter; the due
+    times are UTC, so no clock change shortens one either."""
+    minute, hour = croniter(spec).expanded[:2]
+    minutes = range(60) if "*" in minute else [int(m) for m in minute]
+    hours = range(24) if "*" in hour else [int(h) for h in hour]
+    times = sorted({h * 60 + m for h in hours for m in minutes})
+    steps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    steps.append(times[0] + 1440 - times[-1])
+    return 60.0 * min(steps)
 
 
 def change_task(

@@ -204,11 +204,15 @@ def prepare_folder(folder: Path) -> str:
     folder.  Any other host user: run as that same uid, so files the agent
     writes stay the user's own.
     """
+    if os.getuid() == 0:
+        _hand_over(folder)
+    return container_user()
+
+
+def container_user() -> str:
+    """The user agent containers run as (:func:`prepare_folder` hands them their folders)."""
     uid, gid = os.getuid(), os.getgid()
-    if uid != 0:
-        return f"{uid}:{gid}"
-    _hand_over(folder)
-    return f"{CONTAINER_UID}:{CONTAINER_UID}"
+    return f"{uid}:{gid}" if uid != 0 else f"{CONTAINER_UID}:{CONTAINER_UID}"
 
 
 def _hand_over(folder: Path) -> None:

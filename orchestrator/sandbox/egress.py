@@ -14,13 +14,20 @@ request's head, decides and then copies bytes; `h11` parses the head strictly (t
 Per request it decides, and records the decision (:class:`Decision`):
 
 * ``CONNECT host:port`` (HTTPS, or any TLS): the target as the CONNECT line names it, never a
-  later SNI or Host; tunnelled once allowed;
+  later SNI or Host; tunnelled once allowed.  A target (a URL's host too) must be a host name
+  of the policy's grammar and a port (``egress_policy.host_name``, ``port_number``) before
+  anything is decided or asked: ``*.com:443``, ``under_score.example:443`` or
+  ``x.test:1:443`` is a 400, never a question;
+* a brokered host's CONNECT is intercepted: its one request's path is normalised once
+  (``sandbox/request_paths.py``), held to the credential's scope, and sent on as normalised;
 * a plain HTTP request in absolute form (``GET http://host:port/path``): forwarded in origin
   form with ``Host`` set from the URL and ``Connection: close``; upgrades are refused;
 * the host must be a name (an IP literal is refused) the policy allows, by a method it allows;
   the proxy resolves it itself, through ``ORCHESTRATOR_EGRESS_RESOLVE`` (``host:port:address``,
   exactly that host and port) or the system's resolver, whose every address must be public
   (``core/addresses.py``), and connects to the address it checked (no second lookup to rebind);
+  whichever way a name resolves to this host's own addresses (loopback, 0.0.0.0, an
+  interface's, its public one), the installation's own ports (``Settings.own_ports``) stay shut;
 * a run's requests, bytes (both ways), open connections and idle time are bounded.
 
 A refusal is ``403`` with ``X-Orchestrator-Egress: refused`` and the reason as the body.
@@ -44,13 +51,21 @@ from urllib.parse import urlsplit
 
 import h11
 
-from orchestrator.core.addresses import is_public
+from orchestrator.core.addresses import is_public, is_this_host
 from orchestrator.core.errors import GatewayError
 from orchestrator.core.settings import Settings
-from orchestrator.sandbox.egress_ca import InstallationCA, certificates_of, ensure_ca
+from orchestrator.sandbox.egress_ca import InstallationCA, certificates_of, credential_hosts, ensure_ca
 from orchestrator.sandbox.egress_credentials import BrokeredCredential, brokered_hosts, parse_credentials
-from orchestrator.sandbox.egress_policy import EgressPolicy, host_refusal, may_ask, method_refusal
+from orchestrator.sandbox.egress_policy import (
+    EgressPolicy,
+    host_name,
+    host_refusal,
+    may_ask,
+    method_refusal,
+    port_number,
+)
 from orchestrator.sandbox.gateway import chmod_socket
+from orchestrator.sandbox.request_paths import OriginTarget, PathRefused, origin_target
 
 log = logging.getLogger(__name__)
 
@@ -390,18 +405,24 @@ class EgressProxy:
         if request is None:
             return
         method = request.method.decode("ascii", "replace").upper()
-        path = request.target.decode("ascii", "replace")
-        decision = Decision(time.time(), method, host, port, False, "", path=path.split("?", 1)[0])
-        refusal = (
-            (None if path.startswith("/") else "an intercepted request names a path")
-            or method_refusal(self.policy, method)
-            or credential.refusal(method, path)
-        )
+        sent = request.target.decode("ascii", "replace")
+        # Normalised once, before the credential's scope is checked; what was checked is what
+        # goes upstream (request_paths.py: no spelling the server resolves out of the scope).
+        target: OriginTarget | None = None
+        try:
+            target = origin_target(sent) if sent.startswith("/") else None
+            refusal = None if target is not None else "an intercepted request names a path"
+        except PathRefused as exc:
+            refusal = str(exc)
+        path = target.path if target is not None else sent.split("?", 1)[0]
+        decision = Decision(time.time(), method, host, port, False, "", path=path)
+        refusal = refusal or method_refusal(self.policy, method) or credential.refusal(method, path)
         if refusal is not None or self.run.requests >= self.limits.max_requests:
             decision.reason = refusal or f"this run's {self.limits.max_requests} requests are spent"
             self._record(decision)
             await self._answer_inner(writer, inner, 403, decision.reason)
             return
+        assert target is not None  # no refusal: the target was normalised
         self.run.requests += 1
         decision.allowed, decision.reason = True, f"credential {credential.name!r} added"
         self._record(decision)
@@ -417,7 +438,7 @@ class EgressProxy:
                 request,
                 host,
                 port,
-                path,
+                target.target,
                 upstream_w,
                 decision,
                 default_port=443,
@@ -568,6 +589,12 @@ class EgressProxy:
                 raise _Refused(f"{host} resolves to {text!r}, not an address") from None
             if not self.allowed(address):
                 raise _Refused(f"{host} resolves to a non-public address ({address})")
+            # A public name may be this host's own (its public address, or a resolver that
+            # answers with one): the installation's services listen there.
+            if port in self.forbidden_ports and is_this_host(address):
+                raise _Refused(
+                    f"{host} resolves to this host ({address}), and port {port} is one of this installation's own services"
+                )
         return addresses[0]
 
     async def _forward_request(
@@ -703,8 +730,11 @@ class EgressProxy:
 def egress_proxy(settings: Settings, socket_path: Path, policy: EgressPolicy) -> EgressProxy:
     """The proxy of a run of a group with ``policy``, bounded by the settings (not started);
     with the installation's CA when the group gets brokered credentials."""
-    brokered = brokered_hosts(parse_credentials(settings.egress_credentials), policy.credentials)
-    ca = ensure_ca(settings.data_dir, brokered, label=settings.install_id) if brokered else None
+    credentials = parse_credentials(settings.egress_credentials)
+    brokered = brokered_hosts(credentials, policy.credentials)
+    # The CA is the installation's, for all its brokered hosts, not this group's few: one CA
+    # for every group and run, made anew only when the installation's hosts change.
+    ca = ensure_ca(settings.data_dir, credential_hosts(credentials), label=settings.install_id) if brokered else None
     # The operator's CA (tests, an on-premise host): the proxy trusts it for the brokered
     # hosts' upstream TLS, and the sandbox for the hosts it reaches through a tunnel.
     trusted = certificates_of(settings.egress_upstream_ca_file) if settings.egress_upstream_ca_file else b""
@@ -738,24 +768,57 @@ def _is_literal(host: str) -> bool:
 
 
 def _authority(text: str, default_port: int | None) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port``) as a CONNECT line or a URL names it."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or "]" in port_text:
+    """``host:port`` (``[v6]:port``) as a CONNECT line or a URL names it, held to what a rule
+    can name before anything is decided or asked (a 400 otherwise): the host a name of the
+    policy's grammar (``egress_policy.host_name``: lowercased, one trailing dot dropped; no
+    ``*``, no ``_``, no empty label), the port digits from 1 to 65535 after exactly one colon
+    outside brackets.  An IP literal is passed on as it is, for :meth:`EgressProxy._decide`
+    to refuse in its own words."""
+    if text.startswith("["):
+        end = text.find("]")
+        host_text, rest = (text, "") if end < 0 else (text[: end + 1], text[end + 1 :])
+        if rest and not rest.startswith(":"):
+            raise _Refused(f"{text!r} is no host:port", status=400)
+        port_text = rest[1:] if rest else None
+        if not _is_literal(host_text):
+            raise _Refused(f"{text!r} is no host:port: {host_text!r} is no IPv6 address", status=400)
+    else:
+        if text.count(":") > 1:
+            raise _Refused(f"{text!r} is no host:port: one colon, before the port", status=400)
+        host_text, sep, port_text_or_empty = text.partition(":")
+        port_text = port_text_or_empty if sep else None
+    if port_text is None:
         if default_port is None:
             raise _Refused(f"{text!r} names no port", status=400)
-        host, port_text = text, str(default_port)
+        port = default_port
+    else:
+        try:
+            port = port_number(port_text)
+        except ValueError as exc:
+            raise _Refused(f"{text!r} is no host:port: {exc}", status=400) from None
+    if _is_literal(host_text):
+        return host_text.strip("[]").lower(), port
     try:
-        port = int(port_text)
-    except ValueError:
-        raise _Refused(f"{text!r} is no host:port", status=400) from None
-    if not host or not 1 <= port <= 65535:
-        raise _Refused(f"{text!r} is no host:port", status=400)
-    return host.strip("[]").lower(), port
+        return host_name(host_text), port
+    except ValueError as exc:
+        raise _Refused(f"{text!r} is no host:port: {exc}", status=400) from None
+
+
+def _origin(target: str) -> OriginTarget:
+    """``target`` normalised once (``sandbox/request_paths.py``), or :class:`_Refused` (403) saying why."""
+    try:
+        return origin_target(target)
+    except PathRefused as exc:
+        raise _Refused(str(exc)) from None
 
 
 def _absolute(target: str) -> tuple[str, int, str]:
-    """A plain request's absolute-form target as (host, port, origin-form path)."""
-    parts = urlsplit(target)
+    """A plain request's absolute-form target as (host, port, origin-form path), the path
+    normalised as an intercepted request's is (``sandbox/request_paths.py``; its query as sent)."""
+    try:
+        parts = urlsplit(target)
+    except ValueError as exc:  # an unclosed "[", among others
+        raise _Refused(f"{target!r} is no URL: {exc}", status=400) from None
     if parts.scheme != "http" or not parts.netloc:
         raise _Refused(
             "a plain request names an http:// URL (HTTPS goes through CONNECT)"
@@ -769,4 +832,4 @@ def _absolute(target: str) -> tuple[str, int, str]:
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
-    return host, port, path
+    return host, port, _origin(path).target

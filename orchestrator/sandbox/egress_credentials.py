@@ -11,7 +11,10 @@ and a group's network policy names the ones it gets (``credentials: ["github"]``
 ``--network allowlist:...,credential:github``); their hosts are then on its allowlist.  A
 request to such a host is intercepted (TLS ended by the proxy with a certificate of the
 installation's CA, ``sandbox/egress_ca.py``); the header is set (replacing any the sandbox
-sent), and a request outside the credential's methods or path prefixes is refused.  The
+sent), and a request outside the credential's methods or path prefixes is refused: its path
+normalised first, once (``sandbox/request_paths.py``: a dot segment, an encoded slash, and the
+like refused), then held to the prefixes by whole segments, and the normalised path is the one
+sent upstream.  The prefixes are normalised the same way when the setting is read.  The
 values are secrets like the other secret settings: masked in every log line and message,
 never in a container's input, environment, files or output.
 """
@@ -23,9 +26,10 @@ import re
 from collections.abc import Sequence
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from orchestrator.core.errors import SettingsError
+from orchestrator.sandbox.request_paths import PathRefused, origin_target, path_under
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 HOST_PATTERN = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -44,12 +48,32 @@ class BrokeredCredential(BaseModel):
     methods: list[str] | None = None
     path_prefixes: list[Annotated[str, Field(pattern=r"^/[^\s]*$")]] | None = None
 
+    @field_validator("path_prefixes")
+    @classmethod
+    def _normal_prefixes(cls, prefixes: list[str] | None) -> list[str] | None:
+        # In the spelling a request's path is compared in (a prefix with %7E matches ~).
+        if prefixes is None:
+            return None
+        out: list[str] = []
+        for prefix in prefixes:
+            try:
+                normal = origin_target(prefix)
+            except PathRefused as exc:
+                raise ValueError(f"the path prefix {prefix!r}: {exc}") from None
+            if normal.query is not None:
+                raise ValueError(f"the path prefix {prefix!r} holds a query (?)")
+            out.append(normal.path)
+        return out
+
     def refusal(self, method: str, path: str) -> str | None:
-        """Why a request may not carry this credential (None: it may)."""
+        """Why a request may not carry this credential (None: it may).  ``path``: the request's,
+        as :func:`~orchestrator.sandbox.request_paths.origin_target` normalised it (its query,
+        if given, is not looked at); a prefix holds it by whole segments
+        (:func:`~orchestrator.sandbox.request_paths.path_under`)."""
         if self.methods is not None and method.upper() not in self.methods:
             return f"the credential {self.name!r} is for {', '.join(self.methods)} only, not {method}"
         bare = path.split("?", 1)[0]
-        if self.path_prefixes is not None and not any(bare.startswith(p) for p in self.path_prefixes):
+        if self.path_prefixes is not None and not any(path_under(bare, p) for p in self.path_prefixes):
             return f"the credential {self.name!r} is for paths under {', '.join(self.path_prefixes)} only"
         return None
 

@@ -14,6 +14,8 @@ A rule is a host name (``files.internal.test``), a name with every name below it
 (``*.github.com``: ``api.github.com``, not ``github.com`` itself), either with a port
 (``example.com:8443``); without one, any port.  Names are compared lowercased, without a
 trailing dot; an IP address is never a rule (nor a target: the proxy refuses literals).
+A target is a name a rule can name exactly (:func:`host_name`, :func:`port_number`): the
+proxy refuses any other before it decides or asks, so an Allow never adds ``*.com``.
 ``methods`` limits the HTTP methods (a CONNECT tunnel counts as its target's method is not
 seen: allowed only when ``CONNECT`` is among them or no limit is set), ``max_requests``
 and ``max_bytes`` a run's requests and bytes (both ways).
@@ -22,6 +24,7 @@ and ``max_bytes`` a run's requests and bytes (both ways).
 from __future__ import annotations
 
 import re
+import socket
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -66,6 +69,10 @@ MAX_RULES = 200
 # optionally ":port".
 RULE_PATTERN = r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(:[0-9]{1,5})?$"
 _RULE = re.compile(RULE_PATTERN)
+# A target's host: the rules' grammar without "*." and ":port" (a name a rule can name exactly).
+HOST_NAME_PATTERN = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+_HOST_NAME = re.compile(HOST_NAME_PATTERN)
+MAX_NAME = 253
 
 
 class EgressPolicy(BaseModel):
@@ -103,6 +110,39 @@ class EgressPolicy(BaseModel):
 
 def _is_ip(name: str) -> bool:
     return bool(re.fullmatch(r"[0-9.]+", name))
+
+
+def host_name(text: str) -> str:
+    """``text`` as a request's target host: a name of the rules' grammar (ASCII letters, digits
+    and hyphens in dot-separated labels of at most 63, 253 in all), lowercased, one trailing
+    dot (the root's) dropped; ValueError saying why not.  Refused: ``*`` (``*.com`` is a rule,
+    never a host a request reaches), ``_``, an empty label (``a..b``, ``a.b..``), a port, and a
+    name the resolver reads as an IPv4 address (``127.1``, ``0x7f.1``).  The egress proxy holds
+    every target to it before it decides or asks, and an Allow the rule it adds."""
+    name = text.lower() if text.isascii() else text
+    name = name.removesuffix(".")
+    if not name or len(name) > MAX_NAME or not _HOST_NAME.fullmatch(name):
+        raise ValueError(f"{text!r} is not a host name (letters, digits and hyphens in dot-separated labels)")
+    if _is_ip(name) or _reads_as_ipv4(name):
+        raise ValueError(f"{text!r} is an IP address, not a host name")
+    return name
+
+
+def port_number(text: str) -> int:
+    """``text`` as a port: digits only, 1 to 65535; ValueError otherwise (``+443``, `` 443``,
+    ``1:443``, non-ASCII digits, which ``int`` would take, among them)."""
+    if not re.fullmatch(r"[0-9]{1,5}", text) or not 1 <= int(text) <= 65535:
+        raise ValueError(f"{text!r} is not a port (digits, 1 to 65535)")
+    return int(text)
+
+
+def _reads_as_ipv4(name: str) -> bool:
+    # inet_aton's spellings (hex, octal, fewer than four parts): what getaddrinfo takes as an address.
+    try:
+        socket.inet_aton(name)
+    except OSError:
+        return False
+    return True
 
 
 def rules_of(policy: EgressPolicy) -> list[str]:

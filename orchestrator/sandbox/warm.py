@@ -13,8 +13,9 @@ left running is killed (``WarmRun._clean_up``).
 
 * idle: the runner exits after the idle timeout and Docker removes it
   (auto-remove); nothing on the host has to remember it;
-* crashed or stale (its image or limits changed): replaced before the run,
-  transparently;
+* crashed or stale (its image changed, or anything it is created with: the
+  runtime, a security option, a limit, a mount; :func:`config_hash`): replaced
+  before the run, transparently;
 * a run that times out or is cancelled kills the container: the next run
   starts a fresh one;
 * ``orchestrator groups reset JID`` stops it and forgets the group's model
@@ -49,7 +50,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import docker
 import msgspec
@@ -72,6 +73,7 @@ from orchestrator.sandbox.containers import (
     ContainerExit,
     ContainerSpec,
     StreamedRun,
+    container_user,
     engine_security_opt,
     hardened_create_args,
     image_id,
@@ -82,7 +84,7 @@ from orchestrator.sandbox.containers import (
 )
 from orchestrator.sandbox.hostile_fs import SocketIdentity, connect_unix_named, remove_entry
 from orchestrator.sandbox.image import VARIANTS, image_name
-from orchestrator.sandbox.runtime import RUNC, engine_runtime
+from orchestrator.sandbox.runtime import RUNC, Runtime, engine_runtime
 from orchestrator.sandbox.standby import (
     LABEL_STANDBY,
     SOCKET_NAME,
@@ -167,21 +169,53 @@ def host_only_dir(path: Path) -> Path:
     return path
 
 
-def _config_hash(image: str, spec: ContainerSpec, idle_s: float) -> str:
-    """The warm configuration a container serves; ``image``: the id of ``spec.image``'s tag."""
-    doc = {
-        "image": image,
-        "memory": spec.memory,
-        "cpus": spec.cpus,
-        "pids": spec.pids,
-        "idle": idle_s,
-        "workspace": str(spec.workspace),
-        "rw": spec.extra_mounts,
-        "ro": spec.readonly_mounts,
-        # Containers of an older layout (sockets in a writable session folder) are replaced.
-        "layout": WARM_LAYOUT,
-    }
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+# What names one warm container rather than what it is: left out of its configuration.
+# Everything else it is created with is in it (:func:`config_hash`), so an option added to
+# the create arguments later is too, unlisted.
+PER_CONTAINER_ARGS = frozenset({"name"})
+PER_CONTAINER_LABELS = frozenset({LABEL_RUN, LABEL_WARM_CONFIG})
+# The fields of a ContainerSpec that are one run's and never reach a warm container's
+# create arguments: the runs it serves may differ in them.  Every other field must change
+# the configuration (tests/host/test_warm_config.py holds both lists to that).
+PER_RUN_SPEC_FIELDS = frozenset({"name", "run_id", "timeout_s", "fence_s"})
+
+
+def warm_create_args(
+    settings: Settings,
+    spec: ContainerSpec,
+    *,
+    user: str,
+    security_opt: list[str],
+    runtime: Runtime,
+    host_id: str,
+    idle_s: float,
+) -> dict[str, Any]:
+    """``containers.create``'s keyword arguments for the group's warm container: the hardened
+    ones every agent container gets (user, runtime, security options, capabilities, read-only
+    root, limits, network, mounts), its gateway folder read-only, its serve command, its
+    labels (with no run's, and not yet :data:`LABEL_WARM_CONFIG`)."""
+    args: dict[str, Any] = dict(hardened_create_args(spec, user, security_opt, runtime))
+    args["volumes"][str(gateway_dir(settings, spec.group_folder))] = {"bind": GATEWAY_MOUNT, "mode": "ro"}
+    labels = {**args["labels"], LABEL_WARM: "1", LABEL_HOST: host_id}
+    labels.pop(LABEL_RUN, None)
+    args["labels"] = labels
+    args["name"] = f"orch-warm-{spec.group_folder}-{os.urandom(3).hex()}"
+    args["command"] = ["--serve", f"{WORKSPACE_MOUNT}/{RUNNER_SOCKET}", "--idle-timeout", f"{idle_s:g}"]
+    args["auto_remove"] = True
+    return args
+
+
+def config_hash(image: str, args: dict[str, Any]) -> str:
+    """The warm configuration a container created with ``args`` (:func:`warm_create_args`)
+    serves; ``image``: the id of its image's tag.  All of ``args`` but what names the one
+    container: a run needing anything else (another runtime, security option, limit, mount)
+    is not handed to it, and the container is replaced."""
+    doc = {key: value for key, value in args.items() if key not in PER_CONTAINER_ARGS}
+    doc["labels"] = {k: v for k, v in args["labels"].items() if k not in PER_CONTAINER_LABELS}
+    doc["image_id"] = image
+    # Containers of an older layout (sockets in a writable session folder) are replaced.
+    doc["layout"] = WARM_LAYOUT
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=repr).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -500,7 +534,7 @@ class WarmPool:
         known = _known.pop(key, None)  # put back once the run is handed over
         if known is None:
             return None
-        if known.stale or _config_hash(known.image, spec, idle) != known.config:
+        if known.stale or self._config(known.image, spec, idle) != known.config:
             return None
         container = known.container
         dirty = _dirty_marker(self.settings, spec.group_folder, str(container.id))
@@ -535,7 +569,7 @@ class WarmPool:
         if known is not None:
             return known
         image, looked_up = image_id(self.client, spec.image), time.monotonic()
-        config = _config_hash(image, spec, idle)
+        config = self._config(image, spec, idle)
         last_error: Exception | None = None
         for _ in range(CONNECT_ATTEMPTS):
             taken: tuple[Container, Slot] | None = None
@@ -574,6 +608,23 @@ class WarmPool:
             _known[self._known_key(spec.group_folder)] = _Known(container, config, image, looked_up, socket_id)
             return WarmRun(container, sock, spec, payload, start_mode=mode, dirty_marker=dirty, pool=self)
         raise SandboxError(f"cannot reach a warm agent container for {spec.group_folder}: {last_error}")
+
+    def _create_args(self, spec: ContainerSpec, idle: float) -> dict[str, Any]:
+        """The group's warm container's create arguments on this engine, this host, now
+        (the engine's answers are asked once per process)."""
+        return warm_create_args(
+            self.settings,
+            spec,
+            user=container_user(),
+            security_opt=engine_security_opt(self.client),
+            runtime=engine_runtime(self.client, self.settings),
+            host_id=self.host_id,
+            idle_s=idle,
+        )
+
+    def _config(self, image: str, spec: ContainerSpec, idle: float) -> str:
+        """The warm configuration a run of ``spec`` needs (:func:`config_hash`)."""
+        return config_hash(image, self._create_args(spec, idle))
 
     def _take_standby(self, spec: ContainerSpec, config: str) -> tuple[Container, Slot] | None:
         """A standby container for the group, recorded as its warm container and
@@ -649,25 +700,17 @@ class WarmPool:
         """A new warm container for the group, started and marked in use."""
         # Created here, not by Docker (which would make it root's and unwritable).
         spec.workspace.mkdir(parents=True, exist_ok=True)
-        user = prepare_folder(spec.workspace)
+        prepare_folder(spec.workspace)  # the user it runs as: container_user()
         # Whatever an agent left where the new runner will bind (a symlink, a
         # folder): gone before the container starts, so the first connection
         # can only reach the new runner's socket.
         remove_entry(spec.workspace, RUNNER_SOCKET)
-        args = hardened_create_args(
-            spec, user, engine_security_opt(self.client), engine_runtime(self.client, self.settings)
-        )
-        gateway = host_only_dir(gateway_dir(self.settings, spec.group_folder))
-        args["volumes"][str(gateway)] = {"bind": GATEWAY_MOUNT, "mode": "ro"}
-        args["labels"] = {**args["labels"], LABEL_WARM: "1", LABEL_WARM_CONFIG: config, LABEL_HOST: self.host_id}
-        args["labels"].pop(LABEL_RUN, None)
-        args["name"] = f"orch-warm-{spec.group_folder}-{os.urandom(3).hex()}"
+        host_only_dir(gateway_dir(self.settings, spec.group_folder))
+        # The very arguments its configuration was computed from.
+        args = self._create_args(spec, idle)
+        args["labels"][LABEL_WARM_CONFIG] = config
         try:
-            container = self.client.containers.create(
-                command=["--serve", f"{WORKSPACE_MOUNT}/{RUNNER_SOCKET}", "--idle-timeout", f"{idle:g}"],
-                auto_remove=True,
-                **args,
-            )
+            container = self.client.containers.create(**args)
         except DockerException as exc:
             raise SandboxError(f"cannot create a warm agent container: {exc}") from exc
         # In use before it runs: another process making room never takes it for idle.

@@ -41,6 +41,8 @@ from orchestrator.store.message_log import nth_last_live, to_stored
 from orchestrator.store.tables import GroupRow, MessageRow, RunRow
 
 EDIT_HISTORY_KEY = "edit_history"
+# The chat whose agent posted a message into another (run/chat_outputs.py, send_message).
+FROM_CHAT_KEY = "from_chat"
 
 log = logging.getLogger(__name__)
 
@@ -157,19 +159,22 @@ def edit_agent_message(
     db: Database, chat_jid: str, content: str, *, nth_last: int, owner: str, by_run: str
 ) -> HistoryChange | None:
     """A run's agent changes the words of its own ``nth_last`` message in its chat (1: its
-    latest; the agent's replies only, not superseded), in one transaction fenced by the run's
-    lease: the old words kept as for every edit, the channels that show it updated
-    (:func:`record_changes`).  None when it has no such message."""
+    latest), in one transaction fenced by the run's lease: the old words kept as for every
+    edit, the channels that show it updated (:func:`record_changes`).  None when it has no
+    such message.
+
+    Its own: a reply, not superseded, stored by a run of this chat's group (the run id its
+    metadata carries names a run of ``chat_jid``) and not posted from another chat.  What
+    the main group's agent posted here (``send_message``: ``from_chat`` and a run of the
+    main group), a message with no run (imported, the operator's) and any other chat's
+    words are not its to change: they are neither edited nor counted, so ``nth_last``
+    counts the group's own replies only."""
     if "\x00" in content:
         raise InvalidMessage("content must not contain NUL characters")
     now = datetime.now(UTC)
     with db.write() as session:
         leases.fence(session, chat_jid, owner)
-        # The columns a bot's reply (an assistant_text part) is stored with: the database
-        # picks the row, so the query names them, not the part.
-        row = nth_last_live(
-            session, chat_jid, nth_last, MessageRow.sender == SENDER_BOT, MessageRow.message_type == "assistant"
-        )
+        row = nth_last_live(session, chat_jid, nth_last, *_own_replies(chat_jid))
         if row is None:
             return None
         meta = dict(row.meta or {})
@@ -181,6 +186,22 @@ def edit_agent_message(
         message = to_stored(row)
         chat_changed(session, chat_jid)  # the open streams reset their view
     return HistoryChange(message=message, superseded=[], rerun=False)
+
+
+def _own_replies(chat_jid: str) -> tuple[Any, ...]:
+    """The conditions a reply the agent of ``chat_jid`` may edit meets, for the database to
+    pick the row: the columns a bot's reply (an assistant_text part) is stored with, a run
+    of this chat's group named in its metadata, no other chat it came from."""
+    meta = MessageRow.meta
+    by_own_run = (
+        select(RunRow.id).where(RunRow.id == meta[RUN_ID_KEY].as_string(), RunRow.chat_jid == chat_jid).exists()
+    )
+    return (
+        MessageRow.sender == SENDER_BOT,
+        MessageRow.message_type == "assistant",
+        meta[FROM_CHAT_KEY].as_string().is_(None),
+        by_own_run,
+    )
 
 
 def regenerate(

@@ -9,6 +9,7 @@ one finds it closed, however many channels answer at once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Literal, get_args
 
@@ -198,9 +199,14 @@ def open_egress_question(session: Session | Connection, chat_jid: str, host: str
     return None
 
 
-def add_egress_rule(session: Session | Connection, chat_jid: str, rule: str) -> bool:
+def add_egress_rule(
+    session: Session | Connection, chat_jid: str, rule: str, *, validate: Callable[[JsonObject], object]
+) -> bool:
     """Add ``rule`` to the group's egress allowlist (its container_config's), in the caller's
-    transaction; False when it was there already."""
+    transaction; False when it was there already.  ``validate`` is given the whole config as
+    it would be stored, and raises to refuse it: nothing is stored then (the caller passes the
+    container config's own validation, the one ``groups set --network`` passes, so a config
+    that does not parse is never stored; this floor cannot import it)."""
     conn = _conn(session)
     config = conn.execute(select(GroupRow.container_config).where(GroupRow.chat_jid == chat_jid)).scalar()
     config = dict(config or {})
@@ -210,5 +216,6 @@ def add_egress_rule(session: Session | Connection, chat_jid: str, rule: str) -> 
         return False
     egress["allow"] = [*allow, rule]
     config["egress"] = egress
+    validate(config)
     conn.execute(update(GroupRow).where(GroupRow.chat_jid == chat_jid).values(container_config=config))
     return True

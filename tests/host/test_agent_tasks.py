@@ -94,7 +94,7 @@ def test_the_main_group_schedules_for_any_group(settings: Settings, db: Database
 
 
 def test_a_group_changes_its_own_tasks_and_not_anothers(settings: Settings, db: Database) -> None:
-    mine = add_task(db, chat_jid=TEAM, prompt="standup", kind="cron", spec="0 9 * * 1-5")
+    mine = add_task(db, chat_jid=TEAM, prompt="standup", kind="cron", spec="0 9 * * 1-5", made_by_agent=True)
     theirs = add_task(db, chat_jid=OPS, prompt="backup", kind="interval", spec="1d")
     run(
         settings,

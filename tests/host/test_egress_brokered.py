@@ -78,12 +78,8 @@ def tls_for(folder: Path, names: tuple[str, ...] = (API, PLAIN)) -> tuple[Path, 
     return ca_file, context
 
 
-@pytest.fixture
-def upstream(tmp_path: Path) -> Iterator[tuple[int, Path, list[dict[str, str]]]]:
-    """An HTTPS server for both names on a loopback port (a test CA's certificate); its port,
-    the test CA's file, and the headers of each request it got."""
-    ca_file, context = tls_for(tmp_path)
-    seen: list[dict[str, str]] = []
+def recording_handler(seen: list[dict[str, str]]) -> type[http.server.BaseHTTPRequestHandler]:
+    """A handler that answers 200 to GET and POST and keeps each request's path and headers."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
@@ -98,6 +94,17 @@ def upstream(tmp_path: Path) -> Iterator[tuple[int, Path, list[dict[str, str]]]]
 
         def log_message(self, *args: object) -> None:
             pass
+
+    return Handler
+
+
+@pytest.fixture
+def upstream(tmp_path: Path) -> Iterator[tuple[int, Path, list[dict[str, str]]]]:
+    """An HTTPS server for both names on a loopback port (a test CA's certificate); its port,
+    the test CA's file, and the headers of each request it got."""
+    ca_file, context = tls_for(tmp_path)
+    seen: list[dict[str, str]] = []
+    Handler = recording_handler(seen)  # noqa: N806 - a class
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.socket = context.wrap_socket(server.socket, server_side=True)

@@ -94,7 +94,8 @@ def test_inbound_needs_a_valid_signature(hooked: tuple[Database, Settings]) -> N
         ok = _post(client, body, INBOUND_SECRET)
         assert ok.status_code == 201, ok.text
         [stored] = get_messages_after(JID, 0, db=db)
-        assert stored.content == "build 42 is green" and stored.sender == "ci-bot"
+        # The sender in the webhook's own namespace (never "operator" nor another channel's).
+        assert stored.content == "build 42 is green" and stored.sender == "webhook:ci-bot"
         assert stored.metadata == {"origin_channel": "webhook"}
 
         bad = json.dumps(

@@ -412,26 +412,35 @@ link_router = APIRouter()
 @link_router.get(
     "/files/{file_id}",
     response_class=Response,
-    responses={**_DOWNLOAD_DOC, 403: {"description": "the link's signature does not match, or it has expired"}},
+    responses={
+        **_DOWNLOAD_DOC,
+        403: {
+            "description": "the link's signature does not match, it has expired, or it says it is good for "
+            "longer than ORCHESTRATOR_FILE_LINK_TTL_S"
+        },
+        404: {"description": "no such file in the link's chat"},
+    },
 )
 def linked_download(
     request: Request,
     file_id: str,
+    chat: Annotated[str, Query(min_length=1, max_length=1024, description="The chat whose file the link names.")],
     expires: Annotated[int, Query(ge=0, le=2**53, description="Unix seconds the link is good until.")],
     sig: Annotated[str, Query(max_length=128, description="The link's HMAC-SHA256, hex.")],
 ) -> Response:
     """A stored file's bytes through a signed link an outbound webhook carried (always an attachment)."""
     state = api_state(request)
-    refusal = link_refusal(state.settings, file_id, expires, sig, time.time())
+    refusal = link_refusal(state.settings, chat, file_id, expires, sig, time.time())
     if refusal is not None:
         return JSONResponse({"detail": refusal}, 403)
-    return _serve(request, file_id, inline=False)
+    # The link's chat, not just its signature: only a file that chat stored is served.
+    return _serve(request, file_id, inline=False, chat_jid=chat)
 
 
-def _serve(request: Request, file_id: str, *, inline: bool) -> Response:
+def _serve(request: Request, file_id: str, *, inline: bool, chat_jid: str | None = None) -> Response:
     state = api_state(request)
     files = FileStore.from_settings(state.db, state.settings)
-    stored = files.get(file_id)
+    stored = files.get(file_id, chat_jid)
     fd = files.open_content(stored)
     return StreamingResponse(
         _read_fd(fd, stored.size),
