@@ -25,7 +25,12 @@ before the watch existed: it waits for the lease to expire (60 s) on one host.
 Embedded stack (SQLite + filesystem://); with ``--pg`` and ``--redis`` the
 fleet stack too (PostgreSQL + Redis; the Redis database is flushed).
 
-    .venv/bin/python -m bench.recovery [--trials 3] [--baseline-trials 1] [--fleets same,two] [--pg URL --redis URL]
+With ``--volumes on`` (root, loop devices) the group's workspace is a loop-mounted
+image, as on the default install: the survivor must take the dead host's volume over
+(both hosts are of this machine: its mount, at once) before the run starts again.
+
+    .venv/bin/python -m bench.recovery [--trials 3] [--baseline-trials 1] [--fleets same,two]
+        [--volumes off,on] [--pg URL --redis URL]
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.sandbox.containers import docker_client
 from orchestrator.sandbox.image import ensure_agent_image
+from orchestrator.sandbox.quota import unmount_all, volume_problem
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from orchestrator.store.hosts import ALIVE_WINDOW_S, owner_pid
@@ -71,6 +77,8 @@ from orchestrator.store.tables import GroupRow
 JID = "recovery@bench"
 TARGET_S = 20.0
 SLEEP_S = 5
+# With --volumes on: the group's workspace is an image this size (the default install's way).
+VOLUME_QUOTA = "64m"
 
 
 @dataclass
@@ -241,22 +249,26 @@ def run_backend(
     )
     fleets = [(fleet, ids) for fleet, ids in FLEETS if fleet.split()[0] in args.fleets.split(",")]
     modes = [(True, args.trials, "recovery watch"), (False, args.baseline_trials, "beat's sweep alone (baseline)")]
-    for fleet, host_ids in fleets:
-        for watch, trials, how in modes:
-            if not trials:
-                continue
-            with tempfile.TemporaryDirectory(dir=base) as tmp, extra() as more:
-                settings, db = install(Path(tmp), image, **more)
-                add_group(db, chat_jid=JID, name="recovery", folder="recovery", requires_trigger=False)
-                if settings.broker_url.startswith("redis"):
-                    import redis
+    for volumes in args.volumes.split(","):
+        for fleet, host_ids in fleets:
+            for watch, trials, how in modes:
+                if not trials or (volumes == "on" and not watch):
+                    continue  # the baseline is the sweep's; volumes change the recovery watch's path
+                with tempfile.TemporaryDirectory(dir=base) as tmp, extra() as more:
+                    quota = VOLUME_QUOTA if volumes == "on" else "0"
+                    settings, db = install(Path(tmp), image, **more, workspace_quota=quota)
+                    add_group(db, chat_jid=JID, name="recovery", folder="recovery", requires_trigger=False)
+                    if settings.broker_url.startswith("redis"):
+                        import redis
 
-                    redis.Redis.from_url(settings.broker_url).flushdb()
-                try:
-                    measure(settings, db, trials, host_ids, watch, f"{fleet}, {how}")
-                finally:
-                    remove_install_containers(settings)
-                    db.dispose()
+                        redis.Redis.from_url(settings.broker_url).flushdb()
+                    try:
+                        measure(settings, db, trials, host_ids, watch, f"{fleet}, volumes {volumes}, {how}")
+                    finally:
+                        remove_install_containers(settings)
+                        db.dispose()
+                        if volumes == "on":
+                            unmount_all(settings)
 
 
 def main() -> None:
@@ -266,7 +278,16 @@ def main() -> None:
     ap.add_argument("--fleets", default="same,two", help="which fleets: same (one host id), two (two host ids)")
     ap.add_argument("--pg", default="", help="PostgreSQL server URL (a role that may create databases)")
     ap.add_argument("--redis", default="", help="Redis URL of a database the benchmark may flush (with --pg)")
+    ap.add_argument(
+        "--volumes",
+        default="off",
+        help="workspace volumes: off, on (a loop-mounted image per group, as root), or off,on",
+    )
     args = ap.parse_args()
+    if not set(args.volumes.split(",")) <= {"off", "on"}:
+        ap.error(f"--volumes: 'off', 'on' or both (comma-separated), not {args.volumes!r}")
+    if "on" in args.volumes.split(",") and volume_problem() is not None:
+        ap.error(f"--volumes on: {volume_problem()}")
     if not set(args.fleets.split(",")) <= {"same", "two"}:
         ap.error(f"--fleets: 'same', 'two' or both (comma-separated), not {args.fleets!r}")
     settings = Settings.load(env_file=None)

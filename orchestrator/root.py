@@ -185,6 +185,7 @@ class Orchestrator:
             concurrency=concurrency,
             warm_count=self.tend_warm_containers,
             machine=self.settings.machine_id,
+            on_cut_off=self.fence_cut_off,
         ).start()
 
     def recovery_watch(self) -> RecoveryWatch | None:
@@ -214,6 +215,21 @@ class Orchestrator:
         # Then the volumes of the groups that moved: unmounted here, for their new host's machine.
         release_moved(self.db, self.settings, pool)
         return running
+
+    def fence_cut_off(self, silent_s: float) -> None:
+        """This host has not reached the database for ``silent_s``: its warm containers go and
+        its idle volumes are unmounted before another host may take its groups (the host
+        heartbeat's self-fence, ``store/host_fence.py``)."""
+        from orchestrator.sandbox.fencing import fence_cut_off
+        from orchestrator.sandbox.warm import WarmPool
+
+        stopped, unmounted = fence_cut_off(self.settings, WarmPool(self.settings, self.docker.client))
+        log.warning(
+            "cut off from the database for %.1fs: fenced itself: %d warm container(s) stopped, volumes unmounted: %s",
+            silent_s,
+            stopped,
+            ", ".join(unmounted) or "none",
+        )
 
     def stop_idle_warm_containers(self) -> int:
         """As this host's worker stops: its warm containers with no run on them and its

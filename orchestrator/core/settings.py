@@ -46,6 +46,10 @@ class Settings(msgspec.Struct, kw_only=True):
     # kernel (and so its mounts): empty, /etc/machine-id with the kernel's boot id
     # (core/machine.py).  Set it only to stand for another machine (the fault trials).
     machine_id: str = ""
+    # The installation's id in container labels; empty: a hash of the database's URL.  Set
+    # the same value on every host when hosts reach the database by different addresses
+    # (a connection pooler beside each, a proxy), so that they know each other's containers.
+    installation_id: Annotated[str, Meta(pattern=r"^([a-z0-9][a-z0-9-]{0,31})?$")] = ""
     # Empty means: the embedded default under data_dir (SQLite / filesystem://).
     database_url: str = ""
     broker_url: str = ""
@@ -584,8 +588,9 @@ class Settings(msgspec.Struct, kw_only=True):
 
     @property
     def install_id(self) -> str:
-        """A short stable id of this installation (its database), for container labels."""
-        return hashlib.sha256(self.effective_database_url.encode()).hexdigest()[:12]
+        """A short stable id of this installation (its database), for container labels:
+        ``installation_id`` when set, else a hash of the database's URL."""
+        return self.installation_id or hashlib.sha256(self.effective_database_url.encode()).hexdigest()[:12]
 
     @property
     def trigger_names(self) -> list[str]:

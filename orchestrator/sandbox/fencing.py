@@ -121,3 +121,23 @@ def release_foreign(db: Database, settings: Settings, pool: WarmPool) -> list[st
             )
             let_go.append(folder)
     return let_go
+
+
+def fence_cut_off(settings: Settings, pool: WarmPool) -> tuple[int, list[str]]:
+    """What a host that cannot reach the database does before another host may take its
+    groups (``store/hosts.py``'s self-fence, within :data:`~orchestrator.store.hosts.FENCE_AFTER_S`
+    of its last beat, on its own clock): its warm containers go, and every group volume this
+    machine has mounted that no running container of this engine uses is unmounted, so another
+    machine may mount it as soon as it takes the hold.  A volume still in use (another host of
+    this machine that is not cut off) stays.  Returns the containers stopped and the folders
+    unmounted."""
+    stopped = pool.stop_host()
+    unmounted: list[str] = []
+    if volume_problem() is not None:
+        return stopped, unmounted
+    for folder in mounted_group_folders(settings):
+        if pool.group_running(folder):
+            continue
+        if unmount_group(settings, folder):
+            unmounted.append(folder)
+    return stopped, unmounted

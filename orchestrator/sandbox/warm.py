@@ -397,6 +397,20 @@ class WarmPool:
             self.discard(c)
         return len(found) + self.standby.stop_all()
 
+    def stop_host(self) -> int:
+        """Remove every warm container of this host, busy or not (the host is cut off: none of
+        its runs can be answered for); returns how many."""
+        found = list_containers(self.client, all=True, filters={"label": self._labels()})
+        for c in found:
+            self.discard(c)
+        return len(found)
+
+    def group_running(self, folder: str) -> bool:
+        """Whether a container of this installation (warm or cold, any host's) runs for the
+        group on this engine."""
+        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}", f"{LABEL_GROUP}={folder}"]
+        return bool(list_containers(self.client, filters={"label": labels, "status": "running"}, sparse=True))
+
     def stop_idle(self) -> int:
         """Stop this host's warm containers that have no run on them, and its standby
         ones: what the host's worker does as it stops, so a stopped installation

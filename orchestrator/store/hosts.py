@@ -56,6 +56,7 @@ from sqlalchemy import ColumnElement, Text, and_, exists, func, or_, select, upd
 
 from orchestrator.core.machine import machine_identity
 from orchestrator.store.db import Database, age_sql, age_text, changed_rows, now_sql
+from orchestrator.store.host_fence import SelfFence
 from orchestrator.store.runs import FINAL_STATES, RUN_STATES, RunState
 from orchestrator.store.stored_literals import checked, column_check
 from orchestrator.store.tables import GroupRow, HostRow, RunRow
@@ -469,9 +470,12 @@ class HostHeartbeat:
         interval_s: float = HEARTBEAT_INTERVAL_S,
         window_s: float = ALIVE_WINDOW_S,
         machine: str = "",
+        on_cut_off: Callable[[float], object] | None = None,
     ) -> None:
         self.db, self.host_id, self.version, self.concurrency = db, host_id, version, concurrency
         self.machine = machine
+        # Told each beat that reached the database; runs ``on_cut_off`` when none has for a while.
+        self._fence = SelfFence(on_cut_off, name=f"host-fence-{host_id}") if on_cut_off is not None else None
         self.instance = f"{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.interval_s, self.window_s = interval_s, window_s
         self._warm_count = warm_count
@@ -493,6 +497,8 @@ class HostHeartbeat:
         self._thread.start()
         if self._warm_count is not None:
             self._counter.start()
+        if self._fence is not None:
+            self._fence.start()
         return self
 
     def drain(self) -> None:
@@ -507,6 +513,8 @@ class HostHeartbeat:
         self._stopped = self._stopping = True
         self._wake.set()
         self._stop_counting.set()
+        if self._fence is not None:
+            self._fence.stop()
         if self._thread.is_alive():
             self._thread.join(timeout)
         try:
@@ -576,6 +584,8 @@ class HostHeartbeat:
             next_beat = time.monotonic() + self.interval_s
             try:
                 self.beat()
+                if self._fence is not None:
+                    self._fence.beat_ok()
             except Exception:  # noqa: BLE001 - the database away: try again next beat
                 log.warning(
                     "heartbeat of host %s failed; trying again in %.0fs", self.host_id, self.interval_s, exc_info=True

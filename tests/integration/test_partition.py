@@ -1,0 +1,258 @@
+"""Two machines over one shared data dir, with workspace volumes on (issue 45): what fences a
+group's ext4 image when its host dies or is cut off.
+
+Two "machines" on this one kernel: worker A sees the data dir at its path; worker B sees the
+same files through a private bind mount at another path, so a volume mounted through one is
+not mounted through the other (two mount tables over one storage), and each has a machine
+identity of its own (``ORCHESTRATOR_MACHINE_ID``).  Nothing but the image's multiple-mount
+protection (``orchestrator/sandbox/mmp.py``) and the hosts' own fences stands between the two
+kernels' mounts, as between two real machines.  Fleet stack (PostgreSQL + Redis).
+
+* **SIGKILL**: A answers, then A's worker is SIGKILLed; its kernel keeps the image mounted.
+  B takes the group and its hold once A is dead, but B's mount is refused: the group waits,
+  said once, until a worker restarted with A's identity lets go of the volume; then B
+  answers, once, with the files A wrote.
+* **partition**: A's connections to the database and the broker go through fault proxies on
+  loopback, cut after A answered.  A fences itself on its own clock (its warm container gone,
+  the volume unmounted) before B may take the group, says so in its log; B answers once; the
+  proxies heal and A writes nothing more; ``e2fsck -n`` finds the image clean.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import pytest
+
+from orchestrator.cli.supervisor import worker_argv
+from orchestrator.root import Orchestrator
+from orchestrator.run.ingest import IncomingMessage, ingest
+from orchestrator.sandbox import quota
+from orchestrator.sandbox.containers import LABEL_INSTALL
+from orchestrator.sandbox.warm import LABEL_HOST
+from orchestrator.store import hosts
+from orchestrator.store.groups import add_group
+from orchestrator.store.message_log import get_messages_after
+from orchestrator.store.runs import list_runs
+from orchestrator.store.volume_holds import holder
+from tests.conftest import wait_until
+from tests.fault_proxy import FaultProxy
+from tests.quota_support import release_everything, require_volumes
+
+from .conftest import Stack
+
+A, B = "machine-a", "machine-b"
+JID, FOLDER = "p@x", "p"
+INSTALL = "partition-trial"
+
+
+@dataclass
+class Machines:
+    stack: Stack
+    root: Orchestrator
+    there: Path  # the data dir as machine B sees it
+    proxies: list[FaultProxy]
+    procs: dict[str, subprocess.Popen[bytes]]
+
+    def worker(self, machine: str) -> subprocess.Popen[bytes]:
+        """A worker of ``machine`` (host id = machine id), in its own session."""
+        env = self.stack.env | {
+            "ORCHESTRATOR_HOST_ID": machine,
+            "ORCHESTRATOR_MACHINE_ID": machine,
+            "ORCHESTRATOR_INSTALLATION_ID": INSTALL,
+            "ORCHESTRATOR_WORKSPACE_QUOTA": "64m",
+            "ORCHESTRATOR_WARM_IDLE_S": "30",
+        }
+        if machine == A:
+            pg, redis = self.proxies
+            env["ORCHESTRATOR_DATABASE_URL"] = pg.url(env["ORCHESTRATOR_DATABASE_URL"])
+            env["ORCHESTRATOR_BROKER_URL"] = redis.url(env["ORCHESTRATOR_BROKER_URL"])
+        else:
+            env["ORCHESTRATOR_DATA_DIR"] = str(self.there)
+        log = self.stack.settings.data_dir.parent / f"worker-{machine}-{len(self.stack.procs)}.log"
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                worker_argv(2, name=f"{machine}@%h"),
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                cwd=self.stack.settings.data_dir.parent,
+                start_new_session=True,
+            )
+        self.stack.procs.append(proc)
+        self.stack.logs.append(log)
+        self.procs[machine] = proc
+        wait_until(lambda: _up(self.stack, machine), 90, f"{machine} up", self.stack.worker_logs)
+        return proc
+
+    def send(self, text: str) -> int:
+        return ingest(
+            self.stack.db,
+            self.stack.settings,
+            IncomingMessage(chat_jid=JID, sender="u", content=text),
+            signal=self.root.signals.group,
+        ).message.seq
+
+    def replies(self, after: int) -> list[str]:
+        return [m.content for m in get_messages_after(JID, after, db=self.stack.db) if m.sender == "bot"]
+
+    def answered(self, seq: int, timeout: float) -> str:
+        wait_until(lambda: bool(self.replies(seq)), timeout, f"the answer to {seq}", self.stack.worker_logs)
+        return self.replies(seq)[0]
+
+    def told(self) -> list[str]:
+        return [m.content for m in get_messages_after(JID, 0, db=self.stack.db) if m.message_type == "host"]
+
+    def volume(self, machine: str) -> quota.Volume:
+        data = self.stack.settings.data_dir if machine == A else self.there
+        return quota.Volume.of(self.stack.settings.replace(data_dir=data), FOLDER)
+
+    def log_of(self, machine: str) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self.stack.logs if f"worker-{machine}-" in p.name)
+
+
+def _up(stack: Stack, host: str) -> bool:
+    h = hosts.get_host(stack.db, host)
+    return h is not None and h.alive and h.state == "up"
+
+
+def _containers_of(host: str) -> list[object]:
+    labels = [f"{LABEL_INSTALL}={INSTALL}", f"{LABEL_HOST}={host}"]
+    return docker.from_env().containers.list(filters={"label": labels, "status": "running"})
+
+
+@pytest.fixture
+def machines(stack: Stack) -> Iterator[Machines]:
+    require_volumes()
+    data = stack.settings.data_dir
+    there = data.parent / "machine-b-view"
+    there.mkdir()
+    subprocess.run(["mount", "--bind", str(data), str(there)], check=True)
+    subprocess.run(["mount", "--make-private", str(there)], check=True)
+    pg_url, redis_url = stack.env["ORCHESTRATOR_DATABASE_URL"], stack.env["ORCHESTRATOR_BROKER_URL"]
+    from urllib.parse import urlsplit
+
+    with contextlib.ExitStack() as cleanup:
+        proxies = [
+            cleanup.enter_context(FaultProxy(urlsplit(url).hostname or "127.0.0.1", urlsplit(url).port or 0))
+            for url in (pg_url, redis_url)
+        ]
+        root = Orchestrator(stack.settings)
+        cleanup.callback(root.close)
+        add_group(stack.db, chat_jid=JID, name="p", folder=FOLDER, requires_trigger=False)
+        try:
+            yield Machines(stack, root, there, proxies, {})
+        finally:
+            for proxy in proxies:
+                proxy.heal()
+            for proc in stack.procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            client = docker.from_env()
+            for c in client.containers.list(all=True, filters={"label": [f"{LABEL_INSTALL}={INSTALL}"]}):
+                with contextlib.suppress(docker.errors.NotFound):
+                    c.remove(force=True)
+            for view in (there, data):
+                quota.unmount_all(stack.settings.replace(data_dir=view, workspace_quota="64m"))
+            subprocess.run(["umount", "-l", str(there)], check=False)
+            release_everything(data)
+
+
+def _clean(image: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["e2fsck", "-n", "-f", str(image)], capture_output=True, text=True, check=False)
+
+
+@pytest.mark.parametrize("stack", ["fleet"], indirect=True)
+def test_a_killed_machines_mount_keeps_the_group_waiting_until_that_machine_lets_go(machines: Machines) -> None:
+    m = machines
+    m.worker(A)
+    m.worker(B)
+    assert m.stack.cli("groups", "move", JID, A).returncode == 0
+    marker = f"kept-{uuid.uuid4().hex[:8]}"
+    seq = m.send(f"$ echo {marker} > note.txt")
+    assert "exit 0" in m.answered(seq, 90)
+    assert m.volume(A).mounted() == "ours" and m.volume(B).mounted() is None
+
+    os.killpg(m.procs[A].pid, signal.SIGKILL)
+    m.procs[A].wait()
+    t0 = time.monotonic()
+    seq = m.send("$ cat note.txt")
+    # B takes the hold with A's leases, but A's kernel still has the image: B's mount is refused.
+    wait_until(lambda: holder(m.stack.db, FOLDER) == B, 60, "B to hold the volume", m.stack.worker_logs)
+    wait_until(lambda: any("still mounted by machine" in t for t in m.told()), 60, "the wait said", m.stack.worker_logs)
+    assert not m.replies(seq) and m.volume(B).mounted() is None
+    refused_after = time.monotonic() - t0
+    time.sleep(12)  # one more look, refused again: still nothing, still said once
+    assert not m.replies(seq)
+    assert sum("still mounted by machine" in t for t in m.told()) == 1
+
+    restarted_at = time.monotonic() - t0
+    m.worker(A)  # A's worker again: its first beat lets go of what B's machine holds now
+    answer = m.answered(seq, 90)
+    elapsed = time.monotonic() - t0
+    assert marker in answer and len(m.replies(seq)) == 1
+    assert m.volume(A).mounted() is None and m.volume(B).mounted() == "ours"
+    assert "held by host machine-b of another machine: its volumes are unmounted here" in m.log_of(A)
+    owners = [
+        hosts.owner_host(r.owner) for r in list_runs(m.stack.db, chat_jid=JID, limit=10) if r.state == "succeeded"
+    ]
+    assert owners[0] == B, owners  # the newest: B's
+    print(
+        f"PARTITION: a SIGKILLed machine's mount refused to the other machine ({refused_after:.1f} s after the "
+        f"kill: waiting, said once); answered once {elapsed:.1f} s after the kill, A's worker restarted "
+        f"{restarted_at:.1f} s after it"
+    )
+
+
+@pytest.mark.parametrize("stack", ["fleet"], indirect=True)
+def test_a_cut_off_machine_fences_itself_before_the_other_takes_its_group(machines: Machines) -> None:
+    m = machines
+    m.worker(A)
+    m.worker(B)
+    assert m.stack.cli("groups", "move", JID, A).returncode == 0
+    marker = f"kept-{uuid.uuid4().hex[:8]}"
+    seq = m.send(f"$ echo {marker} > note.txt")
+    assert "exit 0" in m.answered(seq, 90)
+    assert m.volume(A).mounted() == "ours" and _containers_of(A)  # its warm container, its mount
+
+    for proxy in m.proxies:
+        proxy.cut()
+    t0 = time.monotonic()
+    seq = m.send("$ cat note.txt")
+    # A, on its own clock: its sandbox gone and its volume unmounted, with nobody else's help
+    # (B cannot take the group before A has been silent for the liveness window).
+    wait_until(
+        lambda: m.volume(A).mounted() is None and not _containers_of(A), 30, "A to fence itself", m.stack.worker_logs
+    )
+    fenced_after = time.monotonic() - t0
+    first_b_run = [r for r in list_runs(m.stack.db, chat_jid=JID, limit=10) if hosts.owner_host(r.owner) == B]
+    assert first_b_run == [], "B ran the group before A had fenced itself"
+    answer = m.answered(seq, 90)
+    elapsed = time.monotonic() - t0
+    assert marker in answer and len(m.replies(seq)) == 1
+    assert "fenced itself" in m.log_of(A) and f"volumes unmounted: {FOLDER}" in m.log_of(A)
+    assert not any("still mounted by machine" in t for t in m.told())  # B's mount was never refused
+
+    for proxy in m.proxies:
+        proxy.heal()
+    wait_until(lambda: _up(m.stack, A), 60, "A beating again", m.stack.worker_logs)
+    time.sleep(8)  # A back: nothing more from it for the group
+    assert len(m.replies(seq)) == 1 and m.volume(A).mounted() is None
+    image = m.volume(B).image
+    quota.unmount_all(m.stack.settings.replace(data_dir=m.there, workspace_quota="64m"))
+    checked = _clean(image)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    print(
+        f"PARTITION: the cut-off machine fenced itself {fenced_after:.1f} s after the cut (sandbox gone, volume "
+        f"unmounted); the other answered once {elapsed:.1f} s after it; e2fsck -n clean"
+    )
