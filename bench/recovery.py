@@ -263,7 +263,8 @@ def run_backend(
 
                         redis.Redis.from_url(settings.broker_url).flushdb()
                     try:
-                        measure(settings, db, trials, host_ids, watch, f"{fleet}, volumes {volumes}, {how}")
+                        label = f"{fleet}, {how}" if volumes == "off" else f"{fleet}, volumes on, {how}"
+                        measure(settings, db, trials, host_ids, watch, label)
                     finally:
                         remove_install_containers(settings)
                         db.dispose()

@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from orchestrator.core.errors import ConfigError, VolumeHeldElsewhere, VolumeMountedElsewhere
+from orchestrator.core.errors import ConfigError, MountRefused, VolumeHeldElsewhere, VolumeMountedElsewhere
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.run.model_choice import model_settings
@@ -54,12 +54,11 @@ def wait_for_volumes(db: Database, settings: Settings, group: Group, sandbox: Sa
     """Claim ``group``'s volumes for this host, or the wait for them (None: run now)."""
     try:
         provider = model_settings(settings, group).provider
-    except ConfigError:
-        return None  # the run fails on its model, and says so, before anything is mounted
-    try:
         taken_from = hold_for_attempt(db, settings, group, provider)
     except VolumeHeldElsewhere as held:
         return VolumeWait(held.holder, RETRY_S, _tell(db, group, f"host {held.holder!r}"))
+    except ConfigError:
+        return None  # its model or container config: the run fails on it, and says so
     if taken_from is not None and isinstance(sandbox, WarmPool):
         _remove_containers_of(sandbox, group.folder, taken_from)
     try:
@@ -68,6 +67,8 @@ def wait_for_volumes(db: Database, settings: Settings, group: Group, sandbox: Sa
         mount_existing(settings, group.folder)
     except VolumeMountedElsewhere as busy:
         return VolumeWait(f"machine {busy.node}", MOUNTED_RETRY_S, _tell(db, group, f"machine {busy.node!r}"))
+    except MountRefused:
+        return None  # the volume cannot be mounted: the run's own preparation fails on it, and says so
     return None
 
 

@@ -572,12 +572,14 @@ def test_a_volume_is_mounted_by_one_host_at_a_time_and_follows_its_group(
     container_plan(b, group)
     assert vol.mounted() == "ours" and holder(db, "team") == "host-b"
     assert (plan.workspace / "notes.txt").read_text() == "written on host a\n"
-    # Host b silent past ORCHESTRATOR_DEAD_HOST_S: another host takes the volume over.
+    # Host b silent, but not yet dead for its leases: it still holds them.  Dead (the image has
+    # the multiple-mount protection, so the storage fences the mount): another host takes the
+    # hold over (tests/host/test_volume_takeover.py has the mount refused meanwhile).
     with db.write() as session:
         session.execute(
             update(HostRow)
             .where(HostRow.host_id == "host-b")
-            .values(heartbeat_at=hosts.database_now(db) - timedelta(seconds=30))
+            .values(heartbeat_at=hosts.database_now(db) - timedelta(seconds=5))
         )
     with pytest.raises(VolumeHeldElsewhere):
         hold_for_attempt(db, a.replace(dead_host_s=60), group, "offline")
@@ -585,7 +587,7 @@ def test_a_volume_is_mounted_by_one_host_at_a_time_and_follows_its_group(
         session.execute(
             update(HostRow)
             .where(HostRow.host_id == "host-b")
-            .values(heartbeat_at=hosts.database_now(db) - timedelta(seconds=90))
+            .values(heartbeat_at=hosts.database_now(db) - timedelta(seconds=hosts.ALIVE_WINDOW_S + 1))
         )
     hold_for_attempt(db, a.replace(dead_host_s=60), group, "offline")
     assert holder(db, "team") == "host-a"
