@@ -8,11 +8,13 @@ use it:
 
 * before a run that may mount a volume (:func:`hold_for_attempt`), the run's
   host claims the hold: refused (``VolumeHeldElsewhere``: the group waits,
-  ``run/pipeline.py``) while another host may still have it mounted; a dead
-  host of this machine's hold is taken over at once (one kernel, one mount);
+  ``run/pipeline.py``) while another host may still have it mounted; a host
+  of this machine's hold is taken over at once (one kernel, one mount: the
+  claimer holds the group's lease, so no process of the other runs it);
 * every heartbeat beat, after the warm containers of groups that moved away
-  were stopped (:func:`release_moved`), the holder unmounts a moved group's
-  volumes and lets go once nothing of its machine has them open.
+  were stopped (:func:`release_moved`), the holder hands a moved group's
+  volumes to its new host when that is of this machine, or unmounts them and
+  lets go once nothing of its machine has them open.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store.db import Database
 from orchestrator.store.groups import Group
 from orchestrator.store.hosts import ALIVE_WINDOW_S, machine_of
-from orchestrator.store.volume_holds import claim, held_but_moved, holders, release, shares_mounts
+from orchestrator.store.volume_holds import claim, hand_over, held_but_moved, holders, release, shares_mounts
 
 log = logging.getLogger(__name__)
 
@@ -80,16 +82,25 @@ def other_machine_after_s(settings: Settings, folder: str) -> float:
 
 
 def release_moved(db: Database, settings: Settings, pool: WarmPool) -> list[str]:
-    """Unmount the volumes of the groups that moved to another host and let go of their holds,
-    so the new host's machine may mount them; a hold is kept while a container of this host
-    still runs for the group or a loop device of this machine still has an image."""
+    """Let go of the volumes of the groups that moved to another host: handed over as they are
+    to a host of this machine (its mount is this machine's), else unmounted first, so the new
+    host's machine may mount them; a hold is kept while a container of this host still runs
+    for the group or a loop device of this machine still has an image."""
     if volume_problem() is not None:
         return []
     released = []
     host = settings.effective_host_id
-    for folder in held_but_moved(db, host):
+    mine = machine_identity(settings.machine_id)
+    for folder, placed in held_but_moved(db, host):
         if any(c.status == "running" for c in pool.find(folder)):
             continue  # a run is still on it: next beat
+        if placed is not None and machine_of(db, placed) == mine:
+            # Moved to a host of this machine: one kernel, one mount; it takes the hold as it is
+            # (unmounting would pull the mount from under that host).
+            if hand_over(db, folder, host, placed):
+                log.info("group folder %s moved to host %s of this machine: its volumes handed over", folder, placed)
+                released.append(folder)
+            continue
         if unmount_group(settings, folder) and release(db, folder, host):
             log.info("group folder %s moved to another host: its volumes are unmounted here and let go", folder)
             released.append(folder)

@@ -105,16 +105,25 @@ def claim(
 def _why_taken(
     db: Database, held_by: str, machine: str, same_machine_after_s: float, gone_after_s: float
 ) -> str | None:
-    """Why ``held_by``'s hold may be taken over now (None: it may not)."""
-    if machine and same_machine_after_s > 0 and gone_for(db, {held_by}, same_machine_after_s):
-        theirs = machine_of(db, held_by)
-        if theirs is not None and shares_mounts(theirs, machine):
-            # One kernel: its mount is this host's mount too, so nothing is mounted twice; its
-            # sandboxes fenced themselves before it looked dead (the runner's fence, 5 s < 9 s),
-            # and a process of it that wakes finds its leases gone and writes nothing.
-            return f"it is of this machine and has not beaten for {same_machine_after_s:.0f}s"
+    """Why ``held_by``'s hold may be taken over now (None: it may not).  Asked only by a host
+    that holds the group's lease: no process of ``held_by`` may run the group meanwhile."""
+    theirs = machine_of(db, held_by) if machine else None
+    if theirs is not None and theirs == machine:
+        # One kernel: its mount is this host's mount too, so nothing is mounted twice; the lease
+        # keeps its processes off the group, and the containers it left for the group are
+        # removed before this host uses the workspace (run/volume_wait.py).
+        return "it is of this machine: its mount is this host's"
+    if (
+        theirs is not None
+        and shares_mounts(theirs, machine)
+        and same_machine_after_s > 0
+        and gone_for(db, {held_by}, same_machine_after_s)
+    ):
+        # An earlier boot of this machine: the reboot unmounted everything (unless it is a clone
+        # with the same machine id, which would still be beating).
+        return f"it ran in an earlier boot of this machine and has not beaten for {same_machine_after_s:.0f}s"
     if gone_after_s > 0 and gone_for(db, {held_by}, gone_after_s):
-        return f"it has not beaten for {gone_after_s:.0f}s (ORCHESTRATOR_DEAD_HOST_S)"
+        return f"it has not beaten for {gone_after_s:.0f}s"
     return None
 
 
@@ -143,9 +152,10 @@ def release(db: Database, folder: str, host_id: str) -> bool:
         )
 
 
-def held_but_moved(db: Database, host_id: str) -> list[str]:
+def held_but_moved(db: Database, host_id: str) -> list[tuple[str, str | None]]:
     """The folders whose volumes ``host_id`` holds while their group is placed on another host
-    and no process of ``host_id`` holds its lease: to unmount and let go of."""
+    and no process of ``host_id`` holds its lease, each with that host (None: the group is
+    gone): to hand over, or unmount and let go of."""
     with db.read() as session:
         rows = session.execute(
             select(VolumeHoldRow.folder, GroupRow.folder, GroupRow.placed_host, GroupRow.lease_owner)
@@ -154,7 +164,19 @@ def held_but_moved(db: Database, host_id: str) -> list[str]:
         ).all()
     # A group removed since (no row): nothing will run it here again either.
     return [
-        held
+        (held, placed if group is not None else None)
         for held, group, placed, lease in rows
         if group is None or (placed not in (None, host_id) and owner_host(lease) != host_id)
     ]
+
+
+def hand_over(db: Database, folder: str, from_host: str, to_host: str) -> bool:
+    """``from_host``'s hold of ``folder`` becomes ``to_host``'s, mounts and all (hosts of one
+    machine share its mounts); False when ``from_host`` no longer held it."""
+    with db.write() as session:
+        moved = session.execute(
+            update(VolumeHoldRow)
+            .where(VolumeHoldRow.folder == folder, VolumeHoldRow.host_id == from_host)
+            .values(host_id=to_host, held_at=db_now(session))
+        )
+    return changed_rows(moved) == 1

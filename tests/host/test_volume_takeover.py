@@ -1,9 +1,9 @@
 """A group's volumes when their holder is gone or busy (issue 45), on both databases, with real
 loop-mounted volumes (root, loop devices, e2fsprogs; CI has them).
 
-* one machine: a dead host's hold is taken over once it has not beaten for the lease's
-  window (9 s), not after ORCHESTRATOR_DEAD_HOST_S, and its mount is used as it is (one
-  kernel: no second mount, no second loop device);
+* one machine: a host's hold is taken over at once by the host that holds the group's
+  lease, and its mount is used as it is (one kernel: no second mount, no second loop
+  device); a group moved between hosts of one machine keeps its mount;
 * an earlier boot of this machine is one machine too; another machine is not: its hold goes
   with its leases, but its kernel's mount refuses a second one (ext4's multiple-mount
   protection) until that machine lets go; an image made before the protection waits for
@@ -32,7 +32,7 @@ from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
 from orchestrator.sandbox import mmp, quota
 from orchestrator.sandbox.config import container_plan
-from orchestrator.sandbox.fencing import hold_for_attempt, release_foreign
+from orchestrator.sandbox.fencing import hold_for_attempt, release_foreign, release_moved
 from orchestrator.sandbox.quota import mount_existing
 from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store import hosts
@@ -40,7 +40,7 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, get_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
-from orchestrator.store.tables import HostRow
+from orchestrator.store.tables import GroupRow, HostRow
 from orchestrator.store.volume_holds import holder, release, shares_mounts
 from tests.fakes.clock import FakeClock
 from tests.fakes.sandbox import FakeSandbox, Script
@@ -67,9 +67,11 @@ def _two_hosts(db: Database, settings: Settings, machine_a: str, machine_b: str)
     return a, b
 
 
-def test_a_dead_host_of_this_machine_leaves_its_mount_to_the_next_host_at_once(
+def test_a_host_of_this_machine_leaves_its_mount_to_the_next_host_at_once(
     volume_settings: Settings, db: Database
 ) -> None:
+    """Whatever the holder's heartbeat says: the claimer holds the group's lease, so no process of
+    the holder runs the group, and one kernel means one mount."""
     require_volumes()
     a, b = _two_hosts(db, volume_settings.replace(dead_host_s=120), "machine-1", "machine-1")
     group = get_group(db, JID)
@@ -79,23 +81,44 @@ def test_a_dead_host_of_this_machine_leaves_its_mount_to_the_next_host_at_once(
     (workspace / "notes.txt").write_text("written by host a\n")
     devices = quota.loop_devices_of(vol.image)
     assert vol.mounted() == "ours" and len(devices) == 1
-    # Alive, or silent for less than the lease's window: it still holds them.
-    _silent_for(db, "host-a", 5)
-    with pytest.raises(VolumeHeldElsewhere, match="held by host 'host-a'"):
-        hold_for_attempt(db, b, group, "offline")
-    # Dead for its leases (9 s), long before ORCHESTRATOR_DEAD_HOST_S (120 s): taken over.
-    _silent_for(db, "host-a", hosts.ALIVE_WINDOW_S + 1)
-    assert hold_for_attempt(db, b, group, "offline") == "host-a"
+    assert hold_for_attempt(db, b, group, "offline") == "host-a"  # host a beating, and all
     assert holder(db, "team") == "host-b"
     container_plan(b, group)
     # The same mount, not a second one: one kernel, one loop device, the same files.
     assert vol.mounted() == "ours" and quota.loop_devices_of(vol.image) == devices
     assert (workspace / "notes.txt").read_text() == "written by host a\n"
-    # Host a, back, finds it held by b: it neither mounts nor lets go of b's hold.
+    # Host a, dead and back, finds it held by b: neither mounts it again nor lets go of b's hold.
+    _silent_for(db, "host-a", hosts.ALIVE_WINDOW_S + 1)
     hosts.register(db, host_id="host-a", instance="host-a-again", version="test", concurrency=1, machine="machine-1")
-    with pytest.raises(VolumeHeldElsewhere, match="held by host 'host-b'"):
-        hold_for_attempt(db, a, group, "offline")
     assert not release(db, "team", "host-a") and holder(db, "team") == "host-b"
+
+
+def test_a_group_moved_to_a_host_of_this_machine_keeps_its_mount(volume_settings: Settings, db: Database) -> None:
+    """The holder's beat hands the hold over as it is: unmounting would pull the mount from
+    under the new host, which shares it."""
+    require_volumes()
+    a, b = _two_hosts(db, volume_settings, "machine-1", "machine-1")
+    group = get_group(db, JID)
+    hold_for_attempt(db, a, group, "offline")
+    container_plan(a, group)
+    vol = quota.Volume.of(a, "team")
+    devices = quota.loop_devices_of(vol.image)
+    with db.write() as session:
+        session.execute(update(GroupRow).where(GroupRow.chat_jid == JID).values(placed_host="host-b"))
+    assert release_moved(db, a, WarmPool(a, docker.from_env())) == ["team"]
+    assert holder(db, "team") == "host-b"
+    assert vol.mounted() == "ours" and quota.loop_devices_of(vol.image) == devices
+
+
+def test_an_earlier_boot_of_this_machine_is_taken_over_once_it_is_dead(volume_settings: Settings, db: Database) -> None:
+    require_volumes()
+    a, b = _two_hosts(db, volume_settings.replace(dead_host_s=120), "m1/boot1", "m1/boot2")
+    group = get_group(db, JID)
+    hold_for_attempt(db, a, group, "offline")
+    with pytest.raises(VolumeHeldElsewhere):  # beating in that boot: a clone with this machine's id
+        hold_for_attempt(db, b, group, "offline")
+    _silent_for(db, "host-a", hosts.ALIVE_WINDOW_S + 1)
+    assert hold_for_attempt(db, b, group, "offline") == "host-a"
 
 
 def test_an_unprotected_image_of_another_machine_waits_for_its_host_to_be_gone_for_good(
