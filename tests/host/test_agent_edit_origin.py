@@ -7,31 +7,21 @@ from __future__ import annotations
 
 import pytest
 
-from agent_runner.protocol import AssistantEvent, EditEvent, Event, ResultEvent, SendMessageEvent, Usage
+from agent_runner.protocol import AssistantEvent, EditEvent, Event, SendMessageEvent
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import SENDER_BOT, NewMessage
-from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.run.outbound import ChannelRegistry
-from orchestrator.run.pipeline import Pipeline
 from orchestrator.store.db import Database
-from orchestrator.store.groups import add_group, ensure_main_group
 from orchestrator.store.message_log import get_messages_after, insert_message, now_iso
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
-
-MAIN, TEAM = "main@local", "team@g.us"
+from tests.host.agent_runs import MAIN, TEAM, main_and_team, play
 
 
 @pytest.fixture(autouse=True)
 def groups(db: Database) -> None:
-    ensure_main_group(db)
-    add_group(db, chat_jid=TEAM, name="team", folder="team", requires_trigger=False)
+    main_and_team(db)
 
 
 def run(settings: Settings, db: Database, jid: str, *events: Event) -> None:
-    ingest(db, settings, IncomingMessage(chat_jid=jid, sender="u", content="@Andy go"), signal=None)
-    sandbox = FakeSandbox(Script([*events, ResultEvent(usage=Usage())]))
-    Pipeline(settings, db, ChannelRegistry([]), sandbox, clock=FakeClock()).drain_group(jid)
+    play(settings, db, jid, *events, content="@Andy go")
 
 
 def bot_lines(db: Database) -> list[tuple[str, object]]:

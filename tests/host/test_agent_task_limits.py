@@ -13,31 +13,21 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from croniter import croniter
 
-from agent_runner.protocol import AssistantEvent, Event, ResultEvent, TaskEvent, Usage
+from agent_runner.protocol import AssistantEvent, Event, TaskEvent
 from orchestrator.core.settings import Settings
-from orchestrator.run.ingest import IncomingMessage, ingest
-from orchestrator.run.outbound import ChannelRegistry
-from orchestrator.run.pipeline import Pipeline
 from orchestrator.run.schedules import add_task, get_task, list_tasks
 from orchestrator.store.db import Database
-from orchestrator.store.groups import add_group, ensure_main_group
 from orchestrator.store.message_log import get_messages_after
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
-
-MAIN, TEAM = "main@local", "team@g.us"
+from tests.host.agent_runs import MAIN, TEAM, main_and_team, play
 
 
 @pytest.fixture(autouse=True)
 def groups(db: Database) -> None:
-    ensure_main_group(db)
-    add_group(db, chat_jid=TEAM, name="team", folder="team", requires_trigger=False)
+    main_and_team(db)
 
 
 def run(settings: Settings, db: Database, jid: str, *events: Event) -> None:
-    sandbox = FakeSandbox(Script([*events, AssistantEvent(text="ok"), ResultEvent(usage=Usage())]))
-    ingest(db, settings, IncomingMessage(chat_jid=jid, sender="u", content="go"), signal=None)
-    Pipeline(settings, db, ChannelRegistry([]), sandbox, clock=FakeClock()).drain_group(jid)
+    play(settings, db, jid, *events, AssistantEvent(text="ok"))
 
 
 def host_lines(db: Database, jid: str) -> list[str]:

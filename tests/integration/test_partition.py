@@ -172,15 +172,21 @@ def _clean(image: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["e2fsck", "-n", "-f", str(image)], capture_output=True, text=True, check=False)
 
 
-@pytest.mark.parametrize("stack", ["fleet"], indirect=True)
-def test_a_killed_machines_mount_keeps_the_group_waiting_until_that_machine_lets_go(machines: Machines) -> None:
-    m = machines
+def _first_answer_on_a(m: Machines) -> str:
+    """Both machines' workers up, the group placed on A, a file written there by a first run."""
     m.worker(A)
     m.worker(B)
     assert m.stack.cli("groups", "move", JID, A).returncode == 0
     marker = f"kept-{uuid.uuid4().hex[:8]}"
     seq = m.send(f"$ echo {marker} > note.txt")
     assert "exit 0" in m.answered(seq, 90)
+    return marker
+
+
+@pytest.mark.parametrize("stack", ["fleet"], indirect=True)
+def test_a_killed_machines_mount_keeps_the_group_waiting_until_that_machine_lets_go(machines: Machines) -> None:
+    m = machines
+    marker = _first_answer_on_a(m)
     assert m.volume(A).mounted() == "ours" and m.volume(B).mounted() is None
 
     os.killpg(m.procs[A].pid, signal.SIGKILL)
@@ -217,12 +223,7 @@ def test_a_killed_machines_mount_keeps_the_group_waiting_until_that_machine_lets
 @pytest.mark.parametrize("stack", ["fleet"], indirect=True)
 def test_a_cut_off_machine_fences_itself_before_the_other_takes_its_group(machines: Machines) -> None:
     m = machines
-    m.worker(A)
-    m.worker(B)
-    assert m.stack.cli("groups", "move", JID, A).returncode == 0
-    marker = f"kept-{uuid.uuid4().hex[:8]}"
-    seq = m.send(f"$ echo {marker} > note.txt")
-    assert "exit 0" in m.answered(seq, 90)
+    marker = _first_answer_on_a(m)
     assert m.volume(A).mounted() == "ours" and _containers_of(A)  # its warm container, its mount
 
     for proxy in m.proxies:
