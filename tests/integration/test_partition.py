@@ -15,7 +15,8 @@ kernels' mounts, as between two real machines.  Fleet stack (PostgreSQL + Redis)
 * **partition**: A's connections to the database and the broker go through fault proxies on
   loopback, cut after A answered.  A fences itself on its own clock (its warm container gone,
   the volume unmounted) before B may take the group, says so in its log; B answers once; the
-  proxies heal and A writes nothing more; ``e2fsck -n`` finds the image clean.
+  proxies heal and A writes nothing more; ``e2fsck -n`` finds the image clean.  Again with
+  the group awaiting the answer to a question when A is cut off: B runs the answer, once.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import docker
 import pytest
+from docker.models.containers import Container
 
 from orchestrator.cli.supervisor import worker_argv
 from orchestrator.root import Orchestrator
@@ -42,7 +44,8 @@ from orchestrator.sandbox.warm import LABEL_HOST
 from orchestrator.store import hosts
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
-from orchestrator.store.runs import list_runs
+from orchestrator.store.questions import chat_questions
+from orchestrator.store.runs import Run, list_runs
 from orchestrator.store.volume_holds import holder
 from tests.conftest import wait_until
 from tests.fault_proxy import FaultProxy
@@ -125,7 +128,7 @@ def _up(stack: Stack, host: str) -> bool:
     return h is not None and h.alive and h.state == "up"
 
 
-def _containers_of(host: str) -> list[object]:
+def _containers_of(host: str) -> list[Container]:
     labels = [f"{LABEL_INSTALL}={INSTALL}", f"{LABEL_HOST}={host}"]
     return docker.from_env().containers.list(filters={"label": labels, "status": "running"})
 
@@ -257,3 +260,57 @@ def test_a_cut_off_machine_fences_itself_before_the_other_takes_its_group(machin
         f"PARTITION: the cut-off machine fenced itself {fenced_after:.1f} s after the cut (sandbox gone, volume "
         f"unmounted); the other answered once {elapsed:.1f} s after it; e2fsck -n clean"
     )
+
+
+def _fenced(m: Machines) -> float:
+    """Cut A off; the seconds until it fenced itself (its volume unmounted, its containers gone),
+    with no run of B's for the group before."""
+    for proxy in m.proxies:
+        proxy.cut()
+    t0 = time.monotonic()
+    wait_until(
+        lambda: m.volume(A).mounted() is None and not _containers_of(A), 30, "A to fence itself", m.stack.worker_logs
+    )
+    assert [r for r in list_runs(m.stack.db, chat_jid=JID, limit=10) if hosts.owner_host(r.owner) == B] == []
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize("stack", ["fleet"], indirect=True)
+def test_a_machine_cut_off_while_the_group_awaits_an_answer_leaves_the_answer_to_the_other(
+    machines: Machines,
+) -> None:
+    """The run asked and ended; A is cut off before the answer comes: B runs the answered
+    question, once."""
+    m = machines
+    _first_answer_on_a(m)
+    seq = m.send("/ask Which colour? | red | blue")
+    wait_until(
+        lambda: any(r.state == "awaiting_answer" for r in list_runs(m.stack.db, chat_jid=JID, limit=10)),
+        60,
+        "the question asked",
+        m.stack.worker_logs,
+    )
+    (question,) = chat_questions(m.stack.db, JID, open_only=True)
+    fenced_after = _fenced(m)
+    answered = m.stack.cli("answer", JID, "2", "--question", question.id)
+    assert answered.returncode == 0, answered.stderr
+    wait_until(
+        lambda: any(hosts.owner_host(r.owner) == B and r.state == "succeeded" for r in _runs(m)),
+        90,
+        "B to run the answered question",
+        m.stack.worker_logs,
+    )
+    for proxy in m.proxies:
+        proxy.heal()
+    wait_until(lambda: _up(m.stack, A), 60, "A beating again", m.stack.worker_logs)
+    time.sleep(5)
+    continued = [r for r in _runs(m) if r.cursor_from >= seq]
+    assert [hosts.owner_host(r.owner) for r in continued if r.state == "succeeded"] == [B], continued
+    assert m.volume(A).mounted() is None
+    print(
+        f"PARTITION: cut off while awaiting an answer: fenced {fenced_after:.1f} s after the cut; B ran the answer once"
+    )
+
+
+def _runs(m: Machines) -> list[Run]:
+    return list(reversed(list_runs(m.stack.db, chat_jid=JID, limit=20)))

@@ -254,6 +254,9 @@ def test_a_killed_hosts_group_is_answered_once_by_the_other_host_with_its_worksp
     )
 
 
+# Volumes on, the default install's way: with them off the paused holder's path is the same
+# but for the hold (the SIGKILL test above runs both).
+@pytest.mark.parametrize("volumes", ["volumes-on"], indirect=True)
 @pytest.mark.parametrize("stack", ["fleet"], indirect=True)
 def test_a_paused_hosts_silent_command_is_answered_once_by_the_other_host(
     volumes: bool,
