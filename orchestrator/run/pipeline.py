@@ -490,7 +490,10 @@ class Pipeline:
 
     def _mounts(self, group: Group, provider: str) -> Mounts:
         """The group's workspace and mounts for an attempt with ``provider``."""
-        # Its volumes are mounted on one machine at a time (a fleet shares the data dir).
+        # Its volumes are mounted on one machine at a time (a fleet shares the data dir).  The
+        # step claimed them for the group's model as it is now (run/volume_wait.py); the attempt
+        # runs the recorded input's, which may keep a session volume the other does not: one
+        # read while they are held already.
         hold_for_attempt(self.db, self.settings, group, provider)
         # The group's limits and mounts, checked against the allowlist as it is now.
         plan = container_plan(self.settings, group)

@@ -38,7 +38,7 @@ from tests.fakes.channel import RecordingChannel
 JID = "gvisor@chat"
 
 
-def _registered(*names: str) -> bool:
+def runtimes_registered(*names: str) -> bool:
     try:
         have = docker.from_env().info().get("Runtimes") or {}
     except docker.errors.DockerException:
@@ -48,7 +48,7 @@ def _registered(*names: str) -> bool:
 
 @pytest.fixture(scope="module")
 def gvisor() -> None:
-    require_service(_registered("runsc"), "gVisor registered with Docker as `runsc` (scripts/gvisor.sh)")
+    require_service(runtimes_registered("runsc"), "gVisor registered with Docker as `runsc` (scripts/gvisor.sh)")
 
 
 @dataclass
@@ -105,7 +105,8 @@ def test_the_probe_passes_runsc_and_refuses_it_without_cgroups_or_host_sockets(a
     # runc is not gVisor: the sandbox would report the host's kernel.
     assert "host's kernel" in (runtimes.gvisor_problem(client, agent_image, runtime="runc") or "")
     require_service(
-        _registered("runsc-nocgroups", "runsc-nouds"), "the probe's wrong runtimes (scripts/gvisor.sh --test-runtimes)"
+        runtimes_registered("runsc-nocgroups", "runsc-nouds"),
+        "the probe's wrong runtimes (scripts/gvisor.sh --test-runtimes)",
     )
     assert "memory limit is not enforced" in (
         runtimes.gvisor_problem(client, agent_image, runtime="runsc-nocgroups") or ""
@@ -122,7 +123,9 @@ def test_runsc_is_refused_with_its_reason_and_auto_falls_back_to_runc(
 ) -> None:
     """A runsc that fails its probe stops the process (never runs without its limits);
     auto says why it takes runc.  Shown with runsc's no-cgroups twin."""
-    require_service(_registered("runsc-nocgroups"), "the probe's wrong runtimes (scripts/gvisor.sh --test-runtimes)")
+    require_service(
+        runtimes_registered("runsc-nocgroups"), "the probe's wrong runtimes (scripts/gvisor.sh --test-runtimes)"
+    )
     client = docker.from_env()
     strict = Settings.load(data_dir=tmp_path / "a", agent_image=agent_image, sandbox_runtime="runsc", env_file=None)
     with pytest.raises(SandboxError, match="memory limit is not enforced"):

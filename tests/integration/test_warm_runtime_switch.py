@@ -22,20 +22,14 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from tests.conftest import require_service
 from tests.fakes.channel import RecordingChannel
+from tests.integration.test_gvisor import runtimes_registered
 
 JID = "switch@g.us"
 
 
-def _registered(name: str) -> bool:
-    try:
-        return name in (docker.from_env().info().get("Runtimes") or {})
-    except docker.errors.DockerException:
-        return False
-
-
 @pytest.fixture
 def runc_settings(tmp_path: Path, agent_image: str) -> Iterator[Settings]:
-    require_service(_registered("runsc"), "gVisor registered with Docker as `runsc` (scripts/gvisor.sh)")
+    require_service(runtimes_registered("runsc"), "gVisor registered with Docker as `runsc` (scripts/gvisor.sh)")
     settings = Settings.load(
         data_dir=tmp_path / "data",
         agent_image=agent_image,
