@@ -1,13 +1,16 @@
 """A webhook receiver on loopback, as a careful one is written: every POST kept (its
 headers and body), the timestamped signature checked (``verify_delivery``: a 401 when it
 does not hold), and :meth:`WebhookReceiver.taken` acting on each delivery id once, as a
-deduplicating receiver does.  ``fail`` makes its first answers 500s."""
+deduplicating receiver does.  ``fail`` makes its first answers 500s; :meth:`hold` keeps
+the answers to the posts that come in (kept, unanswered) until :meth:`release`, a receiver
+slow to answer while its sender is cut off."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -40,6 +43,9 @@ class WebhookReceiver:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._answering = threading.Event()
+        self._answering.set()
+        self._holding: Callable[[Received], bool] = lambda post: False
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -54,7 +60,10 @@ class WebhookReceiver:
                 )
                 with receiver._lock:
                     status = 500 if len(receiver.posts) < receiver.fail else 200 if signed else 401
-                    receiver.posts.append(Received(self.headers.get(DELIVERY_HEADER), body, signed, status))
+                    post = Received(self.headers.get(DELIVERY_HEADER), body, signed, status)
+                    receiver.posts.append(post)
+                if receiver._holding(post):
+                    receiver._answering.wait(120)
                 self.send_response(status)
                 self.send_header("content-length", "0")
                 self.end_headers()
@@ -64,6 +73,16 @@ class WebhookReceiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def hold(self, when: Callable[[Received], bool]) -> None:
+        """Keep the posts from now on that ``when`` picks unanswered (kept, the sender's call
+        waiting) until :meth:`release`."""
+        self._answering.clear()
+        self._holding = when
+
+    def release(self) -> None:
+        self._holding = lambda post: False
+        self._answering.set()
 
     def taken(self) -> list[Received]:
         """The accepted posts, each delivery id once (what a deduplicating receiver acts on)."""
@@ -84,5 +103,6 @@ class WebhookReceiver:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.release()
         self.server.shutdown()
         self.server.server_close()

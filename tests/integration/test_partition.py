@@ -16,7 +16,9 @@ kernels' mounts, as between two real machines.  Fleet stack (PostgreSQL + Redis)
   loopback, cut after A answered.  A fences itself on its own clock (its warm container gone,
   the volume unmounted) before B may take the group, says so in its log; B answers once; the
   proxies heal and A writes nothing more; ``e2fsck -n`` finds the image clean.  Again with
-  the group awaiting the answer to a question when A is cut off: B runs the answer, once.
+  the group awaiting the answer to a question when A is cut off: B runs the answer, once;
+  and with A's deliverer waiting on a webhook's answer to its post: the claim runs out, B
+  sends it again with its delivery id, the receiver acts on it once.
 """
 
 from __future__ import annotations
@@ -35,19 +37,22 @@ import docker
 import pytest
 from docker.models.containers import Container
 
-from orchestrator.cli.supervisor import worker_argv
+from orchestrator.cli.supervisor import QUEUES, worker_argv
 from orchestrator.root import Orchestrator
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.sandbox import quota
 from orchestrator.sandbox.containers import LABEL_INSTALL
 from orchestrator.sandbox.warm import LABEL_HOST
 from orchestrator.store import hosts
+from orchestrator.store.attachments import attach_channel
+from orchestrator.store.deliveries import list_deliveries
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.questions import chat_questions
 from orchestrator.store.runs import Run, list_runs
 from orchestrator.store.volume_holds import holder
 from tests.conftest import wait_until
+from tests.fakes.webhook_receiver import Received, WebhookReceiver
 from tests.fault_proxy import FaultProxy
 from tests.quota_support import release_everything, require_volumes
 
@@ -66,8 +71,8 @@ class Machines:
     proxies: list[FaultProxy]
     procs: dict[str, subprocess.Popen[bytes]]
 
-    def worker(self, machine: str) -> subprocess.Popen[bytes]:
-        """A worker of ``machine`` (host id = machine id), in its own session."""
+    def worker(self, machine: str, queues: tuple[str, ...] = QUEUES, node: str = "") -> subprocess.Popen[bytes]:
+        """A worker of ``machine`` (host id = machine id) consuming ``queues``, in its own session."""
         env = self.stack.env | {
             "ORCHESTRATOR_HOST_ID": machine,
             "ORCHESTRATOR_MACHINE_ID": machine,
@@ -84,7 +89,7 @@ class Machines:
         log = self.stack.settings.data_dir.parent / f"worker-{machine}-{len(self.stack.procs)}.log"
         with open(log, "wb") as fh:
             proc = subprocess.Popen(
-                worker_argv(2, name=f"{machine}@%h"),
+                worker_argv(2, queues=queues, name=f"{node or machine}@%h"),
                 env=env,
                 stdout=fh,
                 stderr=subprocess.STDOUT,
@@ -175,10 +180,11 @@ def _clean(image: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["e2fsck", "-n", "-f", str(image)], capture_output=True, text=True, check=False)
 
 
-def _first_answer_on_a(m: Machines) -> str:
-    """Both machines' workers up, the group placed on A, a file written there by a first run."""
+def _first_answer_on_a(m: Machines, b_queues: tuple[str, ...] = QUEUES) -> str:
+    """Both machines' workers up (B's consuming ``b_queues``), the group placed on A, a file
+    written there by a first run."""
     m.worker(A)
-    m.worker(B)
+    m.worker(B, b_queues)
     assert m.stack.cli("groups", "move", JID, A).returncode == 0
     marker = f"kept-{uuid.uuid4().hex[:8]}"
     seq = m.send(f"$ echo {marker} > note.txt")
@@ -314,3 +320,80 @@ def test_a_machine_cut_off_while_the_group_awaits_an_answer_leaves_the_answer_to
 
 def _runs(m: Machines) -> list[Run]:
     return list(reversed(list_runs(m.stack.db, chat_jid=JID, limit=20)))
+
+
+@pytest.mark.parametrize("stack", ["fleet"], indirect=True)
+def test_a_machine_cut_off_while_it_delivers_leaves_one_copy_and_the_next_answer_to_the_other(
+    machines: Machines,
+) -> None:
+    """A's deliverer has posted the answer to a webhook whose receiver has not answered yet
+    when A is cut off: A cannot record the send.  Its claim runs out; the sweeper sends it
+    again with the same delivery id (the webhook's receivers deduplicate by it), from B's
+    deliverer; the receiver acts on it once, A records nothing when it is back, and B
+    answers the next message, delivered once.  B consumes no deliveries until A is cut
+    off, so the send in flight is A's."""
+    m = machines
+    with WebhookReceiver(HOOK_SECRET) as hook:
+        m.stack.env.update({"ORCHESTRATOR_WEBHOOK_SECRET": HOOK_SECRET, "ORCHESTRATOR_DELIVERY_CLAIM_S": "15"})
+        attach_channel(m.stack.db, JID, "webhook", address=hook.url)
+        _first_answer_on_a(m, b_queues=("agent",))
+        wait_until(lambda: _hooked(hook), 60, "the first answer at the webhook", m.stack.worker_logs)
+
+        hook.hold(lambda post: post.doc["message"]["sender"] == "bot")
+        word = f"inflight-{uuid.uuid4().hex[:8]}"
+        seq = m.send(f"$ echo {word}")
+        wait_until(lambda: any(word in p.doc["message"]["content"] for p in _bot_posts(hook)), 60, "A's send")
+        (row,) = [d for d in list_deliveries(m.stack.db, chat_jid=JID, channel="webhook") if d.state == "sending"]
+        assert row.message_seq > seq
+        fenced_after = _fenced(m)
+        hook.release()  # the receiver has it; A cannot record that it was sent
+
+        m.worker(B, ("delivery",), node="machine-b-deliveries")
+        # What beat's sweep does every few seconds: the claim that ran out goes back, again.
+        wait_until(lambda: m.root.sweep().abandoned_deliveries > 0, 60, "A's claim to run out")
+        wait_until(lambda: _state(m, row.id) == "sent", 60, "B's deliverer to send it again", m.stack.worker_logs)
+        copies = [p for p in hook.posts if p.delivery_id == _sent_as(hook, word)]
+        assert len(copies) == 2 and all(p.delivery_id for p in copies)  # one post each, one id
+        assert [word in p.doc["message"]["content"] for p in _taken_bot(hook)].count(True) == 1
+
+        after = m.send("$ echo after-the-cut")
+        answer = m.answered(after, 90)
+        assert "after-the-cut" in answer
+        wait_until(lambda: any("after-the-cut" in p.doc["message"]["content"] for p in _taken_bot(hook)), 60, "B's")
+        for proxy in m.proxies:
+            proxy.heal()
+        wait_until(lambda: _up(m.stack, A), 60, "A beating again", m.stack.worker_logs)
+        time.sleep(5)  # A back: it records nothing of the send it could not finish, sends nothing more
+        assert _state(m, row.id) == "sent"
+        bot_texts = [p.doc["message"]["content"] for p in _taken_bot(hook)]
+        assert sum(word in t for t in bot_texts) == 1 and sum("after-the-cut" in t for t in bot_texts) == 1
+        assert sum(p.delivery_id == _sent_as(hook, word) for p in hook.posts) == 2
+        assert {hosts.owner_host(r.owner) for r in _runs(m) if r.cursor_to >= after} == {B}
+        print(
+            f"PARTITION: cut off mid-delivery: fenced {fenced_after:.1f} s after the cut; the send in flight "
+            "taken once by the receiver (sent again by B with its delivery id); B answered the next message once"
+        )
+
+
+HOOK_SECRET = "partition-webhook-secret"
+
+
+def _bot_posts(hook: WebhookReceiver) -> list[Received]:
+    return [p for p in list(hook.posts) if p.doc.get("event") == "message" and p.doc["message"]["sender"] == "bot"]
+
+
+def _taken_bot(hook: WebhookReceiver) -> list[Received]:
+    return [p for p in hook.taken() if p.doc.get("event") == "message" and p.doc["message"]["sender"] == "bot"]
+
+
+def _hooked(hook: WebhookReceiver) -> bool:
+    return bool(_taken_bot(hook))
+
+
+def _sent_as(hook: WebhookReceiver, word: str) -> str | None:
+    """The delivery id the message with ``word`` went out with."""
+    return next(p.delivery_id for p in _bot_posts(hook) if word in p.doc["message"]["content"])
+
+
+def _state(m: Machines, delivery_id: int) -> str:
+    return next(d.state for d in list_deliveries(m.stack.db, chat_jid=JID) if d.id == delivery_id)
