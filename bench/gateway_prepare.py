@@ -1,12 +1,14 @@
-"""What the model gateway's request policy costs per request: ``ModelGateway._prepare`` (the
-allowlists, the model and output cap, the sources in messages) of the tree's gateway against
-another revision's, interleaved in one process, on a Claude Code request and on long sessions
-built from it.
+"""What the model gateway's request policy costs per request: the rules that read the body
+(``rules.prepare``: the allowlists, the model and output cap, the sources in messages; in a
+revision where the gateway was one module, ``ModelGateway._prepare``) of the tree's gateway
+against another revision's, interleaved in one process, on a Claude Code request and on long
+sessions built from it.
 
     .venv/bin/python -m bench.gateway_prepare [--against REV] [--body FILE] [--rounds 15]
 
-``--against`` names the revision whose ``orchestrator/sandbox/gateway.py`` is the baseline
-(default ``HEAD``); ``--body`` a request the Claude Code CLI sent (recorded: the body a
+``--against`` names the revision whose gateway (the package ``orchestrator/sandbox/gateway/``,
+whose modules import each other relatively, or the one module ``gateway.py`` it was) is the
+baseline, loaded under another name (default ``HEAD``); ``--body`` a request the Claude Code CLI sent (recorded: the body a
 ``tests/fakes`` upstream got, ``calls[i].raw``, under ``python -m tests.gateway_wire``), by
 default a stand-in of its shape (17 tools, 75 KB; a 20 KB system prompt; three messages).
 
@@ -32,6 +34,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from email.message import Message
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -40,14 +43,30 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "claude-sonnet-4-5"
 
 
+def _show(revision: str, path: str) -> bytes:
+    return subprocess.run(["git", "show", f"{revision}:{path}"], cwd=ROOT, check=True, capture_output=True).stdout
+
+
 def _module(revision: str) -> ModuleType:
-    source = subprocess.run(
-        ["git", "show", f"{revision}:orchestrator/sandbox/gateway.py"], cwd=ROOT, check=True, capture_output=True
-    ).stdout
+    """``revision``'s gateway as the module ``gateway_baseline``: its package, or its one module."""
     folder = Path(tempfile.mkdtemp(prefix="gateway-baseline-"))
-    path = folder / "gateway_baseline.py"
-    path.write_bytes(source)
-    spec = importlib.util.spec_from_file_location("gateway_baseline", path)
+    listed = subprocess.run(
+        ["git", "ls-tree", "--name-only", f"{revision}:orchestrator/sandbox/gateway/"], cwd=ROOT, capture_output=True
+    )
+    if listed.returncode == 0:
+        package = folder / "gateway_baseline"
+        package.mkdir()
+        for name in listed.stdout.decode().split():
+            if name.endswith(".py"):
+                (package / name).write_bytes(_show(revision, f"orchestrator/sandbox/gateway/{name}"))
+        path = package / "__init__.py"
+        spec = importlib.util.spec_from_file_location(
+            "gateway_baseline", path, submodule_search_locations=[str(package)]
+        )
+    else:
+        path = folder / "gateway_baseline.py"
+        path.write_bytes(_show(revision, "orchestrator/sandbox/gateway.py"))
+        spec = importlib.util.spec_from_file_location("gateway_baseline", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules["gateway_baseline"] = module
@@ -239,22 +258,47 @@ def _hostile() -> dict[str, bytes]:
     }
 
 
-def _prepare(gateway: Any, body: bytes) -> str:
+class _Subject:
+    """One revision's gateway, held to ``MODEL`` and its output cap, and its policy step on a body."""
+
+    def __init__(self, module: ModuleType, path: Path) -> None:
+        self.module = module
+        self.rules = getattr(module, "rules", None)  # the package's; a one-module gateway has none
+        if self.rules is None:
+            self.gateway = module.ModelGateway(
+                path, upstream="http://127.0.0.1:9", api_key="k", model=MODEL, max_tokens=32000
+            )
+        else:
+            config = module.GatewayConfig(base_url="http://127.0.0.1:9", api_key="k", model=MODEL, max_tokens=32000)
+            self.gateway = module.ModelGateway(path, config)
+
+    def prepare(self, body: bytes) -> bytes:
+        if self.rules is None:
+            return bytes(self.gateway._prepare("/v1/messages", body))
+        request = self.rules.Request("/v1/messages", Message(), self.gateway.config, self.gateway.account)
+        request.body = body
+        return bytes(self.rules.prepare(request))
+
+    def close(self) -> None:
+        self.gateway.close()
+
+
+def _prepare(gateway: _Subject, body: bytes) -> str:
     try:
-        gateway._prepare("/v1/messages", body)
-    except Exception as exc:  # the module's own _Refusal, of either revision
+        gateway.prepare(body)
+    except Exception as exc:  # the module's own refusal, of either revision
         return f"{getattr(exc, 'status', '?')} {getattr(exc, 'kind', type(exc).__name__)}"
     return "forwarded"
 
 
-def _per_request(gateway: Any, body: bytes, n: int) -> float:
+def _per_request(gateway: _Subject, body: bytes, n: int) -> float:
     t0 = time.perf_counter()
     for _ in range(n):
         _prepare(gateway, body)
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def _peak(gateway: Any, body: bytes) -> tuple[str, float, int]:
+def _peak(gateway: _Subject, body: bytes) -> tuple[str, float, int]:
     """The outcome, the time (untraced: tracemalloc slows every allocation) and the peak allocation."""
     t0 = time.perf_counter()
     outcome = _prepare(gateway, body)
@@ -279,10 +323,7 @@ def main() -> None:
     first = args.body.read_bytes() if args.body else json.dumps(_stand_in()).encode()
     with tempfile.TemporaryDirectory() as folder:
         gateways = {
-            name: module.ModelGateway(
-                Path(folder) / name, upstream="http://127.0.0.1:9", api_key="k", model=MODEL, max_tokens=32000
-            )
-            for name, module in ((args.against, baseline), ("tree", tree))
+            name: _Subject(module, Path(folder) / name) for name, module in ((args.against, baseline), ("tree", tree))
         }
         print(
             f"_prepare, us per request: min / median of {args.rounds} rounds, {args.against} and the tree "

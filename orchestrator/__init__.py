@@ -2,8 +2,10 @@
 
 Public API::
 
+    from orchestrator import OrchestratorError       # the root of every error raised
+    from orchestrator import MessageType, StoredMessage
     from orchestrator import store_message_direct
-    from orchestrator import get_messages_since
+    from orchestrator import get_messages_after, get_messages_since
     from orchestrator import format_messages_for_sdk
 
 The package is a house of rooms, each a folder that says in its own

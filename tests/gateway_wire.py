@@ -2,7 +2,7 @@
 
 The gateway forwards only the request headers, ``anthropic-beta`` values,
 top-level fields and tool types its clients were seen to send
-(``orchestrator/sandbox/gateway.py``: ``ANTHROPIC_HEADERS``,
+(``orchestrator/sandbox/gateway/allowlists.py``: ``ANTHROPIC_HEADERS``,
 ``ANTHROPIC_BETAS``, ``ANTHROPIC_FIELDS``, ``OPENAI_HEADERS``,
 ``OPENAI_FIELDS``, ...).  This module records them: it runs each client in
 the real agent image, hardened as a run is (no network, read-only root),
@@ -16,12 +16,12 @@ request and one carrying a tool's result are both seen:
 * our own providers, ``anthropic`` and ``openai`` (the agent image).
 
 When the pin moves (``container/requirements-claude-code.txt``), rebuild the
-images and run it, then bring the constants in gateway.py up to date::
+images and run it, then bring the lists in allowlists.py up to date::
 
     .venv/bin/python -m tests.gateway_wire [--model M]...
 
 It prints the recorded sets (less the headers the gateway sets itself) and
-what gateway.py does not allow of them;
+what allowlists.py does not allow of them;
 tests/integration/test_gateway_allowlist_sandbox.py proves that the CLI
 passes the gateway as it is.
 """
@@ -221,12 +221,12 @@ def _show(title: str, wire: Wire, allowed: dict[str, frozenset[Any]]) -> None:
         seen = getattr(wire, name) - (GATEWAY_OWN if name == "headers" else set())
         print(f"{name}: {json.dumps(sorted(seen, key=str))}")
         if name in allowed and (missing := seen - allowed[name]):
-            print(f"  NOT ALLOWED by gateway.py: {sorted(missing, key=str)}")
+            print(f"  NOT ALLOWED by allowlists.py: {sorted(missing, key=str)}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    from orchestrator.sandbox import gateway as gw
     from orchestrator.sandbox.containers import docker_client
+    from orchestrator.sandbox.gateway import allowlists as gw
 
     parser = argparse.ArgumentParser(prog="python -m tests.gateway_wire", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", help=f"a model name for the CLI (default: {CLI_MODELS})")
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     _show("Claude Code CLI", cli, {})
     _show("our anthropic provider", anthropic_wire, {})
     _show(
-        "Messages API, both (what gateway.py must allow)",
+        "Messages API, both (what allowlists.py must allow)",
         both,
         {
             "headers": gw.ANTHROPIC_HEADERS,
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
         },
     )
     _show(
-        "our openai provider (what gateway.py must allow)",
+        "our openai provider (what allowlists.py must allow)",
         openai_wire,
         {"headers": gw.OPENAI_HEADERS, "fields": gw.OPENAI_FIELDS, "tool_types": gw.OPENAI_TOOL_TYPES},
     )

@@ -15,6 +15,7 @@ import pytest
 
 from orchestrator.core.settings import Settings
 from orchestrator.sandbox import quota
+from orchestrator.sandbox.late_mounts import mount_entries
 from tests.conftest import require_service
 
 
@@ -27,9 +28,7 @@ def require_volumes() -> None:
 def mounts_under(base: Path) -> list[str]:
     """Mount points at or below ``base`` in this mount namespace, deepest first."""
     root = str(base.resolve())
-    points = {
-        e.mount_point for e in quota.mount_entries() if e.mount_point == root or e.mount_point.startswith(root + "/")
-    }
+    points = {e.mount_point for e in mount_entries() if e.mount_point == root or e.mount_point.startswith(root + "/")}
     return sorted(points, key=lambda p: p.count("/"), reverse=True)
 
 

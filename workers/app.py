@@ -204,7 +204,7 @@ def _fresh_connections(**_: object) -> None:
 
 @worker_ready.connect
 def _log_quota_mode(sender: Any = None, **_: object) -> None:
-    # Which way workspaces are kept under their quota here (orchestrator/sandbox/quota.py).
+    # Which way workspaces are kept under their quota here (orchestrator/sandbox/quota/mode.py).
     root = _ours(sender)
     if root is None:
         return

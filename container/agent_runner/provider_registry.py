@@ -25,7 +25,7 @@ from .loop import Emit, run_agent
 from .protocol import ContainerInput, ModelSettings
 from .providers.base import Provider
 
-# ``ModelSettings.provider``'s words (protocol.py; the test holds the two equal).
+# ``ModelSettings.provider``'s words (protocol/input.py; the test holds the two equal).
 ProviderName = Literal["offline", "anthropic", "openai", "claude-code"]
 
 

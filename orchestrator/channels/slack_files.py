@@ -47,7 +47,9 @@ from orchestrator.core.errors import ChannelError, ChannelRateLimited, FileTooLa
 from orchestrator.core.settings import Settings
 from orchestrator.core.sizes import human_size
 from orchestrator.store.db import Database
-from orchestrator.store.files import FileStore, StoredFile, safe_name
+from orchestrator.store.file_names import safe_name
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.files import FileStore
 
 log = logging.getLogger(__name__)
 

@@ -94,7 +94,8 @@ from orchestrator.core.errors import (
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest
 from orchestrator.store.db import Database
-from orchestrator.store.files import StoredFile, file_envelope
+from orchestrator.store.file_refs import file_envelope
+from orchestrator.store.file_rows import StoredFile
 from orchestrator.store.groups import is_registered
 from orchestrator.store.message_log import resolve_message
 from orchestrator.store.usage import sender_retry_after

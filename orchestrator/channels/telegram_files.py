@@ -51,7 +51,8 @@ import httpx
 from orchestrator.core.errors import ChannelError, FileTooLarge
 from orchestrator.core.settings import Settings
 from orchestrator.core.sizes import human_size
-from orchestrator.store.files import FileStore, StoredFile
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.files import FileStore
 
 log = logging.getLogger(__name__)
 

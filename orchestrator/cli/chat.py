@@ -49,7 +49,8 @@ from orchestrator.run.ingest import IncomingMessage, Signal, ingest
 from orchestrator.store.chat_listener import Subscription, listen
 from orchestrator.store.db import Database
 from orchestrator.store.draft_feed import DraftFeed
-from orchestrator.store.files import FileStore, chunks_of, file_envelope
+from orchestrator.store.file_refs import file_envelope
+from orchestrator.store.files import FileStore, chunks_of
 from orchestrator.store.groups import find_group
 from orchestrator.store.history import edit_message, regenerate
 from orchestrator.store.message_log import get_messages_after, get_recent_messages, resolve_message

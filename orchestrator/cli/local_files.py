@@ -51,7 +51,7 @@ def save_download(folder: Path, name: str, fetch: Callable[[Callable[[bytes], ob
     created with ``O_EXCL`` and ``O_NOFOLLOW`` relative to the folder's descriptor, taking the
     first free one of ``numbered_names``: nothing there is replaced, no link is followed.  A
     failed download leaves no file."""
-    from orchestrator.store.files import numbered_names, safe_name
+    from orchestrator.store.file_names import numbered_names, safe_name
 
     folder.mkdir(parents=True, exist_ok=True)
     dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -1,12 +1,15 @@
-"""CLI commands that replay a run against another model and compare runs:
-``orchestrator runs replay RUN --model M`` and ``orchestrator runs diff A B``
-(``orchestrator/run/replay.py``)."""
+"""CLI commands about agent runs: ``orchestrator runs`` (the list), ``runs waiting`` (the
+fleet's run slots and who waits), ``runs show`` (one run, its exact input, its egress),
+``runs cancel``, and ``runs replay RUN --model M`` (a run's input against another model,
+``orchestrator/run/replay.py``) and ``runs diff A B`` (two runs compared)."""
 
 from __future__ import annotations
 
+import difflib
 import json
+import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -22,8 +25,126 @@ if TYPE_CHECKING:
 
 
 def register(runs_app: typer.Typer) -> None:
+    runs_app.callback()(runs_list)
+    runs_app.command("waiting")(runs_waiting)
+    runs_app.command("show")(runs_show)
+    runs_app.command("cancel")(runs_cancel)
     runs_app.command("replay")(runs_replay)
     runs_app.command("diff")(runs_diff)
+
+
+def runs_list(
+    ctx: typer.Context,
+    group: Annotated[
+        Optional[str], typer.Option("--chat-jid", "--group", help="Only this chat (--group: its older name).")
+    ] = None,
+    state: Annotated[Optional[str], typer.Option(help="Only runs in this state.")] = None,
+    limit: Annotated[int, typer.Option()] = 50,
+) -> None:
+    """List agent runs, newest first."""
+    from orchestrator.store.runs import list_runs
+
+    if ctx.invoked_subcommand is not None:
+        return
+    db = _setup().db
+    for r in list_runs(db, chat_jid=group, state=state, limit=limit):
+        took = f"{r.duration_s:.2f}s" if r.duration_s is not None else "-"
+        replay = f"  replay of {r.replay_of[:8]}" if r.replay_of else ""
+        _echo(
+            f"{r.id[:8]}  {r.state:10} {r.chat_jid:24} msgs {r.cursor_from + 1}..{r.cursor_to}  {took}  "
+            f"{r.error or ''}{replay}"
+        )
+
+
+def runs_waiting(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """The fleet's run slots (ORCHESTRATOR_MAX_CONCURRENT_RUNS) and the groups waiting
+    for one, in the order they will start."""
+    from orchestrator.store.slots import fleet_slots
+
+    root = _setup()
+    slots = fleet_slots(root.db, root.settings.max_concurrent_runs)
+    if as_json:
+        typer.echo(json.dumps(slots.model_dump(mode="json"), indent=2))
+        return
+    cap = f"{slots.cap:,}" if slots.cap else "no cap"
+    typer.echo(f"run slots: {slots.running:,} taken of {cap}; {len(slots.waiting):,} group(s) waiting")
+    for w in slots.waiting:
+        kind = w.lane + (", main" if w.is_main else "")
+        _echo(f"  {w.position:>3}. {w.chat_jid:30} {kind:16} waiting {w.waited_s:.0f}s (since {w.since:%H:%M:%S} UTC)")
+
+
+def runs_show(
+    run_id: str,
+    show_input: Annotated[
+        bool, typer.Option("--input", help="Print the exact ContainerInput JSON the run sent.")
+    ] = False,
+    verify: Annotated[bool, typer.Option(help="Rebuild the input from the stored history and compare.")] = False,
+    egress: Annotated[
+        bool, typer.Option("--egress", help="List the run's egress decisions (allowed and refused, and why).")
+    ] = False,
+) -> None:
+    """Show one run (an id or a unique prefix)."""
+    from orchestrator.run.assembly import rebuild_input, stored_input
+    from orchestrator.run.egress_log import run_egress
+    from orchestrator.store.runs import get_run
+
+    root = _setup()
+    settings, db = root.settings, root.db
+    try:
+        run = get_run(db, run_id)
+        if egress:
+            print_egress(run_egress(db, run.id))
+            return
+        if not (show_input or verify):
+            typer.echo(json.dumps(run.model_dump(mode="json"), indent=2))
+            return
+        recorded = stored_input(db, run.id)
+        if recorded is None:
+            raise _fail(ValueError(f"run {run.id} has no recorded input (it failed before assembling one)"))
+        if show_input and sys.stdout.isatty():
+            # For a person: the JSON escapes C0 itself; C1 and bidi overrides shown as escapes.
+            _echo(recorded.decode("utf-8", errors="replace"))
+        elif show_input:  # the exact bytes, for a pipe or a file
+            sys.stdout.buffer.write(recorded + b"\n")
+            sys.stdout.flush()
+        if verify:
+            rebuilt = rebuild_input(db, settings, run.id)
+            if rebuilt == recorded:
+                typer.echo(
+                    f"verified: the stored history rebuilds the same {len(recorded)} bytes (sha256 {run.input_sha256})",
+                    err=True,
+                )
+                return
+            diff = difflib.unified_diff(
+                _pretty(recorded), _pretty(rebuilt), "sent", "rebuilt from history now", lineterm=""
+            )
+            _echo("\n".join(diff), err=True)
+            typer.secho(
+                "the history changed since this run (edited, superseded or context files changed)",
+                fg=typer.colors.YELLOW,
+                err=True,
+            )
+            raise typer.Exit(code=2)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+
+
+def _pretty(data: bytes) -> list[str]:
+    return json.dumps(json.loads(data), indent=2, ensure_ascii=False).splitlines()
+
+
+def runs_cancel(run_id: str) -> None:
+    """Cancel a run: its worker stops the container and records it as cancelled."""
+    from orchestrator.store.runs import cancel_run
+
+    db = _setup().db
+    try:
+        run = cancel_run(db, run_id)
+    except OrchestratorError as exc:
+        raise _fail(exc) from exc
+    if run.state != "cancelled":
+        raise _fail(OrchestratorError(f"run {run.id[:8]} already ended as {run.state}"))
+    typer.echo(f"run {run.id[:8]} cancelled; its worker stops the container within a second")
 
 
 def runs_replay(

@@ -22,7 +22,7 @@ whole, nothing kept, when one is over a limit) or, without an API, stored in pro
 (and taken back if the message is refused), and the message carries them as a FILE
 envelope (beside ``--metadata``'s keys, which may then not be an envelope of their own).
 With ``--wait``, the files of a reply are saved in ``--downloads`` (``./downloads``),
-each under its name made safe (``store/files.py``: ``safe_name``), numbered when taken
+each under its name made safe (``store/file_names.py``: ``safe_name``), numbered when taken
 (``name (2).ext``; created with ``O_EXCL``, never replacing a file, never following a
 link), and each saved path is printed.
 """
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from orchestrator.model.envelopes import FileRef
     from orchestrator.model.messages import StoredMessage
     from orchestrator.root import Orchestrator
-    from orchestrator.store.files import StoredFile
+    from orchestrator.store.file_rows import StoredFile
 
 # Exit codes of --wait (documented in the command's help).
 EXIT_RUN_FAILED = 3

@@ -26,7 +26,7 @@ def poll(
     timeout: Annotated[int, typer.Option(min=0, max=50, help="Long-polling wait per call, in seconds.")] = 30,
 ) -> None:
     """Store the bot's incoming Telegram messages (each in the group attached to its chat) until stopped."""
-    from orchestrator.channels.telegram import poll_forever
+    from orchestrator.channels.telegram_poller import poll_forever
 
     root = _setup()
     settings, db = root.settings, root.db

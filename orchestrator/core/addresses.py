@@ -1,6 +1,6 @@
 """Which network addresses are public, and which are this host's own: the rules every path out
 of the host shares (a URL block a person pastes, ``orchestrator/run/url_fetch.py``; the
-sandbox's egress proxy, ``orchestrator/sandbox/egress.py``).
+sandbox's egress proxy, ``orchestrator/sandbox/egress/decision.py``).
 
 An address is public unless it lies in one of the blocks of the tables below (the IANA
 special-purpose registries for IPv4 and IPv6, multicast, and the space set aside or returned),

@@ -9,7 +9,7 @@ drawing to the classes)::
     │   │                      ORCHESTRATOR_MODEL, the API beyond loopback without a token,
     │   │                      OTEL_TRACES_EXPORTER=otlp without the otlp extra, Flower beyond
     │   │                      loopback without a login, an ORCHESTRATOR_MAIN_GROUP that is not the main group
-    │   │                      [store.db, store.groups, run.model_choice, http.api, core.tracing, cli.main]
+    │   │                      [store.db, store.groups, run.model_choice, http.api, core.tracing, cli.processes]
     │   ├── SettingsError      an ORCHESTRATOR_* (or OTEL_*) variable that does not convert or is out of bounds;
     │   │                      names the variable (also a ValueError) [core.settings]
     │   ├── DataDirNotShared   a worker's data dir is not the installation's (its marker is missing or
@@ -24,7 +24,7 @@ drawing to the classes)::
     │                          come back; carries retry_after_s, which the deliverer waits out
     │                          [channels.telegram, channels.slack, channels.slack_files]
     ├── StoreError             the store refused or lacks something: a file's content missing or
-    │   │                      cut short, no free name [store.files, sandbox.inbox]
+    │   │                      cut short, no free name [store.files, store.file_names, sandbox.inbox]
     │   ├── NotFound           no such thing in the store (also a LookupError; HTTP 404): a run or a
     │   │   │                  scheduled task by id or prefix, its recorded input, a chat the API
     │   │   │                  requires registered [store.runs, store.schedules, run.assembly, http.routes.runs,
@@ -57,21 +57,23 @@ drawing to the classes)::
     │   └── ChangeRefused      a history change the message's state does not allow: superseded, not a
     │                          person's message to edit, not a reply to regenerate (HTTP 409) [store.history]
     ├── SandboxError           Docker could not start or talk to a container, or the sandbox runtime
-    │   │                      cannot be used [sandbox.containers, sandbox.warm, sandbox.standby,
-    │   │                      sandbox.runtime]
+    │   │                      cannot be used [sandbox.containers, sandbox.warm.pool, sandbox.warm.making,
+    │   │                      sandbox.warm.cleanup, sandbox.standby, sandbox.runtime]
     │   ├── ImageBuildError    the base or agent image could not be built or pulled [sandbox.image]
     │   ├── MountRefused       a workspace, session folder or extra mount the rules refuse; names the
     │   │   │                  reason [sandbox.mounts, sandbox.sessions]
     │   │   └── WorkspaceQuotaError   the workspace (or session folder) is over its quota, or its volume
-    │   │                      cannot be set up [sandbox.quota]
+    │   │                      cannot be set up [sandbox.quota.workspace, sandbox.quota.usage,
+    │   │                      sandbox.quota.volume, sandbox.quota.tree_copy, sandbox.quota.groups,
+    │   │                      sandbox.quota.scratch]
     │   ├── HostileEntry       an entry of an agent-writable folder the host will not use
     │   │                      (a symlink, FIFO, '..') [sandbox.hostile_fs]
-    │   ├── GatewayError       the model gateway's socket cannot be set up safely [sandbox.gateway]
+    │   ├── GatewayError       the model gateway's socket cannot be set up safely [sandbox.gateway.server]
     │   ├── VolumeHeldElsewhere   another host holds the group's volumes (mounted on its machine): the
     │   │                      run waits for them [store.volume_holds, run.volume_wait]
     │   └── VolumeMountedElsewhere   another machine's kernel has the group's volume mounted (its
     │                          ext4 multiple-mount protection refused this one): the run waits
-    │                          [sandbox.quota]
+    │                          [sandbox.quota.loop]
     ├── NotAllowed             someone the group does not allow: an answer to its question from one
     │                          not among its approvers (HTTP 403) [run.questions]
     ├── BrokerUnavailable      the broker failed moments ago, so a signal is left to the sweeper [run.queue]
@@ -97,16 +99,16 @@ drawing to the classes)::
     └── ApiRefused             the API answered the command line with an error status; carries status
                                and detail [cli.api_client, cli.send]
 
-The exceptions that are not ``OrchestratorError`` are one module's own (or,
+The exceptions that are not ``OrchestratorError`` are one module's or one package's own (or,
 for ``ContextUnavailable``, two modules' of one room), which turns them into
 something else: ``ContextUnavailable`` (defined in run.url_fetch, raised there
 and in run.expand, which writes an error note in place of the context item),
-``_Refusal`` (sandbox.gateway: an HTTP error answer), ``_Refused`` (sandbox.egress: the
+``Refusal`` (sandbox.gateway.refusal: an HTTP error answer), ``Refused`` (sandbox.egress.refusals: the
 egress proxy's refusal of one request, answered 403, 400 or 502), ``PathRefused``
-(sandbox.request_paths: a request target it will not normalise, which sandbox.egress
+(sandbox.request_paths: a request target it will not normalise, which the egress proxy
 answers 403 and sandbox.egress_credentials reads as a bad setting), ``_WalkStopped``
-(sandbox.quota: a partial usage count) and ``VolumeUnavailable``
-(sandbox.quota: a ``WorkspaceQuotaError`` or the checked-mode fallback).
+(sandbox.quota.usage: a partial usage count) and ``VolumeUnavailable``
+(sandbox.quota.loop: a ``WorkspaceQuotaError`` or the checked-mode fallback).
 """
 
 from __future__ import annotations

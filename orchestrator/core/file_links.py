@@ -33,7 +33,8 @@ from urllib.parse import quote
 import msgspec
 
 from orchestrator.core.errors import ConfigError
-from orchestrator.core.settings import Settings, private_dir
+from orchestrator.core.private_dirs import private_dir
+from orchestrator.core.settings import Settings
 
 KEY_FILE = "file-link.key"
 # How far ahead of the TTL a link's time may be: the minting host's clock may run ahead.

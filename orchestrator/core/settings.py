@@ -18,23 +18,20 @@ converted, like any Struct; :meth:`Settings.load` is the checked way in.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta
 
 from orchestrator.core.errors import SettingsError
+from orchestrator.core.private_dirs import private_dir
+from orchestrator.core.settings_checks import check_settings
+from orchestrator.core.settings_env import ENV_PREFIX, read_settings
+from orchestrator.core.settings_secrets import masked_fields, secret_values
 from orchestrator.core.sizes import parse_quota
-
-ENV_PREFIX = "ORCHESTRATOR_"
-# Booleans the way people write them in an environment file (msgspec alone
-# takes true/false/1/0).
-_BOOL_WORDS = {"yes": True, "on": True, "y": True, "t": True, "no": False, "off": False, "n": False, "f": False}
 
 
 class Settings(msgspec.Struct, kw_only=True):
@@ -132,7 +129,7 @@ class Settings(msgspec.Struct, kw_only=True):
     # then the oldest wait, and a run that ends hands its slot on at once.
     max_concurrent_runs: Annotated[int, Meta(ge=0)] = 0
     # The model gateway's limits on what a sandbox can make the host spend
-    # (orchestrator/sandbox/gateway.py).  The largest request body it reads; a larger
+    # (orchestrator/sandbox/gateway/).  The largest request body it reads; a larger
     # Content-Length is refused (413) before any byte of the body is read.
     gateway_max_request_bytes: Annotated[int, Meta(ge=1024)] = 32 * 1024 * 1024
     # Connections served at once (one host thread each); more are closed at once.
@@ -144,7 +141,7 @@ class Settings(msgspec.Struct, kw_only=True):
     # one run may make: their fees are not tokens, so the token budget does not bound them.
     gateway_max_server_tool_requests: Annotated[int, Meta(ge=0)] = 20
     # The egress proxy of a run whose group's network policy is not off
-    # (orchestrator/sandbox/egress.py): names mapped to addresses, exactly per host and port,
+    # (orchestrator/sandbox/egress/): names mapped to addresses, exactly per host and port,
     # like curl's --resolve ("host:port:address", comma separated), for tests and on-premise
     # hosts (such an address may be private; the installation's own ports never are allowed);
     # and a run's bounds: requests, bytes both ways, connections open at once, idle seconds.
@@ -215,7 +212,7 @@ class Settings(msgspec.Struct, kw_only=True):
     # or auto (runsc when the engine has it and the probe passes, else runc).
     sandbox_runtime: Literal["runc", "runsc", "auto"] = "runc"
     # A host that has not beaten for this long is gone for good: any live host on the
-    # same Docker engine removes its warm and standby containers (sandbox/warm.py; a
+    # same Docker engine removes its warm and standby containers (sandbox/warm/; a
     # worker SIGKILLed for good leaves them running otherwise), and another host may
     # take over the group volumes it held (store/volume_holds.py).  0: never.
     dead_host_s: Annotated[float, Meta(ge=0)] = 120.0
@@ -311,7 +308,7 @@ class Settings(msgspec.Struct, kw_only=True):
     container_pids: Annotated[int, Meta(ge=16)] = 256
     run_timeout_s: Annotated[float, Meta(gt=0)] = 300.0
     # > 0: a group's container stays up this long after a run and takes the
-    # next one without a cold start (orchestrator/sandbox/warm.py); 0: one per run.
+    # next one without a cold start (orchestrator/sandbox/warm/); 0: one per run.
     # On by default: a warm run costs a tenth of a cold one and an idle warm
     # container about 11 MiB; the cap below bounds how many one host keeps.
     warm_idle_s: Annotated[float, Meta(ge=0)] = 300.0
@@ -343,7 +340,7 @@ class Settings(msgspec.Struct, kw_only=True):
     # Host folders a group may mount (orchestrator/sandbox/mounts.py).  Kept outside
     # the project and the data dir, so no agent can ever edit it.
     mount_allowlist: Path = Path("~/.config/orchestrator/mount-allowlist.json")
-    # Disk one group's workspace may take (orchestrator/sandbox/quota.py): a size like
+    # Disk one group's workspace may take (orchestrator/sandbox/quota/): a size like
     # "2g"; "0": no quota; "auto": 2g where the host can enforce it hard
     # (loop-mounted volumes: root with loop devices), none where only a check
     # before each run could (that walk costs every run; set a size to have
@@ -475,36 +472,7 @@ class Settings(msgspec.Struct, kw_only=True):
                     parse_quota(size)
                 except ValueError as exc:
                     raise SettingsError(f"{ENV_PREFIX}{name.upper()}: {exc}") from exc
-        if self.thinking_budget and not 1024 <= self.thinking_budget < self.max_tokens:
-            # The API's own bounds: refused here rather than by every request of every run.
-            raise SettingsError(
-                f"{ENV_PREFIX}THINKING_BUDGET={self.thinking_budget}: at least 1024 and below "
-                f"{ENV_PREFIX}MAX_TOKENS ({self.max_tokens}), which bounds thinking and answer together; "
-                "0 turns thinking off"
-            )
-        user, colon, password = self.flower_basic_auth.partition(":")
-        if self.flower_basic_auth and not (user and colon and password and "," not in self.flower_basic_auth):
-            raise SettingsError(f"{ENV_PREFIX}FLOWER_BASIC_AUTH must be user:password (one pair, both non-empty)")
-        if self.webhook_inbound_secret and self.webhook_inbound_secret == self.webhook_secret:
-            # Every receiver of our deliveries holds the outbound secret: shared, it lets any of them post as anyone.
-            raise SettingsError(
-                f"{ENV_PREFIX}WEBHOOK_INBOUND_SECRET must differ from {ENV_PREFIX}WEBHOOK_SECRET "
-                "(every receiver of the outbound webhooks holds that one)"
-            )
-        if self.file_link_key and (
-            len(self.file_link_key) < 16 or self.file_link_key in (self.webhook_secret, self.webhook_inbound_secret)
-        ):
-            # A webhook secret is held by others (its receivers, its senders): they could sign links.
-            raise SettingsError(
-                f"{ENV_PREFIX}FILE_LINK_KEY must be at least 16 characters and differ from the webhook secrets "
-                "(e.g. `openssl rand -hex 32`), or be left empty to use the one made under the data dir"
-            )
-        unknown = set(self.trace_exporters) - {"console", "otlp"}
-        if unknown:
-            raise SettingsError(
-                f"OTEL_TRACES_EXPORTER={self.otel_traces_exporter!r}: "
-                f"use none, console, otlp or console,otlp (not {', '.join(sorted(unknown))})"
-            )
+        check_settings(self)
 
     @classmethod
     def load(
@@ -516,53 +484,16 @@ class Settings(msgspec.Struct, kw_only=True):
         (default: the process environment), then ``values`` given in code.
         Raises :class:`SettingsError` naming the variable and what is wrong.
         """
-        raw: dict[str, object] = {}
-        sources: list[Mapping[str, str | None]] = []
-        if env_file is not None and Path(env_file).is_file():
-            from dotenv import dotenv_values
-
-            sources.append(dotenv_values(env_file, encoding="utf-8"))
-        sources.append(os.environ if environ is None else environ)
-        for source in sources:
-            for key, value in source.items():
-                if value is not None and key.upper() in _OTEL_VARIABLES:
-                    raw[key.lower()] = value  # the standard's own name, not ORCHESTRATOR_OTEL_...
-                elif value is not None and key.upper().startswith(ENV_PREFIX):
-                    name = key[len(ENV_PREFIX) :].lower()
-                    if name in _FIELDS and name.upper() not in _OTEL_VARIABLES:
-                        raw[name] = _BOOL_WORDS.get(value.strip().lower(), value) if name in _BOOL_FIELDS else value
-        raw.update(values)
-        try:
-            return msgspec.convert(raw, cls, strict=False, dec_hook=_decode_path)
-        except msgspec.ValidationError as exc:
-            raise SettingsError(_config_problem(str(exc), raw)) from exc
+        return read_settings(cls, environ=environ, env_file=env_file, values=values)
 
     def __repr__(self) -> str:
         # Settings end up in tracebacks, debug prints and error reports: the secrets never do.
-        shown = []
-        for name in _FIELDS_IN_ORDER:
-            value = getattr(self, name)
-            if name in SECRET_FIELDS and value:
-                value = "********"
-            elif name in _URL_FIELDS and isinstance(value, str):
-                value = _without_password(value)
-            shown.append(f"{name}={value!r}")
-        return f"Settings({', '.join(shown)})"
+        return f"Settings({', '.join(f'{name}={value!r}' for name, value in masked_fields(self))})"
 
     def secrets(self) -> list[str]:
         """The secret values set (tokens, keys, URL passwords): what no log line, error,
         export or answer may show (orchestrator/core/logs.py removes them from log lines)."""
-        values = [str(getattr(self, name)) for name in SECRET_FIELDS]
-        # Each brokered credential's value (the rest of that setting is no secret).
-        values += _credential_values(self.egress_credentials)
-        for name in _URL_FIELDS:
-            password = urlsplit(str(getattr(self, name))).password
-            if password:
-                # Only where a URL carries it (":<password>@"), as written and as the server
-                # takes it: a password is often an ordinary word (compose's is "orchestrator"),
-                # and hiding the bare word would cut it out of every line and message.
-                values += [f":{password}@", f":{unquote(password)}@"]
-        return [v for v in dict.fromkeys(values) if v]
+        return secret_values(self)
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` (as given, not converted), re-normalized."""
@@ -658,95 +589,3 @@ class Settings(msgspec.Struct, kw_only=True):
             d.mkdir(parents=True, exist_ok=True)
         for sub in ("out", "processed", "control"):
             (self.broker_dir / sub).mkdir(parents=True, exist_ok=True)
-
-
-# The data dir holds every chat (the SQLite database), the runs' model gateway sockets (each
-# spends the API key; 0666, for the container's uid 1000) and the agents' sessions: no other
-# user of the machine may enter it.  A container reaches its own folders through its bind
-# mounts, which need no way through the host folders above them.
-PRIVATE_DIR_MODE = 0o700
-
-
-def private_dir(path: Path) -> Path:
-    """Make ``path`` (its missing parents as usual) with mode 0700; if it exists and is this
-    user's, take group and other access away (a folder made before, under a looser umask)."""
-    path.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
-    st = path.stat()
-    if st.st_mode & 0o077 and st.st_uid == os.geteuid():
-        os.chmod(path, PRIVATE_DIR_MODE)
-    return path
-
-
-_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Settings))
-_FIELDS_IN_ORDER = tuple(f.name for f in msgspec.structs.fields(Settings))
-
-
-# The settings that are secrets: masked in repr(), removed from log lines (Settings.secrets).
-def _credential_values(text: str) -> list[str]:
-    """The secret values of ORCHESTRATOR_EGRESS_CREDENTIALS (for masking), even where the rest
-    of it does not validate (orchestrator/sandbox/egress_credentials.py reads it whole); the
-    whole text when it is no JSON at all."""
-    try:
-        data = json.loads(text) if text.strip() else []
-    except json.JSONDecodeError:
-        return [text] if text.strip() else []
-    if not isinstance(data, list):
-        return []
-    return [str(item["value"]) for item in data if isinstance(item, dict) and item.get("value")]
-
-
-SECRET_FIELDS = (
-    "api_token",
-    "flower_basic_auth",
-    "webhook_secret",
-    "webhook_inbound_secret",
-    "file_link_key",
-    "anthropic_api_key",
-    "openai_api_key",
-    "telegram_bot_token",
-    "slack_bot_token",
-    "slack_signing_secret",
-    "slack_app_token",
-)
-# URLs that may carry a password (postgresql://user:password@host/db, redis://:password@host).
-_URL_FIELDS = ("database_url", "broker_url")
-
-
-def _without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rpartition("@")
-    user = netloc[0].partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:********@{netloc[2]}"))
-
-
-# OpenTelemetry's standard variables this object reads (by their own names: an operator's
-# collector set-up uses them for every service).  The SDK reads the rest of the standard's
-# variables itself (OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT, _COMPRESSION, certificates,
-# OTEL_BSP_*, OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER): they tune how the SDK
-# exports, not what this program does, and their meaning is the specification's, which
-# a copy here could only drift from (orchestrator/core/tracing.py).
-_OTEL_VARIABLES = frozenset(f.name.upper() for f in msgspec.structs.fields(Settings) if f.name.startswith("otel_"))
-_BOOL_FIELDS = frozenset(f.name for f in msgspec.structs.fields(Settings) if f.type is bool)
-
-
-def _decode_path(type_: type, value: Any) -> Any:
-    # msgspec has no Path type of its own.
-    if type_ is Path and isinstance(value, (str, os.PathLike)):
-        return Path(value)
-    raise NotImplementedError(f"no conversion to {type_!r}")
-
-
-def _config_problem(message: str, raw: Mapping[str, object]) -> str:
-    # msgspec says "Expected `int` >= 1 - at `$.max_tokens`": name the variable and its value.
-    what, _, where = message.partition(" - at `$.")
-    field = where.rstrip("`")
-    if not field:
-        return message
-    what = what.replace("Expected", "expected", 1)
-    return (
-        f"{ENV_PREFIX}{field.upper()}={raw[field]!r}: {what}"
-        if field in raw
-        else f"{ENV_PREFIX}{field.upper()}: {what}"
-    )

@@ -2,7 +2,7 @@
 container memory limits.
 
 A leaf: the settings validate ``ORCHESTRATOR_WORKSPACE_QUOTA`` with it, and
-``orchestrator/sandbox/quota.py`` (which needs the settings, Docker and the warm
+``orchestrator/sandbox/quota/`` (which needs the settings, Docker and the warm
 pool) enforces what it parses; the group configuration and the warm pool's
 cap read memory limits with it.
 """

@@ -69,7 +69,8 @@ from orchestrator.sandbox.port import AgentProcess, Sandbox
 from orchestrator.sandbox.providers import PROVIDERS
 from orchestrator.sandbox.warm import gateway_dir, host_only_dir
 from orchestrator.store.db import Connection, Database
-from orchestrator.store.files import FileStore, StoredFile
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import Group
 from orchestrator.store.runs import Run, RunState, finish_run, set_container
 
@@ -203,7 +204,7 @@ class AttemptContext:
     # The container's name: <prefix>-<group folder>-<run id>-<random>; its labels beyond the sandbox's own.
     name_prefix: str = "orch"
     labels: dict[str, str] = field(default_factory=dict)
-    # The group's warm container (orchestrator/sandbox/warm.py): its gateway folder is mounted for good.
+    # The group's warm container (orchestrator/sandbox/warm/): its gateway folder is mounted for good.
     warm: bool = False
     # The last output number given: outputs are numbered across the run's attempts (their ids must never repeat).
     indexed: int = 0

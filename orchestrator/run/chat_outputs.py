@@ -37,7 +37,8 @@ from orchestrator.sandbox.providers import facts_of
 from orchestrator.store import leases
 from orchestrator.store.db import Connection, Database, db_now
 from orchestrator.store.deliveries import attached_channels, record_deliveries
-from orchestrator.store.files import FileStore, file_envelope
+from orchestrator.store.file_refs import file_envelope
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import Group, send_refusal, tool_refusal
 from orchestrator.store.history import edit_agent_message
 from orchestrator.store.message_log import insert_message, now_iso

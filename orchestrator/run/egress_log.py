@@ -1,4 +1,4 @@
-"""A run's egress log: every decision of its egress proxy (``sandbox/egress.py``), kept with
+"""A run's egress log: every decision of its egress proxy (``sandbox/egress/``), kept with
 the run as one stored-only ``egress_log`` record (never shown to the model nor sent to a
 channel), and read back for ``orchestrator runs show RUN --egress`` and
 ``GET /api/runs/{run_id}/egress``.  At most the proxy's cap of decisions are kept, with a

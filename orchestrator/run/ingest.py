@@ -47,7 +47,7 @@ from orchestrator.run.router import group_names, trigger_pattern, wakes
 from orchestrator.store import unregistered
 from orchestrator.store.db import Connection, Database, unavailable_reason
 from orchestrator.store.deliveries import record_deliveries, with_origin
-from orchestrator.store.files import checked_files
+from orchestrator.store.file_refs import checked_files
 from orchestrator.store.groups import Routing, mark_pending, routing
 from orchestrator.store.message_log import insert_message, new_message_id, now_iso
 from orchestrator.store.questions import open_question_of

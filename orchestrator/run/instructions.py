@@ -27,7 +27,8 @@ import secrets
 from pathlib import Path
 
 from orchestrator.core.errors import HostileEntry
-from orchestrator.core.settings import Settings, private_dir
+from orchestrator.core.private_dirs import private_dir
+from orchestrator.core.settings import Settings
 from orchestrator.core.sizes import human_size
 from orchestrator.sandbox.hostile_fs import read_regular
 from orchestrator.store.groups import Group

@@ -55,7 +55,7 @@ from orchestrator.model.messages import (
 )
 from orchestrator.model.parts import Part
 from orchestrator.store.db import Connection
-from orchestrator.store.files import checked_files
+from orchestrator.store.file_refs import checked_files
 
 
 class OutputMessage(BaseModel):

@@ -146,7 +146,7 @@ class Pipeline:
 
     @property
     def warm(self) -> bool:
-        """Runs go to a warm per-group container (``orchestrator/sandbox/warm.py``)."""
+        """Runs go to a warm per-group container (``orchestrator/sandbox/warm/``)."""
         return self.settings.warm_idle_s > 0
 
     # -- the loop -----------------------------------------------------------

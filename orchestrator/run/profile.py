@@ -14,7 +14,7 @@ command line (``orchestrator groups set``), :func:`change_profile`:
 * every value is checked first (:func:`check_changes`); a refusal is a ``BadInput``
   naming the field, and nothing changes.  A model must be spelled as
   ``ORCHESTRATOR_MODEL`` is, name a provider this installation is configured for
-  (the setting its gateway upstream needs: ``sandbox/gateway.py``), and, for a
+  (the setting its gateway upstream needs: ``sandbox/gateway/upstream.py``), and, for a
   provider that runs in an image variant (``claude-code``), that image must be on
   this host's engine already: it is never built from a request;
 * the change is stored with one host message in the chat saying what changed (old

@@ -6,7 +6,7 @@ expires (``lease_ttl_s``, 60 s), the sweeper runs only every
 the killed worker's task to another one in time (Redis redelivers an unacked
 task only after its visibility timeout, longer than the longest run; the
 ``filesystem://`` broker never does).  So each worker's main process runs a
-:class:`RecoveryWatch`: every ``recovery_interval_s`` seconds (2 s) one read of
+:class:`RecoveryWatch`: every ``recovery_interval_s`` seconds (0.5 s) one read of
 the held leases, and a signal for each group whose holder is gone:
 
 * a process of this worker's host that no longer runs (``hosts.gone_from_this_host``;

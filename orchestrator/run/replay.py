@@ -504,7 +504,7 @@ def scratch_workspace(settings: Settings, run: Run, group: Group) -> Iterator[tu
     cfg = parse_container_config(group.container_config)
     limits = effective_limits(settings, cfg)
     # The copy lives in a throw-away volume of the group's workspace quota where the host
-    # can loop-mount one (sandbox/quota.py): what the replayed agent writes stops there, as
+    # can loop-mount one (sandbox/quota/scratch.py): what the replayed agent writes stops there, as
     # in the group's own workspace, instead of filling the data dir's disk.
     scratch_root = settings.runs_dir / f"{run.id}.scratch"
     scratch = scratch_root / "workspace"

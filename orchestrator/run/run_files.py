@@ -34,7 +34,9 @@ from orchestrator.model.messages import StoredMessage
 from orchestrator.model.views import ViewItem
 from orchestrator.sandbox.inbox import PlacedFile, place_files
 from orchestrator.sandbox.providers import PROVIDERS
-from orchestrator.store.files import INLINE_IMAGE_TYPES, FileStore, StoredFile
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.file_types import INLINE_IMAGE_TYPES
+from orchestrator.store.files import FileStore
 
 log = logging.getLogger(__name__)
 

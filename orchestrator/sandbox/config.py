@@ -12,7 +12,7 @@ What a group may change, and what it may not:
   from ``ORCHESTRATOR_RUN_TIMEOUT_S``, so a longer run would be cut anyway);
 * ``bash_timeout_s``: one shell command's limit, raised or lowered;
 * ``workspace_quota`` (``"2g"``; ``"0"``: none): the disk the workspace may
-  take, raised or lowered (``orchestrator/sandbox/quota.py``); a volume already made
+  take, raised or lowered (``orchestrator/sandbox/quota/``); a volume already made
   is never shrunk, so a quota below its size is refused here;
 * ``extra_mounts``: host folders under ``/workspace/extra/<name>``, only as
   the mount allowlist allows (``orchestrator/sandbox/mounts.py``);

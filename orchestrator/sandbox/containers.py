@@ -52,7 +52,7 @@ LABEL_GROUP = "orchestrator.group"
 # Which installation (database) a container belongs to: installs sharing one
 # Docker engine must never sweep each other's containers.
 LABEL_INSTALL = "orchestrator.install"
-# A group's warm container (orchestrator/sandbox/warm.py): not tied to one run.
+# A group's warm container (orchestrator/sandbox/warm/): not tied to one run.
 LABEL_WARM = "orchestrator.warm"
 WORKSPACE_MOUNT = "/workspace"
 # The model gateway's folder, always mounted read-only: the host binds its

@@ -1,7 +1,7 @@
 """A group's network policy: which hosts its sandbox may reach through the egress proxy.
 
 The container never has a network device besides loopback (``ContainerConfig.network`` is
-always ``none``); its one way out is the host's egress proxy (``sandbox/egress.py``), which
+always ``none``); its one way out is the host's egress proxy (``sandbox/egress/``), which
 asks this policy about every request:
 
 * ``off`` (the default): nothing goes out;

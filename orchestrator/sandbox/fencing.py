@@ -1,6 +1,6 @@
 """Volume fencing: a group's volumes are mounted on one machine at a time.
 
-The workspace and session folder volumes (``quota.py``) are ext4 images in a
+The workspace and session folder volumes (``quota/``) are ext4 images in a
 data dir that a fleet shares between machines; two kernels mounting one image
 at once corrupt it.  The database's ``volume_holds`` (``store/volume_holds.py``)
 names the host that may mount a group's volumes.  Here, the two moments that

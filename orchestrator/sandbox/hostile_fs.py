@@ -45,7 +45,7 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_C
 # A path deeper than this is refused rather than walked.
 MAX_DEPTH = 64
 # The bounds of a walk over a whole folder (chown_tree), as the quota's measure
-# (sandbox/quota.py: MAX_ENTRIES, MAX_DEPTH) has them: what it cannot measure is
+# (sandbox/quota/usage.py: MAX_ENTRIES, MAX_DEPTH) has them: what it cannot measure is
 # not handed over either.  Names cost folder space, not inodes (a hard link is a
 # name), so the entries are capped, not the files; the depth bounds the
 # descriptors a walk holds (two a level: the folder's and its listing's).

@@ -77,7 +77,7 @@ def container_dir() -> Path:
     """The ``container/`` folder of the source tree (Dockerfile, runner, scripts)."""
     from agent_runner import protocol  # the host reads only the runner's protocol
 
-    path = Path(protocol.__file__).resolve().parent.parent
+    path = Path(protocol.__file__).resolve().parents[2]  # container/agent_runner/protocol/__init__.py
     if not (path / "Dockerfile").is_file():
         raise ImageBuildError(
             f"no Dockerfile next to the agent runner ({path}); build the image from a "

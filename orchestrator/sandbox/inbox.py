@@ -11,9 +11,9 @@ a FIFO) is left alone and the next name is tried, unless it is a regular file ho
 exactly the file's bytes (an earlier attempt of the same run placed it): that one is reused.
 
 **The naming scheme**: ``inbox/<name>``, where ``<name>`` is the sender's name made safe
-(``store.files.safe_name``: no directories, no control characters, no leading dot, at most
+(``store.file_names.safe_name``: no directories, no control characters, no leading dot, at most
 120 bytes of UTF-8, never empty); when that is taken, ``<stem> (2)<ext>``, ``<stem>
-(3)<ext>``, ... (``store.files.numbered_names``).  Nothing in the workspace is ever
+(3)<ext>``, ... (``store.file_names.numbered_names``).  Nothing in the workspace is ever
 replaced.
 
 The bytes are copied from the file store through a descriptor whose ``fstat`` size is
@@ -37,7 +37,9 @@ from pathlib import Path
 from orchestrator.core.errors import HostileEntry, StoreError
 from orchestrator.sandbox.containers import CONTAINER_UID
 from orchestrator.sandbox.hostile_fs import opened_root
-from orchestrator.store.files import CHUNK_BYTES, FileStore, StoredFile, numbered_names, safe_name
+from orchestrator.store.file_names import numbered_names, safe_name
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.files import CHUNK_BYTES, FileStore
 
 INBOX = "inbox"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

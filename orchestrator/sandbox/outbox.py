@@ -19,7 +19,8 @@ from pathlib import Path
 
 from orchestrator.core.errors import FileTooLarge
 from orchestrator.sandbox.hostile_fs import open_regular, opened_root
-from orchestrator.store.files import CHUNK_BYTES, FileStore, StoredFile
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.files import CHUNK_BYTES, FileStore
 
 
 def take_file(workspace: Path, relative: str, store: FileStore, chat_jid: str) -> StoredFile:

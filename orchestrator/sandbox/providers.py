@@ -4,7 +4,7 @@ A run's recorded input names its provider (``agent_runner.protocol.ModelSettings
 and ``ORCHESTRATOR_MODEL`` spells it (``offline``, ``anthropic:<model id>``).  What the
 host does differently for a provider is read from its row in :data:`PROVIDERS`, never
 from a comparison of names: whether the run gets a model gateway and which upstream API
-it forwards to (``sandbox/gateway.py``), which image variant its container runs
+it forwards to (``sandbox/gateway/upstream.py``), which image variant its container runs
 (``sandbox/image.py``), whether it keeps a session folder (``sandbox/sessions.py``),
 whether it is sent image blocks (``run/run_files.py``), and how ``ORCHESTRATOR_MODEL``
 names its model (``run/model_choice.py``).
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-# ``ModelSettings.provider``'s words (agent_runner/protocol.py; the test holds the two equal).
+# ``ModelSettings.provider``'s words (agent_runner/protocol/input.py; the test holds the two equal).
 ProviderName = Literal["offline", "anthropic", "openai", "claude-code"]
-# The APIs the model gateway forwards to (sandbox/gateway.py: ``UPSTREAMS``).
+# The APIs the model gateway forwards to (sandbox/gateway/upstream.py: ``UPSTREAMS``).
 GatewayRoute = Literal["anthropic", "openai"]
 
 

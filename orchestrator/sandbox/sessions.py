@@ -31,7 +31,8 @@ import docker
 
 from agent_runner.protocol import SESSION_MOUNT
 from orchestrator.core.errors import HostileEntry, MountRefused
-from orchestrator.core.settings import Settings, private_dir
+from orchestrator.core.private_dirs import private_dir
+from orchestrator.core.settings import Settings
 from orchestrator.core.sizes import parse_quota
 from orchestrator.sandbox.containers import CONTAINER_UID, docker_client, prepare_folder
 from orchestrator.sandbox.hostile_fs import make_dirs

@@ -5,7 +5,7 @@ here).  A host keeps ``ORCHESTRATOR_STANDBY`` containers started ahead,
 belonging to no group, each with the hardening of any agent container (no
 network, uid 1000, every capability dropped, read-only root, the
 installation's default limits).  When a group with no warm container needs
-a run, the warm pool (``warm.py``) takes one, binds the group's workspace and
+a run, the warm pool (``warm/``) takes one, binds the group's workspace and
 gateway folder into it (:mod:`late_mounts`), and hands it the run; from then
 on it is that group's warm container and never serves another group.  The
 heartbeat's tending starts replacements.

@@ -82,7 +82,7 @@ def move(db: Database, chat_jid: str, host_id: str) -> Moved:
     :class:`HostUnavailable`, nothing changed).  A run in progress elsewhere
     finishes there; the group's next signal goes to ``host_id``.  The caller
     signals the group when ``pending``; the old host stops the group's warm
-    container by itself (``sandbox/warm.py``: ``WarmPool.tend``)."""
+    container by itself (``sandbox/warm/tending.py``: ``WarmPool.tend``)."""
     with db.write() as session:
         row = session.get(GroupRow, chat_jid)
         if row is None:

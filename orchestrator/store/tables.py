@@ -468,9 +468,9 @@ class FileRow(Base):
     chat_jid: Mapped[str] = mapped_column(Text, nullable=False)
     sha256: Mapped[str] = mapped_column(String(64), nullable=False, index=True)
     size: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    # Sniffed from the bytes (store/files.py: sniff), never the sender's word.
+    # Sniffed from the bytes (store/file_types.py: sniff), never the sender's word.
     mime: Mapped[str] = mapped_column(Text, nullable=False)
-    # The sender's name made safe (store/files.py: safe_name).
+    # The sender's name made safe (store/file_names.py: safe_name).
     name: Mapped[str] = mapped_column(Text, nullable=False)
     owner_jid: Mapped[str] = mapped_column(Text, nullable=False, index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)

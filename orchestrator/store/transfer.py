@@ -50,7 +50,9 @@ from orchestrator.model.messages import NewMessage, StoredMessage
 from orchestrator.model.parts import ToolResult
 from orchestrator.model.render import render_text
 from orchestrator.store.db import Database
-from orchestrator.store.files import FileStore, StoredFile, checked_files
+from orchestrator.store.file_refs import checked_files
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import OWN_SETTINGS, find_group, validate_folder
 from orchestrator.store.message_log import get_messages_after, insert_message
 from orchestrator.store.tables import GroupRow, MessageRow

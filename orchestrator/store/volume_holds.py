@@ -1,7 +1,7 @@
 """Volume holds: one host at a time may have a group's volumes mounted.
 
 A group's workspace and session folder can be ext4 images in the data dir
-(``sandbox/quota.py``), and a fleet shares the data dir between machines.
+(``sandbox/quota/``), and a fleet shares the data dir between machines.
 Each machine loop-mounts an image through its own kernel; two machines with
 the same image mounted at once corrupt it (neither sees the other's cache).
 So the database says which host holds a group's volumes (``volume_holds``, one

@@ -15,7 +15,7 @@ from agent_runner.conversation import HISTORY_START, build_messages
 from agent_runner.loop import run_agent
 from agent_runner.protocol import Event, ModelSettings, SdkMessage, SdkToolUse, decode_input
 from agent_runner.providers import anthropic as anthropic_wire
-from agent_runner.providers import openai_compat
+from agent_runner.providers import openai_request
 from agent_runner.providers.anthropic import AnthropicProvider
 from agent_runner.providers.base import ProviderMessage, ToolResultBlock, ToolUseBlock
 from tests.fakes.anthropic_api import FakeAnthropic, PromptCache, message, serve_tcp
@@ -160,7 +160,7 @@ def _wellformed_for_both_apis(out: list[ProviderMessage]) -> None:
             following = wire[i + 1]["content"]
             results = [b["tool_use_id"] for b in following if b["type"] == "tool_result"]
             assert results == uses and following[: len(results)] == [b for b in following if b["type"] == "tool_result"]
-    chat = openai_compat.messages_to_wire("sys", out)
+    chat = openai_request.messages_to_wire("sys", out)
     for i, m in enumerate(chat):
         for j, c in enumerate(m.get("tool_calls") or []):
             assert chat[i + 1 + j]["role"] == "tool" and chat[i + 1 + j]["tool_call_id"] == c["id"]

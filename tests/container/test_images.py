@@ -20,7 +20,7 @@ from agent_runner.conversation import build_messages
 from agent_runner.images import MAX_EDGE, MAX_PIXELS, MAX_SOURCE_BYTES, image_block
 from agent_runner.loop import run_agent
 from agent_runner.protocol import AssistantEvent, Event, ImageRef, ModelSettings, SdkMessage, decode_input
-from agent_runner.providers import anthropic, openai_compat
+from agent_runner.providers import anthropic, openai_request
 from agent_runner.providers.anthropic import AnthropicProvider
 from agent_runner.providers.base import ImageBlock, TextBlock
 from agent_runner.providers.offline import OfflineProvider
@@ -122,7 +122,7 @@ def test_a_messages_images_follow_its_text_in_both_wire_formats(tmp_path: Path) 
         {"type": "text", "text": "what is this?"},
         {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": image.data}},
     ]
-    (chat,) = openai_compat.messages_to_wire("", [turn])
+    (chat,) = openai_request.messages_to_wire("", [turn])
     assert chat == {
         "role": "user",
         "content": [
@@ -131,7 +131,7 @@ def test_a_messages_images_follow_its_text_in_both_wire_formats(tmp_path: Path) 
         ],
     }
     # Without images a user turn stays plain text.
-    (plain,) = openai_compat.messages_to_wire("", build_messages([SdkMessage(role="user", content="hi")], tmp_path))
+    (plain,) = openai_request.messages_to_wire("", build_messages([SdkMessage(role="user", content="hi")], tmp_path))
     assert plain == {"role": "user", "content": "hi"}
 
 
@@ -157,7 +157,7 @@ def test_the_fakes_take_our_image_blocks_and_refuse_malformed_ones(tmp_path: Pat
     )
     ours = {"messages": anthropic.messages_to_wire(turn)}
     assert fake_anthropic.image_problem(ours) is None
-    assert fake_openai.image_problem({"messages": openai_compat.messages_to_wire("", turn)}) is None
+    assert fake_openai.image_problem({"messages": openai_request.messages_to_wire("", turn)}) is None
     bad_type = {"messages": [{"role": "user", "content": [{"type": "image", "source": {
         "type": "base64", "media_type": "image/svg+xml", "data": "PHN2Zz4="}}]}]}  # fmt: skip
     assert "unsupported image source" in str(fake_anthropic.image_problem(bad_type))

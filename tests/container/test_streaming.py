@@ -22,8 +22,9 @@ from agent_runner.loop import run_agent
 from agent_runner.protocol import AssistantEvent, Event, ModelSettings, TextDeltaEvent, decode_input
 from agent_runner.providers.anthropic import AnthropicProvider, MessageStream
 from agent_runner.providers.base import ProviderMessage, TextBlock, ThinkingBlock, TokenUsage, ToolUseBlock
-from agent_runner.providers.openai_compat import ChunkStream, OpenAICompatProvider
-from agent_runner.providers.sse import SseDecoder, SseError, SseEvent
+from agent_runner.providers.openai_compat import OpenAICompatProvider
+from agent_runner.providers.openai_response import ChunkStream
+from agent_runner.sse import SseDecoder, SseError, SseEvent
 from agent_runner.text_stream import DeltaCoalescer
 from tests.fakes import openai_api
 from tests.fakes.anthropic_api import FakeAnthropic, message, message_events, paced, serve_tcp, sse
@@ -98,6 +99,16 @@ def test_an_event_over_the_limit_is_refused_not_held() -> None:
             decoder.feed(b"data: " + b"x" * 50 + b"\n")  # many data lines, no dispatch
     with pytest.raises(SseError):
         SseDecoder(max_event_bytes=1000).feed(b"data: " + b"y" * 2000)  # one endless line
+
+
+@pytest.mark.parametrize("big", [b"data: " + b"x" * 3000 + b"\r\n\r\n", b"data: a\rdata: " + b"x" * 3000 + b"\r\r"])
+def test_an_event_over_the_limit_can_be_skipped_and_the_rest_read(big: bytes) -> None:
+    # The gateway's meter passes a stream on whatever it holds: it drops what it cannot hold.
+    cut = STREAM.index(b"\r\n\r\n") + 4
+    stream = STREAM[:cut] + b"event: big\n" + big + STREAM[cut:]
+    for split in range(0, len(stream) + 1, 7):
+        decoder = SseDecoder(max_event_bytes=1000, skip_oversized=True)
+        assert decoder.feed(stream[:split]) + decoder.feed(stream[split:]) == EXPECTED, split
 
 
 # -- Anthropic -----------------------------------------------------------------

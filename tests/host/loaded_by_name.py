@@ -82,9 +82,9 @@ LOADED_BY_NAME: tuple[LoadedByName, ...] = (
         targets=("workers.app:app",),
     ),
     LoadedByName(
-        where="orchestrator/cli/main.py",
+        where="orchestrator/cli/processes.py",
         how="celery -A workers.app flower",
-        loader="orchestrator.cli.main",
+        loader="orchestrator.cli.processes",
         targets=("workers.app:app",),
     ),
     LoadedByName(

@@ -22,7 +22,8 @@ from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.http.routes.files import UPLOAD_ALLOWANCE_BYTES, content_disposition, upload_limit
 from orchestrator.root import Orchestrator
 from orchestrator.store.db import Database
-from orchestrator.store.files import MAX_NAME_BYTES, FileStore
+from orchestrator.store.file_names import MAX_NAME_BYTES
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import add_group, is_registered
 from tests.live_server import serve
 

@@ -15,7 +15,8 @@ from orchestrator.core.settings import Settings
 from orchestrator.model.envelopes import files_of
 from orchestrator.model.messages import NewMessage
 from orchestrator.store.db import Database
-from orchestrator.store.files import FileStore, file_envelope
+from orchestrator.store.file_refs import file_envelope
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after, insert_message
 

@@ -32,7 +32,8 @@ START = DOCS / "start.md"
 # The pages a newcomer is sent to first, and the focused pages they link to
 # (docs/performance.md and docs/web.md are kept by their own owners).
 PAGES = [ARCHITECTURE, START] + [
-    DOCS / name for name in ("messages.md", "protocol.md", "sandbox.md", "fleet.md", "recovery.md", "traces.md")
+    DOCS / name
+    for name in ("messages.md", "protocol.md", "runs.md", "sandbox.md", "fleet.md", "recovery.md", "traces.md")
 ]
 HOUSE = "## The house: rooms and modules"
 MAX_LINES = 600
@@ -216,3 +217,12 @@ def test_history_is_found() -> None:
         "The cache is no longer kept.",
         "Previously, X.",
     ]
+
+
+def test_the_package_docstring_names_every_public_name() -> None:
+    import orchestrator
+
+    doc = orchestrator.__doc__ or ""
+    public = doc.split("Public API::", 1)[1].split("\n\n", 2)[1]
+    named = set(re.findall(r"\b[A-Za-z_]\w*\b", public)) - {"from", "import", "orchestrator"}
+    assert set(orchestrator.__all__) <= named, sorted(set(orchestrator.__all__) - named)

@@ -1,4 +1,4 @@
-"""The egress proxy (orchestrator/sandbox/egress.py) with real clients: curl through the
+"""The egress proxy (orchestrator/sandbox/egress/) with real clients: curl through the
 runner's own loopback relay (agent_runner/relay.py), and raw requests on its socket for the
 attacks: what the policy allows is fetched, everything else refused with its reason; IP
 literals, private addresses, the installation's own ports, smuggled lengths, upgrades,

@@ -1,4 +1,4 @@
-"""Brokered credentials (orchestrator/sandbox/egress_credentials.py, egress_ca.py, egress.py):
+"""Brokered credentials (orchestrator/sandbox/egress_credentials.py, egress_ca.py, egress/):
 curl through the runner's relay to a local HTTPS server (its certificate from a test CA the
 proxy trusts by ``ORCHESTRATOR_EGRESS_UPSTREAM_CA_FILE``): the server sees the secret, set by
 the proxy over whatever the client sent; methods and paths outside the credential's are

@@ -1,5 +1,5 @@
 """The installation's own ports stay shut to a sandbox whichever way a name reaches this host
-(orchestrator/sandbox/egress.py, issue 44): not only through an ``ORCHESTRATOR_EGRESS_RESOLVE``
+(orchestrator/sandbox/egress/, issue 44): not only through an ``ORCHESTRATOR_EGRESS_RESOLVE``
 entry, but through the resolver too, when an allowed name resolves to loopback, 0.0.0.0 or an
 address of one of the host's interfaces (a host whose public address is its own).  The real
 proxy on a unix socket, real servers on this machine; the resolver and the address policy are

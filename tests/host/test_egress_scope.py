@@ -1,4 +1,4 @@
-"""Issue 44's findings in the egress proxy (orchestrator/sandbox/egress.py, request_paths.py,
+"""Issue 44's findings in the egress proxy (orchestrator/sandbox/egress/, request_paths.py,
 egress_credentials.py, egress_policy.py, run/questions.py):
 
 1. a brokered credential stays in its path scope: an intercepted request's path is normalised

@@ -40,7 +40,9 @@ from orchestrator.run.pipeline import Pipeline
 from orchestrator.run.questions import answer_question
 from orchestrator.store.attachments import attach_channel
 from orchestrator.store.db import Database
-from orchestrator.store.files import FileStore, StoredFile, file_ref
+from orchestrator.store.file_refs import file_ref
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.questions import chat_questions, read_question

@@ -20,7 +20,9 @@ from orchestrator.http.api import create_app
 from orchestrator.model.render import RenderedMessage
 from orchestrator.root import Orchestrator
 from orchestrator.store.db import Database
-from orchestrator.store.files import FileStore, StoredFile, file_envelope
+from orchestrator.store.file_refs import file_envelope
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import add_group
 
 JID = "links@local"

@@ -19,7 +19,9 @@ from orchestrator.model.render import render_text
 from orchestrator.model.views import format_messages_for_sdk
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.store.db import Database
-from orchestrator.store.files import FileStore, StoredFile, file_envelope
+from orchestrator.store.file_refs import file_envelope
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.transfer import export_chat, export_markdown, import_chat, parse_export

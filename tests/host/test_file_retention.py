@@ -21,7 +21,8 @@ from orchestrator.model.envelopes import FILE
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.sweeper import sweep
 from orchestrator.store.db import Database, driver_execute
-from orchestrator.store.files import FileStore, StoredFile, new_file_id
+from orchestrator.store.file_rows import StoredFile, new_file_id
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import add_group
 from orchestrator.store.history import truncate_after
 from orchestrator.store.message_log import get_messages_after

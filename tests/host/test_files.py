@@ -15,17 +15,9 @@ import pytest
 from orchestrator.core.errors import FileTooLarge, NotFound
 from orchestrator.core.settings import Settings
 from orchestrator.store.db import Database
-from orchestrator.store.files import (
-    MAX_NAME_BYTES,
-    TYPES,
-    FileStore,
-    Sniffer,
-    chunks_of,
-    numbered_names,
-    safe_name,
-    sniff,
-    unique_name,
-)
+from orchestrator.store.file_names import MAX_NAME_BYTES, numbered_names, safe_name, unique_name
+from orchestrator.store.file_types import TYPES, Sniffer, sniff
+from orchestrator.store.files import FileStore, chunks_of
 
 
 def make_store(db: Database, settings: Settings, **limits: int) -> FileStore:

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
@@ -34,8 +35,9 @@ from agent_runner.protocol import (
 from agent_runner.providers.anthropic import AnthropicProvider, _unix_socket_client
 from orchestrator.core.errors import GatewayError
 from orchestrator.core.settings import Settings
-from orchestrator.sandbox import gateway as gateway_module
-from orchestrator.sandbox.gateway import OPENAI_PATHS, ModelGateway, chmod_socket
+from orchestrator.sandbox.gateway import GatewayConfig, ModelGateway, chmod_socket
+from orchestrator.sandbox.gateway.metering import Meter, SseUsage
+from orchestrator.sandbox.gateway.upstream import tls_context
 from tests.fakes.anthropic_api import FakeAnthropic, api_error, message, message_stream
 from tests.fakes.openai_api import FakeOpenAI, chat, chat_stream, raw
 
@@ -61,7 +63,10 @@ def fake() -> FakeAnthropic:
 
 @pytest.fixture
 def gateway(sock: Path, fake: FakeAnthropic) -> Iterator[ModelGateway]:
-    with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=KEY, timeout_s=10) as gw:
+    with (
+        fake.serve() as upstream,
+        ModelGateway(sock, GatewayConfig(base_url=upstream, api_key=KEY, timeout_s=10)) as gw,
+    ):
         yield gw
 
 
@@ -133,7 +138,7 @@ def test_socket_in_a_folder_with_a_long_path(tmp_path: Path, fake: FakeAnthropic
     path = folder / "model.sock"
     assert len(str(path)) > 108
     fake.replies.append(message([{"type": "text", "text": "hello"}], "end_turn"))
-    with fake.serve() as upstream, ModelGateway(path, upstream=upstream, api_key=KEY) as gw:
+    with fake.serve() as upstream, ModelGateway(path, GatewayConfig(base_url=upstream, api_key=KEY)) as gw:
         assert path.is_socket()
         # Connect the way the container does: through a short path to the folder.
         short = Path(tempfile.mkdtemp(prefix="gw"))
@@ -157,7 +162,7 @@ def test_closing_does_not_wait_for_a_poll(sock: Path, fake: FakeAnthropic) -> No
     took: list[float] = []
     with fake.serve() as upstream:
         for _ in range(5):
-            gw = ModelGateway(sock, upstream=upstream, api_key=KEY)
+            gw = ModelGateway(sock, GatewayConfig(base_url=upstream, api_key=KEY))
             with gw, gateway_client(sock) as client:
                 assert client.post("/v1/messages", json=REQUEST).status_code == 200
                 start = time.monotonic()
@@ -178,13 +183,15 @@ def test_gateways_share_one_verifying_tls_context(tmp_path: Path, monkeypatch: p
         return made[-1]
 
     monkeypatch.setattr(httpx, "create_ssl_context", counted)
-    gateway_module._tls_context.cache_clear()
+    tls_context.cache_clear()
     try:
         for n in range(3):
-            with ModelGateway(tmp_path / f"r{n}" / "model.sock", upstream="https://api.example", api_key=KEY):
+            with ModelGateway(
+                tmp_path / f"r{n}" / "model.sock", GatewayConfig(base_url="https://api.example", api_key=KEY)
+            ):
                 pass
     finally:
-        gateway_module._tls_context.cache_clear()
+        tls_context.cache_clear()
     (ctx,) = made
     assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
 
@@ -194,7 +201,10 @@ def test_unreachable_upstream_is_502(sock: Path) -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         upstream = f"http://127.0.0.1:{closed.getsockname()[1]}"
-        with ModelGateway(sock, upstream=upstream, api_key=KEY, timeout_s=5) as gw, gateway_client(sock) as c:
+        with (
+            ModelGateway(sock, GatewayConfig(base_url=upstream, api_key=KEY, timeout_s=5)) as gw,
+            gateway_client(sock) as c,
+        ):
             resp = c.post("/v1/messages", json=REQUEST)
 
     assert resp.status_code == 502
@@ -271,7 +281,7 @@ def test_the_token_budget_refuses_the_request_after_it_is_spent(sock: Path, fake
     fake.replies.extend(message([{"type": "text", "text": "r"}], "end_turn", n=5) for _ in range(3))
     with (
         fake.serve() as upstream,
-        ModelGateway(sock, upstream=upstream, api_key=KEY, token_budget=100) as gw,
+        ModelGateway(sock, GatewayConfig(base_url=upstream, api_key=KEY, token_budget=100)) as gw,
         gateway_client(sock) as client,
     ):
         assert client.post("/v1/messages", json=REQUEST).status_code == 200
@@ -290,7 +300,7 @@ def test_a_budget_error_fails_the_run_without_retries(sock: Path, fake: FakeAnth
     fake.replies.extend(
         [message([{"type": "tool_use", "id": "t1", "name": "bash", "input": {"command": "true"}}], "tool_use", n=5)]
     )
-    with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=KEY, token_budget=50):
+    with fake.serve() as upstream, ModelGateway(sock, GatewayConfig(base_url=upstream, api_key=KEY, token_budget=50)):
         # max_tokens fits the budget: the request is sent, its answer crosses the budget.
         provider = AnthropicProvider(
             ModelSettings(provider="anthropic", model="claude-fake", socket_path=str(sock), max_tokens=16)
@@ -381,7 +391,7 @@ def test_the_request_size_limit_is_a_setting(sock: Path, fake: FakeAnthropic) ->
     with fake.serve() as upstream:
         settings = settings.replace(**{"anthropic_base_url": upstream, "anthropic_api_key": KEY})
         with ModelGateway.for_provider(sock, settings, "anthropic") as gw, gateway_client(sock) as client:
-            assert gw.max_request_bytes == 1024
+            assert gw.config.max_request_bytes == 1024
             big = {**REQUEST, "messages": [{"role": "user", "content": "x" * 2000}]}
             refused = client.post("/v1/messages", json=big)
             assert refused.status_code == 413
@@ -391,7 +401,10 @@ def test_the_request_size_limit_is_a_setting(sock: Path, fake: FakeAnthropic) ->
 
 
 def test_a_body_that_stops_arriving_is_given_up_on(sock: Path, fake: FakeAnthropic) -> None:
-    with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=KEY, read_timeout_s=0.5) as gw:
+    with (
+        fake.serve() as upstream,
+        ModelGateway(sock, GatewayConfig(base_url=upstream, api_key=KEY, read_timeout_s=0.5)) as gw,
+    ):
         got, body, took = exchange(sock, b'POST /v1/messages HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"mod')
     assert got == 408 and json.loads(body)["error"]["type"] == "request_timeout"
     assert 0.4 < took < 3
@@ -426,7 +439,10 @@ def test_malformed_http_gets_a_json_error(gateway: ModelGateway, fake: FakeAnthr
 def test_an_idle_keep_alive_connection_is_closed(sock: Path, fake: FakeAnthropic) -> None:
     fake.replies.append(message([{"type": "text", "text": "ok"}], "end_turn"))
     data = json.dumps(REQUEST).encode()
-    with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=KEY, read_timeout_s=0.5):
+    with (
+        fake.serve() as upstream,
+        ModelGateway(sock, GatewayConfig(base_url=upstream, api_key=KEY, read_timeout_s=0.5)),
+    ):
         with socket.socket(socket.AF_UNIX) as conn:
             conn.settimeout(5)
             conn.connect(str(sock))
@@ -451,7 +467,9 @@ def test_a_thousand_idle_connections_cost_at_most_the_cap_in_threads(
     try:
         with (
             fake.serve() as upstream,
-            ModelGateway(sock, upstream=upstream, api_key=KEY, max_connections=16, read_timeout_s=3.0) as gw,
+            ModelGateway(
+                sock, GatewayConfig(base_url=upstream, api_key=KEY, max_connections=16, read_timeout_s=3.0)
+            ) as gw,
         ):
             stop = threading.Event()
             peak = [0]
@@ -534,6 +552,26 @@ def test_streamed_anthropic_usage_is_counted_with_cache_tokens(gateway: ModelGat
     assert (gateway.input_tokens, gateway.output_tokens) == (1140, 4)
 
 
+def test_the_meter_reads_a_stream_as_the_runner_does_past_an_event_it_cannot_hold() -> None:
+    # The runner's decoder (agent_runner/sse.py): CR line ends read, a 2 MiB event passed over
+    # (the gateway relays it all the same), the final count after it read.
+    _, chunks, _ = message_stream("hello there", n=2, cache_read=30)
+    events = b"".join(chunks).replace(b"\n", b"\r")
+    huge = (
+        b'event: content_block_delta\rdata: {"type": "usage", "usage": {"output_tokens": 9'
+        + b" " * (2 << 20)
+        + b"}}\r\r"
+    )
+    at = events.index(b"event: message_delta")
+    stream = events[:at] + huge + events[at:]
+    meter = Meter()
+    usage = SseUsage(meter)
+    for start in range(0, len(stream), 4096):
+        usage.feed(stream[start : start + 4096])
+    assert meter.response_bytes == len(stream)
+    assert meter.final and meter.tokens(0) == (20 + 30, 2) and meter.cache_tokens() == (30, 0)
+
+
 def test_a_stream_is_passed_on_as_it_arrives(gateway: ModelGateway, client: httpx.Client, fake: FakeAnthropic) -> None:
     hold = threading.Event()
     fake.replies.append(message_stream("a b", n=2, hold=hold))
@@ -574,8 +612,8 @@ def openai_fake() -> FakeOpenAI:
     return FakeOpenAI()
 
 
-def openai_gateway(sock: Path, upstream: str, **kw: object) -> ModelGateway:
-    return ModelGateway(sock, upstream=upstream, api_key=KEY, allowed_paths=OPENAI_PATHS, auth="bearer", **kw)  # type: ignore[arg-type]
+def openai_gateway(sock: Path, upstream: str, spent: Usage | None = None, **kw: Any) -> ModelGateway:
+    return ModelGateway(sock, GatewayConfig(base_url=upstream, api_key=KEY, route="openai", **kw), spent=spent)
 
 
 def test_streamed_openai_usage_is_asked_for_and_counted(sock: Path, openai_fake: FakeOpenAI) -> None:
@@ -640,7 +678,10 @@ def test_parallel_requests_cannot_overspend_the_budget(sock: Path) -> None:
         on_request=lambda rec: time.sleep(0.3),
     )
     statuses: list[int] = []
-    with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=KEY, token_budget=56) as gw:
+    with (
+        fake.serve() as upstream,
+        ModelGateway(sock, GatewayConfig(base_url=upstream, api_key=KEY, token_budget=56)) as gw,
+    ):
         barrier = threading.Barrier(8)
 
         def ask() -> None:
@@ -661,7 +702,7 @@ def test_parallel_requests_cannot_overspend_the_budget(sock: Path) -> None:
 def test_a_request_whose_output_does_not_fit_the_budget_is_refused(sock: Path, fake: FakeAnthropic) -> None:
     with (
         fake.serve() as upstream,
-        ModelGateway(sock, upstream=upstream, api_key=KEY, token_budget=100) as gw,
+        ModelGateway(sock, GatewayConfig(base_url=upstream, api_key=KEY, token_budget=100)) as gw,
         gateway_client(sock) as client,
     ):
         resp = client.post("/v1/messages", json={**REQUEST, "max_tokens": 500})
@@ -720,7 +761,11 @@ def test_a_symlink_at_the_socket_path_is_replaced_not_followed(sock: Path, fake:
     sock.parent.mkdir(parents=True)
     sock.symlink_to(victim)
     fake.replies.append(message([{"type": "text", "text": "ok"}], "end_turn"))
-    with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=KEY), gateway_client(sock) as c:
+    with (
+        fake.serve() as upstream,
+        ModelGateway(sock, GatewayConfig(base_url=upstream, api_key=KEY)),
+        gateway_client(sock) as c,
+    ):
         assert stat.S_ISSOCK(sock.lstat().st_mode)
         assert stat.S_IMODE(sock.lstat().st_mode) == 0o666
         assert c.post("/v1/messages", json=REQUEST).status_code == 200

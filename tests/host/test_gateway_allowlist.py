@@ -28,7 +28,7 @@ from orchestrator.sandbox.gateway import (
     ANTHROPIC_BETAS,
     ANTHROPIC_HEADERS,
     OPENAI_HEADERS,
-    OPENAI_PATHS,
+    GatewayConfig,
     ModelGateway,
 )
 from tests.fakes.anthropic_api import FakeAnthropic, message
@@ -59,7 +59,7 @@ def anthropic(sock: Path) -> Iterator[tuple[ModelGateway, httpx.Client, FakeAnth
     fake = FakeAnthropic()
     with (
         fake.serve() as upstream,
-        ModelGateway(sock, upstream=upstream, api_key=KEY, model=MODEL, max_tokens=1024) as gw,
+        ModelGateway(sock, GatewayConfig(base_url=upstream, api_key=KEY, model=MODEL, max_tokens=1024)) as gw,
         client_for(sock) as client,
     ):
         yield gw, client, fake
@@ -72,12 +72,13 @@ def openai(sock: Path) -> Iterator[tuple[ModelGateway, httpx.Client, FakeOpenAI]
         fake.serve() as upstream,
         ModelGateway(
             sock,
-            upstream=upstream,
-            api_key=KEY,
-            allowed_paths=OPENAI_PATHS,
-            auth="bearer",
-            model="llama3.1:8b",
-            max_tokens=1024,
+            GatewayConfig(
+                base_url=upstream,
+                api_key=KEY,
+                route="openai",
+                model="llama3.1:8b",
+                max_tokens=1024,
+            ),
         ) as gw,
         client_for(sock) as client,
     ):
@@ -180,7 +181,7 @@ def test_every_line_of_the_beta_header_is_read(sock: Path) -> None:
     # while the upstream may have read both.
     fake = FakeAnthropic()
     raw = json.dumps(BASE).encode()
-    with fake.serve() as upstream, ModelGateway(sock, upstream=upstream, api_key=KEY) as gw:
+    with fake.serve() as upstream, ModelGateway(sock, GatewayConfig(base_url=upstream, api_key=KEY)) as gw:
         with socket.socket(socket.AF_UNIX) as conn:
             conn.settimeout(5)
             conn.connect(str(sock))
@@ -742,13 +743,15 @@ def _policed(sock: Path, policy: EgressPolicy, **limits: Any) -> Iterator[tuple[
         fake.serve() as upstream,
         ModelGateway(
             sock,
-            upstream=upstream,
-            api_key=KEY,
-            model=MODEL,
-            max_tokens=1024,
-            server_tools=opened_tools(policy),
-            search_domains=search_domains(policy),
-            **limits,
+            GatewayConfig(
+                base_url=upstream,
+                api_key=KEY,
+                model=MODEL,
+                max_tokens=1024,
+                server_tools=opened_tools(policy),
+                search_domains=search_domains(policy),
+                **limits,
+            ),
         ),
         client_for(sock) as client,
     ):
@@ -786,14 +789,15 @@ def test_an_openai_compatible_search_stays_closed_whatever_the_policy(sock: Path
         fake.serve() as upstream,
         ModelGateway(
             sock,
-            upstream=upstream,
-            api_key=KEY,
-            allowed_paths=OPENAI_PATHS,
-            auth="bearer",
-            model="llama3.1:8b",
-            max_tokens=1024,
-            server_tools=opened_tools(policy),
-            search_domains=search_domains(policy),
+            GatewayConfig(
+                base_url=upstream,
+                api_key=KEY,
+                route="openai",
+                model="llama3.1:8b",
+                max_tokens=1024,
+                server_tools=opened_tools(policy),
+                search_domains=search_domains(policy),
+            ),
         ),
         client_for(sock) as client,
     ):

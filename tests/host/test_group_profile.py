@@ -357,6 +357,7 @@ def _with_session(db: Database, settings: Settings) -> Path:
     return transcript
 
 
+@pytest.mark.docker  # change_profile removes the group's warm container through the engine before its session folder
 def test_a_change_of_model_starts_the_groups_session_afresh(db: Database, configured: Settings) -> None:
     add_group(db, chat_jid=JID, name="Team", folder="team")
     transcript = _with_session(db, configured)

@@ -301,7 +301,7 @@ def test_connect_unix_reaches_a_socket_and_never_a_link(tmp_path: Path) -> None:
 
 
 def test_connect_unix_named_tells_one_bind_from_the_next_at_the_same_path(tmp_path: Path) -> None:
-    """What lets a warm run skip Docker (orchestrator/sandbox/warm.py): the socket a
+    """What lets a warm run skip Docker (orchestrator/sandbox/warm/known.py): the socket a
     connection reached is named, and a runner that binds again at the same path (a new
     container) is another socket, refused when the old one is expected."""
     import socket

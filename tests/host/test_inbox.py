@@ -16,7 +16,8 @@ from orchestrator.core.settings import Settings
 from orchestrator.sandbox import inbox as inbox_module
 from orchestrator.sandbox.inbox import PlacedFile, place_files, workspace_owner
 from orchestrator.store.db import Database
-from orchestrator.store.files import FileStore, StoredFile
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.files import FileStore
 
 CHAT = "main@local"
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="handing files to another user needs root")

@@ -25,7 +25,9 @@ from agent_runner.protocol import ModelSettings, Usage
 from agent_runner.providers.anthropic import AnthropicProvider
 from agent_runner.providers.base import ProviderMessage, TextBlock
 from orchestrator.core.settings import Settings
-from orchestrator.sandbox.gateway import _MAX_REWRITE_COLONS, OPENAI_PATHS, ModelGateway
+from orchestrator.sandbox.gateway import GatewayConfig, ModelGateway
+from orchestrator.sandbox.gateway.config import ModelPolicy
+from orchestrator.sandbox.gateway.wire import MAX_REWRITE_COLONS
 from tests.fakes.anthropic_api import FakeAnthropic, message
 from tests.fakes.openai_api import FakeOpenAI, chat
 
@@ -52,8 +54,11 @@ def client_for(path: Path) -> httpx.Client:
     return httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://gateway", timeout=10)
 
 
-def held(sock: Path, upstream: str, policy: str = "refuse", **kw: Any) -> ModelGateway:
-    return ModelGateway(sock, upstream=upstream, api_key=KEY, model=MODEL, max_tokens=CAP, model_policy=policy, **kw)  # type: ignore[arg-type]
+def held(
+    sock: Path, upstream: str, policy: ModelPolicy = "refuse", spent: Usage | None = None, **kw: Any
+) -> ModelGateway:
+    config = GatewayConfig(base_url=upstream, api_key=KEY, model=MODEL, max_tokens=CAP, model_policy=policy, **kw)
+    return ModelGateway(sock, config, spent=spent)
 
 
 @pytest.fixture
@@ -206,7 +211,7 @@ def test_an_escaped_cap_over_the_hosts_is_rewritten_once(
 
 def test_a_hostile_body_needing_a_rewrite_is_refused_at_once(sock: Path, fake: FakeAnthropic) -> None:
     # A million top-level keys would cost seconds and hundreds of MB to rewrite.
-    keys = b",".join(b'"k%d":0' % i for i in range(_MAX_REWRITE_COLONS + 1))
+    keys = b",".join(b'"k%d":0' % i for i in range(MAX_REWRITE_COLONS + 1))
     body = b'{"model":"%s",%s}' % (EXPENSIVE.encode(), keys)
     with fake.serve() as upstream, held(sock, upstream, "rewrite") as gw, client_for(sock) as client:
         t0 = time.monotonic()
@@ -235,12 +240,13 @@ def test_openai_requests_are_held_to_the_model_and_cap(sock: Path) -> None:
         fake.serve() as upstream,
         ModelGateway(
             sock,
-            upstream=upstream,
-            api_key="",
-            allowed_paths=OPENAI_PATHS,
-            auth="bearer",
-            model="llama3.1:8b",
-            max_tokens=CAP,
+            GatewayConfig(
+                base_url=upstream,
+                api_key="",
+                route="openai",
+                model="llama3.1:8b",
+                max_tokens=CAP,
+            ),
         ) as gw,
         client_for(sock) as client,
     ):
@@ -269,13 +275,13 @@ def test_the_settings_choose_the_model_cap_and_policy(sock: Path, fake: FakeAnth
             },
         )
         with ModelGateway.for_provider(sock, settings, "anthropic") as gw:
-            assert (gw.model, gw.max_tokens, gw.model_policy) == (MODEL, 200, "rewrite")
+            assert (gw.config.model, gw.config.max_tokens, gw.config.model_policy) == (MODEL, 200, "rewrite")
         # The pipeline passes the run's recorded model and cap, which win.
         with ModelGateway.for_provider(sock, settings, "anthropic", model="claude-other", max_tokens=10) as gw:
-            assert (gw.model, gw.max_tokens) == ("claude-other", 10)
+            assert (gw.config.model, gw.config.max_tokens) == ("claude-other", 10)
         # A provider the model setting does not name: no model to hold to, the cap still holds.
         with ModelGateway.for_provider(sock, settings, "openai") as gw:
-            assert (gw.model, gw.max_tokens) == (None, 200)
+            assert (gw.config.model, gw.config.max_tokens) == (None, 200)
     with pytest.raises(Exception, match="GATEWAY_MODEL_POLICY"):
         Settings.load(env_file=None, environ={"ORCHESTRATOR_GATEWAY_MODEL_POLICY": "allow"})
 

@@ -19,7 +19,8 @@ from fastapi.testclient import TestClient
 
 from orchestrator.channels.slack import SlackChannel
 from orchestrator.channels.slack_inbound import EVENTS_PATH, signed_headers
-from orchestrator.channels.telegram import TelegramChannel, TelegramPoller
+from orchestrator.channels.telegram import TelegramChannel
+from orchestrator.channels.telegram_poller import TelegramPoller
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
 from orchestrator.root import Orchestrator

@@ -30,7 +30,7 @@ import pytest
 
 from orchestrator.core.settings import Settings
 from orchestrator.run.attempt import GATEWAY_SOCKET
-from orchestrator.sandbox.gateway import ModelGateway
+from orchestrator.sandbox.gateway import GatewayConfig, ModelGateway
 from orchestrator.sandbox.warm import gateway_dir, host_only_dir
 from orchestrator.store.db import open_database
 from orchestrator.store.groups import add_group
@@ -185,8 +185,8 @@ def test_another_local_user_reads_no_chat_and_reaches_no_gateway(open_root: Path
     readable = open_root / "readable.txt"
     readable.write_text("x")
     with (
-        ModelGateway(run_socket, upstream="http://127.0.0.1:9", api_key="sk-private") as gw1,
-        ModelGateway(warm_socket, upstream="http://127.0.0.1:9", api_key="sk-private") as gw2,
+        ModelGateway(run_socket, GatewayConfig(base_url="http://127.0.0.1:9", api_key="sk-private")) as gw1,
+        ModelGateway(warm_socket, GatewayConfig(base_url="http://127.0.0.1:9", api_key="sk-private")) as gw2,
         socket.socket(socket.AF_UNIX) as listener,
     ):
         listener.bind(str(control))

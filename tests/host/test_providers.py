@@ -99,8 +99,8 @@ def test_the_sandbox_reads_each_providers_row(tmp_path: Path, name: str) -> None
         return
     upstream = UPSTREAMS[facts.gateway]
     with ModelGateway.for_provider(sock, settings, name) as gw:
-        assert gw.upstream == f"http://127.0.0.1:1/{facts.gateway}"
-        assert (gw.allowed_paths, gw.model) == (upstream.paths, "m-1")
+        assert gw.config.base_url == f"http://127.0.0.1:1/{facts.gateway}"
+        assert (gw.config.paths, gw.config.model) == (upstream.paths, "m-1")
         assert upstream.api_key(settings) == {"anthropic": "a-key", "openai": "o-key"}[facts.gateway]
 
 

@@ -1,4 +1,4 @@
-"""The workspace quota (``orchestrator/sandbox/quota.py``) on real parts: loop-mounted
+"""The workspace quota (``orchestrator/sandbox/quota/``) on real parts: loop-mounted
 ext4 volumes made, filled with what the workspace held, mounted once however
 many threads and processes ask at the same time, grown, never shrunk; and the
 checked mode's bounded walk, which refuses a workspace over its quota.
@@ -26,6 +26,7 @@ import pytest
 
 from orchestrator.core.errors import ContainerConfigError, MountRefused, WorkspaceQuotaError
 from orchestrator.core.settings import Settings
+from orchestrator.core.sizes import parse_quota
 from orchestrator.sandbox import quota
 from orchestrator.sandbox.config import (
     ContainerConfig,
@@ -33,6 +34,9 @@ from orchestrator.sandbox.config import (
     set_container_config,
     workspace_quota,
 )
+from orchestrator.sandbox.late_mounts import MountEntry, mount_entries
+from orchestrator.sandbox.quota import loop as quota_loop
+from orchestrator.sandbox.quota import mode as quota_mode_module
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from tests.conftest import run_in_threads
@@ -55,21 +59,21 @@ def _workspace(settings: Settings, folder: str = "team") -> Path:
     return path
 
 
-def _mounts_at(path: Path) -> list[quota.MountEntry]:
-    return [e for e in quota.mount_entries() if e.mount_point == str(path.resolve())]
+def _mounts_at(path: Path) -> list[MountEntry]:
+    return [e for e in mount_entries() if e.mount_point == str(path.resolve())]
 
 
 # -- sizes and settings ---------------------------------------------------------------
 
 
 def test_quota_sizes() -> None:
-    assert quota.parse_quota("0") == 0
-    assert quota.parse_quota("64m") == 64 * MiB
-    assert quota.parse_quota(" 2G ") == 2 * 1024**3
-    assert quota.parse_quota("1t") == 1024**4
+    assert parse_quota("0") == 0
+    assert parse_quota("64m") == 64 * MiB
+    assert parse_quota(" 2G ") == 2 * 1024**3
+    assert parse_quota("1t") == 1024**4
     for bad in ("", "2x", "-1g", "1.5g", "8m", "17t"):
         with pytest.raises(ValueError):
-            quota.parse_quota(bad)
+            parse_quota(bad)
     assert quota.workspace_quota_bytes(Settings.load(workspace_quota="2G", env_file=None)) == 2 * 1024**3
     with pytest.raises(ValueError):
         Settings.load(workspace_quota="lots", env_file=None)
@@ -363,8 +367,8 @@ def test_a_volume_that_cannot_be_mounted_falls_back_to_the_check(
     settings = volume_settings
     ws = _workspace(settings)
     (ws / "big").write_bytes(os.urandom(20 * MiB))
-    monkeypatch.setattr(quota, "MOUNT_OPTIONS", "loop,nosuid,nodev,no_such_option")  # every mount fails
-    monkeypatch.setattr(quota, "_volume_broken", {})
+    monkeypatch.setattr(quota_loop, "MOUNT_OPTIONS", "loop,nosuid,nodev,no_such_option")  # every mount fails
+    monkeypatch.setattr(quota_mode_module, "_volume_broken", {})
     # Forced volume mode: refused, saying why; nothing left behind.
     forced = settings.replace(**{"workspace_quota_mode": "volume"})
     with pytest.raises(WorkspaceQuotaError, match="cannot set up the workspace volume"):
@@ -388,8 +392,8 @@ def test_a_worker_that_cannot_mount_an_existing_volume_refuses_the_run(
     quota.prepare_workspace(settings, "team", ws, 64 * MiB)
     (ws / "mine.txt").write_text("mine\n")
     quota.unmount_all(settings)
-    monkeypatch.setattr(quota.os, "geteuid", lambda: 1000)  # as a worker that is not root sees it
-    monkeypatch.setattr(quota, "_modes", {})
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # as a worker that is not root sees it
+    monkeypatch.setattr(quota_mode_module, "_modes", {})
     assert quota.quota_mode(settings)[0] == "checked"
     with pytest.raises(WorkspaceQuotaError, match="lives in the volume .* cannot mount .*not run as root"):
         quota.prepare_workspace(settings, "team", ws, 64 * MiB)

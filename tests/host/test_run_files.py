@@ -22,7 +22,8 @@ from orchestrator.run.pipeline import Pipeline
 from orchestrator.run.replay import create_replay, execute_replay
 from orchestrator.run.run_diff import run_outputs
 from orchestrator.store.db import Database
-from orchestrator.store.files import FileStore, StoredFile
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from tests.fakes.clock import FakeClock

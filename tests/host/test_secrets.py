@@ -16,9 +16,10 @@ import httpx
 import pytest
 
 from orchestrator.core import secrets
-from orchestrator.core.settings import SECRET_FIELDS, Settings
+from orchestrator.core.settings import Settings
+from orchestrator.core.settings_secrets import SECRET_FIELDS
 from orchestrator.run.outputs import host_message
-from orchestrator.sandbox.gateway import ModelGateway
+from orchestrator.sandbox.gateway import GatewayConfig, ModelGateway
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from orchestrator.store.runs import create_run, finish_run, get_run
@@ -144,7 +145,7 @@ def test_the_gateway_never_hands_the_container_its_key_in_an_upstream_error(tmp_
         sock = tmp_path / f"g{fake_error[0]}.sock"
         with (
             fake.serve() as upstream,
-            ModelGateway(sock, upstream=upstream, api_key=key, timeout_s=10),
+            ModelGateway(sock, GatewayConfig(base_url=upstream, api_key=key, timeout_s=10)),
             httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://gateway") as client,
         ):
             r = client.post(

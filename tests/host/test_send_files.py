@@ -25,7 +25,8 @@ from orchestrator.http.api import create_app
 from orchestrator.model.envelopes import files_of
 from orchestrator.root import Orchestrator
 from orchestrator.store.db import Database
-from orchestrator.store.files import FileStore, StoredFile
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after, now_iso, store_message_direct
 from orchestrator.store.runs import create_run, finish_run

@@ -42,7 +42,9 @@ from orchestrator.run.outbound import ChannelRegistry, Deliverer
 from orchestrator.store.attachments import attach_channel
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import list_deliveries, utc_now
-from orchestrator.store.files import FileStore, StoredFile, file_envelope
+from orchestrator.store.file_refs import file_envelope
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.tables import DeliveryRow

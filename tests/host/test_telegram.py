@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.channels.registry import build_registry
-from orchestrator.channels.telegram import TelegramChannel, TelegramPoller, split_text
+from orchestrator.channels.telegram import TelegramChannel, split_text
 from orchestrator.channels.telegram_files import upload_method
+from orchestrator.channels.telegram_poller import TelegramPoller
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
 from orchestrator.model.envelopes import files_of
@@ -32,7 +33,9 @@ from orchestrator.run.outbound import ChannelRegistry, Deliverer
 from orchestrator.store.attachments import attach_channel
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import list_deliveries, utc_now
-from orchestrator.store.files import FileStore, StoredFile, file_envelope
+from orchestrator.store.file_refs import file_envelope
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from tests.conftest import wait_until

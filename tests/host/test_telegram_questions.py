@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from orchestrator.channels.telegram import TelegramChannel, TelegramPoller
+from orchestrator.channels.telegram import TelegramChannel
+from orchestrator.channels.telegram_poller import TelegramPoller
 from orchestrator.core.settings import Settings
 from orchestrator.run.outbound import ChannelRegistry, Deliverer
 from orchestrator.run.profile import change_profile

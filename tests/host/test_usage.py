@@ -19,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import inspect, select, text, update
 
-from orchestrator.channels.telegram import TelegramPoller
+from orchestrator.channels.telegram_poller import TelegramPoller
 from orchestrator.channels.webhook import INBOUND_PATH, inbound_headers
 from orchestrator.core.errors import RateLimited
 from orchestrator.core.settings import Settings

@@ -1,7 +1,7 @@
 """A warm container's configuration is everything it is created with (issue 44, finding 3):
 a group's running container is not handed a run that needs another runtime (runc -> gVisor),
 another security option or user, or any other create argument, present or added later.
-Computed from the very create arguments of ``orchestrator/sandbox/warm.py`` with no engine:
+Computed from the very create arguments of ``orchestrator/sandbox/warm/configuration.py`` with no engine:
 the engine's answers (its security options, its runtime) are the inputs that vary here."""
 
 from __future__ import annotations

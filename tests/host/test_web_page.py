@@ -27,7 +27,8 @@ from orchestrator.model.views import REPLY_TO_KEY
 from orchestrator.root import Orchestrator
 from orchestrator.store import leases
 from orchestrator.store.db import Database
-from orchestrator.store.files import FileStore, file_envelope
+from orchestrator.store.file_refs import file_envelope
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import add_group, get_group
 from orchestrator.store.message_log import get_messages_after, now_iso, store_message_direct
 from orchestrator.store.runs import create_run, finish_run, set_container

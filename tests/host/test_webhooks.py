@@ -37,7 +37,8 @@ from orchestrator.run.outbound import ChannelRegistry, Deliverer
 from orchestrator.store.attachments import attach_channel
 from orchestrator.store.db import Database
 from orchestrator.store.deliveries import list_deliveries
-from orchestrator.store.files import FileStore, file_envelope
+from orchestrator.store.file_refs import file_envelope
+from orchestrator.store.files import FileStore
 from orchestrator.store.groups import add_group
 from orchestrator.store.hosts import database_now
 from orchestrator.store.message_log import get_messages_after

@@ -69,13 +69,13 @@ def box(tmp_path_factory: pytest.TempPathFactory, agent_image: str, monkeypatch:
     ensure_main_group(db)
     # Every answer the gateway gives itself (a refusal), seen in this process, where the pipeline runs it.
     refusals: list[tuple[int, str, str]] = []
-    answer_error = ModelGateway._answer_error
+    refuse = ModelGateway.refuse
 
     def recorded(self: ModelGateway, h: Any, status: int, kind: str, text: str) -> None:
         refusals.append((status, kind, text))
-        answer_error(self, h, status, kind, text)
+        refuse(self, h, status, kind, text)
 
-    monkeypatch.setattr(ModelGateway, "_answer_error", recorded)
+    monkeypatch.setattr(ModelGateway, "refuse", recorded)
     yield Box(settings, db, refusals)
     db.dispose()
 

@@ -166,7 +166,7 @@ def test_background_processes_do_not_survive_into_the_next_warm_run(
 ) -> None:
     if killer == "docker-exec":
         # What a worker that cannot see the container's processes (its own pid namespace) does.
-        monkeypatch.setattr("orchestrator.sandbox.warm.kill_all_but", lambda pid, cid, spare=None: None)
+        monkeypatch.setattr("orchestrator.sandbox.warm.cleanup.kill_all_but", lambda pid, cid, spare=None: None)
     _, outputs = warm.ask(
         "$ setsid sleep 1001 >/dev/null 2>&1 </dev/null & "
         "nohup sh -c 'while :; do sleep 1; done; echo 1002' >/dev/null 2>&1 </dev/null & "

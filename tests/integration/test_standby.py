@@ -294,7 +294,7 @@ def test_a_dead_hosts_warm_and_standby_containers_are_removed_by_a_live_host(poo
 
     from sqlalchemy import update
 
-    from orchestrator.sandbox import warm as warm_module
+    from orchestrator.sandbox.warm import tending as warm_tending
     from orchestrator.store import hosts
     from orchestrator.store.tables import HostRow
 
@@ -320,7 +320,7 @@ def test_a_dead_hosts_warm_and_standby_containers_are_removed_by_a_live_host(poo
                 .where(HostRow.host_id == dead_host)
                 .values(heartbeat_at=hosts.database_now(pool.db) - timedelta(seconds=seconds))
             )
-        warm_module._reaped_at.clear()  # looked at again at once, not REAP_EVERY_S later
+        warm_tending._reaped_at.clear()  # looked at again at once, not REAP_EVERY_S later
 
     live = Settings.load(
         data_dir=pool.settings.data_dir,

@@ -1,7 +1,7 @@
 """A group's warm container made under runc does not serve its runs once the host runs agents
 under gVisor (issue 44, finding 3), with real Docker, the real image and runsc: the next run
 gets a new container under runsc and the runc one is removed, in the same process (the pool's
-in-process memory of the container, ``warm._known``) as in a new one (its configuration
+in-process memory of the container, ``warm.known``) as in a new one (its configuration
 label)."""
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline, RunOutcome
 from orchestrator.sandbox import quota
+from orchestrator.sandbox.late_mounts import mount_entries
 from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group
@@ -128,7 +129,7 @@ def test_filling_the_disk_stops_at_the_quota_inside_the_sandbox(volume_group: Gr
     assert image.stat().st_blocks * 512 <= 64 * MiB
     assert free_before - free_after < 512 * MiB
     # The workspace is the volume, also as the container saw it, with what it held before.
-    assert len([e for e in quota.mount_entries() if e.mount_point == str(g.workspace)]) == 1
+    assert len([e for e in mount_entries() if e.mount_point == str(g.workspace)]) == 1
     assert (g.workspace / "before.txt").read_text() == "from before the quota\n"
     assert (g.workspace / "big").stat().st_size <= 64 * MiB
 
@@ -185,7 +186,7 @@ def test_turning_the_quota_on_moves_the_files_and_replaces_a_warm_container(tmp_
         assert "early" in output
         assert 48 * 1024 < int(output.strip().splitlines()[-1].split()[1]) <= 64 * 1024, output
         assert (g.workspace / "later.txt").read_text() == "later\n"
-        assert len([e for e in quota.mount_entries() if e.mount_point == str(g.workspace)]) == 1
+        assert len([e for e in mount_entries() if e.mount_point == str(g.workspace)]) == 1
     finally:
         next(groups, None)
 

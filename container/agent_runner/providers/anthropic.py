@@ -26,6 +26,7 @@ import msgspec
 
 from ..errors import InputError, ProviderError
 from ..protocol import JsonObject, ModelSettings
+from ..sse import SseDecoder, SseError
 from .base import (
     ContentBlock,
     ImageBlock,
@@ -41,7 +42,6 @@ from .base import (
     ToolUseBlock,
     render_tool_result,
 )
-from .sse import SseDecoder, SseError
 
 log = logging.getLogger(__name__)
 

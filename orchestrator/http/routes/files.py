@@ -64,14 +64,9 @@ from orchestrator.core.file_links import link_refusal
 from orchestrator.core.settings import Settings
 from orchestrator.http.guards import BodyLimit
 from orchestrator.http.state import api_state
-from orchestrator.store.files import (
-    CHUNK_BYTES,
-    INLINE_IMAGE_TYPES,
-    TEXT,
-    TYPES,
-    FileStore,
-    StoredFile,
-)
+from orchestrator.store.file_rows import StoredFile
+from orchestrator.store.file_types import INLINE_IMAGE_TYPES, TEXT, TYPES
+from orchestrator.store.files import CHUNK_BYTES, FileStore
 from orchestrator.store.groups import is_registered
 
 router = APIRouter()
