@@ -170,7 +170,7 @@ class Server:
         if settings.broker_url:
             env["ORCHESTRATOR_BROKER_URL"] = settings.broker_url
         self.port = free_port()
-        log = open(settings.data_dir / "api.log", "wb")  # noqa: SIM115 - closed with the process
+        log = open(settings.data_dir / "api.log", "wb")  # closed with the process
         # As `orchestrator up` and `orchestrator api` run it: their log configuration, whose
         # access log writes a line per request (here to api.log).
         argv = [*api_argv("127.0.0.1", self.port, write_dict_config(settings)), *self.extra_argv]

@@ -2,7 +2,7 @@
 Code's first model request, and to its reply being stored, with a model that
 answers at once, for cold runs and warm ones.
 
-The model is the fake Messages API (``tests/fakes/anthropic_api.py``, the
+The model is the fake Messages API (``fakes/anthropic_api.py``, the
 streaming wire format) on loopback, answering every request with a short
 text at once, so what is measured is everything but the model: ingest, the
 Celery signal, a ``celery worker`` process, the model gateway, the
@@ -56,13 +56,13 @@ from pathlib import Path
 
 from bench.common import Workers, install, pct, remove_install_containers, signals_for
 from bench.overhead import answering_run, wait_finished
+from fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.sandbox.containers import docker_client
 from orchestrator.sandbox.image import ensure_agent_image, image_name
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
-from tests.fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
 
 JID = "main@local"  # bench.overhead's helpers read this chat
 # A name the CLI knows (its tool set depends on it); the fake answers any.
@@ -282,7 +282,7 @@ def main() -> None:
     settings = Settings.load(env_file=None)
     if not args.no_build:
         ensure_agent_image(docker_client(settings), settings, variant="claude-code")
-    image = settings.agent_image
+    image = settings.sandbox.agent_image
     variant = image_name(settings, "claude-code")
     rows: list[tuple[str, list[Timing]]] = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -51,11 +51,11 @@ def worker_env(settings: Settings) -> dict[str, str]:
     env = {
         **os.environ,
         "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
-        "ORCHESTRATOR_AGENT_IMAGE": settings.agent_image,
-        "ORCHESTRATOR_WARM_IDLE_S": str(settings.warm_idle_s),
-        "ORCHESTRATOR_STANDBY": str(settings.standby),
+        "ORCHESTRATOR_AGENT_IMAGE": settings.sandbox.agent_image,
+        "ORCHESTRATOR_WARM_IDLE_S": str(settings.sandbox.warm_idle_s),
+        "ORCHESTRATOR_STANDBY": str(settings.sandbox.standby),
         "ORCHESTRATOR_LOG_LEVEL": "WARNING",
-        "ORCHESTRATOR_WORKSPACE_QUOTA": settings.workspace_quota,
+        "ORCHESTRATOR_WORKSPACE_QUOTA": settings.sandbox.workspace_quota,
     }
     if settings.database_url:
         env["ORCHESTRATOR_DATABASE_URL"] = settings.database_url
@@ -81,7 +81,7 @@ class Workers:
     def __enter__(self) -> Self:
         env = worker_env(self.settings) | self.env
         for i in range(self.n):
-            log = open(self.settings.data_dir / f"worker{i}.log", "wb")  # noqa: SIM115 - closed with the process
+            log = open(self.settings.data_dir / f"worker{i}.log", "wb")  # closed with the process
             own = {"ORCHESTRATOR_HOST_ID": f"bench-host-{i}"} if self.host_ids else {}
             self.procs.append(
                 subprocess.Popen(
@@ -341,7 +341,7 @@ class HookReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the http.server name
+            def do_POST(self) -> None:  # the http.server name
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 arrived = (time.monotonic(), time.time())
                 ok = verify(secret, body, self.headers.get(SIGNATURE_HEADER))
@@ -354,7 +354,7 @@ class HookReceiver:
                 self.send_header("content-length", "0")
                 self.end_headers()
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+            def log_message(self, format: str, *args: object) -> None:  # the base class's name
                 pass
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -10,7 +10,7 @@ Everything but the container runs as the worker runs it: a real database
 then rebuilt and must match byte for byte), the runner's agent loop and
 Anthropic provider in this process (the real SDK over loopback HTTP), its
 tools in a temporary workspace, and each event stored as the pipeline stores
-it.  The model is the fake Messages API (``tests/fakes/anthropic_api.py``)
+it.  The model is the fake Messages API (``fakes/anthropic_api.py``)
 with its :class:`PromptCache`, which counts a request's tokens (JSON bytes /
 4 a block) and the cache's reads and writes as the API does (breakpoints, a
 20-block look-back, a 1024-token minimum).  The script: every other question
@@ -54,6 +54,7 @@ from sqlalchemy import update
 from agent_runner.loop import run_agent
 from agent_runner.protocol import ContainerInput, Event, ModelSettings, ResultEvent, SdkMessage
 from agent_runner.providers.anthropic import AnthropicProvider
+from fakes.anthropic_api import FakeAnthropic, PromptCache, Recorded, Reply, message
 from orchestrator.core.settings import Settings
 from orchestrator.model.views import REPLY_TO_KEY, RUN_ID_KEY
 from orchestrator.run.assembly import (
@@ -72,7 +73,6 @@ from orchestrator.store.groups import add_group, get_group
 from orchestrator.store.message_log import get_messages_after, store_message_direct
 from orchestrator.store.runs import create_run
 from orchestrator.store.tables import GroupRow
-from tests.fakes.anthropic_api import FakeAnthropic, PromptCache, Recorded, Reply, message
 
 JID = "bench@continuity"
 NEVER = 10**12  # a cache minimum no prompt reaches: nothing cached
@@ -251,7 +251,7 @@ def report(modes: list[Mode], turns: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=30)
-    parser.add_argument("--budget", type=int, default=Settings.load(env_file=None).context_tokens)
+    parser.add_argument("--budget", type=int, default=Settings.load(env_file=None).context.tokens)
     parser.add_argument("--small-budget", type=int, default=6000)
     args = parser.parse_args(argv)
     modes = [

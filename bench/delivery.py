@@ -295,7 +295,7 @@ def main() -> None:
     complete = True
     with tempfile.TemporaryDirectory() as tmp:
         for name, extra in stacks(args.pg, args.redis):
-            complete = run_backend(Path(tmp), settings.agent_image, name, args, extra) and complete
+            complete = run_backend(Path(tmp), settings.sandbox.agent_image, name, args, extra) and complete
     if not complete:
         raise SystemExit(f"some message was not delivered within --busy-s + {GRACE_S:.0f} s")
 

@@ -11,7 +11,7 @@ provider, spent=...)``, a context manager, ``input_tokens``/``output_tokens``).
 Each gateway is measured in a fresh host process per round (the gateways
 interleaved round by round, so a busy machine slows them alike) that
 imports ``workers.app`` first, as a worker's pool child has before its
-first run; the fake upstream (``tests/fakes/anthropic_api.py``, the real
+first run; the fake upstream (``fakes/anthropic_api.py``, the real
 wire format, on loopback) and the clients run in this process.
 
 * **cold start**, per run, as the pipeline does it (``with
@@ -199,7 +199,7 @@ def host(spec: str, upstream: str, folder: Path) -> None:
 def make_upstream() -> Any:
     """A fake Messages API that answers every request: a plain message, or a stream of ~40 events
     (slow when the model is "slow")."""
-    from tests.fakes.anthropic_api import FakeAnthropic, Recorded, message, message_stream
+    from fakes.anthropic_api import FakeAnthropic, Recorded, message, message_stream
 
     class Upstream(FakeAnthropic):
         def _next_reply(self, rec: Recorded) -> Any:

@@ -9,7 +9,7 @@ sessions built from it.
 ``--against`` names the revision whose gateway (the package ``orchestrator/sandbox/gateway/``,
 whose modules import each other relatively, or the one module ``gateway.py`` it was) is the
 baseline, loaded under another name (default ``HEAD``); ``--body`` a request the Claude Code CLI sent (recorded: the body a
-``tests/fakes`` upstream got, ``calls[i].raw``, under ``python -m tests.gateway_wire``), by
+``fakes`` upstream got, ``calls[i].raw``, under ``python -m tests.gateway_wire``), by
 default a stand-in of its shape (17 tools, 75 KB; a 20 KB system prompt; three messages).
 
 The long sessions put 300 turns (a Bash call, 8 KB of output) after the first message, ~2.7 MB;
@@ -286,7 +286,7 @@ class _Subject:
 def _prepare(gateway: _Subject, body: bytes) -> str:
     try:
         gateway.prepare(body)
-    except Exception as exc:  # the module's own refusal, of either revision
+    except Exception as exc:  # noqa: BLE001 - the module's own refusal, whichever revision's class it is
         return f"{getattr(exc, 'status', '?')} {getattr(exc, 'kind', type(exc).__name__)}"
     return "forwarded"
 

@@ -115,7 +115,7 @@ def main() -> None:
     settings = Settings.load(env_file=None)
     client = docker_client(settings)
     ensure_agent_image(client, settings)
-    image = settings.agent_image
+    image = settings.sandbox.agent_image
     problem = gvisor_problem(client, image)
     if problem is not None:
         raise SystemExit(f"gVisor cannot be measured here: {problem}")

@@ -193,7 +193,7 @@ def run(name: str, settings: Settings, total: int, n_groups: int, sizes: list[in
     small = min(sizes)
     captured = Captured(db)
     print(
-        f"{name}: assembling the input for the last {new} new messages (+ {settings.context_messages}"
+        f"{name}: assembling the input for the last {new} new messages (+ {settings.context.messages}"
         f" messages of context), median / max of {reps}, target < {TARGET_MS:.0f} ms"
     )
     bulk_load(db, [targets[small]] * small, 1)

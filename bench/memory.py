@@ -161,8 +161,8 @@ def main() -> None:
     settings = Settings.load(env_file=None)
     ensure_agent_image(docker_client(settings), settings)
     with tempfile.TemporaryDirectory() as tmp:
-        measure(Path(tmp) / "cold", settings.agent_image, args.runs, 0)
-        measure(Path(tmp) / "warm", settings.agent_image, args.runs, 300)
+        measure(Path(tmp) / "cold", settings.sandbox.agent_image, args.runs, 0)
+        measure(Path(tmp) / "warm", settings.sandbox.agent_image, args.runs, 300)
 
 
 if __name__ == "__main__":

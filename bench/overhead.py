@@ -384,7 +384,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = Settings.load(env_file=None)
     ensure_agent_image(docker_client(settings), settings)
-    image = settings.agent_image
+    image = settings.sandbox.agent_image
     with tempfile.TemporaryDirectory() as tmp:
         floor = docker_run_floor(image, args.runs)
         cold_split: list[tuple[float, float]] = []

@@ -226,7 +226,7 @@ def measure(settings: Settings, db: Database, trials: int, host_ids: list[str], 
     verdict = ("met" if max(answers) <= TARGET_S else "MISSED") if watch else "baseline"
     print(
         f"  {label}: answer {statistics.median(answers):5.1f} s median, {max(answers):5.1f} s max after the SIGKILL"
-        f" over {len(results)} trial(s); lease TTL {settings.lease_ttl_s:.0f} s, target <= {TARGET_S:.0f} s:"
+        f" over {len(results)} trial(s); lease TTL {settings.fleet.lease_ttl_s:.0f} s, target <= {TARGET_S:.0f} s:"
         f" {verdict}; exactly once: {'yes' if once else 'NO'}",
         flush=True,
     )
@@ -295,7 +295,7 @@ def main() -> None:
     ensure_agent_image(docker_client(settings), settings)
     with tempfile.TemporaryDirectory() as tmp:
         for name, extra in stacks(args.pg, args.redis):
-            run_backend(Path(tmp), settings.agent_image, name, args, extra)
+            run_backend(Path(tmp), settings.sandbox.agent_image, name, args, extra)
 
 
 if __name__ == "__main__":

@@ -128,7 +128,7 @@ def main() -> None:
     settings = Settings.load(env_file=None)
     ensure_agent_image(docker_client(settings), settings)
     with tempfile.TemporaryDirectory() as tmp:
-        totals, steps = measure(Path(tmp), settings.agent_image, args.runs)
+        totals, steps = measure(Path(tmp), settings.sandbox.agent_image, args.runs)
     print(f"a warm run's step in one process, n = {args.runs}: p50 {statistics.median(totals) * 1000:.2f} ms")
     print(f"{'starts at':>9} {'takes':>7}  step (median ms; nested as called)")
     for key in sorted(steps, key=lambda k: statistics.median(s for s, _ in steps[k])):

@@ -393,7 +393,7 @@ def check(db: Database, install_id: str, tally: Tally, receiver: Receiver, webho
 def soak(base_dir: Path, image: str, name: str, extra: Extra, args: argparse.Namespace) -> dict[str, object]:
     with tempfile.TemporaryDirectory(dir=base_dir) as tmp, extra() as more, Receiver() as receiver:
         # As `up` runs it: warm sessions and standby sandboxes at their defaults, unless --cold.
-        warm = 0.0 if args.cold else Settings.load(environ={}, env_file=None).warm_idle_s
+        warm = 0.0 if args.cold else Settings.load(environ={}, env_file=None).sandbox.warm_idle_s
         settings, db = install(Path(tmp), image, warm, webhook_secret=SECRET, **more)
         flush_broker(settings)
         webhook_chats = [jid(g) for g in range(args.groups) if g % 2 == 0]
@@ -545,7 +545,7 @@ def main() -> None:
         for name, extra in stacks(args.pg, args.redis):
             if ("pg" if name.startswith("postgresql") else "sqlite") not in wanted:
                 continue
-            results.append(soak(Path(tmp), settings.agent_image, name, extra, args))
+            results.append(soak(Path(tmp), settings.sandbox.agent_image, name, extra, args))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     failed = [f"{r['stack']}: {f}" for r in results for f in r["failures"]]  # type: ignore[attr-defined]

@@ -165,7 +165,7 @@ def api_process(settings: Settings, mode: str) -> Iterator[tuple[str, Path]]:
         "ORCHESTRATOR_LOG_LEVEL": "WARNING",
         **{f"ORCHESTRATOR_{k.upper()}": v for k, v in MODES[mode].items()},
     }
-    log = open(settings.data_dir / f"api-{mode}.log", "wb")  # noqa: SIM115 - closed below
+    log = open(settings.data_dir / f"api-{mode}.log", "wb")  # closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.stream_push", "--serve-api", str(port), "--counts", str(counts)],
         env=env,

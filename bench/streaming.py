@@ -1,6 +1,6 @@
 """Streamed replies: time to the first visible text against time to the stored message.
 
-The model is the fake Messages API (``tests/fakes/anthropic_api.py``, the
+The model is the fake Messages API (``fakes/anthropic_api.py``, the
 streaming wire format), pacing its answer: ``--words`` words, ``--word-delay``
 seconds apart (after ``--first-delay`` before the first, the model's time to
 its first token).  Everything else is the real path: a ``celery worker``
@@ -54,6 +54,7 @@ from bench.common import (
     wait_for,
     worker_env,
 )
+from fakes.anthropic_api import FakeAnthropic, message, paced
 from orchestrator.cli.supervisor import worker_argv
 from orchestrator.core.settings import Settings
 from orchestrator.http.endpoint import CLIENT_HEADER
@@ -62,7 +63,6 @@ from orchestrator.sandbox.image import ensure_agent_image
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import FINAL_STATES, list_runs
-from tests.fakes.anthropic_api import FakeAnthropic, message, paced
 
 CHAT = "main@local"
 BIN = Path(sys.executable).parent
@@ -250,7 +250,7 @@ def main() -> None:
     )
     for label, extra in stacks(args.pg, args.redis):
         with tempfile.TemporaryDirectory(prefix="bench-streaming-") as tmp:
-            timings = measure(Path(tmp) / "data", settings.agent_image, extra, args)
+            timings = measure(Path(tmp) / "data", settings.sandbox.agent_image, extra, args)
         first = [t.first_text for t in timings]
         stored = [t.stored for t in timings]
         gain = [t.stored - t.first_text for t in timings]

@@ -146,7 +146,7 @@ def main() -> None:
     args = ap.parse_args()
     settings = Settings.load(env_file=None)
     ensure_agent_image(docker_client(settings), settings)
-    image = settings.agent_image
+    image = settings.sandbox.agent_image
     db_extra = {k: v for k, v in (("database_url", args.pg), ("broker_url", args.redis)) if v}
     if args.pg:
         print("note: --pg is used as is; give it an empty database")

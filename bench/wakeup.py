@@ -173,7 +173,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = Settings.load(env_file=None)
     ensure_agent_image(docker_client(settings), settings)
-    image = settings.agent_image
+    image = settings.sandbox.agent_image
     latency: dict[str, list[float]] = {m: [] for m in MODES}
     to_run: dict[str, list[float]] = {m: [] for m in MODES}
     cpu: dict[str, list[float]] = {m: [] for m in MODES}

@@ -143,7 +143,7 @@ def main() -> None:
     settings = Settings.load(env_file=None)
     ensure_agent_image(docker_client(settings), settings)
     with tempfile.TemporaryDirectory() as tmp:
-        rows = measure(Path(tmp), settings.agent_image, args.runs)
+        rows = measure(Path(tmp), settings.sandbox.agent_image, args.runs)
     print(f"a warm reply through the worker, stage by stage (median ms, n = {len(rows)}):")
     for name in STAGES:
         print(f"  {statistics.median(r[name] for r in rows) * 1000:7.2f}  {name}")

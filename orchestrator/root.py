@@ -115,7 +115,7 @@ class Orchestrator:
     @cached_property
     def sandbox(self) -> Sandbox:
         """Where runs go: a warm container per group when warm sessions are on, else cold ones."""
-        if self.settings.warm_idle_s > 0:
+        if self.settings.sandbox.warm_idle_s > 0:
             from orchestrator.sandbox.warm import WarmPool
 
             return WarmPool(self.settings, self.docker.client)
@@ -158,7 +158,7 @@ class Orchestrator:
             signal_delivery=self.signals.delivery,
             resend_channels=self.channels.resent_after_crash(),
             files=FileStore.from_settings(self.db, self.settings),
-            file_grace_s=self.settings.file_unreferenced_grace_s,
+            file_grace_s=self.settings.files.unreferenced_grace_s,
             egress_log_retention_days=days,
         )
         if days:
@@ -169,10 +169,10 @@ class Orchestrator:
     def _egress_log_retention(self) -> EgressLogRetention:
         from orchestrator.run.sweeper import EgressLogRetention
 
-        return EgressLogRetention(self.settings.egress_log_retention_days)
+        return EgressLogRetention(self.settings.egress.log_retention_days)
 
     def host_heartbeat(self, *, concurrency: int) -> HostHeartbeat:
-        """This process as its host (``settings.effective_host_id``) in the hosts table, beaten by a
+        """This process as its host (``settings.fleet.effective_host_id``) in the hosts table, beaten by a
         thread until stopped; started by the worker's main process.  Give it a root of its own: the
         Docker client that counts warm containers must not be shared with forked pool children."""
         from orchestrator import __version__
@@ -180,11 +180,11 @@ class Orchestrator:
 
         return HostHeartbeat(
             self.db,
-            host_id=self.settings.effective_host_id,
+            host_id=self.settings.fleet.effective_host_id,
             version=__version__,
             concurrency=concurrency,
             warm_count=self.tend_warm_containers,
-            machine=self.settings.machine_id,
+            machine=self.settings.fleet.machine_id,
             on_cut_off=self.fence_cut_off,
         ).start()
 
@@ -192,15 +192,15 @@ class Orchestrator:
         """Signals, every ``recovery_interval_s``, the groups whose lease holder is gone (a
         SIGKILLed process of this host, a dead host), started; None when the interval is 0.
         Run by the worker's main process, on the same root of its own as its heartbeat."""
-        if self.settings.recovery_interval_s <= 0:
+        if self.settings.fleet.recovery_interval_s <= 0:
             return None
         from orchestrator.run.recovery import RecoveryWatch
 
         return RecoveryWatch(
             self.db,
-            host_id=self.settings.effective_host_id,
+            host_id=self.settings.fleet.effective_host_id,
             signal=self.signals.group,
-            interval_s=self.settings.recovery_interval_s,
+            interval_s=self.settings.fleet.recovery_interval_s,
         ).start()
 
     def tend_warm_containers(self) -> int:
@@ -257,5 +257,5 @@ class Orchestrator:
                 continue
             try:
                 close(part)
-            except Exception:  # noqa: BLE001 - closing the others matters more
+            except Exception:  # closing the others matters more
                 log.exception("could not close the %s cleanly", name)

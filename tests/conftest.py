@@ -15,10 +15,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import logging
 import os
 import shutil
 import socket
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,14 +31,21 @@ import pytest
 
 from orchestrator.core.settings import Settings
 from orchestrator.store.db import Database
-from tests import file_claims
+from tests import durations, file_claims, markers
 from tests.web_browser import browser, page  # noqa: F401 - headless Chromium fixtures, one per session
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
-# Files shared between the pytest processes scripts/test.sh runs at once (tests/file_claims.py).
+def pytest_configure(config: pytest.Config) -> None:
+    # Each test file's duration, when scripts/test.sh asks for them (tests/durations.py).
+    durations.install(config)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # What each test needs, as markers (tests/markers.py), before ``-m`` deselects by them.
+    markers.apply(items)
+    # Files shared between the pytest processes scripts/test.sh runs at once (tests/file_claims.py).
     file_claims.order(items)
 
 
@@ -55,6 +64,42 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     said = file_claims.summary()
     if said is not None:
         terminalreporter.write_line(said)
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """The root logger's handlers and level put back after each test.  A command run in
+    the test's process (typer's ``CliRunner``, ``orchestrator.cli.support.setup``) sets up
+    logging on the ``sys.stderr`` of that moment, a stream closed when the test ends; a
+    line logged later from any thread (a fake server's "listening") would go to it:
+    "--- Logging error ---", "I/O operation on closed file"."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    if root.handlers != handlers or root.level != level:
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+# Threads of the fake servers (fakes) are named "fake-..." and stopped with their fake.
+FAKE_THREAD_PREFIX = "fake-"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if a fake server's thread outlived the tests: one left running logs at
+    exit, to streams already closed."""
+    left = [t for t in threading.enumerate() if t.name.startswith(FAKE_THREAD_PREFIX) and t.is_alive()]
+    for thread in left:
+        thread.join(timeout=2)
+    left = [t.name for t in left if t.is_alive()]
+    if left:
+        session.config.get_terminal_writer().line(
+            f"fake servers' threads still running after the tests: {left}", red=True
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 # Defaults the tests turn off unless they ask for them.  As root the

@@ -6,7 +6,7 @@ top-level fields and tool types its clients were seen to send
 ``ANTHROPIC_BETAS``, ``ANTHROPIC_FIELDS``, ``OPENAI_HEADERS``,
 ``OPENAI_FIELDS``, ...).  This module records them: it runs each client in
 the real agent image, hardened as a run is (no network, read-only root),
-with a recording fake (``tests/fakes``) on the socket where the gateway
+with a recording fake (``fakes``) on the socket where the gateway
 would be, and the fake playing a model that calls a tool, so that a first
 request and one carrying a tool's result are both seen:
 
@@ -42,11 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from agent_runner.protocol import ContainerInput, ModelSettings, SdkMessage
+from fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
+from fakes.openai_api import FakeOpenAI, chat, tool_call
 from orchestrator.core.settings import Settings
 from orchestrator.sandbox.containers import GATEWAY_MOUNT, ContainerSpec, DockerSandbox
 from orchestrator.sandbox.image import ensure_agent_image, image_name
-from tests.fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
-from tests.fakes.openai_api import FakeOpenAI, chat, tool_call
 
 SOCKET = "model.sock"
 PROMPT = "please run the command"
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
         ensure_agent_image(client, settings)
         ensure_agent_image(client, settings, variant="claude-code")
         cli = record_claude_code(settings, image_name(settings, "claude-code"), tuple(args.model or CLI_MODELS))
-        anthropic_wire, openai_wire = record_providers(settings, settings.agent_image)
+        anthropic_wire, openai_wire = record_providers(settings, settings.sandbox.agent_image)
     both = Wire()
     both.merge(cli)
     both.merge(anthropic_wire)

@@ -115,13 +115,13 @@ def _multiprocess_metrics(settings: Settings, argv: list[str]) -> Path | None:
     one's.  Other commands that load this app (beat, flower) and processes that
     build its root without running a worker (tests) are left alone.
     """
-    if not settings.metrics_port or "worker" not in argv[1:]:
+    if not settings.telemetry.metrics_port or "worker" not in argv[1:]:
         return None
     if "orchestrator.core.metrics" in sys.modules:
         # Our metrics already count in memory: the pool's counts could not be added up.
         log.error("metrics: orchestrator.core.metrics was imported before workers.app; this worker serves no metrics")
         return None
-    host = re.sub(r"[^A-Za-z0-9._-]", "_", settings.effective_host_id)
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", settings.fleet.effective_host_id)
     folder = settings.effective_metrics_dir / f"{host}-{os.getpid()}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -185,7 +185,7 @@ def _consume_host_queue(sender: object = None, instance: Any = None, **_: object
     root = _ours(instance)
     if root is None or not consumes_runs(root.celery):
         return
-    name = host_queue(root.settings.effective_host_id)
+    name = host_queue(root.settings.fleet.effective_host_id)
     root.celery.amqp.queues.select_add(Queue(name, Exchange(name), routing_key=name))
     log.info("taking runs from the shared queue %s and from this host's own, %s", AGENT_QUEUE, name)
 
@@ -197,7 +197,7 @@ def _fresh_connections(**_: object) -> None:
     if root is None:
         return
     root.after_fork()
-    logging.getLogger("orchestrator").setLevel(root.settings.log_level)
+    logging.getLogger("orchestrator").setLevel(root.settings.telemetry.log_level)
     # What the child inherited and built lives as long as it: never scanned again (core/heap.py).
     heap.settle()
 
@@ -225,7 +225,7 @@ def _serve_metrics(sender: Any = None, **_: object) -> None:
     from orchestrator.core.metrics import serve_multiprocess
 
     settings = root.settings
-    _metrics_server = serve_multiprocess(_metrics_dir, settings.metrics_host, settings.metrics_port)
+    _metrics_server = serve_multiprocess(_metrics_dir, settings.telemetry.metrics_host, settings.telemetry.metrics_port)
 
 
 # This worker as its host (workers/host.py): registered and beaten from the main process

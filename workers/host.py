@@ -44,8 +44,10 @@ def start(settings: Settings, *, concurrency: int) -> None:
     root = Orchestrator(settings)
     try:
         _host = (root, root.host_heartbeat(concurrency=concurrency))
-        log.info("host %s registered (heartbeat every %.0fs)", root.settings.effective_host_id, _host[1].interval_s)
-    except Exception:  # noqa: BLE001 - a worker without a host row still works
+        log.info(
+            "host %s registered (heartbeat every %.0fs)", root.settings.fleet.effective_host_id, _host[1].interval_s
+        )
+    except Exception:  # a worker without a host row still works
         log.exception("could not start the host heartbeat")
         root.close()
         return
@@ -56,7 +58,7 @@ def _start_recovery_watch(root: Orchestrator) -> None:
     global _watch
     try:
         _watch = root.recovery_watch()
-    except Exception:  # noqa: BLE001 - the sweeper still recovers, only later
+    except Exception:  # the sweeper still recovers, only later
         log.exception("could not start the recovery watch")
 
 
@@ -92,11 +94,11 @@ def stop() -> None:
 
 def _stop_idle_containers(root: Orchestrator) -> None:
     """After the pool's last run: a stopped worker leaves no idle agent container behind."""
-    if root.settings.warm_idle_s <= 0:
+    if root.settings.sandbox.warm_idle_s <= 0:
         return
     try:
         log.info("stopped %d idle warm or standby container(s) of this host", root.stop_idle_warm_containers())
-    except Exception:  # noqa: BLE001 - the worker stops anyway; idle containers exit on their own later
+    except Exception:  # the worker stops anyway; idle containers exit on their own later
         log.exception("could not stop this host's idle warm containers")
 
 
@@ -107,7 +109,7 @@ def sweep_at_start(settings: Settings) -> None:
     once = Orchestrator(settings)
     try:
         log.info("start-up sweep: %s", sweep_report(once.sweep()))
-    except Exception:  # noqa: BLE001 - a failed sweep must not stop the worker
+    except Exception:  # a failed sweep must not stop the worker
         log.exception("start-up sweep failed")
     finally:
         once.close()

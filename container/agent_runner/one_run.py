@@ -103,7 +103,7 @@ def run(raw: bytes, emit: Emit, workspace: Path, *, host_fd: int | None = None) 
         log.error("%s", exc)
         emit(ErrorEvent(message=str(exc), retryable=False))
         return EXIT_FAILED
-    except Exception as exc:  # noqa: BLE001 - a bug: keep the traceback in the logs
+    except Exception as exc:  # a bug: keep the traceback in the logs
         log.exception("runner crashed")
         emit(ErrorEvent(message=f"internal error: {type(exc).__name__}: {exc}", retryable=False))
         return EXIT_FAILED

@@ -95,6 +95,6 @@ def workspace_notices(workspace: Path) -> list[str]:
     for provider in (uncommitted_changes, large_files):
         try:
             notices.extend(provider(workspace))
-        except Exception:  # noqa: BLE001 - see the module docstring
+        except Exception:  # see the module docstring
             log.exception("workspace notice %s failed; skipped", provider.__name__)
     return notices

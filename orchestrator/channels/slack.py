@@ -150,14 +150,14 @@ class SlackWeb:
     or raises :class:`ChannelError` (:class:`ChannelRateLimited` on a 429)."""
 
     def __init__(self, settings: Settings, *, token: str | None = None) -> None:
-        token = settings.slack_bot_token if token is None else token
+        token = settings.slack.bot_token if token is None else token
         if not token:
             raise ChannelError("set ORCHESTRATOR_SLACK_BOT_TOKEN to use the slack channel")
         _require_sdk()
         from slack_sdk import WebClient
 
         # No retry handlers: a retry is the deliveries ledger's to make (and to count).
-        self.client = WebClient(token=token, base_url=settings.slack_api_base, timeout=_TIMEOUT_S, retry_handlers=[])
+        self.client = WebClient(token=token, base_url=settings.slack.api_base, timeout=_TIMEOUT_S, retry_handlers=[])
         self._me: Identity | None = None
         self._lock = threading.Lock()
 
@@ -183,7 +183,7 @@ class SlackWeb:
             if error in tolerate and isinstance(exc.response.data, dict):
                 return exc.response.data
             raise ChannelError(f"slack {method}: {error or 'HTTP ' + str(status)}") from exc
-        except Exception as exc:  # noqa: BLE001 - a network error, a body that is no JSON: a failed call
+        except Exception as exc:  # a network error, a body that is no JSON: a failed call
             raise ChannelError(f"slack {method}: {type(exc).__name__}: {exc}") from exc
         data = response.data
         if not isinstance(data, dict):
@@ -241,7 +241,7 @@ class SlackChannel(BaseChannel):
         self._progress: dict[tuple[str, str, int], list[str]] = {}
         self._lock = threading.Lock()
         self._files: FileStore | None = None
-        self._origins = slack_origins(settings.slack_api_base)
+        self._origins = slack_origins(settings.slack.api_base)
         self._changes = SlackChanges(self.web, self._post)
 
     @property
@@ -318,7 +318,7 @@ class SlackChannel(BaseChannel):
         ticket = self.web.ask(
             UploadTicket, "files.getUploadURLExternal", form=True, filename=stored.name, length=len(data)
         )
-        send_upload(ticket.upload_url, data, origins=self._origins, timeout_s=self.settings.slack_file_timeout_s)
+        send_upload(ticket.upload_url, data, origins=self._origins, timeout_s=self.settings.slack.file_timeout_s)
         self.web.call(
             "files.completeUploadExternal",
             form=True,

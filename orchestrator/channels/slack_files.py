@@ -160,10 +160,10 @@ class FileShares:
 
     def __init__(self, db: Database, settings: Settings) -> None:
         self.store = FileStore.from_settings(db, settings)
-        self.origins = slack_origins(settings.slack_api_base)
-        self.token = settings.slack_bot_token
-        self.timeout_s = settings.slack_file_timeout_s
-        self.max_bytes = settings.file_max_bytes
+        self.origins = slack_origins(settings.slack.api_base)
+        self.token = settings.slack.bot_token
+        self.timeout_s = settings.slack.file_timeout_s
+        self.max_bytes = settings.files.max_bytes
 
     def take(self, chat_jid: str, files: Sequence[object]) -> Intake:
         """Store the files of a message of ``chat_jid`` (the event's ``files``, as sent);

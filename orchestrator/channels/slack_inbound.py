@@ -436,7 +436,7 @@ class SlackInbound:
     def _check_rate(self, incoming: IncomingMessage) -> None:
         """Raise :class:`RateLimited` for a sender that ingest would refuse now, before any
         file of theirs is downloaded (ingest decides again when it stores the message)."""
-        rate = self.settings.sender_messages_per_minute
+        rate = self.settings.quotas.sender_messages_per_minute
         if not rate:
             return
         assert incoming.id is not None
@@ -542,7 +542,7 @@ class SlackEvents(InboundDoor):
     for names, is optional, and slack_sdk too until then)."""
 
     def _open(self) -> None:
-        self._secret = self.settings.slack_signing_secret
+        self._secret = self.settings.slack.signing_secret
         self.off = "" if self._secret else "the Slack Events API is off (set ORCHESTRATOR_SLACK_SIGNING_SECRET)"
         self._inbound: SlackInbound | None = None
         self._lock = threading.Lock()
@@ -555,7 +555,7 @@ class SlackEvents(InboundDoor):
         with self._lock:
             if self._inbound is None:
                 web = None
-                if self.settings.slack_bot_token:
+                if self.settings.slack.bot_token:
                     try:
                         web = SlackWeb(self.settings)
                     except ChannelError as exc:

@@ -86,7 +86,7 @@ class WorkingMessages:
     ) -> None:
         self.db, self.settings = db, settings
         self.web = web or SlackWeb(settings)
-        self.interval = settings.slack_progress_interval_s
+        self.interval = settings.slack.progress_interval_s
         self.clock = clock
         self.state_path = settings.data_dir / CHANNEL / "working.json"
         self.posts: dict[str, _Post] = self._load()
@@ -235,6 +235,6 @@ class WorkingMessages:
         while not stop.is_set():
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001 - the database away for a moment: the next look
+            except Exception:  # the database away for a moment: the next look
                 log.exception("slack: the working messages could not be brought up to date")
             stop.wait(poll_s)

@@ -52,18 +52,18 @@ class SlackSocket:
         signal_delivery: Callable[[str], object] | None = None,
         web: SlackWeb | None = None,
     ) -> None:
-        if not settings.slack_app_token:
+        if not settings.slack.app_token:
             raise ChannelError(
                 "set ORCHESTRATOR_SLACK_APP_TOKEN (an app-level token with connections:write) to use Socket Mode"
             )
-        app_web = SlackWeb(settings, token=settings.slack_app_token)  # checks that slack_sdk is installed
-        if web is None and settings.slack_bot_token:
+        app_web = SlackWeb(settings, token=settings.slack.app_token)  # checks that slack_sdk is installed
+        if web is None and settings.slack.bot_token:
             web = SlackWeb(settings)
         self.inbound = SlackInbound(db, settings, signal=signal, signal_delivery=signal_delivery, web=web)
         from slack_sdk.socket_mode.builtin import SocketModeClient
 
         self.client = SocketModeClient(
-            app_token=settings.slack_app_token, web_client=app_web.client, auto_reconnect_enabled=True, logger=log
+            app_token=settings.slack.app_token, web_client=app_web.client, auto_reconnect_enabled=True, logger=log
         )
         self.client.socket_mode_request_listeners.append(self._on_request)
         self.taken = 0  # envelopes stored or skipped and acknowledged (tests and the log read it)
@@ -81,14 +81,14 @@ class SlackSocket:
                     request.envelope_id,
                     exc.errors()[0]["msg"],
                 )
-            except Exception:  # noqa: BLE001 - not acknowledged: Slack sends it again
+            except Exception:  # not acknowledged: Slack sends it again
                 self.failed += 1
                 log.exception("slack: envelope %s not stored; Slack will send it again", request.envelope_id)
                 return
         elif request.type == "interactive":
             try:
                 take_interaction(self.inbound, request.payload)
-            except Exception:  # noqa: BLE001 - logged; the clicker clicks again
+            except Exception:  # logged; the clicker clicks again
                 log.exception("slack: the click of envelope %s was not taken", request.envelope_id)
         client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
         self.taken += 1
@@ -98,7 +98,7 @@ class SlackSocket:
             self.client.connect()
         except ChannelError:
             raise
-        except Exception as exc:  # noqa: BLE001 - apps.connections.open refused, the socket unreachable
+        except Exception as exc:  # apps.connections.open refused, the socket unreachable
             raise ChannelError(f"slack: Socket Mode could not connect: {type(exc).__name__}: {exc}") from exc
 
     def is_connected(self) -> bool:

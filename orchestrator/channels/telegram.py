@@ -106,7 +106,7 @@ class TelegramChannel(BaseChannel):
 
     def __init__(self, settings: Settings, client: TelegramClient | None = None, db: Database | None = None) -> None:
         self.settings = settings
-        self.client = client or TelegramClient(settings)
+        self.client = client or TelegramClient(settings.telegram)
         self._db = db
         self._own_db = db is None
         # Steps of a message already sent (its text's parts, then its files: each one's
@@ -151,7 +151,7 @@ class TelegramChannel(BaseChannel):
                     made.append(FILE_POST + str(self._send_file(target, rendered.chat_jid, refs[i - len(parts)])))
             except ChannelError:
                 raise
-            except (TelegramError, Exception) as exc:  # noqa: BLE001 - any failure is a failed send, retried
+            except (TelegramError, Exception) as exc:  # any failure is a failed send, retried
                 raise channel_error(address, exc) from exc
             with self._progress_lock:
                 self._progress[key] = list(made)
@@ -190,7 +190,7 @@ class TelegramChannel(BaseChannel):
             return change()
         except ChannelError:
             raise
-        except Exception as exc:  # noqa: BLE001 - any failure is a failed change, retried
+        except Exception as exc:  # any failure is a failed change, retried
             raise channel_error(address.strip(), exc) from exc
 
     def _send_text(self, target: int | str, text: str, keyboard: Any = None) -> int:

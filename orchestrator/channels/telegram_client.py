@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from orchestrator.core.errors import ChannelError, ChannelRateLimited
-from orchestrator.core.settings import Settings
+from orchestrator.core.settings import TelegramSettings
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +47,12 @@ class TelegramClient:
     waits for it.  After a fork (prefork workers) the loop is made again.
     """
 
-    def __init__(self, settings: Settings) -> None:
-        if not settings.telegram_bot_token:
+    def __init__(self, telegram: TelegramSettings) -> None:
+        if not telegram.bot_token:
             raise ChannelError("set ORCHESTRATOR_TELEGRAM_BOT_TOKEN to use the telegram channel")
         _require_ptb()
-        self._token = settings.telegram_bot_token
-        self._base = settings.telegram_api_base.rstrip("/")
+        self._token = telegram.bot_token
+        self._base = telegram.api_base.rstrip("/")
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -117,7 +117,7 @@ class TelegramClient:
         if bot is not None:
             try:
                 asyncio.run_coroutine_threadsafe(bot.shutdown(), loop).result(10)
-            except Exception:  # noqa: BLE001 - stopping the loop matters more
+            except Exception:  # stopping the loop matters more
                 log.exception("the telegram bot did not shut down cleanly")
         loop.call_soon_threadsafe(loop.stop)
         if thread is not None:

@@ -139,8 +139,8 @@ class FileFetcher:
         self, settings: Settings, store: FileStore, client: BotClient, *, http: httpx.Client | None = None
     ) -> None:
         self.store = store
-        self.max_bytes = settings.file_max_bytes
-        self.timeout_s = settings.telegram_file_timeout_s
+        self.max_bytes = settings.files.max_bytes
+        self.timeout_s = settings.telegram.file_timeout_s
         self.client = client
         self._own_http = http is None
         # Redirects are not followed: the bytes come from the configured API, never another host.

@@ -89,7 +89,7 @@ class TelegramPoller:
         self.db, self.settings = db, settings
         self.signal, self.signal_delivery = signal, signal_delivery
         self._own_client = client is None
-        self.client = client or TelegramClient(settings)
+        self.client = client or TelegramClient(settings.telegram)
         self.files = FileFetcher(settings, FileStore.from_settings(db, settings), self.client)
         self.offset_path = settings.data_dir / CHANNEL / f"offset-{self.client.bot_key}"
         self.offset = self._read_offset()
@@ -123,7 +123,7 @@ class TelegramPoller:
             )
         except ChannelError:
             raise
-        except (TelegramError, Exception) as exc:  # noqa: BLE001 - the poller logs it and polls again
+        except (TelegramError, Exception) as exc:  # the poller logs it and polls again
             raise channel_error("getUpdates", exc) from exc
         if not updates:
             return []
@@ -182,7 +182,7 @@ class TelegramPoller:
         return results
 
     def _attachment(self, msg: Any) -> Attachment | None:
-        return attachment_of(msg, self.settings.file_max_bytes)
+        return attachment_of(msg, self.settings.files.max_bytes)
 
     def _with_file(
         self, incoming: IncomingMessage, attachment: Attachment, *, registered: bool
@@ -221,7 +221,7 @@ class TelegramPoller:
 
     def _over_rate(self, incoming: IncomingMessage) -> bool:
         """Whether ingest would refuse ``incoming``'s sender for its rate now (read, not counted)."""
-        limit = self.settings.sender_messages_per_minute
+        limit = self.settings.quotas.sender_messages_per_minute
         if not limit:
             return False
         assert incoming.id is not None

@@ -149,9 +149,9 @@ def header_refusal(settings: Settings, timestamp: str | None, nonce: str | None,
         return f"an inbound webhook needs {TIMESTAMP_HEADER}, {NONCE_HEADER} and {SIGNATURE_HEADER}"
     if not _SECONDS.fullmatch(timestamp.strip()):  # ASCII digits only ("²" is a digit to str.isdigit)
         return f"{TIMESTAMP_HEADER} must be whole Unix seconds"
-    if abs(now - int(timestamp)) > settings.webhook_inbound_window_s:
+    if abs(now - int(timestamp)) > settings.webhook.inbound_window_s:
         return (
-            f"{TIMESTAMP_HEADER} is more than {settings.webhook_inbound_window_s:g} s from this server's clock "
+            f"{TIMESTAMP_HEADER} is more than {settings.webhook.inbound_window_s:g} s from this server's clock "
             "(a replay, or a sender's clock that is off; ORCHESTRATOR_WEBHOOK_INBOUND_WINDOW_S)"
         )
     if not NONCE_PATTERN.fullmatch(nonce):
@@ -206,8 +206,8 @@ class WebhookChannel(BaseChannel):
 
     def __init__(self, settings: Settings, client: httpx.Client | None = None) -> None:
         self._settings = settings
-        self._secret = settings.webhook_secret
-        self._client = client or httpx.Client(timeout=settings.webhook_timeout_s)
+        self._secret = settings.webhook.secret
+        self._client = client or httpx.Client(timeout=settings.webhook.timeout_s)
 
     def owns(self, address: str) -> bool:
         parts = urlsplit(address)
@@ -306,7 +306,7 @@ class InboundWebhook(InboundDoor):
     calls these in order and answers for each refusal."""
 
     def _open(self) -> None:
-        self._secret = self.settings.webhook_inbound_secret
+        self._secret = self.settings.webhook.inbound_secret
         self.off = _off_reason(self.settings)
 
     def header_refusal(self, timestamp: str | None, nonce: str | None, now: float) -> str | None:
@@ -356,9 +356,9 @@ def read_inbound(body: bytes) -> IncomingMessage | tuple[str, str]:
 def _off_reason(settings: Settings) -> str:
     """Why inbound webhooks are off ("": they are on); said in the log at start when a setting
     that used to turn them on is all there is."""
-    if settings.webhook_inbound_secret:
+    if settings.webhook.inbound_secret:
         return ""
-    if settings.webhook_secret:
+    if settings.webhook.secret:
         # The old configuration signed inbound webhooks with the outbound secret.  Taking it for
         # inbound still would keep the hole open (every receiver holds it), and a silent 404 would
         # leave its senders guessing: refused, said at start and in every answer.

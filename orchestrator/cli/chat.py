@@ -109,7 +109,7 @@ class Follower:
         self._thread = threading.Thread(target=self._loop, name="chat-follower", daemon=True)
 
     def start(self) -> None:
-        if self.settings.stream_wakeup == "push":
+        if self.settings.api.stream_wakeup == "push":
             # Before the first look: a change committed after it wakes the follower.
             self._subscription = listen(self.db, self.jid, self._woken.set)
         self._woken.set()  # a first look at once
@@ -160,7 +160,7 @@ class Follower:
 
     def _loop(self) -> None:
         while True:
-            self._woken.wait(self.settings.stream_safety_poll_s)
+            self._woken.wait(self.settings.api.stream_safety_poll_s)
             self._woken.clear()  # a wake-up during the look makes one more
             if self._stop.is_set():
                 return

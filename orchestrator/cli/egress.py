@@ -19,7 +19,7 @@ def _show(rotate: bool) -> None:
 
     settings = setup().settings
     try:
-        hosts = sorted({h for c in parse_credentials(settings.egress_credentials) for h in c.hosts})
+        hosts = sorted({h for c in parse_credentials(settings.egress.credentials) for h in c.hosts})
         ca = ensure_ca(settings.data_dir, hosts, label=settings.install_id, rotate=rotate)
     except OrchestratorError as exc:
         raise fail(exc) from exc

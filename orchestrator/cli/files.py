@@ -70,7 +70,7 @@ def prune(
     from orchestrator.store.files import FileStore
 
     root = setup()
-    grace = root.settings.file_unreferenced_grace_s if grace_s is None else grace_s
+    grace = root.settings.files.unreferenced_grace_s if grace_s is None else grace_s
     store = FileStore.from_settings(root.db, root.settings)
     freed = 0
     while batch := store.prune(grace, chat_jid=chat_jid):

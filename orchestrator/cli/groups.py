@@ -167,7 +167,7 @@ def groups_unmount_volumes() -> None:
         done = unmount_all(settings)
         # Unmounted on this machine: another host's machine may mount them now.
         for name in done:
-            release(root.db, name.removeprefix(SESSION_PREFIX), settings.effective_host_id)
+            release(root.db, name.removeprefix(SESSION_PREFIX), settings.fleet.effective_host_id)
     except OrchestratorError as exc:
         raise _fail(exc) from exc
     _echo(f"unmounted {len(done)} workspace volume(s){': ' + ', '.join(done) if done else ''}", err=True)

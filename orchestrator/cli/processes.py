@@ -43,8 +43,8 @@ def up(
 
     root = _setup()
     settings, db = root.settings, root.db
-    port = settings.api_port if port < 0 else port
-    host = host or settings.api_host
+    port = settings.api.port if port < 0 else port
+    host = host or settings.api.host
     if port:
         _check_api_exposure(host, settings)
     try:
@@ -65,14 +65,16 @@ def up(
     children = [
         # Runs and deliveries in separate processes: a finished reply reaches its
         # channels while every agent slot is busy.
-        Child("worker", worker_argv(concurrency, settings.log_level, queues=("agent",), name="agent@%h")),
+        Child("worker", worker_argv(concurrency, settings.telemetry.log_level, queues=("agent",), name="agent@%h")),
         # Its /metrics on the next port: two workers cannot serve one (orchestrator/core/metrics.py).
         Child(
             "deliverer",
-            worker_argv(2, settings.log_level, queues=("delivery",), name="delivery@%h"),
-            env={"ORCHESTRATOR_METRICS_PORT": str(settings.metrics_port + 1)} if settings.metrics_port else {},
+            worker_argv(2, settings.telemetry.log_level, queues=("delivery",), name="delivery@%h"),
+            env={"ORCHESTRATOR_METRICS_PORT": str(settings.telemetry.metrics_port + 1)}
+            if settings.telemetry.metrics_port
+            else {},
         ),
-        Child("beat", beat_argv(str(settings.data_dir / "celerybeat-schedule"), settings.log_level)),
+        Child("beat", beat_argv(str(settings.data_dir / "celerybeat-schedule"), settings.telemetry.log_level)),
     ]
     if port:
         children.append(Child("api", api_argv(host, port, write_dict_config(settings))))
@@ -125,7 +127,10 @@ def worker(
     _ensure_main_group(root)
     try:
         argv = worker_argv(
-            concurrency, settings.log_level, queues=tuple(q.strip() for q in queues.split(",") if q.strip()), name=name
+            concurrency,
+            settings.telemetry.log_level,
+            queues=tuple(q.strip() for q in queues.split(",") if q.strip()),
+            name=name,
         )
     except ValueError as exc:
         raise _fail(exc) from exc
@@ -144,7 +149,7 @@ def _drain_worker(wait_s: float) -> None:
     from orchestrator.store.hosts import get_host, pid_running
 
     root = _setup()
-    host_id = root.settings.effective_host_id
+    host_id = root.settings.fleet.effective_host_id
     found = get_host(root.db, host_id)
     if found is None or not found.alive:
         raise _fail(
@@ -188,10 +193,10 @@ def api(
 
     root = _setup()
     settings = root.settings
-    host = host or settings.api_host
+    host = host or settings.api.host
     _check_api_exposure(host, settings)
     _ensure_main_group(root)
-    port = settings.api_port if port < 0 else port
+    port = settings.api.port if port < 0 else port
     from orchestrator.core.logs import write_dict_config
 
     argv = api_argv(host, port, write_dict_config(settings))
@@ -222,7 +227,7 @@ def _check_api_exposure(host: str, settings: Settings) -> None:
     from orchestrator.http.api import check_exposure
 
     try:
-        check_exposure(host, settings.api_token)
+        check_exposure(host, settings.api.token)
     except OrchestratorError as exc:
         raise _fail(exc) from exc
 
@@ -232,7 +237,7 @@ def beat() -> None:
     from orchestrator.cli.supervisor import beat_argv
 
     settings = _setup().settings
-    argv = beat_argv(str(settings.data_dir / "celerybeat-schedule"), settings.log_level)
+    argv = beat_argv(str(settings.data_dir / "celerybeat-schedule"), settings.telemetry.log_level)
     os.execv(argv[0], argv)
 
 
@@ -254,8 +259,8 @@ def sweep() -> None:
         signal_delivery=root.signals.delivery,
         resend_channels=root.channels.resent_after_crash(),
         files=FileStore.from_settings(root.db, root.settings),
-        file_grace_s=root.settings.file_unreferenced_grace_s,
-        egress_log_retention_days=root.settings.egress_log_retention_days,
+        file_grace_s=root.settings.files.unreferenced_grace_s,
+        egress_log_retention_days=root.settings.egress.log_retention_days,
     )
     typer.echo(
         f"interrupted runs: {len(report.interrupted_runs)}, re-signalled groups: "
@@ -277,7 +282,7 @@ def flower(
     settings = _setup().settings  # logging, the data dir
     from orchestrator.http.api import is_loopback
 
-    if not settings.flower_basic_auth and not is_loopback(address):
+    if not settings.api.flower_basic_auth and not is_loopback(address):
         # Flower shows every task's arguments and can stop workers: not without a login.
         raise _fail(
             ConfigError(
@@ -287,9 +292,9 @@ def flower(
         )
     argv = [sys.executable, "-m", "celery", "-A", "workers.app", "flower", f"--port={port}", f"--address={address}"]
     env = dict(os.environ)
-    if settings.flower_basic_auth:
+    if settings.api.flower_basic_auth:
         # Through the environment: a command line is readable by every user of the machine.
-        env["FLOWER_BASIC_AUTH"] = settings.flower_basic_auth
+        env["FLOWER_BASIC_AUTH"] = settings.api.flower_basic_auth
         env.pop("FLOWER_UNAUTHENTICATED_API", None)
     else:
         # On loopback without a login, the JSON API goes without one too (Flower's own default refuses it).

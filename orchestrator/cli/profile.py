@@ -175,8 +175,8 @@ def groups_set(
         echo(f"{g.chat_jid}: container_config {json.dumps(g.container_config or {})}")
         typer.echo(f"  effective: {_limits_line(limits, quota)}")
     if {"runs_per_hour", "tokens_per_day"} & set(changes):
-        runs = quota_text(g.runs_per_hour, settings.group_runs_per_hour)
-        tokens = quota_text(g.tokens_per_day, settings.group_tokens_per_day)
+        runs = quota_text(g.runs_per_hour, settings.quotas.group_runs_per_hour)
+        tokens = quota_text(g.tokens_per_day, settings.quotas.group_tokens_per_day)
         echo(f"{g.chat_jid}: runs per hour {runs}, tokens per day {tokens}")
     if {"model", "max_tokens", "thinking_budget", "trigger_names", "tools", "approvers"} & set(changes):
         echo(f"{g.chat_jid}:")
@@ -358,8 +358,8 @@ def groups_show(chat_jid: str, as_json: Annotated[bool, typer.Option("--json")] 
     echo(f"  sandbox:     {json.dumps(p.container_config) if p.container_config else 'the settings'}")
     typer.echo(f"    in effect: {_limits_line(limits, quota)}")
     echo(f"  network:     {_network_line(p.container_config)}")
-    echo(f"  runs/hour:   {quota_text(p.runs_per_hour, settings.group_runs_per_hour)}")
-    echo(f"  tokens/day:  {quota_text(p.tokens_per_day, settings.group_tokens_per_day)}")
+    echo(f"  runs/hour:   {quota_text(p.runs_per_hour, settings.quotas.group_runs_per_hour)}")
+    echo(f"  tokens/day:  {quota_text(p.tokens_per_day, settings.quotas.group_tokens_per_day)}")
     for line in _profile_lines(p, p.in_effect):
         echo(line)
     t = p.tasks

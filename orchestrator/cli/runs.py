@@ -62,7 +62,7 @@ def runs_waiting(as_json: Annotated[bool, typer.Option("--json")] = False) -> No
     from orchestrator.store.slots import fleet_slots
 
     root = _setup()
-    slots = fleet_slots(root.db, root.settings.max_concurrent_runs)
+    slots = fleet_slots(root.db, root.settings.fleet.max_concurrent_runs)
     if as_json:
         typer.echo(json.dumps(slots.model_dump(mode="json"), indent=2))
         return

@@ -2,7 +2,7 @@
 
 Lease heartbeats, the run's stop-watch and retry backoff ask a :class:`Clock`
 instead of calling ``datetime.now`` or ``Event.wait`` themselves, so their
-logic can be tested with a clock that jumps (``tests/fakes/clock.py``) rather
+logic can be tested with a clock that jumps (``fakes/clock.py``) rather
 than with sleeps.  :data:`SYSTEM_CLOCK` is the real one.
 
 A clock paces waits and intervals; it decides no expiry that another host

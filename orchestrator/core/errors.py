@@ -11,7 +11,9 @@ drawing to the classes)::
     │   │                      loopback without a login, an ORCHESTRATOR_MAIN_GROUP that is not the main group
     │   │                      [store.db, store.groups, run.model_choice, http.api, core.tracing, cli.processes]
     │   ├── SettingsError      an ORCHESTRATOR_* (or OTEL_*) variable that does not convert or is out of bounds;
-    │   │                      names the variable (also a ValueError) [core.settings]
+    │   │                      names the variable (also a ValueError) [core.settings.env,
+    │   │                      core.settings.checks, core.settings.provider, core.settings.sandbox,
+    │   │                      core.settings.channels, core.settings.service]
     │   ├── DataDirNotShared   a worker's data dir is not the installation's (its marker is missing or
     │   │                      another's) [store.installation]
     │   ├── ContainerConfigError   a group's container_config is invalid; names the field [sandbox.config]

@@ -49,8 +49,8 @@ _cache_lock = threading.Lock()
 def link_key(settings: Settings) -> bytes:
     """The key links are signed with: ORCHESTRATOR_FILE_LINK_KEY's, else the installation's
     generated one (made on first use)."""
-    if settings.file_link_key:
-        return hashlib.sha256(f"{_PURPOSE}\n{settings.file_link_key}".encode()).digest()
+    if settings.files.link_key:
+        return hashlib.sha256(f"{_PURPOSE}\n{settings.files.link_key}".encode()).digest()
     path = settings.data_dir / KEY_FILE
     with _cache_lock:
         key = _cache.get(path)
@@ -116,10 +116,10 @@ def signature(key: bytes, chat_jid: str, file_id: str, expires: int) -> str:
 def file_link(settings: Settings, chat_jid: str, file_id: str, now: float) -> str | None:
     """The signed link to ``chat_jid``'s file ``file_id``, valid ``ORCHESTRATOR_FILE_LINK_TTL_S``
     from ``now``, or None when links are off (no public base URL)."""
-    base = settings.public_base_url.rstrip("/")
+    base = settings.files.public_base_url.rstrip("/")
     if not base:
         return None
-    expires = int(now + settings.file_link_ttl_s)
+    expires = int(now + settings.files.link_ttl_s)
     sig = signature(link_key(settings), chat_jid, file_id, expires)
     return f"{base}/files/{quote(file_id, safe='')}?chat={quote(chat_jid, safe='')}&expires={expires}&sig={sig}"
 
@@ -127,13 +127,13 @@ def file_link(settings: Settings, chat_jid: str, file_id: str, now: float) -> st
 def link_refusal(settings: Settings, chat_jid: str, file_id: str, expires: int, sig: str, now: float) -> str | None:
     """Why a link's ``chat``, ``expires`` and ``sig`` do not let it fetch ``file_id`` now (None:
     they do; the route still serves only a file of ``chat_jid``)."""
-    if not settings.public_base_url:
+    if not settings.files.public_base_url:
         return "file links are off (no ORCHESTRATOR_PUBLIC_BASE_URL)"
     want = signature(link_key(settings), chat_jid, file_id, expires)
     if not hmac.compare_digest(sig.encode("ascii", "replace"), want.encode()):
         return "the link's signature does not match"
     if now > expires:
         return "the link has expired"
-    if expires - now > settings.file_link_ttl_s + CLOCK_SKEW_S:
+    if expires - now > settings.files.link_ttl_s + CLOCK_SKEW_S:
         return "the link is good for longer than this installation gives links (ORCHESTRATOR_FILE_LINK_TTL_S)"
     return None

@@ -140,8 +140,8 @@ def text_formatter() -> logging.Formatter:
 
 
 def configure(settings: Settings, level: str | int | None = None) -> None:
-    """Send every log line of this process to stderr in ``settings.log_format``,
-    at ``level`` (default ``settings.log_level``), replacing earlier handlers, with the
+    """Send every log line of this process to stderr in ``settings.telemetry.log_format``,
+    at ``level`` (default ``settings.telemetry.log_level``), replacing earlier handlers, with the
     settings' secrets taken out of every line."""
     secrets.hide(settings.secrets())
     logging.config.dictConfig(dict_config(settings, level))
@@ -150,10 +150,10 @@ def configure(settings: Settings, level: str | int | None = None) -> None:
 def dict_config(settings: Settings, level: str | int | None = None) -> JsonObject:
     """The ``logging.config.dictConfig`` of :func:`configure`; uvicorn reads it from a
     file (``--log-config``) for its own loggers too."""
-    chosen = level if level is not None else settings.log_level
+    chosen = level if level is not None else settings.telemetry.log_level
     formatter = (
         "orchestrator.core.logs.json_formatter"
-        if settings.log_format == "json"
+        if settings.telemetry.log_format == "json"
         else "orchestrator.core.logs.text_formatter"
     )
     handler: dict[str, Any] = {
@@ -166,7 +166,9 @@ def dict_config(settings: Settings, level: str | int | None = None) -> JsonObjec
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"context": {"()": "orchestrator.core.logs.ContextFilter", "host": settings.effective_host_id}},
+        "filters": {
+            "context": {"()": "orchestrator.core.logs.ContextFilter", "host": settings.fleet.effective_host_id}
+        },
         "formatters": {"line": {"()": formatter}},
         "handlers": {"stderr": handler},
         "root": {"handlers": ["stderr"], "level": logging.getLevelName(chosen) if isinstance(chosen, int) else chosen},

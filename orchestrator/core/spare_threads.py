@@ -49,7 +49,7 @@ class Job:
         me.name = self.name  # as the thread it replaces was named (logs, py-spy)
         try:
             self.target()
-        except Exception:  # noqa: BLE001 - as an uncaught exception in a thread of its own: logged
+        except Exception:  # as an uncaught exception in a thread of its own: logged
             log.exception("thread %s failed", self.name)
         finally:
             me.name = _NAME

@@ -104,7 +104,7 @@ def configure(settings: Settings) -> None:
         if _state.configured:
             return
         _state.configured = True
-        exporters = settings.trace_exporters
+        exporters = settings.telemetry.trace_exporters
         if not exporters:
             return
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -117,7 +117,7 @@ def configure(settings: Settings) -> None:
                 processors.append(SimpleSpanProcessor(console_exporter()))
             else:
                 processors.append(BatchSpanProcessor(_otlp_exporter(settings)))
-        _start(processors, settings.otel_service_name, settings.effective_host_id)
+        _start(processors, settings.telemetry.otel_service_name, settings.fleet.effective_host_id)
 
 
 def console_exporter(out: IO[str] | None = None) -> SpanExporter:
@@ -138,9 +138,9 @@ def _otlp_exporter(settings: Settings) -> SpanExporter:
         raise ConfigError(
             "OTEL_TRACES_EXPORTER=otlp needs the OTLP exporter: pip install 'agent-orchestrator[otlp]'"
         ) from exc
-    endpoint = settings.otel_exporter_otlp_traces_endpoint or (
-        settings.otel_exporter_otlp_endpoint.rstrip("/") + "/v1/traces"
-        if settings.otel_exporter_otlp_endpoint
+    endpoint = settings.telemetry.otel_exporter_otlp_traces_endpoint or (
+        settings.telemetry.otel_exporter_otlp_endpoint.rstrip("/") + "/v1/traces"
+        if settings.telemetry.otel_exporter_otlp_endpoint
         else None
     )  # None: the SDK's default, http://localhost:4318/v1/traces
     return OTLPSpanExporter(endpoint=endpoint)

@@ -92,10 +92,10 @@ def create_app(root: Orchestrator | None = None) -> FastAPI:
     :func:`serve_app` builds it for the server)."""
     root = root or Orchestrator.from_environment()
     settings = root.settings
-    check_exposure(settings.api_host, settings.api_token)
+    check_exposure(settings.api.host, settings.api.token)
     settings.ensure_dirs()
     db = root.db
-    db.limit_wait(settings.api_db_wait_s)  # a caller waits: 503 after a few seconds, not the workers' 60
+    db.limit_wait(settings.api.db_wait_s)  # a caller waits: 503 after a few seconds, not the workers' 60
     signal, signal_delivery = root.signals.group, root.signals.delivery
     api = FastAPI(title="Agent orchestrator", version="0.1.0")
     keep_state(

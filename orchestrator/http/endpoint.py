@@ -86,8 +86,8 @@ def withdraw(settings: Settings) -> None:
 
 def find(settings: Settings) -> Endpoint | None:
     """The API to talk to: ``ORCHESTRATOR_API_URL``, else the announced one, else None."""
-    if settings.api_url:
-        return Endpoint(settings.api_url.rstrip("/"), settings.api_token, None, announced=False)
+    if settings.api.url:
+        return Endpoint(settings.api.url.rstrip("/"), settings.api.token, None, announced=False)
     try:
         doc = json.loads((settings.data_dir / ANNOUNCE_FILE).read_text(encoding="utf-8"))
         url = doc["url"]
@@ -95,4 +95,4 @@ def find(settings: Settings) -> Endpoint | None:
         return None  # none announced, or a file that is not ours: work in process
     if not isinstance(url, str) or not url.startswith("http://"):
         return None
-    return Endpoint(url, settings.api_token, settings.install_id, announced=True)
+    return Endpoint(url, settings.api.token, settings.install_id, announced=True)

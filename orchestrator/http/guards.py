@@ -186,13 +186,13 @@ class RequestGuard:
         self.signed_paths = signed_paths
         # Routes that stream their bodies, each with its own limit.
         self.streamed = streamed
-        self.max_body = settings.api_max_request_bytes
-        self.token = settings.api_token.encode()
+        self.max_body = settings.api.max_request_bytes
+        self.token = settings.api.token.encode()
         # None: no Host check (a token is set).
         self.hosts: frozenset[str] | None = (
             None
             if self.token
-            else frozenset(h.strip().lower() for h in settings.api_allowed_hosts.split(",") if h.strip())
+            else frozenset(h.strip().lower() for h in settings.api.allowed_hosts.split(",") if h.strip())
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -43,7 +43,7 @@ class ApiState:
     install_id: str = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "api_token", self.settings.api_token.encode())
+        object.__setattr__(self, "api_token", self.settings.api.token.encode())
         object.__setattr__(self, "install_id", self.settings.install_id)
 
 

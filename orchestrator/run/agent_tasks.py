@@ -96,7 +96,7 @@ def _create(db: Database, settings: Settings, group: Group, event: TaskEvent, no
     if event.prompt is None or event.kind is None or event.spec is None:
         raise InvalidMessage("a task needs a prompt, a kind and a spec")
     _check_schedule(settings, event.kind, event.spec, now)
-    cap = settings.agent_tasks_max
+    cap = settings.runs.agent_tasks_max
     if agent_task_count(db, target) >= cap:
         raise InvalidMessage(
             f"{target} has {cap} live tasks the agent made already (ORCHESTRATOR_AGENT_TASKS_MAX); cancel one first"
@@ -135,7 +135,7 @@ def _check_schedule(settings: Settings, kind: str | None, spec: str | None, now:
     ``ORCHESTRATOR_AGENT_TASK_MIN_INTERVAL_S``, whatever its kind (nothing to check without one)."""
     if kind is None or spec is None:
         return
-    least = settings.agent_task_min_interval_s
+    least = settings.runs.agent_task_min_interval_s
     if kind == "interval" and parse_interval(spec) < least:
         raise InvalidMessage(f"interval {spec!r} is shorter than {least:g}s (ORCHESTRATOR_AGENT_TASK_MIN_INTERVAL_S)")
     if kind == "cron":

@@ -87,9 +87,9 @@ def prior_messages(
     and answered are reused while the group's ``history_rev`` says none
     changed, and only the rows stored since are read (``run/history_cache.py``);
     the batch is kept for the next run.  The answer is the same either way."""
-    if batch.isolated or settings.context_messages == 0:
+    if batch.isolated or settings.context.messages == 0:
         return []
-    wanted, chat_jid = settings.context_messages, group.chat_jid
+    wanted, chat_jid = settings.context.messages, group.chat_jid
     kept = None if cache is None else cache.get(chat_jid, group.history_rev, cursor_from, wanted)
     found: tuple[list[StoredMessage], bool] | None = None
     if kept is not None:
@@ -152,17 +152,17 @@ def history_view(
     settings: Settings, group: Group, prior: list[StoredMessage], batch: Batch, *, images: bool = False
 ) -> Fitted:
     """The model's view of ``prior`` and the batch, user messages' context blocks
-    expanded now, within ``settings.context_tokens``; with ``images`` (a model that sees
+    expanded now, within ``settings.context.tokens``; with ``images`` (a model that sees
     them), the batch's messages name their images for the runner (``run/run_files.py``)."""
     workspace = settings.groups_dir / group.folder
-    urls = UrlBudget(settings)  # one deadline for all the URL blocks of this input
+    urls = UrlBudget(settings.context)  # one deadline for all the URL blocks of this input
     items = model_view([*prior, *batch.messages])
     if images:
         items = with_images(items, {m.seq for m in batch.messages})
     return fit_budget(
         items,
         {m.seq for m in batch.messages},
-        settings.context_tokens,
+        settings.context.tokens,
         # Expanded only if kept: an old turn's file and URL blocks are not read to be dropped.
         expand=lambda m: expand_content(m.content, m.metadata, workspace, settings, urls),
     )
@@ -206,7 +206,7 @@ def build_input(
         session_id=None if batch.isolated else group.session_id,
         model=model,
         limits=Limits(
-            max_turns=settings.max_turns,
+            max_turns=settings.provider.max_turns,
             bash_timeout_s=effective_limits(settings, group.container_config).bash_timeout_s,
         ),
     )

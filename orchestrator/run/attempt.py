@@ -239,7 +239,7 @@ def run_attempt(ctx: AttemptContext) -> Verdict:
     except (ConfigError, MountRefused) as exc:
         # A bad container_config or a mount the allowlist refuses now: no retry helps.
         return Verdict("failed", str(exc), ctx.spent)
-    except Exception as exc:  # noqa: BLE001 - every failure ends the attempt cleanly
+    except Exception as exc:  # every failure ends the attempt cleanly
         log.exception("run %s for %s failed", ctx.run.id, ctx.group.chat_jid)
         return Verdict("failed", f"{type(exc).__name__}: {exc}", ctx.spent, retryable=True)
 
@@ -257,7 +257,7 @@ def _container_spec(ctx: AttemptContext, mounts: Mounts) -> ContainerSpec:
         pids=mounts.limits.pids,
         timeout_s=mounts.limits.run_timeout_s,
         # Gone with its worker (agent_runner/fence.py).
-        fence_s=ctx.settings.sandbox_fence_s,
+        fence_s=ctx.settings.sandbox.fence_s,
         install_id=ctx.settings.install_id,
         extra_labels=dict(ctx.labels),
         extra_mounts=dict(mounts.read_write),
@@ -372,10 +372,10 @@ def _stream(ctx: AttemptContext, spec: ContainerSpec, payload: ContainerInput, g
     return _verdict(heard, exit_, stop.reason, spec, gateway)
 
 
-def _read(ctx: AttemptContext, container: AgentProcess, heard: _Heard, workspace: Path) -> None:
+def _read(ctx: AttemptContext, container: AgentProcess, heard: _Heard, workspace: Path) -> None:  # noqa: C901 - the run's output loop: one branch per event kind, each bounded
     """The container's events, each line charged to the run's budget, until it ends."""
     budget = ctx.budget
-    for line in container.lines(ctx.settings.max_event_line_bytes):
+    for line in container.lines(ctx.settings.runs.max_event_line_bytes):
         if not line.strip():
             budget.line()
             continue
@@ -442,7 +442,7 @@ def _read(ctx: AttemptContext, container: AgentProcess, heard: _Heard, workspace
                 run_id=ctx.run.id,
                 index=ctx.indexed,
                 assistant_name=ctx.assistant,
-                max_tool_result_bytes=ctx.settings.max_tool_result_bytes,
+                max_tool_result_bytes=ctx.settings.runs.max_tool_result_bytes,
             )
             if out is not None:
                 budget.store(stored_size(out))

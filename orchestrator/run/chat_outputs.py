@@ -185,7 +185,7 @@ class ChatOutputs:
                     host=host,
                     port=port,
                     asked_at=db_now(conn),
-                    ttl_s=self.settings.question_ttl_s,
+                    ttl_s=self.settings.runs.question_ttl_s,
                 )
                 queued += asked[1] if asked is not None else 0
         if queued:
@@ -274,7 +274,7 @@ class ChatOutputs:
                 event=event,
                 answer_as=answer_as,
                 asked_at=db_now(conn),
-                ttl_s=self.settings.question_ttl_s,
+                ttl_s=self.settings.runs.question_ttl_s,
             )
             insert_question(conn, asked)
             out = out.model_copy(update={"metadata": questions.approval_envelope(asked)})

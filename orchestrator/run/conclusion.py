@@ -41,8 +41,8 @@ def conclude(outputs: ChatOutputs, verdict: Verdict, *, settings: Settings, cloc
     # A run that already answered is never replayed from the start (no
     # duplicate replies). Tool records of a failed attempt stay: those
     # commands did run.
-    if verdict.retryable and not outcome.replied and run.attempts < settings.max_attempts:
-        delay = backoff_delay(run.attempts, settings.retry_base_s, settings.retry_max_s)
+    if verdict.retryable and not outcome.replied and run.attempts < settings.runs.max_attempts:
+        delay = backoff_delay(run.attempts, settings.runs.retry_base_s, settings.runs.retry_max_s)
         log.warning("run %s attempt %d failed (%s); retrying in %.1fs", run.id, run.attempts, verdict.error, delay)
         outcome.run = park_run(
             db,
@@ -114,7 +114,7 @@ def _stop_notice(outputs: ChatOutputs, verdict: Verdict, settings: Settings) -> 
         settings=settings,
         group=outputs.group,
         num_turns=verdict.num_turns,
-        max_tokens=model.max_tokens if model is not None else settings.max_tokens,
+        max_tokens=model.max_tokens if model is not None else settings.provider.max_tokens,
         tokens_spent=verdict.usage.input_tokens + verdict.usage.output_tokens,
     )
 
@@ -126,7 +126,7 @@ def _result_meta(outputs: ChatOutputs, verdict: Verdict, settings: Settings) -> 
     if chosen is not None:
         provider, model = chosen.provider, chosen.model
     else:  # the input was never built (a bad ORCHESTRATOR_MODEL among the reasons)
-        provider, model = split_spec(settings.model)
+        provider, model = split_spec(settings.provider.model)
         model = model or provider
     duration = None
     if run.started_at is not None:

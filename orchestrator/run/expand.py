@@ -72,7 +72,7 @@ def _read_text(workspace: Path, relative: str, limit: int) -> tuple[str, float]:
 
 def expand_file(item: FileItem, workspace: Path, settings: Settings) -> str:
     try:
-        text, mtime_s = _read_text(workspace, item.path, settings.context_file_max_bytes)
+        text, mtime_s = _read_text(workspace, item.path, settings.context.file_max_bytes)
     except ContextUnavailable as exc:
         return _tag("file_context_error", path=item.path, error=f"[Error: {exc}]")
     mtime = datetime.fromtimestamp(mtime_s, UTC).isoformat()
@@ -83,10 +83,10 @@ def expand_url(item: UrlItem, settings: Settings, budget: UrlBudget | None = Non
     """A URL block, fetched now (``orchestrator/run/url_fetch.py``: no rebinding window, within the
     fetch's deadline and, given its ``budget``, the run's)."""
     try:
-        text = fetch_url(item.url, settings, budget=budget)
+        text = fetch_url(item.url, settings.context, budget=budget)
     except ContextUnavailable as exc:
         return _tag("url_context_error", url=item.url, error=f"[Error: {exc}]")
-    except Exception as exc:  # noqa: BLE001 - the last line; see below
+    except Exception as exc:  # the last line; see below
         # A failure url_fetch did not foresee, on what someone else's server sent.  History is
         # expanded again for every run, so letting it out would fail every later run of the group
         # until the message left the window.  It is a bug there: logged with its traceback.

@@ -274,7 +274,7 @@ def _prepare(settings: Settings, incoming: IncomingMessage) -> tuple[NewMessage,
         metadata=with_origin(incoming.metadata, incoming.channel),
     )
     # 0 (the default): nothing of the rate limit runs, not one statement.
-    rate = settings.sender_messages_per_minute
+    rate = settings.quotas.sender_messages_per_minute
     if rate and not rate_limited_sender(new):
         rate = 0
     return new, rate
@@ -386,7 +386,7 @@ def _bound_unregistered(conn: Connection, settings: Settings, msg: StoredMessage
     """Inside the ingest transaction, after ``msg`` (of a chat that is no registered group) was
     inserted: refuse it if its chat is new and the cap is reached (the caller's transaction rolls
     back: nothing stored), else keep the chat's newest messages only (see the module's doc)."""
-    cap, window = settings.unregistered_chats, settings.unregistered_chat_messages
+    cap, window = settings.quotas.unregistered_chats, settings.quotas.unregistered_chat_messages
     if cap and not unregistered.kept_before(conn, msg.chat_jid, msg.seq):
         if unregistered.other_unregistered_chats(conn, msg.chat_jid, cap) >= cap:
             raise UnregisteredChatsFull(msg.chat_jid, cap)

@@ -47,7 +47,7 @@ def read_instructions_file(settings: Settings, folder: str | None) -> str:
     """One instructions file's text ("" when there is none), cut at the limit."""
     try:
         with open(instructions_path(settings, folder), "rb") as fh:
-            data = fh.read(settings.instructions_max_bytes)
+            data = fh.read(settings.context.instructions_max_bytes)
     except FileNotFoundError:
         return ""
     return data.decode("utf-8", "replace").strip()
@@ -61,9 +61,9 @@ def write_instructions(settings: Settings, folder: str | None, text: str | None)
         path.unlink(missing_ok=True)
         return
     data = text.encode("utf-8")
-    if len(data) > settings.instructions_max_bytes:
+    if len(data) > settings.context.instructions_max_bytes:
         raise ValueError(
-            f"the instructions are {len(data)} bytes; the limit is {settings.instructions_max_bytes} "
+            f"the instructions are {len(data)} bytes; the limit is {settings.context.instructions_max_bytes} "
             "(ORCHESTRATOR_INSTRUCTIONS_MAX_BYTES)"
         )
     private_dir(path.parent)
@@ -93,7 +93,7 @@ def group_instructions(settings: Settings, group: Group) -> str:
 
 def read_memory(settings: Settings, workspace: Path) -> tuple[str, str | None]:
     """The agent's ``MEMORY.md`` (bounded) and a notice when it was cut or not read."""
-    limit = settings.memory_max_bytes
+    limit = settings.context.memory_max_bytes
     try:
         data, _ = read_regular(workspace, MEMORY_FILE, limit)
     except HostileEntry as exc:

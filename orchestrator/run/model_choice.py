@@ -39,14 +39,16 @@ def model_settings(settings: Settings, group: Group | None = None) -> ModelSetti
     budget the output cap in effect leaves no room for (the settings changed since the
     group's profile was checked)."""
     own = group is not None and group.model is not None
-    spec = group.model if group is not None and group.model is not None else settings.model
+    spec = group.model if group is not None and group.model is not None else settings.provider.model
     parsed = parse_model(spec)
     if parsed is None:
         where = "the group's model" if own else "ORCHESTRATOR_MODEL"
         raise ConfigError(f"{where}={spec.strip()!r}: use {spellings()}")
     name, model = parsed
-    max_tokens = settings.max_tokens if group is None or group.max_tokens is None else group.max_tokens
-    thinking = settings.thinking_budget if group is None or group.thinking_budget is None else group.thinking_budget
+    max_tokens = settings.provider.max_tokens if group is None or group.max_tokens is None else group.max_tokens
+    thinking = (
+        settings.provider.thinking_budget if group is None or group.thinking_budget is None else group.thinking_budget
+    )
     if not PROVIDERS[name].thinks:
         thinking = 0
     if thinking and not MIN_THINKING_BUDGET <= thinking < max_tokens:

@@ -87,6 +87,6 @@ def compute_notices(
     for provider in providers if providers is not None else DEFAULT_PROVIDERS:
         try:
             notices.extend(provider(ctx))
-        except Exception:  # noqa: BLE001 - see the module docstring
+        except Exception:  # see the module docstring
             log.exception("notice provider %s failed; skipped", getattr(provider, "__name__", provider))
     return notices

@@ -148,7 +148,7 @@ class ChannelRegistry:
         for ch in self._channels.values():
             try:
                 ch.disconnect()
-            except Exception:  # noqa: BLE001 - closing the others matters more
+            except Exception:  # closing the others matters more
                 log.exception("channel %s did not disconnect cleanly", ch.name)
 
 
@@ -182,7 +182,7 @@ class Deliverer:
         only_known: bool = True,
     ) -> None:
         self.db, self.settings, self.registry = db, settings, registry
-        self.owner = owner or process_owner(settings.effective_host_id)
+        self.owner = owner or process_owner(settings.fleet.effective_host_id)
         self.only_known = only_known
         self._changes = ChangeSender(db, settings, registry, self.owner)
 
@@ -202,7 +202,7 @@ class Deliverer:
             ids = claimable_ids(self.db, chat_jid=chat_jid, channels=self._channels())
             progressed = changes.claimed > 0
             for delivery_id in ids:
-                if claim(self.db, delivery_id, self.owner, self.settings.delivery_claim_s):
+                if claim(self.db, delivery_id, self.owner, self.settings.delivery.claim_s):
                     progressed = True
                     self._send(delivery_id, report)
             if not progressed:
@@ -239,7 +239,7 @@ class Deliverer:
             failed = judge_failure(
                 exc,
                 attempts=row.attempts,
-                settings=self.settings,
+                delivery=self.settings.delivery,
                 what=f"delivery of #{row.message_seq} to {row.channel}",
             )
             self._finish(

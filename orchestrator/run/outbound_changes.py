@@ -114,7 +114,7 @@ class ChangeSender:
         """Claim and make every change ready now (of one chat, on some channels)."""
         report = ChangeReport()
         for change_id in ready_change_ids(self.db, chat_jid=chat_jid, channels=channels):
-            if claim_change(self.db, change_id, self.owner, self.settings.delivery_claim_s):
+            if claim_change(self.db, change_id, self.owner, self.settings.delivery.claim_s):
                 report.claimed += 1
                 self._make(change_id, report)
         return report
@@ -154,7 +154,7 @@ class ChangeSender:
             failed = judge_failure(
                 exc,
                 attempts=change.attempts,
-                settings=self.settings,
+                delivery=self.settings.delivery,
                 what=f"{what} of #{change.message_seq} on {change.channel}",
             )
             self._finish(

@@ -127,13 +127,13 @@ class Pipeline:
         self._sandbox = sandbox
         self.clock = clock
         # host_id:pid:nonce: the lease and run owner, attributed to its host by `orchestrator hosts`.
-        self.owner = process_owner(settings.effective_host_id)
+        self.owner = process_owner(settings.fleet.effective_host_id)
         # Exceptions that mean "out of time" (Celery's soft time limit); set by the worker.
         self.deadline_exceptions = deadline_exceptions
         # Files people send and the agent hands back (store/files.py); nothing read until used.
         self.files = FileStore.from_settings(db, settings)
         # The history each group's last run here read, for its next (run/history_cache.py).
-        self.history = HistoryCache(settings.history_cache_groups)
+        self.history = HistoryCache(settings.context.history_cache_groups)
 
     @property
     def sandbox(self) -> Sandbox:
@@ -147,7 +147,7 @@ class Pipeline:
     @property
     def warm(self) -> bool:
         """Runs go to a warm per-group container (``orchestrator/sandbox/warm/``)."""
-        return self.settings.warm_idle_s > 0
+        return self.settings.sandbox.warm_idle_s > 0
 
     # -- the loop -----------------------------------------------------------
 
@@ -162,10 +162,10 @@ class Pipeline:
         backoff, nor through a second run that Celery's time limit, sized for
         one run, could cut.
         """
-        ttl = self.settings.lease_ttl_s
+        ttl = self.settings.fleet.lease_ttl_s
         # Taking the lease reads the group and places one without a live place on this host
         # (store/placement.py), in one statement.
-        group = leases.take(self.db, chat_jid, self.owner, ttl, place=self.settings.effective_host_id)
+        group = leases.take(self.db, chat_jid, self.owner, ttl, place=self.settings.fleet.effective_host_id)
         if group is None:
             log.info("group %s is busy elsewhere; its lease holder will see the new work", chat_jid)
             return Step(busy=True)
@@ -221,7 +221,7 @@ class Pipeline:
         wait = quota_wait(self.db, self.settings, group)
         if wait is not None:
             # Waiting for its quota, not for a run slot: it must not hold others back.
-            leave_line(self.db, self.settings.max_concurrent_runs, chat_jid)
+            leave_line(self.db, self.settings.fleet.max_concurrent_runs, chat_jid)
             metrics.QUOTA_WAITS.labels(wait.quota).inc()
             if store_quota_notice(self.db, chat_jid, wait) is not None:
                 # The wait's first sighting: the group comes back when it ends (a countdown).
@@ -249,7 +249,7 @@ class Pipeline:
         wait = wait_for_volumes(self.db, self.settings, group, self.sandbox)
         if wait is None:
             return None
-        leave_line(self.db, self.settings.max_concurrent_runs, group.chat_jid)
+        leave_line(self.db, self.settings.fleet.max_concurrent_runs, group.chat_jid)
         if wait.told is not None:
             self._deliver(group.chat_jid)
         log.info("group %s waits for host %s to let go of its volumes", group.chat_jid, wait.holder)
@@ -283,7 +283,7 @@ class Pipeline:
         elif step.more:
             wanted.append((chat_jid, None))
         if step.freed_slot:
-            wanted += [(waiting, None) for waiting in to_wake(self.db, self.settings.max_concurrent_runs)]
+            wanted += [(waiting, None) for waiting in to_wake(self.db, self.settings.fleet.max_concurrent_runs)]
         for jid, countdown in wanted:
             try:
                 signal(jid, countdown)
@@ -314,7 +314,7 @@ class Pipeline:
         # The run row is the run's slot under ORCHESTRATOR_MAX_CONCURRENT_RUNS: none free, FleetFull.
         run = take_slot(
             self.db,
-            self.settings.max_concurrent_runs,
+            self.settings.fleet.max_concurrent_runs,
             chat_jid=group.chat_jid,
             cursor_from=group.cursor_seq,
             cursor_to=batch.cursor_to,
@@ -358,7 +358,7 @@ class Pipeline:
                 payload = payload.replace(tasks=[task_info(t) for t in tasks])
         except ConfigError as exc:
             return Verdict("failed", str(exc))
-        except Exception as exc:  # noqa: BLE001 - the run still ends cleanly, with a host message
+        except Exception as exc:  # the run still ends cleanly, with a host message
             log.exception("could not assemble the input of run %s", run_id)
             return Verdict("failed", f"{type(exc).__name__}: {exc}")
         return payload
@@ -411,7 +411,7 @@ class Pipeline:
         not start from zero (each stored output counts one line; lines that
         stored nothing were not kept)."""
         outcome = RunOutcome(
-            run=run, budget=OutputBudget(self.settings.max_run_events, self.settings.max_run_stored_bytes)
+            run=run, budget=OutputBudget(self.settings.runs.max_run_events, self.settings.runs.max_run_stored_bytes)
         )
         assert outcome.budget is not None
         for stored in run_messages(self.db, run.id):
@@ -451,16 +451,16 @@ class Pipeline:
         run = outcome.run
         outcome.model = payload.model
         if outcome.budget is None:
-            outcome.budget = OutputBudget(settings.max_run_events, settings.max_run_stored_bytes)
+            outcome.budget = OutputBudget(settings.runs.max_run_events, settings.runs.max_run_stored_bytes)
         # The reply as it is written, for the chat's live view; never stored (live_draft.py).
         draft = LiveDraft(
             self.db,
             run.id,
             group.chat_jid,
-            max_bytes=settings.max_event_line_bytes,
-            free_lines=FREE_LINES_PER_EVENT * settings.max_run_events,
-            free_bytes=settings.max_run_stored_bytes,
-            max_written=settings.max_run_stored_bytes,
+            max_bytes=settings.runs.max_event_line_bytes,
+            free_lines=FREE_LINES_PER_EVENT * settings.runs.max_run_events,
+            free_bytes=settings.runs.max_run_stored_bytes,
+            max_written=settings.runs.max_run_stored_bytes,
         )
         ctx = AttemptContext(
             db=self.db,

@@ -146,26 +146,26 @@ class ProfileView(GroupProfile):
 def installation(settings: Settings) -> Installation:
     """The installation's settings, as a group without its own has them."""
     return Installation(
-        model=settings.model.strip(),
-        max_tokens=settings.max_tokens,
-        thinking_budget=settings.thinking_budget,
+        model=settings.provider.model.strip(),
+        max_tokens=settings.provider.max_tokens,
+        thinking_budget=settings.provider.thinking_budget,
         trigger_names=settings.trigger_names,
         tools=list(OPTIONAL_TOOLS),
-        runs_per_hour=settings.group_runs_per_hour,
-        tokens_per_day=settings.group_tokens_per_day,
+        runs_per_hour=settings.quotas.group_runs_per_hour,
+        tokens_per_day=settings.quotas.group_tokens_per_day,
     )
 
 
 def in_effect(settings: Settings, group: Group) -> InEffect:
     own = group.model is not None
-    spec = group.model if group.model is not None else settings.model.strip()
+    spec = group.model if group.model is not None else settings.provider.model.strip()
     parsed = parse_model(spec)
     thinks = parsed is not None and PROVIDERS[parsed[0]].thinks
-    thinking = settings.thinking_budget if group.thinking_budget is None else group.thinking_budget
+    thinking = settings.provider.thinking_budget if group.thinking_budget is None else group.thinking_budget
     return InEffect(
         model=spec,
         model_is_own=own,
-        max_tokens=settings.max_tokens if group.max_tokens is None else group.max_tokens,
+        max_tokens=settings.provider.max_tokens if group.max_tokens is None else group.max_tokens,
         thinking_budget=thinking if thinks else 0,
         trigger_names=group_names(settings.trigger_names, group.assistant_name, group.trigger_names),
         tools=list(OPTIONAL_TOOLS) if group.tools is None else group.tools,
@@ -311,7 +311,7 @@ def _model(settings: Settings, value: object, image_exists: ImageCheck) -> str:
         raise BadInput("model", f"model: {value!r} is not a model; use {spellings()}")
     provider = parsed[0]
     facts = PROVIDERS[provider]
-    if facts.gateway is not None and (missing := missing_setting(settings, facts.gateway)) is not None:
+    if facts.gateway is not None and (missing := missing_setting(settings.provider, facts.gateway)) is not None:
         raise BadInput("model", f"model: {provider} is not configured on this installation ({missing} is not set)")
     if facts.image_variant is not None:
         image = image_name(settings, facts.image_variant)
@@ -357,14 +357,14 @@ def _installation(settings: Settings, key: str) -> str:
     values: dict[str, object] = {
         "assistant_name": settings.assistant_name,
         "trigger_names": settings.trigger_names,
-        "model": settings.model.strip(),
-        "max_tokens": settings.max_tokens,
-        "thinking_budget": settings.thinking_budget,
+        "model": settings.provider.model.strip(),
+        "max_tokens": settings.provider.max_tokens,
+        "thinking_budget": settings.provider.thinking_budget,
         "tools": list(OPTIONAL_TOOLS),
         "approvers": "anyone in the chat",
         "container_config": None,
-        "runs_per_hour": settings.group_runs_per_hour,
-        "tokens_per_day": settings.group_tokens_per_day,
+        "runs_per_hour": settings.quotas.group_runs_per_hour,
+        "tokens_per_day": settings.quotas.group_tokens_per_day,
     }
     if key == "container_config":
         return "the installation's"

@@ -65,7 +65,7 @@ def make_celery(settings: Settings) -> Celery:
     broker = settings.effective_broker_url
     transport_options: dict[str, object] = {
         # Longer than the longest run, so Redis never redelivers a live task.
-        "visibility_timeout": int(settings.run_timeout_s * 2 + 600),
+        "visibility_timeout": int(settings.runs.run_timeout_s * 2 + 600),
     }
     if broker.startswith("filesystem"):
         transport_options.update(
@@ -108,13 +108,13 @@ def make_celery(settings: Settings) -> Celery:
         beat_schedule={
             "sweep": {
                 "task": SWEEP_TASK,
-                "schedule": settings.sweep_interval_s,
-                "options": {"expires": settings.sweep_interval_s},
+                "schedule": settings.fleet.sweep_interval_s,
+                "options": {"expires": settings.fleet.sweep_interval_s},
             },
             "scheduled-tasks": {
                 "task": SCHEDULE_TASK,
-                "schedule": settings.schedule_tick_s,
-                "options": {"expires": settings.schedule_tick_s},
+                "schedule": settings.fleet.schedule_tick_s,
+                "options": {"expires": settings.fleet.schedule_tick_s},
             },
         },
         task_serializer="json",
@@ -122,8 +122,8 @@ def make_celery(settings: Settings) -> Celery:
         # Flower sees every task only with these on.
         worker_send_task_events=True,
         task_send_sent_event=True,
-        task_soft_time_limit=settings.run_timeout_s + 30,
-        task_time_limit=settings.run_timeout_s + 90,
+        task_soft_time_limit=settings.runs.run_timeout_s + 30,
+        task_time_limit=settings.runs.run_timeout_s + 90,
         worker_hijack_root_logger=False,
     )
     return app

@@ -153,7 +153,7 @@ class RecoveryWatch:
         while True:
             try:
                 self.check()
-            except Exception:  # noqa: BLE001 - the database away: next look
+            except Exception:  # the database away: next look
                 log.warning(
                     "could not look for dead lease holders; trying again in %.0fs", self.interval_s, exc_info=True
                 )

@@ -386,8 +386,8 @@ class UnshownDraft:
     (``run/live_draft.py``), past which each delta line counts."""
 
     def __init__(self, settings: Settings) -> None:
-        self.free_lines = FREE_LINES_PER_EVENT * settings.max_run_events
-        self.free_bytes = settings.max_run_stored_bytes
+        self.free_lines = FREE_LINES_PER_EVENT * settings.runs.max_run_events
+        self.free_bytes = settings.runs.max_run_stored_bytes
         self.lines = 0
         self.bytes = 0
 
@@ -412,9 +412,9 @@ def execute_replay(db: Database, settings: Settings, sandbox: Sandbox, run_id: s
     run = get_run(db, run_id)
     if run.replay_of is None:
         raise ReplayRefused(f"run {run.id} is not a replay")
-    owner = process_owner(settings.effective_host_id)
+    owner = process_owner(settings.fleet.effective_host_id)
     try:
-        taken = take_replay_slot(db, settings.max_concurrent_runs, run_id=run.id, owner=owner)
+        taken = take_replay_slot(db, settings.fleet.max_concurrent_runs, run_id=run.id, owner=owner)
     except ReplayLimited as exc:  # taken, and ended at once: nothing ran
         return finish_run(db, run.id, state="failed", error=str(exc))
     if not taken:
@@ -445,14 +445,14 @@ def execute_replay(db: Database, settings: Settings, sandbox: Sandbox, run_id: s
                     mounts=lambda: mounts,
                     outputs=outputs,
                     draft=UnshownDraft(settings),
-                    budget=OutputBudget(settings.max_run_events, settings.max_run_stored_bytes),
+                    budget=OutputBudget(settings.runs.max_run_events, settings.runs.max_run_stored_bytes),
                     name_prefix="orch-replay",
                     labels={"orchestrator.replay_of": run.replay_of or ""},
                 )
             )
     except (ConfigError, MountRefused, ReplayRefused, StoreError) as exc:
         verdict = Verdict("failed", str(exc))
-    except Exception as exc:  # noqa: BLE001 - the replay still ends, saying why
+    except Exception as exc:  # the replay still ends, saying why
         log.exception("replay %s failed", run.id)
         verdict = Verdict("failed", f"{type(exc).__name__}: {exc}")
     except BaseException:
@@ -513,7 +513,7 @@ def scratch_workspace(settings: Settings, run: Run, group: Group) -> Iterator[tu
         scratch_root.mkdir(mode=0o700, parents=True, exist_ok=False)
         cleanup.enter_context(scratch_volume(settings, run.id, scratch_root, workspace_quota(settings, cfg)))
         report = copy_workspace(
-            workspace, scratch, max_bytes=settings.replay_max_bytes, max_files=settings.replay_max_files
+            workspace, scratch, max_bytes=settings.runs.replay_max_bytes, max_files=settings.runs.replay_max_files
         )
         # The group's extra folders, re-checked against the allowlist, and read-only
         # whatever the group's config says: a replay writes nothing that outlives it.

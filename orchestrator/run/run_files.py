@@ -64,7 +64,7 @@ def sees_images(settings: Settings, model: ModelSettings) -> bool:
     # A provider that takes no image blocks reads the images itself (sandbox/providers.py).
     if not PROVIDERS[model.provider].image_blocks:
         return False
-    patterns = [p.strip().lower() for p in settings.vision_models.split(",") if p.strip()]
+    patterns = [p.strip().lower() for p in settings.provider.vision_models.split(",") if p.strip()]
     return any(fnmatch.fnmatchcase(model.model.lower(), p) for p in patterns)
 
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from orchestrator.core import secrets
 from orchestrator.core.backoff import backoff_delay
 from orchestrator.core.errors import ChannelRateLimited
-from orchestrator.core.settings import Settings
+from orchestrator.core.settings import DeliverySettings
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +30,16 @@ class FailedCall:
     give_back_attempt: bool  # the platform said "not now": the attempt is not counted
 
 
-def judge_failure(exc: BaseException, *, attempts: int, settings: Settings, what: str) -> FailedCall:
+def judge_failure(exc: BaseException, *, attempts: int, delivery: DeliverySettings, what: str) -> FailedCall:
     """What the ``attempts``-th failed call ``what`` ("delivery of #5 to slack") leads to; logged."""
     error = secrets.redact(f"{type(exc).__name__}: {exc}")[:ERROR_CAP]
     # A platform's "not now" (429) is no failure of the call: it gives back the attempt
     # the claim counted, so a long rate limit delays a message, never drops it.
     retry_after = exc.retry_after_s if isinstance(exc, ChannelRateLimited) else None
-    if retry_after is None and attempts >= settings.delivery_max_attempts:
+    if retry_after is None and attempts >= delivery.max_attempts:
         log.warning("%s failed for good after %d attempts: %s", what, attempts, error)
         return FailedCall(error, None, False)
-    delay = backoff_delay(attempts, settings.delivery_retry_base_s, settings.delivery_retry_max_s)
+    delay = backoff_delay(attempts, delivery.retry_base_s, delivery.retry_max_s)
     if retry_after is not None:
         # The platform said when it takes calls again (429 Retry-After): not a moment early.
         delay = max(delay, retry_after)

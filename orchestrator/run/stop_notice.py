@@ -38,15 +38,15 @@ def stop_notice(
         return (
             f"⏹️ The run stopped after {num_turns} model calls, its turn limit, so the task may be "
             f"unfinished. Say “continue” to go on, or raise ORCHESTRATOR_MAX_TURNS "
-            f"(now {settings.max_turns}) for longer runs."
+            f"(now {settings.provider.max_turns}) for longer runs."
         )
     if limit == "max_tokens":
         return (
             f"✂️ The model's last answer was cut off at its output limit of {max_tokens} tokens. "
-            f"Raise ORCHESTRATOR_MAX_TOKENS (now {settings.max_tokens}) for longer answers."
+            f"Raise ORCHESTRATOR_MAX_TOKENS (now {settings.provider.max_tokens}) for longer answers."
         )
     if limit == "token_budget":
-        budget = settings.run_token_budget
+        budget = settings.provider.run_token_budget
         return (
             f"🪙 The run stopped at its token budget ({tokens_spent:,} of {budget:,} tokens spent, and its "
             f"next request did not fit), so the task may be unfinished. Say “continue” to go on in a new run, "
@@ -54,16 +54,14 @@ def stop_notice(
         )
     own = parse_container_config(group.container_config).run_timeout_s
     if limit == "task_time_limit":
-        what = (
-            f"the worker's time limit for a run (ORCHESTRATOR_RUN_TIMEOUT_S + 30 s, {settings.run_timeout_s + 30:g} s)"
-        )
+        what = f"the worker's time limit for a run (ORCHESTRATOR_RUN_TIMEOUT_S + 30 s, {settings.runs.run_timeout_s + 30:g} s)"
     else:
         what = f"its time limit of {effective_limits(settings, group.container_config).run_timeout_s:g} s"
-    how = f"raise ORCHESTRATOR_RUN_TIMEOUT_S (now {settings.run_timeout_s:g} s)"
-    if own is not None and own < settings.run_timeout_s:
+    how = f"raise ORCHESTRATOR_RUN_TIMEOUT_S (now {settings.runs.run_timeout_s:g} s)"
+    if own is not None and own < settings.runs.run_timeout_s:
         how = (
             f"raise this group's container_config run_timeout_s (now {own:g} s) with "
             f"`orchestrator groups set {group.chat_jid} --container-config ...`, "
-            f"up to ORCHESTRATOR_RUN_TIMEOUT_S ({settings.run_timeout_s:g} s)"
+            f"up to ORCHESTRATOR_RUN_TIMEOUT_S ({settings.runs.run_timeout_s:g} s)"
         )
     return f"⏱️ The run stopped at {what}, so the task may be unfinished. To give runs longer, {how}."

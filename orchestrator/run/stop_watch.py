@@ -82,7 +82,7 @@ class StopWatch:
                 if run_state(self._db, self._run_id) == "cancelled":
                     self._stop("cancelled")
                     return
-            except Exception:  # noqa: BLE001 - a DB hiccup is not a cancel
+            except Exception:  # a DB hiccup is not a cancel
                 log.warning(
                     "run %s: could not read its state; looking again in %.0fs",
                     self._run_id,

@@ -45,7 +45,7 @@ import httpx
 
 from orchestrator.core.addresses import embedded_ipv4 as embedded_ipv4
 from orchestrator.core.addresses import is_public as is_public
-from orchestrator.core.settings import Settings
+from orchestrator.core.settings import ContextSettings
 
 MAX_REDIRECTS = 3
 # An address -> may the host fetch from it.  The default: public addresses only (tests put a
@@ -89,9 +89,9 @@ class Deadline:
 class UrlBudget:
     """The deadline all the URL blocks of one run's input share (made when its assembly starts)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, context: ContextSettings) -> None:
         self.deadline = Deadline(
-            settings.context_url_run_deadline_s, "fetching this run's URLs", "ORCHESTRATOR_CONTEXT_URL_RUN_DEADLINE_S"
+            context.url_run_deadline_s, "fetching this run's URLs", "ORCHESTRATOR_CONTEXT_URL_RUN_DEADLINE_S"
         )
 
 
@@ -199,7 +199,7 @@ def _resolve(host: str, port: int, resolver: Resolver, deadlines: list[Deadline]
 def checked_addresses(
     host: str,
     port: int,
-    settings: Settings,
+    context: ContextSettings,
     *,
     resolver: Resolver = system_resolver,
     allowed: AddressPolicy = is_public,
@@ -212,14 +212,14 @@ def checked_addresses(
             address = ipaddress.ip_address(text.partition("%")[0])  # an IPv6 scope (%eth0) is no part of it
         except ValueError:
             raise ContextUnavailable(f"{host} resolves to {text!r}, not an address") from None
-        if not settings.context_url_allow_private and not allowed(address):
+        if not context.url_allow_private and not allowed(address):
             raise ContextUnavailable(f"{host} resolves to a non-public address; refused")
     return list(dict.fromkeys(addresses))
 
 
 def fetch_url(
     url: str,
-    settings: Settings,
+    context: ContextSettings,
     *,
     budget: UrlBudget | None = None,
     resolver: Resolver = system_resolver,
@@ -233,7 +233,7 @@ def fetch_url(
     if budget is not None:
         budget.deadline.before_starting()
     deadlines = [
-        Deadline(settings.context_url_fetch_deadline_s, "fetching the URL", "ORCHESTRATOR_CONTEXT_URL_FETCH_DEADLINE_S")
+        Deadline(context.url_fetch_deadline_s, "fetching the URL", "ORCHESTRATOR_CONTEXT_URL_FETCH_DEADLINE_S")
     ]
     if budget is not None:
         deadlines.append(budget.deadline)
@@ -243,12 +243,12 @@ def fetch_url(
             addresses = checked_addresses(
                 target.host,
                 target.port or (443 if target.scheme == "https" else 80),
-                settings,
+                context,
                 resolver=resolver,
                 allowed=allowed,
                 deadlines=deadlines,
             )
-            location, text = _get(target, addresses, settings, deadlines, tls or _tls())
+            location, text = _get(target, addresses, context, deadlines, tls or _tls())
             if location is None:
                 return text
             try:
@@ -258,7 +258,7 @@ def fetch_url(
     except httpcore.TimeoutException:
         for deadline in deadlines:
             deadline.left()  # says which deadline, if one passed
-        raise ContextUnavailable(f"no answer within {settings.context_url_timeout_s:g} s") from None
+        raise ContextUnavailable(f"no answer within {context.url_timeout_s:g} s") from None
     except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol, ssl.SSLError, OSError) as exc:
         raise ContextUnavailable(f"{type(exc).__name__}: {exc}") from None
     raise ContextUnavailable("too many redirects")
@@ -278,11 +278,11 @@ def _parse(url: str) -> httpx.URL:
 
 
 def _get(
-    target: httpx.URL, addresses: list[str], settings: Settings, deadlines: list[Deadline], tls: ssl.SSLContext
+    target: httpx.URL, addresses: list[str], context: ContextSettings, deadlines: list[Deadline], tls: ssl.SSLContext
 ) -> tuple[str | None, str]:
     """One GET of ``target`` at ``addresses``: (the redirect's location, "") or (None, the text)."""
-    limit = settings.context_url_max_bytes
-    timeout = settings.context_url_timeout_s
+    limit = context.url_max_bytes
+    timeout = context.url_timeout_s
     netloc = target.netloc.decode("ascii")
     headers = [
         (b"Host", netloc.encode()),

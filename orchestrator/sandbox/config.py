@@ -155,15 +155,15 @@ class EffectiveLimits:
 def effective_limits(settings: Settings, group_config: ContainerConfig | Mapping[str, Any] | None) -> EffectiveLimits:
     """The settings' sandbox limits with the group's overrides applied."""
     cfg = group_config if isinstance(group_config, ContainerConfig) else parse_container_config(group_config)
-    run_timeout = settings.run_timeout_s
+    run_timeout = settings.runs.run_timeout_s
     if cfg.run_timeout_s is not None:
         run_timeout = min(cfg.run_timeout_s, run_timeout)  # only ever shortened
     return EffectiveLimits(
-        memory=cfg.memory or settings.container_memory,
-        cpus=cfg.cpus if cfg.cpus is not None else settings.container_cpus,
-        pids=cfg.pids if cfg.pids is not None else settings.container_pids,
+        memory=cfg.memory or settings.sandbox.container_memory,
+        cpus=cfg.cpus if cfg.cpus is not None else settings.sandbox.container_cpus,
+        pids=cfg.pids if cfg.pids is not None else settings.sandbox.container_pids,
         run_timeout_s=run_timeout,
-        bash_timeout_s=cfg.bash_timeout_s if cfg.bash_timeout_s is not None else settings.bash_timeout_s,
+        bash_timeout_s=cfg.bash_timeout_s if cfg.bash_timeout_s is not None else settings.runs.bash_timeout_s,
     )
 
 
@@ -230,10 +230,10 @@ def check_container_config(settings: Settings, group: Group, raw: str | Mapping[
     """``group``'s container config as it is stored (None: cleared), checked as
     :func:`set_container_config` checks it; raises ContainerConfigError or MountRefused."""
     cfg = parse_container_config(raw)
-    if cfg.run_timeout_s is not None and cfg.run_timeout_s > settings.run_timeout_s:
+    if cfg.run_timeout_s is not None and cfg.run_timeout_s > settings.runs.run_timeout_s:
         raise ContainerConfigError(
             f"container_config.run_timeout_s: {cfg.run_timeout_s:g} is above ORCHESTRATOR_RUN_TIMEOUT_S "
-            f"({settings.run_timeout_s:g}); a group may only shorten it"
+            f"({settings.runs.run_timeout_s:g}); a group may only shorten it"
         )
     if cfg.workspace_quota is not None:
         volume = Volume.of(settings, group.folder)

@@ -146,8 +146,8 @@ def engine_security_opt(client: docker.DockerClient) -> list[str]:
 
 def docker_client(settings: Settings) -> docker.DockerClient:
     try:
-        if settings.docker_url:
-            return docker.DockerClient(base_url=settings.docker_url)
+        if settings.sandbox.docker_url:
+            return docker.DockerClient(base_url=settings.sandbox.docker_url)
         return docker.from_env()
     except DockerException as exc:
         raise SandboxError(f"cannot reach the Docker engine: {exc}") from exc
@@ -159,7 +159,7 @@ LIST_ATTEMPTS = 5
 
 def list_containers(
     client: docker.DockerClient, *, filters: dict[str, str | list[str] | bool], all: bool = False, sparse: bool = False
-) -> list[Container]:  # noqa: A002 - the SDK's own name
+) -> list[Container]:  # the SDK's own name
     """``containers.list``, whole: the SDK lists, then inspects each container, and a
     container removed in between (a warm one idling out, auto-removed) fails the
     whole listing with NotFound; list again, it will not be in the next one.

@@ -42,7 +42,7 @@ def may_mount(settings: Settings, group: Group, provider: str) -> bool:
         return False  # this host mounts none (and refuses a group whose files are in one)
     if any(vol.image.exists() for vol in group_volumes(settings, group.folder)):
         return True  # an existing volume is mounted whatever the quota says now
-    if settings.workspace_quota_mode == "checked":
+    if settings.sandbox.workspace_quota_mode == "checked":
         return False
     if workspace_quota(settings, parse_container_config(group.container_config)) > 0:
         return True
@@ -58,9 +58,9 @@ def hold_for_attempt(db: Database, settings: Settings, group: Group, provider: s
     return claim(
         db,
         group.folder,
-        settings.effective_host_id,
+        settings.fleet.effective_host_id,
         gone_after_s=other_machine_after_s(settings, group.folder),
-        machine=machine_identity(settings.machine_id),
+        machine=machine_identity(settings.fleet.machine_id),
     )
 
 
@@ -72,7 +72,7 @@ def other_machine_after_s(settings: Settings, folder: str) -> float:
     goes with the holder's leases (dead for :data:`ALIVE_WINDOW_S`) and the mount waits for
     the image.  An image made before (no protection yet) is only safe once its machine is
     gone for good: ``ORCHESTRATOR_DEAD_HOST_S``."""
-    after = settings.dead_host_s
+    after = settings.fleet.dead_host_s
     if after <= 0:
         return after  # never
     images = [vol.image for vol in group_volumes(settings, folder) if vol.image.exists()]
@@ -89,8 +89,8 @@ def release_moved(db: Database, settings: Settings, pool: WarmPool) -> list[str]
     if volume_problem() is not None:
         return []
     released = []
-    host = settings.effective_host_id
-    mine = machine_identity(settings.machine_id)
+    host = settings.fleet.effective_host_id
+    mine = machine_identity(settings.fleet.machine_id)
     for folder, placed in held_but_moved(db, host):
         if any(c.status == "running" for c in pool.find(folder)):
             continue  # a run is still on it: next beat
@@ -116,7 +116,7 @@ def release_foreign(db: Database, settings: Settings, pool: WarmPool) -> list[st
     mounted = mounted_group_folders(settings)
     if not mounted:
         return []
-    mine = machine_identity(settings.machine_id)
+    mine = machine_identity(settings.fleet.machine_id)
     let_go = []
     for folder, held_by in holders(db, mounted).items():
         theirs = machine_of(db, held_by)

@@ -246,7 +246,7 @@ def make_dirs(folder: Path, relative: str) -> None:
         os.close(_open_dirs(root, parts, relative, create=True))
 
 
-def chown_tree(
+def chown_tree(  # noqa: C901 - a descriptor walk: each entry kind handled where it is met
     folder: Path, uid: int, gid: int, *, max_entries: int | None = None, max_depth: int | None = None
 ) -> int:
     """lchown ``folder`` and everything below it to ``uid:gid``, touching only

@@ -1,6 +1,6 @@
 """Build the agent image locally, with no registry.
 
-1. The base image (``settings.base_image``) is used if present.  If it is
+1. The base image (``settings.sandbox.base_image``) is used if present.  If it is
    missing and is our local default, ``container/build-base.sh`` makes it
    (debootstrap + ``docker import``); any other name is pulled.
 2. A wheelhouse of the runner's dependencies is downloaded on the host for
@@ -49,17 +49,17 @@ def model_variant(provider: str) -> str | None:
 
 def settings_variant(settings: Settings) -> str | None:
     """The variant ``ORCHESTRATOR_MODEL`` needs (its provider is the part before ``:``)."""
-    return model_variant(split_spec(settings.model)[0])
+    return model_variant(split_spec(settings.provider.model)[0])
 
 
 def image_name(settings: Settings, variant: str | None) -> str:
-    """``settings.agent_image``, or its variant's tag in the same repository."""
+    """``settings.sandbox.agent_image``, or its variant's tag in the same repository."""
     if variant is None:
-        return settings.agent_image
+        return settings.sandbox.agent_image
     if variant not in VARIANTS:
         raise ImageBuildError(f"no image variant {variant!r}; there are: {', '.join(sorted(VARIANTS))}")
-    repo, colon, tag = settings.agent_image.rpartition(":")
-    repository = repo if colon and "/" not in tag else settings.agent_image
+    repo, colon, tag = settings.sandbox.agent_image.rpartition(":")
+    repository = repo if colon and "/" not in tag else settings.sandbox.agent_image
     return f"{repository}:{variant}"
 
 
@@ -97,7 +97,7 @@ def _build_hash(cdir: Path, base_id: str) -> str:
 
 def ensure_base_image(client: docker.DockerClient, settings: Settings) -> str:
     """Return the base image's id, making or pulling it if missing."""
-    name = settings.base_image
+    name = settings.sandbox.base_image
     try:
         return str(client.images.get(name).id)
     except ImageNotFound:
@@ -178,7 +178,7 @@ def _wheelhouse(settings: Settings, req: Path, py: tuple[int, int]) -> Path:
 def ensure_agent_image(
     client: docker.DockerClient, settings: Settings, *, force: bool = False, variant: str | None = None
 ) -> str:
-    """Build ``settings.agent_image`` unless an image of the same inputs exists;
+    """Build ``settings.sandbox.agent_image`` unless an image of the same inputs exists;
     with ``variant``, that variant too (on top of it), and return the variant's id."""
     image_id = _ensure_plain_image(client, settings, force=force)
     if variant is None:
@@ -233,28 +233,28 @@ def _ensure_variant(client: docker.DockerClient, settings: Settings, variant: st
     digest = h.hexdigest()[:16]
     if not force and (current := _current(client, tag, digest)):
         return current
-    wheels = _wheelhouse(settings, cdir / requirements, _base_python(client, settings.base_image))
+    wheels = _wheelhouse(settings, cdir / requirements, _base_python(client, settings.sandbox.base_image))
     ctx = settings.build_dir / f"context-{variant}"
     shutil.rmtree(ctx, ignore_errors=True)
     ctx.mkdir(parents=True)
     shutil.copy(cdir / dockerfile, ctx / "Dockerfile")
     shutil.copytree(wheels, ctx / "wheels")
-    log.info("building the %s image variant %s from %s", variant, tag, settings.agent_image)
-    return _docker_build(client, ctx, tag, {"AGENT_IMAGE": settings.agent_image}, digest)
+    log.info("building the %s image variant %s from %s", variant, tag, settings.sandbox.agent_image)
+    return _docker_build(client, ctx, tag, {"AGENT_IMAGE": settings.sandbox.agent_image}, digest)
 
 
 def _ensure_plain_image(client: docker.DockerClient, settings: Settings, *, force: bool) -> str:
     cdir = container_dir()
     base_id = ensure_base_image(client, settings)
     digest = _build_hash(cdir, base_id)
-    if not force and (current := _current(client, settings.agent_image, digest)):
+    if not force and (current := _current(client, settings.sandbox.agent_image, digest)):
         return current
-    wheels = _wheelhouse(settings, cdir / "requirements.txt", _base_python(client, settings.base_image))
+    wheels = _wheelhouse(settings, cdir / "requirements.txt", _base_python(client, settings.sandbox.base_image))
     ctx = settings.build_dir / "context"
     shutil.rmtree(ctx, ignore_errors=True)
     ctx.mkdir(parents=True)
     shutil.copy(cdir / "Dockerfile", ctx / "Dockerfile")
     shutil.copytree(wheels, ctx / "wheels")
     shutil.copytree(cdir / "agent_runner", ctx / "agent_runner", ignore=shutil.ignore_patterns("__pycache__"))
-    log.info("building agent image %s from %s", settings.agent_image, settings.base_image)
-    return _docker_build(client, ctx, settings.agent_image, {"BASE_IMAGE": settings.base_image}, digest)
+    log.info("building agent image %s from %s", settings.sandbox.agent_image, settings.sandbox.base_image)
+    return _docker_build(client, ctx, settings.sandbox.agent_image, {"BASE_IMAGE": settings.sandbox.base_image}, digest)

@@ -197,7 +197,7 @@ def group_workspace(settings: Settings, folder: str) -> Path:
 
 def load_allowlist(settings: Settings) -> Allowlist:
     """Read and check the allowlist file; any problem refuses every extra mount."""
-    path = settings.mount_allowlist
+    path = settings.sandbox.mount_allowlist
     if not path.exists():
         raise MountRefused(f"no mount allowlist at {path}: extra mounts are refused until it exists")
     real = path.resolve()
@@ -253,7 +253,7 @@ def blocked_component(path: Path, patterns: tuple[str, ...] = BLOCKED_PATTERNS) 
 def _protected(settings: Settings) -> list[tuple[Path, str]]:
     places = [
         (settings.data_dir.resolve(), "the data dir"),
-        (settings.mount_allowlist.resolve(), "the mount allowlist"),
+        (settings.sandbox.mount_allowlist.resolve(), "the mount allowlist"),
         (PROJECT_ROOT, "the orchestrator's source tree"),
     ]
     try:
@@ -311,7 +311,9 @@ def check_mount(
     roots = [(r, Path(r.path).expanduser().resolve()) for r in allowlist.roots]
     containing = [(r, rr) for r, rr in roots if _inside(real, rr)]
     if not containing:
-        raise MountRefused(f"{label} refused: {real} is not inside any allowed root of {settings.mount_allowlist}")
+        raise MountRefused(
+            f"{label} refused: {real} is not inside any allowed root of {settings.sandbox.mount_allowlist}"
+        )
     open_to_group = [r for r, _ in containing if is_main or r.groups is None or _group_named(r, folder, chat_jid)]
     if not open_to_group:
         listed = ", ".join(r.path for r, _ in containing)

@@ -2,7 +2,7 @@
 
 Cold containers (:class:`~orchestrator.sandbox.containers.DockerSandbox`) and
 warm ones (:class:`~orchestrator.sandbox.warm.WarmPool`) both fit; so does the
-fake in ``tests/fakes/sandbox.py``, which lets the pipeline's retry, cancel,
+fake in ``fakes/sandbox.py``, which lets the pipeline's retry, cancel,
 lost-lease and time-out logic be tested without Docker.
 """
 

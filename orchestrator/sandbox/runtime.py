@@ -97,7 +97,7 @@ _lock = threading.Lock()
 def engine_runtime(client: docker.DockerClient, settings: Settings, gvisor: str = GVISOR) -> Runtime:
     """The runtime for agent containers on this engine under ``settings`` (``gvisor``:
     the engine's name for runsc)."""
-    wanted = settings.sandbox_runtime
+    wanted = settings.sandbox.runtime
     if wanted == "runc":
         return RUNC
     key = (str(getattr(client.api, "base_url", "")), wanted, gvisor)
@@ -108,8 +108,8 @@ def engine_runtime(client: docker.DockerClient, settings: Settings, gvisor: str 
 
 
 def _choose(client: docker.DockerClient, settings: Settings, gvisor: str) -> Runtime:
-    wanted = settings.sandbox_runtime
-    problem = gvisor_problem(client, settings.agent_image, runtime=gvisor)
+    wanted = settings.sandbox.runtime
+    problem = gvisor_problem(client, settings.sandbox.agent_image, runtime=gvisor)
     if problem is None:
         log.info("agent containers run under gVisor (%s): its probe passed on this engine", gvisor)
         return Runtime(gvisor, True)

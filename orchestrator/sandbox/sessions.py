@@ -54,9 +54,9 @@ def session_dir(settings: Settings, folder: str) -> Path:
 
 def session_quota_bytes(settings: Settings) -> int:
     """What one group's session folder may take (0: no quota)."""
-    if settings.session_quota == "auto":
+    if settings.sandbox.session_quota == "auto":
         return AUTO_SESSION_QUOTA_BYTES
-    return parse_quota(settings.session_quota)
+    return parse_quota(settings.sandbox.session_quota)
 
 
 def session_volume(settings: Settings, folder: str) -> Volume:

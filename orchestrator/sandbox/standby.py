@@ -128,9 +128,9 @@ class Slot:
 
 def unavailable_reason(settings: Settings, client: docker.DockerClient) -> str | None:
     """Why standby sandboxes are off here, or None when they are on."""
-    if settings.standby <= 0:
+    if settings.sandbox.standby <= 0:
         return "ORCHESTRATOR_STANDBY=0"
-    if settings.warm_idle_s <= 0:
+    if settings.sandbox.warm_idle_s <= 0:
         return "warm sessions are off (ORCHESTRATOR_WARM_IDLE_S=0), and an adopted standby is a warm container"
     root = standby_root(settings)
     if root not in _probed:
@@ -148,11 +148,11 @@ def unavailable_reason(settings: Settings, client: docker.DockerClient) -> str |
 def standby_key(client: docker.DockerClient, settings: Settings) -> str:
     """What a standby container is made with; a group whose run needs the same is served."""
     doc = {
-        "image": image_id(client, settings.agent_image),
-        "memory": settings.container_memory,
-        "cpus": settings.container_cpus,
-        "pids": settings.container_pids,
-        "idle": settings.warm_idle_s,
+        "image": image_id(client, settings.sandbox.agent_image),
+        "memory": settings.sandbox.container_memory,
+        "cpus": settings.sandbox.container_cpus,
+        "pids": settings.sandbox.container_pids,
+        "idle": settings.sandbox.warm_idle_s,
         "layout": STANDBY_LAYOUT,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
@@ -161,10 +161,10 @@ def standby_key(client: docker.DockerClient, settings: Settings) -> str:
 def eligible(settings: Settings, spec: ContainerSpec) -> bool:
     """Whether ``spec`` asks for exactly what a standby container has."""
     return (
-        spec.image == settings.agent_image
-        and spec.memory == settings.container_memory
-        and spec.cpus == settings.container_cpus
-        and spec.pids == settings.container_pids
+        spec.image == settings.sandbox.agent_image
+        and spec.memory == settings.sandbox.container_memory
+        and spec.cpus == settings.sandbox.container_cpus
+        and spec.pids == settings.sandbox.container_pids
         and not spec.extra_mounts
         and not spec.readonly_mounts
     )
@@ -310,14 +310,14 @@ class StandbyPool:
             folder.mkdir(mode=0o755)
         late_mounts.tmpfs(slot.sockets, size=SOCKET_TMPFS_SIZE, uid=CONTAINER_UID)
         spec = ContainerSpec(
-            image=self.settings.agent_image,
+            image=self.settings.sandbox.agent_image,
             name=f"orch-standby-{slot.name}",
             workspace=slot.workspace,
             run_id="",
             group_folder="",
-            memory=self.settings.container_memory,
-            cpus=self.settings.container_cpus,
-            pids=self.settings.container_pids,
+            memory=self.settings.sandbox.container_memory,
+            cpus=self.settings.sandbox.container_cpus,
+            pids=self.settings.sandbox.container_pids,
             install_id=self.settings.install_id,
         )
         args = hardened_create_args(
@@ -347,7 +347,7 @@ class StandbyPool:
                     "--standby",
                     f"{STANDBY_WAIT_S:g}",
                     "--idle-timeout",
-                    f"{self.settings.warm_idle_s:g}",
+                    f"{self.settings.sandbox.warm_idle_s:g}",
                 ],
                 auto_remove=True,
                 **args,

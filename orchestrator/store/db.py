@@ -411,7 +411,7 @@ def _ping_when_idle(engine: Engine, idle_s: float) -> None:
             return  # just opened, or in use a moment ago
         try:
             engine.dialect.do_ping(dbapi_conn)
-        except Exception as error:  # noqa: BLE001 - any failure: the pool tries a fresh connection
+        except Exception as error:  # any failure: the pool tries a fresh connection
             raise exc.DisconnectionError(f"a pooled connection failed its ping ({type(error).__name__})") from error
 
 

@@ -81,7 +81,10 @@ class FileStore:
     @classmethod
     def from_settings(cls, db: Database, settings: Settings) -> FileStore:
         return cls(
-            db, settings.files_dir, max_bytes=settings.file_max_bytes, group_max_bytes=settings.group_files_max_bytes
+            db,
+            settings.files_dir,
+            max_bytes=settings.files.max_bytes,
+            group_max_bytes=settings.files.group_files_max_bytes,
         )
 
     def path_of(self, sha256: str) -> Path:

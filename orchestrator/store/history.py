@@ -60,7 +60,7 @@ class HistoryChange(BaseModel):
 @contextlib.contextmanager
 def _holding_lease(db: Database, settings: Settings, chat_jid: str) -> Iterator[None]:
     owner = f"history:{uuid.uuid4().hex[:12]}"
-    if not leases.acquire(db, chat_jid, owner, settings.lease_ttl_s):
+    if not leases.acquire(db, chat_jid, owner, settings.fleet.lease_ttl_s):
         with db.read() as session:  # no row to lease: say what is missing, not that it is busy
             if session.get(GroupRow, chat_jid) is None:
                 raise UnknownGroup(chat_jid)
@@ -145,7 +145,7 @@ def edit_message(
             _rewind(session, chat_jid, cursor_seq=cursor, pending_seq=row.seq)
         session.flush()
         changes = record_changes(
-            session, chat_jid, edited=[row.seq], superseded=superseded, hold_replies_s=settings.rerun_replace_s
+            session, chat_jid, edited=[row.seq], superseded=superseded, hold_replies_s=settings.runs.rerun_replace_s
         )
         message = to_stored(row)
         chat_changed(session, chat_jid)  # the open streams reset their view
@@ -242,7 +242,7 @@ def regenerate(
         superseded = _supersede(session, chat_jid, first or row.seq, now)
         _rewind(session, chat_jid, cursor_seq=start, pending_seq=answered)
         session.flush()
-        changes = record_changes(session, chat_jid, superseded=superseded, hold_replies_s=settings.rerun_replace_s)
+        changes = record_changes(session, chat_jid, superseded=superseded, hold_replies_s=settings.runs.rerun_replace_s)
         message = to_stored(row)
         chat_changed(session, chat_jid)
     _signal_changes(chat_jid, changes, signal_delivery)

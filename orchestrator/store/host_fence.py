@@ -72,5 +72,5 @@ class SelfFence:
             log.warning("no heartbeat reached the database for %.1fs: this host fences itself", silent)
             try:
                 self.fence(silent)
-            except Exception:  # noqa: BLE001 - the fence is best effort; the storage's own fence remains
+            except Exception:  # the fence is best effort; the storage's own fence remains
                 log.exception("the self-fence failed")

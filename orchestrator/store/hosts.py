@@ -492,7 +492,7 @@ class HostHeartbeat:
     def start(self) -> HostHeartbeat:
         try:
             self._register()
-        except Exception:  # noqa: BLE001 - the thread registers at its next beat
+        except Exception:  # the thread registers at its next beat
             log.warning("could not register host %s; trying again at the next beat", self.host_id, exc_info=True)
         self._thread.start()
         if self._warm_count is not None:
@@ -519,7 +519,7 @@ class HostHeartbeat:
             self._thread.join(timeout)
         try:
             mark_stopped(self.db, self.host_id, self.instance)
-        except Exception:  # noqa: BLE001 - the row then dies by its age
+        except Exception:  # the row then dies by its age
             log.warning("could not mark host %s stopped", self.host_id, exc_info=True)
 
     def beat(self) -> None:
@@ -568,7 +568,7 @@ class HostHeartbeat:
         while True:
             try:
                 self._warm = self._warm_count()
-            except Exception:  # noqa: BLE001 - reported as unknown
+            except Exception:  # reported as unknown
                 log.debug("could not count warm containers", exc_info=True)
                 self._warm = None
             if self._stop_counting.wait(self.interval_s):
@@ -586,7 +586,7 @@ class HostHeartbeat:
                 self.beat()
                 if self._fence is not None:
                     self._fence.beat_ok()
-            except Exception:  # noqa: BLE001 - the database away: try again next beat
+            except Exception:  # the database away: try again next beat
                 log.warning(
                     "heartbeat of host %s failed; trying again in %.0fs", self.host_id, self.interval_s, exc_info=True
                 )

@@ -374,7 +374,7 @@ class Heartbeat:
                     self.lost.set()
                     return
                 self._renewed = time.monotonic()
-            except Exception:  # noqa: BLE001 - a transient DB error: try again next beat
+            except Exception:  # a transient DB error: try again next beat
                 log.warning("could not renew the lease of %s; trying again next beat", self._jid, exc_info=True)
 
     def _watch(self) -> None:

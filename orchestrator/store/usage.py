@@ -96,8 +96,8 @@ class GroupUsage(BaseModel):
 
 def effective_quotas(settings: Settings, group: Group) -> tuple[int, int]:
     """(runs per hour, tokens per day) in force for ``group``; 0: no limit."""
-    runs = settings.group_runs_per_hour if group.runs_per_hour is None else group.runs_per_hour
-    tokens = settings.group_tokens_per_day if group.tokens_per_day is None else group.tokens_per_day
+    runs = settings.quotas.group_runs_per_hour if group.runs_per_hour is None else group.runs_per_hour
+    tokens = settings.quotas.group_tokens_per_day if group.tokens_per_day is None else group.tokens_per_day
     return runs, tokens
 
 
@@ -134,7 +134,7 @@ def group_usage(db: Database, settings: Settings, group: Group) -> GroupUsage:
         tokens_today=int(tokens),
         tokens_per_day=tokens_limit,
         tokens_per_day_override=group.tokens_per_day,
-        sender_messages_per_minute=settings.sender_messages_per_minute,
+        sender_messages_per_minute=settings.quotas.sender_messages_per_minute,
         # Both quotas must free before a run starts: the later one decides.
         waiting=max(waits, key=lambda w: w.until) if waits else None,
     )

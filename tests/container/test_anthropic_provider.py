@@ -33,7 +33,7 @@ from agent_runner.protocol import (
 from agent_runner.providers.anthropic import AnthropicProvider
 from agent_runner.providers.base import ProviderMessage, TextBlock
 from agent_runner.tools import tool_specs
-from tests.fakes.anthropic_api import (
+from fakes.anthropic_api import (
     FakeAnthropic,
     UnixHTTPServer,
     _serve,

@@ -32,7 +32,7 @@ from agent_runner.protocol import (
     ToolUseEvent,
 )
 from agent_runner.relay import UnixRelay
-from tests.fakes.claude_sdk import ResultMessage
+from fakes.claude_sdk import ResultMessage
 
 # -- the SDK's shapes (claude_agent_sdk.types) -----------------------------------
 

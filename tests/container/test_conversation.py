@@ -18,7 +18,7 @@ from agent_runner.providers import anthropic as anthropic_wire
 from agent_runner.providers import openai_request
 from agent_runner.providers.anthropic import AnthropicProvider
 from agent_runner.providers.base import ProviderMessage, ToolResultBlock, ToolUseBlock
-from tests.fakes.anthropic_api import FakeAnthropic, PromptCache, message, serve_tcp
+from fakes.anthropic_api import FakeAnthropic, PromptCache, message, serve_tcp
 
 __all__ = ["serve_tcp"]  # a fixture, used by name
 

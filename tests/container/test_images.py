@@ -24,9 +24,9 @@ from agent_runner.providers import anthropic, openai_request
 from agent_runner.providers.anthropic import AnthropicProvider
 from agent_runner.providers.base import ImageBlock, TextBlock
 from agent_runner.providers.offline import OfflineProvider
-from tests.fakes import anthropic_api as fake_anthropic
-from tests.fakes import openai_api as fake_openai
-from tests.fakes.anthropic_api import serve_tcp
+from fakes import anthropic_api as fake_anthropic
+from fakes import openai_api as fake_openai
+from fakes.anthropic_api import serve_tcp
 from tests.image_bombs import png_claiming
 
 __all__ = ["serve_tcp"]  # a fixture, used by name

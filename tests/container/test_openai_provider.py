@@ -1,6 +1,6 @@
 """OpenAICompatProvider against a fake Chat Completions server speaking the real wire format.
 
-The fake (``tests/fakes/openai_api.py``) runs on loopback, on a unix socket,
+The fake (``fakes/openai_api.py``) runs on loopback, on a unix socket,
 or behind the real host model gateway; the provider and the real agent loop
 talk to it, and the tests check what the runner emitted and what the server
 received.  Backoff sleeps are recorded instead of slept, except in one test
@@ -38,11 +38,11 @@ from agent_runner.provider_registry import make_provider
 from agent_runner.providers.base import ProviderMessage, TextBlock
 from agent_runner.providers.openai_compat import OpenAICompatProvider
 from agent_runner.tools import tool_specs
+from fakes.openai_api import FakeOpenAI, Recorded, api_error, chat, raw, tool_call
 from orchestrator.core.errors import ConfigError
 from orchestrator.core.settings import Settings
 from orchestrator.run.model_choice import model_settings
 from orchestrator.sandbox.gateway import ModelGateway
-from tests.fakes.openai_api import FakeOpenAI, Recorded, api_error, chat, raw, tool_call
 
 KEY = "k"
 HI = [ProviderMessage("user", [TextBlock("hi")])]
@@ -420,9 +420,9 @@ def test_missing_endpoint_is_rejected() -> None:
 def test_host_settings_and_model_spec() -> None:
     s = Settings.load(model="openai:llama3.1:8b", max_tokens=77, env_file=None)
     assert model_settings(s) == ModelSettings(provider="openai", model="llama3.1:8b", max_tokens=77)
-    assert s.openai_base_url == "http://127.0.0.1:11434" and s.openai_api_key == ""
+    assert s.provider.openai_base_url == "http://127.0.0.1:11434" and s.provider.openai_api_key == ""
     custom = Settings.load(openai_base_url="https://api.openai.com/v1/", env_file=None)
-    assert custom.openai_base_url == "https://api.openai.com"
+    assert custom.provider.openai_base_url == "https://api.openai.com"
     with pytest.raises(ConfigError, match="openai:<model id>"):
         model_settings(Settings.load(model="openai:", env_file=None))
 

@@ -38,7 +38,7 @@ from agent_runner.providers.base import (
     ToolUseBlock,
 )
 from agent_runner.tools import REGISTRY, ToolContext, disabled_tools, run_tool, tool_specs
-from tests.fakes.claude_sdk import FakeSdk
+from fakes.claude_sdk import FakeSdk
 
 
 def _input(**fields: Any) -> ContainerInput:
@@ -125,7 +125,7 @@ def test_an_offline_run_without_send_message_posts_nothing(run_runner: RunRunner
 
 # --- Claude Code's MCP server ---------------------------------------------------------
 #
-# The SDK is only in the claude-code image variant; tests/fakes/claude_sdk.py stands in.
+# The SDK is only in the claude-code image variant; fakes/claude_sdk.py stands in.
 
 
 def _claude_code(

@@ -26,7 +26,7 @@ from agent_runner.protocol import (
 from agent_runner.providers.offline import tool_requests_in
 from agent_runner.tools import REGISTRY, ToolContext, ToolOutcome, run_tool
 from agent_runner.tools.send_file import MAX_CAPTION_CHARS, MAX_FILE_BYTES
-from tests.fakes.claude_sdk import FakeSdk
+from fakes.claude_sdk import FakeSdk
 
 
 def _ctx(workspace: Path, sink: list[Any]) -> ToolContext:
@@ -223,7 +223,7 @@ def test_an_offline_run_reports_a_refusal_and_sends_nothing(run_runner: RunRunne
 
 # --- Claude Code: the in-process MCP tool ----------------------------------------------
 #
-# The SDK is only in the claude-code image variant; tests/fakes/claude_sdk.py stands in, its
+# The SDK is only in the claude-code image variant; fakes/claude_sdk.py stands in, its
 # client playing the CLI calling our MCP tools.
 
 # The model's calls, as the CLI makes them: by the MCP server's tools; the last one's arguments

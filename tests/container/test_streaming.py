@@ -26,9 +26,9 @@ from agent_runner.providers.openai_compat import OpenAICompatProvider
 from agent_runner.providers.openai_response import ChunkStream
 from agent_runner.sse import SseDecoder, SseError, SseEvent
 from agent_runner.text_stream import DeltaCoalescer
-from tests.fakes import openai_api
-from tests.fakes.anthropic_api import FakeAnthropic, message, message_events, paced, serve_tcp, sse
-from tests.fakes.openai_api import FakeOpenAI, chat, chunk_events, raw, tool_call
+from fakes import openai_api
+from fakes.anthropic_api import FakeAnthropic, message, message_events, paced, serve_tcp, sse
+from fakes.openai_api import FakeOpenAI, chat, chunk_events, raw, tool_call
 
 __all__ = ["serve_tcp"]  # a fixture, used by name
 

@@ -20,7 +20,7 @@ from runner_harness import RunRunner, make_input
 from agent_runner.loop import run_agent
 from agent_runner.protocol import Event, ModelSettings, ResultEvent, TextDeltaEvent, ThinkingEvent, decode_input
 from agent_runner.providers.anthropic import AnthropicProvider
-from tests.fakes.anthropic_api import FakeAnthropic, message, serve_tcp
+from fakes.anthropic_api import FakeAnthropic, message, serve_tcp
 
 __all__ = ["serve_tcp"]  # a fixture, used by name
 

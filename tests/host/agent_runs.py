@@ -4,14 +4,14 @@ ordinary group, and a message answered by a scripted agent (the agent-tool tests
 from __future__ import annotations
 
 from agent_runner.protocol import Event, ResultEvent, Usage
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, ensure_main_group
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 
 MAIN, TEAM = "main@local", "team@g.us"
 

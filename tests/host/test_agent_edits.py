@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 
 from agent_runner.protocol import AssistantEvent, EditEvent, Event, ResultEvent, Usage
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
@@ -18,8 +20,6 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from orchestrator.store.history import EDIT_HISTORY_KEY
 from orchestrator.store.message_log import get_messages_after
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 
 TEAM = "team@g.us"
 
@@ -75,10 +75,10 @@ def test_what_it_may_not_edit_is_refused_in_the_chat(settings: Settings, db: Dat
 
 
 def test_the_channel_that_showed_it_shows_the_new_words_in_place(settings: Settings, db: Database) -> None:
+    from fakes.platforms import fake_platforms, pointed_at
     from orchestrator.channels.slack import SlackChannel
     from orchestrator.store.attachments import attach_channel
     from tests.conftest import wait_until
-    from tests.fakes.platforms import fake_platforms, pointed_at
 
     with fake_platforms() as fakes:
         slack, _ = fakes

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 
 from agent_runner.protocol import AssistantEvent, Event, ResultEvent, TaskEvent, Usage
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
@@ -18,8 +20,6 @@ from orchestrator.run.schedules import add_task, get_task, list_tasks
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, ensure_main_group
 from orchestrator.store.message_log import get_messages_after
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 
 MAIN, TEAM, OPS = "main@local", "team@g.us", "ops@g.us"
 

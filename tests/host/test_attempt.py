@@ -11,6 +11,8 @@ keeps it.
 from __future__ import annotations
 
 from agent_runner.protocol import AssistantEvent, KeepEvent, ResultEvent, SendMessageEvent, ToolUseEvent, Usage
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
@@ -20,8 +22,6 @@ from orchestrator.run.run_diff import run_outputs
 from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group, get_group
 from orchestrator.store.runs import get_run
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 
 JID = "main@local"
 
@@ -58,10 +58,10 @@ def test_a_chat_run_and_its_replay_get_the_same_container_and_verdict(settings: 
         # Gone with its worker, and told so: the fence on the spec and in the input alike.
         assert spec.fence_s == 4.0 and sent.host_fence_s == 4.0
         assert (spec.memory, spec.cpus, spec.pids, spec.timeout_s) == (
-            settings.container_memory,
-            settings.container_cpus,
-            settings.container_pids,
-            settings.run_timeout_s,
+            settings.sandbox.container_memory,
+            settings.sandbox.container_cpus,
+            settings.sandbox.container_pids,
+            settings.runs.run_timeout_s,
         )
     # Each kept what it said its own way: the chat run stored it, the replay kept it aside.
     assert [o.sender for o in run_outputs(db, get_run(db, original))] == ["tool_use", "host", "result_meta"]

@@ -160,10 +160,10 @@ def test_budget_counts_lines_and_stored_bytes() -> None:
 
 def test_settings_defaults() -> None:
     s = Settings.load(env_file=None)
-    assert s.max_event_line_bytes == 1024 * 1024
-    assert s.max_run_events == 2000
-    assert s.max_run_stored_bytes == 16 * 1024 * 1024
-    assert s.max_tool_result_bytes == 256 * 1024
+    assert s.runs.max_event_line_bytes == 1024 * 1024
+    assert s.runs.max_run_events == 2000
+    assert s.runs.max_run_stored_bytes == 16 * 1024 * 1024
+    assert s.runs.max_tool_result_bytes == 256 * 1024
 
 
 # -- outputs: a tool result's stored size ----------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
+from fakes.channel import RecordingChannel, read_file_channel
 from orchestrator.channels.base import LogChannel
 from orchestrator.channels.registry import build_registry
 from orchestrator.core.errors import ChannelError, UnknownGroup
@@ -34,7 +35,6 @@ from orchestrator.store.history import truncate_after
 from orchestrator.store.hosts import database_now
 from orchestrator.store.tables import DeliveryRow
 from tests.conftest import run_in_threads, wait_until
-from tests.fakes.channel import RecordingChannel, read_file_channel
 
 JID = "team@chat"
 
@@ -304,8 +304,8 @@ def test_a_claims_deadline_is_on_the_databases_clock(
     [(until, abandoned)] = seen
     assert abandoned == 0 and rec.rendered == ["Alice: hello"]
     assert until is not None
-    assert before + timedelta(seconds=settings.delivery_claim_s) <= until
-    assert until <= database_now(team) + timedelta(seconds=settings.delivery_claim_s)
+    assert before + timedelta(seconds=settings.delivery.claim_s) <= until
+    assert until <= database_now(team) + timedelta(seconds=settings.delivery.claim_s)
     assert [d.state for d in list_deliveries(team)] == ["sent"]
 
 
@@ -387,8 +387,8 @@ def test_registry_is_keyed_by_name_and_checks_addresses(team: Database, settings
     assert [x.address for x in list_attachments(team, JID)] == ["room:2"]
 
     with pytest.raises(ChannelError, match="cannot be loaded"):
-        build_registry(settings.replace(**{"channel_plugins": "tests.fakes.channel:nothing"}))
-    plugged = build_registry(settings.replace(**{"channel_plugins": "tests.fakes.channel:plugin"}))
+        build_registry(settings.replace(**{"channel_plugins": "fakes.channel:nothing"}))
+    plugged = build_registry(settings.replace(**{"channel_plugins": "fakes.channel:plugin"}))
     assert plugged.names == ["flaky", "log", "mirror-a", "mirror-b", "webhook"]
 
 
@@ -407,7 +407,7 @@ def test_attach_detach_and_deliveries_from_the_cli(team: Database, settings: Set
         **os.environ,
         "ORCHESTRATOR_DATA_DIR": str(settings.data_dir),
         "ORCHESTRATOR_DATABASE_URL": settings.database_url,
-        "ORCHESTRATOR_CHANNEL_PLUGINS": "tests.fakes.channel:plugin",
+        "ORCHESTRATOR_CHANNEL_PLUGINS": "fakes.channel:plugin",
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
     }
     cli = str(Path(sys.executable).parent / "orchestrator")

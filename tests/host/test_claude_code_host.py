@@ -10,8 +10,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from orchestrator.core.errors import ConfigError, ImageBuildError, MountRefused, WorkspaceQuotaError
-from orchestrator.core.settings import Settings, SettingsError
+from orchestrator.core.errors import ConfigError, ImageBuildError, MountRefused, SettingsError, WorkspaceQuotaError
+from orchestrator.core.settings import Settings
 from orchestrator.run.model_choice import model_settings
 from orchestrator.sandbox import quota
 from orchestrator.sandbox.image import image_name, model_variant, settings_variant
@@ -24,8 +24,8 @@ from orchestrator.sandbox.sessions import (
     session_volume,
 )
 from tests.conftest import require_service
-from tests.quota_support import (  # noqa: F401 - fixtures
-    _no_volume_left_mounted,
+from tests.quota_support import (  # fixtures
+    _no_volume_left_mounted,  # noqa: F401
     fill,
     mounts_under,
     release_everything,

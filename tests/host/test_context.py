@@ -50,7 +50,7 @@ REDIRECTS = {
 
 
 class _Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:  # http.server's naming
         if self.path in REDIRECTS:
             self.send_response(302)
             self.send_header("Location", REDIRECTS[self.path])
@@ -70,7 +70,7 @@ class _Handler(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def web() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
 

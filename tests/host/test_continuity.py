@@ -375,7 +375,7 @@ def test_context_blocks_of_turns_the_budget_drops_are_never_fetched(
     hits: list[str] = []
 
     class Page(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:  # http.server's name
             hits.append(self.path)
             body = b"page text " * 50
             self.send_response(200)
@@ -388,7 +388,7 @@ def test_context_blocks_of_turns_the_budget_drops_are_never_fetched(
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         old = store_message_direct(

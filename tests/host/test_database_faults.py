@@ -11,7 +11,7 @@ answers 2xx again; every acknowledged message is stored exactly once, including
 those whose commit landed while the answer was lost.
 
 A run in progress when PostgreSQL stops (the fake sandbox of
-``tests/fakes/sandbox.py``, its agent held until the server is down): the step
+``fakes/sandbox.py``, its agent held until the server is down): the step
 fails and leaves its run and lease; once the server is back and the lease has
 expired, the sweeper closes the run ("interrupted before any output") and
 signals the group, and the next step answers the message, once.
@@ -47,6 +47,8 @@ from sqlalchemy import exc, text
 from sqlalchemy.engine import make_url
 
 from agent_runner.protocol import AssistantEvent, ResultEvent
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import DB_RETRY_AFTER_S, create_app
 from orchestrator.http.endpoint import CLIENT_HEADER
@@ -61,8 +63,6 @@ from orchestrator.store.groups import add_group, ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
 from tests.conftest import require_service, wait_until
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 from tests.live_server import serve
 
 JID = "faults@local"

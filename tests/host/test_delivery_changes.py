@@ -15,6 +15,10 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
+from fakes.platforms import Platforms, fake_platforms, pointed_at
+from fakes.slack_api import FakeSlack, Post
+from fakes.telegram_api import FakeTelegramAPI
+from fakes.webhook_receiver import WebhookReceiver
 from orchestrator.channels.base import LogChannel
 from orchestrator.channels.slack import SlackChannel
 from orchestrator.channels.telegram import TelegramChannel
@@ -36,10 +40,6 @@ from orchestrator.store.hosts import database_now
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.tables import DeliveryChangeRow
 from tests.conftest import wait_until
-from tests.fakes.platforms import Platforms, fake_platforms, pointed_at
-from tests.fakes.slack_api import FakeSlack, Post
-from tests.fakes.telegram_api import FakeTelegramAPI
-from tests.fakes.webhook_receiver import WebhookReceiver
 
 JID = "team@chat"
 SLACK_CHANNEL = "C0TEAM0001"

@@ -33,14 +33,23 @@ START = DOCS / "start.md"
 # (docs/performance.md and docs/web.md are kept by their own owners).
 PAGES = [ARCHITECTURE, START] + [
     DOCS / name
-    for name in ("messages.md", "protocol.md", "runs.md", "sandbox.md", "fleet.md", "recovery.md", "traces.md")
+    for name in (
+        "messages.md",
+        "protocol.md",
+        "runs.md",
+        "sandbox.md",
+        "fleet.md",
+        "recovery.md",
+        "traces.md",
+        "testing.md",
+    )
 ]
 HOUSE = "## The house: rooms and modules"
 MAX_LINES = 600
 MAX_ROW_TEXT = 160
 HISTORY = re.compile(r"\bused to\b|\bno longer\b|\bare gone\b|\bwas removed\b|\bpreviously\b|\bissue \d+", re.I)
 # Top-level folders whose paths the docs name; a backticked token under one of them is a path.
-TOP = ("orchestrator", "workers", "container", "tests", "scripts", "docs", "bench", "deploy", ".ci")
+TOP = ("orchestrator", "workers", "container", "tests", "fakes", "scripts", "docs", "bench", "deploy", ".ci")
 PATH_TOKEN = re.compile(rf"^(?:{'|'.join(re.escape(t) for t in TOP)})/[A-Za-z0-9_./-]*$")
 PATH_IN_TEXT = re.compile(rf"(?<![\w./-])(?:{'|'.join(re.escape(t) for t in TOP)})/[A-Za-z0-9_./-]*[A-Za-z0-9_/]")
 LINK = re.compile(r"\]\(([^)\s]+)\)")

@@ -1,6 +1,6 @@
 """Streamed replies on the host, on both databases: the run's draft, bounded, in place, and gone when stored.
 
-The real pipeline with a fake sandbox (``tests/fakes/sandbox.py``) playing
+The real pipeline with a fake sandbox (``fakes/sandbox.py``) playing
 ``text_delta`` events as a streaming runner writes them; the draft read
 back from the database (``orchestrator/store/drafts.py``), by the chat's
 event stream (``ChatStream.poll``) and by the terminal chat's follower, the
@@ -18,6 +18,8 @@ from typing import Any
 from sqlalchemy import event, func, select, update
 
 from agent_runner.protocol import AssistantEvent, Event, ResultEvent, TextDeltaEvent
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.cli.chat import Follower
 from orchestrator.core.settings import Settings
 from orchestrator.http.stream import ChatStream
@@ -33,8 +35,6 @@ from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import create_run
 from orchestrator.store.tables import MessageRow, RunDraftRow, RunRow
 from tests.conftest import wait_until
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 
 JID = "main@local"
 
@@ -168,10 +168,10 @@ def _as_the_pipeline_makes_it(db: Database, settings: Settings, run_id: str, clo
         db,
         run_id,
         JID,
-        max_bytes=settings.max_event_line_bytes,
-        free_lines=FREE_LINES_PER_EVENT * settings.max_run_events,
-        free_bytes=settings.max_run_stored_bytes,
-        max_written=settings.max_run_stored_bytes,
+        max_bytes=settings.runs.max_event_line_bytes,
+        free_lines=FREE_LINES_PER_EVENT * settings.runs.max_run_events,
+        free_bytes=settings.runs.max_run_stored_bytes,
+        max_written=settings.runs.max_run_stored_bytes,
         clock=clock,
     )
 
@@ -187,9 +187,9 @@ def test_a_huge_delta_then_a_byte_every_100_ms_writes_bounded_bytes(settings: Se
     draft = _as_the_pipeline_makes_it(db, settings, run_id, clock)
     stream = ChatStream(db, JID, 0)
     stream.poll()  # the run: live
-    run_s = settings.run_timeout_s
+    run_s = settings.runs.run_timeout_s
     # One burst, then the pace; and never past the run's budget.
-    bound = min(10**6 + WRITE_RATE * run_s, settings.max_run_stored_bytes) + 64 * 1024  # + the row's other fields
+    bound = min(10**6 + WRITE_RATE * run_s, settings.runs.max_run_stored_bytes) + 64 * 1024  # + the row's other fields
     sent = 0
     polls = 0
     with DraftWrites(db) as writes:
@@ -204,7 +204,7 @@ def test_a_huge_delta_then_a_byte_every_100_ms_writes_bounded_bytes(settings: Se
             assert writes.bytes <= bound, f"{writes.bytes} bytes written by {clock.now:.1f} s"
         # The writer's own count is the database's: the texts, and the row's few other fields.
         assert draft.written <= writes.bytes <= draft.written + writes.statements * 200
-        assert 10**6 <= draft.written <= settings.max_run_stored_bytes
+        assert 10**6 <= draft.written <= settings.runs.max_run_stored_bytes
         assert sent <= draft.written + writes.statements * 100  # each version at most once, JSON around it
         assert writes.text_reads <= writes.statements + 1 < polls / 10  # not the text of every tick
     [row] = chat_drafts(db, JID)

@@ -35,7 +35,7 @@ def files(tmp_path: Path) -> Iterator[int]:
     (root / "hello.txt").write_text("hello from the files host\n")
     (root / "big.bin").write_bytes(b"x" * 300_000)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: _Files(*a, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield server.server_address[1]
     server.shutdown()

@@ -82,7 +82,7 @@ def recording_handler(seen: list[dict[str, str]]) -> type[http.server.BaseHTTPRe
     """A handler that answers 200 to GET and POST and keeps each request's path and headers."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             seen.append({"path": self.path, **{k.lower(): v for k, v in self.headers.items()}})
             body = b"secret area\n"
             self.send_response(200)
@@ -108,7 +108,7 @@ def upstream(tmp_path: Path) -> Iterator[tuple[int, Path, list[dict[str, str]]]]
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     yield server.server_address[1], ca_file, seen
     server.shutdown()
     server.server_close()
@@ -256,5 +256,5 @@ def test_the_secret_is_masked_like_every_secret(settings: Settings) -> None:
     from orchestrator.sandbox.egress_credentials import parse_credentials
 
     with pytest.raises(SettingsError) as err:
-        parse_credentials(broken.egress_credentials)
+        parse_credentials(broken.egress.credentials)
     assert SECRET not in str(err.value)

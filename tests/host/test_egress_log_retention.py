@@ -109,9 +109,9 @@ def test_a_backlog_goes_a_bounded_batch_at_a_time(main: Database, monkeypatch: p
 
 
 def test_the_setting() -> None:
-    assert Settings.load(env_file=None, environ={}).egress_log_retention_days == 30
+    assert Settings.load(env_file=None, environ={}).egress.log_retention_days == 30
     assert (
-        Settings.load(env_file=None, environ={"ORCHESTRATOR_EGRESS_LOG_RETENTION_DAYS": "0"}).egress_log_retention_days
+        Settings.load(env_file=None, environ={"ORCHESTRATOR_EGRESS_LOG_RETENTION_DAYS": "0"}).egress.log_retention_days
         == 0
     )
     with pytest.raises(SettingsError, match="ORCHESTRATOR_EGRESS_LOG_RETENTION_DAYS"):

@@ -25,7 +25,7 @@ POLICY = parse_network_option(f"allowlist:{NAME},{FAR}")
 
 
 class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         body = b"reached the service\n"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -42,7 +42,7 @@ def services() -> Iterator[tuple[int, int]]:
     the installation's own service (the database, the API), and the port of an ordinary one."""
     servers = [http.server.ThreadingHTTPServer(("0.0.0.0", 0), _Hello) for _ in range(2)]
     for server in servers:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     yield servers[0].server_address[1], servers[1].server_address[1]
     for server in servers:
         server.shutdown()

@@ -53,7 +53,7 @@ def broker(tmp_path: Path, settings: Settings) -> Iterator[tuple[Callable[[bytes
     seen: Seen = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), recording_handler(seen))
     server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     port = server.server_address[1]
     s = settings_for(settings, port, ca_file)
     s.ensure_dirs()
@@ -195,7 +195,7 @@ def test_the_normal_form_and_whole_segment_prefixes() -> None:
 class _Plain(http.server.BaseHTTPRequestHandler):
     paths: list[str] = []
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         type(self).paths.append(self.path)
         self.send_response(200)
         self.send_header("Content-Length", "3")
@@ -211,7 +211,7 @@ def test_a_plain_requests_path_is_normalised_the_same_way(tmp_path: Path) -> Non
     seen: list[str] = []
     handler = type("Plain", (_Plain,), {"paths": seen})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     port = server.server_address[1]
     folder = tmp_path / "run"
     folder.mkdir()

@@ -28,6 +28,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from agent_runner.protocol import AssistantEvent, ResultEvent, ToolResultEvent, Usage
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
+from fakes.webhook_receiver import WebhookReceiver
 from orchestrator.channels.webhook import INBOUND_PATH, WebhookChannel, inbound_headers
 from orchestrator.core.errors import SettingsError
 from orchestrator.core.settings import Settings
@@ -46,9 +49,6 @@ from orchestrator.store.files import FileStore
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.questions import chat_questions, read_question
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
-from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.host.asked import stored_question
 
 A, B, QUIET = "team-a@local", "team-b@local", "quiet@local"
@@ -210,8 +210,8 @@ def test_a_link_good_for_ten_years_is_refused_whatever_its_signature(
     now = time.time()
     for expires, status in (
         (int(now) + TEN_YEARS, 403),
-        (int(now + linked.file_link_ttl_s + CLOCK_SKEW_S) + 5, 403),
-        (int(now + linked.file_link_ttl_s + CLOCK_SKEW_S) - 5, 200),  # a minting clock a little ahead
+        (int(now + linked.files.link_ttl_s + CLOCK_SKEW_S) + 5, 403),
+        (int(now + linked.files.link_ttl_s + CLOCK_SKEW_S) - 5, 200),  # a minting clock a little ahead
         (int(now) + 60, 200),
     ):
         sig = signature(link_key(linked), A, own.id, expires)

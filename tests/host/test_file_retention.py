@@ -87,10 +87,10 @@ def test_bytes_another_chat_still_names_stay(db: Database, settings: Settings, s
 
 def test_a_file_the_agent_sent_is_named_by_its_reply(db: Database, settings: Settings, store: FileStore) -> None:
     from agent_runner.protocol import AssistantEvent, ResultEvent, SendFileEvent, Usage
+    from fakes.clock import FakeClock
+    from fakes.sandbox import FakeSandbox, Script
     from orchestrator.run.outbound import ChannelRegistry
     from orchestrator.run.pipeline import Pipeline
-    from tests.fakes.clock import FakeClock
-    from tests.fakes.sandbox import FakeSandbox, Script
 
     def write(index: int) -> None:
         if index == 0:

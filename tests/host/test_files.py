@@ -312,7 +312,7 @@ def test_the_limits_come_from_the_environment(tmp_path: Path) -> None:
     store = FileStore.from_settings(None, loaded)  # type: ignore[arg-type]
     assert (store.max_bytes, store.group_max_bytes, store.root) == (1000, 5000, tmp_path / "files")
     defaults = Settings.load(environ={}, env_file=None)
-    assert (defaults.file_max_bytes, defaults.group_files_max_bytes) == (25 << 20, 1 << 30)
+    assert (defaults.files.max_bytes, defaults.files.group_files_max_bytes) == (25 << 20, 1 << 30)
     from orchestrator.core.errors import SettingsError
 
     with pytest.raises(SettingsError, match="ORCHESTRATOR_FILE_MAX_BYTES"):

@@ -33,13 +33,13 @@ from agent_runner.protocol import (
     Usage,
 )
 from agent_runner.providers.anthropic import AnthropicProvider, _unix_socket_client
+from fakes.anthropic_api import FakeAnthropic, api_error, message, message_stream
+from fakes.openai_api import FakeOpenAI, chat, chat_stream, raw
 from orchestrator.core.errors import GatewayError
 from orchestrator.core.settings import Settings
 from orchestrator.sandbox.gateway import GatewayConfig, ModelGateway, chmod_socket
 from orchestrator.sandbox.gateway.metering import Meter, SseUsage
 from orchestrator.sandbox.gateway.upstream import tls_context
-from tests.fakes.anthropic_api import FakeAnthropic, api_error, message, message_stream
-from tests.fakes.openai_api import FakeOpenAI, chat, chat_stream, raw
 
 KEY = "sk-gateway-key-42"
 REQUEST = {"model": "claude-fake", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}

@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
+from fakes.anthropic_api import FakeAnthropic, message
+from fakes.openai_api import FakeOpenAI, chat
 from orchestrator.sandbox.egress_policy import EgressPolicy, opened_tools, parse_network_option, search_domains
 from orchestrator.sandbox.gateway import (
     ANTHROPIC_BETAS,
@@ -31,8 +33,6 @@ from orchestrator.sandbox.gateway import (
     GatewayConfig,
     ModelGateway,
 )
-from tests.fakes.anthropic_api import FakeAnthropic, message
-from tests.fakes.openai_api import FakeOpenAI, chat
 
 KEY = "sk-allowlist-key"
 MODEL = "claude-sonnet-4-5"

@@ -27,6 +27,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from agent_runner.protocol import AssistantEvent, ResultEvent, SendFileEvent, SendMessageEvent
+from fakes.channel import attach_recorder
+from fakes.clock import FakeClock
+from fakes.openai_api import FakeOpenAI, chat
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.errors import BadInput, ConfigError, InvalidMessage, UnknownGroup
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
@@ -46,10 +50,6 @@ from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.tables import GroupRow
 from orchestrator.store.transfer import export_json, import_chat, parse_export
 from tests.conftest import TEST_ENV, docker_available, require_service
-from tests.fakes.channel import attach_recorder
-from tests.fakes.clock import FakeClock
-from tests.fakes.openai_api import FakeOpenAI, chat
-from tests.fakes.sandbox import FakeSandbox, Script
 
 MAIN = "main@local"
 JID = "team@local"

@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event, update
 
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator import __version__
 from orchestrator.cli import fleet as cli_fleet
 from orchestrator.core.settings import Settings
@@ -26,7 +27,6 @@ from orchestrator.store.groups import add_group
 from orchestrator.store.runs import create_run, finish_run
 from orchestrator.store.tables import GroupRow, HostRow
 from tests.conftest import wait_until
-from tests.fakes.sandbox import FakeSandbox, Script
 
 
 def _register(db: Database, host_id: str = "host-a", instance: str = "1:aa", **kw: object) -> None:
@@ -233,8 +233,8 @@ def test_the_pipeline_and_deliverer_own_as_their_host(settings: Settings) -> Non
     named, unnamed = root(settings.replace(**{"host_id": "host-q"})), root(settings)
     owners = [named.pipeline.owner, named.deliverer().owner, unnamed.pipeline.owner, root(settings).pipeline.owner]
     assert len(set(owners)) == len(owners)  # unique per process and object
-    assert [hosts.owner_host(o) for o in owners] == ["host-q", "host-q", *[settings.effective_host_id] * 2]
-    assert settings.effective_host_id  # the hostname when ORCHESTRATOR_HOST_ID is empty
+    assert [hosts.owner_host(o) for o in owners] == ["host-q", "host-q", *[settings.fleet.effective_host_id] * 2]
+    assert settings.fleet.effective_host_id  # the hostname when ORCHESTRATOR_HOST_ID is empty
 
 
 # -- the heartbeat thread -------------------------------------------------------------

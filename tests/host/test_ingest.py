@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.errors import InvalidMessage, StoreError
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, IngestResult, ingest, ingest_batch
@@ -201,7 +202,8 @@ def test_no_message_waits_for_the_sweeper_when_signals_are_skipped(db: Database,
     done = threading.Event()
 
     def worker(_: int) -> None:
-        pipeline = _ConsumingPipeline(settings, db, ChannelRegistry())
+        # A fake sandbox: no run starts here, but a step's recovery check asks for one (no Docker).
+        pipeline = _ConsumingPipeline(settings, db, ChannelRegistry(), sandbox=FakeSandbox(Script()))
         while not (done.is_set() and signals.empty()):
             try:
                 jid = signals.get(timeout=0.02)

@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 
 from agent_runner.conversation import build_system_prompt
 from agent_runner.protocol import AssistantEvent, ResultEvent, Usage
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.cli.main import app
 from orchestrator.core.settings import Settings
 from orchestrator.run.assembly import rebuild_input, stored_input
@@ -29,8 +31,6 @@ from orchestrator.run.outbound import ChannelRegistry
 from orchestrator.run.pipeline import Pipeline
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, ensure_main_group, get_group
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 
 TEAM = "team@test"
 

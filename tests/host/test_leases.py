@@ -14,6 +14,8 @@ import pytest
 from sqlalchemy import literal, select, update
 
 from agent_runner.protocol import AssistantEvent, ResultEvent
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.clock import SystemClock
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -23,8 +25,6 @@ from orchestrator.store import hosts, leases
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, ensure_main_group
 from orchestrator.store.tables import GroupRow, HostRow
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 
 JID = "main@local"
 

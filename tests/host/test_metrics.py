@@ -1,6 +1,6 @@
 """Prometheus metrics (orchestrator/core/metrics.py), counted by the real run path.
 
-A pipeline with the fake sandbox (``tests/fakes/sandbox.py``) and a clock that
+A pipeline with the fake sandbox (``fakes/sandbox.py``) and a clock that
 jumps, ingest, the deliverer with a recording channel, the sweeper and the API's
 ``GET /metrics``, on both databases.  The registry is the process's own (every
 test in the process counts into it), so each test compares before and after.
@@ -23,6 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select, update
 
 from agent_runner.protocol import AssistantEvent, ResultEvent
+from fakes.channel import RecordingChannel, attach_recorder
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.errors import RateLimited
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
@@ -39,9 +42,6 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.runs import create_run, get_run
 from orchestrator.store.tables import GroupRow, MessageRow, RunRow
-from tests.fakes.channel import RecordingChannel, attach_recorder
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 
 JID = "main@local"
 OK = Script([AssistantEvent(text="done"), ResultEvent()])

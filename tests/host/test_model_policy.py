@@ -24,12 +24,12 @@ from agent_runner.errors import ProviderError
 from agent_runner.protocol import ModelSettings, Usage
 from agent_runner.providers.anthropic import AnthropicProvider
 from agent_runner.providers.base import ProviderMessage, TextBlock
+from fakes.anthropic_api import FakeAnthropic, message
+from fakes.openai_api import FakeOpenAI, chat
 from orchestrator.core.settings import Settings
 from orchestrator.sandbox.gateway import GatewayConfig, ModelGateway
 from orchestrator.sandbox.gateway.config import ModelPolicy
 from orchestrator.sandbox.gateway.wire import MAX_REWRITE_COLONS
-from tests.fakes.anthropic_api import FakeAnthropic, message
-from tests.fakes.openai_api import FakeOpenAI, chat
 
 KEY = "sk-policy-key"
 MODEL = "claude-allowed-1"

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agent_runner.protocol import ContainerInput, KeepEvent, ResultEvent, decode_input, dump_event
+from fakes.channel import RecordingChannel, attach_recorder
 from orchestrator.core.errors import ContainerConfigError, MountRefused, SandboxError
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -41,7 +42,6 @@ from orchestrator.sandbox.mounts import (
 )
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, ensure_main_group, get_group
-from tests.fakes.channel import RecordingChannel, attach_recorder
 
 # -- fixtures -------------------------------------------------------------------------
 
@@ -521,7 +521,7 @@ def test_set_container_config_validates_then_stores(mounted: tuple[Database, Env
             "refused read-write",
         ),
         ({"network": "bridge"}, ContainerConfigError, "never have a network"),
-        ({"run_timeout_s": env.settings.run_timeout_s + 1}, ContainerConfigError, "may only shorten"),
+        ({"run_timeout_s": env.settings.runs.run_timeout_s + 1}, ContainerConfigError, "may only shorten"),
     ]:
         with pytest.raises(err, match=match):
             set_container_config(db, env.settings, "alpha@chat", raw)
@@ -665,13 +665,13 @@ def test_pipeline_without_config_keeps_the_settings_defaults(mounted: tuple[Data
     [(spec, payload)] = sandbox.started
     s = env.settings
     assert (spec.memory, spec.cpus, spec.pids, spec.timeout_s) == (
-        s.container_memory,
-        s.container_cpus,
-        s.container_pids,
-        s.run_timeout_s,
+        s.sandbox.container_memory,
+        s.sandbox.container_cpus,
+        s.sandbox.container_pids,
+        s.runs.run_timeout_s,
     )
     assert spec.readonly_mounts == {} and spec.extra_mounts == {}
-    assert payload.limits.bash_timeout_s == s.bash_timeout_s
+    assert payload.limits.bash_timeout_s == s.runs.bash_timeout_s
     assert not (spec.workspace / "extra").exists()
 
 

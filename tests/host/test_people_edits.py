@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from fakes.platforms import Platforms, fake_platforms, pointed_at
+from fakes.slack_api import FakeSlack
+from fakes.telegram_api import FakeTelegramAPI
 from orchestrator.channels.slack import SlackChannel
 from orchestrator.channels.slack_inbound import EVENTS_PATH, signed_headers
 from orchestrator.channels.telegram import TelegramChannel
@@ -31,9 +34,6 @@ from orchestrator.store.groups import add_group, find_group
 from orchestrator.store.history import EDIT_HISTORY_KEY
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
-from tests.fakes.platforms import Platforms, fake_platforms, pointed_at
-from tests.fakes.slack_api import FakeSlack
-from tests.fakes.telegram_api import FakeTelegramAPI
 
 JID = "team@chat"
 SLACK_CHANNEL = "C0TEAM0001"

@@ -3,7 +3,7 @@
 Retries and their backoff, no replay after a reply, errors the agent says are
 final, cancel, a lost lease, the sandbox's time limit and the task queue's
 deadline: each decided by the pipeline itself, so each is driven here through
-``tests/fakes/sandbox.py`` on both databases.  The real-Docker versions of the
+``fakes/sandbox.py`` on both databases.  The real-Docker versions of the
 same stories stay in ``tests/integration/test_failures.py``.
 """
 
@@ -15,6 +15,9 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import select, update
 
 from agent_runner.protocol import AssistantEvent, ErrorEvent, ResultEvent, ToolResultEvent
+from fakes.channel import attach_recorder
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.clock import SYSTEM_CLOCK, Clock
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
@@ -27,9 +30,6 @@ from orchestrator.store.groups import ensure_main_group, get_group, update_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import cancel_run, get_run, list_runs
 from orchestrator.store.tables import GroupRow, RunRow
-from tests.fakes.channel import attach_recorder
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 
 JID = "main@local"
 OK = Script([AssistantEvent(text="done"), ResultEvent()])

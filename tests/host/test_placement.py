@@ -24,6 +24,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from agent_runner.protocol import AssistantEvent, ResultEvent
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.errors import HostUnavailable, UnknownGroup
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
@@ -38,7 +39,6 @@ from orchestrator.store.groups import add_group, get_group
 from orchestrator.store.placement import live_hosts, move, moved_away, placed_on, stranded
 from orchestrator.store.tables import GroupRow, HostRow
 from tests.conftest import TEST_ENV
-from tests.fakes.sandbox import FakeSandbox, Script
 
 JID = "g@x"
 

@@ -101,7 +101,7 @@ def test_the_sandbox_reads_each_providers_row(tmp_path: Path, name: str) -> None
     with ModelGateway.for_provider(sock, settings, name) as gw:
         assert gw.config.base_url == f"http://127.0.0.1:1/{facts.gateway}"
         assert (gw.config.paths, gw.config.model) == (upstream.paths, "m-1")
-        assert upstream.api_key(settings) == {"anthropic": "a-key", "openai": "o-key"}[facts.gateway]
+        assert upstream.api_key(settings.provider) == {"anthropic": "a-key", "openai": "o-key"}[facts.gateway]
 
 
 @pytest.mark.parametrize("name", NAMES)

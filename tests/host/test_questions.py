@@ -20,6 +20,8 @@ from agent_runner.protocol import (
     ToolUseEvent,
     Usage,
 )
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.errors import BadInput, Conflict, InvalidMessageMetadata, NotAllowed, NotFound
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -31,8 +33,6 @@ from orchestrator.store.groups import add_group, get_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.questions import chat_questions, group_open_question, read_question
 from orchestrator.store.runs import get_run, list_runs
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 
 TEAM, OPS, QUIET = "team@g.us", "ops@g.us", "quiet@g.us"
 ASK = (
@@ -167,7 +167,7 @@ def test_chatter_leaves_it_open_and_a_newer_trigger_expires_it(settings: Setting
 def test_questions_expire_on_the_clock(settings: Settings, db: Database) -> None:
     qid = ask(settings, db)
     asked = read_question(db, qid)
-    assert asked is not None and asked.expires_at - asked.asked_at == timedelta(seconds=settings.question_ttl_s)
+    assert asked is not None and asked.expires_at - asked.asked_at == timedelta(seconds=settings.runs.question_ttl_s)
     assert expire_due(db, asked.asked_at + timedelta(hours=23)) == []
     (expired,) = expire_due(db, asked.asked_at + timedelta(hours=25))
     assert expired.id == qid and read_question(db, qid).state == "expired"  # type: ignore[union-attr]

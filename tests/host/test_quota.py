@@ -40,13 +40,13 @@ from orchestrator.sandbox.quota import mode as quota_mode_module
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from tests.conftest import run_in_threads
-from tests.quota_support import (  # noqa: F401 - fixtures
-    _no_volume_left_mounted,
+from tests.quota_support import (  # fixtures
+    _no_volume_left_mounted,  # noqa: F401
     fill,
     loops_under,
     mounts_under,
     require_volumes,
-    volume_settings_fixture,
+    volume_settings_fixture,  # noqa: F401
 )
 
 MiB = 1024**2

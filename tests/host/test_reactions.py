@@ -15,6 +15,10 @@ from typing import Any
 import pytest
 
 from agent_runner.protocol import Event, ReactEvent, ResultEvent, Usage
+from fakes.clock import FakeClock
+from fakes.platforms import Platforms, fake_platforms, pointed_at
+from fakes.sandbox import FakeSandbox, Script
+from fakes.webhook_receiver import WebhookReceiver
 from orchestrator.channels.slack import SlackChannel
 from orchestrator.channels.telegram import TelegramChannel
 from orchestrator.channels.webhook import REACTION_EVENT, WebhookChannel
@@ -32,10 +36,6 @@ from orchestrator.store.groups import add_group
 from orchestrator.store.history import truncate_after
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.reactions import reactions_after
-from tests.fakes.clock import FakeClock
-from tests.fakes.platforms import Platforms, fake_platforms, pointed_at
-from tests.fakes.sandbox import FakeSandbox, Script
-from tests.fakes.webhook_receiver import WebhookReceiver
 
 JID = "team@chat"
 SLACK_CHANNEL = "C0TEAM0001"

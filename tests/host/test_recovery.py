@@ -13,6 +13,8 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import update
 
 from agent_runner.protocol import AssistantEvent, ResultEvent
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -26,8 +28,6 @@ from orchestrator.store.groups import add_group, ensure_main_group, get_group
 from orchestrator.store.message_log import get_messages_after, now_iso, store_message_direct
 from orchestrator.store.runs import create_run, get_run, list_runs, park_run, set_container
 from orchestrator.store.tables import GroupRow, HostRow
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 
 JID = "main@local"
 OK = Script([AssistantEvent(text="the answer"), ResultEvent()])
@@ -56,7 +56,7 @@ def _killed_mid_run(db: Database, settings: Settings, *, replied: bool) -> tuple
     ``replied``), then was SIGKILLed: its lease is live for another minute."""
     ensure_main_group(db)
     msg = _say(db, settings)
-    dead = f"{settings.effective_host_id}:{_dead_pid()}:0badf00d"
+    dead = f"{settings.fleet.effective_host_id}:{_dead_pid()}:0badf00d"
     assert leases.acquire(db, JID, dead, 60)
     run = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=msg.seq, celery_task_id=None, owner=dead)
     set_container(db, run.id, "c0ffee")
@@ -104,7 +104,7 @@ def test_a_dead_holder_that_had_answered_is_not_answered_again(settings: Setting
 def test_recover_group_leaves_the_holders_own_and_parked_runs(settings: Settings, db: Database) -> None:
     ensure_main_group(db)
     msg = _say(db, settings)
-    me = hosts.process_owner(settings.effective_host_id)
+    me = hosts.process_owner(settings.fleet.effective_host_id)
     assert leases.acquire(db, JID, me, 60)
     mine = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=msg.seq, celery_task_id=None, owner=me)
     parked = create_run(db, chat_jid=JID, cursor_from=0, cursor_to=msg.seq, celery_task_id=None, owner="w:1:ab")

@@ -35,6 +35,9 @@ from agent_runner.protocol import (
     Usage,
     decode_input,
 )
+from fakes.channel import attach_recorder
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.errors import ConfigError, ReplayRefused
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
@@ -54,9 +57,6 @@ from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import get_run, list_runs
 from orchestrator.store.slots import fleet_slots
 from orchestrator.store.usage import group_usage
-from tests.fakes.channel import attach_recorder
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 
 JID = "main@local"
 MB = 1024 * 1024
@@ -280,7 +280,11 @@ def test_a_replay_runs_the_same_input_on_a_scratch_copy_and_touches_nothing_of_t
     recorded = decode_input(stored_input(db, original) or b"")
     assert sent.messages == recorded.messages and sent.system_notices == recorded.system_notices
     assert (sent.run_id, sent.session_id) == (replay.id, None)
-    assert (sent.model.provider, sent.model.model, sent.model.max_tokens) == ("openai", "gpt-test", settings.max_tokens)
+    assert (sent.model.provider, sent.model.model, sent.model.max_tokens) == (
+        "openai",
+        "gpt-test",
+        settings.provider.max_tokens,
+    )
     assert sent.model.socket_path == "/run/gateway/model.sock"
     # ... and a scratch copy of the workspace, removed afterwards, never the workspace itself.
     assert spec.workspace != workspace and spec.workspace.parent.parent == settings.runs_dir

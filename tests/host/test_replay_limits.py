@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
+from fakes.sandbox import FakeSandbox
 from orchestrator.core.errors import FleetFull, ReplayLimited
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
@@ -19,7 +20,6 @@ from orchestrator.store.db import Database
 from orchestrator.store.hosts import process_owner
 from orchestrator.store.runs import create_run, list_runs
 from orchestrator.store.slots import fleet_slots, take_replay_slot, take_slot
-from tests.fakes.sandbox import FakeSandbox
 from tests.host.test_replay import JID, ORIGINAL, REPLAYED, _chat
 
 

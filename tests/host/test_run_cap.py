@@ -1,7 +1,7 @@
 """The fleet's run cap and its priority lanes (issue 14, ``ORCHESTRATOR_MAX_CONCURRENT_RUNS``;
 ``orchestrator/store/slots.py``), on both databases.
 
-Several pipelines in threads share one fake sandbox (``tests/fakes/sandbox.py``),
+Several pipelines in threads share one fake sandbox (``fakes/sandbox.py``),
 which counts the agents alive at once; a gated script holds a run open.  The
 cap is never exceeded, a group over it waits in line where people can see it
 (``runs waiting``, ``GET /api/runs/waiting``), and a freed slot goes to a
@@ -28,6 +28,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from agent_runner.protocol import AssistantEvent, ResultEvent
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.clock import SYSTEM_CLOCK
 from orchestrator.core.errors import FleetFull
 from orchestrator.core.settings import Settings
@@ -44,7 +45,6 @@ from orchestrator.store.runs import list_runs
 from orchestrator.store.slots import RECHECK_S, STALE_S, fleet_slots, take_slot, to_wake
 from orchestrator.store.tables import RunWaitRow
 from tests.conftest import TEST_ENV, run_in_threads, wait_until
-from tests.fakes.sandbox import FakeSandbox, Script
 
 DONE = [AssistantEvent(text="done"), ResultEvent()]
 

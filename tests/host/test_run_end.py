@@ -1,6 +1,6 @@
 """How a run ends, on both databases: its records and what the chat is told.
 
-The real pipeline with a fake sandbox (``tests/fakes/sandbox.py``) and, for a
+The real pipeline with a fake sandbox (``fakes/sandbox.py``) and, for a
 real model, the real model gateway with a fake Anthropic upstream on
 loopback: tool results are stored with the ``tool_result`` sender (older
 ``command_output`` rows read the same), thinking with ``thinking``; every
@@ -31,6 +31,10 @@ from agent_runner.protocol import (
     ToolUseEvent,
     Usage,
 )
+from fakes.anthropic_api import FakeAnthropic, message
+from fakes.channel import RecordingChannel, attach_recorder
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.clock import Clock
 from orchestrator.core.errors import SettingsError
 from orchestrator.core.settings import Settings
@@ -50,10 +54,6 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group, get_group
 from orchestrator.store.message_log import get_messages_after, store_message_direct
 from orchestrator.store.runs import list_runs
-from tests.fakes.anthropic_api import FakeAnthropic, message
-from tests.fakes.channel import RecordingChannel, attach_recorder
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 
 JID = "main@local"
 ROOT = Path(__file__).resolve().parents[2]
@@ -379,7 +379,7 @@ def test_the_thinking_budget_is_checked_against_max_tokens() -> None:
     assert (
         Settings.load(
             env_file=None, environ={"ORCHESTRATOR_THINKING_BUDGET": "1024", "ORCHESTRATOR_MAX_TOKENS": "4096"}
-        ).thinking_budget
+        ).provider.thinking_budget
         == 1024
     )
     for budget, cap in (("1024", "1024"), ("500", "4096")):
@@ -428,7 +428,11 @@ def test_cost_estimates_price_cache_reads_and_writes_apart() -> None:
 
 def test_the_defaults_suit_real_work_and_compose_passes_them() -> None:
     defaults = Settings.load(env_file=None, environ={})
-    assert (defaults.max_turns, defaults.run_token_budget, defaults.gateway_model_policy) == (50, 1_000_000, "refuse")
+    assert (defaults.provider.max_turns, defaults.provider.run_token_budget, defaults.gateway.model_policy) == (
+        50,
+        1_000_000,
+        "refuse",
+    )
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     env = (
         compose["x-orchestrator"]["environment"]
@@ -436,10 +440,10 @@ def test_the_defaults_suit_real_work_and_compose_passes_them() -> None:
         else compose["services"]["worker"]["environment"]
     )
     expected = {
-        "ORCHESTRATOR_MAX_TURNS": defaults.max_turns,
-        "ORCHESTRATOR_RUN_TOKEN_BUDGET": defaults.run_token_budget,
-        "ORCHESTRATOR_THINKING_BUDGET": defaults.thinking_budget,
-        "ORCHESTRATOR_GATEWAY_MODEL_POLICY": defaults.gateway_model_policy,
+        "ORCHESTRATOR_MAX_TURNS": defaults.provider.max_turns,
+        "ORCHESTRATOR_RUN_TOKEN_BUDGET": defaults.provider.run_token_budget,
+        "ORCHESTRATOR_THINKING_BUDGET": defaults.provider.thinking_budget,
+        "ORCHESTRATOR_GATEWAY_MODEL_POLICY": defaults.gateway.model_policy,
     }
     for name, value in expected.items():
         assert env[name] == f"${{{name}:-{value}}}", name

@@ -13,6 +13,8 @@ import msgspec
 import pytest
 
 from agent_runner.protocol import AssistantEvent, Event, ImageRef, ResultEvent, SendFileEvent, Usage
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.settings import Settings
 from orchestrator.model.envelopes import FILE, files_of
 from orchestrator.run.assembly import rebuild_input, stored_input
@@ -26,8 +28,6 @@ from orchestrator.store.file_rows import StoredFile
 from orchestrator.store.files import FileStore
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 
 JID = "main@local"
 

@@ -15,15 +15,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fakes.anthropic_api import FakeAnthropic, api_error
 from orchestrator.core import secrets
 from orchestrator.core.settings import Settings
-from orchestrator.core.settings_secrets import SECRET_FIELDS
+from orchestrator.core.settings.secrets import SECRET_FIELDS
 from orchestrator.run.outputs import host_message
 from orchestrator.sandbox.gateway import GatewayConfig, ModelGateway
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from orchestrator.store.runs import create_run, finish_run, get_run
-from tests.fakes.anthropic_api import FakeAnthropic, api_error
 
 # One canary per secret setting, and a database password: each unique, so a hit names its leak.
 # (Flower's login is user:password: the canary has that shape, the user a canary too.)
@@ -68,7 +68,7 @@ def test_the_settings_repr_shows_no_secret(canary_settings: Settings) -> None:
     for shown in (repr(canary_settings), str(canary_settings), f"{canary_settings!r}", f"{[canary_settings]}"):
         assert leaks(shown) == [], shown
     assert "postgresql://orchestrator:********@127.0.0.1:1/none" in repr(canary_settings)
-    assert "api_token='********'" in repr(canary_settings)
+    assert "token='********'" in repr(canary_settings.api)
     assert "openai_api_key=''" in repr(Settings.load(env_file=None))  # unset is shown as unset
 
 
@@ -81,13 +81,13 @@ configure(settings)
 log = logging.getLogger("canary")
 # A library logging a URL with the bot token in its path, as httpx does for Telegram.
 logging.getLogger("httpx").info('HTTP Request: POST https://api.telegram.org/bot%s/getUpdates "HTTP/1.1 200 OK"',
-                                settings.telegram_bot_token)
-log.warning("upstream said: invalid x-api-key %s", settings.anthropic_api_key)
+                                settings.telegram.bot_token)
+log.warning("upstream said: invalid x-api-key %s", settings.provider.anthropic_api_key)
 log.error("connecting to " + settings.database_url + " failed")
 try:
-    raise RuntimeError(f"bad token {settings.api_token} and {settings.webhook_inbound_secret}")
+    raise RuntimeError(f"bad token {settings.api.token} and {settings.webhook.inbound_secret}")
 except RuntimeError:
-    log.exception("it failed (%s)", settings.openai_api_key)
+    log.exception("it failed (%s)", settings.provider.openai_api_key)
 log.info("settings: %r", settings)
 log.warning("stack", stack_info=True, extra={})
 log.info("a line with no secret")
@@ -128,7 +128,7 @@ def hidden(canary_settings: Settings) -> Iterator[Settings]:
 def test_run_errors_and_host_messages_carry_no_secret(db: Database, hidden: Settings) -> None:
     add_group(db, chat_jid="c@l", name="c", folder="c")
     run = create_run(db, chat_jid="c@l", cursor_from=0, cursor_to=0, celery_task_id=None)
-    quoted = f"upstream: invalid key {hidden.anthropic_api_key} (token {hidden.telegram_bot_token})"
+    quoted = f"upstream: invalid key {hidden.provider.anthropic_api_key} (token {hidden.telegram.bot_token})"
     finish_run(db, run.id, state="failed", error=quoted)
     stored = get_run(db, run.id).error or ""
     assert leaks(stored) == [] and "upstream: invalid key [redacted]" in stored

@@ -31,10 +31,10 @@ def test_environment_strings_become_typed_values(tmp_path: Path) -> None:
         },
     )
     assert s.data_dir == (tmp_path / "b").resolve()
-    assert (s.max_tokens, s.run_timeout_s) == (77, 12.5)
-    assert s.context_url_allow_private is True and s.api_require_registered_chat is False
-    assert (s.workspace_quota_mode, s.workspace_quota) == ("checked", "2g")
-    assert s.openai_base_url == "https://api.openai.com"
+    assert (s.provider.max_tokens, s.runs.run_timeout_s) == (77, 12.5)
+    assert s.context.url_allow_private is True and s.api.require_registered_chat is False
+    assert (s.sandbox.workspace_quota_mode, s.sandbox.workspace_quota) == ("checked", "2g")
+    assert s.provider.openai_base_url == "https://api.openai.com"
     assert s.assistant_name == "Bo"
 
 
@@ -44,8 +44,13 @@ def test_the_env_file_then_the_environment_then_code(tmp_path: Path) -> None:
         "ORCHESTRATOR_MAX_TOKENS=10\nORCHESTRATOR_MAX_TURNS=4\n# a comment\nORCHESTRATOR_LOG_LEVEL='DEBUG'\n"
     )
     s = Settings.load(env_file=env_file, environ={"ORCHESTRATOR_MAX_TURNS": "6"}, max_attempts=9)
-    assert (s.max_tokens, s.max_turns, s.max_attempts, s.log_level) == (10, 6, 9, "DEBUG")
-    assert Settings.load(env_file=tmp_path / "missing.env", environ={}).max_tokens == 1024
+    assert (s.provider.max_tokens, s.provider.max_turns, s.runs.max_attempts, s.telemetry.log_level) == (
+        10,
+        6,
+        9,
+        "DEBUG",
+    )
+    assert Settings.load(env_file=tmp_path / "missing.env", environ={}).provider.max_tokens == 1024
 
 
 @pytest.mark.parametrize(
@@ -72,8 +77,8 @@ def test_a_bad_value_names_the_variable(name: str, value: str, says: str) -> Non
 def test_replace_keeps_the_rest_and_normalizes() -> None:
     s = Settings.load(env_file=None, environ={}, max_tokens=5)
     t = s.replace(openai_base_url="http://x:1/v1/", run_timeout_s=3.0)
-    assert (t.max_tokens, t.run_timeout_s, t.openai_base_url) == (5, 3.0, "http://x:1")
-    assert (s.run_timeout_s, s.openai_base_url) == (300.0, "http://127.0.0.1:11434")
+    assert (t.provider.max_tokens, t.runs.run_timeout_s, t.provider.openai_base_url) == (5, 3.0, "http://x:1")
+    assert (s.runs.run_timeout_s, s.provider.openai_base_url) == (300.0, "http://127.0.0.1:11434")
 
 
 def test_a_cli_command_with_a_bad_variable_says_so_in_one_line(tmp_path: Path) -> None:
@@ -90,20 +95,20 @@ def test_warm_sessions_are_on_by_default_and_the_cap_is_sized_by_memory() -> Non
 
     # environ={}: the defaults themselves (the test session turns warm sessions off for its own runs).
     default = Settings.load(environ={}, env_file=None)
-    assert default.warm_idle_s > 0 and default.warm_max == 0
+    assert default.sandbox.warm_idle_s > 0 and default.sandbox.warm_max == 0
     gib = 1024**3
     # Half the memory, at the container's memory limit each: 24 GiB at 512m is 24.
-    assert warm_cap(default.replace(container_memory="512m"), memory=24 * gib) == 24
-    assert warm_cap(default.replace(container_memory="2g"), memory=24 * gib) == 6
-    assert warm_cap(default.replace(container_memory="2g"), memory=2 * gib) == MIN_WARM
-    assert warm_cap(default.replace(container_memory="64m"), memory=4096 * gib) == MAX_AUTO_WARM
-    assert warm_cap(default.replace(warm_max=7), memory=24 * gib) == 7  # set: taken as it is
-    assert warm_cap(default) >= MIN_WARM  # this machine's own memory
+    assert warm_cap(default.replace(container_memory="512m").sandbox, memory=24 * gib) == 24
+    assert warm_cap(default.replace(container_memory="2g").sandbox, memory=24 * gib) == 6
+    assert warm_cap(default.replace(container_memory="2g").sandbox, memory=2 * gib) == MIN_WARM
+    assert warm_cap(default.replace(container_memory="64m").sandbox, memory=4096 * gib) == MAX_AUTO_WARM
+    assert warm_cap(default.replace(warm_max=7).sandbox, memory=24 * gib) == 7  # set: taken as it is
+    assert warm_cap(default.sandbox) >= MIN_WARM  # this machine's own memory
     with pytest.raises(SettingsError, match="WARM_MAX"):
         Settings.load(environ={"ORCHESTRATOR_WARM_MAX": "-1"}, env_file=None)
 
 
 def test_flowers_login_is_a_secret() -> None:
     settings = Settings.load(env_file=None, environ={"ORCHESTRATOR_FLOWER_BASIC_AUTH": "ops:s3cret-word"})
-    assert settings.flower_basic_auth == "ops:s3cret-word"
+    assert settings.api.flower_basic_auth == "ops:s3cret-word"
     assert "s3cret-word" not in repr(settings) and "ops:s3cret-word" in settings.secrets()

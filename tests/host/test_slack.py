@@ -20,6 +20,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
+from fakes.channel import RecordingChannel
+from fakes.slack_api import FakeSlack, fake_slack  # noqa: F401 - the fixture "fake"
 from orchestrator.channels.registry import build_registry
 from orchestrator.channels.slack import SlackChannel, SlackWeb
 from orchestrator.channels.slack_blocks import SECTION_LIMIT, escape, slack_posts, split_escaped, unescape
@@ -45,8 +47,6 @@ from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.tables import DeliveryRow
 from tests.conftest import wait_until
-from tests.fakes.channel import RecordingChannel
-from tests.fakes.slack_api import FakeSlack, fake_slack  # noqa: F401 - the fixture "fake"
 
 JID = "team@chat"
 SLACK_CHANNEL = "C0TEAM0001"

@@ -27,6 +27,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from agent_runner.protocol import MAX_FILES_PER_MESSAGE
+from fakes.slack_api import FakeSlack, fake_slack  # noqa: F401 - the fixture "fake"
 from orchestrator.channels.slack import SlackChannel, SlackWeb
 from orchestrator.channels.slack_files import origin_of, slack_origins
 from orchestrator.channels.slack_inbound import EVENTS_PATH, SlackInbound, signed_headers
@@ -48,7 +49,6 @@ from orchestrator.store.files import FileStore
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.tables import DeliveryRow
-from tests.fakes.slack_api import FakeSlack, fake_slack  # noqa: F401 - the fixture "fake"
 
 JID = "team@chat"
 SLACK_CHANNEL = "C0TEAM0001"
@@ -217,7 +217,7 @@ def test_a_chat_no_group_is_attached_to_downloads_nothing(sl: tuple[Database, Se
 
 
 def test_a_file_declared_too_large_is_not_asked_for(sl: tuple[Database, Settings], fake: FakeSlack) -> None:
-    big = fake.host_file("big.bin", b"x" * 10, size=sl[1].file_max_bytes + 1)
+    big = fake.host_file("big.bin", b"x" * 10, size=sl[1].files.max_bytes + 1)
     result = _share(_inbound(sl), fake, "big one", [big])
     assert result is not None and result.message.content == "big one\n📎 big.bin: not taken (larger than 64.0 KiB)"
     assert fake.downloads == []

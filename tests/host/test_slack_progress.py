@@ -1,5 +1,5 @@
 """A run's "working..." message on Slack, on both databases: the real pipeline with a fake
-sandbox (``tests/fakes/sandbox.py``) streaming a reply, the Slack channel delivering it to
+sandbox (``fakes/sandbox.py``) streaming a reply, the Slack channel delivering it to
 a fake Slack on loopback, and :class:`WorkingMessages` following the run as the other
 processes do (the runs table and the run's draft): posted in the thread the run answers,
 updated in place with the reply being written, deleted once the reply is out or the run
@@ -11,6 +11,9 @@ import pytest
 from sqlalchemy import update
 
 from agent_runner.protocol import AssistantEvent, ResultEvent, TextDeltaEvent
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
+from fakes.slack_api import FakeSlack, Post, fake_slack  # noqa: F401 - the fixture "fake"
 from orchestrator.channels.slack import SlackChannel, SlackWeb
 from orchestrator.channels.slack_inbound import SlackInbound
 from orchestrator.channels.slack_progress import WorkingMessages
@@ -22,9 +25,6 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.runs import create_run, finish_run
 from orchestrator.store.tables import RunRow
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
-from tests.fakes.slack_api import FakeSlack, Post, fake_slack  # noqa: F401 - the fixture "fake"
 
 JID = "main@local"
 SLACK_CHANNEL = "C0MAIN0001"

@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 import pytest
 from fastapi.testclient import TestClient
 
+from fakes.slack_api import FakeSlack, Post, fake_slack  # noqa: F401 - the fixture "fake"
 from orchestrator.channels.slack import SlackChannel
 from orchestrator.channels.slack_clicks import INTERACTIONS_PATH
 from orchestrator.channels.slack_inbound import SIGNATURE_HEADER, signed_headers
@@ -30,7 +31,6 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, get_group
 from orchestrator.store.questions import read_question
 from tests.conftest import wait_until
-from tests.fakes.slack_api import FakeSlack, Post, fake_slack  # noqa: F401 - the fixture "fake"
 from tests.host.asked import stored_question
 
 JID, OTHER = "team@chat", "ops@chat"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from fakes.slack_api import FakeSlack, fake_slack  # noqa: F401 - the fixture "fake"
 from orchestrator.channels.slack_socket import SlackSocket
 from orchestrator.core.errors import ChannelError
 from orchestrator.core.settings import Settings
@@ -22,7 +23,6 @@ from orchestrator.store.deliveries import list_deliveries
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from tests.conftest import wait_until
-from tests.fakes.slack_api import FakeSlack, fake_slack  # noqa: F401 - the fixture "fake"
 
 JID = "team@chat"
 SLACK_CHANNEL = "C0TEAM0001"

@@ -97,7 +97,7 @@ def _sql_words(text: str, column: str) -> set[str]:
     return words
 
 
-def used_words(source: str, module: ModuleType, column: str, table: str, calls: tuple[str, ...] = ()) -> set[str]:
+def used_words(source: str, module: ModuleType, column: str, table: str, calls: tuple[str, ...] = ()) -> set[str]:  # noqa: C901 - an AST walk: one branch a node kind
     """Every word ``source`` (the text of ``module``) writes into ``column`` of ``table``
     (a row class's name) or compares it with; ``calls``: functions whose first positional
     argument is a word of the column (``Verdict("failed", ...)``)."""

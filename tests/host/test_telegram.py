@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from fakes.channel import RecordingChannel
+from fakes.telegram_api import FakeTelegramAPI, Upload, utf16_len
 from orchestrator.channels.registry import build_registry
 from orchestrator.channels.telegram import TelegramChannel, split_text
 from orchestrator.channels.telegram_files import upload_method
@@ -39,8 +41,6 @@ from orchestrator.store.files import FileStore
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from tests.conftest import wait_until
-from tests.fakes.channel import RecordingChannel
-from tests.fakes.telegram_api import FakeTelegramAPI, Upload, utf16_len
 
 JID = "team@chat"
 TG_CHAT = -1001234567890
@@ -476,7 +476,7 @@ class _Elsewhere:
         hits = self.hits
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:  # http.server's naming
                 hits.append(self.path)
                 self.send_response(200)
                 self.send_header("content-length", "4")
@@ -488,7 +488,7 @@ class _Elsewhere:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()

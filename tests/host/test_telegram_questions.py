@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from fakes.telegram_api import FakeTelegramAPI, SentMessage
 from orchestrator.channels.telegram import TelegramChannel
 from orchestrator.channels.telegram_poller import TelegramPoller
 from orchestrator.core.settings import Settings
@@ -20,7 +21,6 @@ from orchestrator.store.attachments import attach_channel
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, get_group
 from orchestrator.store.questions import read_question
-from tests.fakes.telegram_api import FakeTelegramAPI, SentMessage
 from tests.host.asked import stored_question
 
 JID, OTHER = "team@chat", "ops@chat"

@@ -28,6 +28,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from agent_runner.protocol import AssistantEvent, ContainerInput, ResultEvent, decode_input
+from fakes.channel import RecordingChannel
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core import tracing
 from orchestrator.core.errors import SettingsError
 from orchestrator.core.logs import ContextFilter, log_context
@@ -42,8 +44,6 @@ from orchestrator.store.groups import MAIN_JID, ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
 from orchestrator.store.traces import batch_traces
-from tests.fakes.channel import RecordingChannel
-from tests.fakes.sandbox import FakeSandbox, Script
 from tests.host import test_worker_tasks as worker_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -261,10 +261,10 @@ def test_the_settings_read_the_standard_otel_variables() -> None:
         },
         env_file=None,
     )
-    assert (s.trace_exporters, s.otel_service_name) == (["console", "otlp"], "fleet-a")
-    assert s.otel_exporter_otlp_endpoint == "http://collector:4318"
-    assert Settings.load(environ={}, env_file=None).trace_exporters == []  # none by default
-    assert Settings.load(environ={"OTEL_TRACES_EXPORTER": "none"}, env_file=None).trace_exporters == []
+    assert (s.telemetry.trace_exporters, s.telemetry.otel_service_name) == (["console", "otlp"], "fleet-a")
+    assert s.telemetry.otel_exporter_otlp_endpoint == "http://collector:4318"
+    assert Settings.load(environ={}, env_file=None).telemetry.trace_exporters == []  # none by default
+    assert Settings.load(environ={"OTEL_TRACES_EXPORTER": "none"}, env_file=None).telemetry.trace_exporters == []
     with pytest.raises(SettingsError, match="OTEL_TRACES_EXPORTER='jaeger'"):
         Settings.load(environ={"OTEL_TRACES_EXPORTER": "jaeger"}, env_file=None)
 

@@ -47,7 +47,7 @@ class Site:
         site = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:  # http.server's naming
                 site.hosts.append(self.headers.get("host", ""))
                 if self.path.startswith("/redirect-to/"):
                     self.send_response(302)
@@ -96,7 +96,7 @@ def net() -> Iterator[Net]:
     b = ThreadingHTTPServer((INTERNAL, port), internal.handler())
     b.daemon_threads = True
     for server in (a, b):
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     yield Net(port, public, internal)
     for server in (a, b):
         server.shutdown()
@@ -135,14 +135,18 @@ def settings(tmp_path: Path) -> Settings:
 def test_the_connection_goes_to_the_checked_address_not_a_second_answer(net: Net, settings: Settings) -> None:
     # Checked: public.  Asked again (as a second getaddrinfo would): internal.
     resolver = Resolver(rebind_test=[[PUBLIC], [INTERNAL]])
-    text = fetch_url(f"http://rebind.test:{net.port}/page", settings, resolver=resolver, allowed=only_public_loopback)
+    text = fetch_url(
+        f"http://rebind.test:{net.port}/page", settings.context, resolver=resolver, allowed=only_public_loopback
+    )
     assert text == "the public page"
     assert resolver.calls == ["rebind.test"]  # resolved once
     assert net.internal.hosts == []  # the second answer was never connected to
     assert net.public.hosts == [f"rebind.test:{net.port}"]  # the name still in the Host header
     # The next fetch resolves afresh, gets the internal answer, and refuses it.
     with pytest.raises(ContextUnavailable, match="non-public address"):
-        fetch_url(f"http://rebind.test:{net.port}/page", settings, resolver=resolver, allowed=only_public_loopback)
+        fetch_url(
+            f"http://rebind.test:{net.port}/page", settings.context, resolver=resolver, allowed=only_public_loopback
+        )
     assert net.internal.hosts == []
 
 
@@ -150,7 +154,9 @@ def test_one_private_address_in_the_answer_refuses_the_name(net: Net, settings: 
     for answer in ([PUBLIC, INTERNAL], [INTERNAL, PUBLIC], ["::ffff:127.0.0.2"], ["not-an-address"]):
         resolver = Resolver(mixed_test=[answer])
         with pytest.raises(ContextUnavailable, match="non-public address|not an address"):
-            fetch_url(f"http://mixed.test:{net.port}/page", settings, resolver=resolver, allowed=only_public_loopback)
+            fetch_url(
+                f"http://mixed.test:{net.port}/page", settings.context, resolver=resolver, allowed=only_public_loopback
+            )
     assert net.public.hosts == [] and net.internal.hosts == []
 
 
@@ -160,7 +166,7 @@ def test_a_redirect_inward_is_checked_like_the_url(net: Net, settings: Settings,
     with pytest.raises(ContextUnavailable, match="non-public address"):
         fetch_url(
             f"http://site.test:{net.port}/redirect-to/{where.format(port=net.port)}",
-            settings,
+            settings.context,
             resolver=resolver,
             allowed=only_public_loopback,
         )
@@ -169,7 +175,7 @@ def test_a_redirect_inward_is_checked_like_the_url(net: Net, settings: Settings,
     resolver = Resolver(site_test=[[PUBLIC]], other_test=[[PUBLIC], [INTERNAL]])
     text = fetch_url(
         f"http://site.test:{net.port}/redirect-to/other.test:{net.port}/x",
-        settings,
+        settings.context,
         resolver=resolver,
         allowed=only_public_loopback,
     )
@@ -180,7 +186,9 @@ def test_a_redirect_inward_is_checked_like_the_url(net: Net, settings: Settings,
 def test_a_trickling_server_is_cut_at_the_fetch_deadline(net: Net, settings: Settings) -> None:
     started = time.monotonic()
     with pytest.raises(ContextUnavailable, match=r"FETCH_DEADLINE.*took longer than 1 s"):
-        fetch_url(f"http://{PUBLIC}:{net.port}/trickle", settings, resolver=Resolver(), allowed=only_public_loopback)
+        fetch_url(
+            f"http://{PUBLIC}:{net.port}/trickle", settings.context, resolver=Resolver(), allowed=only_public_loopback
+        )
     took = time.monotonic() - started
     assert took < 1.5, took  # not the 60 s the server would take, nor a read timeout more
 
@@ -191,7 +199,7 @@ def test_the_runs_urls_share_one_deadline(net: Net, settings: Settings, tmp_path
     loopback = settings.replace(context_url_allow_private=True)  # the system resolver, loopback allowed
     meta = {"context": [{"type": "url", "url": f"http://{PUBLIC}:{net.port}/trickle"} for _ in range(3)]}
     started = time.monotonic()
-    text = expand_content("read these", meta, tmp_path, loopback, UrlBudget(loopback))
+    text = expand_content("read these", meta, tmp_path, loopback, UrlBudget(loopback.context))
     took = time.monotonic() - started
     assert took < 2.1, took
     assert text.count("FETCH_DEADLINE") == 1 and text.count("RUN_DEADLINE") == 2, text
@@ -223,13 +231,15 @@ def test_nothing_is_started_once_the_runs_deadline_has_passed(
     """A URL met after the run's deadline is not fetched at all: no resolver thread (left to finish
     on its own, one per URL), no DNS question, no connection (issue 29)."""
     short = settings.replace(context_url_run_deadline_s=0.05)
-    budget = UrlBudget(short)
+    budget = UrlBudget(short.context)
     time.sleep(0.1)  # the run's deadline is gone
     before = set(threading.enumerate())
     resolver, getaddrinfo = Blocking(), Blocking()
     try:
         with pytest.raises(ContextUnavailable, match=r"not fetched: .* had passed \(ORCHESTRATOR_CONTEXT_URL_RUN_DEA"):
-            fetch_url("http://late.test/", short, budget=budget, resolver=resolver, allowed=only_public_loopback)
+            fetch_url(
+                "http://late.test/", short.context, budget=budget, resolver=resolver, allowed=only_public_loopback
+            )
         assert _new_resolver_threads(before) == [] and resolver.calls == []
         # Through the expansion and the system resolver, the machine's getaddrinfo is never asked.
         monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
@@ -249,7 +259,7 @@ def test_a_slow_resolver_is_cut_at_the_deadline(settings: Settings) -> None:
 
     started = time.monotonic()
     with pytest.raises(ContextUnavailable, match="took longer than 1 s"):
-        fetch_url("http://slow.test/", settings, resolver=slow, allowed=only_public_loopback)
+        fetch_url("http://slow.test/", settings.context, resolver=slow, allowed=only_public_loopback)
     assert time.monotonic() - started < 1.5
 
 
@@ -316,7 +326,7 @@ def test_the_address_policy(text: str, public: bool, what: str) -> None:
 def test_the_system_resolver_is_used_by_default(net: Net, settings: Settings) -> None:
     # localhost, resolved by the machine: refused by default, fetched where private addresses are allowed.
     with pytest.raises(ContextUnavailable, match="non-public"):
-        checked_addresses("localhost", net.port, settings)
+        checked_addresses("localhost", net.port, settings.context)
     # Every address of the answer is checked; they are tried in order (::1 first, where nothing listens).
     block = expand_url(
         UrlItem(type="url", url=f"http://localhost:{net.port}/page"), settings.replace(context_url_allow_private=True)
@@ -358,7 +368,7 @@ def tls_site(tmp_path: Path) -> Iterator[tuple[int, ssl.SSLContext, Site]]:
     served = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     served.load_cert_chain(cert, key)
     server.socket = served.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     client = ssl.create_default_context(cafile=str(cert))
     yield server.server_address[1], client, site
     server.shutdown()
@@ -371,13 +381,21 @@ def test_tls_checks_the_name_while_the_connection_goes_to_the_checked_address(
     port, client, site = tls_site
     resolver = Resolver(pinned_test=[[PUBLIC], [INTERNAL]], other_test=[[PUBLIC]])
     text = fetch_url(
-        f"https://pinned.test:{port}/page", settings, resolver=resolver, allowed=only_public_loopback, tls=client
+        f"https://pinned.test:{port}/page",
+        settings.context,
+        resolver=resolver,
+        allowed=only_public_loopback,
+        tls=client,
     )
     assert text == "the tls page" and site.hosts == [f"pinned.test:{port}"]
     # The same address under another name: the certificate (checked against the name, sent as
     # SNI) does not match, so nothing is read.
     with pytest.raises(ContextUnavailable, match="CERTIFICATE_VERIFY_FAILED|certificate"):
         fetch_url(
-            f"https://other.test:{port}/page", settings, resolver=resolver, allowed=only_public_loopback, tls=client
+            f"https://other.test:{port}/page",
+            settings.context,
+            resolver=resolver,
+            allowed=only_public_loopback,
+            tls=client,
         )
     assert site.hosts == [f"pinned.test:{port}"]

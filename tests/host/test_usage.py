@@ -19,6 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import inspect, select, text, update
 
+from fakes.telegram_api import FakeTelegramAPI
 from orchestrator.channels.telegram_poller import TelegramPoller
 from orchestrator.channels.webhook import INBOUND_PATH, inbound_headers
 from orchestrator.core.errors import RateLimited
@@ -43,7 +44,6 @@ from orchestrator.store.usage import (
     store_quota_notice,
 )
 from tests.conftest import TEST_ENV, alembic, run_in_threads
-from tests.fakes.telegram_api import FakeTelegramAPI
 
 JID = "team@chat"
 
@@ -279,7 +279,7 @@ def test_the_window_is_the_last_minute_on_the_databases_clock(db: Database, sett
 
 
 def test_no_limit_writes_nothing(db: Database, settings: Settings, group: Group) -> None:
-    assert settings.sender_messages_per_minute == 0  # the default: off
+    assert settings.quotas.sender_messages_per_minute == 0  # the default: off
     for _ in range(100):
         _say(db, settings)
     with db.read() as session:

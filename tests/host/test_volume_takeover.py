@@ -25,6 +25,8 @@ import pytest
 from sqlalchemy import update
 
 from agent_runner.protocol import AssistantEvent, ResultEvent
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.errors import VolumeHeldElsewhere, VolumeMountedElsewhere
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -42,8 +44,6 @@ from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
 from orchestrator.store.tables import GroupRow, HostRow
 from orchestrator.store.volume_holds import holder, release, shares_mounts
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 from tests.quota_support import require_volumes, volume_settings_fixture  # noqa: F401 - fixture
 
 JID = "team@chat"
@@ -62,7 +62,14 @@ def _two_hosts(db: Database, settings: Settings, machine_a: str, machine_b: str)
     a = settings.replace(host_id="host-a", machine_id=machine_a)
     b = settings.replace(host_id="host-b", machine_id=machine_b)
     for s in (a, b):
-        hosts.register(db, host_id=s.host_id, instance=s.host_id, version="test", concurrency=1, machine=s.machine_id)
+        hosts.register(
+            db,
+            host_id=s.fleet.host_id,
+            instance=s.fleet.host_id,
+            version="test",
+            concurrency=1,
+            machine=s.fleet.machine_id,
+        )
     add_group(db, chat_jid=JID, name="team", folder="team", requires_trigger=False)
     return a, b
 

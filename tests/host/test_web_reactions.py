@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from agent_runner.protocol import ReactEvent, ResultEvent, Usage
+from fakes.clock import FakeClock
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
 from orchestrator.root import Orchestrator
@@ -20,8 +22,6 @@ from orchestrator.run.pipeline import Pipeline
 from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.history import edit_message
-from tests.fakes.clock import FakeClock
-from tests.fakes.sandbox import FakeSandbox, Script
 from tests.live_server import serve
 from tests.web_browser import screenshot
 

@@ -162,7 +162,7 @@ class _Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:  # http.server's naming
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 receiver.calls += 1
                 receiver.delivery_ids.append(self.headers.get(DELIVERY_HEADER))
@@ -183,7 +183,7 @@ class _Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
 
     def __enter__(self) -> _Receiver:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -299,8 +299,8 @@ def test_a_webhook_send_cut_short_by_a_dead_deliverer_is_sent_again_with_its_id(
     the send.  Once its claim is past, the sweep puts the delivery back (the webhook's
     receivers deduplicate by the delivery id) and it goes out again with the same id.
     A channel without ids (the recording one here) gives such a send up instead."""
+    from fakes.channel import RecordingChannel
     from orchestrator.run.sweeper import sweep
-    from tests.fakes.channel import RecordingChannel
 
     class Dies(BaseException):
         """The deliverer's process ending right after the POST (not an error it could record)."""

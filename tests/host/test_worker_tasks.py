@@ -8,7 +8,7 @@ acks, serializer) on a real broker: ``[sqlite]`` with the embedded
 Redis on loopback (``tests/conftest.py``'s ``REDIS_URL``; its keys under a
 prefix of this test's own, removed afterwards).  The tasks are the worker's
 own, registered on that app for a root whose sandbox is the fake of
-``tests/fakes/sandbox.py`` and whose channels record what they are given
+``fakes/sandbox.py`` and whose channels record what they are given
 (``workers.tasks.register``).  Signals go out as everywhere else, through
 the root's ``Signals``; what a task returned is read from Celery's
 ``task_postrun`` signal (the app keeps no results).
@@ -39,6 +39,8 @@ from celery.contrib.testing.worker import start_worker
 from celery.signals import task_postrun
 
 from agent_runner.protocol import AssistantEvent, ResultEvent
+from fakes.channel import RecordingChannel
+from fakes.sandbox import FakeSandbox, Script
 from orchestrator.core.settings import Settings
 from orchestrator.root import Orchestrator
 from orchestrator.run.egress_log import run_egress
@@ -52,8 +54,6 @@ from orchestrator.store.groups import MAIN_JID, ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import create_run, get_run, list_runs
 from tests.conftest import REDIS_URL, redis_available, require_service
-from tests.fakes.channel import RecordingChannel
-from tests.fakes.sandbox import FakeSandbox, Script
 from tests.host.test_egress_log_retention import egress_record
 
 JID = MAIN_JID

@@ -50,7 +50,7 @@ def agent_image(tmp_path_factory: pytest.TempPathFactory) -> str:
 
     settings = Settings.load(data_dir=tmp_path_factory.mktemp("imagebuild"), env_file=None)
     ensure_agent_image(docker_client(settings), settings)
-    return settings.agent_image
+    return settings.sandbox.agent_image
 
 
 @pytest.fixture(scope="session")

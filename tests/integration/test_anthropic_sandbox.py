@@ -17,12 +17,12 @@ from typing import Any
 import docker
 import pytest
 
+from fakes.anthropic_api import FakeAnthropic, Recorded, api_error, message
 from orchestrator.model.views import format_messages_for_sdk
 from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
-from tests.fakes.anthropic_api import FakeAnthropic, Recorded, api_error, message
 
 from .conftest import Stack
 

@@ -13,6 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from fakes.slack_api import FakeSlack
+from fakes.telegram_api import FakeTelegramAPI
+from fakes.webhook_receiver import WebhookReceiver
 from orchestrator.channels.webhook import REACTION_EVENT, RETRACTED_EVENT, UPDATED_EVENT
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.store.attachments import attach_channel
@@ -21,9 +24,6 @@ from orchestrator.store.delivery_changes import list_changes
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from tests.conftest import wait_until
-from tests.fakes.slack_api import FakeSlack
-from tests.fakes.telegram_api import FakeTelegramAPI
-from tests.fakes.webhook_receiver import WebhookReceiver
 
 from .conftest import Stack
 

@@ -3,7 +3,7 @@ the agent's run in Docker, and every displayed message delivered by the
 ``deliver`` task on the ``delivery`` queue to the group's other channels,
 with a flaky channel retried (Celery countdown) and still served once.
 
-The channels live in the worker process (``tests.fakes.channel:plugin``,
+The channels live in the worker process (``fakes.channel:plugin``,
 loaded through ``ORCHESTRATOR_CHANNEL_PLUGINS``) and write what they are
 given to files the test reads.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fakes.channel import read_file_channel
 from orchestrator.model.parts import RECORD_KINDS
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.store.attachments import attach_channel
@@ -19,7 +20,6 @@ from orchestrator.store.deliveries import list_deliveries
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from tests.conftest import wait_until
-from tests.fakes.channel import read_file_channel
 
 from .conftest import Stack
 
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_message_from_one_channel_reaches_the_others_once_each(stack: Stack) -> None:
     stack.env.update(
         {
-            "ORCHESTRATOR_CHANNEL_PLUGINS": "tests.fakes.channel:plugin",
+            "ORCHESTRATOR_CHANNEL_PLUGINS": "fakes.channel:plugin",
             "ORCHESTRATOR_DELIVERY_RETRY_BASE_S": "0.3",
             "PYTHONPATH": str(ROOT),
         }

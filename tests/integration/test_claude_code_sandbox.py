@@ -22,6 +22,7 @@ from typing import Any
 import docker
 import pytest
 
+from fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
 from orchestrator.model.messages import SENDER_TOOL_RESULT
 from orchestrator.sandbox import quota
 from orchestrator.sandbox.containers import LABEL_INSTALL
@@ -29,7 +30,6 @@ from orchestrator.sandbox.sessions import session_dir, session_volume
 from orchestrator.store.groups import ensure_main_group, get_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
-from tests.fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
 from tests.quota_support import mounts_under, release_everything, require_volumes
 
 from .conftest import Stack

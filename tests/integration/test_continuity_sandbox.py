@@ -14,10 +14,10 @@ import json
 from typing import Any
 
 from agent_runner.protocol import decode_input
+from fakes.anthropic_api import FakeAnthropic, PromptCache, message
 from orchestrator.run.assembly import stored_input
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.runs import list_runs
-from tests.fakes.anthropic_api import FakeAnthropic, PromptCache, message
 
 from .conftest import Stack
 

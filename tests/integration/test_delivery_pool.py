@@ -4,7 +4,7 @@ compose run them, a message reaches a group's other channels while the only
 agent slot is busy with a long run.
 
 Real worker processes, a real run in Docker, the file channels of
-``tests.fakes.channel`` (read from the worker's process), both backends.
+``fakes.channel`` (read from the worker's process), both backends.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from fakes.channel import read_file_channel
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.store.attachments import attach_channel
 from orchestrator.store.groups import add_group
 from orchestrator.store.runs import list_runs
 from tests.conftest import wait_until
-from tests.fakes.channel import read_file_channel
 
 from .conftest import Stack
 
@@ -26,7 +26,7 @@ BUSY, QUIET = "busy@g.us", "quiet@g.us"
 
 
 def test_a_delivery_goes_out_while_every_agent_slot_is_busy(stack: Stack) -> None:
-    stack.env.update({"ORCHESTRATOR_CHANNEL_PLUGINS": "tests.fakes.channel:plugin", "PYTHONPATH": str(ROOT)})
+    stack.env.update({"ORCHESTRATOR_CHANNEL_PLUGINS": "fakes.channel:plugin", "PYTHONPATH": str(ROOT)})
     add_group(stack.db, chat_jid=BUSY, name="busy", folder="busy", requires_trigger=False)
     add_group(stack.db, chat_jid=QUIET, name="quiet", folder="quiet", requires_trigger=True)
     attach_channel(stack.db, QUIET, "mirror-b")

@@ -303,13 +303,13 @@ def test_claude_code_webfetch_goes_through_the_proxy_without_its_preflight(
     """WebFetch is offered with a proxy; it fetches an allowed host's page through it (the
     CLI's summarising request to the run's model passing the gateway), is refused another
     host, and its preflight to the provider's domain check (api.anthropic.com) never leaves."""
-    from tests.fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
+    from fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
     from tests.host.test_egress_brokered import tls_for
 
     seen: list[str] = []
 
     class Page(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             seen.append(f"{self.headers.get('Host')}{self.path}")
             body = b"<html><body><h1>Docs</h1><p>The magic word is PELICAN.</p></body></html>"
             self.send_response(200)

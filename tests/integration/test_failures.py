@@ -14,6 +14,7 @@ import time
 import docker
 import pytest
 
+from fakes.channel import RecordingChannel, attach_recorder
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.model.views import format_messages_for_sdk
@@ -27,7 +28,6 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group, get_group
 from orchestrator.store.message_log import get_messages_after, now_iso, store_message_direct
 from orchestrator.store.runs import cancel_run, create_run, get_run, list_runs
-from tests.fakes.channel import RecordingChannel, attach_recorder
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def test_the_token_budget_is_the_runs_across_its_retries(faulty: tuple[Pipeline,
     """An attempt spends through the gateway, then crashes; the retry starts
     from what the run has spent, not from zero (each attempt has its own
     gateway), so the budget refuses the retry's first request."""
-    from tests.fakes.anthropic_api import FakeAnthropic, message
+    from fakes.anthropic_api import FakeAnthropic, message
 
     p, _ = faulty
     fake = FakeAnthropic(message([{"type": "text", "text": "spent"}], "end_turn", n=90))  # 900 in + 90 out

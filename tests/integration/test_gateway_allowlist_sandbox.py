@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
+from fakes.channel import RecordingChannel
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -32,8 +34,6 @@ from orchestrator.sandbox.gateway import ANTHROPIC_BETAS, ANTHROPIC_HEADERS, Mod
 from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
-from tests.fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
-from tests.fakes.channel import RecordingChannel
 from tests.gateway_wire import PROMPT, anthropic_model
 
 CHAT = "main@local"

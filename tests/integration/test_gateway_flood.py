@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
+from fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
 from orchestrator.sandbox.gateway import MAX_CONNECTIONS
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.runs import list_runs
-from tests.fakes.anthropic_api import FakeAnthropic, Recorded, Reply, message
 
 from .conftest import Stack
 

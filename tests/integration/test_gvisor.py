@@ -19,6 +19,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from fakes.channel import RecordingChannel
 from orchestrator.core.errors import SandboxError
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
@@ -33,7 +34,6 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from tests.conftest import require_service
-from tests.fakes.channel import RecordingChannel
 
 JID = "gvisor@chat"
 

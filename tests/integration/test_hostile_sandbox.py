@@ -28,6 +28,7 @@ import docker
 import pytest
 
 from agent_runner.protocol import KeepEvent
+from fakes.channel import RecordingChannel
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.run.assembly import stored_input
@@ -40,7 +41,6 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from tests.conftest import require_service
-from tests.fakes.channel import RecordingChannel
 
 JID = "alpha@chat"
 
@@ -444,7 +444,7 @@ def test_a_symlink_at_the_runner_socket_does_not_redirect_the_host(warm: Arena) 
 
 
 def test_the_gateway_folder_is_read_only_for_the_agent(cold: Arena) -> None:
-    from tests.fakes.anthropic_api import FakeAnthropic, message
+    from fakes.anthropic_api import FakeAnthropic, message
 
     target = cold.base / "host-file"
     target.write_text("host")
@@ -477,7 +477,7 @@ def test_a_symlink_where_the_gateway_socket_used_to_be_is_ignored(warm: Arena) -
     """In warm mode the gateway socket used to be bound (and chmod 0666) in
     a folder the container wrote: a planted symlink there made the host chmod
     any file.  Now nothing the agent can write is where a host socket is."""
-    from tests.fakes.anthropic_api import FakeAnthropic, message
+    from fakes.anthropic_api import FakeAnthropic, message
 
     target = warm.base / "host-file"
     target.write_text("host")

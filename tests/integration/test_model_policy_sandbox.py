@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from agent_runner.protocol import SdkToolUse
+from fakes.anthropic_api import FakeAnthropic, Recorded, message
 from orchestrator.model.views import format_messages_for_sdk
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
-from tests.fakes.anthropic_api import FakeAnthropic, Recorded, message
 
 from .conftest import Stack
 

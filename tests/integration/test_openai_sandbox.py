@@ -17,10 +17,10 @@ from typing import Any
 import docker
 import pytest
 
+from fakes.openai_api import FakeOpenAI, Recorded, api_error, chat, tool_call
 from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.runs import list_runs
-from tests.fakes.openai_api import FakeOpenAI, Recorded, api_error, chat, tool_call
 
 from .conftest import Stack
 

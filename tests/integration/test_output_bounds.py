@@ -26,6 +26,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from fakes.channel import RecordingChannel, attach_recorder
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -37,7 +38,6 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from tests.conftest import require_service
-from tests.fakes.channel import RecordingChannel, attach_recorder
 
 JID = "main@local"
 MIB = 1024 * 1024
@@ -180,7 +180,7 @@ def test_a_stderr_flood_keeps_the_host_small(pipe: tuple[Pipeline, RecordingChan
     with PeakMemory() as mem:
         outcome, outputs = _ask(pipeline, f'$ head -c {FLOOD} /dev/zero | tr "\\0" a > /proc/1/fd/2; echo flooded')
     print(
-        f"stderr flood ({pipeline.settings.warm_idle_s and 'warm' or 'cold'}): "
+        f"stderr flood ({pipeline.settings.sandbox.warm_idle_s and 'warm' or 'cold'}): "
         f"+{mem.growth / MIB:.1f} MiB peak over {mem.before / MIB:.0f} MiB, {time.monotonic() - start:.1f}s"
     )
     assert mem.growth < MEMORY_BOUND
@@ -192,7 +192,7 @@ def test_a_stderr_flood_keeps_the_host_small(pipe: tuple[Pipeline, RecordingChan
 
 def test_an_endless_stdout_line(pipe: tuple[Pipeline, RecordingChannel]) -> None:
     pipeline, rec = pipe
-    warm = pipeline.settings.warm_idle_s > 0
+    warm = pipeline.settings.sandbox.warm_idle_s > 0
     start = time.monotonic()
     with PeakMemory() as mem:
         outcome, _ = _ask(pipeline, f'$ head -c {FLOOD} /dev/zero | tr "\\0" a > /proc/1/fd/1; echo flooded')
@@ -226,7 +226,7 @@ def test_an_endless_stdout_line(pipe: tuple[Pipeline, RecordingChannel]) -> None
 def test_a_flood_of_events(pipe: tuple[Pipeline, RecordingChannel]) -> None:
     pipeline, rec = pipe
     _configure(pipeline, max_run_events=300)
-    if pipeline.settings.warm_idle_s > 0:
+    if pipeline.settings.sandbox.warm_idle_s > 0:
         # The protocol socket is out of the agent's reach: many real tool calls instead.
         text = "\n".join(["$ true"] * 400)
     else:
@@ -246,7 +246,7 @@ def test_a_flood_of_events(pipe: tuple[Pipeline, RecordingChannel]) -> None:
 def test_too_much_to_store(pipe: tuple[Pipeline, RecordingChannel]) -> None:
     pipeline, rec = pipe
     _configure(pipeline, max_run_stored_bytes=MIB)
-    if pipeline.settings.warm_idle_s > 0:
+    if pipeline.settings.sandbox.warm_idle_s > 0:
         # Real tool results of 16 kB each (the runner's own cap on bash output).
         text = "\n".join(["$ head -c 20000 /dev/zero | tr '\\0' b"] * 100)
     else:

@@ -37,6 +37,7 @@ import docker
 import pytest
 from docker.models.containers import Container
 
+from fakes.webhook_receiver import Received, WebhookReceiver
 from orchestrator.cli.supervisor import QUEUES, worker_argv
 from orchestrator.root import Orchestrator
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -52,7 +53,6 @@ from orchestrator.store.questions import chat_questions
 from orchestrator.store.runs import Run, list_runs
 from orchestrator.store.volume_holds import holder
 from tests.conftest import wait_until
-from tests.fakes.webhook_receiver import Received, WebhookReceiver
 from tests.fault_proxy import FaultProxy
 from tests.quota_support import release_everything, require_volumes
 

@@ -11,6 +11,7 @@ import docker
 import pytest
 
 from agent_runner.protocol import ContainerInput
+from fakes.channel import RecordingChannel, attach_recorder
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.model.views import format_messages_for_sdk
@@ -23,7 +24,6 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group, get_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
-from tests.fakes.channel import RecordingChannel, attach_recorder
 
 
 @pytest.fixture

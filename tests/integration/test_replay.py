@@ -15,11 +15,11 @@ import json
 import pytest
 
 from agent_runner.protocol import decode_input
+from fakes.openai_api import FakeOpenAI, chat, tool_call
 from orchestrator.run.assembly import stored_input
 from orchestrator.store.groups import ensure_main_group, get_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
-from tests.fakes.openai_api import FakeOpenAI, chat, tool_call
 
 from .conftest import Stack
 

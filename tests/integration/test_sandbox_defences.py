@@ -22,6 +22,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from fakes.channel import RecordingChannel
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -34,7 +35,6 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from tests.conftest import wait_until
-from tests.fakes.channel import RecordingChannel
 
 JID = "walls@chat"
 # Each probe prints one line, "<name> ok" when the kernel let the call through, or

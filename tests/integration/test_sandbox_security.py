@@ -33,6 +33,7 @@ from typing import Any
 import docker
 import pytest
 
+from fakes.channel import RecordingChannel
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -43,7 +44,6 @@ from orchestrator.sandbox.containers import LABEL_INSTALL, LABEL_MANAGED
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, ensure_main_group
 from orchestrator.store.message_log import get_messages_after
-from tests.fakes.channel import RecordingChannel
 
 ALPHA, BRAVO = "alpha@chat", "bravo@chat"
 
@@ -346,7 +346,7 @@ EOF"""
 
 
 def test_no_api_key_anywhere_the_agent_can_look(box: Box) -> None:
-    from tests.fakes.anthropic_api import FakeAnthropic, message
+    from fakes.anthropic_api import FakeAnthropic, message
 
     key = f"sk-ant-test-{uuid.uuid4().hex}"
     probe = KEY_PROBE.format(reversed=key[::-1])
@@ -460,7 +460,7 @@ def test_an_allowlisted_extra_mount_is_read_only_unless_allowed(box: Box) -> Non
     (shared / "out").mkdir()
     if os.getuid() == 0:  # the agent runs as uid 1000 then; let it write where it may
         os.chown(shared / "out", 1000, 1000)
-    allowlist = box.settings.mount_allowlist
+    allowlist = box.settings.sandbox.mount_allowlist
     allowlist.parent.mkdir(parents=True, exist_ok=True)
     allowlist.write_text(
         json.dumps(

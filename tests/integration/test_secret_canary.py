@@ -18,13 +18,13 @@ import time
 import httpx
 import pytest
 
+from fakes.anthropic_api import FakeAnthropic, Recorded, api_error
 from orchestrator.channels.webhook import INBOUND_PATH, inbound_headers
 from orchestrator.core.settings import Settings
 from orchestrator.http.api import create_app
 from orchestrator.root import Orchestrator
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.runs import list_runs
-from tests.fakes.anthropic_api import FakeAnthropic, Recorded, api_error
 from tests.live_server import serve
 
 from .conftest import Stack

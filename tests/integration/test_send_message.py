@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from fakes.channel import RecordingChannel, attach_recorder
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
@@ -16,7 +17,6 @@ from orchestrator.run.pipeline import Pipeline
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group, ensure_main_group
 from orchestrator.store.message_log import get_messages_after
-from tests.fakes.channel import RecordingChannel, attach_recorder
 
 TEAM = "team@g.us"
 

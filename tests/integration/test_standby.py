@@ -21,6 +21,7 @@ import docker
 import pytest
 from prometheus_client import REGISTRY
 
+from fakes.channel import RecordingChannel
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -36,7 +37,6 @@ from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from orchestrator.store.message_log import get_messages_after
 from tests.conftest import wait_until
-from tests.fakes.channel import RecordingChannel
 
 ALPHA, BRAVO = "alpha@chat", "bravo@chat"
 
@@ -162,7 +162,7 @@ def test_a_standby_is_hardened_like_any_agent_container_and_sees_only_its_group(
     assert inspected["Config"]["User"] == "1000:1000" and host["NetworkMode"] == "none"
     assert host["CapDrop"] == ["ALL"] and host["ReadonlyRootfs"] is True
     assert "no-new-privileges" in host["SecurityOpt"]
-    assert host["Memory"] == 512 * 1024**2 and host["PidsLimit"] == pool.settings.container_pids
+    assert host["Memory"] == 512 * 1024**2 and host["PidsLimit"] == pool.settings.sandbox.container_pids
     assert inspected["Config"]["Labels"].get(LABEL_STANDBY)
     # Alpha's and bravo's are two containers: a standby serves one group only.
     assert outcome.run.container_id != pool.ask(BRAVO, "true")[0].run.container_id
@@ -251,7 +251,7 @@ def test_a_worker_whose_binds_the_engine_cannot_see_turns_standby_off(pool: Pool
             "-c",
             script,
             str(pool.settings.data_dir),
-            pool.settings.agent_image,
+            pool.settings.sandbox.agent_image,
         ],
         capture_output=True,
         text=True,
@@ -265,7 +265,7 @@ def test_a_worker_whose_binds_the_engine_cannot_see_turns_standby_off(pool: Pool
 def test_an_adopted_standby_reaches_the_model_through_the_groups_gateway(pool: Pool) -> None:
     """A model run in a standby container: the gateway socket the host binds in the group's
     gateway folder is seen at /run/gateway through the late read-only bind."""
-    from tests.fakes.anthropic_api import FakeAnthropic, message
+    from fakes.anthropic_api import FakeAnthropic, message
 
     [standby] = pool.fill(1)
     fake = FakeAnthropic(
@@ -301,7 +301,7 @@ def test_a_dead_hosts_warm_and_standby_containers_are_removed_by_a_live_host(poo
     pool.fill(1)
     pool.ask(ALPHA, "echo hi")  # alpha takes the standby container: now its warm one
     pool.fill(1)  # and the pool is refilled
-    dead_host = pool.settings.effective_host_id
+    dead_host = pool.settings.fleet.effective_host_id
     mine = {
         str(c.id)
         for c in list_containers(
@@ -324,7 +324,7 @@ def test_a_dead_hosts_warm_and_standby_containers_are_removed_by_a_live_host(poo
 
     live = Settings.load(
         data_dir=pool.settings.data_dir,
-        agent_image=pool.settings.agent_image,
+        agent_image=pool.settings.sandbox.agent_image,
         warm_idle_s=120,
         standby=0,
         host_id="live-host",

@@ -19,13 +19,13 @@ from typing import Any
 import httpx
 import pytest
 
+from fakes.anthropic_api import FakeAnthropic, message, paced
 from orchestrator.http.endpoint import CLIENT_HEADER
 from orchestrator.store.drafts import chat_drafts
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
 from tests.conftest import wait_until
-from tests.fakes.anthropic_api import FakeAnthropic, message, paced
 
 from .conftest import Stack
 from .test_web_chat import api_url

@@ -1,7 +1,7 @@
 """A message's trace across real processes: the ``orchestrator send`` CLI, the broker,
 a ``celery worker`` process (its prefork pool child runs the task) and the agent's
 Docker container, each process exporting over OTLP/HTTP to a fake collector on
-loopback (``tests/fakes/otlp_collector.py``: the real protobuf wire format).
+loopback (``fakes/otlp_collector.py``: the real protobuf wire format).
 
 The parent-child chain from the CLI's ``ingest`` span to the stored reply's span is
 asserted span by span, with one trace id throughout, and the worker's JSON log
@@ -15,12 +15,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from fakes.otlp_collector import FakeCollector, Span
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
 from orchestrator.store.traces import batch_traces
 from tests.conftest import wait_until
-from tests.fakes.otlp_collector import FakeCollector, Span
 
 from .conftest import Stack
 

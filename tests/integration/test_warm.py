@@ -13,6 +13,7 @@ import docker
 import pytest
 
 from bench.common import DockerCalls
+from fakes.channel import RecordingChannel
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
@@ -32,7 +33,6 @@ from orchestrator.store.groups import add_group, ensure_main_group, get_group
 from orchestrator.store.message_log import get_messages_after
 from orchestrator.store.runs import list_runs
 from tests.conftest import wait_until
-from tests.fakes.channel import RecordingChannel
 
 JID = "main@local"
 
@@ -91,7 +91,7 @@ def test_a_warm_run_asks_docker_nothing_until_its_image_is_rebuilt(warm: Pipelin
     client = docker.from_env()
     # A tag of this test's own, moved below: the shared one stays where it is.
     tag = f"orch-test-warm-{uuid.uuid4().hex[:8]}:latest"
-    client.images.get(warm.settings.agent_image).tag(tag)
+    client.images.get(warm.settings.sandbox.agent_image).tag(tag)
     try:
         settings = warm.settings.replace(**{"agent_image": tag, "standby": 0})
         calls = DockerCalls(client)
@@ -104,7 +104,7 @@ def test_a_warm_run_asks_docker_nothing_until_its_image_is_rebuilt(warm: Pipelin
         assert _last_output(p).strip() == "two"
 
         assert pool.tend(warm.db) == 1  # its image is still the tag's
-        client.images.get(settings.base_image).tag(tag)  # "rebuilt"
+        client.images.get(settings.sandbox.base_image).tag(tag)  # "rebuilt"
         assert pool.tend(warm.db) == 0 and _warm_containers(warm) == []
     finally:
         client.images.remove(tag)

@@ -12,6 +12,7 @@ from pathlib import Path
 import docker
 import pytest
 
+from fakes.channel import RecordingChannel
 from orchestrator.core.settings import Settings
 from orchestrator.run.ingest import IncomingMessage, ingest
 from orchestrator.run.outbound import ChannelRegistry
@@ -21,7 +22,6 @@ from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store.db import Database
 from orchestrator.store.groups import add_group
 from tests.conftest import require_service
-from tests.fakes.channel import RecordingChannel
 from tests.integration.test_gvisor import runtimes_registered
 
 JID = "switch@g.us"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from fakes.channel import RecordingChannel, attach_recorder
 from orchestrator.core.settings import Settings
 from orchestrator.model.messages import StoredMessage
 from orchestrator.run.ingest import IncomingMessage, ingest
@@ -31,7 +32,6 @@ from orchestrator.sandbox.warm import WarmPool
 from orchestrator.store.db import Database
 from orchestrator.store.groups import ensure_main_group
 from orchestrator.store.message_log import get_messages_after
-from tests.fakes.channel import RecordingChannel, attach_recorder
 from tests.quota_support import _no_volume_left_mounted, loops_under, mounts_under, require_volumes  # noqa: F401
 
 JID = "main@local"

@@ -351,7 +351,7 @@ class MessageStream:
         except (KeyError, TypeError, AttributeError) as exc:
             raise _malformed(f"event {kind!r}: {exc!r} in {data[:300]!r}") from exc
 
-    def _apply(self, kind: Any, payload: JsonObject) -> None:
+    def _apply(self, kind: Any, payload: JsonObject) -> None:  # noqa: C901 - one branch per event type of the Messages API's stream
         if kind == "error":
             found = payload.get("error")
             error: JsonObject = found if isinstance(found, dict) else {}

@@ -129,7 +129,7 @@ def _schedule(rest: str) -> JsonObject | None:
     return {"prompt": prompt.strip(), "kind": _WHEN_WORDS[word], "spec": spec.strip()}
 
 
-def tool_requests_in(text: str) -> list[tuple[str, JsonObject]]:
+def tool_requests_in(text: str) -> list[tuple[str, JsonObject]]:  # noqa: C901 - the offline model's command table, one branch a command
     """The (tool name, input) pairs requested by a message, in order (see module docstring)."""
     lines = text.splitlines()
     requests: list[tuple[str, JsonObject]] = []

@@ -169,6 +169,6 @@ def run_tool(name: str, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcom
     except OSError as exc:  # e.g. bash missing or the workspace unreadable
         log.warning("tool %s failed to start: %s", name, exc)
         return ToolOutcome(f"{name}: failed to start: {exc}", EXIT_FAILED_TO_START, True)
-    except Exception as exc:  # noqa: BLE001 - a bug in a tool: the model gets an error, the run goes on
+    except Exception as exc:  # a bug in a tool: the model gets an error, the run goes on
         log.exception("tool %s crashed", name)
         return ToolOutcome(f"{name}: internal error: {type(exc).__name__}: {exc}", EXIT_FAILED, True)

@@ -55,7 +55,7 @@ async def stream(
         state.db,
         chat_jid,
         max(after, last_event_id),
-        safety_poll_s=settings.stream_safety_poll_s,
-        push=settings.stream_wakeup == "push",
+        safety_poll_s=settings.api.stream_safety_poll_s,
+        push=settings.api.stream_wakeup == "push",
         drafts=drafts,
     )

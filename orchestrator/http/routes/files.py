@@ -84,7 +84,7 @@ UPLOAD_PATH = re.compile(r"/api/chats/[^/]+/files")
 
 def upload_limit(settings: Settings) -> int:
     """The body limit of an upload: every file at the per-file limit, and the allowance."""
-    return settings.file_max_bytes * MAX_FILES_PER_MESSAGE + UPLOAD_ALLOWANCE_BYTES
+    return settings.files.max_bytes * MAX_FILES_PER_MESSAGE + UPLOAD_ALLOWANCE_BYTES
 
 
 def upload_body_limit(settings: Settings) -> BodyLimit:

@@ -27,7 +27,7 @@ def info(request: Request) -> Info:
     return Info(
         assistant_name=settings.assistant_name,
         trigger_names=settings.trigger_names,
-        require_registered_chat=settings.api_require_registered_chat,
-        token_required=bool(settings.api_token),
-        file_max_bytes=settings.file_max_bytes,
+        require_registered_chat=settings.api.require_registered_chat,
+        token_required=bool(settings.api.token),
+        file_max_bytes=settings.files.max_bytes,
     )

@@ -65,7 +65,7 @@ def unregistered(chat_jid: str) -> NotFound:
 
 def require_registered(db: Database, settings: Settings, chat_jid: str) -> None:
     """Raise :func:`unregistered` for a chat that is no registered group, when registration is required."""
-    if settings.api_require_registered_chat and not is_registered(db, chat_jid):
+    if settings.api.require_registered_chat and not is_registered(db, chat_jid):
         raise unregistered(chat_jid)
 
 
@@ -107,7 +107,7 @@ def store_posted(
 ) -> list[Response | Exception]:
     """Each post's answer, or the exception its caller raises (a 404, a 429, the database's 503)."""
     refused: dict[int, Exception] = {}
-    if settings.api_require_registered_chat:
+    if settings.api.require_registered_chat:
         try:
             known = registered_chats(db, [body.chat_jid for body in bodies])
         except Exception as exc:  # noqa: BLE001 - the database's state: every post's answer

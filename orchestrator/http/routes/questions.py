@@ -49,7 +49,7 @@ class AnswerBody(BaseModel):
 
 
 @router.get("/chats/{chat_jid}/questions", response_model=list[Question])
-def questions(request: Request, chat_jid: str, open: bool = False) -> list[Question]:  # noqa: A002 - the query's name
+def questions(request: Request, chat_jid: str, open: bool = False) -> list[Question]:  # the query's name
     """The chat's questions, newest first (``open``: only the one still open, if any)."""
     return chat_questions(api_state(request).db, chat_jid, open_only=open)
 

@@ -59,7 +59,7 @@ def replay(request: Request, run_id: str, body: ReplayRequest) -> Run:
         made = create_replay(state.db, state.settings, run_id, body.model)
     try:
         state.root.signals.replay(made.id, made.chat_jid)
-    except Exception as exc:  # noqa: BLE001 - any failure to publish: the replay never runs
+    except Exception as exc:  # any failure to publish: the replay never runs
         failed = fail_replay(state.db, made.id, f"the task queue did not take the replay: {exc}")
         raise HTTPException(503, failed.error or "the task queue did not take the replay") from exc
     return made

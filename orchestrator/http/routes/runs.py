@@ -34,7 +34,7 @@ def runs_waiting(request: Request) -> FleetSlots:
     """The fleet's run slots (``ORCHESTRATOR_MAX_CONCURRENT_RUNS``; 0: no cap), how many are
     taken, and the groups waiting for one in the order they will start."""
     state = api_state(request)
-    return fleet_slots(state.db, state.settings.max_concurrent_runs)
+    return fleet_slots(state.db, state.settings.fleet.max_concurrent_runs)
 
 
 @router.get("/runs/{run_id}", response_model=Run, responses={404: {"description": "no such run"}})

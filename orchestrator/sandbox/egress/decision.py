@@ -51,7 +51,7 @@ class Decider:
     resolver: Resolver
     allowed: Callable[[Address], bool]
 
-    async def decide(self, method: str, host: str, port: int, request: h11.Request) -> str:
+    async def decide(self, method: str, host: str, port: int, request: h11.Request) -> str:  # noqa: C901 - the policy's checks in their order, each a refusal
         """The address to connect to for ``host:port``, or :class:`Refused` with why."""
         run, limits = self.run, self.run.limits
         if run.requests >= limits.max_requests:

@@ -269,14 +269,14 @@ class EgressProxy:
 def egress_proxy(settings: Settings, socket_path: Path, policy: EgressPolicy) -> EgressProxy:
     """The proxy of a run of a group with ``policy``, bounded by the settings (not started);
     with the installation's CA when the group gets brokered credentials."""
-    credentials = parse_credentials(settings.egress_credentials)
+    credentials = parse_credentials(settings.egress.credentials)
     brokered = brokered_hosts(credentials, policy.credentials)
     # The CA is the installation's, for all its brokered hosts, not this group's few: one CA
     # for every group and run, made anew only when the installation's hosts change.
     ca = ensure_ca(settings.data_dir, credential_hosts(credentials), label=settings.install_id) if brokered else None
     # The operator's CA (tests, an on-premise host): the proxy trusts it for the brokered
     # hosts' upstream TLS, and the sandbox for the hosts it reaches through a tunnel.
-    trusted = certificates_of(settings.egress_upstream_ca_file) if settings.egress_upstream_ca_file else b""
+    trusted = certificates_of(settings.egress.upstream_ca_file) if settings.egress.upstream_ca_file else b""
     upstream = ssl.create_default_context()
     if trusted:
         upstream.load_verify_locations(cadata=trusted.decode("ascii"))
@@ -284,12 +284,12 @@ def egress_proxy(settings: Settings, socket_path: Path, policy: EgressPolicy) ->
         socket_path,
         policy,
         limits=Limits(
-            max_requests=settings.egress_max_requests,
-            max_bytes=settings.egress_max_bytes,
-            max_connections=settings.egress_max_connections,
-            idle_s=settings.egress_idle_s,
+            max_requests=settings.egress.max_requests,
+            max_bytes=settings.egress.max_bytes,
+            max_connections=settings.egress.max_connections,
+            idle_s=settings.egress.idle_s,
         ),
-        resolve=parse_resolve(settings.egress_resolve_entries),
+        resolve=parse_resolve(settings.egress.resolve_entries),
         forbidden_ports=settings.own_ports,
         brokered=brokered,
         ca=ca,

@@ -99,20 +99,20 @@ class GatewayConfig:
             raise ValueError(f"no model gateway for provider {provider!r}")
         upstream = UPSTREAMS[facts.gateway]
         if model is None:
-            named, model_id = split_spec(settings.model)
+            named, model_id = split_spec(settings.provider.model)
             model = model_id if named == provider and model_id else None
         return cls(
-            base_url=upstream.base_url(settings),
-            api_key=upstream.api_key(settings),
+            base_url=upstream.base_url(settings.provider),
+            api_key=upstream.api_key(settings.provider),
             route=facts.gateway,
             model=model,
-            max_tokens=settings.max_tokens if max_tokens is None else max_tokens,
-            model_policy=settings.gateway_model_policy,
-            token_budget=settings.run_token_budget,
+            max_tokens=settings.provider.max_tokens if max_tokens is None else max_tokens,
+            model_policy=settings.gateway.model_policy,
+            token_budget=settings.provider.run_token_budget,
             server_tools=server_tools,
             search_domains=search_domains,
-            max_server_tool_requests=settings.gateway_max_server_tool_requests,
-            max_request_bytes=settings.gateway_max_request_bytes,
-            max_connections=settings.gateway_max_connections,
-            read_timeout_s=settings.gateway_read_timeout_s,
+            max_server_tool_requests=settings.gateway.max_server_tool_requests,
+            max_request_bytes=settings.gateway.max_request_bytes,
+            max_connections=settings.gateway.max_connections,
+            read_timeout_s=settings.gateway.read_timeout_s,
         )

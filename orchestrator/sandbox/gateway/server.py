@@ -76,10 +76,10 @@ class Handler(BaseHTTPRequestHandler):
         # long headers, unknown method) as JSON errors too.
         self.server.sink.refuse(self, code, "invalid_request_error", message or explain or "bad request")
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:  # http.server's naming
         self.server.sink.post(self)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self.server.sink.refuse(self, 403, "forbidden", ROUTE_REFUSED)
 
     do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_GET  # noqa: N815

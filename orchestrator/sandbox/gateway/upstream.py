@@ -26,7 +26,7 @@ from .metering import Account, Meter, SseUsage
 from .server import relay_stream, send_answer
 
 if TYPE_CHECKING:
-    from orchestrator.core.settings import Settings
+    from orchestrator.core.settings import ProviderSettings
 
 ANTHROPIC_PATHS = frozenset({"/v1/messages"})
 OPENAI_PATHS = frozenset({"/v1/chat/completions"})
@@ -40,12 +40,12 @@ class Upstream:
 
     paths: frozenset[str]
     auth: Auth
-    base_url: Callable[[Settings], str]
-    api_key: Callable[[Settings], str]
+    base_url: Callable[[ProviderSettings], str]
+    api_key: Callable[[ProviderSettings], str]
     # The setting it cannot be used without, by name (for a refusal's text) and as read: a
     # group's choice of model is refused while it is empty (run/profile.py).  Anthropic's
     # API needs a key; an OpenAI-compatible server often needs none, but an address.
-    required: tuple[str, Callable[[Settings], str]]
+    required: tuple[str, Callable[[ProviderSettings], str]]
 
 
 # A provider's gateway route (sandbox/providers.py) -> the API it forwards to.
@@ -67,10 +67,10 @@ UPSTREAMS: Mapping[GatewayRoute, Upstream] = {
 }
 
 
-def missing_setting(settings: Settings, route: GatewayRoute) -> str | None:
-    """The setting ``route``'s upstream needs that ``settings`` leave empty (None: it is configured)."""
+def missing_setting(provider: ProviderSettings, route: GatewayRoute) -> str | None:
+    """The setting ``route``'s upstream needs that ``provider`` leaves empty (None: it is configured)."""
     name, read = UPSTREAMS[route].required
-    return None if read(settings).strip() else name
+    return None if read(provider).strip() else name
 
 
 @functools.cache

@@ -34,16 +34,16 @@ RETRY_VOLUMES_S = 300.0
 
 def workspace_quota_bytes(settings: Settings) -> int:
     """The installation's workspace quota in bytes (0: none), ``auto`` resolved for this host."""
-    if settings.workspace_quota == "auto":
+    if settings.sandbox.workspace_quota == "auto":
         return default_quota(settings)
-    return parse_quota(settings.workspace_quota)
+    return parse_quota(settings.sandbox.workspace_quota)
 
 
 def default_quota(settings: Settings) -> int:
     """``ORCHESTRATOR_WORKSPACE_QUOTA=auto``: :data:`AUTO_QUOTA_BYTES` where a
     volume enforces it (nothing can outgrow it, even mid-run), none where only
     the checked mode could (its walk would cost every run of every group)."""
-    if settings.workspace_quota_mode == "checked":
+    if settings.sandbox.workspace_quota_mode == "checked":
         return 0
     mode, _ = quota_mode(settings, AUTO_QUOTA_BYTES)
     return AUTO_QUOTA_BYTES if mode == "volume" else 0
@@ -54,10 +54,10 @@ def quota_mode(settings: Settings, quota: int | None = None) -> tuple[QuotaMode,
     if quota is None:
         quota = workspace_quota_bytes(settings)
     if quota == 0:
-        if settings.workspace_quota == "auto":
+        if settings.sandbox.workspace_quota == "auto":
             return "off", "ORCHESTRATOR_WORKSPACE_QUOTA=auto, and this host cannot loop-mount volumes"
         return "off", "no workspace quota (ORCHESTRATOR_WORKSPACE_QUOTA=0)"
-    wanted = settings.workspace_quota_mode
+    wanted = settings.sandbox.workspace_quota_mode
     if wanted == "checked":
         return "checked", "ORCHESTRATOR_WORKSPACE_QUOTA_MODE=checked"
     key = wanted

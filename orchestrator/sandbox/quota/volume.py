@@ -262,7 +262,7 @@ def _settle_root(fd: int, like: os.stat_result) -> None:
 
 
 def _stop_warm(settings: Settings, folder: str) -> None:
-    if settings.warm_idle_s <= 0:
+    if settings.sandbox.warm_idle_s <= 0:
         return
     try:
         from orchestrator.sandbox.containers import docker_client

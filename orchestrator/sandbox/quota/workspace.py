@@ -76,7 +76,7 @@ def prepare_workspace(
             vol.ensure(quota)
             return
         except VolumeUnavailable as exc:
-            if settings.workspace_quota_mode == "volume":
+            if settings.sandbox.workspace_quota_mode == "volume":
                 raise WorkspaceQuotaError(f"cannot set up the {what} volume of {folder!r}: {exc}") from exc
             volumes_failed(settings, str(exc))
             log.warning(

@@ -101,7 +101,7 @@ def create_args_here(
         user=container_user(),
         security_opt=engine_security_opt(client),
         runtime=engine_runtime(client, settings),
-        host_id=settings.effective_host_id,
+        host_id=settings.fleet.effective_host_id,
         idle_s=idle,
     )
 

@@ -41,7 +41,7 @@ class Inventory:
 
     @property
     def host_id(self) -> str:
-        return self.settings.effective_host_id
+        return self.settings.fleet.effective_host_id
 
     def labels(self, folder: str | None = None, *, any_host: bool = False) -> list[str]:
         labels = [f"{LABEL_MANAGED}=1", f"{LABEL_INSTALL}={self.settings.install_id}", f"{LABEL_WARM}=1"]

@@ -73,7 +73,7 @@ class KnownContainers:
         self.standby = standby
 
     def _key(self, folder: str) -> tuple[str, str, str]:
-        return (str(self.settings.data_dir), self.settings.effective_host_id, folder)
+        return (str(self.settings.data_dir), self.settings.fleet.effective_host_id, folder)
 
     def remember(self, folder: str, known: Known) -> None:
         _known[self._key(folder)] = known

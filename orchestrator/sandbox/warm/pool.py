@@ -55,7 +55,7 @@ class WarmPool:
 
     @property
     def host_id(self) -> str:
-        return self.settings.effective_host_id
+        return self.settings.fleet.effective_host_id
 
     def find(self, folder: str, *, any_host: bool = False) -> list[Container]:
         """The group's warm containers of this host (``any_host``: of every host on this engine)."""
@@ -98,7 +98,7 @@ class WarmPool:
     def start(self, spec: ContainerSpec, payload: bytes) -> WarmRun:
         """The run of ``spec`` (its input line ``payload``) handed to the group's warm
         container: the known one, else its own, a standby one or a new one (the module's docs)."""
-        idle = self.settings.warm_idle_s
+        idle = self.settings.sandbox.warm_idle_s
         reached = self.known.reach(spec, lambda image: config_here(self.settings, self.client, image, spec, idle))
         if reached is not None:
             known, sock, dirty = reached
@@ -112,7 +112,7 @@ class WarmPool:
                 container = self.making.claim(spec, config)
                 if container is None:
                     # Room for the new one first: the cap counts it.
-                    make_room(self.inventory, warm_cap(self.settings) - 1, self.inventory.running())
+                    make_room(self.inventory, warm_cap(self.settings.sandbox) - 1, self.inventory.running())
                     taken = self.making.take_standby(spec, config)
             mode: StartMode = "warm" if container is not None else "standby"
             if taken is not None:

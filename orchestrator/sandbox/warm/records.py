@@ -111,7 +111,7 @@ class Records:
         """This host's worker processes one at a time: claiming a container for a
         run and choosing the ones to stop never overlap, so a container being
         claimed is never stopped as idle."""
-        path = host_only_dir(self.settings.data_dir / "warm") / f".{self.settings.effective_host_id}.lock"
+        path = host_only_dir(self.settings.data_dir / "warm") / f".{self.settings.fleet.effective_host_id}.lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

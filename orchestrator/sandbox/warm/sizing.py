@@ -15,7 +15,7 @@ import os
 
 from docker.models.containers import Container
 
-from orchestrator.core.settings import Settings
+from orchestrator.core.settings import SandboxSettings
 from orchestrator.core.sizes import memory_bytes
 from orchestrator.sandbox.containers import name_of
 from orchestrator.sandbox.warm.inventory import Inventory
@@ -36,14 +36,14 @@ def host_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def warm_cap(settings: Settings, memory: int | None = None) -> int:
+def warm_cap(sandbox: SandboxSettings, memory: int | None = None) -> int:
     """The most warm containers this host keeps: ``ORCHESTRATOR_WARM_MAX``, else as
     many as fit in ``WARM_MEMORY_SHARE`` of ``memory`` (the host's) at the
     installation's container memory limit."""
-    if settings.warm_max:
-        return settings.warm_max
+    if sandbox.warm_max:
+        return sandbox.warm_max
     total = host_memory_bytes() if memory is None else memory
-    fits = int(total * WARM_MEMORY_SHARE) // memory_bytes(settings.container_memory)
+    fits = int(total * WARM_MEMORY_SHARE) // memory_bytes(sandbox.container_memory)
     return max(MIN_WARM, min(MAX_AUTO_WARM, fits))
 
 

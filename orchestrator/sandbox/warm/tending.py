@@ -55,7 +55,7 @@ class Tending:
 
     @property
     def host_id(self) -> str:
-        return self.settings.effective_host_id
+        return self.settings.fleet.effective_host_id
 
     def tend(self, db: Database) -> int:
         """Stop this host's warm containers of groups placed on another host now
@@ -94,13 +94,13 @@ class Tending:
                     inventory.discard(c)
                     left.remove(c)
                     stopped += 1
-        if len(left) > warm_cap(self.settings):
+        if len(left) > warm_cap(self.settings.sandbox):
             with inventory.records.lock():
-                stopped += make_room(inventory, warm_cap(self.settings), left)
+                stopped += make_room(inventory, warm_cap(self.settings.sandbox), left)
         if standby_unavailable(self.settings, self.client) is None:
             try:
                 with inventory.records.lock():
-                    missing = inventory.standby.prune(self.settings.standby)
+                    missing = inventory.standby.prune(self.settings.sandbox.standby)
                 # Started without the lock: a claim never waits for a container start.
                 for _ in range(missing):
                     inventory.standby.start(standby_key(self.client, self.settings))
@@ -128,7 +128,7 @@ class Tending:
         leaves them running: its groups moved, and nobody else tends them).  Looked at at
         most every :data:`REAP_EVERY_S` per process: one Docker list, and a database read
         only when another host's containers are there.  Returns how many were removed."""
-        after = self.settings.dead_host_s
+        after = self.settings.fleet.dead_host_s
         now = time.monotonic()
         if after <= 0 or now - _reaped_at.get(self.host_id, -REAP_EVERY_S) < REAP_EVERY_S:
             return 0

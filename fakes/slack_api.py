@@ -574,18 +574,25 @@ class FakeSlack:
     # -- lifecycle ---------------------------------------------------------------
 
     def __enter__(self) -> FakeSlack:
-        threading.Thread(target=self.server.serve_forever, daemon=True, name="fake-slack-web").start()
-        threading.Thread(target=self.ws.serve_forever, daemon=True, name="fake-slack-socket").start()
+        # Named "fake-..." and joined on exit: tests/conftest.py fails a run that leaves one running.
+        self._threads = [
+            threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True, name="fake-slack-web"),
+            threading.Thread(target=self.ws.serve_forever, daemon=True, name="fake-slack-socket"),
+        ]
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.ws.shutdown()
+        self.ws.shutdown()  # closes the open connections and waits for their handlers
         self.server.shutdown()
         self.server.server_close()
+        for thread in self._threads:
+            thread.join()
 
     # -- the Web API ---------------------------------------------------------------
 
-    def _call(self, method: str, token: str, params: dict[str, Any]) -> tuple[int, dict[str, Any], _Failure | None]:
+    def _call(self, method: str, token: str, params: dict[str, Any]) -> tuple[int, dict[str, Any], _Failure | None]:  # noqa: C901 - the fake's API: one branch a method
         with self._lock:
             queue = self._failures.get(method)
             failure = queue.pop(0) if queue else None
@@ -744,7 +751,7 @@ class FakeSlack:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:  # http.server's naming
                 auth = self.headers.get("authorization") or ""
                 if urlsplit(self.path).path.startswith("/files-pri/"):
                     fake._serve_file(self, auth.removeprefix("Bearer ").strip())
@@ -753,7 +760,7 @@ class FakeSlack:
                     fake.requests.append(Request("GET " + urlsplit(self.path).path, {}, "", 404))
                 _answer(self, 404, b"Not Found", "text/plain")
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:  # http.server's naming
                 url = urlsplit(self.path)
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 if url.path.startswith("/upload/v1/"):

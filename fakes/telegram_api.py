@@ -390,7 +390,11 @@ class FakeTelegramAPI:
     # -- lifecycle ---------------------------------------------------------------
 
     def __enter__(self) -> FakeTelegramAPI:
-        threading.Thread(target=self.server.serve_forever, daemon=True, name="fake-telegram").start()
+        # Named "fake-..." and joined on exit: tests/conftest.py fails a run that leaves one running.
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, args=(0.05,), daemon=True, name="fake-telegram"
+        )
+        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -398,6 +402,7 @@ class FakeTelegramAPI:
             self._lock.notify_all()
         self.server.shutdown()
         self.server.server_close()
+        self._thread.join()
 
     # -- the API -----------------------------------------------------------------
 
@@ -412,7 +417,7 @@ class FakeTelegramAPI:
             "supports_inline_queries": False,
         }
 
-    def _call(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def _call(self, method: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:  # noqa: C901 - the fake's API: one branch a method
         with self._lock:
             queue = self._failures.get(method)
             failure = queue.pop(0) if queue else None

@@ -49,7 +49,7 @@ class WebhookReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:  # http.server's naming
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 signed = verify_delivery(
                     receiver.secret,
@@ -99,10 +99,15 @@ class WebhookReceiver:
         return [p.doc["event"] for p in self.taken()]
 
     def __enter__(self) -> WebhookReceiver:
-        threading.Thread(target=self.server.serve_forever, daemon=True, name="webhook-receiver").start()
+        # Named "fake-..." and joined on exit: tests/conftest.py fails a run that leaves one running.
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, args=(0.05,), daemon=True, name="fake-webhook-receiver"
+        )
+        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
         self.server.shutdown()
         self.server.server_close()
+        self._thread.join()

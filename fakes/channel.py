@@ -5,7 +5,7 @@
 * ``FileChannel`` appends each rendered message as a JSON line to
   ``<data dir>/channels/<name>.jsonl``, so a test can read what a worker
   *process* sent; ``plugin`` is its ``ORCHESTRATOR_CHANNEL_PLUGINS`` entry
-  (``tests.fakes.channel:plugin``): channels ``mirror-a``, ``mirror-b`` and
+  (``fakes.channel:plugin``): channels ``mirror-a``, ``mirror-b`` and
   ``flaky`` (fails its first two sends, counted in a file, so across
   processes too).
 """

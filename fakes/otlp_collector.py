@@ -99,7 +99,7 @@ class FakeCollector:
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:  # http.server's name
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if self.path != TRACES_PATH:
                     self.send_response(404)
@@ -119,10 +119,11 @@ class FakeCollector:
                 pass
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True, name="fake-otlp-collector")
         thread.start()
         try:
             yield f"http://127.0.0.1:{server.server_address[1]}{TRACES_PATH}"
         finally:
             server.shutdown()
             server.server_close()
+            thread.join()

@@ -2,7 +2,7 @@
 
 ``FakeOpenAI`` plays a script of replies to ``POST /v1/chat/completions``
 and records every request it gets (method, path, headers, parsed JSON body),
-like :class:`tests.fakes.anthropic_api.FakeAnthropic`.  It is thread-safe
+like :class:`fakes.anthropic_api.FakeAnthropic`.  It is thread-safe
 and serves on loopback TCP (``fake.serve()`` yields the base URL) or on a
 unix socket (``fake.serve_unix(path)``), e.g. as the model gateway's
 upstream.
@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Union
 
-from tests.fakes.anthropic_api import Recorded, UnixHTTPServer, serving
+from fakes.anthropic_api import Recorded, UnixHTTPServer, serving
 
 __all__ = [
     "CHAT_PATH",

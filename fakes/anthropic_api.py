@@ -472,13 +472,14 @@ class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
 
 def _serve(server: socketserver.BaseServer) -> Iterator[None]:
     """Run ``server`` in a daemon thread until the generator is resumed."""
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True, name="fake-model-api")
     thread.start()
     try:
         yield
     finally:
         server.shutdown()
         server.server_close()
+        thread.join()
 
 
 serving = contextmanager(_serve)

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from fakes.slack_api import FakeSlack
+from fakes.telegram_api import FakeTelegramAPI
 from orchestrator.core.settings import Settings
-from tests.fakes.slack_api import FakeSlack
-from tests.fakes.telegram_api import FakeTelegramAPI
 
 Platforms = tuple[FakeSlack, FakeTelegramAPI]
 

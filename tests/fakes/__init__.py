@@ -1,1 +1,0 @@
-"""Test doubles of external services, shared by the host, container and integration tests."""
