@@ -36,11 +36,12 @@ def test_every_variable_is_on_the_page_once() -> None:
 def quoted_defaults(text: str) -> list[tuple[str, float, object]]:
     """Each quoted default in ``text`` that is not the setting's: (variable, quoted, default)."""
     wrong = []
+    defaults = Settings.load(environ={}, env_file=None)
     for variable, _, number, unit in QUOTED.findall(text):
         flat = variable.removeprefix("ORCHESTRATOR_").lower()
         if flat not in ENV_INDEX.places:
             continue
-        default = Settings.load(environ={}, env_file=None).value_of(flat)
+        default = defaults.value_of(flat)
         if isinstance(default, bool) or not isinstance(default, (int, float)):
             continue
         quoted = float(number.replace(",", "")) * UNITS[unit or None]

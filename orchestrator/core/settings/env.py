@@ -17,6 +17,7 @@ from typing import Annotated, Any, TypeVar, get_args, get_origin
 import msgspec
 
 from orchestrator.core.errors import SettingsError
+from orchestrator.core.settings.section import Section
 
 ENV_PREFIX = "ORCHESTRATOR_"
 # Booleans the way people write them in an environment file (msgspec alone
@@ -40,14 +41,13 @@ class EnvIndex:
 
     def __init__(self, cls: type[msgspec.Struct]) -> None:
         self.places: dict[str, Place] = {}
-        self.sections: dict[str, type[msgspec.Struct]] = {}
+        self.sections: dict[str, type[Section]] = {}
         for f in msgspec.structs.fields(cls):
             kind = _bare(f.type)
-            if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+            if isinstance(kind, type) and issubclass(kind, Section):
                 self.sections[f.name] = kind
-                flat_names: dict[str, str] = kind.flat_names()  # type: ignore[attr-defined]
                 types = {g.name: g.type for g in msgspec.structs.fields(kind)}
-                for field, flat in flat_names.items():
+                for field, flat in kind.flat_names().items():
                     self.places[flat] = Place(f.name, field, _bare(types[field]) is bool)
             else:
                 self.places[f.name] = Place(None, f.name, kind is bool)
